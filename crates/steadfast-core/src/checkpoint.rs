@@ -1,0 +1,215 @@
+//! The durable record of a run.
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Timestamp;
+use crate::state::{State, Update};
+
+/// The version of the checkpoint's JSON layout written by this build.
+pub const CHECKPOINT_FORMAT: u32 = 1;
+
+/// Where a run stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum RunStatus {
+    /// Started and not finished: running now, or interrupted by a crash.
+    Running,
+    /// Every step completed.
+    Completed,
+    /// A step failed; running again resumes at that step.
+    Failed,
+}
+
+impl RunStatus {
+    /// The lowercase name used in stores, filters and output.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for RunStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "running" => Ok(RunStatus::Running),
+            "completed" => Ok(RunStatus::Completed),
+            "failed" => Ok(RunStatus::Failed),
+            other => Err(format!(
+                "unknown status {other:?} (expected running, completed or failed)"
+            )),
+        }
+    }
+}
+
+/// The last error recorded for a run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct StepFailure {
+    /// The failing step's index.
+    pub index: usize,
+    /// The failing step's name.
+    pub step: String,
+    /// The error text.
+    pub message: String,
+    /// The attempt that failed (1-based).
+    pub attempt: u32,
+    /// Whether the error was terminal (no further attempts).
+    pub terminal: bool,
+    /// When it was recorded.
+    pub at: Timestamp,
+}
+
+impl StepFailure {
+    /// A failure record.
+    pub fn new(
+        index: usize,
+        step: &str,
+        message: String,
+        attempt: u32,
+        terminal: bool,
+        at: Timestamp,
+    ) -> Self {
+        StepFailure {
+            index,
+            step: step.to_string(),
+            message,
+            attempt,
+            terminal,
+            at,
+        }
+    }
+}
+
+/// The durable record of a run: which steps are done, the state they built, and
+/// the bookkeeping that makes a resume safe.
+///
+/// `next` always equals `completed.len()`; stores check it when they decode one.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Checkpoint {
+    /// The layout version ([`CHECKPOINT_FORMAT`] when written by this build).
+    pub format: u32,
+    /// The run.
+    pub run_id: String,
+    /// The workflow's name, so a worker can find the code again.
+    pub workflow: String,
+    /// Where the run stands.
+    pub status: RunStatus,
+    /// The index of the next step: the number of completed steps.
+    pub next: usize,
+    /// The names of the completed steps, in order.
+    pub completed: Vec<String>,
+    /// The state after the completed steps.
+    pub state: State,
+    /// The compare-and-swap version: 1 after the first save, plus one per save.
+    pub version: u64,
+    /// When the run was first saved.
+    pub created_at: Timestamp,
+    /// When the run was last saved.
+    pub updated_at: Timestamp,
+    /// Failed attempts of step `next` so far, across resumes.
+    #[serde(default)]
+    pub attempts: u32,
+    /// The last error, if the last attempt failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<StepFailure>,
+    /// A random number chosen per save, so a writer can recognise its own save
+    /// after an error that left the outcome unknown.
+    #[serde(default)]
+    pub writer: u64,
+}
+
+impl Checkpoint {
+    /// An empty record for a run that has not completed any step.
+    pub fn new(run_id: impl Into<String>, workflow: impl Into<String>, now: Timestamp) -> Self {
+        Checkpoint {
+            format: CHECKPOINT_FORMAT,
+            run_id: run_id.into(),
+            workflow: workflow.into(),
+            status: RunStatus::Running,
+            next: 0,
+            completed: Vec::new(),
+            state: State::new(),
+            version: 0,
+            created_at: now,
+            updated_at: now,
+            attempts: 0,
+            error: None,
+            writer: 0,
+        }
+    }
+
+    /// Checks the record's internal consistency; stores call this on decode and
+    /// report a failure as [`StoreError::Corrupt`](crate::StoreError::Corrupt).
+    pub fn check(&self) -> Result<(), String> {
+        if self.format != CHECKPOINT_FORMAT {
+            return Err(format!(
+                "checkpoint format {} is not understood by this build (it reads {CHECKPOINT_FORMAT})",
+                self.format
+            ));
+        }
+        if self.next != self.completed.len() {
+            return Err(format!(
+                "next is {} but {} completed steps are listed",
+                self.next,
+                self.completed.len()
+            ));
+        }
+        if self.version == 0 {
+            return Err("version 0 is never stored".into());
+        }
+        Ok(())
+    }
+}
+
+/// What one completed step contributed: the history row that stores which keep
+/// per-step history (or persist deltas) may record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct StepRecord {
+    /// The step's index.
+    pub index: usize,
+    /// The step's name.
+    pub name: String,
+    /// The update it returned (already merged into the checkpoint's state).
+    pub update: Update,
+    /// The attempt that succeeded (1-based).
+    pub attempt: u32,
+    /// When that attempt started.
+    pub started_at: Timestamp,
+    /// When it returned.
+    pub finished_at: Timestamp,
+}
+
+impl StepRecord {
+    /// A history row.
+    pub fn new(
+        index: usize,
+        name: &str,
+        update: Update,
+        attempt: u32,
+        started_at: Timestamp,
+        finished_at: Timestamp,
+    ) -> Self {
+        StepRecord {
+            index,
+            name: name.to_string(),
+            update,
+            attempt,
+            started_at,
+            finished_at,
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Errors of the run loop, of stores and of steps.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A boxed error from user code or a backend.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// What went wrong in a store, independent of the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The stored version was not the expected one: someone else saved first.
+    Conflict,
+    /// The stored data cannot be decoded. Nothing was changed; a human must look.
+    Corrupt,
+    /// The value is larger than the store accepts. Nothing was written.
+    TooLarge,
+    /// The value or run id cannot be stored as given. Nothing was written.
+    InvalidInput,
+    /// The save may or may not have taken effect. Reload to find out.
+    OutcomeUnknown,
+    /// The store cannot be reached or used right now (I/O error, lock timeout, a
+    /// handle poisoned by an earlier fsync failure).
+    Unavailable,
+    /// The operation or URL is not supported by this build.
+    Unsupported,
+}
+
+/// An error from a [`Store`](crate::Store), with a portable [`StoreErrorKind`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Compare-and-swap failed.
+    #[error("conflict on run {run_id:?}: expected version {}, found {}", show_version(*.expected), show_version(*.found))]
+    Conflict {
+        /// The run.
+        run_id: String,
+        /// The version the writer expected (`None`: absent).
+        expected: Option<u64>,
+        /// The version that was stored (`None`: absent).
+        found: Option<u64>,
+    },
+    /// The stored bytes cannot be decoded.
+    #[error("corrupt store at {location}: {reason}")]
+    Corrupt {
+        /// Where: a path with line and column, a row, an item.
+        location: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The value exceeds a size limit.
+    #[error("run {run_id:?}: {what} is {size} bytes, over the limit of {limit}")]
+    TooLarge {
+        /// The run.
+        run_id: String,
+        /// What was measured ("state", "store file").
+        what: &'static str,
+        /// Its size in bytes.
+        size: u64,
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// Bad input to the store.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The save may have landed.
+    #[error("outcome of save for run {run_id:?} unknown")]
+    OutcomeUnknown {
+        /// The run.
+        run_id: String,
+        /// The failure that left the outcome open.
+        #[source]
+        source: BoxError,
+    },
+    /// An I/O error, with what was being done.
+    #[error("{context}")]
+    Io {
+        /// What was being done, and to which path.
+        context: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A lock wait ran out.
+    #[error("timed out after {waited:?} waiting for the lock {}; another process holds it (a stopped or hung process keeps it until it exits)", .path.display())]
+    LockTimeout {
+        /// The lock file.
+        path: PathBuf,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// The handle refuses writes after an earlier durability failure.
+    #[error("store {} refuses saves after an earlier failure to make data durable; reopen it to read the disk again", .path.display())]
+    Poisoned {
+        /// The store's path.
+        path: PathBuf,
+    },
+    /// Not supported by this build or backend.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// Any other backend failure.
+    #[error("{message}")]
+    Backend {
+        /// The portable kind.
+        kind: StoreErrorKind,
+        /// What happened.
+        message: String,
+        /// The cause.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+fn show_version(v: Option<u64>) -> String {
+    v.map_or_else(|| "absent".to_string(), |v| v.to_string())
+}
+
+impl StoreError {
+    /// The portable kind of this error.
+    pub fn kind(&self) -> StoreErrorKind {
+        match self {
+            StoreError::Conflict { .. } => StoreErrorKind::Conflict,
+            StoreError::Corrupt { .. } => StoreErrorKind::Corrupt,
+            StoreError::TooLarge { .. } => StoreErrorKind::TooLarge,
+            StoreError::InvalidInput(_) => StoreErrorKind::InvalidInput,
+            StoreError::OutcomeUnknown { .. } => StoreErrorKind::OutcomeUnknown,
+            StoreError::Io { .. }
+            | StoreError::LockTimeout { .. }
+            | StoreError::Poisoned { .. } => StoreErrorKind::Unavailable,
+            StoreError::Unsupported(_) => StoreErrorKind::Unsupported,
+            StoreError::Backend { kind, .. } => *kind,
+        }
+    }
+
+    /// Whether trying the same operation again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Io { .. }
+                | StoreError::LockTimeout { .. }
+                | StoreError::OutcomeUnknown { .. }
+        ) || matches!(
+            self,
+            StoreError::Backend {
+                kind: StoreErrorKind::Unavailable,
+                ..
+            }
+        )
+    }
+
+    /// An I/O error with context.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        StoreError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// The error a step returns. Retryable by default; mark it terminal with
+/// [`StepError::terminal`] when trying again cannot help.
+///
+/// Any error type converts into a retryable `StepError`, so `?` works in steps.
+///
+/// ```
+/// use steadfast_core::StepError;
+/// let e: StepError = std::io::Error::other("connection reset").into();
+/// assert!(!e.is_terminal());
+/// let e = StepError::terminal("the document does not exist");
+/// assert!(e.is_terminal());
+/// ```
+pub struct StepError {
+    pub(crate) source: BoxError,
+    pub(crate) terminal: bool,
+    pub(crate) kind: StepErrorKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StepErrorKind {
+    Failed,
+    TimedOut(Duration),
+    /// A value that cannot be saved; carries the key path.
+    InvalidValue(String),
+}
+
+impl StepError {
+    /// A retryable error.
+    pub fn retryable(e: impl Into<BoxError>) -> Self {
+        StepError {
+            source: e.into(),
+            terminal: false,
+            kind: StepErrorKind::Failed,
+        }
+    }
+
+    /// An error that fails the step at once, without further attempts.
+    pub fn terminal(e: impl Into<BoxError>) -> Self {
+        StepError {
+            source: e.into(),
+            terminal: true,
+            kind: StepErrorKind::Failed,
+        }
+    }
+
+    /// A value the step produced cannot be stored (NaN, nesting too deep, ...).
+    pub fn invalid_value(path: impl Into<String>, reason: impl Into<String>) -> Self {
+        StepError {
+            source: reason.into().into(),
+            terminal: true,
+            kind: StepErrorKind::InvalidValue(path.into()),
+        }
+    }
+
+    pub(crate) fn timed_out(after: Duration) -> Self {
+        StepError {
+            source: format!("timed out after {after:?}").into(),
+            terminal: false,
+            kind: StepErrorKind::TimedOut(after),
+        }
+    }
+
+    /// Whether this error stops the step without further attempts.
+    pub fn is_terminal(&self) -> bool {
+        self.terminal
+    }
+
+    /// Whether the step ran past its timeout.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self.kind, StepErrorKind::TimedOut(_))
+    }
+
+    /// The underlying error.
+    pub fn into_inner(self) -> BoxError {
+        self.source
+    }
+}
+
+impl<E: Into<BoxError>> From<E> for StepError {
+    fn from(e: E) -> Self {
+        StepError::retryable(e)
+    }
+}
+
+impl fmt::Debug for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StepError")
+            .field("source", &self.source)
+            .field("terminal", &self.terminal)
+            .finish()
+    }
+}
+
+impl fmt::Display for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.source, f)
+    }
+}
+
+/// An error from building a workflow or running one.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The run id is not acceptable.
+    #[error("invalid run id {run_id:?}: {reason}")]
+    InvalidRunId {
+        /// The run id (its first 64 characters).
+        run_id: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The workflow definition is not acceptable.
+    #[error("invalid workflow {workflow:?}: {reason}")]
+    InvalidWorkflow {
+        /// The workflow's name.
+        workflow: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The stored run was made by different code than the workflow given now.
+    #[error("run {run_id:?} was recorded by a different workflow: at step {at} the record has {stored:?} where the workflow given has {given:?}; pass the override to accept changed code")]
+    WorkflowChanged {
+        /// The run.
+        run_id: String,
+        /// The index of the first difference.
+        at: usize,
+        /// What the record has there (`None`: nothing, or a different workflow name).
+        stored: Option<String>,
+        /// What the workflow given has there.
+        given: Option<String>,
+    },
+    /// A step failed after its attempts ran out (or with a terminal error).
+    #[error("run {run_id:?}: step {index} ({step}) failed after {attempts} attempt(s): {source}")]
+    StepFailed {
+        /// The run.
+        run_id: String,
+        /// The step's index in the workflow.
+        index: usize,
+        /// The step's name.
+        step: String,
+        /// Attempts made, across resumes.
+        attempts: u32,
+        /// Whether the last error was a timeout.
+        timed_out: bool,
+        /// The step's error.
+        #[source]
+        source: BoxError,
+    },
+    /// A step produced a value that could not be loaded back after saving.
+    #[error("run {run_id:?}: step {index} ({step}) produced a value that cannot be stored at `{path}`: {reason}")]
+    InvalidValue {
+        /// The run.
+        run_id: String,
+        /// The step's index.
+        index: usize,
+        /// The step's name.
+        step: String,
+        /// The key path inside the state.
+        path: String,
+        /// What is wrong with the value.
+        reason: String,
+    },
+    /// The store failed.
+    #[error("run {run_id:?}: {op} failed: {source}")]
+    Store {
+        /// The run.
+        run_id: String,
+        /// What the run loop was doing (`load`, `save after step 3 (fetch)`).
+        op: String,
+        /// The store's error.
+        #[source]
+        source: StoreError,
+    },
+}
+
+impl Error {
+    /// The store error inside, if this is one.
+    pub fn store_error(&self) -> Option<&StoreError> {
+        match self {
+            Error::Store { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// Whether this error is a compare-and-swap conflict in the store.
+    pub fn is_conflict(&self) -> bool {
+        self.store_error()
+            .is_some_and(|e| e.kind() == StoreErrorKind::Conflict)
+    }
+}

@@ -1,0 +1,49 @@
+//! The core of Steadfast: the run loop, the [`Store`] trait, checkpoints, errors,
+//! an in-memory store and an injectable clock.
+//!
+//! Most users depend on the `steadfast` facade crate, which re-exports all of this
+//! and opens stores from URLs.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! use serde_json::json;
+//! use steadfast_core::{run, update, MemoryStore, Outcome, Workflow};
+//!
+//! let wf = Workflow::builder("greet")
+//!     .step("hello", |_ctx, _state| async { update(json!({"hello": true})) })
+//!     .step("name", |ctx, state| async move {
+//!         assert_eq!(state["hello"], json!(true));
+//!         update(json!({"key": ctx.idempotency_key()}))
+//!     })
+//!     .build()?;
+//! let store = MemoryStore::new();
+//! let outcome = run("run-1", &wf, &store).await?;
+//! assert_eq!(outcome.completed().unwrap()["key"], json!("run-1/name"));
+//! # Ok::<(), steadfast_core::Error>(())
+//! # }).unwrap();
+//! ```
+
+mod checkpoint;
+mod clock;
+mod error;
+mod ids;
+mod memory;
+mod run;
+mod state;
+mod store;
+mod typed;
+mod workflow;
+
+pub use checkpoint::{Checkpoint, RunStatus, StepFailure, StepRecord, CHECKPOINT_FORMAT};
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use error::{BoxError, Error, StepError, StoreError, StoreErrorKind};
+pub use ids::{idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES};
+pub use memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
+pub use run::{run, Outcome, Runner, StepCtx};
+pub use state::{check_update, merge, State, Update, ValueProblem, MAX_VALUE_DEPTH};
+pub use store::{state_size, ListFilter, RunSummary, SaveRequest, Store};
+pub use typed::{TypedWorkflow, TypedWorkflowBuilder};
+pub use workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
+
+/// Re-exported so that stores and tests name the same versions.
+pub use async_trait::async_trait;

@@ -1,0 +1,104 @@
+//! An in-process store for tests and examples.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+
+use crate::checkpoint::Checkpoint;
+use crate::error::StoreError;
+use crate::store::{state_size, ListFilter, RunSummary, SaveRequest, Store};
+
+/// The default state size limit of [`MemoryStore`]: 64 MiB.
+pub const DEFAULT_MEMORY_STATE_LIMIT: u64 = 64 << 20;
+
+/// A store that keeps checkpoints in this process's memory. Nothing survives the
+/// process: use it for tests and examples (URL `memory:`).
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// use steadfast_core::{MemoryStore, Store};
+/// let store = MemoryStore::new();
+/// assert!(store.load("nothing-yet").await.unwrap().is_none());
+/// # });
+/// ```
+#[derive(Debug)]
+pub struct MemoryStore {
+    runs: Mutex<BTreeMap<String, Checkpoint>>,
+    state_limit: u64,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store with the default state limit.
+    pub fn new() -> Self {
+        Self::with_state_limit(DEFAULT_MEMORY_STATE_LIMIT)
+    }
+
+    /// An empty store that refuses states larger than `bytes` when serialized.
+    pub fn with_state_limit(bytes: u64) -> Self {
+        MemoryStore {
+            runs: Mutex::new(BTreeMap::new()),
+            state_limit: bytes,
+        }
+    }
+
+    fn runs(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Checkpoint>> {
+        // A panic while holding the lock cannot leave a half-written record: every
+        // mutation below is a single insert or remove.
+        self.runs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        Ok(self.runs().get(run_id).cloned())
+    }
+
+    async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+        let cp = req.checkpoint;
+        let size = state_size(&cp.state);
+        if size > self.state_limit {
+            return Err(StoreError::TooLarge {
+                run_id: cp.run_id.clone(),
+                what: "state",
+                size,
+                limit: self.state_limit,
+            });
+        }
+        let mut runs = self.runs();
+        let found = runs.get(&cp.run_id).map(|c| c.version);
+        if found != req.expected {
+            return Err(StoreError::Conflict {
+                run_id: cp.run_id.clone(),
+                expected: req.expected,
+                found,
+            });
+        }
+        let version = req.new_version();
+        let mut stored = cp.clone();
+        stored.version = version;
+        runs.insert(stored.run_id.clone(), stored);
+        Ok(version)
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
+        let runs = self.runs();
+        Ok(runs
+            .values()
+            .filter(|cp| filter.matches(cp))
+            .take(filter.limit.unwrap_or(usize::MAX))
+            .map(RunSummary::from)
+            .collect())
+    }
+
+    async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
+        Ok(self.runs().remove(run_id).is_some())
+    }
+}

@@ -1,0 +1,400 @@
+//! The run loop: load, verify, run the remaining steps, checkpoint after each.
+
+use std::sync::Arc;
+
+use crate::checkpoint::{Checkpoint, RunStatus, StepFailure, StepRecord};
+use crate::clock::{Clock, SystemClock};
+use crate::error::{Error, StepError, StepErrorKind, StoreError, StoreErrorKind};
+use crate::ids::{idempotency_key, validate_run_id};
+use crate::state::{check_update, State};
+use crate::store::{SaveRequest, Store};
+use crate::workflow::{Step, Workflow};
+
+/// What a step knows about itself while it runs.
+#[derive(Clone, Debug)]
+pub struct StepCtx {
+    run_id: Arc<str>,
+    step: Arc<str>,
+    index: usize,
+    attempt: u32,
+}
+
+impl StepCtx {
+    /// A context, as the run loop builds it (public for testing steps directly).
+    pub fn new(run_id: &str, step: &str, index: usize, attempt: u32) -> Self {
+        StepCtx {
+            run_id: run_id.into(),
+            step: step.into(),
+            index,
+            attempt,
+        }
+    }
+
+    /// The run's id.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// The step's name.
+    pub fn step(&self) -> &str {
+        &self.step
+    }
+
+    /// The step's index in the workflow.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// This attempt's number, 1-based, counted across resumes.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// A key that names this step of this run, the same on every attempt, every
+    /// resume and every machine: pass it to external services so a repeated call
+    /// becomes a no-op. See [`idempotency_key`](crate::idempotency_key).
+    pub fn idempotency_key(&self) -> String {
+        idempotency_key(&self.run_id, &self.step)
+    }
+}
+
+/// What a call of the run loop ended with, when it did not fail.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Outcome<T = State> {
+    /// Every step is done; here is the final state.
+    Completed(T),
+}
+
+impl<T> Outcome<T> {
+    /// The final state, if the run completed.
+    pub fn completed(self) -> Option<T> {
+        match self {
+            Outcome::Completed(t) => Some(t),
+        }
+    }
+
+    /// Converts the carried state.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        match self {
+            Outcome::Completed(t) => Outcome::Completed(f(t)),
+        }
+    }
+}
+
+/// Starts or resumes run `run_id` of `workflow` on `store` with default options.
+///
+/// Loads the run's checkpoint (none: a fresh start), checks that the steps it
+/// records as done are the first steps of `workflow`, runs the remaining steps in
+/// order and saves a checkpoint after each. A run that is already complete
+/// returns its final state without running anything.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// use serde_json::json;
+/// use steadfast_core::{run, update, MemoryStore, Outcome, Workflow};
+///
+/// let wf = Workflow::builder("count")
+///     .step("one", |_, _| async { update(json!({"one": 1})) })
+///     .step("two", |_, _| async { update(json!({"two": 2})) })
+///     .build()?;
+/// let store = MemoryStore::new();
+/// let Outcome::Completed(state) = run("run-1", &wf, &store).await? else { unreachable!() };
+/// assert_eq!(serde_json::Value::Object(state), json!({"one": 1, "two": 2}));
+/// # Ok::<(), steadfast_core::Error>(())
+/// # }).unwrap();
+/// ```
+pub async fn run<S: Store + ?Sized>(
+    run_id: &str,
+    workflow: &Workflow,
+    store: &S,
+) -> Result<Outcome, Error> {
+    Runner::new(store).run(run_id, workflow).await
+}
+
+/// The run loop with options: a clock, and whether to accept changed code.
+#[derive(Debug)]
+pub struct Runner<'s, S: Store + ?Sized> {
+    store: &'s S,
+    clock: Arc<dyn Clock>,
+    accept_changed_workflow: bool,
+    #[cfg(feature = "mutants")]
+    mutant_skip_reload_after_unknown: bool,
+}
+
+impl<'s, S: Store + ?Sized> Runner<'s, S> {
+    /// A runner on `store` with the system clock.
+    pub fn new(store: &'s S) -> Self {
+        Runner {
+            store,
+            clock: Arc::new(SystemClock),
+            accept_changed_workflow: false,
+            #[cfg(feature = "mutants")]
+            mutant_skip_reload_after_unknown: false,
+        }
+    }
+
+    /// Reads time from `clock`.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Resumes a run even when its recorded steps differ from the workflow's: the
+    /// record is taken to mean "this many steps are done" and is relabelled with
+    /// the new step names. Use it when you changed the code on purpose.
+    pub fn accept_changed_workflow(mut self, yes: bool) -> Self {
+        self.accept_changed_workflow = yes;
+        self
+    }
+
+    /// Test-only: after a save with an unknown outcome, skip the reload that
+    /// recognises our own write (a deliberately broken run loop).
+    #[cfg(feature = "mutants")]
+    #[doc(hidden)]
+    pub fn mutant_skip_reload_after_unknown(mut self) -> Self {
+        self.mutant_skip_reload_after_unknown = true;
+        self
+    }
+
+    /// Starts or resumes `run_id`. See [`run`].
+    pub async fn run(&self, run_id: &str, workflow: &Workflow) -> Result<Outcome, Error> {
+        validate_run_id(run_id)?;
+        let loaded = self
+            .store
+            .load(run_id)
+            .await
+            .map_err(|e| store_error(run_id, "load", e))?;
+        let (mut cp, mut expected) = match loaded {
+            None => (
+                Checkpoint::new(run_id, workflow.name(), self.clock.now()),
+                None,
+            ),
+            Some(cp) => {
+                let version = cp.version;
+                (self.verify(cp, workflow)?, Some(version))
+            }
+        };
+        if cp.status == RunStatus::Completed || cp.next >= workflow.steps().len() {
+            return Ok(Outcome::Completed(cp.state));
+        }
+
+        // A failed run called again gets a fresh attempt budget; an interrupted one
+        // keeps counting the attempts it already used.
+        let mut used = if cp.status == RunStatus::Failed {
+            0
+        } else {
+            cp.attempts
+        };
+        let total = workflow.steps().len();
+        while cp.next < total {
+            let index = cp.next;
+            let step = &workflow.steps()[index];
+            let attempt = cp.attempts.saturating_add(1);
+            let ctx = StepCtx::new(run_id, step.name(), index, attempt);
+            let started = self.clock.now();
+            let shared = Arc::new(std::mem::take(&mut cp.state));
+            let result = step.call(ctx, Arc::clone(&shared)).await;
+            cp.state = Arc::try_unwrap(shared).unwrap_or_else(|kept| (*kept).clone());
+            let finished = self.clock.now();
+
+            let result = result.and_then(|update| match check_update(&update) {
+                Ok(()) => Ok(update),
+                Err(p) => Err(StepError::invalid_value(p.path, p.reason)),
+            });
+            match result {
+                Ok(update) => {
+                    for (k, v) in &update {
+                        cp.state.insert(k.clone(), v.clone());
+                    }
+                    cp.completed.push(step.name().to_string());
+                    cp.next += 1;
+                    cp.attempts = 0;
+                    cp.error = None;
+                    cp.status = if cp.next == total {
+                        RunStatus::Completed
+                    } else {
+                        RunStatus::Running
+                    };
+                    cp.updated_at = finished;
+                    let record =
+                        StepRecord::new(index, step.name(), update, attempt, started, finished);
+                    self.save(&mut cp, &mut expected, Some(&record))
+                        .await
+                        .map_err(|e| {
+                            store_error(
+                                run_id,
+                                &format!("save after step {index} ({})", step.name()),
+                                e,
+                            )
+                        })?;
+                    used = 0;
+                }
+                Err(err) => {
+                    used += 1;
+                    cp.attempts = attempt;
+                    let exhausted = err.terminal || used >= step.retry_policy().max_attempts();
+                    cp.status = if exhausted {
+                        RunStatus::Failed
+                    } else {
+                        RunStatus::Running
+                    };
+                    cp.error = Some(StepFailure::new(
+                        index,
+                        step.name(),
+                        err.to_string(),
+                        attempt,
+                        err.terminal,
+                        finished,
+                    ));
+                    cp.updated_at = finished;
+                    self.record_failure(&mut cp, &mut expected, step, index)
+                        .await?;
+                    if exhausted {
+                        return Err(step_failed(run_id, index, step, attempt, err));
+                    }
+                    tokio::time::sleep(step.retry_policy().delay_before(used + 1, true)).await;
+                }
+            }
+        }
+        Ok(Outcome::Completed(cp.state))
+    }
+
+    /// Checks a loaded record against the workflow given.
+    fn verify(&self, mut cp: Checkpoint, workflow: &Workflow) -> Result<Checkpoint, Error> {
+        let given: Vec<&str> = workflow.step_names().collect();
+        let mismatch = if cp.workflow != workflow.name() {
+            Some(Error::WorkflowChanged {
+                run_id: cp.run_id.clone(),
+                at: 0,
+                stored: Some(format!("workflow {:?}", cp.workflow)),
+                given: Some(format!("workflow {:?}", workflow.name())),
+            })
+        } else {
+            (0..cp.next)
+                .find(|&i| given.get(i) != Some(&cp.completed[i].as_str()))
+                .map(|at| Error::WorkflowChanged {
+                    run_id: cp.run_id.clone(),
+                    at,
+                    stored: Some(cp.completed[at].clone()),
+                    given: given.get(at).map(|s| s.to_string()),
+                })
+        };
+        match mismatch {
+            None => Ok(cp),
+            Some(e) if !self.accept_changed_workflow => Err(e),
+            Some(_) => {
+                tracing::warn!(run_id = %cp.run_id, "resuming a run recorded by different code, as asked");
+                cp.workflow = workflow.name().to_string();
+                let done = cp.next.min(given.len());
+                cp.completed = given[..done].iter().map(|s| s.to_string()).collect();
+                cp.next = done;
+                Ok(cp)
+            }
+        }
+    }
+
+    /// Saves a failed attempt's record. Best effort, except that a conflict means
+    /// someone else now owns the run, so this call must stop.
+    async fn record_failure(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+        step: &Step,
+        index: usize,
+    ) -> Result<(), Error> {
+        match self.save(cp, expected, None).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == StoreErrorKind::Conflict => Err(store_error(
+                &cp.run_id,
+                &format!("save of the failure of step {index} ({})", step.name()),
+                e,
+            )),
+            Err(e) => {
+                tracing::warn!(run_id = %cp.run_id, step = step.name(), error = %e, "could not record a step failure");
+                Ok(())
+            }
+        }
+    }
+
+    /// Compare-and-swap save. After an error that leaves the outcome open, reload
+    /// and recognise our own write by its writer number before deciding.
+    async fn save(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+        step: Option<&StepRecord>,
+    ) -> Result<(), StoreError> {
+        cp.writer = fastrand::u64(1..);
+        let mut req = SaveRequest::new(cp, *expected);
+        req.step = step;
+        let new_version = req.new_version();
+        let err = match self.store.save(req).await {
+            Ok(v) => {
+                cp.version = v;
+                *expected = Some(v);
+                return Ok(());
+            }
+            Err(e) => e,
+        };
+        let definite = matches!(
+            err.kind(),
+            StoreErrorKind::Conflict
+                | StoreErrorKind::TooLarge
+                | StoreErrorKind::InvalidInput
+                | StoreErrorKind::Corrupt
+                | StoreErrorKind::Unsupported
+        );
+        #[cfg(feature = "mutants")]
+        let definite = definite || self.mutant_skip_reload_after_unknown;
+        if definite {
+            return Err(err);
+        }
+        match self.store.load(&cp.run_id).await {
+            Ok(Some(stored)) if stored.version == new_version && stored.writer == cp.writer => {
+                tracing::info!(run_id = %cp.run_id, version = new_version, "save reported an error but had landed");
+                cp.version = new_version;
+                *expected = Some(new_version);
+                Ok(())
+            }
+            Ok(stored) if stored.as_ref().map(|s| s.version) == *expected => Err(err),
+            Ok(stored) => Err(StoreError::Conflict {
+                run_id: cp.run_id.clone(),
+                expected: *expected,
+                found: stored.map(|s| s.version),
+            }),
+            Err(reload) => {
+                tracing::warn!(run_id = %cp.run_id, error = %reload, "reload after a failed save failed too");
+                Err(err)
+            }
+        }
+    }
+}
+
+fn store_error(run_id: &str, op: &str, source: StoreError) -> Error {
+    Error::Store {
+        run_id: run_id.to_string(),
+        op: op.to_string(),
+        source,
+    }
+}
+
+fn step_failed(run_id: &str, index: usize, step: &Step, attempts: u32, err: StepError) -> Error {
+    match err.kind {
+        StepErrorKind::InvalidValue(path) => Error::InvalidValue {
+            run_id: run_id.to_string(),
+            index,
+            step: step.name().to_string(),
+            path,
+            reason: err.source.to_string(),
+        },
+        kind => Error::StepFailed {
+            run_id: run_id.to_string(),
+            index,
+            step: step.name().to_string(),
+            attempts,
+            timed_out: matches!(kind, StepErrorKind::TimedOut(_)),
+            source: err.source,
+        },
+    }
+}

@@ -1,0 +1,164 @@
+//! The run's state (a JSON object), step updates, and the check that a value
+//! will load back after it is saved.
+
+use serde_json::{Map, Value};
+
+/// A run's state: a JSON object. Each step's [`Update`] is merged into it key by key.
+pub type State = Map<String, Value>;
+
+/// What a step returns: a JSON object whose top-level keys overwrite the state's.
+pub type Update = Map<String, Value>;
+
+/// The deepest nesting accepted inside a state value (an object or array counts as
+/// one level). JSON parsers stop at some depth (serde_json at 128); stores wrap the
+/// state in a few levels of their own, so the limit leaves room for them.
+pub const MAX_VALUE_DEPTH: usize = 100;
+
+/// Merges `update` into `state`: each top-level key of the update overwrites the same key.
+///
+/// ```
+/// use serde_json::json;
+/// let mut state = json!({"a": 1, "b": 2}).as_object().unwrap().clone();
+/// let update = json!({"b": 3, "c": 4}).as_object().unwrap().clone();
+/// steadfast_core::merge(&mut state, update);
+/// assert_eq!(serde_json::Value::Object(state), json!({"a": 1, "b": 3, "c": 4}));
+/// ```
+pub fn merge(state: &mut State, update: Update) {
+    for (k, v) in update {
+        state.insert(k, v);
+    }
+}
+
+/// Why a value cannot be stored, and where in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValueProblem {
+    /// The key path to the offending value, like `report.items[3]`.
+    pub path: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// Checks that every value in `update` survives a save and a load: nesting within
+/// [`MAX_VALUE_DEPTH`] and every number finite.
+///
+/// `serde_json::Value` cannot hold NaN or infinities (they turn into `null` on the
+/// way in), so the typed façade checks for those separately by reading the state
+/// back into its type.
+pub fn check_update(update: &Update) -> Result<(), ValueProblem> {
+    // An explicit stack: a hostile value must not overflow ours while we check it.
+    let mut stack: Vec<(Vec<PathPart<'_>>, &Value)> = Vec::new();
+    for (k, v) in update {
+        stack.push((vec![PathPart::Key(k)], v));
+    }
+    while let Some((path, value)) = stack.pop() {
+        let depth = path.len();
+        match value {
+            Value::Object(map) if !map.is_empty() => {
+                if depth >= MAX_VALUE_DEPTH {
+                    return Err(too_deep(&path));
+                }
+                for (k, v) in map {
+                    let mut p = path.clone();
+                    p.push(PathPart::Key(k));
+                    stack.push((p, v));
+                }
+            }
+            Value::Array(items) if !items.is_empty() => {
+                if depth >= MAX_VALUE_DEPTH {
+                    return Err(too_deep(&path));
+                }
+                for (i, v) in items.iter().enumerate() {
+                    let mut p = path.clone();
+                    p.push(PathPart::Index(i));
+                    stack.push((p, v));
+                }
+            }
+            Value::Number(n) if n.as_f64().is_some_and(|f| !f.is_finite()) => {
+                return Err(ValueProblem {
+                    path: render_path(&path),
+                    reason: "the number is not finite".into(),
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn too_deep(path: &[PathPart<'_>]) -> ValueProblem {
+    ValueProblem {
+        path: render_path(path),
+        reason: format!("nesting deeper than {MAX_VALUE_DEPTH} levels would not load back"),
+    }
+}
+
+#[derive(Clone, Copy)]
+enum PathPart<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+fn render_path(path: &[PathPart<'_>]) -> String {
+    let mut out = String::new();
+    for part in path {
+        match part {
+            PathPart::Key(k) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(k);
+            }
+            PathPart::Index(i) => {
+                out.push('[');
+                out.push_str(&i.to_string());
+                out.push(']');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn nest(depth: usize) -> Value {
+        let mut v = json!(1);
+        for _ in 0..depth {
+            v = json!([v]);
+        }
+        v
+    }
+
+    fn update(v: Value) -> Update {
+        let mut m = Map::new();
+        m.insert("k".into(), v);
+        m
+    }
+
+    #[test]
+    fn depth_at_the_limit_is_accepted_and_beyond_is_named() {
+        assert!(check_update(&update(nest(MAX_VALUE_DEPTH - 1))).is_ok());
+        let err = check_update(&update(nest(MAX_VALUE_DEPTH))).unwrap_err();
+        assert!(err.path.starts_with("k[0][0]"), "{}", err.path);
+        assert!(err.reason.contains("nesting"));
+    }
+
+    #[test]
+    fn accepted_depth_parses_back_inside_store_envelopes() -> Result<(), serde_json::Error> {
+        // Four envelope levels: file, runs map, checkpoint, state.
+        let v = json!({"runs": {"r": {"state": update(nest(MAX_VALUE_DEPTH - 1))}}});
+        let text = serde_json::to_string(&v)?;
+        let back: Value = serde_json::from_str(&text)?;
+        assert_eq!(back, v);
+        Ok(())
+    }
+
+    #[test]
+    fn paths_name_keys_and_indexes() {
+        let v = json!({"items": [{"x": nest(MAX_VALUE_DEPTH)}]});
+        let err = check_update(&update(v)).unwrap_err();
+        assert!(err.path.starts_with("k.items[0].x"), "{}", err.path);
+    }
+}

@@ -1,0 +1,222 @@
+//! The seam between the run loop and where checkpoints live.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::checkpoint::{Checkpoint, RunStatus, StepRecord};
+use crate::clock::Timestamp;
+use crate::error::StoreError;
+
+/// One compare-and-swap write of a run's checkpoint.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct SaveRequest<'a> {
+    /// The record to store. Its `version` field is ignored: the store writes the
+    /// new version (`expected + 1`, or 1 for a fresh run).
+    pub checkpoint: &'a Checkpoint,
+    /// The version the writer read: `None` means the run must not exist yet.
+    pub expected: Option<u64>,
+    /// The step this save completes, when it completes one. Stores that keep
+    /// per-step history or persist deltas use it; others may ignore it.
+    pub step: Option<&'a StepRecord>,
+}
+
+impl<'a> SaveRequest<'a> {
+    /// A save of `checkpoint` expecting the stored version `expected`.
+    pub fn new(checkpoint: &'a Checkpoint, expected: Option<u64>) -> Self {
+        SaveRequest {
+            checkpoint,
+            expected,
+            step: None,
+        }
+    }
+
+    /// Attaches the step this save completes.
+    pub fn with_step(mut self, step: &'a StepRecord) -> Self {
+        self.step = Some(step);
+        self
+    }
+
+    /// The version this save writes.
+    pub fn new_version(&self) -> u64 {
+        self.expected.map_or(1, |v| v + 1)
+    }
+}
+
+/// Which runs [`Store::list`] returns. Every set field must match.
+///
+/// ```
+/// use steadfast_core::{ListFilter, RunStatus};
+/// let filter = ListFilter::new().status(RunStatus::Failed).workflow("ingest").limit(50);
+/// assert_eq!(filter.limit, Some(50));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListFilter {
+    /// Only runs with this status.
+    pub status: Option<RunStatus>,
+    /// Only runs of this workflow.
+    pub workflow: Option<String>,
+    /// Only runs last saved strictly before this time.
+    pub updated_before: Option<Timestamp>,
+    /// Only runs whose id sorts strictly after this one (a cursor: pass the last
+    /// run id of the previous page).
+    pub after: Option<String>,
+    /// At most this many runs.
+    pub limit: Option<usize>,
+}
+
+impl ListFilter {
+    /// A filter that matches every run.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Only runs with `status`.
+    pub fn status(mut self, status: RunStatus) -> Self {
+        self.status = Some(status);
+        self
+    }
+    /// Only runs of `workflow`.
+    pub fn workflow(mut self, workflow: impl Into<String>) -> Self {
+        self.workflow = Some(workflow.into());
+        self
+    }
+    /// Only runs last saved before `t`.
+    pub fn updated_before(mut self, t: Timestamp) -> Self {
+        self.updated_before = Some(t);
+        self
+    }
+    /// Only runs whose id sorts after `run_id`.
+    pub fn after(mut self, run_id: impl Into<String>) -> Self {
+        self.after = Some(run_id.into());
+        self
+    }
+    /// At most `n` runs.
+    pub fn limit(mut self, n: usize) -> Self {
+        self.limit = Some(n);
+        self
+    }
+
+    /// Whether `cp` passes every condition except `limit`.
+    pub fn matches(&self, cp: &Checkpoint) -> bool {
+        self.status.is_none_or(|s| s == cp.status)
+            && self.workflow.as_deref().is_none_or(|w| w == cp.workflow)
+            && self.updated_before.is_none_or(|t| cp.updated_at < t)
+            && self.after.as_deref().is_none_or(|a| cp.run_id.as_str() > a)
+    }
+}
+
+/// One line of [`Store::list`]: a run's head without its state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunSummary {
+    /// The run.
+    pub run_id: String,
+    /// Its workflow.
+    pub workflow: String,
+    /// Where it stands.
+    pub status: RunStatus,
+    /// Completed steps.
+    pub next: usize,
+    /// Its version.
+    pub version: u64,
+    /// When it was first saved.
+    pub created_at: Timestamp,
+    /// When it was last saved.
+    pub updated_at: Timestamp,
+}
+
+impl From<&Checkpoint> for RunSummary {
+    fn from(cp: &Checkpoint) -> Self {
+        RunSummary {
+            run_id: cp.run_id.clone(),
+            workflow: cp.workflow.clone(),
+            status: cp.status,
+            next: cp.next,
+            version: cp.version,
+            created_at: cp.created_at,
+            updated_at: cp.updated_at,
+        }
+    }
+}
+
+/// Where checkpoints live.
+///
+/// Every backend passes the conformance suite (`steadfast-conformance`), which is
+/// the executable form of the contract written on each method. Concurrency is
+/// compare-and-swap on [`Checkpoint::version`]: nothing else is assumed of a
+/// backend, so leases, gates and timers are built on `load` and `save`.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Loads the run's checkpoint.
+    ///
+    /// - MUST return `Ok(None)` when the run has never been saved or was deleted.
+    /// - MUST return [`StoreError::Corrupt`] (with a location) when the stored data
+    ///   cannot be decoded, and MUST NOT treat that as absent.
+    /// - MUST return what the last acknowledged save wrote, version included.
+    async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError>;
+
+    /// Writes a checkpoint if the stored version equals `req.expected`, and returns
+    /// the new version (`expected + 1`, or 1 when `expected` is `None`).
+    ///
+    /// - MUST fail with [`StoreError::Conflict`] and change nothing when the stored
+    ///   version differs (including: present when `None` was expected, absent when a
+    ///   version was expected).
+    /// - MUST make the write survive a process kill and a power loss before
+    ///   returning `Ok`, unless the store is documented as in-memory.
+    /// - MUST be atomic: after any failure, the stored record is either the old one
+    ///   or the new one, never a mixture.
+    /// - MUST return [`StoreError::OutcomeUnknown`] when it cannot tell whether the
+    ///   write took effect, and a definite error only when it did not.
+    /// - MUST refuse a state over its size limit with [`StoreError::TooLarge`]
+    ///   before writing anything.
+    /// - MUST NOT overwrite data it could not decode.
+    async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError>;
+
+    /// Lists runs that match `filter`, ordered by run id.
+    ///
+    /// - MUST apply every set condition of the filter, and `limit` last.
+    /// - MUST NOT return a run more than once.
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError>;
+
+    /// Deletes a run. Returns whether it existed.
+    ///
+    /// - MUST make a later `load` return `Ok(None)` and a later fresh save succeed.
+    /// - MUST be durable like `save`.
+    async fn delete(&self, run_id: &str) -> Result<bool, StoreError>;
+}
+
+#[async_trait]
+impl<T: Store + ?Sized> Store for Arc<T> {
+    async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        (**self).load(run_id).await
+    }
+    async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+        (**self).save(req).await
+    }
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
+        (**self).list(filter).await
+    }
+    async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
+        (**self).delete(run_id).await
+    }
+}
+
+/// The serialized size of a state, in bytes, without building the text.
+pub fn state_size(state: &crate::State) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    // Writing a Map into a counter cannot fail.
+    let _ = serde_json::to_writer(&mut c, state);
+    c.0
+}

@@ -1,0 +1,321 @@
+//! Workflows: a name and an ordered list of named steps, each with its retry
+//! policy and timeout.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, StepError};
+use crate::ids::check_step_name;
+use crate::run::StepCtx;
+use crate::state::{State, Update};
+
+/// The future a step returns once boxed.
+pub type StepFuture = Pin<Box<dyn Future<Output = Result<Update, StepError>> + Send + 'static>>;
+
+type StepFn = Arc<dyn Fn(StepCtx, Arc<State>) -> StepFuture + Send + Sync>;
+
+/// How often, and how patiently, a failing step is tried.
+///
+/// The delay before attempt `n + 1` is `initial_backoff * 2^(n - 1)`, capped at
+/// `max_backoff`, then (with jitter) scaled by a random factor in `[0.5, 1.0]` so
+/// that many runs failing together do not retry in lockstep.
+///
+/// ```
+/// use std::time::Duration;
+/// use steadfast_core::RetryPolicy;
+/// let policy = RetryPolicy::new(5).backoff(Duration::from_millis(100), Duration::from_secs(5));
+/// assert_eq!(policy.max_attempts(), 5);
+/// assert_eq!(policy.delay_before(2, false), Duration::from_millis(100));
+/// assert_eq!(policy.delay_before(4, false), Duration::from_millis(400));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    initial_backoff: Duration,
+    max_backoff: Duration,
+    jitter: bool,
+}
+
+impl Default for RetryPolicy {
+    /// Three attempts, 200 ms then 400 ms apart (with jitter), at most 30 s.
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(30),
+            jitter: true,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// At most `max_attempts` attempts per call of the run loop (at least one).
+    pub fn new(max_attempts: u32) -> Self {
+        RetryPolicy {
+            max_attempts: max_attempts.max(1),
+            ..Self::default()
+        }
+    }
+
+    /// One attempt, no retries.
+    pub fn none() -> Self {
+        Self::new(1)
+    }
+
+    /// Sets the first delay and the cap.
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.initial_backoff = initial;
+        self.max_backoff = max.max(initial);
+        self
+    }
+
+    /// Turns the random scaling of delays on or off.
+    pub fn jitter(mut self, on: bool) -> Self {
+        self.jitter = on;
+        self
+    }
+
+    /// The attempt limit.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The delay before attempt `attempt` (2 or more) of this call, optionally jittered.
+    pub fn delay_before(&self, attempt: u32, jitter: bool) -> Duration {
+        let doublings = attempt.saturating_sub(2).min(30);
+        let base = self
+            .initial_backoff
+            .saturating_mul(1u32 << doublings)
+            .min(self.max_backoff);
+        if jitter && self.jitter {
+            base.mul_f64(0.5 + fastrand::f64() * 0.5)
+        } else {
+            base
+        }
+    }
+}
+
+/// A named step: an async function of the step's context and the run's state that
+/// returns an [`Update`], plus its retry policy and timeout.
+///
+/// The step receives the state as an `Arc`, read-only; what it returns is merged
+/// into the state key by key. Execution is at least once: a step can run again
+/// after a crash that came between its return and its checkpoint, so steps must be
+/// idempotent ([`StepCtx::idempotency_key`] helps make side effects so).
+///
+/// ```
+/// use std::time::Duration;
+/// use serde_json::json;
+/// use steadfast_core::{RetryPolicy, Step, update};
+///
+/// let step = Step::new("fetch", |ctx, _state| async move {
+///     Ok(update(json!({"fetched_by": ctx.idempotency_key()}))?)
+/// })
+/// .retry(RetryPolicy::new(5))
+/// .timeout(Duration::from_secs(30));
+/// assert_eq!(step.name(), "fetch");
+/// ```
+#[derive(Clone)]
+pub struct Step {
+    name: String,
+    f: StepFn,
+    retry: RetryPolicy,
+    timeout: Option<Duration>,
+}
+
+impl Step {
+    /// A step named `name` running `f`, with the default [`RetryPolicy`] and no timeout.
+    pub fn new<F, Fut>(name: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(StepCtx, Arc<State>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Update, StepError>> + Send + 'static,
+    {
+        Step {
+            name: name.into(),
+            f: Arc::new(move |ctx, state| Box::pin(f(ctx, state))),
+            retry: RetryPolicy::default(),
+            timeout: None,
+        }
+    }
+
+    /// Sets the retry policy.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Cancels an attempt that runs longer than `d` (a retryable failure).
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = Some(d);
+        self
+    }
+
+    /// The step's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The step's retry policy.
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
+    /// The step's timeout.
+    pub fn timeout_after(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    pub(crate) async fn call(&self, ctx: StepCtx, state: Arc<State>) -> Result<Update, StepError> {
+        let fut = (self.f)(ctx, state);
+        match self.timeout {
+            None => fut.await,
+            Some(d) => match tokio::time::timeout(d, fut).await {
+                Ok(r) => r,
+                Err(_) => Err(StepError::timed_out(d)),
+            },
+        }
+    }
+}
+
+impl fmt::Debug for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Step")
+            .field("name", &self.name)
+            .field("retry", &self.retry)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Converts a JSON value into an [`Update`], failing unless it is an object.
+///
+/// ```
+/// use serde_json::json;
+/// assert!(steadfast_core::update(json!({"a": 1})).is_ok());
+/// assert!(steadfast_core::update(json!([1, 2])).is_err());
+/// ```
+pub fn update(value: serde_json::Value) -> Result<Update, StepError> {
+    match value {
+        serde_json::Value::Object(map) => Ok(map),
+        other => Err(StepError::terminal(format!(
+            "a step update must be a JSON object, got {}",
+            json_kind(&other)
+        ))),
+    }
+}
+
+pub(crate) fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// A name and an ordered list of uniquely named steps.
+///
+/// ```
+/// use serde_json::json;
+/// use steadfast_core::{update, Workflow};
+///
+/// let wf = Workflow::builder("greet")
+///     .step("hello", |_ctx, _state| async { update(json!({"greeting": "hello"})) })
+///     .step("world", |_ctx, _state| async { update(json!({"target": "world"})) })
+///     .build()
+///     .unwrap();
+/// assert_eq!(wf.step_names().collect::<Vec<_>>(), ["hello", "world"]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Workflow {
+    name: String,
+    steps: Vec<Step>,
+}
+
+impl Workflow {
+    /// Starts building a workflow named `name`.
+    pub fn builder(name: impl Into<String>) -> WorkflowBuilder {
+        WorkflowBuilder {
+            name: name.into(),
+            steps: Vec::new(),
+        }
+    }
+
+    /// A workflow from a list of steps; fails on an empty list, an empty or
+    /// duplicate step name, or a bad workflow name.
+    pub fn new(name: impl Into<String>, steps: Vec<Step>) -> Result<Self, Error> {
+        let name = name.into();
+        let invalid = |reason: String| Error::InvalidWorkflow {
+            workflow: name.clone(),
+            reason,
+        };
+        check_step_name(&name)
+            .map_err(|r| invalid(format!("the workflow name is invalid: {r}")))?;
+        if steps.is_empty() {
+            return Err(invalid("a workflow needs at least one step".into()));
+        }
+        let mut seen = HashSet::new();
+        for (i, step) in steps.iter().enumerate() {
+            check_step_name(&step.name)
+                .map_err(|r| invalid(format!("step {i} has an invalid name: {r}")))?;
+            if !seen.insert(step.name.as_str()) {
+                return Err(invalid(format!(
+                    "step {i} is named {:?}, like an earlier step; step names must be unique",
+                    step.name
+                )));
+            }
+        }
+        Ok(Workflow { name, steps })
+    }
+
+    /// The workflow's name, stored with every run.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The steps, in order.
+    pub fn steps(&self) -> &[Step] {
+        &self.steps
+    }
+
+    /// The step names, in order.
+    pub fn step_names(&self) -> impl Iterator<Item = &str> {
+        self.steps.iter().map(|s| s.name.as_str())
+    }
+}
+
+/// Builds a [`Workflow`]; names are checked by [`WorkflowBuilder::build`].
+#[derive(Debug)]
+#[must_use]
+pub struct WorkflowBuilder {
+    name: String,
+    steps: Vec<Step>,
+}
+
+impl WorkflowBuilder {
+    /// Appends a step with the default retry policy and no timeout.
+    pub fn step<F, Fut>(self, name: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(StepCtx, Arc<State>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Update, StepError>> + Send + 'static,
+    {
+        self.add(Step::new(name, f))
+    }
+
+    /// Appends a step built with [`Step::new`].
+    pub fn add(mut self, step: Step) -> Self {
+        self.steps.push(step);
+        self
+    }
+
+    /// Checks the names and returns the workflow.
+    pub fn build(self) -> Result<Workflow, Error> {
+        Workflow::new(self.name, self.steps)
+    }
+}
