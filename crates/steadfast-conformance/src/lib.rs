@@ -1,1 +1,157 @@
-//! placeholder
+//! The definition of a Steadfast store, as tests.
+//!
+//! One macro call per backend expands every check as its own `#[test]`, each on a
+//! store of its own made by the backend's factory:
+//!
+//! ```ignore
+//! fn make(cfg: steadfast_conformance::Config) -> steadfast_conformance::TestStore {
+//!     steadfast_conformance::TestStore::new(MyStore::with_state_limit(cfg.state_limit))
+//! }
+//! steadfast_conformance::store_conformance!(make);
+//! ```
+//!
+//! The factory may also be an `async fn`. A backend that cannot pass a check must
+//! list it with its reason in its own documentation; checks are never skipped
+//! silently.
+//!
+//! The crate also ships [`FaultyStore`], a wrapper that fails or loses writes
+//! from the N-th save on, for crash tests at the store boundary.
+
+pub mod checks;
+mod faulty;
+
+use std::any::Any;
+use std::future::Future;
+use std::sync::Arc;
+
+pub use faulty::{Fault, FaultyStore};
+use steadfast_core::Store;
+
+/// Re-exported for the macro's expansion.
+#[doc(hidden)]
+pub use tokio as __tokio;
+
+/// The state size limit every conformance store is built with: 64 KiB.
+pub const STATE_LIMIT: u64 = 64 * 1024;
+
+/// What a factory must honour when it builds a store for one check.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Config {
+    /// The largest serialized state the store must accept; larger ones must be
+    /// refused with `StoreError::TooLarge`.
+    pub state_limit: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_limit: STATE_LIMIT,
+        }
+    }
+}
+
+/// A store made for one check, plus whatever must live as long as it (a temp
+/// directory, a schema to drop).
+pub struct TestStore {
+    /// The store under test.
+    pub store: Arc<dyn Store>,
+    _guard: Box<dyn Any + Send + Sync>,
+}
+
+impl TestStore {
+    /// A store that needs nothing else kept alive.
+    pub fn new(store: impl Store + 'static) -> Self {
+        TestStore {
+            store: Arc::new(store),
+            _guard: Box::new(()),
+        }
+    }
+
+    /// A store plus a guard dropped after the check.
+    pub fn with_guard(store: impl Store + 'static, guard: impl Any + Send + Sync) -> Self {
+        TestStore {
+            store: Arc::new(store),
+            _guard: Box::new(guard),
+        }
+    }
+}
+
+/// The result of one check: `Err` carries what was violated.
+pub type CheckResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+/// What a factory returns: a [`TestStore`], or a future of one.
+pub trait IntoTestStore {
+    /// The future that yields the store.
+    fn into_future(self) -> impl Future<Output = TestStore>;
+}
+
+impl IntoTestStore for TestStore {
+    async fn into_future(self) -> TestStore {
+        self
+    }
+}
+
+impl<F: Future<Output = TestStore>> IntoTestStore for F {
+    async fn into_future(self) -> TestStore {
+        self.await
+    }
+}
+
+/// Runs one check on a fresh store from `make`, on a multi-threaded runtime.
+/// Panics with the violation, so that it fails the `#[test]` that called it.
+pub fn run_check<M, R, C, Fut>(name: &str, make: M, check: C)
+where
+    M: Fn(Config) -> R,
+    R: IntoTestStore,
+    C: FnOnce(TestStore) -> Fut,
+    Fut: Future<Output = CheckResult>,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    rt.block_on(async {
+        let store = make(Config::default()).into_future().await;
+        if let Err(e) = check(store).await {
+            panic!("conformance check {name} failed: {e}");
+        }
+    });
+}
+
+/// Expands every conformance check as a `#[test]` for the store that `$make`
+/// builds (a function or closure from [`Config`] to a [`TestStore`] or a future
+/// of one).
+#[macro_export]
+macro_rules! store_conformance {
+    ($make:expr) => {
+        $crate::__checks!($make;
+            absent_run_loads_as_none,
+            first_save_writes_version_one_and_loads_back_equal,
+            second_fresh_save_conflicts,
+            stale_version_conflicts_and_leaves_record_unchanged,
+            expected_version_on_absent_run_conflicts,
+            each_save_increments_the_version_by_one,
+            list_applies_every_filter_and_the_limit,
+            list_cursor_pages_through_every_run_once,
+            delete_removes_the_run_and_allows_a_fresh_start,
+            interleaved_savers_keep_versions_gap_free,
+            oversize_state_is_refused_and_prior_record_intact,
+            accepted_values_load_back_equal,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __checks {
+    ($make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::run_check(stringify!($name), $make, $crate::checks::$name);
+            }
+        )*
+    };
+}

@@ -1,1 +1,479 @@
-//! placeholder
+//! The JSON file store of Steadfast (`file:PATH`): every run in one
+//! human-readable JSON file.
+//!
+//! A save re-reads the file under an exclusive lock on a sidecar `PATH.lock`,
+//! checks the version, writes the whole map to a uniquely named temp file in the
+//! same directory with mode 0600, `fsync`s it, renames it over the file and
+//! `fsync`s the directory. A save that returned `Ok` therefore survives a process
+//! kill and a power loss. Readers need no lock: a rename is atomic, so they see
+//! the old file or the new one.
+//!
+//! Each save rewrites every run, so its cost grows with the file: this store is
+//! for small deployments, tests and inspection. It is for local file systems only
+//! (advisory locks and rename are not reliable on network file systems).
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! use serde_json::json;
+//! use steadfast_core::{run, update, Workflow};
+//! use steadfast_file::FileStore;
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = FileStore::open(dir.path().join("runs.json"))?;
+//! let wf = Workflow::builder("hello")
+//!     .step("hi", |_, _| async { update(json!({"hi": 1})) })
+//!     .build()
+//!     .unwrap();
+//! run("r1", &wf, &store).await.unwrap();
+//! let text = std::fs::read_to_string(dir.path().join("runs.json")).unwrap();
+//! assert!(text.contains("\"r1\""));
+//! # Ok::<(), steadfast_core::StoreError>(())
+//! # }).unwrap();
+//! ```
+
+mod fs;
+mod image;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use steadfast_core::{
+    state_size, Checkpoint, ListFilter, RunSummary, SaveRequest, Store, StoreError,
+};
+
+pub use crate::fs::{Fs, LockGuard, OsFs, WriteError};
+use crate::image::Image;
+pub use crate::image::FILE_FORMAT;
+
+/// Default limit of the whole file: 64 MiB. Every save rewrites the whole file,
+/// so a larger one is slow to checkpoint; use the SQLite store instead.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// Default limit of one run's state: 16 MiB.
+pub const DEFAULT_MAX_STATE_BYTES: u64 = 16 << 20;
+
+/// Default lock wait: 10 seconds.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Limits and waits of a [`FileStore`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct FileStoreOptions {
+    /// The largest file a save may write.
+    pub max_file_bytes: u64,
+    /// The largest state (serialized) of one run.
+    pub max_state_bytes: u64,
+    /// How long a save waits for another process's lock.
+    pub lock_timeout: Duration,
+    /// Test-only switches that break guarantees on purpose.
+    #[cfg(feature = "mutants")]
+    #[doc(hidden)]
+    pub mutants: Mutants,
+}
+
+impl Default for FileStoreOptions {
+    fn default() -> Self {
+        FileStoreOptions {
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            max_state_bytes: DEFAULT_MAX_STATE_BYTES,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            #[cfg(feature = "mutants")]
+            mutants: Mutants::default(),
+        }
+    }
+}
+
+impl FileStoreOptions {
+    /// Sets the file size limit.
+    pub fn max_file_bytes(mut self, bytes: u64) -> Self {
+        self.max_file_bytes = bytes;
+        self
+    }
+    /// Sets the per-run state size limit.
+    pub fn max_state_bytes(mut self, bytes: u64) -> Self {
+        self.max_state_bytes = bytes;
+        self
+    }
+    /// Sets the lock wait.
+    pub fn lock_timeout(mut self, d: Duration) -> Self {
+        self.lock_timeout = d;
+        self
+    }
+}
+
+/// Deliberate defects, compiled only with the `mutants` feature, so that the
+/// durability tests can show they fail when a guarantee is missing.
+#[cfg(feature = "mutants")]
+#[doc(hidden)]
+#[derive(Clone, Debug, Default)]
+pub struct Mutants {
+    /// Skip the `fsync` of the temp file.
+    pub no_file_fsync: bool,
+    /// Skip the `fsync` of the directory after the rename.
+    pub no_dir_fsync: bool,
+    /// Take no lock at all.
+    pub no_lock: bool,
+    /// Lock the data file instead of the sidecar.
+    pub lock_data_file: bool,
+    /// Treat an undecodable file as an empty store.
+    pub fresh_start_on_corrupt: bool,
+    /// Sleep this long between reading the file and renaming the new one, to
+    /// widen the window in which a missing lock loses updates.
+    pub pause_before_rename: Option<Duration>,
+}
+
+/// The JSON file store. Cheap to clone; clones share one handle.
+#[derive(Clone)]
+pub struct FileStore<F: Fs = OsFs> {
+    inner: Arc<Inner<F>>,
+}
+
+struct Inner<F> {
+    fs: F,
+    path: PathBuf,
+    dir: PathBuf,
+    lock_path: PathBuf,
+    tmp_prefix: String,
+    opts: FileStoreOptions,
+    /// Set after an fsync (or a write the outcome of which is unknown) failed.
+    poisoned: AtomicBool,
+    /// Serializes this process's writers before they contend for the file lock.
+    writers: Mutex<()>,
+}
+
+impl<F: Fs> std::fmt::Debug for FileStore<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileStore")
+            .field("path", &self.inner.path)
+            .field("opts", &self.inner.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FileStore<OsFs> {
+    /// Opens (or prepares to create) the store file at `path` with default options.
+    ///
+    /// A missing file is an empty store; it is created by the first save. A
+    /// missing parent directory is created with mode 0700. Temp files left by a
+    /// crashed writer are removed. The file itself is decoded by each operation,
+    /// so a corrupt file is reported there, with its location.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(OsFs, path, FileStoreOptions::default())
+    }
+}
+
+impl<F: Fs> FileStore<F> {
+    /// Opens a store on a given file system with the given options.
+    pub fn open_with(
+        fs: F,
+        path: impl AsRef<Path>,
+        opts: FileStoreOptions,
+    ) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let file_name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| {
+                StoreError::InvalidInput(format!(
+                    "file store path {} has no file name",
+                    path.display()
+                ))
+            })?
+            .to_string();
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let created = fs
+            .create_dir_all(&dir)
+            .map_err(|e| StoreError::io(format!("creating directory {}", dir.display()), e))?;
+        if created {
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                fs.sync_dir(parent).map_err(|e| {
+                    StoreError::io(format!("syncing directory {}", parent.display()), e)
+                })?;
+            }
+        }
+        let mut lock_name = path.clone().into_os_string();
+        lock_name.push(".lock");
+        let store = FileStore {
+            inner: Arc::new(Inner {
+                fs,
+                lock_path: PathBuf::from(lock_name),
+                tmp_prefix: format!(".{file_name}.tmp-"),
+                path,
+                dir,
+                opts,
+                poisoned: AtomicBool::new(false),
+                writers: Mutex::new(()),
+            }),
+        };
+        store.inner.sweep_temps()?;
+        Ok(store)
+    }
+
+    /// The store file's path.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner<F>) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = Arc::clone(&self.inner);
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => handle
+                .spawn_blocking(move || f(&inner))
+                .await
+                .map_err(|e| StoreError::Backend {
+                    kind: steadfast_core::StoreErrorKind::Unavailable,
+                    message: format!("file store worker thread failed: {e}"),
+                    source: None,
+                })?,
+            Err(_) => f(&inner),
+        }
+    }
+}
+
+impl<F: Fs> Inner<F> {
+    fn read_image(&self) -> Result<Image, StoreError> {
+        let bytes = match self.fs.read(&self.path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Image::empty()),
+            Err(e) => {
+                return Err(StoreError::io(
+                    format!("reading {}", self.path.display()),
+                    e,
+                ))
+            }
+        };
+        let decoded = Image::decode(&bytes, &self.path);
+        #[cfg(feature = "mutants")]
+        if self.opts.mutants.fresh_start_on_corrupt && decoded.is_err() {
+            return Ok(Image::empty());
+        }
+        decoded
+    }
+
+    fn lock(&self) -> Result<Option<LockGuard>, StoreError> {
+        #[allow(unused_mut)]
+        let mut path = &self.lock_path;
+        #[cfg(feature = "mutants")]
+        {
+            if self.opts.mutants.no_lock {
+                return Ok(None);
+            }
+            if self.opts.mutants.lock_data_file {
+                path = &self.path;
+            }
+        }
+        match self.fs.lock(path, self.opts.lock_timeout) {
+            Ok(g) => Ok(Some(g)),
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(StoreError::LockTimeout {
+                path: path.clone(),
+                waited: self.opts.lock_timeout,
+            }),
+            Err(e) => Err(StoreError::io(format!("locking {}", path.display()), e)),
+        }
+    }
+
+    /// Removes temp files of writers that died between creating and renaming them.
+    /// Temps are only created under the lock, so under the lock every one is stale.
+    fn sweep_temps(&self) -> Result<(), StoreError> {
+        let _w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+        let _lock = self.lock()?;
+        let names = match self.fs.list_dir(&self.dir) {
+            Ok(n) => n,
+            Err(e) => return Err(StoreError::io(format!("listing {}", self.dir.display()), e)),
+        };
+        let mut removed = 0;
+        for name in names.iter().filter(|n| n.starts_with(&self.tmp_prefix)) {
+            let p = self.dir.join(name);
+            match self.fs.remove_file(&p) {
+                Ok(()) => removed += 1,
+                Err(e) => {
+                    tracing::warn!(path = %p.display(), error = %e, "could not remove a leftover temp file")
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::info!(removed, dir = %self.dir.display(), "removed leftover temp files");
+            self.fs.sync_dir(&self.dir).map_err(|e| {
+                StoreError::io(format!("syncing directory {}", self.dir.display()), e)
+            })?;
+        }
+        Ok(())
+    }
+
+    fn check_poisoned(&self) -> Result<(), StoreError> {
+        if self.poisoned.load(Ordering::SeqCst) {
+            return Err(StoreError::Poisoned {
+                path: self.path.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Read, change and durably replace the file under both locks. `change` sees
+    /// the decoded image and returns `Ok(false)` when there is nothing to write.
+    fn update<T>(
+        &self,
+        run_id: &str,
+        change: impl FnOnce(&mut Image) -> Result<(bool, T), StoreError>,
+    ) -> Result<T, StoreError> {
+        self.check_poisoned()?;
+        let _w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+        let _lock = self.lock()?;
+        let mut image = self.read_image()?;
+        let (write, out) = change(&mut image)?;
+        if !write {
+            return Ok(out);
+        }
+        let bytes = image.encode();
+        if bytes.len() as u64 > self.opts.max_file_bytes {
+            return Err(StoreError::TooLarge {
+                run_id: run_id.to_string(),
+                what: "store file",
+                size: bytes.len() as u64,
+                limit: self.opts.max_file_bytes,
+            });
+        }
+        #[cfg(feature = "mutants")]
+        if let Some(d) = self.opts.mutants.pause_before_rename {
+            std::thread::sleep(d);
+        }
+        self.replace(run_id, &bytes)?;
+        Ok(out)
+    }
+
+    fn replace(&self, run_id: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let tmp = self.dir.join(format!(
+            "{}{}-{:016x}",
+            self.tmp_prefix,
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        #[allow(unused_mut)]
+        let mut sync_file = true;
+        #[allow(unused_mut)]
+        let mut sync_dir = true;
+        #[cfg(feature = "mutants")]
+        {
+            sync_file = !self.opts.mutants.no_file_fsync;
+            sync_dir = !self.opts.mutants.no_dir_fsync;
+        }
+        if let Err(e) = self.fs.write_new(&tmp, bytes, sync_file) {
+            let _ = self.fs.remove_file(&tmp);
+            return Err(match e {
+                WriteError::Write(e) => StoreError::io(format!("writing {}", tmp.display()), e),
+                WriteError::Sync(e) => {
+                    // The kernel may have dropped the pages and will not say so
+                    // again: refuse to go on as if nothing happened.
+                    self.poisoned.store(true, Ordering::SeqCst);
+                    StoreError::io(format!("syncing {}", tmp.display()), e)
+                }
+            });
+        }
+        if let Err(e) = self.fs.rename(&tmp, &self.path) {
+            let _ = self.fs.remove_file(&tmp);
+            return Err(StoreError::io(
+                format!("renaming {} over {}", tmp.display(), self.path.display()),
+                e,
+            ));
+        }
+        if sync_dir {
+            if let Err(e) = self.fs.sync_dir(&self.dir) {
+                // The new file is visible but may not survive a power loss.
+                self.poisoned.store(true, Ordering::SeqCst);
+                return Err(StoreError::OutcomeUnknown {
+                    run_id: run_id.to_string(),
+                    source: Box::new(StoreError::io(
+                        format!("syncing directory {}", self.dir.display()),
+                        e,
+                    )),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl<F: Fs> Store for FileStore<F> {
+    async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let run_id = run_id.to_string();
+        self.blocking(move |inner| Ok(inner.read_image()?.runs.remove(&run_id)))
+            .await
+    }
+
+    async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+        let cp = req.checkpoint;
+        let size = state_size(&cp.state);
+        if size > self.inner.opts.max_state_bytes {
+            return Err(StoreError::TooLarge {
+                run_id: cp.run_id.clone(),
+                what: "state",
+                size,
+                limit: self.inner.opts.max_state_bytes,
+            });
+        }
+        // A value the parser would refuse must not be written, or the whole file
+        // (every run in it) would stop loading.
+        steadfast_core::check_update(&cp.state).map_err(|p| {
+            StoreError::InvalidInput(format!(
+                "run {:?}: state value at `{}`: {}",
+                cp.run_id, p.path, p.reason
+            ))
+        })?;
+        let expected = req.expected;
+        let version = req.new_version();
+        let mut stored = cp.clone();
+        stored.version = version;
+        self.blocking(move |inner| {
+            let run_id = stored.run_id.clone();
+            inner.update(&run_id, move |image| {
+                let found = image.runs.get(&stored.run_id).map(|c| c.version);
+                if found != expected {
+                    return Err(StoreError::Conflict {
+                        run_id: stored.run_id.clone(),
+                        expected,
+                        found,
+                    });
+                }
+                image.runs.insert(stored.run_id.clone(), stored);
+                Ok((true, version))
+            })
+        })
+        .await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
+        let filter = filter.clone();
+        self.blocking(move |inner| {
+            let image = inner.read_image()?;
+            Ok(image
+                .runs
+                .values()
+                .filter(|cp| filter.matches(cp))
+                .take(filter.limit.unwrap_or(usize::MAX))
+                .map(RunSummary::from)
+                .collect())
+        })
+        .await
+    }
+
+    async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
+        let run_id = run_id.to_string();
+        self.blocking(move |inner| {
+            inner.update(&run_id, |image| {
+                let existed = image.runs.remove(&run_id).is_some();
+                Ok((existed, existed))
+            })
+        })
+        .await
+    }
+}

@@ -1,0 +1,496 @@
+//! Every check a store must pass. Each takes a fresh [`TestStore`].
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
+use serde_json::{json, Map, Value};
+use steadfast_core::{
+    Checkpoint, ListFilter, RunStatus, SaveRequest, State, StepFailure, StepRecord, Store,
+    StoreError, StoreErrorKind, Timestamp,
+};
+
+use crate::{CheckResult, TestStore, STATE_LIMIT};
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!($($fmt)+).into());
+        }
+    };
+}
+
+fn t(ms: u64) -> Timestamp {
+    Timestamp::from_unix_millis(1_700_000_000_000 + ms)
+}
+
+fn checkpoint(run_id: &str, workflow: &str, state: Value) -> Checkpoint {
+    let mut cp = Checkpoint::new(run_id, workflow, t(0));
+    if let Value::Object(map) = state {
+        cp.state = map;
+    }
+    cp
+}
+
+/// Saves `cp` expecting `expected` and returns the new version.
+async fn save(
+    store: &dyn Store,
+    cp: &Checkpoint,
+    expected: Option<u64>,
+) -> Result<u64, StoreError> {
+    store.save(SaveRequest::new(cp, expected)).await
+}
+
+fn is_conflict<T>(r: &Result<T, StoreError>) -> bool {
+    matches!(r, Err(e) if e.kind() == StoreErrorKind::Conflict)
+}
+
+/// Loading a run that was never saved returns `None`.
+pub async fn absent_run_loads_as_none(t: TestStore) -> CheckResult {
+    let loaded = t.store.load("never-saved").await?;
+    ensure!(loaded.is_none(), "expected None, got {loaded:?}");
+    Ok(())
+}
+
+/// A fresh save writes version 1 and every field loads back equal.
+pub async fn first_save_writes_version_one_and_loads_back_equal(ts: TestStore) -> CheckResult {
+    let mut cp = checkpoint(
+        "run/1 ü",
+        "flow",
+        json!({"a": 1, "nested": {"x": [1, 2.5, "s", null, true]}}),
+    );
+    cp.completed = vec!["a".into(), "b".into()];
+    cp.next = 2;
+    cp.attempts = 2;
+    cp.updated_at = t(5);
+    cp.writer = 42;
+    cp.error = Some(StepFailure::new(
+        2,
+        "c",
+        "boom \"quoted\"\n".into(),
+        2,
+        false,
+        t(4),
+    ));
+    let record = StepRecord::new(1, "b", Map::new(), 1, t(1), t(2));
+    let v = ts
+        .store
+        .save(SaveRequest::new(&cp, None).with_step(&record))
+        .await?;
+    ensure!(v == 1, "first save returned version {v}, expected 1");
+    let loaded = ts
+        .store
+        .load("run/1 ü")
+        .await?
+        .ok_or("saved run loads as None")?;
+    cp.version = 1;
+    ensure!(loaded == cp, "loaded {loaded:#?}\nsaved {cp:#?}");
+    Ok(())
+}
+
+/// Two fresh saves of one run: the second is a conflict.
+pub async fn second_fresh_save_conflicts(ts: TestStore) -> CheckResult {
+    let cp = checkpoint("r", "flow", json!({"a": 1}));
+    save(&*ts.store, &cp, None).await?;
+    let other = checkpoint("r", "flow", json!({"a": 2}));
+    let second = save(&*ts.store, &other, None).await;
+    ensure!(
+        is_conflict(&second),
+        "second fresh save returned {second:?}"
+    );
+    let loaded = ts.store.load("r").await?.ok_or("run vanished")?;
+    ensure!(
+        loaded.state["a"] == json!(1),
+        "the conflicting save changed the record: {loaded:?}"
+    );
+    Ok(())
+}
+
+/// A save with a stale version conflicts and leaves the record as it was.
+pub async fn stale_version_conflicts_and_leaves_record_unchanged(ts: TestStore) -> CheckResult {
+    let mut cp = checkpoint("r", "flow", json!({"n": 0}));
+    let v1 = save(&*ts.store, &cp, None).await?;
+    cp.state.insert("n".into(), json!(1));
+    let v2 = save(&*ts.store, &cp, Some(v1)).await?;
+    let before = ts.store.load("r").await?;
+    cp.state.insert("n".into(), json!(99));
+    let stale = save(&*ts.store, &cp, Some(v1)).await;
+    ensure!(is_conflict(&stale), "stale save returned {stale:?}");
+    let after = ts.store.load("r").await?;
+    ensure!(
+        before == after,
+        "record changed by a stale save: {before:?} -> {after:?}"
+    );
+    ensure!(after.map(|c| c.version) == Some(v2), "version moved");
+    Ok(())
+}
+
+/// Expecting a version of a run that does not exist is a conflict, and creates nothing.
+pub async fn expected_version_on_absent_run_conflicts(ts: TestStore) -> CheckResult {
+    let cp = checkpoint("ghost", "flow", json!({}));
+    let r = save(&*ts.store, &cp, Some(3)).await;
+    ensure!(
+        is_conflict(&r),
+        "save expecting version 3 of an absent run returned {r:?}"
+    );
+    ensure!(
+        ts.store.load("ghost").await?.is_none(),
+        "the failed save created the run"
+    );
+    Ok(())
+}
+
+/// Versions go 1, 2, 3, ... and load back as saved.
+pub async fn each_save_increments_the_version_by_one(ts: TestStore) -> CheckResult {
+    let mut cp = checkpoint("r", "flow", json!({}));
+    let mut expected = None;
+    for i in 1..=20u64 {
+        cp.state.insert(format!("k{i}"), json!(i));
+        let v = save(&*ts.store, &cp, expected).await?;
+        ensure!(v == i, "save {i} returned version {v}");
+        let loaded = ts.store.load("r").await?.ok_or("run vanished")?;
+        ensure!(
+            loaded.version == i,
+            "loaded version {} after save {i}",
+            loaded.version
+        );
+        ensure!(loaded.state == cp.state, "state differs after save {i}");
+        expected = Some(v);
+    }
+    Ok(())
+}
+
+async fn seed_runs(store: &dyn Store) -> Result<(), StoreError> {
+    for i in 0..12u64 {
+        let mut cp = checkpoint(
+            &format!("run-{i:02}"),
+            if i % 2 == 0 { "even" } else { "odd" },
+            json!({"i": i}),
+        );
+        cp.status = match i % 3 {
+            0 => RunStatus::Completed,
+            1 => RunStatus::Failed,
+            _ => RunStatus::Running,
+        };
+        cp.updated_at = t(i * 1000);
+        save(store, &cp, None).await?;
+    }
+    Ok(())
+}
+
+fn ids(list: &[steadfast_core::RunSummary]) -> Vec<String> {
+    list.iter().map(|s| s.run_id.clone()).collect()
+}
+
+/// `list` applies status, workflow, updated-before and limit, and orders by run id.
+pub async fn list_applies_every_filter_and_the_limit(ts: TestStore) -> CheckResult {
+    seed_runs(&*ts.store).await?;
+    let all = ts.store.list(&ListFilter::new()).await?;
+    ensure!(all.len() == 12, "listed {} runs, expected 12", all.len());
+    let mut sorted = ids(&all);
+    sorted.sort();
+    ensure!(
+        ids(&all) == sorted,
+        "not ordered by run id: {:?}",
+        ids(&all)
+    );
+
+    let failed = ts
+        .store
+        .list(&ListFilter::new().status(RunStatus::Failed))
+        .await?;
+    ensure!(
+        ids(&failed) == ["run-01", "run-04", "run-07", "run-10"],
+        "status filter gave {:?}",
+        ids(&failed)
+    );
+    let even_done = ts
+        .store
+        .list(
+            &ListFilter::new()
+                .workflow("even")
+                .status(RunStatus::Completed),
+        )
+        .await?;
+    ensure!(
+        ids(&even_done) == ["run-00", "run-06"],
+        "workflow+status gave {:?}",
+        ids(&even_done)
+    );
+    let old = ts
+        .store
+        .list(&ListFilter::new().updated_before(t(3000)))
+        .await?;
+    ensure!(
+        ids(&old) == ["run-00", "run-01", "run-02"],
+        "updated_before gave {:?}",
+        ids(&old)
+    );
+    let limited = ts
+        .store
+        .list(&ListFilter::new().workflow("odd").limit(2))
+        .await?;
+    ensure!(
+        ids(&limited) == ["run-01", "run-03"],
+        "limit gave {:?}",
+        ids(&limited)
+    );
+    let summary = &failed[0];
+    ensure!(
+        summary.workflow == "odd" && summary.version == 1 && summary.updated_at == t(1000),
+        "summary fields wrong: {summary:?}"
+    );
+    Ok(())
+}
+
+/// Paging with `after` and `limit` visits every run exactly once.
+pub async fn list_cursor_pages_through_every_run_once(ts: TestStore) -> CheckResult {
+    seed_runs(&*ts.store).await?;
+    let mut seen = Vec::new();
+    let mut filter = ListFilter::new().limit(5);
+    loop {
+        let page = ts.store.list(&filter).await?;
+        if page.is_empty() {
+            break;
+        }
+        ensure!(page.len() <= 5, "page of {} over the limit", page.len());
+        let last = page.last().map(|s| s.run_id.clone()).unwrap_or_default();
+        seen.extend(ids(&page));
+        filter = ListFilter::new().limit(5).after(last);
+        ensure!(seen.len() <= 12, "paging does not end: {seen:?}");
+    }
+    let unique: BTreeSet<_> = seen.iter().collect();
+    ensure!(
+        seen.len() == 12 && unique.len() == 12,
+        "paging visited {seen:?}"
+    );
+    Ok(())
+}
+
+/// `delete` makes the run absent, reports whether it existed, and a fresh save works again.
+pub async fn delete_removes_the_run_and_allows_a_fresh_start(ts: TestStore) -> CheckResult {
+    let cp = checkpoint("r", "flow", json!({"a": 1}));
+    save(&*ts.store, &cp, None).await?;
+    save(&*ts.store, &checkpoint("keep", "flow", json!({})), None).await?;
+    ensure!(
+        ts.store.delete("r").await?,
+        "delete of an existing run returned false"
+    );
+    ensure!(
+        ts.store.load("r").await?.is_none(),
+        "deleted run still loads"
+    );
+    ensure!(!ts.store.delete("r").await?, "second delete returned true");
+    ensure!(
+        ts.store.load("keep").await?.is_some(),
+        "delete removed another run"
+    );
+    let v = save(&*ts.store, &cp, None).await?;
+    ensure!(v == 1, "fresh save after delete returned version {v}");
+    let listed = ids(&ts.store.list(&ListFilter::new()).await?);
+    ensure!(listed == ["keep", "r"], "list after delete: {listed:?}");
+    Ok(())
+}
+
+/// 100 concurrent read-modify-write savers on 10 runs: every acknowledged save
+/// is in the record, and each run's versions are 1, 2, 3, ... without a gap.
+pub async fn interleaved_savers_keep_versions_gap_free(ts: TestStore) -> CheckResult {
+    const SAVERS: usize = 100;
+    const RUNS: usize = 10;
+    const EACH: usize = 2;
+    let store: Arc<dyn Store> = Arc::clone(&ts.store);
+    let mut tasks = Vec::new();
+    for saver in 0..SAVERS {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let run_id = format!("run-{}", saver % RUNS);
+            let mut done = 0;
+            let mut tries = 0;
+            while done < EACH {
+                tries += 1;
+                if tries > 10_000 {
+                    return Err(format!("saver {saver} made no progress"));
+                }
+                let loaded = store.load(&run_id).await.map_err(|e| e.to_string())?;
+                let (mut cp, expected) = match loaded {
+                    Some(cp) => {
+                        let v = cp.version;
+                        (cp, Some(v))
+                    }
+                    None => (checkpoint(&run_id, "flow", json!({"log": []})), None),
+                };
+                let new_version = expected.map_or(1, |v| v + 1);
+                if let Some(Value::Array(log)) = cp.state.get_mut("log") {
+                    log.push(json!([new_version, saver]));
+                }
+                match store.save(SaveRequest::new(&cp, expected)).await {
+                    Ok(v) if v == new_version => done += 1,
+                    Ok(v) => {
+                        return Err(format!("save returned version {v}, expected {new_version}"))
+                    }
+                    Err(e) if e.kind() == StoreErrorKind::Conflict => {
+                        tokio::task::yield_now().await
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    for r in 0..RUNS {
+        let cp = store
+            .load(&format!("run-{r}"))
+            .await?
+            .ok_or("run missing")?;
+        let log = cp.state["log"].as_array().ok_or("log is not an array")?;
+        let expected_saves = SAVERS / RUNS * EACH;
+        ensure!(
+            log.len() == expected_saves,
+            "run-{r} has {} saves logged, expected {expected_saves}",
+            log.len()
+        );
+        for (i, entry) in log.iter().enumerate() {
+            ensure!(
+                entry[0] == json!(i + 1),
+                "run-{r} log entry {i} is {entry}: versions have a gap or repeat"
+            );
+        }
+        ensure!(
+            cp.version == expected_saves as u64,
+            "run-{r} ends at version {}",
+            cp.version
+        );
+    }
+    Ok(())
+}
+
+/// A state over the limit is refused with `TooLarge`, and the stored record stays.
+pub async fn oversize_state_is_refused_and_prior_record_intact(ts: TestStore) -> CheckResult {
+    let cp = checkpoint("r", "flow", json!({"small": "x"}));
+    let v = save(&*ts.store, &cp, None).await?;
+    let before = ts.store.load("r").await?;
+    let big = checkpoint(
+        "r",
+        "flow",
+        json!({"big": "x".repeat(STATE_LIMIT as usize + 1)}),
+    );
+    let r = save(&*ts.store, &big, Some(v)).await;
+    ensure!(
+        matches!(&r, Err(e) if e.kind() == StoreErrorKind::TooLarge),
+        "oversize save returned {r:?}"
+    );
+    ensure!(
+        ts.store.load("r").await? == before,
+        "the refused save changed the record"
+    );
+    let fresh = save(
+        &*ts.store,
+        &checkpoint(
+            "new",
+            "flow",
+            json!({"big": "x".repeat(STATE_LIMIT as usize + 1)}),
+        ),
+        None,
+    )
+    .await;
+    ensure!(fresh.is_err(), "oversize fresh save was accepted");
+    ensure!(
+        ts.store.load("new").await?.is_none(),
+        "the refused fresh save created the run"
+    );
+    Ok(())
+}
+
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>().prop_map(Value::from),
+        ".*".prop_map(Value::String),
+        "[\\\\\"\u{0}\u{1f}\u{7f}\u{2028}\u{10ffff}a]{0,8}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(6, 64, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map(".{0,6}", inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+fn deep(depth: usize) -> Value {
+    let mut v = json!("bottom");
+    for i in 0..depth {
+        v = if i % 2 == 0 {
+            json!([v])
+        } else {
+            json!({ "k": v })
+        };
+    }
+    v
+}
+
+fn state_strategy() -> impl Strategy<Value = State> {
+    prop_oneof![
+        8 => prop::collection::btree_map(".{0,10}", json_value(), 0..6)
+            .prop_map(|m| m.into_iter().collect::<State>()),
+        1 => (0usize..200).prop_map(|d| {
+            let mut s = State::new();
+            s.insert("deep".into(), deep(d));
+            s
+        }),
+        1 => (0usize..(STATE_LIMIT as usize + 1024)).prop_map(|n| {
+            let mut s = State::new();
+            s.insert("blob".into(), Value::String("b".repeat(n)));
+            s
+        }),
+    ]
+}
+
+/// Whatever state `save` accepts loads back equal: never `Ok` followed by a load
+/// error or a different value.
+pub async fn accepted_values_load_back_equal(ts: TestStore) -> CheckResult {
+    let cases: u32 = std::env::var("STEADFAST_PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
+    let store = Arc::clone(&ts.store);
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut runner = TestRunner::new(PropConfig {
+            cases,
+            failure_persistence: None,
+            ..PropConfig::default()
+        });
+        let n = std::sync::atomic::AtomicU64::new(0);
+        runner
+            .run(&state_strategy(), |state| {
+                let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let run_id = format!("prop-{i}");
+                let mut cp = checkpoint(&run_id, "flow", json!({}));
+                cp.state = state;
+                handle.block_on(async {
+                    match store.save(SaveRequest::new(&cp, None)).await {
+                        Err(_) => Ok(()),
+                        Ok(v) => {
+                            cp.version = v;
+                            let loaded = store.load(&run_id).await.map_err(|e| {
+                                TestCaseError::fail(format!("save accepted, load failed: {e}"))
+                            })?;
+                            prop_assert_eq!(loaded, Some(cp));
+                            Ok(())
+                        }
+                    }
+                })
+            })
+            .map_err(|e| e.to_string())
+    })
+    .await??;
+    Ok(())
+}

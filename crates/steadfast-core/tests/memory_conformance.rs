@@ -1,0 +1,10 @@
+//! The store conformance suite on `MemoryStore`.
+
+use steadfast_conformance::{store_conformance, Config, TestStore};
+use steadfast_core::MemoryStore;
+
+fn make(cfg: Config) -> TestStore {
+    TestStore::new(MemoryStore::with_state_limit(cfg.state_limit))
+}
+
+store_conformance!(make);

@@ -1,0 +1,133 @@
+//! The file-system seam of the file store: the real one, and the place where tests
+//! put a simulated disk that can lose unsynced writes.
+
+use std::any::Any;
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Which part of [`Fs::write_new`] failed.
+#[derive(Debug)]
+pub enum WriteError {
+    /// Creating or writing the file failed; nothing was made durable.
+    Write(io::Error),
+    /// `fsync` of the written file failed. Its data may be lost, and the kernel may
+    /// not report the loss again.
+    Sync(io::Error),
+}
+
+/// A held lock; dropping it releases the lock.
+pub type LockGuard = Box<dyn Any + Send>;
+
+/// The file operations the file store uses, in the order that makes a save
+/// durable: [`write_new`](Fs::write_new) with `sync`, [`rename`](Fs::rename),
+/// [`sync_dir`](Fs::sync_dir).
+///
+/// [`OsFs`] is the real implementation. Tests implement this trait to simulate
+/// power loss and I/O errors.
+pub trait Fs: Send + Sync + 'static {
+    /// Reads a whole file. A missing file is an error of kind `NotFound`.
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Creates a new file with mode 0600 (failing if it exists), writes `data`,
+    /// and, when `sync` is set, flushes it to stable storage on the same handle.
+    fn write_new(&self, path: &Path, data: &[u8], sync: bool) -> Result<(), WriteError>;
+    /// Atomically replaces `to` with `from`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Flushes a directory's entries (creations, renames, removals) to stable storage.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Removes a file.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// The names of the entries in a directory.
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Creates a directory and its missing parents with mode 0700; returns whether
+    /// it created anything.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<bool>;
+    /// Takes an exclusive lock on `path` (created with mode 0600 if missing) that
+    /// other processes respect, waiting at most `timeout` (then `TimedOut`).
+    fn lock(&self, path: &Path, timeout: Duration) -> io::Result<LockGuard>;
+}
+
+/// The operating system's file system.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OsFs;
+
+impl Fs for OsFs {
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        fs::read(path)
+    }
+
+    fn write_new(&self, path: &Path, data: &[u8], sync: bool) -> Result<(), WriteError> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(WriteError::Write)?;
+        file.write_all(data).map_err(WriteError::Write)?;
+        if sync {
+            file.sync_all().map_err(WriteError::Sync)?;
+        }
+        Ok(())
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut names = Vec::new();
+        for entry in fs::read_dir(dir)? {
+            names.push(entry?.file_name().to_string_lossy().into_owned());
+        }
+        Ok(names)
+    }
+
+    fn create_dir_all(&self, dir: &Path) -> io::Result<bool> {
+        if dir.as_os_str().is_empty() || dir.is_dir() {
+            return Ok(false);
+        }
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        Ok(true)
+    }
+
+    fn lock(&self, path: &Path, timeout: Duration) -> io::Result<LockGuard> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)?;
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(200);
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(Box::new(file)),
+                Err(TryLockError::WouldBlock) => {
+                    if start.elapsed() >= timeout {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "lock wait timed out",
+                        ));
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(10));
+                }
+                Err(TryLockError::Error(e)) => return Err(e),
+            }
+        }
+    }
+}
