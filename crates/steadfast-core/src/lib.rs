@@ -39,7 +39,7 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use error::{BoxError, Error, StepError, StoreError, StoreErrorKind};
 pub use ids::{idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES};
 pub use memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
-pub use run::{run, Outcome, Runner, StepCtx};
+pub use run::{run, Event, Outcome, Runner, StepCtx};
 pub use state::{check_update, merge, State, Update, ValueProblem, MAX_VALUE_DEPTH};
 pub use store::{state_size, ListFilter, RunSummary, SaveRequest, Store};
 pub use typed::{TypedWorkflow, TypedWorkflowBuilder};

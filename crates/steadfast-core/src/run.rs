@@ -1,6 +1,7 @@
 //! The run loop: load, verify, run the remaining steps, checkpoint after each.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::checkpoint::{Checkpoint, RunStatus, StepFailure, StepRecord};
 use crate::clock::{Clock, SystemClock};
@@ -82,6 +83,54 @@ impl<T> Outcome<T> {
     }
 }
 
+/// Something the run loop did, reported to a [`Runner::observer`] as it happens.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum Event<'a> {
+    /// A step was skipped because the record says it is done.
+    Skipped {
+        /// The step's index.
+        index: usize,
+        /// The step's name.
+        step: &'a str,
+    },
+    /// An attempt of a step is starting.
+    Started {
+        /// The step's index.
+        index: usize,
+        /// The step's name.
+        step: &'a str,
+        /// The attempt (1-based, across resumes).
+        attempt: u32,
+    },
+    /// A step finished and its checkpoint was saved.
+    Completed {
+        /// The step's index.
+        index: usize,
+        /// The step's name.
+        step: &'a str,
+        /// The attempt that succeeded.
+        attempt: u32,
+        /// How long the attempt ran.
+        took: Duration,
+    },
+    /// An attempt failed.
+    Failed {
+        /// The step's index.
+        index: usize,
+        /// The step's name.
+        step: &'a str,
+        /// The attempt that failed.
+        attempt: u32,
+        /// The error text.
+        error: &'a str,
+        /// When another attempt follows, after how long.
+        retry_in: Option<Duration>,
+    },
+}
+
+type Observer = Arc<dyn Fn(&Event<'_>) + Send + Sync>;
+
 /// Starts or resumes run `run_id` of `workflow` on `store` with default options.
 ///
 /// Loads the run's checkpoint (none: a fresh start), checks that the steps it
@@ -112,14 +161,24 @@ pub async fn run<S: Store + ?Sized>(
     Runner::new(store).run(run_id, workflow).await
 }
 
-/// The run loop with options: a clock, and whether to accept changed code.
-#[derive(Debug)]
+/// The run loop with options: a clock, an observer, and whether to accept
+/// changed code.
 pub struct Runner<'s, S: Store + ?Sized> {
     store: &'s S,
     clock: Arc<dyn Clock>,
+    observer: Option<Observer>,
     accept_changed_workflow: bool,
     #[cfg(feature = "mutants")]
     mutant_skip_reload_after_unknown: bool,
+}
+
+impl<S: Store + ?Sized> std::fmt::Debug for Runner<'_, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runner")
+            .field("clock", &self.clock)
+            .field("accept_changed_workflow", &self.accept_changed_workflow)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'s, S: Store + ?Sized> Runner<'s, S> {
@@ -128,6 +187,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         Runner {
             store,
             clock: Arc::new(SystemClock),
+            observer: None,
             accept_changed_workflow: false,
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: false,
@@ -138,6 +198,18 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
+    }
+
+    /// Calls `f` with each [`Event`] as the run loop goes (progress lines, metrics).
+    pub fn observer(mut self, f: impl Fn(&Event<'_>) + Send + Sync + 'static) -> Self {
+        self.observer = Some(Arc::new(f));
+        self
+    }
+
+    fn emit(&self, event: Event<'_>) {
+        if let Some(f) = &self.observer {
+            f(&event);
+        }
     }
 
     /// Resumes a run even when its recorded steps differ from the workflow's: the
@@ -175,6 +247,9 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                 (self.verify(cp, workflow)?, Some(version))
             }
         };
+        for (index, step) in cp.completed.iter().enumerate() {
+            self.emit(Event::Skipped { index, step });
+        }
         if cp.status == RunStatus::Completed || cp.next >= workflow.steps().len() {
             return Ok(Outcome::Completed(cp.state));
         }
@@ -193,6 +268,12 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             let attempt = cp.attempts.saturating_add(1);
             let ctx = StepCtx::new(run_id, step.name(), index, attempt);
             let started = self.clock.now();
+            self.emit(Event::Started {
+                index,
+                step: step.name(),
+                attempt,
+            });
+            let timer = std::time::Instant::now();
             let shared = Arc::new(std::mem::take(&mut cp.state));
             let result = step.call(ctx, Arc::clone(&shared)).await;
             cp.state = Arc::try_unwrap(shared).unwrap_or_else(|kept| (*kept).clone());
@@ -229,6 +310,12 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                             )
                         })?;
                     used = 0;
+                    self.emit(Event::Completed {
+                        index,
+                        step: step.name(),
+                        attempt,
+                        took: timer.elapsed(),
+                    });
                 }
                 Err(err) => {
                     used += 1;

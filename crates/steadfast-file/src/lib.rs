@@ -104,9 +104,8 @@ impl FileStoreOptions {
     }
 }
 
-/// Deliberate defects, compiled only with the `mutants` feature, so that the
+/// Deliberate defects, settable only with the `mutants` feature, so that the
 /// durability tests can show they fail when a guarantee is missing.
-#[cfg(feature = "mutants")]
 #[doc(hidden)]
 #[derive(Clone, Debug, Default)]
 pub struct Mutants {
@@ -259,18 +258,26 @@ impl<F: Fs> Inner<F> {
         decoded
     }
 
+    /// Whether a deliberate defect is switched on (never, without `mutants`).
+    #[cfg(feature = "mutants")]
+    fn mutant(&self, f: impl Fn(&Mutants) -> bool) -> bool {
+        f(&self.opts.mutants)
+    }
+
+    #[cfg(not(feature = "mutants"))]
+    fn mutant(&self, _f: impl Fn(&Mutants) -> bool) -> bool {
+        false
+    }
+
     fn lock(&self) -> Result<Option<LockGuard>, StoreError> {
-        #[allow(unused_mut)]
-        let mut path = &self.lock_path;
-        #[cfg(feature = "mutants")]
-        {
-            if self.opts.mutants.no_lock {
-                return Ok(None);
-            }
-            if self.opts.mutants.lock_data_file {
-                path = &self.path;
-            }
+        if self.mutant(|m| m.no_lock) {
+            return Ok(None);
         }
+        let path = if self.mutant(|m| m.lock_data_file) {
+            &self.path
+        } else {
+            &self.lock_path
+        };
         match self.fs.lock(path, self.opts.lock_timeout) {
             Ok(g) => Ok(Some(g)),
             Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(StoreError::LockTimeout {
@@ -357,15 +364,8 @@ impl<F: Fs> Inner<F> {
             std::process::id(),
             fastrand::u64(..)
         ));
-        #[allow(unused_mut)]
-        let mut sync_file = true;
-        #[allow(unused_mut)]
-        let mut sync_dir = true;
-        #[cfg(feature = "mutants")]
-        {
-            sync_file = !self.opts.mutants.no_file_fsync;
-            sync_dir = !self.opts.mutants.no_dir_fsync;
-        }
+        let sync_file = !self.mutant(|m| m.no_file_fsync);
+        let sync_dir = !self.mutant(|m| m.no_dir_fsync);
         if let Err(e) = self.fs.write_new(&tmp, bytes, sync_file) {
             let _ = self.fs.remove_file(&tmp);
             return Err(match e {
