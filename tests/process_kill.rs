@@ -1,0 +1,168 @@
+//! The seed's claim, proven with real processes: a process that dies in the middle
+//! of a run loses no finished step, and the next process resumes at the next one.
+
+mod support;
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use steadfast::file::FileStore;
+use steadfast::{run, update, RetryPolicy, RunStatus, Step, Store, Workflow};
+use support::{child_store_path, count_from_env, role, runtime, spawn_child};
+
+/// Step `a` checkpoints; step `b` kills its process with exit code 3. A fresh
+/// store on the same file then runs only `b`, and the state is `{a: 1, b: 2}`.
+#[test]
+fn checkpoint_survives_process_exit() -> Result<(), Box<dyn std::error::Error>> {
+    if role().as_deref() == Some("exit_in_b") {
+        let store = FileStore::open(child_store_path())?;
+        let wf = Workflow::builder("seed")
+            .step("a", |_, _| async { update(json!({"a": 1})) })
+            .step("b", |_, _| async {
+                std::process::exit(3);
+                #[allow(unreachable_code)]
+                update(json!({}))
+            })
+            .build()?;
+        let _ = runtime().block_on(run("r", &wf, &store));
+        unreachable!("step b exits the process");
+    }
+
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    let status = spawn_child("checkpoint_survives_process_exit", "exit_in_b", &path, &[]).wait()?;
+    assert_eq!(status.code(), Some(3), "the child died in step b");
+
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let (ra, rb) = (Arc::clone(&ran), Arc::clone(&ran));
+    let wf = Workflow::builder("seed")
+        .step("a", move |_, _| {
+            ra.lock().unwrap().push("a");
+            async { update(json!({"a": 1})) }
+        })
+        .step("b", move |_, _| {
+            rb.lock().unwrap().push("b");
+            async { update(json!({"b": 2})) }
+        })
+        .build()?;
+    let store = FileStore::open(&path)?;
+    let state = runtime().block_on(run("r", &wf, &store))?.completed().expect("completed");
+    assert_eq!(*ran.lock().unwrap(), ["b"], "only b ran on resume");
+    assert_eq!(serde_json::Value::Object(state), json!({"a": 1, "b": 2}));
+    Ok(())
+}
+
+const TORTURE_STEPS: usize = 12;
+
+fn torture_workflow(log: &Path) -> Workflow {
+    let mut b = Workflow::builder("torture");
+    for i in 0..TORTURE_STEPS {
+        let log = log.to_path_buf();
+        b = b.add(
+            Step::new(format!("s{i}"), move |ctx, state| {
+                let log = log.clone();
+                async move {
+                    let saw_previous = i == 0 || state.get(&format!("s{}", i - 1)) == Some(&json!(i - 1));
+                    let line = format!("{} {i} {}\n", ctx.run_id(), if saw_previous { "ok" } else { "MISSING" });
+                    // One write(2) of one line: it reaches the page cache before
+                    // the step returns, so a kill cannot lose it.
+                    OpenOptions::new().append(true).create(true).open(&log)?.write_all(line.as_bytes())?;
+                    tokio::time::sleep(Duration::from_micros(fastrand::u64(0..3000))).await;
+                    update(json!({ format!("s{i}"): i }))
+                }
+            })
+            .retry(RetryPolicy::none()),
+        );
+    }
+    b.build().unwrap()
+}
+
+/// Runs are killed with SIGKILL at random moments and restarted until they finish.
+/// Every step runs, in order; a step runs again at most once per kill; no step
+/// sees a state without its predecessor's update; the store opens cleanly.
+#[test]
+fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step() -> Result<(), Box<dyn std::error::Error>> {
+    if role().as_deref() == Some("torture") {
+        let store = FileStore::open(child_store_path())?;
+        let run_id = std::env::var("STEADFAST_TEST_RUN")?;
+        let log = std::env::var("STEADFAST_TEST_LOG")?;
+        runtime().block_on(run(&run_id, &torture_workflow(Path::new(&log)), &store))?;
+        std::process::exit(0);
+    }
+
+    let min_kills = count_from_env("STEADFAST_TEST_KILLS", 60);
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    let log = dir.path().join("steps.log");
+    let mut kills_per_run = Vec::new();
+    let mut total_kills = 0;
+    for r in 0.. {
+        if total_kills >= min_kills {
+            break;
+        }
+        let run_id = format!("run-{r}");
+        let mut kills = 0;
+        loop {
+            let env = [
+                ("STEADFAST_TEST_RUN", run_id.clone()),
+                ("STEADFAST_TEST_LOG", log.display().to_string()),
+            ];
+            let mut child = spawn_child("sigkill_at_random_moments_never_reruns_or_skips_a_saved_step", "torture", &path, &env);
+            // After 30 kills of one run, let it finish so the test always ends.
+            if kills < 30 {
+                std::thread::sleep(Duration::from_millis(fastrand::u64(5..60)));
+                if child.try_wait()?.is_none() {
+                    child.kill()?; // SIGKILL
+                    child.wait()?;
+                    kills += 1;
+                    continue;
+                }
+            }
+            let status = child.wait()?;
+            assert!(status.success(), "{run_id}: the child failed on its own: {status}");
+            break;
+        }
+        total_kills += kills;
+        kills_per_run.push((run_id, kills));
+    }
+
+    let text = std::fs::read_to_string(&log)?;
+    let store = FileStore::open(&path)?;
+    let rt = runtime();
+    for (run_id, kills) in &kills_per_run {
+        let steps: Vec<usize> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("{run_id} ")))
+            .map(|rest| {
+                assert!(rest.ends_with(" ok"), "{run_id}: a step ran without its predecessor's update: {rest}");
+                rest.split(' ').next().unwrap().parse().unwrap()
+            })
+            .collect();
+        assert_eq!(steps.first(), Some(&0), "{run_id}: {steps:?}");
+        assert_eq!(steps.last(), Some(&(TORTURE_STEPS - 1)), "{run_id}: {steps:?}");
+        let mut reruns = 0;
+        for pair in steps.windows(2) {
+            match pair[1] as isize - pair[0] as isize {
+                0 => reruns += 1,
+                1 => {}
+                _ => panic!("{run_id}: step {} followed by {}: skipped or went back: {steps:?}", pair[0], pair[1]),
+            }
+        }
+        assert!(reruns <= *kills, "{run_id}: {reruns} re-executions after {kills} kills: {steps:?}");
+        let cp = rt.block_on(store.load(run_id))?.expect("the run is stored");
+        assert_eq!((cp.status, cp.next), (RunStatus::Completed, TORTURE_STEPS), "{run_id}");
+        assert_eq!(cp.state.len(), TORTURE_STEPS);
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files survived a clean open: {leftovers:?}");
+    eprintln!("{total_kills} kills over {} runs: {kills_per_run:?}", kills_per_run.len());
+    Ok(())
+}

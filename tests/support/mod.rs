@@ -1,0 +1,49 @@
+//! Helpers for tests that re-run the test binary as a child process.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+/// The environment variable that tells a re-executed test binary which role to play.
+pub const ROLE: &str = "STEADFAST_TEST_ROLE";
+
+/// The role this process was started for, if it is a child.
+pub fn role() -> Option<String> {
+    std::env::var(ROLE).ok()
+}
+
+/// Starts this test binary again, running only `test` (whose body checks
+/// [`role`] first), with `role` and extra environment variables.
+pub fn spawn_child(test: &str, role: &str, store: &Path, env: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().expect("the test binary's path"));
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(ROLE, role)
+        .env("STEADFAST_TEST_STORE", store)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn the child test process")
+}
+
+/// The store path a child was given.
+pub fn child_store_path() -> std::path::PathBuf {
+    std::env::var_os("STEADFAST_TEST_STORE")
+        .expect("STEADFAST_TEST_STORE is set for children")
+        .into()
+}
+
+/// A current-thread runtime for a child's or a parent's async part.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// The number of iterations a test should use: `default`, or the value of `var`.
+pub fn count_from_env(var: &str, default: usize) -> usize {
+    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
