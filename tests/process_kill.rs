@@ -50,7 +50,10 @@ fn checkpoint_survives_process_exit() -> Result<(), Box<dyn std::error::Error>> 
         })
         .build()?;
     let store = FileStore::open(&path)?;
-    let state = runtime().block_on(run("r", &wf, &store))?.completed().expect("completed");
+    let state = runtime()
+        .block_on(run("r", &wf, &store))?
+        .completed()
+        .expect("completed");
     assert_eq!(*ran.lock().unwrap(), ["b"], "only b ran on resume");
     assert_eq!(serde_json::Value::Object(state), json!({"a": 1, "b": 2}));
     Ok(())
@@ -66,11 +69,20 @@ fn torture_workflow(log: &Path) -> Workflow {
             Step::new(format!("s{i}"), move |ctx, state| {
                 let log = log.clone();
                 async move {
-                    let saw_previous = i == 0 || state.get(&format!("s{}", i - 1)) == Some(&json!(i - 1));
-                    let line = format!("{} {i} {}\n", ctx.run_id(), if saw_previous { "ok" } else { "MISSING" });
+                    let saw_previous =
+                        i == 0 || state.get(&format!("s{}", i - 1)) == Some(&json!(i - 1));
+                    let line = format!(
+                        "{} {i} {}\n",
+                        ctx.run_id(),
+                        if saw_previous { "ok" } else { "MISSING" }
+                    );
                     // One write(2) of one line: it reaches the page cache before
                     // the step returns, so a kill cannot lose it.
-                    OpenOptions::new().append(true).create(true).open(&log)?.write_all(line.as_bytes())?;
+                    OpenOptions::new()
+                        .append(true)
+                        .create(true)
+                        .open(&log)?
+                        .write_all(line.as_bytes())?;
                     tokio::time::sleep(Duration::from_micros(fastrand::u64(0..3000))).await;
                     update(json!({ format!("s{i}"): i }))
                 }
@@ -85,7 +97,8 @@ fn torture_workflow(log: &Path) -> Workflow {
 /// Every step runs, in order; a step runs again at most once per kill; no step
 /// sees a state without its predecessor's update; the store opens cleanly.
 #[test]
-fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step() -> Result<(), Box<dyn std::error::Error>> {
+fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step(
+) -> Result<(), Box<dyn std::error::Error>> {
     if role().as_deref() == Some("torture") {
         let store = FileStore::open(child_store_path())?;
         let run_id = std::env::var("STEADFAST_TEST_RUN")?;
@@ -111,7 +124,12 @@ fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step() -> Result<(), 
                 ("STEADFAST_TEST_RUN", run_id.clone()),
                 ("STEADFAST_TEST_LOG", log.display().to_string()),
             ];
-            let mut child = spawn_child("sigkill_at_random_moments_never_reruns_or_skips_a_saved_step", "torture", &path, &env);
+            let mut child = spawn_child(
+                "sigkill_at_random_moments_never_reruns_or_skips_a_saved_step",
+                "torture",
+                &path,
+                &env,
+            );
             // After 30 kills of one run, let it finish so the test always ends.
             if kills < 30 {
                 std::thread::sleep(Duration::from_millis(fastrand::u64(5..60)));
@@ -123,7 +141,10 @@ fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step() -> Result<(), 
                 }
             }
             let status = child.wait()?;
-            assert!(status.success(), "{run_id}: the child failed on its own: {status}");
+            assert!(
+                status.success(),
+                "{run_id}: the child failed on its own: {status}"
+            );
             break;
         }
         total_kills += kills;
@@ -138,23 +159,40 @@ fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step() -> Result<(), 
             .lines()
             .filter_map(|l| l.strip_prefix(&format!("{run_id} ")))
             .map(|rest| {
-                assert!(rest.ends_with(" ok"), "{run_id}: a step ran without its predecessor's update: {rest}");
+                assert!(
+                    rest.ends_with(" ok"),
+                    "{run_id}: a step ran without its predecessor's update: {rest}"
+                );
                 rest.split(' ').next().unwrap().parse().unwrap()
             })
             .collect();
         assert_eq!(steps.first(), Some(&0), "{run_id}: {steps:?}");
-        assert_eq!(steps.last(), Some(&(TORTURE_STEPS - 1)), "{run_id}: {steps:?}");
+        assert_eq!(
+            steps.last(),
+            Some(&(TORTURE_STEPS - 1)),
+            "{run_id}: {steps:?}"
+        );
         let mut reruns = 0;
         for pair in steps.windows(2) {
             match pair[1] as isize - pair[0] as isize {
                 0 => reruns += 1,
                 1 => {}
-                _ => panic!("{run_id}: step {} followed by {}: skipped or went back: {steps:?}", pair[0], pair[1]),
+                _ => panic!(
+                    "{run_id}: step {} followed by {}: skipped or went back: {steps:?}",
+                    pair[0], pair[1]
+                ),
             }
         }
-        assert!(reruns <= *kills, "{run_id}: {reruns} re-executions after {kills} kills: {steps:?}");
+        assert!(
+            reruns <= *kills,
+            "{run_id}: {reruns} re-executions after {kills} kills: {steps:?}"
+        );
         let cp = rt.block_on(store.load(run_id))?.expect("the run is stored");
-        assert_eq!((cp.status, cp.next), (RunStatus::Completed, TORTURE_STEPS), "{run_id}");
+        assert_eq!(
+            (cp.status, cp.next),
+            (RunStatus::Completed, TORTURE_STEPS),
+            "{run_id}"
+        );
         assert_eq!(cp.state.len(), TORTURE_STEPS);
     }
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())?
@@ -162,7 +200,13 @@ fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step() -> Result<(), 
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.contains(".tmp-"))
         .collect();
-    assert!(leftovers.is_empty(), "temp files survived a clean open: {leftovers:?}");
-    eprintln!("{total_kills} kills over {} runs: {kills_per_run:?}", kills_per_run.len());
+    assert!(
+        leftovers.is_empty(),
+        "temp files survived a clean open: {leftovers:?}"
+    );
+    eprintln!(
+        "{total_kills} kills over {} runs: {kills_per_run:?}",
+        kills_per_run.len()
+    );
     Ok(())
 }

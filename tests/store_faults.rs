@@ -19,8 +19,16 @@ fn reference(counts: &Counts) -> Workflow {
             Step::new(format!("s{i}"), move |ctx, state| {
                 let counts = Arc::clone(&counts);
                 async move {
-                    *counts.lock().unwrap().entry(ctx.step().to_string()).or_default() += 1;
-                    let prev = if i == 0 { json!(0) } else { state[&format!("s{}", i - 1)].clone() };
+                    *counts
+                        .lock()
+                        .unwrap()
+                        .entry(ctx.step().to_string())
+                        .or_default() += 1;
+                    let prev = if i == 0 {
+                        json!(0)
+                    } else {
+                        state[&format!("s{}", i - 1)].clone()
+                    };
                     update(json!({ format!("s{i}"): prev.as_u64().unwrap_or(1000) + i as u64 }))
                 }
             })
@@ -46,7 +54,8 @@ fn total_runs(counts: &Counts) -> (u32, u32) {
 }
 
 #[tokio::test]
-async fn resume_reaches_the_reference_state_after_a_failure_at_every_save() -> Result<(), Box<dyn std::error::Error>> {
+async fn resume_reaches_the_reference_state_after_a_failure_at_every_save(
+) -> Result<(), Box<dyn std::error::Error>> {
     for n in 0..STEPS {
         let counts = Counts::default();
         let wf = reference(&counts);
@@ -55,22 +64,38 @@ async fn resume_reaches_the_reference_state_after_a_failure_at_every_save() -> R
         assert!(first.is_err(), "save {n} failed, the call must fail");
         // A new process, on the same durable store, with the fault gone.
         let out = Runner::new(faulty.inner()).run("r", &wf).await?;
-        assert_eq!(out.completed().map(Value::Object), Some(reference_state()), "fault at save {n}");
+        assert_eq!(
+            out.completed().map(Value::Object),
+            Some(reference_state()),
+            "fault at save {n}"
+        );
         let (total, max) = total_runs(&counts);
-        assert!(total <= STEPS as u32 + 1 && max <= 2, "fault at save {n}: {counts:?}");
-        assert_eq!(counts.lock().unwrap().len(), STEPS, "fault at save {n}: a step was skipped");
+        assert!(
+            total <= STEPS as u32 + 1 && max <= 2,
+            "fault at save {n}: {counts:?}"
+        );
+        assert_eq!(
+            counts.lock().unwrap().len(),
+            STEPS,
+            "fault at save {n}: a step was skipped"
+        );
     }
     Ok(())
 }
 
 #[tokio::test]
-async fn a_save_that_landed_but_reported_an_error_is_recognised() -> Result<(), Box<dyn std::error::Error>> {
+async fn a_save_that_landed_but_reported_an_error_is_recognised(
+) -> Result<(), Box<dyn std::error::Error>> {
     for n in 0..STEPS {
         let counts = Counts::default();
         let wf = reference(&counts);
         let faulty = FaultyStore::new(MemoryStore::new(), n, Fault::LandButReportUnknown);
         let out = Runner::new(&faulty).run("r", &wf).await?;
-        assert_eq!(out.completed().map(Value::Object), Some(reference_state()), "unknown outcome at save {n}");
+        assert_eq!(
+            out.completed().map(Value::Object),
+            Some(reference_state()),
+            "unknown outcome at save {n}"
+        );
         assert_eq!(total_runs(&counts), (STEPS as u32, 1), "no step ran twice");
         let cp = faulty.inner().load("r").await?.expect("checkpoint");
         assert_eq!(cp.version, STEPS as u64, "no save was repeated or lost");
@@ -79,16 +104,24 @@ async fn a_save_that_landed_but_reported_an_error_is_recognised() -> Result<(), 
 }
 
 #[tokio::test]
-async fn a_lost_save_with_unknown_outcome_fails_the_call_and_resume_recovers() -> Result<(), Box<dyn std::error::Error>> {
+async fn a_lost_save_with_unknown_outcome_fails_the_call_and_resume_recovers(
+) -> Result<(), Box<dyn std::error::Error>> {
     for n in 0..STEPS {
         let counts = Counts::default();
         let wf = reference(&counts);
         let faulty = FaultyStore::new(MemoryStore::new(), n, Fault::LoseButReportUnknown);
         let first = Runner::new(&faulty).run("r", &wf).await;
-        assert!(matches!(first, Err(Error::Store { .. })), "lost save {n}: {first:?}");
+        assert!(
+            matches!(first, Err(Error::Store { .. })),
+            "lost save {n}: {first:?}"
+        );
         let out = Runner::new(&faulty).run("r", &wf).await?;
         assert_eq!(out.completed().map(Value::Object), Some(reference_state()));
-        assert_eq!(total_runs(&counts).0, STEPS as u32 + 1, "exactly the step in flight ran again");
+        assert_eq!(
+            total_runs(&counts).0,
+            STEPS as u32 + 1,
+            "exactly the step in flight ran again"
+        );
     }
     Ok(())
 }
@@ -100,6 +133,12 @@ async fn control_without_reload_the_run_conflicts_with_itself() {
     let counts = Counts::default();
     let wf = reference(&counts);
     let faulty = FaultyStore::new(MemoryStore::new(), 1, Fault::LandButReportUnknown);
-    let out = Runner::new(&faulty).mutant_skip_reload_after_unknown().run("r", &wf).await;
-    assert!(out.is_err(), "the mutant must fail where the real run loop succeeds");
+    let out = Runner::new(&faulty)
+        .mutant_skip_reload_after_unknown()
+        .run("r", &wf)
+        .await;
+    assert!(
+        out.is_err(),
+        "the mutant must fail where the real run loop succeeds"
+    );
 }

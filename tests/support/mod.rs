@@ -45,5 +45,8 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// The number of iterations a test should use: `default`, or the value of `var`.
 pub fn count_from_env(var: &str, default: usize) -> usize {
-    std::env::var(var).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
