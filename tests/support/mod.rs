@@ -50,3 +50,4 @@ pub fn count_from_env(var: &str, default: usize) -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+pub mod simfs;
