@@ -39,7 +39,7 @@ fn pipeline(crash_in: Option<String>) -> Result<Workflow, steadfast::Error> {
             println!("  think: the model reads {n} documents");
             update(json!({"plan": "summarize both and cite them"}))
         })
-        .add(
+        .push(
             Step::new("call_tool", move |ctx, _state| {
                 c1("call_tool");
                 async move {

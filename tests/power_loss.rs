@@ -52,7 +52,7 @@ fn workflow(steps: usize, counts: &Counts) -> Workflow {
     let mut b = Workflow::builder("power");
     for i in 0..steps {
         let counts = Arc::clone(counts);
-        b = b.add(
+        b = b.push(
             Step::new(format!("s{i}"), move |_, _| {
                 *counts.lock().unwrap().entry(i).or_default() += 1;
                 async move { update(json!({ format!("s{i}"): i, "pad": "p".repeat(300) })) }

@@ -65,7 +65,7 @@ fn torture_workflow(log: &Path) -> Workflow {
     let mut b = Workflow::builder("torture");
     for i in 0..TORTURE_STEPS {
         let log = log.to_path_buf();
-        b = b.add(
+        b = b.push(
             Step::new(format!("s{i}"), move |ctx, state| {
                 let log = log.clone();
                 async move {

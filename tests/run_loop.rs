@@ -27,7 +27,7 @@ fn counting(
     for i in 0..n {
         let log = Arc::clone(log);
         let fail = Arc::clone(&fail);
-        b = b.add(
+        b = b.push(
             Step::new(format!("s{i}"), move |ctx, state| {
                 let log = Arc::clone(&log);
                 let fail = Arc::clone(&fail);
@@ -186,7 +186,7 @@ async fn retryable_errors_are_retried_with_backoff_and_terminal_ones_are_not() -
     let attempts = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&attempts);
     let wf = Workflow::builder("retry")
-        .add(
+        .push(
             Step::new("flaky", move |ctx, _| {
                 let seen = Arc::clone(&seen);
                 async move {
@@ -214,7 +214,7 @@ async fn retryable_errors_are_retried_with_backoff_and_terminal_ones_are_not() -
     let calls = Arc::new(AtomicU32::new(0));
     let c = Arc::clone(&calls);
     let wf = Workflow::builder("terminal")
-        .add(
+        .push(
             Step::new("doomed", move |_, _| {
                 c.fetch_add(1, Ordering::SeqCst);
                 async { Err::<steadfast::Update, _>(StepError::terminal("no such document")) }
@@ -243,7 +243,7 @@ async fn retryable_errors_are_retried_with_backoff_and_terminal_ones_are_not() -
 async fn timeout_cancels_the_attempt_and_counts_as_a_failure() -> TestResult {
     let store = MemoryStore::new();
     let wf = Workflow::builder("slow")
-        .add(
+        .push(
             Step::new("hang", |_, _| async {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 update(json!({}))
@@ -271,7 +271,7 @@ async fn attempt_counts_survive_an_interrupted_call() -> TestResult {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let s = Arc::clone(&seen);
     let wf = Workflow::builder("interrupted")
-        .add(
+        .push(
             Step::new("step", move |ctx, _| {
                 let s = Arc::clone(&s);
                 async move {

@@ -15,7 +15,7 @@ fn reference(counts: &Counts) -> Workflow {
     let mut b = Workflow::builder("reference");
     for i in 0..STEPS {
         let counts = Arc::clone(counts);
-        b = b.add(
+        b = b.push(
             Step::new(format!("s{i}"), move |ctx, state| {
                 let counts = Arc::clone(&counts);
                 async move {

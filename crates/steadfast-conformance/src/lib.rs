@@ -3,11 +3,17 @@
 //! One macro call per backend expands every check as its own `#[test]`, each on a
 //! store of its own made by the backend's factory:
 //!
-//! ```ignore
-//! fn make(cfg: steadfast_conformance::Config) -> steadfast_conformance::TestStore {
-//!     steadfast_conformance::TestStore::new(MyStore::with_state_limit(cfg.state_limit))
+//! ```
+//! use steadfast_conformance::{store_conformance, Config, TestStore};
+//! use steadfast_core::MemoryStore;
+//!
+//! fn make(cfg: Config) -> TestStore {
+//!     TestStore::new(MemoryStore::with_state_limit(cfg.state_limit))
 //! }
-//! steadfast_conformance::store_conformance!(make);
+//!
+//! // In a test file, this expands one #[test] per check.
+//! store_conformance!(make);
+//! # fn main() {}
 //! ```
 //!
 //! The factory may also be an `async fn`. A backend that cannot pass a check must

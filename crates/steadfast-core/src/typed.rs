@@ -120,7 +120,7 @@ where
         Fut: Future<Output = Result<S, StepError>> + Send + 'static,
     {
         let f = Arc::new(f);
-        self.add(Step::new(name, move |ctx, state: Arc<State>| {
+        self.push(Step::new(name, move |ctx, state: Arc<State>| {
             let f = Arc::clone(&f);
             async move {
                 let input = read_state::<S>(&state)?;
@@ -151,7 +151,7 @@ where
         U: Serialize,
     {
         let f = Arc::new(f);
-        self.add(Step::new(name, move |ctx, state: Arc<State>| {
+        self.push(Step::new(name, move |ctx, state: Arc<State>| {
             let f = Arc::clone(&f);
             async move {
                 let input = read_state::<S>(&state)?;
@@ -165,7 +165,7 @@ where
     }
 
     /// Appends a step built with [`Step::new`] working on the JSON state directly.
-    pub fn add(mut self, step: Step) -> Self {
+    pub fn push(mut self, step: Step) -> Self {
         self.steps.push(step);
         self
     }

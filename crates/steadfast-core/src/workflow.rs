@@ -305,11 +305,11 @@ impl WorkflowBuilder {
         F: Fn(StepCtx, Arc<State>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Update, StepError>> + Send + 'static,
     {
-        self.add(Step::new(name, f))
+        self.push(Step::new(name, f))
     }
 
     /// Appends a step built with [`Step::new`].
-    pub fn add(mut self, step: Step) -> Self {
+    pub fn push(mut self, step: Step) -> Self {
         self.steps.push(step);
         self
     }
