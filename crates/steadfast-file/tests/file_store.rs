@@ -1,0 +1,117 @@
+//! File-store specifics beyond the conformance suite: modes, locks, leftovers, limits.
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use steadfast_core::{Checkpoint, SaveRequest, Store, StoreError, StoreErrorKind, Timestamp};
+use steadfast_file::{FileStore, FileStoreOptions, OsFs};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn cp(run_id: &str) -> Checkpoint {
+    let mut cp = Checkpoint::new(run_id, "w", Timestamp::from_unix_millis(0));
+    cp.state.insert("x".into(), json!(1));
+    cp
+}
+
+fn mode(path: &std::path::Path) -> std::io::Result<u32> {
+    Ok(std::fs::metadata(path)?.permissions().mode() & 0o777)
+}
+
+#[tokio::test]
+async fn files_are_private_and_a_missing_directory_is_created() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("state/runs.json");
+    let store = FileStore::open(&path)?;
+    store.save(SaveRequest::new(&cp("r"), None)).await?;
+    assert_eq!(mode(&path)?, 0o600, "store file");
+    assert_eq!(
+        mode(&dir.path().join("state/runs.json.lock"))?,
+        0o600,
+        "lock file"
+    );
+    assert_eq!(mode(&dir.path().join("state"))?, 0o700, "created directory");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_held_lock_times_out_with_an_error_naming_the_lock() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    let opts = FileStoreOptions::default().lock_timeout(Duration::from_millis(200));
+    let store = FileStore::open_with(OsFs, &path, opts)?;
+    // Another open file description: its flock excludes ours as another
+    // process's would.
+    let holder = std::fs::File::create(dir.path().join("runs.json.lock"))?;
+    holder.lock()?;
+    let start = Instant::now();
+    let err = store
+        .save(SaveRequest::new(&cp("r"), None))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::LockTimeout { .. }), "{err}");
+    assert!(err.is_retryable());
+    assert!(err.to_string().contains("runs.json.lock"), "{err}");
+    assert!(start.elapsed() >= Duration::from_millis(200));
+    assert!(
+        !path.exists(),
+        "nothing was written while the lock was held"
+    );
+    holder.unlock()?;
+    store.save(SaveRequest::new(&cp("r"), None)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn leftover_temp_files_are_removed_on_open_and_never_read() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    FileStore::open(&path)?
+        .save(SaveRequest::new(&cp("r"), None))
+        .await?;
+    let leftover = dir.path().join(".runs.json.tmp-999-0000000000000001");
+    std::fs::write(&leftover, b"{\"format\":1,\"runs\":{}}")?;
+    let unrelated = dir.path().join("notes.txt");
+    std::fs::write(&unrelated, b"keep me")?;
+    let store = FileStore::open(&path)?;
+    assert!(!leftover.exists(), "the leftover temp was swept");
+    assert!(unrelated.exists(), "other files are left alone");
+    assert!(store.load("r").await?.is_some());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_file_over_its_limit_is_refused_before_writing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    let store = FileStore::open_with(
+        OsFs,
+        &path,
+        FileStoreOptions::default().max_file_bytes(2_000),
+    )?;
+    store.save(SaveRequest::new(&cp("a"), None)).await?;
+    let before = std::fs::read(&path)?;
+    let mut n = 0;
+    let err = loop {
+        n += 1;
+        match store
+            .save(SaveRequest::new(&cp(&format!("run-{n}")), None))
+            .await
+        {
+            Ok(_) => continue,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), StoreErrorKind::TooLarge, "{err}");
+    assert!(err.to_string().contains("store file"), "{err}");
+    assert!(std::fs::read(&path)?.len() <= 2_000);
+    assert!(std::fs::read(&path)?.len() >= before.len());
+    Ok(())
+}
+
+#[test]
+fn a_path_without_a_file_name_is_refused() {
+    let err = FileStore::open("/").unwrap_err();
+    assert!(err.to_string().contains("no file name"), "{err}");
+}
