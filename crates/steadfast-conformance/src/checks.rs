@@ -494,3 +494,92 @@ pub async fn accepted_values_load_back_equal(ts: TestStore) -> CheckResult {
     .await??;
     Ok(())
 }
+
+fn record(index: usize, name: &str, update: Value, attempt: u32) -> StepRecord {
+    let Value::Object(update) = update else {
+        unreachable!("updates are objects")
+    };
+    StepRecord::new(
+        index,
+        name,
+        update,
+        attempt,
+        t(index as u64 * 10),
+        t(index as u64 * 10 + 7),
+    )
+}
+
+/// Each save that completes a step records it; history lists them by index,
+/// with their updates, attempts and times, and forgets steps a later save undid.
+pub async fn history_lists_completed_steps_in_order(ts: TestStore) -> CheckResult {
+    let mut cp = checkpoint("r", "flow", json!({}));
+    let mut expected = None;
+    for i in 0..5usize {
+        let rec = record(
+            i,
+            &format!("s{i}"),
+            json!({ format!("s{i}"): i }),
+            1 + (i % 2) as u32,
+        );
+        cp.state.insert(format!("s{i}"), json!(i));
+        cp.completed.push(format!("s{i}"));
+        cp.next = i + 1;
+        let v = ts
+            .store
+            .save(SaveRequest::new(&cp, expected).with_step(&rec))
+            .await?;
+        expected = Some(v);
+        if i == 2 {
+            // A failure record in between carries no step.
+            cp.attempts = 1;
+            expected = Some(ts.store.save(SaveRequest::new(&cp, expected)).await?);
+            cp.attempts = 0;
+        }
+    }
+    let history = ts
+        .store
+        .history("r")
+        .await?
+        .ok_or("history of a saved run is None")?;
+    ensure!(
+        history.len() == 5,
+        "history has {} records, expected 5",
+        history.len()
+    );
+    for (i, rec) in history.iter().enumerate() {
+        let want = record(
+            i,
+            &format!("s{i}"),
+            json!({ format!("s{i}"): i }),
+            1 + (i % 2) as u32,
+        );
+        ensure!(*rec == want, "record {i} is {rec:?}, expected {want:?}");
+    }
+    let loaded = ts.store.load("r").await?.ok_or("run vanished")?;
+    ensure!(
+        loaded.state == cp.state && loaded.completed == cp.completed,
+        "state rebuilt wrongly: {loaded:?}"
+    );
+
+    // A save that moves `next` back (changed code accepted) drops later records.
+    cp.next = 2;
+    cp.completed.truncate(2);
+    expected = Some(ts.store.save(SaveRequest::new(&cp, expected)).await?);
+    let history = ts.store.history("r").await?.ok_or("history vanished")?;
+    ensure!(
+        history.len() == 2,
+        "history after rewinding has {} records",
+        history.len()
+    );
+    let _ = expected;
+    Ok(())
+}
+
+/// History of a run that does not exist is `None`.
+pub async fn history_is_none_for_an_absent_run(ts: TestStore) -> CheckResult {
+    ensure!(
+        ts.store.history("nope").await?.is_none(),
+        "history of an absent run is not None"
+    );
+    Ok(())
+}

@@ -149,6 +149,18 @@ macro_rules! store_conformance {
     };
 }
 
+/// Expands the checks of [`Store::history`](steadfast_core::Store::history),
+/// for stores that keep per-step history.
+#[macro_export]
+macro_rules! history_conformance {
+    ($make:expr) => {
+        $crate::__checks!($make;
+            history_lists_completed_steps_in_order,
+            history_is_none_for_an_absent_run,
+        );
+    };
+}
+
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __checks {

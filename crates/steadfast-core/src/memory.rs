@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, StepRecord};
 use crate::error::StoreError;
 use crate::store::{state_size, ListFilter, RunSummary, SaveRequest, Store};
 
@@ -24,8 +24,14 @@ pub const DEFAULT_MEMORY_STATE_LIMIT: u64 = 64 << 20;
 /// ```
 #[derive(Debug)]
 pub struct MemoryStore {
-    runs: Mutex<BTreeMap<String, Checkpoint>>,
+    runs: Mutex<BTreeMap<String, Entry>>,
     state_limit: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    checkpoint: Checkpoint,
+    history: Vec<StepRecord>,
 }
 
 impl Default for MemoryStore {
@@ -48,7 +54,7 @@ impl MemoryStore {
         }
     }
 
-    fn runs(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Checkpoint>> {
+    fn runs(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
         // A panic while holding the lock cannot leave a half-written record: every
         // mutation below is a single insert or remove.
         self.runs.lock().unwrap_or_else(|p| p.into_inner())
@@ -58,7 +64,7 @@ impl MemoryStore {
 #[async_trait]
 impl Store for MemoryStore {
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
-        Ok(self.runs().get(run_id).cloned())
+        Ok(self.runs().get(run_id).map(|e| e.checkpoint.clone()))
     }
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
@@ -73,7 +79,7 @@ impl Store for MemoryStore {
             });
         }
         let mut runs = self.runs();
-        let found = runs.get(&cp.run_id).map(|c| c.version);
+        let found = runs.get(&cp.run_id).map(|e| e.checkpoint.version);
         if found != req.expected {
             return Err(StoreError::Conflict {
                 run_id: cp.run_id.clone(),
@@ -84,7 +90,23 @@ impl Store for MemoryStore {
         let version = req.new_version();
         let mut stored = cp.clone();
         stored.version = version;
-        runs.insert(stored.run_id.clone(), stored);
+        let mut history = runs
+            .remove(&cp.run_id)
+            .map(|e| e.history)
+            .unwrap_or_default();
+        history.retain(|r| r.index < cp.next);
+        if let Some(step) = req.step.filter(|s| s.index < cp.next) {
+            history.retain(|r| r.index != step.index);
+            history.push(step.clone());
+            history.sort_by_key(|r| r.index);
+        }
+        runs.insert(
+            stored.run_id.clone(),
+            Entry {
+                checkpoint: stored,
+                history,
+            },
+        );
         Ok(version)
     }
 
@@ -92,6 +114,7 @@ impl Store for MemoryStore {
         let runs = self.runs();
         Ok(runs
             .values()
+            .map(|e| &e.checkpoint)
             .filter(|cp| filter.matches(cp))
             .take(filter.limit.unwrap_or(usize::MAX))
             .map(RunSummary::from)
@@ -100,5 +123,9 @@ impl Store for MemoryStore {
 
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         Ok(self.runs().remove(run_id).is_some())
+    }
+
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        Ok(self.runs().get(run_id).map(|e| e.history.clone()))
     }
 }

@@ -185,6 +185,21 @@ pub trait Store: Send + Sync {
     /// - MUST make a later `load` return `Ok(None)` and a later fresh save succeed.
     /// - MUST be durable like `save`.
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError>;
+
+    /// The run's per-step history: one [`StepRecord`] per completed step, in
+    /// index order, as the saves that completed them carried.
+    ///
+    /// Optional: the default answers [`StoreError::Unsupported`].
+    ///
+    /// - MUST return `Ok(None)` for an absent run.
+    /// - MUST return the records of the steps below the run's `next`, at most one
+    ///   per index (the latest save's), and none at or above `next`.
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        let _ = run_id;
+        Err(StoreError::Unsupported(
+            "this store keeps no per-step history".into(),
+        ))
+    }
 }
 
 #[async_trait]
@@ -200,6 +215,9 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     }
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         (**self).delete(run_id).await
+    }
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        (**self).history(run_id).await
     }
 }
 

@@ -1,6 +1,6 @@
 //! The store conformance suite on `MemoryStore`.
 
-use steadfast_conformance::{store_conformance, Config, TestStore};
+use steadfast_conformance::{history_conformance, store_conformance, Config, TestStore};
 use steadfast_core::MemoryStore;
 
 fn make(cfg: Config) -> TestStore {
@@ -8,3 +8,4 @@ fn make(cfg: Config) -> TestStore {
 }
 
 store_conformance!(make);
+history_conformance!(make);

@@ -1,0 +1,37 @@
+//! SQLite errors mapped to the portable store error kinds, by result code.
+
+use rusqlite::ErrorCode;
+use steadfast_core::{StoreError, StoreErrorKind};
+
+/// Maps a rusqlite error to a store error, by SQLite's result code.
+pub(crate) fn map_err(e: rusqlite::Error, context: &str) -> StoreError {
+    let kind = match &e {
+        rusqlite::Error::SqliteFailure(f, _) => match f.code {
+            ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => StoreErrorKind::Corrupt,
+            ErrorCode::TooBig => StoreErrorKind::TooLarge,
+            ErrorCode::ReadOnly | ErrorCode::CannotOpen | ErrorCode::PermissionDenied => {
+                StoreErrorKind::Unavailable
+            }
+            _ => StoreErrorKind::Unavailable,
+        },
+        _ => StoreErrorKind::Unavailable,
+    };
+    if kind == StoreErrorKind::Corrupt {
+        return StoreError::Corrupt {
+            location: context.to_string(),
+            reason: e.to_string(),
+        };
+    }
+    StoreError::Backend {
+        kind,
+        message: format!("{context}: {e}"),
+        source: Some(Box::new(e)),
+    }
+}
+
+/// Whether a failed COMMIT may nonetheless have made the transaction durable:
+/// an I/O error can strike after the WAL frames were written.
+pub(crate) fn commit_outcome_unknown(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if matches!(f.code, ErrorCode::SystemIoFailure | ErrorCode::DiskFull | ErrorCode::Unknown))
+}

@@ -1,0 +1,733 @@
+//! The embedded default store of Steadfast (`sqlite:PATH`).
+//!
+//! One SQLite database in WAL mode with `synchronous=FULL`: a save is
+//! acknowledged only after the COMMIT that holds it returned, which makes it
+//! survive a process kill and a power loss. One thread owns the write connection
+//! and commits whatever saves are queued in one transaction (group commit), so
+//! concurrent runs share an fsync; loads use their own connections.
+//!
+//! Each completed step is a row of the `steps` table (the run's history, also
+//! readable with the `sqlite3` shell). A save appends the step's update and
+//! rewrites only the run's head; the full state is snapshotted again only when
+//! the updates since the last snapshot outweigh it, so the cost of a checkpoint
+//! does not grow with the size of the state. Loading reads the snapshot and
+//! merges the later updates.
+//!
+//! Several processes may share a database file: SQLite's locks serialize their
+//! writers, and every save is compare-and-swap on the run's version.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use serde_json::json;
+//! use steadfast_core::{run, update, Store, Workflow};
+//! use steadfast_sqlite::SqliteStore;
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = SqliteStore::open(dir.path().join("runs.db"))?;
+//! let wf = Workflow::builder("hello")
+//!     .step("hi", |_, _| async { update(json!({"hi": 1})) })
+//!     .build()
+//!     .unwrap();
+//! run("r1", &wf, &store).await.unwrap();
+//! let history = store.history("r1").await?.unwrap();
+//! assert_eq!(history[0].name, "hi");
+//! # Ok::<(), steadfast_core::StoreError>(())
+//! # }).unwrap();
+//! ```
+
+mod error;
+mod schema;
+mod writer;
+
+use std::collections::HashMap;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use serde_json::Value;
+use steadfast_core::{
+    check_update, state_size, Checkpoint, ListFilter, RunStatus, RunSummary, SaveRequest, State,
+    StepFailure, StepRecord, Store, StoreError, Timestamp, Update,
+};
+use tokio::sync::oneshot;
+
+use crate::error::map_err;
+pub use crate::schema::SCHEMA_VERSION;
+use crate::writer::{Acct, Body, Head, Job, SaveJob, StepRow};
+
+/// Default limit of one run's state: 64 MiB.
+pub const DEFAULT_MAX_STATE_BYTES: u64 = 64 << 20;
+
+/// Default wait for another process's write lock: 10 seconds.
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Deltas may accumulate up to the snapshot's size, and at least this much,
+/// before the state is snapshotted again.
+const MIN_DELTA_BUDGET: u64 = 16 * 1024;
+
+/// How many runs' snapshot bookkeeping a store remembers between a load and the
+/// saves that follow it.
+const ACCT_CACHE_RUNS: usize = 4096;
+
+/// Options of a [`SqliteStore`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct SqliteOptions {
+    /// The largest state (serialized) of one run.
+    pub max_state_bytes: u64,
+    /// How long a writer waits for another process's lock.
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            max_state_bytes: DEFAULT_MAX_STATE_BYTES,
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+        }
+    }
+}
+
+impl SqliteOptions {
+    /// Sets the per-run state limit.
+    pub fn max_state_bytes(mut self, bytes: u64) -> Self {
+        self.max_state_bytes = bytes;
+        self
+    }
+    /// Sets the lock wait.
+    pub fn busy_timeout(mut self, d: Duration) -> Self {
+        self.busy_timeout = d;
+        self
+    }
+}
+
+/// The durability settings of a live connection, read back from SQLite itself
+/// (a misspelt pragma is silently ignored, so these are checked, not assumed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Settings {
+    /// `PRAGMA journal_mode`: `wal`.
+    pub journal_mode: String,
+    /// `PRAGMA synchronous`: 2 is FULL.
+    pub synchronous: i64,
+    /// `PRAGMA busy_timeout`, in milliseconds.
+    pub busy_timeout_ms: i64,
+}
+
+/// The SQLite store. Cheap to clone; clones share one writer thread.
+#[derive(Clone)]
+pub struct SqliteStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    path: PathBuf,
+    display: String,
+    jobs: Mutex<mpsc::Sender<Job>>,
+    readers: Mutex<Vec<Connection>>,
+    accts: Mutex<HashMap<String, Acct>>,
+    opts: SqliteOptions,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.shared.path)
+            .field("opts", &self.shared.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+fn configure(conn: &Connection, opts: &SqliteOptions, path: &str) -> Result<(), StoreError> {
+    conn.busy_timeout(opts.busy_timeout)
+        .map_err(|e| map_err(e, &format!("setting busy_timeout on {path}")))?;
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(|e| map_err(e, &format!("enabling WAL on {path}")))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Unsupported(format!(
+            "{path}: SQLite refused WAL mode (journal_mode is {mode})"
+        )));
+    }
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(|e| map_err(e, &format!("setting synchronous=FULL on {path}")))?;
+    Ok(())
+}
+
+pub(crate) fn read_settings(conn: &Connection, path: &str) -> Result<Settings, StoreError> {
+    let read = || -> rusqlite::Result<Settings> {
+        Ok(Settings {
+            journal_mode: conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?,
+            synchronous: conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?,
+            busy_timeout_ms: conn.query_row("PRAGMA busy_timeout", [], |r| r.get(0))?,
+        })
+    };
+    read().map_err(|e| map_err(e, &format!("reading settings of {path}")))
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` with default options.
+    ///
+    /// A missing parent directory is created with mode 0700 and a new database
+    /// file with mode 0600. The schema is migrated to this build's version; a
+    /// database from a newer build is refused.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(path, SqliteOptions::default())
+    }
+
+    /// Opens the database at `path` with `opts`.
+    pub fn open_with(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let display = path.display().to_string();
+        prepare_file(&path)?;
+        let mut conn = Connection::open_with_flags(
+            &path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_CREATE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(|e| map_err(e, &format!("opening {display}")))?;
+        configure(&conn, &opts, &display)?;
+        schema::migrate(&mut conn, &display)?;
+        let (tx, rx) = mpsc::channel();
+        let writer_path = display.clone();
+        std::thread::Builder::new()
+            .name("steadfast-sqlite-writer".into())
+            .spawn(move || writer::run_writer(conn, rx, writer_path))
+            .map_err(|e| StoreError::io("starting the SQLite writer thread", e))?;
+        Ok(SqliteStore {
+            shared: Arc::new(Shared {
+                path,
+                display,
+                jobs: Mutex::new(tx),
+                readers: Mutex::new(Vec::new()),
+                accts: Mutex::new(HashMap::new()),
+                opts,
+            }),
+        })
+    }
+
+    /// The database file's path.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// The durability settings of the live write connection and of a read
+    /// connection.
+    pub async fn settings(&self) -> Result<(Settings, Settings), StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Job::Settings { reply: tx })?;
+        let writer = rx.await.map_err(|_| self.writer_gone())??;
+        let reader = self.read(|conn, path| read_settings(conn, path)).await?;
+        Ok((writer, reader))
+    }
+
+    fn send(&self, job: Job) -> Result<(), StoreError> {
+        let jobs = self.shared.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        jobs.send(job).map_err(|_| self.writer_gone())
+    }
+
+    fn writer_gone(&self) -> StoreError {
+        StoreError::Backend {
+            kind: steadfast_core::StoreErrorKind::Unavailable,
+            message: format!("the writer thread of {} has stopped", self.shared.display),
+            source: None,
+        }
+    }
+
+    /// Runs `f` on a read connection from the pool, off the async executor.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection, &str) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let shared = Arc::clone(&self.shared);
+        let task = move || {
+            let pooled = shared
+                .readers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop();
+            let conn = match pooled {
+                Some(c) => c,
+                None => {
+                    let c = Connection::open_with_flags(
+                        &shared.path,
+                        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+                    )
+                    .map_err(|e| map_err(e, &format!("opening {}", shared.display)))?;
+                    configure(&c, &shared.opts, &shared.display)?;
+                    c
+                }
+            };
+            let out = f(&conn, &shared.display);
+            shared
+                .readers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(conn);
+            out
+        };
+        tokio::task::spawn_blocking(task)
+            .await
+            .map_err(|e| StoreError::Backend {
+                kind: steadfast_core::StoreErrorKind::Unavailable,
+                message: format!("SQLite reader thread failed: {e}"),
+                source: None,
+            })?
+    }
+
+    fn remember(&self, run_id: &str, acct: Option<Acct>) {
+        let mut accts = self.shared.accts.lock().unwrap_or_else(|p| p.into_inner());
+        match acct {
+            Some(a) => {
+                if accts.len() >= ACCT_CACHE_RUNS && !accts.contains_key(run_id) {
+                    accts.clear();
+                }
+                accts.insert(run_id.to_string(), a);
+            }
+            None => {
+                accts.remove(run_id);
+            }
+        }
+    }
+
+    fn acct(&self, run_id: &str) -> Option<Acct> {
+        self.shared
+            .accts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(run_id)
+            .copied()
+    }
+}
+
+/// Creates the parent directory (0700) and the database file (0600) if missing,
+/// so that SQLite (which gives its WAL and shared-memory files the database
+/// file's mode) never creates anything more widely readable.
+fn prepare_file(path: &Path) -> Result<(), StoreError> {
+    if let Some(dir) = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty() && !d.exists())
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| StoreError::io(format!("creating directory {}", dir.display()), e))?;
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::File::open(parent)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| {
+                    StoreError::io(format!("syncing directory {}", parent.display()), e)
+                })?;
+        }
+    }
+    if path.exists() {
+        return Ok(());
+    }
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            std::fs::File::open(dir)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| StoreError::io(format!("syncing directory {}", dir.display()), e))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(StoreError::io(format!("creating {}", path.display()), e)),
+    }
+}
+
+fn to_i64(v: u64) -> i64 {
+    v as i64
+}
+
+fn corrupt(path: &str, run_id: &str, column: &str, reason: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        location: format!("{path} runs[{run_id:?}].{column}"),
+        reason: reason.to_string(),
+    }
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(
+    text: &str,
+    path: &str,
+    run_id: &str,
+    column: &str,
+) -> Result<T, StoreError> {
+    serde_json::from_str(text).map_err(|e| {
+        corrupt(
+            path,
+            run_id,
+            column,
+            format!("{e} (line {}, column {})", e.line(), e.column()),
+        )
+    })
+}
+
+struct Loaded {
+    cp: Checkpoint,
+    acct: Acct,
+}
+
+fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded>, StoreError> {
+    let ctx = || format!("loading run {run_id:?} from {path}");
+    type Row = (
+        String,
+        String,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        Option<String>,
+        i64,
+        String,
+        String,
+        i64,
+        i64,
+        i64,
+    );
+    let row: Option<Row> = conn
+        .prepare_cached(
+            "SELECT workflow, status, next, version, format, created_at, updated_at, attempts, error, writer,
+                    snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes
+             FROM runs WHERE run_id = ?1",
+        )
+        .and_then(|mut st| {
+            st.query_row([run_id], |r| {
+                Ok((
+                    r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?,
+                    r.get(8)?, r.get(9)?, r.get(10)?, r.get(11)?, r.get(12)?, r.get(13)?, r.get(14)?,
+                ))
+            })
+            .optional()
+        })
+        .map_err(|e| map_err(e, &ctx()))?;
+    let Some((
+        workflow,
+        status,
+        next,
+        version,
+        format,
+        created_at,
+        updated_at,
+        attempts,
+        error,
+        writer,
+        snapshot,
+        snapshot_completed,
+        snapshot_next,
+        snapshot_bytes,
+        delta_bytes,
+    )) = row
+    else {
+        return Ok(None);
+    };
+    let status: RunStatus = status
+        .parse()
+        .map_err(|e| corrupt(path, run_id, "status", e))?;
+    let mut state: State = parse_json(&snapshot, path, run_id, "snapshot")?;
+    let mut completed: Vec<String> =
+        parse_json(&snapshot_completed, path, run_id, "snapshot_completed")?;
+    if completed.len() as i64 != snapshot_next || snapshot_next > next {
+        return Err(corrupt(
+            path,
+            run_id,
+            "snapshot_next",
+            format!("{snapshot_next} disagrees with the snapshot or next ({next})"),
+        ));
+    }
+    let mut st = conn
+        .prepare_cached("SELECT idx, name, update_json FROM steps WHERE run_id = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx")
+        .map_err(|e| map_err(e, &ctx()))?;
+    let mut rows = st
+        .query(params![run_id, snapshot_next, next])
+        .map_err(|e| map_err(e, &ctx()))?;
+    let mut expect = snapshot_next;
+    while let Some(r) = rows.next().map_err(|e| map_err(e, &ctx()))? {
+        let idx: i64 = r.get(0).map_err(|e| map_err(e, &ctx()))?;
+        let name: String = r.get(1).map_err(|e| map_err(e, &ctx()))?;
+        let text: String = r.get(2).map_err(|e| map_err(e, &ctx()))?;
+        if idx != expect {
+            return Err(corrupt(
+                path,
+                run_id,
+                "steps",
+                format!("step {expect} is missing from the history"),
+            ));
+        }
+        let update: Update = parse_json(&text, path, run_id, &format!("steps[{idx}].update_json"))?;
+        steadfast_core::merge(&mut state, update);
+        completed.push(name);
+        expect += 1;
+    }
+    if expect != next {
+        return Err(corrupt(
+            path,
+            run_id,
+            "steps",
+            format!("step {expect} is missing from the history"),
+        ));
+    }
+    let error: Option<StepFailure> = match error {
+        Some(text) => Some(parse_json(&text, path, run_id, "error")?),
+        None => None,
+    };
+    let mut cp = Checkpoint::new(
+        run_id,
+        workflow,
+        Timestamp::from_unix_millis(created_at as u64),
+    );
+    cp.format = format as u32;
+    cp.status = status;
+    cp.next = next as usize;
+    cp.completed = completed;
+    cp.state = state;
+    cp.version = version as u64;
+    cp.updated_at = Timestamp::from_unix_millis(updated_at as u64);
+    cp.attempts = attempts as u32;
+    cp.error = error;
+    cp.writer = writer as u64;
+    cp.check()
+        .map_err(|reason| corrupt(path, run_id, "head", reason))?;
+    let acct = Acct {
+        version: cp.version,
+        next: cp.next,
+        snapshot_bytes: snapshot_bytes as u64,
+        delta_bytes: delta_bytes as u64,
+    };
+    Ok(Some(Loaded { cp, acct }))
+}
+
+fn step_row(step: &StepRecord) -> StepRow {
+    StepRow {
+        index: step.index,
+        name: step.name.clone(),
+        update: Value::Object(step.update.clone()).to_string(),
+        attempt: step.attempt,
+        started_at: step.started_at.unix_millis(),
+        finished_at: step.finished_at.unix_millis(),
+    }
+}
+
+fn invalid(run_id: &str, what: &str, p: steadfast_core::ValueProblem) -> StoreError {
+    StoreError::InvalidInput(format!(
+        "run {run_id:?}: {what} value at `{}`: {}",
+        p.path, p.reason
+    ))
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let id = run_id.to_string();
+        let loaded = self
+            .read(move |conn, path| load_run(conn, path, &id))
+            .await?;
+        self.remember(run_id, loaded.as_ref().map(|l| l.acct));
+        Ok(loaded.map(|l| l.cp))
+    }
+
+    async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+        let cp = req.checkpoint;
+        let limit = self.shared.opts.max_state_bytes;
+        let too_large = |size: u64| StoreError::TooLarge {
+            run_id: cp.run_id.clone(),
+            what: "state",
+            size,
+            limit,
+        };
+        // Append a delta when this save completes the step after the one this
+        // store last saw for the same version, and the deltas still weigh less
+        // than the snapshot; otherwise write the whole state.
+        let delta = match (req.step, self.acct(&cp.run_id)) {
+            (Some(step), Some(acct))
+                if Some(acct.version) == req.expected
+                    && step.index == acct.next
+                    && cp.next == acct.next + 1 =>
+            {
+                let row = step_row(step);
+                let budget = acct.snapshot_bytes.max(MIN_DELTA_BUDGET);
+                if acct.delta_bytes + row.update.len() as u64 <= budget {
+                    check_update(&step.update).map_err(|p| invalid(&cp.run_id, "update", p))?;
+                    // The sum of the snapshot and the deltas bounds the state's size.
+                    let bound = acct.snapshot_bytes + acct.delta_bytes + row.update.len() as u64;
+                    if bound > limit {
+                        let size = state_size(&cp.state);
+                        if size > limit {
+                            return Err(too_large(size));
+                        }
+                    }
+                    Some(row)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
+        let body = match delta {
+            Some(step) => Body::Delta { step },
+            None => {
+                check_update(&cp.state).map_err(|p| invalid(&cp.run_id, "state", p))?;
+                let state = Value::Object(cp.state.clone()).to_string();
+                if state.len() as u64 > limit {
+                    return Err(too_large(state.len() as u64));
+                }
+                Body::Snapshot {
+                    state,
+                    completed: serde_json::to_string(&cp.completed).unwrap_or_else(|_| "[]".into()),
+                    step: req.step.map(step_row),
+                }
+            }
+        };
+        let head = Head {
+            workflow: cp.workflow.clone(),
+            status: cp.status.as_str(),
+            next: cp.next,
+            format: cp.format,
+            created_at: cp.created_at.unix_millis(),
+            updated_at: cp.updated_at.unix_millis(),
+            attempts: cp.attempts,
+            error: cp
+                .error
+                .as_ref()
+                .map(|e| serde_json::to_string(e).unwrap_or_default()),
+            writer: cp.writer,
+        };
+        let (tx, rx) = oneshot::channel();
+        self.send(Job::Save(SaveJob {
+            run_id: cp.run_id.clone(),
+            expected: req.expected,
+            head,
+            body,
+            reply: tx,
+        }))?;
+        let result = rx.await.map_err(|_| self.writer_gone())?;
+        match &result {
+            Ok(acct) if cp.status != RunStatus::Completed => self.remember(&cp.run_id, Some(*acct)),
+            _ => self.remember(&cp.run_id, None),
+        }
+        result.map(|a| a.version)
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
+        let f = filter.clone();
+        self.read(move |conn, path| {
+            let ctx = || format!("listing runs in {path}");
+            let mut st = conn
+                .prepare_cached(
+                    "SELECT run_id, workflow, status, next, version, created_at, updated_at FROM runs
+                     WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR workflow = ?2)
+                       AND (?3 IS NULL OR updated_at < ?3) AND (?4 IS NULL OR run_id > ?4)
+                     ORDER BY run_id LIMIT ?5",
+                )
+                .map_err(|e| map_err(e, &ctx()))?;
+            let limit = f.limit.map_or(-1, |l| l.min(i64::MAX as usize) as i64);
+            let rows = st
+                .query_map(
+                    params![
+                        f.status.map(|s| s.as_str()),
+                        f.workflow,
+                        f.updated_before.map(|t| to_i64(t.unix_millis())),
+                        f.after,
+                        limit
+                    ],
+                    |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, String>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, i64>(3)?,
+                            r.get::<_, i64>(4)?,
+                            r.get::<_, i64>(5)?,
+                            r.get::<_, i64>(6)?,
+                        ))
+                    },
+                )
+                .map_err(|e| map_err(e, &ctx()))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (run_id, workflow, status, next, version, created, updated) = row.map_err(|e| map_err(e, &ctx()))?;
+                let status: RunStatus = status.parse().map_err(|e| corrupt(path, &run_id, "status", e))?;
+                let mut cp = Checkpoint::new(run_id, workflow, Timestamp::from_unix_millis(created as u64));
+                cp.status = status;
+                cp.next = next as usize;
+                cp.version = version as u64;
+                cp.updated_at = Timestamp::from_unix_millis(updated as u64);
+                out.push(RunSummary::from(&cp));
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Job::Delete {
+            run_id: run_id.to_string(),
+            reply: tx,
+        })?;
+        self.remember(run_id, None);
+        rx.await.map_err(|_| self.writer_gone())?
+    }
+
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        let id = run_id.to_string();
+        self.read(move |conn, path| {
+            let ctx = || format!("reading the history of run {id:?} in {path}");
+            let next: Option<i64> = conn
+                .prepare_cached("SELECT next FROM runs WHERE run_id = ?1")
+                .and_then(|mut st| st.query_row([&id], |r| r.get(0)).optional())
+                .map_err(|e| map_err(e, &ctx()))?;
+            let Some(next) = next else { return Ok(None) };
+            let mut st = conn
+                .prepare_cached(
+                    "SELECT idx, name, update_json, attempt, started_at, finished_at FROM steps
+                     WHERE run_id = ?1 AND idx < ?2 ORDER BY idx",
+                )
+                .map_err(|e| map_err(e, &ctx()))?;
+            let rows = st
+                .query_map(params![id, next], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, i64>(4)?,
+                        r.get::<_, i64>(5)?,
+                    ))
+                })
+                .map_err(|e| map_err(e, &ctx()))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (idx, name, update, attempt, started, finished) =
+                    row.map_err(|e| map_err(e, &ctx()))?;
+                let update: Update =
+                    parse_json(&update, path, &id, &format!("steps[{idx}].update_json"))?;
+                out.push(StepRecord::new(
+                    idx as usize,
+                    &name,
+                    update,
+                    attempt as u32,
+                    Timestamp::from_unix_millis(started as u64),
+                    Timestamp::from_unix_millis(finished as u64),
+                ));
+            }
+            Ok(Some(out))
+        })
+        .await
+    }
+}

@@ -1,0 +1,14 @@
+//! The store conformance suite on `SqliteStore`.
+
+use steadfast_conformance::{history_conformance, store_conformance, Config, TestStore};
+use steadfast_sqlite::{SqliteOptions, SqliteStore};
+
+fn make(cfg: Config) -> TestStore {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let opts = SqliteOptions::default().max_state_bytes(cfg.state_limit);
+    let store = SqliteStore::open_with(dir.path().join("runs.db"), opts).expect("open");
+    TestStore::with_guard(store, dir)
+}
+
+store_conformance!(make);
+history_conformance!(make);
