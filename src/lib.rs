@@ -8,12 +8,21 @@ pub use steadfast_core::*;
 #[cfg(feature = "file")]
 pub use steadfast_file as file;
 
+/// The SQLite store (`sqlite:PATH`), the embedded default.
+#[cfg(feature = "sqlite")]
+pub use steadfast_sqlite as sqlite;
+
+/// The store used when none is named: SQLite in `.steadfast/runs.db` under the
+/// current directory.
+pub const DEFAULT_STORE_URL: &str = "sqlite:.steadfast/runs.db";
+
 /// Opens a store from a URL.
 ///
 /// | URL | store |
 /// | --- | --- |
+/// | `sqlite:PATH` (also `sqlite://PATH`) | the SQLite store, the embedded default ([`DEFAULT_STORE_URL`]) |
+/// | `file:PATH` (also `file://PATH`) | the JSON file store: every run in one file |
 /// | `memory:` | [`MemoryStore`]: in this process only, for tests and examples |
-/// | `file:PATH` (also `file://PATH`) | the JSON [`file::FileStore`]: every run in one file |
 ///
 /// Unknown schemes are [`StoreError::Unsupported`]; a URL without a path where one
 /// is needed is [`StoreError::InvalidInput`].
@@ -23,13 +32,14 @@ pub use steadfast_file as file;
 /// let dir = tempfile::tempdir().unwrap();
 /// let store = steadfast::open_store(&format!("file:{}/runs.json", dir.path().display()))?;
 /// let memory = steadfast::open_store("memory:")?;
+/// let sqlite = steadfast::open_store(&format!("sqlite:{}/runs.db", dir.path().display()))?;
 /// assert!(steadfast::open_store("ftp://example").is_err());
 /// # Ok(()) }
 /// ```
 pub fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     let (scheme, rest) = url.split_once(':').ok_or_else(|| {
         StoreError::InvalidInput(format!(
-            "store URL {url:?} has no scheme; expected memory: or file:PATH"
+            "store URL {url:?} has no scheme; expected sqlite:PATH, file:PATH or memory:"
         ))
     })?;
     match scheme {
@@ -41,26 +51,43 @@ pub fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
             }
             Ok(Arc::new(MemoryStore::new()))
         }
-        "file" => open_file(url, rest),
+        "file" => open_file(url, path_of(url, rest)?),
+        "sqlite" => open_sqlite(url, path_of(url, rest)?),
         other => Err(StoreError::Unsupported(format!(
-            "store URL {url:?}: unknown scheme {other:?}; this build knows memory: and file:"
+            "store URL {url:?}: unknown scheme {other:?}; this build knows sqlite:, file: and memory:"
         ))),
     }
 }
 
-#[cfg(feature = "file")]
-fn open_file(url: &str, rest: &str) -> Result<Arc<dyn Store>, StoreError> {
+fn path_of<'a>(url: &str, rest: &'a str) -> Result<&'a str, StoreError> {
     let path = rest.strip_prefix("//").unwrap_or(rest);
     if path.is_empty() {
         return Err(StoreError::InvalidInput(format!(
-            "store URL {url:?} names no file; write file:PATH"
+            "store URL {url:?} names no file; write SCHEME:PATH"
         )));
     }
+    Ok(path)
+}
+
+#[cfg(feature = "sqlite")]
+fn open_sqlite(_url: &str, path: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(Arc::new(sqlite::SqliteStore::open(path)?))
+}
+
+#[cfg(not(feature = "sqlite"))]
+fn open_sqlite(url: &str, _path: &str) -> Result<Arc<dyn Store>, StoreError> {
+    Err(StoreError::Unsupported(format!(
+        "store URL {url:?}: this build has no SQLite store (enable the `sqlite` feature)"
+    )))
+}
+
+#[cfg(feature = "file")]
+fn open_file(_url: &str, path: &str) -> Result<Arc<dyn Store>, StoreError> {
     Ok(Arc::new(file::FileStore::open(path)?))
 }
 
 #[cfg(not(feature = "file"))]
-fn open_file(url: &str, _rest: &str) -> Result<Arc<dyn Store>, StoreError> {
+fn open_file(url: &str, _path: &str) -> Result<Arc<dyn Store>, StoreError> {
     Err(StoreError::Unsupported(format!(
         "store URL {url:?}: this build has no file store (enable the `file` feature)"
     )))

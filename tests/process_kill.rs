@@ -10,16 +10,24 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use steadfast::file::FileStore;
-use steadfast::{run, update, RetryPolicy, RunStatus, Step, Store, Workflow};
-use support::{child_store_path, count_from_env, role, runtime, spawn_child};
+use steadfast::{run, update, RetryPolicy, RunStatus, Step, Workflow};
+use support::{child_store_url, count_from_env, open, role, runtime, spawn_child, store_url};
+
+#[test]
+fn checkpoint_survives_process_exit() -> Result<(), Box<dyn std::error::Error>> {
+    seed_test("file", "checkpoint_survives_process_exit")
+}
+
+#[test]
+fn checkpoint_survives_process_exit_on_sqlite() -> Result<(), Box<dyn std::error::Error>> {
+    seed_test("sqlite", "checkpoint_survives_process_exit_on_sqlite")
+}
 
 /// Step `a` checkpoints; step `b` kills its process with exit code 3. A fresh
 /// store on the same file then runs only `b`, and the state is `{a: 1, b: 2}`.
-#[test]
-fn checkpoint_survives_process_exit() -> Result<(), Box<dyn std::error::Error>> {
+fn seed_test(scheme: &str, test: &str) -> Result<(), Box<dyn std::error::Error>> {
     if role().as_deref() == Some("exit_in_b") {
-        let store = FileStore::open(child_store_path())?;
+        let store = open(&child_store_url());
         let wf = Workflow::builder("seed")
             .step("a", |_, _| async { update(json!({"a": 1})) })
             .step("b", |_, _| async {
@@ -28,13 +36,13 @@ fn checkpoint_survives_process_exit() -> Result<(), Box<dyn std::error::Error>> 
                 update(json!({}))
             })
             .build()?;
-        let _ = runtime().block_on(run("r", &wf, &store));
+        let _ = runtime().block_on(run("r", &wf, &*store));
         unreachable!("step b exits the process");
     }
 
     let dir = tempfile::tempdir()?;
-    let path = dir.path().join("runs.json");
-    let status = spawn_child("checkpoint_survives_process_exit", "exit_in_b", &path, &[]).wait()?;
+    let url = store_url(scheme, dir.path());
+    let status = spawn_child(test, "exit_in_b", &url, &[]).wait()?;
     assert_eq!(status.code(), Some(3), "the child died in step b");
 
     let ran = Arc::new(Mutex::new(Vec::new()));
@@ -49,9 +57,9 @@ fn checkpoint_survives_process_exit() -> Result<(), Box<dyn std::error::Error>> 
             async { update(json!({"b": 2})) }
         })
         .build()?;
-    let store = FileStore::open(&path)?;
+    let store = open(&url);
     let state = runtime()
-        .block_on(run("r", &wf, &store))?
+        .block_on(run("r", &wf, &*store))?
         .completed()
         .expect("completed");
     assert_eq!(*ran.lock().unwrap(), ["b"], "only b ran on resume");
@@ -93,23 +101,39 @@ fn torture_workflow(log: &Path) -> Workflow {
     b.build().unwrap()
 }
 
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+#[test]
+fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step() -> TestResult {
+    torture(
+        "file",
+        "sigkill_at_random_moments_never_reruns_or_skips_a_saved_step",
+    )
+}
+
+#[test]
+fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step_on_sqlite() -> TestResult {
+    torture(
+        "sqlite",
+        "sigkill_at_random_moments_never_reruns_or_skips_a_saved_step_on_sqlite",
+    )
+}
+
 /// Runs are killed with SIGKILL at random moments and restarted until they finish.
 /// Every step runs, in order; a step runs again at most once per kill; no step
 /// sees a state without its predecessor's update; the store opens cleanly.
-#[test]
-fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step(
-) -> Result<(), Box<dyn std::error::Error>> {
+fn torture(scheme: &str, test: &str) -> TestResult {
     if role().as_deref() == Some("torture") {
-        let store = FileStore::open(child_store_path())?;
+        let store = open(&child_store_url());
         let run_id = std::env::var("STEADFAST_TEST_RUN")?;
         let log = std::env::var("STEADFAST_TEST_LOG")?;
-        runtime().block_on(run(&run_id, &torture_workflow(Path::new(&log)), &store))?;
+        runtime().block_on(run(&run_id, &torture_workflow(Path::new(&log)), &*store))?;
         std::process::exit(0);
     }
 
     let min_kills = count_from_env("STEADFAST_TEST_KILLS", 60);
     let dir = tempfile::tempdir()?;
-    let path = dir.path().join("runs.json");
+    let url = store_url(scheme, dir.path());
     let log = dir.path().join("steps.log");
     let mut kills_per_run = Vec::new();
     let mut total_kills = 0;
@@ -124,12 +148,7 @@ fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step(
                 ("STEADFAST_TEST_RUN", run_id.clone()),
                 ("STEADFAST_TEST_LOG", log.display().to_string()),
             ];
-            let mut child = spawn_child(
-                "sigkill_at_random_moments_never_reruns_or_skips_a_saved_step",
-                "torture",
-                &path,
-                &env,
-            );
+            let mut child = spawn_child(test, "torture", &url, &env);
             // After 30 kills of one run, let it finish so the test always ends.
             if kills < 30 {
                 std::thread::sleep(Duration::from_millis(fastrand::u64(5..60)));
@@ -152,7 +171,7 @@ fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step(
     }
 
     let text = std::fs::read_to_string(&log)?;
-    let store = FileStore::open(&path)?;
+    let store = open(&url);
     let rt = runtime();
     for (run_id, kills) in &kills_per_run {
         let steps: Vec<usize> = text

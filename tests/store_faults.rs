@@ -9,6 +9,24 @@ use steadfast::{update, Error, MemoryStore, RetryPolicy, Runner, Step, Store, Wo
 use steadfast_conformance::{Fault, FaultyStore};
 
 const STEPS: usize = 6;
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A fresh store of each kind, with the directory that holds it.
+fn stores() -> Vec<(&'static str, Arc<dyn Store>, tempfile::TempDir)> {
+    ["memory", "file", "sqlite"]
+        .into_iter()
+        .map(|kind| {
+            let dir = tempfile::tempdir().expect("a temp dir");
+            let url = match kind {
+                "memory" => "memory:".to_string(),
+                "file" => format!("file:{}", dir.path().join("runs.json").display()),
+                _ => format!("sqlite:{}", dir.path().join("runs.db").display()),
+            };
+            let store = steadfast::open_store(&url).expect("open the store");
+            (kind, store, dir)
+        })
+        .collect()
+}
 type Counts = Arc<Mutex<BTreeMap<String, u32>>>;
 
 fn reference(counts: &Counts) -> Workflow {
@@ -54,74 +72,91 @@ fn total_runs(counts: &Counts) -> (u32, u32) {
 }
 
 #[tokio::test]
-async fn resume_reaches_the_reference_state_after_a_failure_at_every_save(
-) -> Result<(), Box<dyn std::error::Error>> {
-    for n in 0..STEPS {
-        let counts = Counts::default();
-        let wf = reference(&counts);
-        let faulty = FaultyStore::new(MemoryStore::new(), n, Fault::FailFromHere);
-        let first = Runner::new(&faulty).run("r", &wf).await;
-        assert!(first.is_err(), "save {n} failed, the call must fail");
-        // A new process, on the same durable store, with the fault gone.
-        let out = Runner::new(faulty.inner()).run("r", &wf).await?;
-        assert_eq!(
-            out.completed().map(Value::Object),
-            Some(reference_state()),
-            "fault at save {n}"
-        );
-        let (total, max) = total_runs(&counts);
-        assert!(
-            total <= STEPS as u32 + 1 && max <= 2,
-            "fault at save {n}: {counts:?}"
-        );
-        assert_eq!(
-            counts.lock().unwrap().len(),
-            STEPS,
-            "fault at save {n}: a step was skipped"
-        );
+async fn resume_reaches_the_reference_state_after_a_failure_at_every_save() -> TestResult {
+    for (kind, inner, _dir) in stores() {
+        for n in 0..STEPS {
+            let run_id = format!("fail-{n}");
+            let counts = Counts::default();
+            let wf = reference(&counts);
+            let faulty = FaultyStore::new(Arc::clone(&inner), n, Fault::FailFromHere);
+            let first = Runner::new(&faulty).run(&run_id, &wf).await;
+            assert!(
+                first.is_err(),
+                "{kind}: save {n} failed, the call must fail"
+            );
+            // A new process, on the same durable store, with the fault gone.
+            let out = Runner::new(faulty.inner()).run(&run_id, &wf).await?;
+            let at = format!("{kind}: fault at save {n}");
+            assert_eq!(
+                out.completed().map(Value::Object),
+                Some(reference_state()),
+                "{at}"
+            );
+            let (total, max) = total_runs(&counts);
+            assert!(total <= STEPS as u32 + 1 && max <= 2, "{at}: {counts:?}");
+            assert_eq!(
+                counts.lock().unwrap().len(),
+                STEPS,
+                "{at}: a step was skipped"
+            );
+        }
     }
     Ok(())
 }
 
 #[tokio::test]
-async fn a_save_that_landed_but_reported_an_error_is_recognised(
-) -> Result<(), Box<dyn std::error::Error>> {
-    for n in 0..STEPS {
-        let counts = Counts::default();
-        let wf = reference(&counts);
-        let faulty = FaultyStore::new(MemoryStore::new(), n, Fault::LandButReportUnknown);
-        let out = Runner::new(&faulty).run("r", &wf).await?;
-        assert_eq!(
-            out.completed().map(Value::Object),
-            Some(reference_state()),
-            "unknown outcome at save {n}"
-        );
-        assert_eq!(total_runs(&counts), (STEPS as u32, 1), "no step ran twice");
-        let cp = faulty.inner().load("r").await?.expect("checkpoint");
-        assert_eq!(cp.version, STEPS as u64, "no save was repeated or lost");
+async fn a_save_that_landed_but_reported_an_error_is_recognised() -> TestResult {
+    for (kind, inner, _dir) in stores() {
+        for n in 0..STEPS {
+            let run_id = format!("landed-{n}");
+            let counts = Counts::default();
+            let wf = reference(&counts);
+            let faulty = FaultyStore::new(Arc::clone(&inner), n, Fault::LandButReportUnknown);
+            let out = Runner::new(&faulty).run(&run_id, &wf).await?;
+            let at = format!("{kind}: unknown outcome at save {n}");
+            assert_eq!(
+                out.completed().map(Value::Object),
+                Some(reference_state()),
+                "{at}"
+            );
+            assert_eq!(
+                total_runs(&counts),
+                (STEPS as u32, 1),
+                "{at}: a step ran twice"
+            );
+            let cp = faulty.inner().load(&run_id).await?.expect("checkpoint");
+            assert_eq!(
+                cp.version, STEPS as u64,
+                "{at}: a save was repeated or lost"
+            );
+        }
     }
     Ok(())
 }
 
 #[tokio::test]
-async fn a_lost_save_with_unknown_outcome_fails_the_call_and_resume_recovers(
-) -> Result<(), Box<dyn std::error::Error>> {
-    for n in 0..STEPS {
-        let counts = Counts::default();
-        let wf = reference(&counts);
-        let faulty = FaultyStore::new(MemoryStore::new(), n, Fault::LoseButReportUnknown);
-        let first = Runner::new(&faulty).run("r", &wf).await;
-        assert!(
-            matches!(first, Err(Error::Store { .. })),
-            "lost save {n}: {first:?}"
-        );
-        let out = Runner::new(&faulty).run("r", &wf).await?;
-        assert_eq!(out.completed().map(Value::Object), Some(reference_state()));
-        assert_eq!(
-            total_runs(&counts).0,
-            STEPS as u32 + 1,
-            "exactly the step in flight ran again"
-        );
+async fn a_lost_save_with_unknown_outcome_fails_the_call_and_resume_recovers() -> TestResult {
+    for (kind, inner, _dir) in stores() {
+        for n in 0..STEPS {
+            let run_id = format!("lost-{n}");
+            let counts = Counts::default();
+            let wf = reference(&counts);
+            let faulty = FaultyStore::new(Arc::clone(&inner), n, Fault::LoseButReportUnknown);
+            let first = Runner::new(&faulty).run(&run_id, &wf).await;
+            let at = format!("{kind}: lost save {n}");
+            assert!(matches!(first, Err(Error::Store { .. })), "{at}: {first:?}");
+            let out = Runner::new(&faulty).run(&run_id, &wf).await?;
+            assert_eq!(
+                out.completed().map(Value::Object),
+                Some(reference_state()),
+                "{at}"
+            );
+            assert_eq!(
+                total_runs(&counts).0,
+                STEPS as u32 + 1,
+                "{at}: not only the step in flight ran again"
+            );
+        }
     }
     Ok(())
 }

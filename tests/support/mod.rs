@@ -4,6 +4,9 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use steadfast::Store;
 
 /// The environment variable that tells a re-executed test binary which role to play.
 pub const ROLE: &str = "STEADFAST_TEST_ROLE";
@@ -15,7 +18,7 @@ pub fn role() -> Option<String> {
 
 /// Starts this test binary again, running only `test` (whose body checks
 /// [`role`] first), with `role` and extra environment variables.
-pub fn spawn_child(test: &str, role: &str, store: &Path, env: &[(&str, String)]) -> Child {
+pub fn spawn_child(test: &str, role: &str, store: &str, env: &[(&str, String)]) -> Child {
     let mut cmd = Command::new(std::env::current_exe().expect("the test binary's path"));
     cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
         .env(ROLE, role)
@@ -28,11 +31,23 @@ pub fn spawn_child(test: &str, role: &str, store: &Path, env: &[(&str, String)])
     cmd.spawn().expect("spawn the child test process")
 }
 
-/// The store path a child was given.
-pub fn child_store_path() -> std::path::PathBuf {
-    std::env::var_os("STEADFAST_TEST_STORE")
-        .expect("STEADFAST_TEST_STORE is set for children")
-        .into()
+/// The store URL a child was given.
+pub fn child_store_url() -> String {
+    std::env::var("STEADFAST_TEST_STORE").expect("STEADFAST_TEST_STORE is set for children")
+}
+
+/// The URL of a store of kind `scheme` (`file` or `sqlite`) inside `dir`.
+pub fn store_url(scheme: &str, dir: &Path) -> String {
+    match scheme {
+        "file" => format!("file:{}", dir.join("runs.json").display()),
+        "sqlite" => format!("sqlite:{}", dir.join("runs.db").display()),
+        other => panic!("no test store for {other}"),
+    }
+}
+
+/// Opens a store from its URL, panicking with the reason if it cannot.
+pub fn open(url: &str) -> Arc<dyn Store> {
+    steadfast::open_store(url).unwrap_or_else(|e| panic!("open {url}: {e}"))
 }
 
 /// A current-thread runtime for a child's or a parent's async part.

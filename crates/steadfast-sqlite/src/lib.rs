@@ -222,7 +222,7 @@ impl SqliteStore {
         let (tx, rx) = oneshot::channel();
         self.send(Job::Settings { reply: tx })?;
         let writer = rx.await.map_err(|_| self.writer_gone())??;
-        let reader = self.read(|conn, path| read_settings(conn, path)).await?;
+        let reader = self.read(read_settings).await?;
         Ok((writer, reader))
     }
 
@@ -608,13 +608,13 @@ impl Store for SqliteStore {
             writer: cp.writer,
         };
         let (tx, rx) = oneshot::channel();
-        self.send(Job::Save(SaveJob {
+        self.send(Job::Save(Box::new(SaveJob {
             run_id: cp.run_id.clone(),
             expected: req.expected,
             head,
             body,
             reply: tx,
-        }))?;
+        })))?;
         let result = rx.await.map_err(|_| self.writer_gone())?;
         match &result {
             Ok(acct) if cp.status != RunStatus::Completed => self.remember(&cp.run_id, Some(*acct)),

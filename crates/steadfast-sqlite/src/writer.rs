@@ -63,7 +63,7 @@ pub(crate) struct SaveJob {
 }
 
 pub(crate) enum Job {
-    Save(SaveJob),
+    Save(Box<SaveJob>),
     Delete {
         run_id: String,
         reply: oneshot::Sender<Result<bool, StoreError>>,

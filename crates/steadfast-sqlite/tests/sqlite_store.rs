@@ -1,0 +1,144 @@
+//! SQLite-store specifics: settings read back from live connections, schema
+//! versions, file modes, deltas and snapshots, and corrupt rows.
+
+use std::os::unix::fs::PermissionsExt;
+
+use serde_json::json;
+use steadfast_core::{run, update, Store, StoreError, StoreErrorKind, Workflow};
+use steadfast_sqlite::{SqliteStore, SCHEMA_VERSION};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+#[tokio::test]
+async fn durability_settings_read_back_from_live_connections() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = SqliteStore::open(dir.path().join("runs.db"))?;
+    let (writer, reader) = store.settings().await?;
+    for (who, s) in [("writer", writer), ("reader", reader)] {
+        assert_eq!(s.journal_mode, "wal", "{who}");
+        assert_eq!(s.synchronous, 2, "{who}: synchronous must be FULL (2)");
+        assert_eq!(s.busy_timeout_ms, 10_000, "{who}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn files_are_private() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("nested/runs.db");
+    let store = SqliteStore::open(&path)?;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"a": 1})) })
+        .build()?;
+    run("r", &wf, &store).await?;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
+    assert_eq!(mode(&path)?, 0o600, "database");
+    assert_eq!(
+        mode(&dir.path().join("nested/runs.db-wal"))?,
+        0o600,
+        "write-ahead log"
+    );
+    assert_eq!(
+        mode(&dir.path().join("nested"))?,
+        0o700,
+        "created directory"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_database_from_a_newer_build_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    drop(SqliteStore::open(&path)?);
+    let conn = rusqlite::Connection::open(&path)?;
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)?;
+    drop(conn);
+    let err = SqliteStore::open(&path).unwrap_err();
+    assert!(err.to_string().contains("newer than this build"), "{err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_corrupt_and_left_alone() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    let junk =
+        b"this is not an SQLite database, but it is long enough to have a header...".repeat(20);
+    std::fs::write(&path, &junk)?;
+    let err = SqliteStore::open(&path).unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    assert_eq!(std::fs::read(&path)?, junk, "the file was changed");
+    Ok(())
+}
+
+#[tokio::test]
+async fn growing_state_is_saved_as_deltas_and_loads_back_whole() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    let store = SqliteStore::open(&path)?;
+    let mut b = Workflow::builder("grow");
+    for i in 0..60 {
+        b = b.step(format!("s{i}"), move |_, _| async move {
+            update(json!({ format!("k{i}"): "x".repeat(4096) }))
+        });
+    }
+    let state = run("r", &b.build()?, &store)
+        .await?
+        .completed()
+        .expect("completed");
+    let conn = rusqlite::Connection::open(&path)?;
+    let (snapshot_next, snapshot_bytes, delta_bytes): (i64, i64, i64) = conn.query_row(
+        "SELECT snapshot_next, snapshot_bytes, delta_bytes FROM runs WHERE run_id = 'r'",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    assert!(snapshot_next < 60, "the last steps were stored as deltas");
+    assert!(
+        delta_bytes <= snapshot_bytes.max(16 * 1024),
+        "deltas never outweigh the snapshot"
+    );
+    let loaded = store.load("r").await?.expect("run");
+    assert_eq!(
+        loaded.state, state,
+        "snapshot plus deltas equal the state the run loop held"
+    );
+    assert_eq!(loaded.completed.len(), 60);
+    // A second handle (another process, say) rebuilds the same state.
+    let other = SqliteStore::open(&path)?;
+    assert_eq!(other.load("r").await?.map(|c| c.state), Some(state));
+    assert_eq!(store.history("r").await?.map(|h| h.len()), Some(60));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_corrupt_row_is_reported_with_its_run_and_column() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    let store = SqliteStore::open(&path)?;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"a": 1})) })
+        .build()?;
+    run("r", &wf, &store).await?;
+    let conn = rusqlite::Connection::open(&path)?;
+    conn.execute(
+        "UPDATE runs SET snapshot = '{\"a\": tru' WHERE run_id = 'r'",
+        [],
+    )?;
+    let err = store.load("r").await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("\"r\"") && text.contains("snapshot"),
+        "{text}"
+    );
+    conn.execute(
+        "UPDATE runs SET snapshot = '{}', status = 'paused' WHERE run_id = 'r'",
+        [],
+    )?;
+    assert_eq!(
+        store.load("r").await.unwrap_err().kind(),
+        StoreErrorKind::Corrupt
+    );
+    Ok(())
+}
