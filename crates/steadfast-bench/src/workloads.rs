@@ -1,0 +1,372 @@
+//! W1 to W5 of WORKLOAD.md on one store.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use steadfast::{
+    open_store, update, Checkpoint, Event, RetryPolicy, RunStatus, Runner, SaveRequest, Step,
+    Store, Timestamp, Workflow,
+};
+
+use crate::baseline::{remove_db, round};
+use crate::{durability, emit, median, Args};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+const STEPS: usize = 10;
+
+/// The WORKLOAD.md workflow: steps `s0`..`s9`, step `i` returns `{"s<i>": i}`.
+pub fn ten_steps() -> Workflow {
+    let mut b = Workflow::builder("w");
+    for i in 0..STEPS {
+        b = b.push(
+            Step::new(format!("s{i}"), move |_, _| async move {
+                update(json!({ format!("s{i}"): i }))
+            })
+            .retry(RetryPolicy::none()),
+        );
+    }
+    b.build().expect("a valid workflow")
+}
+
+/// The URL of a fresh store of `kind` named `tag` under the bench directory.
+pub fn fresh_url(kind: &str, dir: &Path, tag: &str) -> String {
+    match kind {
+        "memory" => "memory:".into(),
+        "file" => {
+            let p = dir.join(format!("{tag}.json"));
+            let _ = std::fs::remove_file(&p);
+            format!("file:{}", p.display())
+        }
+        "sqlite" => {
+            let p = dir.join(format!("{tag}.db"));
+            remove_db(&p);
+            format!("sqlite:{}", p.display())
+        }
+        other => panic!("unknown store {other}"),
+    }
+}
+
+fn runs_for(kind: &str, args: &Args) -> usize {
+    match (args.quick, kind) {
+        (true, _) => 20,
+        (false, "file") => 200,
+        _ => 1000,
+    }
+}
+
+fn runs_note(kind: &str, args: &Args) -> &'static str {
+    if kind == "file" && !args.quick {
+        "200 runs instead of 1000: every save rewrites the whole file"
+    } else {
+        ""
+    }
+}
+
+/// Runs every wanted workload on `kind`.
+pub async fn all(kind: &str, args: &Args) -> Res<()> {
+    if args.wants("W1") {
+        w1_w2(kind, args, 1).await?;
+    }
+    if args.wants("W2") {
+        w1_w2(kind, args, 16).await?;
+    }
+    if args.wants("W3") {
+        w3(kind, args).await?;
+    }
+    if args.wants("W4") && kind != "memory" {
+        w4(kind, args).await?;
+    }
+    if args.wants("W5") {
+        w5(kind, args).await?;
+    }
+    Ok(())
+}
+
+/// `runs` runs of the ten-step workflow, `concurrency` at a time; returns the wall time.
+pub async fn run_many(
+    store: Arc<dyn Store>,
+    prefix: &str,
+    runs: usize,
+    concurrency: usize,
+) -> Res<Duration> {
+    let wf = Arc::new(ten_steps());
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (store, wf, next, prefix) = (
+            Arc::clone(&store),
+            Arc::clone(&wf),
+            Arc::clone(&next),
+            prefix.to_string(),
+        );
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let r = next.fetch_add(1, Ordering::Relaxed);
+                if r >= runs {
+                    return Ok::<(), steadfast::Error>(());
+                }
+                steadfast::run(&format!("{prefix}-{r}"), &wf, &*store).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(start.elapsed())
+}
+
+async fn w1_w2(kind: &str, args: &Args, concurrency: usize) -> Res<()> {
+    let runs = runs_for(kind, args);
+    let mut walls = Vec::new();
+    for rep in 0..args.reps() {
+        let tag = format!("w{concurrency}-{rep}");
+        let store = open_store(&fresh_url(kind, &args.dir, &tag))?;
+        walls.push(
+            run_many(store, "run", runs, concurrency)
+                .await?
+                .as_secs_f64(),
+        );
+    }
+    let wall = median(walls);
+    let steps = runs * STEPS;
+    emit(
+        "steadfast",
+        kind,
+        if concurrency == 1 { "W1" } else { "W2" },
+        durability(kind),
+        json!({"runs": runs, "steps": steps, "concurrency": concurrency, "wall_s": round3(wall),
+               "steps_per_s": round(steps as f64 / wall), "us_per_step": round(wall * 1e6 / steps as f64),
+               "notes": runs_note(kind, args)}),
+    );
+    Ok(())
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+fn completed_checkpoint(run_id: &str) -> Checkpoint {
+    let mut cp = Checkpoint::new(run_id, "w", Timestamp::from_unix_millis(1_700_000_000_000));
+    for i in 0..STEPS {
+        cp.completed.push(format!("s{i}"));
+        cp.state.insert(format!("s{i}"), json!(i));
+    }
+    cp.next = STEPS;
+    cp.status = RunStatus::Completed;
+    cp
+}
+
+/// Fills a store with `n` completed runs. The file store's file is written
+/// directly (saving 10,000 runs one rewrite at a time would take hours).
+async fn populate(kind: &str, url: &str, store: &Arc<dyn Store>, n: usize) -> Res<()> {
+    if kind == "file" {
+        let path = url.trim_start_matches("file:");
+        let mut runs = serde_json::Map::new();
+        for i in 0..n {
+            let mut cp = completed_checkpoint(&format!("old-{i:06}"));
+            cp.version = 1;
+            runs.insert(cp.run_id.clone(), serde_json::to_value(&cp)?);
+        }
+        let text = serde_json::to_vec(&json!({"format": 1, "runs": runs}))?;
+        std::fs::write(path, text)?;
+        return Ok(());
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (store, next) = (Arc::clone(store), Arc::clone(&next));
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return Ok::<(), steadfast::StoreError>(());
+                }
+                let cp = completed_checkpoint(&format!("old-{i:06}"));
+                store.save(SaveRequest::new(&cp, None)).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+async fn w3(kind: &str, args: &Args) -> Res<()> {
+    let sizes: &[usize] = match (args.quick, kind) {
+        (true, _) => &[100, 1000],
+        (false, "file") => &[100, 1_000, 10_000],
+        _ => &[100, 1_000, 10_000, 100_000],
+    };
+    for &n in sizes {
+        let tag = format!("w3-{n}");
+        let url = fresh_url(kind, &args.dir, &tag);
+        let store = open_store(&url)?;
+        populate(kind, &url, &store, n).await?;
+        let wf = ten_steps();
+        let mut per_step = Vec::new();
+        let timed = if args.quick { 5 } else { 20 };
+        for r in 0..timed {
+            let t = Instant::now();
+            steadfast::run(&format!("new-{r}"), &wf, &*store).await?;
+            per_step.push(t.elapsed().as_secs_f64() * 1e6 / STEPS as f64);
+        }
+        let us = median(per_step);
+        emit(
+            "steadfast",
+            kind,
+            &format!("W3@{n}"),
+            durability(kind),
+            json!({"runs": timed, "steps": timed * STEPS, "stored_runs": n, "us_per_step": round(us),
+                   "steps_per_s": round(1e6 / us), "notes": "median of single runs"}),
+        );
+        drop(store);
+        cleanup(kind, &url);
+    }
+    Ok(())
+}
+
+fn cleanup(kind: &str, url: &str) {
+    match kind {
+        "file" => {
+            let p = url.trim_start_matches("file:");
+            let _ = std::fs::remove_file(p);
+            let _ = std::fs::remove_file(format!("{p}.lock"));
+        }
+        "sqlite" => remove_db(Path::new(url.trim_start_matches("sqlite:"))),
+        _ => {}
+    }
+}
+
+fn w4_workflow(log: &Path, die_in_step_1: bool) -> Workflow {
+    let mut b = Workflow::builder("w4");
+    for i in 0..3 {
+        let log = log.to_path_buf();
+        b = b.push(
+            Step::new(format!("s{i}"), move |_, _| {
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .expect("log");
+                writeln!(f, "s{i}").expect("log write");
+                if i == 1 && die_in_step_1 {
+                    std::process::exit(9);
+                }
+                async move { update(json!({ format!("s{i}"): i })) }
+            })
+            .retry(RetryPolicy::none()),
+        );
+    }
+    b.build().expect("a valid workflow")
+}
+
+async fn w4(kind: &str, args: &Args) -> Res<()> {
+    let url = fresh_url(kind, &args.dir, "w4");
+    let log = args.dir.join("w4.log");
+    let _ = std::fs::remove_file(&log);
+    let status = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["--child", "w4", "--child-store", &url, "--dir"])
+        .arg(&args.dir)
+        .status()
+        .await?;
+    let store = open_store(&url)?;
+    let out = steadfast::run("w4", &w4_workflow(&log, false), &*store).await?;
+    let state = out.completed().unwrap_or_default();
+    let lines: Vec<String> = std::fs::read_to_string(&log)?
+        .lines()
+        .map(String::from)
+        .collect();
+    let pass = status.code() == Some(9)
+        && lines == ["s0", "s1", "s1", "s2"]
+        && (0..3).all(|i| state.get(&format!("s{i}")) == Some(&json!(i)));
+    emit(
+        "steadfast",
+        kind,
+        "W4",
+        durability(kind),
+        json!({"runs": 1, "steps": 3, "pass": pass,
+               "notes": format!("child exit {:?}; step executions {:?}", status.code(), lines)}),
+    );
+    Ok(())
+}
+
+async fn w5(kind: &str, args: &Args) -> Res<()> {
+    let steps = 200;
+    let mut first = Vec::new();
+    let mut last = Vec::new();
+    let mut all = Vec::new();
+    for rep in 0..args.reps() {
+        let store = open_store(&fresh_url(kind, &args.dir, &format!("w5-{rep}")))?;
+        let mut b = Workflow::builder("w5");
+        for i in 0..steps {
+            b = b.push(
+                Step::new(format!("s{i}"), move |_, _| async move {
+                    update(json!({ format!("k{i}"): "x".repeat(4096) }))
+                })
+                .retry(RetryPolicy::none()),
+            );
+        }
+        let wf = b.build()?;
+        let took = Arc::new(Mutex::new(Vec::with_capacity(steps)));
+        let sink = Arc::clone(&took);
+        let start = Instant::now();
+        Runner::new(&*store)
+            .observer(move |e| {
+                if let Event::Completed { took, .. } = e {
+                    sink.lock().expect("samples").push(took.as_secs_f64() * 1e6);
+                }
+            })
+            .run(&format!("w5-{rep}"), &wf)
+            .await?;
+        all.push(start.elapsed().as_secs_f64() * 1e6 / steps as f64);
+        let took = took.lock().expect("samples").clone();
+        first.push(took[..20].iter().sum::<f64>() / 20.0);
+        last.push(took[steps - 20..].iter().sum::<f64>() / 20.0);
+    }
+    let (f, l) = (median(first), median(last));
+    emit(
+        "steadfast",
+        kind,
+        "W5",
+        durability(kind),
+        json!({"runs": 1, "steps": steps, "us_per_step": round(median(all)),
+               "first20_us_per_step": round(f), "last20_us_per_step": round(l),
+               "notes": format!("last20/first20 = {:.2}; state ends near 800 KiB", l / f)}),
+    );
+    Ok(())
+}
+
+/// What a re-executed child process does.
+pub fn child(role: &str, args: &Args) -> Res<()> {
+    let url = args
+        .child_store
+        .clone()
+        .ok_or("--child-store is required")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    match role {
+        "w4" => {
+            let store = open_store(&url)?;
+            let log = args.dir.join("w4.log");
+            rt.block_on(steadfast::run("w4", &w4_workflow(&log, true), &*store))?;
+            Err("step 1 should have ended the process".into())
+        }
+        "syncs-w1" | "syncs-w2" => {
+            let store = open_store(&url)?;
+            let concurrency = if role == "syncs-w1" { 1 } else { 16 };
+            rt.block_on(run_many(store, "s", args.child_runs, concurrency))?;
+            Ok(())
+        }
+        "syncs-raw" => crate::syncs::raw_upserts(&url, args.child_runs),
+        other => Err(format!("unknown child role {other}").into()),
+    }
+}
