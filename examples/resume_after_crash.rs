@@ -6,6 +6,9 @@
 //! run id and prints which steps were skipped because they were done and which
 //! ran.
 //!
+//! It uses the embedded default store (`sqlite:.steadfast/runs.db`), so the run
+//! can be inspected afterwards with `sqlite3 .steadfast/runs.db`.
+//!
 //! ```text
 //! cargo run --example resume_after_crash
 //! ```
@@ -14,10 +17,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::json;
-use steadfast::file::FileStore;
-use steadfast::{update, Event, Outcome, RetryPolicy, Runner, Step, Store, Workflow};
+use steadfast::{
+    open_store, update, Event, Outcome, RetryPolicy, Runner, Step, Workflow, DEFAULT_STORE_URL,
+};
 
-const STORE_PATH: &str = ".steadfast/example-runs.json";
 const RUN_ID: &str = "research-42";
 const CHILD: &str = "STEADFAST_EXAMPLE_CRASH_IN";
 
@@ -82,10 +85,11 @@ fn progress(event: &Event<'_>) {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let store = FileStore::open(STORE_PATH)?;
+    // The embedded default store: SQLite in .steadfast/runs.db.
+    let store = open_store(DEFAULT_STORE_URL)?;
     if let Ok(crash_in) = std::env::var(CHILD) {
         let wf = pipeline(Some(crash_in))?;
-        Runner::new(&store)
+        Runner::new(&*store)
             .observer(progress)
             .run(RUN_ID, &wf)
             .await?;
@@ -104,19 +108,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?
         .ok_or("no checkpoint after the crash")?;
     println!(
-        "2) the store {STORE_PATH} holds {} completed steps: {:?}",
+        "2) the store {DEFAULT_STORE_URL} holds {} completed steps: {:?}",
         cp.next, cp.completed
     );
 
     println!("3) the same run id again, in this process:");
     let wf = pipeline(None)?;
-    let outcome = Runner::new(&store)
+    let outcome = Runner::new(&*store)
         .observer(progress)
         .run(RUN_ID, &wf)
         .await?;
     if let Outcome::Completed(state) = outcome {
         println!("4) completed; final state:");
         println!("{}", serde_json::to_string_pretty(&state)?);
+    }
+    if let Some(history) = store.history(RUN_ID).await? {
+        println!("5) the run's history (one row per step in the steps table):");
+        for step in history {
+            println!(
+                "  {} {:<10} attempt {} at {}",
+                step.index, step.name, step.attempt, step.finished_at
+            );
+        }
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// The counted cases: (store, child role, runs, saves per run).
 const CASES: &[(&str, &str, usize, usize)] = &[
-    ("raw-sqlite", "syncs-raw", 1000, 1),
+    ("raw-sqlite", "syncs-raw", 3000, 1),
     ("sqlite", "syncs-w1", 100, 10),
     ("sqlite", "syncs-w2", 320, 10),
     ("file", "syncs-w1", 50, 10),
@@ -41,7 +41,11 @@ pub fn measure(args: &Args) -> Res<()> {
             },
             kind,
             &format!("syncs/{}", role.trim_start_matches("syncs-")),
-            crate::durability(kind),
+            if store == "raw-sqlite" {
+                "fsync per checkpoint"
+            } else {
+                crate::durability(kind)
+            },
             json!({"runs": runs, "saves": saves, "syncs": syncs,
                    "syncs_per_save": (syncs as f64 / saves as f64 * 1000.0).round() / 1000.0,
                    "notes": format!("strace -f -c -e trace=fsync,fdatasync; {base} syncs of setup subtracted")}),
@@ -85,18 +89,12 @@ fn count(args: &Args, kind: &str, role: &str, runs: usize) -> Res<u64> {
     Ok(total)
 }
 
-/// `n` single-row upserts, each its own transaction (the raw baseline's loop).
+/// The raw baseline's loop, on a fresh database.
 pub fn raw_upserts(url: &str, n: usize) -> Res<()> {
     let path = url.trim_start_matches("sqlite:");
     let conn = rusqlite::Connection::open(path)?;
     let _: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
     conn.pragma_update(None, "synchronous", "FULL")?;
-    conn.execute_batch("CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")?;
-    let mut stmt = conn.prepare(
-        "INSERT INTO kv (k, v) VALUES (?1, ?2) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
-    )?;
-    for i in 0..n {
-        stmt.execute(rusqlite::params![(i % 1000) as i64, "v".repeat(200)])?;
-    }
+    crate::baseline::upserts(&conn, n)?;
     Ok(())
 }

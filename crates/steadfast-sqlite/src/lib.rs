@@ -2,9 +2,10 @@
 //!
 //! One SQLite database in WAL mode with `synchronous=FULL`: a save is
 //! acknowledged only after the COMMIT that holds it returned, which makes it
-//! survive a process kill and a power loss. One thread owns the write connection
-//! and commits whatever saves are queued in one transaction (group commit), so
-//! concurrent runs share an fsync; loads use their own connections.
+//! survive a process kill and a power loss. Saves queue for one write
+//! connection; whichever caller finds it free commits everything queued in one
+//! transaction (group commit), so concurrent runs share an fsync and a lone run
+//! pays no thread hand-off. Loads use their own connections.
 //!
 //! Each completed step is a row of the `steps` table (the run's history, also
 //! readable with the `sqlite3` shell). A save appends the step's update and
@@ -42,7 +43,6 @@ mod writer;
 use std::collections::HashMap;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,7 +57,7 @@ use tokio::sync::oneshot;
 
 use crate::error::map_err;
 pub use crate::schema::SCHEMA_VERSION;
-use crate::writer::{Acct, Body, Head, Job, SaveJob, StepRow};
+use crate::writer::{Acct, Body, Head, Job, SaveJob, StepRow, Writer};
 
 /// Default limit of one run's state: 64 MiB.
 pub const DEFAULT_MAX_STATE_BYTES: u64 = 64 << 20;
@@ -118,7 +118,7 @@ pub struct Settings {
     pub busy_timeout_ms: i64,
 }
 
-/// The SQLite store. Cheap to clone; clones share one writer thread.
+/// The SQLite store. Cheap to clone; clones share one write connection.
 #[derive(Clone)]
 pub struct SqliteStore {
     shared: Arc<Shared>,
@@ -127,7 +127,7 @@ pub struct SqliteStore {
 struct Shared {
     path: PathBuf,
     display: String,
-    jobs: Mutex<mpsc::Sender<Job>>,
+    writer: Arc<Writer>,
     readers: Mutex<Vec<Connection>>,
     accts: Mutex<HashMap<String, Acct>>,
     opts: SqliteOptions,
@@ -193,17 +193,16 @@ impl SqliteStore {
         .map_err(|e| map_err(e, &format!("opening {display}")))?;
         configure(&conn, &opts, &display)?;
         schema::migrate(&mut conn, &display)?;
-        let (tx, rx) = mpsc::channel();
-        let writer_path = display.clone();
-        std::thread::Builder::new()
-            .name("steadfast-sqlite-writer".into())
-            .spawn(move || writer::run_writer(conn, rx, writer_path))
-            .map_err(|e| StoreError::io("starting the SQLite writer thread", e))?;
+        let writer = Arc::new(Writer {
+            queue: Mutex::new(Vec::new()),
+            conn: Mutex::new(conn),
+            path: display.clone(),
+        });
         Ok(SqliteStore {
             shared: Arc::new(Shared {
                 path,
                 display,
-                jobs: Mutex::new(tx),
+                writer,
                 readers: Mutex::new(Vec::new()),
                 accts: Mutex::new(HashMap::new()),
                 opts,
@@ -220,21 +219,44 @@ impl SqliteStore {
     /// connection.
     pub async fn settings(&self) -> Result<(Settings, Settings), StoreError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Job::Settings { reply: tx })?;
+        self.submit(Job::Settings { reply: tx }).await;
         let writer = rx.await.map_err(|_| self.writer_gone())??;
         let reader = self.read(read_settings).await?;
         Ok((writer, reader))
     }
 
-    fn send(&self, job: Job) -> Result<(), StoreError> {
-        let jobs = self.shared.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        jobs.send(job).map_err(|_| self.writer_gone())
+    /// Queues a job and commits the queue if no one else is committing. On a
+    /// multi-threaded runtime the commit runs on this thread (no hand-off);
+    /// elsewhere on a blocking thread.
+    async fn submit(&self, job: Job) {
+        let writer = &self.shared.writer;
+        writer
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(job);
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                // Someone else committing will take this job with their next
+                // batch; only a leader pays for leaving the async executor.
+                if let Some(conn) = writer.try_lead() {
+                    tokio::task::block_in_place(|| writer.lead(conn));
+                }
+            }
+            Ok(_) => {
+                let writer = Arc::clone(writer);
+                // The reply channel reports the outcome; a failed join leaves it
+                // dropped, which the caller sees as an error.
+                let _ = tokio::task::spawn_blocking(move || writer.drive()).await;
+            }
+            Err(_) => writer.drive(),
+        }
     }
 
     fn writer_gone(&self) -> StoreError {
         StoreError::Backend {
             kind: steadfast_core::StoreErrorKind::Unavailable,
-            message: format!("the writer thread of {} has stopped", self.shared.display),
+            message: format!("the write to {} was abandoned", self.shared.display),
             source: None,
         }
     }
@@ -301,7 +323,7 @@ impl SqliteStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(run_id)
-            .copied()
+            .cloned()
     }
 }
 
@@ -508,6 +530,8 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
         next: cp.next,
         snapshot_bytes: snapshot_bytes as u64,
         delta_bytes: delta_bytes as u64,
+        status: cp.status.as_str(),
+        workflow: cp.workflow.as_str().into(),
     };
     Ok(Some(Loaded { cp, acct }))
 }
@@ -537,7 +561,7 @@ impl Store for SqliteStore {
         let loaded = self
             .read(move |conn, path| load_run(conn, path, &id))
             .await?;
-        self.remember(run_id, loaded.as_ref().map(|l| l.acct));
+        self.remember(run_id, loaded.as_ref().map(|l| l.acct.clone()));
         Ok(loaded.map(|l| l.cp))
     }
 
@@ -571,7 +595,9 @@ impl Store for SqliteStore {
                             return Err(too_large(size));
                         }
                     }
-                    Some(row)
+                    let same_labels =
+                        acct.status == cp.status.as_str() && *acct.workflow == *cp.workflow;
+                    Some((row, same_labels))
                 } else {
                     None
                 }
@@ -579,7 +605,7 @@ impl Store for SqliteStore {
             _ => None,
         };
         let body = match delta {
-            Some(step) => Body::Delta { step },
+            Some((step, same_labels)) => Body::Delta { step, same_labels },
             None => {
                 check_update(&cp.state).map_err(|p| invalid(&cp.run_id, "state", p))?;
                 let state = Value::Object(cp.state.clone()).to_string();
@@ -608,16 +634,19 @@ impl Store for SqliteStore {
             writer: cp.writer,
         };
         let (tx, rx) = oneshot::channel();
-        self.send(Job::Save(Box::new(SaveJob {
+        self.submit(Job::Save(Box::new(SaveJob {
             run_id: cp.run_id.clone(),
             expected: req.expected,
             head,
             body,
             reply: tx,
-        })))?;
+        })))
+        .await;
         let result = rx.await.map_err(|_| self.writer_gone())?;
         match &result {
-            Ok(acct) if cp.status != RunStatus::Completed => self.remember(&cp.run_id, Some(*acct)),
+            Ok(acct) if cp.status != RunStatus::Completed => {
+                self.remember(&cp.run_id, Some(acct.clone()))
+            }
             _ => self.remember(&cp.run_id, None),
         }
         result.map(|a| a.version)
@@ -676,10 +705,11 @@ impl Store for SqliteStore {
 
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         let (tx, rx) = oneshot::channel();
-        self.send(Job::Delete {
+        self.submit(Job::Delete {
             run_id: run_id.to_string(),
             reply: tx,
-        })?;
+        })
+        .await;
         self.remember(run_id, None);
         rx.await.map_err(|_| self.writer_gone())?
     }

@@ -1,9 +1,9 @@
-//! The single writer: one thread owns the write connection and commits queued
-//! saves in batches (group commit). A save is acknowledged only after the COMMIT
-//! of its batch returned, so every acknowledged save is durable; one member's
-//! conflict rolls back to its own savepoint and fails that member only.
+//! The single writer: whoever holds the write connection commits every queued
+//! save in one transaction (group commit). A save is acknowledged only after the
+//! COMMIT of its batch returned, so every acknowledged save is durable; one
+//! member's conflict rolls back to its own savepoint and fails that member only.
 
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use rusqlite::{params, Connection, OptionalExtension};
 use steadfast_core::StoreError;
@@ -12,12 +12,16 @@ use tokio::sync::oneshot;
 use crate::error::{commit_outcome_unknown, map_err};
 
 /// The bookkeeping of a run's snapshot and deltas, as of `version`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Acct {
     pub version: u64,
     pub next: usize,
     pub snapshot_bytes: u64,
     pub delta_bytes: u64,
+    /// The stored status and workflow name: a save that keeps both need not
+    /// touch them, or the indexes over them.
+    pub status: &'static str,
+    pub workflow: std::sync::Arc<str>,
 }
 
 /// The head of a run: every column of `runs` except the snapshot.
@@ -44,8 +48,9 @@ pub(crate) struct StepRow {
 }
 
 pub(crate) enum Body {
-    /// Append one step's update to the deltas since the snapshot.
-    Delta { step: StepRow },
+    /// Append one step's update to the deltas since the snapshot; `same_labels`
+    /// says the status and workflow name are unchanged.
+    Delta { step: StepRow, same_labels: bool },
     /// Rewrite the snapshot with the full state (and record a step, if any).
     Snapshot {
         state: String,
@@ -88,16 +93,67 @@ enum Reply {
 
 const MAX_BATCH: usize = 256;
 
-pub(crate) fn run_writer(mut conn: Connection, jobs: Receiver<Job>, path: String) {
-    while let Ok(first) = jobs.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+/// Saves waiting for a commit, and the connection that commits them.
+pub(crate) struct Writer {
+    pub queue: Mutex<Vec<Job>>,
+    pub conn: Mutex<Connection>,
+    pub path: String,
+}
+
+impl Writer {
+    /// The write connection, if no one else is committing.
+    pub(crate) fn try_lead(&self) -> Option<MutexGuard<'_, Connection>> {
+        match self.conn.try_lock() {
+            Ok(c) => Some(c),
+            Err(TryLockError::WouldBlock) => None,
+            Err(TryLockError::Poisoned(p)) => {
+                // A panic mid-batch: its transaction never committed and its
+                // callers saw their replies dropped. Start clean.
+                let c = p.into_inner();
+                let _ = c.execute_batch("ROLLBACK");
+                self.conn.clear_poison();
+                Some(c)
             }
         }
-        commit_batch(&mut conn, batch, &path);
+    }
+
+    /// Commits queued jobs until none is left. Blocking.
+    pub(crate) fn lead<'a>(&'a self, mut conn: MutexGuard<'a, Connection>) {
+        loop {
+            loop {
+                let batch = {
+                    let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                    let n = q.len().min(MAX_BATCH);
+                    q.drain(..n).collect::<Vec<_>>()
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                commit_batch(&mut conn, batch, &self.path);
+            }
+            drop(conn);
+            // A job queued after the last drain by a caller that found the
+            // connection taken would wait for nobody: look once more.
+            if self
+                .queue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+            {
+                return;
+            }
+            match self.try_lead() {
+                Some(c) => conn = c,
+                None => return,
+            }
+        }
+    }
+
+    /// Leads if no one else is. Blocking.
+    pub(crate) fn drive(&self) {
+        if let Some(conn) = self.try_lead() {
+            self.lead(conn);
+        }
     }
 }
 
@@ -122,42 +178,46 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, path: &str) {
         }
         return;
     }
+    // Each member checks its version before it writes anything, so a conflict
+    // leaves no trace and fails that member only. A write that fails after
+    // that would leave a member half applied: the whole batch is rolled back.
+    let mut broken = None;
     for job in writes {
-        let member = conn.execute_batch("SAVEPOINT member");
-        let (reply, ok) = match job {
+        match job {
             Job::Save(save) => {
-                let result = member
-                    .map_err(|e| map_err(e, "savepoint"))
-                    .and_then(|()| apply_save(conn, &save, path));
-                let ok = result.is_ok();
-                (Reply::Save(save.run_id, save.reply, result), ok)
+                let result = apply_save(conn, &save, path);
+                if let Err(e) = &result {
+                    if e.kind() != steadfast_core::StoreErrorKind::Conflict {
+                        broken.get_or_insert_with(|| e.to_string());
+                    }
+                }
+                replies.push(Reply::Save(save.run_id, save.reply, result));
             }
             Job::Delete { run_id, reply } => {
-                let result = member
-                    .map_err(|e| map_err(e, "savepoint"))
-                    .and_then(|()| apply_delete(conn, &run_id, path));
-                let ok = result.is_ok();
-                (Reply::Delete(reply, result), ok)
+                let result = apply_delete(conn, &run_id, path);
+                if let Err(e) = &result {
+                    broken.get_or_insert_with(|| e.to_string());
+                }
+                replies.push(Reply::Delete(reply, result));
             }
             Job::Settings { .. } => unreachable!("settings jobs were answered above"),
-        };
-        let end = if ok {
-            conn.execute_batch("RELEASE member")
-        } else {
-            conn.execute_batch("ROLLBACK TO member; RELEASE member")
-        };
-        if let Err(e) = end {
-            tracing::error!(error = %e, "could not close a member's savepoint");
         }
-        replies.push(reply);
     }
-    let committed = conn.execute_batch("COMMIT");
-    let failure = committed.err().map(|e| {
-        let unknown = commit_outcome_unknown(&e);
-        let message = format!("committing to {path}: {e}");
-        let _ = conn.execute_batch("ROLLBACK");
-        (unknown, message)
-    });
+    let failure = match broken {
+        Some(first) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Some((
+                false,
+                format!("a write to {path} failed, so its batch was rolled back: {first}"),
+            ))
+        }
+        None => conn.execute_batch("COMMIT").err().map(|e| {
+            let unknown = commit_outcome_unknown(&e);
+            let message = format!("committing to {path}: {e}");
+            let _ = conn.execute_batch("ROLLBACK");
+            (unknown, message)
+        }),
+    };
     // Members that failed on their own keep their own error; the others share
     // the batch's fate.
     let batch_error = |run_id: &str| -> StoreError {
@@ -208,73 +268,64 @@ fn fail(job: Job, err: &StoreError) {
     }
 }
 
+/// Applies one save. The version check is part of each write statement, so a
+/// conflict writes nothing.
 fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, StoreError> {
     let ctx = |what: &str| format!("{what} run {:?} in {path}", job.run_id);
-    let row: Option<(i64, i64, i64, i64)> = conn
-        .prepare_cached(
-            "SELECT version, next, snapshot_bytes, delta_bytes FROM runs WHERE run_id = ?1",
-        )
-        .and_then(|mut st| {
-            st.query_row([&job.run_id], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-            })
-            .optional()
-        })
-        .map_err(|e| map_err(e, &ctx("reading")))?;
-    let found = row.map(|r| r.0 as u64);
-    if found != job.expected {
-        return Err(StoreError::Conflict {
-            run_id: job.run_id.clone(),
-            expected: job.expected,
-            found,
-        });
-    }
     let version = job.expected.map_or(1, |v| v + 1);
+    let expected = job.expected.map(|v| v as i64);
     let h = &job.head;
+    let labels = |status: &'static str| (status, std::sync::Arc::<str>::from(h.workflow.as_str()));
     let acct = match &job.body {
-        Body::Delta { step } => {
-            let (_, next, snapshot_bytes, delta_bytes) =
-                row.ok_or_else(|| StoreError::Conflict {
-                    run_id: job.run_id.clone(),
-                    expected: job.expected,
-                    found: None,
-                })?;
-            if next as usize != step.index {
-                return Err(StoreError::Conflict {
-                    run_id: job.run_id.clone(),
-                    expected: job.expected,
-                    found,
-                });
-            }
-            let delta_bytes = delta_bytes as u64 + step.update.len() as u64;
-            conn.prepare_cached(
+        Body::Delta { step, same_labels } => {
+            let sql = if *same_labels {
+                "UPDATE runs SET next = ?4, version = ?5, format = ?6, updated_at = ?7, attempts = ?8,
+                    error = ?9, writer = ?10, delta_bytes = delta_bytes + ?11
+                 WHERE run_id = ?1 AND version = ?12 AND next = ?13 AND ?2 IS NOT NULL AND ?3 IS NOT NULL
+                 RETURNING snapshot_bytes, delta_bytes"
+            } else {
                 "UPDATE runs SET workflow = ?2, status = ?3, next = ?4, version = ?5, format = ?6,
-                    updated_at = ?7, attempts = ?8, error = ?9, writer = ?10, delta_bytes = ?11
-                 WHERE run_id = ?1",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    job.run_id,
-                    h.workflow,
-                    h.status,
-                    h.next as i64,
-                    version as i64,
-                    h.format,
-                    h.updated_at as i64,
-                    h.attempts,
-                    h.error,
-                    h.writer as i64,
-                    delta_bytes as i64,
-                ])
-            })
-            .map_err(|e| map_err(e, &ctx("updating")))?;
+                    updated_at = ?7, attempts = ?8, error = ?9, writer = ?10, delta_bytes = delta_bytes + ?11
+                 WHERE run_id = ?1 AND version = ?12 AND next = ?13
+                 RETURNING snapshot_bytes, delta_bytes"
+            };
+            let sizes: Option<(i64, i64)> = conn
+                .prepare_cached(sql)
+                .and_then(|mut st| {
+                    st.query_row(
+                        params![
+                            job.run_id,
+                            h.workflow,
+                            h.status,
+                            h.next as i64,
+                            version as i64,
+                            h.format,
+                            h.updated_at as i64,
+                            h.attempts,
+                            h.error,
+                            h.writer as i64,
+                            step.update.len() as i64,
+                            expected,
+                            step.index as i64,
+                        ],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()
+                })
+                .map_err(|e| map_err(e, &ctx("updating")))?;
+            let Some((snapshot_bytes, delta_bytes)) = sizes else {
+                return Err(conflict(conn, job, path));
+            };
             insert_step(conn, &job.run_id, step)
                 .map_err(|e| map_err(e, &ctx("recording a step of")))?;
+            let (status, workflow) = labels(h.status);
             Acct {
                 version,
                 next: h.next,
                 snapshot_bytes: snapshot_bytes as u64,
-                delta_bytes,
+                delta_bytes: delta_bytes as u64,
+                status,
+                workflow,
             }
         }
         Body::Snapshot {
@@ -282,50 +333,85 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
             completed,
             step,
         } => {
-            conn.prepare_cached(
+            let sql = if expected.is_none() {
                 "INSERT INTO runs (run_id, workflow, status, next, version, format, created_at, updated_at,
-                    attempts, error, writer, snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes)
+                    attempts, error, writer, snapshot, snapshot_completed, snapshot_next, snapshot_bytes,
+                    delta_bytes)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?4, ?14, 0)
-                 ON CONFLICT (run_id) DO UPDATE SET workflow = ?2, status = ?3, next = ?4, version = ?5,
-                    format = ?6, created_at = ?7, updated_at = ?8, attempts = ?9, error = ?10, writer = ?11,
+                 ON CONFLICT (run_id) DO NOTHING"
+            } else {
+                "UPDATE runs SET workflow = ?2, status = ?3, next = ?4, version = ?5, format = ?6,
+                    created_at = ?7, updated_at = ?8, attempts = ?9, error = ?10, writer = ?11,
                     snapshot = ?12, snapshot_completed = ?13, snapshot_next = ?4, snapshot_bytes = ?14,
-                    delta_bytes = 0",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    job.run_id,
-                    h.workflow,
-                    h.status,
-                    h.next as i64,
-                    version as i64,
-                    h.format,
-                    h.created_at as i64,
-                    h.updated_at as i64,
-                    h.attempts,
-                    h.error,
-                    h.writer as i64,
-                    state,
-                    completed,
-                    state.len() as i64,
-                ])
-            })
-            .map_err(|e| map_err(e, &ctx("writing")))?;
-            conn.prepare_cached("DELETE FROM steps WHERE run_id = ?1 AND idx >= ?2")
-                .and_then(|mut st| st.execute(params![job.run_id, h.next as i64]))
-                .map_err(|e| map_err(e, &ctx("trimming the history of")))?;
+                    delta_bytes = 0
+                 WHERE run_id = ?1 AND version = ?15"
+            };
+            let changed = conn
+                .prepare_cached(sql)
+                .and_then(|mut st| {
+                    let values = params![
+                        job.run_id,
+                        h.workflow,
+                        h.status,
+                        h.next as i64,
+                        version as i64,
+                        h.format,
+                        h.created_at as i64,
+                        h.updated_at as i64,
+                        h.attempts,
+                        h.error,
+                        h.writer as i64,
+                        state,
+                        completed,
+                        state.len() as i64,
+                        expected,
+                    ];
+                    // The INSERT has no ?15; SQLite refuses unused parameters.
+                    let n = if expected.is_none() { 14 } else { 15 };
+                    st.execute(&values[..n])
+                })
+                .map_err(|e| map_err(e, &ctx("writing")))?;
+            if changed == 0 {
+                return Err(conflict(conn, job, path));
+            }
+            if expected.is_some() {
+                // A fresh run has no history; a rewritten one keeps only the
+                // steps below its `next`.
+                conn.prepare_cached("DELETE FROM steps WHERE run_id = ?1 AND idx >= ?2")
+                    .and_then(|mut st| st.execute(params![job.run_id, h.next as i64]))
+                    .map_err(|e| map_err(e, &ctx("trimming the history of")))?;
+            }
             if let Some(step) = step.as_ref().filter(|s| s.index < h.next) {
                 insert_step(conn, &job.run_id, step)
                     .map_err(|e| map_err(e, &ctx("recording a step of")))?;
             }
+            let (status, workflow) = labels(h.status);
             Acct {
                 version,
                 next: h.next,
                 snapshot_bytes: state.len() as u64,
                 delta_bytes: 0,
+                status,
+                workflow,
             }
         }
     };
     Ok(acct)
+}
+
+/// The conflict error for a save that matched no row, with the version found.
+fn conflict(conn: &Connection, job: &SaveJob, path: &str) -> StoreError {
+    let found: Result<Option<i64>, _> = conn
+        .prepare_cached("SELECT version FROM runs WHERE run_id = ?1")
+        .and_then(|mut st| st.query_row([&job.run_id], |r| r.get(0)).optional());
+    match found {
+        Ok(found) => StoreError::Conflict {
+            run_id: job.run_id.clone(),
+            expected: job.expected,
+            found: found.map(|v| v as u64),
+        },
+        Err(e) => map_err(e, &format!("reading run {:?} in {path}", job.run_id)),
+    }
 }
 
 fn insert_step(conn: &Connection, run_id: &str, s: &StepRow) -> rusqlite::Result<usize> {
