@@ -118,6 +118,16 @@ pub struct Settings {
     pub busy_timeout_ms: i64,
 }
 
+/// Counters of a store's write transactions; see [`SqliteStore::write_stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriteStats {
+    /// Transactions committed.
+    pub commits: u64,
+    /// Saves and deletes in them (conflicting members included).
+    pub writes: u64,
+}
+
 /// The SQLite store. Cheap to clone; clones share one write connection.
 #[derive(Clone)]
 pub struct SqliteStore {
@@ -197,6 +207,8 @@ impl SqliteStore {
             queue: Mutex::new(Vec::new()),
             conn: Mutex::new(conn),
             path: display.clone(),
+            commits: Default::default(),
+            writes: Default::default(),
         });
         Ok(SqliteStore {
             shared: Arc::new(Shared {
@@ -213,6 +225,17 @@ impl SqliteStore {
     /// The database file's path.
     pub fn path(&self) -> &Path {
         &self.shared.path
+    }
+
+    /// How many transactions this handle committed and how many saves and
+    /// deletes they carried: with concurrent runs, more writes than commits is
+    /// group commit at work.
+    pub fn write_stats(&self) -> WriteStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        WriteStats {
+            commits: self.shared.writer.commits.load(Relaxed),
+            writes: self.shared.writer.writes.load(Relaxed),
+        }
     }
 
     /// The durability settings of the live write connection and of a read

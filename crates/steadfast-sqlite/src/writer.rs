@@ -98,6 +98,9 @@ pub(crate) struct Writer {
     pub queue: Mutex<Vec<Job>>,
     pub conn: Mutex<Connection>,
     pub path: String,
+    /// Transactions committed, and the saves and deletes they carried.
+    pub commits: std::sync::atomic::AtomicU64,
+    pub writes: std::sync::atomic::AtomicU64,
 }
 
 impl Writer {
@@ -129,7 +132,13 @@ impl Writer {
                 if batch.is_empty() {
                     break;
                 }
-                commit_batch(&mut conn, batch, &self.path);
+                let n = batch.len() as u64;
+                if commit_batch(&mut conn, batch, &self.path) {
+                    self.commits
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.writes
+                        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                }
             }
             drop(conn);
             // A job queued after the last drain by a caller that found the
@@ -157,7 +166,8 @@ impl Writer {
     }
 }
 
-fn commit_batch(conn: &mut Connection, batch: Vec<Job>, path: &str) {
+/// Returns whether a transaction was committed.
+fn commit_batch(conn: &mut Connection, batch: Vec<Job>, path: &str) -> bool {
     let mut replies = Vec::with_capacity(batch.len());
     let mut writes = Vec::with_capacity(batch.len());
     for job in batch {
@@ -169,14 +179,14 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, path: &str) {
         }
     }
     if writes.is_empty() {
-        return;
+        return false;
     }
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let err = map_err(e, &format!("starting a write transaction on {path}"));
         for job in writes {
             fail(job, &err);
         }
-        return;
+        return false;
     }
     // Each member checks its version before it writes anything, so a conflict
     // leaves no trace and fails that member only. A write that fails after
@@ -253,6 +263,7 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, path: &str) {
             }
         }
     }
+    failure.is_none()
 }
 
 fn fail(job: Job, err: &StoreError) {

@@ -142,3 +142,46 @@ async fn a_corrupt_row_is_reported_with_its_run_and_column() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_member_fails_alone_in_a_shared_batch() -> TestResult {
+    use std::sync::Arc;
+    use steadfast_core::{Checkpoint, SaveRequest, Timestamp};
+
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(SqliteStore::open(dir.path().join("runs.db"))?);
+    let cp = |id: &str| Checkpoint::new(id, "w", Timestamp::from_unix_millis(0));
+    store.save(SaveRequest::new(&cp("contested"), None)).await?;
+    // Many saves at once, so that they share batches: every stale one must
+    // fail with a conflict and every good one must land.
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            if i % 4 == 0 {
+                let r = store.save(SaveRequest::new(&cp("contested"), None)).await;
+                (i, r.map_err(|e| e.kind()))
+            } else {
+                let r = store
+                    .save(SaveRequest::new(&cp(&format!("good-{i}")), None))
+                    .await;
+                (i, r.map_err(|e| e.kind()))
+            }
+        }));
+    }
+    for t in tasks {
+        let (i, r) = t.await?;
+        if i % 4 == 0 {
+            assert_eq!(r, Err(StoreErrorKind::Conflict), "stale save {i}");
+        } else {
+            assert_eq!(r, Ok(1), "good save {i}");
+        }
+    }
+    assert_eq!(store.list(&Default::default()).await?.len(), 151);
+    let stats = store.write_stats();
+    assert!(
+        stats.commits < stats.writes,
+        "no batch had two members: {stats:?}"
+    );
+    Ok(())
+}
