@@ -7,8 +7,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
 use serde_json::{json, Map, Value};
 use steadfast_core::{
-    Checkpoint, ListFilter, RunStatus, SaveRequest, State, StepFailure, StepRecord, Store,
-    StoreError, StoreErrorKind, Timestamp,
+    Checkpoint, Decision, Lease, ListFilter, OnTimeout, Owner, RunStatus, SaveRequest, State,
+    StepFailure, StepRecord, Store, StoreError, StoreErrorKind, Timestamp, Wait,
 };
 
 use crate::{CheckResult, TestStore, STATE_LIMIT};
@@ -73,6 +73,18 @@ pub async fn first_save_writes_version_one_and_loads_back_equal(ts: TestStore) -
         false,
         t(4),
     ));
+    cp.status = RunStatus::Waiting;
+    cp.lease = Some(Lease::new(Owner::new("host-a", 42, 12345), t(9)));
+    cp.wait = Some(Wait::Gate {
+        step: "review".into(),
+        since: t(3),
+        timeout_at: Some(t(100)),
+        on_timeout: OnTimeout::Approve,
+    });
+    cp.decisions = vec![
+        Decision::reject("review", "bo", t(1), Some("no".into())),
+        Decision::approve("review", "ada", t(2), Some(json!({"ok": [1, "x"]}))),
+    ];
     let record = StepRecord::new(1, "b", Map::new(), 1, t(1), t(2));
     let v = ts
         .store

@@ -19,6 +19,12 @@ pub enum RunStatus {
     Completed,
     /// A step failed; running again resumes at that step.
     Failed,
+    /// Stopped at a gate until someone approves or rejects it.
+    Waiting,
+    /// Stopped at a durable timer until its wake-up time.
+    Sleeping,
+    /// A gate was rejected: the run is over.
+    Rejected,
 }
 
 impl RunStatus {
@@ -28,6 +34,9 @@ impl RunStatus {
             RunStatus::Running => "running",
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
+            RunStatus::Waiting => "waiting",
+            RunStatus::Sleeping => "sleeping",
+            RunStatus::Rejected => "rejected",
         }
     }
 }
@@ -45,8 +54,11 @@ impl std::str::FromStr for RunStatus {
             "running" => Ok(RunStatus::Running),
             "completed" => Ok(RunStatus::Completed),
             "failed" => Ok(RunStatus::Failed),
+            "waiting" => Ok(RunStatus::Waiting),
+            "sleeping" => Ok(RunStatus::Sleeping),
+            "rejected" => Ok(RunStatus::Rejected),
             other => Err(format!(
-                "unknown status {other:?} (expected running, completed or failed)"
+                "unknown status {other:?} (expected running, completed, failed, waiting, sleeping or rejected)"
             )),
         }
     }
@@ -129,6 +141,155 @@ pub struct Checkpoint {
     /// after an error that left the outcome unknown.
     #[serde(default)]
     pub writer: u64,
+    /// Who is running the run now, and until when the claim holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<Lease>,
+    /// The gate or timer the run is stopped at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<Wait>,
+    /// Every gate decision, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<Decision>,
+}
+
+/// Who holds a lease: a process on a host, told apart from a later process with
+/// the same pid by its start time.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Owner {
+    /// The host name.
+    pub host: String,
+    /// The process id.
+    pub pid: u32,
+    /// The process's start time, in clock ticks since boot (0 if unknown).
+    pub started: u64,
+}
+
+impl Owner {
+    /// An owner identity.
+    pub fn new(host: impl Into<String>, pid: u32, started: u64) -> Self {
+        Owner {
+            host: host.into(),
+            pid,
+            started,
+        }
+    }
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pid {} on {}", self.pid, self.host)
+    }
+}
+
+/// A claim on a run: `owner` runs it until `until` unless it renews.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Lease {
+    /// The holder.
+    pub owner: Owner,
+    /// When the claim lapses unless renewed.
+    pub until: Timestamp,
+}
+
+impl Lease {
+    /// A lease for `owner` until `until`.
+    pub fn new(owner: Owner, until: Timestamp) -> Self {
+        Lease { owner, until }
+    }
+}
+
+/// What a gate does when its timeout passes without a decision.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnTimeout {
+    /// Reject the run.
+    #[default]
+    Reject,
+    /// Approve with no data.
+    Approve,
+}
+
+/// Where a stopped run waits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum Wait {
+    /// At a gate, for a decision.
+    Gate {
+        /// The gate step's name.
+        step: String,
+        /// Since when.
+        since: Timestamp,
+        /// When the gate decides by itself, if ever.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_at: Option<Timestamp>,
+        /// What it decides then.
+        #[serde(default)]
+        on_timeout: OnTimeout,
+    },
+    /// At a durable timer.
+    Timer {
+        /// The sleep step's name.
+        step: String,
+        /// When it wakes.
+        until: Timestamp,
+    },
+}
+
+impl Wait {
+    /// The step the run waits at.
+    pub fn step(&self) -> &str {
+        match self {
+            Wait::Gate { step, .. } | Wait::Timer { step, .. } => step,
+        }
+    }
+}
+
+/// A decision at a gate: who, when, and what.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Decision {
+    /// The gate step's name.
+    pub gate: String,
+    /// Approved (true) or rejected (false).
+    pub approved: bool,
+    /// Who decided (`timeout` when the gate's timeout did).
+    pub by: String,
+    /// When.
+    pub at: Timestamp,
+    /// The approval's payload, merged into the state under the gate's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    /// The rejection's reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Decision {
+    /// An approval.
+    pub fn approve(gate: &str, by: &str, at: Timestamp, data: Option<serde_json::Value>) -> Self {
+        Decision {
+            gate: gate.into(),
+            approved: true,
+            by: by.into(),
+            at,
+            data,
+            reason: None,
+        }
+    }
+
+    /// A rejection.
+    pub fn reject(gate: &str, by: &str, at: Timestamp, reason: Option<String>) -> Self {
+        Decision {
+            gate: gate.into(),
+            approved: false,
+            by: by.into(),
+            at,
+            data: None,
+            reason,
+        }
+    }
 }
 
 impl Checkpoint {
@@ -148,6 +309,9 @@ impl Checkpoint {
             attempts: 0,
             error: None,
             writer: 0,
+            lease: None,
+            wait: None,
+            decisions: Vec::new(),
         }
     }
 

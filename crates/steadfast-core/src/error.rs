@@ -322,6 +322,32 @@ pub enum Error {
         /// What is wrong with the value.
         reason: String,
     },
+    /// Another owner holds the run's lease.
+    #[error("run {run_id:?} is held by {holder} until {until}")]
+    Held {
+        /// The run.
+        run_id: String,
+        /// Who holds it.
+        holder: crate::checkpoint::Owner,
+        /// Until when (unless renewed).
+        until: crate::clock::Timestamp,
+    },
+    /// No run has this id.
+    #[error("no run {run_id:?} in the store")]
+    NoSuchRun {
+        /// The run.
+        run_id: String,
+    },
+    /// A decision was given for a gate the run is not waiting at.
+    #[error("run {run_id:?} is not waiting at gate {gate:?}: {detail}")]
+    NotWaiting {
+        /// The run.
+        run_id: String,
+        /// The gate named.
+        gate: String,
+        /// Where the run stands instead.
+        detail: String,
+    },
     /// The store failed.
     #[error("run {run_id:?}: {op} failed: {source}")]
     Store {
@@ -342,6 +368,12 @@ impl Error {
             Error::Store { source, .. } => Some(source),
             _ => None,
         }
+    }
+
+    /// Whether another owner has the run: a held lease, or a conflict that
+    /// fenced this caller out.
+    pub fn is_held_elsewhere(&self) -> bool {
+        matches!(self, Error::Held { .. }) || self.is_conflict()
     }
 
     /// Whether this error is a compare-and-swap conflict in the store.

@@ -25,20 +25,27 @@
 
 mod checkpoint;
 mod clock;
+mod decide;
 mod error;
 mod ids;
 mod memory;
+mod process;
 mod run;
 mod state;
 mod store;
 mod typed;
 mod workflow;
 
-pub use checkpoint::{Checkpoint, RunStatus, StepFailure, StepRecord, CHECKPOINT_FORMAT};
+pub use checkpoint::{
+    Checkpoint, Decision, Lease, OnTimeout, Owner, RunStatus, StepFailure, StepRecord, Wait,
+    CHECKPOINT_FORMAT,
+};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use decide::{approve, reject};
 pub use error::{BoxError, Error, StepError, StoreError, StoreErrorKind};
 pub use ids::{idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES};
 pub use memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
+pub use process::current_owner;
 pub use run::{run, Event, Outcome, Runner, StepCtx};
 pub use state::{check_update, merge, State, Update, ValueProblem, MAX_VALUE_DEPTH};
 pub use store::{state_size, ListFilter, RunSummary, SaveRequest, Store};

@@ -3,13 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::checkpoint::{Checkpoint, RunStatus, StepFailure, StepRecord};
+use crate::checkpoint::{
+    Checkpoint, Decision, Lease, OnTimeout, Owner, RunStatus, StepFailure, StepRecord, Wait,
+};
+use crate::clock::Timestamp;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, StepError, StepErrorKind, StoreError, StoreErrorKind};
 use crate::ids::{idempotency_key, validate_run_id};
-use crate::state::{check_update, State};
+use crate::state::{check_update, State, Update};
 use crate::store::{SaveRequest, Store};
-use crate::workflow::{Step, Workflow};
+use crate::workflow::{Step, StepKind, Workflow};
 
 /// What a step knows about itself while it runs.
 #[derive(Clone, Debug)]
@@ -65,6 +68,24 @@ impl StepCtx {
 pub enum Outcome<T = State> {
     /// Every step is done; here is the final state.
     Completed(T),
+    /// Stopped at a gate; [`approve`](crate::approve) or [`reject`](crate::reject) it,
+    /// then run again.
+    Waiting {
+        /// The gate step's name.
+        gate: String,
+    },
+    /// Stopped at a durable timer; run again after `until`.
+    Sleeping {
+        /// When the timer fires.
+        until: Timestamp,
+    },
+    /// A gate was rejected; the run is over.
+    Rejected {
+        /// The gate step's name.
+        gate: String,
+        /// Why, if the rejection said.
+        reason: Option<String>,
+    },
 }
 
 impl<T> Outcome<T> {
@@ -72,6 +93,7 @@ impl<T> Outcome<T> {
     pub fn completed(self) -> Option<T> {
         match self {
             Outcome::Completed(t) => Some(t),
+            _ => None,
         }
     }
 
@@ -79,7 +101,28 @@ impl<T> Outcome<T> {
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
         match self {
             Outcome::Completed(t) => Outcome::Completed(f(t)),
+            Outcome::Waiting { gate } => Outcome::Waiting { gate },
+            Outcome::Sleeping { until } => Outcome::Sleeping { until },
+            Outcome::Rejected { gate, reason } => Outcome::Rejected { gate, reason },
         }
+    }
+
+    /// Fallible [`map`](Outcome::map).
+    pub fn try_map<U, E>(self, f: impl FnOnce(T) -> Result<U, E>) -> Result<Outcome<U>, E> {
+        Ok(match self {
+            Outcome::Completed(t) => Outcome::Completed(f(t)?),
+            Outcome::Waiting { gate } => Outcome::Waiting { gate },
+            Outcome::Sleeping { until } => Outcome::Sleeping { until },
+            Outcome::Rejected { gate, reason } => Outcome::Rejected { gate, reason },
+        })
+    }
+}
+
+fn rejected(cp: &Checkpoint) -> Outcome {
+    let last = cp.decisions.iter().rev().find(|d| !d.approved);
+    Outcome::Rejected {
+        gate: last.map(|d| d.gate.clone()).unwrap_or_default(),
+        reason: last.and_then(|d| d.reason.clone()),
     }
 }
 
@@ -168,6 +211,8 @@ pub struct Runner<'s, S: Store + ?Sized> {
     clock: Arc<dyn Clock>,
     observer: Option<Observer>,
     accept_changed_workflow: bool,
+    lease: Option<(Owner, Duration)>,
+    wait_for_timers: bool,
     #[cfg(feature = "mutants")]
     mutant_skip_reload_after_unknown: bool,
 }
@@ -189,6 +234,8 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             clock: Arc::new(SystemClock),
             observer: None,
             accept_changed_workflow: false,
+            lease: None,
+            wait_for_timers: false,
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: false,
         }
@@ -197,6 +244,22 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// Reads time from `clock`.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Claims the run with a lease for `owner` before running, renews it every
+    /// third of `ttl` while steps run, and releases it when the call stops. A
+    /// run whose lease another live owner holds fails with [`Error::Held`]; a
+    /// lease whose holder died (on this host) or expired is taken over; a holder
+    /// whose lease was taken loses at its next save or renewal (a conflict).
+    pub fn lease(mut self, owner: Owner, ttl: Duration) -> Self {
+        self.lease = Some((owner, ttl));
+        self
+    }
+
+    /// Sleeps through durable timers instead of stopping at them.
+    pub fn wait_for_timers(mut self, yes: bool) -> Self {
+        self.wait_for_timers = yes;
         self
     }
 
@@ -250,9 +313,13 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         for (index, step) in cp.completed.iter().enumerate() {
             self.emit(Event::Skipped { index, step });
         }
+        if cp.status == RunStatus::Rejected {
+            return Ok(rejected(&cp));
+        }
         if cp.status == RunStatus::Completed || cp.next >= workflow.steps().len() {
             return Ok(Outcome::Completed(cp.state));
         }
+        self.claim(&mut cp, &mut expected).await?;
 
         // A failed run called again gets a fresh attempt budget; an interrupted one
         // keeps counting the attempts it already used.
@@ -265,6 +332,27 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         while cp.next < total {
             let index = cp.next;
             let step = &workflow.steps()[index];
+            match step.kind() {
+                StepKind::Gate {
+                    timeout,
+                    on_timeout,
+                } => {
+                    if let Some(stop) = self
+                        .gate(&mut cp, &mut expected, step, *timeout, *on_timeout, total)
+                        .await?
+                    {
+                        return Ok(stop);
+                    }
+                    continue;
+                }
+                StepKind::Sleep(d) => {
+                    if let Some(stop) = self.sleep(&mut cp, &mut expected, step, *d, total).await? {
+                        return Ok(stop);
+                    }
+                    continue;
+                }
+                StepKind::Run(_) => {}
+            }
             let attempt = cp.attempts.saturating_add(1);
             let ctx = StepCtx::new(run_id, step.name(), index, attempt);
             let started = self.clock.now();
@@ -275,8 +363,11 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             });
             let timer = std::time::Instant::now();
             let shared = Arc::new(std::mem::take(&mut cp.state));
-            let result = step.call(ctx, Arc::clone(&shared)).await;
+            let result = self
+                .attempt(&mut cp, &mut expected, step, ctx, &shared)
+                .await;
             cp.state = Arc::try_unwrap(shared).unwrap_or_else(|kept| (*kept).clone());
+            let result = result?;
             let finished = self.clock.now();
 
             let result = result.and_then(|update| match check_update(&update) {
@@ -288,27 +379,9 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                     for (k, v) in &update {
                         cp.state.insert(k.clone(), v.clone());
                     }
-                    cp.completed.push(step.name().to_string());
-                    cp.next += 1;
-                    cp.attempts = 0;
-                    cp.error = None;
-                    cp.status = if cp.next == total {
-                        RunStatus::Completed
-                    } else {
-                        RunStatus::Running
-                    };
-                    cp.updated_at = finished;
                     let record =
                         StepRecord::new(index, step.name(), update, attempt, started, finished);
-                    self.save(&mut cp, &mut expected, Some(&record))
-                        .await
-                        .map_err(|e| {
-                            store_error(
-                                run_id,
-                                &format!("save after step {index} ({})", step.name()),
-                                e,
-                            )
-                        })?;
+                    self.complete(&mut cp, &mut expected, record, total).await?;
                     used = 0;
                     self.emit(Event::Completed {
                         index,
@@ -326,6 +399,9 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                     } else {
                         RunStatus::Running
                     };
+                    if exhausted {
+                        cp.lease = None;
+                    }
                     cp.error = Some(StepFailure::new(
                         index,
                         step.name(),
@@ -337,14 +413,294 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                     cp.updated_at = finished;
                     self.record_failure(&mut cp, &mut expected, step, index)
                         .await?;
-                    if exhausted {
-                        return Err(step_failed(run_id, index, step, attempt, err));
+                    let retry_in =
+                        (!exhausted).then(|| step.retry_policy().delay_before(used + 1, true));
+                    self.emit(Event::Failed {
+                        index,
+                        step: step.name(),
+                        attempt,
+                        error: &err.to_string(),
+                        retry_in,
+                    });
+                    match retry_in {
+                        None => return Err(step_failed(run_id, index, step, attempt, err)),
+                        Some(d) => self.pause(&mut cp, &mut expected, d).await?,
                     }
-                    tokio::time::sleep(step.retry_policy().delay_before(used + 1, true)).await;
                 }
             }
         }
         Ok(Outcome::Completed(cp.state))
+    }
+
+    /// Records a completed step (its update already merged into the state) and
+    /// saves; the last step's save also marks the run completed and releases
+    /// the lease.
+    async fn complete(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+        record: StepRecord,
+        total: usize,
+    ) -> Result<(), Error> {
+        cp.completed.push(record.name.clone());
+        cp.next += 1;
+        cp.attempts = 0;
+        cp.error = None;
+        cp.wait = None;
+        cp.updated_at = record.finished_at;
+        if cp.next == total {
+            cp.status = RunStatus::Completed;
+            cp.lease = None;
+        } else {
+            cp.status = RunStatus::Running;
+        }
+        let what = format!("save after step {} ({})", record.index, record.name);
+        self.save(cp, expected, Some(&record))
+            .await
+            .map_err(|e| store_error(&cp.run_id, &what, e))
+    }
+
+    /// Claims the run with a lease, when leases are on. Refuses a lease that
+    /// someone else still holds; takes over one whose holder is gone (a dead
+    /// process on this host) or whose time ran out.
+    async fn claim(&self, cp: &mut Checkpoint, expected: &mut Option<u64>) -> Result<(), Error> {
+        let Some((me, ttl)) = &self.lease else {
+            return Ok(());
+        };
+        let now = self.clock.now();
+        if let Some(held) = &cp.lease {
+            let gone = held.owner.host == me.host && !crate::process::is_alive(&held.owner);
+            if held.owner != *me && held.until > now && !gone {
+                return Err(Error::Held {
+                    run_id: cp.run_id.clone(),
+                    holder: held.owner.clone(),
+                    until: held.until,
+                });
+            }
+            if held.owner != *me {
+                tracing::info!(run_id = %cp.run_id, holder = %held.owner, "taking over a lease whose holder is gone or expired");
+            }
+        }
+        cp.lease = Some(Lease::new(me.clone(), now.saturating_add(*ttl)));
+        self.save(cp, expected, None)
+            .await
+            .map_err(|e| store_error(&cp.run_id, "claim of the lease", e))
+    }
+
+    /// Extends the lease. A conflict here means another owner took the run:
+    /// this call is fenced out.
+    async fn renew(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+        state: Option<&State>,
+    ) -> Result<(), Error> {
+        let Some((me, ttl)) = &self.lease else {
+            return Ok(());
+        };
+        let mut copy = cp.clone();
+        if let Some(state) = state {
+            copy.state = state.clone();
+        }
+        copy.lease = Some(Lease::new(
+            me.clone(),
+            self.clock.now().saturating_add(*ttl),
+        ));
+        self.save(&mut copy, expected, None)
+            .await
+            .map_err(|e| store_error(&cp.run_id, "renewal of the lease", e))?;
+        cp.version = copy.version;
+        cp.writer = copy.writer;
+        cp.lease = copy.lease;
+        Ok(())
+    }
+
+    /// Runs one attempt of a step, renewing the lease while it runs.
+    async fn attempt(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+        step: &Step,
+        ctx: StepCtx,
+        shared: &Arc<State>,
+    ) -> Result<Result<Update, StepError>, Error> {
+        let fut = step.call(ctx, Arc::clone(shared));
+        let Some((_, ttl)) = &self.lease else {
+            return Ok(fut.await);
+        };
+        let every = (*ttl / 3).max(Duration::from_millis(10));
+        tokio::pin!(fut);
+        loop {
+            tokio::select! {
+                r = &mut fut => return Ok(r),
+                _ = tokio::time::sleep(every) => self.renew(cp, expected, Some(shared)).await?,
+            }
+        }
+    }
+
+    /// Waits `d`, renewing the lease meanwhile.
+    async fn pause(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+        d: Duration,
+    ) -> Result<(), Error> {
+        let Some((_, ttl)) = &self.lease else {
+            tokio::time::sleep(d).await;
+            return Ok(());
+        };
+        let every = (*ttl / 3).max(Duration::from_millis(10));
+        let end = tokio::time::Instant::now() + d;
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= end {
+                return Ok(());
+            }
+            tokio::time::sleep((end - now).min(every)).await;
+            if tokio::time::Instant::now() < end {
+                self.renew(cp, expected, None).await?;
+            }
+        }
+    }
+
+    /// A gate: passes on an approval, ends the run on a rejection, or stops the
+    /// run to wait. Returns the outcome to stop with, or `None` to go on.
+    async fn gate(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+        step: &Step,
+        timeout: Option<Duration>,
+        on_timeout: OnTimeout,
+        total: usize,
+    ) -> Result<Option<Outcome>, Error> {
+        let now = self.clock.now();
+        let name = step.name();
+        let since = match &cp.wait {
+            Some(Wait::Gate { step, since, .. }) if step == name => Some(*since),
+            _ => None,
+        };
+        let mut decision = since.and_then(|since| {
+            cp.decisions
+                .iter()
+                .rev()
+                .find(|d| d.gate == name && d.at >= since)
+                .cloned()
+        });
+        if decision.is_none() {
+            if let Some(Wait::Gate {
+                step,
+                timeout_at: Some(at),
+                on_timeout,
+                ..
+            }) = &cp.wait
+            {
+                if step == name && now >= *at {
+                    let d = match on_timeout {
+                        OnTimeout::Approve => Decision::approve(name, "timeout", now, None),
+                        OnTimeout::Reject => Decision::reject(
+                            name,
+                            "timeout",
+                            now,
+                            Some("the gate timed out".into()),
+                        ),
+                    };
+                    cp.decisions.push(d.clone());
+                    decision = Some(d);
+                }
+            }
+        }
+        match decision {
+            Some(d) if d.approved => {
+                let mut update = Update::new();
+                update.insert(
+                    name.to_string(),
+                    d.data.clone().unwrap_or(serde_json::Value::Null),
+                );
+                crate::state::merge(&mut cp.state, update.clone());
+                let record = StepRecord::new(cp.next, name, update, 1, since.unwrap_or(now), now);
+                self.complete(cp, expected, record, total).await?;
+                Ok(None)
+            }
+            Some(_) => {
+                cp.status = RunStatus::Rejected;
+                cp.wait = None;
+                cp.lease = None;
+                cp.updated_at = now;
+                self.save(cp, expected, None).await.map_err(|e| {
+                    store_error(&cp.run_id, &format!("save of the rejection at {name}"), e)
+                })?;
+                Ok(Some(rejected(cp)))
+            }
+            None => {
+                if since.is_none() {
+                    cp.wait = Some(Wait::Gate {
+                        step: name.to_string(),
+                        since: now,
+                        timeout_at: timeout.map(|t| now.saturating_add(t)),
+                        on_timeout,
+                    });
+                }
+                cp.status = RunStatus::Waiting;
+                cp.lease = None;
+                cp.updated_at = now;
+                self.save(cp, expected, None).await.map_err(|e| {
+                    store_error(&cp.run_id, &format!("save of the wait at {name}"), e)
+                })?;
+                Ok(Some(Outcome::Waiting {
+                    gate: name.to_string(),
+                }))
+            }
+        }
+    }
+
+    /// A durable timer: records the wake-up time once, then passes when it has
+    /// come, sleeps until it (with `wait_for_timers`), or stops the run.
+    async fn sleep(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+        step: &Step,
+        d: Duration,
+        total: usize,
+    ) -> Result<Option<Outcome>, Error> {
+        let name = step.name();
+        let now = self.clock.now();
+        let recorded = match &cp.wait {
+            Some(Wait::Timer { step, until }) if step == name => Some(*until),
+            _ => None,
+        };
+        let until = recorded.unwrap_or_else(|| now.saturating_add(d));
+        if now < until {
+            cp.wait = Some(Wait::Timer {
+                step: name.to_string(),
+                until,
+            });
+            if !self.wait_for_timers {
+                cp.status = RunStatus::Sleeping;
+                cp.lease = None;
+                cp.updated_at = now;
+                self.save(cp, expected, None).await.map_err(|e| {
+                    store_error(&cp.run_id, &format!("save of the timer at {name}"), e)
+                })?;
+                return Ok(Some(Outcome::Sleeping { until }));
+            }
+            if recorded.is_none() {
+                // The wake-up time is durable before the wait begins, so a crash
+                // does not restart the timer.
+                cp.status = RunStatus::Sleeping;
+                cp.updated_at = now;
+                self.save(cp, expected, None).await.map_err(|e| {
+                    store_error(&cp.run_id, &format!("save of the timer at {name}"), e)
+                })?;
+            }
+            self.pause(cp, expected, until.saturating_since(self.clock.now()))
+                .await?;
+        }
+        let woke = self.clock.now();
+        let record = StepRecord::new(cp.next, name, Update::new(), 1, now, woke);
+        self.complete(cp, expected, record, total).await?;
+        Ok(None)
     }
 
     /// Checks a loaded record against the workflow given.

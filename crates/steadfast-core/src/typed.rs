@@ -84,19 +84,15 @@ where
         run_id: &str,
     ) -> Result<Outcome<S>, Error> {
         let outcome = runner.run(run_id, &self.inner).await?;
-        match outcome {
-            Outcome::Completed(state) => {
-                from_state::<S>(&state)
-                    .map(Outcome::Completed)
-                    .map_err(|(path, reason)| Error::InvalidValue {
-                        run_id: run_id.to_string(),
-                        index: self.inner.steps().len().saturating_sub(1),
-                        step: "(final state)".into(),
-                        path,
-                        reason,
-                    })
-            }
-        }
+        outcome.try_map(|state| {
+            from_state::<S>(&state).map_err(|(path, reason)| Error::InvalidValue {
+                run_id: run_id.to_string(),
+                index: self.inner.steps().len().saturating_sub(1),
+                step: "(final state)".into(),
+                path,
+                reason,
+            })
+        })
     }
 }
 

@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::checkpoint::OnTimeout;
 use crate::error::{Error, StepError};
 use crate::ids::check_step_name;
 use crate::run::StepCtx;
@@ -122,9 +123,23 @@ impl RetryPolicy {
 #[derive(Clone)]
 pub struct Step {
     name: String,
-    f: StepFn,
+    kind: StepKind,
     retry: RetryPolicy,
     timeout: Option<Duration>,
+}
+
+/// What a step does.
+#[derive(Clone)]
+pub(crate) enum StepKind {
+    /// Runs a function.
+    Run(StepFn),
+    /// Waits for a decision; after `timeout`, decides `on_timeout` by itself.
+    Gate {
+        timeout: Option<Duration>,
+        on_timeout: OnTimeout,
+    },
+    /// Waits until a durable timer fires.
+    Sleep(Duration),
 }
 
 impl Step {
@@ -136,10 +151,62 @@ impl Step {
     {
         Step {
             name: name.into(),
-            f: Arc::new(move |ctx, state| Box::pin(f(ctx, state))),
+            kind: StepKind::Run(Arc::new(move |ctx, state| Box::pin(f(ctx, state)))),
             retry: RetryPolicy::default(),
             timeout: None,
         }
+    }
+
+    /// A human-in-the-loop gate: the run stops with
+    /// [`Outcome::Waiting`](crate::Outcome::Waiting) until [`approve`](crate::approve)
+    /// or [`reject`](crate::reject) decides it. An approval's data is merged
+    /// into the state under the gate's name.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use steadfast_core::{OnTimeout, Step};
+    /// let review = Step::gate("review").gate_timeout(Duration::from_secs(3600), OnTimeout::Reject);
+    /// assert_eq!(review.name(), "review");
+    /// ```
+    pub fn gate(name: impl Into<String>) -> Self {
+        Step {
+            name: name.into(),
+            kind: StepKind::Gate {
+                timeout: None,
+                on_timeout: OnTimeout::Reject,
+            },
+            retry: RetryPolicy::none(),
+            timeout: None,
+        }
+    }
+
+    /// A durable timer: the run records when it wakes, then stops with
+    /// [`Outcome::Sleeping`](crate::Outcome::Sleeping) (or, with
+    /// [`Runner::wait_for_timers`](crate::Runner::wait_for_timers), sleeps for
+    /// what remains). A crash does not restart the timer.
+    pub fn sleep(name: impl Into<String>, duration: Duration) -> Self {
+        Step {
+            name: name.into(),
+            kind: StepKind::Sleep(duration),
+            retry: RetryPolicy::none(),
+            timeout: None,
+        }
+    }
+
+    /// For a gate: decide `on_timeout` when no decision came within `after`
+    /// of the run reaching it. No effect on other steps.
+    pub fn gate_timeout(mut self, after: Duration, on_timeout: OnTimeout) -> Self {
+        if let StepKind::Gate { .. } = self.kind {
+            self.kind = StepKind::Gate {
+                timeout: Some(after),
+                on_timeout,
+            };
+        }
+        self
+    }
+
+    pub(crate) fn kind(&self) -> &StepKind {
+        &self.kind
     }
 
     /// Sets the retry policy.
@@ -170,7 +237,12 @@ impl Step {
     }
 
     pub(crate) async fn call(&self, ctx: StepCtx, state: Arc<State>) -> Result<Update, StepError> {
-        let fut = (self.f)(ctx, state);
+        let StepKind::Run(f) = &self.kind else {
+            return Err(StepError::terminal(
+                "a gate or timer step has no function to call",
+            ));
+        };
+        let fut = f(ctx, state);
         match self.timeout {
             None => fut.await,
             Some(d) => match tokio::time::timeout(d, fut).await {

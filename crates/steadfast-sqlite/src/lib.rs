@@ -394,6 +394,11 @@ fn prepare_file(path: &Path) -> Result<(), StoreError> {
     }
 }
 
+fn to_json<T: serde::Serialize>(v: &T) -> String {
+    // Plain data with string keys: serializing cannot fail.
+    serde_json::to_string(v).unwrap_or_default()
+}
+
 fn to_i64(v: u64) -> i64 {
     v as i64
 }
@@ -428,7 +433,7 @@ struct Loaded {
 
 fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded>, StoreError> {
     let ctx = || format!("loading run {run_id:?} from {path}");
-    type Row = (
+    type Head = (
         String,
         String,
         i64,
@@ -439,44 +444,43 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
         i64,
         Option<String>,
         i64,
-        String,
-        String,
-        i64,
-        i64,
-        i64,
     );
+    type Snap = (String, String, i64, i64, i64);
+    type Extra = (Option<String>, Option<String>, Option<String>);
+    type Row = (Head, Snap, Extra);
     let row: Option<Row> = conn
         .prepare_cached(
             "SELECT workflow, status, next, version, format, created_at, updated_at, attempts, error, writer,
-                    snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes
+                    snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes,
+                    lease, wait, decisions
              FROM runs WHERE run_id = ?1",
         )
         .and_then(|mut st| {
             st.query_row([run_id], |r| {
                 Ok((
-                    r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?,
-                    r.get(8)?, r.get(9)?, r.get(10)?, r.get(11)?, r.get(12)?, r.get(13)?, r.get(14)?,
+                    (
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                        r.get(6)?,
+                        r.get(7)?,
+                        r.get(8)?,
+                        r.get(9)?,
+                    ),
+                    (r.get(10)?, r.get(11)?, r.get(12)?, r.get(13)?, r.get(14)?),
+                    (r.get(15)?, r.get(16)?, r.get(17)?),
                 ))
             })
             .optional()
         })
         .map_err(|e| map_err(e, &ctx()))?;
     let Some((
-        workflow,
-        status,
-        next,
-        version,
-        format,
-        created_at,
-        updated_at,
-        attempts,
-        error,
-        writer,
-        snapshot,
-        snapshot_completed,
-        snapshot_next,
-        snapshot_bytes,
-        delta_bytes,
+        (workflow, status, next, version, format, created_at, updated_at, attempts, error, writer),
+        (snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes),
+        (lease, wait, decisions),
     )) = row
     else {
         return Ok(None);
@@ -546,6 +550,18 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
     cp.attempts = attempts as u32;
     cp.error = error;
     cp.writer = writer as u64;
+    cp.lease = match lease {
+        Some(text) => Some(parse_json(&text, path, run_id, "lease")?),
+        None => None,
+    };
+    cp.wait = match wait {
+        Some(text) => Some(parse_json(&text, path, run_id, "wait")?),
+        None => None,
+    };
+    cp.decisions = match decisions {
+        Some(text) => parse_json(&text, path, run_id, "decisions")?,
+        None => Vec::new(),
+    };
     cp.check()
         .map_err(|reason| corrupt(path, run_id, "head", reason))?;
     let acct = Acct {
@@ -650,11 +666,11 @@ impl Store for SqliteStore {
             created_at: cp.created_at.unix_millis(),
             updated_at: cp.updated_at.unix_millis(),
             attempts: cp.attempts,
-            error: cp
-                .error
-                .as_ref()
-                .map(|e| serde_json::to_string(e).unwrap_or_default()),
+            error: cp.error.as_ref().map(to_json),
             writer: cp.writer,
+            lease: cp.lease.as_ref().map(to_json),
+            wait: cp.wait.as_ref().map(to_json),
+            decisions: (!cp.decisions.is_empty()).then(|| to_json(&cp.decisions)),
         };
         let (tx, rx) = oneshot::channel();
         self.submit(Job::Save(Box::new(SaveJob {

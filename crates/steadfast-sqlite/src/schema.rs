@@ -45,6 +45,10 @@ const MIGRATIONS: &[&str] = &[
         duration_ms INTEGER NOT NULL,
         PRIMARY KEY (run_id, idx)
     );",
+    // 2: leases, gate and timer waits, and gate decisions, as JSON.
+    "ALTER TABLE runs ADD COLUMN lease TEXT;
+     ALTER TABLE runs ADD COLUMN wait TEXT;
+     ALTER TABLE runs ADD COLUMN decisions TEXT;",
 ];
 
 /// The schema version this build writes.

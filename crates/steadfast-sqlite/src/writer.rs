@@ -35,6 +35,9 @@ pub(crate) struct Head {
     pub attempts: u32,
     pub error: Option<String>,
     pub writer: u64,
+    pub lease: Option<String>,
+    pub wait: Option<String>,
+    pub decisions: Option<String>,
 }
 
 /// A history row.
@@ -291,12 +294,14 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
         Body::Delta { step, same_labels } => {
             let sql = if *same_labels {
                 "UPDATE runs SET next = ?4, version = ?5, format = ?6, updated_at = ?7, attempts = ?8,
-                    error = ?9, writer = ?10, delta_bytes = delta_bytes + ?11
+                    error = ?9, writer = ?10, delta_bytes = delta_bytes + ?11,
+                    lease = ?14, wait = ?15, decisions = ?16
                  WHERE run_id = ?1 AND version = ?12 AND next = ?13 AND ?2 IS NOT NULL AND ?3 IS NOT NULL
                  RETURNING snapshot_bytes, delta_bytes"
             } else {
                 "UPDATE runs SET workflow = ?2, status = ?3, next = ?4, version = ?5, format = ?6,
-                    updated_at = ?7, attempts = ?8, error = ?9, writer = ?10, delta_bytes = delta_bytes + ?11
+                    updated_at = ?7, attempts = ?8, error = ?9, writer = ?10, delta_bytes = delta_bytes + ?11,
+                    lease = ?14, wait = ?15, decisions = ?16
                  WHERE run_id = ?1 AND version = ?12 AND next = ?13
                  RETURNING snapshot_bytes, delta_bytes"
             };
@@ -318,6 +323,9 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                             step.update.len() as i64,
                             expected,
                             step.index as i64,
+                            h.lease,
+                            h.wait,
+                            h.decisions,
                         ],
                         |r| Ok((r.get(0)?, r.get(1)?)),
                     )
@@ -347,15 +355,15 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
             let sql = if expected.is_none() {
                 "INSERT INTO runs (run_id, workflow, status, next, version, format, created_at, updated_at,
                     attempts, error, writer, snapshot, snapshot_completed, snapshot_next, snapshot_bytes,
-                    delta_bytes)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?4, ?14, 0)
+                    delta_bytes, lease, wait, decisions)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?4, ?14, 0, ?15, ?16, ?17)
                  ON CONFLICT (run_id) DO NOTHING"
             } else {
                 "UPDATE runs SET workflow = ?2, status = ?3, next = ?4, version = ?5, format = ?6,
                     created_at = ?7, updated_at = ?8, attempts = ?9, error = ?10, writer = ?11,
                     snapshot = ?12, snapshot_completed = ?13, snapshot_next = ?4, snapshot_bytes = ?14,
-                    delta_bytes = 0
-                 WHERE run_id = ?1 AND version = ?15"
+                    delta_bytes = 0, lease = ?15, wait = ?16, decisions = ?17
+                 WHERE run_id = ?1 AND version = ?18"
             };
             let changed = conn
                 .prepare_cached(sql)
@@ -375,10 +383,13 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                         state,
                         completed,
                         state.len() as i64,
+                        h.lease,
+                        h.wait,
+                        h.decisions,
                         expected,
                     ];
-                    // The INSERT has no ?15; SQLite refuses unused parameters.
-                    let n = if expected.is_none() { 14 } else { 15 };
+                    // The INSERT has no ?18; SQLite refuses unused parameters.
+                    let n = if expected.is_none() { 17 } else { 18 };
                     st.execute(&values[..n])
                 })
                 .map_err(|e| map_err(e, &ctx("writing")))?;

@@ -1,0 +1,41 @@
+//! Who this process is, for leases: host, pid and start time, and whether a
+//! recorded owner on this host is still alive.
+
+use crate::checkpoint::Owner;
+
+/// This process as a lease owner. The start time (from `/proc` on Linux; 0
+/// elsewhere) tells this process apart from a later one that reuses its pid.
+pub fn current_owner() -> Owner {
+    let pid = std::process::id();
+    Owner::new(hostname(), pid, start_time(pid).unwrap_or(0))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Field 22 of `/proc/PID/stat`: the start time in clock ticks since boot.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether `owner`, recorded on this host, is still running. Unknown means
+/// alive: a lease is only taken over early when its holder is surely gone.
+pub(crate) fn is_alive(owner: &Owner) -> bool {
+    if !std::path::Path::new("/proc/self/stat").exists() {
+        return true;
+    }
+    match start_time(owner.pid) {
+        None => false,
+        Some(started) => owner.started == 0 || started == owner.started,
+    }
+}
