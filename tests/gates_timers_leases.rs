@@ -6,14 +6,17 @@ use std::time::Duration;
 
 use serde_json::json;
 use steadfast::{
-    approve, current_owner, reject, update, Checkpoint, Clock, Error, Lease, ManualClock, MemoryStore,
-    OnTimeout, Outcome, Owner, RunStatus, Runner, SaveRequest, Step, Store, Timestamp, Workflow,
+    approve, current_owner, reject, update, Checkpoint, Clock, Error, Lease, ManualClock,
+    MemoryStore, OnTimeout, Outcome, Owner, RunStatus, Runner, SaveRequest, Step, Store, Timestamp,
+    Workflow,
 };
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 fn clock() -> Arc<ManualClock> {
-    Arc::new(ManualClock::new(Timestamp::from_unix_millis(1_800_000_000_000)))
+    Arc::new(ManualClock::new(Timestamp::from_unix_millis(
+        1_800_000_000_000,
+    )))
 }
 
 fn gated(counter: &Arc<AtomicU32>, gate: Step) -> Workflow {
@@ -34,14 +37,39 @@ async fn a_gate_waits_and_an_approval_merges_its_data_and_continues() -> TestRes
     let (store, clock, n) = (MemoryStore::new(), clock(), Arc::new(AtomicU32::new(0)));
     let wf = gated(&n, Step::gate("review"));
     let runner = Runner::new(&store).clock(clock.clone());
-    assert_eq!(runner.run("r", &wf).await?, Outcome::Waiting { gate: "review".into() });
-    assert_eq!(runner.run("r", &wf).await?, Outcome::Waiting { gate: "review".into() }, "still waiting");
+    assert_eq!(
+        runner.run("r", &wf).await?,
+        Outcome::Waiting {
+            gate: "review".into()
+        }
+    );
+    assert_eq!(
+        runner.run("r", &wf).await?,
+        Outcome::Waiting {
+            gate: "review".into()
+        },
+        "still waiting"
+    );
     let cp = store.load("r").await?.expect("run");
     assert_eq!((cp.status, cp.next), (RunStatus::Waiting, 1));
-    assert!(matches!(approve(&store, "r", "draft", None, "ada", &*clock).await, Err(Error::NotWaiting { .. })));
-    approve(&store, "r", "review", Some(json!({"ok": true})), "ada", &*clock).await?;
+    assert!(matches!(
+        approve(&store, "r", "draft", None, "ada", &*clock).await,
+        Err(Error::NotWaiting { .. })
+    ));
+    approve(
+        &store,
+        "r",
+        "review",
+        Some(json!({"ok": true})),
+        "ada",
+        &*clock,
+    )
+    .await?;
     assert!(
-        matches!(approve(&store, "r", "review", None, "bo", &*clock).await, Err(Error::NotWaiting { .. })),
+        matches!(
+            approve(&store, "r", "review", None, "bo", &*clock).await,
+            Err(Error::NotWaiting { .. })
+        ),
         "a second decision is refused"
     );
     let state = runner.run("r", &wf).await?.completed().expect("completed");
@@ -49,7 +77,10 @@ async fn a_gate_waits_and_an_approval_merges_its_data_and_continues() -> TestRes
     assert_eq!(n.load(Ordering::SeqCst), 1);
     let cp = store.load("r").await?.expect("run");
     assert_eq!(cp.decisions.len(), 1);
-    assert_eq!((cp.decisions[0].by.as_str(), cp.decisions[0].approved), ("ada", true));
+    assert_eq!(
+        (cp.decisions[0].by.as_str(), cp.decisions[0].approved),
+        ("ada", true)
+    );
     let history = store.history("r").await?.expect("history");
     assert_eq!(history[1].name, "review");
     assert_eq!(history[1].update["review"], json!({"ok": true}));
@@ -62,10 +93,24 @@ async fn a_rejection_ends_the_run() -> TestResult {
     let wf = gated(&n, Step::gate("review"));
     let runner = Runner::new(&store).clock(clock.clone());
     runner.run("r", &wf).await?;
-    reject(&store, "r", "review", Some("too long".into()), "bo", &*clock).await?;
-    let rejected = Outcome::Rejected { gate: "review".into(), reason: Some("too long".into()) };
+    reject(
+        &store,
+        "r",
+        "review",
+        Some("too long".into()),
+        "bo",
+        &*clock,
+    )
+    .await?;
+    let rejected = Outcome::Rejected {
+        gate: "review".into(),
+        reason: Some("too long".into()),
+    };
     assert_eq!(runner.run("r", &wf).await?, rejected);
-    assert_eq!(store.load("r").await?.map(|c| c.status), Some(RunStatus::Rejected));
+    assert_eq!(
+        store.load("r").await?.map(|c| c.status),
+        Some(RunStatus::Rejected)
+    );
     assert_eq!(n.load(Ordering::SeqCst), 0, "nothing after the gate ran");
     Ok(())
 }
@@ -79,12 +124,22 @@ async fn a_gate_past_its_timeout_decides_by_itself() -> TestResult {
         let runner = Runner::new(&store).clock(clock.clone());
         runner.run("r", &wf).await?;
         clock.advance(Duration::from_secs(59));
-        assert!(matches!(runner.run("r", &wf).await?, Outcome::Waiting { .. }), "not yet");
+        assert!(
+            matches!(runner.run("r", &wf).await?, Outcome::Waiting { .. }),
+            "not yet"
+        );
         clock.advance(Duration::from_secs(2));
         let out = runner.run("r", &wf).await?;
-        assert_eq!(matches!(out, Outcome::Completed(_)), approved, "{on_timeout:?}: {out:?}");
+        assert_eq!(
+            matches!(out, Outcome::Completed(_)),
+            approved,
+            "{on_timeout:?}: {out:?}"
+        );
         let cp = store.load("r").await?.expect("run");
-        assert_eq!(cp.decisions.last().map(|d| (d.by.as_str(), d.approved)), Some(("timeout", approved)));
+        assert_eq!(
+            cp.decisions.last().map(|d| (d.by.as_str(), d.approved)),
+            Some(("timeout", approved))
+        );
     }
     Ok(())
 }
@@ -98,8 +153,13 @@ async fn a_timer_records_its_wake_up_time_once_and_fires_after_it() -> TestResul
         .step("b", |_, _| async { update(json!({"b": 2})) })
         .build()?;
     let runner = Runner::new(&store).clock(clock.clone());
-    let Outcome::Sleeping { until } = runner.run("r", &wf).await? else { panic!("expected Sleeping") };
-    assert_eq!(until.saturating_since(clock.now()), Duration::from_secs(600));
+    let Outcome::Sleeping { until } = runner.run("r", &wf).await? else {
+        panic!("expected Sleeping")
+    };
+    assert_eq!(
+        until.saturating_since(clock.now()),
+        Duration::from_secs(600)
+    );
     clock.advance(Duration::from_secs(300));
     // Running again (after a crash, say) does not restart the timer.
     assert_eq!(runner.run("r", &wf).await?, Outcome::Sleeping { until });
@@ -116,12 +176,22 @@ async fn wait_for_timers_sleeps_only_for_what_remains() -> TestResult {
         .push(Step::sleep("nap", Duration::from_millis(300)))
         .step("b", |_, _| async { update(json!({"b": 2})) })
         .build()?;
-    assert!(matches!(steadfast::run("r", &wf, &store).await?, Outcome::Sleeping { .. }));
+    assert!(matches!(
+        steadfast::run("r", &wf, &store).await?,
+        Outcome::Sleeping { .. }
+    ));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let start = std::time::Instant::now();
-    let out = Runner::new(&store).wait_for_timers(true).run("r", &wf).await?;
+    let out = Runner::new(&store)
+        .wait_for_timers(true)
+        .run("r", &wf)
+        .await?;
     assert!(out.completed().is_some());
-    assert!(start.elapsed() < Duration::from_millis(280), "slept the whole timer again: {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_millis(280),
+        "slept the whole timer again: {:?}",
+        start.elapsed()
+    );
     Ok(())
 }
 
@@ -133,7 +203,10 @@ async fn hold(store: &MemoryStore, owner: Owner, until: Timestamp) -> TestResult
 }
 
 fn one_step() -> Workflow {
-    Workflow::builder("held").step("a", |_, _| async { update(json!({"a": 1})) }).build().unwrap()
+    Workflow::builder("held")
+        .step("a", |_, _| async { update(json!({"a": 1})) })
+        .build()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -145,20 +218,31 @@ async fn a_live_lease_is_refused_and_an_expired_or_orphaned_one_is_taken_over() 
     let store = MemoryStore::new();
     let other_host = Owner::new("elsewhere", 1, 1);
     hold(&store, other_host.clone(), clock.now().saturating_add(ttl)).await?;
-    let runner = Runner::new(&store).clock(clock.clone()).lease(me.clone(), ttl);
+    let runner = Runner::new(&store)
+        .clock(clock.clone())
+        .lease(me.clone(), ttl);
     match runner.run("r", &one_step()).await {
         Err(e @ Error::Held { .. }) => assert!(e.to_string().contains("pid 1 on elsewhere"), "{e}"),
         other => panic!("expected Held, got {other:?}"),
     }
     clock.advance(ttl + Duration::from_secs(1));
-    assert!(runner.run("r", &one_step()).await?.completed().is_some(), "an expired lease is taken over");
-    assert_eq!(store.load("r").await?.and_then(|c| c.lease), None, "released at the end");
+    assert!(
+        runner.run("r", &one_step()).await?.completed().is_some(),
+        "an expired lease is taken over"
+    );
+    assert_eq!(
+        store.load("r").await?.and_then(|c| c.lease),
+        None,
+        "released at the end"
+    );
 
     // A process on this host that no longer exists: taken over at once.
     let store = MemoryStore::new();
     let dead = Owner::new(me.host.clone(), 4_000_000, 1);
     hold(&store, dead, clock.now().saturating_add(ttl)).await?;
-    let runner = Runner::new(&store).clock(clock.clone()).lease(me.clone(), ttl);
+    let runner = Runner::new(&store)
+        .clock(clock.clone())
+        .lease(me.clone(), ttl);
     assert!(runner.run("r", &one_step()).await?.completed().is_some());
     Ok(())
 }
@@ -181,15 +265,28 @@ async fn a_holder_whose_lease_was_taken_is_fenced_out() -> TestResult {
     let a = Owner::new("host-a", 1, 1);
     let (s, w) = (Arc::clone(&store), wf.clone());
     let first = tokio::spawn(async move {
-        Runner::new(&*s).lease(a, Duration::from_secs(60)).run("r", &w).await
+        Runner::new(&*s)
+            .lease(a, Duration::from_secs(60))
+            .run("r", &w)
+            .await
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     // Another worker takes the run over (as if A's lease had expired).
     let mut cp = store.load("r").await?.expect("claimed");
-    cp.lease = Some(Lease::new(Owner::new("host-b", 2, 2), Timestamp::from_unix_millis(u64::MAX / 2)));
+    cp.lease = Some(Lease::new(
+        Owner::new("host-b", 2, 2),
+        Timestamp::from_unix_millis(u64::MAX / 2),
+    ));
     store.save(SaveRequest::new(&cp, Some(cp.version))).await?;
     let out = first.await?;
-    assert!(matches!(&out, Err(e) if e.is_held_elsewhere()), "A must lose at its next save: {out:?}");
-    assert_eq!(ran_b.load(Ordering::SeqCst), 0, "A did not go on past its fenced save");
+    assert!(
+        matches!(&out, Err(e) if e.is_held_elsewhere()),
+        "A must lose at its next save: {out:?}"
+    );
+    assert_eq!(
+        ran_b.load(Ordering::SeqCst),
+        0,
+        "A did not go on past its fenced save"
+    );
     Ok(())
 }

@@ -1,0 +1,230 @@
+//! Flow files: TOML with a name and `[[step]]` tables, each a shell command, a
+//! gate or a durable timer. Everything is checked before anything runs; an
+//! error names the file, the line and what is wrong.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use steadfast::{OnTimeout, RetryPolicy, Step, Workflow};
+use toml::Spanned;
+
+use crate::command::CommandSpec;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FlowFile {
+    name: Spanned<String>,
+    #[serde(default)]
+    step: Vec<Spanned<StepSpec>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepSpec {
+    name: Spanned<String>,
+    run: Option<Spanned<String>>,
+    gate: Option<Spanned<bool>>,
+    sleep: Option<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    retries: Option<Spanned<u32>>,
+    backoff: Option<Spanned<String>>,
+    on_timeout: Option<Spanned<String>>,
+    workdir: Option<Spanned<String>>,
+    env: Option<BTreeMap<String, String>>,
+}
+
+/// A flow file that does not parse or does not make sense.
+#[derive(Debug)]
+pub struct FlowError(pub String);
+
+impl std::fmt::Display for FlowError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FlowError {}
+
+/// The largest step output accepted by default: 16 MiB.
+pub const DEFAULT_OUTPUT_LIMIT: usize = 16 << 20;
+
+/// Reads, checks and builds the workflow of the flow file at `path`.
+pub fn load(path: &Path) -> Result<Workflow, FlowError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        FlowError(format!(
+            "{}: cannot read the flow file: {e}",
+            path.display()
+        ))
+    })?;
+    parse(&text, path)
+}
+
+/// Checks and builds a workflow from flow-file text; `path` names it in errors
+/// and anchors relative working directories.
+pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
+    let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
+    let at = |offset: usize, what: String| {
+        FlowError(format!("{}:{}: {what}", path.display(), line_of(offset)))
+    };
+    let flow: FlowFile = toml::from_str(text).map_err(|e| match e.span() {
+        Some(span) => at(span.start, e.message().to_string()),
+        None => FlowError(format!("{}: {}", path.display(), e.message())),
+    })?;
+    let name = flow.name.get_ref().trim();
+    if name.is_empty() {
+        return Err(at(
+            flow.name.span().start,
+            "the flow's name is empty".into(),
+        ));
+    }
+    if flow.step.is_empty() {
+        return Err(FlowError(format!(
+            "{}: the flow has no [[step]]",
+            path.display()
+        )));
+    }
+    let base = crate::args::flow_dir(path);
+    let mut seen = HashSet::new();
+    let mut steps = Vec::new();
+    for (i, spanned) in flow.step.iter().enumerate() {
+        let spec = spanned.get_ref();
+        let step_at = |what: String| {
+            at(
+                spanned.span().start,
+                format!("step {} ({:?}): {what}", i + 1, spec.name.get_ref()),
+            )
+        };
+        let step_name = spec.name.get_ref();
+        if step_name.trim().is_empty() {
+            return Err(at(
+                spec.name.span().start,
+                format!("step {} has an empty name", i + 1),
+            ));
+        }
+        if !seen.insert(step_name.clone()) {
+            return Err(at(
+                spec.name.span().start,
+                format!("step name {step_name:?} is used twice"),
+            ));
+        }
+        let kinds = [
+            spec.run.is_some(),
+            spec.gate.is_some(),
+            spec.sleep.is_some(),
+        ];
+        match kinds.iter().filter(|k| **k).count() {
+            0 => return Err(step_at("needs one of run, gate or sleep".into())),
+            1 => {}
+            _ => return Err(step_at("has more than one of run, gate and sleep".into())),
+        }
+        let duration = |field: &Option<Spanned<String>>,
+                        key: &str|
+         -> Result<Option<Duration>, FlowError> {
+            match field {
+                None => Ok(None),
+                Some(s) => humantime::parse_duration(s.get_ref())
+                    .map(Some)
+                    .map_err(|e| at(s.span().start, format!("{key} = {:?} is not a duration ({e}); write e.g. \"30s\" or \"10m\"", s.get_ref()))),
+            }
+        };
+        let timeout = duration(&spec.timeout, "timeout")?;
+        let only_for = |field: bool, key: &str, kind: &str| -> Result<(), FlowError> {
+            if field {
+                Err(step_at(format!("{key} applies only to {kind} steps")))
+            } else {
+                Ok(())
+            }
+        };
+        let step = if let Some(run) = &spec.run {
+            only_for(spec.on_timeout.is_some(), "on_timeout", "gate")?;
+            if run.get_ref().trim().is_empty() {
+                return Err(at(run.span().start, "run is empty".into()));
+            }
+            let backoff = duration(&spec.backoff, "backoff")?.unwrap_or(Duration::from_millis(500));
+            let attempts = spec
+                .retries
+                .as_ref()
+                .map_or(0, |r| *r.get_ref())
+                .saturating_add(1);
+            let workdir = spec
+                .workdir
+                .as_ref()
+                .map_or_else(|| base.clone(), |w| base.join(w.get_ref()));
+            let command = CommandSpec {
+                run: run.get_ref().clone(),
+                workdir,
+                env: spec.env.clone().unwrap_or_default(),
+                timeout,
+                output_limit: DEFAULT_OUTPUT_LIMIT,
+            };
+            command
+                .into_step(step_name)
+                .retry(RetryPolicy::new(attempts).backoff(backoff, backoff.saturating_mul(64)))
+        } else if let Some(gate) = &spec.gate {
+            only_for(
+                spec.retries.is_some() || spec.backoff.is_some(),
+                "retries and backoff",
+                "run",
+            )?;
+            only_for(
+                spec.workdir.is_some() || spec.env.is_some(),
+                "workdir and env",
+                "run",
+            )?;
+            if !gate.get_ref() {
+                return Err(at(
+                    gate.span().start,
+                    "gate must be true (remove the step to drop the gate)".into(),
+                ));
+            }
+            let on_timeout = match spec
+                .on_timeout
+                .as_ref()
+                .map(|o| (o.get_ref().as_str(), o.span().start))
+            {
+                None | Some(("reject", _)) => OnTimeout::Reject,
+                Some(("approve", _)) => OnTimeout::Approve,
+                Some((other, offset)) => {
+                    return Err(at(
+                        offset,
+                        format!("on_timeout = {other:?}: expected \"reject\" or \"approve\""),
+                    ))
+                }
+            };
+            if spec.on_timeout.is_some() && timeout.is_none() {
+                return Err(step_at("on_timeout needs a timeout".into()));
+            }
+            match timeout {
+                Some(t) => Step::gate(step_name.as_str()).gate_timeout(t, on_timeout),
+                None => Step::gate(step_name.as_str()),
+            }
+        } else {
+            only_for(
+                spec.timeout.is_some() || spec.on_timeout.is_some(),
+                "timeout and on_timeout",
+                "run and gate",
+            )?;
+            only_for(
+                spec.retries.is_some() || spec.backoff.is_some(),
+                "retries and backoff",
+                "run",
+            )?;
+            only_for(
+                spec.workdir.is_some() || spec.env.is_some(),
+                "workdir and env",
+                "run",
+            )?;
+            let d = duration(&spec.sleep, "sleep")?.unwrap_or_default();
+            Step::sleep(step_name.as_str(), d)
+        };
+        steps.push(step);
+    }
+    Workflow::new(name, steps).map_err(|e| FlowError(format!("{}: {e}", path.display())))
+}
+
+/// The directory a flow's relative paths start from.
+pub fn base_dir(path: &Path) -> PathBuf {
+    crate::args::flow_dir(path)
+}

@@ -1,0 +1,5 @@
+//! The `steadfast` command; everything lives in the library.
+
+fn main() {
+    std::process::exit(steadfast_cli::main());
+}

@@ -1,0 +1,235 @@
+//! What the commands print: aligned tables for people, JSON for programs, and
+//! one progress line per step on stderr.
+
+use serde_json::{json, Value};
+use steadfast::{Checkpoint, Event, RunSummary, StepRecord, Wait};
+
+/// The progress line of a run-loop event, on stderr.
+pub fn progress(event: &Event<'_>) {
+    let line = match event {
+        Event::Skipped { index, step } => format!("  skip  {index:>3} {step}  (done before)"),
+        Event::Started {
+            index,
+            step,
+            attempt,
+        } if *attempt > 1 => {
+            format!("  run   {index:>3} {step}  (attempt {attempt})")
+        }
+        Event::Started { index, step, .. } => format!("  run   {index:>3} {step}"),
+        Event::Completed {
+            index, step, took, ..
+        } => format!("  done  {index:>3} {step}  {took:.0?}"),
+        Event::Failed {
+            index,
+            step,
+            attempt,
+            error,
+            retry_in: Some(d),
+        } => format!("  fail  {index:>3} {step}  attempt {attempt}: {error}; retry in {d:.0?}"),
+        Event::Failed {
+            index,
+            step,
+            attempt,
+            error,
+            retry_in: None,
+        } => format!("  fail  {index:>3} {step}  attempt {attempt}: {error}"),
+        _ => return,
+    };
+    eprintln!("{line}");
+}
+
+/// Prints rows as columns padded to their widest cell.
+fn table(header: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        println!("{}", out.trim_end());
+    };
+    line(header.iter().map(|h| h.to_string()).collect());
+    for row in rows {
+        line(row.clone());
+    }
+}
+
+/// `runs`.
+pub fn runs(runs: &[RunSummary], json: bool) {
+    if json {
+        let list: Vec<Value> = runs
+            .iter()
+            .map(|r| {
+                json!({"run_id": r.run_id, "workflow": r.workflow, "status": r.status, "next": r.next,
+                       "version": r.version, "created_at": r.created_at, "updated_at": r.updated_at})
+            })
+            .collect();
+        println!("{}", Value::Array(list));
+        return;
+    }
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            vec![
+                r.run_id.clone(),
+                r.workflow.clone(),
+                r.status.to_string(),
+                r.next.to_string(),
+                r.updated_at.to_string(),
+            ]
+        })
+        .collect();
+    table(&["RUN", "WORKFLOW", "STATUS", "DONE", "UPDATED"], &rows);
+}
+
+fn step_json(r: &StepRecord) -> Value {
+    json!({"index": r.index, "name": r.name, "attempt": r.attempt, "started_at": r.started_at,
+           "finished_at": r.finished_at,
+           "duration_ms": r.finished_at.unix_millis().saturating_sub(r.started_at.unix_millis())})
+}
+
+/// `show`.
+pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
+    if json {
+        let steps: Vec<Value> = match history {
+            Some(h) => h.iter().map(step_json).collect(),
+            None => cp
+                .completed
+                .iter()
+                .enumerate()
+                .map(|(i, n)| json!({"index": i, "name": n}))
+                .collect(),
+        };
+        let out = json!({
+            "run_id": cp.run_id, "workflow": cp.workflow, "status": cp.status, "next": cp.next,
+            "steps_done": steps, "state": cp.state, "version": cp.version,
+            "created_at": cp.created_at, "updated_at": cp.updated_at, "attempts": cp.attempts,
+            "error": cp.error, "wait": cp.wait, "lease": cp.lease, "decisions": cp.decisions,
+        });
+        println!("{out}");
+        return;
+    }
+    println!("run       {}", cp.run_id);
+    println!("workflow  {}", cp.workflow);
+    println!("status    {}", cp.status);
+    println!("next      step {}", cp.next);
+    println!("updated   {}", cp.updated_at);
+    match &cp.wait {
+        Some(Wait::Gate {
+            step,
+            since,
+            timeout_at,
+            on_timeout,
+        }) => {
+            let decides = match on_timeout {
+                steadfast::OnTimeout::Approve => "approve",
+                steadfast::OnTimeout::Reject => "reject",
+            };
+            let t = timeout_at
+                .map(|t| format!(", decides {decides} at {t}"))
+                .unwrap_or_default();
+            println!("waiting   at gate {step} since {since}{t}");
+        }
+        Some(Wait::Timer { step, until }) => println!("sleeping  at {step} until {until}"),
+        Some(_) | None => {}
+    }
+    if let Some(l) = &cp.lease {
+        println!("lease     {} until {}", l.owner, l.until);
+    }
+    if let Some(e) = &cp.error {
+        println!(
+            "error     step {} ({}) attempt {}: {}",
+            e.index, e.step, e.attempt, e.message
+        );
+    }
+    for d in &cp.decisions {
+        let what = if d.approved { "approved" } else { "rejected" };
+        let extra = d
+            .reason
+            .clone()
+            .or_else(|| d.data.as_ref().map(|v| v.to_string()))
+            .map(|x| format!(": {x}"))
+            .unwrap_or_default();
+        println!("decision  {} {what} by {} at {}{extra}", d.gate, d.by, d.at);
+    }
+    println!();
+    match history {
+        Some(h) => {
+            let rows: Vec<Vec<String>> = h
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.index.to_string(),
+                        r.name.clone(),
+                        r.attempt.to_string(),
+                        r.started_at.to_string(),
+                        r.finished_at.to_string(),
+                        format!(
+                            "{}ms",
+                            r.finished_at
+                                .unix_millis()
+                                .saturating_sub(r.started_at.unix_millis())
+                        ),
+                    ]
+                })
+                .collect();
+            table(
+                &["#", "STEP", "ATTEMPTS", "STARTED", "FINISHED", "TOOK"],
+                &rows,
+            );
+        }
+        None => {
+            let rows: Vec<Vec<String>> = cp
+                .completed
+                .iter()
+                .enumerate()
+                .map(|(i, n)| vec![i.to_string(), n.clone()])
+                .collect();
+            table(&["#", "STEP"], &rows);
+        }
+    }
+    println!();
+    println!("state");
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&Value::Object(cp.state.clone())).unwrap_or_default()
+    );
+}
+
+/// `history`.
+pub fn history(records: &[StepRecord], json: bool) {
+    if json {
+        let list: Vec<Value> = records
+            .iter()
+            .map(|r| {
+                let mut v = step_json(r);
+                v["update"] = Value::Object(r.update.clone());
+                v
+            })
+            .collect();
+        println!("{}", Value::Array(list));
+        return;
+    }
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|r| {
+            vec![
+                r.index.to_string(),
+                r.name.clone(),
+                r.attempt.to_string(),
+                r.finished_at.to_string(),
+                Value::Object(r.update.clone()).to_string(),
+            ]
+        })
+        .collect();
+    table(&["#", "STEP", "ATTEMPTS", "FINISHED", "UPDATE"], &rows);
+}
