@@ -253,7 +253,7 @@ async fn run(
     match runner.run(run_id, &workflow).await {
         Ok(Outcome::Completed(state)) => {
             if json {
-                println!("{}", Value::Object(state));
+                output::out!("{}", Value::Object(state));
             }
             eprintln!("run {run_id:?} completed");
             Ok(exit::OK)
@@ -261,7 +261,7 @@ async fn run(
         Ok(Outcome::Waiting { gate }) => {
             eprintln!("run {run_id:?} waits at gate {gate:?}: steadfast approve {run_id} {gate}  (or reject)");
             if json {
-                println!("{}", json!({"status": "waiting", "gate": gate}));
+                output::out!("{}", json!({"status": "waiting", "gate": gate}));
             }
             Ok(exit::WAITING)
         }
@@ -272,7 +272,7 @@ async fn run(
                 humantime::format_duration(Duration::from_secs(left.as_secs()))
             );
             if json {
-                println!("{}", json!({"status": "sleeping", "until": until}));
+                output::out!("{}", json!({"status": "sleeping", "until": until}));
             }
             Ok(exit::WAITING)
         }
@@ -282,7 +282,7 @@ async fn run(
                 reason.map(|r| format!(": {r}")).unwrap_or_default()
             );
             if json {
-                println!("{}", json!({"status": "rejected", "gate": gate}));
+                output::out!("{}", json!({"status": "rejected", "gate": gate}));
             }
             Ok(exit::REJECTED)
         }

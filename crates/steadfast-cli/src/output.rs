@@ -1,8 +1,35 @@
 //! What the commands print: aligned tables for people, JSON for programs, and
 //! one progress line per step on stderr.
 
+use std::io::Write;
+
 use serde_json::{json, Value};
 use steadfast::{Checkpoint, Event, RunSummary, StepRecord, Wait};
+
+/// Prints a line on stdout. A closed pipe (`steadfast runs | head`) ends the
+/// process quietly instead of panicking.
+macro_rules! out {
+    () => {
+        $crate::output::line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::line(format_args!($($arg)*))
+    };
+}
+pub(crate) use out;
+
+/// Writes one line to stdout; see [`out!`].
+pub fn line(args: std::fmt::Arguments<'_>) {
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout
+        .write_fmt(args)
+        .and_then(|()| stdout.write_all(b"\n"))
+    {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+    }
+}
 
 /// The progress line of a run-loop event, on stderr.
 pub fn progress(event: &Event<'_>) {
@@ -55,7 +82,7 @@ fn table(header: &[&str], rows: &[Vec<String>]) {
                 out.push_str(&format!("{cell:<w$}  "));
             }
         }
-        println!("{}", out.trim_end());
+        out!("{}", out.trim_end());
     };
     line(header.iter().map(|h| h.to_string()).collect());
     for row in rows {
@@ -73,7 +100,7 @@ pub fn runs(runs: &[RunSummary], json: bool) {
                        "version": r.version, "created_at": r.created_at, "updated_at": r.updated_at})
             })
             .collect();
-        println!("{}", Value::Array(list));
+        out!("{}", Value::Array(list));
         return;
     }
     let rows: Vec<Vec<String>> = runs
@@ -115,14 +142,14 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
             "created_at": cp.created_at, "updated_at": cp.updated_at, "attempts": cp.attempts,
             "error": cp.error, "wait": cp.wait, "lease": cp.lease, "decisions": cp.decisions,
         });
-        println!("{out}");
+        out!("{out}");
         return;
     }
-    println!("run       {}", cp.run_id);
-    println!("workflow  {}", cp.workflow);
-    println!("status    {}", cp.status);
-    println!("next      step {}", cp.next);
-    println!("updated   {}", cp.updated_at);
+    out!("run       {}", cp.run_id);
+    out!("workflow  {}", cp.workflow);
+    out!("status    {}", cp.status);
+    out!("next      step {}", cp.next);
+    out!("updated   {}", cp.updated_at);
     match &cp.wait {
         Some(Wait::Gate {
             step,
@@ -137,18 +164,21 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
             let t = timeout_at
                 .map(|t| format!(", decides {decides} at {t}"))
                 .unwrap_or_default();
-            println!("waiting   at gate {step} since {since}{t}");
+            out!("waiting   at gate {step} since {since}{t}");
         }
-        Some(Wait::Timer { step, until }) => println!("sleeping  at {step} until {until}"),
+        Some(Wait::Timer { step, until }) => out!("sleeping  at {step} until {until}"),
         Some(_) | None => {}
     }
     if let Some(l) = &cp.lease {
-        println!("lease     {} until {}", l.owner, l.until);
+        out!("lease     {} until {}", l.owner, l.until);
     }
     if let Some(e) = &cp.error {
-        println!(
+        out!(
             "error     step {} ({}) attempt {}: {}",
-            e.index, e.step, e.attempt, e.message
+            e.index,
+            e.step,
+            e.attempt,
+            e.message
         );
     }
     for d in &cp.decisions {
@@ -159,9 +189,9 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
             .or_else(|| d.data.as_ref().map(|v| v.to_string()))
             .map(|x| format!(": {x}"))
             .unwrap_or_default();
-        println!("decision  {} {what} by {} at {}{extra}", d.gate, d.by, d.at);
+        out!("decision  {} {what} by {} at {}{extra}", d.gate, d.by, d.at);
     }
-    println!();
+    out!();
     match history {
         Some(h) => {
             let rows: Vec<Vec<String>> = h
@@ -197,9 +227,9 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
             table(&["#", "STEP"], &rows);
         }
     }
-    println!();
-    println!("state");
-    println!(
+    out!();
+    out!("state");
+    out!(
         "{}",
         serde_json::to_string_pretty(&Value::Object(cp.state.clone())).unwrap_or_default()
     );
@@ -216,7 +246,7 @@ pub fn history(records: &[StepRecord], json: bool) {
                 v
             })
             .collect();
-        println!("{}", Value::Array(list));
+        out!("{}", Value::Array(list));
         return;
     }
     let rows: Vec<Vec<String>> = records

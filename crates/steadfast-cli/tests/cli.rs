@@ -16,7 +16,9 @@ struct Env {
 
 impl Env {
     fn new() -> Self {
-        Env { dir: tempfile::tempdir().expect("a temp dir") }
+        Env {
+            dir: tempfile::tempdir().expect("a temp dir"),
+        }
     }
 
     fn path(&self) -> &Path {
@@ -29,7 +31,10 @@ impl Env {
 
     fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
-        c.current_dir(self.path()).arg("--store").arg(self.store()).args(args);
+        c.current_dir(self.path())
+            .arg("--store")
+            .arg(self.store())
+            .args(args);
         c
     }
 
@@ -68,7 +73,9 @@ fn code(o: &Output) -> i32 {
 
 fn pid_alive(pid: &str) -> bool {
     Path::new(&format!("/proc/{}", pid.trim())).exists()
-        && !std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).unwrap_or_default().contains(") Z ")
+        && !std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+            .unwrap_or_default()
+            .contains(") Z ")
 }
 
 const TWO_STEPS: &str = r#"
@@ -89,15 +96,34 @@ fn run_show_runs_history_and_delete_work_together() -> TestResult {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let state: Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(state, serde_json::json!({"a": 1, "b": 2}));
-    assert!(stderr(&out).contains("done"), "progress lines on stderr: {}", stderr(&out));
-    let seen: Value = serde_json::from_str(&std::fs::read_to_string(env.path().join("seen.json"))?)?;
-    assert_eq!(seen, serde_json::json!({"a": 1}), "step b got the state on stdin");
+    assert!(
+        stderr(&out).contains("done"),
+        "progress lines on stderr: {}",
+        stderr(&out)
+    );
+    let seen: Value =
+        serde_json::from_str(&std::fs::read_to_string(env.path().join("seen.json"))?)?;
+    assert_eq!(
+        seen,
+        serde_json::json!({"a": 1}),
+        "step b got the state on stdin"
+    );
 
     let show = env.show("r1");
-    for key in ["run_id", "workflow", "status", "next", "steps_done", "state"] {
+    for key in [
+        "run_id",
+        "workflow",
+        "status",
+        "next",
+        "steps_done",
+        "state",
+    ] {
         assert!(show.get(key).is_some(), "show --json lacks {key}: {show}");
     }
-    assert_eq!((show["status"].as_str(), show["next"].as_u64()), (Some("completed"), Some(2)));
+    assert_eq!(
+        (show["status"].as_str(), show["next"].as_u64()),
+        (Some("completed"), Some(2))
+    );
     assert_eq!(show["steps_done"][1]["name"], "b");
 
     let again = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r1"]);
@@ -108,8 +134,12 @@ fn run_show_runs_history_and_delete_work_together() -> TestResult {
     let list: Value = serde_json::from_slice(&runs.stdout)?;
     assert_eq!(list[0]["run_id"], "r1");
     let table = String::from_utf8(env.run(&["runs"]).stdout)?;
-    assert!(table.starts_with("RUN") && table.contains("completed"), "{table}");
-    let filtered: Value = serde_json::from_slice(&env.run(&["runs", "--status", "failed", "--json"]).stdout)?;
+    assert!(
+        table.starts_with("RUN") && table.contains("completed"),
+        "{table}"
+    );
+    let filtered: Value =
+        serde_json::from_slice(&env.run(&["runs", "--status", "failed", "--json"]).stdout)?;
     assert_eq!(filtered, serde_json::json!([]));
     assert_eq!(code(&env.run(&["runs", "--status", "bogus"])), 2);
 
@@ -165,8 +195,14 @@ fn malformed_and_invalid_flow_files_exit_2_naming_file_and_line() -> TestResult 
         let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"]);
         let err = stderr(&out);
         assert_eq!(code(&out), 2, "{what}: {err}");
-        assert!(err.contains("bad.toml"), "{what}: the error names the file: {err}");
-        assert!(err.contains(expect), "{what}: expected {expect:?} in: {err}");
+        assert!(
+            err.contains("bad.toml"),
+            "{what}: the error names the file: {err}"
+        );
+        assert!(
+            err.contains(expect),
+            "{what}: expected {expect:?} in: {err}"
+        );
     }
     let missing = env.run(&["run", "nope.toml", "--run-id", "r"]);
     assert_eq!(code(&missing), 2, "{}", stderr(&missing));
@@ -180,7 +216,11 @@ fn bad_step_output_fails_the_step_with_a_quote() -> TestResult {
     let cases = [
         ("garbage", "echo 'hello world'", "not JSON"),
         ("array", "echo '[1, 2]'", "an array"),
-        ("huge", "head -c 20971520 /dev/zero | tr '\\0' a", "more than 16777216 bytes"),
+        (
+            "huge",
+            "head -c 20971520 /dev/zero | tr '\\0' a",
+            "more than 16777216 bytes",
+        ),
         ("exit code", "echo oops >&2; exit 7", "code 7"),
     ];
     for (what, run, expect) in cases {
@@ -195,11 +235,27 @@ fn bad_step_output_fails_the_step_with_a_quote() -> TestResult {
         assert!(err.contains(expect), "{what}: expected {expect:?} in {err}");
         let show = env.show(&id);
         assert_eq!(show["status"], "failed", "{what}");
-        assert_eq!(show["state"], serde_json::json!({"ok": 1}), "{what}: state kept");
-        assert!(show["error"]["message"].as_str().unwrap_or("").contains(expect), "{what}: {show}");
+        assert_eq!(
+            show["state"],
+            serde_json::json!({"ok": 1}),
+            "{what}: state kept"
+        );
+        assert!(
+            show["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains(expect),
+            "{what}: {show}"
+        );
     }
     let exit_err = env.show("r-exit code");
-    assert!(exit_err["error"]["message"].as_str().unwrap_or("").contains("oops"), "stderr tail recorded");
+    assert!(
+        exit_err["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("oops"),
+        "stderr tail recorded"
+    );
     Ok(())
 }
 
@@ -209,9 +265,15 @@ fn bad_run_ids_stores_and_corrupt_files_are_reported() -> TestResult {
     let flow = env.flow("two.toml", TWO_STEPS);
     let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "bad\nid"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
-    assert!(stderr(&out).contains("control character"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("control character"),
+        "{}",
+        stderr(&out)
+    );
 
-    let out = Command::new(BIN).args(["--store", "ftp://x", "runs"]).output()?;
+    let out = Command::new(BIN)
+        .args(["--store", "ftp://x", "runs"])
+        .output()?;
     assert_eq!(code(&out), 2);
     assert!(stderr(&out).contains("unknown scheme"), "{}", stderr(&out));
 
@@ -220,11 +282,26 @@ fn bad_run_ids_stores_and_corrupt_files_are_reported() -> TestResult {
     let url = format!("file:{}", corrupt.display());
     let out = Command::new(BIN)
         .current_dir(env.path())
-        .args(["--store", &url, "run", flow.to_str().unwrap(), "--run-id", "r"])
+        .args([
+            "--store",
+            &url,
+            "run",
+            flow.to_str().unwrap(),
+            "--run-id",
+            "r",
+        ])
         .output()?;
     assert_eq!(code(&out), 1, "{}", stderr(&out));
-    assert!(stderr(&out).contains(&corrupt.display().to_string()), "{}", stderr(&out));
-    assert_eq!(std::fs::read(&corrupt)?, b"{\"format\": 1, \"runs\": {", "the file is unchanged");
+    assert!(
+        stderr(&out).contains(&corrupt.display().to_string()),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        std::fs::read(&corrupt)?,
+        b"{\"format\": 1, \"runs\": {",
+        "the file is unchanged"
+    );
     assert!(env.log().is_empty(), "no step ran");
     Ok(())
 }
@@ -234,12 +311,25 @@ fn a_changed_flow_is_refused_unless_accepted() -> TestResult {
     let env = Env::new();
     let gate = "name = \"w\"\n[[step]]\nname = \"a\"\nrun = \"echo a >> log\"\n[[step]]\nname = \"g\"\ngate = true\n[[step]]\nname = \"c\"\nrun = \"echo c >> log\"\n";
     let flow = env.flow("w.toml", gate);
-    assert_eq!(code(&env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"])), 4);
+    assert_eq!(
+        code(&env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"])),
+        4
+    );
     let changed = env.flow("w.toml", &gate.replace("name = \"a\"", "name = \"a2\""));
     let out = env.run(&["run", changed.to_str().unwrap(), "--run-id", "r"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
-    assert!(stderr(&out).contains("different workflow"), "{}", stderr(&out));
-    let out = env.run(&["run", changed.to_str().unwrap(), "--run-id", "r", "--accept-changed-workflow"]);
+    assert!(
+        stderr(&out).contains("different workflow"),
+        "{}",
+        stderr(&out)
+    );
+    let out = env.run(&[
+        "run",
+        changed.to_str().unwrap(),
+        "--run-id",
+        "r",
+        "--accept-changed-workflow",
+    ]);
     assert_eq!(code(&out), 4, "{}", stderr(&out));
     assert_eq!(env.log(), ["a"], "no step ran again");
     Ok(())
@@ -255,11 +345,18 @@ fn a_timed_out_step_has_its_process_group_killed() -> TestResult {
     let start = Instant::now();
     let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
-    assert!(stderr(&out).contains("timed out after 1s"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("timed out after 1s"),
+        "{}",
+        stderr(&out)
+    );
     assert!(start.elapsed() < Duration::from_secs(10));
     let bg = std::fs::read_to_string(env.path().join("bg.pid"))?;
     std::thread::sleep(Duration::from_millis(200));
-    assert!(!pid_alive(&bg), "the step's background process survived the timeout");
+    assert!(
+        !pid_alive(&bg),
+        "the step's background process survived the timeout"
+    );
     Ok(())
 }
 
@@ -287,32 +384,71 @@ fn gates_are_approved_rejected_or_time_out() -> TestResult {
     let f = flow.to_str().unwrap();
     let out = env.run(&["run", f, "--run-id", "yes"]);
     assert_eq!(code(&out), 4, "{}", stderr(&out));
-    assert!(stderr(&out).contains("steadfast approve yes review"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("steadfast approve yes review"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(env.show("yes")["wait"]["step"], "review");
-    assert_eq!(code(&env.run(&["approve", "yes", "review", "--data", "not json"])), 2);
-    assert_eq!(code(&env.run(&["approve", "yes", "draft"])), 2, "not waiting there");
-    assert_eq!(code(&env.run(&["approve", "yes", "review", "--data", "{\"ok\": true}", "--by", "ada"])), 0);
+    assert_eq!(
+        code(&env.run(&["approve", "yes", "review", "--data", "not json"])),
+        2
+    );
+    assert_eq!(
+        code(&env.run(&["approve", "yes", "draft"])),
+        2,
+        "not waiting there"
+    );
+    assert_eq!(
+        code(&env.run(&[
+            "approve",
+            "yes",
+            "review",
+            "--data",
+            "{\"ok\": true}",
+            "--by",
+            "ada"
+        ])),
+        0
+    );
     assert_eq!(code(&env.run(&["run", f, "--run-id", "yes"])), 0);
-    let seen: Value = serde_json::from_str(&std::fs::read_to_string(env.path().join("seen.json"))?)?;
+    let seen: Value =
+        serde_json::from_str(&std::fs::read_to_string(env.path().join("seen.json"))?)?;
     assert_eq!(seen["review"], serde_json::json!({"ok": true}));
     let show = env.show("yes");
-    assert_eq!((show["decisions"][0]["by"].as_str(), show["decisions"][0]["approved"].as_bool()), (Some("ada"), Some(true)));
+    assert_eq!(
+        (
+            show["decisions"][0]["by"].as_str(),
+            show["decisions"][0]["approved"].as_bool()
+        ),
+        (Some("ada"), Some(true))
+    );
 
     assert_eq!(code(&env.run(&["run", f, "--run-id", "no"])), 4);
-    assert_eq!(code(&env.run(&["reject", "no", "review", "--reason", "too long", "--by", "bo"])), 0);
+    assert_eq!(
+        code(&env.run(&["reject", "no", "review", "--reason", "too long", "--by", "bo"])),
+        0
+    );
     let out = env.run(&["run", f, "--run-id", "no"]);
     assert_eq!(code(&out), 5, "{}", stderr(&out));
     assert!(stderr(&out).contains("too long"));
     assert_eq!(env.show("no")["status"], "rejected");
 
-    let timed = env.flow("timed.toml", &GATED.replace("TIMEOUT", "timeout = \"1s\"\non_timeout = \"approve\""));
+    let timed = env.flow(
+        "timed.toml",
+        &GATED.replace("TIMEOUT", "timeout = \"1s\"\non_timeout = \"approve\""),
+    );
     let t = timed.to_str().unwrap();
     assert_eq!(code(&env.run(&["run", t, "--run-id", "late"])), 4);
     std::thread::sleep(Duration::from_millis(1200));
     let out = env.run(&["run", t, "--run-id", "late"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(env.show("late")["decisions"][0]["by"], "timeout");
-    assert_eq!(env.log(), ["publish", "publish"], "publish ran once per approved run");
+    assert_eq!(
+        env.log(),
+        ["publish", "publish"],
+        "publish ran once per approved run"
+    );
     Ok(())
 }
 
@@ -331,7 +467,10 @@ fn a_timer_survives_a_kill_and_wait_sleeps_only_what_remains() -> TestResult {
     assert_eq!(env.show("r")["status"], "sleeping");
 
     std::thread::sleep(Duration::from_millis(1000));
-    let mut waiting = env.cmd(&["run", f, "--run-id", "r", "--wait"]).stderr(Stdio::null()).spawn()?;
+    let mut waiting = env
+        .cmd(&["run", f, "--run-id", "r", "--wait"])
+        .stderr(Stdio::null())
+        .spawn()?;
     std::thread::sleep(Duration::from_millis(700));
     waiting.kill()?;
     waiting.wait()?;
@@ -340,8 +479,14 @@ fn a_timer_survives_a_kill_and_wait_sleeps_only_what_remains() -> TestResult {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let total = start.elapsed();
     // A timer restarted by either later call would end after at least 4.7 s.
-    assert!(total >= Duration::from_millis(2900), "the timer fired early: {total:?}");
-    assert!(total < Duration::from_millis(4200), "the timer restarted after the kill: {total:?}");
+    assert!(
+        total >= Duration::from_millis(2900),
+        "the timer fired early: {total:?}"
+    );
+    assert!(
+        total < Duration::from_millis(4200),
+        "the timer restarted after the kill: {total:?}"
+    );
     assert_eq!(env.log(), ["after"]);
     Ok(())
 }
@@ -354,11 +499,18 @@ fn two_concurrent_runs_of_one_id_one_proceeds_and_the_other_exits_3() -> TestRes
         "name = \"one\"\n[[step]]\nname = \"work\"\nrun = \"echo work >> log; sleep 2\"\n",
     );
     let f = flow.to_str().unwrap();
-    let first = env.cmd(&["run", f, "--run-id", "r"]).stderr(Stdio::piped()).spawn()?;
+    let first = env
+        .cmd(&["run", f, "--run-id", "r"])
+        .stderr(Stdio::piped())
+        .spawn()?;
     std::thread::sleep(Duration::from_millis(300));
     let second = env.run(&["run", f, "--run-id", "r"]);
     assert_eq!(code(&second), 3, "{}", stderr(&second));
-    assert!(stderr(&second).contains("held by pid"), "{}", stderr(&second));
+    assert!(
+        stderr(&second).contains("held by pid"),
+        "{}",
+        stderr(&second)
+    );
     let first = first.wait_with_output()?;
     assert_eq!(code(&first), 0, "{}", stderr(&first));
     assert_eq!(env.log(), ["work"], "the step ran once");
@@ -372,7 +524,10 @@ fn killing_steadfast_mid_step_leaves_no_orphan() -> TestResult {
         "orphan.toml",
         "name = \"orphan\"\n[[step]]\nname = \"hang\"\nrun = \"sleep 60 & echo $! > bg.pid; echo $$ > sh.pid; sleep 60\"\n",
     );
-    let mut child = env.cmd(&["run", flow.to_str().unwrap(), "--run-id", "r"]).stderr(Stdio::null()).spawn()?;
+    let mut child = env
+        .cmd(&["run", flow.to_str().unwrap(), "--run-id", "r"])
+        .stderr(Stdio::null())
+        .spawn()?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while !(env.path().join("bg.pid").exists() && env.path().join("sh.pid").exists()) {
         assert!(Instant::now() < deadline, "the step never started");
@@ -387,14 +542,18 @@ fn killing_steadfast_mid_step_leaves_no_orphan() -> TestResult {
         assert!(!pid_alive(&pid), "{f} ({}) outlived steadfast", pid.trim());
     }
     // And the run resumes at once: the dead holder's lease is taken over.
-    let quick = env.flow("orphan.toml", "name = \"orphan\"\n[[step]]\nname = \"hang\"\nrun = \"true\"\n");
+    let quick = env.flow(
+        "orphan.toml",
+        "name = \"orphan\"\n[[step]]\nname = \"hang\"\nrun = \"true\"\n",
+    );
     let out = env.run(&["run", quick.to_str().unwrap(), "--run-id", "r"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     Ok(())
 }
 
 #[test]
-fn crash_torture_of_concurrent_runs_loses_and_repeats_nothing_beyond_one_step_per_kill() -> TestResult {
+fn crash_torture_of_concurrent_runs_loses_and_repeats_nothing_beyond_one_step_per_kill(
+) -> TestResult {
     use std::os::unix::process::CommandExt;
     let env = Env::new();
     let steps = 6;
@@ -407,13 +566,19 @@ fn crash_torture_of_concurrent_runs_loses_and_repeats_nothing_beyond_one_step_pe
     let flow = env.flow("torture.toml", &text);
     let f = flow.to_str().unwrap().to_string();
     let runs = 4;
-    let kills_wanted: usize = std::env::var("STEADFAST_TEST_CLI_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(24);
+    let kills_wanted: usize = std::env::var("STEADFAST_TEST_CLI_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24);
     let mut kills = vec![0usize; runs];
     let mut done = vec![false; runs];
     let mut total = 0;
     let start = Instant::now();
     while done.iter().any(|d| !d) {
-        assert!(start.elapsed() < Duration::from_secs(240), "the torture did not finish");
+        assert!(
+            start.elapsed() < Duration::from_secs(240),
+            "the torture did not finish"
+        );
         let mut children = Vec::new();
         for r in (0..runs).filter(|&r| !done[r]) {
             let mut c = env.cmd(&["run", &f, "--run-id", &format!("run-{r}")]);
@@ -441,7 +606,7 @@ fn crash_torture_of_concurrent_runs_loses_and_repeats_nothing_beyond_one_step_pe
         }
     }
     let log = env.log();
-    for r in 0..runs {
+    for (r, &killed) in kills.iter().enumerate() {
         let seq: Vec<usize> = log
             .iter()
             .filter_map(|l| l.strip_prefix(&format!("run-{r} ")))
@@ -450,8 +615,15 @@ fn crash_torture_of_concurrent_runs_loses_and_repeats_nothing_beyond_one_step_pe
         assert_eq!(seq.first(), Some(&0), "run-{r}: {seq:?}");
         assert_eq!(seq.last(), Some(&(steps - 1)), "run-{r}: {seq:?}");
         let reruns = seq.windows(2).filter(|w| w[0] == w[1]).count();
-        assert!(seq.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1), "run-{r} out of order: {seq:?}");
-        assert!(reruns <= kills[r], "run-{r}: {reruns} re-executions after {} kills: {seq:?}", kills[r]);
+        assert!(
+            seq.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1),
+            "run-{r} out of order: {seq:?}"
+        );
+        assert!(
+            reruns <= killed,
+            "run-{r}: {reruns} re-executions after {} kills: {seq:?}",
+            killed
+        );
         assert_eq!(env.show(&format!("run-{r}"))["status"], "completed");
     }
     assert!(total >= kills_wanted.min(8), "only {total} kills landed");
@@ -459,15 +631,74 @@ fn crash_torture_of_concurrent_runs_loses_and_repeats_nothing_beyond_one_step_pe
 }
 
 fn fastrand_ms() -> u64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     20 + (t.subsec_nanos() as u64 % 500)
 }
 
 fn nix_killpg(pid: u32) -> std::io::Result<()> {
-    let status = Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).status()?;
+    let status = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pid}")])
+        .status()?;
     if status.success() {
         Ok(())
     } else {
         Err(std::io::Error::other("kill failed"))
     }
+}
+
+#[test]
+fn the_example_agent_stops_at_its_gate_and_finishes_after_approval() -> TestResult {
+    let env = Env::new();
+    let flow = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agent/flow.toml");
+    let f = flow.to_str().unwrap();
+    let id = format!("example-test-{}", std::process::id());
+    let out = env.run(&["run", f, "--run-id", &id]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    assert_eq!(env.show(&id)["state"]["fact_count"], 5);
+    let approve = env.run(&[
+        "approve",
+        &id,
+        "review",
+        "--data",
+        "{\"note\": \"ship it\"}",
+    ]);
+    assert_eq!(code(&approve), 0, "{}", stderr(&approve));
+    let out = env.run(&["run", f, "--run-id", &id, "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let state: Value = serde_json::from_slice(&out.stdout)?;
+    let report = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(state["report"].as_str().unwrap_or(""));
+    let text = std::fs::read_to_string(&report)?;
+    std::fs::remove_file(&report)?;
+    assert!(
+        text.contains("# Findings (5 facts)") && text.contains("ship it"),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_closed_output_pipe_ends_the_command_quietly() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow(
+        "big.toml",
+        "name = \"big\"\n[[step]]\nname = \"big\"\nrun = '''printf '{\"big\":\"'; head -c 300000 /dev/zero | tr '\\0' x; printf '\"}'\n'''\n",
+    );
+    assert_eq!(
+        code(&env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"])),
+        0
+    );
+    let mut child = env
+        .cmd(&["show", "r"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    drop(child.stdout.take());
+    let out = child.wait_with_output()?;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    Ok(())
 }
