@@ -565,68 +565,73 @@ fn crash_torture_of_concurrent_runs_loses_and_repeats_nothing_beyond_one_step_pe
     }
     let flow = env.flow("torture.toml", &text);
     let f = flow.to_str().unwrap().to_string();
-    let runs = 4;
+    let per_generation = 4;
     let kills_wanted: usize = std::env::var("STEADFAST_TEST_CLI_KILLS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(24);
-    let mut kills = vec![0usize; runs];
-    let mut done = vec![false; runs];
+        .unwrap_or(60);
+    // Generations of concurrent runs, each killed and restarted until done,
+    // until enough kills have landed.
+    let mut kills: Vec<(String, usize)> = Vec::new();
     let mut total = 0;
     let start = Instant::now();
-    while done.iter().any(|d| !d) {
-        assert!(
-            start.elapsed() < Duration::from_secs(240),
-            "the torture did not finish"
-        );
-        let mut children = Vec::new();
-        for r in (0..runs).filter(|&r| !done[r]) {
-            let mut c = env.cmd(&["run", &f, "--run-id", &format!("run-{r}")]);
-            c.stderr(Stdio::null()).process_group(0);
-            children.push((r, c.spawn()?));
+    for generation in 0.. {
+        if total >= kills_wanted {
+            break;
         }
-        if total < kills_wanted {
+        let first = kills.len();
+        kills.extend((0..per_generation).map(|r| (format!("run-{generation}-{r}"), 0)));
+        let mut done = vec![false; per_generation];
+        while done.iter().any(|d| !d) {
+            assert!(
+                start.elapsed() < Duration::from_secs(240),
+                "the torture did not finish"
+            );
+            let mut children = Vec::new();
+            for r in (0..per_generation).filter(|&r| !done[r]) {
+                let mut c = env.cmd(&["run", &f, "--run-id", &kills[first + r].0]);
+                c.stderr(Stdio::null()).process_group(0);
+                children.push((r, c.spawn()?));
+            }
             std::thread::sleep(Duration::from_millis(fastrand_ms()));
             for (r, child) in &mut children {
                 if child.try_wait()?.is_none() {
                     // The whole group: steadfast, supervisor and step.
                     let _ = nix_killpg(child.id());
-                    kills[*r] += 1;
+                    kills[first + *r].1 += 1;
                     total += 1;
                 }
             }
-        }
-        for (r, mut child) in children {
-            let status = child.wait()?;
-            match status.code() {
-                Some(0) => done[r] = true,
-                Some(3) | None => {}
-                other => panic!("run-{r} exited with {other:?}"),
+            for (r, mut child) in children {
+                match child.wait()?.code() {
+                    Some(0) => done[r] = true,
+                    Some(3) | None => {}
+                    other => panic!("{} exited with {other:?}", kills[first + r].0),
+                }
             }
         }
     }
     let log = env.log();
-    for (r, &killed) in kills.iter().enumerate() {
+    for (run_id, killed) in &kills {
         let seq: Vec<usize> = log
             .iter()
-            .filter_map(|l| l.strip_prefix(&format!("run-{r} ")))
+            .filter_map(|l| l.strip_prefix(&format!("{run_id} ")))
             .map(|s| s.trim().parse().unwrap())
             .collect();
-        assert_eq!(seq.first(), Some(&0), "run-{r}: {seq:?}");
-        assert_eq!(seq.last(), Some(&(steps - 1)), "run-{r}: {seq:?}");
-        let reruns = seq.windows(2).filter(|w| w[0] == w[1]).count();
+        assert_eq!(seq.first(), Some(&0), "{run_id}: {seq:?}");
+        assert_eq!(seq.last(), Some(&(steps - 1)), "{run_id}: {seq:?}");
         assert!(
             seq.windows(2).all(|w| w[1] == w[0] || w[1] == w[0] + 1),
-            "run-{r} out of order: {seq:?}"
+            "{run_id} out of order: {seq:?}"
         );
+        let reruns = seq.windows(2).filter(|w| w[0] == w[1]).count();
         assert!(
-            reruns <= killed,
-            "run-{r}: {reruns} re-executions after {} kills: {seq:?}",
-            killed
+            reruns <= *killed,
+            "{run_id}: {reruns} re-executions after {killed} kills: {seq:?}"
         );
-        assert_eq!(env.show(&format!("run-{r}"))["status"], "completed");
+        assert_eq!(env.show(run_id)["status"], "completed");
     }
-    assert!(total >= kills_wanted.min(8), "only {total} kills landed");
+    assert!(total >= kills_wanted, "only {total} kills landed");
     Ok(())
 }
 
