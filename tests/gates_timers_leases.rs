@@ -247,8 +247,11 @@ async fn a_live_lease_is_refused_and_an_expired_or_orphaned_one_is_taken_over() 
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holder_whose_lease_was_taken_is_fenced_out() -> TestResult {
+/// A runs a 400 ms step with a 300 ms lease (renewed every 100 ms); 150 ms in,
+/// B takes the run over. Returns A's result and whether A went on to step `b`.
+async fn takeover_during_a_step(
+    blind_renewal: bool,
+) -> Result<(Result<Outcome, Error>, u32), Box<dyn std::error::Error>> {
     let store = Arc::new(MemoryStore::new());
     let ran_b = Arc::new(AtomicU32::new(0));
     let rb = Arc::clone(&ran_b);
@@ -265,12 +268,15 @@ async fn a_holder_whose_lease_was_taken_is_fenced_out() -> TestResult {
     let a = Owner::new("host-a", 1, 1);
     let (s, w) = (Arc::clone(&store), wf.clone());
     let first = tokio::spawn(async move {
-        Runner::new(&*s)
-            .lease(a, Duration::from_secs(60))
-            .run("r", &w)
-            .await
+        let runner = Runner::new(&*s).lease(a, Duration::from_millis(300));
+        let runner = if blind_renewal {
+            runner.mutant_blind_lease_renewal()
+        } else {
+            runner
+        };
+        runner.run("r", &w).await
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
     // Another worker takes the run over (as if A's lease had expired).
     let mut cp = store.load("r").await?.expect("claimed");
     cp.lease = Some(Lease::new(
@@ -279,14 +285,27 @@ async fn a_holder_whose_lease_was_taken_is_fenced_out() -> TestResult {
     ));
     store.save(SaveRequest::new(&cp, Some(cp.version))).await?;
     let out = first.await?;
+    Ok((out, ran_b.load(Ordering::SeqCst)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_lease_was_taken_is_fenced_out() -> TestResult {
+    let (out, ran_b) = takeover_during_a_step(false).await?;
     assert!(
         matches!(&out, Err(e) if e.is_held_elsewhere()),
-        "A must lose at its next save: {out:?}"
+        "A must lose at its next renewal: {out:?}"
     );
-    assert_eq!(
-        ran_b.load(Ordering::SeqCst),
-        0,
-        "A did not go on past its fenced save"
+    assert_eq!(ran_b, 0, "A did not go on past the takeover");
+    Ok(())
+}
+
+/// Negative control: a renewal without compare-and-swap lets the zombie go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_blind_lease_renewal_lets_the_old_holder_go_on() -> TestResult {
+    let (out, ran_b) = takeover_during_a_step(true).await?;
+    assert!(
+        out.is_ok() && ran_b == 1,
+        "the mutant was fenced too: {out:?}"
     );
     Ok(())
 }

@@ -716,7 +716,10 @@ fn a_stopped_holder_is_fenced_out_after_its_lease_expires() -> TestResult {
         "name = \"fence\"\n[[step]]\nname = \"work\"\nrun = \"echo \\\"$PPID\\\" >> log; sleep 1\"\n[[step]]\nname = \"after\"\nrun = \"echo after >> log\"\n",
     );
     let f = flow.to_str().unwrap();
-    let a = env.cmd(&["run", f, "--run-id", "r", "--lease", "1s"]).stderr(Stdio::piped()).spawn()?;
+    let a = env
+        .cmd(&["run", f, "--run-id", "r", "--lease", "1s"])
+        .stderr(Stdio::piped())
+        .spawn()?;
     let a_pid = a.id().to_string();
     let deadline = Instant::now() + Duration::from_secs(10);
     while env.log().is_empty() {
@@ -726,15 +729,30 @@ fn a_stopped_holder_is_fenced_out_after_its_lease_expires() -> TestResult {
     // A stopped process keeps its lease until the lease runs out.
     Command::new("kill").args(["-STOP", &a_pid]).status()?;
     let early = env.run(&["run", f, "--run-id", "r", "--lease", "1s"]);
-    assert_eq!(code(&early), 3, "B got in while A's lease was live: {}", stderr(&early));
+    assert_eq!(
+        code(&early),
+        3,
+        "B got in while A's lease was live: {}",
+        stderr(&early)
+    );
     std::thread::sleep(Duration::from_millis(1300));
     let b = env.run(&["run", f, "--run-id", "r", "--lease", "1s"]);
     assert_eq!(code(&b), 0, "B takes over an expired lease: {}", stderr(&b));
     Command::new("kill").args(["-CONT", &a_pid]).status()?;
     let a = a.wait_with_output()?;
-    assert_eq!(code(&a), 3, "A must lose at its next save or renewal: {}", stderr(&a));
+    assert_eq!(
+        code(&a),
+        3,
+        "A must lose at its next save or renewal: {}",
+        stderr(&a)
+    );
     let after = env.log().iter().filter(|l| l.as_str() == "after").count();
-    assert_eq!(after, 1, "only B went on past the fenced step: {:?}", env.log());
+    assert_eq!(
+        after,
+        1,
+        "only B went on past the fenced step: {:?}",
+        env.log()
+    );
     assert_eq!(env.show("r")["status"], "completed");
     Ok(())
 }

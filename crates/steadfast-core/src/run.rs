@@ -215,6 +215,8 @@ pub struct Runner<'s, S: Store + ?Sized> {
     wait_for_timers: bool,
     #[cfg(feature = "mutants")]
     mutant_skip_reload_after_unknown: bool,
+    #[cfg(feature = "mutants")]
+    mutant_blind_lease_renewal: bool,
 }
 
 impl<S: Store + ?Sized> std::fmt::Debug for Runner<'_, S> {
@@ -238,6 +240,8 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             wait_for_timers: false,
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: false,
+            #[cfg(feature = "mutants")]
+            mutant_blind_lease_renewal: false,
         }
     }
 
@@ -280,6 +284,15 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// the new step names. Use it when you changed the code on purpose.
     pub fn accept_changed_workflow(mut self, yes: bool) -> Self {
         self.accept_changed_workflow = yes;
+        self
+    }
+
+    /// Test-only: renew the lease without compare-and-swap, overwriting
+    /// whatever another owner saved (a deliberately broken run loop).
+    #[cfg(feature = "mutants")]
+    #[doc(hidden)]
+    pub fn mutant_blind_lease_renewal(mut self) -> Self {
+        self.mutant_blind_lease_renewal = true;
         self
     }
 
@@ -506,6 +519,12 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             me.clone(),
             self.clock.now().saturating_add(*ttl),
         ));
+        #[cfg(feature = "mutants")]
+        if self.mutant_blind_lease_renewal {
+            if let Ok(Some(stored)) = self.store.load(&cp.run_id).await {
+                *expected = Some(stored.version);
+            }
+        }
         self.save(&mut copy, expected, None)
             .await
             .map_err(|e| store_error(&cp.run_id, "renewal of the lease", e))?;
