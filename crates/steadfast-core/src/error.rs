@@ -348,6 +348,11 @@ pub enum Error {
         /// Where the run stands instead.
         detail: String,
     },
+    /// A durable function stopped at a gate or timer (or was rejected there).
+    /// Pass it on with `?`: [`Runner::durable`](crate::Runner::durable) turns
+    /// it into the matching [`Outcome`](crate::Outcome).
+    #[error("the run stopped: {0:?}")]
+    Suspended(crate::run::Outcome),
     /// The store failed.
     #[error("run {run_id:?}: {op} failed: {source}")]
     Store {

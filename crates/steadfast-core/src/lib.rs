@@ -26,6 +26,7 @@
 mod checkpoint;
 mod clock;
 mod decide;
+mod durable;
 mod error;
 mod ids;
 mod memory;
@@ -42,6 +43,7 @@ pub use checkpoint::{
 };
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use decide::{approve, reject};
+pub use durable::{durable, DurableCtx, StepOptions};
 pub use error::{BoxError, Error, StepError, StoreError, StoreErrorKind};
 pub use ids::{idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES};
 pub use memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};

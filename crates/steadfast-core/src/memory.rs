@@ -1,7 +1,7 @@
 //! An in-process store for tests and examples.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
@@ -13,7 +13,8 @@ use crate::store::{state_size, ListFilter, RunSummary, SaveRequest, Store};
 pub const DEFAULT_MEMORY_STATE_LIMIT: u64 = 64 << 20;
 
 /// A store that keeps checkpoints in this process's memory. Nothing survives the
-/// process: use it for tests and examples (URL `memory:`).
+/// process: use it for tests and examples (URL `memory:`). Clones share the
+/// same runs.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -22,9 +23,9 @@ pub const DEFAULT_MEMORY_STATE_LIMIT: u64 = 64 << 20;
 /// assert!(store.load("nothing-yet").await.unwrap().is_none());
 /// # });
 /// ```
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct MemoryStore {
-    runs: Mutex<BTreeMap<String, Entry>>,
+    runs: Arc<Mutex<BTreeMap<String, Entry>>>,
     state_limit: u64,
 }
 
@@ -49,7 +50,7 @@ impl MemoryStore {
     /// An empty store that refuses states larger than `bytes` when serialized.
     pub fn with_state_limit(bytes: u64) -> Self {
         MemoryStore {
-            runs: Mutex::new(BTreeMap::new()),
+            runs: Arc::new(Mutex::new(BTreeMap::new())),
             state_limit: bytes,
         }
     }

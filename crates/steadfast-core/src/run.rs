@@ -118,7 +118,7 @@ impl<T> Outcome<T> {
     }
 }
 
-fn rejected(cp: &Checkpoint) -> Outcome {
+pub(crate) fn rejected(cp: &Checkpoint) -> Outcome {
     let last = cp.decisions.iter().rev().find(|d| !d.approved);
     Outcome::Rejected {
         gate: last.map(|d| d.gate.clone()).unwrap_or_default(),
@@ -207,7 +207,7 @@ pub async fn run<S: Store + ?Sized>(
 /// The run loop with options: a clock, an observer, and whether to accept
 /// changed code.
 pub struct Runner<'s, S: Store + ?Sized> {
-    store: &'s S,
+    store: StoreRef<'s, S>,
     clock: Arc<dyn Clock>,
     observer: Option<Observer>,
     accept_changed_workflow: bool,
@@ -217,6 +217,23 @@ pub struct Runner<'s, S: Store + ?Sized> {
     mutant_skip_reload_after_unknown: bool,
     #[cfg(feature = "mutants")]
     mutant_blind_lease_renewal: bool,
+}
+
+/// The store a runner works on: borrowed by [`Runner::new`], shared by the
+/// runner a durable function's context keeps.
+pub(crate) enum StoreRef<'s, S: ?Sized> {
+    Borrowed(&'s S),
+    Shared(Arc<S>),
+}
+
+impl<S: ?Sized> std::ops::Deref for StoreRef<'_, S> {
+    type Target = S;
+    fn deref(&self) -> &S {
+        match self {
+            StoreRef::Borrowed(s) => s,
+            StoreRef::Shared(s) => s,
+        }
+    }
 }
 
 impl<S: Store + ?Sized> std::fmt::Debug for Runner<'_, S> {
@@ -232,7 +249,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// A runner on `store` with the system clock.
     pub fn new(store: &'s S) -> Self {
         Runner {
-            store,
+            store: StoreRef::Borrowed(store),
             clock: Arc::new(SystemClock),
             observer: None,
             accept_changed_workflow: false,
@@ -243,6 +260,45 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             #[cfg(feature = "mutants")]
             mutant_blind_lease_renewal: false,
         }
+    }
+
+    /// A runner with the same options that owns a clone of the store, for a
+    /// durable function's context, which must outlive any borrow.
+    pub(crate) fn to_shared(&self) -> Runner<'static, S>
+    where
+        S: Clone + Sized + 'static,
+    {
+        Runner {
+            store: StoreRef::Shared(Arc::new((*self.store).clone())),
+            clock: Arc::clone(&self.clock),
+            observer: self.observer.clone(),
+            accept_changed_workflow: self.accept_changed_workflow,
+            lease: self.lease.clone(),
+            wait_for_timers: self.wait_for_timers,
+            #[cfg(feature = "mutants")]
+            mutant_skip_reload_after_unknown: self.mutant_skip_reload_after_unknown,
+            #[cfg(feature = "mutants")]
+            mutant_blind_lease_renewal: self.mutant_blind_lease_renewal,
+        }
+    }
+
+    /// How often a held lease is renewed, if leases are on.
+    pub(crate) fn renew_every(&self) -> Option<Duration> {
+        self.lease
+            .as_ref()
+            .map(|(_, ttl)| (*ttl / 3).max(Duration::from_millis(10)))
+    }
+
+    pub(crate) fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    pub(crate) fn accepts_changed_workflow(&self) -> bool {
+        self.accept_changed_workflow
+    }
+
+    pub(crate) fn store_ref(&self) -> &S {
+        &self.store
     }
 
     /// Reads time from `clock`.
@@ -273,7 +329,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         self
     }
 
-    fn emit(&self, event: Event<'_>) {
+    pub(crate) fn emit(&self, event: Event<'_>) {
         if let Some(f) = &self.observer {
             f(&event);
         }
@@ -448,7 +504,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// Records a completed step (its update already merged into the state) and
     /// saves; the last step's save also marks the run completed and releases
     /// the lease.
-    async fn complete(
+    pub(crate) async fn complete(
         &self,
         cp: &mut Checkpoint,
         expected: &mut Option<u64>,
@@ -476,7 +532,11 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// Claims the run with a lease, when leases are on. Refuses a lease that
     /// someone else still holds; takes over one whose holder is gone (a dead
     /// process on this host) or whose time ran out.
-    async fn claim(&self, cp: &mut Checkpoint, expected: &mut Option<u64>) -> Result<(), Error> {
+    pub(crate) async fn claim(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+    ) -> Result<(), Error> {
         let Some((me, ttl)) = &self.lease else {
             return Ok(());
         };
@@ -502,7 +562,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
 
     /// Extends the lease. A conflict here means another owner took the run:
     /// this call is fenced out.
-    async fn renew(
+    pub(crate) async fn renew(
         &self,
         cp: &mut Checkpoint,
         expected: &mut Option<u64>,
@@ -558,7 +618,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     }
 
     /// Waits `d`, renewing the lease meanwhile.
-    async fn pause(
+    pub(crate) async fn pause(
         &self,
         cp: &mut Checkpoint,
         expected: &mut Option<u64>,
@@ -584,7 +644,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
 
     /// A gate: passes on an approval, ends the run on a rejection, or stops the
     /// run to wait. Returns the outcome to stop with, or `None` to go on.
-    async fn gate(
+    pub(crate) async fn gate(
         &self,
         cp: &mut Checkpoint,
         expected: &mut Option<u64>,
@@ -675,7 +735,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
 
     /// A durable timer: records the wake-up time once, then passes when it has
     /// come, sleeps until it (with `wait_for_timers`), or stops the run.
-    async fn sleep(
+    pub(crate) async fn sleep(
         &self,
         cp: &mut Checkpoint,
         expected: &mut Option<u64>,
@@ -781,7 +841,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
 
     /// Compare-and-swap save. After an error that leaves the outcome open, reload
     /// and recognise our own write by its writer number before deciding.
-    async fn save(
+    pub(crate) async fn save(
         &self,
         cp: &mut Checkpoint,
         expected: &mut Option<u64>,
@@ -833,7 +893,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     }
 }
 
-fn store_error(run_id: &str, op: &str, source: StoreError) -> Error {
+pub(crate) fn store_error(run_id: &str, op: &str, source: StoreError) -> Error {
     Error::Store {
         run_id: run_id.to_string(),
         op: op.to_string(),

@@ -1,0 +1,827 @@
+//! Durable functions: ordinary async code whose steps are recorded by name.
+//!
+//! On the first call each `ctx.step` runs and its output is saved; when the
+//! same run is called again the code runs from the top, recorded steps return
+//! their saved outputs without running, and execution goes live at the first
+//! step without a record. Steps, gates, timers, leases, retries and history are
+//! the run loop's own, on the same record format and every store.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::checkpoint::{Checkpoint, OnTimeout, RunStatus, StepFailure, StepRecord};
+use crate::clock::Timestamp;
+use crate::error::{Error, StepError, StepErrorKind};
+use crate::ids::validate_run_id;
+use crate::run::{rejected, store_error, Event, Outcome, Runner, StepCtx};
+use crate::state::Update;
+use crate::store::Store;
+use crate::workflow::{RetryPolicy, Step};
+
+/// Step names starting with this are the context's own (`now`, `random`, the
+/// result): user steps may not use it.
+const RESERVED: &str = "__";
+/// Where a completed durable function's return value is kept in the state.
+const RESULT_KEY: &str = "__result";
+
+/// How a durable step is tried: its retry policy and timeout.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepOptions {
+    retry: Option<RetryPolicy>,
+    timeout: Option<Duration>,
+}
+
+impl StepOptions {
+    /// The default: [`RetryPolicy::default`], no timeout.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Sets the retry policy.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = Some(policy);
+        self
+    }
+    /// Cancels an attempt that runs longer than `d`.
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = Some(d);
+        self
+    }
+}
+
+/// Why a parallel branch did not produce its output.
+enum Branch {
+    /// The step itself failed.
+    Step(StepError),
+    /// Saving, replaying or renewing failed.
+    Engine(Error),
+}
+
+/// The recorded progress of one call of a durable function.
+struct Session {
+    cp: Checkpoint,
+    expected: Option<u64>,
+    /// The next recorded step the code is expected to ask for.
+    cursor: usize,
+    /// Names asked for in this call, to refuse a name used twice.
+    seen: HashSet<String>,
+}
+
+struct Shared<S: Store + 'static> {
+    runner: Runner<'static, S>,
+    session: tokio::sync::Mutex<Session>,
+    counters: std::sync::Mutex<HashMap<String, u32>>,
+}
+
+/// What a durable function's code uses to make steps. Cheap to clone.
+///
+/// Code between steps must be deterministic: the same inputs and the same
+/// recorded outputs must lead it to ask for the same steps in the same order.
+/// Take time and randomness from [`now`](DurableCtx::now),
+/// [`random`](DurableCtx::random) and [`uuid`](DurableCtx::uuid), which are
+/// recorded like steps; do every side effect inside a step.
+pub struct DurableCtx<S: Store + 'static> {
+    shared: Arc<Shared<S>>,
+}
+
+impl<S: Store + 'static> Clone for DurableCtx<S> {
+    fn clone(&self) -> Self {
+        DurableCtx {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: Store + 'static> std::fmt::Debug for DurableCtx<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableCtx").finish_non_exhaustive()
+    }
+}
+
+/// Starts or resumes run `run_id` of the durable function `f`, named
+/// `workflow`, on `store`, with default options; see [`Runner::durable`].
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use steadfast_core::{durable, MemoryStore, Outcome, StepError};
+///
+/// let store = MemoryStore::new();
+/// let out = durable("run-1", &store, "count-to-three", |ctx| async move {
+///     let mut total = 0;
+///     for i in 1..=3u64 {
+///         total += ctx.step(format!("add-{i}"), || async move { Ok::<_, StepError>(i) }).await?;
+///     }
+///     Ok(total)
+/// })
+/// .await?;
+/// assert_eq!(out, Outcome::Completed(6));
+/// # Ok::<(), steadfast_core::Error>(())
+/// # }).unwrap();
+/// ```
+pub async fn durable<S, T, F, Fut>(
+    run_id: &str,
+    store: &S,
+    workflow: &str,
+    f: F,
+) -> Result<Outcome<T>, Error>
+where
+    S: Store + Clone + 'static,
+    T: Serialize + DeserializeOwned,
+    F: FnOnce(DurableCtx<S>) -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    Runner::new(store).durable(run_id, workflow, f).await
+}
+
+impl<S: Store + Clone + 'static> Runner<'_, S> {
+    /// Starts or resumes run `run_id` of the durable function `f`, named
+    /// `workflow`, with this runner's options (clock, lease, observer, timers,
+    /// accepting changed code).
+    ///
+    /// `f` gets a [`DurableCtx`] and runs from the top on every call. When it
+    /// returns, its value is saved and the run is completed; a completed run
+    /// returns the saved value without calling `f`. A gate or timer that stops
+    /// the run makes the context's call return [`Error::Suspended`]: pass it on
+    /// with `?`, and this method turns it into [`Outcome::Waiting`],
+    /// [`Outcome::Sleeping`] or [`Outcome::Rejected`].
+    ///
+    /// When the code asks for steps in an order that contradicts the record (a
+    /// renamed, removed or reordered step), the call fails with
+    /// [`Error::WorkflowChanged`] naming the first difference, before any new
+    /// step runs. With [`accept_changed_workflow`](Runner::accept_changed_workflow),
+    /// the record is cut at the first difference instead and the code goes live
+    /// from there.
+    pub async fn durable<T, F, Fut>(
+        &self,
+        run_id: &str,
+        workflow: &str,
+        f: F,
+    ) -> Result<Outcome<T>, Error>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(DurableCtx<S>) -> Fut,
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        validate_run_id(run_id)?;
+        crate::ids::check_step_name(workflow).map_err(|reason| Error::InvalidWorkflow {
+            workflow: workflow.to_string(),
+            reason,
+        })?;
+        let runner = self.to_shared();
+        let loaded = runner
+            .store_ref()
+            .load(run_id)
+            .await
+            .map_err(|e| store_error(run_id, "load", e))?;
+        let (mut cp, mut expected) = match loaded {
+            None => (Checkpoint::new(run_id, workflow, runner.now()), None),
+            Some(cp) => {
+                let v = cp.version;
+                (cp, Some(v))
+            }
+        };
+        if cp.workflow != workflow {
+            if !runner.accepts_changed_workflow() {
+                return Err(Error::WorkflowChanged {
+                    run_id: run_id.to_string(),
+                    at: 0,
+                    stored: Some(format!("workflow {:?}", cp.workflow)),
+                    given: Some(format!("workflow {workflow:?}")),
+                });
+            }
+            cp.workflow = workflow.to_string();
+        }
+        match cp.status {
+            RunStatus::Completed => {
+                let value = cp.state.get(RESULT_KEY).cloned().unwrap_or(Value::Null);
+                return serde_json::from_value(value)
+                    .map(Outcome::Completed)
+                    .map_err(|e| Error::InvalidValue {
+                        run_id: run_id.to_string(),
+                        index: cp.next,
+                        step: RESULT_KEY.into(),
+                        path: String::new(),
+                        reason: format!("the saved result does not fit the function's type: {e}"),
+                    });
+            }
+            RunStatus::Rejected => return Ok(rejected(&cp).map(|_| unreachable_state())),
+            _ => {}
+        }
+        runner.claim(&mut cp, &mut expected).await?;
+        let ctx = DurableCtx {
+            shared: Arc::new(Shared {
+                runner,
+                session: tokio::sync::Mutex::new(Session {
+                    cp,
+                    expected,
+                    cursor: 0,
+                    seen: HashSet::new(),
+                }),
+                counters: std::sync::Mutex::new(HashMap::new()),
+            }),
+        };
+        let result = f(ctx.clone()).await;
+        let shared = &ctx.shared;
+        let mut s = shared.session.lock().await;
+        match result {
+            Ok(value) => {
+                if s.cursor < s.cp.next {
+                    // The record has steps the code no longer asked for.
+                    return Err(Error::WorkflowChanged {
+                        run_id: run_id.to_string(),
+                        at: s.cursor,
+                        stored: Some(s.cp.completed[s.cursor].clone()),
+                        given: None,
+                    });
+                }
+                let json = to_json(&value, run_id, s.cp.next, RESULT_KEY)?;
+                let s = &mut *s;
+                s.cp.state.insert(RESULT_KEY.into(), json);
+                s.cp.status = RunStatus::Completed;
+                s.cp.lease = None;
+                s.cp.error = None;
+                s.cp.updated_at = shared.runner.now();
+                shared
+                    .runner
+                    .save(&mut s.cp, &mut s.expected, None)
+                    .await
+                    .map_err(|e| store_error(run_id, "save of the result", e))?;
+                Ok(Outcome::Completed(value))
+            }
+            Err(Error::Suspended(outcome)) => Ok(outcome.map(|_| unreachable_state())),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A suspended outcome never carries a state; this stands in for the type.
+fn unreachable_state<T>() -> T {
+    unreachable!("a suspension is never Completed")
+}
+
+fn to_json<T: Serialize + DeserializeOwned>(
+    value: &T,
+    run_id: &str,
+    index: usize,
+    step: &str,
+) -> Result<Value, Error> {
+    let invalid = |path: String, reason: String| Error::InvalidValue {
+        run_id: run_id.to_string(),
+        index,
+        step: step.to_string(),
+        path,
+        reason,
+    };
+    let json = serde_json::to_value(value).map_err(|e| invalid(String::new(), e.to_string()))?;
+    // NaN and infinities become null on the way in: reading the value back
+    // into its type is what finds them.
+    serde_path_to_error::deserialize::<_, T>(json.clone()).map_err(|e| {
+        invalid(
+            e.path().to_string(),
+            format!(
+                "{} (it would not load back; NaN and infinite floats are stored as null)",
+                e.inner()
+            ),
+        )
+    })?;
+    let mut wrapper = Update::new();
+    wrapper.insert(step.to_string(), json.clone());
+    crate::state::check_update(&wrapper).map_err(|p| invalid(p.path, p.reason))?;
+    Ok(json)
+}
+
+impl<S: Store + 'static> DurableCtx<S> {
+    fn runner(&self) -> &Runner<'static, S> {
+        &self.shared.runner
+    }
+
+    /// `base` the first time it is asked for in this call, then `base#2`,
+    /// `base#3`, ...: names for steps made in a loop. The numbering follows
+    /// the code, so it is the same on every call.
+    pub fn numbered(&self, base: &str) -> String {
+        let mut counters = self
+            .shared
+            .counters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let n = counters.entry(base.to_string()).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            base.to_string()
+        } else {
+            format!("{base}#{n}")
+        }
+    }
+
+    /// Looks the next name up in the record. `Some(output)` when it is
+    /// recorded there; `None` when the code is past the record (go live).
+    fn replay(&self, s: &mut Session, name: &str) -> Result<Option<Value>, Error> {
+        if !s.seen.insert(name.to_string()) {
+            return Err(Error::InvalidWorkflow {
+                workflow: s.cp.workflow.clone(),
+                reason: format!(
+                    "step name {name:?} is used twice in one run; use DurableCtx::numbered"
+                ),
+            });
+        }
+        if s.cursor < s.cp.next {
+            if s.cp.completed[s.cursor] == name {
+                s.cursor += 1;
+                let at = s.cursor - 1;
+                self.runner().emit(Event::Skipped {
+                    index: at,
+                    step: name,
+                });
+                return Ok(Some(s.cp.state.get(name).cloned().unwrap_or(Value::Null)));
+            }
+            self.diverged(s, Some(name))?;
+        }
+        Ok(None)
+    }
+
+    /// The code asked for something other than what the record has next.
+    fn diverged(&self, s: &mut Session, given: Option<&str>) -> Result<(), Error> {
+        if !self.runner().accepts_changed_workflow() {
+            return Err(Error::WorkflowChanged {
+                run_id: s.cp.run_id.clone(),
+                at: s.cursor,
+                stored: Some(s.cp.completed[s.cursor].clone()),
+                given: given.map(String::from),
+            });
+        }
+        tracing::warn!(run_id = %s.cp.run_id, at = s.cursor, "cutting the record where the code diverged, as asked");
+        s.cp.completed.truncate(s.cursor);
+        s.cp.next = s.cursor;
+        Ok(())
+    }
+
+    fn check_user_name(&self, name: &str) -> Result<(), Error> {
+        let bad = |reason: String| Error::InvalidWorkflow {
+            workflow: String::new(),
+            reason: format!("step name {name:?}: {reason}"),
+        };
+        crate::ids::check_step_name(name).map_err(bad)?;
+        if name.starts_with(RESERVED) {
+            return Err(bad(format!(
+                "names starting with {RESERVED:?} are reserved"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs step `name` with the default options; see [`step_with`](Self::step_with).
+    pub async fn step<T, F, Fut, E>(&self, name: impl Into<String>, f: F) -> Result<T, Error>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: Into<StepError>,
+    {
+        self.step_with(name, StepOptions::new(), f).await
+    }
+
+    /// Runs step `name`: the first time, calls `f` (retrying and timing out as
+    /// `options` say), saves its output and returns it; on later calls of the
+    /// same run, returns the saved output without calling `f`.
+    pub async fn step_with<T, F, Fut, E>(
+        &self,
+        name: impl Into<String>,
+        options: StepOptions,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: Into<StepError>,
+    {
+        let name = name.into();
+        self.check_user_name(&name)?;
+        self.run_step(name, options, f).await
+    }
+
+    async fn run_step<T, F, Fut, E>(
+        &self,
+        name: String,
+        options: StepOptions,
+        mut f: F,
+    ) -> Result<T, Error>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: Into<StepError>,
+    {
+        let runner = self.runner();
+        let (run_id, mut attempt) = {
+            let mut s = self.shared.session.lock().await;
+            if let Some(value) = self.replay(&mut s, &name)? {
+                return self.decode(&s.cp.run_id, s.cursor - 1, &name, value);
+            }
+            (s.cp.run_id.clone(), s.cp.attempts.saturating_add(1))
+        };
+        let policy = options.retry.unwrap_or_default();
+        let mut used = 0;
+        loop {
+            let index = self.shared.session.lock().await.cp.next;
+            let ctx = StepCtx::new(&run_id, &name, index, attempt);
+            runner.emit(Event::Started {
+                index,
+                step: &name,
+                attempt,
+            });
+            let started = runner.now();
+            let timer = std::time::Instant::now();
+            let result = self.attempt(&mut f, options.timeout, ctx).await?;
+            let finished = runner.now();
+            let result = result.and_then(|v| {
+                to_json(&v, &run_id, index, &name)
+                    .map(|j| (v, j))
+                    .map_err(|e| StepError {
+                        source: e.to_string().into(),
+                        terminal: true,
+                        kind: StepErrorKind::InvalidValue(String::new()),
+                    })
+            });
+            match result {
+                Ok((value, json)) => {
+                    let mut update = Update::new();
+                    update.insert(name.clone(), json);
+                    let mut s = self.shared.session.lock().await;
+                    let s = &mut *s;
+                    let index = s.cp.next;
+                    crate::state::merge(&mut s.cp.state, update.clone());
+                    let record = StepRecord::new(index, &name, update, attempt, started, finished);
+                    runner
+                        .complete(&mut s.cp, &mut s.expected, record, usize::MAX)
+                        .await?;
+                    s.cursor = s.cp.next;
+                    runner.emit(Event::Completed {
+                        index,
+                        step: &name,
+                        attempt,
+                        took: timer.elapsed(),
+                    });
+                    return Ok(value);
+                }
+                Err(err) => {
+                    used += 1;
+                    let exhausted = err.terminal || used >= policy.max_attempts();
+                    let retry_in = (!exhausted).then(|| policy.delay_before(used + 1, true));
+                    runner.emit(Event::Failed {
+                        index,
+                        step: &name,
+                        attempt,
+                        error: &err.to_string(),
+                        retry_in,
+                    });
+                    match retry_in {
+                        Some(d) => {
+                            let mut s = self.shared.session.lock().await;
+                            let s = &mut *s;
+                            runner.pause(&mut s.cp, &mut s.expected, d).await?;
+                            attempt += 1;
+                        }
+                        None => return Err(self.fail(&name, index, attempt, err).await),
+                    }
+                }
+            }
+        }
+    }
+
+    /// One attempt, renewing the lease while it runs.
+    async fn attempt<T, F, Fut, E>(
+        &self,
+        f: &mut F,
+        timeout: Option<Duration>,
+        _ctx: StepCtx,
+    ) -> Result<Result<T, StepError>, Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: Into<StepError>,
+    {
+        let fut = async {
+            match timeout {
+                None => f().await.map_err(Into::into),
+                Some(d) => match tokio::time::timeout(d, f()).await {
+                    Ok(r) => r.map_err(Into::into),
+                    Err(_) => Err(StepError::timed_out(d)),
+                },
+            }
+        };
+        self.with_renewals(fut).await
+    }
+
+    /// Awaits `fut`, renewing the lease every third of its time meanwhile.
+    async fn with_renewals<R>(&self, fut: impl Future<Output = R>) -> Result<R, Error> {
+        let Some(every) = self.runner().renew_every() else {
+            return Ok(fut.await);
+        };
+        tokio::pin!(fut);
+        loop {
+            tokio::select! {
+                r = &mut fut => return Ok(r),
+                _ = tokio::time::sleep(every) => {
+                    let mut s = self.shared.session.lock().await;
+                    let s = &mut *s;
+                    self.runner().renew(&mut s.cp, &mut s.expected, None).await?;
+                }
+            }
+        }
+    }
+
+    /// Records a step's final failure and builds the error to return.
+    async fn fail(&self, name: &str, index: usize, attempt: u32, err: StepError) -> Error {
+        let runner = self.runner();
+        let mut s = self.shared.session.lock().await;
+        let s = &mut *s;
+        s.cp.status = RunStatus::Failed;
+        s.cp.lease = None;
+        s.cp.error = Some(StepFailure::new(
+            index,
+            name,
+            err.to_string(),
+            attempt,
+            err.terminal,
+            runner.now(),
+        ));
+        s.cp.updated_at = runner.now();
+        if let Err(e) = runner.save(&mut s.cp, &mut s.expected, None).await {
+            tracing::warn!(run_id = %s.cp.run_id, step = name, error = %e, "could not record a step failure");
+        }
+        Error::StepFailed {
+            run_id: s.cp.run_id.clone(),
+            index,
+            step: name.to_string(),
+            attempts: attempt,
+            timed_out: err.is_timeout(),
+            source: err.into_inner(),
+        }
+    }
+
+    fn decode<T: DeserializeOwned>(
+        &self,
+        run_id: &str,
+        index: usize,
+        name: &str,
+        value: Value,
+    ) -> Result<T, Error> {
+        serde_path_to_error::deserialize(value).map_err(|e| Error::InvalidValue {
+            run_id: run_id.to_string(),
+            index,
+            step: name.to_string(),
+            path: e.path().to_string(),
+            reason: format!(
+                "the recorded output does not fit the type asked for: {}",
+                e.inner()
+            ),
+        })
+    }
+
+    /// Runs several steps at once. Each output is saved as soon as its step
+    /// finishes, so a crash during the fan-out re-runs only the unfinished
+    /// ones. Returns the outputs in input order; if a step fails, the others
+    /// still finish and are saved, and the first failure is returned.
+    ///
+    /// Each branch is a future, tried once (a future cannot be started again);
+    /// calling the run again retries the branches that failed.
+    pub async fn parallel<T, I, Fut, E>(&self, branches: I) -> Result<Vec<T>, Error>
+    where
+        T: Serialize + DeserializeOwned,
+        I: IntoIterator<Item = (String, Fut)>,
+        Fut: Future<Output = Result<T, E>>,
+        E: Into<StepError>,
+    {
+        let branches: Vec<(String, Fut)> = branches.into_iter().collect();
+        for (name, _) in &branches {
+            self.check_user_name(name)?;
+        }
+        let mut recorded: HashMap<String, Value> = HashMap::new();
+        let run_id = {
+            let mut s = self.shared.session.lock().await;
+            let s = &mut *s;
+            let group: HashSet<&str> = branches.iter().map(|(n, _)| n.as_str()).collect();
+            for (name, _) in &branches {
+                if !s.seen.insert(name.clone()) {
+                    return Err(Error::InvalidWorkflow {
+                        workflow: s.cp.workflow.clone(),
+                        reason: format!("step name {name:?} is used twice in one run"),
+                    });
+                }
+            }
+            // Branches finish in any order: the group's records are the next
+            // ones, whatever their order.
+            while s.cursor < s.cp.next && group.contains(s.cp.completed[s.cursor].as_str()) {
+                let name = s.cp.completed[s.cursor].clone();
+                let value = s.cp.state.get(&name).cloned().unwrap_or(Value::Null);
+                self.runner().emit(Event::Skipped {
+                    index: s.cursor,
+                    step: &name,
+                });
+                recorded.insert(name, value);
+                s.cursor += 1;
+            }
+            if s.cursor < s.cp.next && recorded.len() < branches.len() {
+                let first_missing = branches
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .find(|n| !recorded.contains_key(*n));
+                self.diverged(s, first_missing)?;
+            }
+            s.cp.run_id.clone()
+        };
+        let runs = branches.into_iter().map(|(name, fut)| {
+            let recorded = recorded.remove(&name);
+            let run_id = run_id.clone();
+            async move {
+                if let Some(value) = recorded {
+                    return self
+                        .decode::<T>(&run_id, 0, &name, value)
+                        .map_err(|e| (name, Branch::Engine(e)));
+                }
+                let runner = self.runner();
+                let started = runner.now();
+                runner.emit(Event::Started {
+                    index: 0,
+                    step: &name,
+                    attempt: 1,
+                });
+                let timer = std::time::Instant::now();
+                let out: Result<T, StepError> = match self.with_renewals(fut).await {
+                    Ok(r) => r.map_err(Into::into),
+                    Err(e) => return Err((name, Branch::Engine(e))),
+                };
+                let out = out.and_then(|v| {
+                    to_json(&v, &run_id, 0, &name)
+                        .map(|j| (v, j))
+                        .map_err(|e| StepError::terminal(e.to_string()))
+                });
+                match out {
+                    Ok((value, json)) => {
+                        let mut update = Update::new();
+                        update.insert(name.clone(), json);
+                        let mut s = self.shared.session.lock().await;
+                        let s = &mut *s;
+                        let index = s.cp.next;
+                        crate::state::merge(&mut s.cp.state, update.clone());
+                        let record =
+                            StepRecord::new(index, &name, update, 1, started, runner.now());
+                        if let Err(e) = runner
+                            .complete(&mut s.cp, &mut s.expected, record, usize::MAX)
+                            .await
+                        {
+                            return Err((name, Branch::Engine(e)));
+                        }
+                        s.cursor = s.cp.next;
+                        runner.emit(Event::Completed {
+                            index,
+                            step: &name,
+                            attempt: 1,
+                            took: timer.elapsed(),
+                        });
+                        Ok(value)
+                    }
+                    Err(err) => Err((name, Branch::Step(err))),
+                }
+            }
+        });
+        let results = futures_util::future::join_all(runs).await;
+        let mut out = Vec::with_capacity(results.len());
+        let mut first_error = None;
+        for r in results {
+            match r {
+                Ok(v) => out.push(v),
+                Err((name, failure)) => {
+                    if first_error.is_none() {
+                        first_error = Some(match failure {
+                            Branch::Step(err) => {
+                                let index = self.shared.session.lock().await.cp.next;
+                                self.fail(&name, index, 1, err).await
+                            }
+                            Branch::Engine(e) => e,
+                        });
+                    }
+                }
+            }
+        }
+        match first_error {
+            None => Ok(out),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// A gate: the first call stops the run ([`Error::Suspended`], which the
+    /// durable call turns into [`Outcome::Waiting`]) until
+    /// [`approve`](crate::approve) or [`reject`](crate::reject); once approved,
+    /// returns the approval's data (recorded, so later calls return it too).
+    pub async fn gate(&self, name: &str) -> Result<Option<Value>, Error> {
+        self.gate_with(name, None, OnTimeout::Reject).await
+    }
+
+    /// A gate that decides `on_timeout` by itself `timeout` after the run
+    /// first reaches it.
+    pub async fn gate_with(
+        &self,
+        name: &str,
+        timeout: Option<Duration>,
+        on_timeout: OnTimeout,
+    ) -> Result<Option<Value>, Error> {
+        self.check_user_name(name)?;
+        let mut s = self.shared.session.lock().await;
+        let s = &mut *s;
+        if let Some(value) = self.replay(s, name)? {
+            return Ok((!value.is_null()).then_some(value));
+        }
+        let step = match timeout {
+            Some(t) => Step::gate(name).gate_timeout(t, on_timeout),
+            None => Step::gate(name),
+        };
+        match self
+            .runner()
+            .gate(
+                &mut s.cp,
+                &mut s.expected,
+                &step,
+                timeout,
+                on_timeout,
+                usize::MAX,
+            )
+            .await?
+        {
+            Some(outcome) => Err(Error::Suspended(outcome)),
+            None => {
+                s.cursor = s.cp.next;
+                let value = s.cp.state.get(name).cloned().unwrap_or(Value::Null);
+                Ok((!value.is_null()).then_some(value))
+            }
+        }
+    }
+
+    /// A durable timer: the first call records when it wakes and stops the run
+    /// ([`Outcome::Sleeping`]) unless the runner waits for timers; a call after
+    /// the wake-up time goes on. A crash does not restart the timer.
+    pub async fn sleep(&self, name: &str, duration: Duration) -> Result<(), Error> {
+        self.check_user_name(name)?;
+        let mut s = self.shared.session.lock().await;
+        let s = &mut *s;
+        if self.replay(s, name)?.is_some() {
+            return Ok(());
+        }
+        let step = Step::sleep(name, duration);
+        match self
+            .runner()
+            .sleep(&mut s.cp, &mut s.expected, &step, duration, usize::MAX)
+            .await?
+        {
+            Some(outcome) => Err(Error::Suspended(outcome)),
+            None => {
+                s.cursor = s.cp.next;
+                Ok(())
+            }
+        }
+    }
+
+    /// The current time, recorded: the same on every call of the run.
+    pub async fn now(&self) -> Result<Timestamp, Error> {
+        let name = self.numbered("__now");
+        let clock_now = self.runner().now();
+        self.run_step(name, StepOptions::new(), move || async move {
+            Ok::<_, StepError>(clock_now)
+        })
+        .await
+    }
+
+    /// A random number, recorded: the same on every call of the run.
+    pub async fn random(&self) -> Result<u64, Error> {
+        let name = self.numbered("__random");
+        self.run_step(name, StepOptions::new(), || async {
+            Ok::<_, StepError>(fastrand::u64(..))
+        })
+        .await
+    }
+
+    /// A random UUID (version 4), recorded: the same on every call of the run.
+    pub async fn uuid(&self) -> Result<String, Error> {
+        let name = self.numbered("__uuid");
+        self.run_step(name, StepOptions::new(), || async {
+            let (a, b) = (fastrand::u64(..), fastrand::u64(..));
+            let a = (a & 0xffff_ffff_ffff_0fff) | 0x0000_0000_0000_4000;
+            let b = (b & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
+            Ok::<_, StepError>(format!(
+                "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+                a >> 32,
+                (a >> 16) & 0xffff,
+                a & 0xffff,
+                b >> 48,
+                b & 0xffff_ffff_ffff
+            ))
+        })
+        .await
+    }
+}
