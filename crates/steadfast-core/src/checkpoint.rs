@@ -264,9 +264,20 @@ pub struct Decision {
     /// The rejection's reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// When the wait this decision answers began: a decision belongs to one
+    /// wait at its gate, whatever the clocks of the deciding and the running
+    /// process say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waited_since: Option<Timestamp>,
 }
 
 impl Decision {
+    /// Marks the decision as answering the wait that began at `since`.
+    pub fn answering(mut self, since: Timestamp) -> Self {
+        self.waited_since = Some(since);
+        self
+    }
+
     /// An approval.
     pub fn approve(gate: &str, by: &str, at: Timestamp, data: Option<serde_json::Value>) -> Self {
         Decision {
@@ -276,6 +287,7 @@ impl Decision {
             at,
             data,
             reason: None,
+            waited_since: None,
         }
     }
 
@@ -288,6 +300,7 @@ impl Decision {
             at,
             data: None,
             reason,
+            waited_since: None,
         }
     }
 }

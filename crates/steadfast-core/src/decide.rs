@@ -87,7 +87,7 @@ async fn decide<S: Store + ?Sized>(
         let waiting_here = cp.status == RunStatus::Waiting
             && matches!(&cp.wait, Some(Wait::Gate { step, .. }) if step == gate);
         let decided = matches!(&cp.wait, Some(Wait::Gate { since, .. })
-            if cp.decisions.iter().any(|d| d.gate == gate && d.at >= *since));
+            if cp.decisions.iter().any(|d| d.gate == gate && d.waited_since == Some(*since)));
         if !waiting_here || decided {
             let detail = match (&cp.wait, cp.status) {
                 (_, _) if decided => "a decision was already recorded".to_string(),
@@ -101,7 +101,14 @@ async fn decide<S: Store + ?Sized>(
             });
         }
         let now = clock.now();
+        let since = match &cp.wait {
+            Some(Wait::Gate { since, .. }) => Some(*since),
+            _ => None,
+        };
         apply(&mut cp, now);
+        if let (Some(d), Some(since)) = (cp.decisions.last_mut(), since) {
+            d.waited_since = Some(since);
+        }
         cp.updated_at = now;
         cp.writer = fastrand::u64(1..);
         match store.save(SaveRequest::new(&cp, Some(cp.version))).await {

@@ -663,7 +663,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             cp.decisions
                 .iter()
                 .rev()
-                .find(|d| d.gate == name && d.at >= since)
+                .find(|d| d.gate == name && d.waited_since == Some(since))
                 .cloned()
         });
         if decision.is_none() {
@@ -683,6 +683,10 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                             now,
                             Some("the gate timed out".into()),
                         ),
+                    };
+                    let d = match since {
+                        Some(since) => d.answering(since),
+                        None => d,
                     };
                     cp.decisions.push(d.clone());
                     decision = Some(d);
