@@ -14,7 +14,7 @@ use steadfast::{
     approve, durable, Error, ManualClock, Outcome, RetryPolicy, Runner, StepError, StepOptions,
     Store, SystemClock, Timestamp,
 };
-use support::{child_store_url, open, role, runtime, spawn_child, store_url};
+use support::{child_store_url, open, role, runtime, spawn_child, store_url, Reaped};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 type Counts = Arc<Mutex<BTreeMap<String, u32>>>;
@@ -161,10 +161,7 @@ async fn looping(
 #[test]
 fn sigkill_in_iteration_7_resumes_at_iteration_7() -> TestResult {
     for scheme in ["file", "sqlite"] {
-        kill_in_loop(
-            scheme,
-            &format!("sigkill_in_iteration_7_resumes_at_iteration_7"),
-        )?;
+        kill_in_loop(scheme, "sigkill_in_iteration_7_resumes_at_iteration_7")?;
     }
     Ok(())
 }
@@ -179,12 +176,12 @@ fn kill_in_loop(scheme: &str, test: &str) -> TestResult {
     let dir = tempfile::tempdir()?;
     let url = store_url(scheme, dir.path());
     let log = dir.path().join("log");
-    let mut child = spawn_child(
+    let child = Reaped(spawn_child(
         test,
         "loop",
         &url,
         &[("STEADFAST_TEST_LOG", log.display().to_string())],
-    );
+    ));
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !lines(&log).contains(&"think 7".to_string()) {
         assert!(
@@ -194,7 +191,6 @@ fn kill_in_loop(scheme: &str, test: &str) -> TestResult {
         std::thread::sleep(Duration::from_millis(10));
     }
     child.kill()?; // SIGKILL in the middle of iteration 7
-    child.wait()?;
     let out = runtime().block_on(looping(open(&url), &log, None))?;
     assert_eq!(out, Outcome::Completed(45), "{scheme}");
     let expected: Vec<String> = (0..=7)
@@ -245,12 +241,12 @@ fn a_crash_during_an_8_way_fan_out_reruns_only_the_unfinished_branches() -> Test
         let url = store_url(scheme, dir.path());
         let log = dir.path().join("log");
         let test = "a_crash_during_an_8_way_fan_out_reruns_only_the_unfinished_branches";
-        let mut child = spawn_child(
+        let child = Reaped(spawn_child(
             test,
             "fan",
             &url,
             &[("STEADFAST_TEST_LOG", log.display().to_string())],
-        );
+        ));
         let store = open(&url);
         let rt = runtime();
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
@@ -266,7 +262,6 @@ fn a_crash_during_an_8_way_fan_out_reruns_only_the_unfinished_branches() -> Test
             std::thread::sleep(Duration::from_millis(10));
         }
         child.kill()?;
-        child.wait()?;
         let out = rt.block_on(fan_out(open(&url), &log, false))?;
         assert_eq!(
             out,

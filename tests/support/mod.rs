@@ -66,3 +66,22 @@ pub fn count_from_env(var: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 pub mod simfs;
+
+/// A child process that is killed and reaped when dropped, so a failing test
+/// leaves no process behind.
+pub struct Reaped(pub Child);
+
+impl Reaped {
+    /// Sends SIGKILL and waits for the child.
+    pub fn kill(mut self) -> std::io::Result<()> {
+        self.0.kill()?;
+        self.0.wait().map(drop)
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
