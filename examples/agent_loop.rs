@@ -131,7 +131,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     store.delete(RUN_ID).await?;
     println!("1) a child process runs the agent and is killed during a tool call of turn 1:");
-    let status = Command::new(std::env::current_exe()?).env(CHILD, "1").status()?;
+    let status = Command::new(std::env::current_exe()?)
+        .env(CHILD, "1")
+        .status()?;
     println!("   child exited with {status}");
 
     println!("2) the same run id again, in this process:");

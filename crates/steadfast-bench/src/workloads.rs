@@ -75,6 +75,12 @@ pub async fn all(kind: &str, args: &Args) -> Res<()> {
     if args.wants("W2") {
         w1_w2(kind, args, 16).await?;
     }
+    if args.wants("W1") {
+        w1_w2_durable(kind, args, 1).await?;
+    }
+    if args.wants("W2") {
+        w1_w2_durable(kind, args, 16).await?;
+    }
     if args.wants("W3") {
         w3(kind, args).await?;
     }
@@ -143,6 +149,74 @@ async fn w1_w2(kind: &str, args: &Args, concurrency: usize) -> Res<()> {
         json!({"runs": runs, "steps": steps, "concurrency": concurrency, "wall_s": round3(wall),
                "steps_per_s": round(steps as f64 / wall), "us_per_step": round(wall * 1e6 / steps as f64),
                "notes": runs_note(kind, args)}),
+    );
+    Ok(())
+}
+
+/// `runs` runs of the W1 workflow written as a durable function, `concurrency`
+/// at a time; returns the wall time.
+pub async fn run_many_durable(
+    store: Arc<dyn Store>,
+    prefix: &str,
+    runs: usize,
+    concurrency: usize,
+) -> Res<Duration> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (store, next, prefix) = (Arc::clone(&store), Arc::clone(&next), prefix.to_string());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let r = next.fetch_add(1, Ordering::Relaxed);
+                if r >= runs {
+                    return Ok::<(), steadfast::Error>(());
+                }
+                steadfast::durable(&format!("{prefix}-{r}"), &store, "w", |ctx| async move {
+                    for i in 0..STEPS {
+                        ctx.step(format!("s{i}"), || async move {
+                            Ok::<_, steadfast::StepError>(i)
+                        })
+                        .await?;
+                    }
+                    Ok(())
+                })
+                .await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(start.elapsed())
+}
+
+async fn w1_w2_durable(kind: &str, args: &Args, concurrency: usize) -> Res<()> {
+    let runs = runs_for(kind, args);
+    let mut walls = Vec::new();
+    for rep in 0..args.reps() {
+        let tag = format!("d{concurrency}-{rep}");
+        let store = open_store(&fresh_url(kind, &args.dir, &tag))?;
+        walls.push(
+            run_many_durable(store, "run", runs, concurrency)
+                .await?
+                .as_secs_f64(),
+        );
+    }
+    let wall = median(walls);
+    let steps = runs * STEPS;
+    emit(
+        "steadfast",
+        kind,
+        if concurrency == 1 {
+            "W1/durable"
+        } else {
+            "W2/durable"
+        },
+        durability(kind),
+        json!({"runs": runs, "steps": steps, "concurrency": concurrency, "wall_s": round3(wall),
+               "steps_per_s": round(steps as f64 / wall), "us_per_step": round(wall * 1e6 / steps as f64),
+               "notes": format!("W1 workflow as a durable function (10 steps + 1 result save per run). {}", runs_note(kind, args))}),
     );
     Ok(())
 }

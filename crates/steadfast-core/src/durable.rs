@@ -278,21 +278,37 @@ fn to_json<T: Serialize + DeserializeOwned>(
         reason,
     };
     let json = serde_json::to_value(value).map_err(|e| invalid(String::new(), e.to_string()))?;
-    // NaN and infinities become null on the way in: reading the value back
-    // into its type is what finds them.
-    serde_path_to_error::deserialize::<_, T>(json.clone()).map_err(|e| {
-        invalid(
-            e.path().to_string(),
-            format!(
-                "{} (it would not load back; NaN and infinite floats are stored as null)",
-                e.inner()
-            ),
-        )
-    })?;
     let mut wrapper = Update::new();
-    wrapper.insert(step.to_string(), json.clone());
+    wrapper.insert(step.to_string(), json);
     crate::state::check_update(&wrapper).map_err(|p| invalid(p.path, p.reason))?;
+    let json = wrapper.remove(step).unwrap_or(Value::Null);
+    // NaN and infinities become null on the way in; reading the value back
+    // into its type is what finds them. Without a null there is nothing to find.
+    if contains_null(&json) {
+        serde_path_to_error::deserialize::<_, T>(json.clone()).map_err(|e| {
+            invalid(
+                e.path().to_string(),
+                format!(
+                    "{} (it would not load back; NaN and infinite floats are stored as null)",
+                    e.inner()
+                ),
+            )
+        })?;
+    }
     Ok(json)
+}
+
+fn contains_null(v: &Value) -> bool {
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::Null => return true,
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => stack.extend(map.values()),
+            _ => {}
+        }
+    }
+    false
 }
 
 impl<S: Store + 'static> DurableCtx<S> {
@@ -499,7 +515,7 @@ impl<S: Store + 'static> DurableCtx<S> {
         &self,
         f: &mut F,
         timeout: Option<Duration>,
-        _ctx: StepCtx,
+        ctx: StepCtx,
     ) -> Result<Result<T, StepError>, Error>
     where
         F: FnMut() -> Fut,
@@ -515,7 +531,7 @@ impl<S: Store + 'static> DurableCtx<S> {
                 },
             }
         };
-        self.with_renewals(fut).await
+        self.with_renewals(ctx.scope(fut)).await
     }
 
     /// Awaits `fut`, renewing the lease every third of its time meanwhile.
@@ -653,7 +669,9 @@ impl<S: Store + 'static> DurableCtx<S> {
                     attempt: 1,
                 });
                 let timer = std::time::Instant::now();
-                let out: Result<T, StepError> = match self.with_renewals(fut).await {
+                let step_ctx = StepCtx::new(&run_id, &name, 0, 1);
+                let out: Result<T, StepError> = match self.with_renewals(step_ctx.scope(fut)).await
+                {
                     Ok(r) => r.map_err(Into::into),
                     Err(e) => return Err((name, Branch::Engine(e))),
                 };

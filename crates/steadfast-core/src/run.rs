@@ -23,7 +23,39 @@ pub struct StepCtx {
     attempt: u32,
 }
 
+tokio::task_local! {
+    static CURRENT: StepCtx;
+}
+
 impl StepCtx {
+    /// The context of the step running now, inside a durable function's step
+    /// (whose closure takes no arguments); `None` outside a step.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use steadfast_core::{durable, MemoryStore, StepCtx, StepError};
+    /// let store = MemoryStore::new();
+    /// let out = durable("r", &store, "keys", |ctx| async move {
+    ///     ctx.step("charge", || async {
+    ///         let key = StepCtx::current().map(|c| c.idempotency_key());
+    ///         Ok::<_, StepError>(key)
+    ///     })
+    ///     .await
+    /// })
+    /// .await?;
+    /// assert_eq!(out.completed(), Some(Some("r/charge".to_string())));
+    /// # Ok::<(), steadfast_core::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn current() -> Option<StepCtx> {
+        CURRENT.try_with(|c| c.clone()).ok()
+    }
+
+    /// Runs `fut` with `self` as the [`current`](StepCtx::current) step.
+    pub(crate) async fn scope<F: std::future::Future>(self, fut: F) -> F::Output {
+        CURRENT.scope(self, fut).await
+    }
+
     /// A context, as the run loop builds it (public for testing steps directly).
     pub fn new(run_id: &str, step: &str, index: usize, attempt: u32) -> Self {
         StepCtx {
