@@ -81,7 +81,7 @@ async fn call_tool(call: ToolCall, crash: bool) -> Result<String, StepError> {
     Ok(format!("{}({}) -> ok", call.tool, call.arg))
 }
 
-async fn agent(ctx: DurableCtx<Arc<dyn Store>>, crash: bool) -> Result<String, Error> {
+async fn agent(ctx: DurableCtx<'static, Arc<dyn Store>>, crash: bool) -> Result<String, Error> {
     let docs: Vec<String> = ctx
         .step("retrieve", || async {
             Ok::<_, StepError>(vec!["notes.txt".to_string(), "paper.pdf".to_string()])

@@ -49,7 +49,7 @@ async fn recorded_steps_return_their_outputs_without_running() -> TestResult {
         let counts = Counts::default();
         let fail_at = Arc::new(Mutex::new(Some(3u32)));
         let body = |counts: Counts, fail_at: Arc<Mutex<Option<u32>>>| {
-            move |ctx: steadfast::DurableCtx<Arc<dyn Store>>| async move {
+            move |ctx: steadfast::DurableCtx<'static, Arc<dyn Store>>| async move {
                 let docs: Vec<String> = ctx
                     .step("retrieve", || {
                         bump(&counts, "retrieve");
@@ -412,7 +412,7 @@ async fn gates_and_timers_suspend_a_durable_function() -> TestResult {
     let clock = Arc::new(ManualClock::new(Timestamp::from_unix_millis(
         1_800_000_000_000,
     )));
-    let body = |ctx: steadfast::DurableCtx<Arc<dyn Store>>| async move {
+    let body = |ctx: steadfast::DurableCtx<'static, Arc<dyn Store>>| async move {
         let data = ctx.gate("review").await?;
         ctx.sleep("cooldown", Duration::from_secs(60)).await?;
         Ok(data)

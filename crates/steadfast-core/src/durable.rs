@@ -63,17 +63,22 @@ enum Branch {
 }
 
 /// The recorded progress of one call of a durable function.
-struct Session {
+pub(crate) struct Session {
     cp: Checkpoint,
     expected: Option<u64>,
+    /// The number of steps of a listed workflow (its last save completes the
+    /// run); unbounded for a durable function, whose result save does.
+    total: usize,
+    /// Attempts of the current step made in this call, against its budget.
+    used: u32,
     /// The next recorded step the code is expected to ask for.
     cursor: usize,
     /// Names asked for in this call, to refuse a name used twice.
     seen: HashSet<String>,
 }
 
-struct Shared<S: Store + 'static> {
-    runner: Runner<'static, S>,
+struct Shared<'s, S: Store + ?Sized> {
+    runner: Runner<'s, S>,
     session: tokio::sync::Mutex<Session>,
     counters: std::sync::Mutex<HashMap<String, u32>>,
 }
@@ -85,11 +90,11 @@ struct Shared<S: Store + 'static> {
 /// Take time and randomness from [`now`](DurableCtx::now),
 /// [`random`](DurableCtx::random) and [`uuid`](DurableCtx::uuid), which are
 /// recorded like steps; do every side effect inside a step.
-pub struct DurableCtx<S: Store + 'static> {
-    shared: Arc<Shared<S>>,
+pub struct DurableCtx<'s, S: Store + ?Sized> {
+    shared: Arc<Shared<'s, S>>,
 }
 
-impl<S: Store + 'static> Clone for DurableCtx<S> {
+impl<S: Store + ?Sized> Clone for DurableCtx<'_, S> {
     fn clone(&self) -> Self {
         DurableCtx {
             shared: Arc::clone(&self.shared),
@@ -97,7 +102,7 @@ impl<S: Store + 'static> Clone for DurableCtx<S> {
     }
 }
 
-impl<S: Store + 'static> std::fmt::Debug for DurableCtx<S> {
+impl<S: Store + ?Sized> std::fmt::Debug for DurableCtx<'_, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DurableCtx").finish_non_exhaustive()
     }
@@ -132,7 +137,7 @@ pub async fn durable<S, T, F, Fut>(
 where
     S: Store + Clone + 'static,
     T: Serialize + DeserializeOwned,
-    F: FnOnce(DurableCtx<S>) -> Fut,
+    F: FnOnce(DurableCtx<'static, S>) -> Fut,
     Fut: Future<Output = Result<T, Error>>,
 {
     Runner::new(store).durable(run_id, workflow, f).await
@@ -164,7 +169,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
     ) -> Result<Outcome<T>, Error>
     where
         T: Serialize + DeserializeOwned,
-        F: FnOnce(DurableCtx<S>) -> Fut,
+        F: FnOnce(DurableCtx<'static, S>) -> Fut,
         Fut: Future<Output = Result<T, Error>>,
     {
         validate_run_id(run_id)?;
@@ -219,6 +224,8 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                 session: tokio::sync::Mutex::new(Session {
                     cp,
                     expected,
+                    total: usize::MAX,
+                    used: 0,
                     cursor: 0,
                     seen: HashSet::new(),
                 }),
@@ -311,8 +318,179 @@ fn contains_null(v: &Value) -> bool {
     false
 }
 
-impl<S: Store + 'static> DurableCtx<S> {
-    fn runner(&self) -> &Runner<'static, S> {
+impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
+    /// The session of a listed workflow's call: the record starts at `cp.next`
+    /// (verified against the workflow already) and the run completes with
+    /// its `total`-th step.
+    pub(crate) fn listed_session(cp: Checkpoint, expected: Option<u64>, total: usize) -> Session {
+        // A failed run called again gets a fresh attempt budget; an interrupted
+        // one keeps counting the attempts it already used.
+        let used = if cp.status == RunStatus::Failed {
+            0
+        } else {
+            cp.attempts
+        };
+        Session {
+            cursor: cp.next,
+            seen: HashSet::new(),
+            cp,
+            expected,
+            total,
+            used,
+        }
+    }
+
+    /// One listed step: its attempts, retries, timeout, failure records and
+    /// checkpoint, with the lease renewed meanwhile.
+    pub(crate) async fn listed_step(&self, step: &Step) -> Result<(), Error> {
+        let runner = self.runner();
+        let mut guard = self.shared.session.lock().await;
+        let s = &mut *guard;
+        loop {
+            let index = s.cp.next;
+            let run_id = s.cp.run_id.clone();
+            let attempt = s.cp.attempts.saturating_add(1);
+            let ctx = StepCtx::new(&run_id, step.name(), index, attempt);
+            let started = runner.now();
+            runner.emit(Event::Started {
+                index,
+                step: step.name(),
+                attempt,
+            });
+            let timer = std::time::Instant::now();
+            let shared = Arc::new(std::mem::take(&mut s.cp.state));
+            let result = runner
+                .attempt(&mut s.cp, &mut s.expected, step, ctx, &shared)
+                .await;
+            s.cp.state = Arc::try_unwrap(shared).unwrap_or_else(|kept| (*kept).clone());
+            let finished = runner.now();
+            let result = result?.and_then(|update| match crate::state::check_update(&update) {
+                Ok(()) => Ok(update),
+                Err(p) => Err(StepError::invalid_value(p.path, p.reason)),
+            });
+            match result {
+                Ok(update) => {
+                    for (k, v) in &update {
+                        s.cp.state.insert(k.clone(), v.clone());
+                    }
+                    let record =
+                        StepRecord::new(index, step.name(), update, attempt, started, finished);
+                    runner
+                        .complete(&mut s.cp, &mut s.expected, record, s.total)
+                        .await?;
+                    s.cursor = s.cp.next;
+                    s.used = 0;
+                    runner.emit(Event::Completed {
+                        index,
+                        step: step.name(),
+                        attempt,
+                        took: timer.elapsed(),
+                    });
+                    return Ok(());
+                }
+                Err(err) => {
+                    s.used += 1;
+                    s.cp.attempts = attempt;
+                    let exhausted = err.terminal || s.used >= step.retry_policy().max_attempts();
+                    s.cp.status = if exhausted {
+                        RunStatus::Failed
+                    } else {
+                        RunStatus::Running
+                    };
+                    if exhausted {
+                        s.cp.lease = None;
+                    }
+                    s.cp.error = Some(StepFailure::new(
+                        index,
+                        step.name(),
+                        err.to_string(),
+                        attempt,
+                        err.terminal,
+                        finished,
+                    ));
+                    s.cp.updated_at = finished;
+                    runner
+                        .record_failure(&mut s.cp, &mut s.expected, step, index)
+                        .await?;
+                    let retry_in =
+                        (!exhausted).then(|| step.retry_policy().delay_before(s.used + 1, true));
+                    runner.emit(Event::Failed {
+                        index,
+                        step: step.name(),
+                        attempt,
+                        error: &err.to_string(),
+                        retry_in,
+                    });
+                    match retry_in {
+                        None => {
+                            return Err(crate::run::step_failed(&run_id, index, step, attempt, err))
+                        }
+                        Some(d) => runner.pause(&mut s.cp, &mut s.expected, d).await?,
+                    }
+                }
+            }
+        }
+    }
+
+    /// One listed gate.
+    pub(crate) async fn listed_gate(
+        &self,
+        step: &Step,
+        timeout: Option<Duration>,
+        on_timeout: OnTimeout,
+    ) -> Result<(), Error> {
+        let mut s = self.shared.session.lock().await;
+        let s = &mut *s;
+        let total = s.total;
+        match self
+            .runner()
+            .gate(&mut s.cp, &mut s.expected, step, timeout, on_timeout, total)
+            .await?
+        {
+            Some(outcome) => Err(Error::Suspended(outcome)),
+            None => {
+                s.cursor = s.cp.next;
+                Ok(())
+            }
+        }
+    }
+
+    /// One listed durable timer.
+    pub(crate) async fn listed_sleep(&self, step: &Step, duration: Duration) -> Result<(), Error> {
+        let mut s = self.shared.session.lock().await;
+        let s = &mut *s;
+        let total = s.total;
+        match self
+            .runner()
+            .sleep(&mut s.cp, &mut s.expected, step, duration, total)
+            .await?
+        {
+            Some(outcome) => Err(Error::Suspended(outcome)),
+            None => {
+                s.cursor = s.cp.next;
+                Ok(())
+            }
+        }
+    }
+
+    /// A context over `session`, for the listed-workflow driver.
+    pub(crate) fn new(runner: Runner<'s, S>, session: Session) -> Self {
+        DurableCtx {
+            shared: Arc::new(Shared {
+                runner,
+                session: tokio::sync::Mutex::new(session),
+                counters: std::sync::Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The checkpoint as it stands (for the listed driver's final state).
+    pub(crate) async fn into_state(self) -> crate::State {
+        let mut s = self.shared.session.lock().await;
+        std::mem::take(&mut s.cp.state)
+    }
+
+    fn runner(&self) -> &Runner<'s, S> {
         &self.shared.runner
     }
 
@@ -760,6 +938,7 @@ impl<S: Store + 'static> DurableCtx<S> {
             Some(t) => Step::gate(name).gate_timeout(t, on_timeout),
             None => Step::gate(name),
         };
+        let total = s.total;
         match self
             .runner()
             .gate(
@@ -768,7 +947,7 @@ impl<S: Store + 'static> DurableCtx<S> {
                 &step,
                 timeout,
                 on_timeout,
-                usize::MAX,
+                total,
             )
             .await?
         {
@@ -792,9 +971,10 @@ impl<S: Store + 'static> DurableCtx<S> {
             return Ok(());
         }
         let step = Step::sleep(name, duration);
+        let total = s.total;
         match self
             .runner()
-            .sleep(&mut s.cp, &mut s.expected, &step, duration, usize::MAX)
+            .sleep(&mut s.cp, &mut s.expected, &step, duration, total)
             .await?
         {
             Some(outcome) => Err(Error::Suspended(outcome)),

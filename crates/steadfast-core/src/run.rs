@@ -4,13 +4,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::checkpoint::{
-    Checkpoint, Decision, Lease, OnTimeout, Owner, RunStatus, StepFailure, StepRecord, Wait,
+    Checkpoint, Decision, Lease, OnTimeout, Owner, RunStatus, StepRecord, Wait,
 };
 use crate::clock::Timestamp;
 use crate::clock::{Clock, SystemClock};
+use crate::durable::DurableCtx;
 use crate::error::{Error, StepError, StepErrorKind, StoreError, StoreErrorKind};
 use crate::ids::{idempotency_key, validate_run_id};
-use crate::state::{check_update, State, Update};
+use crate::state::{State, Update};
 use crate::store::{SaveRequest, Store};
 use crate::workflow::{Step, StepKind, Workflow};
 
@@ -294,6 +295,22 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         }
     }
 
+    /// A runner with the same options on the same borrowed store.
+    pub(crate) fn reborrow(&self) -> Runner<'_, S> {
+        Runner {
+            store: StoreRef::Borrowed(&*self.store),
+            clock: Arc::clone(&self.clock),
+            observer: self.observer.clone(),
+            accept_changed_workflow: self.accept_changed_workflow,
+            lease: self.lease.clone(),
+            wait_for_timers: self.wait_for_timers,
+            #[cfg(feature = "mutants")]
+            mutant_skip_reload_after_unknown: self.mutant_skip_reload_after_unknown,
+            #[cfg(feature = "mutants")]
+            mutant_blind_lease_renewal: self.mutant_blind_lease_renewal,
+        }
+    }
+
     /// A runner with the same options that owns a clone of the store, for a
     /// durable function's context, which must outlive any borrow.
     pub(crate) fn to_shared(&self) -> Runner<'static, S>
@@ -422,115 +439,28 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         }
         self.claim(&mut cp, &mut expected).await?;
 
-        // A failed run called again gets a fresh attempt budget; an interrupted one
-        // keeps counting the attempts it already used.
-        let mut used = if cp.status == RunStatus::Failed {
-            0
-        } else {
-            cp.attempts
-        };
+        // The listed steps as a durable function over the same record: each
+        // step, gate and timer is the context's, in order.
         let total = workflow.steps().len();
-        while cp.next < total {
-            let index = cp.next;
-            let step = &workflow.steps()[index];
-            match step.kind() {
+        let start = cp.next;
+        let session = DurableCtx::<S>::listed_session(cp, expected, total);
+        let ctx = DurableCtx::new(self.reborrow(), session);
+        for step in &workflow.steps()[start..] {
+            let done = match step.kind() {
+                StepKind::Run(_) => ctx.listed_step(step).await,
                 StepKind::Gate {
                     timeout,
                     on_timeout,
-                } => {
-                    if let Some(stop) = self
-                        .gate(&mut cp, &mut expected, step, *timeout, *on_timeout, total)
-                        .await?
-                    {
-                        return Ok(stop);
-                    }
-                    continue;
-                }
-                StepKind::Sleep(d) => {
-                    if let Some(stop) = self.sleep(&mut cp, &mut expected, step, *d, total).await? {
-                        return Ok(stop);
-                    }
-                    continue;
-                }
-                StepKind::Run(_) => {}
-            }
-            let attempt = cp.attempts.saturating_add(1);
-            let ctx = StepCtx::new(run_id, step.name(), index, attempt);
-            let started = self.clock.now();
-            self.emit(Event::Started {
-                index,
-                step: step.name(),
-                attempt,
-            });
-            let timer = std::time::Instant::now();
-            let shared = Arc::new(std::mem::take(&mut cp.state));
-            let result = self
-                .attempt(&mut cp, &mut expected, step, ctx, &shared)
-                .await;
-            cp.state = Arc::try_unwrap(shared).unwrap_or_else(|kept| (*kept).clone());
-            let result = result?;
-            let finished = self.clock.now();
-
-            let result = result.and_then(|update| match check_update(&update) {
-                Ok(()) => Ok(update),
-                Err(p) => Err(StepError::invalid_value(p.path, p.reason)),
-            });
-            match result {
-                Ok(update) => {
-                    for (k, v) in &update {
-                        cp.state.insert(k.clone(), v.clone());
-                    }
-                    let record =
-                        StepRecord::new(index, step.name(), update, attempt, started, finished);
-                    self.complete(&mut cp, &mut expected, record, total).await?;
-                    used = 0;
-                    self.emit(Event::Completed {
-                        index,
-                        step: step.name(),
-                        attempt,
-                        took: timer.elapsed(),
-                    });
-                }
-                Err(err) => {
-                    used += 1;
-                    cp.attempts = attempt;
-                    let exhausted = err.terminal || used >= step.retry_policy().max_attempts();
-                    cp.status = if exhausted {
-                        RunStatus::Failed
-                    } else {
-                        RunStatus::Running
-                    };
-                    if exhausted {
-                        cp.lease = None;
-                    }
-                    cp.error = Some(StepFailure::new(
-                        index,
-                        step.name(),
-                        err.to_string(),
-                        attempt,
-                        err.terminal,
-                        finished,
-                    ));
-                    cp.updated_at = finished;
-                    self.record_failure(&mut cp, &mut expected, step, index)
-                        .await?;
-                    let retry_in =
-                        (!exhausted).then(|| step.retry_policy().delay_before(used + 1, true));
-                    self.emit(Event::Failed {
-                        index,
-                        step: step.name(),
-                        attempt,
-                        error: &err.to_string(),
-                        retry_in,
-                    });
-                    match retry_in {
-                        None => return Err(step_failed(run_id, index, step, attempt, err)),
-                        Some(d) => self.pause(&mut cp, &mut expected, d).await?,
-                    }
-                }
+                } => ctx.listed_gate(step, *timeout, *on_timeout).await,
+                StepKind::Sleep(d) => ctx.listed_sleep(step, *d).await,
+            };
+            match done {
+                Ok(()) => {}
+                Err(Error::Suspended(outcome)) => return Ok(outcome),
+                Err(e) => return Err(e),
             }
         }
-        Ok(Outcome::Completed(cp.state))
+        Ok(Outcome::Completed(ctx.into_state().await))
     }
 
     /// Records a completed step (its update already merged into the state) and
@@ -627,7 +557,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     }
 
     /// Runs one attempt of a step, renewing the lease while it runs.
-    async fn attempt(
+    pub(crate) async fn attempt(
         &self,
         cp: &mut Checkpoint,
         expected: &mut Option<u64>,
@@ -854,7 +784,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
 
     /// Saves a failed attempt's record. Best effort, except that a conflict means
     /// someone else now owns the run, so this call must stop.
-    async fn record_failure(
+    pub(crate) async fn record_failure(
         &self,
         cp: &mut Checkpoint,
         expected: &mut Option<u64>,
@@ -937,7 +867,13 @@ pub(crate) fn store_error(run_id: &str, op: &str, source: StoreError) -> Error {
     }
 }
 
-fn step_failed(run_id: &str, index: usize, step: &Step, attempts: u32, err: StepError) -> Error {
+pub(crate) fn step_failed(
+    run_id: &str,
+    index: usize,
+    step: &Step,
+    attempts: u32,
+    err: StepError,
+) -> Error {
     match err.kind {
         StepErrorKind::InvalidValue(path) => Error::InvalidValue {
             run_id: run_id.to_string(),
