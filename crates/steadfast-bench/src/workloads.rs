@@ -93,6 +93,34 @@ pub async fn all(kind: &str, args: &Args) -> Res<()> {
     Ok(())
 }
 
+/// Runs `run(run_id)` for `runs` run ids, `concurrency` at a time; returns
+/// the wall time.
+async fn drive<F, Fut>(prefix: &str, runs: usize, concurrency: usize, run: F) -> Res<Duration>
+where
+    F: Fn(String) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), steadfast::Error>> + Send,
+{
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (next, prefix, run) = (Arc::clone(&next), prefix.to_string(), run.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let r = next.fetch_add(1, Ordering::Relaxed);
+                if r >= runs {
+                    return Ok::<(), steadfast::Error>(());
+                }
+                run(format!("{prefix}-{r}")).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(start.elapsed())
+}
+
 /// `runs` runs of the ten-step workflow, `concurrency` at a time; returns the wall time.
 pub async fn run_many(
     store: Arc<dyn Store>,
@@ -101,30 +129,11 @@ pub async fn run_many(
     concurrency: usize,
 ) -> Res<Duration> {
     let wf = Arc::new(ten_steps());
-    let next = Arc::new(AtomicUsize::new(0));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..concurrency {
-        let (store, wf, next, prefix) = (
-            Arc::clone(&store),
-            Arc::clone(&wf),
-            Arc::clone(&next),
-            prefix.to_string(),
-        );
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let r = next.fetch_add(1, Ordering::Relaxed);
-                if r >= runs {
-                    return Ok::<(), steadfast::Error>(());
-                }
-                steadfast::run(&format!("{prefix}-{r}"), &wf, &*store).await?;
-            }
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(start.elapsed())
+    drive(prefix, runs, concurrency, move |run_id| {
+        let (store, wf) = (Arc::clone(&store), Arc::clone(&wf));
+        async move { steadfast::run(&run_id, &wf, &*store).await.map(drop) }
+    })
+    .await
 }
 
 async fn w1_w2(kind: &str, args: &Args, concurrency: usize) -> Res<()> {
@@ -161,34 +170,23 @@ pub async fn run_many_durable(
     runs: usize,
     concurrency: usize,
 ) -> Res<Duration> {
-    let next = Arc::new(AtomicUsize::new(0));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..concurrency {
-        let (store, next, prefix) = (Arc::clone(&store), Arc::clone(&next), prefix.to_string());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let r = next.fetch_add(1, Ordering::Relaxed);
-                if r >= runs {
-                    return Ok::<(), steadfast::Error>(());
+    drive(prefix, runs, concurrency, move |run_id| {
+        let store = Arc::clone(&store);
+        async move {
+            steadfast::durable(&run_id, &store, "w", |ctx| async move {
+                for i in 0..STEPS {
+                    ctx.step(format!("s{i}"), || async move {
+                        Ok::<_, steadfast::StepError>(i)
+                    })
+                    .await?;
                 }
-                steadfast::durable(&format!("{prefix}-{r}"), &store, "w", |ctx| async move {
-                    for i in 0..STEPS {
-                        ctx.step(format!("s{i}"), || async move {
-                            Ok::<_, steadfast::StepError>(i)
-                        })
-                        .await?;
-                    }
-                    Ok(())
-                })
-                .await?;
-            }
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    Ok(start.elapsed())
+                Ok(())
+            })
+            .await
+            .map(drop)
+        }
+    })
+    .await
 }
 
 async fn w1_w2_durable(kind: &str, args: &Args, concurrency: usize) -> Res<()> {

@@ -295,10 +295,10 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         }
     }
 
-    /// A runner with the same options on the same borrowed store.
-    pub(crate) fn reborrow(&self) -> Runner<'_, S> {
+    /// A runner with the same options on another handle to the store.
+    fn with_store<'t>(&self, store: StoreRef<'t, S>) -> Runner<'t, S> {
         Runner {
-            store: StoreRef::Borrowed(&*self.store),
+            store,
             clock: Arc::clone(&self.clock),
             observer: self.observer.clone(),
             accept_changed_workflow: self.accept_changed_workflow,
@@ -311,24 +311,18 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         }
     }
 
+    /// A runner with the same options on the same borrowed store.
+    pub(crate) fn reborrow(&self) -> Runner<'_, S> {
+        self.with_store(StoreRef::Borrowed(&*self.store))
+    }
+
     /// A runner with the same options that owns a clone of the store, for a
     /// durable function's context, which must outlive any borrow.
     pub(crate) fn to_shared(&self) -> Runner<'static, S>
     where
         S: Clone + Sized + 'static,
     {
-        Runner {
-            store: StoreRef::Shared(Arc::new((*self.store).clone())),
-            clock: Arc::clone(&self.clock),
-            observer: self.observer.clone(),
-            accept_changed_workflow: self.accept_changed_workflow,
-            lease: self.lease.clone(),
-            wait_for_timers: self.wait_for_timers,
-            #[cfg(feature = "mutants")]
-            mutant_skip_reload_after_unknown: self.mutant_skip_reload_after_unknown,
-            #[cfg(feature = "mutants")]
-            mutant_blind_lease_renewal: self.mutant_blind_lease_renewal,
-        }
+        self.with_store(StoreRef::Shared(Arc::new((*self.store).clone())))
     }
 
     /// How often a held lease is renewed, if leases are on.
