@@ -69,17 +69,13 @@ fn runs_note(kind: &str, args: &Args) -> &'static str {
 
 /// Runs every wanted workload on `kind`.
 pub async fn all(kind: &str, args: &Args) -> Res<()> {
-    if args.wants("W1") {
-        w1_w2(kind, args, 1).await?;
-    }
-    if args.wants("W2") {
-        w1_w2(kind, args, 16).await?;
-    }
-    if args.wants("W1") {
-        w1_w2_durable(kind, args, 1).await?;
-    }
-    if args.wants("W2") {
-        w1_w2_durable(kind, args, 16).await?;
+    for durable in [false, true] {
+        if args.wants("W1") {
+            w1_w2(kind, args, 1, durable).await?;
+        }
+        if args.wants("W2") {
+            w1_w2(kind, args, 16, durable).await?;
+        }
     }
     if args.wants("W3") {
         w3(kind, args).await?;
@@ -136,28 +132,46 @@ pub async fn run_many(
     .await
 }
 
-async fn w1_w2(kind: &str, args: &Args, concurrency: usize) -> Res<()> {
+/// W1 (`concurrency` 1) or W2 (16), with listed steps or as a durable function.
+async fn w1_w2(kind: &str, args: &Args, concurrency: usize, durable: bool) -> Res<()> {
     let runs = runs_for(kind, args);
     let mut walls = Vec::new();
     for rep in 0..args.reps() {
-        let tag = format!("w{concurrency}-{rep}");
+        let tag = format!("{}{concurrency}-{rep}", if durable { "d" } else { "w" });
         let store = open_store(&fresh_url(kind, &args.dir, &tag))?;
-        walls.push(
-            run_many(store, "run", runs, concurrency)
-                .await?
-                .as_secs_f64(),
-        );
+        let wall = if durable {
+            run_many_durable(store, "run", runs, concurrency).await?
+        } else {
+            run_many(store, "run", runs, concurrency).await?
+        };
+        walls.push(wall.as_secs_f64());
     }
     let wall = median(walls);
     let steps = runs * STEPS;
+    let workload = match (concurrency, durable) {
+        (1, false) => "W1",
+        (_, false) => "W2",
+        (1, true) => "W1/durable",
+        (_, true) => "W2/durable",
+    };
+    let notes = if durable {
+        format!(
+            "W1 workflow as a durable function (10 steps + 1 result save per run). {}",
+            runs_note(kind, args)
+        )
+        .trim_end()
+        .to_string()
+    } else {
+        runs_note(kind, args).to_string()
+    };
     emit(
         "steadfast",
         kind,
-        if concurrency == 1 { "W1" } else { "W2" },
+        workload,
         durability(kind),
         json!({"runs": runs, "steps": steps, "concurrency": concurrency, "wall_s": round3(wall),
                "steps_per_s": round(steps as f64 / wall), "us_per_step": round(wall * 1e6 / steps as f64),
-               "notes": runs_note(kind, args)}),
+               "notes": notes}),
     );
     Ok(())
 }
@@ -187,36 +201,6 @@ pub async fn run_many_durable(
         }
     })
     .await
-}
-
-async fn w1_w2_durable(kind: &str, args: &Args, concurrency: usize) -> Res<()> {
-    let runs = runs_for(kind, args);
-    let mut walls = Vec::new();
-    for rep in 0..args.reps() {
-        let tag = format!("d{concurrency}-{rep}");
-        let store = open_store(&fresh_url(kind, &args.dir, &tag))?;
-        walls.push(
-            run_many_durable(store, "run", runs, concurrency)
-                .await?
-                .as_secs_f64(),
-        );
-    }
-    let wall = median(walls);
-    let steps = runs * STEPS;
-    emit(
-        "steadfast",
-        kind,
-        if concurrency == 1 {
-            "W1/durable"
-        } else {
-            "W2/durable"
-        },
-        durability(kind),
-        json!({"runs": runs, "steps": steps, "concurrency": concurrency, "wall_s": round3(wall),
-               "steps_per_s": round(steps as f64 / wall), "us_per_step": round(wall * 1e6 / steps as f64),
-               "notes": format!("W1 workflow as a durable function (10 steps + 1 result save per run). {}", runs_note(kind, args))}),
-    );
-    Ok(())
 }
 
 fn round3(x: f64) -> f64 {

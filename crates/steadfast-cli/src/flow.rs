@@ -3,7 +3,7 @@
 //! error names the file, the line and what is wrong.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -137,6 +137,19 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
                 Ok(())
             }
         };
+        if spec.run.is_none() {
+            // Options of command steps, on a gate or a timer.
+            only_for(
+                spec.retries.is_some() || spec.backoff.is_some(),
+                "retries and backoff",
+                "run",
+            )?;
+            only_for(
+                spec.workdir.is_some() || spec.env.is_some(),
+                "workdir and env",
+                "run",
+            )?;
+        }
         let step = if let Some(run) = &spec.run {
             only_for(spec.on_timeout.is_some(), "on_timeout", "gate")?;
             if run.get_ref().trim().is_empty() {
@@ -163,16 +176,6 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
                 .into_step(step_name)
                 .retry(RetryPolicy::new(attempts).backoff(backoff, backoff.saturating_mul(64)))
         } else if let Some(gate) = &spec.gate {
-            only_for(
-                spec.retries.is_some() || spec.backoff.is_some(),
-                "retries and backoff",
-                "run",
-            )?;
-            only_for(
-                spec.workdir.is_some() || spec.env.is_some(),
-                "workdir and env",
-                "run",
-            )?;
             if !gate.get_ref() {
                 return Err(at(
                     gate.span().start,
@@ -206,25 +209,10 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
                 "timeout and on_timeout",
                 "run and gate",
             )?;
-            only_for(
-                spec.retries.is_some() || spec.backoff.is_some(),
-                "retries and backoff",
-                "run",
-            )?;
-            only_for(
-                spec.workdir.is_some() || spec.env.is_some(),
-                "workdir and env",
-                "run",
-            )?;
             let d = duration(&spec.sleep, "sleep")?.unwrap_or_default();
             Step::sleep(step_name.as_str(), d)
         };
         steps.push(step);
     }
     Workflow::new(name, steps).map_err(|e| FlowError(format!("{}: {e}", path.display())))
-}
-
-/// The directory a flow's relative paths start from.
-pub fn base_dir(path: &Path) -> PathBuf {
-    crate::args::flow_dir(path)
 }

@@ -85,12 +85,12 @@ fn classify(e: &anyhow::Error) -> i32 {
     }
     if let Some(err) = e.downcast_ref::<Error>() {
         return match err {
+            e if e.is_held_elsewhere() => exit::HELD,
             Error::InvalidRunId { .. }
             | Error::InvalidWorkflow { .. }
             | Error::NotWaiting { .. }
-            | Error::NoSuchRun { .. } => exit::USAGE,
-            Error::WorkflowChanged { .. } => exit::USAGE,
-            e if e.is_held_elsewhere() => exit::HELD,
+            | Error::NoSuchRun { .. }
+            | Error::WorkflowChanged { .. } => exit::USAGE,
             _ => exit::FAILED,
         };
     }
@@ -106,18 +106,8 @@ fn classify(e: &anyhow::Error) -> i32 {
 }
 
 async fn dispatch(cli: Cli) -> Result<i32, Failure> {
-    let store = steadfast::open_store(&cli.store).map_err(|e| {
-        let code = match e.kind() {
-            steadfast::StoreErrorKind::InvalidInput | steadfast::StoreErrorKind::Unsupported => {
-                exit::USAGE
-            }
-            _ => exit::FAILED,
-        };
-        Failure {
-            code,
-            error: anyhow::Error::new(e).context(format!("cannot open the store {}", cli.store)),
-        }
-    })?;
+    let store = steadfast::open_store(&cli.store)
+        .with_context(|| format!("cannot open the store {}", cli.store))?;
     match cli.command {
         Command::Run {
             flow,
@@ -287,18 +277,6 @@ async fn run(
             Ok(exit::REJECTED)
         }
         Ok(_) => Ok(exit::FAILED),
-        Err(e) => {
-            let code = match &e {
-                e if e.is_held_elsewhere() => exit::HELD,
-                Error::WorkflowChanged { .. }
-                | Error::InvalidRunId { .. }
-                | Error::InvalidWorkflow { .. } => exit::USAGE,
-                _ => exit::FAILED,
-            };
-            Err(Failure {
-                code,
-                error: anyhow::Error::new(e),
-            })
-        }
+        Err(e) => Err(e.into()),
     }
 }

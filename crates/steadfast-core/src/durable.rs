@@ -440,7 +440,24 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         on_timeout: OnTimeout,
     ) -> Result<(), Error> {
         let mut s = self.shared.session.lock().await;
-        let s = &mut *s;
+        self.pass_gate(&mut s, step, timeout, on_timeout).await
+    }
+
+    /// One listed durable timer.
+    pub(crate) async fn listed_sleep(&self, step: &Step, duration: Duration) -> Result<(), Error> {
+        let mut s = self.shared.session.lock().await;
+        self.pass_timer(&mut s, step, duration).await
+    }
+
+    /// A gate at the live end of the record: passes on an approval, or stops
+    /// the run with [`Error::Suspended`].
+    async fn pass_gate(
+        &self,
+        s: &mut Session,
+        step: &Step,
+        timeout: Option<Duration>,
+        on_timeout: OnTimeout,
+    ) -> Result<(), Error> {
         let total = s.total;
         match self
             .runner()
@@ -455,10 +472,14 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         }
     }
 
-    /// One listed durable timer.
-    pub(crate) async fn listed_sleep(&self, step: &Step, duration: Duration) -> Result<(), Error> {
-        let mut s = self.shared.session.lock().await;
-        let s = &mut *s;
+    /// A timer at the live end of the record: passes once it has fired, or
+    /// stops the run with [`Error::Suspended`].
+    async fn pass_timer(
+        &self,
+        s: &mut Session,
+        step: &Step,
+        duration: Duration,
+    ) -> Result<(), Error> {
         let total = s.total;
         match self
             .runner()
@@ -938,26 +959,9 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             Some(t) => Step::gate(name).gate_timeout(t, on_timeout),
             None => Step::gate(name),
         };
-        let total = s.total;
-        match self
-            .runner()
-            .gate(
-                &mut s.cp,
-                &mut s.expected,
-                &step,
-                timeout,
-                on_timeout,
-                total,
-            )
-            .await?
-        {
-            Some(outcome) => Err(Error::Suspended(outcome)),
-            None => {
-                s.cursor = s.cp.next;
-                let value = s.cp.state.get(name).cloned().unwrap_or(Value::Null);
-                Ok((!value.is_null()).then_some(value))
-            }
-        }
+        self.pass_gate(s, &step, timeout, on_timeout).await?;
+        let value = s.cp.state.get(name).cloned().unwrap_or(Value::Null);
+        Ok((!value.is_null()).then_some(value))
     }
 
     /// A durable timer: the first call records when it wakes and stops the run
@@ -970,19 +974,8 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         if self.replay(s, name)?.is_some() {
             return Ok(());
         }
-        let step = Step::sleep(name, duration);
-        let total = s.total;
-        match self
-            .runner()
-            .sleep(&mut s.cp, &mut s.expected, &step, duration, total)
-            .await?
-        {
-            Some(outcome) => Err(Error::Suspended(outcome)),
-            None => {
-                s.cursor = s.cp.next;
-                Ok(())
-            }
-        }
+        self.pass_timer(s, &Step::sleep(name, duration), duration)
+            .await
     }
 
     /// The current time, recorded: the same on every call of the run.

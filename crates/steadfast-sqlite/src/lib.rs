@@ -48,7 +48,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use serde_json::Value;
 use steadfast_core::{
     check_update, state_size, Checkpoint, ListFilter, RunStatus, RunSummary, SaveRequest, State,
     StepFailure, StepRecord, Store, StoreError, Timestamp, Update,
@@ -579,7 +578,7 @@ fn step_row(step: &StepRecord) -> StepRow {
     StepRow {
         index: step.index,
         name: step.name.clone(),
-        update: Value::Object(step.update.clone()).to_string(),
+        update: to_json(&step.update),
         attempt: step.attempt,
         started_at: step.started_at.unix_millis(),
         finished_at: step.finished_at.unix_millis(),
@@ -647,7 +646,7 @@ impl Store for SqliteStore {
             Some((step, same_labels)) => Body::Delta { step, same_labels },
             None => {
                 check_update(&cp.state).map_err(|p| invalid(&cp.run_id, "state", p))?;
-                let state = Value::Object(cp.state.clone()).to_string();
+                let state = to_json(&cp.state);
                 if state.len() as u64 > limit {
                     return Err(too_large(state.len() as u64));
                 }
