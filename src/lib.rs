@@ -37,6 +37,26 @@ pub const DEFAULT_STORE_URL: &str = "sqlite:.steadfast/runs.db";
 /// # Ok(()) }
 /// ```
 pub fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    open(url, true)
+}
+
+/// Opens a store from a URL like [`open_store`], but never creates one: a
+/// `sqlite:` or `file:` store whose file does not exist is
+/// [`StoreError::NotFound`], and nothing (not even a directory) is made.
+/// For commands that only read or change existing runs.
+///
+/// ```
+/// let dir = tempfile::tempdir().unwrap();
+/// let url = format!("sqlite:{}/nothing/runs.db", dir.path().display());
+/// let err = steadfast::open_existing_store(&url).unwrap_err();
+/// assert_eq!(err.kind(), steadfast::StoreErrorKind::NotFound);
+/// assert!(!dir.path().join("nothing").exists());
+/// ```
+pub fn open_existing_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    open(url, false)
+}
+
+fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
     let (scheme, rest) = url.split_once(':').ok_or_else(|| {
         StoreError::InvalidInput(format!(
             "store URL {url:?} has no scheme; expected sqlite:PATH, file:PATH or memory:"
@@ -51,8 +71,8 @@ pub fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
             }
             Ok(Arc::new(MemoryStore::new()))
         }
-        "file" => open_file(url, path_of(url, rest)?),
-        "sqlite" => open_sqlite(url, path_of(url, rest)?),
+        "file" => open_file(url, path_of(url, rest)?, create),
+        "sqlite" => open_sqlite(url, path_of(url, rest)?, create),
         other => Err(StoreError::Unsupported(format!(
             "store URL {url:?}: unknown scheme {other:?}; this build knows sqlite:, file: and memory:"
         ))),
@@ -70,24 +90,26 @@ fn path_of<'a>(url: &str, rest: &'a str) -> Result<&'a str, StoreError> {
 }
 
 #[cfg(feature = "sqlite")]
-fn open_sqlite(_url: &str, path: &str) -> Result<Arc<dyn Store>, StoreError> {
-    Ok(Arc::new(sqlite::SqliteStore::open(path)?))
+fn open_sqlite(_url: &str, path: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+    let opts = sqlite::SqliteOptions::default().create(create);
+    Ok(Arc::new(sqlite::SqliteStore::open_with(path, opts)?))
 }
 
 #[cfg(not(feature = "sqlite"))]
-fn open_sqlite(url: &str, _path: &str) -> Result<Arc<dyn Store>, StoreError> {
+fn open_sqlite(url: &str, _path: &str, _create: bool) -> Result<Arc<dyn Store>, StoreError> {
     Err(StoreError::Unsupported(format!(
         "store URL {url:?}: this build has no SQLite store (enable the `sqlite` feature)"
     )))
 }
 
 #[cfg(feature = "file")]
-fn open_file(_url: &str, path: &str) -> Result<Arc<dyn Store>, StoreError> {
-    Ok(Arc::new(file::FileStore::open(path)?))
+fn open_file(_url: &str, path: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+    let opts = file::FileStoreOptions::default().create(create);
+    Ok(Arc::new(file::FileStore::open_with(file::OsFs, path, opts)?))
 }
 
 #[cfg(not(feature = "file"))]
-fn open_file(url: &str, _path: &str) -> Result<Arc<dyn Store>, StoreError> {
+fn open_file(url: &str, _path: &str, _create: bool) -> Result<Arc<dyn Store>, StoreError> {
     Err(StoreError::Unsupported(format!(
         "store URL {url:?}: this build has no file store (enable the `file` feature)"
     )))

@@ -240,9 +240,15 @@ fn missing_file_is_an_empty_store_but_an_unreadable_one_is_an_error() -> TestRes
     assert!(rt.block_on(store.load("r"))?.is_none());
     // A directory where the file should be: reading fails with an I/O error,
     // which must not be mistaken for an empty store (even as root).
+    // Opening refuses it outright ...
     let path = dir.path().join("runs.json");
     std::fs::create_dir(&path)?;
+    let err = FileStore::open(&path).unwrap_err();
+    assert!(err.to_string().contains("is a directory"), "{err}");
+    // ... and a directory that appears after opening is an error to read.
+    std::fs::remove_dir(&path)?;
     let store = FileStore::open(&path)?;
+    std::fs::create_dir(&path)?;
     let err = rt.block_on(store.load("r")).unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
     let cp = Checkpoint::new("r", "w", Timestamp::from_unix_millis(0));

@@ -241,7 +241,12 @@ impl SimFs {
 }
 
 impl Fs for SimFs {
-    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+    fn resolve(&self, path: &Path, _create: bool) -> Result<PathBuf, steadfast::StoreError> {
+        // A simulated disk has no owners, modes or links to check.
+        Ok(path.to_path_buf())
+    }
+
+    fn read(&self, path: &Path, _limit: u64) -> io::Result<Vec<u8>> {
         let g = self.inner.lock().unwrap();
         match g.disk.live.get(path) {
             Some(&ino) => Ok(g.disk.inodes[ino].live.clone()),
@@ -310,10 +315,6 @@ impl Fs for SimFs {
             .filter(|p| p.parent() == Some(dir))
             .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .collect())
-    }
-
-    fn create_dir_all(&self, _dir: &Path) -> io::Result<bool> {
-        Ok(false)
     }
 
     fn lock(&self, _path: &Path, _timeout: Duration) -> io::Result<LockGuard> {

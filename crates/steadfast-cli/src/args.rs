@@ -32,8 +32,8 @@ pub enum Command {
         /// Sleep through timers instead of stopping at them.
         #[arg(long)]
         wait: bool,
-        /// How long a claim on the run lasts without renewal.
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        /// How long a claim on the run lasts without renewal (100ms to 1day).
+        #[arg(long, default_value = "30s", value_parser = parse_lease)]
         lease: std::time::Duration,
         /// Resume even though the flow's steps differ from the recorded ones.
         #[arg(long)]
@@ -131,4 +131,10 @@ pub fn flow_dir(flow: &std::path::Path) -> PathBuf {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     }
+}
+
+/// Parses `--lease`: a duration within [`steadfast::limits::LEASE`].
+fn parse_lease(text: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    steadfast::limits::LEASE.check("the lease", d)
 }

@@ -22,6 +22,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 /// How much of stderr's end goes into a step's error.
 const STDERR_TAIL: usize = 2048;
 
+/// How long a step's pipes are read after its command exited, for output a
+/// process outside its group might still hold open.
+const PIPE_DRAIN: Duration = Duration::from_millis(500);
+
 /// One command step, as a flow file describes it.
 #[derive(Clone, Debug)]
 pub struct CommandSpec {
@@ -92,51 +96,83 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
         .stdin
         .take()
         .ok_or_else(|| StepError::terminal("no stdin pipe"))?;
+    // Aborted once the command exits: a descendant that keeps the pipe open
+    // without reading must not hold the step up.
     let writer = tokio::spawn(async move {
         // A command that does not read its input closes the pipe: not an error.
         let _ = stdin.write_all(&input).await;
         let _ = stdin.shutdown().await;
     });
-    let stdout = child
+    let mut stdout = child
         .stdout
         .take()
         .ok_or_else(|| StepError::terminal("no stdout pipe"))?;
-    let stderr = child
+    let mut stderr = child
         .stderr
         .take()
         .ok_or_else(|| StepError::terminal("no stderr pipe"))?;
     let limit = spec.output_limit;
-    let out_task = tokio::spawn(read_limited(stdout, limit));
-    let err_task = tokio::spawn(read_tail(stderr, STDERR_TAIL));
-
-    let waited = match spec.timeout {
-        Some(t) => tokio::time::timeout(t, child.wait()).await.ok(),
-        None => Some(child.wait().await),
+    let mut out = Limited::new(limit);
+    let mut err = Tail::new(STDERR_TAIL);
+    // The step's whole life, the reading of its pipes included, ends at its
+    // timeout; after the command exits, its pipes get a short drain and no
+    // more (a process that left the group may hold them open for ever).
+    let deadline = spec.timeout.map(|t| tokio::time::Instant::now() + t);
+    let until_deadline = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
     };
-    let status = match waited {
-        Some(status) => {
-            status.map_err(|e| StepError::retryable(format!("waiting for `{}`: {e}", spec.run)))?
+    let (status, drained) = {
+        let reading = async {
+            tokio::join!(out.read_from(&mut stdout), err.read_from(&mut stderr));
+        };
+        tokio::pin!(reading, until_deadline);
+        let mut drained = false;
+        let status = loop {
+            tokio::select! {
+                status = child.wait() => break Some(status),
+                () = &mut reading, if !drained => drained = true,
+                () = &mut until_deadline => break None,
+            }
+        };
+        if status.is_some() && !drained {
+            // Kill what the command left in its group, then drain.
+            if let Some(pgid) = guard.0.take() {
+                let _ = killpg(pgid, Signal::SIGKILL);
+            }
+            tokio::select! {
+                () = &mut reading => drained = true,
+                () = tokio::time::sleep(PIPE_DRAIN) => {}
+                () = &mut until_deadline => {}
+            }
         }
-        None => {
-            drop(guard);
-            let tail = err_task.await.unwrap_or_default();
-            return Err(StepError::retryable(format!(
-                "`{}` timed out after {}; its process group was killed{}",
-                spec.run,
-                humantime::format_duration(spec.timeout.unwrap_or_default()),
-                tail_note(&tail)
-            )));
-        }
+        (status, drained)
+    };
+    writer.abort();
+    let Some(status) = status else {
+        drop(guard);
+        return Err(StepError::retryable(format!(
+            "`{}` timed out after {}; its process group was killed{}",
+            spec.run,
+            humantime::format_duration(spec.timeout.unwrap_or_default()),
+            tail_note(&err.text())
+        )));
     };
     // The command is done; anything it left in its group goes with it.
     if let Some(pgid) = guard.0.take() {
         let _ = killpg(pgid, Signal::SIGKILL);
     }
-    let _ = writer.await;
-    let out = out_task
-        .await
-        .map_err(|e| StepError::retryable(e.to_string()))?;
-    let tail = err_task.await.unwrap_or_default();
+    let status =
+        status.map_err(|e| StepError::retryable(format!("waiting for `{}`: {e}", spec.run)))?;
+    let tail = err.text();
+    if !drained {
+        crate::output::note(format_args!(
+            "  note  step {} exited, but a process it started outside its process group still holds its output open; that process was not waited for",
+            ctx.step()
+        ));
+    }
     if !status.success() {
         let how = match status.code() {
             Some(code) => format!("exited with code {code}"),
@@ -148,7 +184,7 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
             tail_note(&tail)
         )));
     }
-    let out = match out {
+    let out = match out.into_output() {
         Output::Complete(bytes) => bytes,
         Output::TooLong => {
             return Err(StepError::terminal(format!(
@@ -171,8 +207,17 @@ fn tail_note(tail: &str) -> String {
 }
 
 /// Reads a step's stdout as its update: one JSON object, or nothing.
+///
+/// The bytes must be UTF-8, and every number must be stored exactly as
+/// printed: an integer beyond 64 bits or a decimal with more digits than a
+/// double keeps is refused (print it as a string) rather than rounded.
 pub fn parse_update(out: &[u8]) -> Result<Update, String> {
-    let text = String::from_utf8_lossy(out);
+    let text = std::str::from_utf8(out).map_err(|e| {
+        format!(
+            "stdout is not UTF-8 (an invalid byte at offset {})",
+            e.valid_up_to()
+        )
+    })?;
     if text.trim().is_empty() {
         return Ok(Update::new());
     }
@@ -184,7 +229,7 @@ pub fn parse_update(out: &[u8]) -> Result<Update, String> {
             start
         }
     };
-    match serde_json::from_str::<Value>(&text) {
+    match parse_json_exact(text) {
         Ok(Value::Object(map)) => steadfast::check_update(&map)
             .map(|()| map)
             .map_err(|p| format!("the value at `{}` cannot be stored: {}", p.path, p.reason)),
@@ -193,11 +238,99 @@ pub fn parse_update(out: &[u8]) -> Result<Update, String> {
             kind(&other),
             quote()
         )),
-        Err(e) => Err(format!(
-            "stdout is not JSON ({e}); it starts with {:?}",
-            quote()
-        )),
+        Err(e) => Err(format!("stdout is not JSON that can be stored ({e}); it starts with {:?}", quote())),
     }
+}
+
+/// Parses JSON text and refuses a number that would not be kept exactly.
+pub fn parse_json_exact(text: &str) -> Result<Value, String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    check_numbers(text)?;
+    Ok(value)
+}
+
+/// Checks every number literal of valid JSON `text`: each must come back
+/// from a 64-bit integer or a double as the same number.
+fn check_numbers(text: &str) -> Result<(), String> {
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < bytes.len() && matches!(bytes[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+                    i += 1;
+                }
+                check_number(&text[start..i])?;
+            }
+            _ => i += 1,
+        }
+    }
+    Ok(())
+}
+
+fn check_number(literal: &str) -> Result<(), String> {
+    let is_integer = !literal.contains(['.', 'e', 'E']);
+    if is_integer {
+        if literal.parse::<i64>().is_ok() || literal.parse::<u64>().is_ok() {
+            return Ok(());
+        }
+        return Err(format!(
+            "the integer {} does not fit in 64 bits and would be rounded; print it as a string",
+            shorten(literal)
+        ));
+    }
+    let parsed: f64 = literal
+        .parse()
+        .map_err(|_| format!("{} is not a number", shorten(literal)))?;
+    if decimal(literal) == decimal(&format!("{parsed:e}")) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the number {} has more digits than a double keeps and would be rounded to {parsed}; print it as a string",
+            shorten(literal)
+        ))
+    }
+}
+
+fn shorten(literal: &str) -> String {
+    if literal.len() > 40 {
+        format!("{}...", &literal[..40])
+    } else {
+        literal.to_string()
+    }
+}
+
+/// A decimal literal as (negative, significant digits, power of ten), with
+/// zero as `None`, so that `1.50`, `15e-1` and `1.5` compare equal.
+fn decimal(literal: &str) -> Option<(bool, String, i128)> {
+    let (negative, rest) = match literal.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, literal),
+    };
+    let (mantissa, exp) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], &rest[at + 1..]),
+        None => (rest, "0"),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let mut digits: String = format!("{int}{frac}").trim_start_matches('0').to_string();
+    if digits.is_empty() {
+        return None;
+    }
+    let exp: i128 = exp.parse::<i128>().unwrap_or(i128::MAX / 2);
+    let mut power = exp - frac.len() as i128;
+    while digits.ends_with('0') {
+        digits.pop();
+        power += 1;
+    }
+    Some((negative, digits, power))
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -216,48 +349,82 @@ enum Output {
     TooLong,
 }
 
-/// Reads everything, but stops keeping bytes past `limit` (and keeps reading,
-/// so the command is not blocked on a full pipe).
-async fn read_limited(mut r: impl AsyncRead + Unpin, limit: usize) -> Output {
-    let mut kept = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut over = false;
-    loop {
-        match r.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if kept.len() + n > limit {
-                    over = true;
-                    kept = Vec::new();
-                } else if !over {
-                    kept.extend_from_slice(&buf[..n]);
+/// A step's stdout: everything up to `limit` bytes, and whether it went past.
+struct Limited {
+    kept: Vec<u8>,
+    limit: usize,
+    over: bool,
+}
+
+impl Limited {
+    fn new(limit: usize) -> Self {
+        Limited {
+            kept: Vec::new(),
+            limit,
+            over: false,
+        }
+    }
+
+    /// Reads to the end, but stops keeping bytes past the limit (and keeps
+    /// reading, so the command is not blocked on a full pipe).
+    async fn read_from(&mut self, r: &mut (impl AsyncRead + Unpin)) {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if self.kept.len() + n > self.limit {
+                        self.over = true;
+                        self.kept = Vec::new();
+                    } else if !self.over {
+                        self.kept.extend_from_slice(&buf[..n]);
+                    }
                 }
             }
         }
     }
-    if over {
-        Output::TooLong
-    } else {
-        Output::Complete(kept)
+
+    fn into_output(self) -> Output {
+        if self.over {
+            Output::TooLong
+        } else {
+            Output::Complete(self.kept)
+        }
     }
 }
 
-/// Reads everything and keeps the last `keep` bytes.
-async fn read_tail(mut r: impl AsyncRead + Unpin, keep: usize) -> String {
-    let mut tail: Vec<u8> = Vec::new();
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        match r.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                tail.extend_from_slice(&buf[..n]);
-                if tail.len() > keep {
-                    tail.drain(..tail.len() - keep);
+/// The last `keep` bytes of a step's stderr.
+struct Tail {
+    tail: Vec<u8>,
+    keep: usize,
+}
+
+impl Tail {
+    fn new(keep: usize) -> Self {
+        Tail {
+            tail: Vec::new(),
+            keep,
+        }
+    }
+
+    async fn read_from(&mut self, r: &mut (impl AsyncRead + Unpin)) {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    self.tail.extend_from_slice(&buf[..n]);
+                    if self.tail.len() > self.keep {
+                        self.tail.drain(..self.tail.len() - self.keep);
+                    }
                 }
             }
         }
     }
-    String::from_utf8_lossy(&tail).into_owned()
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.tail).into_owned()
+    }
 }
 
 /// The supervisor: asks to be sent SIGTERM when its parent (`steadfast`) dies,
@@ -290,7 +457,7 @@ pub fn supervise(command: &str) -> i32 {
         {
             Ok(c) => c,
             Err(e) => {
-                eprintln!("steadfast: cannot start sh: {e}");
+                crate::output::note(format_args!("steadfast: cannot start sh: {e}"));
                 return 127;
             }
         };

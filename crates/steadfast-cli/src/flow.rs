@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
+use steadfast::limits::{self, DurationRange};
 use steadfast::{OnTimeout, RetryPolicy, Step, Workflow};
 use toml::Spanned;
 
@@ -120,16 +121,27 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
             _ => return Err(step_at("has more than one of run, gate and sleep".into())),
         }
         let duration = |field: &Option<Spanned<String>>,
-                        key: &str|
+                        key: &str,
+                        range: DurationRange|
          -> Result<Option<Duration>, FlowError> {
             match field {
                 None => Ok(None),
-                Some(s) => humantime::parse_duration(s.get_ref())
-                    .map(Some)
-                    .map_err(|e| at(s.span().start, format!("{key} = {:?} is not a duration ({e}); write e.g. \"30s\" or \"10m\"", s.get_ref()))),
+                Some(s) => {
+                    let d = humantime::parse_duration(s.get_ref())
+                        .map_err(|e| at(s.span().start, format!("{key} = {:?} is not a duration ({e}); write e.g. \"30s\" or \"10m\"", s.get_ref())))?;
+                    range
+                        .check(key, d)
+                        .map(Some)
+                        .map_err(|e| at(s.span().start, format!("{key} = {:?}: {e}", s.get_ref())))
+                }
             }
         };
-        let timeout = duration(&spec.timeout, "timeout")?;
+        let timeout_range = if spec.gate.is_some() {
+            limits::GATE_TIMEOUT
+        } else {
+            limits::STEP_TIMEOUT
+        };
+        let timeout = duration(&spec.timeout, "timeout", timeout_range)?;
         let only_for = |field: bool, key: &str, kind: &str| -> Result<(), FlowError> {
             if field {
                 Err(step_at(format!("{key} applies only to {kind} steps")))
@@ -155,7 +167,9 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
             if run.get_ref().trim().is_empty() {
                 return Err(at(run.span().start, "run is empty".into()));
             }
-            let backoff = duration(&spec.backoff, "backoff")?.unwrap_or(Duration::from_millis(500));
+            let backoff = duration(&spec.backoff, "backoff", limits::BACKOFF)?
+                .unwrap_or(Duration::from_millis(500));
+            let largest = backoff.saturating_mul(64).min(limits::BACKOFF.max);
             let attempts = spec
                 .retries
                 .as_ref()
@@ -174,7 +188,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
             };
             command
                 .into_step(step_name)
-                .retry(RetryPolicy::new(attempts).backoff(backoff, backoff.saturating_mul(64)))
+                .retry(RetryPolicy::new(attempts).backoff(backoff, largest))
         } else if let Some(gate) = &spec.gate {
             if !gate.get_ref() {
                 return Err(at(
@@ -209,7 +223,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
                 "timeout and on_timeout",
                 "run and gate",
             )?;
-            let d = duration(&spec.sleep, "sleep")?.unwrap_or_default();
+            let d = duration(&spec.sleep, "sleep", limits::SLEEP)?.unwrap_or_default();
             Step::sleep(step_name.as_str(), d)
         };
         steps.push(step);

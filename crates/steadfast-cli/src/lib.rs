@@ -5,7 +5,7 @@
 pub mod args;
 pub mod command;
 pub mod flow;
-mod output;
+pub mod output;
 
 use std::time::Duration;
 
@@ -43,14 +43,18 @@ pub fn main() -> i32 {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("steadfast: cannot start: {e}");
+            output::note(format_args!("steadfast: cannot start: {e}"));
             return exit::FAILED;
         }
     };
     match rt.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(failure) => {
-            eprintln!("steadfast: {:#}", failure.error);
+            // One line, whatever a step printed into its error.
+            output::note(format_args!(
+                "steadfast: {}",
+                output::clean(&format!("{:#}", failure.error))
+            ));
             failure.code
         }
     }
@@ -87,6 +91,7 @@ fn classify(e: &anyhow::Error) -> i32 {
         return match err {
             e if e.is_held_elsewhere() => exit::HELD,
             Error::InvalidRunId { .. }
+            | Error::InvalidInput { .. }
             | Error::InvalidWorkflow { .. }
             | Error::NotWaiting { .. }
             | Error::NoSuchRun { .. }
@@ -96,9 +101,9 @@ fn classify(e: &anyhow::Error) -> i32 {
     }
     if let Some(err) = e.downcast_ref::<steadfast::StoreError>() {
         return match err.kind() {
-            steadfast::StoreErrorKind::InvalidInput | steadfast::StoreErrorKind::Unsupported => {
-                exit::USAGE
-            }
+            steadfast::StoreErrorKind::InvalidInput
+            | steadfast::StoreErrorKind::Unsupported
+            | steadfast::StoreErrorKind::NotFound => exit::USAGE,
             _ => exit::FAILED,
         };
     }
@@ -106,8 +111,13 @@ fn classify(e: &anyhow::Error) -> i32 {
 }
 
 async fn dispatch(cli: Cli) -> Result<i32, Failure> {
-    let store = steadfast::open_store(&cli.store)
-        .with_context(|| format!("cannot open the store {}", cli.store))?;
+    // Only `run` may create a store; the other commands work on runs that
+    // exist, and say so when the store itself does not.
+    let opened = match cli.command {
+        Command::Run { .. } => steadfast::open_store(&cli.store),
+        _ => steadfast::open_existing_store(&cli.store),
+    };
+    let store = opened.with_context(|| format!("cannot open the store {}", cli.store))?;
     match cli.command {
         Command::Run {
             flow,
@@ -158,7 +168,15 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
                 .await
                 .with_context(|| format!("loading run {id:?}"))?
                 .ok_or_else(|| usage(format!("no run {id:?} in {}", cli.store)))?;
-            let history = store.history(&id).await.ok().flatten();
+            let history = match store.history(&id).await {
+                Ok(h) => h,
+                Err(e) if e.kind() == steadfast::StoreErrorKind::Unsupported => None,
+                Err(e) => {
+                    return Err(anyhow::Error::new(e)
+                        .context(format!("reading the history of {id:?}"))
+                        .into())
+                }
+            };
             output::show(&cp, history.as_deref(), json);
             Ok(exit::OK)
         }
@@ -180,13 +198,15 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
             let data = match data {
                 None => None,
                 Some(text) => Some(
-                    serde_json::from_str::<Value>(&text)
-                        .map_err(|e| usage(format!("--data is not JSON: {e}")))?,
+                    command::parse_json_exact(&text)
+                        .map_err(|e| usage(format!("--data is not JSON that can be stored: {e}")))?,
                 ),
             };
             let by = by.unwrap_or_else(who);
             steadfast::approve(&*store, &id, &gate, data, &by, &SystemClock).await?;
-            eprintln!("approved gate {gate:?} of run {id:?} as {by}; run it again to continue");
+            output::note(format_args!(
+                "approved gate {gate:?} of run {id:?} as {by:?}; run it again to continue"
+            ));
             Ok(exit::OK)
         }
         Command::Reject {
@@ -197,7 +217,9 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
         } => {
             let by = by.unwrap_or_else(who);
             steadfast::reject(&*store, &id, &gate, reason, &by, &SystemClock).await?;
-            eprintln!("rejected gate {gate:?} of run {id:?} as {by}; the run is over");
+            output::note(format_args!(
+                "rejected gate {gate:?} of run {id:?} as {by:?}; the run is over"
+            ));
             Ok(exit::OK)
         }
         Command::Delete { id } => {
@@ -207,7 +229,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
                 .await
                 .with_context(|| format!("deleting run {id:?}"))?
             {
-                eprintln!("deleted run {id:?}");
+                output::note(format_args!("deleted run {id:?}"));
                 Ok(exit::OK)
             } else {
                 Err(usage(format!("no run {id:?} in {}", cli.store)))
@@ -245,11 +267,15 @@ async fn run(
             if json {
                 output::out!("{}", Value::Object(state));
             }
-            eprintln!("run {run_id:?} completed");
+            output::note(format_args!("run {run_id:?} completed"));
             Ok(exit::OK)
         }
         Ok(Outcome::Waiting { gate }) => {
-            eprintln!("run {run_id:?} waits at gate {gate:?}: steadfast approve {run_id} {gate}  (or reject)");
+            output::note(format_args!(
+                "run {run_id:?} waits at gate {gate:?}: steadfast approve {} {}  (or reject)",
+                output::shell_quote(run_id),
+                output::shell_quote(&gate)
+            ));
             if json {
                 output::out!("{}", json!({"status": "waiting", "gate": gate}));
             }
@@ -257,20 +283,22 @@ async fn run(
         }
         Ok(Outcome::Sleeping { until }) => {
             let left = until.saturating_since(SystemClock.now());
-            eprintln!(
+            output::note(format_args!(
                 "run {run_id:?} sleeps until {until} ({} from now); run again then, or with --wait",
                 humantime::format_duration(Duration::from_secs(left.as_secs()))
-            );
+            ));
             if json {
                 output::out!("{}", json!({"status": "sleeping", "until": until}));
             }
             Ok(exit::WAITING)
         }
         Ok(Outcome::Rejected { gate, reason }) => {
-            eprintln!(
+            output::note(format_args!(
                 "run {run_id:?} was rejected at gate {gate:?}{}",
-                reason.map(|r| format!(": {r}")).unwrap_or_default()
-            );
+                reason
+                    .map(|r| format!(": {}", output::clean(&r)))
+                    .unwrap_or_default()
+            ));
             if json {
                 output::out!("{}", json!({"status": "rejected", "gate": gate}));
             }

@@ -18,17 +18,73 @@ macro_rules! out {
 }
 pub(crate) use out;
 
-/// Writes one line to stdout; see [`out!`].
+/// Writes one line to stdout; see [`out!`]. Any other write error (a full
+/// disk, an I/O error) ends the process with exit code 1 and one line on
+/// stderr: output that did not arrive is not a success.
 pub fn line(args: std::fmt::Arguments<'_>) {
     let mut stdout = std::io::stdout().lock();
     if let Err(e) = stdout
         .write_fmt(args)
         .and_then(|()| stdout.write_all(b"\n"))
+        .and_then(|()| stdout.flush())
     {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
+        note(format_args!("steadfast: cannot write to standard output: {e}"));
+        std::process::exit(crate::args::exit::FAILED);
     }
+}
+
+/// Text from a store, a step or a user made safe to print on a terminal:
+/// control characters (newlines, escape sequences) are shown escaped, so that
+/// nothing can fake a line of output or drive the terminal.
+///
+/// ```
+/// assert_eq!(steadfast_cli::output::clean("a\nb\u{1b}[2J"), "a\\nb\\u{1b}[2J");
+/// ```
+pub fn clean(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// A word as a POSIX shell reads it back: unchanged when it is plain, else
+/// in single quotes.
+///
+/// ```
+/// assert_eq!(steadfast_cli::output::shell_quote("run-1"), "run-1");
+/// assert_eq!(steadfast_cli::output::shell_quote("a b"), "'a b'");
+/// assert_eq!(steadfast_cli::output::shell_quote("it's"), "'it'\\''s'");
+/// ```
+pub fn shell_quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:@%+=,".contains(&b));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", clean(&word.replace('\'', "'\\''")))
+    }
+}
+
+/// Writes one line to stderr. Unlike `eprintln!`, never panics: when stderr
+/// itself cannot be written there is nowhere left to report that.
+pub fn note(args: std::fmt::Arguments<'_>) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr
+        .write_fmt(args)
+        .and_then(|()| stderr.write_all(b"\n"));
 }
 
 /// The progress line of a run-loop event, on stderr.
@@ -62,11 +118,16 @@ pub fn progress(event: &Event<'_>) {
         } => format!("  fail  {index:>3} {step}  attempt {attempt}: {error}"),
         _ => return,
     };
-    eprintln!("{line}");
+    note(format_args!("{}", clean(&line)));
 }
 
 /// Prints rows as columns padded to their widest cell.
 fn table(header: &[&str], rows: &[Vec<String>]) {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| clean(c).into_owned()).collect())
+        .collect();
+    let rows = &rows;
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -145,8 +206,8 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
         out!("{out}");
         return;
     }
-    out!("run       {}", cp.run_id);
-    out!("workflow  {}", cp.workflow);
+    out!("run       {}", clean(&cp.run_id));
+    out!("workflow  {}", clean(&cp.workflow));
     out!("status    {}", cp.status);
     out!("next      step {}", cp.next);
     out!("updated   {}", cp.updated_at);
@@ -164,21 +225,29 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
             let t = timeout_at
                 .map(|t| format!(", decides {decides} at {t}"))
                 .unwrap_or_default();
-            out!("waiting   at gate {step} since {since}{t}");
+            out!("waiting   at gate {} since {since}{t}", clean(step));
         }
-        Some(Wait::Timer { step, until }) => out!("sleeping  at {step} until {until}"),
+        Some(Wait::Timer { step, until }) => out!("sleeping  at {} until {until}", clean(step)),
         Some(_) | None => {}
     }
     if let Some(l) = &cp.lease {
-        out!("lease     {} until {}", l.owner, l.until);
+        let gone = match steadfast::holder_is_running(&l.owner) {
+            Some(false) => "  (that process is gone: the next run takes the lease over)",
+            _ => "",
+        };
+        out!(
+            "lease     {} until {}{gone}",
+            clean(&l.owner.to_string()),
+            l.until
+        );
     }
     if let Some(e) = &cp.error {
         out!(
             "error     step {} ({}) attempt {}: {}",
             e.index,
-            e.step,
+            clean(&e.step),
             e.attempt,
-            e.message
+            clean(&e.message)
         );
     }
     for d in &cp.decisions {
@@ -187,9 +256,14 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
             .reason
             .clone()
             .or_else(|| d.data.as_ref().map(|v| v.to_string()))
-            .map(|x| format!(": {x}"))
+            .map(|x| format!(": {}", clean(&x)))
             .unwrap_or_default();
-        out!("decision  {} {what} by {} at {}{extra}", d.gate, d.by, d.at);
+        out!(
+            "decision  {} {what} by {} at {}{extra}",
+            clean(&d.gate),
+            clean(&d.by),
+            d.at
+        );
     }
     out!();
     match history {

@@ -83,7 +83,9 @@ pub struct StepFailure {
 }
 
 impl StepFailure {
-    /// A failure record.
+    /// A failure record. A message longer than
+    /// [`limits::MAX_ERROR_BYTES`](crate::limits::MAX_ERROR_BYTES) is cut in its
+    /// middle.
     pub fn new(
         index: usize,
         step: &str,
@@ -95,7 +97,7 @@ impl StepFailure {
         StepFailure {
             index,
             step: step.to_string(),
-            message,
+            message: crate::limits::cut_middle(message, crate::limits::MAX_ERROR_BYTES),
             attempt,
             terminal,
             at,
@@ -183,19 +185,39 @@ impl std::fmt::Display for Owner {
 }
 
 /// A claim on a run: `owner` runs it until `until` unless it renews.
+///
+/// `until` is the holder's wall clock, which another host compares with its
+/// own. On the holder's own host the claim is judged without wall clocks: a
+/// holder whose process is gone has lost it, and a live one keeps it until
+/// `local_until`, read on the host's boot clock, which nobody can set.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Lease {
     /// The holder.
     pub owner: Owner,
-    /// When the claim lapses unless renewed.
+    /// When the claim lapses unless renewed, on the holder's wall clock.
     pub until: Timestamp,
+    /// When the claim lapses unless renewed, in milliseconds since the
+    /// holder's host booted (meaningful only on that host, while the holder
+    /// lives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_until: Option<u64>,
 }
 
 impl Lease {
-    /// A lease for `owner` until `until`.
+    /// A lease for `owner` until `until`, with no boot-clock deadline.
     pub fn new(owner: Owner, until: Timestamp) -> Self {
-        Lease { owner, until }
+        Lease {
+            owner,
+            until,
+            local_until: None,
+        }
+    }
+
+    /// The same lease, lapsing `local_until` milliseconds after its host booted.
+    pub fn local_until(mut self, local_until: Option<u64>) -> Self {
+        self.local_until = local_until;
+        self
     }
 }
 

@@ -8,16 +8,37 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A point in wall-clock time with millisecond precision, stored as RFC 3339 text
 /// (`2026-11-29T18:20:05.123Z`) so a checkpoint stays readable.
+///
+/// Timestamps lie between the Unix epoch and [`Timestamp::MAX`], the last
+/// millisecond of the year 9999 (the last one RFC 3339 can write): every
+/// constructor and every addition saturates there, so formatting one never fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(u64);
+
+/// Milliseconds from the Unix epoch to 9999-12-31T23:59:59.999Z.
+const MAX_MILLIS: u64 = 253_402_300_799_999;
 
 impl Timestamp {
     /// The Unix epoch.
     pub const EPOCH: Timestamp = Timestamp(0);
 
-    /// A timestamp `ms` milliseconds after the Unix epoch.
+    /// The latest timestamp: 9999-12-31T23:59:59.999Z.
+    pub const MAX: Timestamp = Timestamp(MAX_MILLIS);
+
+    /// A timestamp `ms` milliseconds after the Unix epoch, or [`Timestamp::MAX`]
+    /// if that lies beyond it.
+    ///
+    /// ```
+    /// use steadfast_core::Timestamp;
+    /// assert_eq!(Timestamp::from_unix_millis(u64::MAX), Timestamp::MAX);
+    /// assert_eq!(Timestamp::MAX.to_string(), "9999-12-31T23:59:59.999Z");
+    /// ```
     pub const fn from_unix_millis(ms: u64) -> Self {
-        Timestamp(ms)
+        if ms > MAX_MILLIS {
+            Timestamp(MAX_MILLIS)
+        } else {
+            Timestamp(ms)
+        }
     }
 
     /// Milliseconds since the Unix epoch.
@@ -25,9 +46,9 @@ impl Timestamp {
         self.0
     }
 
-    /// This timestamp plus `d`, saturating at the far future.
+    /// This timestamp plus `d`, saturating at [`Timestamp::MAX`].
     pub fn saturating_add(self, d: Duration) -> Self {
-        Timestamp(
+        Timestamp::from_unix_millis(
             self.0
                 .saturating_add(d.as_millis().min(u64::MAX as u128) as u64),
         )
@@ -49,7 +70,7 @@ impl From<SystemTime> for Timestamp {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis().min(u64::MAX as u128) as u64)
             .unwrap_or(0);
-        Timestamp(ms)
+        Timestamp::from_unix_millis(ms)
     }
 }
 
@@ -128,7 +149,7 @@ impl ManualClock {
 
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
-        Timestamp(self.0.load(Ordering::SeqCst))
+        Timestamp::from_unix_millis(self.0.load(Ordering::SeqCst))
     }
 }
 
@@ -142,6 +163,19 @@ mod tests {
         let text = serde_json::to_string(&t)?;
         assert_eq!(text, "\"2025-11-29T18:20:05.123Z\"");
         assert_eq!(serde_json::from_str::<Timestamp>(&text)?, t);
+        Ok(())
+    }
+
+    #[test]
+    fn far_future_timestamps_saturate_and_round_trip() -> Result<(), serde_json::Error> {
+        let far = Timestamp::EPOCH.saturating_add(Duration::from_secs(u64::MAX));
+        assert_eq!(far, Timestamp::MAX);
+        let text = serde_json::to_string(&far)?;
+        assert_eq!(text, "\"9999-12-31T23:59:59.999Z\"");
+        assert_eq!(serde_json::from_str::<Timestamp>(&text)?, far);
+        let clock = ManualClock::new(Timestamp::MAX);
+        clock.advance(Duration::from_secs(10_000 * 366 * 86_400));
+        assert_eq!(clock.now(), Timestamp::MAX);
         Ok(())
     }
 

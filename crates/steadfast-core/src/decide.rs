@@ -3,11 +3,17 @@
 use crate::checkpoint::{Checkpoint, Decision, RunStatus, Wait};
 use crate::clock::Clock;
 use crate::error::{Error, StoreErrorKind};
+use crate::limits::MAX_REASON_BYTES;
 use crate::store::{SaveRequest, Store};
 
 /// Approves gate `gate` of waiting run `run_id`: records who, when and the
 /// data, which the next run of the workflow merges into the state under the
 /// gate's name before it goes on.
+///
+/// Data that could not be stored in the state (nesting deeper than
+/// [`MAX_VALUE_DEPTH`](crate::MAX_VALUE_DEPTH) under the gate's key) and a
+/// `by` that is not a name (empty, over 200 bytes, control characters) are
+/// refused with [`Error::InvalidInput`] before anything is loaded or written.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -35,11 +41,33 @@ pub async fn approve<S: Store + ?Sized>(
     by: &str,
     clock: &dyn Clock,
 ) -> Result<Checkpoint, Error> {
+    check_decider(run_id, gate, by)?;
+    if let Some(d) = &data {
+        crate::store::check_decision_data(gate, d).map_err(|p| Error::InvalidInput {
+            what: format!("the data approving gate {gate:?} of run {run_id:?}"),
+            reason: format!(
+                "the value at `{}` cannot be stored: {}; nothing was written",
+                p.path, p.reason
+            ),
+        })?;
+    }
     decide(store, run_id, gate, clock, |cp, now| {
         cp.decisions
             .push(Decision::approve(gate, by, now, data.clone()));
     })
     .await
+}
+
+/// Checks who decides: a name like a step's (1 to 200 bytes, no control
+/// characters), so that it is stored and shown as given.
+fn check_decider(run_id: &str, gate: &str, by: &str) -> Result<(), Error> {
+    crate::ids::check_step_name(by).map_err(|reason| Error::InvalidInput {
+        what: format!(
+            "the name of who decides gate {gate:?} of run {run_id:?} ({:?})",
+            crate::ids::preview(by)
+        ),
+        reason: format!("{reason}; nothing was written"),
+    })
 }
 
 /// Rejects gate `gate` of waiting run `run_id`: the run ends with status
@@ -52,6 +80,18 @@ pub async fn reject<S: Store + ?Sized>(
     by: &str,
     clock: &dyn Clock,
 ) -> Result<Checkpoint, Error> {
+    check_decider(run_id, gate, by)?;
+    if let Some(r) = &reason {
+        if r.len() > MAX_REASON_BYTES {
+            return Err(Error::InvalidInput {
+                what: format!("the reason for rejecting gate {gate:?} of run {run_id:?}"),
+                reason: format!(
+                    "it is {} bytes, over the limit of {MAX_REASON_BYTES}; nothing was written",
+                    r.len()
+                ),
+            });
+        }
+    }
     decide(store, run_id, gate, clock, |cp, now| {
         cp.decisions
             .push(Decision::reject(gate, by, now, reason.clone()));

@@ -47,10 +47,22 @@ impl StepOptions {
         self.retry = Some(policy);
         self
     }
-    /// Cancels an attempt that runs longer than `d`.
+    /// Cancels an attempt that runs longer than `d`, which must lie in
+    /// [`limits::STEP_TIMEOUT`](crate::limits::STEP_TIMEOUT) (checked when the
+    /// step runs).
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);
         self
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if let Some(t) = self.timeout {
+            crate::limits::STEP_TIMEOUT.check("timeout", t)?;
+        }
+        match &self.retry {
+            Some(policy) => policy.check(),
+            None => Ok(()),
+        }
     }
 }
 
@@ -173,6 +185,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
         Fut: Future<Output = Result<T, Error>>,
     {
         validate_run_id(run_id)?;
+        self.check_options()?;
         crate::ids::check_step_name(workflow).map_err(|reason| Error::InvalidWorkflow {
             workflow: workflow.to_string(),
             reason,
@@ -370,9 +383,6 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             });
             match result {
                 Ok(update) => {
-                    for (k, v) in &update {
-                        s.cp.state.insert(k.clone(), v.clone());
-                    }
                     let record =
                         StepRecord::new(index, step.name(), update, attempt, started, finished);
                     runner
@@ -575,6 +585,13 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         Ok(())
     }
 
+    fn check_duration(&self, name: &str, checked: Result<Duration, String>) -> Result<(), Error> {
+        checked.map(drop).map_err(|r| Error::InvalidWorkflow {
+            workflow: String::new(),
+            reason: format!("step {name:?}: {r}"),
+        })
+    }
+
     fn check_user_name(&self, name: &str) -> Result<(), Error> {
         let bad = |reason: String| Error::InvalidWorkflow {
             workflow: String::new(),
@@ -617,6 +634,10 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     {
         let name = name.into();
         self.check_user_name(&name)?;
+        options.check().map_err(|r| Error::InvalidWorkflow {
+            workflow: String::new(),
+            reason: format!("step {name:?}: {r}"),
+        })?;
         self.run_step(name, options, f).await
     }
 
@@ -670,7 +691,6 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     let mut s = self.shared.session.lock().await;
                     let s = &mut *s;
                     let index = s.cp.next;
-                    crate::state::merge(&mut s.cp.state, update.clone());
                     let record = StepRecord::new(index, &name, update, attempt, started, finished);
                     runner
                         .complete(&mut s.cp, &mut s.expected, record, usize::MAX)
@@ -886,7 +906,6 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                         let mut s = self.shared.session.lock().await;
                         let s = &mut *s;
                         let index = s.cp.next;
-                        crate::state::merge(&mut s.cp.state, update.clone());
                         let record =
                             StepRecord::new(index, &name, update, 1, started, runner.now());
                         if let Err(e) = runner
@@ -950,6 +969,9 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         on_timeout: OnTimeout,
     ) -> Result<Option<Value>, Error> {
         self.check_user_name(name)?;
+        if let Some(t) = timeout {
+            self.check_duration(name, crate::limits::GATE_TIMEOUT.check("gate timeout", t))?;
+        }
         let mut s = self.shared.session.lock().await;
         let s = &mut *s;
         if let Some(value) = self.replay(s, name)? {
@@ -969,6 +991,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     /// the wake-up time goes on. A crash does not restart the timer.
     pub async fn sleep(&self, name: &str, duration: Duration) -> Result<(), Error> {
         self.check_user_name(name)?;
+        self.check_duration(name, crate::limits::SLEEP.check("sleep", duration))?;
         let mut s = self.shared.session.lock().await;
         let s = &mut *s;
         if self.replay(s, name)?.is_some() {

@@ -27,6 +27,8 @@ pub enum StoreErrorKind {
     Unavailable,
     /// The operation or URL is not supported by this build.
     Unsupported,
+    /// The store does not exist (and was not to be created).
+    NotFound,
 }
 
 /// An error from a [`Store`](crate::Store), with a portable [`StoreErrorKind`].
@@ -101,6 +103,10 @@ pub enum StoreError {
     /// Not supported by this build or backend.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The store (its file or database) does not exist, and the caller asked
+    /// not to create it.
+    #[error("{0}")]
+    NotFound(String),
     /// Any other backend failure.
     #[error("{message}")]
     Backend {
@@ -131,6 +137,7 @@ impl StoreError {
             | StoreError::LockTimeout { .. }
             | StoreError::Poisoned { .. } => StoreErrorKind::Unavailable,
             StoreError::Unsupported(_) => StoreErrorKind::Unsupported,
+            StoreError::NotFound(_) => StoreErrorKind::NotFound,
             StoreError::Backend { kind, .. } => *kind,
         }
     }
@@ -292,7 +299,7 @@ pub enum Error {
         given: Option<String>,
     },
     /// A step failed after its attempts ran out (or with a terminal error).
-    #[error("run {run_id:?}: step {index} ({step}) failed after {attempts} attempt(s): {source}")]
+    #[error("run {run_id:?}: step {index} ({step}) failed after {attempts} attempt(s)")]
     StepFailed {
         /// The run.
         run_id: String,
@@ -332,6 +339,15 @@ pub enum Error {
         /// Until when (unless renewed).
         until: crate::clock::Timestamp,
     },
+    /// An argument is out of its range or cannot be stored (a duration, a
+    /// decision's data, a name). Nothing was written.
+    #[error("{what}: {reason}")]
+    InvalidInput {
+        /// What was given, and where.
+        what: String,
+        /// Why it was refused.
+        reason: String,
+    },
     /// No run has this id.
     #[error("no run {run_id:?} in the store")]
     NoSuchRun {
@@ -354,7 +370,7 @@ pub enum Error {
     #[error("the run stopped: {0:?}")]
     Suspended(crate::run::Outcome),
     /// The store failed.
-    #[error("run {run_id:?}: {op} failed: {source}")]
+    #[error("run {run_id:?}: {op} failed")]
     Store {
         /// The run.
         run_id: String,
@@ -386,4 +402,19 @@ impl Error {
         self.store_error()
             .is_some_and(|e| e.kind() == StoreErrorKind::Conflict)
     }
+}
+
+/// An error and its causes on one line, joined by `: `.
+pub(crate) fn chain(e: &(dyn StdError + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
 }

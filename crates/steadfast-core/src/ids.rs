@@ -24,6 +24,11 @@ pub fn validate_run_id(run_id: &str) -> Result<(), Error> {
     })
 }
 
+/// The first 64 characters of `text`, for an error message.
+pub(crate) fn preview(text: &str) -> String {
+    text.chars().take(64).collect()
+}
+
 /// Checks a step name: 1 to 200 bytes, no control characters.
 pub(crate) fn check_step_name(name: &str) -> Result<(), String> {
     check_name(name, MAX_STEP_NAME_BYTES)

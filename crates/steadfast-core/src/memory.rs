@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use crate::checkpoint::{Checkpoint, StepRecord};
 use crate::error::StoreError;
-use crate::store::{state_size, ListFilter, RunSummary, SaveRequest, Store};
+use crate::store::{check_head, check_state, state_size, ListFilter, RunSummary, SaveRequest, Store};
 
 /// The default state size limit of [`MemoryStore`]: 64 MiB.
 pub const DEFAULT_MEMORY_STATE_LIMIT: u64 = 64 << 20;
@@ -70,6 +70,10 @@ impl Store for MemoryStore {
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         let cp = req.checkpoint;
+        // Nothing here is serialized, but a record that another store could
+        // not read back is refused alike, so tests on memory catch it.
+        check_head(cp)?;
+        check_state(&cp.run_id, "state", &cp.state)?;
         let size = state_size(&cp.state);
         if size > self.state_limit {
             return Err(StoreError::TooLarge {

@@ -28,6 +28,12 @@ fn start_time(pid: u32) -> Option<u64> {
     after.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Whether the lease holder `owner` is still running, when it is on this
+/// host (`None` for another host, whose processes cannot be seen from here).
+pub fn holder_is_running(owner: &Owner) -> Option<bool> {
+    (owner.host == hostname()).then(|| is_alive(owner))
+}
+
 /// Whether `owner`, recorded on this host, is still running. Unknown means
 /// alive: a lease is only taken over early when its holder is surely gone.
 pub(crate) fn is_alive(owner: &Owner) -> bool {
@@ -38,4 +44,14 @@ pub(crate) fn is_alive(owner: &Owner) -> bool {
         None => false,
         Some(started) => owner.started == 0 || started == owner.started,
     }
+}
+
+/// Milliseconds since this host booted, counting time asleep: the same clock
+/// for every process on the host, and unmoved when someone sets the wall
+/// clock. `None` where the system has no such clock.
+pub(crate) fn boot_millis() -> Option<u64> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+    let secs = u64::try_from(t.tv_sec()).ok()?;
+    let nanos = u64::try_from(t.tv_nsec()).ok()?;
+    Some(secs.saturating_mul(1000).saturating_add(nanos / 1_000_000))
 }

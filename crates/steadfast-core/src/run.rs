@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::checkpoint::{
-    Checkpoint, Decision, Lease, OnTimeout, Owner, RunStatus, StepRecord, Wait,
+    Checkpoint, Decision, Lease, OnTimeout, Owner, RunStatus, StepFailure, StepRecord, Wait,
 };
 use crate::clock::Timestamp;
 use crate::clock::{Clock, SystemClock};
@@ -325,6 +325,26 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         self.with_store(StoreRef::Shared(Arc::new((*self.store).clone())))
     }
 
+    /// Checks the options that have ranges (the lease's time to live).
+    pub(crate) fn check_options(&self) -> Result<(), Error> {
+        if let Some((_, ttl)) = &self.lease {
+            crate::limits::LEASE
+                .check("lease", *ttl)
+                .map_err(|reason| Error::InvalidInput {
+                    what: "the runner's lease".into(),
+                    reason,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// A lease for this runner's owner from now, on both clocks.
+    fn fresh_lease(&self, me: &Owner, ttl: Duration) -> Lease {
+        let local = crate::process::boot_millis()
+            .map(|b| b.saturating_add(ttl.as_millis().min(u64::MAX as u128) as u64));
+        Lease::new(me.clone(), self.clock.now().saturating_add(ttl)).local_until(local)
+    }
+
     /// How often a held lease is renewed, if leases are on.
     pub(crate) fn renew_every(&self) -> Option<Duration> {
         self.lease
@@ -355,6 +375,12 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// run whose lease another live owner holds fails with [`Error::Held`]; a
     /// lease whose holder died (on this host) or expired is taken over; a holder
     /// whose lease was taken loses at its next save or renewal (a conflict).
+    ///
+    /// On one host, expiry is judged by the host's boot clock and the holder's
+    /// process, never by wall clocks; across hosts, by the taker's wall clock
+    /// (see `docs/durability.md`). `ttl` must lie in
+    /// [`limits::LEASE`](crate::limits::LEASE); a run with one outside it
+    /// fails with [`Error::InvalidInput`] before anything is loaded.
     pub fn lease(mut self, owner: Owner, ttl: Duration) -> Self {
         self.lease = Some((owner, ttl));
         self
@@ -407,6 +433,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// Starts or resumes `run_id`. See [`run`].
     pub async fn run(&self, run_id: &str, workflow: &Workflow) -> Result<Outcome, Error> {
         validate_run_id(run_id)?;
+        self.check_options()?;
         let loaded = self
             .store
             .load(run_id)
@@ -460,6 +487,12 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// Records a completed step (its update already merged into the state) and
     /// saves; the last step's save also marks the run completed and releases
     /// the lease.
+    ///
+    /// When the save fails for any reason but a conflict (the state grew past
+    /// the store's limit, the disk is full), the record is put back as it was
+    /// before the step, and the failure is recorded in the store with the lease
+    /// released if the store still takes that small write, so that the run
+    /// reads `failed` with the cause instead of `running` under a dead lease.
     pub(crate) async fn complete(
         &self,
         cp: &mut Checkpoint,
@@ -467,22 +500,34 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         record: StepRecord,
         total: usize,
     ) -> Result<(), Error> {
-        cp.completed.push(record.name.clone());
-        cp.next += 1;
-        cp.attempts = 0;
-        cp.error = None;
-        cp.wait = None;
-        cp.updated_at = record.finished_at;
-        if cp.next == total {
-            cp.status = RunStatus::Completed;
-            cp.lease = None;
-        } else {
-            cp.status = RunStatus::Running;
-        }
+        let undo = Undo::apply(cp, &record, total);
         let what = format!("save after step {} ({})", record.index, record.name);
-        self.save(cp, expected, Some(&record))
-            .await
-            .map_err(|e| store_error(&cp.run_id, &what, e))
+        let err = match self.save(cp, expected, Some(&record)).await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        undo.revert(cp);
+        if err.kind() != StoreErrorKind::Conflict {
+            let now = self.clock.now();
+            cp.status = RunStatus::Failed;
+            cp.lease = None;
+            cp.updated_at = now;
+            cp.error = Some(StepFailure::new(
+                record.index,
+                &record.name,
+                format!(
+                    "the step finished but its checkpoint could not be saved: {}",
+                    crate::error::chain(&err)
+                ),
+                record.attempt,
+                true,
+                now,
+            ));
+            if let Err(e) = self.save(cp, expected, None).await {
+                tracing::warn!(run_id = %cp.run_id, step = %record.name, error = %crate::error::chain(&e), "could not record that a checkpoint failed");
+            }
+        }
+        Err(store_error(&cp.run_id, &what, err))
     }
 
     /// Claims the run with a lease, when leases are on. Refuses a lease that
@@ -496,21 +541,25 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         let Some((me, ttl)) = &self.lease else {
             return Ok(());
         };
-        let now = self.clock.now();
         if let Some(held) = &cp.lease {
-            let gone = held.owner.host == me.host && !crate::process::is_alive(&held.owner);
-            if held.owner != *me && held.until > now && !gone {
-                return Err(Error::Held {
-                    run_id: cp.run_id.clone(),
-                    holder: held.owner.clone(),
-                    until: held.until,
-                });
-            }
-            if held.owner != *me {
-                tracing::info!(run_id = %cp.run_id, holder = %held.owner, "taking over a lease whose holder is gone or expired");
+            match standing(held, me, self.clock.now()) {
+                Standing::Mine => {}
+                Standing::Held => {
+                    return Err(Error::Held {
+                        run_id: cp.run_id.clone(),
+                        holder: held.owner.clone(),
+                        until: held.until,
+                    })
+                }
+                Standing::Gone => {
+                    tracing::info!(run_id = %cp.run_id, holder = %held.owner, "taking over a lease whose holder is gone")
+                }
+                Standing::Lapsed => {
+                    tracing::info!(run_id = %cp.run_id, holder = %held.owner, "taking over a lease that was not renewed in time")
+                }
             }
         }
-        cp.lease = Some(Lease::new(me.clone(), now.saturating_add(*ttl)));
+        cp.lease = Some(self.fresh_lease(me, *ttl));
         self.save(cp, expected, None)
             .await
             .map_err(|e| store_error(&cp.run_id, "claim of the lease", e))
@@ -531,10 +580,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         if let Some(state) = state {
             copy.state = state.clone();
         }
-        copy.lease = Some(Lease::new(
-            me.clone(),
-            self.clock.now().saturating_add(*ttl),
-        ));
+        copy.lease = Some(self.fresh_lease(me, *ttl));
         #[cfg(feature = "mutants")]
         if self.mutant_blind_lease_renewal {
             if let Ok(Some(stored)) = self.store.load(&cp.run_id).await {
@@ -585,7 +631,8 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             return Ok(());
         };
         let every = (*ttl / 3).max(Duration::from_millis(10));
-        let end = tokio::time::Instant::now() + d;
+        let start = tokio::time::Instant::now();
+        let end = start.checked_add(d).unwrap_or(start + crate::limits::SLEEP.max);
         loop {
             let now = tokio::time::Instant::now();
             if now >= end {
@@ -615,6 +662,22 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             Some(Wait::Gate { step, since, .. }) if step == name => Some(*since),
             _ => None,
         };
+        // A gate never waits longer than its timeout from now: when the wall
+        // clock was ahead as the wait began and has been set back since, the
+        // recorded deadline moves in.
+        if let (
+            Some(Wait::Gate {
+                step,
+                timeout_at: Some(at),
+                ..
+            }),
+            Some(t),
+        ) = (&mut cp.wait, timeout)
+        {
+            if step == name {
+                *at = (*at).min(now.saturating_add(t));
+            }
+        }
         let mut decision = since.and_then(|since| {
             cp.decisions
                 .iter()
@@ -656,7 +719,6 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                     name.to_string(),
                     d.data.clone().unwrap_or(serde_json::Value::Null),
                 );
-                crate::state::merge(&mut cp.state, update.clone());
                 let record = StepRecord::new(cp.next, name, update, 1, since.unwrap_or(now), now);
                 self.complete(cp, expected, record, total).await?;
                 Ok(None)
@@ -709,7 +771,13 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             Some(Wait::Timer { step, until }) if step == name => Some(*until),
             _ => None,
         };
-        let until = recorded.unwrap_or_else(|| now.saturating_add(d));
+        // A timer never waits longer than its duration from now: when the wall
+        // clock was ahead as the timer was set and has been set back since,
+        // the recorded wake-up time moves in.
+        let until = match recorded {
+            Some(at) => at.min(now.saturating_add(d)),
+            None => now.saturating_add(d),
+        };
         if now < until {
             cp.wait = Some(Wait::Timer {
                 step: name.to_string(),
@@ -724,7 +792,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                 })?;
                 return Ok(Some(Outcome::Sleeping { until }));
             }
-            if recorded.is_none() {
+            if recorded != Some(until) {
                 // The wake-up time is durable before the wait begins, so a crash
                 // does not restart the timer.
                 cp.status = RunStatus::Sleeping;
@@ -826,6 +894,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                 | StoreErrorKind::InvalidInput
                 | StoreErrorKind::Corrupt
                 | StoreErrorKind::Unsupported
+                | StoreErrorKind::NotFound
         );
         #[cfg(feature = "mutants")]
         let definite = definite || self.mutant_skip_reload_after_unknown;
@@ -850,6 +919,105 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                 Err(err)
             }
         }
+    }
+}
+
+/// How a lease stands for someone who wants the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// The asker holds it.
+    Mine,
+    /// Someone else holds it and it has not lapsed.
+    Held,
+    /// Its holder, on this host, is no longer running.
+    Gone,
+    /// It was not renewed in time.
+    Lapsed,
+}
+
+/// Judges `held` for `me` at wall-clock time `now`. On one host, by the
+/// holder's process and the boot clock; across hosts, by the wall clock.
+pub(crate) fn standing(held: &Lease, me: &Owner, now: Timestamp) -> Standing {
+    if held.owner == *me {
+        return Standing::Mine;
+    }
+    if held.owner.host == me.host {
+        if !crate::process::is_alive(&held.owner) {
+            return Standing::Gone;
+        }
+        if let (Some(deadline), Some(boot)) = (held.local_until, crate::process::boot_millis()) {
+            return if boot < deadline {
+                Standing::Held
+            } else {
+                Standing::Lapsed
+            };
+        }
+    }
+    if held.until > now {
+        Standing::Held
+    } else {
+        Standing::Lapsed
+    }
+}
+
+/// What completing a step changed in a record, to put back if its save fails.
+struct Undo {
+    replaced: Vec<(String, Option<serde_json::Value>)>,
+    status: RunStatus,
+    attempts: u32,
+    error: Option<StepFailure>,
+    wait: Option<Wait>,
+    lease: Option<Lease>,
+    updated_at: Timestamp,
+}
+
+impl Undo {
+    /// Merges the step's update, appends the step and moves the bookkeeping
+    /// on; the last step of `total` also completes the run and releases the
+    /// lease.
+    fn apply(cp: &mut Checkpoint, record: &StepRecord, total: usize) -> Undo {
+        let replaced = record
+            .update
+            .iter()
+            .map(|(k, v)| (k.clone(), cp.state.insert(k.clone(), v.clone())))
+            .collect();
+        let undo = Undo {
+            replaced,
+            status: cp.status,
+            attempts: cp.attempts,
+            error: cp.error.take(),
+            wait: cp.wait.take(),
+            lease: cp.lease.clone(),
+            updated_at: cp.updated_at,
+        };
+        cp.completed.push(record.name.clone());
+        cp.next += 1;
+        cp.attempts = 0;
+        cp.updated_at = record.finished_at;
+        if cp.next == total {
+            cp.status = RunStatus::Completed;
+            cp.lease = None;
+        } else {
+            cp.status = RunStatus::Running;
+        }
+        undo
+    }
+
+    fn revert(self, cp: &mut Checkpoint) {
+        for (k, old) in self.replaced.into_iter().rev() {
+            match old {
+                Some(v) => cp.state.insert(k, v),
+                None => cp.state.remove(&k),
+            };
+        }
+        cp.completed.pop();
+        cp.next -= 1;
+        cp.status = self.status;
+        cp.attempts = self.attempts;
+        cp.error = self.error;
+        cp.wait = self.wait;
+        cp.lease = self.lease;
+        cp.updated_at = self.updated_at;
     }
 }
 

@@ -45,9 +45,16 @@ pub struct ValueProblem {
 /// way in), so the typed façade checks for those separately by reading the state
 /// back into its type.
 pub fn check_update(update: &Update) -> Result<(), ValueProblem> {
+    check_entries(update.iter().map(|(k, v)| (k.as_str(), v)))
+}
+
+/// [`check_update`] over top-level entries that need not be in a map.
+pub(crate) fn check_entries<'a>(
+    entries: impl Iterator<Item = (&'a str, &'a Value)>,
+) -> Result<(), ValueProblem> {
     // An explicit stack: a hostile value must not overflow ours while we check it.
     let mut stack: Vec<(Vec<PathPart<'_>>, &Value)> = Vec::new();
-    for (k, v) in update {
+    for (k, v) in entries {
         stack.push((vec![PathPart::Key(k)], v));
     }
     while let Some((path, value)) = stack.pop() {

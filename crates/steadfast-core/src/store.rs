@@ -4,9 +4,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::checkpoint::{Checkpoint, RunStatus, StepRecord};
+use crate::checkpoint::{Checkpoint, RunStatus, StepRecord, CHECKPOINT_FORMAT};
 use crate::clock::Timestamp;
 use crate::error::StoreError;
+use crate::limits::{MAX_ERROR_BYTES, MAX_HOST_BYTES, MAX_REASON_BYTES};
+use crate::state::{check_update, State};
 
 /// One compare-and-swap write of a run's checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -219,6 +221,125 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         (**self).history(run_id).await
     }
+}
+
+/// Checks everything in a checkpoint except its state before a store writes
+/// it: the run id, the bookkeeping that decoding checks, the size of every
+/// piece of text, and every decision's data (which the run merges into the
+/// state under the gate's name, so it must fit there).
+///
+/// Every store calls this, with [`check_state`] on the state (or on the
+/// step's update, for a store that persists deltas of a state it checked
+/// before), so that no store accepts a write it could not read back.
+///
+/// ```
+/// use serde_json::json;
+/// use steadfast_core::{store::check_head, Checkpoint, Decision, Timestamp};
+///
+/// let mut cp = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+/// assert!(check_head(&cp).is_ok());
+/// let mut deep = json!(1);
+/// for _ in 0..126 { deep = json!([deep]); }
+/// cp.decisions.push(Decision::approve("review", "ada", Timestamp::EPOCH, Some(deep)));
+/// assert!(check_head(&cp).unwrap_err().to_string().contains("review"));
+/// ```
+pub fn check_head(cp: &Checkpoint) -> Result<(), StoreError> {
+    let run_id = &cp.run_id;
+    let refuse = |what: String| {
+        Err(StoreError::InvalidInput(format!(
+            "run {run_id:?}: {what}; nothing was written"
+        )))
+    };
+    if let Err(e) = crate::ids::validate_run_id(run_id) {
+        return Err(StoreError::InvalidInput(e.to_string()));
+    }
+    if cp.format != CHECKPOINT_FORMAT {
+        return refuse(format!(
+            "checkpoint format {} is not the one this build writes ({CHECKPOINT_FORMAT})",
+            cp.format
+        ));
+    }
+    if cp.next != cp.completed.len() {
+        return refuse(format!(
+            "next is {} but {} completed steps are listed",
+            cp.next,
+            cp.completed.len()
+        ));
+    }
+    let name = |what: &str, value: &str| {
+        crate::ids::check_step_name(value).map_err(|reason| {
+            StoreError::InvalidInput(format!(
+                "run {run_id:?}: {what} {:?}: {reason}; nothing was written",
+                crate::ids::preview(value)
+            ))
+        })
+    };
+    name("workflow name", &cp.workflow)?;
+    if let Some(step) = cp.completed.last() {
+        name("step name", step)?;
+    }
+    if let Some(wait) = &cp.wait {
+        name("waiting step name", wait.step())?;
+    }
+    if let Some(e) = &cp.error {
+        if e.message.len() > MAX_ERROR_BYTES {
+            return refuse(format!(
+                "the error message is {} bytes, over the limit of {MAX_ERROR_BYTES}",
+                e.message.len()
+            ));
+        }
+        name("failed step name", &e.step)?;
+    }
+    if let Some(lease) = &cp.lease {
+        if lease.owner.host.len() > MAX_HOST_BYTES {
+            return refuse(format!(
+                "the lease's host name is {} bytes, over the limit of {MAX_HOST_BYTES}",
+                lease.owner.host.len()
+            ));
+        }
+    }
+    for d in &cp.decisions {
+        name("gate name", &d.gate)?;
+        name("decider", &d.by)?;
+        if let Some(reason) = &d.reason {
+            if reason.len() > MAX_REASON_BYTES {
+                return refuse(format!(
+                    "the reason at gate {:?} is {} bytes, over the limit of {MAX_REASON_BYTES}",
+                    d.gate,
+                    reason.len()
+                ));
+            }
+        }
+        if let Some(data) = &d.data {
+            check_decision_data(&d.gate, data).map_err(|p| {
+                StoreError::InvalidInput(format!(
+                    "run {run_id:?}: the decision data at gate {:?}, at `{}`: {}; nothing was written",
+                    d.gate, p.path, p.reason
+                ))
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks a decision's data as the value it becomes in the state: the
+/// gate's key.
+pub(crate) fn check_decision_data(
+    gate: &str,
+    data: &serde_json::Value,
+) -> Result<(), crate::ValueProblem> {
+    crate::state::check_entries(std::iter::once((gate, data)))
+}
+
+/// Checks a state (or an update) with [`check_update`] and words a problem as
+/// the store error a save returns.
+pub fn check_state(run_id: &str, what: &str, values: &State) -> Result<(), StoreError> {
+    check_update(values).map_err(|p| {
+        StoreError::InvalidInput(format!(
+            "run {run_id:?}: {what} value at `{}`: {}; nothing was written",
+            p.path, p.reason
+        ))
+    })
 }
 
 /// The serialized size of a state, in bytes, without building the text.

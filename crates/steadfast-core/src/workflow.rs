@@ -67,7 +67,9 @@ impl RetryPolicy {
         Self::new(1)
     }
 
-    /// Sets the first delay and the cap.
+    /// Sets the first delay and the cap. Each must lie in
+    /// [`limits::BACKOFF`](crate::limits::BACKOFF) (0 to 1 day); building a
+    /// workflow (or running a durable step) with one outside it is an error.
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.initial_backoff = initial;
         self.max_backoff = max.max(initial);
@@ -78,6 +80,14 @@ impl RetryPolicy {
     pub fn jitter(mut self, on: bool) -> Self {
         self.jitter = on;
         self
+    }
+
+    /// Checks both delays against [`crate::limits::BACKOFF`].
+    pub(crate) fn check(&self) -> Result<(), String> {
+        use crate::limits::BACKOFF;
+        BACKOFF.check("backoff", self.initial_backoff)?;
+        BACKOFF.check("largest backoff", self.max_backoff)?;
+        Ok(())
     }
 
     /// The attempt limit.
@@ -183,7 +193,9 @@ impl Step {
     /// A durable timer: the run records when it wakes, then stops with
     /// [`Outcome::Sleeping`](crate::Outcome::Sleeping) (or, with
     /// [`Runner::wait_for_timers`](crate::Runner::wait_for_timers), sleeps for
-    /// what remains). A crash does not restart the timer.
+    /// what remains). A crash does not restart the timer. The duration must
+    /// lie in [`limits::SLEEP`](crate::limits::SLEEP), checked when the
+    /// workflow is built.
     pub fn sleep(name: impl Into<String>, duration: Duration) -> Self {
         Step {
             name: name.into(),
@@ -194,7 +206,9 @@ impl Step {
     }
 
     /// For a gate: decide `on_timeout` when no decision came within `after`
-    /// of the run reaching it. No effect on other steps.
+    /// of the run reaching it. No effect on other steps. `after` must lie in
+    /// [`limits::GATE_TIMEOUT`](crate::limits::GATE_TIMEOUT), checked when the
+    /// workflow is built.
     pub fn gate_timeout(mut self, after: Duration, on_timeout: OnTimeout) -> Self {
         if let StepKind::Gate { .. } = self.kind {
             self.kind = StepKind::Gate {
@@ -203,6 +217,24 @@ impl Step {
             };
         }
         self
+    }
+
+    /// Checks every duration of the step against its range in [`crate::limits`].
+    pub(crate) fn check_durations(&self) -> Result<(), String> {
+        use crate::limits::{GATE_TIMEOUT, SLEEP, STEP_TIMEOUT};
+        match &self.kind {
+            StepKind::Run(_) => {
+                if let Some(t) = self.timeout {
+                    STEP_TIMEOUT.check("timeout", t)?;
+                }
+                self.retry.check()
+            }
+            StepKind::Gate {
+                timeout: Some(t), ..
+            } => GATE_TIMEOUT.check("gate timeout", *t).map(drop),
+            StepKind::Gate { timeout: None, .. } => Ok(()),
+            StepKind::Sleep(d) => SLEEP.check("sleep", *d).map(drop),
+        }
     }
 
     pub(crate) fn kind(&self) -> &StepKind {
@@ -216,6 +248,8 @@ impl Step {
     }
 
     /// Cancels an attempt that runs longer than `d` (a retryable failure).
+    /// `d` must lie in [`limits::STEP_TIMEOUT`](crate::limits::STEP_TIMEOUT),
+    /// checked when the workflow is built.
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);
         self
@@ -342,6 +376,8 @@ impl Workflow {
                     step.name
                 )));
             }
+            step.check_durations()
+                .map_err(|r| invalid(format!("step {i} ({}): {r}", step.name)))?;
         }
         Ok(Workflow { name, steps })
     }

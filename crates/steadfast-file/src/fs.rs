@@ -3,10 +3,12 @@
 
 use std::any::Any;
 use std::fs::{self, File, OpenOptions, TryLockError};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::Path;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+use steadfast_core::StoreError;
 
 /// Which part of [`Fs::write_new`] failed.
 #[derive(Debug)]
@@ -28,8 +30,16 @@ pub type LockGuard = Box<dyn Any + Send>;
 /// [`OsFs`] is the real implementation. Tests implement this trait to simulate
 /// power loss and I/O errors.
 pub trait Fs: Send + Sync + 'static {
-    /// Reads a whole file. A missing file is an error of kind `NotFound`.
-    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Checks and resolves the store file's path once, at open: see
+    /// [`steadfast_core::local::prepare_store_file`]. Creates the missing
+    /// directory (mode 0700) when `create` is set, and refuses a missing
+    /// store when it is not. Returns the path every later call uses.
+    fn resolve(&self, path: &Path, create: bool) -> Result<PathBuf, StoreError>;
+    /// Reads a whole regular file of at most `limit` bytes, without following
+    /// a symbolic link. A missing file is an error of kind `NotFound`; a larger
+    /// one of kind `FileTooLarge`; anything but a regular file of kind
+    /// `InvalidInput`.
+    fn read(&self, path: &Path, limit: u64) -> io::Result<Vec<u8>>;
     /// Creates a new file with mode 0600 (failing if it exists), writes `data`,
     /// and, when `sync` is set, flushes it to stable storage on the same handle.
     fn write_new(&self, path: &Path, data: &[u8], sync: bool) -> Result<(), WriteError>;
@@ -41,9 +51,6 @@ pub trait Fs: Send + Sync + 'static {
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     /// The names of the entries in a directory.
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>>;
-    /// Creates a directory and its missing parents with mode 0700; returns whether
-    /// it created anything.
-    fn create_dir_all(&self, dir: &Path) -> io::Result<bool>;
     /// Takes an exclusive lock on `path` (created with mode 0600 if missing) that
     /// other processes respect, waiting at most `timeout` (then `TimedOut`).
     fn lock(&self, path: &Path, timeout: Duration) -> io::Result<LockGuard>;
@@ -54,8 +61,32 @@ pub trait Fs: Send + Sync + 'static {
 pub struct OsFs;
 
 impl Fs for OsFs {
-    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
-        fs::read(path)
+    fn resolve(&self, path: &Path, create: bool) -> Result<PathBuf, StoreError> {
+        let file = steadfast_core::local::prepare_store_file(path, create)?;
+        let mut lock = file.clone().into_os_string();
+        lock.push(".lock");
+        steadfast_core::local::check_private_file(Path::new(&lock))?;
+        Ok(file)
+    }
+
+    fn read(&self, path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+        let file = steadfast_core::local::no_follow(OpenOptions::new().read(true)).open(path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        let mut bytes = Vec::with_capacity(meta.len().min(limit) as usize);
+        file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > limit {
+            return Err(io::Error::new(
+                io::ErrorKind::FileTooLarge,
+                format!("the file is larger than the limit of {limit} bytes"),
+            ));
+        }
+        Ok(bytes)
     }
 
     fn write_new(&self, path: &Path, data: &[u8], sync: bool) -> Result<(), WriteError> {
@@ -92,25 +123,16 @@ impl Fs for OsFs {
         Ok(names)
     }
 
-    fn create_dir_all(&self, dir: &Path) -> io::Result<bool> {
-        if dir.as_os_str().is_empty() || dir.is_dir() {
-            return Ok(false);
-        }
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        Ok(true)
-    }
-
     fn lock(&self, path: &Path, timeout: Duration) -> io::Result<LockGuard> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)?;
+        let file = steadfast_core::local::no_follow(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600),
+        )
+        .open(path)?;
         let start = Instant::now();
         let mut pause = Duration::from_micros(200);
         loop {

@@ -35,9 +35,12 @@ impl Image {
 
     /// Pretty JSON without a trailing newline, so that no strict prefix of a
     /// written file is itself valid JSON: a torn file can never decode.
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        // Serializing maps with string keys and checked values cannot fail.
-        serde_json::to_vec_pretty(self).unwrap_or_default()
+    pub(crate) fn encode(&self, path: &Path) -> Result<Vec<u8>, StoreError> {
+        serde_json::to_vec_pretty(self).map_err(|e| StoreError::Backend {
+            kind: steadfast_core::StoreErrorKind::InvalidInput,
+            message: format!("cannot encode the runs for {}: {e}", path.display()),
+            source: None,
+        })
     }
 
     pub(crate) fn decode(bytes: &[u8], path: &Path) -> Result<Image, StoreError> {

@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use steadfast_core::store::{check_head, check_state};
 use steadfast_core::{
     state_size, Checkpoint, ListFilter, RunSummary, SaveRequest, Store, StoreError,
 };
@@ -68,6 +69,10 @@ pub struct FileStoreOptions {
     pub max_state_bytes: u64,
     /// How long a save waits for another process's lock.
     pub lock_timeout: Duration,
+    /// Whether opening may create the file's directory (the file itself is
+    /// created by the first save). Without it, a missing store is
+    /// [`StoreError::NotFound`], for commands that only read.
+    pub create: bool,
     /// Test-only switches that break guarantees on purpose.
     #[cfg(feature = "mutants")]
     #[doc(hidden)]
@@ -80,6 +85,7 @@ impl Default for FileStoreOptions {
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            create: true,
             #[cfg(feature = "mutants")]
             mutants: Mutants::default(),
         }
@@ -100,6 +106,11 @@ impl FileStoreOptions {
     /// Sets the lock wait.
     pub fn lock_timeout(mut self, d: Duration) -> Self {
         self.lock_timeout = d;
+        self
+    }
+    /// Sets whether opening may create a missing store.
+    pub fn create(mut self, yes: bool) -> Self {
+        self.create = yes;
         self
     }
 }
@@ -159,6 +170,11 @@ impl FileStore<OsFs> {
     /// missing parent directory is created with mode 0700. Temp files left by a
     /// crashed writer are removed. The file itself is decoded by each operation,
     /// so a corrupt file is reported there, with its location.
+    ///
+    /// The directory and the file must belong to this user and must not be
+    /// writable by group or others; a symbolic link (of this user's) is
+    /// resolved here, once, so that every process writes the same file under
+    /// the same lock. See [`steadfast_core::local::prepare_store_file`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_with(OsFs, path, FileStoreOptions::default())
     }
@@ -171,13 +187,24 @@ impl<F: Fs> FileStore<F> {
         path: impl AsRef<Path>,
         opts: FileStoreOptions,
     ) -> Result<Self, StoreError> {
-        let path = path.as_ref().to_path_buf();
-        let file_name = path
+        let given = path.as_ref();
+        given
             .file_name()
             .and_then(|n| n.to_str())
             .ok_or_else(|| {
                 StoreError::InvalidInput(format!(
                     "file store path {} has no file name",
+                    given.display()
+                ))
+            })?;
+        let path = fs.resolve(given, opts.create)?;
+        let file_name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| {
+                StoreError::InvalidInput(format!(
+                    "file store path {} resolves to {}, which has no file name",
+                    given.display(),
                     path.display()
                 ))
             })?
@@ -186,16 +213,6 @@ impl<F: Fs> FileStore<F> {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let created = fs
-            .create_dir_all(&dir)
-            .map_err(|e| StoreError::io(format!("creating directory {}", dir.display()), e))?;
-        if created {
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                fs.sync_dir(parent).map_err(|e| {
-                    StoreError::io(format!("syncing directory {}", parent.display()), e)
-                })?;
-            }
-        }
         let mut lock_name = path.clone().into_os_string();
         lock_name.push(".lock");
         let store = FileStore {
@@ -240,9 +257,20 @@ impl<F: Fs> FileStore<F> {
 
 impl<F: Fs> Inner<F> {
     fn read_image(&self) -> Result<Image, StoreError> {
-        let bytes = match self.fs.read(&self.path) {
+        let bytes = match self.fs.read(&self.path, self.opts.max_file_bytes) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Image::empty()),
+            Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+                return Err(StoreError::Backend {
+                    kind: steadfast_core::StoreErrorKind::TooLarge,
+                    message: format!(
+                        "{} is larger than the store's file limit of {} bytes; raise FileStoreOptions::max_file_bytes to read it",
+                        self.path.display(),
+                        self.opts.max_file_bytes
+                    ),
+                    source: None,
+                })
+            }
             Err(e) => {
                 return Err(StoreError::io(
                     format!("reading {}", self.path.display()),
@@ -340,7 +368,7 @@ impl<F: Fs> Inner<F> {
         if !write {
             return Ok(out);
         }
-        let bytes = image.encode();
+        let bytes = image.encode(&self.path)?;
         if bytes.len() as u64 > self.opts.max_file_bytes {
             return Err(StoreError::TooLarge {
                 run_id: run_id.to_string(),
@@ -412,6 +440,9 @@ impl<F: Fs> Store for FileStore<F> {
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         let cp = req.checkpoint;
+        // A value the parser would refuse must not be written, or the whole file
+        // (every run in it) would stop loading.
+        check_head(cp)?;
         let size = state_size(&cp.state);
         if size > self.inner.opts.max_state_bytes {
             return Err(StoreError::TooLarge {
@@ -421,14 +452,7 @@ impl<F: Fs> Store for FileStore<F> {
                 limit: self.inner.opts.max_state_bytes,
             });
         }
-        // A value the parser would refuse must not be written, or the whole file
-        // (every run in it) would stop loading.
-        steadfast_core::check_update(&cp.state).map_err(|p| {
-            StoreError::InvalidInput(format!(
-                "run {:?}: state value at `{}`: {}",
-                cp.run_id, p.path, p.reason
-            ))
-        })?;
+        check_state(&cp.run_id, "state", &cp.state)?;
         let expected = req.expected;
         let version = req.new_version();
         let mut stored = cp.clone();

@@ -22,10 +22,12 @@ pub(crate) fn map_err(e: rusqlite::Error, context: &str) -> StoreError {
             reason: e.to_string(),
         };
     }
+    // SQLite's error and its cause say the same thing: keep one copy, in the
+    // message, so that an error chain prints it once.
     StoreError::Backend {
         kind,
         message: format!("{context}: {e}"),
-        source: Some(Box::new(e)),
+        source: None,
     }
 }
 

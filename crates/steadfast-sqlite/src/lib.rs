@@ -41,21 +41,22 @@ mod schema;
 mod writer;
 
 use std::collections::HashMap;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use steadfast_core::store::{check_head, check_state};
 use steadfast_core::{
-    check_update, state_size, Checkpoint, ListFilter, RunStatus, RunSummary, SaveRequest, State,
+    state_size, Checkpoint, ListFilter, RunStatus, RunSummary, SaveRequest, State,
     StepFailure, StepRecord, Store, StoreError, Timestamp, Update,
 };
 use tokio::sync::oneshot;
 
 use crate::error::map_err;
-pub use crate::schema::SCHEMA_VERSION;
+pub use crate::schema::{APPLICATION_ID, SCHEMA_VERSION};
 use crate::writer::{Acct, Body, Head, Job, SaveJob, StepRow, Writer};
 
 /// Default limit of one run's state: 64 MiB.
@@ -80,6 +81,10 @@ pub struct SqliteOptions {
     pub max_state_bytes: u64,
     /// How long a writer waits for another process's lock.
     pub busy_timeout: Duration,
+    /// Whether opening may create a missing database (and its directory).
+    /// Without it, a missing store is [`StoreError::NotFound`], for commands
+    /// that only read.
+    pub create: bool,
 }
 
 impl Default for SqliteOptions {
@@ -87,6 +92,7 @@ impl Default for SqliteOptions {
         SqliteOptions {
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            create: true,
         }
     }
 }
@@ -100,6 +106,11 @@ impl SqliteOptions {
     /// Sets the lock wait.
     pub fn busy_timeout(mut self, d: Duration) -> Self {
         self.busy_timeout = d;
+        self
+    }
+    /// Sets whether opening may create a missing database.
+    pub fn create(mut self, yes: bool) -> Self {
+        self.create = yes;
         self
     }
 }
@@ -184,22 +195,33 @@ impl SqliteStore {
     /// A missing parent directory is created with mode 0700 and a new database
     /// file with mode 0600. The schema is migrated to this build's version; a
     /// database from a newer build is refused.
+    ///
+    /// Before anything is changed, the file is checked: its directory and it
+    /// must belong to this user and not be writable by group or others (a
+    /// symbolic link of this user's is resolved once); it must be a Steadfast
+    /// database (marked with [`APPLICATION_ID`]), an empty new one, or one
+    /// written before the marker existed. A file refused is left as it was.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_with(path, SqliteOptions::default())
     }
 
     /// Opens the database at `path` with `opts`.
     pub fn open_with(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<Self, StoreError> {
-        let path = path.as_ref().to_path_buf();
+        let path = steadfast_core::local::prepare_store_file(path.as_ref(), opts.create)?;
         let display = path.display().to_string();
-        prepare_file(&path)?;
-        let mut conn = Connection::open_with_flags(
-            &path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE
-                | OpenFlags::SQLITE_OPEN_CREATE
-                | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(|e| map_err(e, &format!("opening {display}")))?;
+        for suffix in ["-wal", "-shm", "-journal"] {
+            let mut side = path.clone().into_os_string();
+            side.push(suffix);
+            steadfast_core::local::check_private_file(Path::new(&side))?;
+        }
+        if opts.create {
+            prepare_file(&path)?;
+        }
+        let mut conn = Connection::open_with_flags(&path, open_flags())
+            .map_err(|e| map_err(e, &format!("opening {display}")))?;
+        conn.busy_timeout(opts.busy_timeout)
+            .map_err(|e| map_err(e, &format!("setting busy_timeout on {display}")))?;
+        schema::check_identity(&conn, &display)?;
         configure(&conn, &opts, &display)?;
         schema::migrate(&mut conn, &display)?;
         let writer = Arc::new(Writer {
@@ -298,11 +320,8 @@ impl SqliteStore {
             let conn = match pooled {
                 Some(c) => c,
                 None => {
-                    let c = Connection::open_with_flags(
-                        &shared.path,
-                        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-                    )
-                    .map_err(|e| map_err(e, &format!("opening {}", shared.display)))?;
+                    let c = Connection::open_with_flags(&shared.path, open_flags())
+                        .map_err(|e| map_err(e, &format!("opening {}", shared.display)))?;
                     configure(&c, &shared.opts, &shared.display)?;
                     c
                 }
@@ -349,30 +368,19 @@ impl SqliteStore {
     }
 }
 
-/// Creates the parent directory (0700) and the database file (0600) if missing,
-/// so that SQLite (which gives its WAL and shared-memory files the database
-/// file's mode) never creates anything more widely readable.
+/// How every connection opens the file: never creating it (that is
+/// [`prepare_file`]'s, with mode 0600) and never through a symbolic link.
+fn open_flags() -> OpenFlags {
+    OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_NOFOLLOW
+}
+
+/// Creates the database file (0600) if missing, so that SQLite (which gives
+/// its WAL and shared-memory files the database file's mode) never creates
+/// anything more widely readable. The directory is already there (checked and
+/// created by `prepare_store_file`).
 fn prepare_file(path: &Path) -> Result<(), StoreError> {
-    if let Some(dir) = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty() && !d.exists())
-    {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| StoreError::io(format!("creating directory {}", dir.display()), e))?;
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::File::open(parent)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| {
-                    StoreError::io(format!("syncing directory {}", parent.display()), e)
-                })?;
-        }
-    }
-    if path.exists() {
-        return Ok(());
-    }
     match std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -393,9 +401,12 @@ fn prepare_file(path: &Path) -> Result<(), StoreError> {
     }
 }
 
-fn to_json<T: serde::Serialize>(v: &T) -> String {
-    // Plain data with string keys: serializing cannot fail.
-    serde_json::to_string(v).unwrap_or_default()
+fn to_json<T: serde::Serialize>(v: &T, run_id: &str, what: &str) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| {
+        StoreError::InvalidInput(format!(
+            "run {run_id:?}: cannot encode its {what}: {e}; nothing was written"
+        ))
+    })
 }
 
 fn to_i64(v: u64) -> i64 {
@@ -574,22 +585,15 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
     Ok(Some(Loaded { cp, acct }))
 }
 
-fn step_row(step: &StepRecord) -> StepRow {
-    StepRow {
+fn step_row(step: &StepRecord, run_id: &str) -> Result<StepRow, StoreError> {
+    Ok(StepRow {
         index: step.index,
         name: step.name.clone(),
-        update: to_json(&step.update),
+        update: to_json(&step.update, run_id, "step's update")?,
         attempt: step.attempt,
         started_at: step.started_at.unix_millis(),
         finished_at: step.finished_at.unix_millis(),
-    }
-}
-
-fn invalid(run_id: &str, what: &str, p: steadfast_core::ValueProblem) -> StoreError {
-    StoreError::InvalidInput(format!(
-        "run {run_id:?}: {what} value at `{}`: {}",
-        p.path, p.reason
-    ))
+    })
 }
 
 #[async_trait]
@@ -605,6 +609,7 @@ impl Store for SqliteStore {
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         let cp = req.checkpoint;
+        check_head(cp)?;
         let limit = self.shared.opts.max_state_bytes;
         let too_large = |size: u64| StoreError::TooLarge {
             run_id: cp.run_id.clone(),
@@ -621,10 +626,11 @@ impl Store for SqliteStore {
                     && step.index == acct.next
                     && cp.next == acct.next + 1 =>
             {
-                let row = step_row(step);
+                let row = step_row(step, &cp.run_id)?;
                 let budget = acct.snapshot_bytes.max(MIN_DELTA_BUDGET);
                 if acct.delta_bytes + row.update.len() as u64 <= budget {
-                    check_update(&step.update).map_err(|p| invalid(&cp.run_id, "update", p))?;
+                    // The stored state passed this check when it was written.
+                    check_state(&cp.run_id, "update", &step.update)?;
                     // The sum of the snapshot and the deltas bounds the state's size.
                     let bound = acct.snapshot_bytes + acct.delta_bytes + row.update.len() as u64;
                     if bound > limit {
@@ -645,15 +651,15 @@ impl Store for SqliteStore {
         let body = match delta {
             Some((step, same_labels)) => Body::Delta { step, same_labels },
             None => {
-                check_update(&cp.state).map_err(|p| invalid(&cp.run_id, "state", p))?;
-                let state = to_json(&cp.state);
+                check_state(&cp.run_id, "state", &cp.state)?;
+                let state = to_json(&cp.state, &cp.run_id, "state")?;
                 if state.len() as u64 > limit {
                     return Err(too_large(state.len() as u64));
                 }
                 Body::Snapshot {
                     state,
-                    completed: serde_json::to_string(&cp.completed).unwrap_or_else(|_| "[]".into()),
-                    step: req.step.map(step_row),
+                    completed: to_json(&cp.completed, &cp.run_id, "list of steps")?,
+                    step: req.step.map(|s| step_row(s, &cp.run_id)).transpose()?,
                 }
             }
         };
@@ -665,11 +671,25 @@ impl Store for SqliteStore {
             created_at: cp.created_at.unix_millis(),
             updated_at: cp.updated_at.unix_millis(),
             attempts: cp.attempts,
-            error: cp.error.as_ref().map(to_json),
+            error: cp
+                .error
+                .as_ref()
+                .map(|e| to_json(e, &cp.run_id, "error"))
+                .transpose()?,
             writer: cp.writer,
-            lease: cp.lease.as_ref().map(to_json),
-            wait: cp.wait.as_ref().map(to_json),
-            decisions: (!cp.decisions.is_empty()).then(|| to_json(&cp.decisions)),
+            lease: cp
+                .lease
+                .as_ref()
+                .map(|l| to_json(l, &cp.run_id, "lease"))
+                .transpose()?,
+            wait: cp
+                .wait
+                .as_ref()
+                .map(|w| to_json(w, &cp.run_id, "wait"))
+                .transpose()?,
+            decisions: (!cp.decisions.is_empty())
+                .then(|| to_json(&cp.decisions, &cp.run_id, "decisions"))
+                .transpose()?,
         };
         let (tx, rx) = oneshot::channel();
         self.submit(Job::Save(Box::new(SaveJob {

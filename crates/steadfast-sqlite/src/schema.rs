@@ -5,7 +5,7 @@
 //! refused rather than guessed at.
 
 use rusqlite::{Connection, TransactionBehavior};
-use steadfast_core::StoreError;
+use steadfast_core::{StoreError, StoreErrorKind};
 
 use crate::error::map_err;
 
@@ -54,24 +54,72 @@ const MIGRATIONS: &[&str] = &[
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
+/// `PRAGMA application_id` of a Steadfast database: "STDF".
+pub const APPLICATION_ID: i32 = 0x5354_4446;
+
+/// Checks, without changing anything, that the database is one this build
+/// may open: new and empty, marked as Steadfast's with a schema version this
+/// build knows, or written by a build from before the marker (schema 1 or 2,
+/// with exactly the tables `runs` and `steps`). Anything else is refused.
+pub(crate) fn check_identity(conn: &Connection, path: &str) -> Result<(), StoreError> {
+    let ctx = || format!("reading the header of {path}");
+    let app: i32 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .map_err(|e| map_err(e, &ctx()))?;
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| map_err(e, &ctx()))?;
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND substr(name, 1, 7) != 'sqlite_' ORDER BY name")
+        .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
+        .map_err(|e| map_err(e, &ctx()))?;
+    let foreign = |why: String| {
+        Err(StoreError::Backend {
+            kind: StoreErrorKind::InvalidInput,
+            message: format!(
+                "{path} is not a Steadfast database ({why}); it was left unchanged. Name another file for the store"
+            ),
+            source: None,
+        })
+    };
+    match app {
+        APPLICATION_ID => {}
+        0 if version == 0 && tables.is_empty() => return Ok(()),
+        0 if (1..=2).contains(&version) && tables == ["runs", "steps"] => return Ok(()),
+        0 if tables.is_empty() => {
+            return foreign(format!("it has no tables but schema version {version}"))
+        }
+        0 => {
+            return foreign(format!(
+                "it has the tables {} and schema version {version}",
+                tables.join(", ")
+            ))
+        }
+        other => return foreign(format!("its application id is {other:#010x}")),
+    }
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Unsupported(format!(
+            "database {path} has schema version {version}, newer than this build understands ({SCHEMA_VERSION}); upgrade Steadfast"
+        )));
+    }
+    if version < 0 {
+        return Err(StoreError::Corrupt {
+            location: path.to_string(),
+            reason: format!("schema version {version} is negative"),
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn migrate(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|e| map_err(e, &format!("starting the schema migration of {path}")))?;
+    // Another process may have changed the file since it was checked.
+    check_identity(&tx, path)?;
     let current: i64 = tx
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(|e| map_err(e, &format!("reading the schema version of {path}")))?;
-    if current > SCHEMA_VERSION {
-        return Err(StoreError::Unsupported(format!(
-            "database {path} has schema version {current}, newer than this build understands ({SCHEMA_VERSION}); upgrade Steadfast"
-        )));
-    }
-    if current < 0 {
-        return Err(StoreError::Corrupt {
-            location: path.to_string(),
-            reason: format!("schema version {current} is negative"),
-        });
-    }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
         tx.execute_batch(sql)
             .map_err(|e| map_err(e, &format!("applying migration {} to {path}", i + 1)))?;
@@ -80,6 +128,8 @@ pub(crate) fn migrate(conn: &mut Connection, path: &str) -> Result<(), StoreErro
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(|e| map_err(e, &format!("recording the schema version of {path}")))?;
     }
+    tx.pragma_update(None, "application_id", APPLICATION_ID)
+        .map_err(|e| map_err(e, &format!("marking {path} as a Steadfast database")))?;
     tx.commit()
         .map_err(|e| map_err(e, &format!("committing the schema migration of {path}")))?;
     Ok(())

@@ -1,0 +1,242 @@
+//! Checks for stores that keep their data in files on this machine.
+//!
+//! A store's directory and files must belong to the user running Steadfast and
+//! must not be writable by anyone else: otherwise another user could have
+//! planted them (a pre-created `.steadfast/` or database in a shared directory
+//! such as `/tmp`) to read the runs' state or approve their gates. A symbolic
+//! link is followed once, at open, so that every process writes one file under
+//! one lock, and only when the link itself belongs to the user.
+
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::error::StoreError;
+
+/// Resolves the path of a store's main file and checks everything a store
+/// relies on before it touches the file:
+///
+/// - the directory exists (created with mode 0700 when `create` is set, else
+///   [`StoreError::NotFound`]), belongs to this user and is not writable by
+///   group or others;
+/// - the file, if it exists, is a regular file of this user's that group and
+///   others cannot write; if it is a symbolic link, the link is this user's,
+///   and its target passes the same checks (and is what is returned);
+/// - without `create`, the file exists.
+///
+/// Returns the path to use from then on: absolute, with no symbolic link in it.
+pub fn prepare_store_file(path: &Path, create: bool) -> Result<PathBuf, StoreError> {
+    let shown = path.display();
+    let name = path.file_name().ok_or_else(|| {
+        StoreError::InvalidInput(format!("store path {shown} does not name a file"))
+    })?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    match fs::symlink_metadata(&dir) {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if !create {
+                return Err(StoreError::NotFound(format!(
+                    "store {shown} does not exist (its directory {} is missing)",
+                    dir.display()
+                )));
+            }
+            create_private_dir(&dir)?;
+        }
+        Err(e) => return Err(StoreError::io(format!("inspecting {}", dir.display()), e)),
+    }
+    let dir = fs::canonicalize(&dir)
+        .map_err(|e| StoreError::io(format!("resolving {}", dir.display()), e))?;
+    check_private_dir(&dir)?;
+    let file = dir.join(name);
+    let meta = match fs::symlink_metadata(&file) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if !create {
+                return Err(StoreError::NotFound(format!(
+                    "store {shown} does not exist"
+                )));
+            }
+            return Ok(file);
+        }
+        Err(e) => return Err(StoreError::io(format!("inspecting {}", file.display()), e)),
+    };
+    if !meta.file_type().is_symlink() {
+        check_private_file(&file)?;
+        return Ok(file);
+    }
+    check_owner(&file, &meta, "the symbolic link")?;
+    let target = match fs::canonicalize(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(StoreError::InvalidInput(format!(
+                "store {shown} is a symbolic link to nothing; point it at an existing store file or remove it"
+            )))
+        }
+        Err(e) => return Err(StoreError::io(format!("resolving {}", file.display()), e)),
+    };
+    if let Some(target_dir) = target.parent() {
+        check_private_dir(target_dir)?;
+    }
+    check_private_file(&target)?;
+    Ok(target)
+}
+
+/// Checks a file a store uses beside its main one (a lock, a write-ahead log)
+/// if it exists: a regular file, this user's, not writable by group or others,
+/// and not a symbolic link.
+pub fn check_private_file(path: &Path) -> Result<(), StoreError> {
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StoreError::io(format!("inspecting {}", path.display()), e)),
+    };
+    let kind = meta.file_type();
+    if kind.is_symlink() {
+        return Err(StoreError::InvalidInput(format!(
+            "{} is a symbolic link where a store file belongs; remove it",
+            path.display()
+        )));
+    }
+    if kind.is_dir() {
+        return Err(StoreError::InvalidInput(format!(
+            "{} is a directory, not a store file",
+            path.display()
+        )));
+    }
+    if !kind.is_file() {
+        return Err(StoreError::InvalidInput(format!(
+            "{} is not a regular file (a device, pipe or socket cannot hold a store)",
+            path.display()
+        )));
+    }
+    check_owner(path, &meta, "the file")?;
+    check_writers(path, &meta, "the file", "chmod go-w")
+}
+
+/// Adds `O_NOFOLLOW` to `opts`: opening a path whose last part is a symbolic
+/// link fails instead of following it.
+pub fn no_follow(opts: &mut OpenOptions) -> &mut OpenOptions {
+    opts.custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+}
+
+fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| StoreError::io(format!("creating directory {}", dir.display()), e))?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::File::open(parent)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| StoreError::io(format!("syncing directory {}", parent.display()), e))?;
+    }
+    Ok(())
+}
+
+fn check_private_dir(dir: &Path) -> Result<(), StoreError> {
+    let meta = fs::metadata(dir)
+        .map_err(|e| StoreError::io(format!("inspecting {}", dir.display()), e))?;
+    if !meta.is_dir() {
+        return Err(StoreError::InvalidInput(format!(
+            "{} is not a directory",
+            dir.display()
+        )));
+    }
+    check_owner(dir, &meta, "the store's directory")?;
+    check_writers(dir, &meta, "the store's directory", "chmod go-w")
+}
+
+fn check_owner(path: &Path, meta: &fs::Metadata, what: &str) -> Result<(), StoreError> {
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(StoreError::InvalidInput(format!(
+            "refusing {what} {}: it belongs to user id {}, not to this user ({me}), so someone else could have planted it; use a store in a directory of your own",
+            path.display(),
+            meta.uid()
+        )));
+    }
+    Ok(())
+}
+
+fn check_writers(path: &Path, meta: &fs::Metadata, what: &str, fix: &str) -> Result<(), StoreError> {
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(StoreError::InvalidInput(format!(
+            "refusing {what} {}: its mode {mode:04o} lets group or others write it, so they could read or change the runs; run `{fix} {}` or use a private directory",
+            path.display(),
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn chmod(p: &Path, mode: u32) {
+        fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_private_directory_is_created_and_the_path_resolved() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("a/b/runs.db");
+        let got = prepare_store_file(&path, true).unwrap();
+        assert_eq!(got, fs::canonicalize(tmp.path()).unwrap().join("a/b/runs.db"));
+        let mode = fs::metadata(tmp.path().join("a/b")).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+    }
+
+    #[test]
+    fn a_missing_store_is_not_created_when_asked_not_to() {
+        let tmp = tempfile::tempdir().unwrap();
+        let err = prepare_store_file(&tmp.path().join("deep/x.db"), false).unwrap_err();
+        assert!(matches!(err, StoreError::NotFound(_)), "{err}");
+        assert!(!tmp.path().join("deep").exists());
+        let err = prepare_store_file(&tmp.path().join("x.db"), false).unwrap_err();
+        assert!(err.to_string().contains("does not exist"), "{err}");
+    }
+
+    #[test]
+    fn writable_directories_and_files_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("shared");
+        fs::create_dir(&dir).unwrap();
+        chmod(&dir, 0o777);
+        let err = prepare_store_file(&dir.join("runs.db"), true).unwrap_err();
+        assert!(err.to_string().contains("0777"), "{err}");
+        chmod(&dir, 0o700);
+        let file = dir.join("runs.db");
+        fs::write(&file, b"").unwrap();
+        chmod(&file, 0o666);
+        let err = prepare_store_file(&file, true).unwrap_err();
+        assert!(err.to_string().contains("chmod go-w"), "{err}");
+    }
+
+    #[test]
+    fn symlinks_are_resolved_once_and_devices_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("real.json");
+        fs::write(&real, b"{}").unwrap();
+        chmod(&real, 0o600);
+        let link = tmp.path().join("link.json");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        assert_eq!(
+            prepare_store_file(&link, true).unwrap(),
+            fs::canonicalize(&real).unwrap()
+        );
+        let dangling = tmp.path().join("dangling.json");
+        std::os::unix::fs::symlink(tmp.path().join("nothing"), &dangling).unwrap();
+        assert!(prepare_store_file(&dangling, true).is_err());
+        let err = check_private_file(&link).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        let err = prepare_store_file(Path::new("/dev/zero"), true).unwrap_err();
+        assert!(!err.to_string().is_empty());
+    }
+}
