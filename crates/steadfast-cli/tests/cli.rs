@@ -1,82 +1,13 @@
 //! The `steadfast` binary, end to end: every command, exit code and error path.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-
-type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-const BIN: &str = env!("CARGO_BIN_EXE_steadfast");
-
-struct Env {
-    dir: tempfile::TempDir,
-}
-
-impl Env {
-    fn new() -> Self {
-        Env {
-            dir: tempfile::tempdir().expect("a temp dir"),
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn store(&self) -> String {
-        format!("sqlite:{}", self.path().join("runs.db").display())
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.current_dir(self.path())
-            .arg("--store")
-            .arg(self.store())
-            .args(args);
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().expect("run steadfast")
-    }
-
-    fn flow(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.path().join(name);
-        std::fs::write(&p, text).expect("write flow");
-        p
-    }
-
-    fn show(&self, id: &str) -> Value {
-        let out = self.run(&["show", id, "--json"]);
-        assert_eq!(out.status.code(), Some(0), "show failed: {}", stderr(&out));
-        serde_json::from_slice(&out.stdout).expect("show --json prints JSON")
-    }
-
-    fn log(&self) -> Vec<String> {
-        std::fs::read_to_string(self.path().join("log"))
-            .unwrap_or_default()
-            .lines()
-            .map(String::from)
-            .collect()
-    }
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn code(o: &Output) -> i32 {
-    o.status.code().unwrap_or(-1)
-}
-
-fn pid_alive(pid: &str) -> bool {
-    Path::new(&format!("/proc/{}", pid.trim())).exists()
-        && !std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
-            .unwrap_or_default()
-            .contains(") Z ")
-}
+use support::*;
 
 const TWO_STEPS: &str = r#"
 name = "two"

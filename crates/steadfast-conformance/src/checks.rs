@@ -507,6 +507,115 @@ pub async fn accepted_values_load_back_equal(ts: TestStore) -> CheckResult {
     Ok(())
 }
 
+/// Every value of a record besides its state (decision data, who decided,
+/// reasons, error messages, the run id) is either refused with nothing
+/// written, or loads back equal; a refused save leaves every other run
+/// readable. (A decision whose data nested too deep once made a whole file
+/// store unreadable.)
+pub async fn head_values_are_refused_or_load_back_equal(ts: TestStore) -> CheckResult {
+    let store = &*ts.store;
+    let mut other = checkpoint("other", "flow", json!({"kept": true}));
+    other.version = save(store, &other, None).await?;
+    let too_deep = {
+        let mut cp = checkpoint("deep-data", "flow", json!({}));
+        cp.decisions
+            .push(Decision::approve("review", "ada", t(1), Some(deep(126))));
+        cp
+    };
+    let deep_under_gate = {
+        let mut cp = checkpoint("deep-under-gate", "flow", json!({}));
+        let mut v = json!(1);
+        for _ in 0..steadfast_core::MAX_VALUE_DEPTH {
+            v = json!([v]);
+        }
+        cp.decisions
+            .push(Decision::approve("review", "ada", t(1), Some(v)));
+        cp
+    };
+    let bad_decider = {
+        let mut cp = checkpoint("bad-decider", "flow", json!({}));
+        cp.decisions
+            .push(Decision::reject("review", "ada\nforged", t(1), None));
+        cp
+    };
+    let long_reason = {
+        let mut cp = checkpoint("long-reason", "flow", json!({}));
+        cp.decisions.push(Decision::reject(
+            "review",
+            "ada",
+            t(1),
+            Some("x".repeat(steadfast_core::limits::MAX_REASON_BYTES + 1)),
+        ));
+        cp
+    };
+    let bad_run_id = checkpoint("bad\u{7}id", "flow", json!({}));
+    for cp in [too_deep, deep_under_gate, bad_decider, long_reason, bad_run_id] {
+        let r = save(store, &cp, None).await;
+        ensure!(
+            matches!(&r, Err(e) if e.kind() == StoreErrorKind::InvalidInput),
+            "run {:?}: expected InvalidInput, got {r:?}",
+            cp.run_id
+        );
+        ensure!(
+            store.load(&cp.run_id).await?.is_none(),
+            "run {:?}: a refused save left a record",
+            cp.run_id
+        );
+    }
+    ensure!(
+        store.load("other").await?.as_ref() == Some(&other),
+        "another run changed or stopped loading"
+    );
+    ensure!(store.list(&ListFilter::new()).await?.len() == 1, "list broke");
+
+    let cases: u32 = std::env::var("STEADFAST_PROPTEST_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let store = Arc::clone(&ts.store);
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let data = prop_oneof![4 => json_value(), 1 => (90usize..140).prop_map(deep)];
+        let mut runner = TestRunner::new(PropConfig {
+            cases,
+            failure_persistence: None,
+            ..PropConfig::default()
+        });
+        let n = std::sync::atomic::AtomicU64::new(0);
+        runner
+            .run(&(".{0,12}", data, ".{0,20}", ".{0,30}"), |(by, data, reason, message)| {
+                let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let run_id = format!("head-{i}");
+                let mut cp = checkpoint(&run_id, "flow", json!({}));
+                cp.decisions.push(Decision::approve("review", &by, t(1), Some(data)));
+                cp.decisions.push(Decision::reject("review", "ada", t(2), Some(reason)));
+                cp.error = Some(StepFailure::new(0, "a", message, 1, false, t(3)));
+                handle.block_on(async {
+                    match store.save(SaveRequest::new(&cp, None)).await {
+                        Err(_) => {
+                            let kept = store.load("other").await.map_err(|e| {
+                                TestCaseError::fail(format!("a refused save broke the store: {e}"))
+                            })?;
+                            prop_assert!(kept.is_some());
+                            Ok(())
+                        }
+                        Ok(v) => {
+                            cp.version = v;
+                            let loaded = store.load(&run_id).await.map_err(|e| {
+                                TestCaseError::fail(format!("save accepted, load failed: {e}"))
+                            })?;
+                            prop_assert_eq!(loaded, Some(cp));
+                            Ok(())
+                        }
+                    }
+                })
+            })
+            .map_err(|e| e.to_string())
+    })
+    .await??;
+    Ok(())
+}
+
 fn record(index: usize, name: &str, update: Value, attempt: u32) -> StepRecord {
     let Value::Object(update) = update else {
         unreachable!("updates are objects")

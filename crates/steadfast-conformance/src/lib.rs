@@ -145,6 +145,7 @@ macro_rules! store_conformance {
             interleaved_savers_keep_versions_gap_free,
             oversize_state_is_refused_and_prior_record_intact,
             accepted_values_load_back_equal,
+            head_values_are_refused_or_load_back_equal,
         );
     };
 }

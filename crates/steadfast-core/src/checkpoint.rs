@@ -300,14 +300,15 @@ impl Decision {
         self
     }
 
-    /// An approval.
+    /// An approval. Data `null` is no data: both merge `null` into the state
+    /// under the gate's name, and both are stored as no data.
     pub fn approve(gate: &str, by: &str, at: Timestamp, data: Option<serde_json::Value>) -> Self {
         Decision {
             gate: gate.into(),
             approved: true,
             by: by.into(),
             at,
-            data,
+            data: data.filter(|d| !d.is_null()),
             reason: None,
             waited_since: None,
         }

@@ -165,9 +165,21 @@ impl std::fmt::Debug for SqliteStore {
 fn configure(conn: &Connection, opts: &SqliteOptions, path: &str) -> Result<(), StoreError> {
     conn.busy_timeout(opts.busy_timeout)
         .map_err(|e| map_err(e, &format!("setting busy_timeout on {path}")))?;
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-        .map_err(|e| map_err(e, &format!("enabling WAL on {path}")))?;
+    // Switching a new database to WAL needs it to itself, and SQLite does not
+    // wait for that with the busy handler: wait here, as long as for a lock.
+    let start = std::time::Instant::now();
+    let mode: String = loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0)) {
+            Ok(mode) => break mode,
+            Err(rusqlite::Error::SqliteFailure(f, _))
+                if f.code == rusqlite::ErrorCode::DatabaseBusy
+                    && start.elapsed() < opts.busy_timeout =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(map_err(e, &format!("enabling WAL on {path}"))),
+        }
+    };
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(StoreError::Unsupported(format!(
             "{path}: SQLite refused WAL mode (journal_mode is {mode})"

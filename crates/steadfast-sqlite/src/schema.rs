@@ -63,6 +63,12 @@ pub const APPLICATION_ID: i32 = 0x5354_4446;
 /// with exactly the tables `runs` and `steps`). Anything else is refused.
 pub(crate) fn check_identity(conn: &Connection, path: &str) -> Result<(), StoreError> {
     let ctx = || format!("reading the header of {path}");
+    // One read transaction, so that the three reads see one moment (another
+    // process may be creating the schema right now).
+    let snapshot = (conn.is_autocommit())
+        .then(|| conn.unchecked_transaction())
+        .transpose()
+        .map_err(|e| map_err(e, &ctx()))?;
     let app: i32 = conn
         .query_row("PRAGMA application_id", [], |r| r.get(0))
         .map_err(|e| map_err(e, &ctx()))?;
@@ -73,6 +79,7 @@ pub(crate) fn check_identity(conn: &Connection, path: &str) -> Result<(), StoreE
         .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND substr(name, 1, 7) != 'sqlite_' ORDER BY name")
         .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
         .map_err(|e| map_err(e, &ctx()))?;
+    drop(snapshot);
     let foreign = |why: String| {
         Err(StoreError::Backend {
             kind: StoreErrorKind::InvalidInput,
