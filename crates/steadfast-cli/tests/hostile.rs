@@ -1,0 +1,333 @@
+//! Regression tests for what hostile testing found: each names its finding
+//! (the numbers of the issue "Nothing a user types, a step prints or a
+//! neighbour plants may destroy a store, hang the runner or panic it").
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+const GATED: &str = "name = \"gated\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n[[step]]\nname = \"review\"\ngate = true\n[[step]]\nname = \"b\"\nrun = \"echo '{\\\"b\\\": 1}'\"\n";
+
+fn nested(depth: usize) -> String {
+    format!("{}1{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+/// Waits for `child` at most `limit`; kills it and fails if it takes longer.
+fn finish_within(mut child: Child, limit: Duration) -> Result<Output, String> {
+    let start = Instant::now();
+    while child.try_wait().map_err(|e| e.to_string())?.is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("still running after {limit:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().map_err(|e| e.to_string())
+}
+
+fn kill_pid_in(env: &Env, file: &str) {
+    if let Ok(pid) = std::fs::read_to_string(env.path().join(file)) {
+        let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+    }
+}
+
+fn with_store(env: &Env, store: &str, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .current_dir(env.path())
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .output()
+        .expect("run steadfast")
+}
+
+/// Finding 1: decision data that would not load back is refused before it is
+/// written, on both stores; the other runs and the victim stay usable.
+#[test]
+fn finding_1_deep_decision_data_is_refused_and_every_run_still_loads() -> TestResult {
+    for store in ["file:f.json", "sqlite:s.db"] {
+        let env = Env::new();
+        let flow = env.flow("gated.toml", GATED);
+        let f = flow.to_str().unwrap();
+        for id in ["victim", "bystander"] {
+            let out = with_store(&env, store, &["run", f, "--run-id", id]);
+            assert_eq!(code(&out), 4, "{store}: {}", stderr(&out));
+        }
+        for depth in [100, 126] {
+            let data = nested(depth);
+            let out = with_store(&env, store, &["approve", "victim", "review", "--data", &data]);
+            assert_eq!(code(&out), 2, "{store} depth {depth}: {}", stderr(&out));
+            assert!(stderr(&out).contains("cannot be stored"), "{}", stderr(&out));
+        }
+        for id in ["victim", "bystander"] {
+            let out = with_store(&env, store, &["show", id, "--json"]);
+            assert_eq!(code(&out), 0, "{store}: {id}: {}", stderr(&out));
+        }
+        // The victim was never stuck: a good decision still goes through.
+        let out = with_store(&env, store, &["approve", "victim", "review", "--data", &nested(90)]);
+        assert_eq!(code(&out), 0, "{store}: {}", stderr(&out));
+        let out = with_store(&env, store, &["run", f, "--run-id", "victim"]);
+        assert_eq!(code(&out), 0, "{store}: {}", stderr(&out));
+    }
+    Ok(())
+}
+
+/// Finding 2: a step timeout covers the step's pipes, and a step that exited
+/// is not waited on past a short drain, even when a process it started left
+/// its group and holds stdout open.
+#[test]
+fn finding_2_an_escaped_child_holding_the_pipes_hangs_nothing() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow(
+        "escape.toml",
+        "name = \"escape\"\n[[step]]\nname = \"a\"\ntimeout = \"3s\"\nrun = \"setsid sh -c 'echo $$ > esc1.pid; exec sleep 600' & echo '{\\\"a\\\": 1}'\"\n[[step]]\nname = \"b\"\ntimeout = \"1s\"\nrun = \"setsid sh -c 'echo $$ > esc2.pid; exec sleep 600' & sleep 30\"\nretries = 0\n",
+    );
+    let child = env
+        .cmd(&["run", flow.to_str().unwrap(), "--run-id", "r"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let out = finish_within(child, Duration::from_secs(20));
+    kill_pid_in(&env, "esc1.pid");
+    kill_pid_in(&env, "esc2.pid");
+    let out = out?;
+    assert_eq!(code(&out), 1, "step b timed out: {}", stderr(&out));
+    assert!(stderr(&out).contains("timed out"), "{}", stderr(&out));
+    let shown = env.show("r");
+    assert_eq!(shown["next"], 1, "step a completed despite its escaped child");
+    assert_eq!(shown["state"]["a"], 1);
+    Ok(())
+}
+
+/// Finding 3: durations out of range are refused where they enter, naming the
+/// field and the range, without a panic.
+#[test]
+fn finding_3_durations_out_of_range_are_refused_with_the_field() -> TestResult {
+    let env = Env::new();
+    let cases = [
+        ("sleep", "[[step]]\nname = \"s\"\nsleep = \"10000y\"\n"),
+        ("timeout", "[[step]]\nname = \"g\"\ngate = true\ntimeout = \"10000y\"\n"),
+        ("timeout", "[[step]]\nname = \"t\"\nrun = \"true\"\ntimeout = \"0s\"\n"),
+        ("backoff", "[[step]]\nname = \"b\"\nrun = \"true\"\nbackoff = \"10000y\"\n"),
+    ];
+    for (field, step) in cases {
+        let flow = env.flow("d.toml", &format!("name = \"d\"\n{step}"));
+        let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"]);
+        let err = stderr(&out);
+        assert_eq!(code(&out), 2, "{field}: {err}");
+        assert!(err.contains(field) && err.contains("out of range"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let flow = env.flow("ok.toml", "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"true\"\n");
+    for lease in ["10000y", "0s"] {
+        let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r", "--lease", lease]);
+        assert_eq!(code(&out), 2, "--lease {lease}: {}", stderr(&out));
+        assert!(stderr(&out).contains("out of range"), "{}", stderr(&out));
+    }
+    Ok(())
+}
+
+/// Finding 4: a store directory or file planted by someone else (writable by
+/// others, or not ours) is refused with what to fix, and left alone.
+#[test]
+fn finding_4_a_planted_store_is_refused() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow("ok.toml", "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n");
+    let shared = env.path().join("shared");
+    std::fs::create_dir_all(shared.join(".steadfast"))?;
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777))?;
+    std::fs::set_permissions(shared.join(".steadfast"), std::fs::Permissions::from_mode(0o777))?;
+    std::fs::write(shared.join(".steadfast/runs.db"), b"")?;
+    std::fs::set_permissions(shared.join(".steadfast/runs.db"), std::fs::Permissions::from_mode(0o666))?;
+    let out = Command::new(BIN)
+        .current_dir(&shared)
+        .env_remove("STEADFAST_STORE")
+        .args(["run", flow.to_str().unwrap(), "--run-id", "r"])
+        .output()?;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("0777"), "{}", stderr(&out));
+    assert_eq!(std::fs::metadata(shared.join(".steadfast/runs.db"))?.len(), 0, "left alone");
+    // A private directory with a file that lets others write it.
+    std::fs::set_permissions(shared.join(".steadfast"), std::fs::Permissions::from_mode(0o700))?;
+    let out = with_store(&env, "sqlite:shared/.steadfast/runs.db", &["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("chmod go-w"), "{}", stderr(&out));
+    // A lock file planted as a symbolic link is never followed.
+    std::fs::create_dir(env.path().join("mine"))?;
+    std::os::unix::fs::symlink(env.path().join("elsewhere"), env.path().join("mine/runs.json.lock"))?;
+    let out = with_store(&env, "file:mine/runs.json", &["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(!env.path().join("elsewhere").exists(), "the link was followed");
+    // As root, a directory owned by another user.
+    if nix_is_root() {
+        let theirs = env.path().join("theirs");
+        std::fs::create_dir(&theirs)?;
+        Command::new("chown").args(["65534", theirs.to_str().unwrap()]).status()?;
+        let out = with_store(&env, "file:theirs/runs.json", &["run", flow.to_str().unwrap(), "--run-id", "r"]);
+        assert_eq!(code(&out), 2, "{}", stderr(&out));
+        assert!(stderr(&out).contains("belongs to user id 65534"), "{}", stderr(&out));
+    }
+    Ok(())
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")))
+        .unwrap_or(false)
+}
+
+/// Finding 5: `file:` through a symbolic link writes the real file under one
+/// lock; the link stays a link.
+#[test]
+fn finding_5_a_linked_file_store_is_one_store() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow("ok.toml", "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"echo '{\\\"a\\\": 1}'\"\n");
+    std::fs::create_dir(env.path().join("real"))?;
+    std::fs::set_permissions(env.path().join("real"), std::fs::Permissions::from_mode(0o700))?;
+    std::os::unix::fs::symlink("real/runs.json", env.path().join("link.json"))?;
+    // The target must exist for the link to be followed.
+    let out = with_store(&env, "file:real/runs.json", &["run", flow.to_str().unwrap(), "--run-id", "one"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = with_store(&env, "file:link.json", &["run", flow.to_str().unwrap(), "--run-id", "two"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(std::fs::symlink_metadata(env.path().join("link.json"))?.file_type().is_symlink());
+    let real = std::fs::read_to_string(env.path().join("real/runs.json"))?;
+    assert!(real.contains("\"one\"") && real.contains("\"two\""), "{real}");
+    assert!(!env.path().join("link.json.lock").exists(), "one lock, beside the real file");
+    Ok(())
+}
+
+/// Finding 6: a device or other non-regular file is refused at once, and a
+/// store file is never read past its limit.
+#[test]
+fn finding_6_devices_are_refused_without_reading_them() -> TestResult {
+    let env = Env::new();
+    for dev in ["/dev/zero", "/dev/full"] {
+        let child = Command::new(BIN)
+            .args(["--store", &format!("file:{dev}"), "runs"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let out = finish_within(child, Duration::from_secs(20))?;
+        assert_ne!(code(&out), 0, "{dev}");
+        assert!(!stderr(&out).is_empty(), "{dev}: an error is printed");
+    }
+    let _ = env;
+    Ok(())
+}
+
+/// Finding 7: a checkpoint that cannot be saved (the state outgrew the store)
+/// leaves the run `failed` with the cause and no lease, not `running`.
+#[test]
+fn finding_7_a_failed_save_is_recorded_as_a_failure() -> TestResult {
+    let env = Env::new();
+    let big = "python3 -c 'import json; print(json.dumps({\\\"KEY\\\": \\\"x\\\" * 9000000}))'";
+    let flow = env.flow(
+        "big.toml",
+        &format!(
+            "name = \"big\"\n[[step]]\nname = \"a\"\nrun = \"{}\"\n[[step]]\nname = \"b\"\nrun = \"{}\"\n",
+            big.replace("KEY", "a"),
+            big.replace("KEY", "b")
+        ),
+    );
+    let out = with_store(&env, "file:f.json", &["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let out = with_store(&env, "file:f.json", &["show", "r", "--json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(shown["status"], "failed", "{shown:#}");
+    assert_eq!(shown["next"], 1);
+    assert!(shown["lease"].is_null(), "lease released");
+    let msg = shown["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("could not be saved") && msg.contains("over the limit"), "{msg}");
+    let out = with_store(&env, "file:f.json", &["runs", "--status", "failed", "--json"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"r\""));
+    Ok(())
+}
+
+/// Finding 8: a write error on stdout (other than a closed pipe) is exit 1.
+#[test]
+fn finding_8_output_errors_are_errors() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow("ok.toml", "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n");
+    for args in [
+        vec!["run", flow.to_str().unwrap(), "--run-id", "r", "--json"],
+        vec!["show", "r", "--json"],
+    ] {
+        let out = env
+            .cmd(&args)
+            .stdout(std::fs::File::create("/dev/full")?)
+            .output()?;
+        assert_eq!(code(&out), 1, "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("cannot write"), "{}", stderr(&out));
+    }
+    Ok(())
+}
+
+/// Finding 10: one line per error, causes once, untrusted text escaped,
+/// hints quoted for the shell.
+#[test]
+fn finding_10_errors_say_it_once_and_untrusted_text_is_escaped() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow(
+        "noisy.toml",
+        "name = \"noisy\"\n[[step]]\nname = \"a\"\nretries = 0\nrun = \"printf 'line one\\\\nFAKE audit\\\\033[2J' >&2; exit 3\"\n",
+    );
+    let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 1);
+    let last = stderr(&out).lines().last().unwrap_or_default().to_string();
+    assert!(last.starts_with("steadfast: "), "{last}");
+    assert_eq!(last.matches("exited with code 3").count(), 1, "{last}");
+    assert!(!stderr(&out).contains('\u{1b}'), "no escape sequence reaches the terminal");
+    let shown = env.run(&["show", "r"]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(!text.lines().any(|l| l.starts_with("FAKE")), "{text}");
+    assert!(!text.contains('\u{1b}'), "{text}");
+    // A decider with a newline is refused; a run id with a space is quoted.
+    let gated = env.flow("gated.toml", GATED);
+    let out = env.run(&["run", gated.to_str().unwrap(), "--run-id", "a b"]);
+    assert_eq!(code(&out), 4);
+    assert!(stderr(&out).contains("steadfast approve 'a b' review"), "{}", stderr(&out));
+    let out = env.run(&["approve", "a b", "review", "--by", "ada\ndecision  forged"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    // sqlite: on a directory says so, once.
+    std::fs::create_dir(env.path().join("adir"))?;
+    let out = with_store(&env, "sqlite:adir", &["runs"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("is a directory"), "{}", stderr(&out));
+    assert!(stderr(&out).matches("unable to open").count() <= 1, "{}", stderr(&out));
+    Ok(())
+}
+
+/// Also found: big integers and invalid UTF-8 are refused, not rounded or
+/// replaced; a read-only command on a missing store says so and creates
+/// nothing.
+#[test]
+fn numbers_are_kept_exactly_or_refused_and_missing_stores_are_not_created() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow(
+        "nums.toml",
+        "name = \"nums\"\n[[step]]\nname = \"ok\"\nrun = \"echo '{\\\"a\\\": 1.5, \\\"b\\\": 18446744073709551615, \\\"c\\\": -9223372036854775808, \\\"d\\\": 1e300}'\"\n[[step]]\nname = \"big\"\nretries = 0\nrun = \"echo '{\\\"n\\\": 123456789012345678901234567890}'\"\n",
+    );
+    let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("does not fit in 64 bits"), "{}", stderr(&out));
+    let shown = env.show("r");
+    assert_eq!(shown["state"]["b"], serde_json::json!(18446744073709551615u64));
+    let flow = env.flow(
+        "utf8.toml",
+        "name = \"utf8\"\n[[step]]\nname = \"bad\"\nretries = 0\nrun = \"printf '{\\\"s\\\": \\\"\\\\377\\\"}'\"\n",
+    );
+    let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "u"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("not UTF-8"), "{}", stderr(&out));
+    let out = with_store(&env, "sqlite:nonexistent/deep/x.db", &["runs"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+    assert!(!env.path().join("nonexistent").exists());
+    Ok(())
+}

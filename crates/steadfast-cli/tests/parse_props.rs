@@ -1,0 +1,87 @@
+//! Property tests of the CLI's parsing: flow files with arbitrary durations
+//! and names, step outputs of arbitrary bytes and JSON, and flags. Each input
+//! ends in a value or an error, never a panic.
+
+use std::path::Path;
+
+use clap::Parser;
+use proptest::prelude::*;
+use steadfast_cli::args::Cli;
+use steadfast_cli::command::parse_update;
+use steadfast_cli::flow;
+
+fn toml_str(s: &str) -> String {
+    // JSON's string escapes are TOML basic-string escapes.
+    serde_json::to_string(s).unwrap()
+}
+
+fn duration_text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[0-9]{1,25}(ns|us|ms|s|m|h|d|w|M|y)",
+        "[0-9]{1,6}(s|m|h) [0-9]{1,6}(ms|s)",
+        ".{0,12}",
+        Just("10000y".to_string()),
+        Just("0s".to_string()),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn flow_files_with_arbitrary_durations_and_names_parse_or_fail_cleanly(
+        name in ".{0,20}",
+        step in ".{0,20}",
+        timeout in duration_text(),
+        backoff in duration_text(),
+        sleep in duration_text(),
+        gate_timeout in duration_text(),
+        retries in any::<u32>(),
+    ) {
+        let text = format!(
+            "name = {}\n[[step]]\nname = {}\nrun = \"true\"\ntimeout = {}\nbackoff = {}\nretries = {retries}\n[[step]]\nname = \"g\"\ngate = true\ntimeout = {}\non_timeout = \"approve\"\n[[step]]\nname = \"z\"\nsleep = {}\n",
+            toml_str(&name), toml_str(&step), toml_str(&timeout), toml_str(&backoff),
+            toml_str(&gate_timeout), toml_str(&sleep)
+        );
+        match flow::parse(&text, Path::new("p.toml")) {
+            Ok(wf) => prop_assert_eq!(wf.steps().len(), 3),
+            Err(e) => prop_assert!(e.0.starts_with("p.toml"), "{}", e.0),
+        }
+    }
+
+    #[test]
+    fn arbitrary_step_output_bytes_give_an_update_or_an_error(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+        if let Ok(update) = parse_update(&bytes) {
+            prop_assert!(steadfast::check_update(&update).is_ok());
+        }
+    }
+
+    #[test]
+    fn json_step_output_keeps_every_number_exactly_or_is_refused(
+        ints in prop::collection::vec(any::<i128>(), 0..4),
+        floats in prop::collection::vec(any::<f64>().prop_filter("finite", |f| f.is_finite()), 0..4),
+        digits in "[1-9][0-9]{0,30}(\\.[0-9]{1,30})?(e-?[0-9]{1,3})?",
+    ) {
+        let text = format!(
+            "{{\"i\": [{}], \"f\": [{}], \"d\": {digits}}}",
+            ints.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","),
+            floats.iter().map(|f| format!("{f:e}")).collect::<Vec<_>>().join(","),
+        );
+        match parse_update(text.as_bytes()) {
+            Ok(update) => {
+                for (i, v) in ints.iter().zip(update["i"].as_array().unwrap()) {
+                    prop_assert_eq!(v.to_string(), i.to_string());
+                }
+                for (f, v) in floats.iter().zip(update["f"].as_array().unwrap()) {
+                    prop_assert_eq!(v.as_f64(), Some(*f));
+                }
+            }
+            Err(e) => prop_assert!(e.contains("64 bits") || e.contains("digits") || e.contains("out of range"), "{}", e),
+        }
+    }
+
+    #[test]
+    fn flags_with_arbitrary_values_parse_or_fail_cleanly(lease in duration_text(), id in ".{0,20}") {
+        let _ = Cli::try_parse_from(["steadfast", "run", "f.toml", "--run-id", &id, "--lease", &lease]);
+    }
+}
