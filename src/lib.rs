@@ -105,7 +105,11 @@ fn open_sqlite(url: &str, _path: &str, _create: bool) -> Result<Arc<dyn Store>, 
 #[cfg(feature = "file")]
 fn open_file(_url: &str, path: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
     let opts = file::FileStoreOptions::default().create(create);
-    Ok(Arc::new(file::FileStore::open_with(file::OsFs, path, opts)?))
+    Ok(Arc::new(file::FileStore::open_with(
+        file::OsFs,
+        path,
+        opts,
+    )?))
 }
 
 #[cfg(not(feature = "file"))]

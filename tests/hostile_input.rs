@@ -44,7 +44,8 @@ async fn a_live_holder_with_a_slow_clock_keeps_its_lease() -> TestResult {
         })
         .build()?;
     let hour = Duration::from_secs(3600);
-    let behind = Timestamp::from_unix_millis(SystemClock.now().unix_millis() - hour.as_millis() as u64);
+    let behind =
+        Timestamp::from_unix_millis(SystemClock.now().unix_millis() - hour.as_millis() as u64);
     let (s, w) = (Arc::clone(&store), wf.clone());
     let holder = tokio::spawn(async move {
         Runner::new(&*s)
@@ -56,8 +57,14 @@ async fn a_live_holder_with_a_slow_clock_keeps_its_lease() -> TestResult {
     entered_rx.await?;
     let me = current_owner();
     let other = Owner::new(me.host.clone(), me.pid.wrapping_add(1), 1);
-    let taker = Runner::new(&*store).lease(other, Duration::from_secs(30)).run("r", &wf).await;
-    assert!(matches!(taker, Err(Error::Held { .. })), "taken over: {taker:?}");
+    let taker = Runner::new(&*store)
+        .lease(other, Duration::from_secs(30))
+        .run("r", &wf)
+        .await;
+    assert!(
+        matches!(taker, Err(Error::Held { .. })),
+        "taken over: {taker:?}"
+    );
     release.notify_one();
     assert!(holder.await??.completed().is_some());
     Ok(())
@@ -77,26 +84,44 @@ async fn a_clock_set_back_does_not_stretch_timers_or_gate_timeouts() -> TestResu
         .push(Step::gate("review").gate_timeout(hour, OnTimeout::Approve))
         .build()?;
     let runner = Runner::new(&store).clock(clock.clone());
-    assert!(matches!(runner.run("r", &wf).await?, Outcome::Sleeping { .. }));
+    assert!(matches!(
+        runner.run("r", &wf).await?,
+        Outcome::Sleeping { .. }
+    ));
     clock.set(now);
     match runner.run("r", &wf).await? {
         Outcome::Sleeping { until } => assert!(until <= now.saturating_add(hour), "{until}"),
         other => panic!("expected Sleeping, got {other:?}"),
     }
     clock.set(now.saturating_add(hour));
-    assert!(matches!(runner.run("r", &wf).await?, Outcome::Waiting { .. }));
+    assert!(matches!(
+        runner.run("r", &wf).await?,
+        Outcome::Waiting { .. }
+    ));
     // The gate's wait began an hour after `now`; a day-ahead clock there, then
     // set right, must not push its timeout a day out.
     clock.set(now.saturating_add(hour + day));
     store.delete("r").await?;
     clock.set(now.saturating_add(day));
-    assert!(matches!(runner.run("r", &wf).await?, Outcome::Sleeping { .. }));
+    assert!(matches!(
+        runner.run("r", &wf).await?,
+        Outcome::Sleeping { .. }
+    ));
     clock.set(now.saturating_add(day + hour));
-    assert!(matches!(runner.run("r", &wf).await?, Outcome::Waiting { .. }));
+    assert!(matches!(
+        runner.run("r", &wf).await?,
+        Outcome::Waiting { .. }
+    ));
     clock.set(now.saturating_add(hour));
-    assert!(matches!(runner.run("r", &wf).await?, Outcome::Waiting { .. }));
+    assert!(matches!(
+        runner.run("r", &wf).await?,
+        Outcome::Waiting { .. }
+    ));
     clock.set(now.saturating_add(hour * 2 + Duration::from_secs(1)));
-    assert!(runner.run("r", &wf).await?.completed().is_some(), "the gate timed out within its hour");
+    assert!(
+        runner.run("r", &wf).await?.completed().is_some(),
+        "the gate timed out within its hour"
+    );
     Ok(())
 }
 
@@ -106,8 +131,12 @@ async fn a_clock_set_back_does_not_stretch_timers_or_gate_timeouts() -> TestResu
 async fn a_refused_checkpoint_is_recorded_as_the_failure() -> TestResult {
     let store = MemoryStore::with_state_limit(1024);
     let wf = Workflow::builder("big")
-        .step("small", |_, _| async { steadfast::update(json!({"small": 1})) })
-        .step("huge", |_, _| async { steadfast::update(json!({"huge": "x".repeat(4096)})) })
+        .step("small", |_, _| async {
+            steadfast::update(json!({"small": 1}))
+        })
+        .step("huge", |_, _| async {
+            steadfast::update(json!({"huge": "x".repeat(4096)}))
+        })
         .build()?;
     let err = Runner::new(&store)
         .lease(current_owner(), Duration::from_secs(30))
@@ -121,7 +150,10 @@ async fn a_refused_checkpoint_is_recorded_as_the_failure() -> TestResult {
     assert_eq!(Value::Object(cp.state), json!({"small": 1}));
     assert!(cp.lease.is_none());
     let msg = cp.error.expect("an error").message;
-    assert!(msg.contains("could not be saved") && msg.contains("over the limit"), "{msg}");
+    assert!(
+        msg.contains("could not be saved") && msg.contains("over the limit"),
+        "{msg}"
+    );
     Ok(())
 }
 
@@ -232,7 +264,12 @@ fn the_largest_allowed_durations_format_and_load_back() -> TestResult {
             .lease(current_owner(), steadfast::limits::LEASE.max)
             .run("r", &wf),
     )?;
-    assert_eq!(out, Outcome::Sleeping { until: Timestamp::MAX });
+    assert_eq!(
+        out,
+        Outcome::Sleeping {
+            until: Timestamp::MAX
+        }
+    );
     assert!(rt().block_on(store.load("r"))?.is_some());
     Ok(())
 }

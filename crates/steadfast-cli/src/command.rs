@@ -238,7 +238,10 @@ pub fn parse_update(out: &[u8]) -> Result<Update, String> {
             kind(&other),
             quote()
         )),
-        Err(e) => Err(format!("stdout is not JSON that can be stored ({e}); it starts with {:?}", quote())),
+        Err(e) => Err(format!(
+            "stdout is not JSON that can be stored ({e}); it starts with {:?}",
+            quote()
+        )),
     }
 }
 
@@ -265,7 +268,9 @@ fn check_numbers(text: &str) -> Result<(), String> {
             }
             b'-' | b'0'..=b'9' => {
                 let start = i;
-                while i < bytes.len() && matches!(bytes[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
+                while i < bytes.len()
+                    && matches!(bytes[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                {
                     i += 1;
                 }
                 check_number(&text[start..i])?;

@@ -195,13 +195,13 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
             Ok(exit::OK)
         }
         Command::Approve { id, gate, data, by } => {
-            let data = match data {
-                None => None,
-                Some(text) => Some(
-                    command::parse_json_exact(&text)
-                        .map_err(|e| usage(format!("--data is not JSON that can be stored: {e}")))?,
-                ),
-            };
+            let data =
+                match data {
+                    None => None,
+                    Some(text) => Some(command::parse_json_exact(&text).map_err(|e| {
+                        usage(format!("--data is not JSON that can be stored: {e}"))
+                    })?),
+                };
             let by = by.unwrap_or_else(who);
             steadfast::approve(&*store, &id, &gate, data, &by, &SystemClock).await?;
             output::note(format_args!(

@@ -31,7 +31,9 @@ pub fn line(args: std::fmt::Arguments<'_>) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
-        note(format_args!("steadfast: cannot write to standard output: {e}"));
+        note(format_args!(
+            "steadfast: cannot write to standard output: {e}"
+        ));
         std::process::exit(crate::args::exit::FAILED);
     }
 }

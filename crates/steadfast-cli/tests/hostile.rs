@@ -60,16 +60,28 @@ fn finding_1_deep_decision_data_is_refused_and_every_run_still_loads() -> TestRe
         }
         for depth in [100, 126] {
             let data = nested(depth);
-            let out = with_store(&env, store, &["approve", "victim", "review", "--data", &data]);
+            let out = with_store(
+                &env,
+                store,
+                &["approve", "victim", "review", "--data", &data],
+            );
             assert_eq!(code(&out), 2, "{store} depth {depth}: {}", stderr(&out));
-            assert!(stderr(&out).contains("cannot be stored"), "{}", stderr(&out));
+            assert!(
+                stderr(&out).contains("cannot be stored"),
+                "{}",
+                stderr(&out)
+            );
         }
         for id in ["victim", "bystander"] {
             let out = with_store(&env, store, &["show", id, "--json"]);
             assert_eq!(code(&out), 0, "{store}: {id}: {}", stderr(&out));
         }
         // The victim was never stuck: a good decision still goes through.
-        let out = with_store(&env, store, &["approve", "victim", "review", "--data", &nested(90)]);
+        let out = with_store(
+            &env,
+            store,
+            &["approve", "victim", "review", "--data", &nested(90)],
+        );
         assert_eq!(code(&out), 0, "{store}: {}", stderr(&out));
         let out = with_store(&env, store, &["run", f, "--run-id", "victim"]);
         assert_eq!(code(&out), 0, "{store}: {}", stderr(&out));
@@ -99,7 +111,10 @@ fn finding_2_an_escaped_child_holding_the_pipes_hangs_nothing() -> TestResult {
     assert_eq!(code(&out), 1, "step b timed out: {}", stderr(&out));
     assert!(stderr(&out).contains("timed out"), "{}", stderr(&out));
     let shown = env.show("r");
-    assert_eq!(shown["next"], 1, "step a completed despite its escaped child");
+    assert_eq!(
+        shown["next"], 1,
+        "step a completed despite its escaped child"
+    );
     assert_eq!(shown["state"]["a"], 1);
     Ok(())
 }
@@ -111,9 +126,18 @@ fn finding_3_durations_out_of_range_are_refused_with_the_field() -> TestResult {
     let env = Env::new();
     let cases = [
         ("sleep", "[[step]]\nname = \"s\"\nsleep = \"10000y\"\n"),
-        ("timeout", "[[step]]\nname = \"g\"\ngate = true\ntimeout = \"10000y\"\n"),
-        ("timeout", "[[step]]\nname = \"t\"\nrun = \"true\"\ntimeout = \"0s\"\n"),
-        ("backoff", "[[step]]\nname = \"b\"\nrun = \"true\"\nbackoff = \"10000y\"\n"),
+        (
+            "timeout",
+            "[[step]]\nname = \"g\"\ngate = true\ntimeout = \"10000y\"\n",
+        ),
+        (
+            "timeout",
+            "[[step]]\nname = \"t\"\nrun = \"true\"\ntimeout = \"0s\"\n",
+        ),
+        (
+            "backoff",
+            "[[step]]\nname = \"b\"\nrun = \"true\"\nbackoff = \"10000y\"\n",
+        ),
     ];
     for (field, step) in cases {
         let flow = env.flow("d.toml", &format!("name = \"d\"\n{step}"));
@@ -123,9 +147,19 @@ fn finding_3_durations_out_of_range_are_refused_with_the_field() -> TestResult {
         assert!(err.contains(field) && err.contains("out of range"), "{err}");
         assert!(!err.contains("panicked"), "{err}");
     }
-    let flow = env.flow("ok.toml", "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"true\"\n");
+    let flow = env.flow(
+        "ok.toml",
+        "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"true\"\n",
+    );
     for lease in ["10000y", "0s"] {
-        let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r", "--lease", lease]);
+        let out = env.run(&[
+            "run",
+            flow.to_str().unwrap(),
+            "--run-id",
+            "r",
+            "--lease",
+            lease,
+        ]);
         assert_eq!(code(&out), 2, "--lease {lease}: {}", stderr(&out));
         assert!(stderr(&out).contains("out of range"), "{}", stderr(&out));
     }
@@ -137,13 +171,22 @@ fn finding_3_durations_out_of_range_are_refused_with_the_field() -> TestResult {
 #[test]
 fn finding_4_a_planted_store_is_refused() -> TestResult {
     let env = Env::new();
-    let flow = env.flow("ok.toml", "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n");
+    let flow = env.flow(
+        "ok.toml",
+        "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n",
+    );
     let shared = env.path().join("shared");
     std::fs::create_dir_all(shared.join(".steadfast"))?;
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777))?;
-    std::fs::set_permissions(shared.join(".steadfast"), std::fs::Permissions::from_mode(0o777))?;
+    std::fs::set_permissions(
+        shared.join(".steadfast"),
+        std::fs::Permissions::from_mode(0o777),
+    )?;
     std::fs::write(shared.join(".steadfast/runs.db"), b"")?;
-    std::fs::set_permissions(shared.join(".steadfast/runs.db"), std::fs::Permissions::from_mode(0o666))?;
+    std::fs::set_permissions(
+        shared.join(".steadfast/runs.db"),
+        std::fs::Permissions::from_mode(0o666),
+    )?;
     let out = Command::new(BIN)
         .current_dir(&shared)
         .env_remove("STEADFAST_STORE")
@@ -151,33 +194,67 @@ fn finding_4_a_planted_store_is_refused() -> TestResult {
         .output()?;
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("0777"), "{}", stderr(&out));
-    assert_eq!(std::fs::metadata(shared.join(".steadfast/runs.db"))?.len(), 0, "left alone");
+    assert_eq!(
+        std::fs::metadata(shared.join(".steadfast/runs.db"))?.len(),
+        0,
+        "left alone"
+    );
     // A private directory with a file that lets others write it.
-    std::fs::set_permissions(shared.join(".steadfast"), std::fs::Permissions::from_mode(0o700))?;
-    let out = with_store(&env, "sqlite:shared/.steadfast/runs.db", &["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    std::fs::set_permissions(
+        shared.join(".steadfast"),
+        std::fs::Permissions::from_mode(0o700),
+    )?;
+    let out = with_store(
+        &env,
+        "sqlite:shared/.steadfast/runs.db",
+        &["run", flow.to_str().unwrap(), "--run-id", "r"],
+    );
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("chmod go-w"), "{}", stderr(&out));
     // A lock file planted as a symbolic link is never followed.
     std::fs::create_dir(env.path().join("mine"))?;
-    std::os::unix::fs::symlink(env.path().join("elsewhere"), env.path().join("mine/runs.json.lock"))?;
-    let out = with_store(&env, "file:mine/runs.json", &["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    std::os::unix::fs::symlink(
+        env.path().join("elsewhere"),
+        env.path().join("mine/runs.json.lock"),
+    )?;
+    let out = with_store(
+        &env,
+        "file:mine/runs.json",
+        &["run", flow.to_str().unwrap(), "--run-id", "r"],
+    );
     assert_eq!(code(&out), 2, "{}", stderr(&out));
-    assert!(!env.path().join("elsewhere").exists(), "the link was followed");
+    assert!(
+        !env.path().join("elsewhere").exists(),
+        "the link was followed"
+    );
     // As root, a directory owned by another user.
     if nix_is_root() {
         let theirs = env.path().join("theirs");
         std::fs::create_dir(&theirs)?;
-        Command::new("chown").args(["65534", theirs.to_str().unwrap()]).status()?;
-        let out = with_store(&env, "file:theirs/runs.json", &["run", flow.to_str().unwrap(), "--run-id", "r"]);
+        Command::new("chown")
+            .args(["65534", theirs.to_str().unwrap()])
+            .status()?;
+        let out = with_store(
+            &env,
+            "file:theirs/runs.json",
+            &["run", flow.to_str().unwrap(), "--run-id", "r"],
+        );
         assert_eq!(code(&out), 2, "{}", stderr(&out));
-        assert!(stderr(&out).contains("belongs to user id 65534"), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("belongs to user id 65534"),
+            "{}",
+            stderr(&out)
+        );
     }
     Ok(())
 }
 
 fn nix_is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0")))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"))
+        })
         .unwrap_or(false)
 }
 
@@ -186,19 +263,41 @@ fn nix_is_root() -> bool {
 #[test]
 fn finding_5_a_linked_file_store_is_one_store() -> TestResult {
     let env = Env::new();
-    let flow = env.flow("ok.toml", "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"echo '{\\\"a\\\": 1}'\"\n");
+    let flow = env.flow(
+        "ok.toml",
+        "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"echo '{\\\"a\\\": 1}'\"\n",
+    );
     std::fs::create_dir(env.path().join("real"))?;
-    std::fs::set_permissions(env.path().join("real"), std::fs::Permissions::from_mode(0o700))?;
+    std::fs::set_permissions(
+        env.path().join("real"),
+        std::fs::Permissions::from_mode(0o700),
+    )?;
     std::os::unix::fs::symlink("real/runs.json", env.path().join("link.json"))?;
     // The target must exist for the link to be followed.
-    let out = with_store(&env, "file:real/runs.json", &["run", flow.to_str().unwrap(), "--run-id", "one"]);
+    let out = with_store(
+        &env,
+        "file:real/runs.json",
+        &["run", flow.to_str().unwrap(), "--run-id", "one"],
+    );
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    let out = with_store(&env, "file:link.json", &["run", flow.to_str().unwrap(), "--run-id", "two"]);
+    let out = with_store(
+        &env,
+        "file:link.json",
+        &["run", flow.to_str().unwrap(), "--run-id", "two"],
+    );
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert!(std::fs::symlink_metadata(env.path().join("link.json"))?.file_type().is_symlink());
+    assert!(std::fs::symlink_metadata(env.path().join("link.json"))?
+        .file_type()
+        .is_symlink());
     let real = std::fs::read_to_string(env.path().join("real/runs.json"))?;
-    assert!(real.contains("\"one\"") && real.contains("\"two\""), "{real}");
-    assert!(!env.path().join("link.json.lock").exists(), "one lock, beside the real file");
+    assert!(
+        real.contains("\"one\"") && real.contains("\"two\""),
+        "{real}"
+    );
+    assert!(
+        !env.path().join("link.json.lock").exists(),
+        "one lock, beside the real file"
+    );
     Ok(())
 }
 
@@ -235,7 +334,11 @@ fn finding_7_a_failed_save_is_recorded_as_a_failure() -> TestResult {
             big.replace("KEY", "b")
         ),
     );
-    let out = with_store(&env, "file:f.json", &["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    let out = with_store(
+        &env,
+        "file:f.json",
+        &["run", flow.to_str().unwrap(), "--run-id", "r"],
+    );
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     let out = with_store(&env, "file:f.json", &["show", "r", "--json"]);
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout)?;
@@ -243,8 +346,15 @@ fn finding_7_a_failed_save_is_recorded_as_a_failure() -> TestResult {
     assert_eq!(shown["next"], 1);
     assert!(shown["lease"].is_null(), "lease released");
     let msg = shown["error"]["message"].as_str().unwrap_or_default();
-    assert!(msg.contains("could not be saved") && msg.contains("over the limit"), "{msg}");
-    let out = with_store(&env, "file:f.json", &["runs", "--status", "failed", "--json"]);
+    assert!(
+        msg.contains("could not be saved") && msg.contains("over the limit"),
+        "{msg}"
+    );
+    let out = with_store(
+        &env,
+        "file:f.json",
+        &["runs", "--status", "failed", "--json"],
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"r\""));
     Ok(())
 }
@@ -253,7 +363,10 @@ fn finding_7_a_failed_save_is_recorded_as_a_failure() -> TestResult {
 #[test]
 fn finding_8_output_errors_are_errors() -> TestResult {
     let env = Env::new();
-    let flow = env.flow("ok.toml", "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n");
+    let flow = env.flow(
+        "ok.toml",
+        "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n",
+    );
     for args in [
         vec!["run", flow.to_str().unwrap(), "--run-id", "r", "--json"],
         vec!["show", "r", "--json"],
@@ -282,7 +395,10 @@ fn finding_10_errors_say_it_once_and_untrusted_text_is_escaped() -> TestResult {
     let last = stderr(&out).lines().last().unwrap_or_default().to_string();
     assert!(last.starts_with("steadfast: "), "{last}");
     assert_eq!(last.matches("exited with code 3").count(), 1, "{last}");
-    assert!(!stderr(&out).contains('\u{1b}'), "no escape sequence reaches the terminal");
+    assert!(
+        !stderr(&out).contains('\u{1b}'),
+        "no escape sequence reaches the terminal"
+    );
     let shown = env.run(&["show", "r"]);
     let text = String::from_utf8_lossy(&shown.stdout);
     assert!(!text.lines().any(|l| l.starts_with("FAKE")), "{text}");
@@ -291,7 +407,11 @@ fn finding_10_errors_say_it_once_and_untrusted_text_is_escaped() -> TestResult {
     let gated = env.flow("gated.toml", GATED);
     let out = env.run(&["run", gated.to_str().unwrap(), "--run-id", "a b"]);
     assert_eq!(code(&out), 4);
-    assert!(stderr(&out).contains("steadfast approve 'a b' review"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("steadfast approve 'a b' review"),
+        "{}",
+        stderr(&out)
+    );
     let out = env.run(&["approve", "a b", "review", "--by", "ada\ndecision  forged"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     // sqlite: on a directory says so, once.
@@ -299,7 +419,11 @@ fn finding_10_errors_say_it_once_and_untrusted_text_is_escaped() -> TestResult {
     let out = with_store(&env, "sqlite:adir", &["runs"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("is a directory"), "{}", stderr(&out));
-    assert!(stderr(&out).matches("unable to open").count() <= 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).matches("unable to open").count() <= 1,
+        "{}",
+        stderr(&out)
+    );
     Ok(())
 }
 
@@ -315,9 +439,16 @@ fn numbers_are_kept_exactly_or_refused_and_missing_stores_are_not_created() -> T
     );
     let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
-    assert!(stderr(&out).contains("does not fit in 64 bits"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("does not fit in 64 bits"),
+        "{}",
+        stderr(&out)
+    );
     let shown = env.show("r");
-    assert_eq!(shown["state"]["b"], serde_json::json!(18446744073709551615u64));
+    assert_eq!(
+        shown["state"]["b"],
+        serde_json::json!(18446744073709551615u64)
+    );
     let flow = env.flow(
         "utf8.toml",
         "name = \"utf8\"\n[[step]]\nname = \"bad\"\nretries = 0\nrun = \"printf '{\\\"s\\\": \\\"\\\\377\\\"}'\"\n",

@@ -549,7 +549,13 @@ pub async fn head_values_are_refused_or_load_back_equal(ts: TestStore) -> CheckR
         cp
     };
     let bad_run_id = checkpoint("bad\u{7}id", "flow", json!({}));
-    for cp in [too_deep, deep_under_gate, bad_decider, long_reason, bad_run_id] {
+    for cp in [
+        too_deep,
+        deep_under_gate,
+        bad_decider,
+        long_reason,
+        bad_run_id,
+    ] {
         let r = save(store, &cp, None).await;
         ensure!(
             matches!(&r, Err(e) if e.kind() == StoreErrorKind::InvalidInput),
@@ -566,7 +572,10 @@ pub async fn head_values_are_refused_or_load_back_equal(ts: TestStore) -> CheckR
         store.load("other").await?.as_ref() == Some(&other),
         "another run changed or stopped loading"
     );
-    ensure!(store.list(&ListFilter::new()).await?.len() == 1, "list broke");
+    ensure!(
+        store.list(&ListFilter::new()).await?.len() == 1,
+        "list broke"
+    );
 
     let cases: u32 = std::env::var("STEADFAST_PROPTEST_CASES")
         .ok()
@@ -583,33 +592,40 @@ pub async fn head_values_are_refused_or_load_back_equal(ts: TestStore) -> CheckR
         });
         let n = std::sync::atomic::AtomicU64::new(0);
         runner
-            .run(&(".{0,12}", data, ".{0,20}", ".{0,30}"), |(by, data, reason, message)| {
-                let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let run_id = format!("head-{i}");
-                let mut cp = checkpoint(&run_id, "flow", json!({}));
-                cp.decisions.push(Decision::approve("review", &by, t(1), Some(data)));
-                cp.decisions.push(Decision::reject("review", "ada", t(2), Some(reason)));
-                cp.error = Some(StepFailure::new(0, "a", message, 1, false, t(3)));
-                handle.block_on(async {
-                    match store.save(SaveRequest::new(&cp, None)).await {
-                        Err(_) => {
-                            let kept = store.load("other").await.map_err(|e| {
-                                TestCaseError::fail(format!("a refused save broke the store: {e}"))
-                            })?;
-                            prop_assert!(kept.is_some());
-                            Ok(())
+            .run(
+                &(".{0,12}", data, ".{0,20}", ".{0,30}"),
+                |(by, data, reason, message)| {
+                    let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let run_id = format!("head-{i}");
+                    let mut cp = checkpoint(&run_id, "flow", json!({}));
+                    cp.decisions
+                        .push(Decision::approve("review", &by, t(1), Some(data)));
+                    cp.decisions
+                        .push(Decision::reject("review", "ada", t(2), Some(reason)));
+                    cp.error = Some(StepFailure::new(0, "a", message, 1, false, t(3)));
+                    handle.block_on(async {
+                        match store.save(SaveRequest::new(&cp, None)).await {
+                            Err(_) => {
+                                let kept = store.load("other").await.map_err(|e| {
+                                    TestCaseError::fail(format!(
+                                        "a refused save broke the store: {e}"
+                                    ))
+                                })?;
+                                prop_assert!(kept.is_some());
+                                Ok(())
+                            }
+                            Ok(v) => {
+                                cp.version = v;
+                                let loaded = store.load(&run_id).await.map_err(|e| {
+                                    TestCaseError::fail(format!("save accepted, load failed: {e}"))
+                                })?;
+                                prop_assert_eq!(loaded, Some(cp));
+                                Ok(())
+                            }
                         }
-                        Ok(v) => {
-                            cp.version = v;
-                            let loaded = store.load(&run_id).await.map_err(|e| {
-                                TestCaseError::fail(format!("save accepted, load failed: {e}"))
-                            })?;
-                            prop_assert_eq!(loaded, Some(cp));
-                            Ok(())
-                        }
-                    }
-                })
-            })
+                    })
+                },
+            )
             .map_err(|e| e.to_string())
     })
     .await??;

@@ -162,7 +162,12 @@ fn check_owner(path: &Path, meta: &fs::Metadata, what: &str) -> Result<(), Store
     Ok(())
 }
 
-fn check_writers(path: &Path, meta: &fs::Metadata, what: &str, fix: &str) -> Result<(), StoreError> {
+fn check_writers(
+    path: &Path,
+    meta: &fs::Metadata,
+    what: &str,
+    fix: &str,
+) -> Result<(), StoreError> {
     let mode = meta.mode() & 0o7777;
     if mode & 0o022 != 0 {
         return Err(StoreError::InvalidInput(format!(
@@ -188,7 +193,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("a/b/runs.db");
         let got = prepare_store_file(&path, true).unwrap();
-        assert_eq!(got, fs::canonicalize(tmp.path()).unwrap().join("a/b/runs.db"));
+        assert_eq!(
+            got,
+            fs::canonicalize(tmp.path()).unwrap().join("a/b/runs.db")
+        );
         let mode = fs::metadata(tmp.path().join("a/b")).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o700);
     }

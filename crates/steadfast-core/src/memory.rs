@@ -7,7 +7,9 @@ use async_trait::async_trait;
 
 use crate::checkpoint::{Checkpoint, StepRecord};
 use crate::error::StoreError;
-use crate::store::{check_head, check_state, state_size, ListFilter, RunSummary, SaveRequest, Store};
+use crate::store::{
+    check_head, check_state, state_size, ListFilter, RunSummary, SaveRequest, Store,
+};
 
 /// The default state size limit of [`MemoryStore`]: 64 MiB.
 pub const DEFAULT_MEMORY_STATE_LIMIT: u64 = 64 << 20;

@@ -632,7 +632,9 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         };
         let every = (*ttl / 3).max(Duration::from_millis(10));
         let start = tokio::time::Instant::now();
-        let end = start.checked_add(d).unwrap_or(start + crate::limits::SLEEP.max);
+        let end = start
+            .checked_add(d)
+            .unwrap_or(start + crate::limits::SLEEP.max);
         loop {
             let now = tokio::time::Instant::now();
             if now >= end {

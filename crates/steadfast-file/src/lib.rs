@@ -188,15 +188,12 @@ impl<F: Fs> FileStore<F> {
         opts: FileStoreOptions,
     ) -> Result<Self, StoreError> {
         let given = path.as_ref();
-        given
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| {
-                StoreError::InvalidInput(format!(
-                    "file store path {} has no file name",
-                    given.display()
-                ))
-            })?;
+        given.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+            StoreError::InvalidInput(format!(
+                "file store path {} has no file name",
+                given.display()
+            ))
+        })?;
         let path = fs.resolve(given, opts.create)?;
         let file_name = path
             .file_name()

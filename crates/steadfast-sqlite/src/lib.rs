@@ -50,8 +50,8 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use steadfast_core::store::{check_head, check_state};
 use steadfast_core::{
-    state_size, Checkpoint, ListFilter, RunStatus, RunSummary, SaveRequest, State,
-    StepFailure, StepRecord, Store, StoreError, Timestamp, Update,
+    state_size, Checkpoint, ListFilter, RunStatus, RunSummary, SaveRequest, State, StepFailure,
+    StepRecord, Store, StoreError, Timestamp, Update,
 };
 use tokio::sync::oneshot;
 

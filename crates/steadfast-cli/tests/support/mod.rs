@@ -79,4 +79,3 @@ pub fn pid_alive(pid: &str) -> bool {
             .unwrap_or_default()
             .contains(") Z ")
 }
-
