@@ -48,7 +48,7 @@ pub fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 /// ```
 /// let dir = tempfile::tempdir().unwrap();
 /// let url = format!("sqlite:{}/nothing/runs.db", dir.path().display());
-/// let err = steadfast::open_existing_store(&url).unwrap_err();
+/// let err = steadfast::open_existing_store(&url).err().expect("refused");
 /// assert_eq!(err.kind(), steadfast::StoreErrorKind::NotFound);
 /// assert!(!dir.path().join("nothing").exists());
 /// ```

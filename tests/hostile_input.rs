@@ -158,21 +158,8 @@ async fn a_refused_checkpoint_is_recorded_as_the_failure() -> TestResult {
 }
 
 fn json_value() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(Value::from),
-        any::<f64>().prop_map(Value::from),
-        ".{0,12}".prop_map(Value::String),
-    ];
     prop_oneof![
-        8 => leaf.prop_recursive(5, 48, 5, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
-                prop::collection::btree_map(".{0,5}", inner, 0..5)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        }),
+        8 => steadfast_conformance::checks::json_value(),
         1 => (0usize..140).prop_map(|d| {
             let mut v = json!(0);
             for _ in 0..d {

@@ -417,7 +417,9 @@ pub async fn oversize_state_is_refused_and_prior_record_intact(ts: TestStore) ->
     Ok(())
 }
 
-fn json_value() -> impl Strategy<Value = Value> {
+/// Arbitrary JSON values, control characters, extreme numbers and nesting
+/// included: the values the property checks feed to a store.
+pub fn json_value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),

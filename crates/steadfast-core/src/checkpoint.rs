@@ -354,6 +354,16 @@ impl Checkpoint {
     /// Checks the record's internal consistency; stores call this on decode and
     /// report a failure as [`StoreError::Corrupt`](crate::StoreError::Corrupt).
     pub fn check(&self) -> Result<(), String> {
+        self.check_shape()?;
+        if self.version == 0 {
+            return Err("version 0 is never stored".into());
+        }
+        Ok(())
+    }
+
+    /// The part of [`check`](Checkpoint::check) that holds before a store
+    /// sets the version: the format and `next` against the completed steps.
+    pub(crate) fn check_shape(&self) -> Result<(), String> {
         if self.format != CHECKPOINT_FORMAT {
             return Err(format!(
                 "checkpoint format {} is not understood by this build (it reads {CHECKPOINT_FORMAT})",
@@ -366,9 +376,6 @@ impl Checkpoint {
                 self.next,
                 self.completed.len()
             ));
-        }
-        if self.version == 0 {
-            return Err("version 0 is never stored".into());
         }
         Ok(())
     }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::checkpoint::{Checkpoint, RunStatus, StepRecord, CHECKPOINT_FORMAT};
+use crate::checkpoint::{Checkpoint, RunStatus, StepRecord};
 use crate::clock::Timestamp;
 use crate::error::StoreError;
 use crate::limits::{MAX_ERROR_BYTES, MAX_HOST_BYTES, MAX_REASON_BYTES};
@@ -253,18 +253,8 @@ pub fn check_head(cp: &Checkpoint) -> Result<(), StoreError> {
     if let Err(e) = crate::ids::validate_run_id(run_id) {
         return Err(StoreError::InvalidInput(e.to_string()));
     }
-    if cp.format != CHECKPOINT_FORMAT {
-        return refuse(format!(
-            "checkpoint format {} is not the one this build writes ({CHECKPOINT_FORMAT})",
-            cp.format
-        ));
-    }
-    if cp.next != cp.completed.len() {
-        return refuse(format!(
-            "next is {} but {} completed steps are listed",
-            cp.next,
-            cp.completed.len()
-        ));
+    if let Err(what) = cp.check_shape() {
+        return refuse(what);
     }
     let name = |what: &str, value: &str| {
         crate::ids::check_step_name(value).map_err(|reason| {
