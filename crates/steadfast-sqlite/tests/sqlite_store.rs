@@ -185,3 +185,87 @@ async fn a_conflicting_member_fails_alone_in_a_shared_batch() -> TestResult {
     );
     Ok(())
 }
+
+fn bytes_and_mode(path: &std::path::Path) -> Result<(Vec<u8>, String), Box<dyn std::error::Error>> {
+    let bytes = std::fs::read(path)?;
+    let conn = rusqlite::Connection::open(path)?;
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0))?;
+    Ok((bytes, mode))
+}
+
+/// Finding 9: a database from a newer build is refused before anything is
+/// changed: it is not switched to WAL, not a byte moves.
+#[tokio::test]
+async fn a_future_database_is_refused_unchanged() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    drop(SqliteStore::open(&path)?);
+    {
+        let conn = rusqlite::Connection::open(&path)?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)?;
+        let _: String = conn.query_row("PRAGMA journal_mode = DELETE", [], |r| r.get(0))?;
+    }
+    let before = bytes_and_mode(&path)?;
+    assert_eq!(before.1, "delete");
+    let err = SqliteStore::open(&path).unwrap_err();
+    assert!(err.to_string().contains("newer than this build"), "{err}");
+    assert_eq!(
+        bytes_and_mode(&path)?,
+        before,
+        "the refused file was changed"
+    );
+    Ok(())
+}
+
+/// Finding 9: a foreign database (even one with a `runs` table and schema
+/// version 0) is refused, not adopted, and left as it was.
+#[tokio::test]
+async fn a_foreign_database_is_refused_unchanged() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("app.db");
+    {
+        let conn = rusqlite::Connection::open(&path)?;
+        conn.execute_batch("CREATE TABLE runs (x TEXT); INSERT INTO runs VALUES ('theirs');")?;
+    }
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let before = bytes_and_mode(&path)?;
+    let err = SqliteStore::open(&path).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("not a Steadfast database"), "{text}");
+    assert_eq!(
+        text.matches("CREATE").count(),
+        0,
+        "no SQL in the error: {text}"
+    );
+    assert_eq!(
+        bytes_and_mode(&path)?,
+        before,
+        "the foreign file was changed"
+    );
+    Ok(())
+}
+
+/// A database written before the application id existed (schema 2, no id)
+/// is still ours: it opens, keeps its runs and gets the marker.
+#[tokio::test]
+async fn a_database_from_before_the_marker_is_adopted() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    let store = SqliteStore::open(&path)?;
+    let cp = steadfast_core::Checkpoint::new("r", "w", steadfast_core::Timestamp::EPOCH);
+    store
+        .save(steadfast_core::SaveRequest::new(&cp, None))
+        .await?;
+    drop(store);
+    {
+        let conn = rusqlite::Connection::open(&path)?;
+        conn.pragma_update(None, "application_id", 0)?;
+    }
+    let store = SqliteStore::open(&path)?;
+    assert!(store.load("r").await?.is_some());
+    drop(store);
+    let conn = rusqlite::Connection::open(&path)?;
+    let id: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
+    assert_eq!(id, steadfast_sqlite::APPLICATION_ID);
+    Ok(())
+}
