@@ -478,3 +478,51 @@ pub fn supervise(command: &str) -> i32 {
         }
     })
 }
+
+/// Kills the step processes of `holder`, a `steadfast` process on this host
+/// whose lease this process has just taken over (it was stopped or hung past
+/// its lease, and its claim is already fenced out of the store): each of its
+/// children that is a step supervisor leads a process group of its own, and
+/// the whole group is killed. Nothing is done for a holder on another host or
+/// one that is gone (its supervisors killed their groups when it died).
+pub fn stop_steps_of(holder: &steadfast::Owner) {
+    if steadfast::holder_is_running(holder) != Some(true) {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let mut killed = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // After the command name in parentheses: state, ppid, pgrp.
+        let Some(after) = stat.rfind(')').map(|at| &stat[at + 1..]) else {
+            continue;
+        };
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let (Some(ppid), Some(pgrp)) = (
+            fields.get(1).and_then(|f| f.parse::<u32>().ok()),
+            fields.get(2).and_then(|f| f.parse::<i32>().ok()),
+        ) else {
+            continue;
+        };
+        if ppid != holder.pid || pgrp != pid {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if cmdline.split(|b| *b == 0).nth(1) == Some(b"__supervise".as_slice()) {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            killed.push(pid);
+        }
+    }
+    if !killed.is_empty() {
+        crate::output::note(format_args!(
+            "  note  killed the step processes (groups {killed:?}) of {holder}, which was stopped past its lease"
+        ));
+    }
+}

@@ -261,6 +261,7 @@ async fn run(
         .lease(current_owner(), lease)
         .wait_for_timers(wait)
         .accept_changed_workflow(accept_changed)
+        .on_takeover(|old| command::stop_steps_of(&old.owner))
         .observer(output::progress);
     match runner.run(run_id, &workflow).await {
         Ok(Outcome::Completed(state)) => {

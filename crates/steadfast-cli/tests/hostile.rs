@@ -462,3 +462,56 @@ fn numbers_are_kept_exactly_or_refused_and_missing_stores_are_not_created() -> T
     assert!(!env.path().join("nonexistent").exists());
     Ok(())
 }
+
+/// Finding 12: a runner stopped past its lease is taken over, and its step's
+/// process group is killed before the step runs again, so the two never run
+/// at once; the stopped runner is fenced out when it resumes.
+#[test]
+fn finding_12_a_stopped_holders_step_is_killed_before_the_takeover_reruns_it() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow(
+        "stop.toml",
+        "name = \"stop\"\n[[step]]\nname = \"work\"\nrun = \"if [ -e first.pid ]; then echo '{\\\"by\\\": \\\"second\\\"}'; else echo $$ > first.pid; sleep 30; fi\"\n",
+    );
+    let f = flow.to_str().unwrap();
+    let a = env
+        .cmd(&["run", f, "--run-id", "r", "--lease", "1s"])
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let a_pid = a.id().to_string();
+    // A stopped process left behind would hold the test's output open.
+    let _a_guard = KillOnDrop(a_pid.clone());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(env.path().join("first.pid")).unwrap_or_default().trim().is_empty() {
+        assert!(Instant::now() < deadline, "A never started its step");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let step_pid = std::fs::read_to_string(env.path().join("first.pid"))?.trim().to_string();
+    Command::new("kill").args(["-STOP", &a_pid]).status()?;
+    std::thread::sleep(Duration::from_millis(1300));
+    let b = env.run(&["run", f, "--run-id", "r", "--lease", "1s"]);
+    assert_eq!(code(&b), 0, "B takes over: {}", stderr(&b));
+    let dead_by = Instant::now() + Duration::from_secs(5);
+    while pid_alive(&step_pid) {
+        assert!(Instant::now() < dead_by, "A's step still runs beside B's");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Command::new("kill").args(["-CONT", &a_pid]).status()?;
+    let a = finish_within(a, Duration::from_secs(20))?;
+    assert_eq!(code(&a), 3, "A is fenced out: {}", stderr(&a));
+    assert_eq!(env.show("r")["state"]["by"], "second");
+    Ok(())
+}
+
+/// Kills a process (and lets it run on to die) when the test ends, however
+/// it ends.
+struct KillOnDrop(String);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if pid_alive(&self.0) {
+            let _ = Command::new("kill").args(["-9", &self.0]).status();
+            let _ = Command::new("kill").args(["-CONT", &self.0]).status();
+        }
+    }
+}

@@ -206,6 +206,7 @@ pub enum Event<'a> {
 }
 
 type Observer = Arc<dyn Fn(&Event<'_>) + Send + Sync>;
+type TakeoverHook = Arc<dyn Fn(&Lease) + Send + Sync>;
 
 /// Starts or resumes run `run_id` of `workflow` on `store` with default options.
 ///
@@ -246,6 +247,7 @@ pub struct Runner<'s, S: Store + ?Sized> {
     accept_changed_workflow: bool,
     lease: Option<(Owner, Duration)>,
     wait_for_timers: bool,
+    takeover: Option<TakeoverHook>,
     #[cfg(feature = "mutants")]
     mutant_skip_reload_after_unknown: bool,
     #[cfg(feature = "mutants")]
@@ -288,6 +290,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             accept_changed_workflow: false,
             lease: None,
             wait_for_timers: false,
+            takeover: None,
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: false,
             #[cfg(feature = "mutants")]
@@ -304,6 +307,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             accept_changed_workflow: self.accept_changed_workflow,
             lease: self.lease.clone(),
             wait_for_timers: self.wait_for_timers,
+            takeover: self.takeover.clone(),
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: self.mutant_skip_reload_after_unknown,
             #[cfg(feature = "mutants")]
@@ -383,6 +387,16 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// fails with [`Error::InvalidInput`] before anything is loaded.
     pub fn lease(mut self, owner: Owner, ttl: Duration) -> Self {
         self.lease = Some((owner, ttl));
+        self
+    }
+
+    /// Calls `f` with the lease this runner took over from another owner, as
+    /// soon as its own claim is saved (so the old holder is already fenced out
+    /// of the store) and before any step runs. The `steadfast` command uses it
+    /// to kill the step processes of a runner on this host that was stopped
+    /// past its lease, so that they never run beside the new ones.
+    pub fn on_takeover(mut self, f: impl Fn(&Lease) + Send + Sync + 'static) -> Self {
+        self.takeover = Some(Arc::new(f));
         self
     }
 
@@ -541,6 +555,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         let Some((me, ttl)) = &self.lease else {
             return Ok(());
         };
+        let mut taken = None;
         if let Some(held) = &cp.lease {
             match standing(held, me, self.clock.now()) {
                 Standing::Mine => {}
@@ -552,17 +567,23 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                     })
                 }
                 Standing::Gone => {
-                    tracing::info!(run_id = %cp.run_id, holder = %held.owner, "taking over a lease whose holder is gone")
+                    tracing::info!(run_id = %cp.run_id, holder = %held.owner, "taking over a lease whose holder is gone");
+                    taken = Some(held.clone());
                 }
                 Standing::Lapsed => {
-                    tracing::info!(run_id = %cp.run_id, holder = %held.owner, "taking over a lease that was not renewed in time")
+                    tracing::info!(run_id = %cp.run_id, holder = %held.owner, "taking over a lease that was not renewed in time");
+                    taken = Some(held.clone());
                 }
             }
         }
         cp.lease = Some(self.fresh_lease(me, *ttl));
         self.save(cp, expected, None)
             .await
-            .map_err(|e| store_error(&cp.run_id, "claim of the lease", e))
+            .map_err(|e| store_error(&cp.run_id, "claim of the lease", e))?;
+        if let (Some(old), Some(hook)) = (taken, &self.takeover) {
+            hook(&old);
+        }
+        Ok(())
     }
 
     /// Extends the lease. A conflict here means another owner took the run:
