@@ -482,11 +482,17 @@ fn finding_12_a_stopped_holders_step_is_killed_before_the_takeover_reruns_it() -
     // A stopped process left behind would hold the test's output open.
     let _a_guard = KillOnDrop(a_pid.clone());
     let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_to_string(env.path().join("first.pid")).unwrap_or_default().trim().is_empty() {
+    while std::fs::read_to_string(env.path().join("first.pid"))
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
         assert!(Instant::now() < deadline, "A never started its step");
         std::thread::sleep(Duration::from_millis(10));
     }
-    let step_pid = std::fs::read_to_string(env.path().join("first.pid"))?.trim().to_string();
+    let step_pid = std::fs::read_to_string(env.path().join("first.pid"))?
+        .trim()
+        .to_string();
     Command::new("kill").args(["-STOP", &a_pid]).status()?;
     std::thread::sleep(Duration::from_millis(1300));
     let b = env.run(&["run", f, "--run-id", "r", "--lease", "1s"]);

@@ -534,30 +534,8 @@ pub async fn head_values_are_refused_or_load_back_equal(ts: TestStore) -> CheckR
             .push(Decision::approve("review", "ada", t(1), Some(v)));
         cp
     };
-    let bad_decider = {
-        let mut cp = checkpoint("bad-decider", "flow", json!({}));
-        cp.decisions
-            .push(Decision::reject("review", "ada\nforged", t(1), None));
-        cp
-    };
-    let long_reason = {
-        let mut cp = checkpoint("long-reason", "flow", json!({}));
-        cp.decisions.push(Decision::reject(
-            "review",
-            "ada",
-            t(1),
-            Some("x".repeat(steadfast_core::limits::MAX_REASON_BYTES + 1)),
-        ));
-        cp
-    };
     let bad_run_id = checkpoint("bad\u{7}id", "flow", json!({}));
-    for cp in [
-        too_deep,
-        deep_under_gate,
-        bad_decider,
-        long_reason,
-        bad_run_id,
-    ] {
+    for cp in [too_deep, deep_under_gate, bad_run_id] {
         let r = save(store, &cp, None).await;
         ensure!(
             matches!(&r, Err(e) if e.kind() == StoreErrorKind::InvalidInput),
@@ -577,6 +555,23 @@ pub async fn head_values_are_refused_or_load_back_equal(ts: TestStore) -> CheckR
     ensure!(
         store.list(&ListFilter::new()).await?.len() == 1,
         "list broke"
+    );
+    // Text that reads back fine is stored, whatever limits its writer had: a
+    // record from an earlier build must never become unsaveable.
+    let mut old = checkpoint("earlier-limits", "flow", json!({}));
+    old.decisions.push(Decision::reject(
+        "review",
+        &"a very long name ".repeat(20),
+        t(1),
+        Some("why ".repeat(20_000)),
+    ));
+    let mut failure = StepFailure::new(0, "a", String::new(), 1, true, t(2));
+    failure.message = "x".repeat(100_000);
+    old.error = Some(failure);
+    old.version = save(store, &old, None).await?;
+    ensure!(
+        store.load("earlier-limits").await?.as_ref() == Some(&old),
+        "a record with long text did not load back equal"
     );
 
     let cases: u32 = std::env::var("STEADFAST_PROPTEST_CASES")
@@ -607,13 +602,23 @@ pub async fn head_values_are_refused_or_load_back_equal(ts: TestStore) -> CheckR
                     cp.error = Some(StepFailure::new(0, "a", message, 1, false, t(3)));
                     handle.block_on(async {
                         match store.save(SaveRequest::new(&cp, None)).await {
-                            Err(_) => {
-                                let kept = store.load("other").await.map_err(|e| {
+                            Err(e) => {
+                                prop_assert!(
+                                    matches!(
+                                        e.kind(),
+                                        StoreErrorKind::InvalidInput | StoreErrorKind::TooLarge
+                                    ),
+                                    "refused with the wrong kind: {}",
+                                    e
+                                );
+                                let broke = |e: StoreError| {
                                     TestCaseError::fail(format!(
                                         "a refused save broke the store: {e}"
                                     ))
-                                })?;
-                                prop_assert!(kept.is_some());
+                                };
+                                prop_assert!(store.load("other").await.map_err(broke)?.is_some());
+                                let left = store.load(&run_id).await.map_err(broke)?;
+                                prop_assert!(left.is_none(), "a refused save left a record");
                                 Ok(())
                             }
                             Ok(v) => {

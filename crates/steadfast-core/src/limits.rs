@@ -56,9 +56,6 @@ pub const MAX_REASON_BYTES: usize = 64 * 1024;
 /// (keeping their start and end) when a failure is recorded.
 pub const MAX_ERROR_BYTES: usize = 64 * 1024;
 
-/// The longest host name in a lease, in bytes.
-pub const MAX_HOST_BYTES: usize = 255;
-
 impl DurationRange {
     /// Whether `d` lies in the range.
     pub fn contains(&self, d: Duration) -> bool {

@@ -52,44 +52,74 @@ pub fn check_update(update: &Update) -> Result<(), ValueProblem> {
 pub(crate) fn check_entries<'a>(
     entries: impl Iterator<Item = (&'a str, &'a Value)>,
 ) -> Result<(), ValueProblem> {
-    // An explicit stack: a hostile value must not overflow ours while we check it.
-    let mut stack: Vec<(Vec<PathPart<'_>>, &Value)> = Vec::new();
     for (k, v) in entries {
-        stack.push((vec![PathPart::Key(k)], v));
-    }
-    while let Some((path, value)) = stack.pop() {
-        let depth = path.len();
-        match value {
-            Value::Object(map) if !map.is_empty() => {
-                if depth >= MAX_VALUE_DEPTH {
-                    return Err(too_deep(&path));
-                }
-                for (k, v) in map {
-                    let mut p = path.clone();
-                    p.push(PathPart::Key(k));
-                    stack.push((p, v));
-                }
-            }
-            Value::Array(items) if !items.is_empty() => {
-                if depth >= MAX_VALUE_DEPTH {
-                    return Err(too_deep(&path));
-                }
-                for (i, v) in items.iter().enumerate() {
-                    let mut p = path.clone();
-                    p.push(PathPart::Index(i));
-                    stack.push((p, v));
-                }
-            }
-            Value::Number(n) if n.as_f64().is_some_and(|f| !f.is_finite()) => {
-                return Err(ValueProblem {
-                    path: render_path(&path),
-                    reason: "the number is not finite".into(),
-                });
-            }
-            _ => {}
-        }
+        check_value(PathPart::Key(k), v)?;
     }
     Ok(())
+}
+
+/// The children of a container being walked.
+enum Children<'a> {
+    Object(serde_json::map::Iter<'a>),
+    Array(std::iter::Enumerate<std::slice::Iter<'a, Value>>),
+}
+
+impl<'a> Children<'a> {
+    fn next(&mut self) -> Option<(PathPart<'a>, &'a Value)> {
+        match self {
+            Children::Object(it) => it.next().map(|(k, v)| (PathPart::Key(k), v)),
+            Children::Array(it) => it.next().map(|(i, v)| (PathPart::Index(i), v)),
+        }
+    }
+}
+
+/// Walks one value depth first with an explicit stack (a hostile value must
+/// not overflow ours) that holds one path, so memory grows with the depth, not
+/// with the number of values.
+fn check_value<'a>(part: PathPart<'a>, value: &'a Value) -> Result<(), ValueProblem> {
+    let mut path = vec![part];
+    let mut open: Vec<Children<'a>> = Vec::new();
+    let mut next = Some(value);
+    loop {
+        if let Some(value) = next.take() {
+            match value {
+                Value::Object(map) if !map.is_empty() => {
+                    if path.len() >= MAX_VALUE_DEPTH {
+                        return Err(too_deep(&path));
+                    }
+                    open.push(Children::Object(map.iter()));
+                }
+                Value::Array(items) if !items.is_empty() => {
+                    if path.len() >= MAX_VALUE_DEPTH {
+                        return Err(too_deep(&path));
+                    }
+                    open.push(Children::Array(items.iter().enumerate()));
+                }
+                Value::Number(n) if n.as_f64().is_some_and(|f| !f.is_finite()) => {
+                    return Err(ValueProblem {
+                        path: render_path(&path),
+                        reason: "the number is not finite".into(),
+                    });
+                }
+                _ => {
+                    path.pop();
+                }
+            }
+        }
+        let Some(top) = open.last_mut() else {
+            return Ok(());
+        };
+        match top.next() {
+            Some((part, child)) => {
+                path.push(part);
+                next = Some(child);
+            }
+            None => {
+                open.pop();
+                path.pop();
+            }
+        }
+    }
 }
 
 fn too_deep(path: &[PathPart<'_>]) -> ValueProblem {
@@ -160,6 +190,14 @@ mod tests {
         let back: Value = serde_json::from_str(&text)?;
         assert_eq!(back, v);
         Ok(())
+    }
+
+    #[test]
+    fn wide_values_are_checked_in_memory_that_grows_with_depth_only() {
+        let wide = json!({"a": [vec![0; 64], {"b": vec![1; 100_000]}, nest(96)]});
+        assert!(check_update(&update(wide)).is_ok());
+        let err = check_update(&update(json!([1, {"x": [2, nest(MAX_VALUE_DEPTH)]}]))).unwrap_err();
+        assert!(err.path.starts_with("k[1].x[1]"), "{}", err.path);
     }
 
     #[test]

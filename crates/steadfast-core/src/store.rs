@@ -7,7 +7,6 @@ use async_trait::async_trait;
 use crate::checkpoint::{Checkpoint, RunStatus, StepRecord};
 use crate::clock::Timestamp;
 use crate::error::StoreError;
-use crate::limits::{MAX_ERROR_BYTES, MAX_HOST_BYTES, MAX_REASON_BYTES};
 use crate::state::{check_update, State};
 
 /// One compare-and-swap write of a run's checkpoint.
@@ -223,14 +222,18 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     }
 }
 
-/// Checks everything in a checkpoint except its state before a store writes
-/// it: the run id, the bookkeeping that decoding checks, the size of every
-/// piece of text, and every decision's data (which the run merges into the
-/// state under the gate's name, so it must fit there).
+/// Checks everything in a checkpoint except its state that decides whether
+/// the record loads back, before a store writes it: the run id, the
+/// bookkeeping that decoding checks (format, `next` against the completed
+/// steps), and every decision's data, checked as the state value it becomes
+/// under the gate's key (the run merges it there).
 ///
 /// Every store calls this, with [`check_state`] on the state (or on the
 /// step's update, for a store that persists deltas of a state it checked
-/// before), so that no store accepts a write it could not read back.
+/// before), so that no store accepts a write it could not read back. Limits
+/// that are policy rather than readability (names, the length of a reason or
+/// an error message) are checked where those values enter, so that a record
+/// written under other limits still saves.
 ///
 /// ```
 /// use serde_json::json;
@@ -245,61 +248,17 @@ impl<T: Store + ?Sized> Store for Arc<T> {
 /// ```
 pub fn check_head(cp: &Checkpoint) -> Result<(), StoreError> {
     let run_id = &cp.run_id;
-    let refuse = |what: String| {
-        Err(StoreError::InvalidInput(format!(
-            "run {run_id:?}: {what}; nothing was written"
-        )))
-    };
     if let Err(e) = crate::ids::validate_run_id(run_id) {
-        return Err(StoreError::InvalidInput(e.to_string()));
+        return Err(StoreError::InvalidInput(format!(
+            "{e}; nothing was written"
+        )));
     }
     if let Err(what) = cp.check_shape() {
-        return refuse(what);
-    }
-    let name = |what: &str, value: &str| {
-        crate::ids::check_step_name(value).map_err(|reason| {
-            StoreError::InvalidInput(format!(
-                "run {run_id:?}: {what} {:?}: {reason}; nothing was written",
-                crate::ids::preview(value)
-            ))
-        })
-    };
-    name("workflow name", &cp.workflow)?;
-    if let Some(step) = cp.completed.last() {
-        name("step name", step)?;
-    }
-    if let Some(wait) = &cp.wait {
-        name("waiting step name", wait.step())?;
-    }
-    if let Some(e) = &cp.error {
-        if e.message.len() > MAX_ERROR_BYTES {
-            return refuse(format!(
-                "the error message is {} bytes, over the limit of {MAX_ERROR_BYTES}",
-                e.message.len()
-            ));
-        }
-        name("failed step name", &e.step)?;
-    }
-    if let Some(lease) = &cp.lease {
-        if lease.owner.host.len() > MAX_HOST_BYTES {
-            return refuse(format!(
-                "the lease's host name is {} bytes, over the limit of {MAX_HOST_BYTES}",
-                lease.owner.host.len()
-            ));
-        }
+        return Err(StoreError::InvalidInput(format!(
+            "run {run_id:?}: {what}; nothing was written"
+        )));
     }
     for d in &cp.decisions {
-        name("gate name", &d.gate)?;
-        name("decider", &d.by)?;
-        if let Some(reason) = &d.reason {
-            if reason.len() > MAX_REASON_BYTES {
-                return refuse(format!(
-                    "the reason at gate {:?} is {} bytes, over the limit of {MAX_REASON_BYTES}",
-                    d.gate,
-                    reason.len()
-                ));
-            }
-        }
         if let Some(data) = &d.data {
             check_decision_data(&d.gate, data).map_err(|p| {
                 StoreError::InvalidInput(format!(
