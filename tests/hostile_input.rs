@@ -260,3 +260,50 @@ fn the_largest_allowed_durations_format_and_load_back() -> TestResult {
     assert!(rt().block_on(store.load("r"))?.is_some());
     Ok(())
 }
+
+/// Finding 7, for durable functions: a result or a parallel branch whose
+/// checkpoint the store refuses leaves the run failed with the cause (once
+/// every branch is over), not running.
+#[tokio::test]
+async fn durable_results_and_branches_that_cannot_be_saved_fail_the_run() -> TestResult {
+    let store = MemoryStore::with_state_limit(1024);
+    let err = Runner::new(&store)
+        .lease(current_owner(), Duration::from_secs(30))
+        .durable("result", "big", |ctx| async move {
+            let a: u32 = ctx
+                .step("a", || async { Ok::<_, steadfast::StepError>(1) })
+                .await?;
+            Ok(format!("{a}{}", "x".repeat(4096)))
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("save of the result"), "{err}");
+    let cp = store.load("result").await?.expect("recorded");
+    assert_eq!(cp.status, RunStatus::Failed);
+    assert!(cp.lease.is_none());
+    assert!(cp.error.expect("an error").message.contains("could not be saved"));
+
+    let err = Runner::new(&store)
+        .lease(current_owner(), Duration::from_secs(30))
+        .durable("branches", "big", |ctx| async move {
+            let out: Vec<String> = ctx
+                .parallel(vec![
+                    ("small".to_string(), Box::pin(async { Ok::<_, steadfast::StepError>("s".to_string()) })
+                        as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>),
+                    ("huge".to_string(), Box::pin(async {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok::<_, steadfast::StepError>("x".repeat(4096))
+                    })),
+                ])
+                .await?;
+            Ok(out.len())
+        })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("huge"), "{err}");
+    let cp = store.load("branches").await?.expect("recorded");
+    assert_eq!(cp.status, RunStatus::Failed, "{cp:?}");
+    assert_eq!(cp.completed, vec!["small".to_string()]);
+    assert!(cp.lease.is_none());
+    Ok(())
+}

@@ -72,6 +72,9 @@ enum Branch {
     Step(StepError),
     /// Saving, replaying or renewing failed.
     Engine(Error),
+    /// The step finished but its checkpoint was not saved; recorded as the
+    /// run's failure once every branch is over.
+    Unsaved(Error),
 }
 
 /// The recorded progress of one call of a durable function.
@@ -266,11 +269,17 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                 s.cp.lease = None;
                 s.cp.error = None;
                 s.cp.updated_at = shared.runner.now();
-                shared
-                    .runner
-                    .save(&mut s.cp, &mut s.expected, None)
-                    .await
-                    .map_err(|e| store_error(run_id, "save of the result", e))?;
+                let saved = shared.runner.save(&mut s.cp, &mut s.expected, None).await;
+                if let Err(e) = saved {
+                    let e = store_error(run_id, "save of the result", e);
+                    s.cp.state.remove(RESULT_KEY);
+                    let index = s.cp.next;
+                    shared
+                        .runner
+                        .record_unsaved(&mut s.cp, &mut s.expected, index, RESULT_KEY, 1, &e)
+                        .await;
+                    return Err(e);
+                }
                 Ok(Outcome::Completed(value))
             }
             Err(Error::Suspended(outcome)) => Ok(outcome.map(|_| unreachable_state())),
@@ -909,10 +918,10 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                         let record =
                             StepRecord::new(index, &name, update, 1, started, runner.now());
                         if let Err(e) = runner
-                            .complete(&mut s.cp, &mut s.expected, record, usize::MAX)
+                            .complete_unrecorded(&mut s.cp, &mut s.expected, record, usize::MAX)
                             .await
                         {
-                            return Err((name, Branch::Engine(e)));
+                            return Err((name, Branch::Unsaved(e)));
                         }
                         s.cursor = s.cp.next;
                         runner.emit(Event::Completed {
@@ -941,6 +950,16 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                                 self.fail(&name, index, 1, err).await
                             }
                             Branch::Engine(e) => e,
+                            Branch::Unsaved(e) => {
+                                let runner = self.runner();
+                                let mut s = self.shared.session.lock().await;
+                                let s = &mut *s;
+                                let index = s.cp.next;
+                                runner
+                                    .record_unsaved(&mut s.cp, &mut s.expected, index, &name, 1, &e)
+                                    .await;
+                                e
+                            }
                         });
                     }
                 }

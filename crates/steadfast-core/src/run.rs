@@ -514,34 +514,76 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         record: StepRecord,
         total: usize,
     ) -> Result<(), Error> {
+        let (index, name, attempt) = (record.index, record.name.clone(), record.attempt);
+        match self.complete_unrecorded(cp, expected, record, total).await {
+            Err(e) => {
+                self.record_unsaved(cp, expected, index, &name, attempt, &e)
+                    .await;
+                Err(e)
+            }
+            ok => ok,
+        }
+    }
+
+    /// [`complete`](Runner::complete) without recording a failed save, for
+    /// a step among others still running (a parallel branch): their batch
+    /// records the failure when it is over, and keeps the lease meanwhile.
+    pub(crate) async fn complete_unrecorded(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+        record: StepRecord,
+        total: usize,
+    ) -> Result<(), Error> {
         let undo = Undo::apply(cp, &record, total);
         let what = format!("save after step {} ({})", record.index, record.name);
-        let err = match self.save(cp, expected, Some(&record)).await {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
-        };
-        undo.revert(cp);
-        if err.kind() != StoreErrorKind::Conflict {
-            let now = self.clock.now();
-            cp.status = RunStatus::Failed;
-            cp.lease = None;
-            cp.updated_at = now;
-            cp.error = Some(StepFailure::new(
-                record.index,
-                &record.name,
-                format!(
-                    "the step finished but its checkpoint could not be saved: {}",
-                    crate::error::chain(&err)
-                ),
-                record.attempt,
-                true,
-                now,
-            ));
-            if let Err(e) = self.save(cp, expected, None).await {
-                tracing::warn!(run_id = %cp.run_id, step = %record.name, error = %crate::error::chain(&e), "could not record that a checkpoint failed");
+        match self.save(cp, expected, Some(&record)).await {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                undo.revert(cp);
+                Err(store_error(&cp.run_id, &what, err))
             }
         }
-        Err(store_error(&cp.run_id, &what, err))
+    }
+
+    /// After a step's checkpoint failed to save (`failure`), records the run
+    /// as failed with the cause and releases the lease, if the store still
+    /// takes that small write; so the run reads `failed`, not `running` under
+    /// a dead lease. Nothing is written after a conflict: someone else owns
+    /// the run.
+    pub(crate) async fn record_unsaved(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+        index: usize,
+        step: &str,
+        attempt: u32,
+        failure: &Error,
+    ) {
+        let Some(err) = failure.store_error() else {
+            return;
+        };
+        if err.kind() == StoreErrorKind::Conflict {
+            return;
+        }
+        let now = self.clock.now();
+        cp.status = RunStatus::Failed;
+        cp.lease = None;
+        cp.updated_at = now;
+        cp.error = Some(StepFailure::new(
+            index,
+            step,
+            format!(
+                "the step finished but its checkpoint could not be saved: {}",
+                crate::error::chain(err)
+            ),
+            attempt,
+            true,
+            now,
+        ));
+        if let Err(e) = self.save(cp, expected, None).await {
+            tracing::warn!(run_id = %cp.run_id, step, error = %crate::error::chain(&e), "could not record that a checkpoint failed");
+        }
     }
 
     /// Claims the run with a lease, when leases are on. Refuses a lease that
