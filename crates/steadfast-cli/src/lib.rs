@@ -240,9 +240,11 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
 }
 
 fn who() -> String {
-    std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "unknown".into())
+    ["USER", "LOGNAME"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find(|name| !name.is_empty() && !name.chars().any(char::is_control))
+        .unwrap_or_else(|| "unknown".into())
 }
 
 #[allow(clippy::too_many_arguments)]

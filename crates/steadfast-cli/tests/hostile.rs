@@ -213,6 +213,10 @@ fn finding_4_a_planted_store_is_refused() -> TestResult {
     assert!(stderr(&out).contains("chmod go-w"), "{}", stderr(&out));
     // A lock file planted as a symbolic link is never followed.
     std::fs::create_dir(env.path().join("mine"))?;
+    std::fs::set_permissions(
+        env.path().join("mine"),
+        std::fs::Permissions::from_mode(0o700),
+    )?;
     std::os::unix::fs::symlink(
         env.path().join("elsewhere"),
         env.path().join("mine/runs.json.lock"),
@@ -223,6 +227,7 @@ fn finding_4_a_planted_store_is_refused() -> TestResult {
         &["run", flow.to_str().unwrap(), "--run-id", "r"],
     );
     assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
     assert!(
         !env.path().join("elsewhere").exists(),
         "the link was followed"

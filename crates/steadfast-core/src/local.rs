@@ -48,6 +48,7 @@ pub fn prepare_store_file(path: &Path, create: bool) -> Result<PathBuf, StoreErr
         }
         Err(e) => return Err(StoreError::io(format!("inspecting {}", dir.display()), e)),
     }
+    check_links(&dir)?;
     let dir = fs::canonicalize(&dir)
         .map_err(|e| StoreError::io(format!("resolving {}", dir.display()), e))?;
     check_private_dir(&dir)?;
@@ -69,6 +70,9 @@ pub fn prepare_store_file(path: &Path, create: bool) -> Result<PathBuf, StoreErr
         return Ok(file);
     }
     check_owner(&file, &meta, "the symbolic link")?;
+    if let Ok(to) = fs::read_link(&file) {
+        check_links(&dir.join(to))?;
+    }
     let target = match fs::canonicalize(&file) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -123,6 +127,47 @@ pub fn no_follow(opts: &mut OpenOptions) -> &mut OpenOptions {
     opts.custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
 }
 
+/// Refuses a path that passes through a symbolic link belonging to another
+/// user (root's own links, like `/var/run`, are trusted): following one would
+/// put the store wherever that user chose.
+fn check_links(path: &Path) -> Result<(), StoreError> {
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map_err(|e| StoreError::io("reading the current directory", e))?
+            .join(path)
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    let mut prefix = PathBuf::new();
+    for part in absolute.components() {
+        prefix.push(part);
+        let Ok(meta) = fs::symlink_metadata(&prefix) else {
+            // Missing from here on (or unreadable): nothing more to follow.
+            return Ok(());
+        };
+        if meta.file_type().is_symlink() && meta.uid() != me && meta.uid() != 0 {
+            return Err(StoreError::InvalidInput(format!(
+                "refusing the store path {}: it passes through the symbolic link {}, which belongs to user id {}, so someone else chose where it leads; use a path of your own",
+                path.display(),
+                prefix.display(),
+                meta.uid()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Opens a store file to read: never through a symbolic link, and without
+/// blocking (a pipe or device swapped in cannot hold the open up; the caller
+/// checks that what it opened is a regular file).
+pub fn open_to_read(path: &Path) -> io::Result<fs::File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)
+}
+
 fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
     fs::DirBuilder::new()
         .recursive(true)
@@ -171,9 +216,9 @@ fn check_writers(
     let mode = meta.mode() & 0o7777;
     if mode & 0o022 != 0 {
         return Err(StoreError::InvalidInput(format!(
-            "refusing {what} {}: its mode {mode:04o} lets group or others write it, so they could read or change the runs; run `{fix} {}` or use a private directory",
+            "refusing {what} {}: its mode {mode:04o} lets group or others write it, so they could read or change the runs; run `{fix} '{}'` or use a private directory",
             path.display(),
-            path.display()
+            path.display().to_string().replace('\'', "'\\''")
         )));
     }
     Ok(())
@@ -228,6 +273,27 @@ mod tests {
     }
 
     #[test]
+    fn a_directory_link_of_another_user_is_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let theirs = tmp.path().join("theirs");
+        fs::create_dir(&theirs).unwrap();
+        chmod(&theirs, 0o700);
+        let link = tmp.path().join(".steadfast");
+        std::os::unix::fs::symlink(&theirs, &link).unwrap();
+        // Ours: followed.
+        assert!(prepare_store_file(&link.join("runs.db"), true).is_ok());
+        if nix::unistd::geteuid().is_root() {
+            // Someone else's: refused, even though the target is private.
+            std::os::unix::fs::lchown(&link, Some(65534), None).unwrap();
+            let err = prepare_store_file(&link.join("runs.db"), true).unwrap_err();
+            assert!(
+                err.to_string().contains("belongs to user id 65534"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
     fn symlinks_are_resolved_once_and_devices_refused() {
         let tmp = tempfile::tempdir().unwrap();
         let real = tmp.path().join("real.json");
@@ -244,7 +310,7 @@ mod tests {
         assert!(prepare_store_file(&dangling, true).is_err());
         let err = check_private_file(&link).unwrap_err();
         assert!(err.to_string().contains("symbolic link"), "{err}");
-        let err = prepare_store_file(Path::new("/dev/zero"), true).unwrap_err();
-        assert!(!err.to_string().is_empty());
+        let err = check_private_file(Path::new("/dev/zero")).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
     }
 }

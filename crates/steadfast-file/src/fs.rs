@@ -70,7 +70,7 @@ impl Fs for OsFs {
     }
 
     fn read(&self, path: &Path, limit: u64) -> io::Result<Vec<u8>> {
-        let file = steadfast_core::local::no_follow(OpenOptions::new().read(true)).open(path)?;
+        let file = steadfast_core::local::open_to_read(path)?;
         let meta = file.metadata()?;
         if !meta.is_file() {
             return Err(io::Error::new(

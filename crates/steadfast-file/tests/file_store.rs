@@ -115,3 +115,28 @@ fn a_path_without_a_file_name_is_refused() {
     let err = FileStore::open("/").unwrap_err();
     assert!(err.to_string().contains("no file name"), "{err}");
 }
+
+/// Finding 6: a store file is never read past its size limit; the error says
+/// so and nothing is treated as empty.
+#[tokio::test]
+async fn a_file_past_its_limit_is_not_read() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    std::fs::write(&path, vec![b' '; 4096])?;
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let opts = FileStoreOptions::default().max_file_bytes(1024);
+    let store = FileStore::open_with(OsFs, &path, opts)?;
+    let err = store.load("r").await.unwrap_err();
+    assert_eq!(
+        err.kind(),
+        steadfast_core::StoreErrorKind::TooLarge,
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("larger than the store's file limit"),
+        "{err}"
+    );
+    assert_eq!(std::fs::metadata(&path)?.len(), 4096, "left alone");
+    Ok(())
+}

@@ -229,11 +229,24 @@ impl SqliteStore {
         if opts.create {
             prepare_file(&path)?;
         }
+        // Look before changing anything, on a connection that cannot write
+        // (closing a read-write one would checkpoint a refused file's WAL).
+        {
+            let look = Connection::open_with_flags(
+                &path,
+                OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                    | OpenFlags::SQLITE_OPEN_NOFOLLOW,
+            )
+            .map_err(|e| map_err(e, &format!("opening {display}")))?;
+            look.busy_timeout(opts.busy_timeout)
+                .map_err(|e| map_err(e, &format!("setting busy_timeout on {display}")))?;
+            schema::check_identity(&look, &display)?;
+        }
         let mut conn = Connection::open_with_flags(&path, open_flags())
             .map_err(|e| map_err(e, &format!("opening {display}")))?;
         conn.busy_timeout(opts.busy_timeout)
             .map_err(|e| map_err(e, &format!("setting busy_timeout on {display}")))?;
-        schema::check_identity(&conn, &display)?;
         configure(&conn, &opts, &display)?;
         schema::migrate(&mut conn, &display)?;
         let writer = Arc::new(Writer {

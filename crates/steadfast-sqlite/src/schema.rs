@@ -135,8 +135,13 @@ pub(crate) fn migrate(conn: &mut Connection, path: &str) -> Result<(), StoreErro
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)
             .map_err(|e| map_err(e, &format!("recording the schema version of {path}")))?;
     }
-    tx.pragma_update(None, "application_id", APPLICATION_ID)
-        .map_err(|e| map_err(e, &format!("marking {path} as a Steadfast database")))?;
+    let marked: i32 = tx
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .map_err(|e| map_err(e, &format!("reading the header of {path}")))?;
+    if marked != APPLICATION_ID {
+        tx.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(|e| map_err(e, &format!("marking {path} as a Steadfast database")))?;
+    }
     tx.commit()
         .map_err(|e| map_err(e, &format!("committing the schema migration of {path}")))?;
     Ok(())

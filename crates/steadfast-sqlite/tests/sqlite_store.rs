@@ -269,3 +269,28 @@ async fn a_database_from_before_the_marker_is_adopted() -> TestResult {
     assert_eq!(id, steadfast_sqlite::APPLICATION_ID);
     Ok(())
 }
+
+/// Finding 9, with a write-ahead log still pending: refusing the database
+/// does not checkpoint it either; database and log keep every byte.
+#[tokio::test]
+async fn a_future_database_with_a_pending_log_is_refused_unchanged() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    drop(SqliteStore::open(&path)?);
+    {
+        let conn = rusqlite::Connection::open(&path)?;
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )?;
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)?;
+    }
+    let wal = dir.path().join("runs.db-wal");
+    let before = (std::fs::read(&path)?, std::fs::read(&wal)?);
+    assert!(!before.1.is_empty(), "the log holds the change");
+    let err = SqliteStore::open(&path).unwrap_err();
+    assert!(err.to_string().contains("newer than this build"), "{err}");
+    assert_eq!((std::fs::read(&path)?, std::fs::read(&wal)?), before);
+    Ok(())
+}
