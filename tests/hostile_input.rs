@@ -316,3 +316,50 @@ async fn durable_results_and_branches_that_cannot_be_saved_fail_the_run() -> Tes
     assert!(cp.lease.is_none());
     Ok(())
 }
+
+/// Review finding: a runner held up between two steps (stopped, or slow code
+/// between them) past a third of its lease renews before its next step, so it
+/// learns it was taken over before it starts that step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_held_up_between_steps_checks_its_lease_before_the_next() -> TestResult {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let store = MemoryStore::new();
+    let ran_b = Arc::new(AtomicU32::new(0));
+    let (s, rb) = (store.clone(), Arc::clone(&ran_b));
+    let holder = tokio::spawn(async move {
+        Runner::new(&s)
+            .lease(Owner::new("host-a", 1, 1), Duration::from_millis(300))
+            .durable("r", "held-up", |ctx| async move {
+                ctx.step("a", || async { Ok::<_, steadfast::StepError>(1) })
+                    .await?;
+                // Held up between steps, with no step running to renew.
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                ctx.step("b", || {
+                    let rb = Arc::clone(&rb);
+                    async move {
+                        rb.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, steadfast::StepError>(2)
+                    }
+                })
+                .await
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut cp = store.load("r").await?.expect("claimed");
+    cp.lease = Some(steadfast::Lease::new(
+        Owner::new("host-b", 2, 2),
+        Timestamp::MAX,
+    ));
+    store
+        .save(steadfast::SaveRequest::new(&cp, Some(cp.version)))
+        .await?;
+    let out = holder.await?;
+    assert!(matches!(&out, Err(e) if e.is_held_elsewhere()), "{out:?}");
+    assert_eq!(
+        ran_b.load(Ordering::SeqCst),
+        0,
+        "step b started after the takeover"
+    );
+    Ok(())
+}

@@ -486,7 +486,9 @@ pub fn supervise(command: &str) -> i32 {
 /// the whole group is killed. Nothing is done for a holder on another host or
 /// one that is gone (its supervisors killed their groups when it died).
 pub fn stop_steps_of(holder: &steadfast::Owner) {
-    if steadfast::holder_is_running(holder) != Some(true) {
+    // Without a start time, a later process with the same pid cannot be told
+    // apart from the holder: kill nothing.
+    if holder.started == 0 || steadfast::holder_is_running(holder) != Some(true) {
         return;
     }
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -518,8 +520,13 @@ pub fn stop_steps_of(holder: &steadfast::Owner) {
         if ppid != holder.pid || pgrp != pid {
             continue;
         }
+        // A supervisor that already exited (a zombie the stopped holder has
+        // not reaped) has no command line left, but its group may still hold
+        // what the step started: `steadfast run` makes no other child that
+        // leads a group of its own.
+        let zombie = fields.first() == Some(&"Z");
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if cmdline.split(|b| *b == 0).nth(1) == Some(b"__supervise".as_slice()) {
+        if zombie || cmdline.split(|b| *b == 0).nth(1) == Some(b"__supervise".as_slice()) {
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
             killed.push(pid);
         }

@@ -369,6 +369,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         let mut guard = self.shared.session.lock().await;
         let s = &mut *guard;
         loop {
+            runner.renew_if_due(&mut s.cp, &mut s.expected).await?;
             let index = s.cp.next;
             let run_id = s.cp.run_id.clone();
             let attempt = s.cp.attempts.saturating_add(1);
@@ -673,7 +674,12 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         let policy = options.retry.unwrap_or_default();
         let mut used = 0;
         loop {
-            let index = self.shared.session.lock().await.cp.next;
+            let index = {
+                let mut s = self.shared.session.lock().await;
+                let s = &mut *s;
+                runner.renew_if_due(&mut s.cp, &mut s.expected).await?;
+                s.cp.next
+            };
             let ctx = StepCtx::new(&run_id, &name, index, attempt);
             runner.emit(Event::Started {
                 index,
@@ -871,6 +877,11 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 recorded.insert(name, value);
                 s.cursor += 1;
             }
+            if recorded.len() < branches.len() {
+                self.runner()
+                    .renew_if_due(&mut s.cp, &mut s.expected)
+                    .await?;
+            }
             if s.cursor < s.cp.next && recorded.len() < branches.len() {
                 let first_missing = branches
                     .iter()
@@ -939,31 +950,37 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         let results = futures_util::future::join_all(runs).await;
         let mut out = Vec::with_capacity(results.len());
         let mut first_error = None;
+        let mut unsaved_recorded = false;
         for r in results {
-            match r {
-                Ok(v) => out.push(v),
-                Err((name, failure)) => {
-                    if first_error.is_none() {
-                        first_error = Some(match failure {
-                            Branch::Step(err) => {
-                                let index = self.shared.session.lock().await.cp.next;
-                                self.fail(&name, index, 1, err).await
-                            }
-                            Branch::Engine(e) => e,
-                            Branch::Unsaved(e) => {
-                                let runner = self.runner();
-                                let mut s = self.shared.session.lock().await;
-                                let s = &mut *s;
-                                let index = s.cp.next;
-                                runner
-                                    .record_unsaved(&mut s.cp, &mut s.expected, index, &name, 1, &e)
-                                    .await;
-                                e
-                            }
-                        });
-                    }
+            let (name, failure) = match r {
+                Ok(v) => {
+                    out.push(v);
+                    continue;
                 }
-            }
+                Err(e) => e,
+            };
+            let error = match failure {
+                Branch::Step(err) if first_error.is_none() => {
+                    let index = self.shared.session.lock().await.cp.next;
+                    self.fail(&name, index, 1, err).await
+                }
+                Branch::Step(_) => continue,
+                Branch::Engine(e) => e,
+                Branch::Unsaved(e) => {
+                    if !unsaved_recorded {
+                        unsaved_recorded = true;
+                        let runner = self.runner();
+                        let mut s = self.shared.session.lock().await;
+                        let s = &mut *s;
+                        let index = s.cp.next;
+                        runner
+                            .record_unsaved(&mut s.cp, &mut s.expected, index, &name, 1, &e)
+                            .await;
+                    }
+                    e
+                }
+            };
+            first_error.get_or_insert(error);
         }
         match first_error {
             None => Ok(out),

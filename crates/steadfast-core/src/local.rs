@@ -35,6 +35,7 @@ pub fn prepare_store_file(path: &Path, create: bool) -> Result<PathBuf, StoreErr
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    check_links(&dir)?;
     match fs::symlink_metadata(&dir) {
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -48,7 +49,6 @@ pub fn prepare_store_file(path: &Path, create: bool) -> Result<PathBuf, StoreErr
         }
         Err(e) => return Err(StoreError::io(format!("inspecting {}", dir.display()), e)),
     }
-    check_links(&dir)?;
     let dir = fs::canonicalize(&dir)
         .map_err(|e| StoreError::io(format!("resolving {}", dir.display()), e))?;
     check_private_dir(&dir)?;
@@ -70,9 +70,7 @@ pub fn prepare_store_file(path: &Path, create: bool) -> Result<PathBuf, StoreErr
         return Ok(file);
     }
     check_owner(&file, &meta, "the symbolic link")?;
-    if let Ok(to) = fs::read_link(&file) {
-        check_links(&dir.join(to))?;
-    }
+    check_links(&file)?;
     let target = match fs::canonicalize(&file) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -129,8 +127,27 @@ pub fn no_follow(opts: &mut OpenOptions) -> &mut OpenOptions {
 
 /// Refuses a path that passes through a symbolic link belonging to another
 /// user (root's own links, like `/var/run`, are trusted): following one would
-/// put the store wherever that user chose.
+/// put the store wherever that user chose. Links are followed as the system
+/// follows them, each target checked in turn, up to 40 of them.
 fn check_links(path: &Path) -> Result<(), StoreError> {
+    use std::collections::VecDeque;
+    use std::ffi::OsString;
+    use std::path::Component;
+
+    enum Part {
+        Root,
+        Up,
+        Name(OsString),
+    }
+    fn parts(p: &Path) -> impl DoubleEndedIterator<Item = Part> + '_ {
+        p.components().filter_map(|c| match c {
+            Component::Normal(n) => Some(Part::Name(n.to_os_string())),
+            Component::ParentDir => Some(Part::Up),
+            Component::RootDir | Component::Prefix(_) => Some(Part::Root),
+            Component::CurDir => None,
+        })
+    }
+
     let absolute = if path.is_absolute() {
         path.to_path_buf()
     } else {
@@ -139,20 +156,49 @@ fn check_links(path: &Path) -> Result<(), StoreError> {
             .join(path)
     };
     let me = nix::unistd::geteuid().as_raw();
-    let mut prefix = PathBuf::new();
-    for part in absolute.components() {
-        prefix.push(part);
-        let Ok(meta) = fs::symlink_metadata(&prefix) else {
+    let mut todo: VecDeque<Part> = parts(&absolute).collect();
+    let mut at = PathBuf::from("/");
+    let mut hops = 0;
+    while let Some(part) = todo.pop_front() {
+        let name = match part {
+            Part::Root => {
+                at = PathBuf::from("/");
+                continue;
+            }
+            Part::Up => {
+                at.pop();
+                continue;
+            }
+            Part::Name(name) => name,
+        };
+        let next = at.join(&name);
+        let Ok(meta) = fs::symlink_metadata(&next) else {
             // Missing from here on (or unreadable): nothing more to follow.
             return Ok(());
         };
-        if meta.file_type().is_symlink() && meta.uid() != me && meta.uid() != 0 {
+        if !meta.file_type().is_symlink() {
+            at = next;
+            continue;
+        }
+        if meta.uid() != me && meta.uid() != 0 {
             return Err(StoreError::InvalidInput(format!(
                 "refusing the store path {}: it passes through the symbolic link {}, which belongs to user id {}, so someone else chose where it leads; use a path of your own",
                 path.display(),
-                prefix.display(),
+                next.display(),
                 meta.uid()
             )));
+        }
+        hops += 1;
+        if hops > 40 {
+            return Err(StoreError::InvalidInput(format!(
+                "the store path {} passes through too many symbolic links",
+                path.display()
+            )));
+        }
+        let target = fs::read_link(&next)
+            .map_err(|e| StoreError::io(format!("reading the link {}", next.display()), e))?;
+        for p in parts(&target).rev() {
+            todo.push_front(p);
         }
     }
     Ok(())
@@ -283,12 +329,24 @@ mod tests {
         // Ours: followed.
         assert!(prepare_store_file(&link.join("runs.db"), true).is_ok());
         if nix::unistd::geteuid().is_root() {
-            // Someone else's: refused, even though the target is private.
+            // Someone else's: refused, even though the target is private, and
+            // also when reached through a link of our own.
             std::os::unix::fs::lchown(&link, Some(65534), None).unwrap();
             let err = prepare_store_file(&link.join("runs.db"), true).unwrap_err();
             assert!(
                 err.to_string().contains("belongs to user id 65534"),
                 "{err}"
+            );
+            let ours = tmp.path().join("ours");
+            std::os::unix::fs::symlink(&link, &ours).unwrap();
+            let err = prepare_store_file(&ours.join("sub/runs.db"), true).unwrap_err();
+            assert!(
+                err.to_string().contains("belongs to user id 65534"),
+                "{err}"
+            );
+            assert!(
+                !theirs.join("sub").exists(),
+                "nothing created through the link"
             );
         }
     }

@@ -628,6 +628,38 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         Ok(())
     }
 
+    /// Renews the lease before a step starts when a third of its time or
+    /// more has passed since it was last written: a run of short steps keeps
+    /// its claim fresh, and a runner that was stopped between steps finds out
+    /// that it was taken over (a conflict) before it starts the next one.
+    pub(crate) async fn renew_if_due(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+    ) -> Result<(), Error> {
+        let Some((me, ttl)) = &self.lease else {
+            return Ok(());
+        };
+        let ttl_ms = ttl.as_millis().min(u64::MAX as u128) as u64;
+        let keep = ttl_ms - ttl_ms / 3;
+        let due = match &cp.lease {
+            Some(l) if l.owner == *me => match (l.local_until, crate::process::boot_millis()) {
+                (Some(until), Some(now)) => until.saturating_sub(now) < keep,
+                _ => {
+                    l.until
+                        .unix_millis()
+                        .saturating_sub(self.clock.now().unix_millis())
+                        < keep
+                }
+            },
+            _ => true,
+        };
+        if due {
+            self.renew(cp, expected, None).await?;
+        }
+        Ok(())
+    }
+
     /// Extends the lease. A conflict here means another owner took the run:
     /// this call is fenced out.
     pub(crate) async fn renew(

@@ -193,7 +193,7 @@ mod tests {
     }
 
     #[test]
-    fn wide_values_are_checked_in_memory_that_grows_with_depth_only() {
+    fn wide_values_are_walked_whole_and_problems_named_by_path() {
         let wide = json!({"a": [vec![0; 64], {"b": vec![1; 100_000]}, nest(96)]});
         assert!(check_update(&update(wide)).is_ok());
         let err = check_update(&update(json!([1, {"x": [2, nest(MAX_VALUE_DEPTH)]}]))).unwrap_err();

@@ -231,7 +231,13 @@ impl SqliteStore {
         }
         // Look before changing anything, on a connection that cannot write
         // (closing a read-write one would checkpoint a refused file's WAL).
-        {
+        // (SQLite may still create the shared-memory index `-shm` beside a WAL
+        // database that lacks one.) A rollback journal left by a crash can
+        // only be replayed by a connection that writes: then look read-write.
+        let mut journal = path.clone().into_os_string();
+        journal.push("-journal");
+        let hot_journal = std::fs::metadata(&journal).is_ok_and(|m| m.len() > 0);
+        if !hot_journal {
             let look = Connection::open_with_flags(
                 &path,
                 OpenFlags::SQLITE_OPEN_READ_ONLY
@@ -247,6 +253,9 @@ impl SqliteStore {
             .map_err(|e| map_err(e, &format!("opening {display}")))?;
         conn.busy_timeout(opts.busy_timeout)
             .map_err(|e| map_err(e, &format!("setting busy_timeout on {display}")))?;
+        if hot_journal {
+            schema::check_identity(&conn, &display)?;
+        }
         configure(&conn, &opts, &display)?;
         schema::migrate(&mut conn, &display)?;
         let writer = Arc::new(Writer {
