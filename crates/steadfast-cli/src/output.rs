@@ -307,7 +307,8 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
     out!("state");
     out!(
         "{}",
-        serde_json::to_string_pretty(&Value::Object(cp.state.clone())).unwrap_or_default()
+        serde_json::to_string_pretty(&cp.state)
+            .unwrap_or_else(|e| format!("(cannot print the state: {e})"))
     );
 }
 
