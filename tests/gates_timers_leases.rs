@@ -309,3 +309,52 @@ async fn control_blind_lease_renewal_lets_the_old_holder_go_on() -> TestResult {
     );
     Ok(())
 }
+
+/// A store where every save loses a race to another writer.
+struct AlwaysContended(MemoryStore);
+
+#[steadfast::async_trait]
+impl Store for AlwaysContended {
+    async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, steadfast::StoreError> {
+        self.0.load(run_id).await
+    }
+    async fn save(&self, req: SaveRequest<'_>) -> Result<u64, steadfast::StoreError> {
+        Err(steadfast::StoreError::Conflict {
+            run_id: req.checkpoint.run_id.clone(),
+            expected: req.expected,
+            found: req.expected.map(|v| v + 1),
+        })
+    }
+    async fn list(
+        &self,
+        filter: &steadfast::ListFilter,
+    ) -> Result<Vec<steadfast::RunSummary>, steadfast::StoreError> {
+        self.0.list(filter).await
+    }
+    async fn delete(&self, run_id: &str) -> Result<bool, steadfast::StoreError> {
+        self.0.delete(run_id).await
+    }
+}
+
+/// A decision that keeps losing to other writers is contention (the run is
+/// busy: try again), not "not waiting" (a decision given at the wrong place).
+#[tokio::test]
+async fn a_decision_that_keeps_losing_races_reports_contention() -> TestResult {
+    let inner = MemoryStore::new();
+    let counter = Arc::new(AtomicU32::new(0));
+    let wf = gated(&counter, Step::gate("review"));
+    assert!(matches!(
+        Runner::new(&inner).run("r", &wf).await?,
+        Outcome::Waiting { .. }
+    ));
+    let store = AlwaysContended(inner);
+    for result in [
+        approve(&store, "r", "review", None, "ada", &*clock()).await,
+        reject(&store, "r", "review", None, "ada", &*clock()).await,
+    ] {
+        let err = result.unwrap_err();
+        assert!(err.is_held_elsewhere(), "{err:?}");
+        assert!(!matches!(err, Error::NotWaiting { .. }), "{err:?}");
+    }
+    Ok(())
+}

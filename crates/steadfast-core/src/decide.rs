@@ -2,7 +2,7 @@
 
 use crate::checkpoint::{Checkpoint, Decision, RunStatus, Wait};
 use crate::clock::Clock;
-use crate::error::{Error, StoreErrorKind};
+use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::limits::MAX_REASON_BYTES;
 use crate::store::{SaveRequest, Store};
 
@@ -116,6 +116,7 @@ async fn decide<S: Store + ?Sized>(
     };
     // A concurrent save (a lease renewal, another decision) can move the version
     // between our load and our save: load again and re-check.
+    let mut contended = None;
     for _ in 0..10 {
         let mut cp = store
             .load(run_id)
@@ -156,13 +157,17 @@ async fn decide<S: Store + ?Sized>(
                 cp.version = v;
                 return Ok(cp);
             }
-            Err(e) if e.kind() == StoreErrorKind::Conflict => continue,
+            Err(e) if e.kind() == StoreErrorKind::Conflict => contended = Some(e),
             Err(e) => return Err(store_err(e)),
         }
     }
-    Err(Error::NotWaiting {
-        run_id: run_id.to_string(),
-        gate: gate.to_string(),
-        detail: "the run kept changing while the decision was being saved".into(),
-    })
+    // Others kept writing the run: contention, like a held run, not a
+    // decision given at the wrong place.
+    Err(store_err(contended.unwrap_or_else(|| {
+        StoreError::Conflict {
+            run_id: run_id.to_string(),
+            expected: None,
+            found: None,
+        }
+    })))
 }
