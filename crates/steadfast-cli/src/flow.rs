@@ -86,7 +86,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
             path.display()
         )));
     }
-    let base = crate::args::flow_dir(path);
+    let base = flow_dir(path);
     let mut seen = HashSet::new();
     let mut steps = Vec::new();
     for (i, spanned) in flow.step.iter().enumerate() {
@@ -229,4 +229,12 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
         steps.push(step);
     }
     Workflow::new(name, steps).map_err(|e| FlowError(format!("{}: {e}", path.display())))
+}
+
+/// Where a flow file's relative paths point: its directory.
+pub fn flow_dir(flow: &Path) -> std::path::PathBuf {
+    match flow.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    }
 }

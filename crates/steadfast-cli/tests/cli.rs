@@ -687,3 +687,18 @@ fn a_stopped_holder_is_fenced_out_after_its_lease_expires() -> TestResult {
     assert_eq!(env.show("r")["status"], "completed");
     Ok(())
 }
+
+#[test]
+fn version_and_help_print_and_exit_0() -> TestResult {
+    let out = Command::new(BIN).arg("--version").output()?;
+    assert_eq!(code(&out), 0);
+    let text = String::from_utf8(out.stdout)?;
+    assert!(
+        text.starts_with("steadfast ") && text.trim().len() > "steadfast ".len(),
+        "{text}"
+    );
+    let out = Command::new(BIN).args(["approve", "--help"]).output()?;
+    assert_eq!(code(&out), 0);
+    assert!(String::from_utf8(out.stdout)?.contains("--data"));
+    Ok(())
+}

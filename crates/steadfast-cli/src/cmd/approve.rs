@@ -1,0 +1,40 @@
+//! `steadfast approve ID GATE`: record an approval at the gate a run waits at.
+
+use steadfast::SystemClock;
+
+use super::{usage, who, Ctx, Failure};
+use crate::args::exit;
+use crate::{command, output};
+
+/// Arguments of `approve`.
+#[derive(clap::Args, Debug)]
+pub struct ApproveArgs {
+    /// The run's id.
+    pub id: String,
+    /// The gate step's name.
+    pub gate: String,
+    /// JSON merged into the state under the gate's name.
+    #[arg(long)]
+    pub data: Option<String>,
+    /// Who approves (default: $USER).
+    #[arg(long)]
+    pub by: Option<String>,
+}
+
+/// Saves the approval; the next `run` goes on past the gate.
+pub async fn run(args: ApproveArgs, ctx: &Ctx) -> Result<i32, Failure> {
+    let data = match args.data {
+        None => None,
+        Some(text) => Some(
+            command::parse_json_exact(&text)
+                .map_err(|e| usage(format!("--data is not JSON that can be stored: {e}")))?,
+        ),
+    };
+    let (id, gate) = (args.id, args.gate);
+    let by = args.by.unwrap_or_else(who);
+    steadfast::approve(&*ctx.store, &id, &gate, data, &by, &SystemClock).await?;
+    output::note(format_args!(
+        "approved gate {gate:?} of run {id:?} as {by:?}; run it again to continue"
+    ));
+    Ok(exit::OK)
+}

@@ -1,0 +1,92 @@
+//! One file per subcommand: its arguments and what it does. Each takes the
+//! opened store and returns the exit code, or a [`Failure`].
+
+pub mod approve;
+pub mod delete;
+pub mod history;
+pub mod reject;
+pub mod run;
+pub mod runs;
+pub mod show;
+
+use std::sync::Arc;
+
+use steadfast::Store;
+
+use crate::args::exit;
+
+/// What every command works on.
+pub struct Ctx {
+    /// The store, opened (and created only for `run`).
+    pub store: Arc<dyn Store>,
+    /// Its URL, as given, for messages.
+    pub url: String,
+}
+
+/// An error with the exit code it maps to.
+pub struct Failure {
+    /// The exit code.
+    pub code: i32,
+    /// What went wrong, with its causes.
+    pub error: anyhow::Error,
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(e: E) -> Self {
+        let error = e.into();
+        let code = classify(&error);
+        Failure { code, error }
+    }
+}
+
+/// A usage error (exit code 2) with `msg`.
+pub fn usage(msg: String) -> Failure {
+    Failure {
+        code: exit::USAGE,
+        error: anyhow::anyhow!(msg),
+    }
+}
+
+/// The exit code for an error: usage for bad input, held for another owner,
+/// failed for the rest.
+fn classify(e: &anyhow::Error) -> i32 {
+    use steadfast::{Error, StoreErrorKind};
+    if e.downcast_ref::<crate::flow::FlowError>().is_some() {
+        return exit::USAGE;
+    }
+    if let Some(err) = e.downcast_ref::<Error>() {
+        return match err {
+            e if e.is_held_elsewhere() => exit::HELD,
+            Error::InvalidRunId { .. }
+            | Error::InvalidInput { .. }
+            | Error::InvalidWorkflow { .. }
+            | Error::NotWaiting { .. }
+            | Error::NoSuchRun { .. }
+            | Error::WorkflowChanged { .. } => exit::USAGE,
+            _ => exit::FAILED,
+        };
+    }
+    if let Some(err) = e.downcast_ref::<steadfast::StoreError>() {
+        return match err.kind() {
+            StoreErrorKind::InvalidInput
+            | StoreErrorKind::Unsupported
+            | StoreErrorKind::NotFound => exit::USAGE,
+            _ => exit::FAILED,
+        };
+    }
+    exit::FAILED
+}
+
+/// Who decides a gate when `--by` is not given: the login name, or `unknown`.
+pub(crate) fn who() -> String {
+    ["USER", "LOGNAME"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find(|name| !name.is_empty() && !name.chars().any(char::is_control))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The error for a run id the store does not have.
+pub(crate) fn no_such_run(id: &str, ctx: &Ctx) -> Failure {
+    usage(format!("no run {id:?} in {}", ctx.url))
+}

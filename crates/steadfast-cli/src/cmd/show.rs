@@ -1,0 +1,36 @@
+//! `steadfast show ID`: one run, with its steps, state, error, wait and lease.
+
+use anyhow::Context;
+
+use super::{no_such_run, Ctx, Failure};
+use crate::args::exit;
+use crate::output;
+
+/// Arguments of `show`.
+#[derive(clap::Args, Debug)]
+pub struct ShowArgs {
+    /// The run's id.
+    pub id: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Prints the run; a store without per-step history shows step names only.
+pub async fn run(args: ShowArgs, ctx: &Ctx) -> Result<i32, Failure> {
+    let id = args.id.as_str();
+    steadfast::validate_run_id(id)?;
+    let cp = ctx
+        .store
+        .load(id)
+        .await
+        .with_context(|| format!("loading run {id:?}"))?
+        .ok_or_else(|| no_such_run(id, ctx))?;
+    let history = match ctx.store.history(id).await {
+        Ok(h) => h,
+        Err(e) if e.kind() == steadfast::StoreErrorKind::Unsupported => None,
+        Err(e) => return Err(super::history::read_error(id, e)),
+    };
+    output::show(&cp, history.as_deref(), args.json);
+    Ok(exit::OK)
+}
