@@ -56,67 +56,66 @@ pub fn open_existing_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     open(url, false)
 }
 
-fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
-    let (scheme, rest) = url.split_once(':').ok_or_else(|| {
-        StoreError::InvalidInput(format!(
-            "store URL {url:?} has no scheme; expected sqlite:PATH, file:PATH or memory:"
-        ))
-    })?;
-    match scheme {
-        "memory" => {
+/// A kind of store this build can open: the URL schemes it answers to, and
+/// how it opens the rest of the URL (a path, for the file-based stores).
+/// Each backend declares its own, so a new store adds one entry here.
+struct Backend {
+    schemes: &'static [&'static str],
+    open: fn(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError>,
+}
+
+fn backends() -> Vec<Backend> {
+    let mut all = vec![Backend {
+        schemes: &["memory"],
+        open: |rest, _| {
             if !rest.is_empty() {
-                return Err(StoreError::InvalidInput(format!(
-                    "store URL {url:?}: memory: takes nothing after the colon"
-                )));
+                return Err(StoreError::InvalidInput(
+                    "memory: takes nothing after the colon".into(),
+                ));
             }
             Ok(Arc::new(MemoryStore::new()))
-        }
-        "file" => open_file(url, path_of(url, rest)?, create),
-        "sqlite" => open_sqlite(url, path_of(url, rest)?, create),
-        other => Err(StoreError::Unsupported(format!(
-            "store URL {url:?}: unknown scheme {other:?}; this build knows sqlite:, file: and memory:"
-        ))),
-    }
+        },
+    }];
+    #[cfg(feature = "sqlite")]
+    all.push(Backend {
+        schemes: sqlite::URL_SCHEMES,
+        open: sqlite::open_url,
+    });
+    #[cfg(feature = "file")]
+    all.push(Backend {
+        schemes: file::URL_SCHEMES,
+        open: file::open_url,
+    });
+    all
 }
 
-fn path_of<'a>(url: &str, rest: &'a str) -> Result<&'a str, StoreError> {
-    let path = rest.strip_prefix("//").unwrap_or(rest);
-    if path.is_empty() {
-        return Err(StoreError::InvalidInput(format!(
-            "store URL {url:?} names no file; write SCHEME:PATH"
-        )));
-    }
-    Ok(path)
-}
-
-#[cfg(feature = "sqlite")]
-fn open_sqlite(_url: &str, path: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
-    let opts = sqlite::SqliteOptions::default().create(create);
-    Ok(Arc::new(sqlite::SqliteStore::open_with(path, opts)?))
-}
-
-#[cfg(not(feature = "sqlite"))]
-fn open_sqlite(url: &str, _path: &str, _create: bool) -> Result<Arc<dyn Store>, StoreError> {
-    Err(StoreError::Unsupported(format!(
-        "store URL {url:?}: this build has no SQLite store (enable the `sqlite` feature)"
-    )))
-}
-
-#[cfg(feature = "file")]
-fn open_file(_url: &str, path: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
-    let opts = file::FileStoreOptions::default().create(create);
-    Ok(Arc::new(file::FileStore::open_with(
-        file::OsFs,
-        path,
-        opts,
-    )?))
-}
-
-#[cfg(not(feature = "file"))]
-fn open_file(url: &str, _path: &str, _create: bool) -> Result<Arc<dyn Store>, StoreError> {
-    Err(StoreError::Unsupported(format!(
-        "store URL {url:?}: this build has no file store (enable the `file` feature)"
-    )))
+fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+    let known = || {
+        backends()
+            .iter()
+            .flat_map(|b| b.schemes.iter().map(|s| format!("{s}:")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (scheme, rest) = url.split_once(':').ok_or_else(|| {
+        StoreError::InvalidInput(format!(
+            "store URL {url:?} has no scheme; this build opens {}",
+            known()
+        ))
+    })?;
+    let backend = backends()
+        .into_iter()
+        .find(|b| b.schemes.contains(&scheme))
+        .ok_or_else(|| {
+            StoreError::Unsupported(format!(
+                "store URL {url:?}: unknown scheme {scheme:?}; this build opens {} (other stores come with cargo features)",
+                known()
+            ))
+        })?;
+    (backend.open)(rest, create).map_err(|e| match e {
+        StoreError::InvalidInput(m) => StoreError::InvalidInput(format!("store URL {url:?}: {m}")),
+        other => other,
+    })
 }
 
 #[cfg(test)]
@@ -133,6 +132,7 @@ mod tests {
         };
         assert!(msg("runs.json").contains("no scheme"));
         assert!(msg("file:").contains("names no file"));
+        assert!(msg("ftp:x").contains("sqlite:, file:"), "{}", msg("ftp:x"));
         assert!(msg("memory:x").contains("nothing after"));
         assert!(msg("cosmos://x").contains("unknown scheme"));
     }

@@ -54,11 +54,7 @@ impl<S: Store> FaultyStore<S> {
 }
 
 fn injected(kind: StoreErrorKind, what: &str) -> StoreError {
-    StoreError::Backend {
-        kind,
-        message: format!("injected fault: {what}"),
-        source: None,
-    }
+    StoreError::backend(kind, format!("injected fault: {what}"))
 }
 
 #[async_trait]

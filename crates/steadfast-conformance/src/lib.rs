@@ -20,6 +20,11 @@
 //! list it with its reason in its own documentation; checks are never skipped
 //! silently.
 //!
+//! Every check of [`store_conformance!`] is required. The checks of
+//! [`history_conformance!`] are the only optional ones: they cover
+//! `Store::history`, whose default answers `Unsupported`; a store that keeps
+//! no history (the file store) does not expand them and says why in its docs.
+//!
 //! The crate also ships [`FaultyStore`], a wrapper that fails or loses writes
 //! from the N-th save on, for crash tests at the store boundary.
 

@@ -158,6 +158,29 @@ impl StoreError {
         )
     }
 
+    /// A backend failure of `kind`, described by `message`, with no cause
+    /// to carry (its text is in the message).
+    ///
+    /// ```
+    /// use steadfast_core::{StoreError, StoreErrorKind};
+    /// let e = StoreError::backend(StoreErrorKind::TooLarge, "the file is 2 GiB");
+    /// assert_eq!(e.kind(), StoreErrorKind::TooLarge);
+    /// assert_eq!(e.to_string(), "the file is 2 GiB");
+    /// ```
+    pub fn backend(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        StoreError::Backend {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The store cannot be used right now (a worker thread died, a write was
+    /// abandoned): [`StoreErrorKind::Unavailable`], which a retry may cure.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::backend(StoreErrorKind::Unavailable, message)
+    }
+
     /// An I/O error with context.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         StoreError::Io {

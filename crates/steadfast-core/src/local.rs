@@ -87,6 +87,18 @@ pub fn prepare_store_file(path: &Path, create: bool) -> Result<PathBuf, StoreErr
     Ok(target)
 }
 
+/// The path in what follows a file-based store's scheme (`sqlite:` and
+/// `file:` take `PATH` or `//PATH`): refused when it is empty.
+pub fn url_path(rest: &str) -> Result<&str, StoreError> {
+    let path = rest.strip_prefix("//").unwrap_or(rest);
+    if path.is_empty() {
+        return Err(StoreError::InvalidInput(
+            "it names no file; write SCHEME:PATH".into(),
+        ));
+    }
+    Ok(path)
+}
+
 /// Checks a file a store uses beside its main one (a lock, a write-ahead log)
 /// if it exists: a regular file, this user's, not writable by group or others,
 /// and not a symbolic link.

@@ -36,10 +36,11 @@ impl Image {
     /// Pretty JSON without a trailing newline, so that no strict prefix of a
     /// written file is itself valid JSON: a torn file can never decode.
     pub(crate) fn encode(&self, path: &Path) -> Result<Vec<u8>, StoreError> {
-        serde_json::to_vec_pretty(self).map_err(|e| StoreError::Backend {
-            kind: steadfast_core::StoreErrorKind::InvalidInput,
-            message: format!("cannot encode the runs for {}: {e}", path.display()),
-            source: None,
+        serde_json::to_vec_pretty(self).map_err(|e| {
+            StoreError::backend(
+                steadfast_core::StoreErrorKind::InvalidInput,
+                format!("cannot encode the runs for {}: {e}", path.display()),
+            )
         })
     }
 

@@ -9,7 +9,10 @@
 //! the old file or the new one.
 //!
 //! Each save rewrites every run, so its cost grows with the file: this store is
-//! for small deployments, tests and inspection. It is for local file systems only
+//! for small deployments, tests and inspection. For the same reason it keeps no
+//! per-step history ([`Store::history`] answers `Unsupported`): history would
+//! make every save rewrite every step of every run as well. The SQLite store
+//! keeps it. It is for local file systems only
 //! (advisory locks and rename are not reliable on network file systems).
 //!
 //! ```
@@ -180,6 +183,17 @@ impl FileStore<OsFs> {
     }
 }
 
+/// The URL schemes this store answers to: `file:PATH` (or `file://PATH`).
+pub const URL_SCHEMES: &[&str] = &["file"];
+
+/// Opens the store that a `file:` URL names (`rest` is what follows the
+/// scheme), creating its directory only when `create` is set.
+pub fn open_url(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+    let path = steadfast_core::local::url_path(rest)?;
+    let opts = FileStoreOptions::default().create(create);
+    Ok(Arc::new(FileStore::open_with(OsFs, path, opts)?))
+}
+
 impl<F: Fs> FileStore<F> {
     /// Opens a store on a given file system with the given options.
     pub fn open_with(
@@ -242,10 +256,8 @@ impl<F: Fs> FileStore<F> {
             Ok(handle) => handle
                 .spawn_blocking(move || f(&inner))
                 .await
-                .map_err(|e| StoreError::Backend {
-                    kind: steadfast_core::StoreErrorKind::Unavailable,
-                    message: format!("file store worker thread failed: {e}"),
-                    source: None,
+                .map_err(|e| {
+                    StoreError::unavailable(format!("file store worker thread failed: {e}"))
                 })?,
             Err(_) => f(&inner),
         }
@@ -258,15 +270,14 @@ impl<F: Fs> Inner<F> {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Image::empty()),
             Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
-                return Err(StoreError::Backend {
-                    kind: steadfast_core::StoreErrorKind::TooLarge,
-                    message: format!(
+                return Err(StoreError::backend(
+                    steadfast_core::StoreErrorKind::TooLarge,
+                    format!(
                         "{} is larger than the store's file limit of {} bytes; raise FileStoreOptions::max_file_bytes to read it",
                         self.path.display(),
                         self.opts.max_file_bytes
                     ),
-                    source: None,
-                })
+                ))
             }
             Err(e) => {
                 return Err(StoreError::io(

@@ -24,11 +24,7 @@ pub(crate) fn map_err(e: rusqlite::Error, context: &str) -> StoreError {
     }
     // SQLite's error and its cause say the same thing: keep one copy, in the
     // message, so that an error chain prints it once.
-    StoreError::Backend {
-        kind,
-        message: format!("{context}: {e}"),
-        source: None,
-    }
+    StoreError::backend(kind, format!("{context}: {e}"))
 }
 
 /// Whether a failed COMMIT may nonetheless have made the transaction durable:

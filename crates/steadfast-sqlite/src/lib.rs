@@ -332,11 +332,10 @@ impl SqliteStore {
     }
 
     fn writer_gone(&self) -> StoreError {
-        StoreError::Backend {
-            kind: steadfast_core::StoreErrorKind::Unavailable,
-            message: format!("the write to {} was abandoned", self.shared.display),
-            source: None,
-        }
+        StoreError::unavailable(format!(
+            "the write to {} was abandoned",
+            self.shared.display
+        ))
     }
 
     /// Runs `f` on a read connection from the pool, off the async executor.
@@ -370,11 +369,7 @@ impl SqliteStore {
         };
         tokio::task::spawn_blocking(task)
             .await
-            .map_err(|e| StoreError::Backend {
-                kind: steadfast_core::StoreErrorKind::Unavailable,
-                message: format!("SQLite reader thread failed: {e}"),
-                source: None,
-            })?
+            .map_err(|e| StoreError::unavailable(format!("SQLite reader thread failed: {e}")))?
     }
 
     fn remember(&self, run_id: &str, acct: Option<Acct>) {
@@ -408,6 +403,17 @@ fn open_flags() -> OpenFlags {
     OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
         | OpenFlags::SQLITE_OPEN_NOFOLLOW
+}
+
+/// The URL schemes this store answers to: `sqlite:PATH` (or `sqlite://PATH`).
+pub const URL_SCHEMES: &[&str] = &["sqlite"];
+
+/// Opens the database that a `sqlite:` URL names (`rest` is what follows
+/// the scheme), creating it only when `create` is set.
+pub fn open_url(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+    let path = steadfast_core::local::url_path(rest)?;
+    let opts = SqliteOptions::default().create(create);
+    Ok(Arc::new(SqliteStore::open_with(path, opts)?))
 }
 
 /// Creates the database file (0600) if missing, so that SQLite (which gives

@@ -81,13 +81,12 @@ pub(crate) fn check_identity(conn: &Connection, path: &str) -> Result<(), StoreE
         .map_err(|e| map_err(e, &ctx()))?;
     drop(snapshot);
     let foreign = |why: String| {
-        Err(StoreError::Backend {
-            kind: StoreErrorKind::InvalidInput,
-            message: format!(
+        Err(StoreError::backend(
+            StoreErrorKind::InvalidInput,
+            format!(
                 "{path} is not a Steadfast database ({why}); it was left unchanged. Name another file for the store"
             ),
-            source: None,
-        })
+        ))
     };
     match app {
         APPLICATION_ID => {}

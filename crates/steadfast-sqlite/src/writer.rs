@@ -241,11 +241,7 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, path: &str) -> bool {
                 source: message.clone().into(),
             }
         } else {
-            StoreError::Backend {
-                kind: steadfast_core::StoreErrorKind::Unavailable,
-                message: message.clone(),
-                source: None,
-            }
+            StoreError::unavailable(message.clone())
         }
     };
     for r in replies {
@@ -270,11 +266,7 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, path: &str) -> bool {
 }
 
 fn fail(job: Job, err: &StoreError) {
-    let copy = || StoreError::Backend {
-        kind: err.kind(),
-        message: err.to_string(),
-        source: None,
-    };
+    let copy = || StoreError::backend(err.kind(), err.to_string());
     match job {
         Job::Save(s) => drop(s.reply.send(Err(copy()))),
         Job::Delete { reply, .. } => drop(reply.send(Err(copy()))),
