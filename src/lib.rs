@@ -61,8 +61,11 @@ pub fn open_existing_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 /// Each backend declares its own, so a new store adds one entry here.
 struct Backend {
     schemes: &'static [&'static str],
-    open: fn(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError>,
+    open: OpenUrl,
 }
+
+/// Opens what follows a URL's scheme; `create` allows making a new store.
+type OpenUrl = fn(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError>;
 
 fn backends() -> Vec<Backend> {
     let mut all = vec![Backend {
