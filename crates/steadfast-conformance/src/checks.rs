@@ -639,6 +639,52 @@ pub async fn head_values_are_refused_or_load_back_equal(ts: TestStore) -> CheckR
     Ok(())
 }
 
+/// A head-only save (a lease renewal) changes the head, keeps the stored
+/// state and steps whatever the checkpoint carries, is compare-and-swap like
+/// any save, and is refused for a run that does not exist.
+pub async fn head_only_saves_keep_the_stored_state(ts: TestStore) -> CheckResult {
+    let store = &*ts.store;
+    let mut cp = checkpoint("r", "flow", json!({"kept": [1, 2, 3]}));
+    cp.completed = vec!["a".into()];
+    cp.next = 1;
+    let v1 = save(store, &cp, None).await?;
+    let mut head = cp.clone();
+    head.state = State::new();
+    head.lease = Some(Lease::new(Owner::new("h", 7, 9), t(500)));
+    head.updated_at = t(400);
+    let v2 = store
+        .save(SaveRequest::new(&head, Some(v1)).head_only())
+        .await?;
+    ensure!(v2 == v1 + 1, "version {v2} after {v1}");
+    let loaded = store.load("r").await?.ok_or("the run is gone")?;
+    ensure!(
+        loaded.state == cp.state,
+        "the state changed: {:?}",
+        loaded.state
+    );
+    ensure!(
+        loaded.completed == cp.completed && loaded.next == 1,
+        "the steps changed"
+    );
+    ensure!(loaded.lease == head.lease, "the lease was not written");
+    ensure!(loaded.updated_at == t(400), "the head was not written");
+    let stale = store
+        .save(SaveRequest::new(&head, Some(v1)).head_only())
+        .await;
+    ensure!(is_conflict(&stale), "a stale head-only save: {stale:?}");
+    let mut absent = head.clone();
+    absent.run_id = "absent".into();
+    let fresh = store
+        .save(SaveRequest::new(&absent, None).head_only())
+        .await;
+    ensure!(
+        matches!(&fresh, Err(e) if e.kind() == StoreErrorKind::InvalidInput),
+        "a head-only save of an absent run: {fresh:?}"
+    );
+    ensure!(store.load("absent").await?.is_none(), "it left a record");
+    Ok(())
+}
+
 fn record(index: usize, name: &str, update: Value, attempt: u32) -> StepRecord {
     let Value::Object(update) = update else {
         unreachable!("updates are objects")

@@ -151,6 +151,7 @@ macro_rules! store_conformance {
             oversize_state_is_refused_and_prior_record_intact,
             accepted_values_load_back_equal,
             head_values_are_refused_or_load_back_equal,
+            head_only_saves_keep_the_stored_state,
         );
     };
 }

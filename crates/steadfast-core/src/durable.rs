@@ -780,7 +780,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 _ = tokio::time::sleep(every) => {
                     let mut s = self.shared.session.lock().await;
                     let s = &mut *s;
-                    self.runner().renew(&mut s.cp, &mut s.expected, None).await?;
+                    self.runner().renew(&mut s.cp, &mut s.expected).await?;
                 }
             }
         }

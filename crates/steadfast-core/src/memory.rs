@@ -7,6 +7,7 @@ use async_trait::async_trait;
 
 use crate::checkpoint::{Checkpoint, StepRecord};
 use crate::error::StoreError;
+use crate::state::State;
 use crate::store::{
     check_head, check_state, state_size, ListFilter, RunSummary, SaveRequest, Store,
 };
@@ -57,6 +58,38 @@ impl MemoryStore {
         }
     }
 
+    /// A head-only save: the stored state, steps and history stay.
+    fn save_head(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+        let cp = req.checkpoint;
+        let mut runs = self.runs();
+        let found = runs.get(&cp.run_id).map(|e| e.checkpoint.version);
+        if req.expected.is_none() {
+            return Err(StoreError::InvalidInput(format!(
+                "run {:?}: a head-only save needs the run to exist",
+                cp.run_id
+            )));
+        }
+        let Some(entry) = runs.get_mut(&cp.run_id).filter(|_| found == req.expected) else {
+            return Err(StoreError::Conflict {
+                run_id: cp.run_id.clone(),
+                expected: req.expected,
+                found,
+            });
+        };
+        let kept = &entry.checkpoint;
+        let mut stored = Checkpoint {
+            state: State::new(),
+            completed: Vec::new(),
+            ..cp.clone()
+        };
+        stored.state = kept.state.clone();
+        stored.completed = kept.completed.clone();
+        stored.next = kept.next;
+        stored.version = req.new_version();
+        entry.checkpoint = stored;
+        Ok(req.new_version())
+    }
+
     fn runs(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
         // A panic while holding the lock cannot leave a half-written record: every
         // mutation below is a single insert or remove.
@@ -75,6 +108,9 @@ impl Store for MemoryStore {
         // Nothing here is serialized, but a record that another store could
         // not read back is refused alike, so tests on memory catch it.
         check_head(cp)?;
+        if req.head_only {
+            return self.save_head(req);
+        }
         check_state(&cp.run_id, "state", &cp.state)?;
         let size = state_size(&cp.state);
         if size > self.state_limit {

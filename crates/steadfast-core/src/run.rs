@@ -655,7 +655,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             _ => true,
         };
         if due {
-            self.renew(cp, expected, None).await?;
+            self.renew(cp, expected).await?;
         }
         Ok(())
     }
@@ -666,28 +666,24 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         &self,
         cp: &mut Checkpoint,
         expected: &mut Option<u64>,
-        state: Option<&State>,
     ) -> Result<(), Error> {
         let Some((me, ttl)) = &self.lease else {
             return Ok(());
         };
-        let mut copy = cp.clone();
-        if let Some(state) = state {
-            copy.state = state.clone();
-        }
-        copy.lease = Some(self.fresh_lease(me, *ttl));
+        let old = cp.lease.replace(self.fresh_lease(me, *ttl));
         #[cfg(feature = "mutants")]
         if self.mutant_blind_lease_renewal {
             if let Ok(Some(stored)) = self.store.load(&cp.run_id).await {
                 *expected = Some(stored.version);
             }
         }
-        self.save(&mut copy, expected, None)
-            .await
-            .map_err(|e| store_error(&cp.run_id, "renewal of the lease", e))?;
-        cp.version = copy.version;
-        cp.writer = copy.writer;
-        cp.lease = copy.lease;
+        // Only the lease changed: the store keeps the state it has, so the
+        // state need not be copied or written (it may even be lent out to a
+        // running step now).
+        if let Err(e) = self.save_request(cp, expected, None, true).await {
+            cp.lease = old;
+            return Err(store_error(&cp.run_id, "renewal of the lease", e));
+        }
         Ok(())
     }
 
@@ -709,7 +705,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         loop {
             tokio::select! {
                 r = &mut fut => return Ok(r),
-                _ = tokio::time::sleep(every) => self.renew(cp, expected, Some(shared)).await?,
+                _ = tokio::time::sleep(every) => self.renew(cp, expected).await?,
             }
         }
     }
@@ -737,7 +733,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             }
             tokio::time::sleep((end - now).min(every)).await;
             if tokio::time::Instant::now() < end {
-                self.renew(cp, expected, None).await?;
+                self.renew(cp, expected).await?;
             }
         }
     }
@@ -972,9 +968,21 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         expected: &mut Option<u64>,
         step: Option<&StepRecord>,
     ) -> Result<(), StoreError> {
+        self.save_request(cp, expected, step, false).await
+    }
+
+    /// [`save`](Runner::save), saying whether only the head changed.
+    async fn save_request(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+        step: Option<&StepRecord>,
+        head_only: bool,
+    ) -> Result<(), StoreError> {
         cp.writer = fastrand::u64(1..);
         let mut req = SaveRequest::new(cp, *expected);
         req.step = step;
+        req.head_only = head_only;
         let new_version = req.new_version();
         let err = match self.store.save(req).await {
             Ok(v) => {

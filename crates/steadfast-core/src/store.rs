@@ -21,6 +21,12 @@ pub struct SaveRequest<'a> {
     /// The step this save completes, when it completes one. Stores that keep
     /// per-step history or persist deltas use it; others may ignore it.
     pub step: Option<&'a StepRecord>,
+    /// Only the head changed since the stored version (the lease, the wait,
+    /// decisions, status, attempts, error, times): the store keeps its stored
+    /// state, completed steps and `next`, and ignores the checkpoint's (which
+    /// may be empty). A lease renewal saves this way, so it never rewrites
+    /// the state.
+    pub head_only: bool,
 }
 
 impl<'a> SaveRequest<'a> {
@@ -30,7 +36,14 @@ impl<'a> SaveRequest<'a> {
             checkpoint,
             expected,
             step: None,
+            head_only: false,
         }
+    }
+
+    /// Marks the save as changing only the head; see [`SaveRequest::head_only`].
+    pub fn head_only(mut self) -> Self {
+        self.head_only = true;
+        self
     }
 
     /// Attaches the step this save completes.
@@ -173,6 +186,10 @@ pub trait Store: Send + Sync {
     /// - MUST refuse a state over its size limit with [`StoreError::TooLarge`]
     ///   before writing anything.
     /// - MUST NOT overwrite data it could not decode.
+    /// - MUST, for a [`head_only`](SaveRequest::head_only) save, keep the
+    ///   stored state, completed steps and `next` and write the rest of the
+    ///   checkpoint; such a save of an absent run (`expected` is `None`) MUST
+    ///   fail with [`StoreError::InvalidInput`].
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError>;
 
     /// Lists runs that match `filter`, ordered by run id.

@@ -451,16 +451,25 @@ impl<F: Fs> Store for FileStore<F> {
         // A value the parser would refuse must not be written, or the whole file
         // (every run in it) would stop loading.
         check_head(cp)?;
-        let size = state_size(&cp.state);
-        if size > self.inner.opts.max_state_bytes {
-            return Err(StoreError::TooLarge {
-                run_id: cp.run_id.clone(),
-                what: "state",
-                size,
-                limit: self.inner.opts.max_state_bytes,
-            });
+        let head_only = req.head_only;
+        if head_only && req.expected.is_none() {
+            return Err(StoreError::InvalidInput(format!(
+                "run {:?}: a head-only save needs the run to exist",
+                cp.run_id
+            )));
         }
-        check_state(&cp.run_id, "state", &cp.state)?;
+        if !head_only {
+            let size = state_size(&cp.state);
+            if size > self.inner.opts.max_state_bytes {
+                return Err(StoreError::TooLarge {
+                    run_id: cp.run_id.clone(),
+                    what: "state",
+                    size,
+                    limit: self.inner.opts.max_state_bytes,
+                });
+            }
+            check_state(&cp.run_id, "state", &cp.state)?;
+        }
         let expected = req.expected;
         let version = req.new_version();
         let mut stored = cp.clone();
@@ -475,6 +484,11 @@ impl<F: Fs> Store for FileStore<F> {
                         expected,
                         found,
                     });
+                }
+                if let Some(kept) = image.runs.get_mut(&stored.run_id).filter(|_| head_only) {
+                    stored.state = std::mem::take(&mut kept.state);
+                    stored.completed = std::mem::take(&mut kept.completed);
+                    stored.next = kept.next;
                 }
                 image.runs.insert(stored.run_id.clone(), stored);
                 Ok((true, version))

@@ -660,7 +660,14 @@ impl Store for SqliteStore {
         // Append a delta when this save completes the step after the one this
         // store last saw for the same version, and the deltas still weigh less
         // than the snapshot; otherwise write the whole state.
+        if req.head_only && req.expected.is_none() {
+            return Err(StoreError::InvalidInput(format!(
+                "run {:?}: a head-only save needs the run to exist",
+                cp.run_id
+            )));
+        }
         let delta = match (req.step, self.acct(&cp.run_id)) {
+            _ if req.head_only => None,
             (Some(step), Some(acct))
                 if Some(acct.version) == req.expected
                     && step.index == acct.next
@@ -689,6 +696,7 @@ impl Store for SqliteStore {
             _ => None,
         };
         let body = match delta {
+            _ if req.head_only => Body::Head,
             Some((step, same_labels)) => Body::Delta { step, same_labels },
             None => {
                 check_state(&cp.run_id, "state", &cp.state)?;

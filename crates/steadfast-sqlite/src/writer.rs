@@ -51,6 +51,9 @@ pub(crate) struct StepRow {
 }
 
 pub(crate) enum Body {
+    /// Only the head changed (a lease renewal): the snapshot, the deltas and
+    /// the history stay as they are.
+    Head,
     /// Append one step's update to the deltas since the snapshot; `same_labels`
     /// says the status and workflow name are unchanged.
     Delta { step: StepRow, same_labels: bool },
@@ -283,6 +286,48 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
     let h = &job.head;
     let labels = |status: &'static str| (status, std::sync::Arc::<str>::from(h.workflow.as_str()));
     let acct = match &job.body {
+        Body::Head => {
+            let sizes: Option<(i64, i64)> = conn
+                .prepare_cached(
+                    "UPDATE runs SET status = ?2, version = ?3, updated_at = ?4, attempts = ?5,
+                        error = ?6, writer = ?7, lease = ?8, wait = ?9, decisions = ?10
+                     WHERE run_id = ?1 AND version = ?11 AND next = ?12
+                     RETURNING snapshot_bytes, delta_bytes",
+                )
+                .and_then(|mut st| {
+                    st.query_row(
+                        params![
+                            job.run_id,
+                            h.status,
+                            version as i64,
+                            h.updated_at as i64,
+                            h.attempts,
+                            h.error,
+                            h.writer as i64,
+                            h.lease,
+                            h.wait,
+                            h.decisions,
+                            expected,
+                            h.next as i64,
+                        ],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()
+                })
+                .map_err(|e| map_err(e, &ctx("updating the head of")))?;
+            let Some((snapshot_bytes, delta_bytes)) = sizes else {
+                return Err(conflict(conn, job, path));
+            };
+            let (status, workflow) = labels(h.status);
+            Acct {
+                version,
+                next: h.next,
+                snapshot_bytes: snapshot_bytes as u64,
+                delta_bytes: delta_bytes as u64,
+                status,
+                workflow,
+            }
+        }
         Body::Delta { step, same_labels } => {
             let sql = if *same_labels {
                 "UPDATE runs SET next = ?4, version = ?5, format = ?6, updated_at = ?7, attempts = ?8,
