@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use steadfast::file::{FileStore, FileStoreOptions, OsFs};
-use steadfast::{Checkpoint, SaveRequest, Store, StoreErrorKind, Timestamp};
+use steadfast::store::SaveRequest;
+use steadfast::{Checkpoint, Store, StoreErrorKind, Timestamp};
 use support::{child_store_url, count_from_env, open, role, runtime, spawn_child, store_url};
 
 const TEST: &str = "concurrent_processes_lose_no_update";

@@ -5,7 +5,8 @@ use std::path::Path;
 
 use serde_json::json;
 use steadfast::file::{FileStore, FileStoreOptions, OsFs};
-use steadfast::{run, update, Checkpoint, SaveRequest, Store, StoreErrorKind, Timestamp, Workflow};
+use steadfast::store::SaveRequest;
+use steadfast::{run, update, Checkpoint, Store, StoreErrorKind, Timestamp, Workflow};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use steadfast::store::SaveRequest;
 use steadfast::{
     approve, current_owner, reject, update, Checkpoint, Clock, Error, Lease, ManualClock,
-    MemoryStore, OnTimeout, Outcome, Owner, RunStatus, Runner, SaveRequest, Step, Store, Timestamp,
-    Workflow,
+    MemoryStore, OnTimeout, Outcome, Owner, RunStatus, Runner, Step, Store, Timestamp, Workflow,
 };
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;

@@ -352,7 +352,7 @@ async fn a_runner_held_up_between_steps_checks_its_lease_before_the_next() -> Te
         Timestamp::MAX,
     ));
     store
-        .save(steadfast::SaveRequest::new(&cp, Some(cp.version)))
+        .save(steadfast::store::SaveRequest::new(&cp, Some(cp.version)))
         .await?;
     let out = holder.await?;
     assert!(matches!(&out, Err(e) if e.is_held_elsewhere()), "{out:?}");

@@ -15,9 +15,10 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 use steadfast::file::{FileStore, FileStoreOptions};
+use steadfast::store::SaveRequest;
 use steadfast::{
-    async_trait, run, update, Checkpoint, ListFilter, RetryPolicy, RunSummary, SaveRequest, Step,
-    Store, StoreError, StoreErrorKind, Workflow,
+    async_trait, run, update, Checkpoint, ListFilter, RetryPolicy, RunSummary, Step, Store,
+    StoreError, StoreErrorKind, Workflow,
 };
 use support::simfs::{Op, SimFs};
 

@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use steadfast::store::SaveRequest;
 use steadfast::{
-    open_store, update, Checkpoint, Event, RetryPolicy, RunStatus, Runner, SaveRequest, Step,
-    Store, Timestamp, Workflow,
+    open_store, update, Checkpoint, Event, RetryPolicy, RunStatus, Runner, Step, Store, Timestamp,
+    Workflow,
 };
 
 use crate::baseline::{remove_db, round};

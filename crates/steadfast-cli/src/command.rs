@@ -230,7 +230,7 @@ pub fn parse_update(out: &[u8]) -> Result<Update, String> {
         }
     };
     match parse_json_exact(text) {
-        Ok(Value::Object(map)) => steadfast::check_update(&map)
+        Ok(Value::Object(map)) => steadfast::store::check_update(&map)
             .map(|()| map)
             .map_err(|p| format!("the value at `{}` cannot be stored: {}", p.path, p.reason)),
         Ok(other) => Err(format!(

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
 use serde_json::{json, Map, Value};
+use steadfast_core::store::SaveRequest;
 use steadfast_core::{
-    Checkpoint, Decision, Lease, ListFilter, OnTimeout, Owner, RunStatus, SaveRequest, State,
-    StepFailure, StepRecord, Store, StoreError, StoreErrorKind, Timestamp, Wait,
+    Checkpoint, Decision, Lease, ListFilter, OnTimeout, Owner, RunStatus, State, StepFailure,
+    StepRecord, Store, StoreError, StoreErrorKind, Timestamp, Wait,
 };
 
 use crate::{CheckResult, TestStore, STATE_LIMIT};

@@ -4,9 +4,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use steadfast_core::{
-    Checkpoint, ListFilter, RunSummary, SaveRequest, Store, StoreError, StoreErrorKind,
-};
+use steadfast_core::store::SaveRequest;
+use steadfast_core::{Checkpoint, ListFilter, RunSummary, Store, StoreError, StoreErrorKind};
 
 /// What [`FaultyStore`] does to the save it is armed for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

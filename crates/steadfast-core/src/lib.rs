@@ -51,8 +51,8 @@ pub use ids::{idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_
 pub use memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
 pub use process::{current_owner, holder_is_running};
 pub use run::{run, Event, Outcome, Runner, StepCtx};
-pub use state::{check_update, merge, State, Update, ValueProblem, MAX_VALUE_DEPTH};
-pub use store::{state_size, ListFilter, RunSummary, SaveRequest, Store};
+pub use state::{merge, State, Update, MAX_VALUE_DEPTH};
+pub use store::{ListFilter, RunSummary, Store};
 pub use typed::{TypedWorkflow, TypedWorkflowBuilder};
 pub use workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
 

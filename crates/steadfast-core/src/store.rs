@@ -1,4 +1,7 @@
-//! The seam between the run loop and where checkpoints live.
+//! The seam between the run loop and where checkpoints live: the [`Store`]
+//! trait that applications hold, and what a store's author needs besides
+//! ([`SaveRequest`], the checks every store runs before it writes, the size
+//! of a state).
 
 use std::sync::Arc;
 
@@ -7,7 +10,8 @@ use async_trait::async_trait;
 use crate::checkpoint::{Checkpoint, RunStatus, StepRecord};
 use crate::clock::Timestamp;
 use crate::error::StoreError;
-use crate::state::{check_update, State};
+use crate::state::State;
+pub use crate::state::{check_update, ValueProblem};
 
 /// One compare-and-swap write of a run's checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -293,7 +297,7 @@ pub fn check_head(cp: &Checkpoint) -> Result<(), StoreError> {
 pub(crate) fn check_decision_data(
     gate: &str,
     data: &serde_json::Value,
-) -> Result<(), crate::ValueProblem> {
+) -> Result<(), ValueProblem> {
     crate::state::check_entries(std::iter::once((gate, data)))
 }
 

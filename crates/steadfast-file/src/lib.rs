@@ -44,9 +44,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use steadfast_core::store::{check_head, check_state};
-use steadfast_core::{
-    state_size, Checkpoint, ListFilter, RunSummary, SaveRequest, Store, StoreError,
-};
+use steadfast_core::store::{state_size, SaveRequest};
+use steadfast_core::{Checkpoint, ListFilter, RunSummary, Store, StoreError};
 
 pub use crate::fs::{Fs, LockGuard, OsFs, WriteError};
 use crate::image::Image;

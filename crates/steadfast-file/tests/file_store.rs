@@ -4,7 +4,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use steadfast_core::{Checkpoint, SaveRequest, Store, StoreError, StoreErrorKind, Timestamp};
+use steadfast_core::store::SaveRequest;
+use steadfast_core::{Checkpoint, Store, StoreError, StoreErrorKind, Timestamp};
 use steadfast_file::{FileStore, FileStoreOptions, OsFs};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;

@@ -49,9 +49,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use steadfast_core::store::{check_head, check_state};
+use steadfast_core::store::{state_size, SaveRequest};
 use steadfast_core::{
-    state_size, Checkpoint, ListFilter, RunStatus, RunSummary, SaveRequest, State, StepFailure,
-    StepRecord, Store, StoreError, Timestamp, Update,
+    Checkpoint, ListFilter, RunStatus, RunSummary, State, StepFailure, StepRecord, Store,
+    StoreError, Timestamp, Update,
 };
 use tokio::sync::oneshot;
 

@@ -146,7 +146,8 @@ async fn a_corrupt_row_is_reported_with_its_run_and_column() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conflicting_member_fails_alone_in_a_shared_batch() -> TestResult {
     use std::sync::Arc;
-    use steadfast_core::{Checkpoint, SaveRequest, Timestamp};
+    use steadfast_core::store::SaveRequest;
+    use steadfast_core::{Checkpoint, Timestamp};
 
     let dir = tempfile::tempdir()?;
     let store = Arc::new(SqliteStore::open(dir.path().join("runs.db"))?);
@@ -254,7 +255,7 @@ async fn a_database_from_before_the_marker_is_adopted() -> TestResult {
     let store = SqliteStore::open(&path)?;
     let cp = steadfast_core::Checkpoint::new("r", "w", steadfast_core::Timestamp::EPOCH);
     store
-        .save(steadfast_core::SaveRequest::new(&cp, None))
+        .save(steadfast_core::store::SaveRequest::new(&cp, None))
         .await?;
     drop(store);
     {
