@@ -18,7 +18,7 @@ macro_rules! out {
 }
 pub(crate) use out;
 
-/// Writes one line to stdout; see [`out!`]. Any other write error (a full
+/// Writes one line to stdout (the `out!` macro calls it). Any other write error (a full
 /// disk, an I/O error) ends the process with exit code 1 and one line on
 /// stderr: output that did not arrive is not a success.
 pub fn line(args: std::fmt::Arguments<'_>) {
