@@ -6,6 +6,8 @@
 //! cargo run --release -p steadfast-bench              # everything, 3 repetitions
 //! cargo run --release -p steadfast-bench -- --quick   # a smoke run: does it work?
 //! cargo run --release -p steadfast-bench -- --syncs   # count fsyncs per save with strace
+//! cargo run --release -p steadfast-bench -- --workloads ratios --stores sqlite
+//!                                                      # the SQLite targets, interleaved
 //! ```
 
 mod baseline;
@@ -36,7 +38,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "W1,W2,W3,W4,W5,physical,raw-sqlite"
+        default_value = "W1,W2,W3,W4,W5,physical,raw-sqlite,ratios"
     )]
     pub workloads: Vec<String>,
     /// Where the stores are written (the disk measured is the one under it).
@@ -124,6 +126,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if args.wants("raw-sqlite") {
         baseline::raw_sqlite(&args)?;
+    }
+    if args.wants("ratios") && args.stores.iter().any(|s| s == "sqlite") {
+        rt.block_on(workloads::ratios(&args))?;
     }
     for store in &args.stores {
         rt.block_on(workloads::all(store, &args))?;

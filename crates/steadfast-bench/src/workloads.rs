@@ -427,3 +427,54 @@ pub fn child(role: &str, args: &Args) -> Res<()> {
         other => Err(format!("unknown child role {other}").into()),
     }
 }
+
+/// The SQLite targets of WORKLOAD.md measured interleaved: each repetition
+/// runs the raw upsert baseline, then W1, then W2, on fresh databases, so that
+/// the disk's drift during a run hits all three alike. Prints the medians and
+/// the ratios the targets are about: W1 within 1.5x of a raw upsert, and W2 at
+/// least 5x W1's throughput.
+pub async fn ratios(args: &Args) -> Res<()> {
+    let reps = if args.quick { 1 } else { args.reps().max(5) };
+    let upserts = if args.quick { 200 } else { 10_000 };
+    let runs = runs_for("sqlite", args);
+    let (mut raw, mut w1, mut w2) = (Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..reps {
+        let path = args.dir.join(format!("ratios-raw-{rep}.db"));
+        let raw_path = path.clone();
+        let us = tokio::task::spawn_blocking(move || -> Result<f64, String> {
+            remove_db(&raw_path);
+            let conn = rusqlite::Connection::open(&raw_path).map_err(|e| e.to_string())?;
+            conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))
+                .map_err(|e| e.to_string())?;
+            conn.pragma_update(None, "synchronous", "FULL")
+                .map_err(|e| e.to_string())?;
+            let t = Instant::now();
+            crate::baseline::upserts(&conn, upserts).map_err(|e| e.to_string())?;
+            Ok(t.elapsed().as_secs_f64() * 1e6 / upserts as f64)
+        })
+        .await??;
+        remove_db(&path);
+        raw.push(us);
+        for (concurrency, samples) in [(1, &mut w1), (16, &mut w2)] {
+            let url = fresh_url("sqlite", &args.dir, &format!("ratios-{concurrency}-{rep}"));
+            let wall = run_many(open_store(&url)?, "run", runs, concurrency).await?;
+            samples.push(wall.as_secs_f64() * 1e6 / (runs * STEPS) as f64);
+            cleanup("sqlite", &url);
+        }
+    }
+    let (raw, w1, w2) = (median(raw), median(w1), median(w2));
+    let w1_over_raw = w1 / raw;
+    let w2_speedup = w1 / w2;
+    emit(
+        "steadfast",
+        "sqlite",
+        "ratios",
+        durability("sqlite"),
+        json!({"reps": reps, "raw_upsert_us": round(raw), "w1_us_per_step": round(w1),
+               "w2_us_per_step": round(w2), "w1_over_raw": round3(w1_over_raw),
+               "w2_over_w1_throughput": round3(w2_speedup),
+               "w1_within_1_5x_raw": w1_over_raw <= 1.5, "w2_at_least_5x_w1": w2_speedup >= 5.0,
+               "notes": "raw upsert, W1 and W2 interleaved in each repetition; medians"}),
+    );
+    Ok(())
+}
