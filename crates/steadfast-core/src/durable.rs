@@ -17,9 +17,11 @@ use serde_json::Value;
 
 use crate::checkpoint::{Checkpoint, OnTimeout, RunStatus, StepFailure, StepRecord};
 use crate::clock::Timestamp;
+use crate::ctx::StepCtx;
+use crate::engine::{store_error, Runner};
 use crate::error::{Error, StepError, StepErrorKind};
 use crate::ids::validate_run_id;
-use crate::run::{rejected, store_error, Event, Outcome, Runner, StepCtx};
+use crate::outcome::{rejected, Event, Outcome};
 use crate::state::Update;
 use crate::store::Store;
 use crate::workflow::{RetryPolicy, Step};
@@ -230,7 +232,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                         reason: format!("the saved result does not fit the function's type: {e}"),
                     });
             }
-            RunStatus::Rejected => return Ok(rejected(&cp).map(|_| unreachable_state())),
+            RunStatus::Rejected => return Ok(rejected(&cp).into()),
             _ => {}
         }
         runner.claim(&mut cp, &mut expected).await?;
@@ -282,15 +284,10 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                 }
                 Ok(Outcome::Completed(value))
             }
-            Err(Error::Suspended(outcome)) => Ok(outcome.map(|_| unreachable_state())),
+            Err(Error::Suspended(suspension)) => Ok(suspension.into()),
             Err(e) => Err(e),
         }
     }
-}
-
-/// A suspended outcome never carries a state; this stands in for the type.
-fn unreachable_state<T>() -> T {
-    unreachable!("a suspension is never Completed")
 }
 
 fn to_json<T: Serialize + DeserializeOwned>(
@@ -443,7 +440,9 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     });
                     match retry_in {
                         None => {
-                            return Err(crate::run::step_failed(&run_id, index, step, attempt, err))
+                            return Err(crate::engine::step_failed(
+                                &run_id, index, step, attempt, err,
+                            ))
                         }
                         Some(d) => runner.pause(&mut s.cp, &mut s.expected, d).await?,
                     }

@@ -391,7 +391,7 @@ pub enum Error {
     /// Pass it on with `?`: [`Runner::durable`](crate::Runner::durable) turns
     /// it into the matching [`Outcome`](crate::Outcome).
     #[error("the run stopped: {0:?}")]
-    Suspended(crate::run::Outcome),
+    Suspended(crate::outcome::Suspension),
     /// The store failed.
     #[error("run {run_id:?}: {op} failed")]
     Store {

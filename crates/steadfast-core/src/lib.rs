@@ -25,13 +25,16 @@
 
 mod checkpoint;
 mod clock;
+mod ctx;
 mod decide;
 mod durable;
+mod engine;
 mod error;
 mod ids;
 pub mod limits;
 pub mod local;
 mod memory;
+mod outcome;
 mod process;
 mod run;
 mod state;
@@ -44,13 +47,16 @@ pub use checkpoint::{
     CHECKPOINT_FORMAT,
 };
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use ctx::StepCtx;
 pub use decide::{approve, reject};
 pub use durable::{durable, DurableCtx, StepOptions};
+pub use engine::Runner;
 pub use error::{BoxError, Error, StepError, StoreError, StoreErrorKind};
 pub use ids::{idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES};
 pub use memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
+pub use outcome::{Event, Outcome, Suspension};
 pub use process::{current_owner, holder_is_running};
-pub use run::{run, Event, Outcome, Runner, StepCtx};
+pub use run::run;
 pub use state::{merge, State, Update, MAX_VALUE_DEPTH};
 pub use store::{ListFilter, RunSummary, Store};
 pub use typed::{TypedWorkflow, TypedWorkflowBuilder};

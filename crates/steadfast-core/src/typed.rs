@@ -11,8 +11,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::ctx::StepCtx;
+use crate::engine::Runner;
 use crate::error::{Error, StepError};
-use crate::run::{Outcome, Runner, StepCtx};
+use crate::outcome::Outcome;
 use crate::state::{State, Update};
 use crate::store::Store;
 use crate::workflow::{json_kind, Step, Workflow};

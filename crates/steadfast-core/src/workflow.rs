@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::checkpoint::OnTimeout;
+use crate::ctx::StepCtx;
 use crate::error::{Error, StepError};
 use crate::ids::check_step_name;
-use crate::run::StepCtx;
 use crate::state::{State, Update};
 
 /// The future a step returns once boxed.
