@@ -104,7 +104,7 @@ pub(crate) fn rejected(cp: &Checkpoint) -> Suspension {
     }
 }
 
-/// Something the run loop did, reported to a [`Runner::observer`] as it happens.
+/// Something the run loop did, reported to a [`Runner::observer`](crate::Runner::observer) as it happens.
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub enum Event<'a> {
