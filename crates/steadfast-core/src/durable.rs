@@ -18,7 +18,7 @@ use serde_json::Value;
 use crate::checkpoint::{Checkpoint, OnTimeout, RunStatus, StepFailure, StepRecord};
 use crate::clock::Timestamp;
 use crate::ctx::StepCtx;
-use crate::engine::{store_error, Runner};
+use crate::engine::{store_error, Runner, Timer};
 use crate::error::{Error, StepError, StepErrorKind};
 use crate::ids::validate_run_id;
 use crate::outcome::{rejected, Event, Outcome};
@@ -68,7 +68,36 @@ impl StepOptions {
     }
 }
 
-/// Why a parallel branch did not produce its output.
+/// How [`DurableCtx::attempts`] tries a step.
+struct Attempts<'a> {
+    name: &'a str,
+    policy: RetryPolicy,
+    timeout: Option<Duration>,
+    /// Lend the run's state to each attempt (a listed step reads it); only
+    /// where no other step of the run is running meanwhile.
+    lend_state: bool,
+    /// A parallel branch, with the index it reports: tried once, its failure
+    /// recorded by its group.
+    branch: Option<usize>,
+}
+
+/// The update a durable step's output makes: the output under the step's name.
+fn output_update<T: Serialize + DeserializeOwned>(
+    value: &T,
+    run_id: &str,
+    name: &str,
+) -> Result<Update, StepError> {
+    let json = to_json(value, run_id, 0, name).map_err(|e| StepError {
+        source: e.to_string().into(),
+        terminal: true,
+        kind: StepErrorKind::InvalidValue(String::new()),
+    })?;
+    let mut update = Update::new();
+    update.insert(name.to_string(), json);
+    Ok(update)
+}
+
+/// Why a step, or a parallel branch, did not produce its output.
 enum Branch {
     /// The step itself failed.
     Step(StepError),
@@ -77,6 +106,24 @@ enum Branch {
     /// The step finished but its checkpoint was not saved; recorded as the
     /// run's failure once every branch is over.
     Unsaved(Error),
+}
+
+impl Branch {
+    /// The error of a step that is not a branch: its failures are recorded
+    /// in the loop, so each is already an [`Error`].
+    fn into_error(self) -> Error {
+        match self {
+            Branch::Engine(e) | Branch::Unsaved(e) => e,
+            Branch::Step(e) => Error::StepFailed {
+                run_id: String::new(),
+                index: 0,
+                step: String::new(),
+                attempts: 1,
+                timed_out: e.is_timeout(),
+                source: e.into_inner(),
+            },
+        }
+    }
 }
 
 /// The recorded progress of one call of a durable function.
@@ -92,6 +139,28 @@ pub(crate) struct Session {
     cursor: usize,
     /// Names asked for in this call, to refuse a name used twice.
     seen: HashSet<String>,
+}
+
+impl Session {
+    /// A call's progress on `cp`, with the code expected at record index
+    /// `cursor`. The first live step's attempt budget: fresh for a failed
+    /// run called again, and what is left of it for an interrupted one, for
+    /// listed and durable steps alike.
+    fn new(cp: Checkpoint, expected: Option<u64>, total: usize, cursor: usize) -> Self {
+        let used = if cp.status == RunStatus::Failed {
+            0
+        } else {
+            cp.attempts
+        };
+        Session {
+            cp,
+            expected,
+            total,
+            used,
+            cursor,
+            seen: HashSet::new(),
+        }
+    }
 }
 
 struct Shared<'s, S: Store + ?Sized> {
@@ -239,14 +308,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
         let ctx = DurableCtx {
             shared: Arc::new(Shared {
                 runner,
-                session: tokio::sync::Mutex::new(Session {
-                    cp,
-                    expected,
-                    total: usize::MAX,
-                    used: 0,
-                    cursor: 0,
-                    seen: HashSet::new(),
-                }),
+                session: tokio::sync::Mutex::new(Session::new(cp, expected, usize::MAX, 0)),
                 counters: std::sync::Mutex::new(HashMap::new()),
             }),
         };
@@ -342,113 +404,30 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     /// (verified against the workflow already) and the run completes with
     /// its `total`-th step.
     pub(crate) fn listed_session(cp: Checkpoint, expected: Option<u64>, total: usize) -> Session {
-        // A failed run called again gets a fresh attempt budget; an interrupted
-        // one keeps counting the attempts it already used.
-        let used = if cp.status == RunStatus::Failed {
-            0
-        } else {
-            cp.attempts
-        };
-        Session {
-            cursor: cp.next,
-            seen: HashSet::new(),
-            cp,
-            expected,
-            total,
-            used,
-        }
+        let cursor = cp.next;
+        Session::new(cp, expected, total, cursor)
     }
 
-    /// One listed step: its attempts, retries, timeout, failure records and
-    /// checkpoint, with the lease renewed meanwhile.
+    /// One listed step, through the one attempt loop: it reads the run's
+    /// state (lent to each attempt) and its update is merged key by key.
     pub(crate) async fn listed_step(&self, step: &Step) -> Result<(), Error> {
-        let runner = self.runner();
-        let mut guard = self.shared.session.lock().await;
-        let s = &mut *guard;
-        loop {
-            runner.renew_if_due(&mut s.cp, &mut s.expected).await?;
-            let index = s.cp.next;
-            let run_id = s.cp.run_id.clone();
-            let attempt = s.cp.attempts.saturating_add(1);
-            let ctx = StepCtx::new(&run_id, step.name(), index, attempt);
-            let started = runner.now();
-            runner.emit(Event::Started {
-                index,
-                step: step.name(),
-                attempt,
-            });
-            let timer = std::time::Instant::now();
-            let shared = Arc::new(std::mem::take(&mut s.cp.state));
-            let result = runner
-                .attempt(&mut s.cp, &mut s.expected, step, ctx, &shared)
-                .await;
-            s.cp.state = Arc::try_unwrap(shared).unwrap_or_else(|kept| (*kept).clone());
-            let finished = runner.now();
-            let result = result?.and_then(|update| match crate::state::check_update(&update) {
-                Ok(()) => Ok(update),
+        let how = Attempts {
+            name: step.name(),
+            policy: *step.retry_policy(),
+            timeout: step.timeout_after(),
+            lend_state: true,
+            branch: None,
+        };
+        self.attempts(
+            how,
+            |ctx, state| step.call_untimed(ctx, state.unwrap_or_default()),
+            |update: Update| match crate::state::check_update(&update) {
+                Ok(()) => Ok(((), update)),
                 Err(p) => Err(StepError::invalid_value(p.path, p.reason)),
-            });
-            match result {
-                Ok(update) => {
-                    let record =
-                        StepRecord::new(index, step.name(), update, attempt, started, finished);
-                    runner
-                        .complete(&mut s.cp, &mut s.expected, record, s.total)
-                        .await?;
-                    s.cursor = s.cp.next;
-                    s.used = 0;
-                    runner.emit(Event::Completed {
-                        index,
-                        step: step.name(),
-                        attempt,
-                        took: timer.elapsed(),
-                    });
-                    return Ok(());
-                }
-                Err(err) => {
-                    s.used += 1;
-                    s.cp.attempts = attempt;
-                    let exhausted = err.terminal || s.used >= step.retry_policy().max_attempts();
-                    s.cp.status = if exhausted {
-                        RunStatus::Failed
-                    } else {
-                        RunStatus::Running
-                    };
-                    if exhausted {
-                        s.cp.lease = None;
-                    }
-                    s.cp.error = Some(StepFailure::new(
-                        index,
-                        step.name(),
-                        err.to_string(),
-                        attempt,
-                        err.terminal,
-                        finished,
-                    ));
-                    s.cp.updated_at = finished;
-                    runner
-                        .record_failure(&mut s.cp, &mut s.expected, step, index)
-                        .await?;
-                    let retry_in =
-                        (!exhausted).then(|| step.retry_policy().delay_before(s.used + 1, true));
-                    runner.emit(Event::Failed {
-                        index,
-                        step: step.name(),
-                        attempt,
-                        error: &err.to_string(),
-                        retry_in,
-                    });
-                    match retry_in {
-                        None => {
-                            return Err(crate::engine::step_failed(
-                                &run_id, index, step, attempt, err,
-                            ))
-                        }
-                        Some(d) => runner.pause(&mut s.cp, &mut s.expected, d).await?,
-                    }
-                }
-            }
-        }
+            },
+        )
+        .await
+        .map_err(Branch::into_error)
     }
 
     /// One listed gate.
@@ -464,8 +443,8 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
 
     /// One listed durable timer.
     pub(crate) async fn listed_sleep(&self, step: &Step, duration: Duration) -> Result<(), Error> {
-        let mut s = self.shared.session.lock().await;
-        self.pass_timer(&mut s, step, duration).await
+        let s = self.shared.session.lock().await;
+        self.pass_timer(s, step, duration).await
     }
 
     /// A gate at the live end of the record: passes on an approval, or stops
@@ -492,25 +471,35 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     }
 
     /// A timer at the live end of the record: passes once it has fired, or
-    /// stops the run with [`Error::Suspended`].
+    /// stops the run with [`Error::Suspended`]. A runner that waits for
+    /// timers waits here without holding the session, renewing its lease.
     async fn pass_timer(
         &self,
-        s: &mut Session,
+        mut guard: tokio::sync::MutexGuard<'_, Session>,
         step: &Step,
         duration: Duration,
     ) -> Result<(), Error> {
+        let runner = self.runner();
+        let s = &mut *guard;
         let total = s.total;
-        match self
-            .runner()
+        match runner
             .sleep(&mut s.cp, &mut s.expected, step, duration, total)
             .await?
         {
-            Some(outcome) => Err(Error::Suspended(outcome)),
-            None => {
-                s.cursor = s.cp.next;
-                Ok(())
+            Timer::Stop(suspension) => return Err(Error::Suspended(suspension)),
+            Timer::Passed => {}
+            Timer::Wait { set, left } => {
+                drop(guard);
+                self.with_renewals(tokio::time::sleep(left)).await?;
+                guard = self.shared.session.lock().await;
+                let s = &mut *guard;
+                runner
+                    .timer_fired(&mut s.cp, &mut s.expected, step.name(), set, total)
+                    .await?;
             }
         }
+        guard.cursor = guard.cp.next;
+        Ok(())
     }
 
     /// A context over `session`, for the listed-workflow driver.
@@ -662,109 +651,201 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         Fut: Future<Output = Result<T, E>>,
         E: Into<StepError>,
     {
-        let runner = self.runner();
-        let (run_id, mut attempt) = {
+        let run_id = {
             let mut s = self.shared.session.lock().await;
             if let Some(value) = self.replay(&mut s, &name)? {
                 return self.decode(&s.cp.run_id, s.cursor - 1, &name, value);
             }
-            (s.cp.run_id.clone(), s.cp.attempts.saturating_add(1))
+            s.cp.run_id.clone()
         };
-        let policy = options.retry.unwrap_or_default();
-        let mut used = 0;
+        let how = Attempts {
+            name: &name,
+            policy: options.retry.unwrap_or_default(),
+            timeout: options.timeout,
+            lend_state: false,
+            branch: None,
+        };
+        self.attempts(
+            how,
+            |_, _| {
+                let fut = f();
+                async move { fut.await.map_err(Into::into) }
+            },
+            |value: T| output_update(&value, &run_id, &name).map(|u| (value, u)),
+        )
+        .await
+        .map_err(Branch::into_error)
+    }
+
+    /// The one attempt loop, for listed steps, durable steps and parallel
+    /// branches alike. Before each attempt the lease is renewed if a third of
+    /// it is spent; the attempt runs under its timeout with the lease renewed
+    /// meanwhile; a success is checkpointed; a failure is recorded in the run
+    /// (attempts count across calls and crashes) and retried after its
+    /// backoff while the policy allows. A parallel branch (`branch`) is tried
+    /// once, and its failure is left to its group to record.
+    async fn attempts<T, R, F, Fut>(
+        &self,
+        how: Attempts<'_>,
+        mut call: F,
+        finish: impl Fn(T) -> Result<(R, Update), StepError>,
+    ) -> Result<R, Branch>
+    where
+        F: FnMut(StepCtx, Option<Arc<crate::State>>) -> Fut,
+        Fut: Future<Output = Result<T, StepError>>,
+    {
+        let runner = self.runner();
+        let name = how.name;
         loop {
-            let index = {
+            let (run_id, index, attempt, lent) = {
                 let mut s = self.shared.session.lock().await;
                 let s = &mut *s;
-                runner.renew_if_due(&mut s.cp, &mut s.expected).await?;
-                s.cp.next
+                runner
+                    .renew_if_due(&mut s.cp, &mut s.expected)
+                    .await
+                    .map_err(Branch::Engine)?;
+                let index = how.branch.unwrap_or(s.cp.next);
+                let attempt = match how.branch {
+                    Some(_) => 1,
+                    None => s.cp.attempts.saturating_add(1),
+                };
+                let lent = how
+                    .lend_state
+                    .then(|| Arc::new(std::mem::take(&mut s.cp.state)));
+                (s.cp.run_id.clone(), index, attempt, lent)
             };
-            let ctx = StepCtx::new(&run_id, &name, index, attempt);
+            let ctx = StepCtx::new(&run_id, name, index, attempt);
             runner.emit(Event::Started {
                 index,
-                step: &name,
+                step: name,
                 attempt,
             });
             let started = runner.now();
             let timer = std::time::Instant::now();
-            let result = self.attempt(&mut f, options.timeout, ctx).await?;
+            let fut = call(ctx.clone(), lent.clone());
+            let timed = async {
+                match how.timeout {
+                    None => fut.await,
+                    Some(d) => match tokio::time::timeout(d, fut).await {
+                        Ok(r) => r,
+                        Err(_) => Err(StepError::timed_out(d)),
+                    },
+                }
+            };
+            let result = self.with_renewals(ctx.scope(timed)).await;
+            if let Some(lent) = lent {
+                let mut s = self.shared.session.lock().await;
+                s.cp.state = Arc::try_unwrap(lent).unwrap_or_else(|kept| (*kept).clone());
+            }
+            let result = result.map_err(Branch::Engine)?.and_then(&finish);
             let finished = runner.now();
-            let result = result.and_then(|v| {
-                to_json(&v, &run_id, index, &name)
-                    .map(|j| (v, j))
-                    .map_err(|e| StepError {
-                        source: e.to_string().into(),
-                        terminal: true,
-                        kind: StepErrorKind::InvalidValue(String::new()),
-                    })
-            });
-            match result {
-                Ok((value, json)) => {
-                    let mut update = Update::new();
-                    update.insert(name.clone(), json);
+            let err = match result {
+                Ok((value, update)) => {
                     let mut s = self.shared.session.lock().await;
                     let s = &mut *s;
-                    let index = s.cp.next;
-                    let record = StepRecord::new(index, &name, update, attempt, started, finished);
-                    runner
-                        .complete(&mut s.cp, &mut s.expected, record, usize::MAX)
-                        .await?;
+                    let at = s.cp.next;
+                    let record = StepRecord::new(at, name, update, attempt, started, finished);
+                    let total = s.total;
+                    if how.branch.is_some() {
+                        runner
+                            .complete_unrecorded(&mut s.cp, &mut s.expected, record, total)
+                            .await
+                            .map_err(Branch::Unsaved)?;
+                    } else {
+                        runner
+                            .complete(&mut s.cp, &mut s.expected, record, total)
+                            .await
+                            .map_err(Branch::Engine)?;
+                    }
                     s.cursor = s.cp.next;
+                    s.used = 0;
                     runner.emit(Event::Completed {
-                        index,
-                        step: &name,
+                        index: at,
+                        step: name,
                         attempt,
                         took: timer.elapsed(),
                     });
                     return Ok(value);
                 }
-                Err(err) => {
-                    used += 1;
-                    let exhausted = err.terminal || used >= policy.max_attempts();
-                    let retry_in = (!exhausted).then(|| policy.delay_before(used + 1, true));
-                    runner.emit(Event::Failed {
-                        index,
-                        step: &name,
-                        attempt,
-                        error: &err.to_string(),
-                        retry_in,
-                    });
-                    match retry_in {
-                        Some(d) => {
-                            let mut s = self.shared.session.lock().await;
-                            let s = &mut *s;
-                            runner.pause(&mut s.cp, &mut s.expected, d).await?;
-                            attempt += 1;
-                        }
-                        None => return Err(self.fail(&name, index, attempt, err).await),
-                    }
+                Err(err) => err,
+            };
+            if how.branch.is_some() {
+                runner.emit(Event::Failed {
+                    index,
+                    step: name,
+                    attempt,
+                    error: &err.to_string(),
+                    retry_in: None,
+                });
+                return Err(Branch::Step(err));
+            }
+            let retry_in = {
+                let mut s = self.shared.session.lock().await;
+                let s = &mut *s;
+                s.used += 1;
+                let exhausted = err.terminal || s.used >= how.policy.max_attempts();
+                self.record_attempt(s, name, index, attempt, &err, exhausted, finished)
+                    .await
+                    .map_err(Branch::Engine)?;
+                (!exhausted).then(|| how.policy.delay_before(s.used + 1, true))
+            };
+            runner.emit(Event::Failed {
+                index,
+                step: name,
+                attempt,
+                error: &err.to_string(),
+                retry_in,
+            });
+            match retry_in {
+                None => {
+                    return Err(Branch::Engine(crate::engine::step_failed(
+                        &run_id, index, name, attempt, err,
+                    )))
+                }
+                Some(d) => {
+                    self.with_renewals(tokio::time::sleep(d))
+                        .await
+                        .map_err(Branch::Engine)?;
                 }
             }
         }
     }
 
-    /// One attempt, renewing the lease while it runs.
-    async fn attempt<T, F, Fut, E>(
+    /// Records a failed attempt in the run: its count, the error, and, when
+    /// no attempt is left, `failed` with the lease released. A conflict means
+    /// another owner has the run: an error, as everywhere.
+    #[allow(clippy::too_many_arguments)]
+    async fn record_attempt(
         &self,
-        f: &mut F,
-        timeout: Option<Duration>,
-        ctx: StepCtx,
-    ) -> Result<Result<T, StepError>, Error>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        E: Into<StepError>,
-    {
-        let fut = async {
-            match timeout {
-                None => f().await.map_err(Into::into),
-                Some(d) => match tokio::time::timeout(d, f()).await {
-                    Ok(r) => r.map_err(Into::into),
-                    Err(_) => Err(StepError::timed_out(d)),
-                },
-            }
+        s: &mut Session,
+        name: &str,
+        index: usize,
+        attempt: u32,
+        err: &StepError,
+        exhausted: bool,
+        at: Timestamp,
+    ) -> Result<(), Error> {
+        s.cp.attempts = attempt;
+        s.cp.status = if exhausted {
+            RunStatus::Failed
+        } else {
+            RunStatus::Running
         };
-        self.with_renewals(ctx.scope(fut)).await
+        if exhausted {
+            s.cp.lease = None;
+        }
+        s.cp.error = Some(StepFailure::new(
+            index,
+            name,
+            err.to_string(),
+            attempt,
+            err.terminal,
+            at,
+        ));
+        s.cp.updated_at = at;
+        self.runner()
+            .record_failure(&mut s.cp, &mut s.expected, name, index)
+            .await
     }
 
     /// Awaits `fut`, renewing the lease every third of its time meanwhile.
@@ -785,33 +866,18 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         }
     }
 
-    /// Records a step's final failure and builds the error to return.
+    /// Records a parallel branch's failure as the run's and builds the error
+    /// to return (a conflict instead, if another owner has the run).
     async fn fail(&self, name: &str, index: usize, attempt: u32, err: StepError) -> Error {
-        let runner = self.runner();
+        let at = self.runner().now();
         let mut s = self.shared.session.lock().await;
-        let s = &mut *s;
-        s.cp.status = RunStatus::Failed;
-        s.cp.lease = None;
-        s.cp.error = Some(StepFailure::new(
-            index,
-            name,
-            err.to_string(),
-            attempt,
-            err.terminal,
-            runner.now(),
-        ));
-        s.cp.updated_at = runner.now();
-        if let Err(e) = runner.save(&mut s.cp, &mut s.expected, None).await {
-            tracing::warn!(run_id = %s.cp.run_id, step = name, error = %e, "could not record a step failure");
+        if let Err(e) = self
+            .record_attempt(&mut s, name, index, attempt, &err, true, at)
+            .await
+        {
+            return e;
         }
-        Error::StepFailed {
-            run_id: s.cp.run_id.clone(),
-            index,
-            step: name.to_string(),
-            attempts: attempt,
-            timed_out: err.is_timeout(),
-            source: err.into_inner(),
-        }
+        crate::engine::step_failed(&s.cp.run_id, index, name, attempt, err)
     }
 
     fn decode<T: DeserializeOwned>(
@@ -852,7 +918,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             self.check_user_name(name)?;
         }
         let mut recorded: HashMap<String, Value> = HashMap::new();
-        let run_id = {
+        let (run_id, start) = {
             let mut s = self.shared.session.lock().await;
             let s = &mut *s;
             let group: HashSet<&str> = branches.iter().map(|(n, _)| n.as_str()).collect();
@@ -888,62 +954,48 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     .find(|n| !recorded.contains_key(*n));
                 self.diverged(s, first_missing)?;
             }
-            s.cp.run_id.clone()
+            (s.cp.run_id.clone(), s.cp.next)
         };
+        // A branch reports the index its record would have if the branches
+        // finished in the order given; records are appended as they finish.
+        let mut position = 0;
         let runs = branches.into_iter().map(|(name, fut)| {
             let recorded = recorded.remove(&name);
             let run_id = run_id.clone();
+            let index = start + position;
+            if recorded.is_none() {
+                position += 1;
+            }
             async move {
                 if let Some(value) = recorded {
                     return self
                         .decode::<T>(&run_id, 0, &name, value)
                         .map_err(|e| (name, Branch::Engine(e)));
                 }
-                let runner = self.runner();
-                let started = runner.now();
-                runner.emit(Event::Started {
-                    index: 0,
-                    step: &name,
-                    attempt: 1,
-                });
-                let timer = std::time::Instant::now();
-                let step_ctx = StepCtx::new(&run_id, &name, 0, 1);
-                let out: Result<T, StepError> = match self.with_renewals(step_ctx.scope(fut)).await
-                {
-                    Ok(r) => r.map_err(Into::into),
-                    Err(e) => return Err((name, Branch::Engine(e))),
+                let how = Attempts {
+                    name: &name,
+                    policy: RetryPolicy::none(),
+                    timeout: None,
+                    lend_state: false,
+                    branch: Some(index),
                 };
-                let out = out.and_then(|v| {
-                    to_json(&v, &run_id, 0, &name)
-                        .map(|j| (v, j))
-                        .map_err(|e| StepError::terminal(e.to_string()))
-                });
-                match out {
-                    Ok((value, json)) => {
-                        let mut update = Update::new();
-                        update.insert(name.clone(), json);
-                        let mut s = self.shared.session.lock().await;
-                        let s = &mut *s;
-                        let index = s.cp.next;
-                        let record =
-                            StepRecord::new(index, &name, update, 1, started, runner.now());
-                        if let Err(e) = runner
-                            .complete_unrecorded(&mut s.cp, &mut s.expected, record, usize::MAX)
-                            .await
-                        {
-                            return Err((name, Branch::Unsaved(e)));
-                        }
-                        s.cursor = s.cp.next;
-                        runner.emit(Event::Completed {
-                            index,
-                            step: &name,
-                            attempt: 1,
-                            took: timer.elapsed(),
-                        });
-                        Ok(value)
-                    }
-                    Err(err) => Err((name, Branch::Step(err))),
-                }
+                let mut once = Some(fut);
+                let out = self
+                    .attempts(
+                        how,
+                        |_, _| {
+                            let fut = once.take();
+                            async move {
+                                match fut {
+                                    Some(fut) => fut.await.map_err(Into::into),
+                                    None => Err(StepError::terminal("a branch is tried once")),
+                                }
+                            }
+                        },
+                        |value: T| output_update(&value, &run_id, &name).map(|u| (value, u)),
+                    )
+                    .await;
+                out.map_err(|failure| (name, failure))
             }
         });
         let results = futures_util::future::join_all(runs).await;
@@ -1028,8 +1080,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         self.check_user_name(name)?;
         self.check_duration(name, crate::limits::SLEEP.check("sleep", duration))?;
         let mut s = self.shared.session.lock().await;
-        let s = &mut *s;
-        if self.replay(s, name)?.is_some() {
+        if self.replay(&mut s, name)?.is_some() {
             return Ok(());
         }
         self.pass_timer(s, &Step::sleep(name, duration), duration)

@@ -10,10 +10,9 @@ use crate::checkpoint::{
 };
 use crate::clock::Timestamp;
 use crate::clock::{Clock, SystemClock};
-use crate::ctx::StepCtx;
 use crate::error::{Error, StepError, StepErrorKind, StoreError, StoreErrorKind};
 use crate::outcome::{rejected, Event, Suspension};
-use crate::state::{State, Update};
+use crate::state::Update;
 use crate::store::{SaveRequest, Store};
 use crate::workflow::{Step, Workflow};
 
@@ -415,57 +414,6 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         Ok(())
     }
 
-    /// Runs one attempt of a step, renewing the lease while it runs.
-    pub(crate) async fn attempt(
-        &self,
-        cp: &mut Checkpoint,
-        expected: &mut Option<u64>,
-        step: &Step,
-        ctx: StepCtx,
-        shared: &Arc<State>,
-    ) -> Result<Result<Update, StepError>, Error> {
-        let fut = step.call(ctx, Arc::clone(shared));
-        let Some((_, ttl)) = &self.lease else {
-            return Ok(fut.await);
-        };
-        let every = (*ttl / 3).max(Duration::from_millis(10));
-        tokio::pin!(fut);
-        loop {
-            tokio::select! {
-                r = &mut fut => return Ok(r),
-                _ = tokio::time::sleep(every) => self.renew(cp, expected).await?,
-            }
-        }
-    }
-
-    /// Waits `d`, renewing the lease meanwhile.
-    pub(crate) async fn pause(
-        &self,
-        cp: &mut Checkpoint,
-        expected: &mut Option<u64>,
-        d: Duration,
-    ) -> Result<(), Error> {
-        let Some((_, ttl)) = &self.lease else {
-            tokio::time::sleep(d).await;
-            return Ok(());
-        };
-        let every = (*ttl / 3).max(Duration::from_millis(10));
-        let start = tokio::time::Instant::now();
-        let end = start
-            .checked_add(d)
-            .unwrap_or(start + crate::limits::SLEEP.max);
-        loop {
-            let now = tokio::time::Instant::now();
-            if now >= end {
-                return Ok(());
-            }
-            tokio::time::sleep((end - now).min(every)).await;
-            if tokio::time::Instant::now() < end {
-                self.renew(cp, expected).await?;
-            }
-        }
-    }
-
     /// A gate: passes on an approval, ends the run on a rejection, or stops the
     /// run to wait. Returns the outcome to stop with, or `None` to go on.
     pub(crate) async fn gate(
@@ -585,7 +533,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         step: &Step,
         d: Duration,
         total: usize,
-    ) -> Result<Option<Suspension>, Error> {
+    ) -> Result<Timer, Error> {
         let name = step.name();
         let now = self.clock.now();
         let recorded = match &cp.wait {
@@ -611,7 +559,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                 self.save(cp, expected, None).await.map_err(|e| {
                     store_error(&cp.run_id, &format!("save of the timer at {name}"), e)
                 })?;
-                return Ok(Some(Suspension::Sleeping { until }));
+                return Ok(Timer::Stop(Suspension::Sleeping { until }));
             }
             if recorded != Some(until) {
                 // The wake-up time is durable before the wait begins, so a crash
@@ -622,13 +570,26 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                     store_error(&cp.run_id, &format!("save of the timer at {name}"), e)
                 })?;
             }
-            self.pause(cp, expected, until.saturating_since(self.clock.now()))
-                .await?;
+            return Ok(Timer::Wait {
+                set: now,
+                left: until.saturating_since(now),
+            });
         }
-        let woke = self.clock.now();
-        let record = StepRecord::new(cp.next, name, Update::new(), 1, now, woke);
-        self.complete(cp, expected, record, total).await?;
-        Ok(None)
+        self.timer_fired(cp, expected, name, now, total).await?;
+        Ok(Timer::Passed)
+    }
+
+    /// Completes timer step `name`, set at `set`.
+    pub(crate) async fn timer_fired(
+        &self,
+        cp: &mut Checkpoint,
+        expected: &mut Option<u64>,
+        name: &str,
+        set: Timestamp,
+        total: usize,
+    ) -> Result<(), Error> {
+        let record = StepRecord::new(cp.next, name, Update::new(), 1, set, self.clock.now());
+        self.complete(cp, expected, record, total).await
     }
 
     /// Checks a loaded record against the workflow given.
@@ -675,18 +636,18 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         &self,
         cp: &mut Checkpoint,
         expected: &mut Option<u64>,
-        step: &Step,
+        step: &str,
         index: usize,
     ) -> Result<(), Error> {
         match self.save(cp, expected, None).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == StoreErrorKind::Conflict => Err(store_error(
                 &cp.run_id,
-                &format!("save of the failure of step {index} ({})", step.name()),
+                &format!("save of the failure of step {index} ({step})"),
                 e,
             )),
             Err(e) => {
-                tracing::warn!(run_id = %cp.run_id, step = step.name(), error = %e, "could not record a step failure");
+                tracing::warn!(run_id = %cp.run_id, step, error = %e, "could not record a step failure");
                 Ok(())
             }
         }
@@ -751,6 +712,21 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             }
         }
     }
+}
+
+/// Where a timer stands.
+pub(crate) enum Timer {
+    /// It fired; its step is recorded.
+    Passed,
+    /// The run stops here.
+    Stop(Suspension),
+    /// Wait `left` (the runner waits for timers), then it fires.
+    Wait {
+        /// When it was looked at.
+        set: Timestamp,
+        /// How long is left.
+        left: Duration,
+    },
 }
 
 /// How a lease stands for someone who wants the run.
@@ -863,7 +839,7 @@ pub(crate) fn store_error(run_id: &str, op: &str, source: StoreError) -> Error {
 pub(crate) fn step_failed(
     run_id: &str,
     index: usize,
-    step: &Step,
+    step: &str,
     attempts: u32,
     err: StepError,
 ) -> Error {
@@ -871,14 +847,14 @@ pub(crate) fn step_failed(
         StepErrorKind::InvalidValue(path) => Error::InvalidValue {
             run_id: run_id.to_string(),
             index,
-            step: step.name().to_string(),
+            step: step.to_string(),
             path,
             reason: err.source.to_string(),
         },
         kind => Error::StepFailed {
             run_id: run_id.to_string(),
             index,
-            step: step.name().to_string(),
+            step: step.to_string(),
             attempts,
             timed_out: matches!(kind, StepErrorKind::TimedOut(_)),
             source: err.source,

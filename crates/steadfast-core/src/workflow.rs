@@ -270,20 +270,18 @@ impl Step {
         self.timeout
     }
 
-    pub(crate) async fn call(&self, ctx: StepCtx, state: Arc<State>) -> Result<Update, StepError> {
+    /// Calls the step's function; its timeout is the caller's to apply.
+    pub(crate) async fn call_untimed(
+        &self,
+        ctx: StepCtx,
+        state: Arc<State>,
+    ) -> Result<Update, StepError> {
         let StepKind::Run(f) = &self.kind else {
             return Err(StepError::terminal(
                 "a gate or timer step has no function to call",
             ));
         };
-        let fut = f(ctx, state);
-        match self.timeout {
-            None => fut.await,
-            Some(d) => match tokio::time::timeout(d, fut).await {
-                Ok(r) => r,
-                Err(_) => Err(StepError::timed_out(d)),
-            },
-        }
+        f(ctx, state).await
     }
 }
 
