@@ -18,10 +18,11 @@ use serde_json::Value;
 use crate::checkpoint::{Checkpoint, OnTimeout, RunStatus, StepFailure, StepRecord};
 use crate::clock::Timestamp;
 use crate::ctx::StepCtx;
-use crate::engine::{store_error, Runner, Timer};
+use crate::engine::{store_error, Runner};
 use crate::error::{Error, StepError, StepErrorKind};
 use crate::ids::validate_run_id;
 use crate::outcome::{rejected, Event, Outcome};
+use crate::session::{Session, Timer};
 use crate::state::Update;
 use crate::store::Store;
 use crate::workflow::{RetryPolicy, Step};
@@ -122,43 +123,6 @@ impl Branch {
                 timed_out: e.is_timeout(),
                 source: e.into_inner(),
             },
-        }
-    }
-}
-
-/// The recorded progress of one call of a durable function.
-pub(crate) struct Session {
-    cp: Checkpoint,
-    expected: Option<u64>,
-    /// The number of steps of a listed workflow (its last save completes the
-    /// run); unbounded for a durable function, whose result save does.
-    total: usize,
-    /// Attempts of the current step made in this call, against its budget.
-    used: u32,
-    /// The next recorded step the code is expected to ask for.
-    cursor: usize,
-    /// Names asked for in this call, to refuse a name used twice.
-    seen: HashSet<String>,
-}
-
-impl Session {
-    /// A call's progress on `cp`, with the code expected at record index
-    /// `cursor`. The first live step's attempt budget: fresh for a failed
-    /// run called again, and what is left of it for an interrupted one, for
-    /// listed and durable steps alike.
-    fn new(cp: Checkpoint, expected: Option<u64>, total: usize, cursor: usize) -> Self {
-        let used = if cp.status == RunStatus::Failed {
-            0
-        } else {
-            cp.attempts
-        };
-        Session {
-            cp,
-            expected,
-            total,
-            used,
-            cursor,
-            seen: HashSet::new(),
         }
     }
 }
@@ -270,7 +234,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
             .load(run_id)
             .await
             .map_err(|e| store_error(run_id, "load", e))?;
-        let (mut cp, mut expected) = match loaded {
+        let (mut cp, expected) = match loaded {
             None => (Checkpoint::new(run_id, workflow, runner.now()), None),
             Some(cp) => {
                 let v = cp.version;
@@ -304,11 +268,12 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
             RunStatus::Rejected => return Ok(rejected(&cp).into()),
             _ => {}
         }
-        runner.claim(&mut cp, &mut expected).await?;
+        let mut session = Session::new(cp, expected, usize::MAX, 0);
+        session.claim(&runner).await?;
         let ctx = DurableCtx {
             shared: Arc::new(Shared {
                 runner,
-                session: tokio::sync::Mutex::new(Session::new(cp, expected, usize::MAX, 0)),
+                session: tokio::sync::Mutex::new(session),
                 counters: std::sync::Mutex::new(HashMap::new()),
             }),
         };
@@ -333,14 +298,12 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                 s.cp.lease = None;
                 s.cp.error = None;
                 s.cp.updated_at = shared.runner.now();
-                let saved = shared.runner.save(&mut s.cp, &mut s.expected, None).await;
+                let saved = s.save(&shared.runner, None).await;
                 if let Err(e) = saved {
                     let e = store_error(run_id, "save of the result", e);
                     s.cp.state.remove(RESULT_KEY);
                     let index = s.cp.next;
-                    shared
-                        .runner
-                        .record_unsaved(&mut s.cp, &mut s.expected, index, RESULT_KEY, 1, &e)
+                    s.record_unsaved(&shared.runner, index, RESULT_KEY, 1, &e)
                         .await;
                     return Err(e);
                 }
@@ -457,9 +420,8 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         on_timeout: OnTimeout,
     ) -> Result<(), Error> {
         let total = s.total;
-        match self
-            .runner()
-            .gate(&mut s.cp, &mut s.expected, step, timeout, on_timeout, total)
+        match s
+            .gate(self.runner(), step, timeout, on_timeout, total)
             .await?
         {
             Some(outcome) => Err(Error::Suspended(outcome)),
@@ -482,10 +444,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         let runner = self.runner();
         let s = &mut *guard;
         let total = s.total;
-        match runner
-            .sleep(&mut s.cp, &mut s.expected, step, duration, total)
-            .await?
-        {
+        match s.sleep(runner, step, duration, total).await? {
             Timer::Stop(suspension) => return Err(Error::Suspended(suspension)),
             Timer::Passed => {}
             Timer::Wait { set, left } => {
@@ -493,9 +452,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 self.with_renewals(tokio::time::sleep(left)).await?;
                 guard = self.shared.session.lock().await;
                 let s = &mut *guard;
-                runner
-                    .timer_fired(&mut s.cp, &mut s.expected, step.name(), set, total)
-                    .await?;
+                s.timer_fired(runner, step.name(), set, total).await?;
             }
         }
         guard.cursor = guard.cp.next;
@@ -700,10 +657,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             let (run_id, index, attempt, lent) = {
                 let mut s = self.shared.session.lock().await;
                 let s = &mut *s;
-                runner
-                    .renew_if_due(&mut s.cp, &mut s.expected)
-                    .await
-                    .map_err(Branch::Engine)?;
+                s.renew_if_due(runner).await.map_err(Branch::Engine)?;
                 let index = how.branch.unwrap_or(s.cp.next);
                 let attempt = match how.branch {
                     Some(_) => 1,
@@ -747,13 +701,11 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     let record = StepRecord::new(at, name, update, attempt, started, finished);
                     let total = s.total;
                     if how.branch.is_some() {
-                        runner
-                            .complete_unrecorded(&mut s.cp, &mut s.expected, record, total)
+                        s.complete_unrecorded(runner, record, total)
                             .await
                             .map_err(Branch::Unsaved)?;
                     } else {
-                        runner
-                            .complete(&mut s.cp, &mut s.expected, record, total)
+                        s.complete(runner, record, total)
                             .await
                             .map_err(Branch::Engine)?;
                     }
@@ -843,9 +795,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             at,
         ));
         s.cp.updated_at = at;
-        self.runner()
-            .record_failure(&mut s.cp, &mut s.expected, name, index)
-            .await
+        s.record_failure(self.runner(), name, index).await
     }
 
     /// Awaits `fut`, renewing the lease every third of its time meanwhile.
@@ -860,7 +810,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 _ = tokio::time::sleep(every) => {
                     let mut s = self.shared.session.lock().await;
                     let s = &mut *s;
-                    self.runner().renew(&mut s.cp, &mut s.expected).await?;
+                    s.renew(self.runner()).await?;
                 }
             }
         }
@@ -943,9 +893,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 s.cursor += 1;
             }
             if recorded.len() < branches.len() {
-                self.runner()
-                    .renew_if_due(&mut s.cp, &mut s.expected)
-                    .await?;
+                s.renew_if_due(self.runner()).await?;
             }
             if s.cursor < s.cp.next && recorded.len() < branches.len() {
                 let first_missing = branches
@@ -1024,9 +972,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                         let mut s = self.shared.session.lock().await;
                         let s = &mut *s;
                         let index = s.cp.next;
-                        runner
-                            .record_unsaved(&mut s.cp, &mut s.expected, index, &name, 1, &e)
-                            .await;
+                        s.record_unsaved(runner, index, &name, 1, &e).await;
                     }
                     e
                 }

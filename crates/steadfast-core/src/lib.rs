@@ -37,6 +37,7 @@ mod memory;
 mod outcome;
 mod process;
 mod run;
+mod session;
 mod state;
 pub mod store;
 mod typed;

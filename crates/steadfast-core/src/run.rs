@@ -50,7 +50,7 @@ impl<S: Store + ?Sized> Runner<'_, S> {
             .load(run_id)
             .await
             .map_err(|e| store_error(run_id, "load", e))?;
-        let (mut cp, mut expected) = match loaded {
+        let (cp, expected) = match loaded {
             None => (Checkpoint::new(run_id, workflow.name(), self.now()), None),
             Some(cp) => {
                 let version = cp.version;
@@ -66,13 +66,12 @@ impl<S: Store + ?Sized> Runner<'_, S> {
         if cp.status == RunStatus::Completed || cp.next >= workflow.steps().len() {
             return Ok(Outcome::Completed(cp.state));
         }
-        self.claim(&mut cp, &mut expected).await?;
-
         // The listed steps as a durable function over the same record: each
         // step, gate and timer is the context's, in order.
         let total = workflow.steps().len();
         let start = cp.next;
-        let session = DurableCtx::<S>::listed_session(cp, expected, total);
+        let mut session = DurableCtx::<S>::listed_session(cp, expected, total);
+        session.claim(self).await?;
         let ctx = DurableCtx::new(self.reborrow(), session);
         for step in &workflow.steps()[start..] {
             let done = match step.kind() {

@@ -1,0 +1,575 @@
+//! One call's progress on a run's record: the checkpoint, the version it was
+//! read at, and every operation that changes it (claim, renew, complete, fail,
+//! gate, timer, save), for listed workflows and durable functions alike.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::checkpoint::{
+    Checkpoint, Decision, Lease, OnTimeout, RunStatus, StepFailure, StepRecord, Wait,
+};
+use crate::clock::Timestamp;
+use crate::engine::{standing, store_error, Runner, Standing};
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::outcome::{rejected, Suspension};
+use crate::state::Update;
+use crate::store::{SaveRequest, Store};
+use crate::workflow::Step;
+
+/// The recorded progress of one call of a durable function.
+pub(crate) struct Session {
+    pub(crate) cp: Checkpoint,
+    pub(crate) expected: Option<u64>,
+    /// The number of steps of a listed workflow (its last save completes the
+    /// run); unbounded for a durable function, whose result save does.
+    pub(crate) total: usize,
+    /// Attempts of the current step made in this call, against its budget.
+    pub(crate) used: u32,
+    /// The next recorded step the code is expected to ask for.
+    pub(crate) cursor: usize,
+    /// Names asked for in this call, to refuse a name used twice.
+    pub(crate) seen: HashSet<String>,
+}
+
+impl Session {
+    /// A call's progress on `cp`, with the code expected at record index
+    /// `cursor`. The first live step's attempt budget: fresh for a failed
+    /// run called again, and what is left of it for an interrupted one, for
+    /// listed and durable steps alike.
+    pub(crate) fn new(cp: Checkpoint, expected: Option<u64>, total: usize, cursor: usize) -> Self {
+        let used = if cp.status == RunStatus::Failed {
+            0
+        } else {
+            cp.attempts
+        };
+        Session {
+            cp,
+            expected,
+            total,
+            used,
+            cursor,
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Records a completed step (its update already merged into the state) and
+    /// saves; the last step's save also marks the run completed and releases
+    /// the lease.
+    ///
+    /// When the save fails for any reason but a conflict (the state grew past
+    /// the store's limit, the disk is full), the record is put back as it was
+    /// before the step, and the failure is recorded in the store with the lease
+    /// released if the store still takes that small write, so that the run
+    /// reads `failed` with the cause instead of `running` under a dead lease.
+    pub(crate) async fn complete<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+        record: StepRecord,
+        total: usize,
+    ) -> Result<(), Error> {
+        let (index, name, attempt) = (record.index, record.name.clone(), record.attempt);
+        match self.complete_unrecorded(r, record, total).await {
+            Err(e) => {
+                self.record_unsaved(r, index, &name, attempt, &e).await;
+                Err(e)
+            }
+            ok => ok,
+        }
+    }
+
+    /// [`complete`](Session::complete) without recording a failed save, for
+    /// a step among others still running (a parallel branch): their batch
+    /// records the failure when it is over, and keeps the lease meanwhile.
+    pub(crate) async fn complete_unrecorded<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+        record: StepRecord,
+        total: usize,
+    ) -> Result<(), Error> {
+        let undo = Undo::apply(&mut self.cp, &record, total);
+        let what = format!("save after step {} ({})", record.index, record.name);
+        match self.save(r, Some(&record)).await {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                undo.revert(&mut self.cp);
+                Err(store_error(&self.cp.run_id, &what, err))
+            }
+        }
+    }
+
+    /// After a step's checkpoint failed to save (`failure`), records the run
+    /// as failed with the cause and releases the lease, if the store still
+    /// takes that small write; so the run reads `failed`, not `running` under
+    /// a dead lease. Nothing is written after a conflict: someone else owns
+    /// the run.
+    pub(crate) async fn record_unsaved<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+        index: usize,
+        step: &str,
+        attempt: u32,
+        failure: &Error,
+    ) {
+        let Some(err) = failure.store_error() else {
+            return;
+        };
+        if err.kind() == StoreErrorKind::Conflict {
+            return;
+        }
+        let now = r.clock.now();
+        self.cp.status = RunStatus::Failed;
+        self.cp.lease = None;
+        self.cp.updated_at = now;
+        self.cp.error = Some(StepFailure::new(
+            index,
+            step,
+            format!(
+                "the step finished but its checkpoint could not be saved: {}",
+                crate::error::chain(err)
+            ),
+            attempt,
+            true,
+            now,
+        ));
+        if let Err(e) = self.save(r, None).await {
+            tracing::warn!(run_id = %self.cp.run_id, step, error = %crate::error::chain(&e), "could not record that a checkpoint failed");
+        }
+    }
+
+    /// Claims the run with a lease, when leases are on. Refuses a lease that
+    /// someone else still holds; takes over one whose holder is gone (a dead
+    /// process on this host) or whose time ran out.
+    pub(crate) async fn claim<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+    ) -> Result<(), Error> {
+        let Some((me, ttl)) = &r.lease else {
+            return Ok(());
+        };
+        let mut taken = None;
+        if let Some(held) = &self.cp.lease {
+            match standing(held, me, r.clock.now()) {
+                Standing::Mine => {}
+                Standing::Held => {
+                    return Err(Error::Held {
+                        run_id: self.cp.run_id.clone(),
+                        holder: held.owner.clone(),
+                        until: held.until,
+                    })
+                }
+                Standing::Gone => {
+                    tracing::info!(run_id = %self.cp.run_id, holder = %held.owner, "taking over a lease whose holder is gone");
+                    taken = Some(held.clone());
+                }
+                Standing::Lapsed => {
+                    tracing::info!(run_id = %self.cp.run_id, holder = %held.owner, "taking over a lease that was not renewed in time");
+                    taken = Some(held.clone());
+                }
+            }
+        }
+        self.cp.lease = Some(r.fresh_lease(me, *ttl));
+        self.save(r, None)
+            .await
+            .map_err(|e| store_error(&self.cp.run_id, "claim of the lease", e))?;
+        if let (Some(old), Some(hook)) = (taken, &r.takeover) {
+            hook(&old);
+        }
+        Ok(())
+    }
+
+    /// Renews the lease before a step starts when a third of its time or
+    /// more has passed since it was last written: a run of short steps keeps
+    /// its claim fresh, and a runner that was stopped between steps finds out
+    /// that it was taken over (a conflict) before it starts the next one.
+    pub(crate) async fn renew_if_due<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+    ) -> Result<(), Error> {
+        let Some((me, ttl)) = &r.lease else {
+            return Ok(());
+        };
+        let ttl_ms = ttl.as_millis().min(u64::MAX as u128) as u64;
+        let keep = ttl_ms - ttl_ms / 3;
+        let due = match &self.cp.lease {
+            Some(l) if l.owner == *me => match (l.local_until, crate::process::boot_millis()) {
+                (Some(until), Some(now)) => until.saturating_sub(now) < keep,
+                _ => {
+                    l.until
+                        .unix_millis()
+                        .saturating_sub(r.clock.now().unix_millis())
+                        < keep
+                }
+            },
+            _ => true,
+        };
+        if due {
+            self.renew(r).await?;
+        }
+        Ok(())
+    }
+
+    /// Extends the lease. A conflict here means another owner took the run:
+    /// this call is fenced out.
+    pub(crate) async fn renew<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+    ) -> Result<(), Error> {
+        let Some((me, ttl)) = &r.lease else {
+            return Ok(());
+        };
+        let old = self.cp.lease.replace(r.fresh_lease(me, *ttl));
+        #[cfg(feature = "mutants")]
+        if r.mutant_blind_lease_renewal {
+            if let Ok(Some(stored)) = r.store.load(&self.cp.run_id).await {
+                self.expected = Some(stored.version);
+            }
+        }
+        // Only the lease changed: the store keeps the state it has, so the
+        // state need not be copied or written (it may even be lent out to a
+        // running step now).
+        if let Err(e) = self.save_request(r, None, true).await {
+            self.cp.lease = old;
+            return Err(store_error(&self.cp.run_id, "renewal of the lease", e));
+        }
+        Ok(())
+    }
+
+    /// A gate: passes on an approval, ends the run on a rejection, or stops the
+    /// run to wait. Returns the outcome to stop with, or `None` to go on.
+    pub(crate) async fn gate<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+        step: &Step,
+        timeout: Option<Duration>,
+        on_timeout: OnTimeout,
+        total: usize,
+    ) -> Result<Option<Suspension>, Error> {
+        let now = r.clock.now();
+        let name = step.name();
+        let since = match &self.cp.wait {
+            Some(Wait::Gate { step, since, .. }) if step == name => Some(*since),
+            _ => None,
+        };
+        // A gate never waits longer than its timeout from now: when the wall
+        // clock was ahead as the wait began and has been set back since, the
+        // recorded deadline moves in.
+        if let (
+            Some(Wait::Gate {
+                step,
+                timeout_at: Some(at),
+                ..
+            }),
+            Some(t),
+        ) = (&mut self.cp.wait, timeout)
+        {
+            if step == name {
+                *at = (*at).min(now.saturating_add(t));
+            }
+        }
+        let mut decision = since.and_then(|since| {
+            self.cp
+                .decisions
+                .iter()
+                .rev()
+                .find(|d| d.gate == name && d.waited_since == Some(since))
+                .cloned()
+        });
+        if decision.is_none() {
+            if let Some(Wait::Gate {
+                step,
+                timeout_at: Some(at),
+                on_timeout,
+                ..
+            }) = &self.cp.wait
+            {
+                if step == name && now >= *at {
+                    let d = match on_timeout {
+                        OnTimeout::Approve => Decision::approve(name, "timeout", now, None),
+                        OnTimeout::Reject => Decision::reject(
+                            name,
+                            "timeout",
+                            now,
+                            Some("the gate timed out".into()),
+                        ),
+                    };
+                    let d = match since {
+                        Some(since) => d.answering(since),
+                        None => d,
+                    };
+                    self.cp.decisions.push(d.clone());
+                    decision = Some(d);
+                }
+            }
+        }
+        match decision {
+            Some(d) if d.approved => {
+                let mut update = Update::new();
+                update.insert(
+                    name.to_string(),
+                    d.data.clone().unwrap_or(serde_json::Value::Null),
+                );
+                let record =
+                    StepRecord::new(self.cp.next, name, update, 1, since.unwrap_or(now), now);
+                self.complete(r, record, total).await?;
+                Ok(None)
+            }
+            Some(_) => {
+                self.cp.status = RunStatus::Rejected;
+                self.cp.wait = None;
+                self.cp.lease = None;
+                self.cp.updated_at = now;
+                self.save(r, None).await.map_err(|e| {
+                    store_error(
+                        &self.cp.run_id,
+                        &format!("save of the rejection at {name}"),
+                        e,
+                    )
+                })?;
+                Ok(Some(rejected(&self.cp)))
+            }
+            None => {
+                if since.is_none() {
+                    self.cp.wait = Some(Wait::Gate {
+                        step: name.to_string(),
+                        since: now,
+                        timeout_at: timeout.map(|t| now.saturating_add(t)),
+                        on_timeout,
+                    });
+                }
+                self.cp.status = RunStatus::Waiting;
+                self.cp.lease = None;
+                self.cp.updated_at = now;
+                self.save(r, None).await.map_err(|e| {
+                    store_error(&self.cp.run_id, &format!("save of the wait at {name}"), e)
+                })?;
+                Ok(Some(Suspension::Waiting {
+                    gate: name.to_string(),
+                }))
+            }
+        }
+    }
+
+    /// A durable timer: records the wake-up time once, then passes when it has
+    /// come, sleeps until it (with `wait_for_timers`), or stops the run.
+    pub(crate) async fn sleep<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+        step: &Step,
+        d: Duration,
+        total: usize,
+    ) -> Result<Timer, Error> {
+        let name = step.name();
+        let now = r.clock.now();
+        let recorded = match &self.cp.wait {
+            Some(Wait::Timer { step, until }) if step == name => Some(*until),
+            _ => None,
+        };
+        // A timer never waits longer than its duration from now: when the wall
+        // clock was ahead as the timer was set and has been set back since,
+        // the recorded wake-up time moves in.
+        let until = match recorded {
+            Some(at) => at.min(now.saturating_add(d)),
+            None => now.saturating_add(d),
+        };
+        if now < until {
+            self.cp.wait = Some(Wait::Timer {
+                step: name.to_string(),
+                until,
+            });
+            if !r.wait_for_timers {
+                self.cp.status = RunStatus::Sleeping;
+                self.cp.lease = None;
+                self.cp.updated_at = now;
+                self.save(r, None).await.map_err(|e| {
+                    store_error(&self.cp.run_id, &format!("save of the timer at {name}"), e)
+                })?;
+                return Ok(Timer::Stop(Suspension::Sleeping { until }));
+            }
+            if recorded != Some(until) {
+                // The wake-up time is durable before the wait begins, so a crash
+                // does not restart the timer.
+                self.cp.status = RunStatus::Sleeping;
+                self.cp.updated_at = now;
+                self.save(r, None).await.map_err(|e| {
+                    store_error(&self.cp.run_id, &format!("save of the timer at {name}"), e)
+                })?;
+            }
+            return Ok(Timer::Wait {
+                set: now,
+                left: until.saturating_since(now),
+            });
+        }
+        self.timer_fired(r, name, now, total).await?;
+        Ok(Timer::Passed)
+    }
+
+    /// Completes timer step `name`, set at `set`.
+    pub(crate) async fn timer_fired<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+        name: &str,
+        set: Timestamp,
+        total: usize,
+    ) -> Result<(), Error> {
+        let record = StepRecord::new(self.cp.next, name, Update::new(), 1, set, r.clock.now());
+        self.complete(r, record, total).await
+    }
+
+    /// Saves a failed attempt's record. Best effort, except that a conflict means
+    /// someone else now owns the run, so this call must stop.
+    pub(crate) async fn record_failure<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+        step: &str,
+        index: usize,
+    ) -> Result<(), Error> {
+        match self.save(r, None).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == StoreErrorKind::Conflict => Err(store_error(
+                &self.cp.run_id,
+                &format!("save of the failure of step {index} ({step})"),
+                e,
+            )),
+            Err(e) => {
+                tracing::warn!(run_id = %self.cp.run_id, step, error = %e, "could not record a step failure");
+                Ok(())
+            }
+        }
+    }
+
+    /// Compare-and-swap save. After an error that leaves the outcome open, reload
+    /// and recognise our own write by its writer number before deciding.
+    pub(crate) async fn save<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+        step: Option<&StepRecord>,
+    ) -> Result<(), StoreError> {
+        self.save_request(r, step, false).await
+    }
+
+    /// [`save`](Session::save), saying whether only the head changed.
+    async fn save_request<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+        step: Option<&StepRecord>,
+        head_only: bool,
+    ) -> Result<(), StoreError> {
+        self.cp.writer = fastrand::u64(1..);
+        let mut req = SaveRequest::new(&self.cp, self.expected);
+        req.step = step;
+        req.head_only = head_only;
+        let new_version = req.new_version();
+        let err = match r.store.save(req).await {
+            Ok(v) => {
+                self.cp.version = v;
+                self.expected = Some(v);
+                return Ok(());
+            }
+            Err(e) => e,
+        };
+        // The store's contract: a definite error means the write did not land;
+        // only an unknown outcome needs a look at what is stored.
+        let definite = err.kind() != StoreErrorKind::OutcomeUnknown;
+        #[cfg(feature = "mutants")]
+        let definite = definite || r.mutant_skip_reload_after_unknown;
+        if definite {
+            return Err(err);
+        }
+        match r.store.load(&self.cp.run_id).await {
+            Ok(Some(stored))
+                if stored.version == new_version && stored.writer == self.cp.writer =>
+            {
+                tracing::info!(run_id = %self.cp.run_id, version = new_version, "save reported an error but had landed");
+                self.cp.version = new_version;
+                self.expected = Some(new_version);
+                Ok(())
+            }
+            Ok(stored) if stored.as_ref().map(|s| s.version) == self.expected => Err(err),
+            Ok(stored) => Err(StoreError::Conflict {
+                run_id: self.cp.run_id.clone(),
+                expected: self.expected,
+                found: stored.map(|s| s.version),
+            }),
+            Err(reload) => {
+                tracing::warn!(run_id = %self.cp.run_id, error = %reload, "reload after a failed save failed too");
+                Err(err)
+            }
+        }
+    }
+}
+
+/// Where a timer stands.
+pub(crate) enum Timer {
+    /// It fired; its step is recorded.
+    Passed,
+    /// The run stops here.
+    Stop(Suspension),
+    /// Wait `left` (the runner waits for timers), then it fires.
+    Wait {
+        /// When it was looked at.
+        set: Timestamp,
+        /// How long is left.
+        left: Duration,
+    },
+}
+
+/// What completing a step changed in a record, to put back if its save fails.
+struct Undo {
+    replaced: Vec<(String, Option<serde_json::Value>)>,
+    status: RunStatus,
+    attempts: u32,
+    error: Option<StepFailure>,
+    wait: Option<Wait>,
+    lease: Option<Lease>,
+    updated_at: Timestamp,
+}
+
+impl Undo {
+    /// Merges the step's update, appends the step and moves the bookkeeping
+    /// on; the last step of `total` also completes the run and releases the
+    /// lease.
+    fn apply(cp: &mut Checkpoint, record: &StepRecord, total: usize) -> Undo {
+        let replaced = record
+            .update
+            .iter()
+            .map(|(k, v)| (k.clone(), cp.state.insert(k.clone(), v.clone())))
+            .collect();
+        let undo = Undo {
+            replaced,
+            status: cp.status,
+            attempts: cp.attempts,
+            error: cp.error.take(),
+            wait: cp.wait.take(),
+            lease: cp.lease.clone(),
+            updated_at: cp.updated_at,
+        };
+        cp.completed.push(record.name.clone());
+        cp.next += 1;
+        cp.attempts = 0;
+        cp.updated_at = record.finished_at;
+        if cp.next == total {
+            cp.status = RunStatus::Completed;
+            cp.lease = None;
+        } else {
+            cp.status = RunStatus::Running;
+        }
+        undo
+    }
+
+    fn revert(self, cp: &mut Checkpoint) {
+        for (k, old) in self.replaced.into_iter().rev() {
+            match old {
+                Some(v) => cp.state.insert(k, v),
+                None => cp.state.remove(&k),
+            };
+        }
+        cp.completed.pop();
+        cp.next -= 1;
+        cp.status = self.status;
+        cp.attempts = self.attempts;
+        cp.error = self.error;
+        cp.wait = self.wait;
+        cp.lease = self.lease;
+        cp.updated_at = self.updated_at;
+    }
+}
