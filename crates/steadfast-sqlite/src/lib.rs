@@ -48,11 +48,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use steadfast_core::store::{check_head, check_state};
-use steadfast_core::store::{state_size, SaveRequest};
+use steadfast_core::store::{check_head, check_state, state_size, SaveRequest};
 use steadfast_core::{
-    Checkpoint, ListFilter, RunStatus, RunSummary, State, StepFailure, StepRecord, Store,
-    StoreError, Timestamp, Update,
+    Checkpoint, Decision, Lease, ListFilter, RunStatus, RunSummary, State, StepFailure, StepRecord,
+    Store, StoreError, Timestamp, Update, Wait,
 };
 use tokio::sync::oneshot;
 
@@ -482,28 +481,66 @@ struct Loaded {
     acct: Acct,
 }
 
+/// The head document of a run, as written: everything of the checkpoint but
+/// its state, its steps and the columns `list` reads.
+#[derive(serde::Serialize)]
+struct HeadOut<'a> {
+    format: u32,
+    attempts: u32,
+    writer: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a StepFailure>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<&'a Lease>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wait: Option<&'a Wait>,
+    #[serde(skip_serializing_if = "<[Decision]>::is_empty")]
+    decisions: &'a [Decision],
+}
+
+/// The head document, as read back (absent fields take their defaults).
+#[derive(serde::Deserialize)]
+struct HeadIn {
+    format: u32,
+    #[serde(default)]
+    attempts: u32,
+    #[serde(default, deserialize_with = "writer_bits")]
+    writer: u64,
+    #[serde(default)]
+    error: Option<StepFailure>,
+    #[serde(default)]
+    lease: Option<Lease>,
+    #[serde(default)]
+    wait: Option<Wait>,
+    #[serde(default)]
+    decisions: Vec<Decision>,
+}
+
+/// A writer number: written as a u64, but migrated from the integer column
+/// of schema 2, where it was stored as the i64 with the same bits.
+fn writer_bits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Bits {
+        Unsigned(u64),
+        Signed(i64),
+    }
+    Ok(match serde::Deserialize::deserialize(d)? {
+        Bits::Unsigned(u) => u,
+        Bits::Signed(i) => i as u64,
+    })
+}
+
 fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded>, StoreError> {
     let ctx = || format!("loading run {run_id:?} from {path}");
-    type Head = (
-        String,
-        String,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        Option<String>,
-        i64,
+    type Row = (
+        (String, String, i64, i64, i64, i64, String),
+        (String, String, i64, i64, i64),
     );
-    type Snap = (String, String, i64, i64, i64);
-    type Extra = (Option<String>, Option<String>, Option<String>);
-    type Row = (Head, Snap, Extra);
     let row: Option<Row> = conn
         .prepare_cached(
-            "SELECT workflow, status, next, version, format, created_at, updated_at, attempts, error, writer,
-                    snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes,
-                    lease, wait, decisions
+            "SELECT workflow, status, next, version, created_at, updated_at, head,
+                    snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes
              FROM runs WHERE run_id = ?1",
         )
         .and_then(|mut st| {
@@ -517,21 +554,16 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
                         r.get(4)?,
                         r.get(5)?,
                         r.get(6)?,
-                        r.get(7)?,
-                        r.get(8)?,
-                        r.get(9)?,
                     ),
-                    (r.get(10)?, r.get(11)?, r.get(12)?, r.get(13)?, r.get(14)?),
-                    (r.get(15)?, r.get(16)?, r.get(17)?),
+                    (r.get(7)?, r.get(8)?, r.get(9)?, r.get(10)?, r.get(11)?),
                 ))
             })
             .optional()
         })
         .map_err(|e| map_err(e, &ctx()))?;
     let Some((
-        (workflow, status, next, version, format, created_at, updated_at, attempts, error, writer),
+        (workflow, status, next, version, created_at, updated_at, head),
         (snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes),
-        (lease, wait, decisions),
     )) = row
     else {
         return Ok(None);
@@ -582,37 +614,25 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
             format!("step {expect} is missing from the history"),
         ));
     }
-    let error: Option<StepFailure> = match error {
-        Some(text) => Some(parse_json(&text, path, run_id, "error")?),
-        None => None,
-    };
+    let head: HeadIn = parse_json(&head, path, run_id, "head")?;
     let mut cp = Checkpoint::new(
         run_id,
         workflow,
         Timestamp::from_unix_millis(created_at as u64),
     );
-    cp.format = format as u32;
+    cp.format = head.format;
     cp.status = status;
     cp.next = next as usize;
     cp.completed = completed;
     cp.state = state;
     cp.version = version as u64;
     cp.updated_at = Timestamp::from_unix_millis(updated_at as u64);
-    cp.attempts = attempts as u32;
-    cp.error = error;
-    cp.writer = writer as u64;
-    cp.lease = match lease {
-        Some(text) => Some(parse_json(&text, path, run_id, "lease")?),
-        None => None,
-    };
-    cp.wait = match wait {
-        Some(text) => Some(parse_json(&text, path, run_id, "wait")?),
-        None => None,
-    };
-    cp.decisions = match decisions {
-        Some(text) => parse_json(&text, path, run_id, "decisions")?,
-        None => Vec::new(),
-    };
+    cp.attempts = head.attempts;
+    cp.error = head.error;
+    cp.writer = head.writer;
+    cp.lease = head.lease;
+    cp.wait = head.wait;
+    cp.decisions = head.decisions;
     cp.check()
         .map_err(|reason| corrupt(path, run_id, "head", reason))?;
     let acct = Acct {
@@ -712,33 +732,22 @@ impl Store for SqliteStore {
                 }
             }
         };
+        let doc = HeadOut {
+            format: cp.format,
+            attempts: cp.attempts,
+            writer: cp.writer,
+            error: cp.error.as_ref(),
+            lease: cp.lease.as_ref(),
+            wait: cp.wait.as_ref(),
+            decisions: &cp.decisions,
+        };
         let head = Head {
             workflow: cp.workflow.clone(),
             status: cp.status.as_str(),
             next: cp.next,
-            format: cp.format,
             created_at: cp.created_at.unix_millis(),
             updated_at: cp.updated_at.unix_millis(),
-            attempts: cp.attempts,
-            error: cp
-                .error
-                .as_ref()
-                .map(|e| to_json(e, &cp.run_id, "error"))
-                .transpose()?,
-            writer: cp.writer,
-            lease: cp
-                .lease
-                .as_ref()
-                .map(|l| to_json(l, &cp.run_id, "lease"))
-                .transpose()?,
-            wait: cp
-                .wait
-                .as_ref()
-                .map(|w| to_json(w, &cp.run_id, "wait"))
-                .transpose()?,
-            decisions: (!cp.decisions.is_empty())
-                .then(|| to_json(&cp.decisions, &cp.run_id, "decisions"))
-                .transpose()?,
+            doc: to_json(&doc, &cp.run_id, "head")?,
         };
         let (tx, rx) = oneshot::channel();
         self.submit(Job::Save(Box::new(SaveJob {

@@ -49,6 +49,20 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE runs ADD COLUMN lease TEXT;
      ALTER TABLE runs ADD COLUMN wait TEXT;
      ALTER TABLE runs ADD COLUMN decisions TEXT;",
+    // 3: the head as one JSON document; only what `list` filters or sorts on
+    // keeps a column of its own, so a new checkpoint field needs no migration.
+    "ALTER TABLE runs ADD COLUMN head TEXT NOT NULL DEFAULT '{}';
+     UPDATE runs SET head = json_object(
+         'format', format, 'attempts', attempts, 'writer', writer,
+         'error', json(error), 'lease', json(lease), 'wait', json(wait),
+         'decisions', json(coalesce(decisions, '[]')));
+     ALTER TABLE runs DROP COLUMN format;
+     ALTER TABLE runs DROP COLUMN attempts;
+     ALTER TABLE runs DROP COLUMN error;
+     ALTER TABLE runs DROP COLUMN writer;
+     ALTER TABLE runs DROP COLUMN lease;
+     ALTER TABLE runs DROP COLUMN wait;
+     ALTER TABLE runs DROP COLUMN decisions;",
 ];
 
 /// The schema version this build writes.

@@ -24,20 +24,15 @@ pub(crate) struct Acct {
     pub workflow: std::sync::Arc<str>,
 }
 
-/// The head of a run: every column of `runs` except the snapshot.
+/// The head of a run: the columns that `list` filters and sorts on, and one
+/// JSON document with the rest (so a new checkpoint field needs no migration).
 pub(crate) struct Head {
     pub workflow: String,
     pub status: &'static str,
     pub next: usize,
-    pub format: u32,
     pub created_at: u64,
     pub updated_at: u64,
-    pub attempts: u32,
-    pub error: Option<String>,
-    pub writer: u64,
-    pub lease: Option<String>,
-    pub wait: Option<String>,
-    pub decisions: Option<String>,
+    pub doc: String,
 }
 
 /// A history row.
@@ -289,9 +284,8 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
         Body::Head => {
             let sizes: Option<(i64, i64)> = conn
                 .prepare_cached(
-                    "UPDATE runs SET status = ?2, version = ?3, updated_at = ?4, attempts = ?5,
-                        error = ?6, writer = ?7, lease = ?8, wait = ?9, decisions = ?10
-                     WHERE run_id = ?1 AND version = ?11 AND next = ?12
+                    "UPDATE runs SET status = ?2, version = ?3, updated_at = ?4, head = ?5
+                     WHERE run_id = ?1 AND version = ?6 AND next = ?7
                      RETURNING snapshot_bytes, delta_bytes",
                 )
                 .and_then(|mut st| {
@@ -301,12 +295,7 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                             h.status,
                             version as i64,
                             h.updated_at as i64,
-                            h.attempts,
-                            h.error,
-                            h.writer as i64,
-                            h.lease,
-                            h.wait,
-                            h.decisions,
+                            h.doc,
                             expected,
                             h.next as i64,
                         ],
@@ -330,16 +319,14 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
         }
         Body::Delta { step, same_labels } => {
             let sql = if *same_labels {
-                "UPDATE runs SET next = ?4, version = ?5, format = ?6, updated_at = ?7, attempts = ?8,
-                    error = ?9, writer = ?10, delta_bytes = delta_bytes + ?11,
-                    lease = ?14, wait = ?15, decisions = ?16
-                 WHERE run_id = ?1 AND version = ?12 AND next = ?13 AND ?2 IS NOT NULL AND ?3 IS NOT NULL
+                "UPDATE runs SET next = ?4, version = ?5, updated_at = ?6, head = ?7,
+                    delta_bytes = delta_bytes + ?8
+                 WHERE run_id = ?1 AND version = ?9 AND next = ?10 AND ?2 IS NOT NULL AND ?3 IS NOT NULL
                  RETURNING snapshot_bytes, delta_bytes"
             } else {
-                "UPDATE runs SET workflow = ?2, status = ?3, next = ?4, version = ?5, format = ?6,
-                    updated_at = ?7, attempts = ?8, error = ?9, writer = ?10, delta_bytes = delta_bytes + ?11,
-                    lease = ?14, wait = ?15, decisions = ?16
-                 WHERE run_id = ?1 AND version = ?12 AND next = ?13
+                "UPDATE runs SET workflow = ?2, status = ?3, next = ?4, version = ?5, updated_at = ?6,
+                    head = ?7, delta_bytes = delta_bytes + ?8
+                 WHERE run_id = ?1 AND version = ?9 AND next = ?10
                  RETURNING snapshot_bytes, delta_bytes"
             };
             let sizes: Option<(i64, i64)> = conn
@@ -352,17 +339,11 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                             h.status,
                             h.next as i64,
                             version as i64,
-                            h.format,
                             h.updated_at as i64,
-                            h.attempts,
-                            h.error,
-                            h.writer as i64,
+                            h.doc,
                             step.update.len() as i64,
                             expected,
                             step.index as i64,
-                            h.lease,
-                            h.wait,
-                            h.decisions,
                         ],
                         |r| Ok((r.get(0)?, r.get(1)?)),
                     )
@@ -390,17 +371,15 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
             step,
         } => {
             let sql = if expected.is_none() {
-                "INSERT INTO runs (run_id, workflow, status, next, version, format, created_at, updated_at,
-                    attempts, error, writer, snapshot, snapshot_completed, snapshot_next, snapshot_bytes,
-                    delta_bytes, lease, wait, decisions)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?4, ?14, 0, ?15, ?16, ?17)
+                "INSERT INTO runs (run_id, workflow, status, next, version, created_at, updated_at,
+                    head, snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?4, ?11, 0)
                  ON CONFLICT (run_id) DO NOTHING"
             } else {
-                "UPDATE runs SET workflow = ?2, status = ?3, next = ?4, version = ?5, format = ?6,
-                    created_at = ?7, updated_at = ?8, attempts = ?9, error = ?10, writer = ?11,
-                    snapshot = ?12, snapshot_completed = ?13, snapshot_next = ?4, snapshot_bytes = ?14,
-                    delta_bytes = 0, lease = ?15, wait = ?16, decisions = ?17
-                 WHERE run_id = ?1 AND version = ?18"
+                "UPDATE runs SET workflow = ?2, status = ?3, next = ?4, version = ?5,
+                    created_at = ?6, updated_at = ?7, head = ?8, snapshot = ?9,
+                    snapshot_completed = ?10, snapshot_next = ?4, snapshot_bytes = ?11, delta_bytes = 0
+                 WHERE run_id = ?1 AND version = ?12"
             };
             let changed = conn
                 .prepare_cached(sql)
@@ -411,22 +390,16 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                         h.status,
                         h.next as i64,
                         version as i64,
-                        h.format,
                         h.created_at as i64,
                         h.updated_at as i64,
-                        h.attempts,
-                        h.error,
-                        h.writer as i64,
+                        h.doc,
                         state,
                         completed,
                         state.len() as i64,
-                        h.lease,
-                        h.wait,
-                        h.decisions,
                         expected,
                     ];
-                    // The INSERT has no ?18; SQLite refuses unused parameters.
-                    let n = if expected.is_none() { 17 } else { 18 };
+                    // The INSERT has no ?12; SQLite refuses unused parameters.
+                    let n = if expected.is_none() { 11 } else { 12 };
                     st.execute(&values[..n])
                 })
                 .map_err(|e| map_err(e, &ctx("writing")))?;

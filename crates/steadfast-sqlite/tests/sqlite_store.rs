@@ -246,28 +246,34 @@ async fn a_foreign_database_is_refused_unchanged() -> TestResult {
     Ok(())
 }
 
-/// A database written before the application id existed (schema 2, no id)
-/// is still ours: it opens, keeps its runs and gets the marker.
+/// A database written before the application id existed (release 0.1.0:
+/// schema 2, head in columns, no id) is still ours: it opens, is migrated to
+/// one head document, keeps its runs and gets the marker.
 #[tokio::test]
-async fn a_database_from_before_the_marker_is_adopted() -> TestResult {
+async fn a_database_from_before_the_marker_is_adopted_and_migrated() -> TestResult {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("runs.db");
+    std::fs::write(
+        &path,
+        include_bytes!("../../steadfast-cli/tests/fixtures/release-0.1/runs.db"),
+    )?;
+    std::fs::set_permissions(&path, PermissionsExt::from_mode(0o600))?;
     let store = SqliteStore::open(&path)?;
-    let cp = steadfast_core::Checkpoint::new("r", "w", steadfast_core::Timestamp::EPOCH);
-    store
-        .save(steadfast_core::store::SaveRequest::new(&cp, None))
-        .await?;
-    drop(store);
-    {
-        let conn = rusqlite::Connection::open(&path)?;
-        conn.pragma_update(None, "application_id", 0)?;
-    }
-    let store = SqliteStore::open(&path)?;
-    assert!(store.load("r").await?.is_some());
+    let done = store.load("done").await?.expect("kept");
+    assert_eq!(done.status, steadfast_core::RunStatus::Completed);
+    assert_eq!(done.decisions[0].by, "ada");
+    let leased = store.load("leased").await?.expect("kept");
+    assert!(
+        leased.lease.is_some(),
+        "the lease moved into the head document"
+    );
+    assert_ne!(leased.writer, 0);
     drop(store);
     let conn = rusqlite::Connection::open(&path)?;
     let id: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
     assert_eq!(id, steadfast_sqlite::APPLICATION_ID);
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    assert_eq!(version, SCHEMA_VERSION);
     Ok(())
 }
 
