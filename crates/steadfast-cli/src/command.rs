@@ -210,7 +210,8 @@ fn tail_note(tail: &str) -> String {
 ///
 /// The bytes must be UTF-8, and every number must be stored exactly as
 /// printed: an integer beyond 64 bits or a decimal with more digits than a
-/// double keeps is refused (print it as a string) rather than rounded.
+/// double keeps is refused (print it as a string) rather than rounded. The run
+/// loop then checks, as for every step, that the values can be stored.
 pub fn parse_update(out: &[u8]) -> Result<Update, String> {
     let text = std::str::from_utf8(out).map_err(|e| {
         format!(
@@ -230,9 +231,9 @@ pub fn parse_update(out: &[u8]) -> Result<Update, String> {
         }
     };
     match parse_json_exact(text) {
-        Ok(Value::Object(map)) => steadfast::store::check_update(&map)
-            .map(|()| map)
-            .map_err(|p| format!("the value at `{}` cannot be stored: {}", p.path, p.reason)),
+        // Whether the values can be stored is checked once, by the run loop,
+        // for every kind of step.
+        Ok(Value::Object(map)) => Ok(map),
         Ok(other) => Err(format!(
             "stdout must be one JSON object (or nothing), got {}: {:?}",
             kind(&other),

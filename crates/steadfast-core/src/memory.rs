@@ -8,9 +8,7 @@ use async_trait::async_trait;
 use crate::checkpoint::{Checkpoint, StepRecord};
 use crate::error::StoreError;
 use crate::state::State;
-use crate::store::{
-    check_head, check_state, state_size, ListFilter, RunSummary, SaveRequest, Store,
-};
+use crate::store::{check_head, check_whole_state, ListFilter, RunSummary, SaveRequest, Store};
 
 /// The default state size limit of [`MemoryStore`]: 64 MiB.
 pub const DEFAULT_MEMORY_STATE_LIMIT: u64 = 64 << 20;
@@ -111,16 +109,7 @@ impl Store for MemoryStore {
         if req.head_only {
             return self.save_head(req);
         }
-        check_state(&cp.run_id, "state", &cp.state)?;
-        let size = state_size(&cp.state);
-        if size > self.state_limit {
-            return Err(StoreError::TooLarge {
-                run_id: cp.run_id.clone(),
-                what: "state",
-                size,
-                limit: self.state_limit,
-            });
-        }
+        check_whole_state(&cp.run_id, &cp.state, self.state_limit)?;
         let mut runs = self.runs();
         let found = runs.get(&cp.run_id).map(|e| e.checkpoint.version);
         if found != req.expected {

@@ -312,6 +312,32 @@ pub fn check_state(run_id: &str, what: &str, values: &State) -> Result<(), Store
     })
 }
 
+/// Refuses `size` bytes of `what` ("state", "store file") over `limit` with
+/// [`StoreError::TooLarge`], the error every store gives for it.
+pub fn check_size(
+    run_id: &str,
+    what: &'static str,
+    size: u64,
+    limit: u64,
+) -> Result<(), StoreError> {
+    if size > limit {
+        return Err(StoreError::TooLarge {
+            run_id: run_id.to_string(),
+            what,
+            size,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+/// The checks of a save that writes the whole state: within `limit` bytes,
+/// and every value one that loads back ([`check_state`]).
+pub fn check_whole_state(run_id: &str, state: &State, limit: u64) -> Result<(), StoreError> {
+    check_size(run_id, "state", state_size(state), limit)?;
+    check_state(run_id, "state", state)
+}
+
 /// The serialized size of a state, in bytes, without building the text.
 pub fn state_size(state: &crate::State) -> u64 {
     struct Count(u64);

@@ -43,8 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use steadfast_core::store::{check_head, check_state};
-use steadfast_core::store::{state_size, SaveRequest};
+use steadfast_core::store::{check_head, check_size, check_whole_state, SaveRequest};
 use steadfast_core::{Checkpoint, ListFilter, RunSummary, Store, StoreError};
 
 pub use crate::fs::{Fs, LockGuard, OsFs, WriteError};
@@ -376,14 +375,12 @@ impl<F: Fs> Inner<F> {
             return Ok(out);
         }
         let bytes = image.encode(&self.path)?;
-        if bytes.len() as u64 > self.opts.max_file_bytes {
-            return Err(StoreError::TooLarge {
-                run_id: run_id.to_string(),
-                what: "store file",
-                size: bytes.len() as u64,
-                limit: self.opts.max_file_bytes,
-            });
-        }
+        check_size(
+            run_id,
+            "store file",
+            bytes.len() as u64,
+            self.opts.max_file_bytes,
+        )?;
         #[cfg(feature = "mutants")]
         if let Some(d) = self.opts.mutants.pause_before_rename {
             std::thread::sleep(d);
@@ -458,16 +455,7 @@ impl<F: Fs> Store for FileStore<F> {
             )));
         }
         if !head_only {
-            let size = state_size(&cp.state);
-            if size > self.inner.opts.max_state_bytes {
-                return Err(StoreError::TooLarge {
-                    run_id: cp.run_id.clone(),
-                    what: "state",
-                    size,
-                    limit: self.inner.opts.max_state_bytes,
-                });
-            }
-            check_state(&cp.run_id, "state", &cp.state)?;
+            check_whole_state(&cp.run_id, &cp.state, self.inner.opts.max_state_bytes)?;
         }
         let expected = req.expected;
         let version = req.new_version();

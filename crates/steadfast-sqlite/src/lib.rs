@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use steadfast_core::store::{check_head, check_state, state_size, SaveRequest};
+use steadfast_core::store::{check_head, check_size, check_state, state_size, SaveRequest};
 use steadfast_core::{
     Checkpoint, Decision, Lease, ListFilter, RunStatus, RunSummary, State, StepFailure, StepRecord,
     Store, StoreError, Timestamp, Update, Wait,
@@ -672,12 +672,7 @@ impl Store for SqliteStore {
         let cp = req.checkpoint;
         check_head(cp)?;
         let limit = self.shared.opts.max_state_bytes;
-        let too_large = |size: u64| StoreError::TooLarge {
-            run_id: cp.run_id.clone(),
-            what: "state",
-            size,
-            limit,
-        };
+        let check = |size: u64| check_size(&cp.run_id, "state", size, limit);
         // Append a delta when this save completes the step after the one this
         // store last saw for the same version, and the deltas still weigh less
         // than the snapshot; otherwise write the whole state.
@@ -703,9 +698,7 @@ impl Store for SqliteStore {
                     let bound = acct.snapshot_bytes + acct.delta_bytes + row.update.len() as u64;
                     if bound > limit {
                         let size = state_size(&cp.state);
-                        if size > limit {
-                            return Err(too_large(size));
-                        }
+                        check(size)?;
                     }
                     let same_labels =
                         acct.status == cp.status.as_str() && *acct.workflow == *cp.workflow;
@@ -722,9 +715,7 @@ impl Store for SqliteStore {
             None => {
                 check_state(&cp.run_id, "state", &cp.state)?;
                 let state = to_json(&cp.state, &cp.run_id, "state")?;
-                if state.len() as u64 > limit {
-                    return Err(too_large(state.len() as u64));
-                }
+                check(state.len() as u64)?;
                 Body::Snapshot {
                     state,
                     completed: to_json(&cp.completed, &cp.run_id, "list of steps")?,
