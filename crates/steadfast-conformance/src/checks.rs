@@ -468,6 +468,22 @@ fn state_strategy() -> impl Strategy<Value = State> {
     ]
 }
 
+/// A save of `cp` was acknowledged with version `v`: the run must load back
+/// exactly as saved.
+async fn loads_back_as_saved(
+    store: &dyn Store,
+    mut cp: Checkpoint,
+    v: u64,
+) -> Result<(), TestCaseError> {
+    cp.version = v;
+    let loaded = store
+        .load(&cp.run_id)
+        .await
+        .map_err(|e| TestCaseError::fail(format!("save accepted, load failed: {e}")))?;
+    prop_assert_eq!(loaded, Some(cp));
+    Ok(())
+}
+
 /// Whatever state `save` accepts loads back equal: never `Ok` followed by a load
 /// error or a different value.
 pub async fn accepted_values_load_back_equal(ts: TestStore) -> CheckResult {
@@ -493,14 +509,7 @@ pub async fn accepted_values_load_back_equal(ts: TestStore) -> CheckResult {
                 handle.block_on(async {
                     match store.save(SaveRequest::new(&cp, None)).await {
                         Err(_) => Ok(()),
-                        Ok(v) => {
-                            cp.version = v;
-                            let loaded = store.load(&run_id).await.map_err(|e| {
-                                TestCaseError::fail(format!("save accepted, load failed: {e}"))
-                            })?;
-                            prop_assert_eq!(loaded, Some(cp));
-                            Ok(())
-                        }
+                        Ok(v) => loads_back_as_saved(&*store, cp, v).await,
                     }
                 })
             })
@@ -622,14 +631,7 @@ pub async fn head_values_are_refused_or_load_back_equal(ts: TestStore) -> CheckR
                                 prop_assert!(left.is_none(), "a refused save left a record");
                                 Ok(())
                             }
-                            Ok(v) => {
-                                cp.version = v;
-                                let loaded = store.load(&run_id).await.map_err(|e| {
-                                    TestCaseError::fail(format!("save accepted, load failed: {e}"))
-                                })?;
-                                prop_assert_eq!(loaded, Some(cp));
-                                Ok(())
-                            }
+                            Ok(v) => loads_back_as_saved(&*store, cp, v).await,
                         }
                     })
                 },
