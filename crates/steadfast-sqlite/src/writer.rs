@@ -279,8 +279,15 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
     let version = job.expected.map_or(1, |v| v + 1);
     let expected = job.expected.map(|v| v as i64);
     let h = &job.head;
-    let labels = |status: &'static str| (status, std::sync::Arc::<str>::from(h.workflow.as_str()));
-    let acct = match &job.body {
+    let acct = |snapshot_bytes: u64, delta_bytes: u64| Acct {
+        version,
+        next: h.next,
+        snapshot_bytes,
+        delta_bytes,
+        status: h.status,
+        workflow: std::sync::Arc::<str>::from(h.workflow.as_str()),
+    };
+    let saved = match &job.body {
         Body::Head => {
             let sizes: Option<(i64, i64)> = conn
                 .prepare_cached(
@@ -289,7 +296,8 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                      RETURNING snapshot_bytes, delta_bytes",
                 )
                 .and_then(|mut st| {
-                    st.query_row(
+                    sizes_of(
+                        &mut st,
                         params![
                             job.run_id,
                             h.status,
@@ -299,23 +307,13 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                             expected,
                             h.next as i64,
                         ],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
                     )
-                    .optional()
                 })
                 .map_err(|e| map_err(e, &ctx("updating the head of")))?;
             let Some((snapshot_bytes, delta_bytes)) = sizes else {
                 return Err(conflict(conn, job, path));
             };
-            let (status, workflow) = labels(h.status);
-            Acct {
-                version,
-                next: h.next,
-                snapshot_bytes: snapshot_bytes as u64,
-                delta_bytes: delta_bytes as u64,
-                status,
-                workflow,
-            }
+            acct(snapshot_bytes as u64, delta_bytes as u64)
         }
         Body::Delta { step, same_labels } => {
             let sql = if *same_labels {
@@ -332,7 +330,8 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
             let sizes: Option<(i64, i64)> = conn
                 .prepare_cached(sql)
                 .and_then(|mut st| {
-                    st.query_row(
+                    sizes_of(
+                        &mut st,
                         params![
                             job.run_id,
                             h.workflow,
@@ -345,9 +344,7 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                             expected,
                             step.index as i64,
                         ],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
                     )
-                    .optional()
                 })
                 .map_err(|e| map_err(e, &ctx("updating")))?;
             let Some((snapshot_bytes, delta_bytes)) = sizes else {
@@ -355,15 +352,7 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
             };
             insert_step(conn, &job.run_id, step)
                 .map_err(|e| map_err(e, &ctx("recording a step of")))?;
-            let (status, workflow) = labels(h.status);
-            Acct {
-                version,
-                next: h.next,
-                snapshot_bytes: snapshot_bytes as u64,
-                delta_bytes: delta_bytes as u64,
-                status,
-                workflow,
-            }
+            acct(snapshot_bytes as u64, delta_bytes as u64)
         }
         Body::Snapshot {
             state,
@@ -417,18 +406,20 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                 insert_step(conn, &job.run_id, step)
                     .map_err(|e| map_err(e, &ctx("recording a step of")))?;
             }
-            let (status, workflow) = labels(h.status);
-            Acct {
-                version,
-                next: h.next,
-                snapshot_bytes: state.len() as u64,
-                delta_bytes: 0,
-                status,
-                workflow,
-            }
+            acct(state.len() as u64, 0)
         }
     };
-    Ok(acct)
+    Ok(saved)
+}
+
+/// Runs an UPDATE ... RETURNING snapshot_bytes, delta_bytes: `None` when no
+/// row matched (a conflict).
+fn sizes_of(
+    st: &mut rusqlite::CachedStatement<'_>,
+    params: &[&dyn rusqlite::ToSql],
+) -> rusqlite::Result<Option<(i64, i64)>> {
+    st.query_row(params, |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
 }
 
 /// The conflict error for a save that matched no row, with the version found.
