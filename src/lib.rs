@@ -111,7 +111,7 @@ fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
         .find(|b| b.schemes.contains(&scheme))
         .ok_or_else(|| {
             StoreError::Unsupported(format!(
-                "store URL {url:?}: unknown scheme {scheme:?}; this build opens {} (other stores come with cargo features)",
+                "store URL {url:?}: unknown scheme {scheme:?}; this build opens {} (the `sqlite` and `file` cargo features add those stores)",
                 known()
             ))
         })?;

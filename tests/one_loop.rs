@@ -76,3 +76,42 @@ async fn parallel_branches_report_their_own_indexes() -> TestResult {
     assert_eq!(cp.completed, vec!["first", "x", "y"]);
     Ok(())
 }
+
+/// A durable function that goes on after a step ran out of attempts gives
+/// the next step a budget of its own (and numbers its attempts from 1).
+#[tokio::test]
+async fn the_step_after_an_exhausted_one_has_its_own_budget() -> TestResult {
+    let store = MemoryStore::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = Arc::clone(&seen);
+    let out = Runner::new(&store)
+        .durable("r", "fallback", move |ctx| async move {
+            let quick = || {
+                StepOptions::new()
+                    .retry(RetryPolicy::new(3).backoff(Duration::ZERO, Duration::ZERO))
+            };
+            let first = ctx
+                .step_with("first", quick(), || async {
+                    Err::<u32, _>(StepError::retryable("down"))
+                })
+                .await;
+            assert!(first.is_err(), "the first step ran out of attempts");
+            ctx.step_with("fallback", quick(), move || {
+                let seen = Arc::clone(&s2);
+                async move {
+                    let attempt = StepCtx::current().map_or(0, |c| c.attempt());
+                    seen.lock().unwrap().push(attempt);
+                    if attempt < 2 {
+                        Err(StepError::retryable("not yet"))
+                    } else {
+                        Ok(7u32)
+                    }
+                }
+            })
+            .await
+        })
+        .await?;
+    assert_eq!(out.completed(), Some(7));
+    assert_eq!(*seen.lock().unwrap(), vec![1, 2]);
+    Ok(())
+}

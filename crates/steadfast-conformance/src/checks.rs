@@ -652,7 +652,12 @@ pub async fn head_only_saves_keep_the_stored_state(ts: TestStore) -> CheckResult
     cp.next = 1;
     let v1 = save(store, &cp, None).await?;
     let mut head = cp.clone();
+    // What a renewal may carry while its steps are lent out or were cut back
+    // in memory: the store keeps its own state, steps and `next`.
     head.state = State::new();
+    head.completed = Vec::new();
+    head.next = 0;
+    head.workflow = "renamed".into();
     head.lease = Some(Lease::new(Owner::new("h", 7, 9), t(500)));
     head.updated_at = t(400);
     let v2 = store
@@ -670,6 +675,10 @@ pub async fn head_only_saves_keep_the_stored_state(ts: TestStore) -> CheckResult
         "the steps changed"
     );
     ensure!(loaded.lease == head.lease, "the lease was not written");
+    ensure!(
+        loaded.workflow == "renamed",
+        "the workflow's name was not written"
+    );
     ensure!(loaded.updated_at == t(400), "the head was not written");
     let stale = store
         .save(SaveRequest::new(&head, Some(v1)).head_only())

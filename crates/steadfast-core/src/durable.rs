@@ -653,6 +653,16 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     {
         let runner = self.runner();
         let name = how.name;
+        if how.branch.is_none() {
+            // The attempts counted so far belong to another step (a durable
+            // function that went on after a failure): this one starts afresh.
+            let mut s = self.shared.session.lock().await;
+            if s.budget_step.as_deref().is_some_and(|b| b != name) {
+                s.used = 0;
+                s.cp.attempts = 0;
+            }
+            s.budget_step = Some(name.to_string());
+        }
         loop {
             let (run_id, index, attempt, lent) = {
                 let mut s = self.shared.session.lock().await;
@@ -711,6 +721,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     }
                     s.cursor = s.cp.next;
                     s.used = 0;
+                    s.budget_step = None;
                     runner.emit(Event::Completed {
                         index: at,
                         step: name,

@@ -1,6 +1,6 @@
 //! The engine under both run loops (listed steps and durable functions): the
-//! runner's options and the operations on a run's record — claim, renew,
-//! attempt, complete, fail, gate, timer and save.
+//! runner, its options and store, the judgement of leases, and the errors a
+//! run returns. The operations on a run's record are the session's.
 
 use std::sync::Arc;
 use std::time::Duration;

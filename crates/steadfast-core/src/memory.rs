@@ -7,7 +7,6 @@ use async_trait::async_trait;
 
 use crate::checkpoint::{Checkpoint, StepRecord};
 use crate::error::StoreError;
-use crate::state::State;
 use crate::store::{check_head, check_whole_state, ListFilter, RunSummary, SaveRequest, Store};
 
 /// The default state size limit of [`MemoryStore`]: 64 MiB.
@@ -74,15 +73,7 @@ impl MemoryStore {
                 found,
             });
         };
-        let kept = &entry.checkpoint;
-        let mut stored = Checkpoint {
-            state: State::new(),
-            completed: Vec::new(),
-            ..cp.clone()
-        };
-        stored.state = kept.state.clone();
-        stored.completed = kept.completed.clone();
-        stored.next = kept.next;
+        let mut stored = crate::store::merge_head(cp, &mut entry.checkpoint);
         stored.version = req.new_version();
         entry.checkpoint = stored;
         Ok(req.new_version())

@@ -25,6 +25,9 @@ pub(crate) struct Session {
     pub(crate) total: usize,
     /// Attempts of the current step made in this call, against its budget.
     pub(crate) used: u32,
+    /// The step that `used` and the record's attempt count belong to: a
+    /// different step going live starts with a budget of its own.
+    pub(crate) budget_step: Option<String>,
     /// The next recorded step the code is expected to ask for.
     pub(crate) cursor: usize,
     /// Names asked for in this call, to refuse a name used twice.
@@ -42,11 +45,15 @@ impl Session {
         } else {
             cp.attempts
         };
+        // Attempts are counted only while a step fails, and recorded with
+        // its failure: the record's error names the step they belong to.
+        let budget_step = cp.error.as_ref().map(|e| e.step.clone());
         Session {
             cp,
             expected,
             total,
             used,
+            budget_step,
             cursor,
             seen: HashSet::new(),
         }

@@ -312,6 +312,31 @@ pub fn check_state(run_id: &str, what: &str, values: &State) -> Result<(), Store
     })
 }
 
+/// The record a [`head_only`](SaveRequest::head_only) save leaves: the head
+/// of `cp` (everything but its state, completed steps and `next`) with the
+/// stored record's state, completed steps and `next`, which are moved out of
+/// `stored`. Neither state is copied.
+pub fn merge_head(cp: &Checkpoint, stored: &mut Checkpoint) -> Checkpoint {
+    Checkpoint {
+        format: cp.format,
+        run_id: cp.run_id.clone(),
+        workflow: cp.workflow.clone(),
+        status: cp.status,
+        next: stored.next,
+        completed: std::mem::take(&mut stored.completed),
+        state: std::mem::take(&mut stored.state),
+        version: cp.version,
+        created_at: cp.created_at,
+        updated_at: cp.updated_at,
+        attempts: cp.attempts,
+        error: cp.error.clone(),
+        writer: cp.writer,
+        lease: cp.lease.clone(),
+        wait: cp.wait.clone(),
+        decisions: cp.decisions.clone(),
+    }
+}
+
 /// Refuses `size` bytes of `what` ("state", "store file") over `limit` with
 /// [`StoreError::TooLarge`], the error every store gives for it.
 pub fn check_size(

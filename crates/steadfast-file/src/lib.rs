@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use steadfast_core::store::{check_head, check_size, check_whole_state, SaveRequest};
+use steadfast_core::store::{check_head, check_size, check_whole_state, merge_head, SaveRequest};
 use steadfast_core::{Checkpoint, ListFilter, RunSummary, Store, StoreError};
 
 pub use crate::fs::{Fs, LockGuard, OsFs, WriteError};
@@ -245,8 +245,11 @@ impl<F: Fs> FileStore<F> {
         &self.inner.path
     }
 
+    /// Runs `f` off the async executor. When `writes` names a run, `f` may
+    /// write it, so a worker that died leaves the outcome unknown.
     async fn blocking<T: Send + 'static>(
         &self,
+        writes: Option<&str>,
         f: impl FnOnce(&Inner<F>) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let inner = Arc::clone(&self.inner);
@@ -255,7 +258,15 @@ impl<F: Fs> FileStore<F> {
                 .spawn_blocking(move || f(&inner))
                 .await
                 .map_err(|e| {
-                    StoreError::unavailable(format!("file store worker thread failed: {e}"))
+                    let failed =
+                        StoreError::unavailable(format!("file store worker thread failed: {e}"));
+                    match writes {
+                        Some(run_id) => StoreError::OutcomeUnknown {
+                            run_id: run_id.to_string(),
+                            source: failed.into(),
+                        },
+                        None => failed,
+                    }
                 })?,
             Err(_) => f(&inner),
         }
@@ -438,8 +449,10 @@ impl<F: Fs> Inner<F> {
 impl<F: Fs> Store for FileStore<F> {
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         let run_id = run_id.to_string();
-        self.blocking(move |inner| Ok(inner.read_image()?.runs.remove(&run_id)))
-            .await
+        self.blocking(None, move |inner| {
+            Ok(inner.read_image()?.runs.remove(&run_id))
+        })
+        .await
     }
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
@@ -459,9 +472,18 @@ impl<F: Fs> Store for FileStore<F> {
         }
         let expected = req.expected;
         let version = req.new_version();
-        let mut stored = cp.clone();
+        // A head-only save takes the stored state below, so it copies none.
+        let mut stored = if head_only {
+            merge_head(
+                cp,
+                &mut Checkpoint::new(&cp.run_id, &cp.workflow, cp.created_at),
+            )
+        } else {
+            cp.clone()
+        };
         stored.version = version;
-        self.blocking(move |inner| {
+        let run_id = cp.run_id.clone();
+        self.blocking(Some(&run_id), move |inner| {
             let run_id = stored.run_id.clone();
             inner.update(&run_id, move |image| {
                 let found = image.runs.get(&stored.run_id).map(|c| c.version);
@@ -473,9 +495,9 @@ impl<F: Fs> Store for FileStore<F> {
                     });
                 }
                 if let Some(kept) = image.runs.get_mut(&stored.run_id).filter(|_| head_only) {
-                    stored.state = std::mem::take(&mut kept.state);
-                    stored.completed = std::mem::take(&mut kept.completed);
-                    stored.next = kept.next;
+                    let version = stored.version;
+                    stored = merge_head(&stored, kept);
+                    stored.version = version;
                 }
                 image.runs.insert(stored.run_id.clone(), stored);
                 Ok((true, version))
@@ -486,7 +508,7 @@ impl<F: Fs> Store for FileStore<F> {
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
         let filter = filter.clone();
-        self.blocking(move |inner| {
+        self.blocking(None, move |inner| {
             let image = inner.read_image()?;
             Ok(image
                 .runs
@@ -501,7 +523,8 @@ impl<F: Fs> Store for FileStore<F> {
 
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         let run_id = run_id.to_string();
-        self.blocking(move |inner| {
+        let writes = run_id.clone();
+        self.blocking(Some(&writes), move |inner| {
             inner.update(&run_id, |image| {
                 let existed = image.runs.remove(&run_id).is_some();
                 Ok((existed, existed))

@@ -749,7 +749,12 @@ impl Store for SqliteStore {
             reply: tx,
         })))
         .await;
-        let result = rx.await.map_err(|_| self.writer_gone())?;
+        // A reply dropped mid-batch (a committer that panicked) may follow a
+        // commit: the outcome is unknown, and the run loop looks.
+        let result = rx.await.map_err(|_| StoreError::OutcomeUnknown {
+            run_id: cp.run_id.clone(),
+            source: self.writer_gone().into(),
+        })?;
         match &result {
             Ok(acct) if cp.status != RunStatus::Completed => {
                 self.remember(&cp.run_id, Some(acct.clone()))
@@ -818,7 +823,10 @@ impl Store for SqliteStore {
         })
         .await;
         self.remember(run_id, None);
-        rx.await.map_err(|_| self.writer_gone())?
+        rx.await.map_err(|_| StoreError::OutcomeUnknown {
+            run_id: run_id.to_string(),
+            source: self.writer_gone().into(),
+        })?
     }
 
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {

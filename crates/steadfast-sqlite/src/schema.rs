@@ -51,11 +51,16 @@ const MIGRATIONS: &[&str] = &[
      ALTER TABLE runs ADD COLUMN decisions TEXT;",
     // 3: the head as one JSON document; only what `list` filters or sorts on
     // keeps a column of its own, so a new checkpoint field needs no migration.
+    // A value that is not valid JSON is carried over as a string, so that its
+    // run alone reads as corrupt, not the whole database.
     "ALTER TABLE runs ADD COLUMN head TEXT NOT NULL DEFAULT '{}';
      UPDATE runs SET head = json_object(
          'format', format, 'attempts', attempts, 'writer', writer,
-         'error', json(error), 'lease', json(lease), 'wait', json(wait),
-         'decisions', json(coalesce(decisions, '[]')));
+         'error', CASE WHEN json_valid(error) THEN json(error) ELSE error END,
+         'lease', CASE WHEN json_valid(lease) THEN json(lease) ELSE lease END,
+         'wait', CASE WHEN json_valid(wait) THEN json(wait) ELSE wait END,
+         'decisions', CASE WHEN decisions IS NULL THEN json('[]')
+                           WHEN json_valid(decisions) THEN json(decisions) ELSE decisions END);
      ALTER TABLE runs DROP COLUMN format;
      ALTER TABLE runs DROP COLUMN attempts;
      ALTER TABLE runs DROP COLUMN error;

@@ -289,31 +289,39 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
     };
     let saved = match &job.body {
         Body::Head => {
-            let sizes: Option<(i64, i64)> = conn
+            // The stored steps (and so `next`) stay; everything else of the
+            // head, the workflow's name included, is written.
+            let row: Option<(i64, i64, i64)> = conn
                 .prepare_cached(
-                    "UPDATE runs SET status = ?2, version = ?3, updated_at = ?4, head = ?5
-                     WHERE run_id = ?1 AND version = ?6 AND next = ?7
-                     RETURNING snapshot_bytes, delta_bytes",
+                    "UPDATE runs SET workflow = ?2, status = ?3, version = ?4, created_at = ?5,
+                        updated_at = ?6, head = ?7
+                     WHERE run_id = ?1 AND version = ?8
+                     RETURNING snapshot_bytes, delta_bytes, next",
                 )
                 .and_then(|mut st| {
-                    sizes_of(
-                        &mut st,
+                    st.query_row(
                         params![
                             job.run_id,
+                            h.workflow,
                             h.status,
                             version as i64,
+                            h.created_at as i64,
                             h.updated_at as i64,
                             h.doc,
                             expected,
-                            h.next as i64,
                         ],
+                        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
                     )
+                    .optional()
                 })
                 .map_err(|e| map_err(e, &ctx("updating the head of")))?;
-            let Some((snapshot_bytes, delta_bytes)) = sizes else {
+            let Some((snapshot_bytes, delta_bytes, next)) = row else {
                 return Err(conflict(conn, job, path));
             };
-            acct(snapshot_bytes as u64, delta_bytes as u64)
+            Acct {
+                next: next as usize,
+                ..acct(snapshot_bytes as u64, delta_bytes as u64)
+            }
         }
         Body::Delta { step, same_labels } => {
             let sql = if *same_labels {
