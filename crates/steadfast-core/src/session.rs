@@ -94,11 +94,11 @@ impl Session {
         total: usize,
     ) -> Result<(), Error> {
         let undo = Undo::apply(&mut self.cp, &record, total);
-        let what = format!("save after step {} ({})", record.index, record.name);
         match self.save(r, Some(&record)).await {
             Ok(()) => Ok(()),
             Err(err) => {
                 undo.revert(&mut self.cp);
+                let what = format!("save after step {} ({})", record.index, record.name);
                 Err(store_error(&self.cp.run_id, &what, err))
             }
         }
