@@ -94,6 +94,10 @@ enum Reply {
 
 const MAX_BATCH: usize = 256;
 
+/// How long a leader waits, after a shared commit, for the callers it
+/// acknowledged to queue again.
+const GATHER: std::time::Duration = std::time::Duration::from_micros(100);
+
 /// Saves waiting for a commit, and the connection that commits them.
 pub(crate) struct Writer {
     pub queue: Mutex<Vec<Job>>,
@@ -140,6 +144,9 @@ impl Writer {
                     self.writes
                         .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
                 }
+                if n > 1 {
+                    self.gather(n as usize);
+                }
             }
             drop(conn);
             // A job queued after the last drain by a caller that found the
@@ -156,6 +163,21 @@ impl Writer {
                 Some(c) => conn = c,
                 None => return,
             }
+        }
+    }
+
+    /// After a shared commit, gives the callers it just acknowledged a moment
+    /// to queue their next saves, so that they join the next commit instead
+    /// of waiting for the one after it: at most `GATHER`, and only until as
+    /// many saves as the last batch held are queued. A lone caller (a batch
+    /// of one) never waits.
+    fn gather(&self, last: usize) {
+        let start = std::time::Instant::now();
+        while start.elapsed() < GATHER {
+            if self.queue.lock().unwrap_or_else(|p| p.into_inner()).len() >= last {
+                return;
+            }
+            std::thread::yield_now();
         }
     }
 
