@@ -363,3 +363,20 @@ async fn a_runner_held_up_between_steps_checks_its_lease_before_the_next() -> Te
     );
     Ok(())
 }
+
+/// An attempt count past the limit is refused when the workflow is built.
+#[test]
+fn attempt_counts_past_the_limit_are_refused() {
+    let limit = steadfast::limits::MAX_ATTEMPTS;
+    let build = |attempts: u32| {
+        Workflow::builder("w")
+            .push(
+                Step::new("a", |_, _| async { steadfast::update(json!({})) })
+                    .retry(RetryPolicy::new(attempts)),
+            )
+            .build()
+    };
+    assert!(build(limit).is_ok());
+    let err = build(limit + 1).unwrap_err().to_string();
+    assert!(err.contains("out of range"), "{err}");
+}

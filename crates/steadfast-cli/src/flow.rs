@@ -53,10 +53,28 @@ pub const DEFAULT_OUTPUT_LIMIT: usize = 16 << 20;
 
 /// Reads, checks and builds the workflow of the flow file at `path`.
 pub fn load(path: &Path) -> Result<Workflow, FlowError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        FlowError(format!(
-            "{}: cannot read the flow file: {e}",
-            path.display()
+    use std::io::Read;
+    let fail = |what: String| FlowError(format!("{}: {what}", path.display()));
+    let file =
+        std::fs::File::open(path).map_err(|e| fail(format!("cannot read the flow file: {e}")))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| fail(format!("cannot read the flow file: {e}")))?;
+    if !meta.is_file() {
+        return Err(fail("the flow file is not a regular file".into()));
+    }
+    let limit = steadfast::limits::MAX_FLOW_BYTES;
+    let mut bytes = Vec::new();
+    file.take(limit + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| fail(format!("cannot read the flow file: {e}")))?;
+    if bytes.len() as u64 > limit {
+        return Err(fail(format!("the flow file is larger than {limit} bytes")));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        fail(format!(
+            "the flow file is not UTF-8 (an invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
         ))
     })?;
     parse(&text, path)
@@ -170,11 +188,16 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
             let backoff = duration(&spec.backoff, "backoff", limits::BACKOFF)?
                 .unwrap_or(Duration::from_millis(500));
             let largest = backoff.saturating_mul(64).min(limits::BACKOFF.max);
-            let attempts = spec
-                .retries
-                .as_ref()
-                .map_or(0, |r| *r.get_ref())
-                .saturating_add(1);
+            let retries = spec.retries.as_ref().map_or(0, |r| *r.get_ref());
+            let max_retries = steadfast::limits::MAX_ATTEMPTS - 1;
+            if retries > max_retries {
+                let offset = spec.retries.as_ref().map_or(0, |r| r.span().start);
+                return Err(at(
+                    offset,
+                    format!("retries = {retries} is out of range: at most {max_retries}"),
+                ));
+            }
+            let attempts = retries + 1;
             let workdir = spec
                 .workdir
                 .as_ref()

@@ -526,3 +526,138 @@ impl Drop for KillOnDrop {
         }
     }
 }
+
+/// Flow files are bounded too: a device or an oversized file is refused at
+/// once, and so is a retry count past the limit.
+#[test]
+fn flow_files_that_never_end_or_retry_for_ever_are_refused() -> TestResult {
+    let env = Env::new();
+    let child = env
+        .cmd(&["run", "/dev/zero", "--run-id", "r"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let out = finish_within(child, Duration::from_secs(20))?;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a regular file"),
+        "{}",
+        stderr(&out)
+    );
+    let big = env.flow(
+        "big.toml",
+        &format!("name = \"big\"\n#{}\n", "x".repeat(2 << 20)),
+    );
+    let out = env.run(&["run", big.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("larger than"), "{}", stderr(&out));
+    let forever = env.flow(
+        "forever.toml",
+        "name = \"f\"\n[[step]]\nname = \"a\"\nrun = \"exit 1\"\nretries = 4294967295\n",
+    );
+    let out = env.run(&["run", forever.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("forever.toml:5: retries = 4294967295 is out of range"),
+        "{}",
+        stderr(&out)
+    );
+    Ok(())
+}
+
+/// Step output nested deeper than a store keeps fails the step with where it
+/// is, and every run still loads.
+#[test]
+fn deeply_nested_step_output_fails_the_step_not_the_store() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow(
+        "deep.toml",
+        &format!(
+            "name = \"deep\"\n[[step]]\nname = \"a\"\nretries = 0\nrun = \"echo '{{\\\"d\\\": {}}}'\"\n",
+            nested(120)
+        ),
+    );
+    let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot be stored at `d[0]"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(env.show("r")["status"], "failed");
+    Ok(())
+}
+
+/// A planted write-ahead log (a symbolic link beside the database) is
+/// refused, and the link's target is never written.
+#[test]
+fn a_planted_log_link_beside_the_database_is_refused() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow(
+        "ok.toml",
+        "name = \"ok\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n",
+    );
+    std::fs::create_dir(env.path().join("db"))?;
+    std::fs::set_permissions(
+        env.path().join("db"),
+        std::fs::Permissions::from_mode(0o700),
+    )?;
+    std::os::unix::fs::symlink(
+        env.path().join("elsewhere"),
+        env.path().join("db/runs.db-wal"),
+    )?;
+    let out = with_store(
+        &env,
+        "sqlite:db/runs.db",
+        &["run", flow.to_str().unwrap(), "--run-id", "r"],
+    );
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("symbolic link"), "{}", stderr(&out));
+    assert!(!env.path().join("elsewhere").exists());
+    Ok(())
+}
+
+/// Store URLs that name nothing, from the flag or the environment, are usage
+/// errors.
+#[test]
+fn empty_store_urls_are_usage_errors() -> TestResult {
+    let env = Env::new();
+    for (flag, var) in [(Some(""), None), (None, Some("")), (Some("sqlite:"), None)] {
+        let mut c = Command::new(BIN);
+        c.current_dir(env.path());
+        if let Some(f) = flag {
+            c.args(["--store", f]);
+        }
+        match var {
+            Some(v) => c.env("STEADFAST_STORE", v),
+            None => c.env_remove("STEADFAST_STORE"),
+        };
+        let out = c.arg("runs").output()?;
+        assert_eq!(code(&out), 2, "{flag:?} {var:?}: {}", stderr(&out));
+    }
+    Ok(())
+}
+
+/// `show` reports a history it cannot read instead of leaving it out.
+#[test]
+fn show_reports_an_unreadable_history() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow("gated.toml", GATED);
+    let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    // The wait at the gate snapshotted the state, so the first step's row lies
+    // below the snapshot: loading the run does not read it, the history does.
+    let db = env.store().trim_start_matches("sqlite:").to_string();
+    let status = Command::new("python3")
+        .args([
+            "-c",
+            "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute(\"UPDATE steps SET update_json='{'\"); c.commit()",
+            &db,
+        ])
+        .status()?;
+    assert!(status.success());
+    let out = env.run(&["show", "r"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("history"), "{}", stderr(&out));
+    Ok(())
+}

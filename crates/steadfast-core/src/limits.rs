@@ -49,6 +49,12 @@ pub const LEASE: DurationRange = DurationRange {
     max: Duration::from_secs(DAY),
 };
 
+/// The most attempts a step may have (its first and every retry).
+pub const MAX_ATTEMPTS: u32 = 1000;
+
+/// The largest flow file read, in bytes.
+pub const MAX_FLOW_BYTES: u64 = 1 << 20;
+
 /// The longest rejection reason, in bytes.
 pub const MAX_REASON_BYTES: usize = 64 * 1024;
 

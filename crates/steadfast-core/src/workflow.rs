@@ -84,7 +84,13 @@ impl RetryPolicy {
 
     /// Checks both delays against [`crate::limits::BACKOFF`].
     pub(crate) fn check(&self) -> Result<(), String> {
-        use crate::limits::BACKOFF;
+        use crate::limits::{BACKOFF, MAX_ATTEMPTS};
+        if self.max_attempts > MAX_ATTEMPTS {
+            return Err(format!(
+                "{} attempts is out of range: at most {MAX_ATTEMPTS}",
+                self.max_attempts
+            ));
+        }
         BACKOFF.check("backoff", self.initial_backoff)?;
         BACKOFF.check("largest backoff", self.max_backoff)?;
         Ok(())
