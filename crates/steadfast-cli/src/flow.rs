@@ -182,6 +182,13 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
         }
         let step = if let Some(run) = &spec.run {
             only_for(spec.on_timeout.is_some(), "on_timeout", "gate")?;
+            for (key, value) in spec.env.iter().flatten() {
+                if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
+                    return Err(step_at(format!(
+                        "env {key:?}: a variable's name must be non-empty without '=' or NUL, and its value without NUL"
+                    )));
+                }
+            }
             if run.get_ref().trim().is_empty() {
                 return Err(at(run.span().start, "run is empty".into()));
             }

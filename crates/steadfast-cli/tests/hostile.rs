@@ -562,6 +562,13 @@ fn flow_files_that_never_end_or_retry_for_ever_are_refused() -> TestResult {
         "{}",
         stderr(&out)
     );
+    let env_nul = env.flow(
+        "env.toml",
+        "name = \"e\"\n[[step]]\nname = \"a\"\nrun = \"true\"\nenv = { \"A\\u0000B\" = \"x\" }\n",
+    );
+    let out = env.run(&["run", env_nul.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("env.toml:2"), "{}", stderr(&out));
     Ok(())
 }
 
@@ -659,5 +666,24 @@ fn show_reports_an_unreadable_history() -> TestResult {
     let out = env.run(&["show", "r"]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     assert!(stderr(&out).contains("history"), "{}", stderr(&out));
+    Ok(())
+}
+
+/// Who decides and why are bounded: a long name or reason is refused and
+/// the run still waits at its gate.
+#[test]
+fn decision_names_and_reasons_past_their_limits_are_refused() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow("gated.toml", GATED);
+    let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    let long_name = "x".repeat(300);
+    let out = env.run(&["approve", "r", "review", "--by", &long_name]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let long_reason = "x".repeat(70_000);
+    let out = env.run(&["reject", "r", "review", "--reason", &long_reason]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("over the limit"), "{}", stderr(&out));
+    assert_eq!(env.show("r")["status"], "waiting");
     Ok(())
 }
