@@ -363,14 +363,6 @@ fn contains_null(v: &Value) -> bool {
 }
 
 impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
-    /// The session of a listed workflow's call: the record starts at `cp.next`
-    /// (verified against the workflow already) and the run completes with
-    /// its `total`-th step.
-    pub(crate) fn listed_session(cp: Checkpoint, expected: Option<u64>, total: usize) -> Session {
-        let cursor = cp.next;
-        Session::new(cp, expected, total, cursor)
-    }
-
     /// One listed step, through the one attempt loop: it reads the run's
     /// state (lent to each attempt) and its update is merged key by key.
     pub(crate) async fn listed_step(&self, step: &Step) -> Result<(), Error> {
@@ -657,11 +649,13 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             // The attempts counted so far belong to another step (a durable
             // function that went on after a failure): this one starts afresh.
             let mut s = self.shared.session.lock().await;
-            if s.budget_step.as_deref().is_some_and(|b| b != name) {
-                s.used = 0;
-                s.cp.attempts = 0;
+            if s.budget_step.as_deref() != Some(name) {
+                if s.budget_step.is_some() {
+                    s.used = 0;
+                    s.cp.attempts = 0;
+                }
+                s.budget_step = Some(name.to_string());
             }
-            s.budget_step = Some(name.to_string());
         }
         loop {
             let (run_id, index, attempt, lent) = {

@@ -280,22 +280,24 @@ pub(crate) fn standing(held: &Lease, me: &Owner, now: Timestamp) -> Standing {
     if held.owner == *me {
         return Standing::Mine;
     }
-    if held.owner.host == me.host {
-        if !crate::process::is_alive(&held.owner) {
-            return Standing::Gone;
-        }
-        if let (Some(deadline), Some(boot)) = (held.local_until, crate::process::boot_millis()) {
-            return if boot < deadline {
-                Standing::Held
-            } else {
-                Standing::Lapsed
-            };
-        }
+    let on_this_host = held.owner.host == me.host;
+    if on_this_host && !crate::process::is_alive(&held.owner) {
+        return Standing::Gone;
     }
-    if held.until > now {
+    if lease_left(held, now, on_this_host) > 0 {
         Standing::Held
     } else {
         Standing::Lapsed
+    }
+}
+
+/// Milliseconds until `held` lapses: by the boot clock when it has a
+/// boot-clock deadline and is judged on its holder's host, else by the wall
+/// clock reading `now`.
+pub(crate) fn lease_left(held: &Lease, now: Timestamp, on_this_host: bool) -> u64 {
+    match (held.local_until, crate::process::boot_millis()) {
+        (Some(deadline), Some(boot)) if on_this_host => deadline.saturating_sub(boot),
+        _ => held.until.unix_millis().saturating_sub(now.unix_millis()),
     }
 }
 

@@ -7,6 +7,7 @@ use crate::engine::{store_error, Runner};
 use crate::error::Error;
 use crate::ids::validate_run_id;
 use crate::outcome::{rejected, Event, Outcome};
+use crate::session::Session;
 use crate::store::Store;
 use crate::workflow::{StepKind, Workflow};
 
@@ -70,7 +71,7 @@ impl<S: Store + ?Sized> Runner<'_, S> {
         // step, gate and timer is the context's, in order.
         let total = workflow.steps().len();
         let start = cp.next;
-        let mut session = DurableCtx::<S>::listed_session(cp, expected, total);
+        let mut session = Session::new(cp, expected, total, start);
         session.claim(self).await?;
         let ctx = DurableCtx::new(self.reborrow(), session);
         for step in &workflow.steps()[start..] {

@@ -9,7 +9,7 @@ use crate::checkpoint::{
     Checkpoint, Decision, Lease, OnTimeout, RunStatus, StepFailure, StepRecord, Wait,
 };
 use crate::clock::Timestamp;
-use crate::engine::{standing, store_error, Runner, Standing};
+use crate::engine::{lease_left, standing, store_error, Runner, Standing};
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::outcome::{rejected, Suspension};
 use crate::state::Update;
@@ -198,15 +198,7 @@ impl Session {
         let ttl_ms = ttl.as_millis().min(u64::MAX as u128) as u64;
         let keep = ttl_ms - ttl_ms / 3;
         let due = match &self.cp.lease {
-            Some(l) if l.owner == *me => match (l.local_until, crate::process::boot_millis()) {
-                (Some(until), Some(now)) => until.saturating_sub(now) < keep,
-                _ => {
-                    l.until
-                        .unix_millis()
-                        .saturating_sub(r.clock.now().unix_millis())
-                        < keep
-                }
-            },
+            Some(l) if l.owner == *me => lease_left(l, r.clock.now(), true) < keep,
             _ => true,
         };
         if due {
