@@ -13,6 +13,9 @@ pub const CHECKPOINT_FORMAT: u32 = 1;
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum RunStatus {
+    /// Recorded by [`start`](crate::start) for a worker to pick up; no step
+    /// has run yet.
+    Pending,
     /// Started and not finished: running now, or interrupted by a crash.
     Running,
     /// Every step completed.
@@ -31,6 +34,7 @@ impl RunStatus {
     /// The lowercase name used in stores, filters and output.
     pub fn as_str(self) -> &'static str {
         match self {
+            RunStatus::Pending => "pending",
             RunStatus::Running => "running",
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
@@ -51,6 +55,7 @@ impl std::str::FromStr for RunStatus {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "pending" => Ok(RunStatus::Pending),
             "running" => Ok(RunStatus::Running),
             "completed" => Ok(RunStatus::Completed),
             "failed" => Ok(RunStatus::Failed),
@@ -58,7 +63,7 @@ impl std::str::FromStr for RunStatus {
             "sleeping" => Ok(RunStatus::Sleeping),
             "rejected" => Ok(RunStatus::Rejected),
             other => Err(format!(
-                "unknown status {other:?} (expected running, completed, failed, waiting, sleeping or rejected)"
+                "unknown status {other:?} (expected pending, running, completed, failed, waiting, sleeping or rejected)"
             )),
         }
     }
@@ -359,6 +364,62 @@ impl Checkpoint {
             return Err("version 0 is never stored".into());
         }
         Ok(())
+    }
+
+    /// When a worker may next take this run, or `None` when no worker
+    /// should (it is finished, failed, or waits at a gate for a person with
+    /// no timeout). The one rule every store and worker uses:
+    ///
+    /// - `pending`: now (since it was recorded);
+    /// - `running`: when its lease runs out (a run marked running without a
+    ///   lease was interrupted: now);
+    /// - `sleeping`: when its timer wakes;
+    /// - `waiting`: now once its gate has a decision for this wait, else at
+    ///   the gate's timeout, else never;
+    /// - `completed`, `rejected`, `failed`: never (a failed run used up its
+    ///   attempts; running it again is a person's call).
+    ///
+    /// The times are wall-clock times of whoever wrote them; a worker
+    /// compares them with its runner's clock (the database's, on stores that
+    /// have one).
+    ///
+    /// ```
+    /// use steadfast_core::{Checkpoint, RunStatus, Timestamp};
+    /// let mut cp = Checkpoint::new("r", "wf", Timestamp::from_unix_millis(5));
+    /// cp.status = RunStatus::Pending;
+    /// assert_eq!(cp.runnable_at(), Some(Timestamp::from_unix_millis(5)));
+    /// cp.status = RunStatus::Completed;
+    /// assert_eq!(cp.runnable_at(), None);
+    /// ```
+    pub fn runnable_at(&self) -> Option<Timestamp> {
+        match self.status {
+            RunStatus::Pending => Some(self.updated_at),
+            RunStatus::Running => Some(self.lease.as_ref().map_or(self.updated_at, |l| l.until)),
+            RunStatus::Sleeping => match &self.wait {
+                Some(Wait::Timer { until, .. }) => Some(*until),
+                _ => Some(self.updated_at),
+            },
+            RunStatus::Waiting => match &self.wait {
+                Some(Wait::Gate {
+                    step,
+                    since,
+                    timeout_at,
+                    ..
+                }) => {
+                    let decided = self
+                        .decisions
+                        .iter()
+                        .any(|d| d.gate == *step && d.waited_since == Some(*since));
+                    if decided {
+                        Some(self.updated_at)
+                    } else {
+                        *timeout_at
+                    }
+                }
+                _ => Some(self.updated_at),
+            },
+            RunStatus::Completed | RunStatus::Rejected | RunStatus::Failed => None,
+        }
     }
 
     /// The part of [`check`](Checkpoint::check) that holds before a store

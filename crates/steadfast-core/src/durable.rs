@@ -1038,6 +1038,13 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             .await
     }
 
+    /// The input the run was [`start`](crate::start)ed with, if it was
+    /// started that way (a worker's run); `None` otherwise.
+    pub async fn input(&self) -> Option<Value> {
+        let s = self.shared.session.lock().await;
+        s.cp.state.get(crate::worker::INPUT_KEY).cloned()
+    }
+
     /// The current time, recorded: the same on every call of the run.
     pub async fn now(&self) -> Result<Timestamp, Error> {
         let name = self.numbered("__now");

@@ -59,11 +59,12 @@ impl<S: Store + ?Sized> std::fmt::Debug for Runner<'_, S> {
 }
 
 impl<'s, S: Store + ?Sized> Runner<'s, S> {
-    /// A runner on `store` with the system clock.
+    /// A runner on `store` with the store's clock ([`Store::clock`]: the
+    /// database server's, for PostgreSQL), or else the system clock.
     pub fn new(store: &'s S) -> Self {
         Runner {
             store: StoreRef::Borrowed(store),
-            clock: Arc::new(SystemClock),
+            clock: store.clock().unwrap_or_else(|| Arc::new(SystemClock)),
             observer: None,
             accept_changed_workflow: false,
             lease: None,

@@ -42,6 +42,7 @@ mod state;
 pub mod store;
 mod typed;
 mod workflow;
+pub mod worker;
 
 pub use checkpoint::{
     Checkpoint, Decision, Lease, OnTimeout, Owner, RunStatus, StepFailure, StepRecord, Wait,
@@ -59,8 +60,9 @@ pub use outcome::{Event, Outcome, Suspension};
 pub use process::{current_owner, holder_is_running};
 pub use run::run;
 pub use state::{merge, State, Update, MAX_VALUE_DEPTH};
-pub use store::{ListFilter, RunSummary, Store};
+pub use store::{DueRequest, ListFilter, RunSummary, Store};
 pub use typed::{TypedWorkflow, TypedWorkflowBuilder};
+pub use worker::{release, start, Registry, Worker, WorkerReport};
 pub use workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
 
 /// Re-exported so that stores and tests name the same versions.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::checkpoint::{Checkpoint, RunStatus, StepRecord};
-use crate::clock::Timestamp;
+use crate::clock::{Clock, Timestamp};
 use crate::error::StoreError;
 use crate::state::State;
 pub use crate::state::{check_update, ValueProblem};
@@ -222,6 +222,98 @@ pub trait Store: Send + Sync {
             "this store keeps no per-step history".into(),
         ))
     }
+
+    /// Up to `limit` runs of the named workflows that a worker may take at
+    /// `now` ([`Checkpoint::runnable_at`] at or before it), soonest first,
+    /// for [`Worker`](crate::Worker)s.
+    ///
+    /// A store may reserve what it returns for `worker` during `hold`, so
+    /// that other workers asking meanwhile get other runs (the PostgreSQL
+    /// store does, with `FOR UPDATE SKIP LOCKED`, and judges `now` by its
+    /// own clock). A reservation is only a hint: the lease the run loop
+    /// claims by compare-and-swap decides who runs a run.
+    ///
+    /// The default lists the unfinished runs and loads each, which suits
+    /// stores of one machine; finished runs cost nothing (`list` filters by
+    /// status).
+    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
+        let mut found: Vec<(Timestamp, RunSummary)> = Vec::new();
+        for status in [
+            RunStatus::Pending,
+            RunStatus::Running,
+            RunStatus::Sleeping,
+            RunStatus::Waiting,
+        ] {
+            for &workflow in due.workflows {
+                let mut filter = ListFilter::new().status(status).workflow(workflow).limit(256);
+                loop {
+                    let page = self.list(&filter).await?;
+                    let Some(last) = page.last() else { break };
+                    filter.after = Some(last.run_id.clone());
+                    for summary in page {
+                        let Some(cp) = self.load(&summary.run_id).await? else {
+                            continue;
+                        };
+                        if let Some(at) = cp.runnable_at().filter(|at| *at <= due.now) {
+                            found.push((at, RunSummary::from(&cp)));
+                        }
+                    }
+                }
+            }
+        }
+        found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.run_id.cmp(&b.1.run_id)));
+        Ok(found.into_iter().take(due.limit).map(|(_, s)| s).collect())
+    }
+
+    /// Waits until work may have arrived (a run started, decided or come
+    /// due) or `timeout` passed, whichever is first. The default sleeps for
+    /// `timeout`; the PostgreSQL store wakes on `LISTEN/NOTIFY`.
+    async fn wait_for_work(&self, timeout: std::time::Duration) {
+        tokio::time::sleep(timeout).await;
+    }
+
+    /// The clock that leases, timers and gate timeouts on this store are
+    /// judged by, when the store has one of its own (the database server's).
+    /// [`Runner::new`](crate::Runner::new) uses it instead of the system
+    /// clock. The default has none.
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        None
+    }
+}
+
+/// What [`Store::claim_due`] is asked for.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct DueRequest<'a> {
+    /// Who asks (an [`Owner`](crate::Owner), written out).
+    pub worker: &'a str,
+    /// Only runs of these workflows.
+    pub workflows: &'a [&'a str],
+    /// The asker's time.
+    pub now: Timestamp,
+    /// How long a store that reserves runs keeps them for the asker.
+    pub hold: std::time::Duration,
+    /// At most this many runs.
+    pub limit: usize,
+}
+
+impl<'a> DueRequest<'a> {
+    /// A request by `worker` for at most `limit` runs of `workflows` due at `now`.
+    pub fn new(
+        worker: &'a str,
+        workflows: &'a [&'a str],
+        now: Timestamp,
+        hold: std::time::Duration,
+        limit: usize,
+    ) -> Self {
+        DueRequest {
+            worker,
+            workflows,
+            now,
+            hold,
+            limit,
+        }
+    }
 }
 
 #[async_trait]
@@ -240,6 +332,15 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     }
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         (**self).history(run_id).await
+    }
+    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
+        (**self).claim_due(due).await
+    }
+    async fn wait_for_work(&self, timeout: std::time::Duration) {
+        (**self).wait_for_work(timeout).await
+    }
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        (**self).clock()
     }
 }
 

@@ -1,0 +1,871 @@
+//! The PostgreSQL store of Steadfast (`postgres://…`, `postgresql://…`), for
+//! runs shared by workers on many machines.
+//!
+//! - **Layout.** A schema of its own (`?schema=NAME`, default `steadfast`),
+//!   named in every statement (never through `search_path`, which
+//!   connection poolers drop): a row per run in `runs` (the columns that
+//!   `list` and workers filter on, the rest of the head as one JSON text,
+//!   the last full state snapshot) and a row per completed step in `steps`
+//!   (the history, whose updates since the snapshot also rebuild the
+//!   state). A save appends the step's update and rewrites only the head;
+//!   the state is snapshotted again only when the updates since the last
+//!   snapshot outweigh it. Migrations are numbered and run in one
+//!   transaction; a schema from a newer build is refused.
+//! - **Compare-and-swap.** A fresh run is inserted only if absent; every
+//!   other save is `UPDATE … WHERE version = $n`. Errors are mapped to the
+//!   portable kinds by SQLSTATE. A connection lost during COMMIT is an
+//!   unknown outcome, which the run loop resolves by loading the run.
+//! - **Group commit.** Concurrent saves from one process share one
+//!   transaction (one WAL flush), each member its own version check, so a
+//!   conflicting member fails alone. A save is acknowledged only after
+//!   COMMIT returned. Durability is the server's: with the default
+//!   `synchronous_commit=on` and `fsync=on`, a returned COMMIT is on disk;
+//!   [`PgStore::settings`] reads both back.
+//! - **Workers.** Due runs are found through a partial index over runnable
+//!   runs only and reserved with `FOR UPDATE SKIP LOCKED`; `LISTEN/NOTIFY`
+//!   wakes idle workers when a run is started or decided. Leases, timers
+//!   and gate timeouts are judged by the database server's clock.
+//! - **TLS** through rustls: `sslmode=require` encrypts, `verify-full` also
+//!   checks the certificate (`sslrootcert=PATH`, else the Mozilla roots).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), steadfast_core::StoreError> {
+//! use steadfast_postgres::PgStore;
+//! let store = PgStore::connect("postgres://app@db.internal/prod?schema=agents&sslmode=verify-full").await?;
+//! # Ok(()) }
+//! ```
+
+mod error;
+mod schema;
+mod url;
+mod writer;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use futures_util::StreamExt;
+use steadfast_core::store::{check_head, check_size, check_state, state_size, DueRequest, SaveRequest};
+use steadfast_core::{
+    Checkpoint, Clock, Decision, Lease, ListFilter, RunStatus, RunSummary, State, StepFailure,
+    StepRecord, Store, StoreError, StoreErrorKind, SystemClock, Timestamp, Update, Wait,
+};
+use tokio::sync::{oneshot, Notify};
+
+use crate::error::{map_err, pool_err};
+pub use crate::schema::SCHEMA_VERSION;
+pub use crate::url::DEFAULT_SCHEMA;
+use crate::writer::{Acct, SaveJob, StepRow, Writer};
+
+/// Default limit of one run's state: 64 MiB.
+pub const DEFAULT_MAX_STATE_BYTES: u64 = 64 << 20;
+
+/// Default number of connections a store keeps: 16.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+
+/// Deltas may accumulate up to the snapshot's size, and at least this much,
+/// before the state is snapshotted again.
+const MIN_DELTA_BUDGET: u64 = 16 * 1024;
+
+/// How many runs' snapshot bookkeeping a store remembers.
+const ACCT_CACHE_RUNS: usize = 4096;
+
+/// The URL schemes this store answers to.
+pub const URL_SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+/// Options of a [`PgStore`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct PgOptions {
+    /// The largest state (serialized) of one run.
+    pub max_state_bytes: u64,
+    /// The most connections the store opens.
+    pub pool_size: usize,
+    /// Whether connecting may create the schema. Without it, a missing
+    /// schema is [`StoreError::NotFound`], for commands that only read.
+    pub create: bool,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            max_state_bytes: DEFAULT_MAX_STATE_BYTES,
+            pool_size: DEFAULT_POOL_SIZE,
+            create: true,
+        }
+    }
+}
+
+impl PgOptions {
+    /// Sets the per-run state limit.
+    pub fn max_state_bytes(mut self, bytes: u64) -> Self {
+        self.max_state_bytes = bytes;
+        self
+    }
+    /// Sets the most connections (at least 2: saves and reads).
+    pub fn pool_size(mut self, n: usize) -> Self {
+        self.pool_size = n.max(2);
+        self
+    }
+    /// Sets whether connecting may create the schema.
+    pub fn create(mut self, yes: bool) -> Self {
+        self.create = yes;
+        self
+    }
+}
+
+/// The durability settings of the server, read back from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Settings {
+    /// `synchronous_commit`: `on` (or `remote_apply`, `remote_write`) makes a
+    /// returned COMMIT durable; `off` and `local` with no standby... see the
+    /// PostgreSQL manual.
+    pub synchronous_commit: String,
+    /// `fsync`: must be `on`.
+    pub fsync: String,
+    /// `server_version`.
+    pub server_version: String,
+}
+
+/// Counters of a store's write transactions; see [`PgStore::write_stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriteStats {
+    /// Transactions committed.
+    pub commits: u64,
+    /// Saves in them.
+    pub writes: u64,
+}
+
+/// The PostgreSQL store. Cheap to clone; clones share the pool.
+#[derive(Clone)]
+pub struct PgStore {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("url", &self.shared.display)
+            .field("opts", &self.shared.opts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every statement's text, with the schema filled in.
+pub(crate) struct Sql {
+    pub insert: String,
+    pub update: String,
+    load: String,
+    history: String,
+    list: String,
+    delete: String,
+    claim: String,
+    version: String,
+}
+
+impl Sql {
+    fn new(q: &str) -> Sql {
+        let steps_upsert = "INSERT INTO {s}.steps (run_id, idx, name, update_json, attempt, started_at, finished_at)
+             SELECT run_id, $14, $15, $16, $17, $18, $19 FROM h WHERE $15::text IS NOT NULL
+             ON CONFLICT (run_id, idx) DO UPDATE SET name = EXCLUDED.name, update_json = EXCLUDED.update_json,
+                 attempt = EXCLUDED.attempt, started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at";
+        let text = |s: &str| s.replace("{steps}", steps_upsert).replace("{s}", q);
+        Sql {
+            // $2 (expected) and $13 (delta bytes) are unused by a fresh
+            // insert but typed, so that both statements take one list.
+            insert: text(
+                "WITH h AS (
+                    INSERT INTO {s}.runs (run_id, workflow, status, next, version, created_at, updated_at, head,
+                        snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes, wake_at)
+                    SELECT $1, $3, $4, $5, 1, $6, $7, $8, $10, $11, $5, $12, 0, $9
+                    WHERE $2::bigint IS NULL AND $13::bigint = 0
+                    ON CONFLICT (run_id) DO NOTHING
+                    RETURNING run_id, next, snapshot_bytes, delta_bytes),
+                 s AS ({steps})
+                 SELECT next, snapshot_bytes, delta_bytes FROM h",
+            ),
+            update: text(
+                "WITH h AS (
+                    UPDATE {s}.runs SET workflow = $3, status = $4, next = COALESCE($5, next),
+                        version = version + 1, created_at = $6, updated_at = $7, head = $8, wake_at = $9,
+                        snapshot = COALESCE($10, snapshot),
+                        snapshot_completed = COALESCE($11, snapshot_completed),
+                        snapshot_next = CASE WHEN $10::text IS NULL THEN snapshot_next ELSE $5 END,
+                        snapshot_bytes = COALESCE($12, snapshot_bytes),
+                        delta_bytes = CASE WHEN $10::text IS NULL THEN delta_bytes + $13 ELSE 0 END
+                    WHERE run_id = $1 AND version = $2
+                    RETURNING run_id, next, snapshot_bytes, delta_bytes),
+                 s AS ({steps})
+                 SELECT next, snapshot_bytes, delta_bytes FROM h",
+            ),
+            load: text(
+                "SELECT workflow, status, next, version, created_at, updated_at, head,
+                        snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes,
+                        ARRAY(SELECT s.idx FROM {s}.steps s WHERE s.run_id = r.run_id
+                              AND s.idx >= r.snapshot_next AND s.idx < r.next ORDER BY s.idx),
+                        ARRAY(SELECT s.name FROM {s}.steps s WHERE s.run_id = r.run_id
+                              AND s.idx >= r.snapshot_next AND s.idx < r.next ORDER BY s.idx),
+                        ARRAY(SELECT s.update_json FROM {s}.steps s WHERE s.run_id = r.run_id
+                              AND s.idx >= r.snapshot_next AND s.idx < r.next ORDER BY s.idx)
+                 FROM {s}.runs r WHERE r.run_id = $1",
+            ),
+            history: text(
+                "SELECT s.idx, s.name, s.update_json, s.attempt, s.started_at, s.finished_at
+                 FROM {s}.runs r LEFT JOIN {s}.steps s ON s.run_id = r.run_id AND s.idx < r.next
+                 WHERE r.run_id = $1 ORDER BY s.idx",
+            ),
+            list: text(
+                "SELECT run_id, workflow, status, next, version, created_at, updated_at FROM {s}.runs
+                 WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR workflow = $2)
+                   AND ($3::bigint IS NULL OR updated_at < $3) AND ($4::text IS NULL OR run_id > $4)
+                 ORDER BY run_id LIMIT $5",
+            ),
+            delete: text(
+                "WITH d AS (DELETE FROM {s}.runs WHERE run_id = $1 RETURNING run_id),
+                      s AS (DELETE FROM {s}.steps WHERE run_id = $1)
+                 SELECT count(*) FROM d",
+            ),
+            // The server's clock decides what is due; a reservation lapses
+            // by itself after the hold.
+            claim: text(
+                "WITH due AS (
+                    SELECT run_id FROM {s}.runs
+                    WHERE wake_at IS NOT NULL
+                      AND wake_at <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint
+                      AND workflow = ANY($1)
+                      AND (claimed_until IS NULL OR claimed_by = $2
+                           OR claimed_until <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+                    ORDER BY wake_at LIMIT $3
+                    FOR UPDATE SKIP LOCKED)
+                 UPDATE {s}.runs r SET claimed_by = $2,
+                     claimed_until = (extract(epoch FROM statement_timestamp()) * 1000)::bigint + $4
+                 FROM due WHERE r.run_id = due.run_id
+                 RETURNING r.run_id, r.workflow, r.status, r.next, r.version, r.created_at, r.updated_at",
+            ),
+            version: text("SELECT version FROM {s}.runs WHERE run_id = $1"),
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub pool: Pool,
+    pub schema: String,
+    pub display: String,
+    pub sql: Sql,
+    pub writer: Writer,
+    accts: Mutex<HashMap<String, Acct>>,
+    opts: PgOptions,
+    clock: Arc<DbClock>,
+    wake: Arc<Notify>,
+    listener: Mutex<Option<tokio::task::AbortHandle>>,
+    listen: (tokio_postgres::Config, tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(h) = self.listener.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            h.abort();
+        }
+    }
+}
+
+/// The database server's clock, read through this machine's: the offset
+/// between them is measured at connect time and again each time workers look
+/// for due runs, so leases and timers are judged by one clock for all
+/// workers, whatever their own clocks say.
+#[derive(Debug)]
+pub struct DbClock {
+    offset_ms: AtomicI64,
+}
+
+impl Clock for DbClock {
+    fn now(&self) -> Timestamp {
+        let local = SystemClock.now().unix_millis() as i64;
+        Timestamp::from_unix_millis(local.saturating_add(self.offset_ms.load(Relaxed)).max(0) as u64)
+    }
+}
+
+impl PgStore {
+    /// Connects with default options; see [`PgStore::connect_with`].
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, PgOptions::default()).await
+    }
+
+    /// Connects to the database a `postgres://` URL names, creates the schema
+    /// if missing (when `opts.create`), and migrates it to this build's
+    /// version. A schema with other tables and no Steadfast marker, or from a
+    /// newer build, is refused and left as it was.
+    pub async fn connect_with(url: &str, opts: PgOptions) -> Result<Self, StoreError> {
+        let parsed = url::parse(url)?;
+        let tls = url::connector(&parsed.tls)?;
+        let mgr = Manager::from_config(
+            parsed.config.clone(),
+            tls.clone(),
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(mgr)
+            .max_size(opts.pool_size.max(2))
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::InvalidInput(format!("store URL {}: {e}", parsed.display)))?;
+        let display = parsed.display.clone();
+        {
+            let mut client = pool
+                .get()
+                .await
+                .map_err(|e| pool_err(e, &format!("connecting to {display}")))?;
+            if !opts.create {
+                let exists = client
+                    .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&parsed.schema])
+                    .await
+                    .map_err(|e| map_err(e, &format!("looking for schema {} in {display}", parsed.schema)))?;
+                if exists.is_none() {
+                    return Err(StoreError::NotFound(format!(
+                        "no store: schema {} does not exist in {display}",
+                        parsed.schema
+                    )));
+                }
+            }
+            let client: &mut tokio_postgres::Client = &mut client;
+            schema::migrate(client, &parsed.schema).await?;
+        }
+        let q = schema::quote(&parsed.schema);
+        let store = PgStore {
+            shared: Arc::new(Shared {
+                pool,
+                sql: Sql::new(&q),
+                schema: parsed.schema.clone(),
+                display,
+                writer: Writer::default(),
+                accts: Mutex::new(HashMap::new()),
+                opts,
+                clock: Arc::new(DbClock {
+                    offset_ms: AtomicI64::new(0),
+                }),
+                wake: Arc::new(Notify::new()),
+                listener: Mutex::new(None),
+                listen: (parsed.config, tls),
+            }),
+        };
+        store.sync_clock().await?;
+        Ok(store)
+    }
+
+    /// The schema the store lives in.
+    pub fn schema(&self) -> &str {
+        &self.shared.schema
+    }
+
+    /// How many transactions this handle committed and how many saves they
+    /// carried: with concurrent runs, more writes than commits is group
+    /// commit at work.
+    pub fn write_stats(&self) -> WriteStats {
+        WriteStats {
+            commits: self.shared.writer.commits.load(Relaxed),
+            writes: self.shared.writer.writes.load(Relaxed),
+        }
+    }
+
+    /// The server's durability settings.
+    pub async fn settings(&self) -> Result<Settings, StoreError> {
+        let client = self.client().await?;
+        let ctx = || format!("reading the settings of {}", self.shared.display);
+        let get = |name: &'static str| {
+            let client = &client;
+            async move {
+                client
+                    .query_one(&format!("SHOW {name}"), &[])
+                    .await
+                    .map(|r| r.get::<_, String>(0))
+            }
+        };
+        Ok(Settings {
+            synchronous_commit: get("synchronous_commit").await.map_err(|e| map_err(e, &ctx()))?,
+            fsync: get("fsync").await.map_err(|e| map_err(e, &ctx()))?,
+            server_version: get("server_version").await.map_err(|e| map_err(e, &ctx()))?,
+        })
+    }
+
+    /// Drops the store's schema and everything in it. For tests and
+    /// teardown; there is no undo.
+    pub async fn drop_schema(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", schema::quote(&self.shared.schema)))
+            .await
+            .map_err(|e| map_err(e, &format!("dropping schema {}", self.shared.schema)))
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.shared
+            .pool
+            .get()
+            .await
+            .map_err(|e| pool_err(e, &format!("connecting to {}", self.shared.display)))
+    }
+
+    /// Measures the offset of the server's clock from this machine's.
+    async fn sync_clock(&self) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        let before = SystemClock.now().unix_millis() as i64;
+        let t = Instant::now();
+        let row = client
+            .query_one("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint", &[])
+            .await
+            .map_err(|e| map_err(e, &format!("reading the clock of {}", self.shared.display)))?;
+        let server: i64 = row.get(0);
+        let mid = before + (t.elapsed().as_millis() as i64) / 2;
+        self.shared.clock.offset_ms.store(server - mid, Relaxed);
+        Ok(())
+    }
+
+    fn remember(&self, run_id: &str, acct: Option<Acct>) {
+        let mut accts = self.shared.accts.lock().unwrap_or_else(|p| p.into_inner());
+        match acct {
+            Some(a) => {
+                if accts.len() >= ACCT_CACHE_RUNS && !accts.contains_key(run_id) {
+                    accts.clear();
+                }
+                accts.insert(run_id.to_string(), a);
+            }
+            None => {
+                accts.remove(run_id);
+            }
+        }
+    }
+
+    fn acct(&self, run_id: &str) -> Option<Acct> {
+        self.shared
+            .accts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(run_id)
+            .cloned()
+    }
+
+    /// Starts the task that listens for work notifications, if it is not
+    /// running: one connection of its own, reconnected when it drops (and
+    /// then every waiter is woken, since notifications may have been missed).
+    fn ensure_listener(&self) {
+        let mut slot = self.shared.listener.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_some_and(|h| !h.is_finished()) {
+            return;
+        }
+        let (config, tls) = self.shared.listen.clone();
+        let wake = Arc::clone(&self.shared.wake);
+        let channel = self.shared.schema.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                if let Ok((client, mut conn)) = config.connect(tls.clone()).await {
+                    let wake2 = Arc::clone(&wake);
+                    let driver = tokio::spawn(async move {
+                        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+                        while let Some(Ok(msg)) = messages.next().await {
+                            if let tokio_postgres::AsyncMessage::Notification(_) = msg {
+                                wake2.notify_one();
+                            }
+                        }
+                    });
+                    if client.batch_execute(&format!("LISTEN \"{channel}\"")).await.is_ok() {
+                        wake.notify_one();
+                        let _ = driver.await;
+                    } else {
+                        driver.abort();
+                    }
+                    drop(client);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        *slot = Some(task.abort_handle());
+    }
+}
+
+/// The URL's stored version of a run, for a conflict's message.
+pub(crate) async fn stored_version(shared: &Shared, run_id: &str) -> Option<u64> {
+    let client = shared.pool.get().await.ok()?;
+    let row = client.query_opt(&shared.sql.version, &[&run_id]).await.ok()??;
+    Some(row.get::<_, i64>(0) as u64)
+}
+
+/// Connects to the store a `postgres://` or `postgresql://` URL names (`rest`
+/// is what follows the scheme and its colon), creating the schema only when
+/// `create` is set.
+pub async fn open_url(scheme: &str, rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+    let url = format!("{scheme}:{rest}");
+    Ok(Arc::new(PgStore::connect_with(&url, PgOptions::default().create(create)).await?))
+}
+
+fn to_json<T: serde::Serialize>(v: &T, run_id: &str, what: &str) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| {
+        StoreError::InvalidInput(format!(
+            "run {run_id:?}: cannot encode its {what}: {e}; nothing was written"
+        ))
+    })
+}
+
+fn corrupt(store: &Shared, run_id: &str, column: &str, reason: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        location: format!("{} {}.runs[{run_id:?}].{column}", store.display, store.schema),
+        reason: reason.to_string(),
+    }
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(
+    store: &Shared,
+    text: &str,
+    run_id: &str,
+    column: &str,
+) -> Result<T, StoreError> {
+    serde_json::from_str(text).map_err(|e| {
+        corrupt(store, run_id, column, format!("{e} (line {}, column {})", e.line(), e.column()))
+    })
+}
+
+fn millis(store: &Shared, run_id: &str, column: &str, v: i64) -> Result<Timestamp, StoreError> {
+    u64::try_from(v)
+        .map(Timestamp::from_unix_millis)
+        .map_err(|_| corrupt(store, run_id, column, format!("{v} is negative")))
+}
+
+/// The head document of a run: everything of the checkpoint but its state,
+/// its steps and the columns of their own.
+#[derive(serde::Serialize)]
+struct HeadOut<'a> {
+    format: u32,
+    attempts: u32,
+    writer: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a StepFailure>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<&'a Lease>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wait: Option<&'a Wait>,
+    #[serde(skip_serializing_if = "<[Decision]>::is_empty")]
+    decisions: &'a [Decision],
+}
+
+#[derive(serde::Deserialize)]
+struct HeadIn {
+    format: u32,
+    #[serde(default)]
+    attempts: u32,
+    #[serde(default)]
+    writer: u64,
+    #[serde(default)]
+    error: Option<StepFailure>,
+    #[serde(default)]
+    lease: Option<Lease>,
+    #[serde(default)]
+    wait: Option<Wait>,
+    #[serde(default)]
+    decisions: Vec<Decision>,
+}
+
+fn step_row(step: &StepRecord, run_id: &str) -> Result<StepRow, StoreError> {
+    Ok(StepRow {
+        index: step.index as i64,
+        name: step.name.clone(),
+        update: to_json(&step.update, run_id, "step's update")?,
+        attempt: i64::from(step.attempt),
+        started_at: step.started_at.unix_millis() as i64,
+        finished_at: step.finished_at.unix_millis() as i64,
+    })
+}
+
+impl PgStore {
+    fn decode(&self, run_id: &str, row: &tokio_postgres::Row) -> Result<(Checkpoint, Acct), StoreError> {
+        let s = &*self.shared;
+        let status: String = row.get(1);
+        let status: RunStatus = status.parse().map_err(|e| corrupt(s, run_id, "status", e))?;
+        let next: i64 = row.get(2);
+        let version: i64 = row.get(3);
+        let head: String = row.get(6);
+        let snapshot: String = row.get(7);
+        let snapshot_completed: String = row.get(8);
+        let snapshot_next: i64 = row.get(9);
+        let idxs: Vec<i64> = row.get(12);
+        let names: Vec<String> = row.get(13);
+        let updates: Vec<String> = row.get(14);
+        let mut state: State = parse_json(s, &snapshot, run_id, "snapshot")?;
+        let mut completed: Vec<String> = parse_json(s, &snapshot_completed, run_id, "snapshot_completed")?;
+        if completed.len() as i64 != snapshot_next || snapshot_next > next {
+            return Err(corrupt(
+                s,
+                run_id,
+                "snapshot_next",
+                format!("{snapshot_next} disagrees with the snapshot or next ({next})"),
+            ));
+        }
+        for (expect, ((idx, name), text)) in (snapshot_next..).zip(idxs.iter().zip(names).zip(&updates)) {
+            if *idx != expect {
+                return Err(corrupt(s, run_id, "steps", format!("step {expect} is missing from the history")));
+            }
+            let update: Update = parse_json(s, text, run_id, &format!("steps[{idx}].update_json"))?;
+            steadfast_core::merge(&mut state, update);
+            completed.push(name);
+        }
+        if snapshot_next + idxs.len() as i64 != next {
+            let missing = snapshot_next + idxs.len() as i64;
+            return Err(corrupt(s, run_id, "steps", format!("step {missing} is missing from the history")));
+        }
+        let head: HeadIn = parse_json(s, &head, run_id, "head")?;
+        let mut cp = Checkpoint::new(run_id, row.get::<_, String>(0), millis(s, run_id, "created_at", row.get(4))?);
+        cp.format = head.format;
+        cp.status = status;
+        cp.next = next as usize;
+        cp.completed = completed;
+        cp.state = state;
+        cp.version = u64::try_from(version).map_err(|_| corrupt(s, run_id, "version", version))?;
+        cp.updated_at = millis(s, run_id, "updated_at", row.get(5))?;
+        cp.attempts = head.attempts;
+        cp.error = head.error;
+        cp.writer = head.writer;
+        cp.lease = head.lease;
+        cp.wait = head.wait;
+        cp.decisions = head.decisions;
+        cp.check().map_err(|reason| corrupt(s, run_id, "head", reason))?;
+        let acct = Acct {
+            version: cp.version,
+            next: cp.next,
+            snapshot_bytes: row.get::<_, i64>(10) as u64,
+            delta_bytes: row.get::<_, i64>(11) as u64,
+        };
+        Ok((cp, acct))
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let client = self.client().await?;
+        let ctx = || format!("loading run {run_id:?} from {}", self.shared.display);
+        let stmt = client.prepare_cached(&self.shared.sql.load).await.map_err(|e| map_err(e, &ctx()))?;
+        let row = client.query_opt(&stmt, &[&run_id]).await.map_err(|e| map_err(e, &ctx()))?;
+        drop(client);
+        let Some(row) = row else {
+            self.remember(run_id, None);
+            return Ok(None);
+        };
+        let (cp, acct) = self.decode(run_id, &row)?;
+        self.remember(run_id, Some(acct));
+        Ok(Some(cp))
+    }
+
+    async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+        let cp = req.checkpoint;
+        check_head(cp)?;
+        if req.head_only && req.expected.is_none() {
+            return Err(StoreError::InvalidInput(format!(
+                "run {:?}: a head-only save needs the run to exist",
+                cp.run_id
+            )));
+        }
+        let limit = self.shared.opts.max_state_bytes;
+        let run_id = &cp.run_id;
+        // A delta when this save completes the step after the one this store
+        // last saw for the same version and the deltas still weigh less than
+        // the snapshot; otherwise the whole state.
+        let mut delta_bytes = 0;
+        let mut step = None;
+        let mut snapshot = None;
+        let mut next = Some(cp.next as i64);
+        if req.head_only {
+            next = None;
+        } else {
+            let acct = self.acct(run_id);
+            let delta = match (req.step, &acct) {
+                (Some(s), Some(a))
+                    if Some(a.version) == req.expected && s.index == a.next && cp.next == a.next + 1 =>
+                {
+                    let row = step_row(s, run_id)?;
+                    let budget = a.snapshot_bytes.max(MIN_DELTA_BUDGET);
+                    (a.delta_bytes + row.update.len() as u64 <= budget).then_some((row, a.clone()))
+                }
+                _ => None,
+            };
+            match delta {
+                Some((row, a)) => {
+                    // The stored state passed these checks when it was written.
+                    check_state(run_id, "update", &req.step.map(|s| &s.update).cloned().unwrap_or_default())?;
+                    let bound = a.snapshot_bytes + a.delta_bytes + row.update.len() as u64;
+                    if bound > limit {
+                        check_size(run_id, "state", state_size(&cp.state), limit)?;
+                    }
+                    delta_bytes = row.update.len() as i64;
+                    step = Some(row);
+                }
+                None => {
+                    check_state(run_id, "state", &cp.state)?;
+                    let state = to_json(&cp.state, run_id, "state")?;
+                    check_size(run_id, "state", state.len() as u64, limit)?;
+                    let completed = to_json(&cp.completed, run_id, "list of steps")?;
+                    let bytes = state.len() as i64;
+                    snapshot = Some((state, completed, bytes));
+                    step = req.step.map(|s| step_row(s, run_id)).transpose()?;
+                }
+            }
+        }
+        let head = to_json(
+            &HeadOut {
+                format: cp.format,
+                attempts: cp.attempts,
+                writer: cp.writer,
+                error: cp.error.as_ref(),
+                lease: cp.lease.as_ref(),
+                wait: cp.wait.as_ref(),
+                decisions: &cp.decisions,
+            },
+            run_id,
+            "head",
+        )?;
+        let wake_at = cp.runnable_at();
+        // Workers hear of runs that became runnable now without a worker
+        // of their own: started, or decided at a gate.
+        let notify = cp.status != RunStatus::Running && wake_at.is_some_and(|t| t <= cp.updated_at);
+        let (tx, rx) = oneshot::channel();
+        writer::submit(
+            &self.shared,
+            SaveJob {
+                run_id: run_id.clone(),
+                expected: req.expected,
+                workflow: cp.workflow.clone(),
+                status: cp.status.as_str(),
+                next,
+                created_at: cp.created_at.unix_millis() as i64,
+                updated_at: cp.updated_at.unix_millis() as i64,
+                head,
+                wake_at: wake_at.map(|t| t.unix_millis() as i64),
+                snapshot,
+                delta_bytes,
+                step,
+                notify,
+                reply: tx,
+            },
+        );
+        let result = rx.await.map_err(|_| StoreError::OutcomeUnknown {
+            run_id: run_id.clone(),
+            source: "the committing task stopped before it answered".into(),
+        })?;
+        match &result {
+            Ok(acct) if cp.status != RunStatus::Completed => self.remember(run_id, Some(acct.clone())),
+            _ => self.remember(run_id, None),
+        }
+        result.map(|a| a.version)
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
+        let client = self.client().await?;
+        let ctx = || format!("listing runs in {}", self.shared.display);
+        let stmt = client.prepare_cached(&self.shared.sql.list).await.map_err(|e| map_err(e, &ctx()))?;
+        let limit = filter.limit.map(|l| l.min(i64::MAX as usize) as i64);
+        let rows = client
+            .query(
+                &stmt,
+                &[
+                    &filter.status.map(|s| s.as_str()),
+                    &filter.workflow,
+                    &filter.updated_before.map(|t| t.unix_millis().min(i64::MAX as u64) as i64),
+                    &filter.after,
+                    &limit,
+                ],
+            )
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        rows.iter().map(|r| self.summary(r)).collect()
+    }
+
+    async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let ctx = || format!("deleting run {run_id:?} from {}", self.shared.display);
+        let stmt = client.prepare_cached(&self.shared.sql.delete).await.map_err(|e| map_err(e, &ctx()))?;
+        self.remember(run_id, None);
+        let row = client.query_one(&stmt, &[&run_id]).await.map_err(|e| {
+            let err = map_err(e, &ctx());
+            if err.kind() == StoreErrorKind::Unavailable {
+                StoreError::OutcomeUnknown {
+                    run_id: run_id.to_string(),
+                    source: err.into(),
+                }
+            } else {
+                err
+            }
+        })?;
+        Ok(row.get::<_, i64>(0) > 0)
+    }
+
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        let client = self.client().await?;
+        let ctx = || format!("reading the history of run {run_id:?} in {}", self.shared.display);
+        let stmt = client.prepare_cached(&self.shared.sql.history).await.map_err(|e| map_err(e, &ctx()))?;
+        let rows = client.query(&stmt, &[&run_id]).await.map_err(|e| map_err(e, &ctx()))?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let s = &*self.shared;
+        let mut out = Vec::new();
+        for r in &rows {
+            let Some(idx) = r.get::<_, Option<i64>>(0) else { continue };
+            let text: String = r.get(2);
+            let update: Update = parse_json(s, &text, run_id, &format!("steps[{idx}].update_json"))?;
+            let attempt: i64 = r.get(3);
+            out.push(StepRecord::new(
+                idx as usize,
+                &r.get::<_, String>(1),
+                update,
+                u32::try_from(attempt).map_err(|_| corrupt(s, run_id, "steps.attempt", attempt))?,
+                millis(s, run_id, "steps.started_at", r.get(4))?,
+                millis(s, run_id, "steps.finished_at", r.get(5))?,
+            ));
+        }
+        Ok(Some(out))
+    }
+
+    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
+        // Keep the worker's clock in step with the server's while it polls.
+        self.sync_clock().await?;
+        let client = self.client().await?;
+        let ctx = || format!("looking for due runs in {}", self.shared.display);
+        let stmt = client.prepare_cached(&self.shared.sql.claim).await.map_err(|e| map_err(e, &ctx()))?;
+        let workflows: Vec<&str> = due.workflows.to_vec();
+        let limit = due.limit.min(10_000) as i64;
+        let hold = due.hold.as_millis().min(i64::MAX as u128) as i64;
+        let rows = client
+            .query(&stmt, &[&workflows, &due.worker, &limit, &hold])
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        rows.iter().map(|r| self.summary(r)).collect()
+    }
+
+    async fn wait_for_work(&self, timeout: Duration) {
+        self.ensure_listener();
+        let _ = tokio::time::timeout(timeout, self.shared.wake.notified()).await;
+    }
+
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        Some(Arc::clone(&self.shared.clock) as Arc<dyn Clock>)
+    }
+}
+
+impl PgStore {
+    fn summary(&self, r: &tokio_postgres::Row) -> Result<RunSummary, StoreError> {
+        let s = &*self.shared;
+        let run_id: String = r.get(0);
+        let status: String = r.get(2);
+        let status: RunStatus = status.parse().map_err(|e| corrupt(s, &run_id, "status", e))?;
+        let mut cp = Checkpoint::new(run_id.as_str(), r.get::<_, String>(1), millis(s, &run_id, "created_at", r.get(5))?);
+        cp.status = status;
+        cp.next = r.get::<_, i64>(3) as usize;
+        cp.version = r.get::<_, i64>(4) as u64;
+        cp.updated_at = millis(s, &run_id, "updated_at", r.get(6))?;
+        Ok(RunSummary::from(&cp))
+    }
+}

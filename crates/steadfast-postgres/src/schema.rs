@@ -1,0 +1,197 @@
+//! The schema and its numbered migrations.
+//!
+//! Every name is qualified with the store's schema (never `search_path`,
+//! which connection poolers such as PgBouncer do not keep). The table
+//! `meta` holds the number of migrations applied; each migration runs in one
+//! transaction with the bump, under an advisory lock so that workers starting
+//! together migrate once. A schema from a newer build is refused.
+
+use steadfast_core::{StoreError, StoreErrorKind};
+use tokio_postgres::Client;
+
+use crate::error::map_err;
+
+/// Migration `i` brings the schema from version `i` to `i + 1`. `{s}` is the
+/// quoted schema name.
+const MIGRATIONS: &[&str] = &[
+    // 1: one row per run (the columns `list` and workers filter on, the rest
+    // of the head as one JSON document, the last full state snapshot and what
+    // the deltas since it weigh), and one row per completed step (the history,
+    // whose updates after `snapshot_next` also rebuild the state). JSON is
+    // kept as text, byte for byte as written: `jsonb` would reorder keys and
+    // drop duplicates. Times are milliseconds since the Unix epoch. Names
+    // sort by byte (collation "C"), as `list` promises, whatever the
+    // database's collation.
+    //
+    // `wake_at` is when a worker may next take the run (null: never, as for
+    // finished runs); the partial index covers only such runs, so looking for
+    // due work costs the same with a million finished runs in the table.
+    // `claimed_by`/`claimed_until` reserve a due run for the worker that
+    // found it, so that other workers skip it.
+    "CREATE TABLE {s}.runs (
+        run_id             text COLLATE \"C\" PRIMARY KEY,
+        workflow           text COLLATE \"C\" NOT NULL,
+        status             text COLLATE \"C\" NOT NULL,
+        next               bigint NOT NULL,
+        version            bigint NOT NULL,
+        created_at         bigint NOT NULL,
+        updated_at         bigint NOT NULL,
+        head               text NOT NULL,
+        snapshot           text NOT NULL,
+        snapshot_completed text NOT NULL,
+        snapshot_next      bigint NOT NULL,
+        snapshot_bytes     bigint NOT NULL,
+        delta_bytes        bigint NOT NULL,
+        wake_at            bigint,
+        claimed_by         text,
+        claimed_until      bigint
+    );
+    CREATE INDEX runs_by_status ON {s}.runs (status, run_id);
+    CREATE INDEX runs_by_workflow ON {s}.runs (workflow, run_id);
+    CREATE INDEX runs_due ON {s}.runs (wake_at) WHERE wake_at IS NOT NULL;
+    CREATE TABLE {s}.steps (
+        run_id      text COLLATE \"C\" NOT NULL,
+        idx         bigint NOT NULL,
+        name        text NOT NULL,
+        update_json text NOT NULL,
+        attempt     bigint NOT NULL,
+        started_at  bigint NOT NULL,
+        finished_at bigint NOT NULL,
+        PRIMARY KEY (run_id, idx)
+    );",
+];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Creates the schema if missing and applies the migrations it lacks, in one
+/// transaction. Refuses a schema that holds other tables but no Steadfast
+/// marker, and one from a newer build.
+pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), StoreError> {
+    let q = quote(schema);
+    let ctx = |what: &str| format!("{what} of schema {schema}");
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| map_err(e, &ctx("starting the migration")))?;
+    // One migrator at a time per schema, across processes.
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 7))",
+        &[&format!("steadfast schema {schema}")],
+    )
+    .await
+    .map_err(|e| map_err(e, &ctx("locking for the migration")))?;
+    tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {q}"))
+        .await
+        .map_err(|e| map_err(e, &ctx("creating")))?;
+    let tables: Vec<String> = tx
+        .query(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = $1 ORDER BY 1",
+            &[&schema],
+        )
+        .await
+        .map_err(|e| map_err(e, &ctx("listing the tables")))?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let current: i64 = if tables.iter().any(|t| t == "meta") {
+        let row = tx
+            .query_opt(&format!("SELECT value FROM {q}.meta WHERE key = 'schema_version'"), &[])
+            .await
+            .map_err(|e| map_err(e, &ctx("reading the version")))?;
+        match row {
+            Some(r) => r.get(0),
+            None => {
+                return Err(StoreError::Corrupt {
+                    location: format!("schema {schema}"),
+                    reason: "its meta table has no schema_version".into(),
+                })
+            }
+        }
+    } else if tables.is_empty() {
+        tx.batch_execute(&format!(
+            "CREATE TABLE {q}.meta (key text PRIMARY KEY, value bigint NOT NULL);
+             INSERT INTO {q}.meta VALUES ('schema_version', 0);"
+        ))
+        .await
+        .map_err(|e| map_err(e, &ctx("creating the meta table")))?;
+        0
+    } else {
+        return Err(StoreError::backend(
+            StoreErrorKind::InvalidInput,
+            format!(
+                "schema {schema} is not a Steadfast store (it has the tables {} and no meta table); it was left unchanged. Name another with ?schema=NAME",
+                tables.join(", ")
+            ),
+        ));
+    };
+    if current > SCHEMA_VERSION {
+        return Err(StoreError::Unsupported(format!(
+            "schema {schema} has version {current}, newer than this build understands ({SCHEMA_VERSION}); upgrade Steadfast"
+        )));
+    }
+    if current < 0 {
+        return Err(StoreError::Corrupt {
+            location: format!("schema {schema}"),
+            reason: format!("schema version {current} is negative"),
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        tx.batch_execute(&sql.replace("{s}", &q))
+            .await
+            .map_err(|e| map_err(e, &ctx(&format!("applying migration {}", i + 1))))?;
+    }
+    if current < SCHEMA_VERSION {
+        tx.execute(
+            &format!("UPDATE {q}.meta SET value = $1 WHERE key = 'schema_version'"),
+            &[&SCHEMA_VERSION],
+        )
+        .await
+        .map_err(|e| map_err(e, &ctx("recording the version")))?;
+    }
+    tx.commit()
+        .await
+        .map_err(|e| map_err(e, &ctx("committing the migration")))?;
+    Ok(())
+}
+
+/// Checks a schema name: 1-63 bytes of lowercase ASCII letters, digits and
+/// `_`, not starting with a digit and not `pg_`-prefixed (so that it needs no
+/// escaping anywhere and never names a system schema).
+pub(crate) fn check_schema_name(name: &str) -> Result<(), StoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && !name.starts_with("pg_")
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidInput(format!(
+            "schema name {name:?}: use 1-63 lowercase letters, digits and '_', not starting with a digit or 'pg_'"
+        )))
+    }
+}
+
+/// The schema name as an SQL identifier.
+pub(crate) fn quote(schema: &str) -> String {
+    format!("\"{schema}\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_plain_identifiers() {
+        for good in ["steadfast", "t_1", "_x", "a23456789012345678901234567890123456789012345678901234567890123"] {
+            assert!(check_schema_name(good).is_ok(), "{good}");
+        }
+        let long = "a".repeat(64);
+        for bad in ["", "1abc", "Caps", "a-b", "a\"b", "pg_catalog", long.as_str(), "a b", "é"] {
+            assert!(check_schema_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,267 @@
+//! Store URLs (`postgres://…`, `postgresql://…`) and TLS through rustls.
+//!
+//! The URL is libpq's, with Steadfast's own parameters taken out before the
+//! driver sees it: `schema` (default `steadfast`), and `sslmode` and
+//! `sslrootcert`, which are handled here because the driver knows only
+//! `disable`, `prefer` and `require`.
+
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use steadfast_core::StoreError;
+use tokio_postgres::config::SslMode;
+
+/// The default schema.
+pub const DEFAULT_SCHEMA: &str = "steadfast";
+
+/// What a store URL says.
+pub(crate) struct Parsed {
+    pub config: tokio_postgres::Config,
+    pub schema: String,
+    pub tls: Tls,
+    /// The URL without its password, for messages.
+    pub display: String,
+}
+
+/// How the connection is secured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Tls {
+    /// `sslmode=disable`.
+    Off,
+    /// `prefer` (the default) and `require`: encrypted when (`prefer`) or
+    /// because (`require`) the server offers it, the certificate unchecked,
+    /// as libpq does.
+    Unverified,
+    /// `verify-full`: the certificate must chain to a trusted root (the
+    /// `sslrootcert` file, else the Mozilla roots) and name the host.
+    Verified { root_cert: Option<String> },
+}
+
+pub(crate) fn parse(url: &str) -> Result<Parsed, StoreError> {
+    let bad = |why: String| StoreError::InvalidInput(format!("store URL: {why}"));
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, q),
+        None => (url, ""),
+    };
+    let mut schema = DEFAULT_SCHEMA.to_string();
+    let mut mode = "prefer".to_string();
+    let mut root_cert = None;
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "schema" => schema = v.to_string(),
+            "sslmode" => mode = v.to_string(),
+            "sslrootcert" => root_cert = Some(v.to_string()),
+            "options" => {
+                return Err(bad(
+                    "the `options` parameter is not taken (settings such as search_path would not survive a connection pooler); use ?schema=NAME".into(),
+                ))
+            }
+            _ => rest.push(pair),
+        }
+    }
+    crate::schema::check_schema_name(&schema)?;
+    let (tls, ssl_mode) = match mode.as_str() {
+        "disable" => (Tls::Off, SslMode::Disable),
+        "prefer" | "allow" => (Tls::Unverified, SslMode::Prefer),
+        "require" => (Tls::Unverified, SslMode::Require),
+        "verify-full" => (Tls::Verified { root_cert }, SslMode::Require),
+        "verify-ca" => {
+            return Err(bad(
+                "sslmode=verify-ca is not supported; use verify-full, which also checks the host name".into(),
+            ))
+        }
+        other => {
+            return Err(bad(format!(
+                "sslmode={other:?} is not one of disable, prefer, require, verify-full"
+            )))
+        }
+    };
+    let driver_url = if rest.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    let mut config: tokio_postgres::Config = driver_url
+        .parse()
+        .map_err(|e| bad(format!("{e}")))?;
+    config.ssl_mode(ssl_mode);
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(std::time::Duration::from_secs(10));
+    }
+    config.application_name("steadfast");
+    let display = redact(url);
+    Ok(Parsed {
+        config,
+        schema,
+        tls,
+        display,
+    })
+}
+
+/// The URL with any password replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let mut out = url.to_string();
+    if let Some(scheme_end) = out.find("://") {
+        let after = scheme_end + 3;
+        let host_end = out[after..].find(['/', '?']).map_or(out.len(), |i| after + i);
+        if let Some(at) = out[after..host_end].rfind('@') {
+            let userinfo = &out[after..after + at];
+            if let Some(colon) = userinfo.find(':') {
+                out.replace_range(after + colon + 1..after + at, "***");
+            }
+        }
+    }
+    // A password given as a parameter.
+    if let Some(q) = out.find('?') {
+        let (head, query) = out.split_at(q + 1);
+        let query: Vec<String> = query
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some(("password", _)) => "password=***".to_string(),
+                _ => p.to_string(),
+            })
+            .collect();
+        out = format!("{head}{}", query.join("&"));
+    }
+    out
+}
+
+/// The rustls connector for `tls`.
+pub(crate) fn connector(tls: &Tls) -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StoreError::Unsupported(format!("TLS: {e}")))?;
+    let config = match tls {
+        Tls::Off | Tls::Unverified => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            .with_no_client_auth(),
+        Tls::Verified { root_cert } => {
+            let mut roots = RootCertStore::empty();
+            match root_cert {
+                Some(path) => {
+                    let pem = std::fs::read(path).map_err(|e| {
+                        StoreError::io(format!("reading sslrootcert {path}"), e)
+                    })?;
+                    let mut added = 0;
+                    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+                        let cert = cert.map_err(|e| {
+                            StoreError::InvalidInput(format!("sslrootcert {path}: {e}"))
+                        })?;
+                        roots.add(cert).map_err(|e| {
+                            StoreError::InvalidInput(format!("sslrootcert {path}: {e}"))
+                        })?;
+                        added += 1;
+                    }
+                    if added == 0 {
+                        return Err(StoreError::InvalidInput(format!(
+                            "sslrootcert {path} holds no PEM certificate"
+                        )));
+                    }
+                }
+                None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        }
+    };
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+/// Accepts any server certificate, as libpq's `require` does: the link is
+/// encrypted against eavesdroppers, not authenticated. The handshake's
+/// signatures are still checked.
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steadfast_parameters_are_taken_out() -> Result<(), StoreError> {
+        let p = parse("postgres://u:secret@127.0.0.1:5432/test?schema=s1&sslmode=require&connect_timeout=3")?;
+        assert_eq!(p.schema, "s1");
+        assert_eq!(p.tls, Tls::Unverified);
+        assert_eq!(p.config.get_ssl_mode(), SslMode::Require);
+        assert_eq!(p.config.get_dbname(), Some("test"));
+        assert_eq!(p.config.get_connect_timeout(), Some(&std::time::Duration::from_secs(3)));
+        assert!(!p.display.contains("secret"), "{}", p.display);
+        let d = parse("postgresql://127.0.0.1/test")?;
+        assert_eq!(d.schema, DEFAULT_SCHEMA);
+        assert_eq!(d.tls, Tls::Unverified);
+        let v = parse("postgres://h/db?sslmode=verify-full&sslrootcert=/x.pem")?;
+        assert_eq!(v.tls, Tls::Verified { root_cert: Some("/x.pem".into()) });
+        Ok(())
+    }
+
+    #[test]
+    fn bad_urls_say_what_is_wrong() {
+        for (url, says) in [
+            ("postgres://h/db?schema=Bad-Name", "schema name"),
+            ("postgres://h/db?sslmode=verify-ca", "verify-ca"),
+            ("postgres://h/db?sslmode=sometimes", "sslmode"),
+            ("postgres://h/db?options=-csearch_path%3Dx", "options"),
+            ("postgres://h:notaport/db", "store URL"),
+        ] {
+            let e = parse(url).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(redact("postgres://u:pw@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u@h/db?password=pw&x=1"), "postgres://u@h/db?password=***&x=1");
+        assert_eq!(redact("postgres://h/db"), "postgres://h/db");
+    }
+}

@@ -1,0 +1,296 @@
+//! Group commit: concurrent saves from one process share one transaction,
+//! and so one WAL flush. Each member is one statement that changes nothing
+//! when its version check fails, so a conflicting member fails alone and the
+//! rest commit. A save is acknowledged only after COMMIT returned.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::join_all;
+use steadfast_core::{StoreError, StoreErrorKind};
+use tokio::sync::oneshot;
+use tokio_postgres::types::ToSql;
+
+use crate::error::{map_err, pool_err};
+use crate::Shared;
+
+/// What a store remembers of a run's snapshot and deltas, as of `version`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Acct {
+    pub version: u64,
+    pub next: usize,
+    pub snapshot_bytes: u64,
+    pub delta_bytes: u64,
+}
+
+/// One step's history row.
+pub(crate) struct StepRow {
+    pub index: i64,
+    pub name: String,
+    pub update: String,
+    pub attempt: i64,
+    pub started_at: i64,
+    pub finished_at: i64,
+}
+
+/// A save, with every value of its statement.
+pub(crate) struct SaveJob {
+    pub run_id: String,
+    pub expected: Option<u64>,
+    pub workflow: String,
+    pub status: &'static str,
+    /// `None` keeps the stored `next` (a head-only save).
+    pub next: Option<i64>,
+    pub created_at: i64,
+    pub updated_at: i64,
+    pub head: String,
+    pub wake_at: Option<i64>,
+    /// A new snapshot: the state, the completed steps, its size.
+    pub snapshot: Option<(String, String, i64)>,
+    /// The bytes a delta adds (0 for none).
+    pub delta_bytes: i64,
+    pub step: Option<StepRow>,
+    /// Whether workers should hear of this save (a run started or decided).
+    pub notify: bool,
+    pub reply: oneshot::Sender<Result<Acct, StoreError>>,
+}
+
+const MAX_BATCH: usize = 256;
+
+/// How long a leader waits, after a shared commit, for the callers it
+/// acknowledged to queue their next saves.
+const GATHER: std::time::Duration = std::time::Duration::from_micros(150);
+
+/// Saves waiting for a commit.
+#[derive(Default)]
+pub(crate) struct Writer {
+    pub queue: Mutex<Vec<SaveJob>>,
+    pub lead: Arc<tokio::sync::Mutex<()>>,
+    pub commits: AtomicU64,
+    pub writes: AtomicU64,
+}
+
+impl Writer {
+    fn take(&self) -> Vec<SaveJob> {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let n = q.len().min(MAX_BATCH);
+        q.drain(..n).collect()
+    }
+
+    fn queued(&self) -> usize {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// Queues `job`; if no one is committing, starts a leader task that commits
+/// batches until the queue is empty. The leader is a task of its own, so a
+/// caller that gives up waiting never abandons the others' batch.
+pub(crate) fn submit(shared: &Arc<Shared>, job: SaveJob) {
+    let writer = &shared.writer;
+    writer
+        .queue
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(job);
+    if let Ok(guard) = Arc::clone(&writer.lead).try_lock_owned() {
+        let shared = Arc::clone(shared);
+        tokio::spawn(async move {
+            let mut guard = Some(guard);
+            loop {
+                let batch = shared.writer.take();
+                if batch.is_empty() {
+                    drop(guard.take());
+                    // A job queued after the last look, by a caller that found
+                    // the lead taken, would wait for nobody: look once more.
+                    if shared.writer.queued() == 0 {
+                        return;
+                    }
+                    match Arc::clone(&shared.writer.lead).try_lock_owned() {
+                        Ok(g) => guard = Some(g),
+                        Err(_) => return,
+                    }
+                    continue;
+                }
+                let n = batch.len();
+                commit(&shared, batch).await;
+                if n > 1 {
+                    gather(&shared.writer, n).await;
+                }
+            }
+        });
+    }
+}
+
+/// After a shared commit, gives its callers a moment to queue their next
+/// saves so that they share the next commit instead of splitting into two
+/// alternating cohorts: at most `GATHER`, and only until as many saves as the
+/// last batch held are queued.
+async fn gather(writer: &Writer, last: usize) {
+    let start = std::time::Instant::now();
+    while start.elapsed() < GATHER && writer.queued() < last {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn params(job: &SaveJob) -> Vec<Box<dyn ToSql + Sync + Send + '_>> {
+    let expected = job.expected.map(|v| v as i64);
+    let (snap, completed, snap_bytes) = match &job.snapshot {
+        Some((s, c, b)) => (Some(s.as_str()), Some(c.as_str()), Some(*b)),
+        None => (None, None, None),
+    };
+    let step = job.step.as_ref();
+    vec![
+        Box::new(job.run_id.as_str()),
+        Box::new(expected),
+        Box::new(job.workflow.as_str()),
+        Box::new(job.status),
+        Box::new(job.next),
+        Box::new(job.created_at),
+        Box::new(job.updated_at),
+        Box::new(job.head.as_str()),
+        Box::new(job.wake_at),
+        Box::new(snap),
+        Box::new(completed),
+        Box::new(snap_bytes),
+        Box::new(job.delta_bytes),
+        Box::new(step.map(|s| s.index)),
+        Box::new(step.map(|s| s.name.as_str())),
+        Box::new(step.map(|s| s.update.as_str())),
+        Box::new(step.map(|s| s.attempt)),
+        Box::new(step.map(|s| s.started_at)),
+        Box::new(step.map(|s| s.finished_at)),
+    ]
+}
+
+/// The result of one member's statement: the row it returned, if its
+/// version check passed.
+type Member = Result<Option<tokio_postgres::Row>, tokio_postgres::Error>;
+
+async fn commit(shared: &Arc<Shared>, batch: Vec<SaveJob>) {
+    let fail_all = |batch: Vec<SaveJob>, e: &dyn Fn(&str) -> StoreError| {
+        for job in batch {
+            let _ = job.reply.send(Err(e(&job.run_id)));
+        }
+    };
+    let client = match shared.pool.get().await {
+        Ok(c) => c,
+        Err(e) => {
+            let e = pool_err(e, &format!("connecting to {}", shared.display));
+            let msg = e.to_string();
+            let kind = e.kind();
+            fail_all(batch, &|_| StoreError::backend(kind, msg.clone()));
+            return;
+        }
+    };
+    let (fresh, update) = match (
+        client.prepare_cached(&shared.sql.insert).await,
+        client.prepare_cached(&shared.sql.update).await,
+    ) {
+        (Ok(f), Ok(u)) => (f, u),
+        (Err(e), _) | (_, Err(e)) => {
+            let e = map_err(e, &format!("preparing a save in {}", shared.display));
+            let (kind, msg) = (e.kind(), e.to_string());
+            fail_all(batch, &|_| StoreError::backend(kind, msg.clone()));
+            return;
+        }
+    };
+    let notify = batch.iter().any(|j| j.notify);
+    let all_params: Vec<_> = batch.iter().map(params).collect();
+    // BEGIN, every member and the notification go out together (the driver
+    // pipelines requests polled together): one round trip, then COMMIT.
+    let begin = client.batch_execute("BEGIN");
+    let members = join_all(batch.iter().zip(&all_params).map(|(job, p)| {
+        let refs: Vec<&(dyn ToSql + Sync)> = p.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect();
+        let stmt = if job.expected.is_none() { &fresh } else { &update };
+        let client = &client;
+        async move { client.query_opt(stmt, &refs).await }
+    }));
+    let ping = async {
+        if notify {
+            client
+                .execute("SELECT pg_notify($1, 'work')", &[&shared.schema])
+                .await
+                .map(|_| ())
+        } else {
+            Ok(())
+        }
+    };
+    let (began, mut results, pinged): (_, Vec<Member>, _) =
+        tokio::join!(begin, members, ping);
+    drop(all_params);
+    let first_error = began
+        .err()
+        .or_else(|| {
+            let i = results.iter().position(|r| r.is_err())?;
+            results.remove(i).err()
+        })
+        .or(pinged.err());
+    if let Some(e) = first_error {
+        let _ = client.batch_execute("ROLLBACK").await;
+        let lost = client.is_closed() || e.code().is_none();
+        drop(client);
+        if lost || batch.len() == 1 {
+            // Nothing was committed (COMMIT was never sent).
+            let err = map_err(e, &format!("saving to {}", shared.display));
+            let (kind, msg) = (err.kind(), err.to_string());
+            fail_all(batch, &|_| StoreError::backend(kind, msg.clone()));
+            return;
+        }
+        // One member's statement failed and took the transaction with it:
+        // commit each member on its own, so only that one fails.
+        for job in batch {
+            Box::pin(commit(shared, vec![job])).await;
+        }
+        return;
+    }
+    let n = batch.len() as u64;
+    match client.batch_execute("COMMIT").await {
+        Ok(()) => {
+            shared.writer.commits.fetch_add(1, Relaxed);
+            shared.writer.writes.fetch_add(n, Relaxed);
+        }
+        Err(e) => {
+            // A COMMIT the server answered with an error did not commit; one
+            // whose answer never came (the connection dropped) may have.
+            let answered = e.code().is_some();
+            let msg = map_err(e, &format!("committing saves to {}", shared.display)).to_string();
+            for job in batch {
+                let err = if answered {
+                    StoreError::backend(StoreErrorKind::Unavailable, msg.clone())
+                } else {
+                    StoreError::OutcomeUnknown {
+                        run_id: job.run_id.clone(),
+                        source: msg.clone().into(),
+                    }
+                };
+                let _ = job.reply.send(Err(err));
+            }
+            return;
+        }
+    }
+    for (job, result) in batch.into_iter().zip(results) {
+        let reply = match result {
+            Ok(Some(row)) => Ok(Acct {
+                version: job.expected.map_or(1, |v| v + 1),
+                next: row.get::<_, i64>(0) as usize,
+                snapshot_bytes: row.get::<_, i64>(1) as u64,
+                delta_bytes: row.get::<_, i64>(2) as u64,
+            }),
+            Ok(None) => Err(StoreError::Conflict {
+                run_id: job.run_id.clone(),
+                expected: job.expected,
+                found: crate::stored_version(shared, &job.run_id).await,
+            }),
+            Err(_) => unreachable_member(&job.run_id),
+        };
+        let _ = job.reply.send(reply);
+    }
+}
+
+/// Every member's error was handled before COMMIT; this is never reached.
+fn unreachable_member(run_id: &str) -> Result<Acct, StoreError> {
+    Err(StoreError::unavailable(format!(
+        "run {run_id:?}: a failed statement reached COMMIT"
+    )))
+}
+
