@@ -120,7 +120,7 @@ fn progress(event: &Event<'_>) {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let store = open_store(DEFAULT_STORE_URL)?;
+    let store = open_store(DEFAULT_STORE_URL).await?;
     if std::env::var(CHILD).is_ok() {
         let _ = Runner::new(&store)
             .observer(progress)

@@ -86,7 +86,7 @@ fn progress(event: &Event<'_>) {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The embedded default store: SQLite in .steadfast/runs.db.
-    let store = open_store(DEFAULT_STORE_URL)?;
+    let store = open_store(DEFAULT_STORE_URL).await?;
     if let Ok(crash_in) = std::env::var(CHILD) {
         let wf = pipeline(Some(crash_in))?;
         Runner::new(&*store)

@@ -12,6 +12,10 @@ pub use steadfast_file as file;
 #[cfg(feature = "sqlite")]
 pub use steadfast_sqlite as sqlite;
 
+/// The PostgreSQL store (`postgres://…`), for workers on many machines.
+#[cfg(feature = "postgres")]
+pub use steadfast_postgres as postgres;
+
 /// The store used when none is named: SQLite in `.steadfast/runs.db` under the
 /// current directory.
 pub const DEFAULT_STORE_URL: &str = "sqlite:.steadfast/runs.db";
@@ -22,22 +26,24 @@ pub const DEFAULT_STORE_URL: &str = "sqlite:.steadfast/runs.db";
 /// | --- | --- |
 /// | `sqlite:PATH` (also `sqlite://PATH`) | the SQLite store, the embedded default ([`DEFAULT_STORE_URL`]) |
 /// | `file:PATH` (also `file://PATH`) | the JSON file store: every run in one file |
+/// | `postgres://…` (also `postgresql://…`) | the PostgreSQL store: libpq's URL, plus `schema=NAME` (default `steadfast`); see [`postgres`] |
 /// | `memory:` | [`MemoryStore`]: in this process only, for tests and examples |
 ///
 /// Unknown schemes are [`StoreError::Unsupported`]; a URL without a path where one
 /// is needed is [`StoreError::InvalidInput`].
 ///
 /// ```
-/// # fn main() -> Result<(), steadfast::StoreError> {
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let dir = tempfile::tempdir().unwrap();
-/// let store = steadfast::open_store(&format!("file:{}/runs.json", dir.path().display()))?;
-/// let memory = steadfast::open_store("memory:")?;
-/// let sqlite = steadfast::open_store(&format!("sqlite:{}/runs.db", dir.path().display()))?;
-/// assert!(steadfast::open_store("ftp://example").is_err());
-/// # Ok(()) }
+/// let store = steadfast::open_store(&format!("file:{}/runs.json", dir.path().display())).await?;
+/// let memory = steadfast::open_store("memory:").await?;
+/// let sqlite = steadfast::open_store(&format!("sqlite:{}/runs.db", dir.path().display())).await?;
+/// assert!(steadfast::open_store("ftp://example").await.is_err());
+/// # Ok::<(), steadfast::StoreError>(())
+/// # }).unwrap();
 /// ```
-pub fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    open(url, true)
+pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    open(url, true).await
 }
 
 /// Opens a store from a URL like [`open_store`], but never creates one: a
@@ -45,15 +51,20 @@ pub fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 /// [`StoreError::NotFound`], and nothing (not even a directory) is made.
 /// For commands that only read or change existing runs.
 ///
+/// A PostgreSQL store is never created either: a missing schema is
+/// [`StoreError::NotFound`].
+///
 /// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let dir = tempfile::tempdir().unwrap();
 /// let url = format!("sqlite:{}/nothing/runs.db", dir.path().display());
-/// let err = steadfast::open_existing_store(&url).err().expect("refused");
+/// let err = steadfast::open_existing_store(&url).await.err().expect("refused");
 /// assert_eq!(err.kind(), steadfast::StoreErrorKind::NotFound);
 /// assert!(!dir.path().join("nothing").exists());
+/// # });
 /// ```
-pub fn open_existing_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    open(url, false)
+pub async fn open_existing_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    open(url, false).await
 }
 
 /// A kind of store this build can open: the URL schemes it answers to, and
@@ -64,35 +75,46 @@ struct Backend {
     open: OpenUrl,
 }
 
-/// Opens what follows a URL's scheme; `create` allows making a new store.
-type OpenUrl = fn(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError>;
+/// Opens what follows a URL's scheme (given too, for stores with several);
+/// `create` allows making a new store.
+type OpenUrl = for<'a> fn(scheme: &'a str, rest: &'a str, create: bool) -> Opening<'a>;
+
+/// A store being opened.
+type Opening<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Arc<dyn Store>, StoreError>> + Send + 'a>>;
 
 fn backends() -> Vec<Backend> {
     let mut all = vec![Backend {
         schemes: &["memory"],
-        open: |rest, _| {
-            if !rest.is_empty() {
-                return Err(StoreError::InvalidInput(
+        open: |_, rest, _| {
+            Box::pin(std::future::ready(if rest.is_empty() {
+                Ok(Arc::new(MemoryStore::new()) as Arc<dyn Store>)
+            } else {
+                Err(StoreError::InvalidInput(
                     "memory: takes nothing after the colon".into(),
-                ));
-            }
-            Ok(Arc::new(MemoryStore::new()))
+                ))
+            }))
         },
     }];
     #[cfg(feature = "sqlite")]
     all.push(Backend {
         schemes: sqlite::URL_SCHEMES,
-        open: sqlite::open_url,
+        open: |_, rest, create| Box::pin(std::future::ready(sqlite::open_url(rest, create))),
     });
     #[cfg(feature = "file")]
     all.push(Backend {
         schemes: file::URL_SCHEMES,
-        open: file::open_url,
+        open: |_, rest, create| Box::pin(std::future::ready(file::open_url(rest, create))),
+    });
+    #[cfg(feature = "postgres")]
+    all.push(Backend {
+        schemes: postgres::URL_SCHEMES,
+        open: |scheme, rest, create| Box::pin(postgres::open_url(scheme, rest, create)),
     });
     all
 }
 
-fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+async fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
     let known = || {
         backends()
             .iter()
@@ -111,11 +133,11 @@ fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
         .find(|b| b.schemes.contains(&scheme))
         .ok_or_else(|| {
             StoreError::Unsupported(format!(
-                "store URL {url:?}: unknown scheme {scheme:?}; this build opens {} (the `sqlite` and `file` cargo features add those stores)",
+                "store URL {url:?}: unknown scheme {scheme:?}; this build opens {} (the `sqlite`, `file` and `postgres` cargo features add those stores)",
                 known()
             ))
         })?;
-    (backend.open)(rest, create).map_err(|e| match e {
+    (backend.open)(scheme, rest, create).await.map_err(|e| match e {
         StoreError::InvalidInput(m) => StoreError::InvalidInput(format!("store URL {url:?}: {m}")),
         other => other,
     })
@@ -127,8 +149,12 @@ mod tests {
 
     #[test]
     fn bad_urls_say_what_is_wrong() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
         let msg = |u: &str| {
-            open_store(u)
+            rt.block_on(open_store(u))
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default()
@@ -138,5 +164,9 @@ mod tests {
         assert!(msg("ftp:x").contains("sqlite:, file:"), "{}", msg("ftp:x"));
         assert!(msg("memory:x").contains("nothing after"));
         assert!(msg("cosmos://x").contains("unknown scheme"));
+        let pg = msg("postgres://127.0.0.1/test?schema=No-Such");
+        assert!(pg.contains("schema name") && pg.contains("store URL"), "{pg}");
+        let pg = msg("postgresql://127.0.0.1/test?sslmode=verify-ca");
+        assert!(pg.contains("verify-full"), "{pg}");
     }
 }

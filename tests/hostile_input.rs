@@ -188,7 +188,7 @@ proptest! {
         by in ".{0,10}",
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let store = steadfast::open_store(&format!("file:{}/runs.json", dir.path().display())).unwrap();
+        let store = open_now(&format!("file:{}/runs.json", dir.path().display())).unwrap();
         let clock = Arc::new(ManualClock::new(Timestamp::from_unix_millis(1_800_000_000_000)));
         let out = output.clone();
         let built = Workflow::builder("hostile")
@@ -238,7 +238,7 @@ proptest! {
 #[test]
 fn the_largest_allowed_durations_format_and_load_back() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let store = steadfast::open_store(&format!("sqlite:{}/runs.db", dir.path().display()))?;
+    let store = open_now(&format!("sqlite:{}/runs.db", dir.path().display()))?;
     let hour_before_the_end = Timestamp::from_unix_millis(Timestamp::MAX.unix_millis() - 3_600_000);
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(hour_before_the_end));
     let wf = Workflow::builder("far")
@@ -379,4 +379,13 @@ fn attempt_counts_past_the_limit_are_refused() {
     assert!(build(limit).is_ok());
     let err = build(limit + 1).unwrap_err().to_string();
     assert!(err.contains("out of range"), "{err}");
+}
+
+/// Opens a store from a test that has no runtime of its own.
+fn open_now(url: &str) -> Result<Arc<dyn steadfast::Store>, steadfast::StoreError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(steadfast::open_store(url))
 }

@@ -8,6 +8,8 @@ use serde_json::{json, Value};
 use steadfast::{update, Error, MemoryStore, RetryPolicy, Runner, Step, Store, Workflow};
 use steadfast_conformance::{Fault, FaultyStore};
 
+mod support;
+
 const STEPS: usize = 6;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -22,7 +24,7 @@ fn stores() -> Vec<(&'static str, Arc<dyn Store>, tempfile::TempDir)> {
                 "file" => format!("file:{}", dir.path().join("runs.json").display()),
                 _ => format!("sqlite:{}", dir.path().join("runs.db").display()),
             };
-            let store = steadfast::open_store(&url).expect("open the store");
+            let store = support::open(&url);
             (kind, store, dir)
         })
         .collect()

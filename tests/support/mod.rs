@@ -45,9 +45,16 @@ pub fn store_url(scheme: &str, dir: &Path) -> String {
     }
 }
 
-/// Opens a store from its URL, panicking with the reason if it cannot.
+/// Opens a store from its URL, panicking with the reason if it cannot. It
+/// opens on a thread of its own, so it may be called in or out of a runtime
+/// (the file and SQLite stores need none afterwards).
 pub fn open(url: &str) -> Arc<dyn Store> {
-    steadfast::open_store(url).unwrap_or_else(|e| panic!("open {url}: {e}"))
+    std::thread::scope(|s| {
+        s.spawn(|| runtime().block_on(steadfast::open_store(url)))
+            .join()
+            .expect("the opening thread")
+    })
+    .unwrap_or_else(|e| panic!("open {url}: {e}"))
 }
 
 /// A current-thread runtime for a child's or a parent's async part.

@@ -139,7 +139,7 @@ async fn w1_w2(kind: &str, args: &Args, concurrency: usize, durable: bool) -> Re
     let mut walls = Vec::new();
     for rep in 0..args.reps() {
         let tag = format!("{}{concurrency}-{rep}", if durable { "d" } else { "w" });
-        let store = open_store(&fresh_url(kind, &args.dir, &tag))?;
+        let store = open_store(&fresh_url(kind, &args.dir, &tag)).await?;
         let wall = if durable {
             run_many_durable(store, "run", runs, concurrency).await?
         } else {
@@ -264,7 +264,7 @@ async fn w3(kind: &str, args: &Args) -> Res<()> {
     for &n in sizes {
         let tag = format!("w3-{n}");
         let url = fresh_url(kind, &args.dir, &tag);
-        let store = open_store(&url)?;
+        let store = open_store(&url).await?;
         populate(kind, &url, &store, n).await?;
         let wf = ten_steps();
         let mut per_step = Vec::new();
@@ -333,7 +333,7 @@ async fn w4(kind: &str, args: &Args) -> Res<()> {
         .arg(&args.dir)
         .status()
         .await?;
-    let store = open_store(&url)?;
+    let store = open_store(&url).await?;
     let out = steadfast::run("w4", &w4_workflow(&log, false), &*store).await?;
     let state = out.completed().unwrap_or_default();
     let lines: Vec<String> = std::fs::read_to_string(&log)?
@@ -360,7 +360,7 @@ async fn w5(kind: &str, args: &Args) -> Res<()> {
     let mut last = Vec::new();
     let mut all = Vec::new();
     for rep in 0..args.reps() {
-        let store = open_store(&fresh_url(kind, &args.dir, &format!("w5-{rep}")))?;
+        let store = open_store(&fresh_url(kind, &args.dir, &format!("w5-{rep}"))).await?;
         let mut b = Workflow::builder("w5");
         for i in 0..steps {
             b = b.push(
@@ -412,13 +412,13 @@ pub fn child(role: &str, args: &Args) -> Res<()> {
         .build()?;
     match role {
         "w4" => {
-            let store = open_store(&url)?;
+            let store = rt.block_on(open_store(&url))?;
             let log = args.dir.join("w4.log");
             rt.block_on(steadfast::run("w4", &w4_workflow(&log, true), &*store))?;
             Err("step 1 should have ended the process".into())
         }
         "syncs-w1" | "syncs-w2" => {
-            let store = open_store(&url)?;
+            let store = rt.block_on(open_store(&url))?;
             let concurrency = if role == "syncs-w1" { 1 } else { 16 };
             rt.block_on(run_many(store, "s", args.child_runs, concurrency))?;
             Ok(())
@@ -457,7 +457,7 @@ pub async fn ratios(args: &Args) -> Res<()> {
         raw.push(us);
         for (concurrency, samples) in [(1, &mut w1), (16, &mut w2)] {
             let url = fresh_url("sqlite", &args.dir, &format!("ratios-{concurrency}-{rep}"));
-            let wall = run_many(open_store(&url)?, "run", runs, concurrency).await?;
+            let wall = run_many(open_store(&url).await?, "run", runs, concurrency).await?;
             samples.push(wall.as_secs_f64() * 1e6 / (runs * STEPS) as f64);
             cleanup("sqlite", &url);
         }

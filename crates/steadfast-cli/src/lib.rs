@@ -60,8 +60,8 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
     // Only `run` may create a store; the other commands work on runs that
     // exist, and say so when the store itself does not.
     let opened = match cli.command {
-        Command::Run(_) => steadfast::open_store(&cli.store),
-        _ => steadfast::open_existing_store(&cli.store),
+        Command::Run(_) => steadfast::open_store(&cli.store).await,
+        _ => steadfast::open_existing_store(&cli.store).await,
     };
     let store = opened.with_context(|| format!("cannot open the store {}", cli.store))?;
     let ctx = cmd::Ctx {
