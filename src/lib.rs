@@ -80,8 +80,9 @@ struct Backend {
 type OpenUrl = for<'a> fn(scheme: &'a str, rest: &'a str, create: bool) -> Opening<'a>;
 
 /// A store being opened.
-type Opening<'a> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Arc<dyn Store>, StoreError>> + Send + 'a>>;
+type Opening<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<Arc<dyn Store>, StoreError>> + Send + 'a>,
+>;
 
 fn backends() -> Vec<Backend> {
     let mut all = vec![Backend {
@@ -137,10 +138,14 @@ async fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
                 known()
             ))
         })?;
-    (backend.open)(scheme, rest, create).await.map_err(|e| match e {
-        StoreError::InvalidInput(m) => StoreError::InvalidInput(format!("store URL {url:?}: {m}")),
-        other => other,
-    })
+    (backend.open)(scheme, rest, create)
+        .await
+        .map_err(|e| match e {
+            StoreError::InvalidInput(m) => {
+                StoreError::InvalidInput(format!("store URL {url:?}: {m}"))
+            }
+            other => other,
+        })
 }
 
 #[cfg(test)]
@@ -165,7 +170,10 @@ mod tests {
         assert!(msg("memory:x").contains("nothing after"));
         assert!(msg("cosmos://x").contains("unknown scheme"));
         let pg = msg("postgres://127.0.0.1/test?schema=No-Such");
-        assert!(pg.contains("schema name") && pg.contains("store URL"), "{pg}");
+        assert!(
+            pg.contains("schema name") && pg.contains("store URL"),
+            "{pg}"
+        );
         let pg = msg("postgresql://127.0.0.1/test?sslmode=verify-ca");
         assert!(pg.contains("verify-full"), "{pg}");
     }

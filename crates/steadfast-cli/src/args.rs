@@ -8,7 +8,7 @@ use crate::cmd;
 #[derive(Parser, Debug)]
 #[command(name = "steadfast", version, about)]
 pub struct Cli {
-    /// The store: sqlite:PATH, file:PATH or memory:.
+    /// The store: sqlite:PATH, file:PATH, postgres://… or memory:.
     #[arg(long, global = true, env = "STEADFAST_STORE", default_value = steadfast::DEFAULT_STORE_URL)]
     pub store: String,
     /// What to do.
@@ -22,6 +22,10 @@ pub struct Cli {
 pub enum Command {
     /// Start or resume a run of a flow file.
     Run(cmd::run::RunArgs),
+    /// Record a run for workers to pick up (exit 0 also when it exists).
+    Start(cmd::start::StartArgs),
+    /// Run the due runs of flow files until SIGTERM or SIGINT.
+    Worker(cmd::worker::WorkerArgs),
     /// List runs.
     Runs(cmd::runs::RunsArgs),
     /// Show one run: status, steps, state, error, gate or timer, lease.

@@ -57,10 +57,12 @@ pub fn main() -> i32 {
 }
 
 async fn dispatch(cli: Cli) -> Result<i32, Failure> {
-    // Only `run` may create a store; the other commands work on runs that
+    // Only `run`, `start` and `worker` may create a store; the other commands work on runs that
     // exist, and say so when the store itself does not.
     let opened = match cli.command {
-        Command::Run(_) => steadfast::open_store(&cli.store).await,
+        Command::Run(_) | Command::Start(_) | Command::Worker(_) => {
+            steadfast::open_store(&cli.store).await
+        }
         _ => steadfast::open_existing_store(&cli.store).await,
     };
     let store = opened.with_context(|| format!("cannot open the store {}", cli.store))?;
@@ -70,6 +72,8 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
     };
     match cli.command {
         Command::Run(args) => cmd::run::run(args, &ctx).await,
+        Command::Start(args) => cmd::start::run(args, &ctx).await,
+        Command::Worker(args) => cmd::worker::run(args, &ctx).await,
         Command::Runs(args) => cmd::runs::run(args, &ctx).await,
         Command::Show(args) => cmd::show::run(args, &ctx).await,
         Command::History(args) => cmd::history::run(args, &ctx).await,

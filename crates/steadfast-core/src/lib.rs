@@ -41,8 +41,8 @@ mod session;
 mod state;
 pub mod store;
 mod typed;
-mod workflow;
 pub mod worker;
+mod workflow;
 
 pub use checkpoint::{
     Checkpoint, Decision, Lease, OnTimeout, Owner, RunStatus, StepFailure, StepRecord, Wait,

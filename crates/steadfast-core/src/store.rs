@@ -245,7 +245,10 @@ pub trait Store: Send + Sync {
             RunStatus::Waiting,
         ] {
             for &workflow in due.workflows {
-                let mut filter = ListFilter::new().status(status).workflow(workflow).limit(256);
+                let mut filter = ListFilter::new()
+                    .status(status)
+                    .workflow(workflow)
+                    .limit(256);
                 loop {
                     let page = self.list(&filter).await?;
                     let Some(last) = page.last() else { break };

@@ -33,7 +33,9 @@ pub(crate) const INPUT_KEY: &str = "__input";
 pub type SharedStore = Arc<dyn Store>;
 
 type DurableEntry = Arc<
-    dyn Fn(DurableCtx<'static, SharedStore>) -> Pin<Box<dyn Future<Output = Result<Value, Error>> + Send>>
+    dyn Fn(
+            DurableCtx<'static, SharedStore>,
+        ) -> Pin<Box<dyn Future<Output = Result<Value, Error>> + Send>>
         + Send
         + Sync,
 >;
@@ -328,7 +330,12 @@ impl Worker {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> WorkerReport {
         let mut report = WorkerReport::default();
         let worker = Arc::new(self);
-        let names: Vec<String> = worker.registry.names().into_iter().map(String::from).collect();
+        let names: Vec<String> = worker
+            .registry
+            .names()
+            .into_iter()
+            .map(String::from)
+            .collect();
         let owner_text = worker.owner.to_string();
         let mut tasks: JoinSet<(String, Verdict)> = JoinSet::new();
         let mut running: HashSet<String> = HashSet::new();
@@ -486,7 +493,10 @@ pub async fn release<S: Store + ?Sized>(
     }
     cp.lease = None;
     let expected = cp.version;
-    match store.save(SaveRequest::new(&cp, Some(expected)).head_only()).await {
+    match store
+        .save(SaveRequest::new(&cp, Some(expected)).head_only())
+        .await
+    {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == crate::StoreErrorKind::Conflict => Ok(false),
         Err(e) => Err(store_error(run_id, "release of the lease", e)),

@@ -61,12 +61,18 @@ mod tests {
     fn sqlstates_map_to_kinds() {
         let cases = [
             (SqlState::UNIQUE_VIOLATION, StoreErrorKind::Conflict),
-            (SqlState::T_R_SERIALIZATION_FAILURE, StoreErrorKind::Conflict),
+            (
+                SqlState::T_R_SERIALIZATION_FAILURE,
+                StoreErrorKind::Conflict,
+            ),
             (SqlState::T_R_DEADLOCK_DETECTED, StoreErrorKind::Conflict),
             (SqlState::PROGRAM_LIMIT_EXCEEDED, StoreErrorKind::TooLarge),
             (SqlState::DATA_CORRUPTED, StoreErrorKind::Corrupt),
             (SqlState::INVALID_SCHEMA_NAME, StoreErrorKind::NotFound),
-            (SqlState::UNTRANSLATABLE_CHARACTER, StoreErrorKind::InvalidInput),
+            (
+                SqlState::UNTRANSLATABLE_CHARACTER,
+                StoreErrorKind::InvalidInput,
+            ),
             (SqlState::DISK_FULL, StoreErrorKind::Unavailable),
             (SqlState::ADMIN_SHUTDOWN, StoreErrorKind::Unavailable),
             (SqlState::CONNECTION_FAILURE, StoreErrorKind::Unavailable),

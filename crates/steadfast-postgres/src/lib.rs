@@ -48,7 +48,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
-use steadfast_core::store::{check_head, check_size, check_state, state_size, DueRequest, SaveRequest};
+use steadfast_core::store::{
+    check_head, check_size, check_state, state_size, DueRequest, SaveRequest,
+};
 use steadfast_core::{
     Checkpoint, Clock, Decision, Lease, ListFilter, RunStatus, RunSummary, State, StepFailure,
     StepRecord, Store, StoreError, StoreErrorKind, SystemClock, Timestamp, Update, Wait,
@@ -263,12 +265,20 @@ pub(crate) struct Shared {
     clock: Arc<DbClock>,
     wake: Arc<Notify>,
     listener: Mutex<Option<tokio::task::AbortHandle>>,
-    listen: (tokio_postgres::Config, tokio_postgres_rustls::MakeRustlsConnect),
+    listen: (
+        tokio_postgres::Config,
+        tokio_postgres_rustls::MakeRustlsConnect,
+    ),
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        if let Some(h) = self.listener.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(h) = self
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
             h.abort();
         }
     }
@@ -324,9 +334,17 @@ impl PgStore {
                 .map_err(|e| pool_err(e, &format!("connecting to {display}")))?;
             if !opts.create {
                 let exists = client
-                    .query_opt("SELECT 1 FROM pg_namespace WHERE nspname = $1", &[&parsed.schema])
+                    .query_opt(
+                        "SELECT 1 FROM pg_namespace WHERE nspname = $1",
+                        &[&parsed.schema],
+                    )
                     .await
-                    .map_err(|e| map_err(e, &format!("looking for schema {} in {display}", parsed.schema)))?;
+                    .map_err(|e| {
+                        map_err(
+                            e,
+                            &format!("looking for schema {} in {display}", parsed.schema),
+                        )
+                    })?;
                 if exists.is_none() {
                     return Err(StoreError::NotFound(format!(
                         "no store: schema {} does not exist in {display}",
@@ -388,9 +406,13 @@ impl PgStore {
             }
         };
         Ok(Settings {
-            synchronous_commit: get("synchronous_commit").await.map_err(|e| map_err(e, &ctx()))?,
+            synchronous_commit: get("synchronous_commit")
+                .await
+                .map_err(|e| map_err(e, &ctx()))?,
             fsync: get("fsync").await.map_err(|e| map_err(e, &ctx()))?,
-            server_version: get("server_version").await.map_err(|e| map_err(e, &ctx()))?,
+            server_version: get("server_version")
+                .await
+                .map_err(|e| map_err(e, &ctx()))?,
         })
     }
 
@@ -399,7 +421,10 @@ impl PgStore {
     pub async fn drop_schema(&self) -> Result<(), StoreError> {
         let client = self.client().await?;
         client
-            .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", schema::quote(&self.shared.schema)))
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {} CASCADE",
+                schema::quote(&self.shared.schema)
+            ))
             .await
             .map_err(|e| map_err(e, &format!("dropping schema {}", self.shared.schema)))
     }
@@ -418,7 +443,10 @@ impl PgStore {
         let before = SystemClock.now().unix_millis() as i64;
         let t = Instant::now();
         let row = client
-            .query_one("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint", &[])
+            .query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                &[],
+            )
             .await
             .map_err(|e| map_err(e, &format!("reading the clock of {}", self.shared.display)))?;
         let server: i64 = row.get(0);
@@ -455,7 +483,11 @@ impl PgStore {
     /// running: one connection of its own, reconnected when it drops (and
     /// then every waiter is woken, since notifications may have been missed).
     fn ensure_listener(&self) {
-        let mut slot = self.shared.listener.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self
+            .shared
+            .listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if slot.as_ref().is_some_and(|h| !h.is_finished()) {
             return;
         }
@@ -467,14 +499,19 @@ impl PgStore {
                 if let Ok((client, mut conn)) = config.connect(tls.clone()).await {
                     let wake2 = Arc::clone(&wake);
                     let driver = tokio::spawn(async move {
-                        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+                        let mut messages =
+                            futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
                         while let Some(Ok(msg)) = messages.next().await {
                             if let tokio_postgres::AsyncMessage::Notification(_) = msg {
                                 wake2.notify_one();
                             }
                         }
                     });
-                    if client.batch_execute(&format!("LISTEN \"{channel}\"")).await.is_ok() {
+                    if client
+                        .batch_execute(&format!("LISTEN \"{channel}\""))
+                        .await
+                        .is_ok()
+                    {
                         wake.notify_one();
                         let _ = driver.await;
                     } else {
@@ -492,16 +529,25 @@ impl PgStore {
 /// The URL's stored version of a run, for a conflict's message.
 pub(crate) async fn stored_version(shared: &Shared, run_id: &str) -> Option<u64> {
     let client = shared.pool.get().await.ok()?;
-    let row = client.query_opt(&shared.sql.version, &[&run_id]).await.ok()??;
+    let row = client
+        .query_opt(&shared.sql.version, &[&run_id])
+        .await
+        .ok()??;
     Some(row.get::<_, i64>(0) as u64)
 }
 
 /// Connects to the store a `postgres://` or `postgresql://` URL names (`rest`
 /// is what follows the scheme and its colon), creating the schema only when
 /// `create` is set.
-pub async fn open_url(scheme: &str, rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+pub async fn open_url(
+    scheme: &str,
+    rest: &str,
+    create: bool,
+) -> Result<Arc<dyn Store>, StoreError> {
     let url = format!("{scheme}:{rest}");
-    Ok(Arc::new(PgStore::connect_with(&url, PgOptions::default().create(create)).await?))
+    Ok(Arc::new(
+        PgStore::connect_with(&url, PgOptions::default().create(create)).await?,
+    ))
 }
 
 fn to_json<T: serde::Serialize>(v: &T, run_id: &str, what: &str) -> Result<String, StoreError> {
@@ -512,9 +558,17 @@ fn to_json<T: serde::Serialize>(v: &T, run_id: &str, what: &str) -> Result<Strin
     })
 }
 
-fn corrupt(store: &Shared, run_id: &str, column: &str, reason: impl std::fmt::Display) -> StoreError {
+fn corrupt(
+    store: &Shared,
+    run_id: &str,
+    column: &str,
+    reason: impl std::fmt::Display,
+) -> StoreError {
     StoreError::Corrupt {
-        location: format!("{} {}.runs[{run_id:?}].{column}", store.display, store.schema),
+        location: format!(
+            "{} {}.runs[{run_id:?}].{column}",
+            store.display, store.schema
+        ),
         reason: reason.to_string(),
     }
 }
@@ -526,7 +580,12 @@ fn parse_json<T: serde::de::DeserializeOwned>(
     column: &str,
 ) -> Result<T, StoreError> {
     serde_json::from_str(text).map_err(|e| {
-        corrupt(store, run_id, column, format!("{e} (line {}, column {})", e.line(), e.column()))
+        corrupt(
+            store,
+            run_id,
+            column,
+            format!("{e} (line {}, column {})", e.line(), e.column()),
+        )
     })
 }
 
@@ -582,10 +641,16 @@ fn step_row(step: &StepRecord, run_id: &str) -> Result<StepRow, StoreError> {
 }
 
 impl PgStore {
-    fn decode(&self, run_id: &str, row: &tokio_postgres::Row) -> Result<(Checkpoint, Acct), StoreError> {
+    fn decode(
+        &self,
+        run_id: &str,
+        row: &tokio_postgres::Row,
+    ) -> Result<(Checkpoint, Acct), StoreError> {
         let s = &*self.shared;
         let status: String = row.get(1);
-        let status: RunStatus = status.parse().map_err(|e| corrupt(s, run_id, "status", e))?;
+        let status: RunStatus = status
+            .parse()
+            .map_err(|e| corrupt(s, run_id, "status", e))?;
         let next: i64 = row.get(2);
         let version: i64 = row.get(3);
         let head: String = row.get(6);
@@ -596,7 +661,8 @@ impl PgStore {
         let names: Vec<String> = row.get(13);
         let updates: Vec<String> = row.get(14);
         let mut state: State = parse_json(s, &snapshot, run_id, "snapshot")?;
-        let mut completed: Vec<String> = parse_json(s, &snapshot_completed, run_id, "snapshot_completed")?;
+        let mut completed: Vec<String> =
+            parse_json(s, &snapshot_completed, run_id, "snapshot_completed")?;
         if completed.len() as i64 != snapshot_next || snapshot_next > next {
             return Err(corrupt(
                 s,
@@ -605,9 +671,16 @@ impl PgStore {
                 format!("{snapshot_next} disagrees with the snapshot or next ({next})"),
             ));
         }
-        for (expect, ((idx, name), text)) in (snapshot_next..).zip(idxs.iter().zip(names).zip(&updates)) {
+        for (expect, ((idx, name), text)) in
+            (snapshot_next..).zip(idxs.iter().zip(names).zip(&updates))
+        {
             if *idx != expect {
-                return Err(corrupt(s, run_id, "steps", format!("step {expect} is missing from the history")));
+                return Err(corrupt(
+                    s,
+                    run_id,
+                    "steps",
+                    format!("step {expect} is missing from the history"),
+                ));
             }
             let update: Update = parse_json(s, text, run_id, &format!("steps[{idx}].update_json"))?;
             steadfast_core::merge(&mut state, update);
@@ -615,10 +688,19 @@ impl PgStore {
         }
         if snapshot_next + idxs.len() as i64 != next {
             let missing = snapshot_next + idxs.len() as i64;
-            return Err(corrupt(s, run_id, "steps", format!("step {missing} is missing from the history")));
+            return Err(corrupt(
+                s,
+                run_id,
+                "steps",
+                format!("step {missing} is missing from the history"),
+            ));
         }
         let head: HeadIn = parse_json(s, &head, run_id, "head")?;
-        let mut cp = Checkpoint::new(run_id, row.get::<_, String>(0), millis(s, run_id, "created_at", row.get(4))?);
+        let mut cp = Checkpoint::new(
+            run_id,
+            row.get::<_, String>(0),
+            millis(s, run_id, "created_at", row.get(4))?,
+        );
         cp.format = head.format;
         cp.status = status;
         cp.next = next as usize;
@@ -632,7 +714,8 @@ impl PgStore {
         cp.lease = head.lease;
         cp.wait = head.wait;
         cp.decisions = head.decisions;
-        cp.check().map_err(|reason| corrupt(s, run_id, "head", reason))?;
+        cp.check()
+            .map_err(|reason| corrupt(s, run_id, "head", reason))?;
         let acct = Acct {
             version: cp.version,
             next: cp.next,
@@ -648,8 +731,14 @@ impl Store for PgStore {
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         let client = self.client().await?;
         let ctx = || format!("loading run {run_id:?} from {}", self.shared.display);
-        let stmt = client.prepare_cached(&self.shared.sql.load).await.map_err(|e| map_err(e, &ctx()))?;
-        let row = client.query_opt(&stmt, &[&run_id]).await.map_err(|e| map_err(e, &ctx()))?;
+        let stmt = client
+            .prepare_cached(&self.shared.sql.load)
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        let row = client
+            .query_opt(&stmt, &[&run_id])
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
         drop(client);
         let Some(row) = row else {
             self.remember(run_id, None);
@@ -684,7 +773,9 @@ impl Store for PgStore {
             let acct = self.acct(run_id);
             let delta = match (req.step, &acct) {
                 (Some(s), Some(a))
-                    if Some(a.version) == req.expected && s.index == a.next && cp.next == a.next + 1 =>
+                    if Some(a.version) == req.expected
+                        && s.index == a.next
+                        && cp.next == a.next + 1 =>
                 {
                     let row = step_row(s, run_id)?;
                     let budget = a.snapshot_bytes.max(MIN_DELTA_BUDGET);
@@ -695,7 +786,11 @@ impl Store for PgStore {
             match delta {
                 Some((row, a)) => {
                     // The stored state passed these checks when it was written.
-                    check_state(run_id, "update", &req.step.map(|s| &s.update).cloned().unwrap_or_default())?;
+                    check_state(
+                        run_id,
+                        "update",
+                        &req.step.map(|s| &s.update).cloned().unwrap_or_default(),
+                    )?;
                     let bound = a.snapshot_bytes + a.delta_bytes + row.update.len() as u64;
                     if bound > limit {
                         check_size(run_id, "state", state_size(&cp.state), limit)?;
@@ -756,7 +851,9 @@ impl Store for PgStore {
             source: "the committing task stopped before it answered".into(),
         })?;
         match &result {
-            Ok(acct) if cp.status != RunStatus::Completed => self.remember(run_id, Some(acct.clone())),
+            Ok(acct) if cp.status != RunStatus::Completed => {
+                self.remember(run_id, Some(acct.clone()))
+            }
             _ => self.remember(run_id, None),
         }
         result.map(|a| a.version)
@@ -765,7 +862,10 @@ impl Store for PgStore {
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
         let client = self.client().await?;
         let ctx = || format!("listing runs in {}", self.shared.display);
-        let stmt = client.prepare_cached(&self.shared.sql.list).await.map_err(|e| map_err(e, &ctx()))?;
+        let stmt = client
+            .prepare_cached(&self.shared.sql.list)
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
         let limit = filter.limit.map(|l| l.min(i64::MAX as usize) as i64);
         let rows = client
             .query(
@@ -773,7 +873,9 @@ impl Store for PgStore {
                 &[
                     &filter.status.map(|s| s.as_str()),
                     &filter.workflow,
-                    &filter.updated_before.map(|t| t.unix_millis().min(i64::MAX as u64) as i64),
+                    &filter
+                        .updated_before
+                        .map(|t| t.unix_millis().min(i64::MAX as u64) as i64),
                     &filter.after,
                     &limit,
                 ],
@@ -786,7 +888,10 @@ impl Store for PgStore {
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         let client = self.client().await?;
         let ctx = || format!("deleting run {run_id:?} from {}", self.shared.display);
-        let stmt = client.prepare_cached(&self.shared.sql.delete).await.map_err(|e| map_err(e, &ctx()))?;
+        let stmt = client
+            .prepare_cached(&self.shared.sql.delete)
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
         self.remember(run_id, None);
         let row = client.query_one(&stmt, &[&run_id]).await.map_err(|e| {
             let err = map_err(e, &ctx());
@@ -804,18 +909,32 @@ impl Store for PgStore {
 
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         let client = self.client().await?;
-        let ctx = || format!("reading the history of run {run_id:?} in {}", self.shared.display);
-        let stmt = client.prepare_cached(&self.shared.sql.history).await.map_err(|e| map_err(e, &ctx()))?;
-        let rows = client.query(&stmt, &[&run_id]).await.map_err(|e| map_err(e, &ctx()))?;
+        let ctx = || {
+            format!(
+                "reading the history of run {run_id:?} in {}",
+                self.shared.display
+            )
+        };
+        let stmt = client
+            .prepare_cached(&self.shared.sql.history)
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        let rows = client
+            .query(&stmt, &[&run_id])
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
         if rows.is_empty() {
             return Ok(None);
         }
         let s = &*self.shared;
         let mut out = Vec::new();
         for r in &rows {
-            let Some(idx) = r.get::<_, Option<i64>>(0) else { continue };
+            let Some(idx) = r.get::<_, Option<i64>>(0) else {
+                continue;
+            };
             let text: String = r.get(2);
-            let update: Update = parse_json(s, &text, run_id, &format!("steps[{idx}].update_json"))?;
+            let update: Update =
+                parse_json(s, &text, run_id, &format!("steps[{idx}].update_json"))?;
             let attempt: i64 = r.get(3);
             out.push(StepRecord::new(
                 idx as usize,
@@ -834,7 +953,10 @@ impl Store for PgStore {
         self.sync_clock().await?;
         let client = self.client().await?;
         let ctx = || format!("looking for due runs in {}", self.shared.display);
-        let stmt = client.prepare_cached(&self.shared.sql.claim).await.map_err(|e| map_err(e, &ctx()))?;
+        let stmt = client
+            .prepare_cached(&self.shared.sql.claim)
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
         let workflows: Vec<&str> = due.workflows.to_vec();
         let limit = due.limit.min(10_000) as i64;
         let hold = due.hold.as_millis().min(i64::MAX as u128) as i64;
@@ -860,8 +982,14 @@ impl PgStore {
         let s = &*self.shared;
         let run_id: String = r.get(0);
         let status: String = r.get(2);
-        let status: RunStatus = status.parse().map_err(|e| corrupt(s, &run_id, "status", e))?;
-        let mut cp = Checkpoint::new(run_id.as_str(), r.get::<_, String>(1), millis(s, &run_id, "created_at", r.get(5))?);
+        let status: RunStatus = status
+            .parse()
+            .map_err(|e| corrupt(s, &run_id, "status", e))?;
+        let mut cp = Checkpoint::new(
+            run_id.as_str(),
+            r.get::<_, String>(1),
+            millis(s, &run_id, "created_at", r.get(5))?,
+        );
         cp.status = status;
         cp.next = r.get::<_, i64>(3) as usize;
         cp.version = r.get::<_, i64>(4) as u64;

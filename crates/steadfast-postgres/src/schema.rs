@@ -96,7 +96,10 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Sto
         .collect();
     let current: i64 = if tables.iter().any(|t| t == "meta") {
         let row = tx
-            .query_opt(&format!("SELECT value FROM {q}.meta WHERE key = 'schema_version'"), &[])
+            .query_opt(
+                &format!("SELECT value FROM {q}.meta WHERE key = 'schema_version'"),
+                &[],
+            )
             .await
             .map_err(|e| map_err(e, &ctx("reading the version")))?;
         match row {
@@ -186,11 +189,26 @@ mod tests {
 
     #[test]
     fn schema_names_are_plain_identifiers() {
-        for good in ["steadfast", "t_1", "_x", "a23456789012345678901234567890123456789012345678901234567890123"] {
+        for good in [
+            "steadfast",
+            "t_1",
+            "_x",
+            "a23456789012345678901234567890123456789012345678901234567890123",
+        ] {
             assert!(check_schema_name(good).is_ok(), "{good}");
         }
         let long = "a".repeat(64);
-        for bad in ["", "1abc", "Caps", "a-b", "a\"b", "pg_catalog", long.as_str(), "a b", "é"] {
+        for bad in [
+            "",
+            "1abc",
+            "Caps",
+            "a-b",
+            "a\"b",
+            "pg_catalog",
+            long.as_str(),
+            "a b",
+            "é",
+        ] {
             assert!(check_schema_name(bad).is_err(), "{bad:?}");
         }
     }

@@ -69,11 +69,10 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, StoreError> {
         "prefer" | "allow" => (Tls::Unverified, SslMode::Prefer),
         "require" => (Tls::Unverified, SslMode::Require),
         "verify-full" => (Tls::Verified { root_cert }, SslMode::Require),
-        "verify-ca" => {
-            return Err(bad(
-                "sslmode=verify-ca is not supported; use verify-full, which also checks the host name".into(),
-            ))
-        }
+        "verify-ca" => return Err(bad(
+            "sslmode=verify-ca is not supported; use verify-full, which also checks the host name"
+                .into(),
+        )),
         other => {
             return Err(bad(format!(
                 "sslmode={other:?} is not one of disable, prefer, require, verify-full"
@@ -85,9 +84,7 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, StoreError> {
     } else {
         format!("{base}?{}", rest.join("&"))
     };
-    let mut config: tokio_postgres::Config = driver_url
-        .parse()
-        .map_err(|e| bad(format!("{e}")))?;
+    let mut config: tokio_postgres::Config = driver_url.parse().map_err(|e| bad(format!("{e}")))?;
     config.ssl_mode(ssl_mode);
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(std::time::Duration::from_secs(10));
@@ -107,7 +104,9 @@ pub(crate) fn redact(url: &str) -> String {
     let mut out = url.to_string();
     if let Some(scheme_end) = out.find("://") {
         let after = scheme_end + 3;
-        let host_end = out[after..].find(['/', '?']).map_or(out.len(), |i| after + i);
+        let host_end = out[after..]
+            .find(['/', '?'])
+            .map_or(out.len(), |i| after + i);
         if let Some(at) = out[after..host_end].rfind('@') {
             let userinfo = &out[after..after + at];
             if let Some(colon) = userinfo.find(':') {
@@ -145,9 +144,8 @@ pub(crate) fn connector(tls: &Tls) -> Result<tokio_postgres_rustls::MakeRustlsCo
             let mut roots = RootCertStore::empty();
             match root_cert {
                 Some(path) => {
-                    let pem = std::fs::read(path).map_err(|e| {
-                        StoreError::io(format!("reading sslrootcert {path}"), e)
-                    })?;
+                    let pem = std::fs::read(path)
+                        .map_err(|e| StoreError::io(format!("reading sslrootcert {path}"), e))?;
                     let mut added = 0;
                     for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
                         let cert = cert.map_err(|e| {
@@ -229,18 +227,28 @@ mod tests {
 
     #[test]
     fn steadfast_parameters_are_taken_out() -> Result<(), StoreError> {
-        let p = parse("postgres://u:secret@127.0.0.1:5432/test?schema=s1&sslmode=require&connect_timeout=3")?;
+        let p = parse(
+            "postgres://u:secret@127.0.0.1:5432/test?schema=s1&sslmode=require&connect_timeout=3",
+        )?;
         assert_eq!(p.schema, "s1");
         assert_eq!(p.tls, Tls::Unverified);
         assert_eq!(p.config.get_ssl_mode(), SslMode::Require);
         assert_eq!(p.config.get_dbname(), Some("test"));
-        assert_eq!(p.config.get_connect_timeout(), Some(&std::time::Duration::from_secs(3)));
+        assert_eq!(
+            p.config.get_connect_timeout(),
+            Some(&std::time::Duration::from_secs(3))
+        );
         assert!(!p.display.contains("secret"), "{}", p.display);
         let d = parse("postgresql://127.0.0.1/test")?;
         assert_eq!(d.schema, DEFAULT_SCHEMA);
         assert_eq!(d.tls, Tls::Unverified);
         let v = parse("postgres://h/db?sslmode=verify-full&sslrootcert=/x.pem")?;
-        assert_eq!(v.tls, Tls::Verified { root_cert: Some("/x.pem".into()) });
+        assert_eq!(
+            v.tls,
+            Tls::Verified {
+                root_cert: Some("/x.pem".into())
+            }
+        );
         Ok(())
     }
 
@@ -261,7 +269,10 @@ mod tests {
     #[test]
     fn passwords_never_show() {
         assert_eq!(redact("postgres://u:pw@h/db"), "postgres://u:***@h/db");
-        assert_eq!(redact("postgres://u@h/db?password=pw&x=1"), "postgres://u@h/db?password=***&x=1");
+        assert_eq!(
+            redact("postgres://u@h/db?password=pw&x=1"),
+            "postgres://u@h/db?password=***&x=1"
+        );
         assert_eq!(redact("postgres://h/db"), "postgres://h/db");
     }
 }

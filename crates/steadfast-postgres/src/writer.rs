@@ -200,8 +200,13 @@ async fn commit(shared: &Arc<Shared>, batch: Vec<SaveJob>) {
     // pipelines requests polled together): one round trip, then COMMIT.
     let begin = client.batch_execute("BEGIN");
     let members = join_all(batch.iter().zip(&all_params).map(|(job, p)| {
-        let refs: Vec<&(dyn ToSql + Sync)> = p.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect();
-        let stmt = if job.expected.is_none() { &fresh } else { &update };
+        let refs: Vec<&(dyn ToSql + Sync)> =
+            p.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect();
+        let stmt = if job.expected.is_none() {
+            &fresh
+        } else {
+            &update
+        };
         let client = &client;
         async move { client.query_opt(stmt, &refs).await }
     }));
@@ -215,8 +220,7 @@ async fn commit(shared: &Arc<Shared>, batch: Vec<SaveJob>) {
             Ok(())
         }
     };
-    let (began, mut results, pinged): (_, Vec<Member>, _) =
-        tokio::join!(begin, members, ping);
+    let (began, mut results, pinged): (_, Vec<Member>, _) = tokio::join!(begin, members, ping);
     drop(all_params);
     let first_error = began
         .err()
@@ -293,4 +297,3 @@ fn unreachable_member(run_id: &str) -> Result<Acct, StoreError> {
         "run {run_id:?}: a failed statement reached COMMIT"
     )))
 }
-

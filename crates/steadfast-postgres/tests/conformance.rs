@@ -6,7 +6,9 @@ use steadfast_conformance::{history_conformance, store_conformance, Config, Test
 use steadfast_postgres::PgOptions;
 
 async fn make(cfg: Config) -> TestStore {
-    let opts = PgOptions::default().max_state_bytes(cfg.state_limit).pool_size(4);
+    let opts = PgOptions::default()
+        .max_state_bytes(cfg.state_limit)
+        .pool_size(4);
     let (store, guard) = support::fresh_store(opts).await;
     TestStore::with_guard(store, guard)
 }

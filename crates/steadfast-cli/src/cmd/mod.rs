@@ -8,6 +8,8 @@ pub mod reject;
 pub mod run;
 pub mod runs;
 pub mod show;
+pub mod start;
+pub mod worker;
 
 use std::sync::Arc;
 

@@ -33,7 +33,7 @@ pub struct RunArgs {
 }
 
 /// Parses `--lease`: a duration within [`steadfast::limits::LEASE`].
-fn parse_lease(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_lease(text: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
     steadfast::limits::LEASE.check("the lease", d)
 }

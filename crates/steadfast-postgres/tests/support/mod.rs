@@ -31,10 +31,14 @@ impl Drop for DropSchema {
     fn drop(&mut self) {
         let url = url_with_schema(&self.0);
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
             if let Ok(rt) = rt {
                 rt.block_on(async {
-                    if let Ok(s) = PgStore::connect_with(&url, PgOptions::default().create(false)).await {
+                    if let Ok(s) =
+                        PgStore::connect_with(&url, PgOptions::default().create(false)).await
+                    {
                         let _ = s.drop_schema().await;
                     }
                 });
@@ -48,8 +52,11 @@ impl Drop for DropSchema {
 pub async fn fresh_store(opts: PgOptions) -> (PgStore, DropSchema) {
     let schema = fresh_schema();
     let url = url_with_schema(&schema);
-    let store = PgStore::connect_with(&url, opts)
-        .await
-        .unwrap_or_else(|e| panic!("PostgreSQL at {} (set STEADFAST_TEST_PG): {e}", server_url()));
+    let store = PgStore::connect_with(&url, opts).await.unwrap_or_else(|e| {
+        panic!(
+            "PostgreSQL at {} (set STEADFAST_TEST_PG): {e}",
+            server_url()
+        )
+    });
     (store, DropSchema(schema))
 }

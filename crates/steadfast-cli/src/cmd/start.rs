@@ -1,0 +1,44 @@
+//! `steadfast start FLOW --run-id ID [--input JSON]`: record a run for
+//! workers to pick up.
+
+use std::path::PathBuf;
+
+use super::{usage, Ctx, Failure};
+use crate::args::exit;
+use crate::{command, flow, output};
+
+/// Arguments of `start`.
+#[derive(clap::Args, Debug)]
+pub struct StartArgs {
+    /// The flow file (TOML); the run is recorded under its name.
+    pub flow: PathBuf,
+    /// The run's id. Starting an id that exists changes nothing.
+    #[arg(long)]
+    pub run_id: String,
+    /// The run's first state: a JSON object.
+    #[arg(long)]
+    pub input: Option<String>,
+}
+
+/// Records the run as pending; exit 0 whether it is new or already there.
+pub async fn run(args: StartArgs, ctx: &Ctx) -> Result<i32, Failure> {
+    let workflow = flow::load(&args.flow)?;
+    let input = match &args.input {
+        Some(text) => {
+            command::parse_json_exact(text).map_err(|e| usage(format!("--input: {e}")))?
+        }
+        None => serde_json::Value::Null,
+    };
+    let created =
+        steadfast::start(&*ctx.store, workflow.name(), &args.run_id, input, false).await?;
+    let id = output::shell_quote(&args.run_id);
+    if created {
+        output::note(format_args!(
+            "run {id} of {:?} is pending; a `steadfast worker` for its flow will run it",
+            workflow.name()
+        ));
+    } else {
+        output::note(format_args!("run {id} already exists; left as it is"));
+    }
+    Ok(exit::OK)
+}
