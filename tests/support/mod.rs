@@ -92,3 +92,43 @@ impl Drop for Reaped {
         let _ = self.0.wait();
     }
 }
+
+/// The PostgreSQL server the tests use: `$STEADFAST_TEST_PG`, else the local
+/// one that CI starts. Tests never skip for want of it: they fail, naming it.
+pub fn pg_server_url() -> String {
+    std::env::var("STEADFAST_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// A schema of its own on the test server, dropped with everything in it
+/// when the guard is dropped.
+pub struct PgSchema {
+    /// The store URL naming the schema.
+    pub url: String,
+}
+
+impl PgSchema {
+    /// A fresh, not yet created schema.
+    pub fn new() -> Self {
+        let base = pg_server_url();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        PgSchema {
+            url: format!("{base}{sep}schema=t_{:016x}", fastrand::u64(..)),
+        }
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let _ = std::thread::spawn(move || {
+            runtime().block_on(async {
+                let opts = steadfast::postgres::PgOptions::default().create(false);
+                if let Ok(s) = steadfast::postgres::PgStore::connect_with(&url, opts).await {
+                    let _ = s.drop_schema().await;
+                }
+            })
+        })
+        .join();
+    }
+}

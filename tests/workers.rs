@@ -1,0 +1,198 @@
+//! Workers on every store: runs recorded with `start` are taken, run once,
+//! resumed after a gate's decision, and a durable function gets its input.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use steadfast::{
+    approve, start, update, ListFilter, Owner, Registry, RunStatus, Step, StepError, Store, Worker,
+    Workflow,
+};
+use support::PgSchema;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+type Counts = Arc<Mutex<BTreeMap<String, u32>>>;
+
+/// A store of each kind, with what must outlive it.
+fn stores() -> Vec<(&'static str, Arc<dyn Store>, Box<dyn std::any::Any>)> {
+    let mut out: Vec<(&'static str, Arc<dyn Store>, Box<dyn std::any::Any>)> = Vec::new();
+    out.push(("memory", support::open("memory:"), Box::new(())));
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let sqlite = support::open(&support::store_url("sqlite", dir.path()));
+    out.push(("sqlite", sqlite, Box::new(dir)));
+    let pg = PgSchema::new();
+    out.push(("postgres", support::open(&pg.url), Box::new(pg)));
+    out
+}
+
+fn counted(name: &str, steps: usize, counts: &Counts) -> Workflow {
+    let mut b = Workflow::builder(name);
+    for i in 0..steps {
+        let counts = Arc::clone(counts);
+        b = b.step(format!("s{i}"), move |ctx, _| {
+            let counts = Arc::clone(&counts);
+            let key = format!("{}/{}", ctx.run_id(), i);
+            async move {
+                *counts.lock().unwrap().entry(key).or_default() += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                update(json!({ format!("s{i}"): i }))
+            }
+        });
+    }
+    b.build().expect("a valid workflow")
+}
+
+async fn wait_until(store: &dyn Store, what: &str, done: impl Fn(&[steadfast::RunSummary]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let runs = store.list(&ListFilter::new()).await.expect("list");
+        if done(&runs) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}: {runs:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn all_completed(n: usize) -> impl Fn(&[steadfast::RunSummary]) -> bool {
+    move |runs| runs.len() == n && runs.iter().all(|r| r.status == RunStatus::Completed)
+}
+
+/// Two workers (as two owners on other hosts) share a store: every started
+/// run completes, and every step of every run ran exactly once.
+#[test]
+fn two_workers_run_every_started_run_once() -> TestResult {
+    for (kind, store, _guard) in stores() {
+        let counts: Counts = Arc::default();
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        rt.block_on(async {
+            for i in 0..24 {
+                assert!(start(&*store, "three", &format!("r{i:02}"), json!({"i": i}), false).await?);
+            }
+            // Starting again changes nothing.
+            assert!(!start(&*store, "three", "r00", json!({"i": 99}), false).await?);
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            let mut workers = Vec::new();
+            for host in ["worker-a", "worker-b"] {
+                let registry = Registry::new().workflow(counted("three", 3, &counts));
+                let mut rx = rx.clone();
+                let w = Worker::new(Arc::clone(&store), registry)
+                    .owner(Owner::new(host, 1, 1))
+                    .concurrency(4)
+                    .poll(Duration::from_millis(20));
+                workers.push(tokio::spawn(w.run(async move {
+                    let _ = rx.wait_for(|stop| *stop).await;
+                })));
+            }
+            wait_until(&*store, "every run to complete", all_completed(24)).await;
+            tx.send(true)?;
+            let mut completed = 0;
+            for w in workers {
+                let report = w.await?;
+                assert_eq!(report.abandoned, 0, "{kind}: {report:?}");
+                completed += report.completed;
+            }
+            assert_eq!(completed, 24, "{kind}");
+            let state = store.load("r00").await?.expect("r00").state;
+            assert_eq!(state.get("i"), Some(&json!(0)), "{kind}: the first start's input stays");
+            Ok::<_, Box<dyn std::error::Error>>(())
+        })?;
+        let counts = counts.lock().unwrap();
+        assert_eq!(counts.len(), 24 * 3, "{kind}: {counts:?}");
+        assert!(counts.values().all(|&n| n == 1), "{kind}: a step ran twice: {counts:?}");
+    }
+    Ok(())
+}
+
+/// A run stops at its gate; once approved, a worker takes it again and
+/// finishes it with the decision's data.
+#[test]
+fn an_approved_gate_is_taken_up_again() -> TestResult {
+    for (kind, store, _guard) in stores() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        rt.block_on(async {
+            let wf = Workflow::builder("gated")
+                .step("draft", |_, _| async { update(json!({"draft": "text"})) })
+                .push(Step::gate("review"))
+                .step("publish", |_, state| {
+                    let note = state.get("review").cloned();
+                    async move { update(json!({"published": note})) }
+                })
+                .build()?;
+            start(&*store, "gated", "g1", json!({}), false).await?;
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            let mut rx2 = rx.clone();
+            let worker = tokio::spawn(
+                Worker::new(Arc::clone(&store), Registry::new().workflow(wf))
+                    .poll(Duration::from_millis(50))
+                    .run(async move {
+                        let _ = rx2.wait_for(|s| *s).await;
+                    }),
+            );
+            wait_until(&*store, "the gate", |runs| runs.iter().any(|r| r.status == RunStatus::Waiting)).await;
+            approve(&*store, "g1", "review", Some(json!({"ok": true})), "ada", &steadfast::SystemClock).await?;
+            wait_until(&*store, "the run to finish", all_completed(1)).await;
+            tx.send(true)?;
+            let report = worker.await?;
+            assert_eq!((report.suspended, report.completed), (1, 1), "{kind}: {report:?}");
+            let cp = store.load("g1").await?.expect("g1");
+            assert_eq!(cp.state.get("published"), Some(&json!({"ok": true})), "{kind}");
+            assert!(cp.lease.is_none(), "{kind}: the lease is released");
+            Ok::<_, Box<dyn std::error::Error>>(())
+        })?;
+    }
+    Ok(())
+}
+
+/// A durable function registered by name gets the input it was started with.
+#[test]
+fn a_durable_function_gets_its_input() -> TestResult {
+    for (kind, store, _guard) in stores() {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        rt.block_on(async {
+            let registry = Registry::new().durable("double", |ctx| async move {
+                let n = ctx.input().await.and_then(|v| v.as_i64()).unwrap_or(0);
+                ctx.step("double", || async move { Ok::<_, StepError>(n * 2) }).await
+            });
+            start(&*store, "double", "d1", json!(21), true).await?;
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            let mut rx2 = rx.clone();
+            let worker = tokio::spawn(
+                Worker::new(Arc::clone(&store), registry)
+                    .poll(Duration::from_millis(20))
+                    .run(async move {
+                        let _ = rx2.wait_for(|s| *s).await;
+                    }),
+            );
+            wait_until(&*store, "the run to finish", all_completed(1)).await;
+            tx.send(true)?;
+            worker.await?;
+            let out: steadfast::Outcome<i64> = steadfast::durable("d1", &store, "double", |_ctx| async {
+                Ok::<i64, steadfast::Error>(-1)
+            })
+            .await?;
+            assert_eq!(out, steadfast::Outcome::Completed(42), "{kind}");
+            Ok::<_, Box<dyn std::error::Error>>(())
+        })?;
+    }
+    Ok(())
+}
+
+/// Bad starts are refused with what is wrong, and record nothing.
+#[test]
+fn bad_starts_are_refused() -> TestResult {
+    let store = support::open("memory:");
+    let rt = support::runtime();
+    let e = rt.block_on(start(&*store, "wf", "r", json!([1]), false)).unwrap_err();
+    assert!(e.to_string().contains("JSON object"), "{e}");
+    let e = rt.block_on(start(&*store, "wf", "bad\nid", json!({}), false)).unwrap_err();
+    assert!(matches!(e, steadfast::Error::InvalidRunId { .. }), "{e}");
+    let e = rt.block_on(start(&*store, "", "r", json!({}), false)).unwrap_err();
+    assert!(matches!(e, steadfast::Error::InvalidWorkflow { .. }), "{e}");
+    assert!(rt.block_on(store.list(&ListFilter::new()))?.is_empty());
+    Ok(())
+}
