@@ -46,14 +46,21 @@ fn counted(name: &str, steps: usize, counts: &Counts) -> Workflow {
     b.build().expect("a valid workflow")
 }
 
-async fn wait_until(store: &dyn Store, what: &str, done: impl Fn(&[steadfast::RunSummary]) -> bool) {
+async fn wait_until(
+    store: &dyn Store,
+    what: &str,
+    done: impl Fn(&[steadfast::RunSummary]) -> bool,
+) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let runs = store.list(&ListFilter::new()).await.expect("list");
         if done(&runs) {
             return;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}: {runs:?}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {runs:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -68,10 +75,22 @@ fn all_completed(n: usize) -> impl Fn(&[steadfast::RunSummary]) -> bool {
 fn two_workers_run_every_started_run_once() -> TestResult {
     for (kind, store, _guard) in stores() {
         let counts: Counts = Arc::default();
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
         rt.block_on(async {
             for i in 0..24 {
-                assert!(start(&*store, "three", &format!("r{i:02}"), json!({"i": i}), false).await?);
+                assert!(
+                    start(
+                        &*store,
+                        "three",
+                        &format!("r{i:02}"),
+                        json!({"i": i}),
+                        false
+                    )
+                    .await?
+                );
             }
             // Starting again changes nothing.
             assert!(!start(&*store, "three", "r00", json!({"i": 99}), false).await?);
@@ -98,12 +117,19 @@ fn two_workers_run_every_started_run_once() -> TestResult {
             }
             assert_eq!(completed, 24, "{kind}");
             let state = store.load("r00").await?.expect("r00").state;
-            assert_eq!(state.get("i"), Some(&json!(0)), "{kind}: the first start's input stays");
+            assert_eq!(
+                state.get("i"),
+                Some(&json!(0)),
+                "{kind}: the first start's input stays"
+            );
             Ok::<_, Box<dyn std::error::Error>>(())
         })?;
         let counts = counts.lock().unwrap();
         assert_eq!(counts.len(), 24 * 3, "{kind}: {counts:?}");
-        assert!(counts.values().all(|&n| n == 1), "{kind}: a step ran twice: {counts:?}");
+        assert!(
+            counts.values().all(|&n| n == 1),
+            "{kind}: a step ran twice: {counts:?}"
+        );
     }
     Ok(())
 }
@@ -113,7 +139,10 @@ fn two_workers_run_every_started_run_once() -> TestResult {
 #[test]
 fn an_approved_gate_is_taken_up_again() -> TestResult {
     for (kind, store, _guard) in stores() {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
         rt.block_on(async {
             let wf = Workflow::builder("gated")
                 .step("draft", |_, _| async { update(json!({"draft": "text"})) })
@@ -133,14 +162,33 @@ fn an_approved_gate_is_taken_up_again() -> TestResult {
                         let _ = rx2.wait_for(|s| *s).await;
                     }),
             );
-            wait_until(&*store, "the gate", |runs| runs.iter().any(|r| r.status == RunStatus::Waiting)).await;
-            approve(&*store, "g1", "review", Some(json!({"ok": true})), "ada", &steadfast::SystemClock).await?;
+            wait_until(&*store, "the gate", |runs| {
+                runs.iter().any(|r| r.status == RunStatus::Waiting)
+            })
+            .await;
+            approve(
+                &*store,
+                "g1",
+                "review",
+                Some(json!({"ok": true})),
+                "ada",
+                &steadfast::SystemClock,
+            )
+            .await?;
             wait_until(&*store, "the run to finish", all_completed(1)).await;
             tx.send(true)?;
             let report = worker.await?;
-            assert_eq!((report.suspended, report.completed), (1, 1), "{kind}: {report:?}");
+            assert_eq!(
+                (report.suspended, report.completed),
+                (1, 1),
+                "{kind}: {report:?}"
+            );
             let cp = store.load("g1").await?.expect("g1");
-            assert_eq!(cp.state.get("published"), Some(&json!({"ok": true})), "{kind}");
+            assert_eq!(
+                cp.state.get("published"),
+                Some(&json!({"ok": true})),
+                "{kind}"
+            );
             assert!(cp.lease.is_none(), "{kind}: the lease is released");
             Ok::<_, Box<dyn std::error::Error>>(())
         })?;
@@ -152,11 +200,15 @@ fn an_approved_gate_is_taken_up_again() -> TestResult {
 #[test]
 fn a_durable_function_gets_its_input() -> TestResult {
     for (kind, store, _guard) in stores() {
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
         rt.block_on(async {
             let registry = Registry::new().durable("double", |ctx| async move {
                 let n = ctx.input().await.and_then(|v| v.as_i64()).unwrap_or(0);
-                ctx.step("double", || async move { Ok::<_, StepError>(n * 2) }).await
+                ctx.step("double", || async move { Ok::<_, StepError>(n * 2) })
+                    .await
             });
             start(&*store, "double", "d1", json!(21), true).await?;
             let (tx, rx) = tokio::sync::watch::channel(false);
@@ -171,10 +223,11 @@ fn a_durable_function_gets_its_input() -> TestResult {
             wait_until(&*store, "the run to finish", all_completed(1)).await;
             tx.send(true)?;
             worker.await?;
-            let out: steadfast::Outcome<i64> = steadfast::durable("d1", &store, "double", |_ctx| async {
-                Ok::<i64, steadfast::Error>(-1)
-            })
-            .await?;
+            let out: steadfast::Outcome<i64> =
+                steadfast::durable("d1", &store, "double", |_ctx| async {
+                    Ok::<i64, steadfast::Error>(-1)
+                })
+                .await?;
             assert_eq!(out, steadfast::Outcome::Completed(42), "{kind}");
             Ok::<_, Box<dyn std::error::Error>>(())
         })?;
@@ -187,11 +240,17 @@ fn a_durable_function_gets_its_input() -> TestResult {
 fn bad_starts_are_refused() -> TestResult {
     let store = support::open("memory:");
     let rt = support::runtime();
-    let e = rt.block_on(start(&*store, "wf", "r", json!([1]), false)).unwrap_err();
+    let e = rt
+        .block_on(start(&*store, "wf", "r", json!([1]), false))
+        .unwrap_err();
     assert!(e.to_string().contains("JSON object"), "{e}");
-    let e = rt.block_on(start(&*store, "wf", "bad\nid", json!({}), false)).unwrap_err();
+    let e = rt
+        .block_on(start(&*store, "wf", "bad\nid", json!({}), false))
+        .unwrap_err();
     assert!(matches!(e, steadfast::Error::InvalidRunId { .. }), "{e}");
-    let e = rt.block_on(start(&*store, "", "r", json!({}), false)).unwrap_err();
+    let e = rt
+        .block_on(start(&*store, "", "r", json!({}), false))
+        .unwrap_err();
     assert!(matches!(e, steadfast::Error::InvalidWorkflow { .. }), "{e}");
     assert!(rt.block_on(store.list(&ListFilter::new()))?.is_empty());
     Ok(())

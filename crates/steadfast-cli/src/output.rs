@@ -91,6 +91,23 @@ pub fn note(args: std::fmt::Arguments<'_>) {
 
 /// The progress line of a run-loop event, on stderr.
 pub fn progress(event: &Event<'_>) {
+    if let Some(line) = progress_line(event) {
+        note(format_args!("{}", clean(&line)));
+    }
+}
+
+/// [`progress`] for one of several runs at once (a worker's): each line
+/// starts with the run's id.
+pub fn progress_of(run_id: &str) -> impl Fn(&Event<'_>) + Send + Sync + 'static {
+    let run_id = run_id.to_string();
+    move |event| {
+        if let Some(line) = progress_line(event) {
+            note(format_args!("{}", clean(&format!("{run_id}{line}"))));
+        }
+    }
+}
+
+fn progress_line(event: &Event<'_>) -> Option<String> {
     let line = match event {
         Event::Skipped { index, step } => format!("  skip  {index:>3} {step}  (done before)"),
         Event::Started {
@@ -118,9 +135,9 @@ pub fn progress(event: &Event<'_>) {
             error,
             retry_in: None,
         } => format!("  fail  {index:>3} {step}  attempt {attempt}: {error}"),
-        _ => return,
+        _ => return None,
     };
-    note(format_args!("{}", clean(&line)));
+    Some(line)
 }
 
 /// Prints rows as columns padded to their widest cell.

@@ -63,11 +63,12 @@ impl Session {
     /// saves; the last step's save also marks the run completed and releases
     /// the lease.
     ///
-    /// When the save fails for any reason but a conflict (the state grew past
-    /// the store's limit, the disk is full), the record is put back as it was
-    /// before the step, and the failure is recorded in the store with the lease
-    /// released if the store still takes that small write, so that the run
-    /// reads `failed` with the cause instead of `running` under a dead lease.
+    /// When the save is refused for the step's own data (the state grew
+    /// past the store's limit, a value it cannot take), the record is put
+    /// back as it was before the step, and the failure is recorded in the
+    /// store with the lease released, so that the run reads `failed` with the
+    /// cause instead of `running` under a dead lease. A store that is
+    /// unavailable gets no such write: see [`record_unsaved`](Session::record_unsaved).
     pub(crate) async fn complete<S: Store + ?Sized>(
         &mut self,
         r: &Runner<'_, S>,
@@ -107,8 +108,8 @@ impl Session {
     /// After a step's checkpoint failed to save (`failure`), records the run
     /// as failed with the cause and releases the lease, if the store still
     /// takes that small write; so the run reads `failed`, not `running` under
-    /// a dead lease. Nothing is written after a conflict: someone else owns
-    /// the run.
+    /// a dead lease. Nothing is written after a conflict (someone else owns
+    /// the run) or when the store is unavailable (the run resumes later).
     pub(crate) async fn record_unsaved<S: Store + ?Sized>(
         &mut self,
         r: &Runner<'_, S>,
@@ -120,7 +121,15 @@ impl Session {
         let Some(err) = failure.store_error() else {
             return;
         };
-        if err.kind() == StoreErrorKind::Conflict {
+        // After a conflict, someone else owns the run. When the store itself
+        // is in trouble (unreachable, a full disk, an unknown outcome), the
+        // run stays as it was, running under its lease: once the lease
+        // lapses, a worker or the next call resumes it at this step, rather
+        // than finding a failed run that nobody retries.
+        if matches!(
+            err.kind(),
+            StoreErrorKind::Conflict | StoreErrorKind::Unavailable | StoreErrorKind::OutcomeUnknown
+        ) {
             return;
         }
         let now = r.clock.now();

@@ -236,6 +236,24 @@ pub struct Worker {
     poll: Duration,
     grace: Duration,
     configure: Option<Configure>,
+    on_end: Option<OnEnd>,
+}
+
+type OnEnd = Arc<dyn Fn(&str, &RunEnd) + Send + Sync>;
+
+/// How a worker's call of one run ended; see [`Worker::on_run_end`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RunEnd {
+    /// The run completed.
+    Completed,
+    /// It stopped at a gate or a timer, or was rejected.
+    Suspended,
+    /// A step ran out of attempts, or the store failed.
+    Failed(Error),
+    /// Another worker holds the run, or took it over (this worker was fenced
+    /// out: its save or renewal was refused).
+    Lost(Error),
 }
 
 impl std::fmt::Debug for Worker {
@@ -252,7 +270,7 @@ impl std::fmt::Debug for Worker {
 }
 
 type Configure =
-    Arc<dyn for<'a> Fn(Runner<'a, SharedStore>) -> Runner<'a, SharedStore> + Send + Sync>;
+    Arc<dyn for<'a> Fn(&str, Runner<'a, SharedStore>) -> Runner<'a, SharedStore> + Send + Sync>;
 
 /// The default lease of a worker's run: 30 seconds.
 pub const DEFAULT_WORKER_LEASE: Duration = Duration::from_secs(30);
@@ -274,6 +292,7 @@ impl Worker {
             poll: DEFAULT_POLL,
             grace: DEFAULT_GRACE,
             configure: None,
+            on_end: None,
         }
     }
 
@@ -312,13 +331,23 @@ impl Worker {
         self
     }
 
-    /// Sets more options on each run's [`Runner`] (an observer, a takeover
-    /// hook). The lease is the worker's.
+    /// Sets more options on the [`Runner`] of each run taken, given the
+    /// run's id (an observer, a takeover hook). The lease is the worker's.
     pub fn configure(
         mut self,
-        f: impl for<'a> Fn(Runner<'a, SharedStore>) -> Runner<'a, SharedStore> + Send + Sync + 'static,
+        f: impl for<'a> Fn(&str, Runner<'a, SharedStore>) -> Runner<'a, SharedStore>
+            + Send
+            + Sync
+            + 'static,
     ) -> Self {
         self.configure = Some(Arc::new(f));
+        self
+    }
+
+    /// Calls `f` with each run's id and how the worker's call of it ended,
+    /// for logs and metrics.
+    pub fn on_run_end(mut self, f: impl Fn(&str, &RunEnd) + Send + Sync + 'static) -> Self {
+        self.on_end = Some(Arc::new(f));
         self
     }
 
@@ -433,28 +462,41 @@ impl Worker {
         let Some(entry) = self.registry.entries.get(workflow).cloned() else {
             return Verdict::Lost;
         };
+        let outcome: Result<RunEnd, Error>;
         let mut runner = Runner::new(&self.store);
         if let Some(f) = &self.configure {
-            runner = f(runner);
+            runner = f(run_id, runner);
         }
         let runner = runner.lease(self.owner.clone(), self.lease);
-        let outcome = match entry {
+        outcome = match entry {
             Entry::Listed(wf) => runner.run(run_id, &wf).await.map(|o| verdict_of(&o)),
             Entry::Durable(f) => runner
                 .durable(run_id, workflow, |ctx| f(ctx))
                 .await
                 .map(|o| verdict_of(&o)),
         };
-        match outcome {
+        let end = match outcome {
             Ok(v) => v,
-            Err(e) if e.is_held_elsewhere() => {
-                tracing::info!(run_id, "another worker has this run");
-                Verdict::Lost
+            Err(e) if e.is_held_elsewhere() => RunEnd::Lost(e),
+            Err(e) => RunEnd::Failed(e),
+        };
+        match &end {
+            RunEnd::Lost(e) => {
+                tracing::info!(run_id, error = %crate::error::chain(e), "another worker has this run")
             }
-            Err(e) => {
-                tracing::warn!(run_id, error = %crate::error::chain(&e), "run failed");
-                Verdict::Failed
+            RunEnd::Failed(e) => {
+                tracing::warn!(run_id, error = %crate::error::chain(e), "run failed")
             }
+            _ => {}
+        }
+        if let Some(f) = &self.on_end {
+            f(run_id, &end);
+        }
+        match end {
+            RunEnd::Completed => Verdict::Completed,
+            RunEnd::Suspended => Verdict::Suspended,
+            RunEnd::Failed(_) => Verdict::Failed,
+            RunEnd::Lost(_) => Verdict::Lost,
         }
     }
 }
@@ -466,10 +508,10 @@ enum Verdict {
     Lost,
 }
 
-fn verdict_of<T>(o: &Outcome<T>) -> Verdict {
+fn verdict_of<T>(o: &Outcome<T>) -> RunEnd {
     match o {
-        Outcome::Completed(_) => Verdict::Completed,
-        _ => Verdict::Suspended,
+        Outcome::Completed(_) => RunEnd::Completed,
+        _ => RunEnd::Suspended,
     }
 }
 

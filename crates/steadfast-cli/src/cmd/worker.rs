@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use steadfast::{Registry, Worker};
+use steadfast::{Registry, RunEnd, Worker};
 use tokio::signal::unix::{signal, SignalKind};
 
 use super::{usage, Ctx, Failure};
@@ -86,9 +86,22 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
         .lease(args.lease)
         .poll(args.poll)
         .grace(args.grace)
-        .configure(|r| {
+        .configure(|run_id, r| {
             r.on_takeover(|old| command::stop_steps_of(&old.owner))
-                .observer(output::progress)
+                .observer(output::progress_of(run_id))
+        })
+        .on_run_end(|run_id, end| match end {
+            RunEnd::Lost(e) => output::note(format_args!(
+                "{}  lost: another worker has the run ({})",
+                output::clean(run_id),
+                output::clean(&format!("{e:#}"))
+            )),
+            RunEnd::Failed(e) => output::note(format_args!(
+                "{}  failed: {}",
+                output::clean(run_id),
+                output::clean(&format!("{e:#}"))
+            )),
+            _ => {}
         })
         .run(shutdown)
         .await;
