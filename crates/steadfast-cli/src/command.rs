@@ -480,13 +480,16 @@ pub fn supervise(command: &str) -> i32 {
     })
 }
 
-/// Kills the step processes of `holder`, a `steadfast` process on this host
-/// whose lease this process has just taken over (it was stopped or hung past
-/// its lease, and its claim is already fenced out of the store): each of its
-/// children that is a step supervisor leads a process group of its own, and
-/// the whole group is killed. Nothing is done for a holder on another host or
-/// one that is gone (its supervisors killed their groups when it died).
-pub fn stop_steps_of(holder: &steadfast::Owner) {
+/// Kills the step processes that `holder`, a `steadfast` process on this
+/// host whose lease on `run_id` this process has just taken over, runs for
+/// that run (it was stopped or hung past its lease, and its claim is already
+/// fenced out of the store): each of its children that is a step supervisor
+/// leads a process group of its own, and the whole group is killed when a
+/// process in it carries the run's id in its environment. Steps of the
+/// holder's other runs (a worker holds many) are left alone. Nothing is done
+/// for a holder on another host or one that is gone (its supervisors killed
+/// their groups when it died).
+pub fn stop_steps_of(holder: &steadfast::Owner, run_id: &str) {
     // Without a start time, a later process with the same pid cannot be told
     // apart from the holder: kill nothing.
     if holder.started == 0 || steadfast::holder_is_running(holder) != Some(true) {
@@ -495,7 +498,10 @@ pub fn stop_steps_of(holder: &steadfast::Owner) {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return;
     };
-    let mut killed = Vec::new();
+    let wanted = format!("STEADFAST_RUN_ID={run_id}");
+    // Every process: its state, parent and group, and whether it works for
+    // the run.
+    let mut procs: Vec<(i32, char, u32, i32, bool)> = Vec::new();
     for entry in entries.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -512,29 +518,41 @@ pub fn stop_steps_of(holder: &steadfast::Owner) {
             continue;
         };
         let fields: Vec<&str> = after.split_whitespace().collect();
-        let (Some(ppid), Some(pgrp)) = (
+        let (Some(state), Some(ppid), Some(pgrp)) = (
+            fields.first().and_then(|f| f.chars().next()),
             fields.get(1).and_then(|f| f.parse::<u32>().ok()),
             fields.get(2).and_then(|f| f.parse::<i32>().ok()),
         ) else {
             continue;
         };
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let for_run = environ
+            .split(|b| *b == 0)
+            .any(|var| var == wanted.as_bytes());
+        procs.push((pid, state, ppid, pgrp, for_run));
+    }
+    let mut killed = Vec::new();
+    for &(pid, state, ppid, pgrp, _) in &procs {
         if ppid != holder.pid || pgrp != pid {
             continue;
         }
         // A supervisor that already exited (a zombie the stopped holder has
         // not reaped) has no command line left, but its group may still hold
-        // what the step started: `steadfast run` makes no other child that
-        // leads a group of its own.
-        let zombie = fields.first() == Some(&"Z");
+        // what the step started: `steadfast` makes no other child that leads
+        // a group of its own.
+        let zombie = state == 'Z';
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if zombie || cmdline.split(|b| *b == 0).nth(1) == Some(b"__supervise".as_slice()) {
+        let supervisor =
+            zombie || cmdline.split(|b| *b == 0).nth(1) == Some(b"__supervise".as_slice());
+        let for_run = procs.iter().any(|p| p.3 == pid && p.4);
+        if supervisor && for_run {
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
             killed.push(pid);
         }
     }
     if !killed.is_empty() {
         crate::output::note(format_args!(
-            "  note  killed the step processes (groups {killed:?}) of {holder}, which was stopped past its lease"
+            "  note  killed the step processes (groups {killed:?}) of {holder} for run {run_id:?}, which it held past its lease"
         ));
     }
 }

@@ -47,7 +47,10 @@ pub async fn run(args: RunArgs, ctx: &Ctx) -> Result<i32, Failure> {
         .lease(current_owner(), args.lease)
         .wait_for_timers(args.wait)
         .accept_changed_workflow(args.accept_changed_workflow)
-        .on_takeover(|old| command::stop_steps_of(&old.owner))
+        .on_takeover({
+            let run_id = run_id.to_string();
+            move |old| command::stop_steps_of(&old.owner, &run_id)
+        })
         .observer(output::progress);
     let json = args.json;
     match runner.run(run_id, &workflow).await? {

@@ -87,19 +87,20 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
         .poll(args.poll)
         .grace(args.grace)
         .configure(|run_id, r| {
-            r.on_takeover(|old| command::stop_steps_of(&old.owner))
+            let id = run_id.to_string();
+            r.on_takeover(move |old| command::stop_steps_of(&old.owner, &id))
                 .observer(output::progress_of(run_id))
         })
         .on_run_end(|run_id, end| match end {
             RunEnd::Lost(e) => output::note(format_args!(
                 "{}  lost: another worker has the run ({})",
                 output::clean(run_id),
-                output::clean(&format!("{e:#}"))
+                output::clean(&causes(e))
             )),
             RunEnd::Failed(e) => output::note(format_args!(
                 "{}  failed: {}",
                 output::clean(run_id),
-                output::clean(&format!("{e:#}"))
+                output::clean(&causes(e))
             )),
             _ => {}
         })
@@ -110,4 +111,19 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
         report.taken, report.completed, report.suspended, report.failed, report.lost, report.abandoned
     ));
     Ok(exit::OK)
+}
+
+/// An error and its causes on one line.
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        next = cause.source();
+    }
+    out
 }
