@@ -11,7 +11,9 @@ use serde_json::json;
 use steadfast::file::{FileStore, FileStoreOptions, OsFs};
 use steadfast::store::SaveRequest;
 use steadfast::{Checkpoint, Store, StoreErrorKind, Timestamp};
-use support::{child_store_url, count_from_env, open, role, runtime, spawn_child, store_url};
+use support::{
+    child_store_url, count_from_env, fresh_store_url, open, role, runtime, spawn_child,
+};
 
 const TEST: &str = "concurrent_processes_lose_no_update";
 
@@ -77,7 +79,7 @@ fn contend(
     mutant: &str,
 ) -> Result<Counts, Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let url = store_url(scheme, dir.path());
+    let (url, _schema) = fresh_store_url(scheme, dir.path());
     let store = open(&url);
     let rt = runtime();
     let runs: Vec<String> = std::iter::once("shared".to_string())
@@ -172,6 +174,15 @@ fn control_locking_the_data_file_instead_of_the_sidecar_loses_updates(
 #[test]
 fn four_processes_on_sqlite_lose_no_update() -> Result<(), Box<dyn std::error::Error>> {
     let c = contend("sqlite", 4, 200, "")?;
+    assert_eq!(c.shared, 800, "updates of the shared run were lost");
+    assert_eq!(c.shared_version, 801, "one version per save");
+    assert_eq!(c.own, [200; 4], "updates of a process's own run were lost");
+    Ok(())
+}
+
+#[test]
+fn four_processes_on_postgres_lose_no_update() -> Result<(), Box<dyn std::error::Error>> {
+    let c = contend("postgres", 4, 200, "")?;
     assert_eq!(c.shared, 800, "updates of the shared run were lost");
     assert_eq!(c.shared_version, 801, "one version per save");
     assert_eq!(c.own, [200; 4], "updates of a process's own run were lost");

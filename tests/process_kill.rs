@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use steadfast::{run, update, RetryPolicy, RunStatus, Step, Workflow};
-use support::{child_store_url, count_from_env, open, role, runtime, spawn_child, store_url};
+use support::{
+    child_store_url, count_from_env, fresh_store_url, open, role, runtime, spawn_child,
+};
 
 #[test]
 fn checkpoint_survives_process_exit() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,6 +23,11 @@ fn checkpoint_survives_process_exit() -> Result<(), Box<dyn std::error::Error>> 
 #[test]
 fn checkpoint_survives_process_exit_on_sqlite() -> Result<(), Box<dyn std::error::Error>> {
     seed_test("sqlite", "checkpoint_survives_process_exit_on_sqlite")
+}
+
+#[test]
+fn checkpoint_survives_process_exit_on_postgres() -> Result<(), Box<dyn std::error::Error>> {
+    seed_test("postgres", "checkpoint_survives_process_exit_on_postgres")
 }
 
 /// Step `a` checkpoints; step `b` kills its process with exit code 3. A fresh
@@ -41,7 +48,7 @@ fn seed_test(scheme: &str, test: &str) -> Result<(), Box<dyn std::error::Error>>
     }
 
     let dir = tempfile::tempdir()?;
-    let url = store_url(scheme, dir.path());
+    let (url, _schema) = fresh_store_url(scheme, dir.path());
     let status = spawn_child(test, "exit_in_b", &url, &[]).wait()?;
     assert_eq!(status.code(), Some(3), "the child died in step b");
 
@@ -112,6 +119,14 @@ fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step() -> TestResult 
 }
 
 #[test]
+fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step_on_postgres() -> TestResult {
+    torture(
+        "postgres",
+        "sigkill_at_random_moments_never_reruns_or_skips_a_saved_step_on_postgres",
+    )
+}
+
+#[test]
 fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step_on_sqlite() -> TestResult {
     torture(
         "sqlite",
@@ -133,7 +148,7 @@ fn torture(scheme: &str, test: &str) -> TestResult {
 
     let min_kills = count_from_env("STEADFAST_TEST_KILLS", 60);
     let dir = tempfile::tempdir()?;
-    let url = store_url(scheme, dir.path());
+    let (url, _schema) = fresh_store_url(scheme, dir.path());
     let log = dir.path().join("steps.log");
     let mut kills_per_run = Vec::new();
     let mut total_kills = 0;

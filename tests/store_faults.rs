@@ -13,22 +13,24 @@ mod support;
 const STEPS: usize = 6;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-/// A fresh store of each kind, with the directory that holds it.
-fn stores() -> Vec<(&'static str, Arc<dyn Store>, tempfile::TempDir)> {
-    ["memory", "file", "sqlite"]
+/// A fresh store of each kind, with what must outlive it (its directory,
+/// its PostgreSQL schema).
+fn stores() -> Vec<(&'static str, Arc<dyn Store>, Keep)> {
+    ["memory", "file", "sqlite", "postgres"]
         .into_iter()
         .map(|kind| {
             let dir = tempfile::tempdir().expect("a temp dir");
-            let url = match kind {
-                "memory" => "memory:".to_string(),
-                "file" => format!("file:{}", dir.path().join("runs.json").display()),
-                _ => format!("sqlite:{}", dir.path().join("runs.db").display()),
+            let (url, schema) = match kind {
+                "memory" => ("memory:".to_string(), None),
+                other => support::fresh_store_url(other, dir.path()),
             };
             let store = support::open(&url);
-            (kind, store, dir)
+            (kind, store, (dir, schema))
         })
         .collect()
 }
+
+type Keep = (tempfile::TempDir, Option<support::PgSchema>);
 type Counts = Arc<Mutex<BTreeMap<String, u32>>>;
 
 fn reference(counts: &Counts) -> Workflow {

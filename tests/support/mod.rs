@@ -132,3 +132,15 @@ impl Drop for PgSchema {
         .join();
     }
 }
+
+/// The URL of a fresh store of kind `scheme`: in `dir` for `file` and
+/// `sqlite`, in a schema of its own (dropped with the guard) for `postgres`.
+pub fn fresh_store_url(scheme: &str, dir: &Path) -> (String, Option<PgSchema>) {
+    match scheme {
+        "postgres" => {
+            let schema = PgSchema::new();
+            (schema.url.clone(), Some(schema))
+        }
+        other => (store_url(other, dir), None),
+    }
+}
