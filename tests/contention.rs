@@ -11,9 +11,7 @@ use serde_json::json;
 use steadfast::file::{FileStore, FileStoreOptions, OsFs};
 use steadfast::store::SaveRequest;
 use steadfast::{Checkpoint, Store, StoreErrorKind, Timestamp};
-use support::{
-    child_store_url, count_from_env, fresh_store_url, open, role, runtime, spawn_child,
-};
+use support::{child_store_url, count_from_env, fresh_store_url, open, role, runtime, spawn_child};
 
 const TEST: &str = "concurrent_processes_lose_no_update";
 

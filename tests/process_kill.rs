@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use steadfast::{run, update, RetryPolicy, RunStatus, Step, Workflow};
-use support::{
-    child_store_url, count_from_env, fresh_store_url, open, role, runtime, spawn_child,
-};
+use support::{child_store_url, count_from_env, fresh_store_url, open, role, runtime, spawn_child};
 
 #[test]
 fn checkpoint_survives_process_exit() -> Result<(), Box<dyn std::error::Error>> {
