@@ -17,9 +17,12 @@ use support::PgSchema;
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 type Counts = Arc<Mutex<BTreeMap<String, u32>>>;
 
+/// A store's kind, the store, and what must outlive it.
+type Kind = (&'static str, Arc<dyn Store>, Box<dyn std::any::Any>);
+
 /// A store of each kind, with what must outlive it.
-fn stores() -> Vec<(&'static str, Arc<dyn Store>, Box<dyn std::any::Any>)> {
-    let mut out: Vec<(&'static str, Arc<dyn Store>, Box<dyn std::any::Any>)> = Vec::new();
+fn stores() -> Vec<Kind> {
+    let mut out: Vec<Kind> = Vec::new();
     out.push(("memory", support::open("memory:"), Box::new(())));
     let dir = tempfile::tempdir().expect("a temp dir");
     let sqlite = support::open(&support::store_url("sqlite", dir.path()));

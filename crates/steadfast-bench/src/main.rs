@@ -8,9 +8,13 @@
 //! cargo run --release -p steadfast-bench -- --syncs   # count fsyncs per save with strace
 //! cargo run --release -p steadfast-bench -- --workloads ratios --stores sqlite
 //!                                                      # the SQLite targets, interleaved
+//! STEADFAST_BENCH_PG=postgres://postgres@127.0.0.1:5432/test \
+//!   cargo run --release -p steadfast-bench -- --workloads ratios --stores postgres
+//!                                                      # the PostgreSQL targets
 //! ```
 
 mod baseline;
+mod pg;
 mod syncs;
 mod workloads;
 
@@ -32,7 +36,13 @@ pub struct Args {
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Stores to measure.
-    #[arg(long, value_delimiter = ',', default_value = "memory,file,sqlite")]
+    /// `postgres` is measured on the server `STEADFAST_BENCH_PG` names, and
+    /// skipped with a printed reason without it.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "memory,file,sqlite,postgres"
+    )]
     pub stores: Vec<String>,
     /// Workloads to run.
     #[arg(
@@ -104,6 +114,7 @@ pub fn durability(store: &str) -> &'static str {
         "memory" => "in memory",
         "file" => "fsync per checkpoint",
         "sqlite" => "group commit (fsync per batch)",
+        "postgres" => "commit per batch (synchronous_commit=on, fsync=on)",
         _ => "unknown",
     }
 }
@@ -130,7 +141,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.wants("ratios") && args.stores.iter().any(|s| s == "sqlite") {
         rt.block_on(workloads::ratios(&args))?;
     }
+    let wants_pg = args.stores.iter().any(|s| s == "postgres");
+    if wants_pg && args.wants("ratios") {
+        rt.block_on(pg::measure(&args))?;
+    }
     for store in &args.stores {
+        if store == "postgres" && pg::server().is_none() {
+            if !args.wants("ratios") {
+                eprintln!(
+                    "postgres: skipped; set {} to a PostgreSQL URL to measure it",
+                    pg::ENV
+                );
+            }
+            continue;
+        }
         rt.block_on(workloads::all(store, &args))?;
     }
     Ok(())

@@ -16,9 +16,11 @@ use steadfast::{
 use crate::baseline::{remove_db, round};
 use crate::{durability, emit, median, Args};
 
-type Res<T> = Result<T, Box<dyn std::error::Error>>;
+/// A result with any error.
+pub type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-const STEPS: usize = 10;
+/// Steps of the W1/W2 workflow.
+pub const STEPS: usize = 10;
 
 /// The WORKLOAD.md workflow: steps `s0`..`s9`, step `i` returns `{"s<i>": i}`.
 pub fn ten_steps() -> Workflow {
@@ -48,6 +50,7 @@ pub fn fresh_url(kind: &str, dir: &Path, tag: &str) -> String {
             remove_db(&p);
             format!("sqlite:{}", p.display())
         }
+        "postgres" => crate::pg::fresh_url(tag),
         other => panic!("unknown store {other}"),
     }
 }
@@ -297,6 +300,7 @@ fn cleanup(kind: &str, url: &str) {
             let _ = std::fs::remove_file(format!("{p}.lock"));
         }
         "sqlite" => remove_db(Path::new(url.trim_start_matches("sqlite:"))),
+        "postgres" => crate::pg::drop_schema(url),
         _ => {}
     }
 }
@@ -424,6 +428,7 @@ pub fn child(role: &str, args: &Args) -> Res<()> {
             Ok(())
         }
         "syncs-raw" => crate::syncs::raw_upserts(&url, args.child_runs),
+        "pg-w2" => crate::pg::child(&url, args.child_runs),
         other => Err(format!("unknown child role {other}").into()),
     }
 }
