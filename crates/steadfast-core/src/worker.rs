@@ -60,7 +60,11 @@ enum Entry {
 ///     .workflow(wf)
 ///     .durable("greet", |ctx| async move {
 ///         let name = ctx.input().await.unwrap_or(json!("world"));
-///         ctx.step("hello", || async move { Ok::<_, StepError>(format!("hello {name}")) }).await
+///         ctx.step("hello", move || {
+///             let name = name.clone();
+///             async move { Ok::<_, StepError>(format!("hello {name}")) }
+///         })
+///         .await
 ///     });
 /// assert_eq!(registry.names(), ["greet", "ingest"]);
 /// # Ok::<(), steadfast_core::Error>(())
@@ -147,7 +151,7 @@ impl Registry {
 /// let store = MemoryStore::new();
 /// assert!(start(&store, "ingest", "r1", json!({"url": "https://example.com"}), false).await?);
 /// assert!(!start(&store, "ingest", "r1", json!({}), false).await?);
-/// assert_eq!(store.load("r1").await?.unwrap().status, RunStatus::Pending);
+/// assert_eq!(store.load("r1").await.unwrap().unwrap().status, RunStatus::Pending);
 /// # Ok::<(), steadfast_core::Error>(())
 /// # }).unwrap();
 /// ```
@@ -222,8 +226,8 @@ pub struct WorkerReport {
 /// ```no_run
 /// # async fn demo(store: steadfast_core::worker::SharedStore, registry: steadfast_core::Registry) {
 /// use steadfast_core::Worker;
-/// let shutdown = async { tokio::signal::ctrl_c().await.ok(); };
-/// # let shutdown = std::future::pending::<()>();
+/// // Stop after an hour (a real worker waits for a signal).
+/// let shutdown = tokio::time::sleep(std::time::Duration::from_secs(3600));
 /// let report = Worker::new(store, registry).concurrency(8).run(shutdown).await;
 /// # }
 /// ```
