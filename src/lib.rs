@@ -116,6 +116,8 @@ fn backends() -> Vec<Backend> {
 }
 
 async fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+    // What messages show: never a password.
+    let shown = store::redact_url(url);
     let known = || {
         backends()
             .iter()
@@ -125,7 +127,7 @@ async fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
     };
     let (scheme, rest) = url.split_once(':').ok_or_else(|| {
         StoreError::InvalidInput(format!(
-            "store URL {url:?} has no scheme; this build opens {}",
+            "store URL {shown:?} has no scheme; this build opens {}",
             known()
         ))
     })?;
@@ -134,7 +136,7 @@ async fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
         .find(|b| b.schemes.contains(&scheme))
         .ok_or_else(|| {
             StoreError::Unsupported(format!(
-                "store URL {url:?}: unknown scheme {scheme:?}; this build opens {} (the `sqlite`, `file` and `postgres` cargo features add those stores)",
+                "store URL {shown:?}: unknown scheme {scheme:?}; this build opens {} (the `sqlite`, `file` and `postgres` cargo features add those stores)",
                 known()
             ))
         })?;
@@ -142,7 +144,7 @@ async fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
         .await
         .map_err(|e| match e {
             StoreError::InvalidInput(m) => {
-                StoreError::InvalidInput(format!("store URL {url:?}: {m}"))
+                StoreError::InvalidInput(format!("store URL {shown:?}: {m}"))
             }
             other => other,
         })
@@ -174,6 +176,8 @@ mod tests {
             pg.contains("schema name") && pg.contains("store URL"),
             "{pg}"
         );
+        let pg = msg("postgres://app:s3cret@127.0.0.1/test?schema=Bad");
+        assert!(!pg.contains("s3cret") && pg.contains("app:***@"), "{pg}");
         let pg = msg("postgresql://127.0.0.1/test?sslmode=verify-ca");
         assert!(pg.contains("verify-full"), "{pg}");
     }

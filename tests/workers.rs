@@ -114,7 +114,7 @@ fn two_workers_run_every_started_run_once() -> TestResult {
             tx.send(true)?;
             let mut completed = 0;
             for w in workers {
-                let report = w.await?;
+                let report = w.await??;
                 assert_eq!(report.abandoned, 0, "{kind}: {report:?}");
                 completed += report.completed;
             }
@@ -180,7 +180,7 @@ fn an_approved_gate_is_taken_up_again() -> TestResult {
             .await?;
             wait_until(&*store, "the run to finish", all_completed(1)).await;
             tx.send(true)?;
-            let report = worker.await?;
+            let report = worker.await??;
             assert_eq!(
                 (report.suspended, report.completed),
                 (1, 1),
@@ -225,7 +225,7 @@ fn a_durable_function_gets_its_input() -> TestResult {
             );
             wait_until(&*store, "the run to finish", all_completed(1)).await;
             tx.send(true)?;
-            worker.await?;
+            worker.await??;
             let out: steadfast::Outcome<i64> =
                 steadfast::durable("d1", &store, "double", |_ctx| async {
                     Ok::<i64, steadfast::Error>(-1)
@@ -256,5 +256,82 @@ fn bad_starts_are_refused() -> TestResult {
         .unwrap_err();
     assert!(matches!(e, steadfast::Error::InvalidWorkflow { .. }), "{e}");
     assert!(rt.block_on(store.list(&ListFilter::new()))?.is_empty());
+    Ok(())
+}
+
+/// A run whose call panics frees its slot and is left alone for a while, so
+/// a worker with one slot goes on with the other runs instead of spinning on
+/// it or stalling.
+#[test]
+fn a_panicking_run_frees_its_slot_and_is_left_alone() -> TestResult {
+    let store = support::open("memory:");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let booms = Arc::new(Mutex::new(0u32));
+    let seen = Arc::clone(&booms);
+    rt.block_on(async {
+        let boom = Workflow::builder("boom")
+            .step("explode", move |_, _| {
+                *seen.lock().unwrap() += 1;
+                async { panic!("a bug in a step") }
+            })
+            .build()?;
+        let counts: Counts = Arc::default();
+        let registry = Registry::new()
+            .workflow(boom)
+            .workflow(counted("ok", 2, &counts));
+        start(&*store, "boom", "b1", json!({}), false).await?;
+        for i in 0..3 {
+            start(&*store, "ok", &format!("o{i}"), json!({}), false).await?;
+        }
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let mut rx2 = rx.clone();
+        let worker = tokio::spawn(
+            Worker::new(Arc::clone(&store), registry)
+                .concurrency(1)
+                .poll(Duration::from_millis(20))
+                .run(async move {
+                    let _ = rx2.wait_for(|s| *s).await;
+                }),
+        );
+        wait_until(&*store, "the other runs", |runs| {
+            runs.iter()
+                .filter(|r| r.workflow == "ok" && r.status == RunStatus::Completed)
+                .count()
+                == 3
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        tx.send(true)?;
+        let report = worker.await??;
+        assert!(report.failed >= 1, "{report:?}");
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })?;
+    let booms = *booms.lock().unwrap();
+    // Each call makes the step's attempts (3 by default); the rests between
+    // calls double from the poll interval. A worker that took the run again
+    // at once would make thousands in this time.
+    assert!(
+        (1..=60).contains(&booms),
+        "the panicking step ran {booms} times: the run should rest between calls"
+    );
+    Ok(())
+}
+
+/// A lease outside its range is refused before anything is taken.
+#[test]
+fn a_worker_with_a_bad_lease_is_refused() -> TestResult {
+    let store = support::open("memory:");
+    let rt = support::runtime();
+    let err = rt
+        .block_on(
+            Worker::new(store, Registry::new())
+                .lease(Duration::from_millis(5))
+                .run(async {}),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("lease"), "{err}");
     Ok(())
 }

@@ -65,11 +65,9 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
         }
         _ => steadfast::open_existing_store(&cli.store).await,
     };
-    let store = opened.with_context(|| format!("cannot open the store {}", cli.store))?;
-    let ctx = cmd::Ctx {
-        store,
-        url: cli.store,
-    };
+    let shown = steadfast::store::redact_url(&cli.store);
+    let store = opened.with_context(|| format!("cannot open the store {shown}"))?;
+    let ctx = cmd::Ctx { store, url: shown };
     match cli.command {
         Command::Run(args) => cmd::run::run(args, &ctx).await,
         Command::Start(args) => cmd::start::run(args, &ctx).await,

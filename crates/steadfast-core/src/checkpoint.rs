@@ -374,10 +374,13 @@ impl Checkpoint {
     /// - `running`: when its lease runs out (a run marked running without a
     ///   lease was interrupted: now);
     /// - `sleeping`: when its timer wakes;
-    /// - `waiting`: now once its gate has a decision for this wait, else at
-    ///   the gate's timeout, else never;
+    /// - `waiting`: at once when its gate has a decision for this wait (at
+    ///   the epoch, whatever the decider's clock), else at the gate's
+    ///   timeout, else never;
     /// - `completed`, `rejected`, `failed`: never (a failed run used up its
     ///   attempts; running it again is a person's call).
+    ///
+    /// A lease still held pushes the time to the lease's end.
     ///
     /// The times are wall-clock times of whoever wrote them; a worker
     /// compares them with its runner's clock (the database's, on stores that
@@ -392,6 +395,17 @@ impl Checkpoint {
     /// assert_eq!(cp.runnable_at(), None);
     /// ```
     pub fn runnable_at(&self) -> Option<Timestamp> {
+        let at = self.wake_time()?;
+        // A lease still held (a `run --wait` sleeping through its timer)
+        // keeps the run its holder's until it lapses.
+        Some(match &self.lease {
+            Some(lease) => at.max(lease.until),
+            None => at,
+        })
+    }
+
+    /// [`runnable_at`](Checkpoint::runnable_at) before any lease is counted.
+    fn wake_time(&self) -> Option<Timestamp> {
         match self.status {
             RunStatus::Pending => Some(self.updated_at),
             RunStatus::Running => Some(self.lease.as_ref().map_or(self.updated_at, |l| l.until)),
@@ -411,7 +425,8 @@ impl Checkpoint {
                         .iter()
                         .any(|d| d.gate == *step && d.waited_since == Some(*since));
                     if decided {
-                        Some(self.updated_at)
+                        // Due at once, whatever the decider's clock said.
+                        Some(Timestamp::EPOCH)
                     } else {
                         *timeout_at
                     }
@@ -478,6 +493,60 @@ impl StepRecord {
             attempt,
             started_at,
             finished_at,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Timestamp {
+        Timestamp::from_unix_millis(ms)
+    }
+
+    #[test]
+    fn when_a_worker_may_take_a_run() {
+        let mut cp = Checkpoint::new("r", "wf", at(1_000));
+        cp.status = RunStatus::Sleeping;
+        cp.wait = Some(Wait::Timer {
+            step: "nap".into(),
+            until: at(5_000),
+        });
+        assert_eq!(cp.runnable_at(), Some(at(5_000)));
+        // A holder sleeping through its timer keeps the run until its lease ends.
+        cp.lease = Some(Lease::new(Owner::new("h", 1, 1), at(9_000)));
+        assert_eq!(cp.runnable_at(), Some(at(9_000)));
+        cp.lease = None;
+
+        cp.status = RunStatus::Waiting;
+        cp.wait = Some(Wait::Gate {
+            step: "review".into(),
+            since: at(2_000),
+            timeout_at: None,
+            on_timeout: OnTimeout::Reject,
+        });
+        assert_eq!(cp.runnable_at(), None, "a person decides");
+        // A decision for an earlier wait at the gate does not count.
+        cp.decisions
+            .push(Decision::approve("review", "ada", at(1_500), None).answering(at(1_000)));
+        assert_eq!(cp.runnable_at(), None);
+        // One for this wait makes it due at once, whatever the decider's clock.
+        cp.decisions
+            .push(Decision::approve("review", "ada", at(99_000), None).answering(at(2_000)));
+        assert_eq!(cp.runnable_at(), Some(Timestamp::EPOCH));
+
+        cp.status = RunStatus::Running;
+        assert_eq!(
+            cp.runnable_at(),
+            Some(cp.updated_at),
+            "interrupted without a lease"
+        );
+        cp.lease = Some(Lease::new(Owner::new("h", 1, 1), at(7_000)));
+        assert_eq!(cp.runnable_at(), Some(at(7_000)));
+        for done in [RunStatus::Completed, RunStatus::Rejected, RunStatus::Failed] {
+            cp.status = done;
+            assert_eq!(cp.runnable_at(), None, "{done}");
         }
     }
 }

@@ -234,8 +234,9 @@ pub trait Store: Send + Sync {
     /// claims by compare-and-swap decides who runs a run.
     ///
     /// The default lists the unfinished runs and loads each, which suits
-    /// stores of one machine; finished runs cost nothing (`list` filters by
-    /// status).
+    /// stores of one machine with few unfinished runs: finished runs cost
+    /// nothing (`list` filters by status), but every run that is running,
+    /// sleeping or waiting is loaded on every look.
     async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
         let mut found: Vec<(Timestamp, RunSummary)> = Vec::new();
         for status in [
@@ -257,6 +258,9 @@ pub trait Store: Send + Sync {
                         let Some(cp) = self.load(&summary.run_id).await? else {
                             continue;
                         };
+                        if due.skip.contains(&cp.run_id.as_str()) {
+                            continue;
+                        }
                         if let Some(at) = cp.runnable_at().filter(|at| *at <= due.now) {
                             found.push((at, RunSummary::from(&cp)));
                         }
@@ -298,6 +302,9 @@ pub struct DueRequest<'a> {
     pub hold: std::time::Duration,
     /// At most this many runs.
     pub limit: usize,
+    /// Run ids not to return (the asker has them in hand, or leaves them
+    /// alone for a while).
+    pub skip: &'a [&'a str],
 }
 
 impl<'a> DueRequest<'a> {
@@ -315,6 +322,7 @@ impl<'a> DueRequest<'a> {
             now,
             hold,
             limit,
+            skip: &[],
         }
     }
 }
@@ -483,4 +491,41 @@ pub fn state_size(state: &crate::State) -> u64 {
     // Writing a Map into a counter cannot fail.
     let _ = serde_json::to_writer(&mut c, state);
     c.0
+}
+
+/// A store URL fit for messages and logs: a password in its user part
+/// (`scheme://user:PASSWORD@host`) or in a `password=` parameter becomes
+/// `***`. Everything up to the first `@` after `://` counts as the user
+/// part, as PostgreSQL's URL parser reads it, so a password holding `/` or
+/// `?` is hidden too (a URL with no password may lose a little more than
+/// needed).
+///
+/// ```
+/// use steadfast_core::store::redact_url;
+/// assert_eq!(redact_url("postgres://app:s3cret@db/prod"), "postgres://app:***@db/prod");
+/// assert_eq!(redact_url("postgres://db/prod?password=x&schema=a"), "postgres://db/prod?password=***&schema=a");
+/// assert_eq!(redact_url("sqlite:runs.db"), "sqlite:runs.db");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let mut out = url.to_string();
+    if let Some(scheme_end) = out.find("://") {
+        let after = scheme_end + 3;
+        if let Some(at) = out[after..].find('@') {
+            if let Some(colon) = out[after..after + at].find(':') {
+                out.replace_range(after + colon + 1..after + at, "***");
+            }
+        }
+    }
+    if let Some(q) = out.find('?') {
+        let (head, query) = out.split_at(q + 1);
+        let query: Vec<String> = query
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                _ => p.to_string(),
+            })
+            .collect();
+        out = format!("{head}{}", query.join("&"));
+    }
+    out
 }

@@ -7,7 +7,7 @@
 //! paused past its lease loses its next save or renewal (a conflict) and
 //! drops the run, so nothing it does afterwards reaches the store.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -224,11 +224,12 @@ pub struct WorkerReport {
 /// when told to.
 ///
 /// ```no_run
-/// # async fn demo(store: steadfast_core::worker::SharedStore, registry: steadfast_core::Registry) {
+/// # async fn demo(store: steadfast_core::worker::SharedStore, registry: steadfast_core::Registry) -> Result<(), steadfast_core::Error> {
 /// use steadfast_core::Worker;
 /// // Stop after an hour (a real worker waits for a signal).
 /// let shutdown = tokio::time::sleep(std::time::Duration::from_secs(3600));
-/// let report = Worker::new(store, registry).concurrency(8).run(shutdown).await;
+/// let report = Worker::new(store, registry).concurrency(8).run(shutdown).await?;
+/// # Ok(())
 /// # }
 /// ```
 pub struct Worker {
@@ -358,9 +359,20 @@ impl Worker {
     /// Takes and runs due runs until `shutdown` completes; then stops taking
     /// runs, gives the running ones the grace period, stops the rest and
     /// releases their leases. Errors of single runs are logged and counted,
-    /// never fatal; a store that cannot be reached is retried at the poll
-    /// interval.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> WorkerReport {
+    /// never fatal: a run whose call failed or was lost to another worker is
+    /// left alone for a while (from one poll interval, doubling to a minute)
+    /// before this worker takes it again. A store that cannot be reached is
+    /// retried at the poll interval.
+    ///
+    /// Fails with [`Error::InvalidInput`] before taking anything when the
+    /// lease lies outside [`limits::LEASE`](crate::limits::LEASE).
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<WorkerReport, Error> {
+        crate::limits::LEASE
+            .check("lease", self.lease)
+            .map_err(|reason| Error::InvalidInput {
+                what: "the worker's lease".into(),
+                reason,
+            })?;
         let mut report = WorkerReport::default();
         let worker = Arc::new(self);
         let names: Vec<String> = worker
@@ -370,30 +382,44 @@ impl Worker {
             .map(String::from)
             .collect();
         let owner_text = worker.owner.to_string();
+        // A reservation only bridges the moment between finding a run and
+        // saving the lease on it.
+        let hold = worker.lease.min(Duration::from_secs(10));
         let mut tasks: JoinSet<(String, Verdict)> = JoinSet::new();
-        let mut running: HashSet<String> = HashSet::new();
+        let mut state = Book::default();
         tokio::pin!(shutdown);
-        loop {
-            // Take what is due, up to the free slots.
-            let free = worker.concurrency.saturating_sub(running.len());
+        'taking: loop {
+            // Take what is due, up to the free slots, leaving out the runs
+            // this worker has in hand or is leaving alone for a while.
+            let free = worker.concurrency.saturating_sub(state.running.len());
             let mut took = 0;
             if free > 0 {
                 let workflows: Vec<&str> = names.iter().map(String::as_str).collect();
+                let skip = state.skip();
+                let skip: Vec<&str> = skip.iter().map(String::as_str).collect();
                 let now = Runner::new(&*worker.store).now();
-                let ask = DueRequest::new(&owner_text, &workflows, now, worker.lease, free);
-                match worker.store.claim_due(&ask).await {
+                let mut ask = DueRequest::new(&owner_text, &workflows, now, hold, free);
+                ask.skip = &skip;
+                let found = tokio::select! {
+                    biased;
+                    () = &mut shutdown => break 'taking,
+                    found = worker.store.claim_due(&ask) => found,
+                };
+                match found {
                     Ok(due) => {
                         for summary in due {
-                            if !running.insert(summary.run_id.clone()) {
+                            if state.running.values().any(|r| *r == summary.run_id) {
                                 continue;
                             }
                             took += 1;
                             report.taken += 1;
                             let w = Arc::clone(&worker);
-                            tasks.spawn(async move {
+                            let run_id = summary.run_id.clone();
+                            let handle = tasks.spawn(async move {
                                 let verdict = w.run_one(&summary.run_id, &summary.workflow).await;
                                 (summary.run_id, verdict)
                             });
+                            state.running.insert(handle.id(), run_id);
                         }
                     }
                     Err(e) => {
@@ -402,12 +428,12 @@ impl Worker {
                 }
             }
             // Wait for a slot, for work, or for the end.
-            let idle = took == 0 || running.len() >= worker.concurrency;
+            let idle = took == 0 || state.running.len() >= worker.concurrency;
             tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                Some(done) = tasks.join_next(), if !tasks.is_empty() => {
-                    worker.settle(done, &mut running, &mut report);
+                Some(done) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                    worker.settle(done, &mut state, &mut report).await;
                 }
                 () = worker.store.wait_for_work(worker.poll), if idle => {}
                 () = std::future::ready(()), if !idle => {}
@@ -418,46 +444,62 @@ impl Worker {
         tokio::pin!(deadline);
         while !tasks.is_empty() {
             tokio::select! {
-                Some(done) = tasks.join_next() => worker.settle(done, &mut running, &mut report),
+                Some(done) = tasks.join_next_with_id() => worker.settle(done, &mut state, &mut report).await,
                 () = &mut deadline => break,
             }
         }
         tasks.abort_all();
-        while let Some(done) = tasks.join_next().await {
-            if done.is_ok() {
-                worker.settle(done, &mut running, &mut report);
+        while let Some(done) = tasks.join_next_with_id().await {
+            match done {
+                Err(e) if e.is_cancelled() => {
+                    if let Some(run_id) = state.running.remove(&e.id()) {
+                        report.abandoned += 1;
+                        worker.release_quietly(&run_id).await;
+                    }
+                }
+                done => worker.settle(done, &mut state, &mut report).await,
             }
         }
-        for run_id in running {
-            report.abandoned += 1;
-            if let Err(e) = release(&*worker.store, &run_id, &worker.owner).await {
-                tracing::warn!(run_id, error = %e, "could not release the lease of a stopped run; it lapses by itself");
-            }
-        }
-        report
+        Ok(report)
     }
 
-    fn settle(
+    async fn release_quietly(&self, run_id: &str) {
+        if let Err(e) = release(&*self.store, run_id, &self.owner).await {
+            tracing::warn!(run_id, error = %e, "could not release the lease of a stopped run; it lapses by itself");
+        }
+    }
+
+    async fn settle(
         &self,
-        done: Result<(String, Verdict), tokio::task::JoinError>,
-        running: &mut HashSet<String>,
+        done: Result<(tokio::task::Id, (String, Verdict)), tokio::task::JoinError>,
+        state: &mut Book,
         report: &mut WorkerReport,
     ) {
         match done {
-            Ok((run_id, verdict)) => {
-                running.remove(&run_id);
+            Ok((id, (run_id, verdict))) => {
+                state.running.remove(&id);
                 match verdict {
                     Verdict::Completed => report.completed += 1,
                     Verdict::Suspended => report.suspended += 1,
                     Verdict::Failed => report.failed += 1,
                     Verdict::Lost => report.lost += 1,
                 }
+                match verdict {
+                    Verdict::Failed | Verdict::Lost => state.back_off(run_id, self.poll),
+                    _ => {
+                        state.resting.remove(&run_id);
+                    }
+                }
             }
             Err(e) => {
-                // A panicking workflow: its run id is lost with the task, so
-                // its lease lapses by itself.
-                tracing::error!(error = %e, "a run's task failed");
+                // A panicking workflow: free its slot, give its lease back and
+                // leave the run alone for a while.
                 report.failed += 1;
+                if let Some(run_id) = state.running.remove(&e.id()) {
+                    tracing::error!(run_id, error = %e, "a run's task panicked");
+                    self.release_quietly(&run_id).await;
+                    state.back_off(run_id, self.poll);
+                }
             }
         }
     }
@@ -505,6 +547,40 @@ impl Worker {
     }
 }
 
+/// The runs a worker has in hand, by task, and those it leaves alone for a
+/// while after their call failed or was lost: until when, and how many times
+/// in a row.
+#[derive(Default)]
+struct Book {
+    running: HashMap<tokio::task::Id, String>,
+    resting: HashMap<String, (std::time::Instant, u32)>,
+}
+
+impl Book {
+    /// The run ids not to take now.
+    fn skip(&mut self) -> Vec<String> {
+        let now = std::time::Instant::now();
+        self.resting.retain(|_, (until, _)| *until > now);
+        self.running
+            .values()
+            .chain(self.resting.keys())
+            .cloned()
+            .collect()
+    }
+
+    fn back_off(&mut self, run_id: String, poll: Duration) {
+        let strikes = self
+            .resting
+            .get(&run_id)
+            .map_or(0, |r| r.1)
+            .saturating_add(1);
+        let wait = (poll * 2u32.saturating_pow(strikes.min(16) - 1)).min(Duration::from_secs(60));
+        self.resting
+            .insert(run_id, (std::time::Instant::now() + wait, strikes));
+    }
+}
+
+#[derive(Clone, Copy)]
 enum Verdict {
     Completed,
     Suspended,

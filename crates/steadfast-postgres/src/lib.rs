@@ -41,7 +41,7 @@ mod url;
 mod writer;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -195,6 +195,7 @@ impl Sql {
                 "WITH h AS (
                     UPDATE {s}.runs SET workflow = $3, status = $4, next = COALESCE($5, next),
                         version = version + 1, created_at = $6, updated_at = $7, head = $8, wake_at = $9,
+                        claimed_by = NULL, claimed_until = NULL,
                         snapshot = COALESCE($10, snapshot),
                         snapshot_completed = COALESCE($11, snapshot_completed),
                         snapshot_next = CASE WHEN $10::text IS NULL THEN snapshot_next ELSE $5 END,
@@ -239,7 +240,7 @@ impl Sql {
                     SELECT run_id FROM {s}.runs
                     WHERE wake_at IS NOT NULL
                       AND wake_at <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint
-                      AND workflow = ANY($1)
+                      AND workflow = ANY($1) AND NOT (run_id = ANY($5))
                       AND (claimed_until IS NULL OR claimed_by = $2
                            OR claimed_until <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint)
                     ORDER BY wake_at LIMIT $3
@@ -284,19 +285,23 @@ impl Drop for Shared {
     }
 }
 
-/// The database server's clock, read through this machine's: the offset
-/// between them is measured at connect time and again each time workers look
-/// for due runs, so leases and timers are judged by one clock for all
-/// workers, whatever their own clocks say.
+/// The database server's clock, read through this machine's monotonic
+/// clock: the server's time is read when the store connects and again each
+/// time a worker looks for due runs, and between two readings it advances
+/// with this machine's monotonic clock. So leases and timers are judged by
+/// one clock for all workers, and setting a worker's wall clock (by hand or
+/// by NTP) changes nothing.
 #[derive(Debug)]
 pub struct DbClock {
-    offset_ms: AtomicI64,
+    /// The server's time (ms since the epoch) at the instant beside it.
+    anchor: Mutex<(i64, Instant)>,
 }
 
 impl Clock for DbClock {
     fn now(&self) -> Timestamp {
-        let local = SystemClock.now().unix_millis() as i64;
-        Timestamp::from_unix_millis(local.saturating_add(self.offset_ms.load(Relaxed)).max(0) as u64)
+        let (server, at) = *self.anchor.lock().unwrap_or_else(|p| p.into_inner());
+        let elapsed = at.elapsed().as_millis().min(i64::MAX as u128) as i64;
+        Timestamp::from_unix_millis(server.saturating_add(elapsed).max(0) as u64)
     }
 }
 
@@ -366,7 +371,7 @@ impl PgStore {
                 accts: Mutex::new(HashMap::new()),
                 opts,
                 clock: Arc::new(DbClock {
-                    offset_ms: AtomicI64::new(0),
+                    anchor: Mutex::new((SystemClock.now().unix_millis() as i64, Instant::now())),
                 }),
                 wake: Arc::new(Notify::new()),
                 listener: Mutex::new(None),
@@ -437,11 +442,10 @@ impl PgStore {
             .map_err(|e| pool_err(e, &format!("connecting to {}", self.shared.display)))
     }
 
-    /// Measures the offset of the server's clock from this machine's.
+    /// Reads the server's clock, taken as of the middle of the round trip.
     async fn sync_clock(&self) -> Result<(), StoreError> {
         let client = self.client().await?;
-        let before = SystemClock.now().unix_millis() as i64;
-        let t = Instant::now();
+        let sent = Instant::now();
         let row = client
             .query_one(
                 "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
@@ -450,8 +454,13 @@ impl PgStore {
             .await
             .map_err(|e| map_err(e, &format!("reading the clock of {}", self.shared.display)))?;
         let server: i64 = row.get(0);
-        let mid = before + (t.elapsed().as_millis() as i64) / 2;
-        self.shared.clock.offset_ms.store(server - mid, Relaxed);
+        let mid = sent + sent.elapsed() / 2;
+        *self
+            .shared
+            .clock
+            .anchor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = (server, mid);
         Ok(())
     }
 
@@ -958,10 +967,11 @@ impl Store for PgStore {
             .await
             .map_err(|e| map_err(e, &ctx()))?;
         let workflows: Vec<&str> = due.workflows.to_vec();
+        let skip: Vec<&str> = due.skip.to_vec();
         let limit = due.limit.min(10_000) as i64;
         let hold = due.hold.as_millis().min(i64::MAX as u128) as i64;
         let rows = client
-            .query(&stmt, &[&workflows, &due.worker, &limit, &hold])
+            .query(&stmt, &[&workflows, &due.worker, &limit, &hold, &skip])
             .await
             .map_err(|e| map_err(e, &ctx()))?;
         rows.iter().map(|r| self.summary(r)).collect()

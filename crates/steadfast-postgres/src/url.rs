@@ -89,6 +89,15 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, StoreError> {
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(std::time::Duration::from_secs(10));
     }
+    // A server that vanished without closing the connection (a half-open
+    // TCP connection) would otherwise hold every save of the process for the
+    // kernel's retransmission timeout, about a quarter of an hour.
+    if config.get_keepalives_idle() == std::time::Duration::from_secs(2 * 60 * 60) {
+        config.keepalives_idle(std::time::Duration::from_secs(30));
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(std::time::Duration::from_secs(30));
+    }
     config.application_name("steadfast");
     let display = redact(url);
     Ok(Parsed {
@@ -101,32 +110,7 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, StoreError> {
 
 /// The URL with any password replaced by `***`.
 pub(crate) fn redact(url: &str) -> String {
-    let mut out = url.to_string();
-    if let Some(scheme_end) = out.find("://") {
-        let after = scheme_end + 3;
-        let host_end = out[after..]
-            .find(['/', '?'])
-            .map_or(out.len(), |i| after + i);
-        if let Some(at) = out[after..host_end].rfind('@') {
-            let userinfo = &out[after..after + at];
-            if let Some(colon) = userinfo.find(':') {
-                out.replace_range(after + colon + 1..after + at, "***");
-            }
-        }
-    }
-    // A password given as a parameter.
-    if let Some(q) = out.find('?') {
-        let (head, query) = out.split_at(q + 1);
-        let query: Vec<String> = query
-            .split('&')
-            .map(|p| match p.split_once('=') {
-                Some(("password", _)) => "password=***".to_string(),
-                _ => p.to_string(),
-            })
-            .collect();
-        out = format!("{head}{}", query.join("&"));
-    }
-    out
+    steadfast_core::store::redact_url(url)
 }
 
 /// The rustls connector for `tls`.
@@ -274,5 +258,10 @@ mod tests {
             "postgres://u@h/db?password=***&x=1"
         );
         assert_eq!(redact("postgres://h/db"), "postgres://h/db");
+        // The driver takes everything up to the first `@` as user and password.
+        assert_eq!(
+            redact("postgres://app:pa/ss@db/prod"),
+            "postgres://app:***@db/prod"
+        );
     }
 }

@@ -195,6 +195,41 @@ async fn commit(shared: &Arc<Shared>, batch: Vec<SaveJob>) {
         }
     };
     let notify = batch.iter().any(|j| j.notify);
+    if batch.len() == 1 && !notify {
+        // One save alone needs no BEGIN/COMMIT: its statement is its own
+        // transaction, one round trip and one WAL flush.
+        let Some(job) = batch.into_iter().next() else {
+            return;
+        };
+        commit_alone(
+            shared,
+            &client,
+            if job.expected.is_none() {
+                &fresh
+            } else {
+                &update
+            },
+            job,
+        )
+        .await;
+        return;
+    }
+    let ping_stmt = if notify {
+        match client.prepare_cached("SELECT pg_notify($1, 'work')").await {
+            Ok(st) => Some(st),
+            Err(e) => {
+                let e = map_err(
+                    e,
+                    &format!("preparing a notification in {}", shared.display),
+                );
+                let (kind, msg) = (e.kind(), e.to_string());
+                fail_all(batch, &|_| StoreError::backend(kind, msg.clone()));
+                return;
+            }
+        }
+    } else {
+        None
+    };
     let all_params: Vec<_> = batch.iter().map(params).collect();
     // BEGIN, every member and the notification go out together (the driver
     // pipelines requests polled together): one round trip, then COMMIT.
@@ -211,13 +246,9 @@ async fn commit(shared: &Arc<Shared>, batch: Vec<SaveJob>) {
         async move { client.query_opt(stmt, &refs).await }
     }));
     let ping = async {
-        if notify {
-            client
-                .execute("SELECT pg_notify($1, 'work')", &[&shared.schema])
-                .await
-                .map(|_| ())
-        } else {
-            Ok(())
+        match &ping_stmt {
+            Some(st) => client.execute(st, &[&shared.schema]).await.map(|_| ()),
+            None => Ok(()),
         }
     };
     let (began, mut results, pinged): (_, Vec<Member>, _) = tokio::join!(begin, members, ping);
@@ -274,26 +305,64 @@ async fn commit(shared: &Arc<Shared>, batch: Vec<SaveJob>) {
     }
     for (job, result) in batch.into_iter().zip(results) {
         let reply = match result {
-            Ok(Some(row)) => Ok(Acct {
-                version: job.expected.map_or(1, |v| v + 1),
-                next: row.get::<_, i64>(0) as usize,
-                snapshot_bytes: row.get::<_, i64>(1) as u64,
-                delta_bytes: row.get::<_, i64>(2) as u64,
-            }),
-            Ok(None) => Err(StoreError::Conflict {
-                run_id: job.run_id.clone(),
-                expected: job.expected,
-                found: crate::stored_version(shared, &job.run_id).await,
-            }),
-            Err(_) => unreachable_member(&job.run_id),
+            Ok(row) => answer(shared, &job, row).await,
+            // Every member's error was handled before COMMIT.
+            Err(_) => Err(StoreError::unavailable(format!(
+                "run {:?}: a failed statement reached COMMIT",
+                job.run_id
+            ))),
         };
         let _ = job.reply.send(reply);
     }
 }
 
-/// Every member's error was handled before COMMIT; this is never reached.
-fn unreachable_member(run_id: &str) -> Result<Acct, StoreError> {
-    Err(StoreError::unavailable(format!(
-        "run {run_id:?}: a failed statement reached COMMIT"
-    )))
+/// What a committed member's statement returned means: the new bookkeeping,
+/// or (no row) a conflict that changed nothing.
+async fn answer(
+    shared: &Shared,
+    job: &SaveJob,
+    row: Option<tokio_postgres::Row>,
+) -> Result<Acct, StoreError> {
+    match row {
+        Some(row) => Ok(Acct {
+            version: job.expected.map_or(1, |v| v + 1),
+            next: row.get::<_, i64>(0) as usize,
+            snapshot_bytes: row.get::<_, i64>(1) as u64,
+            delta_bytes: row.get::<_, i64>(2) as u64,
+        }),
+        None => Err(StoreError::Conflict {
+            run_id: job.run_id.clone(),
+            expected: job.expected,
+            found: crate::stored_version(shared, &job.run_id).await,
+        }),
+    }
+}
+
+/// Commits one save as a statement of its own (autocommit). A statement the
+/// server answered with an error changed nothing; one whose answer never
+/// came may have committed: an unknown outcome.
+async fn commit_alone(
+    shared: &Shared,
+    client: &tokio_postgres::Client,
+    stmt: &tokio_postgres::Statement,
+    job: SaveJob,
+) {
+    let p = params(&job);
+    let refs: Vec<&(dyn ToSql + Sync)> = p.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect();
+    let result = client.query_opt(stmt, &refs).await;
+    drop(refs);
+    drop(p);
+    let reply = match result {
+        Ok(row) => {
+            shared.writer.commits.fetch_add(1, Relaxed);
+            shared.writer.writes.fetch_add(1, Relaxed);
+            answer(shared, &job, row).await
+        }
+        Err(e) if e.code().is_some() => Err(map_err(e, &format!("saving to {}", shared.display))),
+        Err(e) => Err(StoreError::OutcomeUnknown {
+            run_id: job.run_id.clone(),
+            source: map_err(e, &format!("saving to {}", shared.display)).into(),
+        }),
+    };
+    let _ = job.reply.send(reply);
 }

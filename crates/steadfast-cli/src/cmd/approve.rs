@@ -1,7 +1,5 @@
 //! `steadfast approve ID GATE`: record an approval at the gate a run waits at.
 
-use steadfast::SystemClock;
-
 use super::{usage, who, Ctx, Failure};
 use crate::args::exit;
 use crate::{command, output};
@@ -32,7 +30,7 @@ pub async fn run(args: ApproveArgs, ctx: &Ctx) -> Result<i32, Failure> {
     };
     let (id, gate) = (args.id, args.gate);
     let by = args.by.unwrap_or_else(who);
-    steadfast::approve(&*ctx.store, &id, &gate, data, &by, &SystemClock).await?;
+    steadfast::approve(&*ctx.store, &id, &gate, data, &by, &*ctx.clock()).await?;
     output::note(format_args!(
         "approved gate {gate:?} of run {id:?} as {by:?}; run it again to continue"
     ));

@@ -21,8 +21,18 @@ use crate::args::exit;
 pub struct Ctx {
     /// The store, opened (and created only for `run`).
     pub store: Arc<dyn Store>,
-    /// Its URL, as given, for messages.
+    /// Its URL, as given but with any password hidden, for messages.
     pub url: String,
+}
+
+impl Ctx {
+    /// The clock decisions are stamped with: the store's own (the database
+    /// server's) when it has one, else this machine's.
+    pub fn clock(&self) -> Arc<dyn steadfast::Clock> {
+        self.store
+            .clock()
+            .unwrap_or_else(|| Arc::new(steadfast::SystemClock))
+    }
 }
 
 /// An error with the exit code it maps to.

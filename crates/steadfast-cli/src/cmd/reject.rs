@@ -1,7 +1,5 @@
 //! `steadfast reject ID GATE`: record a rejection, which ends the run.
 
-use steadfast::SystemClock;
-
 use super::{who, Ctx, Failure};
 use crate::args::exit;
 use crate::output;
@@ -25,7 +23,7 @@ pub struct RejectArgs {
 pub async fn run(args: RejectArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let (id, gate) = (args.id, args.gate);
     let by = args.by.unwrap_or_else(who);
-    steadfast::reject(&*ctx.store, &id, &gate, args.reason, &by, &SystemClock).await?;
+    steadfast::reject(&*ctx.store, &id, &gate, args.reason, &by, &*ctx.clock()).await?;
     output::note(format_args!(
         "rejected gate {gate:?} of run {id:?} as {by:?}; the run is over"
     ));

@@ -105,7 +105,7 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
             _ => {}
         })
         .run(shutdown)
-        .await;
+        .await?;
     output::note(format_args!(
         "steadfast worker: stopped; {} taken, {} completed, {} waiting or sleeping, {} failed, {} held by others, {} stopped mid-run",
         report.taken, report.completed, report.suspended, report.failed, report.lost, report.abandoned
