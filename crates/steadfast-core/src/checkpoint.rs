@@ -372,7 +372,7 @@ impl Checkpoint {
     ///
     /// - `pending`: now (since it was recorded);
     /// - `running`: when its lease runs out (a run marked running without a
-    ///   lease was interrupted: now);
+    ///   lease was interrupted: at once, from its creation);
     /// - `sleeping`: when its timer wakes;
     /// - `waiting`: at once when its gate has a decision for this wait (at
     ///   the epoch, whatever the decider's clock), else at the gate's
@@ -408,7 +408,10 @@ impl Checkpoint {
     fn wake_time(&self) -> Option<Timestamp> {
         match self.status {
             RunStatus::Pending => Some(self.updated_at),
-            RunStatus::Running => Some(self.lease.as_ref().map_or(self.updated_at, |l| l.until)),
+            // Without a lease: since it was created, which (unlike the time of
+            // its last save) stays put, so a store's index over this time is
+            // not rewritten by every save.
+            RunStatus::Running => Some(self.lease.as_ref().map_or(self.created_at, |l| l.until)),
             RunStatus::Sleeping => match &self.wait {
                 Some(Wait::Timer { until, .. }) => Some(*until),
                 _ => Some(self.updated_at),

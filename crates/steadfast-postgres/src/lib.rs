@@ -854,7 +854,8 @@ impl Store for PgStore {
                 notify,
                 reply: tx,
             },
-        );
+        )
+        .await;
         let result = rx.await.map_err(|_| StoreError::OutcomeUnknown {
             run_id: run_id.clone(),
             source: "the committing task stopped before it answered".into(),

@@ -82,43 +82,89 @@ impl Writer {
     }
 }
 
-/// Queues `job`; if no one is committing, starts a leader task that commits
-/// batches until the queue is empty. The leader is a task of its own, so a
-/// caller that gives up waiting never abandons the others' batch.
-pub(crate) fn submit(shared: &Arc<Shared>, job: SaveJob) {
+/// Queues `job`; if no one is committing, commits the queue's first batch
+/// (which holds `job`) right here, without a hand-off to another task, then
+/// hands what queued meanwhile to a leader task that commits batches until
+/// the queue is empty. A caller that stops waiting mid-commit (its future
+/// dropped) loses only the batch in flight, whose callers see an unknown
+/// outcome and look; the rest of the queue is handed on.
+pub(crate) async fn submit(shared: &Arc<Shared>, job: SaveJob) {
     let writer = &shared.writer;
     writer
         .queue
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .push(job);
-    if let Ok(guard) = Arc::clone(&writer.lead).try_lock_owned() {
-        let shared = Arc::clone(shared);
-        tokio::spawn(async move {
-            let mut guard = Some(guard);
-            loop {
-                let batch = shared.writer.take();
-                if batch.is_empty() {
-                    drop(guard.take());
-                    // A job queued after the last look, by a caller that found
-                    // the lead taken, would wait for nobody: look once more.
-                    if shared.writer.queued() == 0 {
-                        return;
-                    }
-                    match Arc::clone(&shared.writer.lead).try_lock_owned() {
-                        Ok(g) => guard = Some(g),
-                        Err(_) => return,
-                    }
-                    continue;
-                }
-                let n = batch.len();
-                commit(&shared, batch).await;
-                if n > 1 {
-                    gather(&shared.writer, n).await;
-                }
-            }
-        });
+    let Ok(guard) = Arc::clone(&writer.lead).try_lock_owned() else {
+        // The one committing takes this job with its next batch.
+        return;
+    };
+    let mut turn = Turn {
+        shared: Arc::clone(shared),
+        guard: Some(guard),
+    };
+    let batch = writer.take();
+    if !batch.is_empty() {
+        commit(shared, batch).await;
     }
+    turn.hand_on();
+}
+
+/// The right to commit, held by a caller; passed to a leader task when
+/// saves are left in the queue (also when the caller's future is dropped).
+struct Turn {
+    shared: Arc<Shared>,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Turn {
+    fn hand_on(&mut self) {
+        let Some(guard) = self.guard.take() else { return };
+        let writer = &self.shared.writer;
+        let guard = if writer.queued() > 0 {
+            guard
+        } else {
+            drop(guard);
+            // A job queued after that look, by a caller that found the lead
+            // taken, would wait for nobody: look once more.
+            if writer.queued() == 0 {
+                return;
+            }
+            match Arc::clone(&writer.lead).try_lock_owned() {
+                Ok(g) => g,
+                Err(_) => return,
+            }
+        };
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(lead(Arc::clone(&self.shared), guard));
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.hand_on();
+    }
+}
+
+/// Commits batches until the queue is empty.
+async fn lead(shared: Arc<Shared>, guard: tokio::sync::OwnedMutexGuard<()>) {
+    let mut turn = Turn {
+        shared: Arc::clone(&shared),
+        guard: Some(guard),
+    };
+    loop {
+        let batch = shared.writer.take();
+        if batch.is_empty() {
+            break;
+        }
+        let n = batch.len();
+        commit(&shared, batch).await;
+        if n > 1 {
+            gather(&shared.writer, n).await;
+        }
+    }
+    turn.hand_on();
 }
 
 /// After a shared commit, gives its callers a moment to queue their next
