@@ -131,6 +131,8 @@ pub struct Settings {
     pub fsync: String,
     /// `server_version`.
     pub server_version: String,
+    /// Whether the connection is encrypted (`pg_stat_ssl`).
+    pub tls: bool,
 }
 
 /// Counters of a store's write transactions; see [`PgStore::write_stats`].
@@ -417,6 +419,14 @@ impl PgStore {
             fsync: get("fsync").await.map_err(|e| map_err(e, &ctx()))?,
             server_version: get("server_version")
                 .await
+                .map_err(|e| map_err(e, &ctx()))?,
+            tls: client
+                .query_one(
+                    "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                    &[],
+                )
+                .await
+                .map(|r| r.get::<_, bool>(0))
                 .map_err(|e| map_err(e, &ctx()))?,
         })
     }

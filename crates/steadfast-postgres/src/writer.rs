@@ -119,7 +119,9 @@ struct Turn {
 
 impl Turn {
     fn hand_on(&mut self) {
-        let Some(guard) = self.guard.take() else { return };
+        let Some(guard) = self.guard.take() else {
+            return;
+        };
         let writer = &self.shared.writer;
         let guard = if writer.queued() > 0 {
             guard

@@ -1,0 +1,198 @@
+//! The PostgreSQL store beyond the conformance suite: TLS, durability
+//! settings, schemas it refuses, group commit, and its clock.
+
+mod support;
+
+use std::sync::Arc;
+
+use steadfast_core::store::SaveRequest;
+use steadfast_core::{Checkpoint, Clock, Store, StoreErrorKind, Timestamp};
+use steadfast_postgres::{PgOptions, PgStore};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// The URL of the test server with `params` added (and a fresh schema).
+fn url_with(params: &str) -> (String, support::DropSchema) {
+    let schema = support::fresh_schema();
+    let url = format!("{}&{params}", support::url_with_schema(&schema));
+    (url, support::DropSchema(schema))
+}
+
+#[test]
+fn sslmode_require_encrypts_and_disable_does_not() -> TestResult {
+    rt().block_on(async {
+        let (url, _g) = url_with("sslmode=require");
+        let store = PgStore::connect(&url).await?;
+        let s = store.settings().await?;
+        assert!(s.tls, "sslmode=require must encrypt: {s:?}");
+        assert_eq!(
+            (s.synchronous_commit.as_str(), s.fsync.as_str()),
+            ("on", "on")
+        );
+        let (url, _g2) = url_with("sslmode=disable");
+        let plain = PgStore::connect(&url).await?;
+        assert!(!plain.settings().await?.tls);
+        Ok(())
+    })
+}
+
+/// The local server's certificate is self-signed: `verify-full` must refuse
+/// it, not fall back to an unchecked connection.
+#[test]
+fn verify_full_refuses_a_certificate_it_cannot_check() -> TestResult {
+    rt().block_on(async {
+        let (url, _g) = url_with("sslmode=verify-full");
+        let err = PgStore::connect(&url)
+            .await
+            .expect_err("a self-signed certificate is refused");
+        assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+        let text = steadfast_chain(&err);
+        assert!(text.to_lowercase().contains("certificate"), "{text}");
+        Ok(())
+    })
+}
+
+fn steadfast_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(c) = next {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        next = c.source();
+    }
+    out
+}
+
+/// A schema with tables that are not Steadfast's is refused and left as it
+/// was; a schema from a newer build is refused; `create(false)` never makes
+/// a schema.
+#[test]
+fn foreign_newer_and_missing_schemas_are_refused() -> TestResult {
+    rt().block_on(async {
+        let schema = support::fresh_schema();
+        let _g = support::DropSchema(schema.clone());
+        let url = support::url_with_schema(&schema);
+        let missing = PgStore::connect_with(&url, PgOptions::default().create(false))
+            .await
+            .expect_err("no schema");
+        assert_eq!(missing.kind(), StoreErrorKind::NotFound, "{missing}");
+
+        let store = PgStore::connect(&url).await?;
+        // Someone else's table in another schema, and a newer version here.
+        let other = support::fresh_schema();
+        let _g2 = support::DropSchema(other.clone());
+        let (client, conn) =
+            tokio_postgres::connect(&support::server_url(), tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        client
+            .batch_execute(&format!(
+                "CREATE SCHEMA {other}; CREATE TABLE {other}.orders (id int)"
+            ))
+            .await?;
+        let foreign = PgStore::connect(&support::url_with_schema(&other))
+            .await
+            .expect_err("foreign");
+        assert!(
+            foreign.to_string().contains("not a Steadfast store"),
+            "{foreign}"
+        );
+        let still: i64 = client
+            .query_one(
+                "SELECT count(*) FROM information_schema.tables WHERE table_schema = $1",
+                &[&other],
+            )
+            .await?
+            .get(0);
+        assert_eq!(still, 1, "the foreign schema was left as it was");
+
+        client
+            .execute(
+                &format!("UPDATE {schema}.meta SET value = 99 WHERE key = 'schema_version'"),
+                &[],
+            )
+            .await?;
+        let newer = PgStore::connect(&url).await.expect_err("newer schema");
+        assert_eq!(newer.kind(), StoreErrorKind::Unsupported, "{newer}");
+        drop(store);
+        Ok(())
+    })
+}
+
+/// Concurrent saves share commits, and a conflicting member of a batch
+/// fails alone while the others commit.
+#[test]
+fn concurrent_saves_share_commits_and_a_conflict_fails_alone() -> TestResult {
+    rt().block_on(async {
+        let (store, _g) = support::fresh_store(PgOptions::default()).await;
+        let store = Arc::new(store);
+        let mut tasks = Vec::new();
+        for i in 0..32 {
+            let store = Arc::clone(&store);
+            tasks.push(tokio::spawn(async move {
+                let mut cp = Checkpoint::new(format!("r{i}"), "wf", Timestamp::from_unix_millis(1));
+                let mut expected = None;
+                for n in 0..20 {
+                    cp.state.insert("n".into(), serde_json::json!(n));
+                    let v = store.save(SaveRequest::new(&cp, expected)).await?;
+                    expected = Some(v);
+                }
+                // A stale save of a run that moved on: a conflict, nothing changed.
+                let stale = store
+                    .save(SaveRequest::new(&cp, Some(3)))
+                    .await
+                    .expect_err("stale");
+                assert_eq!(stale.kind(), StoreErrorKind::Conflict);
+                Ok::<_, steadfast_core::StoreError>(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        let stats = store.write_stats();
+        assert!(
+            stats.writes >= 32 * 21 && stats.commits < stats.writes,
+            "{stats:?}"
+        );
+        for i in 0..32 {
+            let cp = store.load(&format!("r{i}")).await?.expect("saved");
+            assert_eq!(
+                (cp.version, cp.state["n"].clone()),
+                (20, serde_json::json!(19))
+            );
+        }
+        Ok(())
+    })
+}
+
+/// Runners on the store read the server's clock.
+#[test]
+fn the_store_clock_is_the_servers() -> TestResult {
+    rt().block_on(async {
+        let (store, _g) = support::fresh_store(PgOptions::default()).await;
+        let clock = store.clock().expect("the PostgreSQL store has a clock");
+        let (client, conn) =
+            tokio_postgres::connect(&support::server_url(), tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        let server: i64 = client
+            .query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+                &[],
+            )
+            .await?
+            .get(0);
+        let ours = clock.now().unix_millis() as i64;
+        assert!(
+            (ours - server).abs() < 1_000,
+            "store clock {ours} vs server {server}"
+        );
+        Ok(())
+    })
+}
