@@ -427,8 +427,14 @@ impl Error {
     }
 }
 
-/// An error and its causes on one line, joined by `: `.
-pub(crate) fn chain(e: &(dyn StdError + 'static)) -> String {
+/// An error and its causes on one line, joined by `: ` (a cause whose words
+/// the line already ends with is not repeated).
+///
+/// ```
+/// let e = steadfast_core::StoreError::io("reading runs.db", std::io::Error::other("disk on fire"));
+/// assert_eq!(steadfast_core::error_chain(&e), "reading runs.db: disk on fire");
+/// ```
+pub fn error_chain(e: &(dyn StdError + 'static)) -> String {
     let mut out = e.to_string();
     let mut next = e.source();
     while let Some(cause) = next {
@@ -441,3 +447,5 @@ pub(crate) fn chain(e: &(dyn StdError + 'static)) -> String {
     }
     out
 }
+
+pub(crate) use error_chain as chain;

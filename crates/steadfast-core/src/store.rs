@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use crate::checkpoint::{Checkpoint, RunStatus, StepRecord};
 use crate::clock::{Clock, Timestamp};
 use crate::error::StoreError;
+pub use crate::head::{decode_head, encode_head, encode_json, RunCache};
 use crate::state::State;
 pub use crate::state::{check_update, ValueProblem};
 

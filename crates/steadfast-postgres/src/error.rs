@@ -34,21 +34,9 @@ pub(crate) fn map_err(e: tokio_postgres::Error, context: &str) -> StoreError {
     let kind = e.code().map_or(StoreErrorKind::Unavailable, kind_of);
     let detail = match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => {
-            // The driver's own words ("error performing TLS handshake") and
-            // their cause ("invalid peer certificate: UnknownIssuer").
-            let mut text = e.to_string();
-            let mut next = std::error::Error::source(&e);
-            while let Some(cause) = next {
-                let part = cause.to_string();
-                if !text.ends_with(&part) {
-                    text.push_str(": ");
-                    text.push_str(&part);
-                }
-                next = cause.source();
-            }
-            text
-        }
+        // The driver's own words ("error performing TLS handshake") and
+        // their cause ("invalid peer certificate: UnknownIssuer").
+        None => steadfast_core::error_chain(&e),
     };
     if kind == StoreErrorKind::Corrupt {
         return StoreError::Corrupt {

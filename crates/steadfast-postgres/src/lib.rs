@@ -40,7 +40,6 @@ mod schema;
 mod url;
 mod writer;
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -49,11 +48,12 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
 use steadfast_core::store::{
-    check_head, check_size, check_state, state_size, DueRequest, SaveRequest,
+    check_head, check_size, check_state, decode_head, encode_head, encode_json, state_size,
+    DueRequest, RunCache, SaveRequest,
 };
 use steadfast_core::{
-    Checkpoint, Clock, Decision, Lease, ListFilter, RunStatus, RunSummary, State, StepFailure,
-    StepRecord, Store, StoreError, StoreErrorKind, SystemClock, Timestamp, Update, Wait,
+    Checkpoint, Clock, ListFilter, RunStatus, RunSummary, State, StepRecord, Store, StoreError,
+    StoreErrorKind, SystemClock, Timestamp, Update,
 };
 use tokio::sync::{oneshot, Notify};
 
@@ -263,7 +263,7 @@ pub(crate) struct Shared {
     pub display: String,
     pub sql: Sql,
     pub writer: Writer,
-    accts: Mutex<HashMap<String, Acct>>,
+    accts: RunCache<Acct>,
     opts: PgOptions,
     clock: Arc<DbClock>,
     wake: Arc<Notify>,
@@ -370,7 +370,7 @@ impl PgStore {
                 schema: parsed.schema.clone(),
                 display,
                 writer: Writer::default(),
-                accts: Mutex::new(HashMap::new()),
+                accts: RunCache::new(ACCT_CACHE_RUNS),
                 opts,
                 clock: Arc::new(DbClock {
                     anchor: Mutex::new((SystemClock.now().unix_millis() as i64, Instant::now())),
@@ -475,27 +475,11 @@ impl PgStore {
     }
 
     fn remember(&self, run_id: &str, acct: Option<Acct>) {
-        let mut accts = self.shared.accts.lock().unwrap_or_else(|p| p.into_inner());
-        match acct {
-            Some(a) => {
-                if accts.len() >= ACCT_CACHE_RUNS && !accts.contains_key(run_id) {
-                    accts.clear();
-                }
-                accts.insert(run_id.to_string(), a);
-            }
-            None => {
-                accts.remove(run_id);
-            }
-        }
+        self.shared.accts.set(run_id, acct);
     }
 
     fn acct(&self, run_id: &str) -> Option<Acct> {
-        self.shared
-            .accts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(run_id)
-            .cloned()
+        self.shared.accts.get(run_id)
     }
 
     /// Starts the task that listens for work notifications, if it is not
@@ -569,14 +553,6 @@ pub async fn open_url(
     ))
 }
 
-fn to_json<T: serde::Serialize>(v: &T, run_id: &str, what: &str) -> Result<String, StoreError> {
-    serde_json::to_string(v).map_err(|e| {
-        StoreError::InvalidInput(format!(
-            "run {run_id:?}: cannot encode its {what}: {e}; nothing was written"
-        ))
-    })
-}
-
 fn corrupt(
     store: &Shared,
     run_id: &str,
@@ -614,45 +590,11 @@ fn millis(store: &Shared, run_id: &str, column: &str, v: i64) -> Result<Timestam
         .map_err(|_| corrupt(store, run_id, column, format!("{v} is negative")))
 }
 
-/// The head document of a run: everything of the checkpoint but its state,
-/// its steps and the columns of their own.
-#[derive(serde::Serialize)]
-struct HeadOut<'a> {
-    format: u32,
-    attempts: u32,
-    writer: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'a StepFailure>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lease: Option<&'a Lease>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    wait: Option<&'a Wait>,
-    #[serde(skip_serializing_if = "<[Decision]>::is_empty")]
-    decisions: &'a [Decision],
-}
-
-#[derive(serde::Deserialize)]
-struct HeadIn {
-    format: u32,
-    #[serde(default)]
-    attempts: u32,
-    #[serde(default)]
-    writer: u64,
-    #[serde(default)]
-    error: Option<StepFailure>,
-    #[serde(default)]
-    lease: Option<Lease>,
-    #[serde(default)]
-    wait: Option<Wait>,
-    #[serde(default)]
-    decisions: Vec<Decision>,
-}
-
 fn step_row(step: &StepRecord, run_id: &str) -> Result<StepRow, StoreError> {
     Ok(StepRow {
         index: step.index as i64,
         name: step.name.clone(),
-        update: to_json(&step.update, run_id, "step's update")?,
+        update: encode_json(&step.update, run_id, "step's update")?,
         attempt: i64::from(step.attempt),
         started_at: step.started_at.unix_millis() as i64,
         finished_at: step.finished_at.unix_millis() as i64,
@@ -714,25 +656,18 @@ impl PgStore {
                 format!("step {missing} is missing from the history"),
             ));
         }
-        let head: HeadIn = parse_json(s, &head, run_id, "head")?;
         let mut cp = Checkpoint::new(
             run_id,
             row.get::<_, String>(0),
             millis(s, run_id, "created_at", row.get(4))?,
         );
-        cp.format = head.format;
+        decode_head(&head, &mut cp).map_err(|reason| corrupt(s, run_id, "head", reason))?;
         cp.status = status;
         cp.next = next as usize;
         cp.completed = completed;
         cp.state = state;
         cp.version = u64::try_from(version).map_err(|_| corrupt(s, run_id, "version", version))?;
         cp.updated_at = millis(s, run_id, "updated_at", row.get(5))?;
-        cp.attempts = head.attempts;
-        cp.error = head.error;
-        cp.writer = head.writer;
-        cp.lease = head.lease;
-        cp.wait = head.wait;
-        cp.decisions = head.decisions;
         cp.check()
             .map_err(|reason| corrupt(s, run_id, "head", reason))?;
         let acct = Acct {
@@ -819,28 +754,16 @@ impl Store for PgStore {
                 }
                 None => {
                     check_state(run_id, "state", &cp.state)?;
-                    let state = to_json(&cp.state, run_id, "state")?;
+                    let state = encode_json(&cp.state, run_id, "state")?;
                     check_size(run_id, "state", state.len() as u64, limit)?;
-                    let completed = to_json(&cp.completed, run_id, "list of steps")?;
+                    let completed = encode_json(&cp.completed, run_id, "list of steps")?;
                     let bytes = state.len() as i64;
                     snapshot = Some((state, completed, bytes));
                     step = req.step.map(|s| step_row(s, run_id)).transpose()?;
                 }
             }
         }
-        let head = to_json(
-            &HeadOut {
-                format: cp.format,
-                attempts: cp.attempts,
-                writer: cp.writer,
-                error: cp.error.as_ref(),
-                lease: cp.lease.as_ref(),
-                wait: cp.wait.as_ref(),
-                decisions: &cp.decisions,
-            },
-            run_id,
-            "head",
-        )?;
+        let head = encode_head(cp)?;
         let wake_at = cp.runnable_at();
         // Workers hear of runs that became runnable now without a worker
         // of their own: started, or decided at a gate.

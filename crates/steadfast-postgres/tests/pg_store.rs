@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 
 use steadfast_core::store::SaveRequest;
-use steadfast_core::{Checkpoint, Clock, Store, StoreErrorKind, Timestamp};
+use steadfast_core::{Checkpoint, Store, StoreErrorKind, Timestamp};
 use steadfast_postgres::{PgOptions, PgStore};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;

@@ -42,7 +42,6 @@ mod error;
 mod schema;
 mod writer;
 
-use std::collections::HashMap;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -50,10 +49,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use steadfast_core::store::{check_head, check_size, check_state, state_size, SaveRequest};
+use steadfast_core::store::{
+    check_head, check_size, check_state, decode_head, encode_head, encode_json, state_size,
+    RunCache, SaveRequest,
+};
 use steadfast_core::{
-    Checkpoint, Decision, Lease, ListFilter, RunStatus, RunSummary, State, StepFailure, StepRecord,
-    Store, StoreError, Timestamp, Update, Wait,
+    Checkpoint, ListFilter, RunStatus, RunSummary, State, StepRecord, Store, StoreError, Timestamp,
+    Update,
 };
 use tokio::sync::oneshot;
 
@@ -151,7 +153,7 @@ struct Shared {
     display: String,
     writer: Arc<Writer>,
     readers: Mutex<Vec<Connection>>,
-    accts: Mutex<HashMap<String, Acct>>,
+    accts: RunCache<Acct>,
     opts: SqliteOptions,
 }
 
@@ -273,7 +275,7 @@ impl SqliteStore {
                 display,
                 writer,
                 readers: Mutex::new(Vec::new()),
-                accts: Mutex::new(HashMap::new()),
+                accts: RunCache::new(ACCT_CACHE_RUNS),
                 opts,
             }),
         })
@@ -375,27 +377,11 @@ impl SqliteStore {
     }
 
     fn remember(&self, run_id: &str, acct: Option<Acct>) {
-        let mut accts = self.shared.accts.lock().unwrap_or_else(|p| p.into_inner());
-        match acct {
-            Some(a) => {
-                if accts.len() >= ACCT_CACHE_RUNS && !accts.contains_key(run_id) {
-                    accts.clear();
-                }
-                accts.insert(run_id.to_string(), a);
-            }
-            None => {
-                accts.remove(run_id);
-            }
-        }
+        self.shared.accts.set(run_id, acct);
     }
 
     fn acct(&self, run_id: &str) -> Option<Acct> {
-        self.shared
-            .accts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(run_id)
-            .cloned()
+        self.shared.accts.get(run_id)
     }
 }
 
@@ -443,14 +429,6 @@ fn prepare_file(path: &Path) -> Result<(), StoreError> {
     }
 }
 
-fn to_json<T: serde::Serialize>(v: &T, run_id: &str, what: &str) -> Result<String, StoreError> {
-    serde_json::to_string(v).map_err(|e| {
-        StoreError::InvalidInput(format!(
-            "run {run_id:?}: cannot encode its {what}: {e}; nothing was written"
-        ))
-    })
-}
-
 fn to_i64(v: u64) -> i64 {
     v as i64
 }
@@ -481,66 +459,6 @@ fn parse_json<T: serde::de::DeserializeOwned>(
 struct Loaded {
     cp: Checkpoint,
     acct: Acct,
-}
-
-/// The head document of a run, as written: everything of the checkpoint but
-/// its state, its steps and the columns `list` reads.
-#[derive(serde::Serialize)]
-struct HeadOut<'a> {
-    format: u32,
-    attempts: u32,
-    /// Sixteen hex digits: a head whose length does not change from save to
-    /// save lets SQLite overwrite the row in place, rewriting only the pages
-    /// that changed, instead of the whole row with its state snapshot.
-    #[serde(serialize_with = "fixed_hex")]
-    writer: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<&'a StepFailure>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lease: Option<&'a Lease>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    wait: Option<&'a Wait>,
-    #[serde(skip_serializing_if = "<[Decision]>::is_empty")]
-    decisions: &'a [Decision],
-}
-
-/// The head document, as read back (absent fields take their defaults).
-#[derive(serde::Deserialize)]
-struct HeadIn {
-    format: u32,
-    #[serde(default)]
-    attempts: u32,
-    #[serde(default, deserialize_with = "writer_bits")]
-    writer: u64,
-    #[serde(default)]
-    error: Option<StepFailure>,
-    #[serde(default)]
-    lease: Option<Lease>,
-    #[serde(default)]
-    wait: Option<Wait>,
-    #[serde(default)]
-    decisions: Vec<Decision>,
-}
-
-fn fixed_hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(&format_args!("{v:016x}"))
-}
-
-/// A writer number: written as sixteen hex digits, but migrated from the
-/// integer column of schema 2, where it was the i64 with the same bits.
-fn writer_bits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum Bits {
-        Hex(String),
-        Unsigned(u64),
-        Signed(i64),
-    }
-    Ok(match serde::Deserialize::deserialize(d)? {
-        Bits::Hex(h) => u64::from_str_radix(&h, 16).map_err(serde::de::Error::custom)?,
-        Bits::Unsigned(u) => u,
-        Bits::Signed(i) => i as u64,
-    })
 }
 
 fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded>, StoreError> {
@@ -626,25 +544,18 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
             format!("step {expect} is missing from the history"),
         ));
     }
-    let head: HeadIn = parse_json(&head, path, run_id, "head")?;
     let mut cp = Checkpoint::new(
         run_id,
         workflow,
         Timestamp::from_unix_millis(created_at as u64),
     );
-    cp.format = head.format;
+    decode_head(&head, &mut cp).map_err(|reason| corrupt(path, run_id, "head", reason))?;
     cp.status = status;
     cp.next = next as usize;
     cp.completed = completed;
     cp.state = state;
     cp.version = version as u64;
     cp.updated_at = Timestamp::from_unix_millis(updated_at as u64);
-    cp.attempts = head.attempts;
-    cp.error = head.error;
-    cp.writer = head.writer;
-    cp.lease = head.lease;
-    cp.wait = head.wait;
-    cp.decisions = head.decisions;
     cp.check()
         .map_err(|reason| corrupt(path, run_id, "head", reason))?;
     let acct = Acct {
@@ -662,7 +573,7 @@ fn step_row(step: &StepRecord, run_id: &str) -> Result<StepRow, StoreError> {
     Ok(StepRow {
         index: step.index,
         name: step.name.clone(),
-        update: to_json(&step.update, run_id, "step's update")?,
+        update: encode_json(&step.update, run_id, "step's update")?,
         attempt: step.attempt,
         started_at: step.started_at.unix_millis(),
         finished_at: step.finished_at.unix_millis(),
@@ -726,23 +637,14 @@ impl Store for SqliteStore {
             Some((step, same_labels)) => Body::Delta { step, same_labels },
             None => {
                 check_state(&cp.run_id, "state", &cp.state)?;
-                let state = to_json(&cp.state, &cp.run_id, "state")?;
+                let state = encode_json(&cp.state, &cp.run_id, "state")?;
                 check(state.len() as u64)?;
                 Body::Snapshot {
                     state,
-                    completed: to_json(&cp.completed, &cp.run_id, "list of steps")?,
+                    completed: encode_json(&cp.completed, &cp.run_id, "list of steps")?,
                     step: req.step.map(|s| step_row(s, &cp.run_id)).transpose()?,
                 }
             }
-        };
-        let doc = HeadOut {
-            format: cp.format,
-            attempts: cp.attempts,
-            writer: cp.writer,
-            error: cp.error.as_ref(),
-            lease: cp.lease.as_ref(),
-            wait: cp.wait.as_ref(),
-            decisions: &cp.decisions,
         };
         let head = Head {
             workflow: cp.workflow.clone(),
@@ -750,7 +652,7 @@ impl Store for SqliteStore {
             next: cp.next,
             created_at: cp.created_at.unix_millis(),
             updated_at: cp.updated_at.unix_millis(),
-            doc: to_json(&doc, &cp.run_id, "head")?,
+            doc: encode_head(cp)?,
         };
         let (tx, rx) = oneshot::channel();
         self.submit(Job::Save(Box::new(SaveJob {
@@ -886,34 +788,5 @@ impl Store for SqliteStore {
             Ok(Some(out))
         })
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A save that changes only numbers keeps the head's length, so SQLite can
-    /// overwrite the row in place (rewriting the whole row, state snapshot
-    /// included, made W5's later steps 2-3x slower).
-    #[test]
-    fn the_head_keeps_its_length_whatever_the_writer_number() -> Result<(), serde_json::Error> {
-        let head = |writer: u64| HeadOut {
-            format: 1,
-            attempts: 0,
-            writer,
-            error: None,
-            lease: None,
-            wait: None,
-            decisions: &[],
-        };
-        let short = serde_json::to_string(&head(1))?;
-        let long = serde_json::to_string(&head(u64::MAX))?;
-        assert_eq!(short.len(), long.len(), "{short} / {long}");
-        let back: HeadIn = serde_json::from_str(&long)?;
-        assert_eq!(back.writer, u64::MAX);
-        let migrated: HeadIn = serde_json::from_str(r#"{"format": 1, "writer": -5}"#)?;
-        assert_eq!(migrated.writer, (-5i64) as u64);
-        Ok(())
     }
 }

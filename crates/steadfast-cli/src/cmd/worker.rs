@@ -95,12 +95,12 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
             RunEnd::Lost(e) => output::note(format_args!(
                 "{}  lost: another worker has the run ({})",
                 output::clean(run_id),
-                output::clean(&causes(e))
+                output::clean(&steadfast::error_chain(e))
             )),
             RunEnd::Failed(e) => output::note(format_args!(
                 "{}  failed: {}",
                 output::clean(run_id),
-                output::clean(&causes(e))
+                output::clean(&steadfast::error_chain(e))
             )),
             _ => {}
         })
@@ -111,19 +111,4 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
         report.taken, report.completed, report.suspended, report.failed, report.lost, report.abandoned
     ));
     Ok(exit::OK)
-}
-
-/// An error and its causes on one line.
-fn causes(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        let text = cause.to_string();
-        if !out.ends_with(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        next = cause.source();
-    }
-    out
 }

@@ -1,0 +1,215 @@
+//! What the SQL stores share: the head document (everything of a checkpoint
+//! but its state, its steps and the columns a store filters on, as one JSON
+//! text), JSON encoding with the store's error, and the per-run bookkeeping
+//! a store remembers between a load and the saves that follow it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::checkpoint::{Checkpoint, Decision, Lease, StepFailure, Wait};
+use crate::error::StoreError;
+
+/// The head document, as written.
+#[derive(serde::Serialize)]
+struct HeadOut<'a> {
+    format: u32,
+    attempts: u32,
+    /// Sixteen hex digits: a head whose length does not change from save to
+    /// save lets a store overwrite the row in place, rewriting only the
+    /// pages that changed, instead of the whole row with its state snapshot.
+    #[serde(serialize_with = "fixed_hex")]
+    writer: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a StepFailure>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<&'a Lease>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wait: Option<&'a Wait>,
+    #[serde(skip_serializing_if = "<[Decision]>::is_empty")]
+    decisions: &'a [Decision],
+}
+
+/// The head document, as read back (absent fields take their defaults).
+#[derive(serde::Deserialize)]
+struct HeadIn {
+    format: u32,
+    #[serde(default)]
+    attempts: u32,
+    #[serde(default, deserialize_with = "writer_bits")]
+    writer: u64,
+    #[serde(default)]
+    error: Option<StepFailure>,
+    #[serde(default)]
+    lease: Option<Lease>,
+    #[serde(default)]
+    wait: Option<Wait>,
+    #[serde(default)]
+    decisions: Vec<Decision>,
+}
+
+fn fixed_hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("{v:016x}"))
+}
+
+/// A writer number: written as sixteen hex digits, but also read as an
+/// integer (the SQLite store's schema 2 kept the i64 with the same bits).
+fn writer_bits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Bits {
+        Hex(String),
+        Unsigned(u64),
+        Signed(i64),
+    }
+    Ok(match serde::Deserialize::deserialize(d)? {
+        Bits::Hex(h) => u64::from_str_radix(&h, 16).map_err(serde::de::Error::custom)?,
+        Bits::Unsigned(u) => u,
+        Bits::Signed(i) => i as u64,
+    })
+}
+
+/// The head document of `cp`: its format, attempts, writer, last error,
+/// lease, wait and decisions, as one JSON text whose length does not change
+/// when only numbers do.
+///
+/// ```
+/// use steadfast_core::store::{decode_head, encode_head};
+/// use steadfast_core::{Checkpoint, Timestamp};
+///
+/// let mut cp = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+/// cp.attempts = 2;
+/// cp.writer = u64::MAX;
+/// let text = encode_head(&cp)?;
+/// let mut back = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+/// decode_head(&text, &mut back).unwrap();
+/// assert_eq!((back.attempts, back.writer), (2, u64::MAX));
+/// # Ok::<(), steadfast_core::StoreError>(())
+/// ```
+pub fn encode_head(cp: &Checkpoint) -> Result<String, StoreError> {
+    encode_json(
+        &HeadOut {
+            format: cp.format,
+            attempts: cp.attempts,
+            writer: cp.writer,
+            error: cp.error.as_ref(),
+            lease: cp.lease.as_ref(),
+            wait: cp.wait.as_ref(),
+            decisions: &cp.decisions,
+        },
+        &cp.run_id,
+        "head",
+    )
+}
+
+/// Reads a head document written by [`encode_head`] into `cp`; the error
+/// says what is wrong and where (line and column), for a
+/// [`StoreError::Corrupt`].
+pub fn decode_head(text: &str, cp: &mut Checkpoint) -> Result<(), String> {
+    let head: HeadIn = serde_json::from_str(text)
+        .map_err(|e| format!("{e} (line {}, column {})", e.line(), e.column()))?;
+    cp.format = head.format;
+    cp.attempts = head.attempts;
+    cp.writer = head.writer;
+    cp.error = head.error;
+    cp.lease = head.lease;
+    cp.wait = head.wait;
+    cp.decisions = head.decisions;
+    Ok(())
+}
+
+/// Encodes `v` as JSON text, or says which run's `what` could not be
+/// encoded (nothing is written then).
+pub fn encode_json<T: serde::Serialize>(
+    v: &T,
+    run_id: &str,
+    what: &str,
+) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| {
+        StoreError::InvalidInput(format!(
+            "run {run_id:?}: cannot encode its {what}: {e}; nothing was written"
+        ))
+    })
+}
+
+/// What a store remembers per run between a load and the saves that follow
+/// it (the SQL stores: their snapshot and delta bookkeeping), for at most a
+/// fixed number of runs; when full, it starts over (a forgotten run only
+/// costs its next save a full snapshot).
+#[derive(Debug)]
+pub struct RunCache<T> {
+    runs: Mutex<HashMap<String, T>>,
+    capacity: usize,
+}
+
+impl<T: Clone> RunCache<T> {
+    /// A cache of at most `capacity` runs.
+    pub fn new(capacity: usize) -> Self {
+        RunCache {
+            runs: Mutex::new(HashMap::new()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Remembers `value` for `run_id`, or forgets the run (`None`).
+    pub fn set(&self, run_id: &str, value: Option<T>) {
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        match value {
+            Some(v) => {
+                if runs.len() >= self.capacity && !runs.contains_key(run_id) {
+                    runs.clear();
+                }
+                runs.insert(run_id.to_string(), v);
+            }
+            None => {
+                runs.remove(run_id);
+            }
+        }
+    }
+
+    /// What is remembered for `run_id`.
+    pub fn get(&self, run_id: &str) -> Option<T> {
+        self.runs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(run_id)
+            .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Timestamp;
+
+    /// A save that changes only numbers keeps the head's length, so that a
+    /// store can overwrite the row in place (rewriting the whole row, state
+    /// snapshot included, made W5's later steps 2-3x slower on SQLite).
+    #[test]
+    fn the_head_keeps_its_length_whatever_the_writer_number() {
+        let mut cp = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+        cp.writer = 1;
+        let short = encode_head(&cp).expect("encodes");
+        cp.writer = u64::MAX;
+        let long = encode_head(&cp).expect("encodes");
+        assert_eq!(short.len(), long.len(), "{short} / {long}");
+        let mut back = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+        decode_head(&long, &mut back).expect("decodes");
+        assert_eq!(back.writer, u64::MAX);
+        decode_head(r#"{"format": 1, "writer": -5}"#, &mut back).expect("an integer writer");
+        assert_eq!(back.writer, (-5i64) as u64);
+        let err = decode_head(r#"{"format": 1, "attempts": "x"}"#, &mut back).unwrap_err();
+        assert!(err.contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn the_run_cache_forgets_when_full() {
+        let cache = RunCache::new(2);
+        cache.set("a", Some(1));
+        cache.set("b", Some(2));
+        assert_eq!(cache.get("a"), Some(1));
+        cache.set("c", Some(3));
+        assert_eq!((cache.get("a"), cache.get("c")), (None, Some(3)));
+        cache.set("c", None);
+        assert_eq!(cache.get("c"), None);
+    }
+}
