@@ -32,6 +32,29 @@ fn stores() -> Vec<Kind> {
     out
 }
 
+/// A worker running in the background until the returned sender says stop.
+fn background(
+    worker: Worker,
+) -> (
+    tokio::sync::watch::Sender<bool>,
+    tokio::task::JoinHandle<Result<steadfast::WorkerReport, steadfast::Error>>,
+) {
+    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    let handle = tokio::spawn(worker.run(async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    }));
+    (tx, handle)
+}
+
+/// A multi-threaded runtime for one test.
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
 fn counted(name: &str, steps: usize, counts: &Counts) -> Workflow {
     let mut b = Workflow::builder(name);
     for i in 0..steps {
@@ -78,10 +101,7 @@ fn all_completed(n: usize) -> impl Fn(&[steadfast::RunSummary]) -> bool {
 fn two_workers_run_every_started_run_once() -> TestResult {
     for (kind, store, _guard) in stores() {
         let counts: Counts = Arc::default();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
+        let rt = rt();
         rt.block_on(async {
             for i in 0..24 {
                 assert!(
@@ -97,21 +117,23 @@ fn two_workers_run_every_started_run_once() -> TestResult {
             }
             // Starting again changes nothing.
             assert!(!start(&*store, "three", "r00", json!({"i": 99}), false).await?);
-            let (tx, rx) = tokio::sync::watch::channel(false);
             let mut workers = Vec::new();
+            let mut stops = Vec::new();
             for host in ["worker-a", "worker-b"] {
                 let registry = Registry::new().workflow(counted("three", 3, &counts));
-                let mut rx = rx.clone();
-                let w = Worker::new(Arc::clone(&store), registry)
-                    .owner(Owner::new(host, 1, 1))
-                    .concurrency(4)
-                    .poll(Duration::from_millis(20));
-                workers.push(tokio::spawn(w.run(async move {
-                    let _ = rx.wait_for(|stop| *stop).await;
-                })));
+                let (tx, handle) = background(
+                    Worker::new(Arc::clone(&store), registry)
+                        .owner(Owner::new(host, 1, 1))
+                        .concurrency(4)
+                        .poll(Duration::from_millis(20)),
+                );
+                stops.push(tx);
+                workers.push(handle);
             }
             wait_until(&*store, "every run to complete", all_completed(24)).await;
-            tx.send(true)?;
+            for stop in &stops {
+                stop.send(true)?;
+            }
             let mut completed = 0;
             for w in workers {
                 let report = w.await??;
@@ -142,10 +164,7 @@ fn two_workers_run_every_started_run_once() -> TestResult {
 #[test]
 fn an_approved_gate_is_taken_up_again() -> TestResult {
     for (kind, store, _guard) in stores() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
+        let rt = rt();
         rt.block_on(async {
             let wf = Workflow::builder("gated")
                 .step("draft", |_, _| async { update(json!({"draft": "text"})) })
@@ -156,14 +175,9 @@ fn an_approved_gate_is_taken_up_again() -> TestResult {
                 })
                 .build()?;
             start(&*store, "gated", "g1", json!({}), false).await?;
-            let (tx, rx) = tokio::sync::watch::channel(false);
-            let mut rx2 = rx.clone();
-            let worker = tokio::spawn(
+            let (tx, worker) = background(
                 Worker::new(Arc::clone(&store), Registry::new().workflow(wf))
-                    .poll(Duration::from_millis(50))
-                    .run(async move {
-                        let _ = rx2.wait_for(|s| *s).await;
-                    }),
+                    .poll(Duration::from_millis(50)),
             );
             wait_until(&*store, "the gate", |runs| {
                 runs.iter().any(|r| r.status == RunStatus::Waiting)
@@ -203,10 +217,7 @@ fn an_approved_gate_is_taken_up_again() -> TestResult {
 #[test]
 fn a_durable_function_gets_its_input() -> TestResult {
     for (kind, store, _guard) in stores() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
+        let rt = rt();
         rt.block_on(async {
             let registry = Registry::new().durable("double", |ctx| async move {
                 let n = ctx.input().await.and_then(|v| v.as_i64()).unwrap_or(0);
@@ -214,14 +225,8 @@ fn a_durable_function_gets_its_input() -> TestResult {
                     .await
             });
             start(&*store, "double", "d1", json!(21), true).await?;
-            let (tx, rx) = tokio::sync::watch::channel(false);
-            let mut rx2 = rx.clone();
-            let worker = tokio::spawn(
-                Worker::new(Arc::clone(&store), registry)
-                    .poll(Duration::from_millis(20))
-                    .run(async move {
-                        let _ = rx2.wait_for(|s| *s).await;
-                    }),
+            let (tx, worker) = background(
+                Worker::new(Arc::clone(&store), registry).poll(Duration::from_millis(20)),
             );
             wait_until(&*store, "the run to finish", all_completed(1)).await;
             tx.send(true)?;
@@ -265,10 +270,7 @@ fn bad_starts_are_refused() -> TestResult {
 #[test]
 fn a_panicking_run_frees_its_slot_and_is_left_alone() -> TestResult {
     let store = support::open("memory:");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = rt();
     let booms = Arc::new(Mutex::new(0u32));
     let seen = Arc::clone(&booms);
     rt.block_on(async {
@@ -286,15 +288,10 @@ fn a_panicking_run_frees_its_slot_and_is_left_alone() -> TestResult {
         for i in 0..3 {
             start(&*store, "ok", &format!("o{i}"), json!({}), false).await?;
         }
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let mut rx2 = rx.clone();
-        let worker = tokio::spawn(
+        let (tx, worker) = background(
             Worker::new(Arc::clone(&store), registry)
                 .concurrency(1)
-                .poll(Duration::from_millis(20))
-                .run(async move {
-                    let _ = rx2.wait_for(|s| *s).await;
-                }),
+                .poll(Duration::from_millis(20)),
         );
         wait_until(&*store, "the other runs", |runs| {
             runs.iter()
