@@ -65,7 +65,9 @@ const GATHER: std::time::Duration = std::time::Duration::from_micros(150);
 #[derive(Default)]
 pub(crate) struct Writer {
     pub queue: Mutex<Vec<SaveJob>>,
-    pub lead: Arc<tokio::sync::Mutex<()>>,
+    /// The right to commit, and the connection the committer keeps between
+    /// batches (so that a save pays no trip through the pool).
+    pub lead: Arc<tokio::sync::Mutex<Option<deadpool_postgres::Object>>>,
     pub commits: AtomicU64,
     pub writes: AtomicU64,
 }
@@ -105,16 +107,20 @@ pub(crate) async fn submit(shared: &Arc<Shared>, job: SaveJob) {
     };
     let batch = writer.take();
     if !batch.is_empty() {
-        commit(shared, batch).await;
+        if let Some(conn) = turn.guard.as_mut() {
+            commit(shared, conn, batch).await;
+        }
     }
     turn.hand_on();
 }
+
+type Lead = tokio::sync::OwnedMutexGuard<Option<deadpool_postgres::Object>>;
 
 /// The right to commit, held by a caller; passed to a leader task when
 /// saves are left in the queue (also when the caller's future is dropped).
 struct Turn {
     shared: Arc<Shared>,
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    guard: Option<Lead>,
 }
 
 impl Turn {
@@ -150,7 +156,7 @@ impl Drop for Turn {
 }
 
 /// Commits batches until the queue is empty.
-async fn lead(shared: Arc<Shared>, guard: tokio::sync::OwnedMutexGuard<()>) {
+async fn lead(shared: Arc<Shared>, guard: Lead) {
     let mut turn = Turn {
         shared: Arc::clone(&shared),
         guard: Some(guard),
@@ -161,7 +167,9 @@ async fn lead(shared: Arc<Shared>, guard: tokio::sync::OwnedMutexGuard<()>) {
             break;
         }
         let n = batch.len();
-        commit(&shared, batch).await;
+        if let Some(conn) = turn.guard.as_mut() {
+            commit(&shared, conn, batch).await;
+        }
         if n > 1 {
             gather(&shared.writer, n).await;
         }
@@ -214,21 +222,34 @@ fn params(job: &SaveJob) -> Vec<Box<dyn ToSql + Sync + Send + '_>> {
 /// version check passed.
 type Member = Result<Option<tokio_postgres::Row>, tokio_postgres::Error>;
 
-async fn commit(shared: &Arc<Shared>, batch: Vec<SaveJob>) {
+/// Commits `batch` on the committer's connection `conn` (taken from the pool
+/// when there is none or it broke; dropped after a failure, so that the next
+/// batch starts on a clean one).
+async fn commit(
+    shared: &Arc<Shared>,
+    conn: &mut Option<deadpool_postgres::Object>,
+    batch: Vec<SaveJob>,
+) {
     let fail_all = |batch: Vec<SaveJob>, e: &dyn Fn(&str) -> StoreError| {
         for job in batch {
             let _ = job.reply.send(Err(e(&job.run_id)));
         }
     };
-    let client = match shared.pool.get().await {
-        Ok(c) => c,
-        Err(e) => {
-            let e = pool_err(e, &format!("connecting to {}", shared.display));
-            let msg = e.to_string();
-            let kind = e.kind();
-            fail_all(batch, &|_| StoreError::backend(kind, msg.clone()));
-            return;
-        }
+    if conn.as_ref().is_some_and(|c| c.is_closed()) {
+        *conn = None;
+    }
+    let client = match conn {
+        Some(c) => c,
+        None => match shared.pool.get().await {
+            Ok(c) => conn.insert(c),
+            Err(e) => {
+                let e = pool_err(e, &format!("connecting to {}", shared.display));
+                let msg = e.to_string();
+                let kind = e.kind();
+                fail_all(batch, &|_| StoreError::backend(kind, msg.clone()));
+                return;
+            }
+        },
     };
     let (fresh, update) = match (
         client.prepare_cached(&shared.sql.insert).await,
@@ -311,7 +332,7 @@ async fn commit(shared: &Arc<Shared>, batch: Vec<SaveJob>) {
     if let Some(e) = first_error {
         let _ = client.batch_execute("ROLLBACK").await;
         let lost = client.is_closed() || e.code().is_none();
-        drop(client);
+        *conn = None;
         if lost || batch.len() == 1 {
             // Nothing was committed (COMMIT was never sent).
             let err = map_err(e, &format!("saving to {}", shared.display));
@@ -322,7 +343,7 @@ async fn commit(shared: &Arc<Shared>, batch: Vec<SaveJob>) {
         // One member's statement failed and took the transaction with it:
         // commit each member on its own, so only that one fails.
         for job in batch {
-            Box::pin(commit(shared, vec![job])).await;
+            Box::pin(commit(shared, conn, vec![job])).await;
         }
         return;
     }
@@ -333,6 +354,7 @@ async fn commit(shared: &Arc<Shared>, batch: Vec<SaveJob>) {
             shared.writer.writes.fetch_add(n, Relaxed);
         }
         Err(e) => {
+            *conn = None;
             // A COMMIT the server answered with an error did not commit; one
             // whose answer never came (the connection dropped) may have.
             let answered = e.code().is_some();
