@@ -272,7 +272,7 @@ async fn commit(
         };
         commit_alone(
             shared,
-            &client,
+            client,
             if job.expected.is_none() {
                 &fresh
             } else {
