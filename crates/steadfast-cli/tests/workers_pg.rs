@@ -178,3 +178,61 @@ fn a_worker_stopped_past_its_lease_is_fenced_when_it_wakes() -> TestResult {
     );
     Ok(())
 }
+
+/// SIGTERM stops a worker gracefully: it takes nothing more, gives a running
+/// step the grace period, then kills the step's process group and releases
+/// the lease, so that another worker can take the run at once.
+#[test]
+fn sigterm_lets_steps_finish_within_the_grace_then_releases_the_lease() -> TestResult {
+    let env = PgEnv::new();
+    let flow = env.flow("long", 2, &[("s0", "30")]);
+    env.start_runs(&flow, 1);
+    let mut w = env.worker(
+        "A",
+        &flow,
+        &["--lease", "30s", "--poll", "100ms", "--grace", "1s"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !env.executions().iter().any(|e| e.step == "s0") {
+        assert!(
+            Instant::now() < deadline,
+            "the step never started: {}",
+            env.stderr_of("A")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let asked = Instant::now();
+    assert_eq!(w.stop(), Some(0), "{}", env.stderr_of("A"));
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the grace period is 1 s, the worker took {took:?}"
+    );
+    let err = env.stderr_of("A");
+    assert!(err.contains("1 stopped mid-run"), "{err}");
+    let cp = env.rt.block_on(env.store.load("r000"))?.expect("the run");
+    assert!(cp.lease.is_none(), "the lease was released: {:?}", cp.lease);
+    assert_eq!(cp.next, 0);
+    // The step's processes (`sh step.sh 30` and its `sleep`, working in the
+    // flow's directory) died with the worker's stop.
+    std::thread::sleep(Duration::from_millis(300));
+    let left: Vec<String> = std::fs::read_dir("/proc")?
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .filter(|e| std::fs::read_link(e.path().join("cwd")).is_ok_and(|cwd| cwd == env.path()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "step processes outlived the worker: {left:?}"
+    );
+    assert!(
+        env.executions().iter().all(|e| e.end.is_none()),
+        "the step was not killed"
+    );
+    Ok(())
+}
