@@ -557,14 +557,21 @@ struct Book {
 }
 
 impl Book {
-    /// The run ids not to take now.
+    /// The run ids not to take now. A run's strikes are kept for a while
+    /// after its rest is over, so that failing again doubles the next rest.
     fn skip(&mut self) -> Vec<String> {
         let now = std::time::Instant::now();
-        self.resting.retain(|_, (until, _)| *until > now);
+        let forget = Duration::from_secs(300);
+        self.resting.retain(|_, (until, _)| *until + forget > now);
         self.running
             .values()
-            .chain(self.resting.keys())
             .cloned()
+            .chain(
+                self.resting
+                    .iter()
+                    .filter(|(_, (until, _))| *until > now)
+                    .map(|(id, _)| id.clone()),
+            )
             .collect()
     }
 
@@ -622,5 +629,40 @@ pub async fn release<S: Store + ?Sized>(
         Ok(_) => Ok(true),
         Err(e) if e.kind() == crate::StoreErrorKind::Conflict => Ok(false),
         Err(e) => Err(store_error(run_id, "release of the lease", e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run that fails again after its rest rests twice as long (up to a
+    /// minute), and is skipped only while it rests.
+    #[test]
+    fn rests_double_and_end() {
+        let mut book = Book::default();
+        let poll = Duration::from_millis(20);
+        let rest = |book: &Book| {
+            let (until, strikes) = book.resting["r"];
+            (
+                until.saturating_duration_since(std::time::Instant::now()),
+                strikes,
+            )
+        };
+        book.back_off("r".into(), poll);
+        assert_eq!(rest(&book).1, 1);
+        assert!(rest(&book).0 <= poll);
+        assert_eq!(book.skip(), ["r"]);
+        std::thread::sleep(poll + Duration::from_millis(5));
+        assert!(book.skip().is_empty(), "the rest is over");
+        book.back_off("r".into(), poll);
+        let (left, strikes) = rest(&book);
+        assert_eq!(strikes, 2, "the strikes outlive the rest");
+        assert!(left > poll && left <= poll * 2, "{left:?}");
+        for _ in 0..20 {
+            book.back_off("r".into(), poll);
+        }
+        assert!(rest(&book).0 <= Duration::from_secs(60));
+        assert!(rest(&book).0 > Duration::from_secs(50));
     }
 }

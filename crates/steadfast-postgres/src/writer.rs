@@ -222,44 +222,75 @@ fn params(job: &SaveJob) -> Vec<Box<dyn ToSql + Sync + Send + '_>> {
 /// version check passed.
 type Member = Result<Option<tokio_postgres::Row>, tokio_postgres::Error>;
 
+/// The committer's connection while a statement or a transaction is in
+/// flight. If the future holding it is dropped before the answer came (a
+/// caller that gave up, a worker aborting its runs), the connection is taken
+/// out of the pool and closed, so that the server rolls back whatever was
+/// open: it is never reused in the middle of a transaction.
+struct InFlight(Option<deadpool_postgres::Object>);
+
+impl InFlight {
+    /// The connection back, clean, for the next batch.
+    fn done(mut self) -> Option<deadpool_postgres::Object> {
+        self.0.take()
+    }
+}
+
+impl std::ops::Deref for InFlight {
+    type Target = deadpool_postgres::ClientWrapper;
+    fn deref(&self) -> &deadpool_postgres::ClientWrapper {
+        // Set from construction until `done` or drop.
+        self.0.as_deref().unwrap_or_else(|| unreachable!())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(obj) = self.0.take() {
+            drop(deadpool_postgres::Object::take(obj));
+        }
+    }
+}
+
 /// Commits `batch` on the committer's connection `conn` (taken from the pool
-/// when there is none or it broke; dropped after a failure, so that the next
-/// batch starts on a clean one).
+/// when there is none or it broke). The connection goes back to `conn` only
+/// when the batch ended cleanly; after any failure it is closed, so that the
+/// next batch starts on a fresh one.
 async fn commit(
     shared: &Arc<Shared>,
     conn: &mut Option<deadpool_postgres::Object>,
     batch: Vec<SaveJob>,
 ) {
-    let fail_all = |batch: Vec<SaveJob>, e: &dyn Fn(&str) -> StoreError| {
+    let fail_all = |batch: Vec<SaveJob>, e: &StoreError| {
+        let (kind, msg) = (e.kind(), e.to_string());
         for job in batch {
-            let _ = job.reply.send(Err(e(&job.run_id)));
+            let _ = job.reply.send(Err(StoreError::backend(kind, msg.clone())));
         }
     };
-    if conn.as_ref().is_some_and(|c| c.is_closed()) {
-        *conn = None;
-    }
-    let client = match conn {
-        Some(c) => c,
-        None => match shared.pool.get().await {
-            Ok(c) => conn.insert(c),
+    let obj = match conn.take() {
+        Some(c) if !c.is_closed() => c,
+        _ => match shared.pool.get().await {
+            Ok(c) => c,
             Err(e) => {
-                let e = pool_err(e, &format!("connecting to {}", shared.display));
-                let msg = e.to_string();
-                let kind = e.kind();
-                fail_all(batch, &|_| StoreError::backend(kind, msg.clone()));
+                fail_all(
+                    batch,
+                    &pool_err(e, &format!("connecting to {}", shared.display)),
+                );
                 return;
             }
         },
     };
+    let client = InFlight(Some(obj));
     let (fresh, update) = match (
         client.prepare_cached(&shared.sql.insert).await,
         client.prepare_cached(&shared.sql.update).await,
     ) {
         (Ok(f), Ok(u)) => (f, u),
         (Err(e), _) | (_, Err(e)) => {
-            let e = map_err(e, &format!("preparing a save in {}", shared.display));
-            let (kind, msg) = (e.kind(), e.to_string());
-            fail_all(batch, &|_| StoreError::backend(kind, msg.clone()));
+            fail_all(
+                batch,
+                &map_err(e, &format!("preparing a save in {}", shared.display)),
+            );
             return;
         }
     };
@@ -270,29 +301,27 @@ async fn commit(
         let Some(job) = batch.into_iter().next() else {
             return;
         };
-        commit_alone(
-            shared,
-            client,
-            if job.expected.is_none() {
-                &fresh
-            } else {
-                &update
-            },
-            job,
-        )
-        .await;
+        let stmt = if job.expected.is_none() {
+            &fresh
+        } else {
+            &update
+        };
+        if commit_alone(shared, &client, stmt, job).await {
+            *conn = client.done();
+        }
         return;
     }
     let ping_stmt = if notify {
         match client.prepare_cached("SELECT pg_notify($1, 'work')").await {
             Ok(st) => Some(st),
             Err(e) => {
-                let e = map_err(
-                    e,
-                    &format!("preparing a notification in {}", shared.display),
+                fail_all(
+                    batch,
+                    &map_err(
+                        e,
+                        &format!("preparing a notification in {}", shared.display),
+                    ),
                 );
-                let (kind, msg) = (e.kind(), e.to_string());
-                fail_all(batch, &|_| StoreError::backend(kind, msg.clone()));
                 return;
             }
         }
@@ -311,7 +340,7 @@ async fn commit(
         } else {
             &update
         };
-        let client = &client;
+        let client: &tokio_postgres::Client = &client;
         async move { client.query_opt(stmt, &refs).await }
     }));
     let ping = async {
@@ -330,14 +359,12 @@ async fn commit(
         })
         .or(pinged.err());
     if let Some(e) = first_error {
-        let _ = client.batch_execute("ROLLBACK").await;
+        // Closing the connection (dropping `client`) rolls the transaction
+        // back; nothing was committed, since COMMIT was never sent.
         let lost = client.is_closed() || e.code().is_none();
-        *conn = None;
+        drop(client);
         if lost || batch.len() == 1 {
-            // Nothing was committed (COMMIT was never sent).
-            let err = map_err(e, &format!("saving to {}", shared.display));
-            let (kind, msg) = (err.kind(), err.to_string());
-            fail_all(batch, &|_| StoreError::backend(kind, msg.clone()));
+            fail_all(batch, &map_err(e, &format!("saving to {}", shared.display)));
             return;
         }
         // One member's statement failed and took the transaction with it:
@@ -352,12 +379,13 @@ async fn commit(
         Ok(()) => {
             shared.writer.commits.fetch_add(1, Relaxed);
             shared.writer.writes.fetch_add(n, Relaxed);
+            *conn = client.done();
         }
         Err(e) => {
-            *conn = None;
             // A COMMIT the server answered with an error did not commit; one
             // whose answer never came (the connection dropped) may have.
             let answered = e.code().is_some();
+            drop(client);
             let msg = map_err(e, &format!("committing saves to {}", shared.display)).to_string();
             for job in batch {
                 let err = if answered {
@@ -373,15 +401,27 @@ async fn commit(
             return;
         }
     }
+    // Answer the committed members first; a conflicting member's message
+    // names the version it found, which costs a read.
+    let mut conflicts = Vec::new();
     for (job, result) in batch.into_iter().zip(results) {
-        let reply = match result {
-            Ok(row) => answer(shared, &job, row).await,
+        match result {
+            Ok(Some(row)) => {
+                let reply = answer(shared, &job, Some(row)).await;
+                let _ = job.reply.send(reply);
+            }
+            Ok(None) => conflicts.push(job),
             // Every member's error was handled before COMMIT.
-            Err(_) => Err(StoreError::unavailable(format!(
-                "run {:?}: a failed statement reached COMMIT",
-                job.run_id
-            ))),
-        };
+            Err(_) => {
+                let _ = job.reply.send(Err(StoreError::unavailable(format!(
+                    "run {:?}: a failed statement reached COMMIT",
+                    job.run_id
+                ))));
+            }
+        }
+    }
+    for job in conflicts {
+        let reply = answer(shared, &job, None).await;
         let _ = job.reply.send(reply);
     }
 }
@@ -410,29 +450,37 @@ async fn answer(
 
 /// Commits one save as a statement of its own (autocommit). A statement the
 /// server answered with an error changed nothing; one whose answer never
-/// came may have committed: an unknown outcome.
+/// came may have committed: an unknown outcome. Returns whether the
+/// connection is clean for the next batch.
 async fn commit_alone(
     shared: &Shared,
     client: &tokio_postgres::Client,
     stmt: &tokio_postgres::Statement,
     job: SaveJob,
-) {
+) -> bool {
     let p = params(&job);
     let refs: Vec<&(dyn ToSql + Sync)> = p.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect();
     let result = client.query_opt(stmt, &refs).await;
     drop(refs);
     drop(p);
-    let reply = match result {
+    let (reply, clean) = match result {
         Ok(row) => {
             shared.writer.commits.fetch_add(1, Relaxed);
             shared.writer.writes.fetch_add(1, Relaxed);
-            answer(shared, &job, row).await
+            (answer(shared, &job, row).await, true)
         }
-        Err(e) if e.code().is_some() => Err(map_err(e, &format!("saving to {}", shared.display))),
-        Err(e) => Err(StoreError::OutcomeUnknown {
-            run_id: job.run_id.clone(),
-            source: map_err(e, &format!("saving to {}", shared.display)).into(),
-        }),
+        Err(e) if e.code().is_some() => (
+            Err(map_err(e, &format!("saving to {}", shared.display))),
+            false,
+        ),
+        Err(e) => (
+            Err(StoreError::OutcomeUnknown {
+                run_id: job.run_id.clone(),
+                source: map_err(e, &format!("saving to {}", shared.display)).into(),
+            }),
+            false,
+        ),
     };
     let _ = job.reply.send(reply);
+    clean
 }

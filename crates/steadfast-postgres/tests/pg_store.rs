@@ -196,3 +196,46 @@ fn the_store_clock_is_the_servers() -> TestResult {
         Ok(())
     })
 }
+
+/// Callers that give up while their batch is in flight (their futures
+/// dropped) never leave the committer's connection inside a transaction: a
+/// later save that is acknowledged is committed, as another connection sees.
+#[test]
+fn dropped_callers_never_leave_a_transaction_open() -> TestResult {
+    rt().block_on(async {
+        let (store, _g) = support::fresh_store(PgOptions::default()).await;
+        let store = Arc::new(store);
+        let other = PgStore::connect(&support::url_with_schema(store.schema())).await?;
+        let mut cp = Checkpoint::new("probe", "wf", Timestamp::from_unix_millis(1));
+        let mut version = store.save(SaveRequest::new(&cp, None)).await?;
+        for round in 0..60u64 {
+            // Several saves at once (so that they share a transaction), each
+            // abandoned after a moment.
+            let mut abandoned = Vec::new();
+            for i in 0..32 {
+                let store = Arc::clone(&store);
+                abandoned.push(tokio::spawn(async move {
+                    let cp = Checkpoint::new(
+                        format!("x{round}-{i}"),
+                        "wf",
+                        Timestamp::from_unix_millis(1),
+                    );
+                    let wait = std::time::Duration::from_micros(fastrand::u64(0..400));
+                    let _ =
+                        tokio::time::timeout(wait, store.save(SaveRequest::new(&cp, None))).await;
+                }));
+            }
+            for a in abandoned {
+                a.await?;
+            }
+            cp.state.insert("round".into(), serde_json::json!(round));
+            version = store.save(SaveRequest::new(&cp, Some(version))).await?;
+            let seen = other.load("probe").await?.expect("the probe run");
+            assert_eq!(
+                seen.version, version,
+                "round {round}: an acknowledged save is not visible to another connection"
+            );
+        }
+        Ok(())
+    })
+}
