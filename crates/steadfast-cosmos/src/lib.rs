@@ -1,4 +1,1253 @@
-//! The Azure Cosmos DB store of Steadfast (work in progress: the REST
-//! client's pieces land first).
+//! The Azure Cosmos DB (NoSQL API) store of Steadfast:
+//! `cosmos://HOST[:PORT]/DATABASE/CONTAINER`.
+//!
+//! - **One logical partition per run.** The partition key is the run's key
+//!   (its id, encoded), so runs spread over physical partitions and every
+//!   operation on a run is a point operation, a transactional batch or a
+//!   query within its partition. `list` is the one cross-partition query,
+//!   over head items only.
+//! - **Items.** A head item (status, version, next step, lease, wait,
+//!   decisions, the state snapshot when it is small), a history item per
+//!   completed step (its update), and chunk items for a state or an update
+//!   too large for one item.
+//! - **Every checkpoint is one transactional batch**: the head replaced with
+//!   `If-Match: ETAG` (created, for a fresh run) first, then the step's
+//!   history item; a 412 or 409 is a conflict that changes nothing. Chunks
+//!   are written before the batch that refers to them: a crash between the
+//!   two leaves only chunks nothing refers to, which are never read.
+//! - **Keys.** The master key comes from `$STEADFAST_COSMOS_KEY`, or from the
+//!   file named by `?keyfile=PATH`; never from the URL itself, and it never
+//!   appears in a message.
+//! - **TLS** through rustls, with the Mozilla roots, or with the certificate
+//!   of `?cafile=PATH` (a local emulator's).
+//!
+//! The client is a small REST client on reqwest; see `docs/cosmos.md`.
 
 pub mod auth;
+mod client;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use reqwest::Method;
+use serde_json::{json, Value};
+use steadfast_core::store::{
+    check_head, check_size, check_state, decode_head, encode_head, encode_json, state_size,
+    RunCache, SaveRequest,
+};
+use steadfast_core::{
+    Checkpoint, ListFilter, RunStatus, RunSummary, State, StepRecord, Store, StoreError,
+    StoreErrorKind, Timestamp, Update,
+};
+
+use crate::auth::MasterKey;
+use crate::client::{answer_error, failure_error, Answer, Client};
+
+/// The URL scheme of this store.
+pub const URL_SCHEMES: &[&str] = &["cosmos"];
+
+/// Default limit of one run's state: 64 MiB.
+pub const DEFAULT_MAX_STATE_BYTES: u64 = 64 << 20;
+
+/// The environment variable that holds the account's master key.
+pub const KEY_ENV: &str = "STEADFAST_COSMOS_KEY";
+
+/// A text longer than this goes into chunk items instead of its item.
+const INLINE_MAX: usize = 256 * 1024;
+
+/// The size of one chunk item's text (Cosmos allows 2 MB per item).
+const CHUNK: usize = 1024 * 1024;
+
+/// Deltas may add up to the snapshot's size, and at least this much,
+/// before the state is snapshotted again.
+const MIN_DELTA_BUDGET: u64 = 16 * 1024;
+
+/// Options of a [`CosmosStore`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct CosmosOptions {
+    /// The largest state (serialized) of one run.
+    pub max_state_bytes: u64,
+    /// Whether opening may create the database and the container.
+    pub create: bool,
+}
+
+impl Default for CosmosOptions {
+    fn default() -> Self {
+        CosmosOptions {
+            max_state_bytes: DEFAULT_MAX_STATE_BYTES,
+            create: true,
+        }
+    }
+}
+
+impl CosmosOptions {
+    /// Sets the per-run state limit.
+    pub fn max_state_bytes(mut self, bytes: u64) -> Self {
+        self.max_state_bytes = bytes;
+        self
+    }
+    /// Sets whether opening may create the database and container.
+    pub fn create(mut self, yes: bool) -> Self {
+        self.create = yes;
+        self
+    }
+}
+
+/// What a store remembers of a run between a load and its saves.
+#[derive(Clone, Debug)]
+struct Acct {
+    version: u64,
+    etag: String,
+    next: usize,
+    snapshot_bytes: u64,
+    delta_bytes: u64,
+}
+
+/// The Cosmos DB store. Cheap to clone.
+#[derive(Clone)]
+pub struct CosmosStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: Client,
+    display: String,
+    opts: CosmosOptions,
+    accts: RunCache<Acct>,
+}
+
+impl std::fmt::Debug for CosmosStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CosmosStore")
+            .field("url", &self.shared.display)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a `cosmos://` URL says.
+#[derive(Debug, PartialEq, Eq)]
+struct Parsed {
+    host: String,
+    port: u16,
+    db: String,
+    coll: String,
+    keyfile: Option<String>,
+    cafile: Option<String>,
+}
+
+fn parse_url(url: &str) -> Result<Parsed, StoreError> {
+    let bad = |why: &str| {
+        StoreError::InvalidInput(format!(
+            "store URL: {why} (expected cosmos://HOST[:PORT]/DATABASE/CONTAINER[?keyfile=PATH][&cafile=PATH])"
+        ))
+    };
+    let rest = url
+        .strip_prefix("cosmos://")
+        .ok_or_else(|| bad("it does not start with cosmos://"))?;
+    let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut parts = path.split('/');
+    let authority = parts
+        .next()
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| bad("no host"))?;
+    if authority.contains('@') {
+        return Err(bad(
+            "a key or user does not belong in the URL; use $STEADFAST_COSMOS_KEY or ?keyfile=PATH",
+        ));
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) => (
+            h,
+            p.parse::<u16>()
+                .map_err(|_| bad("the port is not a number"))?,
+        ),
+        None => (authority, 443),
+    };
+    let db = parts
+        .next()
+        .filter(|d| !d.is_empty())
+        .ok_or_else(|| bad("no database"))?;
+    let coll = parts
+        .next()
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| bad("no container"))?;
+    if parts.next().is_some() {
+        return Err(bad("too many path segments"));
+    }
+    for name in [db, coll] {
+        let ok = name.len() <= 255
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+        if !ok {
+            return Err(bad(&format!(
+                "{name:?} is not a database or container name this store uses (letters, digits, '-', '_', '.')"
+            )));
+        }
+    }
+    let (mut keyfile, mut cafile) = (None, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("keyfile", v)) if !v.is_empty() => keyfile = Some(v.to_string()),
+            Some(("cafile", v)) if !v.is_empty() => cafile = Some(v.to_string()),
+            Some(("key", _)) => {
+                return Err(bad(
+                    "the key never goes in the URL; use $STEADFAST_COSMOS_KEY or ?keyfile=PATH",
+                ))
+            }
+            _ => {
+                return Err(bad(&format!(
+                    "unknown parameter {:?}",
+                    pair.split('=').next().unwrap_or("")
+                )))
+            }
+        }
+    }
+    Ok(Parsed {
+        host: host.to_string(),
+        port,
+        db: db.to_string(),
+        coll: coll.to_string(),
+        keyfile,
+        cafile,
+    })
+}
+
+fn tls_config(cafile: Option<&str>) -> Result<rustls::ClientConfig, StoreError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StoreError::Unsupported(format!("TLS: {e}")))?;
+    let mut roots = rustls::RootCertStore::empty();
+    match cafile {
+        Some(path) => {
+            let pem = std::fs::read(path)
+                .map_err(|e| StoreError::io(format!("reading cafile {path}"), e))?;
+            for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+                let cert =
+                    cert.map_err(|e| StoreError::InvalidInput(format!("cafile {path}: {e}")))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| StoreError::InvalidInput(format!("cafile {path}: {e}")))?;
+            }
+            if roots.is_empty() {
+                return Err(StoreError::InvalidInput(format!(
+                    "cafile {path} holds no PEM certificate"
+                )));
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    Ok(builder.with_root_certificates(roots).with_no_client_auth())
+}
+
+fn read_key(keyfile: Option<&str>) -> Result<MasterKey, StoreError> {
+    let text = match keyfile {
+        Some(path) => {
+            steadfast_core::local::check_private_file(std::path::Path::new(path))?;
+            std::fs::read_to_string(path)
+                .map_err(|e| StoreError::io(format!("reading the key file {path}"), e))?
+        }
+        None => std::env::var(KEY_ENV).map_err(|_| {
+            StoreError::InvalidInput(format!(
+                "no Cosmos DB key: set ${KEY_ENV} or name a key file with ?keyfile=PATH"
+            ))
+        })?,
+    };
+    MasterKey::from_base64(&text)
+        .map_err(|why| StoreError::InvalidInput(format!("the Cosmos DB key: {why}")))
+}
+
+/// Encodes a run id into the characters an item id and a URL path may hold:
+/// ASCII letters, digits, `-`, `_` and `.` stay; every other byte becomes
+/// `~XX`. A run id of at most 200 bytes gives at most 600 characters, within
+/// Cosmos's 1,023.
+pub fn encode_run_id(run_id: &str) -> String {
+    let mut out = String::with_capacity(run_id.len());
+    for b in run_id.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("~{b:02X}"));
+        }
+    }
+    out
+}
+
+fn head_id(key: &str) -> String {
+    format!("h~{key}")
+}
+
+fn step_id(key: &str, index: usize) -> String {
+    format!("s~{key}~{index:010}")
+}
+
+fn chunk_id(key: &str, tag: &str, n: usize) -> String {
+    format!("c~{key}~{tag}~{n}")
+}
+
+impl CosmosStore {
+    /// Opens the container a `cosmos://` URL names, creating the database
+    /// and the container (partitioned by `/pk`) when `opts.create` allows.
+    pub async fn open_with(url: &str, opts: CosmosOptions) -> Result<Self, StoreError> {
+        let p = parse_url(url)?;
+        let key = read_key(p.keyfile.as_deref())?;
+        let tls = tls_config(p.cafile.as_deref())?;
+        let base = format!("https://{}:{}", p.host, p.port);
+        let display = format!("cosmos://{}:{}/{}/{}", p.host, p.port, p.db, p.coll);
+        let client = Client::new(base, p.db.clone(), p.coll.clone(), key, tls)?;
+        let store = CosmosStore {
+            shared: Arc::new(Shared {
+                client,
+                display,
+                opts,
+                accts: RunCache::new(4096),
+            }),
+        };
+        store.prepare().await?;
+        Ok(store)
+    }
+
+    /// Opens with default options.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        Self::open_with(url, CosmosOptions::default()).await
+    }
+
+    async fn prepare(&self) -> Result<(), StoreError> {
+        let c = &self.shared.client;
+        let ctx = format!("opening {}", self.shared.display);
+        let get = |a: Result<Answer, client::Failure>| -> Result<Answer, StoreError> {
+            a.map_err(|f| failure_error(f, &ctx, "", false))
+        };
+        let coll_link = c.coll_link();
+        let found = get(c
+            .send(Method::GET, "colls", &coll_link, &coll_link, &[], None)
+            .await)?;
+        match found.status.as_u16() {
+            200 => return Ok(()),
+            404 if !self.shared.opts.create => {
+                return Err(StoreError::NotFound(format!(
+                    "no store: {} does not exist",
+                    self.shared.display
+                )))
+            }
+            404 => {}
+            _ => return Err(answer_error(&found, &ctx, "", false)),
+        }
+        let db_body = serde_json::to_vec(&json!({ "id": c.db })).unwrap_or_default();
+        let made = get(c
+            .send(
+                Method::POST,
+                "dbs",
+                "",
+                "dbs",
+                &[("content-type", "application/json".into())],
+                Some(db_body),
+            )
+            .await)?;
+        if !matches!(made.status.as_u16(), 201 | 409) {
+            return Err(answer_error(
+                &made,
+                &format!("creating database {}", c.db),
+                "",
+                true,
+            ));
+        }
+        let coll_body = serde_json::to_vec(&json!({
+            "id": c.coll,
+            "partitionKey": { "paths": ["/pk"], "kind": "Hash" }
+        }))
+        .unwrap_or_default();
+        let db_link = format!("dbs/{}", c.db);
+        let made = get(c
+            .send(
+                Method::POST,
+                "colls",
+                &db_link,
+                &format!("{db_link}/colls"),
+                &[("content-type", "application/json".into())],
+                Some(coll_body),
+            )
+            .await)?;
+        if !matches!(made.status.as_u16(), 201 | 409) {
+            return Err(answer_error(
+                &made,
+                &format!("creating container {}", c.coll),
+                "",
+                true,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Deletes the store's database with everything in it (tests, teardown).
+    pub async fn drop_database(&self) -> Result<(), StoreError> {
+        let c = &self.shared.client;
+        let link = format!("dbs/{}", c.db);
+        let a = c
+            .send(Method::DELETE, "dbs", &link, &link, &[], None)
+            .await
+            .map_err(|f| failure_error(f, "dropping the database", "", true))?;
+        match a.status.as_u16() {
+            204 | 404 => Ok(()),
+            _ => Err(answer_error(&a, "dropping the database", "", true)),
+        }
+    }
+
+    fn pk_header(key: &str) -> (&'static str, String) {
+        ("x-ms-documentdb-partitionkey", format!("[\"{key}\"]"))
+    }
+
+    async fn read_item(
+        &self,
+        key: &str,
+        id: &str,
+        run_id: &str,
+    ) -> Result<Option<Value>, StoreError> {
+        let c = &self.shared.client;
+        let link = format!("{}/docs/{id}", c.coll_link());
+        let what = format!("reading run {run_id:?} from {}", self.shared.display);
+        let a = c
+            .send(
+                Method::GET,
+                "docs",
+                &link,
+                &link,
+                &[Self::pk_header(key)],
+                None,
+            )
+            .await
+            .map_err(|f| failure_error(f, &what, run_id, false))?;
+        match a.status.as_u16() {
+            200 => a.json().map(Some).map_err(|e| self.corrupt(run_id, id, e)),
+            404 => Ok(None),
+            _ => Err(answer_error(&a, &what, run_id, false)),
+        }
+    }
+
+    /// Runs a query within one run's partition, every page.
+    async fn query_partition(
+        &self,
+        key: &str,
+        run_id: &str,
+        query: &str,
+        params: Value,
+    ) -> Result<Vec<Value>, StoreError> {
+        self.query(Some(key), run_id, query, params).await
+    }
+
+    async fn query(
+        &self,
+        key: Option<&str>,
+        run_id: &str,
+        query: &str,
+        params: Value,
+    ) -> Result<Vec<Value>, StoreError> {
+        let c = &self.shared.client;
+        let link = c.coll_link();
+        let what = format!("querying {}", self.shared.display);
+        let body = serde_json::to_vec(&json!({ "query": query, "parameters": params }))
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        let mut continuation: Option<String> = None;
+        loop {
+            let mut headers = vec![
+                ("content-type", "application/query+json".to_string()),
+                ("x-ms-documentdb-isquery", "True".to_string()),
+                ("x-ms-max-item-count", "1000".to_string()),
+            ];
+            match key {
+                Some(k) => headers.push(Self::pk_header(k)),
+                None => headers.push((
+                    "x-ms-documentdb-query-enablecrosspartition",
+                    "True".to_string(),
+                )),
+            }
+            if let Some(token) = &continuation {
+                headers.push(("x-ms-continuation", token.clone()));
+            }
+            let a = c
+                .send(
+                    Method::POST,
+                    "docs",
+                    &link,
+                    &format!("{link}/docs"),
+                    &headers,
+                    Some(body.clone()),
+                )
+                .await
+                .map_err(|f| failure_error(f, &what, run_id, false))?;
+            if a.status.as_u16() != 200 {
+                return Err(answer_error(&a, &what, run_id, false));
+            }
+            let page = a.json().map_err(|e| self.corrupt(run_id, "query", e))?;
+            if let Some(docs) = page.get("Documents").and_then(Value::as_array) {
+                out.extend(docs.iter().cloned());
+            }
+            continuation = a
+                .header("x-ms-continuation")
+                .map(str::to_string)
+                .filter(|t| !t.is_empty());
+            if continuation.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
+    async fn delete_item(&self, key: &str, id: &str, run_id: &str) -> Result<bool, StoreError> {
+        let c = &self.shared.client;
+        let link = format!("{}/docs/{id}", c.coll_link());
+        let what = format!("deleting run {run_id:?} from {}", self.shared.display);
+        let a = c
+            .send(
+                Method::DELETE,
+                "docs",
+                &link,
+                &link,
+                &[Self::pk_header(key)],
+                None,
+            )
+            .await
+            .map_err(|f| failure_error(f, &what, run_id, true))?;
+        match a.status.as_u16() {
+            204 => Ok(true),
+            404 => Ok(false),
+            _ => Err(answer_error(&a, &what, run_id, true)),
+        }
+    }
+
+    fn corrupt(&self, run_id: &str, item: &str, reason: impl std::fmt::Display) -> StoreError {
+        StoreError::Corrupt {
+            location: format!("{} run {run_id:?} item {item}", self.shared.display),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Writes `text` as chunk items of the run `key` under `tag`; returns
+    /// how many.
+    async fn write_chunks(
+        &self,
+        key: &str,
+        run_id: &str,
+        tag: &str,
+        text: &str,
+    ) -> Result<usize, StoreError> {
+        let c = &self.shared.client;
+        let link = c.coll_link();
+        let mut n = 0;
+        let mut start = 0;
+        while start < text.len() {
+            let mut end = (start + CHUNK).min(text.len());
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            let item = json!({ "id": chunk_id(key, tag, n), "pk": key, "kind": "chunk", "data": &text[start..end] });
+            let body = serde_json::to_vec(&item).unwrap_or_default();
+            let what = format!(
+                "writing a chunk of run {run_id:?} to {}",
+                self.shared.display
+            );
+            let a = c
+                .send(
+                    Method::POST,
+                    "docs",
+                    &link,
+                    &format!("{link}/docs"),
+                    &[
+                        ("content-type", "application/json".into()),
+                        ("x-ms-documentdb-is-upsert", "True".into()),
+                        Self::pk_header(key),
+                    ],
+                    Some(body),
+                )
+                .await
+                .map_err(|f| failure_error(f, &what, run_id, false))?;
+            if !matches!(a.status.as_u16(), 200 | 201) {
+                // A chunk nothing refers to yet: its failure is definite.
+                let e = answer_error(&a, &what, run_id, false);
+                return Err(match e.kind() {
+                    StoreErrorKind::OutcomeUnknown => StoreError::unavailable(e.to_string()),
+                    _ => e,
+                });
+            }
+            n += 1;
+            start = end;
+        }
+        Ok(n)
+    }
+
+    async fn read_chunks(
+        &self,
+        key: &str,
+        run_id: &str,
+        tag: &str,
+        count: usize,
+    ) -> Result<String, StoreError> {
+        let mut text = String::new();
+        for n in 0..count {
+            let id = chunk_id(key, tag, n);
+            let item = self
+                .read_item(key, &id, run_id)
+                .await?
+                .ok_or_else(|| self.corrupt(run_id, &id, "a chunk the run refers to is missing"))?;
+            let data = item
+                .get("data")
+                .and_then(Value::as_str)
+                .ok_or_else(|| self.corrupt(run_id, &id, "a chunk without data"))?;
+            text.push_str(data);
+        }
+        Ok(text)
+    }
+
+    /// A text stored inline or in chunks: `(field, tag field, count field)`.
+    async fn text_of(
+        &self,
+        key: &str,
+        run_id: &str,
+        item: &Value,
+        field: &str,
+        id: &str,
+    ) -> Result<String, StoreError> {
+        if let Some(t) = item.get(field).and_then(Value::as_str) {
+            return Ok(t.to_string());
+        }
+        let tag = item
+            .get(format!("{field}_chunks_tag"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.corrupt(run_id, id, format!("no {field}")))?;
+        let count = item
+            .get(format!("{field}_chunks"))
+            .and_then(Value::as_u64)
+            .ok_or_else(|| self.corrupt(run_id, id, format!("no {field} chunk count")))?;
+        self.read_chunks(key, run_id, tag, count as usize).await
+    }
+
+    /// Puts `text` into `item` under `field`, inline or (too large) in chunks
+    /// written first.
+    async fn put_text(
+        &self,
+        key: &str,
+        run_id: &str,
+        item: &mut serde_json::Map<String, Value>,
+        field: &str,
+        text: String,
+    ) -> Result<(), StoreError> {
+        if text.len() <= INLINE_MAX {
+            item.insert(field.to_string(), Value::String(text));
+            return Ok(());
+        }
+        let tag = format!("{:016x}", fastrand_u64());
+        let count = self.write_chunks(key, run_id, &tag, &text).await?;
+        item.insert(format!("{field}_chunks_tag"), json!(tag));
+        item.insert(format!("{field}_chunks"), json!(count));
+        Ok(())
+    }
+
+    async fn load_full(&self, run_id: &str) -> Result<Option<(Checkpoint, Acct)>, StoreError> {
+        let key = encode_run_id(run_id);
+        let hid = head_id(&key);
+        let Some(head) = self.read_item(&key, &hid, run_id).await? else {
+            return Ok(None);
+        };
+        let num = |f: &str| {
+            head.get(f).and_then(Value::as_u64).ok_or_else(|| {
+                self.corrupt(run_id, &hid, format!("{f} is missing or not a number"))
+            })
+        };
+        let text = |f: &str| {
+            head.get(f)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| self.corrupt(run_id, &hid, format!("{f} is missing or not text")))
+        };
+        let next = num("next")? as usize;
+        let snapshot_next = num("snapshot_next")? as usize;
+        let version = num("version")?;
+        let status: RunStatus = text("status")?
+            .parse()
+            .map_err(|e| self.corrupt(run_id, &hid, e))?;
+        let snapshot = self.text_of(&key, run_id, &head, "snapshot", &hid).await?;
+        let mut state: State =
+            serde_json::from_str(&snapshot).map_err(|e| self.corrupt(run_id, &hid, e))?;
+        let mut completed: Vec<String> = serde_json::from_str(&text("snapshot_completed")?)
+            .map_err(|e| self.corrupt(run_id, &hid, e))?;
+        if completed.len() != snapshot_next || snapshot_next > next {
+            return Err(self.corrupt(
+                run_id,
+                &hid,
+                format!("snapshot_next {snapshot_next} disagrees with the snapshot or next {next}"),
+            ));
+        }
+        if next > snapshot_next {
+            let steps = self
+                .query_partition(
+                    &key,
+                    run_id,
+                    "SELECT * FROM c WHERE c.pk = @pk AND c.kind = 'step' AND c.idx >= @a AND c.idx < @b",
+                    json!([{"name": "@pk", "value": key}, {"name": "@a", "value": snapshot_next}, {"name": "@b", "value": next}]),
+                )
+                .await?;
+            let mut steps: Vec<(u64, Value)> = steps
+                .into_iter()
+                .map(|s| (s.get("idx").and_then(Value::as_u64).unwrap_or(u64::MAX), s))
+                .collect();
+            steps.sort_by_key(|s| s.0);
+            for (expect, (idx, item)) in (snapshot_next as u64..).zip(&steps) {
+                if *idx != expect {
+                    return Err(self.corrupt(
+                        run_id,
+                        "steps",
+                        format!("step {expect} is missing from the history"),
+                    ));
+                }
+                let sid = step_id(&key, expect as usize);
+                let text = self.text_of(&key, run_id, item, "update", &sid).await?;
+                let update: Update =
+                    serde_json::from_str(&text).map_err(|e| self.corrupt(run_id, &sid, e))?;
+                steadfast_core::merge(&mut state, update);
+                let name = item
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| self.corrupt(run_id, &sid, "no name"))?;
+                completed.push(name.to_string());
+            }
+            if snapshot_next + steps.len() != next {
+                return Err(self.corrupt(
+                    run_id,
+                    "steps",
+                    format!(
+                        "step {} is missing from the history",
+                        snapshot_next + steps.len()
+                    ),
+                ));
+            }
+        }
+        let mut cp = Checkpoint::new(
+            run_id,
+            text("workflow")?,
+            Timestamp::from_unix_millis(num("created_at")?),
+        );
+        decode_head(&text("head")?, &mut cp).map_err(|r| self.corrupt(run_id, &hid, r))?;
+        cp.status = status;
+        cp.next = next;
+        cp.completed = completed;
+        cp.state = state;
+        cp.version = version;
+        cp.updated_at = Timestamp::from_unix_millis(num("updated_at")?);
+        cp.check().map_err(|r| self.corrupt(run_id, &hid, r))?;
+        let etag = text("_etag")?;
+        let acct = Acct {
+            version,
+            etag,
+            next,
+            snapshot_bytes: num("snapshot_bytes")?,
+            delta_bytes: num("delta_bytes")?,
+        };
+        Ok(Some((cp, acct)))
+    }
+
+    /// Sends one transactional batch on a run's partition; returns the
+    /// per-operation answers (the service answers 200 with statuses inside).
+    async fn batch(
+        &self,
+        key: &str,
+        run_id: &str,
+        ops: Vec<Value>,
+    ) -> Result<Vec<Value>, StoreError> {
+        let c = &self.shared.client;
+        let link = c.coll_link();
+        let what = format!("saving run {run_id:?} to {}", self.shared.display);
+        let body = serde_json::to_vec(&ops).unwrap_or_default();
+        let a = c
+            .send(
+                Method::POST,
+                "docs",
+                &link,
+                &format!("{link}/docs"),
+                &[
+                    ("content-type", "application/json".into()),
+                    ("x-ms-cosmos-is-batch-request", "True".into()),
+                    ("x-ms-cosmos-batch-atomic", "True".into()),
+                    Self::pk_header(key),
+                ],
+                Some(body),
+            )
+            .await
+            .map_err(|f| failure_error(f, &what, run_id, true))?;
+        if !matches!(a.status.as_u16(), 200 | 207) {
+            return Err(answer_error(&a, &what, run_id, true));
+        }
+        match a.json() {
+            Ok(Value::Array(results)) => Ok(results),
+            _ => Err(StoreError::OutcomeUnknown {
+                run_id: run_id.to_string(),
+                source: format!("{what}: the batch's answer could not be read").into(),
+            }),
+        }
+    }
+}
+
+fn fastrand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+fn step_item(key: &str, step: &StepRecord) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    m.insert("id".into(), json!(step_id(key, step.index)));
+    m.insert("pk".into(), json!(key));
+    m.insert("kind".into(), json!("step"));
+    m.insert("idx".into(), json!(step.index));
+    m.insert("name".into(), json!(step.name));
+    m.insert("attempt".into(), json!(step.attempt));
+    m.insert("started_at".into(), json!(step.started_at.unix_millis()));
+    m.insert("finished_at".into(), json!(step.finished_at.unix_millis()));
+    m
+}
+
+#[async_trait]
+impl Store for CosmosStore {
+    async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let loaded = self.load_full(run_id).await?;
+        self.shared
+            .accts
+            .set(run_id, loaded.as_ref().map(|l| l.1.clone()));
+        Ok(loaded.map(|l| l.0))
+    }
+
+    async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+        let cp = req.checkpoint;
+        check_head(cp)?;
+        let run_id = cp.run_id.as_str();
+        if req.head_only && req.expected.is_none() {
+            return Err(StoreError::InvalidInput(format!(
+                "run {run_id:?}: a head-only save needs the run to exist"
+            )));
+        }
+        let key = encode_run_id(run_id);
+        let limit = self.shared.opts.max_state_bytes;
+        // The stored head's ETag and bookkeeping, for the expected version.
+        let mut acct = self
+            .shared
+            .accts
+            .get(run_id)
+            .filter(|a| Some(a.version) == req.expected);
+        let mut stored_head: Option<Value> = None;
+        if req.expected.is_some() && (acct.is_none() || req.head_only) {
+            let hid = head_id(&key);
+            let head = self.read_item(&key, &hid, run_id).await?;
+            let found = head
+                .as_ref()
+                .and_then(|h| h.get("version"))
+                .and_then(Value::as_u64);
+            if found != req.expected {
+                return Err(StoreError::Conflict {
+                    run_id: run_id.to_string(),
+                    expected: req.expected,
+                    found,
+                });
+            }
+            if let Some(h) = &head {
+                let n = |f: &str| h.get(f).and_then(Value::as_u64).unwrap_or(0);
+                acct = Some(Acct {
+                    version: n("version"),
+                    etag: h
+                        .get("_etag")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                    next: n("next") as usize,
+                    snapshot_bytes: n("snapshot_bytes"),
+                    delta_bytes: n("delta_bytes"),
+                });
+            }
+            stored_head = head;
+        }
+        let mut head = serde_json::Map::new();
+        head.insert("id".into(), json!(head_id(&key)));
+        head.insert("pk".into(), json!(key));
+        head.insert("kind".into(), json!("head"));
+        head.insert("run_id".into(), json!(run_id));
+        head.insert("workflow".into(), json!(cp.workflow));
+        head.insert("status".into(), json!(cp.status.as_str()));
+        head.insert("version".into(), json!(req.new_version()));
+        head.insert("created_at".into(), json!(cp.created_at.unix_millis()));
+        head.insert("updated_at".into(), json!(cp.updated_at.unix_millis()));
+        head.insert("head".into(), json!(encode_head(cp)?));
+        head.insert(
+            "wake_at".into(),
+            json!(cp.runnable_at().map(|t| t.unix_millis())),
+        );
+        let mut step_ops = Vec::new();
+        let (snapshot_bytes, delta_bytes, next);
+        if req.head_only {
+            // Keep the stored state, steps and snapshot as they are.
+            let stored = stored_head.ok_or_else(|| StoreError::Conflict {
+                run_id: run_id.to_string(),
+                expected: req.expected,
+                found: None,
+            })?;
+            for f in [
+                "next",
+                "snapshot",
+                "snapshot_chunks",
+                "snapshot_chunks_tag",
+                "snapshot_completed",
+                "snapshot_next",
+                "snapshot_bytes",
+                "delta_bytes",
+            ] {
+                if let Some(v) = stored.get(f) {
+                    head.insert(f.into(), v.clone());
+                }
+            }
+            let n = |f: &str| stored.get(f).and_then(Value::as_u64).unwrap_or(0);
+            snapshot_bytes = n("snapshot_bytes");
+            delta_bytes = n("delta_bytes");
+            next = n("next") as usize;
+        } else {
+            next = cp.next;
+            let delta = match (req.step, &acct) {
+                (Some(s), Some(a))
+                    if s.index == a.next && cp.next == a.next + 1 && !a.etag.is_empty() =>
+                {
+                    let text = encode_json(&s.update, run_id, "step's update")?;
+                    let budget = a.snapshot_bytes.max(MIN_DELTA_BUDGET);
+                    (a.delta_bytes + text.len() as u64 <= budget).then_some((text, a.clone()))
+                }
+                _ => None,
+            };
+            let stored = stored_head.as_ref().or(None);
+            match delta {
+                Some((text, a)) => {
+                    check_state(
+                        run_id,
+                        "update",
+                        &req.step.map(|s| s.update.clone()).unwrap_or_default(),
+                    )?;
+                    if a.snapshot_bytes + a.delta_bytes + text.len() as u64 > limit {
+                        check_size(run_id, "state", state_size(&cp.state), limit)?;
+                    }
+                    // The snapshot stays; it is not in this head item unless
+                    // it was read: the replace must carry it.
+                    let snap = match stored {
+                        Some(h) => h.clone(),
+                        None => {
+                            let hid = head_id(&key);
+                            self.read_item(&key, &hid, run_id)
+                                .await?
+                                .unwrap_or(Value::Null)
+                        }
+                    };
+                    for f in [
+                        "snapshot",
+                        "snapshot_chunks",
+                        "snapshot_chunks_tag",
+                        "snapshot_completed",
+                        "snapshot_next",
+                    ] {
+                        if let Some(v) = snap.get(f) {
+                            head.insert(f.into(), v.clone());
+                        }
+                    }
+                    snapshot_bytes = a.snapshot_bytes;
+                    delta_bytes = a.delta_bytes + text.len() as u64;
+                    if let Some(s) = req.step {
+                        let mut item = step_item(&key, s);
+                        self.put_text(&key, run_id, &mut item, "update", text)
+                            .await?;
+                        step_ops.push(item);
+                    }
+                }
+                None => {
+                    check_state(run_id, "state", &cp.state)?;
+                    let state = encode_json(&cp.state, run_id, "state")?;
+                    check_size(run_id, "state", state.len() as u64, limit)?;
+                    snapshot_bytes = state.len() as u64;
+                    delta_bytes = 0;
+                    head.insert(
+                        "snapshot_completed".into(),
+                        json!(encode_json(&cp.completed, run_id, "list of steps")?),
+                    );
+                    head.insert("snapshot_next".into(), json!(cp.next));
+                    self.put_text(&key, run_id, &mut head, "snapshot", state)
+                        .await?;
+                    if let Some(s) = req.step {
+                        let mut item = step_item(&key, s);
+                        let text = encode_json(&s.update, run_id, "step's update")?;
+                        self.put_text(&key, run_id, &mut item, "update", text)
+                            .await?;
+                        step_ops.push(item);
+                    }
+                }
+            }
+        }
+        head.insert("next".into(), json!(next));
+        head.insert("snapshot_bytes".into(), json!(snapshot_bytes));
+        head.insert("delta_bytes".into(), json!(delta_bytes));
+        let pk = format!("[\"{key}\"]");
+        let head_op = match (&req.expected, &acct) {
+            (None, _) => {
+                json!({ "operationType": "Create", "partitionKey": pk, "resourceBody": Value::Object(head) })
+            }
+            (Some(_), Some(a)) => json!({
+                "operationType": "Replace", "id": head_id(&key), "partitionKey": pk,
+                "ifMatch": a.etag, "resourceBody": Value::Object(head)
+            }),
+            (Some(_), None) => {
+                return Err(StoreError::Conflict {
+                    run_id: run_id.to_string(),
+                    expected: req.expected,
+                    found: None,
+                })
+            }
+        };
+        // The head first: a conflicting batch then changes nothing, even on
+        // a server that does not roll back the operations before a failure.
+        let mut ops = vec![head_op];
+        for item in step_ops {
+            ops.push(json!({ "operationType": "Upsert", "partitionKey": pk, "resourceBody": Value::Object(item) }));
+        }
+        let results = self.batch(&key, run_id, ops).await?;
+        let status = |i: usize| {
+            results
+                .get(i)
+                .and_then(|r| r.get("statusCode"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        };
+        match status(0) {
+            200 | 201 => {}
+            409 | 412 => {
+                self.shared.accts.set(run_id, None);
+                return Err(StoreError::Conflict {
+                    run_id: run_id.to_string(),
+                    expected: req.expected,
+                    found: None,
+                });
+            }
+            413 => {
+                return Err(StoreError::TooLarge {
+                    run_id: run_id.to_string(),
+                    what: "checkpoint item",
+                    size: 0,
+                    limit: 2 << 20,
+                })
+            }
+            other => {
+                return Err(StoreError::backend(
+                    StoreErrorKind::Unavailable,
+                    format!(
+                        "saving run {run_id:?} to {}: the head's operation answered {other}",
+                        self.shared.display
+                    ),
+                ))
+            }
+        }
+        for i in 1..results.len() {
+            if !matches!(status(i), 200 | 201) {
+                // The head was written but not the history item: on a service
+                // that rolls batches back this cannot happen.
+                return Err(StoreError::OutcomeUnknown {
+                    run_id: run_id.to_string(),
+                    source: format!("the history item of the save answered {}", status(i)).into(),
+                });
+            }
+        }
+        let etag = results
+            .first()
+            .and_then(|r| r.get("eTag"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let new = Acct {
+            version: req.new_version(),
+            etag,
+            next,
+            snapshot_bytes,
+            delta_bytes,
+        };
+        if cp.status == RunStatus::Completed {
+            self.shared.accts.set(run_id, None);
+        } else {
+            self.shared.accts.set(run_id, Some(new));
+        }
+        Ok(req.new_version())
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
+        let mut query = String::from(
+            "SELECT c.run_id, c.workflow, c.status, c.next, c.version, c.created_at, c.updated_at FROM c WHERE c.kind = 'head'",
+        );
+        let mut params = Vec::new();
+        if let Some(s) = filter.status {
+            query.push_str(" AND c.status = @status");
+            params.push(json!({"name": "@status", "value": s.as_str()}));
+        }
+        if let Some(w) = &filter.workflow {
+            query.push_str(" AND c.workflow = @workflow");
+            params.push(json!({"name": "@workflow", "value": w}));
+        }
+        if let Some(t) = filter.updated_before {
+            query.push_str(" AND c.updated_at < @before");
+            params.push(json!({"name": "@before", "value": t.unix_millis()}));
+        }
+        let rows = self.query(None, "", &query, Value::Array(params)).await?;
+        let mut out = Vec::new();
+        for r in rows {
+            let run_id = r
+                .get("run_id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let n = |f: &str| r.get(f).and_then(Value::as_u64).unwrap_or(0);
+            let status: RunStatus = r
+                .get("status")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .parse()
+                .map_err(|e| self.corrupt(&run_id, "head", e))?;
+            let mut cp = Checkpoint::new(
+                run_id.as_str(),
+                r.get("workflow")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default(),
+                Timestamp::from_unix_millis(n("created_at")),
+            );
+            cp.status = status;
+            cp.next = n("next") as usize;
+            cp.version = n("version");
+            cp.updated_at = Timestamp::from_unix_millis(n("updated_at"));
+            if filter.matches(&cp) {
+                out.push(RunSummary::from(&cp));
+            }
+        }
+        // Byte order of run ids, whatever order the service sorts strings in.
+        out.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        out.dedup_by(|a, b| a.run_id == b.run_id);
+        if let Some(n) = filter.limit {
+            out.truncate(n);
+        }
+        Ok(out)
+    }
+
+    async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
+        let key = encode_run_id(run_id);
+        self.shared.accts.set(run_id, None);
+        // The head first: once it is gone, the run is absent, and what is
+        // left of it (history, chunks) is never read.
+        let existed = self.delete_item(&key, &head_id(&key), run_id).await?;
+        let rest = self
+            .query_partition(
+                &key,
+                run_id,
+                "SELECT c.id FROM c WHERE c.pk = @pk",
+                json!([{"name": "@pk", "value": key}]),
+            )
+            .await?;
+        for item in rest {
+            if let Some(id) = item.get("id").and_then(Value::as_str) {
+                self.delete_item(&key, id, run_id).await?;
+            }
+        }
+        Ok(existed)
+    }
+
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        let key = encode_run_id(run_id);
+        let hid = head_id(&key);
+        let Some(head) = self.read_item(&key, &hid, run_id).await? else {
+            return Ok(None);
+        };
+        let next = head.get("next").and_then(Value::as_u64).unwrap_or(0);
+        let steps = self
+            .query_partition(
+                &key,
+                run_id,
+                "SELECT * FROM c WHERE c.pk = @pk AND c.kind = 'step' AND c.idx < @b",
+                json!([{"name": "@pk", "value": key}, {"name": "@b", "value": next}]),
+            )
+            .await?;
+        let mut out = Vec::new();
+        for item in steps {
+            let idx = item.get("idx").and_then(Value::as_u64).unwrap_or(0) as usize;
+            let sid = step_id(&key, idx);
+            let text = self.text_of(&key, run_id, &item, "update", &sid).await?;
+            let update: Update =
+                serde_json::from_str(&text).map_err(|e| self.corrupt(run_id, &sid, e))?;
+            let n = |f: &str| item.get(f).and_then(Value::as_u64).unwrap_or(0);
+            out.push(StepRecord::new(
+                idx,
+                item.get("name").and_then(Value::as_str).unwrap_or_default(),
+                update,
+                n("attempt") as u32,
+                Timestamp::from_unix_millis(n("started_at")),
+                Timestamp::from_unix_millis(n("finished_at")),
+            ));
+        }
+        out.sort_by_key(|s| s.index);
+        Ok(Some(out))
+    }
+}
+
+/// Opens the store a `cosmos://` URL names (`rest` follows the scheme's
+/// colon), creating the database and container only when `create` is set.
+pub async fn open_url(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+    let url = format!("cosmos:{rest}");
+    Ok(Arc::new(
+        CosmosStore::open_with(&url, CosmosOptions::default().create(create)).await?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_host_database_and_container_and_never_a_key() {
+        let p = parse_url("cosmos://127.0.0.1:8081/db1/runs?cafile=/tmp/c.pem").expect("valid");
+        assert_eq!(
+            (p.host.as_str(), p.port, p.db.as_str(), p.coll.as_str()),
+            ("127.0.0.1", 8081, "db1", "runs")
+        );
+        assert_eq!(p.cafile.as_deref(), Some("/tmp/c.pem"));
+        assert_eq!(
+            parse_url("cosmos://acct.documents.azure.com/db/c")
+                .expect("valid")
+                .port,
+            443
+        );
+        for (url, says) in [
+            ("cosmos://h/db", "no container"),
+            ("cosmos://h/db/c/x", "too many"),
+            ("cosmos://h/db/c?key=abc", "never goes in the URL"),
+            ("cosmos://me:secret@h/db/c", "does not belong"),
+            ("cosmos://h:port/db/c", "port"),
+            ("cosmos://h/d b/c", "not a database"),
+            ("cosmos://h/db/c?colour=red", "unknown parameter"),
+        ] {
+            let e = parse_url(url).unwrap_err().to_string();
+            assert!(e.contains(says), "{url}: {e}");
+            assert!(!e.contains("secret") && !e.contains("abc"), "{e}");
+        }
+    }
+
+    #[test]
+    fn run_ids_become_valid_item_ids() {
+        assert_eq!(encode_run_id("run-1_a.b"), "run-1_a.b");
+        assert_eq!(encode_run_id("a/b\\c?d#e f"), "a~2Fb~5Cc~3Fd~23e~20f");
+        assert_eq!(encode_run_id("é"), "~C3~A9");
+        let longest = "/".repeat(200);
+        assert!(head_id(&encode_run_id(&longest)).len() <= 1023);
+        assert!(step_id(&encode_run_id(&longest), usize::MAX).len() <= 1023);
+        // Different ids never encode alike.
+        assert_ne!(encode_run_id("~2F"), encode_run_id("/"));
+    }
+}

@@ -1,0 +1,205 @@
+//! A small client of the Cosmos DB REST API (reqwest and rustls): signed
+//! requests, point operations, transactional batches within one partition,
+//! and queries paged by continuation token, with 429s retried after the
+//! delay the service asks for, within a budget.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use steadfast_core::{StoreError, StoreErrorKind};
+
+use crate::auth::{header_value, MasterKey};
+
+/// The REST API version spoken.
+const API_VERSION: &str = "2018-12-31";
+
+/// How long throttled requests (429) are retried in all.
+const THROTTLE_BUDGET: Duration = Duration::from_secs(30);
+
+/// An answer: status, headers, body.
+pub(crate) struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    pub fn json(&self) -> Result<Value, String> {
+        serde_json::from_slice(&self.body).map_err(|e| format!("the answer is not JSON: {e}"))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// What went wrong with a request before an answer came.
+pub(crate) enum Failure {
+    /// Never sent (no connection): nothing happened.
+    NotSent(String),
+    /// Sent, but the answer was lost: it may have taken effect.
+    Lost(String),
+}
+
+/// One database and container of an account.
+pub(crate) struct Client {
+    http: reqwest::Client,
+    base: String,
+    pub db: String,
+    pub coll: String,
+    key: Arc<MasterKey>,
+}
+
+impl Client {
+    pub fn new(
+        base: String,
+        db: String,
+        coll: String,
+        key: MasterKey,
+        tls: rustls::ClientConfig,
+    ) -> Result<Self, StoreError> {
+        let http = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .http1_only()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| StoreError::Unsupported(format!("cannot build the HTTP client: {e}")))?;
+        Ok(Client {
+            http,
+            base,
+            db,
+            coll,
+            key: Arc::new(key),
+        })
+    }
+
+    /// The link of the container (`dbs/DB/colls/COLL`).
+    pub fn coll_link(&self) -> String {
+        format!("dbs/{}/colls/{}", self.db, self.coll)
+    }
+
+    /// Sends a signed request; retries 429 answers after the delay the
+    /// service asks for, within a budget.
+    pub async fn send(
+        &self,
+        method: Method,
+        resource_type: &str,
+        resource_link: &str,
+        path: &str,
+        headers: &[(&str, String)],
+        body: Option<Vec<u8>>,
+    ) -> Result<Answer, Failure> {
+        let started = Instant::now();
+        loop {
+            let date = httpdate::fmt_http_date(SystemTime::now());
+            let auth = header_value(&self.key.sign(
+                method.as_str(),
+                resource_type,
+                resource_link,
+                &date,
+            ));
+            let mut h = HeaderMap::new();
+            let mut put = |k: &str, v: &str| {
+                if let (Ok(k), Ok(v)) = (
+                    HeaderName::from_bytes(k.as_bytes()),
+                    HeaderValue::from_str(v),
+                ) {
+                    h.insert(k, v);
+                }
+            };
+            put("authorization", &auth);
+            put("x-ms-date", &date);
+            put("x-ms-version", API_VERSION);
+            put("accept", "application/json");
+            for (k, v) in headers {
+                put(k, v);
+            }
+            let mut req = self
+                .http
+                .request(method.clone(), format!("{}/{path}", self.base))
+                .headers(h);
+            if let Some(b) = &body {
+                req = req.body(b.clone());
+            }
+            let resp = match req.send().await {
+                Ok(r) => r,
+                Err(e) if e.is_connect() => return Err(Failure::NotSent(chain(&e))),
+                Err(e) => return Err(Failure::Lost(chain(&e))),
+            };
+            let status = resp.status();
+            let headers = resp.headers().clone();
+            let body = match resp.bytes().await {
+                Ok(b) => b.to_vec(),
+                Err(e) => return Err(Failure::Lost(chain(&e))),
+            };
+            if status == StatusCode::TOO_MANY_REQUESTS && started.elapsed() < THROTTLE_BUDGET {
+                let wait = headers
+                    .get("x-ms-retry-after-ms")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .map_or(Duration::from_millis(100), |ms| {
+                        Duration::from_micros((ms * 1000.0) as u64)
+                    })
+                    .min(Duration::from_secs(5));
+                tokio::time::sleep(wait).await;
+                continue;
+            }
+            return Ok(Answer {
+                status,
+                headers,
+                body,
+            });
+        }
+    }
+}
+
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    steadfast_core::error_chain(e)
+}
+
+/// The store error for an answer that is not what was hoped for: by status
+/// (and substatus), never by message text. `write` says whether the request
+/// may have changed something, which makes 408/449/503 unknown outcomes.
+pub(crate) fn answer_error(a: &Answer, what: &str, run_id: &str, write: bool) -> StoreError {
+    let detail = a
+        .json()
+        .ok()
+        .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_default();
+    let msg = format!("{what}: HTTP {} {detail}", a.status.as_u16());
+    match a.status.as_u16() {
+        401 | 403 => StoreError::backend(
+            StoreErrorKind::Unavailable,
+            format!("{what}: the account refused the key (HTTP {}); check $STEADFAST_COSMOS_KEY or the key file", a.status.as_u16()),
+        ),
+        409 | 412 => StoreError::Conflict {
+            run_id: run_id.to_string(),
+            expected: None,
+            found: None,
+        },
+        413 => StoreError::backend(StoreErrorKind::TooLarge, msg),
+        400 => StoreError::InvalidInput(msg),
+        404 => StoreError::NotFound(msg),
+        408 | 449 | 503 if write => StoreError::OutcomeUnknown {
+            run_id: run_id.to_string(),
+            source: msg.into(),
+        },
+        _ => StoreError::backend(StoreErrorKind::Unavailable, msg),
+    }
+}
+
+/// The store error for a request that got no answer.
+pub(crate) fn failure_error(f: Failure, what: &str, run_id: &str, write: bool) -> StoreError {
+    match f {
+        Failure::NotSent(e) => StoreError::unavailable(format!("{what}: {e}")),
+        Failure::Lost(e) if write => StoreError::OutcomeUnknown {
+            run_id: run_id.to_string(),
+            source: format!("{what}: {e}").into(),
+        },
+        Failure::Lost(e) => StoreError::unavailable(format!("{what}: {e}")),
+    }
+}
