@@ -16,6 +16,10 @@ pub use steadfast_sqlite as sqlite;
 #[cfg(feature = "postgres")]
 pub use steadfast_postgres as postgres;
 
+/// The Azure Cosmos DB store (`cosmos://…`), with the `cosmos` feature.
+#[cfg(feature = "cosmos")]
+pub use steadfast_cosmos as cosmos;
+
 /// The store used when none is named: SQLite in `.steadfast/runs.db` under the
 /// current directory.
 pub const DEFAULT_STORE_URL: &str = "sqlite:.steadfast/runs.db";
@@ -26,6 +30,7 @@ pub const DEFAULT_STORE_URL: &str = "sqlite:.steadfast/runs.db";
 /// | --- | --- |
 /// | `sqlite:PATH` (also `sqlite://PATH`) | the SQLite store, the embedded default ([`DEFAULT_STORE_URL`]) |
 /// | `file:PATH` (also `file://PATH`) | the JSON file store: every run in one file |
+/// | `cosmos://HOST[:PORT]/DATABASE/CONTAINER` | the Azure Cosmos DB store (feature `cosmos`); the key from `$STEADFAST_COSMOS_KEY` or `?keyfile=PATH` |
 /// | `postgres://…` (also `postgresql://…`) | the PostgreSQL store: libpq's URL, plus `schema=NAME` (default `steadfast`); see [`postgres`] |
 /// | `memory:` | [`MemoryStore`]: in this process only, for tests and examples |
 ///
@@ -107,6 +112,11 @@ fn backends() -> Vec<Backend> {
         schemes: file::URL_SCHEMES,
         open: |_, rest, create| Box::pin(std::future::ready(file::open_url(rest, create))),
     });
+    #[cfg(feature = "cosmos")]
+    all.push(Backend {
+        schemes: cosmos::URL_SCHEMES,
+        open: |_, rest, create| Box::pin(cosmos::open_url(rest, create)),
+    });
     #[cfg(feature = "postgres")]
     all.push(Backend {
         schemes: postgres::URL_SCHEMES,
@@ -136,7 +146,7 @@ async fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
         .find(|b| b.schemes.contains(&scheme))
         .ok_or_else(|| {
             StoreError::Unsupported(format!(
-                "store URL {shown:?}: unknown scheme {scheme:?}; this build opens {} (the `sqlite`, `file` and `postgres` cargo features add those stores)",
+                "store URL {shown:?}: unknown scheme {scheme:?}; this build opens {} (the `sqlite`, `file`, `postgres` and `cosmos` cargo features add those stores)",
                 known()
             ))
         })?;
@@ -170,7 +180,15 @@ mod tests {
         assert!(msg("file:").contains("names no file"));
         assert!(msg("ftp:x").contains("sqlite:, file:"), "{}", msg("ftp:x"));
         assert!(msg("memory:x").contains("nothing after"));
-        assert!(msg("cosmos://x").contains("unknown scheme"));
+        if cfg!(feature = "cosmos") {
+            assert!(
+                msg("cosmos://x").contains("no database"),
+                "{}",
+                msg("cosmos://x")
+            );
+        } else {
+            assert!(msg("cosmos://x").contains("unknown scheme"));
+        }
         let pg = msg("postgres://127.0.0.1/test?schema=No-Such");
         assert!(
             pg.contains("schema name") && pg.contains("store URL"),

@@ -6,6 +6,10 @@
 //    request carries `x-ms-documentdb-query-enablecrosspartition: true`:
 //    every GET gets that header;
 //  - every response closes the connection: keep-alive is turned on.
+// For the fault tests it also takes `POST /__steadfast/faults` with
+// {"status": 429|503, "count": N, "applied": true|false}: the next N writes
+// (POST, PUT, DELETE on items) answer that status, before they are applied
+// or (applied: true, for 503) after they were: an ambiguous outcome.
 // Usage: node launch.js PORT CERT.pem KEY.pem PIDFILE
 "use strict";
 const fs = require("fs");
@@ -21,12 +25,46 @@ const server = createHttpsServer({
   key: fs.readFileSync(keyFile),
   keepAlive: true,
 });
-// Put our fix-ups in front of the package's own request handler.
+let faults = { status: 0, count: 0, applied: false };
 const handlers = server.listeners("request");
 server.removeAllListeners("request");
 server.on("request", (req, res) => {
+  if (req.url === "/__steadfast/faults" && req.method === "POST") {
+    let body = "";
+    req.on("data", (c) => (body += c));
+    req.on("end", () => {
+      try {
+        faults = Object.assign({ status: 0, count: 0, applied: false }, JSON.parse(body));
+        res.statusCode = 204;
+      } catch (e) {
+        res.statusCode = 400;
+      }
+      res.end();
+    });
+    return;
+  }
   if (req.method === "GET") {
     req.headers["x-ms-documentdb-query-enablecrosspartition"] = "true";
+  }
+  const isWrite =
+    ["POST", "PUT", "DELETE"].includes(req.method) &&
+    /\/docs/.test(req.url) &&
+    !req.headers["x-ms-documentdb-isquery"];
+  if (isWrite && faults.count > 0) {
+    faults.count -= 1;
+    if (!faults.applied) {
+      res.statusCode = faults.status;
+      res.setHeader("content-type", "application/json");
+      if (faults.status === 429) res.setHeader("x-ms-retry-after-ms", "20");
+      res.end(JSON.stringify({ code: "Injected", message: "fault injected by the test" }));
+      req.resume();
+      return;
+    }
+    const end = res.end.bind(res);
+    res.end = () => {
+      res.statusCode = faults.status || 503;
+      end(JSON.stringify({ code: "Injected", message: "fault injected after the write" }));
+    };
   }
   for (const h of handlers) h.call(server, req, res);
 });

@@ -8,7 +8,7 @@ use crate::cmd;
 #[derive(Parser, Debug)]
 #[command(name = "steadfast", version, about)]
 pub struct Cli {
-    /// The store: sqlite:PATH, file:PATH, postgres://… or memory:.
+    /// The store: sqlite:PATH, file:PATH, postgres://…, cosmos://HOST/DB/CONTAINER or memory:.
     #[arg(long, global = true, env = "STEADFAST_STORE", default_value = steadfast::DEFAULT_STORE_URL)]
     pub store: String,
     /// What to do.

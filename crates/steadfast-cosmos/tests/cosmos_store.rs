@@ -1,0 +1,362 @@
+//! The Cosmos store beyond the conformance suite, against the local
+//! protocol server: a state that grows to 10 MB and resumes, faults (429 and
+//! 503, before and after the write), two processes racing on one run, and
+//! processes killed at random moments.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use steadfast_core::store::SaveRequest;
+use steadfast_core::{
+    run, update, Checkpoint, RetryPolicy, RunStatus, Runner, Step, StepError, Store,
+    StoreErrorKind, Timestamp, Workflow,
+};
+use steadfast_cosmos::{CosmosOptions, CosmosStore};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// Sets the test server's faults: the next `count` writes answer `status`,
+/// before they are applied or after.
+async fn inject(server: &(String, String), status: u16, count: u32, applied: bool) -> TestResult {
+    let pem = std::fs::read(&server.1)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        roots.add(cert?)?;
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let client = reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .build()?;
+    let base = server.0.replace("cosmos://", "https://");
+    let r = client
+        .post(format!("{base}/__steadfast/faults"))
+        .body(json!({"status": status, "count": count, "applied": applied}).to_string())
+        .send()
+        .await?;
+    assert_eq!(r.status().as_u16(), 204, "the test server took the faults");
+    Ok(())
+}
+
+/// A workflow of `n` steps that counts its executions per step.
+fn counted(n: usize, counts: &Arc<Mutex<Vec<u32>>>) -> Workflow {
+    let mut b = Workflow::builder("counted");
+    for i in 0..n {
+        let counts = Arc::clone(counts);
+        b = b.push(
+            Step::new(format!("s{i}"), move |_, _| {
+                counts.lock().unwrap()[i] += 1;
+                async move { update(json!({ format!("s{i}"): i })) }
+            })
+            .retry(RetryPolicy::none()),
+        );
+    }
+    b.build().expect("a valid workflow")
+}
+
+/// A state that grows past 10 MB in 1 MB steps (each update and the
+/// snapshot too large for one item) is saved in chunks, survives a failed
+/// call in the middle, and resumes to the end with every value intact.
+#[test]
+fn a_state_of_ten_megabytes_is_saved_in_chunks_and_resumes() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    rt().block_on(async {
+        let db = support::TestDb::new(&server);
+        let store = db.store(CosmosOptions::default()).await;
+        let fail_once = Arc::new(Mutex::new(true));
+        let mut b = Workflow::builder("big");
+        for i in 0..11 {
+            let fail_once = Arc::clone(&fail_once);
+            b = b.push(
+                Step::new(format!("s{i}"), move |_, _| {
+                    let fail = i == 6 && std::mem::replace(&mut *fail_once.lock().unwrap(), false);
+                    async move {
+                        if fail {
+                            return Err(StepError::terminal("the process went away"));
+                        }
+                        update(json!({ format!("k{i}"): format!("{i}").repeat(1_000_000) }))
+                    }
+                })
+                .retry(RetryPolicy::none()),
+            );
+        }
+        let wf = b.build()?;
+        let first = run("big-1", &wf, &store).await;
+        assert!(first.is_err(), "step 6 fails the first call");
+        let cp = store.load("big-1").await?.expect("saved");
+        assert_eq!((cp.next, cp.status), (6, RunStatus::Failed));
+        // A fresh handle (no cache) resumes it.
+        let again = db.store(CosmosOptions::default()).await;
+        let state = run("big-1", &wf, &again)
+            .await?
+            .completed()
+            .expect("completed");
+        assert_eq!(state.len(), 11);
+        for i in 0..11 {
+            assert_eq!(
+                state[&format!("k{i}")],
+                json!(format!("{i}").repeat(1_000_000)),
+                "k{i}"
+            );
+        }
+        let history = again.history("big-1").await?.expect("history");
+        assert_eq!(history.len(), 11);
+        Ok(())
+    })
+}
+
+/// Throttling (429) is waited out; a 503 after the write was applied is an
+/// unknown outcome that the run loop resolves by loading; a 503 before it
+/// fails the call without recording anything, and the next call resumes.
+/// No step is lost, none is recorded twice.
+#[test]
+fn throttling_and_unavailability_lose_and_double_no_step() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    rt().block_on(async {
+        let db = support::TestDb::new(&server);
+        let store = db.store(CosmosOptions::default()).await;
+        let counts = Arc::new(Mutex::new(vec![0u32; 4]));
+        let wf = counted(4, &counts);
+
+        inject(&server, 429, 3, false).await?;
+        run("throttled", &wf, &store).await?;
+        assert_eq!(*counts.lock().unwrap(), [1, 1, 1, 1], "429s waited out");
+
+        *counts.lock().unwrap() = vec![0; 4];
+        inject(&server, 503, 1, true).await?;
+        run("ambiguous", &wf, &store).await?;
+        assert_eq!(
+            *counts.lock().unwrap(),
+            [1, 1, 1, 1],
+            "a landed save recognised"
+        );
+
+        *counts.lock().unwrap() = vec![0; 4];
+        inject(&server, 503, 1, false).await?;
+        let err = run("refused", &wf, &store)
+            .await
+            .expect_err("an unavailable store fails the call");
+        assert!(err.to_string().contains("refused"), "{err}");
+        inject(&server, 0, 0, false).await?;
+        run("refused", &wf, &store).await?;
+        let c = counts.lock().unwrap().clone();
+        assert_eq!(c[1..], [1, 1, 1], "{c:?}");
+        assert!(
+            c[0] <= 2,
+            "only the step whose save was refused ran again: {c:?}"
+        );
+        for id in ["throttled", "ambiguous", "refused"] {
+            let cp = store.load(id).await?.expect("saved");
+            assert_eq!((cp.status, cp.next), (RunStatus::Completed, 4), "{id}");
+            let history = store.history(id).await?.expect("history");
+            let names: Vec<&str> = history.iter().map(|s| s.name.as_str()).collect();
+            assert_eq!(names, ["s0", "s1", "s2", "s3"], "{id}");
+        }
+        Ok(())
+    })
+}
+
+/// A wrong key is an error that says so, never an absent run. (The test
+/// server checks no signature, so this checks the mapping of its answer.)
+#[test]
+fn a_missing_key_is_refused_before_anything_is_sent() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    rt().block_on(async {
+        let url = format!("{}/tkeyless/runs?cafile={}", server.0, server.1);
+        // No keyfile, and the variable unset in this process.
+        let err = CosmosStore::open(&url).await.expect_err("no key");
+        assert!(err.to_string().contains("STEADFAST_COSMOS_KEY"), "{err}");
+        Ok(())
+    })
+}
+
+const RACE: &str = "two_processes_racing_on_one_run_lose_no_update";
+
+/// Two processes increment one run's counter by compare-and-swap, 100 times
+/// each: exactly one wins each version, and no update is lost.
+#[test]
+fn two_processes_racing_on_one_run_lose_no_update() -> TestResult {
+    if let Ok(url) = std::env::var("STEADFAST_TEST_COSMOS_CHILD") {
+        return rt().block_on(async move {
+            let store = CosmosStore::open(&url).await?;
+            for _ in 0..100 {
+                loop {
+                    let cp = store.load("counter").await?.ok_or("no counter")?;
+                    let mut next = cp.clone();
+                    let n = cp.state["n"].as_u64().ok_or("n")?;
+                    next.state.insert("n".into(), json!(n + 1));
+                    match store.save(SaveRequest::new(&next, Some(cp.version))).await {
+                        Ok(_) => break,
+                        Err(e) if e.kind() == StoreErrorKind::Conflict => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            Ok(())
+        });
+    }
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    let store = rt().block_on(db.store(CosmosOptions::default()));
+    let mut cp = Checkpoint::new("counter", "count", Timestamp::from_unix_millis(0));
+    cp.state.insert("n".into(), json!(0));
+    rt().block_on(store.save(SaveRequest::new(&cp, None)))?;
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new(std::env::current_exe().expect("the test binary"))
+                .args(["--exact", RACE, "--test-threads=1"])
+                .env("STEADFAST_TEST_COSMOS_CHILD", &db.url)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn a child")
+        })
+        .collect();
+    for mut c in children {
+        assert!(c.wait()?.success(), "a racing child failed");
+    }
+    let cp = rt().block_on(store.load("counter"))?.expect("the counter");
+    assert_eq!((cp.state["n"].clone(), cp.version), (json!(200), 201));
+    Ok(())
+}
+
+const KILL: &str = "sigkill_at_random_moments_never_reruns_or_skips_a_saved_step";
+
+/// Runs killed with SIGKILL at random moments and started again until they
+/// finish: every step runs in order, a step runs again at most once per
+/// kill, and no step sees a state without its predecessor's update.
+#[test]
+fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step() -> TestResult {
+    const STEPS: usize = 8;
+    let workflow = |log: String| {
+        let mut b = Workflow::builder("torture");
+        for i in 0..STEPS {
+            let log = log.clone();
+            b = b.push(
+                Step::new(format!("s{i}"), move |ctx, state| {
+                    let ok = i == 0 || state.contains_key(&format!("s{}", i - 1));
+                    let line = format!("{} {i} {}\n", ctx.run_id(), if ok { "ok" } else { "bad" });
+                    let log = log.clone();
+                    async move {
+                        use std::io::Write;
+                        let mut f = std::fs::OpenOptions::new()
+                            .create(true)
+                            .append(true)
+                            .open(&log)?;
+                        f.write_all(line.as_bytes())?;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        update(json!({ format!("s{i}"): i }))
+                    }
+                })
+                .retry(RetryPolicy::none()),
+            );
+        }
+        b.build().expect("a valid workflow")
+    };
+    if let Ok(url) = std::env::var("STEADFAST_TEST_COSMOS_CHILD") {
+        let run_id = std::env::var("STEADFAST_TEST_RUN")?;
+        let log = std::env::var("STEADFAST_TEST_LOG")?;
+        rt().block_on(async move {
+            let store = CosmosStore::open(&url).await?;
+            Runner::new(&store).run(&run_id, &workflow(log)).await?;
+            Ok::<_, Box<dyn std::error::Error>>(())
+        })?;
+        std::process::exit(0);
+    }
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    drop(rt().block_on(db.store(CosmosOptions::default())));
+    let dir = tempfile::tempdir()?;
+    let log = dir.path().join("steps.log");
+    let mut kills_per_run = Vec::new();
+    let mut total = 0;
+    for r in 0.. {
+        if total >= 20 {
+            break;
+        }
+        let run_id = format!("run-{r}");
+        let mut kills = 0;
+        loop {
+            let mut child = std::process::Command::new(std::env::current_exe()?)
+                .args(["--exact", KILL, "--test-threads=1"])
+                .env("STEADFAST_TEST_COSMOS_CHILD", &db.url)
+                .env("STEADFAST_TEST_RUN", &run_id)
+                .env("STEADFAST_TEST_LOG", &log)
+                .stdout(std::process::Stdio::null())
+                .spawn()?;
+            if kills < 10 {
+                std::thread::sleep(Duration::from_millis(fastrand::u64(20..200)));
+                if child.try_wait()?.is_none() {
+                    child.kill()?;
+                    child.wait()?;
+                    kills += 1;
+                    continue;
+                }
+            }
+            assert!(
+                child.wait()?.success(),
+                "{run_id}: the child failed on its own"
+            );
+            break;
+        }
+        total += kills;
+        kills_per_run.push((run_id, kills));
+    }
+    let text = std::fs::read_to_string(&log)?;
+    for (run_id, kills) in &kills_per_run {
+        let steps: Vec<usize> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("{run_id} ")))
+            .map(|rest| {
+                assert!(
+                    rest.ends_with(" ok"),
+                    "{run_id}: a step ran without its predecessor's update"
+                );
+                rest.split(' ')
+                    .next()
+                    .unwrap_or("")
+                    .parse()
+                    .unwrap_or(usize::MAX)
+            })
+            .collect();
+        assert_eq!(steps.last(), Some(&(STEPS - 1)), "{run_id}: {steps:?}");
+        let mut reruns = 0;
+        for pair in steps.windows(2) {
+            match pair[1] as isize - pair[0] as isize {
+                0 => reruns += 1,
+                1 => {}
+                _ => panic!("{run_id}: skipped or went back: {steps:?}"),
+            }
+        }
+        assert!(
+            reruns <= *kills,
+            "{run_id}: {reruns} reruns with {kills} kills: {steps:?}"
+        );
+    }
+    eprintln!("{total} kills over {} runs", kills_per_run.len());
+    Ok(())
+}
