@@ -11,9 +11,12 @@
 //! STEADFAST_BENCH_PG=postgres://postgres@127.0.0.1:5432/test \
 //!   cargo run --release -p steadfast-bench -- --workloads ratios --stores postgres
 //!                                                      # the PostgreSQL targets
+//! STEADFAST_BENCH_COSMOS='cosmos://127.0.0.1:18081?keyfile=K&cafile=C' \
+//!   cargo run --release -p steadfast-bench -- --stores cosmos   # Cosmos W1, W2
 //! ```
 
 mod baseline;
+mod cosmos;
 mod pg;
 mod syncs;
 mod workloads;
@@ -141,11 +144,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.wants("ratios") && args.stores.iter().any(|s| s == "sqlite") {
         rt.block_on(workloads::ratios(&args))?;
     }
+    if args.stores.iter().any(|s| s == "cosmos") {
+        rt.block_on(cosmos::measure(&args))?;
+    }
     let wants_pg = args.stores.iter().any(|s| s == "postgres");
     if wants_pg && args.wants("ratios") {
         rt.block_on(pg::measure(&args))?;
     }
     for store in &args.stores {
+        if store == "cosmos" {
+            continue;
+        }
         if store == "postgres" && pg::server().is_none() {
             if !args.wants("ratios") {
                 eprintln!(

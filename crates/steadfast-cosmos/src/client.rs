@@ -51,6 +51,9 @@ pub(crate) struct Client {
     pub db: String,
     pub coll: String,
     key: Arc<MasterKey>,
+    /// Request units the service charged, in thousandths, and requests sent.
+    pub charged_milli_ru: std::sync::atomic::AtomicU64,
+    pub requests: std::sync::atomic::AtomicU64,
 }
 
 impl Client {
@@ -74,6 +77,8 @@ impl Client {
             db,
             coll,
             key: Arc::new(key),
+            charged_milli_ru: Default::default(),
+            requests: Default::default(),
         })
     }
 
@@ -132,6 +137,15 @@ impl Client {
             };
             let status = resp.status();
             let headers = resp.headers().clone();
+            let charge = headers
+                .get("x-ms-request-charge")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0);
+            use std::sync::atomic::Ordering::Relaxed;
+            self.charged_milli_ru
+                .fetch_add((charge * 1000.0).round() as u64, Relaxed);
+            self.requests.fetch_add(1, Relaxed);
             let body = match resp.bytes().await {
                 Ok(b) => b.to_vec(),
                 Err(e) => return Err(Failure::Lost(chain(&e))),

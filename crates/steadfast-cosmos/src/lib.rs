@@ -102,6 +102,35 @@ struct Acct {
     next: usize,
     snapshot_bytes: u64,
     delta_bytes: u64,
+    /// The head's snapshot fields, which a save that appends a delta must
+    /// carry over into the replaced head, when they are small enough to
+    /// remember (else the head is read again).
+    carry: Option<Arc<serde_json::Map<String, Value>>>,
+}
+
+/// The fields of a head item that describe its snapshot.
+const SNAPSHOT_FIELDS: [&str; 5] = [
+    "snapshot",
+    "snapshot_chunks",
+    "snapshot_chunks_tag",
+    "snapshot_completed",
+    "snapshot_next",
+];
+
+/// The snapshot fields of a head item, if they are small enough to keep.
+fn carry_of(head: &serde_json::Map<String, Value>) -> Option<Arc<serde_json::Map<String, Value>>> {
+    let small = head
+        .get("snapshot")
+        .and_then(Value::as_str)
+        .is_none_or(|s| s.len() <= 64 * 1024);
+    small.then(|| {
+        Arc::new(
+            SNAPSHOT_FIELDS
+                .iter()
+                .filter_map(|f| head.get(*f).map(|v| (f.to_string(), v.clone())))
+                .collect(),
+        )
+    })
 }
 
 /// The Cosmos DB store. Cheap to clone.
@@ -307,6 +336,17 @@ impl CosmosStore {
         };
         store.prepare().await?;
         Ok(store)
+    }
+
+    /// The request units the service charged this handle so far (as its
+    /// `x-ms-request-charge` headers said), and the requests it sent.
+    pub fn request_charge(&self) -> (f64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = &self.shared.client;
+        (
+            c.charged_milli_ru.load(Relaxed) as f64 / 1000.0,
+            c.requests.load(Relaxed),
+        )
     }
 
     /// Opens with default options.
@@ -743,6 +783,7 @@ impl CosmosStore {
             next,
             snapshot_bytes: num("snapshot_bytes")?,
             delta_bytes: num("delta_bytes")?,
+            carry: head.as_object().and_then(carry_of),
         };
         Ok(Some((cp, acct)))
     }
@@ -866,6 +907,7 @@ impl Store for CosmosStore {
                     next: n("next") as usize,
                     snapshot_bytes: n("snapshot_bytes"),
                     delta_bytes: n("delta_bytes"),
+                    carry: h.as_object().and_then(carry_of),
                 });
             }
             stored_head = head;
@@ -937,26 +979,26 @@ impl Store for CosmosStore {
                     }
                     // The snapshot stays; it is not in this head item unless
                     // it was read: the replace must carry it.
-                    let snap = match stored {
-                        Some(h) => h.clone(),
+                    let carry = match (stored, &a.carry) {
+                        (Some(h), _) => h.as_object().and_then(carry_of),
+                        (None, Some(c)) => Some(Arc::clone(c)),
+                        (None, None) => None,
+                    };
+                    let carry = match carry {
+                        Some(c) => (*c).clone(),
                         None => {
                             let hid = head_id(&key);
-                            self.read_item(&key, &hid, run_id)
+                            let h = self
+                                .read_item(&key, &hid, run_id)
                                 .await?
-                                .unwrap_or(Value::Null)
+                                .unwrap_or(Value::Null);
+                            SNAPSHOT_FIELDS
+                                .iter()
+                                .filter_map(|f| h.get(*f).map(|v| (f.to_string(), v.clone())))
+                                .collect()
                         }
                     };
-                    for f in [
-                        "snapshot",
-                        "snapshot_chunks",
-                        "snapshot_chunks_tag",
-                        "snapshot_completed",
-                        "snapshot_next",
-                    ] {
-                        if let Some(v) = snap.get(f) {
-                            head.insert(f.into(), v.clone());
-                        }
-                    }
+                    head.extend(carry);
                     snapshot_bytes = a.snapshot_bytes;
                     delta_bytes = a.delta_bytes + text.len() as u64;
                     if let Some(s) = req.step {
@@ -992,6 +1034,7 @@ impl Store for CosmosStore {
         head.insert("next".into(), json!(next));
         head.insert("snapshot_bytes".into(), json!(snapshot_bytes));
         head.insert("delta_bytes".into(), json!(delta_bytes));
+        let carry = carry_of(&head);
         let pk = format!("[\"{key}\"]");
         let head_op = match (&req.expected, &acct) {
             (None, _) => {
@@ -1073,6 +1116,7 @@ impl Store for CosmosStore {
             next,
             snapshot_bytes,
             delta_bytes,
+            carry,
         };
         if cp.status == RunStatus::Completed {
             self.shared.accts.set(run_id, None);
