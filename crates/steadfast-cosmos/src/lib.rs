@@ -365,7 +365,20 @@ impl CosmosStore {
             .send(Method::GET, "colls", &coll_link, &coll_link, &[], None)
             .await)?;
         match found.status.as_u16() {
-            200 => return Ok(()),
+            200 => {
+                let paths = found
+                    .json()
+                    .ok()
+                    .and_then(|c| c.pointer("/partitionKey/paths").cloned());
+                if paths != Some(json!(["/pk"])) {
+                    return Err(StoreError::InvalidInput(format!(
+                        "{}: the container is partitioned by {} and this store needs /pk; name another container",
+                        self.shared.display,
+                        paths.map_or_else(|| "nothing".to_string(), |p| p.to_string())
+                    )));
+                }
+                return Ok(());
+            }
             404 if !self.shared.opts.create => {
                 return Err(StoreError::NotFound(format!(
                     "no store: {} does not exist",
