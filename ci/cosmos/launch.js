@@ -7,9 +7,11 @@
 //    every GET gets that header;
 //  - every response closes the connection: keep-alive is turned on.
 // For the fault tests it also takes `POST /__steadfast/faults` with
-// {"status": 429|503, "count": N, "applied": true|false}: the next N writes
-// (POST, PUT, DELETE on items) answer that status, before they are applied
-// or (applied: true, for 503) after they were: an ambiguous outcome.
+// {"db": NAME, "status": 429|503, "count": N, "applied": true|false}: the
+// next N writes to items of database NAME (POST, PUT, DELETE; not queries)
+// answer that status, before they are applied or (applied: true) after
+// they were: an ambiguous outcome. Other databases (other tests) are not
+// touched. `GET /__steadfast/faults` shows how many are left.
 // Usage: node launch.js PORT CERT.pem KEY.pem PIDFILE
 "use strict";
 const fs = require("fs");
@@ -25,16 +27,21 @@ const server = createHttpsServer({
   key: fs.readFileSync(keyFile),
   keepAlive: true,
 });
-let faults = { status: 0, count: 0, applied: false };
+let faults = { db: "", status: 0, count: 0, applied: false };
 const handlers = server.listeners("request");
 server.removeAllListeners("request");
 server.on("request", (req, res) => {
+  if (req.url === "/__steadfast/faults" && req.method === "GET") {
+    res.setHeader("content-type", "application/json");
+    res.end(JSON.stringify(faults));
+    return;
+  }
   if (req.url === "/__steadfast/faults" && req.method === "POST") {
     let body = "";
     req.on("data", (c) => (body += c));
     req.on("end", () => {
       try {
-        faults = Object.assign({ status: 0, count: 0, applied: false }, JSON.parse(body));
+        faults = Object.assign({ db: "", status: 0, count: 0, applied: false }, JSON.parse(body));
         res.statusCode = 204;
       } catch (e) {
         res.statusCode = 400;
@@ -49,6 +56,8 @@ server.on("request", (req, res) => {
   const isWrite =
     ["POST", "PUT", "DELETE"].includes(req.method) &&
     /\/docs/.test(req.url) &&
+    faults.db !== "" &&
+    req.url.startsWith(`/dbs/${faults.db}/`) &&
     !req.headers["x-ms-documentdb-isquery"];
   if (isWrite && faults.count > 0) {
     faults.count -= 1;

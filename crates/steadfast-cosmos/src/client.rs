@@ -54,6 +54,10 @@ pub(crate) struct Client {
     /// Request units the service charged, in thousandths, and requests sent.
     pub charged_milli_ru: std::sync::atomic::AtomicU64,
     pub requests: std::sync::atomic::AtomicU64,
+    /// The last session token the service gave for each partition this
+    /// client wrote to: sent back on the requests that follow, so that a
+    /// read sees this client's writes at session consistency.
+    sessions: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Client {
@@ -79,6 +83,7 @@ impl Client {
             key: Arc::new(key),
             charged_milli_ru: Default::default(),
             requests: Default::default(),
+            sessions: Default::default(),
         })
     }
 
@@ -123,6 +128,13 @@ impl Client {
             for (k, v) in headers {
                 put(k, v);
             }
+            let partition = headers
+                .iter()
+                .find(|(k, _)| *k == "x-ms-documentdb-partitionkey")
+                .map(|(_, v)| v.clone());
+            if let Some(token) = partition.as_ref().and_then(|p| self.session(p)) {
+                put("x-ms-session-token", &token);
+            }
             let mut req = self
                 .http
                 .request(method.clone(), format!("{}/{path}", self.base))
@@ -146,6 +158,14 @@ impl Client {
             self.charged_milli_ru
                 .fetch_add((charge * 1000.0).round() as u64, Relaxed);
             self.requests.fetch_add(1, Relaxed);
+            if let (Some(p), Some(token)) = (
+                &partition,
+                headers
+                    .get("x-ms-session-token")
+                    .and_then(|v| v.to_str().ok()),
+            ) {
+                self.remember_session(p, token);
+            }
             let body = match resp.bytes().await {
                 Ok(b) => b.to_vec(),
                 Err(e) => return Err(Failure::Lost(chain(&e))),
@@ -171,6 +191,24 @@ impl Client {
     }
 }
 
+impl Client {
+    fn session(&self, partition: &str) -> Option<String> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(partition)
+            .cloned()
+    }
+
+    fn remember_session(&self, partition: &str, token: &str) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if sessions.len() >= 16_384 && !sessions.contains_key(partition) {
+            sessions.clear();
+        }
+        sessions.insert(partition.to_string(), token.to_string());
+    }
+}
+
 fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     steadfast_core::error_chain(e)
 }
@@ -186,6 +224,11 @@ pub(crate) fn answer_error(a: &Answer, what: &str, run_id: &str, write: bool) ->
         .unwrap_or_default();
     let msg = format!("{what}: HTTP {} {detail}", a.status.as_u16());
     match a.status.as_u16() {
+        // 403 with substatus 1014: the run's logical partition is full.
+        403 if a.header("x-ms-substatus") == Some("1014") => StoreError::backend(
+            StoreErrorKind::TooLarge,
+            format!("{what}: the run's partition reached the service's size limit (HTTP 403.1014)"),
+        ),
         401 | 403 => StoreError::backend(
             StoreErrorKind::Unavailable,
             format!("{what}: the account refused the key (HTTP {}); check $STEADFAST_COSMOS_KEY or the key file", a.status.as_u16()),
@@ -198,7 +241,9 @@ pub(crate) fn answer_error(a: &Answer, what: &str, run_id: &str, write: bool) ->
         413 => StoreError::backend(StoreErrorKind::TooLarge, msg),
         400 => StoreError::InvalidInput(msg),
         404 => StoreError::NotFound(msg),
-        408 | 449 | 503 if write => StoreError::OutcomeUnknown {
+        // A write the service answered with a timeout, a retry-with or a
+        // server error may have been applied.
+        408 | 449 | 500..=599 if write => StoreError::OutcomeUnknown {
             run_id: run_id.to_string(),
             source: msg.into(),
         },
@@ -215,5 +260,54 @@ pub(crate) fn failure_error(f: Failure, what: &str, run_id: &str, write: bool) -
             source: format!("{what}: {e}").into(),
         },
         Failure::Lost(e) => StoreError::unavailable(format!("{what}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, substatus: Option<&str>) -> Answer {
+        let mut headers = HeaderMap::new();
+        if let Some(s) = substatus {
+            headers.insert("x-ms-substatus", HeaderValue::from_str(s).expect("ascii"));
+        }
+        Answer {
+            status: StatusCode::from_u16(status).expect("a status"),
+            headers,
+            body: br#"{"message": "words"}"#.to_vec(),
+        }
+    }
+
+    /// Statuses map to kinds; a wrong key is never "absent", and a write
+    /// whose answer leaves its outcome open is an unknown outcome.
+    #[test]
+    fn statuses_map_to_kinds() {
+        let kind =
+            |status, sub, write| answer_error(&answer(status, sub), "saving", "r", write).kind();
+        let key = answer_error(&answer(401, None), "reading", "r", false);
+        assert_eq!(key.kind(), StoreErrorKind::Unavailable);
+        assert!(key.to_string().contains("key"), "{key}");
+        assert_eq!(kind(403, Some("1014"), true), StoreErrorKind::TooLarge);
+        assert_eq!(kind(412, None, true), StoreErrorKind::Conflict);
+        assert_eq!(kind(409, None, true), StoreErrorKind::Conflict);
+        assert_eq!(kind(413, None, true), StoreErrorKind::TooLarge);
+        for status in [408, 449, 500, 503] {
+            assert_eq!(
+                kind(status, None, true),
+                StoreErrorKind::OutcomeUnknown,
+                "{status}"
+            );
+            assert_eq!(
+                kind(status, None, false),
+                StoreErrorKind::Unavailable,
+                "{status}"
+            );
+        }
+        assert_eq!(kind(404, None, false), StoreErrorKind::NotFound);
+        let lost = failure_error(Failure::Lost("reset".into()), "saving", "r", true);
+        assert_eq!(lost.kind(), StoreErrorKind::OutcomeUnknown);
+        let never = failure_error(Failure::NotSent("refused".into()), "saving", "r", true);
+        assert_eq!(never.kind(), StoreErrorKind::Unavailable);
     }
 }

@@ -33,7 +33,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use steadfast_core::store::{
     check_head, check_size, check_state, decode_head, encode_head, encode_json, state_size,
-    RunCache, SaveRequest,
+    DueRequest, RunCache, SaveRequest,
 };
 use steadfast_core::{
     Checkpoint, ListFilter, RunStatus, RunSummary, State, StepRecord, Store, StoreError,
@@ -52,11 +52,19 @@ pub const DEFAULT_MAX_STATE_BYTES: u64 = 64 << 20;
 /// The environment variable that holds the account's master key.
 pub const KEY_ENV: &str = "STEADFAST_COSMOS_KEY";
 
-/// A text longer than this goes into chunk items instead of its item.
-const INLINE_MAX: usize = 256 * 1024;
+/// A text longer than this goes into chunk items instead of its item. JSON
+/// escaping can make a text up to six times longer in its item (a control
+/// character becomes `\u0001`), so a head and a history item of inline
+/// texts stay within a 2 MB batch.
+const INLINE_MAX: usize = 128 * 1024;
 
-/// The size of one chunk item's text (Cosmos allows 2 MB per item).
-const CHUNK: usize = 1024 * 1024;
+/// The size of one chunk item's text: even escaped six times over, within
+/// Cosmos's 2 MB per item.
+const CHUNK: usize = 256 * 1024;
+
+/// The largest head document (lease, wait, decisions with their data) a
+/// head item takes, with room for the inline snapshot beside it.
+const MAX_HEAD_DOC: usize = 256 * 1024;
 
 /// Deltas may add up to the snapshot's size, and at least this much,
 /// before the state is snapshotted again.
@@ -106,6 +114,10 @@ struct Acct {
     /// carry over into the replaced head, when they are small enough to
     /// remember (else the head is read again).
     carry: Option<Arc<serde_json::Map<String, Value>>>,
+    /// The run's generation: a tag given when the run is created and kept
+    /// by every item of it, so that items of a deleted run never count for
+    /// a run created again with the same id.
+    gen: String,
 }
 
 /// The fields of a head item that describe its snapshot.
@@ -409,7 +421,7 @@ impl CosmosStore {
         }
         let coll_body = serde_json::to_vec(&json!({
             "id": c.coll,
-            "partitionKey": { "paths": ["/pk"], "kind": "Hash" }
+            "partitionKey": { "paths": ["/pk"], "kind": "Hash", "version": 2 }
         }))
         .unwrap_or_default();
         let db_link = format!("dbs/{}", c.db);
@@ -570,6 +582,30 @@ impl CosmosStore {
         }
     }
 
+    /// A run's summary from the fields of its head item.
+    fn summary(&self, r: &Value) -> Result<RunSummary, StoreError> {
+        let run_id = r.get("run_id").and_then(Value::as_str).unwrap_or_default();
+        let n = |f: &str| r.get(f).and_then(Value::as_u64).unwrap_or(0);
+        let status: RunStatus = r
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .parse()
+            .map_err(|e| self.corrupt(run_id, "head", e))?;
+        let mut cp = Checkpoint::new(
+            run_id,
+            r.get("workflow")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+            Timestamp::from_unix_millis(n("created_at")),
+        );
+        cp.status = status;
+        cp.next = n("next") as usize;
+        cp.version = n("version");
+        cp.updated_at = Timestamp::from_unix_millis(n("updated_at"));
+        Ok(RunSummary::from(&cp))
+    }
+
     fn corrupt(&self, run_id: &str, item: &str, reason: impl std::fmt::Display) -> StoreError {
         StoreError::Corrupt {
             location: format!("{} run {run_id:?} item {item}", self.shared.display),
@@ -582,6 +618,7 @@ impl CosmosStore {
     async fn write_chunks(
         &self,
         key: &str,
+        gen: &str,
         run_id: &str,
         tag: &str,
         text: &str,
@@ -595,7 +632,7 @@ impl CosmosStore {
             while !text.is_char_boundary(end) {
                 end -= 1;
             }
-            let item = json!({ "id": chunk_id(key, tag, n), "pk": key, "kind": "chunk", "data": &text[start..end] });
+            let item = json!({ "id": chunk_id(key, tag, n), "pk": key, "gen": gen, "kind": "chunk", "data": &text[start..end] });
             let body = serde_json::to_vec(&item).unwrap_or_default();
             let what = format!(
                 "writing a chunk of run {run_id:?} to {}",
@@ -681,6 +718,7 @@ impl CosmosStore {
     async fn put_text(
         &self,
         key: &str,
+        gen: &str,
         run_id: &str,
         item: &mut serde_json::Map<String, Value>,
         field: &str,
@@ -691,7 +729,7 @@ impl CosmosStore {
             return Ok(());
         }
         let tag = format!("{:016x}", fastrand_u64());
-        let count = self.write_chunks(key, run_id, &tag, &text).await?;
+        let count = self.write_chunks(key, gen, run_id, &tag, &text).await?;
         item.insert(format!("{field}_chunks_tag"), json!(tag));
         item.insert(format!("{field}_chunks"), json!(count));
         Ok(())
@@ -717,6 +755,7 @@ impl CosmosStore {
         let next = num("next")? as usize;
         let snapshot_next = num("snapshot_next")? as usize;
         let version = num("version")?;
+        let gen = text("gen")?;
         let status: RunStatus = text("status")?
             .parse()
             .map_err(|e| self.corrupt(run_id, &hid, e))?;
@@ -737,8 +776,8 @@ impl CosmosStore {
                 .query_partition(
                     &key,
                     run_id,
-                    "SELECT * FROM c WHERE c.pk = @pk AND c.kind = 'step' AND c.idx >= @a AND c.idx < @b",
-                    json!([{"name": "@pk", "value": key}, {"name": "@a", "value": snapshot_next}, {"name": "@b", "value": next}]),
+                    "SELECT * FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'step' AND c.idx >= @a AND c.idx < @b",
+                    json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}, {"name": "@a", "value": snapshot_next}, {"name": "@b", "value": next}]),
                 )
                 .await?;
             let mut steps: Vec<(u64, Value)> = steps
@@ -797,6 +836,7 @@ impl CosmosStore {
             snapshot_bytes: num("snapshot_bytes")?,
             delta_bytes: num("delta_bytes")?,
             carry: head.as_object().and_then(carry_of),
+            gen: text("gen")?,
         };
         Ok(Some((cp, acct)))
     }
@@ -853,8 +893,9 @@ fn fastrand_u64() -> u64 {
     h.finish()
 }
 
-fn step_item(key: &str, step: &StepRecord) -> serde_json::Map<String, Value> {
+fn step_item(key: &str, gen: &str, step: &StepRecord) -> serde_json::Map<String, Value> {
     let mut m = serde_json::Map::new();
+    m.insert("gen".into(), json!(gen));
     m.insert("id".into(), json!(step_id(key, step.index)));
     m.insert("pk".into(), json!(key));
     m.insert("kind".into(), json!("step"));
@@ -888,11 +929,10 @@ impl Store for CosmosStore {
         let key = encode_run_id(run_id);
         let limit = self.shared.opts.max_state_bytes;
         // The stored head's ETag and bookkeeping, for the expected version.
-        let mut acct = self
-            .shared
-            .accts
-            .get(run_id)
-            .filter(|a| Some(a.version) == req.expected);
+        let mut acct =
+            self.shared.accts.get(run_id).filter(|a| {
+                Some(a.version) == req.expected && !a.etag.is_empty() && !a.gen.is_empty()
+            });
         let mut stored_head: Option<Value> = None;
         if req.expected.is_some() && (acct.is_none() || req.head_only) {
             let hid = head_id(&key);
@@ -921,12 +961,32 @@ impl Store for CosmosStore {
                     snapshot_bytes: n("snapshot_bytes"),
                     delta_bytes: n("delta_bytes"),
                     carry: h.as_object().and_then(carry_of),
+                    gen: h
+                        .get("gen")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
                 });
             }
             stored_head = head;
         }
+        let gen = match (&req.expected, &acct) {
+            (None, _) => format!("{:016x}", fastrand_u64()),
+            (Some(_), Some(a)) if !a.gen.is_empty() && !a.etag.is_empty() => a.gen.clone(),
+            (Some(_), _) => {
+                return Err(StoreError::Corrupt {
+                    location: format!(
+                        "{} run {run_id:?} item {}",
+                        self.shared.display,
+                        head_id(&key)
+                    ),
+                    reason: "the head has no generation or ETag".into(),
+                })
+            }
+        };
         let mut head = serde_json::Map::new();
         head.insert("id".into(), json!(head_id(&key)));
+        head.insert("gen".into(), json!(gen));
         head.insert("pk".into(), json!(key));
         head.insert("kind".into(), json!("head"));
         head.insert("run_id".into(), json!(run_id));
@@ -935,7 +995,16 @@ impl Store for CosmosStore {
         head.insert("version".into(), json!(req.new_version()));
         head.insert("created_at".into(), json!(cp.created_at.unix_millis()));
         head.insert("updated_at".into(), json!(cp.updated_at.unix_millis()));
-        head.insert("head".into(), json!(encode_head(cp)?));
+        let doc = encode_head(cp)?;
+        if doc.len() > MAX_HEAD_DOC {
+            return Err(StoreError::TooLarge {
+                run_id: run_id.to_string(),
+                what: "head (lease, wait, decisions)",
+                size: doc.len() as u64,
+                limit: MAX_HEAD_DOC as u64,
+            });
+        }
+        head.insert("head".into(), json!(doc));
         head.insert(
             "wake_at".into(),
             json!(cp.runnable_at().map(|t| t.unix_millis())),
@@ -1015,8 +1084,8 @@ impl Store for CosmosStore {
                     snapshot_bytes = a.snapshot_bytes;
                     delta_bytes = a.delta_bytes + text.len() as u64;
                     if let Some(s) = req.step {
-                        let mut item = step_item(&key, s);
-                        self.put_text(&key, run_id, &mut item, "update", text)
+                        let mut item = step_item(&key, &gen, s);
+                        self.put_text(&key, &gen, run_id, &mut item, "update", text)
                             .await?;
                         step_ops.push(item);
                     }
@@ -1032,12 +1101,12 @@ impl Store for CosmosStore {
                         json!(encode_json(&cp.completed, run_id, "list of steps")?),
                     );
                     head.insert("snapshot_next".into(), json!(cp.next));
-                    self.put_text(&key, run_id, &mut head, "snapshot", state)
+                    self.put_text(&key, &gen, run_id, &mut head, "snapshot", state)
                         .await?;
                     if let Some(s) = req.step {
-                        let mut item = step_item(&key, s);
+                        let mut item = step_item(&key, &gen, s);
                         let text = encode_json(&s.update, run_id, "step's update")?;
-                        self.put_text(&key, run_id, &mut item, "update", text)
+                        self.put_text(&key, &gen, run_id, &mut item, "update", text)
                             .await?;
                         step_ops.push(item);
                     }
@@ -1071,6 +1140,7 @@ impl Store for CosmosStore {
         for item in step_ops {
             ops.push(json!({ "operationType": "Upsert", "partitionKey": pk, "resourceBody": Value::Object(item) }));
         }
+        let ops_len = ops.len();
         let results = self.batch(&key, run_id, ops).await?;
         let status = |i: usize| {
             results
@@ -1079,9 +1149,20 @@ impl Store for CosmosStore {
                 .and_then(Value::as_u64)
                 .unwrap_or(0)
         };
+        let unknown = |why: String| StoreError::OutcomeUnknown {
+            run_id: run_id.to_string(),
+            source: why.into(),
+        };
+        if results.len() != ops_len {
+            return Err(unknown(format!(
+                "the batch answered {} results for {ops_len} operations",
+                results.len()
+            )));
+        }
         match status(0) {
             200 | 201 => {}
-            409 | 412 => {
+            // 404: the run was deleted since it was read.
+            404 | 409 | 412 => {
                 self.shared.accts.set(run_id, None);
                 return Err(StoreError::Conflict {
                     run_id: run_id.to_string(),
@@ -1097,14 +1178,13 @@ impl Store for CosmosStore {
                     limit: 2 << 20,
                 })
             }
+            // A status this store does not know, or none: it cannot tell
+            // what happened.
             other => {
-                return Err(StoreError::backend(
-                    StoreErrorKind::Unavailable,
-                    format!(
-                        "saving run {run_id:?} to {}: the head's operation answered {other}",
-                        self.shared.display
-                    ),
-                ))
+                return Err(unknown(format!(
+                    "saving run {run_id:?} to {}: the head's operation answered {other}",
+                    self.shared.display
+                )))
             }
         }
         for i in 1..results.len() {
@@ -1123,6 +1203,11 @@ impl Store for CosmosStore {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
+        if etag.is_empty() {
+            // Without the new ETag, the next save reads the head first.
+            self.shared.accts.set(run_id, None);
+            return Ok(req.new_version());
+        }
         let new = Acct {
             version: req.new_version(),
             etag,
@@ -1130,6 +1215,7 @@ impl Store for CosmosStore {
             snapshot_bytes,
             delta_bytes,
             carry,
+            gen,
         };
         if cp.status == RunStatus::Completed {
             self.shared.accts.set(run_id, None);
@@ -1159,31 +1245,16 @@ impl Store for CosmosStore {
         let rows = self.query(None, "", &query, Value::Array(params)).await?;
         let mut out = Vec::new();
         for r in rows {
-            let run_id = r
-                .get("run_id")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            let n = |f: &str| r.get(f).and_then(Value::as_u64).unwrap_or(0);
-            let status: RunStatus = r
-                .get("status")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .parse()
-                .map_err(|e| self.corrupt(&run_id, "head", e))?;
+            let summary = self.summary(&r)?;
             let mut cp = Checkpoint::new(
-                run_id.as_str(),
-                r.get("workflow")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default(),
-                Timestamp::from_unix_millis(n("created_at")),
+                summary.run_id.as_str(),
+                summary.workflow.as_str(),
+                summary.created_at,
             );
-            cp.status = status;
-            cp.next = n("next") as usize;
-            cp.version = n("version");
-            cp.updated_at = Timestamp::from_unix_millis(n("updated_at"));
+            cp.status = summary.status;
+            cp.updated_at = summary.updated_at;
             if filter.matches(&cp) {
-                out.push(RunSummary::from(&cp));
+                out.push(summary);
             }
         }
         // Byte order of run ids, whatever order the service sorts strings in.
@@ -1198,15 +1269,26 @@ impl Store for CosmosStore {
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         let key = encode_run_id(run_id);
         self.shared.accts.set(run_id, None);
+        let hid = head_id(&key);
+        let Some(head) = self.read_item(&key, &hid, run_id).await? else {
+            return Ok(false);
+        };
+        let gen = head
+            .get("gen")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
         // The head first: once it is gone, the run is absent, and what is
-        // left of it (history, chunks) is never read.
-        let existed = self.delete_item(&key, &head_id(&key), run_id).await?;
+        // left of it is never read (a run created again gets a new
+        // generation). Then only this generation's items: a run created
+        // again meanwhile keeps its own.
+        let existed = self.delete_item(&key, &hid, run_id).await?;
         let rest = self
             .query_partition(
                 &key,
                 run_id,
-                "SELECT c.id FROM c WHERE c.pk = @pk",
-                json!([{"name": "@pk", "value": key}]),
+                "SELECT c.id FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind != 'head'",
+                json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}]),
             )
             .await?;
         for item in rest {
@@ -1217,6 +1299,35 @@ impl Store for CosmosStore {
         Ok(existed)
     }
 
+    /// Due runs by the heads' `wake_at`, in one cross-partition query (no
+    /// reservation: the lease the run loop claims decides who runs a run).
+    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
+        let rows = self
+            .query(
+                None,
+                "",
+                "SELECT c.run_id, c.workflow, c.status, c.next, c.version, c.created_at, c.updated_at, c.wake_at \
+                 FROM c WHERE c.kind = 'head' AND c.wake_at <= @now",
+                json!([{"name": "@now", "value": due.now.unix_millis()}]),
+            )
+            .await?;
+        let mut found: Vec<(u64, RunSummary)> = Vec::new();
+        for r in rows {
+            let workflow = r
+                .get("workflow")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let run_id = r.get("run_id").and_then(Value::as_str).unwrap_or_default();
+            if !due.workflows.contains(&workflow) || due.skip.contains(&run_id) {
+                continue;
+            }
+            let at = r.get("wake_at").and_then(Value::as_u64).unwrap_or(0);
+            found.push((at, self.summary(&r)?));
+        }
+        found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.run_id.cmp(&b.1.run_id)));
+        Ok(found.into_iter().take(due.limit).map(|(_, s)| s).collect())
+    }
+
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         let key = encode_run_id(run_id);
         let hid = head_id(&key);
@@ -1224,12 +1335,13 @@ impl Store for CosmosStore {
             return Ok(None);
         };
         let next = head.get("next").and_then(Value::as_u64).unwrap_or(0);
+        let gen = head.get("gen").and_then(Value::as_str).unwrap_or_default();
         let steps = self
             .query_partition(
                 &key,
                 run_id,
-                "SELECT * FROM c WHERE c.pk = @pk AND c.kind = 'step' AND c.idx < @b",
-                json!([{"name": "@pk", "value": key}, {"name": "@b", "value": next}]),
+                "SELECT * FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'step' AND c.idx < @b",
+                json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}, {"name": "@b", "value": next}]),
             )
             .await?;
         let mut out = Vec::new();

@@ -28,7 +28,13 @@ fn rt() -> tokio::runtime::Runtime {
 
 /// Sets the test server's faults: the next `count` writes answer `status`,
 /// before they are applied or after.
-async fn inject(server: &(String, String), status: u16, count: u32, applied: bool) -> TestResult {
+async fn inject(
+    server: &(String, String),
+    db: &support::TestDb,
+    status: u16,
+    count: u32,
+    applied: bool,
+) -> TestResult {
     let pem = std::fs::read(&server.1)?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
@@ -46,11 +52,42 @@ async fn inject(server: &(String, String), status: u16, count: u32, applied: boo
     let base = server.0.replace("cosmos://", "https://");
     let r = client
         .post(format!("{base}/__steadfast/faults"))
-        .body(json!({"status": status, "count": count, "applied": applied}).to_string())
+        .body(
+            json!({"db": db.name(), "status": status, "count": count, "applied": applied})
+                .to_string(),
+        )
         .send()
         .await?;
     assert_eq!(r.status().as_u16(), 204, "the test server took the faults");
     Ok(())
+}
+
+/// How many injected faults the test server has not used yet.
+async fn faults_left(server: &(String, String)) -> Result<u64, Box<dyn std::error::Error>> {
+    let pem = std::fs::read(&server.1)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        roots.add(cert?)?;
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let client = reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .build()?;
+    let base = server.0.replace("cosmos://", "https://");
+    let v: serde_json::Value = serde_json::from_slice(
+        &client
+            .get(format!("{base}/__steadfast/faults"))
+            .send()
+            .await?
+            .bytes()
+            .await?,
+    )?;
+    Ok(v["count"].as_u64().unwrap_or(u64::MAX))
 }
 
 /// A workflow of `n` steps that counts its executions per step.
@@ -137,13 +174,15 @@ fn throttling_and_unavailability_lose_and_double_no_step() -> TestResult {
         let counts = Arc::new(Mutex::new(vec![0u32; 4]));
         let wf = counted(4, &counts);
 
-        inject(&server, 429, 3, false).await?;
+        inject(&server, &db, 429, 3, false).await?;
         run("throttled", &wf, &store).await?;
+        assert_eq!(faults_left(&server).await?, 0, "the 429s were met");
         assert_eq!(*counts.lock().unwrap(), [1, 1, 1, 1], "429s waited out");
 
         *counts.lock().unwrap() = vec![0; 4];
-        inject(&server, 503, 1, true).await?;
+        inject(&server, &db, 503, 1, true).await?;
         run("ambiguous", &wf, &store).await?;
+        assert_eq!(faults_left(&server).await?, 0, "the 503 was met");
         assert_eq!(
             *counts.lock().unwrap(),
             [1, 1, 1, 1],
@@ -151,12 +190,12 @@ fn throttling_and_unavailability_lose_and_double_no_step() -> TestResult {
         );
 
         *counts.lock().unwrap() = vec![0; 4];
-        inject(&server, 503, 1, false).await?;
+        inject(&server, &db, 503, 1, false).await?;
         let err = run("refused", &wf, &store)
             .await
             .expect_err("an unavailable store fails the call");
         assert!(err.to_string().contains("refused"), "{err}");
-        inject(&server, 0, 0, false).await?;
+        inject(&server, &db, 0, 0, false).await?;
         run("refused", &wf, &store).await?;
         let c = counts.lock().unwrap().clone();
         assert_eq!(c[1..], [1, 1, 1], "{c:?}");
@@ -359,4 +398,50 @@ fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step() -> TestResult 
     }
     eprintln!("{total} kills over {} runs", kills_per_run.len());
     Ok(())
+}
+
+/// Workers run unchanged on the Cosmos store: started runs are found by
+/// their heads' wake time, and each step runs once.
+#[test]
+fn a_worker_runs_started_runs() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    rt().block_on(async {
+        let db = support::TestDb::new(&server);
+        let store: Arc<dyn Store> = Arc::new(db.store(CosmosOptions::default()).await);
+        let counts = Arc::new(Mutex::new(vec![0u32; 3]));
+        for i in 0..5 {
+            steadfast_core::start(&*store, "counted", &format!("w{i}"), json!({}), false).await?;
+        }
+        let registry = steadfast_core::Registry::new().workflow(counted(3, &counts));
+        let (tx, mut rx) = tokio::sync::watch::channel(false);
+        let worker = tokio::spawn(
+            steadfast_core::Worker::new(Arc::clone(&store), registry)
+                .concurrency(2)
+                .poll(Duration::from_millis(50))
+                .run(async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                }),
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let done = store
+                .list(&steadfast_core::ListFilter::new().status(RunStatus::Completed))
+                .await?;
+            if done.len() == 5 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the worker did not finish: {done:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tx.send(true)?;
+        let report = worker.await??;
+        assert_eq!(report.completed, 5, "{report:?}");
+        assert_eq!(*counts.lock().unwrap(), [5, 5, 5], "each step once per run");
+        Ok(())
+    })
 }

@@ -59,6 +59,12 @@ impl TestDb {
         TestDb { url, _dir: dir }
     }
 
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        let path = self.url.split('?').next().unwrap_or("");
+        path.rsplit('/').nth(1).unwrap_or("")
+    }
+
     pub async fn store(&self, opts: CosmosOptions) -> CosmosStore {
         CosmosStore::open_with(&self.url, opts)
             .await
