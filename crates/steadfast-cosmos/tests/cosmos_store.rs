@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::json;
 use steadfast_core::store::SaveRequest;
 use steadfast_core::{
-    run, update, Checkpoint, RetryPolicy, RunStatus, Runner, Step, StepError, Store,
+    run, update, Checkpoint, RetryPolicy, RunStatus, Runner, Step, StepError, StepRecord, Store,
     StoreErrorKind, Timestamp, Workflow,
 };
 use steadfast_cosmos::{CosmosOptions, CosmosStore};
@@ -442,6 +442,129 @@ fn a_worker_runs_started_runs() -> TestResult {
         let report = worker.await??;
         assert_eq!(report.completed, 5, "{report:?}");
         assert_eq!(*counts.lock().unwrap(), [5, 5, 5], "each step once per run");
+        Ok(())
+    })
+}
+
+/// Every item of the database, as `(id, etag)`, sorted: the partition's
+/// exact contents. (The test server checks no signature.)
+async fn all_items(
+    server: &(String, String),
+    db: &support::TestDb,
+) -> Result<Vec<(String, String)>, Box<dyn std::error::Error>> {
+    let pem = std::fs::read(&server.1)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        roots.add(cert?)?;
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let client = reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .build()?;
+    let base = server.0.replace("cosmos://", "https://");
+    let answer = client
+        .post(format!("{base}/dbs/{}/colls/runs/docs", db.name()))
+        .header("content-type", "application/query+json")
+        .header("x-ms-documentdb-isquery", "True")
+        .header("x-ms-documentdb-query-enablecrosspartition", "True")
+        .body(json!({"query": "SELECT c.id, c._etag FROM c", "parameters": []}).to_string())
+        .send()
+        .await?;
+    let v: serde_json::Value = serde_json::from_slice(&answer.bytes().await?)?;
+    let mut items: Vec<(String, String)> = v["Documents"]
+        .as_array()
+        .ok_or("no documents")?
+        .iter()
+        .map(|d| {
+            (
+                d["id"].as_str().unwrap_or("").to_string(),
+                d["_etag"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    items.sort();
+    Ok(items)
+}
+
+/// A stale checkpoint (its head's ETag moved on) changes nothing in the
+/// run's partition: not the head, and no history item of the step it
+/// carried.
+#[test]
+fn a_stale_batch_leaves_the_partition_exactly_as_it_was() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    rt().block_on(async {
+        let db = support::TestDb::new(&server);
+        let store = db.store(CosmosOptions::default()).await;
+        let mut cp = Checkpoint::new("stale", "wf", Timestamp::from_unix_millis(1));
+        let mut expected = None;
+        // A second handle that reads the run at version 2 (and so holds its
+        // ETag), then saves after the first handle moved it on.
+        let stale_store = db.store(CosmosOptions::default()).await;
+        for i in 0..3usize {
+            if i == 2 {
+                assert_eq!(stale_store.load("stale").await?.map(|c| c.version), Some(2));
+            }
+            let update: steadfast_core::Update =
+                [(format!("s{i}"), json!(i))].into_iter().collect();
+            steadfast_core::merge(&mut cp.state, update.clone());
+            cp.completed.push(format!("s{i}"));
+            cp.next = i + 1;
+            let step = StepRecord::new(
+                i,
+                &format!("s{i}"),
+                update,
+                1,
+                Timestamp::from_unix_millis(1),
+                Timestamp::from_unix_millis(2),
+            );
+            expected = Some(
+                store
+                    .save(SaveRequest::new(&cp, expected).with_step(&step))
+                    .await?,
+            );
+        }
+        let before = all_items(&server, &db).await?;
+        assert!(
+            before.len() >= 4,
+            "a head and three history items: {before:?}"
+        );
+        let old = {
+            let mut c = cp.clone();
+            c.completed.truncate(2);
+            c.next = 2;
+            c.state.remove("s2");
+            c
+        };
+        let mut next = old.clone();
+        let update: steadfast_core::Update = [("x".to_string(), json!(1))].into_iter().collect();
+        steadfast_core::merge(&mut next.state, update.clone());
+        next.completed.push("x".into());
+        next.next = 3;
+        let step = StepRecord::new(
+            2,
+            "x",
+            update,
+            1,
+            Timestamp::from_unix_millis(1),
+            Timestamp::from_unix_millis(2),
+        );
+        let err = stale_store
+            .save(SaveRequest::new(&next, Some(2)).with_step(&step))
+            .await
+            .expect_err("stale");
+        assert_eq!(err.kind(), StoreErrorKind::Conflict, "{err}");
+        assert_eq!(
+            all_items(&server, &db).await?,
+            before,
+            "the partition changed"
+        );
         Ok(())
     })
 }
