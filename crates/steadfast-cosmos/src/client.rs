@@ -200,13 +200,33 @@ impl Client {
             .cloned()
     }
 
+    /// Keeps `token` for `partition` unless the one kept is newer (a slow
+    /// answer must not move the session back).
     fn remember_session(&self, partition: &str, token: &str) {
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(kept) = sessions.get(partition) {
+            if lsn(kept) >= lsn(token) {
+                return;
+            }
+        }
         if sessions.len() >= 16_384 && !sessions.contains_key(partition) {
-            sessions.clear();
+            if let Some(evict) = sessions.keys().next().cloned() {
+                sessions.remove(&evict);
+            }
         }
         sessions.insert(partition.to_string(), token.to_string());
     }
+}
+
+/// The global log sequence number of a session token
+/// (`RANGE:VERSION#GLOBAL_LSN#…`, or `RANGE:GLOBAL_LSN` in the old form);
+/// 0 when it cannot be read.
+fn lsn(token: &str) -> u64 {
+    let body = token.rsplit_once(':').map_or(token, |(_, b)| b);
+    let mut parts = body.split('#');
+    let first = parts.next().unwrap_or("");
+    let global = parts.next().unwrap_or(first);
+    global.parse().unwrap_or(0)
 }
 
 fn chain(e: &(dyn std::error::Error + 'static)) -> String {
@@ -309,5 +329,32 @@ mod tests {
         assert_eq!(lost.kind(), StoreErrorKind::OutcomeUnknown);
         let never = failure_error(Failure::NotSent("refused".into()), "saving", "r", true);
         assert_eq!(never.kind(), StoreErrorKind::Unavailable);
+    }
+
+    #[test]
+    fn session_tokens_never_go_back() {
+        assert_eq!(lsn("0:-1#125"), 125);
+        assert_eq!(lsn("0:1#130#3=120"), 130);
+        assert_eq!(lsn("7"), 7);
+        assert_eq!(lsn("junk"), 0);
+        let c = Client::new(
+            "https://127.0.0.1:1".into(),
+            "d".into(),
+            "c".into(),
+            MasterKey::from_base64("c2VjcmV0").expect("base64"),
+            rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .expect("protocols")
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        c.remember_session("[\"a\"]", "0:-1#10");
+        c.remember_session("[\"a\"]", "0:-1#9");
+        assert_eq!(c.session("[\"a\"]").as_deref(), Some("0:-1#10"));
+        c.remember_session("[\"a\"]", "0:-1#11");
+        assert_eq!(c.session("[\"a\"]").as_deref(), Some("0:-1#11"));
     }
 }

@@ -134,7 +134,7 @@ fn carry_of(head: &serde_json::Map<String, Value>) -> Option<Arc<serde_json::Map
     let small = head
         .get("snapshot")
         .and_then(Value::as_str)
-        .is_none_or(|s| s.len() <= 64 * 1024);
+        .is_none_or(|s| s.len() <= INLINE_MAX);
     small.then(|| {
         Arc::new(
             SNAPSHOT_FIELDS
@@ -320,8 +320,8 @@ fn head_id(key: &str) -> String {
     format!("h~{key}")
 }
 
-fn step_id(key: &str, index: usize) -> String {
-    format!("s~{key}~{index:010}")
+fn step_id(key: &str, gen: &str, index: usize) -> String {
+    format!("s~{key}~{gen}~{index:010}")
 }
 
 fn chunk_id(key: &str, tag: &str, n: usize) -> String {
@@ -486,7 +486,14 @@ impl CosmosStore {
             .map_err(|f| failure_error(f, &what, run_id, false))?;
         match a.status.as_u16() {
             200 => a.json().map(Some).map_err(|e| self.corrupt(run_id, id, e)),
-            404 => Ok(None),
+            // Only a plain 404 means absent: 404/1002 (the session's
+            // writes not yet readable here) and 404/1003 (no container) do
+            // not.
+            404 if a.header("x-ms-substatus").is_none_or(|s| s == "0") => Ok(None),
+            404 => Err(StoreError::unavailable(format!(
+                "{what}: HTTP 404 with substatus {}",
+                a.header("x-ms-substatus").unwrap_or_default()
+            ))),
             _ => Err(answer_error(&a, &what, run_id, false)),
         }
     }
@@ -560,24 +567,29 @@ impl CosmosStore {
         }
     }
 
-    async fn delete_item(&self, key: &str, id: &str, run_id: &str) -> Result<bool, StoreError> {
+    /// Deletes an item (if its ETag is still `if_match`, when given).
+    /// Returns whether it was deleted; absent or changed is `false`.
+    async fn delete_item(
+        &self,
+        key: &str,
+        id: &str,
+        run_id: &str,
+        if_match: Option<&str>,
+    ) -> Result<bool, StoreError> {
         let c = &self.shared.client;
         let link = format!("{}/docs/{id}", c.coll_link());
         let what = format!("deleting run {run_id:?} from {}", self.shared.display);
+        let mut headers = vec![Self::pk_header(key)];
+        if let Some(etag) = if_match {
+            headers.push(("if-match", etag.to_string()));
+        }
         let a = c
-            .send(
-                Method::DELETE,
-                "docs",
-                &link,
-                &link,
-                &[Self::pk_header(key)],
-                None,
-            )
+            .send(Method::DELETE, "docs", &link, &link, &headers, None)
             .await
             .map_err(|f| failure_error(f, &what, run_id, true))?;
         match a.status.as_u16() {
             204 => Ok(true),
-            404 => Ok(false),
+            404 | 412 => Ok(false),
             _ => Err(answer_error(&a, &what, run_id, true)),
         }
     }
@@ -793,7 +805,7 @@ impl CosmosStore {
                         format!("step {expect} is missing from the history"),
                     ));
                 }
-                let sid = step_id(&key, expect as usize);
+                let sid = step_id(&key, &gen, expect as usize);
                 let text = self.text_of(&key, run_id, item, "update", &sid).await?;
                 let update: Update =
                     serde_json::from_str(&text).map_err(|e| self.corrupt(run_id, &sid, e))?;
@@ -896,7 +908,7 @@ fn fastrand_u64() -> u64 {
 fn step_item(key: &str, gen: &str, step: &StepRecord) -> serde_json::Map<String, Value> {
     let mut m = serde_json::Map::new();
     m.insert("gen".into(), json!(gen));
-    m.insert("id".into(), json!(step_id(key, step.index)));
+    m.insert("id".into(), json!(step_id(key, gen, step.index)));
     m.insert("pk".into(), json!(key));
     m.insert("kind".into(), json!("step"));
     m.insert("idx".into(), json!(step.index));
@@ -1159,6 +1171,31 @@ impl Store for CosmosStore {
                 results.len()
             )));
         }
+        // An atomic batch that failed answers 424 for the operations that
+        // did not fail: the failing one says why, and nothing was applied.
+        if status(0) == 424 {
+            let failed = (0..results.len()).map(status).find(|s| *s != 424);
+            return Err(match failed {
+                Some(409 | 412 | 404) => {
+                    self.shared.accts.set(run_id, None);
+                    StoreError::Conflict {
+                        run_id: run_id.to_string(),
+                        expected: req.expected,
+                        found: None,
+                    }
+                }
+                Some(413 | 403) => StoreError::TooLarge {
+                    run_id: run_id.to_string(),
+                    what: "checkpoint item",
+                    size: 0,
+                    limit: 2 << 20,
+                },
+                other => StoreError::unavailable(format!(
+                    "saving run {run_id:?} to {}: the batch failed with {other:?}; nothing was applied",
+                    self.shared.display
+                )),
+            });
+        }
         match status(0) {
             200 | 201 => {}
             // 404: the run was deleted since it was read.
@@ -1270,19 +1307,31 @@ impl Store for CosmosStore {
         let key = encode_run_id(run_id);
         self.shared.accts.set(run_id, None);
         let hid = head_id(&key);
-        let Some(head) = self.read_item(&key, &hid, run_id).await? else {
-            return Ok(false);
+        // The head first, as it was read (If-Match): once it is gone the run
+        // is absent. A head that changed meanwhile is read again.
+        let mut gen = None;
+        for _ in 0..5 {
+            let Some(head) = self.read_item(&key, &hid, run_id).await? else {
+                return Ok(false);
+            };
+            let etag = head
+                .get("_etag")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if self.delete_item(&key, &hid, run_id, Some(etag)).await? {
+                gen = head.get("gen").and_then(Value::as_str).map(str::to_string);
+                break;
+            }
+        }
+        let Some(gen) = gen else {
+            return Err(StoreError::unavailable(format!(
+                "deleting run {run_id:?} from {}: its head kept changing",
+                self.shared.display
+            )));
         };
-        let gen = head
-            .get("gen")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        // The head first: once it is gone, the run is absent, and what is
-        // left of it is never read (a run created again gets a new
-        // generation). Then only this generation's items: a run created
-        // again meanwhile keeps its own.
-        let existed = self.delete_item(&key, &hid, run_id).await?;
+        // Then this generation's other items. What is left of them after a
+        // failure here is never read (a run created again gets a new
+        // generation), so the delete stands and the failure is only logged.
         let rest = self
             .query_partition(
                 &key,
@@ -1290,13 +1339,23 @@ impl Store for CosmosStore {
                 "SELECT c.id FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind != 'head'",
                 json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}]),
             )
-            .await?;
-        for item in rest {
-            if let Some(id) = item.get("id").and_then(Value::as_str) {
-                self.delete_item(&key, id, run_id).await?;
+            .await;
+        let ids: Vec<String> = match rest {
+            Ok(items) => items
+                .iter()
+                .filter_map(|i| i.get("id").and_then(Value::as_str).map(str::to_string))
+                .collect(),
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "the run is deleted; its history could not be listed for removal");
+                Vec::new()
+            }
+        };
+        for id in ids {
+            if let Err(e) = self.delete_item(&key, &id, run_id, None).await {
+                tracing::warn!(run_id, item = %id, error = %e, "the run is deleted; an item of it could not be removed");
             }
         }
-        Ok(existed)
+        Ok(true)
     }
 
     /// Due runs by the heads' `wake_at`, in one cross-partition query (no
@@ -1335,7 +1394,10 @@ impl Store for CosmosStore {
             return Ok(None);
         };
         let next = head.get("next").and_then(Value::as_u64).unwrap_or(0);
-        let gen = head.get("gen").and_then(Value::as_str).unwrap_or_default();
+        let gen = head
+            .get("gen")
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.corrupt(run_id, &hid, "the head has no generation"))?;
         let steps = self
             .query_partition(
                 &key,
@@ -1347,7 +1409,7 @@ impl Store for CosmosStore {
         let mut out = Vec::new();
         for item in steps {
             let idx = item.get("idx").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let sid = step_id(&key, idx);
+            let sid = step_id(&key, gen, idx);
             let text = self.text_of(&key, run_id, &item, "update", &sid).await?;
             let update: Update =
                 serde_json::from_str(&text).map_err(|e| self.corrupt(run_id, &sid, e))?;
@@ -1415,7 +1477,7 @@ mod tests {
         assert_eq!(encode_run_id("é"), "~C3~A9");
         let longest = "/".repeat(200);
         assert!(head_id(&encode_run_id(&longest)).len() <= 1023);
-        assert!(step_id(&encode_run_id(&longest), usize::MAX).len() <= 1023);
+        assert!(step_id(&encode_run_id(&longest), "0123456789abcdef", usize::MAX).len() <= 1023);
         // Different ids never encode alike.
         assert_ne!(encode_run_id("~2F"), encode_run_id("/"));
     }

@@ -194,7 +194,20 @@ fn throttling_and_unavailability_lose_and_double_no_step() -> TestResult {
         let err = run("refused", &wf, &store)
             .await
             .expect_err("an unavailable store fails the call");
-        assert!(err.to_string().contains("refused"), "{err}");
+        // A 503 of a write is an unknown outcome; the reload finds that the
+        // save did not land, and the call fails with it.
+        let kind = err.store_error().map(|e| e.kind());
+        assert_eq!(kind, Some(StoreErrorKind::OutcomeUnknown), "{err}");
+        assert!(
+            steadfast_core::error_chain(&err).contains("503"),
+            "the injected 503: {err}"
+        );
+        assert_eq!(faults_left(&server).await?, 0, "the 503 was met");
+        let stored = store.load("refused").await?.map(|c| c.next);
+        assert!(
+            stored.is_none_or(|n| n == 0),
+            "nothing of the refused step was recorded: {stored:?}"
+        );
         inject(&server, &db, 0, 0, false).await?;
         run("refused", &wf, &store).await?;
         let c = counts.lock().unwrap().clone();
@@ -414,6 +427,8 @@ fn a_worker_runs_started_runs() -> TestResult {
         for i in 0..5 {
             steadfast_core::start(&*store, "counted", &format!("w{i}"), json!({}), false).await?;
         }
+        // A run of a workflow this worker does not have stays pending.
+        steadfast_core::start(&*store, "other", "o1", json!({}), false).await?;
         let registry = steadfast_core::Registry::new().workflow(counted(3, &counts));
         let (tx, mut rx) = tokio::sync::watch::channel(false);
         let worker = tokio::spawn(
@@ -441,6 +456,12 @@ fn a_worker_runs_started_runs() -> TestResult {
         tx.send(true)?;
         let report = worker.await??;
         assert_eq!(report.completed, 5, "{report:?}");
+        let other = store.load("o1").await?.expect("o1");
+        assert_eq!(
+            other.status,
+            RunStatus::Pending,
+            "another workflow's run was left alone"
+        );
         assert_eq!(*counts.lock().unwrap(), [5, 5, 5], "each step once per run");
         Ok(())
     })
