@@ -516,8 +516,6 @@ impl CosmosStore {
         query: &str,
         params: Value,
     ) -> Result<Vec<Value>, StoreError> {
-        let c = &self.shared.client;
-        let link = c.coll_link();
         let what = format!("querying {}", self.shared.display);
         let body = serde_json::to_vec(&json!({ "query": query, "parameters": params }))
             .unwrap_or_default();
@@ -529,25 +527,17 @@ impl CosmosStore {
                 ("x-ms-documentdb-isquery", "True".to_string()),
                 ("x-ms-max-item-count", "1000".to_string()),
             ];
-            match key {
-                Some(k) => headers.push(Self::pk_header(k)),
-                None => headers.push((
+            if key.is_none() {
+                headers.push((
                     "x-ms-documentdb-query-enablecrosspartition",
                     "True".to_string(),
-                )),
+                ));
             }
             if let Some(token) = &continuation {
                 headers.push(("x-ms-continuation", token.clone()));
             }
-            let a = c
-                .send(
-                    Method::POST,
-                    "docs",
-                    &link,
-                    &format!("{link}/docs"),
-                    &headers,
-                    Some(body.clone()),
-                )
+            let a = self
+                .post_docs(key, headers, body.clone())
                 .await
                 .map_err(|f| failure_error(f, &what, run_id, false))?;
             if a.status.as_u16() != 200 {
@@ -565,6 +555,31 @@ impl CosmosStore {
                 return Ok(out);
             }
         }
+    }
+
+    /// POSTs to the container's items (a create, an upsert, a batch or a
+    /// query), in the partition of `key` when given.
+    async fn post_docs(
+        &self,
+        key: Option<&str>,
+        headers: Vec<(&'static str, String)>,
+        body: Vec<u8>,
+    ) -> Result<Answer, client::Failure> {
+        let c = &self.shared.client;
+        let link = c.coll_link();
+        let mut headers = headers;
+        if let Some(k) = key {
+            headers.push(Self::pk_header(k));
+        }
+        c.send(
+            Method::POST,
+            "docs",
+            &link,
+            &format!("{link}/docs"),
+            &headers,
+            Some(body),
+        )
+        .await
     }
 
     /// Deletes an item (if its ETag is still `if_match`, when given).
@@ -635,8 +650,6 @@ impl CosmosStore {
         tag: &str,
         text: &str,
     ) -> Result<usize, StoreError> {
-        let c = &self.shared.client;
-        let link = c.coll_link();
         let mut n = 0;
         let mut start = 0;
         while start < text.len() {
@@ -650,18 +663,14 @@ impl CosmosStore {
                 "writing a chunk of run {run_id:?} to {}",
                 self.shared.display
             );
-            let a = c
-                .send(
-                    Method::POST,
-                    "docs",
-                    &link,
-                    &format!("{link}/docs"),
-                    &[
+            let a = self
+                .post_docs(
+                    Some(key),
+                    vec![
                         ("content-type", "application/json".into()),
                         ("x-ms-documentdb-is-upsert", "True".into()),
-                        Self::pk_header(key),
                     ],
-                    Some(body),
+                    body,
                 )
                 .await
                 .map_err(|f| failure_error(f, &what, run_id, false))?;
@@ -861,23 +870,17 @@ impl CosmosStore {
         run_id: &str,
         ops: Vec<Value>,
     ) -> Result<Vec<Value>, StoreError> {
-        let c = &self.shared.client;
-        let link = c.coll_link();
         let what = format!("saving run {run_id:?} to {}", self.shared.display);
         let body = serde_json::to_vec(&ops).unwrap_or_default();
-        let a = c
-            .send(
-                Method::POST,
-                "docs",
-                &link,
-                &format!("{link}/docs"),
-                &[
+        let a = self
+            .post_docs(
+                Some(key),
+                vec![
                     ("content-type", "application/json".into()),
                     ("x-ms-cosmos-is-batch-request", "True".into()),
                     ("x-ms-cosmos-batch-atomic", "True".into()),
-                    Self::pk_header(key),
                 ],
-                Some(body),
+                body,
             )
             .await
             .map_err(|f| failure_error(f, &what, run_id, true))?;

@@ -26,15 +26,9 @@ fn rt() -> tokio::runtime::Runtime {
         .expect("a runtime")
 }
 
-/// Sets the test server's faults: the next `count` writes answer `status`,
-/// before they are applied or after.
-async fn inject(
-    server: &(String, String),
-    db: &support::TestDb,
-    status: u16,
-    count: u32,
-    applied: bool,
-) -> TestResult {
+/// A client of the test server's own endpoints (it checks no signature),
+/// trusting its certificate.
+fn test_client(server: &(String, String)) -> Result<reqwest::Client, Box<dyn std::error::Error>> {
     let pem = std::fs::read(&server.1)?;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
@@ -46,9 +40,21 @@ async fn inject(
     .with_safe_default_protocol_versions()?
     .with_root_certificates(roots)
     .with_no_client_auth();
-    let client = reqwest::Client::builder()
+    Ok(reqwest::Client::builder()
         .use_preconfigured_tls(tls)
-        .build()?;
+        .build()?)
+}
+
+/// Sets the test server's faults: the next `count` writes answer `status`,
+/// before they are applied or after.
+async fn inject(
+    server: &(String, String),
+    db: &support::TestDb,
+    status: u16,
+    count: u32,
+    applied: bool,
+) -> TestResult {
+    let client = test_client(server)?;
     let base = server.0.replace("cosmos://", "https://");
     let r = client
         .post(format!("{base}/__steadfast/faults"))
@@ -64,20 +70,7 @@ async fn inject(
 
 /// How many injected faults the test server has not used yet.
 async fn faults_left(server: &(String, String)) -> Result<u64, Box<dyn std::error::Error>> {
-    let pem = std::fs::read(&server.1)?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-        roots.add(cert?)?;
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let client = reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .build()?;
+    let client = test_client(server)?;
     let base = server.0.replace("cosmos://", "https://");
     let v: serde_json::Value = serde_json::from_slice(
         &client
@@ -473,20 +466,7 @@ async fn all_items(
     server: &(String, String),
     db: &support::TestDb,
 ) -> Result<Vec<(String, String)>, Box<dyn std::error::Error>> {
-    let pem = std::fs::read(&server.1)?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-        roots.add(cert?)?;
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let client = reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .build()?;
+    let client = test_client(server)?;
     let base = server.0.replace("cosmos://", "https://");
     let answer = client
         .post(format!("{base}/dbs/{}/colls/runs/docs", db.name()))
