@@ -1369,8 +1369,11 @@ impl Store for CosmosStore {
                 None,
                 "",
                 "SELECT c.run_id, c.workflow, c.status, c.next, c.version, c.created_at, c.updated_at, c.wake_at \
-                 FROM c WHERE c.kind = 'head' AND c.wake_at <= @now",
-                json!([{"name": "@now", "value": due.now.unix_millis()}]),
+                 FROM c WHERE c.kind = 'head' AND c.wake_at <= @now AND ARRAY_CONTAINS(@workflows, c.workflow)",
+                json!([
+                    {"name": "@now", "value": due.now.unix_millis()},
+                    {"name": "@workflows", "value": due.workflows},
+                ]),
             )
             .await?;
         let mut found: Vec<(u64, RunSummary)> = Vec::new();
