@@ -678,3 +678,116 @@ fn decision_names_and_reasons_past_their_limits_are_refused() -> TestResult {
     assert_eq!(env.show("r")["status"], "waiting");
     Ok(())
 }
+
+/// `start` and `worker` refuse bad input with exit 2 and a message that
+/// names it, and record nothing: an empty or control-character run id, an
+/// input that is not an object, too deep, out of range, empty or not
+/// UTF-8; worker options out of range; two flows of one name; a missing
+/// flow file.
+#[test]
+fn start_and_worker_refuse_bad_input_and_record_nothing() -> TestResult {
+    use std::os::unix::ffi::OsStrExt;
+    let env = Env::new();
+    let flow = env.flow(
+        "w.toml",
+        "name = \"w\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n",
+    );
+    let twin = env.flow(
+        "twin.toml",
+        "name = \"w\"\n[[step]]\nname = \"b\"\nrun = \"echo '{}'\"\n",
+    );
+    let f = flow.to_str().unwrap();
+    let deep = format!("{}1{}", "{\"a\":".repeat(200), "}".repeat(200));
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["start", f, "--run-id", ""], "empty"),
+        (vec!["start", f, "--run-id", "a\nb"], "run id"),
+        (
+            vec!["start", f, "--run-id", "r", "--input", "[1]"],
+            "JSON object",
+        ),
+        (
+            vec!["start", f, "--run-id", "r", "--input", &deep],
+            "recursion limit",
+        ),
+        (
+            vec!["start", f, "--run-id", "r", "--input", "{\"n\": 1e999}"],
+            "out of range",
+        ),
+        (vec!["start", f, "--run-id", "r", "--input", ""], "--input"),
+        (
+            vec!["start", "missing.toml", "--run-id", "r"],
+            "missing.toml",
+        ),
+        (vec!["worker", f, "--concurrency", "0"], "--concurrency"),
+        (
+            vec!["worker", f, "--concurrency", "99999999999"],
+            "--concurrency",
+        ),
+        (vec!["worker", f, "--poll", "0s"], "poll interval"),
+        (vec!["worker", f, "--grace", "10000y"], "grace period"),
+        (vec!["worker", f, "--lease", "1ms"], "lease"),
+        (vec!["worker", f, twin.to_str().unwrap()], "also named"),
+        (vec!["worker"], "FLOWS"),
+    ];
+    for (args, says) in cases {
+        let out = env.run(&args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains(says),
+            "{args:?} should say {says:?}: {}",
+            stderr(&out)
+        );
+    }
+    // Not UTF-8, straight from the command line.
+    let out = env
+        .cmd(&["start", f, "--run-id", "r", "--input"])
+        .arg(std::ffi::OsStr::from_bytes(b"{\"a\":\"\xff\"}"))
+        .output()?;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    let runs = env.run(&["runs", "--json"]);
+    let listed: serde_json::Value =
+        serde_json::from_slice(&runs.stdout).unwrap_or(serde_json::Value::Null);
+    assert!(
+        listed.as_array().is_none_or(|a| a.is_empty()),
+        "nothing was recorded: {listed}"
+    );
+    Ok(())
+}
+
+/// Starting a run id that exists leaves it as it was, whatever workflow or
+/// input the second start names, and says so.
+#[test]
+fn starting_an_existing_run_changes_nothing() -> TestResult {
+    let env = Env::new();
+    let one = env.flow(
+        "one.toml",
+        "name = \"one\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n",
+    );
+    let two = env.flow(
+        "two.toml",
+        "name = \"two\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n",
+    );
+    let out = env.run(&[
+        "start",
+        one.to_str().unwrap(),
+        "--run-id",
+        "r",
+        "--input",
+        "{\"x\": 1}",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let before = env.show("r");
+    let out = env.run(&[
+        "start",
+        two.to_str().unwrap(),
+        "--run-id",
+        "r",
+        "--input",
+        "{\"x\": 2}",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stderr(&out).contains("already exists"), "{}", stderr(&out));
+    assert_eq!(env.show("r"), before);
+    assert_eq!(before["status"], "pending");
+    Ok(())
+}

@@ -54,6 +54,49 @@ pub async fn absent_run_loads_as_none(t: TestStore) -> CheckResult {
     Ok(())
 }
 
+/// Run ids with characters stores must escape (`/ \ ? # " ~`, spaces,
+/// non-ASCII), ids that differ only where an escaping could make them
+/// collide, and the longest allowed, are kept apart: each loads back as
+/// saved, and `list` names each once.
+pub async fn odd_run_ids_are_kept_apart_and_load_back(ts: TestStore) -> CheckResult {
+    let longest = "/".repeat(steadfast_core::MAX_RUN_ID_BYTES);
+    let ids = [
+        "a/b",
+        "a~2Fb",
+        "a%2Fb",
+        "q?#\\",
+        "\"quoted\"",
+        "é ü 中",
+        "~",
+        longest.as_str(),
+    ];
+    for (i, id) in ids.iter().enumerate() {
+        let mut cp = Checkpoint::new(*id, "wf", Timestamp::from_unix_millis(1));
+        cp.state.insert("i".into(), json!(i));
+        save(&*ts.store, &cp, None).await?;
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let cp = ts.store.load(id).await?;
+        let cp = cp.ok_or_else(|| format!("run {id:?} is absent"))?;
+        ensure!(
+            cp.run_id == *id && cp.state.get("i") == Some(&json!(i)),
+            "run {id:?} loaded back as {cp:?}"
+        );
+    }
+    let mut listed: Vec<String> = ts
+        .store
+        .list(&ListFilter::new())
+        .await?
+        .into_iter()
+        .map(|r| r.run_id)
+        .collect();
+    listed.sort();
+    let mut expected: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+    expected.sort();
+    ensure!(listed == expected, "list gave {listed:?}");
+    Ok(())
+}
+
 /// A fresh save writes version 1 and every field loads back equal.
 pub async fn first_save_writes_version_one_and_loads_back_equal(ts: TestStore) -> CheckResult {
     let mut cp = checkpoint(

@@ -139,6 +139,7 @@ macro_rules! store_conformance {
     ($make:expr) => {
         $crate::__checks!($make;
             absent_run_loads_as_none,
+            odd_run_ids_are_kept_apart_and_load_back,
             first_save_writes_version_one_and_loads_back_equal,
             second_fresh_save_conflicts,
             stale_version_conflicts_and_leaves_record_unchanged,

@@ -285,11 +285,7 @@ fn tls_config(cafile: Option<&str>) -> Result<rustls::ClientConfig, StoreError> 
 
 fn read_key(keyfile: Option<&str>) -> Result<MasterKey, StoreError> {
     let text = match keyfile {
-        Some(path) => {
-            steadfast_core::local::check_private_file(std::path::Path::new(path))?;
-            std::fs::read_to_string(path)
-                .map_err(|e| StoreError::io(format!("reading the key file {path}"), e))?
-        }
+        Some(path) => read_key_file(std::path::Path::new(path))?,
         None => std::env::var(KEY_ENV).map_err(|_| {
             StoreError::InvalidInput(format!(
                 "no Cosmos DB key: set ${KEY_ENV} or name a key file with ?keyfile=PATH"
@@ -298,6 +294,42 @@ fn read_key(keyfile: Option<&str>) -> Result<MasterKey, StoreError> {
     };
     MasterKey::from_base64(&text)
         .map_err(|why| StoreError::InvalidInput(format!("the Cosmos DB key: {why}")))
+}
+
+/// Reads a key file: a regular file of this user's, readable by no one else
+/// (it is a secret), of at most 4 KiB (a key is 88 characters).
+fn read_key_file(path: &std::path::Path) -> Result<String, StoreError> {
+    use std::os::unix::fs::PermissionsExt;
+    let shown = path.display();
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(StoreError::InvalidInput(format!(
+                "there is no key file {shown}"
+            )))
+        }
+        Err(e) => {
+            return Err(StoreError::io(
+                format!("inspecting the key file {shown}"),
+                e,
+            ))
+        }
+    };
+    steadfast_core::local::check_private_file(path)?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(StoreError::InvalidInput(format!(
+            "the key file {shown} can be read by others (mode {:o}); chmod 600 it",
+            meta.permissions().mode() & 0o777
+        )));
+    }
+    if meta.len() > 4096 {
+        return Err(StoreError::InvalidInput(format!(
+            "the key file {shown} is {} bytes; a key is 88 characters",
+            meta.len()
+        )));
+    }
+    std::fs::read_to_string(path)
+        .map_err(|e| StoreError::io(format!("reading the key file {shown}"), e))
 }
 
 /// Encodes a run id into the characters an item id and a URL path may hold:
@@ -1474,6 +1506,47 @@ mod tests {
             assert!(e.contains(says), "{url}: {e}");
             assert!(!e.contains("secret") && !e.contains("abc"), "{e}");
         }
+    }
+
+    /// A key file must be this user's regular file, readable by no one
+    /// else, and small; the error never shows the key.
+    #[test]
+    fn key_files_are_private_small_regular_files() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let key = dir.path().join("key");
+        std::fs::write(&key, "c2VjcmV0").expect("write");
+        let read = |p: &std::path::Path| {
+            read_key(Some(p.to_str().expect("utf-8")))
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let e = read(&key).unwrap_err();
+        assert!(
+            e.contains("read by others") && !e.contains("c2VjcmV0"),
+            "{e}"
+        );
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert_eq!(read(&key), Ok(()));
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&key, &link).expect("symlink");
+        assert!(read(&link).unwrap_err().contains("symbolic link"));
+        assert!(read(&dir.path().join("missing"))
+            .unwrap_err()
+            .contains("no key file"));
+        let big = dir.path().join("big");
+        std::fs::write(&big, "A".repeat(10_000)).expect("write");
+        std::fs::set_permissions(&big, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert!(read(&big).unwrap_err().contains("10000 bytes"));
+        let junk = dir.path().join("junk");
+        std::fs::write(&junk, [0xff, 0xfe, 0x00]).expect("write");
+        std::fs::set_permissions(&junk, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert!(
+            read(&junk).is_err(),
+            "a key file that is not UTF-8 is refused"
+        );
+        assert!(read(dir.path()).is_err(), "a directory is refused");
     }
 
     #[test]
