@@ -6,6 +6,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use steadfast_conformance::runtime as rt;
 
 use serde_json::json;
 use steadfast::{
@@ -44,15 +45,6 @@ fn background(
         let _ = rx.wait_for(|stop| *stop).await;
     }));
     (tx, handle)
-}
-
-/// A multi-threaded runtime for one test.
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
 }
 
 fn counted(name: &str, steps: usize, counts: &Counts) -> Workflow {

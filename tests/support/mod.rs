@@ -121,15 +121,12 @@ impl PgSchema {
 impl Drop for PgSchema {
     fn drop(&mut self) {
         let url = self.url.clone();
-        let _ = std::thread::spawn(move || {
-            runtime().block_on(async {
-                let opts = steadfast::postgres::PgOptions::default().create(false);
-                if let Ok(s) = steadfast::postgres::PgStore::connect_with(&url, opts).await {
-                    let _ = s.drop_schema().await;
-                }
-            })
-        })
-        .join();
+        steadfast_conformance::block_on_own_thread(move || async move {
+            let opts = steadfast::postgres::PgOptions::default().create(false);
+            if let Ok(s) = steadfast::postgres::PgStore::connect_with(&url, opts).await {
+                let _ = s.drop_schema().await;
+            }
+        });
     }
 }
 

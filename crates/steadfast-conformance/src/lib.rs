@@ -109,6 +109,37 @@ impl<F: Future<Output = TestStore>> IntoTestStore for F {
     }
 }
 
+/// The runtime checks (and store tests) run on: multi-threaded, two workers.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// Runs the future `make` returns to completion on a thread and a runtime
+/// of its own, and waits for it: for asynchronous clean-up (dropping a test's
+/// schema or database) from a `Drop`, where the test's runtime may be gone
+/// or busy. Returns `None` if the thread could not finish.
+pub fn block_on_own_thread<F, Fut>(make: F) -> Option<Fut::Output>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future,
+    Fut::Output: Send + 'static,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()
+            .map(|rt| rt.block_on(make()))
+    })
+    .join()
+    .ok()
+    .flatten()
+}
+
 /// Runs one check on a fresh store from `make`, on a multi-threaded runtime.
 /// Panics with the violation, so that it fails the `#[test]` that called it.
 pub fn run_check<M, R, C, Fut>(name: &str, make: M, check: C)
@@ -118,12 +149,7 @@ where
     C: FnOnce(TestStore) -> Fut,
     Fut: Future<Output = CheckResult>,
 {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
-    rt.block_on(async {
+    runtime().block_on(async {
         let store = make(Config::default()).into_future().await;
         if let Err(e) = check(store).await {
             panic!("conformance check {name} failed: {e}");

@@ -7,6 +7,7 @@ mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use steadfast_conformance::runtime as rt;
 
 use serde_json::json;
 use steadfast_core::store::SaveRequest;
@@ -17,14 +18,6 @@ use steadfast_core::{
 use steadfast_cosmos::{CosmosOptions, CosmosStore};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
-}
 
 /// A client of the test server's own endpoints (it checks no signature),
 /// trusting its certificate.

@@ -4,20 +4,13 @@
 mod support;
 
 use std::sync::Arc;
+use steadfast_conformance::runtime as rt;
 
 use steadfast_core::store::SaveRequest;
 use steadfast_core::{Checkpoint, Store, StoreErrorKind, Timestamp};
 use steadfast_postgres::{PgOptions, PgStore};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime")
-}
 
 /// The URL of the test server with `params` added (and a fresh schema).
 fn url_with(params: &str) -> (String, support::DropSchema) {

@@ -75,20 +75,11 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let url = self.url.clone();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            if let Ok(rt) = rt {
-                rt.block_on(async {
-                    if let Ok(s) =
-                        CosmosStore::open_with(&url, CosmosOptions::default().create(false)).await
-                    {
-                        let _ = s.drop_database().await;
-                    }
-                });
+        steadfast_conformance::block_on_own_thread(move || async move {
+            let opts = CosmosOptions::default().create(false);
+            if let Ok(s) = CosmosStore::open_with(&url, opts).await {
+                let _ = s.drop_database().await;
             }
-        })
-        .join();
+        });
     }
 }
