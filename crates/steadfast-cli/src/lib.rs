@@ -6,6 +6,8 @@ pub mod args;
 pub mod cmd;
 pub mod command;
 pub mod flow;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod output;
 
 use anyhow::Context;

@@ -533,3 +533,20 @@ impl<F: Fs> Store for FileStore<F> {
         .await
     }
 }
+
+/// Decodes `bytes` as the contents of a store file, as opening one does, and
+/// returns the runs it holds. For the fuzz targets and their corpus replay;
+/// not part of the supported API.
+#[doc(hidden)]
+pub fn decode_file_for_fuzzing(bytes: &[u8]) -> Result<Vec<Checkpoint>, StoreError> {
+    let path = Path::new("fuzz.json");
+    let image = Image::decode(bytes, path)?;
+    // What decodes must encode and decode to the same runs.
+    let again = Image::decode(&image.encode(path)?, path)?;
+    assert_eq!(
+        serde_json::to_value(&image.runs).ok(),
+        serde_json::to_value(&again.runs).ok(),
+        "a decoded file does not survive encode and decode"
+    );
+    Ok(image.runs.into_values().collect())
+}

@@ -461,6 +461,95 @@ struct Loaded {
     acct: Acct,
 }
 
+/// The columns of one row of `runs` that make up a checkpoint.
+struct RunRow {
+    workflow: String,
+    status: String,
+    next: i64,
+    version: i64,
+    created_at: i64,
+    updated_at: i64,
+    head: String,
+    snapshot: String,
+    snapshot_completed: String,
+    snapshot_next: i64,
+}
+
+/// Builds a checkpoint from its row and its history rows `(idx, name,
+/// update_json)` from `snapshot_next` on; anything inconsistent is `Corrupt`.
+fn assemble(
+    path: &str,
+    run_id: &str,
+    row: RunRow,
+    deltas: impl Iterator<Item = Result<(i64, String, String), StoreError>>,
+) -> Result<Checkpoint, StoreError> {
+    let RunRow {
+        workflow,
+        status,
+        next,
+        version,
+        created_at,
+        updated_at,
+        head,
+        snapshot,
+        snapshot_completed,
+        snapshot_next,
+    } = row;
+    let status: RunStatus = status
+        .parse()
+        .map_err(|e| corrupt(path, run_id, "status", e))?;
+    let mut state: State = parse_json(&snapshot, path, run_id, "snapshot")?;
+    let mut completed: Vec<String> =
+        parse_json(&snapshot_completed, path, run_id, "snapshot_completed")?;
+    if completed.len() as i64 != snapshot_next || snapshot_next > next {
+        return Err(corrupt(
+            path,
+            run_id,
+            "snapshot_next",
+            format!("{snapshot_next} disagrees with the snapshot or next ({next})"),
+        ));
+    }
+    let mut expect = snapshot_next;
+    for delta in deltas {
+        let (idx, name, text) = delta?;
+        if idx != expect {
+            return Err(corrupt(
+                path,
+                run_id,
+                "steps",
+                format!("step {expect} is missing from the history"),
+            ));
+        }
+        let update: Update = parse_json(&text, path, run_id, &format!("steps[{idx}].update_json"))?;
+        steadfast_core::merge(&mut state, update);
+        completed.push(name);
+        expect += 1;
+    }
+    if expect != next {
+        return Err(corrupt(
+            path,
+            run_id,
+            "steps",
+            format!("step {expect} is missing from the history"),
+        ));
+    }
+    let mut cp = Checkpoint::new(
+        run_id,
+        workflow,
+        Timestamp::from_unix_millis(created_at as u64),
+    );
+    decode_head(&head, &mut cp).map_err(|reason| corrupt(path, run_id, "head", reason))?;
+    cp.status = status;
+    cp.next = next as usize;
+    cp.completed = completed;
+    cp.state = state;
+    cp.version = version as u64;
+    cp.updated_at = Timestamp::from_unix_millis(updated_at as u64);
+    cp.check()
+        .map_err(|reason| corrupt(path, run_id, "head", reason))?;
+    Ok(cp)
+}
+
 fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded>, StoreError> {
     let ctx = || format!("loading run {run_id:?} from {path}");
     type Row = (
@@ -498,66 +587,33 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
     else {
         return Ok(None);
     };
-    let status: RunStatus = status
-        .parse()
-        .map_err(|e| corrupt(path, run_id, "status", e))?;
-    let mut state: State = parse_json(&snapshot, path, run_id, "snapshot")?;
-    let mut completed: Vec<String> =
-        parse_json(&snapshot_completed, path, run_id, "snapshot_completed")?;
-    if completed.len() as i64 != snapshot_next || snapshot_next > next {
-        return Err(corrupt(
-            path,
-            run_id,
-            "snapshot_next",
-            format!("{snapshot_next} disagrees with the snapshot or next ({next})"),
-        ));
-    }
     let mut st = conn
         .prepare_cached("SELECT idx, name, update_json FROM steps WHERE run_id = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx")
         .map_err(|e| map_err(e, &ctx()))?;
     let mut rows = st
         .query(params![run_id, snapshot_next, next])
         .map_err(|e| map_err(e, &ctx()))?;
-    let mut expect = snapshot_next;
-    while let Some(r) = rows.next().map_err(|e| map_err(e, &ctx()))? {
-        let idx: i64 = r.get(0).map_err(|e| map_err(e, &ctx()))?;
-        let name: String = r.get(1).map_err(|e| map_err(e, &ctx()))?;
-        let text: String = r.get(2).map_err(|e| map_err(e, &ctx()))?;
-        if idx != expect {
-            return Err(corrupt(
-                path,
-                run_id,
-                "steps",
-                format!("step {expect} is missing from the history"),
-            ));
-        }
-        let update: Update = parse_json(&text, path, run_id, &format!("steps[{idx}].update_json"))?;
-        steadfast_core::merge(&mut state, update);
-        completed.push(name);
-        expect += 1;
-    }
-    if expect != next {
-        return Err(corrupt(
-            path,
-            run_id,
-            "steps",
-            format!("step {expect} is missing from the history"),
-        ));
-    }
-    let mut cp = Checkpoint::new(
-        run_id,
+    let deltas = std::iter::from_fn(|| match rows.next() {
+        Ok(Some(r)) => Some(
+            (|| Ok::<_, rusqlite::Error>((r.get(0)?, r.get(1)?, r.get(2)?)))()
+                .map_err(|e| map_err(e, &ctx())),
+        ),
+        Ok(None) => None,
+        Err(e) => Some(Err(map_err(e, &ctx()))),
+    });
+    let row = RunRow {
         workflow,
-        Timestamp::from_unix_millis(created_at as u64),
-    );
-    decode_head(&head, &mut cp).map_err(|reason| corrupt(path, run_id, "head", reason))?;
-    cp.status = status;
-    cp.next = next as usize;
-    cp.completed = completed;
-    cp.state = state;
-    cp.version = version as u64;
-    cp.updated_at = Timestamp::from_unix_millis(updated_at as u64);
-    cp.check()
-        .map_err(|reason| corrupt(path, run_id, "head", reason))?;
+        status,
+        next,
+        version,
+        created_at,
+        updated_at,
+        head,
+        snapshot,
+        snapshot_completed,
+        snapshot_next,
+    };
+    let cp = assemble(path, run_id, row, deltas)?;
     let acct = Acct {
         version: cp.version,
         next: cp.next,
@@ -789,4 +845,33 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
+
+/// Builds a checkpoint from the text columns `[workflow, status, head,
+/// snapshot, snapshot_completed]`, the integer columns `[next, version,
+/// created_at, updated_at, snapshot_next]` and history rows `(idx, name,
+/// update_json)` of one run, as loading it does. For the fuzz targets and
+/// their corpus replay; not part of the supported API.
+#[doc(hidden)]
+pub fn decode_record_for_fuzzing(
+    run_id: &str,
+    text: [String; 5],
+    ints: [i64; 5],
+    deltas: Vec<(i64, String, String)>,
+) -> Result<Checkpoint, StoreError> {
+    let [workflow, status, head, snapshot, snapshot_completed] = text;
+    let [next, version, created_at, updated_at, snapshot_next] = ints;
+    let row = RunRow {
+        workflow,
+        status,
+        next,
+        version,
+        created_at,
+        updated_at,
+        head,
+        snapshot,
+        snapshot_completed,
+        snapshot_next,
+    };
+    assemble("fuzz.db", run_id, row, deltas.into_iter().map(Ok))
 }
