@@ -18,8 +18,11 @@ use crate::args::Cli;
 use crate::command::{parse_json_exact, parse_update};
 use crate::flow;
 
+/// A fuzz target: takes any bytes, panics only on a broken promise.
+pub type Target = fn(&[u8]);
+
 /// The targets by name, as the fuzz binaries and the corpus folders call them.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("file_image", file_image),
     ("sqlite_record", sqlite_record),
     ("flow_file", flow_file),

@@ -40,6 +40,7 @@
 
 mod error;
 mod schema;
+mod wait;
 mod writer;
 
 use std::os::unix::fs::OpenOptionsExt;
@@ -61,6 +62,7 @@ use tokio::sync::oneshot;
 
 use crate::error::map_err;
 pub use crate::schema::{APPLICATION_ID, SCHEMA_VERSION};
+pub use crate::wait::MAX_WRITE_WAIT;
 use crate::writer::{Acct, Body, Head, Job, SaveJob, StepRow, Writer};
 
 /// Default limit of one run's state: 64 MiB.
@@ -83,12 +85,27 @@ const ACCT_CACHE_RUNS: usize = 4096;
 pub struct SqliteOptions {
     /// The largest state (serialized) of one run.
     pub max_state_bytes: u64,
-    /// How long a writer waits for another process's lock.
+    /// How long a writer waits for the write lock while no one commits (a
+    /// writer waits as long as others commit, up to [`MAX_WRITE_WAIT`]).
     pub busy_timeout: Duration,
     /// Whether opening may create a missing database (and its directory).
     /// Without it, a missing store is [`StoreError::NotFound`], for commands
     /// that only read.
     pub create: bool,
+    /// Deliberate defects for the durability tests (`mutants` feature).
+    #[cfg(feature = "mutants")]
+    #[doc(hidden)]
+    pub mutants: Mutants,
+}
+
+/// Deliberate defects, settable only with the `mutants` feature, so that the
+/// tests can show they fail when a mechanism is missing.
+#[cfg(feature = "mutants")]
+#[doc(hidden)]
+#[derive(Clone, Debug, Default)]
+pub struct Mutants {
+    /// Skip the writers' queue and wait with SQLite's own busy handler only.
+    pub native_busy_wait: bool,
 }
 
 impl Default for SqliteOptions {
@@ -97,6 +114,8 @@ impl Default for SqliteOptions {
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
             create: true,
+            #[cfg(feature = "mutants")]
+            mutants: Mutants::default(),
         }
     }
 }
@@ -140,6 +159,9 @@ pub struct WriteStats {
     pub commits: u64,
     /// Saves and deletes in them (conflicting members included).
     pub writes: u64,
+    /// The longest this handle waited for the database's write lock (held
+    /// by other processes or handles) before a transaction.
+    pub longest_lock_wait: Duration,
 }
 
 /// The SQLite store. Cheap to clone; clones share one write connection.
@@ -225,7 +247,7 @@ impl SqliteStore {
     pub fn open_with(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<Self, StoreError> {
         let path = steadfast_core::local::prepare_store_file(path.as_ref(), opts.create)?;
         let display = path.display().to_string();
-        for suffix in ["-wal", "-shm", "-journal"] {
+        for suffix in ["-wal", "-shm", "-journal", "-writer"] {
             let mut side = path.clone().into_os_string();
             side.push(suffix);
             steadfast_core::local::check_private_file(Path::new(&side))?;
@@ -253,7 +275,7 @@ impl SqliteStore {
                 .map_err(|e| map_err(e, &format!("setting busy_timeout on {display}")))?;
             schema::check_identity(&look, &display)?;
         }
-        let mut conn = Connection::open_with_flags(&path, open_flags())
+        let conn = Connection::open_with_flags(&path, open_flags())
             .map_err(|e| map_err(e, &format!("opening {display}")))?;
         conn.busy_timeout(opts.busy_timeout)
             .map_err(|e| map_err(e, &format!("setting busy_timeout on {display}")))?;
@@ -261,13 +283,20 @@ impl SqliteStore {
             schema::check_identity(&conn, &display)?;
         }
         configure(&conn, &opts, &display)?;
-        schema::migrate(&mut conn, &display)?;
+        schema::migrate(&conn, &path, &display, opts.busy_timeout)?;
         let writer = Arc::new(Writer {
             queue: Mutex::new(Vec::new()),
             conn: Mutex::new(conn),
             path: display.clone(),
             commits: Default::default(),
             writes: Default::default(),
+            longest_wait_us: Default::default(),
+            stall: opts.busy_timeout,
+            queue_file: crate::wait::queue_path(&path),
+            #[cfg(feature = "mutants")]
+            native_busy_wait: opts.mutants.native_busy_wait,
+            #[cfg(not(feature = "mutants"))]
+            native_busy_wait: false,
         });
         Ok(SqliteStore {
             shared: Arc::new(Shared {
@@ -294,6 +323,9 @@ impl SqliteStore {
         WriteStats {
             commits: self.shared.writer.commits.load(Relaxed),
             writes: self.shared.writer.writes.load(Relaxed),
+            longest_lock_wait: Duration::from_micros(
+                self.shared.writer.longest_wait_us.load(Relaxed),
+            ),
         }
     }
 

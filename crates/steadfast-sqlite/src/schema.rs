@@ -4,7 +4,7 @@
 //! in one transaction with the version bump; a database from a newer build is
 //! refused rather than guessed at.
 
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::Connection;
 use steadfast_core::{StoreError, StoreErrorKind};
 
 use crate::error::map_err;
@@ -136,12 +136,44 @@ pub(crate) fn check_identity(conn: &Connection, path: &str) -> Result<(), StoreE
     Ok(())
 }
 
-pub(crate) fn migrate(conn: &mut Connection, path: &str) -> Result<(), StoreError> {
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
+pub(crate) fn migrate(
+    conn: &Connection,
+    file: &std::path::Path,
+    path: &str,
+    stall: std::time::Duration,
+) -> Result<(), StoreError> {
+    // Nearly every open finds the schema current: then it needs no write lock,
+    // which many processes opening one store at once would queue for.
+    let read = |conn: &Connection| -> rusqlite::Result<(i64, i32)> {
+        Ok((
+            conn.query_row("PRAGMA user_version", [], |r| r.get(0))?,
+            conn.query_row("PRAGMA application_id", [], |r| r.get(0))?,
+        ))
+    };
+    let (version, marked) =
+        read(conn).map_err(|e| map_err(e, &format!("reading the schema version of {path}")))?;
+    if version == SCHEMA_VERSION && marked == APPLICATION_ID {
+        return Ok(());
+    }
+    let _turn = crate::wait::take_turn(&crate::wait::queue_path(file), conn, stall)
+        .map_err(|refused| crate::wait::refused_error(refused, path, stall))?;
+    conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(|e| map_err(e, &format!("starting the schema migration of {path}")))?;
+    let applied = apply_migrations(conn, path).and_then(|()| {
+        conn.execute_batch("COMMIT")
+            .map_err(|e| map_err(e, &format!("committing the schema migration of {path}")))
+    });
+    if applied.is_err() && !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    applied
+}
+
+/// Inside the write transaction: checks the file again and brings its schema
+/// to this build's version.
+fn apply_migrations(tx: &Connection, path: &str) -> Result<(), StoreError> {
     // Another process may have changed the file since it was checked.
-    check_identity(&tx, path)?;
+    check_identity(tx, path)?;
     let current: i64 = tx
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(|e| map_err(e, &format!("reading the schema version of {path}")))?;
@@ -160,7 +192,5 @@ pub(crate) fn migrate(conn: &mut Connection, path: &str) -> Result<(), StoreErro
         tx.pragma_update(None, "application_id", APPLICATION_ID)
             .map_err(|e| map_err(e, &format!("marking {path} as a Steadfast database")))?;
     }
-    tx.commit()
-        .map_err(|e| map_err(e, &format!("committing the schema migration of {path}")))?;
     Ok(())
 }

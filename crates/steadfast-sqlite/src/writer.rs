@@ -106,6 +106,14 @@ pub(crate) struct Writer {
     /// Transactions committed, and the saves and deletes they carried.
     pub commits: std::sync::atomic::AtomicU64,
     pub writes: std::sync::atomic::AtomicU64,
+    /// The longest wait for the write lock, in microseconds.
+    pub longest_wait_us: std::sync::atomic::AtomicU64,
+    /// How long no commit by anyone may be seen before a wait gives up.
+    pub stall: std::time::Duration,
+    /// The sidecar file writers queue on (see `wait`).
+    pub queue_file: std::path::PathBuf,
+    /// A deliberate defect for the tests: no queue, SQLite's busy handler only.
+    pub native_busy_wait: bool,
 }
 
 impl Writer {
@@ -138,7 +146,7 @@ impl Writer {
                     break;
                 }
                 let n = batch.len() as u64;
-                if commit_batch(&mut conn, batch, &self.path) {
+                if commit_batch(&mut conn, batch, self) {
                     self.commits
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     self.writes
@@ -190,7 +198,8 @@ impl Writer {
 }
 
 /// Returns whether a transaction was committed.
-fn commit_batch(conn: &mut Connection, batch: Vec<Job>, path: &str) -> bool {
+fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool {
+    let path = writer.path.as_str();
     let mut replies = Vec::with_capacity(batch.len());
     let mut writes = Vec::with_capacity(batch.len());
     for job in batch {
@@ -203,6 +212,30 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, path: &str) -> bool {
     }
     if writes.is_empty() {
         return false;
+    }
+    // The turn (the queue's lock) is held until this function returns, after
+    // COMMIT or ROLLBACK.
+    let turn = if writer.native_busy_wait {
+        Ok(crate::wait::Turn::none())
+    } else {
+        crate::wait::take_turn(&writer.queue_file, conn, writer.stall)
+    };
+    let turn = match turn {
+        Ok(turn) => turn,
+        Err(refused) => {
+            let err = crate::wait::refused_error(refused, path, writer.stall);
+            for job in writes {
+                fail(job, &err);
+            }
+            return false;
+        }
+    };
+    if !turn.waited.is_zero() {
+        let waited_us = turn.waited.as_micros() as u64;
+        writer
+            .longest_wait_us
+            .fetch_max(waited_us, std::sync::atomic::Ordering::Relaxed);
+        tracing::debug!(store = path, waited_us, "waited for the write lock");
     }
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let err = map_err(e, &format!("starting a write transaction on {path}"));

@@ -1,11 +1,12 @@
 //! SQLite-store specifics: settings read back from live connections, schema
 //! versions, file modes, deltas and snapshots, and corrupt rows.
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use steadfast_core::{run, update, Store, StoreError, StoreErrorKind, Workflow};
-use steadfast_sqlite::{SqliteStore, SCHEMA_VERSION};
+use steadfast_sqlite::{SqliteOptions, SqliteStore, SCHEMA_VERSION};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -299,5 +300,108 @@ async fn a_future_database_with_a_pending_log_is_refused_unchanged() -> TestResu
     let err = SqliteStore::open(&path).unwrap_err();
     assert!(err.to_string().contains("newer than this build"), "{err}");
     assert_eq!((std::fs::read(&path)?, std::fs::read(&wal)?), before);
+    Ok(())
+}
+
+/// Another writer keeps the write lock nearly all the time for 1.2 s,
+/// committing every 100 ms (with gaps of microseconds), while the store's
+/// busy timeout is 300 ms. `native` runs with SQLite's own busy handler only.
+async fn save_while_another_writer_keeps_committing(native: bool) -> Result<Duration, StoreError> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runs.db");
+    let mut opts = SqliteOptions::default().busy_timeout(Duration::from_millis(300));
+    opts.mutants.native_busy_wait = native;
+    let store = SqliteStore::open_with(&path, opts)?;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"a": 1})) })
+        .build()
+        .unwrap();
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.execute_batch("CREATE TABLE scratch (n INTEGER)")
+        .unwrap();
+    let queue = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(dir.path().join("runs.db-writer"))
+        .unwrap();
+    queue.lock().unwrap();
+    raw.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let (ready, holding) = std::sync::mpsc::channel();
+    let other = std::thread::spawn(move || {
+        ready.send(()).unwrap();
+        for n in 0..12 {
+            std::thread::sleep(Duration::from_millis(100));
+            raw.execute("INSERT INTO scratch VALUES (?1)", [n]).unwrap();
+            raw.execute_batch("COMMIT").unwrap();
+            if n < 11 {
+                raw.execute_batch("BEGIN IMMEDIATE").unwrap();
+            }
+        }
+        drop(queue);
+    });
+    holding.recv().unwrap();
+    let started = Instant::now();
+    let result = run("r", &wf, &store).await;
+    let waited = started.elapsed();
+    other.join().unwrap();
+    match result {
+        Ok(outcome) => {
+            assert!(outcome.completed().is_some());
+            Ok(waited)
+        }
+        Err(steadfast_core::Error::Store { source, .. }) => Err(source),
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_store_is_a_wait_while_others_commit() -> TestResult {
+    let waited = save_while_another_writer_keeps_committing(false).await?;
+    // It waited for the other writer, far longer than the busy timeout.
+    assert!(waited >= Duration::from_millis(1000), "{waited:?}");
+    Ok(())
+}
+
+/// The negative control: SQLite's busy handler alone gives up after the busy
+/// timeout although the other writer commits all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_queue_the_same_wait_fails() {
+    let err = save_while_another_writer_keeps_committing(true)
+        .await
+        .expect_err("SQLite's busy handler alone should give up");
+    assert!(
+        err.to_string().contains("locked") || err.to_string().contains("busy"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_holder_of_the_lock_is_an_error_after_the_busy_timeout() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    let opts = SqliteOptions::default().busy_timeout(Duration::from_millis(300));
+    let store = SqliteStore::open_with(&path, opts)?;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"a": 1})) })
+        .build()?;
+    // A holder that never commits: the queue's lock held by a stopped writer.
+    let queue = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.path().join("runs.db-writer"))?;
+    queue.lock()?;
+    let started = Instant::now();
+    let err = run("r", &wf, &store).await.expect_err("no turn, no save");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    let text = steadfast_core::error_chain(&err);
+    assert!(
+        text.contains("is busy") && text.contains("no one committed"),
+        "{text}"
+    );
+    drop(queue);
+    assert!(store.load("r").await?.is_none(), "nothing was written");
     Ok(())
 }

@@ -1,0 +1,155 @@
+//! Waiting for the database's write lock without starving.
+//!
+//! SQLite's own busy handler sleeps longer the longer a connection has waited
+//! (up to 100 ms a try), so under heavy load a writer that has waited long
+//! keeps losing the lock to newcomers, and fails after `busy_timeout` even
+//! though the store is busy only because others are committing. Polling more
+//! often instead costs so much CPU, with hundreds of waiting processes, that
+//! the lock's holder is starved of it.
+//!
+//! So writers queue first, in the kernel: each takes an exclusive `flock` on
+//! the sidecar file `DB-writer` (0600) before `BEGIN IMMEDIATE` and keeps it
+//! until its transaction ends. A blocked waiter sleeps without polling and has
+//! the same chance as a newcomer whenever the lock is released. The wait is
+//! bounded by progress: it gives up only when no one has committed for
+//! `busy_timeout` (a holder that hangs, such as a stopped process), or after
+//! [`MAX_WRITE_WAIT`] in all.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use steadfast_core::{StoreError, StoreErrorKind};
+
+/// The longest any one write waits for its turn while others make progress.
+pub const MAX_WRITE_WAIT: Duration = Duration::from_secs(600);
+
+/// How often a waiter looks whether others still commit.
+const LOOK_EVERY: Duration = Duration::from_millis(200);
+
+/// The queue's sidecar file of the database at `db`.
+pub(crate) fn queue_path(db: &Path) -> PathBuf {
+    let mut p = db.as_os_str().to_owned();
+    p.push("-writer");
+    PathBuf::from(p)
+}
+
+/// A counter that changes whenever another connection commits.
+fn data_version(conn: &Connection) -> Option<i64> {
+    conn.query_row("PRAGMA data_version", [], |r| r.get(0)).ok()
+}
+
+/// Why a turn could not be had.
+pub(crate) enum Refused {
+    /// The sidecar file could not be opened or locked.
+    Io(std::io::Error),
+    /// No one committed for `stall` (or the wait passed its bound).
+    Stalled(Duration),
+}
+
+/// The turn to write: the queue's lock, held until this is dropped.
+pub(crate) struct Turn {
+    _file: Option<File>,
+    /// How long it took to get.
+    pub waited: Duration,
+}
+
+impl Turn {
+    /// No turn at all (the `native_busy_wait` mutant).
+    pub(crate) fn none() -> Turn {
+        Turn {
+            _file: None,
+            waited: Duration::ZERO,
+        }
+    }
+}
+
+/// Waits for this writer's turn as the module's documentation describes.
+pub(crate) fn take_turn(queue: &Path, conn: &Connection, stall: Duration) -> Result<Turn, Refused> {
+    let start = Instant::now();
+    let file = steadfast_core::local::no_follow(
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600),
+    )
+    .open(queue)
+    .map_err(Refused::Io)?;
+    match file.try_lock() {
+        Ok(()) => {
+            return Ok(Turn {
+                _file: Some(file),
+                waited: Duration::ZERO,
+            })
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {}
+        Err(std::fs::TryLockError::Error(e)) => return Err(Refused::Io(e)),
+    }
+    // Block in the kernel on a helper thread, so that this one can watch for
+    // progress and give up. A lock the helper gets after that is released at
+    // once: its file is dropped with the unsent (or unread) message.
+    let (tx, rx) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("steadfast-sqlite-queue".into())
+        .spawn(move || {
+            let got = file.lock().map(|()| file);
+            let _ = tx.send(got);
+        })
+        .map_err(Refused::Io)?;
+    let mut seen = data_version(conn);
+    let mut progress = Instant::now();
+    loop {
+        match rx.recv_timeout(LOOK_EVERY) {
+            Ok(Ok(file)) => {
+                return Ok(Turn {
+                    _file: Some(file),
+                    waited: start.elapsed(),
+                })
+            }
+            Ok(Err(e)) => return Err(Refused::Io(e)),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(Refused::Io(std::io::Error::other(
+                    "the thread waiting for the write queue stopped",
+                )))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let now = Instant::now();
+                let version = data_version(conn);
+                if version.is_some() && version != seen {
+                    seen = version;
+                    progress = now;
+                }
+                if now - progress >= stall || now - start >= MAX_WRITE_WAIT {
+                    return Err(Refused::Stalled(now - start));
+                }
+            }
+        }
+    }
+}
+
+/// The error of a write that did not get its turn.
+pub(crate) fn refused_error(refused: Refused, path: &str, stall: Duration) -> StoreError {
+    match refused {
+        Refused::Io(e) => StoreError::io(
+            format!(
+                "waiting for the write queue {}",
+                queue_path(Path::new(path)).display()
+            ),
+            e,
+        ),
+        Refused::Stalled(waited) => StoreError::backend(
+            StoreErrorKind::Unavailable,
+            format!(
+                "{path} is busy: waited {:.1} s for the write lock and no one committed for {} \
+                 (a process holding it may be stopped or hung); nothing was written",
+                waited.as_secs_f64(),
+                humantime::format_duration(stall)
+            ),
+        ),
+    }
+}
