@@ -20,6 +20,11 @@ pub use steadfast_postgres as postgres;
 #[cfg(feature = "cosmos")]
 pub use steadfast_cosmos as cosmos;
 
+/// Encryption at rest and tamper evidence for any store (`encryption`
+/// feature, on by default): wrap a store in [`seal::SealedStore`].
+#[cfg(feature = "encryption")]
+pub use steadfast_seal as seal;
+
 /// The store used when none is named: SQLite in `.steadfast/runs.db` under the
 /// current directory.
 pub const DEFAULT_STORE_URL: &str = "sqlite:.steadfast/runs.db";

@@ -38,6 +38,8 @@ pub enum Command {
     Reject(cmd::reject::RejectArgs),
     /// Delete a run.
     Delete(cmd::delete::DeleteArgs),
+    /// Rewrite every run under the current encryption key (resumable).
+    Rekey(cmd::rekey::RekeyArgs),
     /// Internal: runs a step command so that it dies with this process's parent.
     #[command(name = "__supervise", hide = true)]
     Supervise {

@@ -87,7 +87,31 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
     };
     let shown = steadfast::store::redact_url(&cli.store);
     let store = opened.with_context(|| format!("cannot open the store {shown}"))?;
-    let ctx = cmd::Ctx { store, url: shown };
+    // With a key in the environment, everything goes through the seal; a key
+    // that cannot be read is a usage error, before anything is touched.
+    let keys = steadfast::seal::Keyring::from_env().map_err(|e| cmd::usage(e.to_string()))?;
+    let migrate = matches!(&cli.command, Command::Rekey(a) if a.migrate_plaintext);
+    let sealed = keys.map(|keys| {
+        std::sync::Arc::new(
+            steadfast::seal::SealedStore::new(store.clone(), keys).accept_plaintext(migrate),
+        )
+    });
+    let store: std::sync::Arc<dyn steadfast::Store> = match &sealed {
+        Some(sealed) => sealed.clone(),
+        None if matches!(cli.command, Command::Rekey(_)) => {
+            return Err(cmd::usage(format!(
+                "rekey needs the keys: set {} or {}",
+                steadfast::seal::KEY_ENV,
+                steadfast::seal::KEY_FILE_ENV
+            )))
+        }
+        None => store,
+    };
+    let ctx = cmd::Ctx {
+        store,
+        sealed,
+        url: shown,
+    };
     match cli.command {
         Command::Run(args) => cmd::run::run(args, &ctx).await,
         Command::Start(args) => cmd::start::run(args, &ctx).await,
@@ -98,6 +122,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Command::Approve(args) => cmd::approve::run(args, &ctx).await,
         Command::Reject(args) => cmd::reject::run(args, &ctx).await,
         Command::Delete(args) => cmd::delete::run(args, &ctx).await,
+        Command::Rekey(args) => cmd::rekey::run(args, &ctx).await,
         Command::Supervise { .. } => Ok(exit::USAGE),
     }
 }

@@ -5,6 +5,7 @@ pub mod approve;
 pub mod delete;
 pub mod history;
 pub mod reject;
+pub mod rekey;
 pub mod run;
 pub mod runs;
 pub mod show;
@@ -21,6 +22,8 @@ use crate::args::exit;
 pub struct Ctx {
     /// The store, opened (and created only for `run`).
     pub store: Arc<dyn Store>,
+    /// The same store as the seal that wraps it, when keys are given.
+    pub sealed: Option<Arc<steadfast::seal::SealedStore>>,
     /// Its URL, as given but with any password hidden, for messages.
     pub url: String,
 }

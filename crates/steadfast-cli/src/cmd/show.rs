@@ -29,6 +29,16 @@ pub async fn run(args: ShowArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let history = match ctx.store.history(id).await {
         Ok(h) => h,
         Err(e) if e.kind() == steadfast::StoreErrorKind::Unsupported => None,
+        // With encryption on, old step records may be plaintext (written
+        // before a migration) or under a retired key: the run itself, which
+        // opened, is still shown.
+        Err(e) if ctx.sealed.is_some() && e.kind() == steadfast::StoreErrorKind::Corrupt => {
+            output::note(format_args!(
+                "the step history of run {id:?} cannot be opened: {}",
+                output::clean(&steadfast::error_chain(&e))
+            ));
+            None
+        }
         Err(e) => return Err(super::history::read_error(id, e)),
     };
     output::show(&cp, history.as_deref(), args.json);

@@ -1,0 +1,229 @@
+//! Encryption at rest through the CLI: the key comes from the environment or
+//! a private key file, never from the command line; stored bytes hold no
+//! secret; the key never shows in output or errors; rotation with `rekey`;
+//! plaintext records refused until migrated; a wrong key is an error naming
+//! the run.
+
+mod support;
+
+use std::process::Output;
+
+use support::{code, stderr, Env};
+
+const K1: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+const K2: &str = "q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=";
+const SECRET: &str = "tok-7d1e2f9a";
+
+const FLOW: &str = r#"
+name = "secret"
+[[step]]
+name = "fetch"
+run = "echo '{\"token\": \"tok-7d1e2f9a\"}'"
+[[step]]
+name = "use"
+run = "echo '{\"used\": true}'"
+"#;
+
+fn with_key(env: &Env, key: Option<&str>, args: &[&str]) -> Output {
+    let mut c = env.cmd(args);
+    c.env_remove("STEADFAST_ENCRYPTION_KEY")
+        .env_remove("STEADFAST_ENCRYPTION_KEY_FILE");
+    if let Some(k) = key {
+        c.env("STEADFAST_ENCRYPTION_KEY", k);
+    }
+    c.output().expect("run steadfast")
+}
+
+fn all_bytes(env: &Env) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for e in std::fs::read_dir(env.path()).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file()
+            && p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("runs.db")
+        {
+            bytes.extend(std::fs::read(p).unwrap());
+        }
+    }
+    bytes
+}
+
+fn contains(hay: &[u8], needle: &str) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+fn no_key_in(out: &Output) {
+    for text in [
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    ] {
+        assert!(
+            !text.contains(K1) && !text.contains(K2),
+            "a key leaked: {text}"
+        );
+    }
+}
+
+#[test]
+fn encrypted_runs_store_no_secret_and_show_it_only_with_the_key() {
+    let env = Env::new();
+    let flow = env.flow("f.toml", FLOW);
+    let k1 = format!("k1:{K1}");
+    let out = with_key(
+        &env,
+        Some(&k1),
+        &["run", flow.to_str().unwrap(), "--run-id", "r"],
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    no_key_in(&out);
+    assert!(
+        !contains(&all_bytes(&env), SECRET),
+        "the secret is stored in clear"
+    );
+
+    let show = with_key(&env, Some(&k1), &["show", "r", "--json"]);
+    assert_eq!(code(&show), 0, "{}", stderr(&show));
+    no_key_in(&show);
+    let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    assert_eq!(v["state"]["token"], SECRET);
+    let history = with_key(&env, Some(&k1), &["history", "r", "--json"]);
+    assert_eq!(code(&history), 0, "{}", stderr(&history));
+    assert!(String::from_utf8_lossy(&history.stdout).contains(SECRET));
+
+    // Without a key: ids, workflow and status are readable, the state is not.
+    let runs = with_key(&env, None, &["runs"]);
+    assert_eq!(code(&runs), 0, "{}", stderr(&runs));
+    assert!(String::from_utf8_lossy(&runs.stdout).contains("completed"));
+    let show = with_key(&env, None, &["show", "r", "--json"]);
+    assert!(!String::from_utf8_lossy(&show.stdout).contains(SECRET));
+
+    // A wrong key: an error naming the run, no key in it, nothing changed.
+    let before = all_bytes(&env);
+    let wrong = with_key(&env, Some(&format!("k1:{K2}")), &["show", "r"]);
+    assert_ne!(code(&wrong), 0);
+    no_key_in(&wrong);
+    let err = stderr(&wrong);
+    assert!(
+        err.contains("\"r\"") && err.contains("does not open"),
+        "{err}"
+    );
+    let again = with_key(
+        &env,
+        Some(&format!("k1:{K2}")),
+        &["run", flow.to_str().unwrap(), "--run-id", "r"],
+    );
+    assert_ne!(code(&again), 0);
+    assert_eq!(
+        all_bytes(&env),
+        before,
+        "a wrongly keyed run changed the store"
+    );
+}
+
+#[test]
+fn keys_rotate_with_rekey_and_plaintext_is_migrated_only_when_asked() {
+    let env = Env::new();
+    let flow = env.flow("f.toml", FLOW);
+    let f = flow.to_str().unwrap();
+    // One run written without encryption, one under k1.
+    assert_eq!(
+        code(&with_key(&env, None, &["run", f, "--run-id", "plain"])),
+        0
+    );
+    let k1 = format!("k1:{K1}");
+    assert_eq!(
+        code(&with_key(&env, Some(&k1), &["run", f, "--run-id", "old"])),
+        0
+    );
+
+    let refused = with_key(&env, Some(&k1), &["show", "plain"]);
+    assert_ne!(code(&refused), 0);
+    assert!(
+        stderr(&refused).contains("not encrypted"),
+        "{}",
+        stderr(&refused)
+    );
+
+    let both = format!("k2:{K2},k1:{K1}");
+    let out = with_key(&env, Some(&both), &["rekey"]);
+    // Without --migrate-plaintext the plaintext run fails; the other is done.
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("1 runs rewritten under key \"k2\"") && err.contains("1 failed"),
+        "{err}"
+    );
+    assert!(
+        err.contains("run \"plain\"") && err.contains("not encrypted"),
+        "{err}"
+    );
+    // Run again, asked to migrate: it goes on where it stopped.
+    let out = with_key(&env, Some(&both), &["rekey", "--migrate-plaintext"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    no_key_in(&out);
+    let err = stderr(&out);
+    assert!(
+        err.contains("1 runs rewritten") && err.contains("1 already current"),
+        "{err}"
+    );
+    let out = with_key(&env, Some(&both), &["rekey"]);
+    assert!(
+        stderr(&out).contains("0 runs rewritten") && stderr(&out).contains("2 already current"),
+        "{}",
+        stderr(&out)
+    );
+
+    // k1 retired: both runs open with k2 alone.
+    let k2 = format!("k2:{K2}");
+    for id in ["plain", "old"] {
+        let show = with_key(&env, Some(&k2), &["show", id, "--json"]);
+        assert_eq!(code(&show), 0, "{}", stderr(&show));
+        let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+        assert_eq!(v["state"]["token"], SECRET);
+    }
+    // Step records keep the encryption they were written with: the plaintext
+    // run's are refused by `history`, by name.
+    let history = with_key(&env, Some(&k2), &["history", "plain"]);
+    assert_ne!(code(&history), 0);
+    assert!(
+        stderr(&history).contains("not a sealed value"),
+        "{}",
+        stderr(&history)
+    );
+}
+
+#[test]
+fn a_key_file_must_be_private_and_rekey_needs_a_key() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let flow = env.flow("f.toml", FLOW);
+    let key_file = env.path().join("keys");
+    std::fs::write(&key_file, format!("k1:{K1}\n")).unwrap();
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let run = |env: &Env| {
+        env.cmd(&["run", flow.to_str().unwrap(), "--run-id", "r"])
+            .env_remove("STEADFAST_ENCRYPTION_KEY")
+            .env("STEADFAST_ENCRYPTION_KEY_FILE", &key_file)
+            .output()
+            .unwrap()
+    };
+    let out = run(&env);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("chmod 600"), "{}", stderr(&out));
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = run(&env);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!contains(&all_bytes(&env), SECRET));
+
+    let out = with_key(&env, None, &["rekey"]);
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("STEADFAST_ENCRYPTION_KEY"),
+        "{}",
+        stderr(&out)
+    );
+    let bad = with_key(&env, Some("k1:short"), &["runs"]);
+    assert_eq!(code(&bad), 2, "{}", stderr(&bad));
+}

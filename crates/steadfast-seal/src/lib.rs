@@ -1,0 +1,649 @@
+//! Encryption at rest and tamper evidence for every Steadfast store.
+//!
+//! [`SealedStore`] wraps any [`Store`]: before a save it encrypts each
+//! top-level state value, each step's update and each gate's decision data
+//! with AES-256-GCM under the current key of a [`Keyring`]; after a load it
+//! opens them and checks them. The stores below see only sealed strings and
+//! work as before (deltas, history, group commit, workers).
+//!
+//! What each seal binds as associated data, so that moving a valid
+//! ciphertext is detected:
+//! - a state value or step update: the run id, its key and the step that wrote
+//!   it (a history record's values must name that record's step);
+//! - a gate's data: the run id, the gate and the decision's place;
+//! - the whole state: a seal over the run id, the number of completed steps
+//!   and every value of the state (in plain text), kept under the state key
+//!   `steadfast:seal`. A value changed, removed, added, copied from another
+//!   run, or rolled back to an older ciphertext breaks it.
+//!
+//! Run ids, workflow names, statuses, step names, times, leases, errors and
+//! rejection reasons stay in clear text, so that `runs`, `show` and workers
+//! work without a key. A whole record replaced by an older copy of itself is
+//! not detected (nothing inside the record can tell); see `docs/security.md`.
+//!
+//! A record that fails to open is [`StoreError::Corrupt`] naming the run and
+//! the value, never a fresh start and never a half-opened state. A record
+//! written without encryption is refused unless the store was told to
+//! [`accept_plaintext`](SealedStore::accept_plaintext) (for a migration).
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use std::sync::Arc;
+//! use serde_json::json;
+//! use steadfast_core::{run, update, MemoryStore, Store, Workflow};
+//! use steadfast_seal::{Keyring, SealedStore};
+//!
+//! let keys = Keyring::parse("k1:q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=")?;
+//! let raw = Arc::new(MemoryStore::new());
+//! let store = SealedStore::new(raw.clone(), keys);
+//! let wf = Workflow::builder("w")
+//!     .step("secret", |_, _| async { update(json!({"token": "hunter2"})) })
+//!     .build()?;
+//! let state = run("r", &wf, &store).await?.completed().unwrap();
+//! assert_eq!(state["token"], "hunter2");
+//! // What the store below holds is sealed.
+//! let stored = raw.load("r").await?.unwrap();
+//! assert!(!serde_json::to_string(&stored.state)?.contains("hunter2"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+mod keys;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use base64::Engine;
+use ring::aead::{Aad, Nonce, NONCE_LEN};
+use ring::rand::{SecureRandom, SystemRandom};
+use serde_json::Value;
+use steadfast_core::store::{check_head, check_size, check_state, state_size, SaveRequest};
+use steadfast_core::{
+    Checkpoint, Clock, DueRequest, ListFilter, RunStatus, RunSummary, State, StepRecord, Store,
+    StoreError, SystemClock, Update,
+};
+
+pub use crate::keys::{KeyError, Keyring, KEY_ENV, KEY_FILE_ENV};
+
+/// The state key under which the seal over the whole state is kept.
+pub const SEAL_KEY: &str = "steadfast:seal";
+
+/// How every sealed value starts.
+const PREFIX: &str = "sf1:";
+
+/// What the seal is of; part of the associated data.
+#[derive(Clone, Copy)]
+enum Purpose {
+    Value,
+    State,
+    Gate,
+}
+
+impl Purpose {
+    fn as_str(self) -> &'static str {
+        match self {
+            Purpose::Value => "value",
+            Purpose::State => "state",
+            Purpose::Gate => "gate",
+        }
+    }
+}
+
+/// The associated data: each part length-prefixed, so no two different lists
+/// of parts give the same bytes.
+fn aad(parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(parts.iter().map(|p| p.len() + 4).sum());
+    for p in parts {
+        out.extend_from_slice(&(p.len() as u32).to_be_bytes());
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+/// JSON with every object's keys in sorted order, whatever order the map
+/// keeps them in: the bytes the state's seal is computed over.
+fn canonical(value: &Value, out: &mut Vec<u8>) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                serde_json::to_writer(&mut *out, k).expect("a string serializes");
+                out.push(b':');
+                canonical(v, out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical(v, out);
+            }
+            out.push(b']');
+        }
+        other => serde_json::to_writer(&mut *out, other).expect("a JSON value serializes"),
+    }
+}
+
+fn canonical_state(state: &State) -> Vec<u8> {
+    let mut out = Vec::new();
+    canonical(&Value::Object(state.clone()), &mut out);
+    out
+}
+
+/// A sealed value taken apart.
+struct Envelope<'a> {
+    key_id: &'a str,
+    ctx: u64,
+    body: &'a str,
+}
+
+fn parse_envelope(text: &str) -> Option<Envelope<'_>> {
+    let rest = text.strip_prefix(PREFIX)?;
+    let mut parts = rest.splitn(3, ':');
+    let key_id = parts.next()?;
+    let ctx = parts.next()?.parse().ok()?;
+    let body = parts.next()?;
+    Some(Envelope { key_id, ctx, body })
+}
+
+/// Whether `value` is a sealed value, as this crate writes them.
+pub fn is_sealed(value: &Value) -> bool {
+    value.as_str().is_some_and(|s| parse_envelope(s).is_some())
+}
+
+/// Seals and opens the values of one run.
+struct Sealer<'a> {
+    keys: &'a Keyring,
+    run_id: &'a str,
+}
+
+impl Sealer<'_> {
+    fn corrupt(&self, place: &str, reason: impl Into<String>) -> StoreError {
+        StoreError::Corrupt {
+            location: format!("run {:?} {place}", self.run_id),
+            reason: reason.into(),
+        }
+    }
+
+    /// What a seal of this run binds besides its plain text.
+    fn aad(&self, purpose: Purpose, name: &str, ctx: u64, extra: &[u8]) -> Vec<u8> {
+        aad(&[
+            b"steadfast-seal-1",
+            purpose.as_str().as_bytes(),
+            self.run_id.as_bytes(),
+            name.as_bytes(),
+            ctx.to_string().as_bytes(),
+            extra,
+        ])
+    }
+
+    fn seal(
+        &self,
+        purpose: Purpose,
+        name: &str,
+        ctx: u64,
+        plain: &[u8],
+        extra: &[u8],
+    ) -> Result<String, StoreError> {
+        let (key_id, key) = self.keys.current_key();
+        let mut nonce = [0u8; NONCE_LEN];
+        SystemRandom::new().fill(&mut nonce).map_err(|_| {
+            StoreError::Unsupported("the system's random number generator failed".into())
+        })?;
+        let data = self.aad(purpose, name, ctx, extra);
+        let mut body = Vec::with_capacity(NONCE_LEN + plain.len() + 16);
+        body.extend_from_slice(&nonce);
+        body.extend_from_slice(plain);
+        let mut sealed = body.split_off(NONCE_LEN);
+        key.seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(data),
+            &mut sealed,
+        )
+        .map_err(|_| StoreError::InvalidInput("a value is too large to encrypt".into()))?;
+        body.extend_from_slice(&sealed);
+        Ok(format!(
+            "{PREFIX}{key_id}:{ctx}:{}",
+            base64::engine::general_purpose::STANDARD_NO_PAD.encode(body)
+        ))
+    }
+
+    /// Opens `text`, sealed for `purpose` and `name`; returns the plain bytes
+    /// and the context number it was sealed with.
+    fn open(
+        &self,
+        place: &str,
+        purpose: Purpose,
+        name: &str,
+        text: &str,
+        extra: &[u8],
+    ) -> Result<(Vec<u8>, u64), StoreError> {
+        let env =
+            parse_envelope(text).ok_or_else(|| self.corrupt(place, "is not a sealed value"))?;
+        let key = self.keys.get(env.key_id).ok_or_else(|| {
+            self.corrupt(
+                place,
+                format!(
+                    "was sealed with key {:?}, which is not among the keys given ({})",
+                    env.key_id,
+                    self.keys.ids().collect::<Vec<_>>().join(", ")
+                ),
+            )
+        })?;
+        let mut body = base64::engine::general_purpose::STANDARD_NO_PAD
+            .decode(env.body)
+            .map_err(|_| self.corrupt(place, "is damaged (not base64)"))?;
+        if body.len() < NONCE_LEN + 16 {
+            return Err(self.corrupt(place, "is damaged (too short)"));
+        }
+        let mut sealed = body.split_off(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(&body)
+            .map_err(|_| self.corrupt(place, "is damaged (nonce)"))?;
+        let data = self.aad(purpose, name, env.ctx, extra);
+        let plain = key
+            .open_in_place(nonce, Aad::from(data), &mut sealed)
+            .map_err(|_| {
+                self.corrupt(
+                    place,
+                    format!(
+                        "does not open with key {:?}: it was changed, or moved from another run, step or place",
+                        env.key_id
+                    ),
+                )
+            })?;
+        Ok((plain.to_vec(), env.ctx))
+    }
+
+    fn seal_value(&self, key: &str, ctx: u64, value: &Value) -> Result<Value, StoreError> {
+        let plain = serde_json::to_vec(value).map_err(|e| {
+            StoreError::InvalidInput(format!("run {:?}: value {key:?}: {e}", self.run_id))
+        })?;
+        self.seal(Purpose::Value, key, ctx, &plain, b"")
+            .map(Value::String)
+    }
+
+    fn open_value(
+        &self,
+        place: &str,
+        key: &str,
+        value: &Value,
+    ) -> Result<(Value, u64), StoreError> {
+        let text = value
+            .as_str()
+            .ok_or_else(|| self.corrupt(place, "is not a sealed value"))?;
+        let (plain, ctx) = self.open(place, Purpose::Value, key, text, b"")?;
+        let value = serde_json::from_slice(&plain)
+            .map_err(|e| self.corrupt(place, format!("opens to bytes that are not JSON: {e}")))?;
+        Ok((value, ctx))
+    }
+}
+
+/// What [`SealedStore::rekey`] did with one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rekeyed {
+    /// Everything in it was already sealed with the current key.
+    Current,
+    /// It was rewritten under the current key.
+    Rewritten,
+    /// It is running under a live lease, or changed while being rewritten:
+    /// left alone; rekey again later.
+    Busy,
+    /// No such run.
+    Absent,
+}
+
+/// A store that seals what it is given and opens what it loads; see the
+/// crate's documentation.
+pub struct SealedStore {
+    inner: Arc<dyn Store>,
+    keys: Arc<Keyring>,
+    accept_plaintext: bool,
+    max_state_bytes: Option<u64>,
+}
+
+impl std::fmt::Debug for SealedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SealedStore")
+            .field("keys", &self.keys)
+            .field("accept_plaintext", &self.accept_plaintext)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SealedStore {
+    /// Wraps `inner`: what is saved through this is sealed with `keys`.
+    pub fn new(inner: Arc<dyn Store>, keys: Keyring) -> Self {
+        SealedStore {
+            inner,
+            keys: Arc::new(keys),
+            accept_plaintext: false,
+            max_state_bytes: None,
+        }
+    }
+
+    /// Limits a run's state before it is sealed (sealing makes it about a
+    /// third larger; the store below applies its own limit to that).
+    pub fn max_state_bytes(mut self, bytes: u64) -> Self {
+        self.max_state_bytes = Some(bytes);
+        self
+    }
+
+    /// Whether a record written without encryption loads (as it is) instead
+    /// of being refused. Off by default; for migrating a store, together
+    /// with [`rekey`](Self::rekey).
+    pub fn accept_plaintext(mut self, yes: bool) -> Self {
+        self.accept_plaintext = yes;
+        self
+    }
+
+    /// The store below, which holds sealed values.
+    pub fn inner(&self) -> &Arc<dyn Store> {
+        &self.inner
+    }
+
+    /// The keys.
+    pub fn keys(&self) -> &Keyring {
+        &self.keys
+    }
+
+    /// Rewrites run `run_id` under the current key if anything in it was
+    /// sealed with another key (or, with
+    /// [`accept_plaintext`](Self::accept_plaintext), not sealed at all), by
+    /// compare-and-swap. A run running under a live lease is left alone, so
+    /// that its worker is not disturbed. Repeating it is harmless: a run
+    /// already current is not written.
+    pub async fn rekey(&self, run_id: &str) -> Result<Rekeyed, StoreError> {
+        let Some(raw) = self.inner.load(run_id).await? else {
+            return Ok(Rekeyed::Absent);
+        };
+        if self.is_current(&raw) {
+            return Ok(Rekeyed::Current);
+        }
+        let now = self
+            .inner
+            .clock()
+            .map_or_else(|| SystemClock.now(), |c| c.now());
+        if raw.status == RunStatus::Running && raw.lease.as_ref().is_some_and(|l| l.until > now) {
+            return Ok(Rekeyed::Busy);
+        }
+        let version = raw.version;
+        let plain = self.unseal(raw)?;
+        let sealed = self.seal_checkpoint(&plain, None, false)?.0;
+        match self
+            .inner
+            .save(SaveRequest::new(&sealed, Some(version)))
+            .await
+        {
+            Ok(_) => Ok(Rekeyed::Rewritten),
+            Err(e) if e.kind() == steadfast_core::StoreErrorKind::Conflict => Ok(Rekeyed::Busy),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn sealer<'a>(&'a self, run_id: &'a str) -> Sealer<'a> {
+        Sealer {
+            keys: &self.keys,
+            run_id,
+        }
+    }
+
+    /// Whether every sealed part of `raw` uses the current key.
+    fn is_current(&self, raw: &Checkpoint) -> bool {
+        let current = self.keys.current();
+        let ok = |v: &Value| {
+            v.as_str()
+                .and_then(parse_envelope)
+                .is_some_and(|e| e.key_id == current)
+        };
+        raw.state.contains_key(SEAL_KEY)
+            && raw.state.values().all(ok)
+            && raw.decisions.iter().all(|d| d.data.as_ref().is_none_or(ok))
+    }
+
+    /// The sealed form of `cp` (and of the step record it completes).
+    fn seal_checkpoint(
+        &self,
+        cp: &Checkpoint,
+        step: Option<&StepRecord>,
+        head_only: bool,
+    ) -> Result<(Checkpoint, Option<StepRecord>), StoreError> {
+        // The store below sees only sealed strings: check what they hide as
+        // it would, so that nothing is accepted that cannot be loaded back.
+        check_head(cp)?;
+        if !head_only {
+            check_state(&cp.run_id, "state", &cp.state)?;
+            if let Some(limit) = self.max_state_bytes {
+                check_size(&cp.run_id, "state", state_size(&cp.state), limit)?;
+            }
+            if let Some(rec) = step {
+                check_state(&cp.run_id, "step's update", &rec.update)?;
+            }
+        }
+        let s = self.sealer(&cp.run_id);
+        let mut out = Checkpoint::new(&cp.run_id, cp.workflow.clone(), cp.created_at);
+        out.format = cp.format;
+        out.status = cp.status;
+        out.next = cp.next;
+        out.completed = cp.completed.clone();
+        out.version = cp.version;
+        out.updated_at = cp.updated_at;
+        out.attempts = cp.attempts;
+        out.error = cp.error.clone();
+        out.writer = cp.writer;
+        out.lease = cp.lease.clone();
+        out.wait = cp.wait.clone();
+        out.decisions = cp.decisions.clone();
+        for (i, d) in out.decisions.iter_mut().enumerate() {
+            if let Some(data) = &d.data {
+                let plain = serde_json::to_vec(data).map_err(|e| {
+                    StoreError::InvalidInput(format!("run {:?}: gate data: {e}", cp.run_id))
+                })?;
+                let sealed = s.seal(Purpose::Gate, &d.gate, i as u64, &plain, b"")?;
+                d.data = Some(Value::String(sealed));
+            }
+        }
+        if head_only {
+            return Ok((out, None));
+        }
+        if cp.state.contains_key(SEAL_KEY) {
+            return Err(StoreError::InvalidInput(format!(
+                "run {:?}: the state key {SEAL_KEY:?} is reserved for the seal; nothing was written",
+                cp.run_id
+            )));
+        }
+        let tag = Value::String(s.seal(
+            Purpose::State,
+            "",
+            cp.next as u64,
+            b"",
+            &canonical_state(&cp.state),
+        )?);
+        let mut sealed_step = None;
+        let mut from_step = State::new();
+        if let Some(rec) = step {
+            let mut update = Update::new();
+            for (k, v) in &rec.update {
+                let sealed = s.seal_value(k, rec.index as u64, v)?;
+                from_step.insert(k.clone(), sealed.clone());
+                update.insert(k.clone(), sealed);
+            }
+            update.insert(SEAL_KEY.into(), tag.clone());
+            let mut r = rec.clone();
+            r.update = update;
+            sealed_step = Some(r);
+        }
+        for (k, v) in &cp.state {
+            let sealed = match from_step.remove(k) {
+                Some(sealed) => sealed,
+                None => s.seal_value(k, cp.next as u64, v)?,
+            };
+            out.state.insert(k.clone(), sealed);
+        }
+        out.state.insert(SEAL_KEY.into(), tag);
+        Ok((out, sealed_step))
+    }
+
+    /// Opens a loaded record; see the crate's documentation.
+    fn unseal(&self, mut cp: Checkpoint) -> Result<Checkpoint, StoreError> {
+        let run_id = cp.run_id.clone();
+        let s = self.sealer(&run_id);
+        let plaintext = |place: String| {
+            s.corrupt(
+                &place,
+                "is not encrypted although encryption is on (written without a key?); \
+                 to encrypt such records, run `steadfast rekey --migrate-plaintext` \
+                 (SealedStore::accept_plaintext)",
+            )
+        };
+        for (i, d) in cp.decisions.iter_mut().enumerate() {
+            let Some(data) = &d.data else { continue };
+            let place = format!("gate {:?} data", d.gate);
+            match data.as_str().filter(|t| parse_envelope(t).is_some()) {
+                Some(text) => {
+                    let (plain, ctx) = s.open(&place, Purpose::Gate, &d.gate, text, b"")?;
+                    if ctx != i as u64 {
+                        return Err(s.corrupt(&place, "belongs to another decision"));
+                    }
+                    d.data = Some(serde_json::from_slice(&plain).map_err(|e| {
+                        s.corrupt(&place, format!("opens to bytes that are not JSON: {e}"))
+                    })?);
+                }
+                None if self.accept_plaintext => {}
+                None => return Err(plaintext(place)),
+            }
+        }
+        let tag = cp.state.remove(SEAL_KEY);
+        let mut state = State::new();
+        for (k, v) in std::mem::take(&mut cp.state) {
+            let place = format!("state[{k:?}]");
+            if !is_sealed(&v) {
+                if self.accept_plaintext {
+                    state.insert(k, v);
+                    continue;
+                }
+                return Err(plaintext(place));
+            }
+            let (value, ctx) = s.open_value(&place, &k, &v)?;
+            if ctx > cp.next as u64 {
+                return Err(s.corrupt(&place, "was sealed for a later step than the record has"));
+            }
+            state.insert(k, value);
+        }
+        match tag.as_ref().and_then(Value::as_str) {
+            Some(text) => {
+                let (_, ctx) = s
+                    .open("state", Purpose::State, "", text, &canonical_state(&state))
+                    .map_err(|_| {
+                        s.corrupt(
+                            "state",
+                            "does not match its seal: a value was changed, removed, added, \
+                         or rolled back to an older one",
+                        )
+                    })?;
+                if ctx != cp.next as u64 {
+                    return Err(s.corrupt(
+                        "state",
+                        format!(
+                            "was sealed after step {ctx} but the record says {} steps are done: \
+                             a state was rolled back or moved",
+                            cp.next
+                        ),
+                    ));
+                }
+            }
+            None if self.accept_plaintext => {}
+            None => return Err(plaintext("state".into())),
+        }
+        cp.state = state;
+        Ok(cp)
+    }
+
+    fn unseal_history(
+        &self,
+        run_id: &str,
+        records: Vec<StepRecord>,
+    ) -> Result<Vec<StepRecord>, StoreError> {
+        let s = self.sealer(run_id);
+        records
+            .into_iter()
+            .map(|mut r| {
+                let mut update = Update::new();
+                for (k, v) in std::mem::take(&mut r.update) {
+                    if k == SEAL_KEY {
+                        continue;
+                    }
+                    let place = format!("step {} update[{k:?}]", r.index);
+                    if !is_sealed(&v) && self.accept_plaintext {
+                        update.insert(k, v);
+                        continue;
+                    }
+                    let (value, ctx) = s.open_value(&place, &k, &v)?;
+                    if ctx != r.index as u64 {
+                        return Err(s.corrupt(&place, format!("was sealed for step {ctx}")));
+                    }
+                    update.insert(k, value);
+                }
+                r.update = update;
+                Ok(r)
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl Store for SealedStore {
+    async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        match self.inner.load(run_id).await? {
+            Some(cp) => self.unseal(cp).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+        let (cp, step) = self.seal_checkpoint(req.checkpoint, req.step, req.head_only)?;
+        let mut sealed = SaveRequest::new(&cp, req.expected);
+        if req.head_only {
+            sealed = sealed.head_only();
+        }
+        if let Some(step) = &step {
+            sealed = sealed.with_step(step);
+        }
+        self.inner.save(sealed).await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
+        self.inner.list(filter).await
+    }
+
+    async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
+        self.inner.delete(run_id).await
+    }
+
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        match self.inner.history(run_id).await? {
+            Some(records) => self.unseal_history(run_id, records).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
+        self.inner.claim_due(due).await
+    }
+
+    async fn wait_for_work(&self, timeout: std::time::Duration) {
+        self.inner.wait_for_work(timeout).await
+    }
+
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        self.inner.clock()
+    }
+}

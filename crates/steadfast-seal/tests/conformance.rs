@@ -1,0 +1,52 @@
+//! The store conformance suite through `SealedStore`, over the memory, SQLite
+//! and file stores: sealing changes nothing a store promises.
+
+use std::sync::Arc;
+
+use steadfast_conformance::{history_conformance, store_conformance, Config, TestStore};
+use steadfast_core::MemoryStore;
+use steadfast_seal::{Keyring, SealedStore};
+
+const KEYS: &str = "k2:q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=,k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+
+fn sealed(inner: impl steadfast_core::Store + 'static, cfg: &Config) -> SealedStore {
+    SealedStore::new(Arc::new(inner), Keyring::parse(KEYS).unwrap())
+        .max_state_bytes(cfg.state_limit)
+}
+
+mod memory {
+    use super::*;
+    fn make(cfg: Config) -> TestStore {
+        // Sealed values are larger than plain ones: the limit applies below.
+        TestStore::new(sealed(
+            MemoryStore::with_state_limit(cfg.state_limit * 2),
+            &cfg,
+        ))
+    }
+    store_conformance!(make);
+}
+
+mod sqlite {
+    use super::*;
+    use steadfast_sqlite::{SqliteOptions, SqliteStore};
+    fn make(cfg: Config) -> TestStore {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let opts = SqliteOptions::default().max_state_bytes(cfg.state_limit * 2);
+        let store = SqliteStore::open_with(dir.path().join("runs.db"), opts).expect("open");
+        TestStore::with_guard(sealed(store, &cfg), dir)
+    }
+    store_conformance!(make);
+    history_conformance!(make);
+}
+
+mod file {
+    use super::*;
+    use steadfast_file::{FileStore, FileStoreOptions, OsFs};
+    fn make(cfg: Config) -> TestStore {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let opts = FileStoreOptions::default().max_state_bytes(cfg.state_limit * 2);
+        let store = FileStore::open_with(OsFs, dir.path().join("runs.json"), opts).expect("open");
+        TestStore::with_guard(sealed(store, &cfg), dir)
+    }
+    store_conformance!(make);
+}

@@ -1,0 +1,333 @@
+//! Tampering, wrong keys, rotation and plaintext records: each is detected and
+//! named, never loaded as a fresh or half-opened state.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use steadfast_core::store::SaveRequest;
+use steadfast_core::{
+    approve, error_chain, run, update, Checkpoint, MemoryStore, Step, Store, StoreError,
+    StoreErrorKind, SystemClock, Workflow,
+};
+use steadfast_seal::{is_sealed, Keyring, Rekeyed, SealedStore, SEAL_KEY};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const K1: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+const K2: &str = "q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=";
+
+fn keys(text: &str) -> Keyring {
+    Keyring::parse(text).unwrap()
+}
+
+fn three_steps() -> Workflow {
+    Workflow::builder("w")
+        .step("a", |_, _| async {
+            update(json!({"secret": "s-1", "n": 1}))
+        })
+        .step("b", |_, _| async { update(json!({"secret": "s-2"})) })
+        .step("c", |_, _| async { update(json!({"n": 3})) })
+        .build()
+        .unwrap()
+}
+
+/// Writes `cp` into `raw` as it is, over the stored version.
+async fn put_raw(raw: &MemoryStore, cp: &Checkpoint) {
+    raw.save(SaveRequest::new(cp, Some(cp.version)))
+        .await
+        .unwrap();
+}
+
+fn corrupt_about(e: StoreError, run_id: &str) -> String {
+    assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains(&format!("{run_id:?}")),
+        "the error names the run: {text}"
+    );
+    assert!(
+        !text.contains(K1) && !text.contains(K2),
+        "a key leaked: {text}"
+    );
+    text
+}
+
+#[tokio::test]
+async fn stored_values_are_sealed_and_open_again() -> TestResult {
+    let raw = Arc::new(MemoryStore::new());
+    let store = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    let state = run("r", &three_steps(), &store).await?.completed().unwrap();
+    assert_eq!(Value::Object(state), json!({"secret": "s-2", "n": 3}));
+    let stored = raw.load("r").await?.unwrap();
+    let text = serde_json::to_string(&stored)?;
+    assert!(!text.contains("s-2") && !text.contains("s-1"), "{text}");
+    assert!(stored.state.values().all(is_sealed));
+    assert!(stored.state.contains_key(SEAL_KEY));
+    // Run ids, workflow names and statuses stay in clear text.
+    assert_eq!(stored.workflow, "w");
+    assert_eq!(stored.status.as_str(), "completed");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_value_copied_from_another_run_is_detected() -> TestResult {
+    let raw = Arc::new(MemoryStore::new());
+    let store = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    run("a", &three_steps(), &store).await?;
+    run("b", &three_steps(), &store).await?;
+    let a = raw.load("a").await?.unwrap();
+    let mut b = raw.load("b").await?.unwrap();
+    b.state.insert("secret".into(), a.state["secret"].clone());
+    put_raw(&raw, &b).await;
+    let text = corrupt_about(store.load("b").await.unwrap_err(), "b");
+    assert!(text.contains("secret"), "{text}");
+    // The whole state (with its seal) copied over is detected too.
+    let mut b = raw.load("b").await?.unwrap();
+    b.state = a.state.clone();
+    put_raw(&raw, &b).await;
+    corrupt_about(store.load("b").await.unwrap_err(), "b");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_value_rolled_back_to_an_older_ciphertext_is_detected() -> TestResult {
+    let raw = Arc::new(MemoryStore::new());
+    let store = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    let two = Workflow::builder("w")
+        .step("a", |_, _| async {
+            update(json!({"secret": "s-1", "n": 1}))
+        })
+        .push(Step::gate("g"))
+        .step("b", |_, _| async { update(json!({"secret": "s-2"})) })
+        .build()?;
+    run("r", &two, &store).await?;
+    let old = raw.load("r").await?.unwrap();
+    approve(&store, "r", "g", None, "ada", &SystemClock).await?;
+    run("r", &two, &store).await?;
+    // One value rolled back.
+    let mut now = raw.load("r").await?.unwrap();
+    now.state
+        .insert("secret".into(), old.state["secret"].clone());
+    put_raw(&raw, &now).await;
+    let text = corrupt_about(store.load("r").await.unwrap_err(), "r");
+    assert!(text.contains("does not match its seal"), "{text}");
+    // The whole older state, seal and all, under the newer head.
+    let mut now = raw.load("r").await?.unwrap();
+    now.state = old.state.clone();
+    put_raw(&raw, &now).await;
+    let text = corrupt_about(store.load("r").await.unwrap_err(), "r");
+    assert!(text.contains("rolled back"), "{text}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_flipped_bit_a_removed_value_and_an_added_one_are_detected() -> TestResult {
+    let raw = Arc::new(MemoryStore::new());
+    let store = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    run("r", &three_steps(), &store).await?;
+    let good = raw.load("r").await?.unwrap();
+
+    let mut cp = good.clone();
+    let mut text = cp.state["n"].as_str().unwrap().to_string();
+    let last = text.pop().unwrap();
+    text.push(if last == 'A' { 'B' } else { 'A' });
+    cp.state.insert("n".into(), Value::String(text));
+    put_raw(&raw, &cp).await;
+    corrupt_about(store.load("r").await.unwrap_err(), "r");
+
+    let mut cp = raw.load("r").await?.unwrap();
+    cp.state = good.state.clone();
+    cp.state.remove("n");
+    put_raw(&raw, &cp).await;
+    corrupt_about(store.load("r").await.unwrap_err(), "r");
+
+    let mut cp = raw.load("r").await?.unwrap();
+    cp.state = good.state.clone();
+    cp.state.insert("extra".into(), good.state["n"].clone());
+    put_raw(&raw, &cp).await;
+    corrupt_about(store.load("r").await.unwrap_err(), "r");
+
+    // Put back, it loads again: the record was never overwritten.
+    let mut cp = raw.load("r").await?.unwrap();
+    cp.state = good.state.clone();
+    put_raw(&raw, &cp).await;
+    assert_eq!(store.load("r").await?.unwrap().state["n"], json!(3));
+    Ok(())
+}
+
+#[tokio::test]
+async fn gate_data_is_sealed_and_bound_to_its_decision() -> TestResult {
+    let raw = Arc::new(MemoryStore::new());
+    let store = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    let wf = Workflow::builder("w")
+        .push(Step::gate("g1"))
+        .push(Step::gate("g2"))
+        .build()?;
+    run("r", &wf, &store).await?;
+    approve(
+        &store,
+        "r",
+        "g1",
+        Some(json!({"pin": "1234"})),
+        "ada",
+        &SystemClock,
+    )
+    .await?;
+    run("r", &wf, &store).await?;
+    approve(
+        &store,
+        "r",
+        "g2",
+        Some(json!({"pin": "9999"})),
+        "bob",
+        &SystemClock,
+    )
+    .await?;
+    let loaded = store.load("r").await?.unwrap();
+    assert_eq!(loaded.decisions[0].data, Some(json!({"pin": "1234"})));
+    let mut cp = raw.load("r").await?.unwrap();
+    assert!(!serde_json::to_string(&cp)?.contains("1234"));
+    // Swap the two decisions' data.
+    let first = cp.decisions[0].data.clone();
+    cp.decisions[0].data = cp.decisions[1].data.clone();
+    cp.decisions[1].data = first;
+    put_raw(&raw, &cp).await;
+    let text = corrupt_about(store.load("r").await.unwrap_err(), "r");
+    assert!(text.contains("gate"), "{text}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn wrong_or_missing_keys_are_errors_that_never_show_a_key() -> TestResult {
+    let raw = Arc::new(MemoryStore::new());
+    let store = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    run("r", &three_steps(), &store).await?;
+    // Another key under the same id.
+    let wrong = SealedStore::new(raw.clone(), keys(&format!("k1:{K2}")));
+    let text = corrupt_about(wrong.load("r").await.unwrap_err(), "r");
+    assert!(text.contains("does not open with key \"k1\""), "{text}");
+    // No key of that id.
+    let other = SealedStore::new(raw.clone(), keys(&format!("k2:{K2}")));
+    let text = corrupt_about(other.load("r").await.unwrap_err(), "r");
+    assert!(text.contains("not among the keys given (k2)"), "{text}");
+    // A run loop on a wrongly keyed store stops with the error; the record stays.
+    let before = raw.load("r").await?.unwrap();
+    let err = run("r", &three_steps(), &wrong).await.unwrap_err();
+    assert!(
+        error_chain(&err).contains("does not open"),
+        "{}",
+        error_chain(&err)
+    );
+    assert_eq!(raw.load("r").await?.unwrap(), before);
+    assert!(!format!("{wrong:?}").contains(K2));
+    Ok(())
+}
+
+#[tokio::test]
+async fn keys_rotate_and_rekey_rewrites_old_records() -> TestResult {
+    let raw = Arc::new(MemoryStore::new());
+    let old = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    run("a", &three_steps(), &old).await?;
+    run("b", &three_steps(), &old).await?;
+    // k2 becomes current; k1 still opens the old records.
+    let both = SealedStore::new(raw.clone(), keys(&format!("k2:{K2}\nk1:{K1}")));
+    assert_eq!(both.load("a").await?.unwrap().state["secret"], json!("s-2"));
+    let key_of = |cp: &Checkpoint| {
+        cp.state["n"]
+            .as_str()
+            .unwrap()
+            .split(':')
+            .nth(1)
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(key_of(&raw.load("a").await?.unwrap()), "k1");
+    assert_eq!(both.rekey("a").await?, Rekeyed::Rewritten);
+    assert_eq!(key_of(&raw.load("a").await?.unwrap()), "k2");
+    // Repeating is harmless, and the other run goes on from where it was.
+    assert_eq!(both.rekey("a").await?, Rekeyed::Current);
+    assert_eq!(both.rekey("b").await?, Rekeyed::Rewritten);
+    assert_eq!(both.rekey("nope").await?, Rekeyed::Absent);
+    // k1 retired: everything still opens.
+    let new = SealedStore::new(raw.clone(), keys(&format!("k2:{K2}")));
+    for id in ["a", "b"] {
+        assert_eq!(new.load(id).await?.unwrap().state["n"], json!(3));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_plaintext_record_is_refused_until_migrated() -> TestResult {
+    let raw = Arc::new(MemoryStore::new());
+    run("p", &three_steps(), &*raw).await?;
+    let store = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    let text = corrupt_about(store.load("p").await.unwrap_err(), "p");
+    assert!(text.contains("not encrypted"), "{text}");
+    // The run loop refuses it too, and changes nothing.
+    let before = raw.load("p").await?.unwrap();
+    assert!(run("p", &three_steps(), &store).await.is_err());
+    assert_eq!(raw.load("p").await?.unwrap(), before);
+    // Asked to migrate: rekey seals it.
+    let migrate = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}"))).accept_plaintext(true);
+    assert_eq!(migrate.rekey("p").await?, Rekeyed::Rewritten);
+    let stored = raw.load("p").await?.unwrap();
+    assert!(stored.state.values().all(is_sealed));
+    assert_eq!(
+        store.load("p").await?.unwrap().state["secret"],
+        json!("s-2")
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn history_records_are_bound_to_their_step() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    let sqlite = steadfast_sqlite::SqliteStore::open(&path)?;
+    let store = SealedStore::new(Arc::new(sqlite), keys(&format!("k1:{K1}")));
+    run("r", &three_steps(), &store).await?;
+    let history = store.history("r").await?.unwrap();
+    assert_eq!(history[1].update["secret"], json!("s-2"));
+    // Copy step 0's sealed update over step 1's, in the database itself.
+    let conn = rusqlite::Connection::open(&path)?;
+    conn.execute(
+        "UPDATE steps SET update_json = (SELECT update_json FROM steps WHERE run_id = 'r' AND idx = 0) WHERE run_id = 'r' AND idx = 1",
+        [],
+    )?;
+    drop(conn);
+    let sqlite = steadfast_sqlite::SqliteStore::open(&path)?;
+    let store = SealedStore::new(Arc::new(sqlite), keys(&format!("k1:{K1}")));
+    let text = corrupt_about(store.history("r").await.unwrap_err(), "r");
+    assert!(text.contains("step 1"), "{text}");
+    Ok(())
+}
+
+#[test]
+fn key_files_must_be_private_and_errors_never_show_keys() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys");
+    std::fs::write(&path, format!("# current first\nk2:{K2}\nk1:{K1}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = Keyring::from_file(&path).unwrap_err().to_string();
+    assert!(err.contains("chmod 600"), "{err}");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let ring = Keyring::from_file(&path).unwrap();
+    assert_eq!(ring.ids().collect::<Vec<_>>(), ["k2", "k1"]);
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    assert!(Keyring::from_file(&link)
+        .unwrap_err()
+        .to_string()
+        .contains("symbolic link"));
+    for bad in [
+        format!("k1:{}", &K1[..20]),
+        format!("k1 {K1}"),
+        format!("k1:{K1},k1:{K2}"),
+        format!("bad id!:{K1}"),
+        String::new(),
+    ] {
+        let err = Keyring::parse(&bad).unwrap_err().to_string();
+        assert!(!err.contains(&K1[..20]) && !err.contains(K2), "{err}");
+    }
+}
