@@ -23,3 +23,29 @@ async fn make(cfg: Config) -> TestStore {
 
 store_conformance!(make);
 history_conformance!(make);
+
+/// The same suite through the encryption seal: sealing changes nothing the
+/// store promises.
+mod sealed {
+    use super::*;
+
+    async fn make(cfg: Config) -> TestStore {
+        let keys = steadfast_seal::Keyring::parse("k1:q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=")
+            .expect("a test key");
+        let Some(server) = support::server() else {
+            return TestStore::new(steadfast_core::MemoryStore::with_state_limit(
+                cfg.state_limit,
+            ));
+        };
+        let db = support::TestDb::new(&server);
+        let store = db
+            .store(CosmosOptions::default().max_state_bytes(cfg.state_limit * 2))
+            .await;
+        let sealed = steadfast_seal::SealedStore::new(std::sync::Arc::new(store), keys)
+            .max_state_bytes(cfg.state_limit);
+        TestStore::with_guard(sealed, db)
+    }
+
+    store_conformance!(make);
+    history_conformance!(make);
+}
