@@ -21,7 +21,9 @@ const FLOW: &str = "name = \"p\"\n[[step]]\nname = \"a\"\nrun = \"echo '{\\\"a\\
 /// A directory of nobody's, or `None` (with the reason printed) when this
 /// process cannot switch users.
 fn nobody_dir() -> Option<tempfile::TempDir> {
-    if !nix::unistd::geteuid().is_root() || Command::new("setpriv").arg("--version").output().is_err() {
+    if !nix::unistd::geteuid().is_root()
+        || Command::new("setpriv").arg("--version").output().is_err()
+    {
         assert!(
             std::env::var_os("CI").is_none(),
             "CI must run the permission tests as root, with setpriv"
@@ -33,7 +35,12 @@ fn nobody_dir() -> Option<tempfile::TempDir> {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     nix::unistd::chown(dir.path(), Some(NOBODY.into()), Some(NOBODY.into())).unwrap();
     std::fs::write(dir.path().join("f.toml"), FLOW).unwrap();
-    nix::unistd::chown(&dir.path().join("f.toml"), Some(NOBODY.into()), Some(NOBODY.into())).unwrap();
+    nix::unistd::chown(
+        &dir.path().join("f.toml"),
+        Some(NOBODY.into()),
+        Some(NOBODY.into()),
+    )
+    .unwrap();
     Some(dir)
 }
 
@@ -68,7 +75,10 @@ fn store_directories_are_0700_and_store_files_0600_whatever_the_umask() {
         ("sqlite:.steadfast/runs.db", ".steadfast"),
         ("file:state/runs.json", "state"),
     ] {
-        let out = as_nobody(dir.path(), &["--store", url, "run", "f.toml", "--run-id", "r"]);
+        let out = as_nobody(
+            dir.path(),
+            &["--store", url, "run", "f.toml", "--run-id", "r"],
+        );
         assert_eq!(out.status.code(), Some(0), "{url}: {}", stderr(&out));
         let store_dir = dir.path().join(sub);
         assert_eq!(mode(&store_dir), 0o700, "{url}: the store's directory");
@@ -77,7 +87,13 @@ fn store_directories_are_0700_and_store_files_0600_whatever_the_umask() {
             let p = e.unwrap().path();
             let meta = std::fs::symlink_metadata(&p).unwrap();
             assert_eq!(meta.uid(), NOBODY, "{}", p.display());
-            assert_eq!(meta.mode() & 0o777, 0o600, "{}: mode {:o}", p.display(), meta.mode() & 0o777);
+            assert_eq!(
+                meta.mode() & 0o777,
+                0o600,
+                "{}: mode {:o}",
+                p.display(),
+                meta.mode() & 0o777
+            );
             files += 1;
         }
         // The database and its sidecars (WAL, shared memory, write queue),
@@ -95,14 +111,34 @@ fn a_store_that_other_users_can_write_is_refused() {
     nix::unistd::chown(&open, Some(NOBODY.into()), Some(NOBODY.into())).unwrap();
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
     for url in ["sqlite:open/runs.db", "file:open/runs.json"] {
-        let out = as_nobody(dir.path(), &["--store", url, "run", "f.toml", "--run-id", "r"]);
+        let out = as_nobody(
+            dir.path(),
+            &["--store", url, "run", "f.toml", "--run-id", "r"],
+        );
         assert_ne!(out.status.code(), Some(0), "{url}");
         let err = stderr(&out);
-        assert!(err.contains("open") && err.contains("chmod"), "{url}: {err}");
-        assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0, "{url}: nothing is created");
+        assert!(
+            err.contains("open") && err.contains("chmod"),
+            "{url}: {err}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&open).unwrap().count(),
+            0,
+            "{url}: nothing is created"
+        );
     }
     // A database file its group can write.
-    let out = as_nobody(dir.path(), &["--store", "sqlite:db/runs.db", "run", "f.toml", "--run-id", "r"]);
+    let out = as_nobody(
+        dir.path(),
+        &[
+            "--store",
+            "sqlite:db/runs.db",
+            "run",
+            "f.toml",
+            "--run-id",
+            "r",
+        ],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let db = dir.path().join("db/runs.db");
     std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o660)).unwrap();
@@ -110,12 +146,26 @@ fn a_store_that_other_users_can_write_is_refused() {
     let out = as_nobody(dir.path(), &["--store", "sqlite:db/runs.db", "show", "r"]);
     assert_ne!(out.status.code(), Some(0));
     assert!(stderr(&out).contains("runs.db"), "{}", stderr(&out));
-    assert_eq!(std::fs::read(&db).unwrap(), before, "the refused file is unchanged");
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        before,
+        "the refused file is unchanged"
+    );
     // A directory of another user's (root's), even if nobody may write in it.
     let foreign = dir.path().join("foreign");
     std::fs::create_dir(&foreign).unwrap();
     std::fs::set_permissions(&foreign, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let out = as_nobody(dir.path(), &["--store", "sqlite:foreign/runs.db", "run", "f.toml", "--run-id", "r"]);
+    let out = as_nobody(
+        dir.path(),
+        &[
+            "--store",
+            "sqlite:foreign/runs.db",
+            "run",
+            "f.toml",
+            "--run-id",
+            "r",
+        ],
+    );
     assert_ne!(out.status.code(), Some(0));
     assert!(stderr(&out).contains("foreign"), "{}", stderr(&out));
 }
@@ -139,10 +189,24 @@ fn a_symlink_planted_where_a_lock_or_sidecar_goes_is_refused_not_followed() {
         let link = d.join(planted);
         std::os::unix::fs::symlink(&victim, &link).unwrap();
         std::os::unix::fs::lchown(&link, Some(NOBODY), Some(NOBODY)).unwrap();
-        let out = as_nobody(dir.path(), &["--store", url, "run", "f.toml", "--run-id", "r"]);
-        assert_ne!(out.status.code(), Some(0), "{url}: a planted {planted} was followed");
+        let out = as_nobody(
+            dir.path(),
+            &["--store", url, "run", "f.toml", "--run-id", "r"],
+        );
+        assert_ne!(
+            out.status.code(),
+            Some(0),
+            "{url}: a planted {planted} was followed"
+        );
         let err = stderr(&out);
-        assert!(err.contains(planted) && err.contains("symbolic link"), "{url}: {err}");
-        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious", "{url}");
+        assert!(
+            err.contains(planted) && err.contains("symbolic link"),
+            "{url}: {err}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "precious",
+            "{url}"
+        );
     }
 }

@@ -30,8 +30,9 @@ mod sealed {
     use super::*;
 
     async fn make(cfg: Config) -> TestStore {
-        let keys = steadfast_seal::Keyring::parse("k1:q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=")
-            .expect("a test key");
+        let keys =
+            steadfast_seal::Keyring::parse("k1:q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=")
+                .expect("a test key");
         let Some(server) = support::server() else {
             return TestStore::new(steadfast_core::MemoryStore::with_state_limit(
                 cfg.state_limit,

@@ -26,8 +26,9 @@ mod sealed {
             .max_state_bytes(cfg.state_limit * 2)
             .pool_size(4);
         let (store, guard) = support::fresh_store(opts).await;
-        let keys = steadfast_seal::Keyring::parse("k1:q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=")
-            .expect("a test key");
+        let keys =
+            steadfast_seal::Keyring::parse("k1:q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=")
+                .expect("a test key");
         let sealed = steadfast_seal::SealedStore::new(std::sync::Arc::new(store), keys)
             .max_state_bytes(cfg.state_limit);
         TestStore::with_guard(sealed, guard)

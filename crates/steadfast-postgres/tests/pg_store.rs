@@ -232,3 +232,86 @@ fn dropped_callers_never_leave_a_transaction_open() -> TestResult {
         Ok(())
     })
 }
+
+/// A wall clock 30 s ahead of this machine's.
+#[derive(Debug)]
+struct Ahead;
+
+impl steadfast_core::Clock for Ahead {
+    fn now(&self) -> Timestamp {
+        Timestamp::from(std::time::SystemTime::now() + std::time::Duration::from_secs(30))
+    }
+}
+
+/// Leases on PostgreSQL are judged by the server's clock: a runner made with
+/// `Runner::new` refuses a lease that is live by the server's time, and writes
+/// its own lease from the server's time. The same runner told to use a clock
+/// 30 s fast (as a skewed machine's would be) takes the live lease over,
+/// which is what the server's clock prevents.
+#[test]
+fn leases_are_judged_by_the_servers_clock() -> TestResult {
+    use steadfast_core::{Lease, Owner, Runner, Workflow};
+    rt().block_on(async {
+        let (store, _g) = support::fresh_store(PgOptions::default()).await;
+        let server_now = store.clock().expect("a server clock").now();
+        let mut cp = Checkpoint::new("r", "w", server_now);
+        cp.lease = Some(Lease::new(
+            Owner::new("elsewhere", 7, 7),
+            server_now.saturating_add(std::time::Duration::from_secs(20)),
+        ));
+        store.save(SaveRequest::new(&cp, None)).await?;
+        let wf = Workflow::builder("w")
+            .step("a", |_, _| async {
+                steadfast_core::update(serde_json::json!({"a": 1}))
+            })
+            .build()?;
+        let me = Owner::new("here", 1, 1);
+        let ttl = std::time::Duration::from_secs(30);
+        let refused = Runner::new(&store)
+            .lease(me.clone(), ttl)
+            .run("r", &wf)
+            .await;
+        assert!(
+            matches!(refused, Err(steadfast_core::Error::Held { .. })),
+            "{refused:?}"
+        );
+        let skewed = Runner::new(&store)
+            .clock(Arc::new(Ahead))
+            .lease(me.clone(), ttl)
+            .run("r", &wf)
+            .await;
+        assert!(skewed.is_ok(), "the fast clock takes over: {skewed:?}");
+
+        // A lease a runner writes is the server's time plus its length.
+        let wf = Workflow::builder("w")
+            .step("look", |_, _| async {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                steadfast_core::update(serde_json::json!({"b": 1}))
+            })
+            .build()?;
+        let store = Arc::new(store);
+        let s = Arc::clone(&store);
+        let w = wf.clone();
+        let running = tokio::spawn(async move {
+            Runner::new(&*s)
+                .lease(Owner::new("here", 1, 1), ttl)
+                .run("s", &w)
+                .await
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let until = store
+            .load("s")
+            .await?
+            .and_then(|c| c.lease)
+            .expect("leased")
+            .until;
+        let server = store.clock().unwrap().now();
+        let expected = server.saturating_add(ttl).unix_millis() as i64;
+        assert!(
+            (until.unix_millis() as i64 - expected).abs() < 2_000,
+            "lease until {until} vs server time + ttl {expected}"
+        );
+        running.await??;
+        Ok(())
+    })
+}
