@@ -140,7 +140,7 @@ fn a_full_disk_fails_the_save_keeps_every_acknowledged_step_and_the_run_resumes(
         let first = shown(dir.path(), "show1.json");
         let next = first["next"].as_u64().unwrap() as usize;
         assert!(
-            next >= 1 && next < STEPS,
+            (1..STEPS).contains(&next),
             "{url}: {next} steps before the disk filled"
         );
         // What the run printed as done is what the store holds.
