@@ -99,6 +99,9 @@ pub async fn reject<S: Store + ?Sized>(
             .push(Decision::reject(gate, by, now, reason.clone()));
         cp.status = RunStatus::Rejected;
         cp.wait = None;
+        // The run has ended: no one holds it any more. A holder that claimed
+        // it meanwhile (and died, or is resuming) is fenced by the version.
+        cp.lease = None;
     })
     .await
 }
