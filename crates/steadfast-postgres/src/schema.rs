@@ -74,6 +74,28 @@ pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), StoreError> {
     let q = quote(schema);
     let ctx = |what: &str| format!("{what} of schema {schema}");
+    // A schema already at this build's version needs nothing: then a role
+    // that may only read and write its tables (no CREATE on the database or
+    // the schema) can open the store.
+    let meta = format!("{q}.meta");
+    let has_meta: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&meta])
+        .await
+        .map_err(|e| map_err(e, &ctx("looking at the version")))?
+        .get(0);
+    if has_meta {
+        let version: Option<i64> = client
+            .query_opt(
+                &format!("SELECT value FROM {q}.meta WHERE key = 'schema_version'"),
+                &[],
+            )
+            .await
+            .map_err(|e| map_err(e, &ctx("reading the version")))?
+            .map(|r| r.get(0));
+        if version == Some(SCHEMA_VERSION) {
+            return Ok(());
+        }
+    }
     let tx = client
         .transaction()
         .await

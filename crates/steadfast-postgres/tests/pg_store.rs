@@ -315,3 +315,60 @@ fn leases_are_judged_by_the_servers_clock() -> TestResult {
         Ok(())
     })
 }
+
+/// A least-privilege role: once an administrator has created the schema,
+/// a role with only USAGE on it and SELECT, INSERT, UPDATE and DELETE on its
+/// tables (no CREATE anywhere) opens the store and runs flows to the end;
+/// it cannot create a schema of its own.
+#[test]
+fn a_role_that_may_only_use_the_tables_runs_flows() -> TestResult {
+    use steadfast_core::{run, update, Workflow};
+    rt().block_on(async {
+        let schema = support::fresh_schema();
+        let _g = support::DropSchema(schema.clone());
+        drop(PgStore::connect(&support::url_with_schema(&schema)).await?);
+        let role = format!("steadfast_lp_{}", std::process::id());
+        let (admin, conn) =
+            tokio_postgres::connect(&support::server_url(), tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        admin
+            .batch_execute(&format!(
+                "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN;
+                 GRANT USAGE ON SCHEMA \"{schema}\" TO {role};
+                 GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA \"{schema}\" TO {role};
+                 GRANT USAGE ON ALL SEQUENCES IN SCHEMA \"{schema}\" TO {role};"
+            ))
+            .await?;
+        let as_role = |schema: &str| {
+            let base = support::server_url();
+            let rest = base.split_once('@').map_or(base.as_str(), |(_, r)| r).to_string();
+            let sep = if rest.contains('?') { '&' } else { '?' };
+            format!("postgres://{role}@{rest}{sep}schema={schema}")
+        };
+        let result = async {
+            let store = PgStore::connect(&as_role(&schema)).await?;
+            let wf = Workflow::builder("w")
+                .step("a", |_, _| async { update(serde_json::json!({"a": 1})) })
+                .step("b", |_, _| async { update(serde_json::json!({"b": 2})) })
+                .build()?;
+            let done = run("r", &wf, &store).await?.completed().expect("completed");
+            assert_eq!(done["b"], 2);
+            store.delete("r").await?;
+            // Without CREATE on the database, a schema of its own is refused
+            // with the server's reason.
+            let other = format!("{schema}_own");
+            let err = PgStore::connect(&as_role(&other)).await.unwrap_err();
+            assert!(err.to_string().contains("permission denied"), "{err}");
+            Ok::<_, Box<dyn std::error::Error>>(())
+        }
+        .await;
+        admin
+            .batch_execute(&format!(
+                "REVOKE ALL ON ALL TABLES IN SCHEMA \"{schema}\" FROM {role};
+                 REVOKE ALL ON ALL SEQUENCES IN SCHEMA \"{schema}\" FROM {role};
+                 REVOKE ALL ON SCHEMA \"{schema}\" FROM {role}; DROP ROLE {role};"
+            ))
+            .await?;
+        result
+    })
+}

@@ -1,0 +1,322 @@
+//! Long crash torture, outside CI: thousands of random SIGKILLs of
+//! `steadfast run` and `steadfast worker` processes (whole process groups,
+//! steps included) on one store, then every run is finished and checked.
+//!
+//! ```text
+//! cargo build --release -p steadfast-cli -p steadfast-bench
+//! target/release/torture --store sqlite --kills 2000 [--seed N] [--runs 8] [--steps 6]
+//! ```
+//!
+//! Stores: `file`, `sqlite` (a fresh temporary directory), `postgres`
+//! (`$STEADFAST_TEST_PG`, a fresh schema) and `cosmos` (`$STEADFAST_TEST_COSMOS`
+//! with `$STEADFAST_TEST_COSMOS_CA` and `$STEADFAST_COSMOS_KEY`, a fresh
+//! database). The schedule (which process, when it is killed) comes from the
+//! printed seed, so `--seed` replays it (timing still varies). Every step
+//! appends `RUN STEP` to a log before it prints its update. Checked at the
+//! end, per run: it completed with the full state; its steps first ran in
+//! order; no step ran again once a later one had run (a checkpointed step is
+//! never re-executed); re-executions are at most the kills that hit the run.
+//! One summary line; exit 1 on any violation.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// file, sqlite, postgres or cosmos.
+    #[arg(long)]
+    store: String,
+    /// How many processes to kill.
+    #[arg(long, default_value_t = 2000)]
+    kills: u32,
+    /// The schedule's seed (random if not given; printed either way).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Runs in the store.
+    #[arg(long, default_value_t = 8)]
+    runs: usize,
+    /// Steps per run.
+    #[arg(long, default_value_t = 6)]
+    steps: usize,
+    /// The `steadfast` binary (default: beside this one).
+    #[arg(long)]
+    bin: Option<PathBuf>,
+}
+
+fn store_url(kind: &str, dir: &Path, seed: u64) -> Result<String, String> {
+    let env = |k: &str| std::env::var(k).map_err(|_| format!("{kind} needs ${k}"));
+    Ok(match kind {
+        "file" => format!("file:{}", dir.join("runs.json").display()),
+        "sqlite" => format!("sqlite:{}", dir.join("runs.db").display()),
+        "postgres" => {
+            let url = env("STEADFAST_TEST_PG")?;
+            let sep = if url.contains('?') { '&' } else { '?' };
+            format!("{url}{sep}schema=torture_{seed}")
+        }
+        "cosmos" => {
+            let url = env("STEADFAST_TEST_COSMOS")?;
+            let ca = env("STEADFAST_TEST_COSMOS_CA")?;
+            format!("{url}/torture{seed}/runs?cafile={ca}")
+        }
+        other => return Err(format!("unknown store {other:?}")),
+    })
+}
+
+fn spawn(bin: &Path, dir: &Path, url: &str, args: &[&str]) -> Child {
+    use std::os::unix::process::CommandExt;
+    Command::new(bin)
+        .current_dir(dir)
+        .arg("--store")
+        .arg(url)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("spawn steadfast")
+}
+
+/// SIGKILLs the child's whole process group (the CLI and the step it runs),
+/// with kill(1): this crate forbids `unsafe`, which libc's kill needs.
+fn kill_group(child: &mut Child) {
+    let group = -(child.id() as i64);
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &group.to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+fn main() {
+    let args = Args::parse();
+    let seed = args.seed.unwrap_or_else(fastrand_seed);
+    let mut rng = Rng(seed.max(1));
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let url = match store_url(&args.store, dir.path(), seed) {
+        Ok(u) => u,
+        Err(e) => {
+            eprintln!("torture: {e}");
+            std::process::exit(2);
+        }
+    };
+    let bin = args.bin.clone().unwrap_or_else(|| {
+        std::env::current_exe()
+            .expect("this binary's path")
+            .with_file_name("steadfast")
+    });
+    let log = dir.path().join("log");
+    let mut flow = String::from("name = \"torture\"\n");
+    for i in 0..args.steps {
+        flow.push_str(&format!(
+            "[[step]]\nname = \"s{i}\"\nrun = \"echo \\\"$STEADFAST_RUN_ID {i}\\\" >> {log}; echo '{{\\\"s{i}\\\": {i}}}'\"\n",
+            log = log.display()
+        ));
+    }
+    std::fs::write(dir.path().join("flow.toml"), flow).unwrap();
+    println!(
+        "torture: store {} seed {seed}: {} kills over {} runs of {} steps",
+        args.store, args.kills, args.runs, args.steps
+    );
+
+    let ids: Vec<String> = (0..args.runs).map(|i| format!("r{i}")).collect();
+    for id in &ids {
+        let st = spawn(
+            &bin,
+            dir.path(),
+            &url,
+            &["start", "flow.toml", "--run-id", id],
+        )
+        .wait();
+        assert!(st.is_ok_and(|s| s.success()), "start {id}");
+    }
+    let started = Instant::now();
+    let mut kills_per_run: HashMap<String, u32> = HashMap::new();
+    let mut worker_kills = 0u32;
+    for k in 0..args.kills {
+        // A run process on one run, or a worker on all of them.
+        let worker = rng.below(4) == 0;
+        let mut child = if worker {
+            spawn(
+                &bin,
+                dir.path(),
+                &url,
+                &[
+                    "worker",
+                    "flow.toml",
+                    "--concurrency",
+                    "4",
+                    "--poll",
+                    "20ms",
+                    "--lease",
+                    "2s",
+                ],
+            )
+        } else {
+            let id = &ids[rng.below(ids.len() as u64) as usize];
+            *kills_per_run.entry(id.clone()).or_default() += 1;
+            spawn(
+                &bin,
+                dir.path(),
+                &url,
+                &["run", "flow.toml", "--run-id", id, "--lease", "2s"],
+            )
+        };
+        let wait = Duration::from_millis(rng.below(250));
+        std::thread::sleep(wait);
+        kill_group(&mut child);
+        if worker {
+            worker_kills += 1;
+        }
+        if k % 500 == 499 {
+            eprintln!("torture: {} kills, {:.0?}", k + 1, started.elapsed());
+        }
+    }
+    // Finish everything: leases of killed holders lapse after 2 s.
+    std::thread::sleep(Duration::from_millis(2_200));
+    for id in &ids {
+        let ok = spawn(
+            &bin,
+            dir.path(),
+            &url,
+            &["run", "flow.toml", "--run-id", id],
+        )
+        .wait();
+        if !ok.is_ok_and(|s| s.success()) {
+            // Held by a lease that has not lapsed yet, or a store hiccup: once more.
+            std::thread::sleep(Duration::from_millis(2_200));
+            let again = spawn(
+                &bin,
+                dir.path(),
+                &url,
+                &["run", "flow.toml", "--run-id", id],
+            )
+            .wait();
+            if !again.is_ok_and(|s| s.success()) {
+                println!("torture: VIOLATION seed {seed}: run {id} did not complete");
+                std::process::exit(1);
+            }
+        }
+    }
+    let violations = check(
+        &bin,
+        dir.path(),
+        &url,
+        &ids,
+        args.steps,
+        &log,
+        &kills_per_run,
+        worker_kills,
+    );
+    let total_execs: usize = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    println!(
+        "torture: store {} seed {seed}: {} kills ({} of workers) in {:.0?}, {} runs completed, {} step executions for {} steps, {} violations",
+        args.store,
+        args.kills,
+        worker_kills,
+        started.elapsed(),
+        ids.len(),
+        total_execs,
+        ids.len() * args.steps,
+        violations.len()
+    );
+    for v in &violations {
+        println!("torture: VIOLATION seed {seed}: {v}");
+    }
+    if args.store == "postgres" {
+        let _ = Command::new("psql")
+            .arg(std::env::var("STEADFAST_TEST_PG").unwrap_or_default())
+            .args([
+                "-qc",
+                &format!("DROP SCHEMA IF EXISTS torture_{seed} CASCADE"),
+            ])
+            .status();
+    }
+    std::process::exit(i32::from(!violations.is_empty()));
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check(
+    bin: &Path,
+    dir: &Path,
+    url: &str,
+    ids: &[String],
+    steps: usize,
+    log: &Path,
+    kills: &HashMap<String, u32>,
+    worker_kills: u32,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut per_run: HashMap<&str, Vec<usize>> = HashMap::new();
+    for line in text.lines() {
+        let mut parts = line.split_whitespace();
+        if let (Some(id), Some(i)) = (parts.next(), parts.next().and_then(|s| s.parse().ok())) {
+            per_run.entry(id).or_default().push(i);
+        }
+    }
+    for id in ids {
+        let shown = Command::new(bin)
+            .current_dir(dir)
+            .args(["--store", url, "show", id, "--json"])
+            .output()
+            .expect("show");
+        let v: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap_or_default();
+        if v["status"] != "completed" {
+            out.push(format!("run {id} is {}", v["status"]));
+        }
+        for i in 0..steps {
+            if v["state"][format!("s{i}")] != i {
+                out.push(format!("run {id}: state lacks s{i}: {}", v["state"]));
+            }
+        }
+        let execs = per_run.get(id.as_str()).cloned().unwrap_or_default();
+        // Steps first ran in order, and none ran again after a later one.
+        let mut highest: Option<usize> = None;
+        for &i in &execs {
+            match highest {
+                None if i != 0 => out.push(format!("run {id}: step {i} ran first")),
+                Some(h) if i > h + 1 => {
+                    out.push(format!("run {id}: step {i} ran before step {}", h + 1))
+                }
+                Some(h) if i < h => {
+                    out.push(format!("run {id}: step {i} ran again after step {h}"))
+                }
+                _ => {}
+            }
+            highest = Some(highest.map_or(i, |h| h.max(i)));
+        }
+        let again = execs.len().saturating_sub(steps) as u32;
+        let allowed = kills.get(id).copied().unwrap_or(0) + worker_kills;
+        if again > allowed {
+            out.push(format!(
+                "run {id}: {again} re-executions for {allowed} kills that could hit it"
+            ));
+        }
+    }
+    out
+}
+
+/// xorshift64*: the schedule's random numbers, from the seed alone.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
+    }
+}
+
+fn fastrand_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        ^ u64::from(std::process::id())
+}
