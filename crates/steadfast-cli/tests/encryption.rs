@@ -183,15 +183,17 @@ fn keys_rotate_with_rekey_and_plaintext_is_migrated_only_when_asked() {
         let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
         assert_eq!(v["state"]["token"], SECRET);
     }
-    // Step records keep the encryption they were written with: the plaintext
-    // run's are refused by `history`, by name.
-    let history = with_key(&env, Some(&k2), &["history", "plain"]);
-    assert_ne!(code(&history), 0);
+    // The step records were rewritten too: no secret is left in clear, and
+    // the history opens with the new key alone.
     assert!(
-        stderr(&history).contains("not a sealed value"),
-        "{}",
-        stderr(&history)
+        !contains(&all_bytes(&env), SECRET),
+        "a secret is left in clear"
     );
+    for id in ["plain", "old"] {
+        let history = with_key(&env, Some(&k2), &["history", id, "--json"]);
+        assert_eq!(code(&history), 0, "{}", stderr(&history));
+        assert!(String::from_utf8_lossy(&history.stdout).contains(SECRET));
+    }
 }
 
 #[test]

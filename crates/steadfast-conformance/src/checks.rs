@@ -828,3 +828,74 @@ pub async fn history_is_none_for_an_absent_run(ts: TestStore) -> CheckResult {
     );
     Ok(())
 }
+
+/// Step records' updates can be replaced (for re-encryption) under the run's
+/// version: one write or none; nothing else changes, and what a load returns
+/// stays as it was.
+pub async fn history_rewrite_is_guarded_by_the_version(ts: TestStore) -> CheckResult {
+    let mut cp = checkpoint("r", "flow", json!({}));
+    let mut expected = None;
+    for i in 0..3usize {
+        let rec = record(i, &format!("s{i}"), json!({ format!("s{i}"): i }), 1);
+        cp.state.insert(format!("s{i}"), json!(i));
+        cp.completed.push(format!("s{i}"));
+        cp.next = i + 1;
+        expected = Some(
+            ts.store
+                .save(SaveRequest::new(&cp, expected).with_step(&rec))
+                .await?,
+        );
+    }
+    // A save without a step: every record is history now.
+    cp.attempts = 0;
+    let v = ts.store.save(SaveRequest::new(&cp, expected)).await?;
+    let before = ts.store.load("r").await?.ok_or("run vanished")?;
+    let new0 = record(0, "s0", json!({"s0": "zero"}), 1);
+    let new2 = record(2, "s2", json!({"s2": "two"}), 1);
+
+    // A stale version, an absent run, a record not below next: nothing written.
+    let stale = ts.store.rewrite_history("r", v - 1, &[new0.clone()]).await;
+    ensure!(
+        matches!(&stale, Err(e) if e.kind() == StoreErrorKind::Conflict),
+        "a stale rewrite gave {stale:?}"
+    );
+    let absent = ts.store.rewrite_history("nope", 1, &[new0.clone()]).await;
+    ensure!(
+        matches!(&absent, Err(e) if e.kind() == StoreErrorKind::Conflict),
+        "a rewrite of an absent run gave {absent:?}"
+    );
+    let beyond = record(3, "s3", json!({"s3": 3}), 1);
+    let refused = ts
+        .store
+        .rewrite_history("r", v, &[new0.clone(), beyond])
+        .await;
+    ensure!(
+        matches!(&refused, Err(e) if e.kind() == StoreErrorKind::InvalidInput),
+        "rewriting a record at next gave {refused:?}"
+    );
+    let history = ts.store.history("r").await?.ok_or("history vanished")?;
+    ensure!(
+        history[0] == record(0, "s0", json!({"s0": 0}), 1),
+        "a refused rewrite changed record 0: {:?}",
+        history[0]
+    );
+
+    ts.store
+        .rewrite_history("r", v, &[new0.clone(), new2.clone()])
+        .await?;
+    let history = ts.store.history("r").await?.ok_or("history vanished")?;
+    ensure!(history.len() == 3, "history has {} records", history.len());
+    ensure!(history[0] == new0, "record 0 is {:?}", history[0]);
+    ensure!(
+        history[1] == record(1, "s1", json!({"s1": 1}), 1),
+        "record 1 changed: {:?}",
+        history[1]
+    );
+    ensure!(history[2] == new2, "record 2 is {:?}", history[2]);
+    let after = ts.store.load("r").await?.ok_or("run vanished")?;
+    ensure!(
+        after == before,
+        "a rewrite changed what load returns: {after:?} vs {before:?}"
+    );
+    Ok(())
+}

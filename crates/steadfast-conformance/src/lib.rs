@@ -195,6 +195,16 @@ macro_rules! history_conformance {
     };
 }
 
+/// The check of [`Store::rewrite_history`], for stores that implement it.
+#[macro_export]
+macro_rules! history_rewrite_conformance {
+    ($make:expr) => {
+        $crate::__checks!($make;
+            history_rewrite_is_guarded_by_the_version,
+        );
+    };
+}
+
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __checks {

@@ -151,4 +151,37 @@ impl Store for MemoryStore {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         Ok(self.runs().get(run_id).map(|e| e.history.clone()))
     }
+
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        let mut runs = self.runs();
+        let entry = runs.get_mut(run_id);
+        let found = entry.as_ref().map(|e| e.checkpoint.version);
+        let Some(entry) = entry.filter(|_| found == Some(expected)) else {
+            return Err(StoreError::Conflict {
+                run_id: run_id.to_string(),
+                expected: Some(expected),
+                found,
+            });
+        };
+        for r in records {
+            if r.index >= entry.checkpoint.next {
+                return Err(StoreError::InvalidInput(format!(
+                    "run {run_id:?}: step {} is not history (next is {})",
+                    r.index, entry.checkpoint.next
+                )));
+            }
+            crate::store::check_state(run_id, "step's update", &r.update)?;
+        }
+        for r in records {
+            if let Some(h) = entry.history.iter_mut().find(|h| h.index == r.index) {
+                h.update = r.update.clone();
+            }
+        }
+        Ok(())
+    }
 }

@@ -224,6 +224,34 @@ pub trait Store: Send + Sync {
         ))
     }
 
+    /// Replaces the updates of step records of run `run_id` (those with the
+    /// indexes of `records`; names, attempts and times stay), if the run's
+    /// version is still `expected`: one write, or none. For re-encryption
+    /// (`steadfast rekey`). The version does not change.
+    ///
+    /// Contract, for stores that implement it:
+    /// - MUST fail with [`StoreError::Conflict`] and change nothing when the
+    ///   stored version is not `expected`, or the run is absent;
+    /// - MUST leave every record not named in `records` as it was, and what
+    ///   [`load`](Store::load) returns unchanged: a record that a load still
+    ///   merges into the state (on stores that keep deltas, those since the
+    ///   last snapshot; a save without a step takes a snapshot) or one at or
+    ///   above `next` is refused with [`StoreError::InvalidInput`], and
+    ///   nothing is written.
+    ///
+    /// The default is [`StoreError::Unsupported`].
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        let _ = (run_id, expected, records);
+        Err(StoreError::Unsupported(
+            "this store cannot rewrite its per-step history".into(),
+        ))
+    }
+
     /// Up to `limit` runs of the named workflows that a worker may take at
     /// `now` ([`Checkpoint::runnable_at`] at or before it), soonest first,
     /// for [`Worker`](crate::Worker)s.
@@ -344,6 +372,14 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     }
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         (**self).history(run_id).await
+    }
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        (**self).rewrite_history(run_id, expected, records).await
     }
     async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
         (**self).claim_due(due).await

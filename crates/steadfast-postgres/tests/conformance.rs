@@ -2,7 +2,9 @@
 
 mod support;
 
-use steadfast_conformance::{history_conformance, store_conformance, Config, TestStore};
+use steadfast_conformance::{
+    history_conformance, history_rewrite_conformance, store_conformance, Config, TestStore,
+};
 use steadfast_postgres::PgOptions;
 
 async fn make(cfg: Config) -> TestStore {
@@ -15,6 +17,7 @@ async fn make(cfg: Config) -> TestStore {
 
 store_conformance!(make);
 history_conformance!(make);
+history_rewrite_conformance!(make);
 
 /// The same suite through the encryption seal: sealing changes nothing the
 /// store promises.
@@ -36,4 +39,5 @@ mod sealed {
 
     store_conformance!(make);
     history_conformance!(make);
+    history_rewrite_conformance!(make);
 }

@@ -60,7 +60,7 @@ use serde_json::Value;
 use steadfast_core::store::{check_head, check_size, check_state, state_size, SaveRequest};
 use steadfast_core::{
     Checkpoint, Clock, DueRequest, ListFilter, RunStatus, RunSummary, State, StepRecord, Store,
-    StoreError, SystemClock, Update,
+    StoreError, StoreErrorKind, SystemClock, Update,
 };
 
 pub use crate::keys::{KeyError, Keyring, KEY_ENV, KEY_FILE_ENV};
@@ -152,6 +152,11 @@ fn parse_envelope(text: &str) -> Option<Envelope<'_>> {
     let ctx = parts.next()?.parse().ok()?;
     let body = parts.next()?;
     Some(Envelope { key_id, ctx, body })
+}
+
+/// The id of the key `value` was sealed with, if it is sealed.
+fn key_of(value: &Value) -> Option<&str> {
+    value.as_str().and_then(parse_envelope).map(|e| e.key_id)
 }
 
 /// Whether `value` is a sealed value, as this crate writes them.
@@ -365,7 +370,16 @@ impl SealedStore {
         let Some(raw) = self.inner.load(run_id).await? else {
             return Ok(Rekeyed::Absent);
         };
-        if self.is_current(&raw) {
+        let history = match self.inner.history(run_id).await {
+            Ok(h) => h.unwrap_or_default(),
+            Err(e) if e.kind() == StoreErrorKind::Unsupported => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let current = self.keys.current();
+        let history_current = history
+            .iter()
+            .all(|r| r.update.values().all(|v| key_of(v) == Some(current)));
+        if self.is_current(&raw) && history_current {
             return Ok(Rekeyed::Current);
         }
         let now = self
@@ -375,18 +389,55 @@ impl SealedStore {
         if raw.status == RunStatus::Running && raw.lease.as_ref().is_some_and(|l| l.until > now) {
             return Ok(Rekeyed::Busy);
         }
-        let version = raw.version;
-        let plain = self.unseal(raw)?;
+        // The record first: a save without a step also snapshots the state,
+        // so that no step record is merged into it by a load any more.
+        let plain = self.unseal(raw.clone())?;
         let sealed = self.seal_checkpoint(&plain, None, false)?.0;
-        match self
+        let version = match self
             .inner
-            .save(SaveRequest::new(&sealed, Some(version)))
+            .save(SaveRequest::new(&sealed, Some(raw.version)))
             .await
         {
-            Ok(_) => Ok(Rekeyed::Rewritten),
-            Err(e) if e.kind() == steadfast_core::StoreErrorKind::Conflict => Ok(Rekeyed::Busy),
+            Ok(v) => v,
+            Err(e) if e.kind() == StoreErrorKind::Conflict => return Ok(Rekeyed::Busy),
+            Err(e) => return Err(e),
+        };
+        if history_current || history.is_empty() {
+            return Ok(Rekeyed::Rewritten);
+        }
+        // Then the step records, under the version just written.
+        let plain = self.unseal_history(run_id, history)?;
+        let resealed = self.seal_history(run_id, &plain)?;
+        match self.inner.rewrite_history(run_id, version, &resealed).await {
+            Ok(()) => Ok(Rekeyed::Rewritten),
+            Err(e) if e.kind() == StoreErrorKind::Conflict => Ok(Rekeyed::Busy),
+            // A store that cannot rewrite its history (Cosmos DB) keeps it
+            // under the keys it was written with.
+            Err(e) if e.kind() == StoreErrorKind::Unsupported => Ok(Rekeyed::Rewritten),
             Err(e) => Err(e),
         }
+    }
+
+    /// Step records with each update value sealed for its step.
+    fn seal_history(
+        &self,
+        run_id: &str,
+        records: &[StepRecord],
+    ) -> Result<Vec<StepRecord>, StoreError> {
+        let s = self.sealer(run_id);
+        records
+            .iter()
+            .map(|r| {
+                check_state(run_id, "step's update", &r.update)?;
+                let mut sealed = r.clone();
+                sealed.update = r
+                    .update
+                    .iter()
+                    .map(|(k, v)| Ok((k.clone(), s.seal_value(k, r.index as u64, v)?)))
+                    .collect::<Result<_, StoreError>>()?;
+                Ok(sealed)
+            })
+            .collect()
     }
 
     fn sealer<'a>(&'a self, run_id: &'a str) -> Sealer<'a> {
@@ -399,11 +450,7 @@ impl SealedStore {
     /// Whether every sealed part of `raw` uses the current key.
     fn is_current(&self, raw: &Checkpoint) -> bool {
         let current = self.keys.current();
-        let ok = |v: &Value| {
-            v.as_str()
-                .and_then(parse_envelope)
-                .is_some_and(|e| e.key_id == current)
-        };
+        let ok = |v: &Value| key_of(v) == Some(current);
         raw.state.contains_key(SEAL_KEY)
             && raw.state.values().all(ok)
             && raw.decisions.iter().all(|d| d.data.as_ref().is_none_or(ok))
@@ -633,6 +680,16 @@ impl Store for SealedStore {
             Some(records) => self.unseal_history(run_id, records).map(Some),
             None => Ok(None),
         }
+    }
+
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        let sealed = self.seal_history(run_id, records)?;
+        self.inner.rewrite_history(run_id, expected, &sealed).await
     }
 
     async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use steadfast_conformance::{history_conformance, store_conformance, Config, TestStore};
+use steadfast_conformance::{
+    history_conformance, history_rewrite_conformance, store_conformance, Config, TestStore,
+};
 use steadfast_core::MemoryStore;
 use steadfast_seal::{Keyring, SealedStore};
 
@@ -24,6 +26,8 @@ mod memory {
         ))
     }
     store_conformance!(make);
+    history_conformance!(make);
+    history_rewrite_conformance!(make);
 }
 
 mod sqlite {
@@ -37,6 +41,7 @@ mod sqlite {
     }
     store_conformance!(make);
     history_conformance!(make);
+    history_rewrite_conformance!(make);
 }
 
 mod file {

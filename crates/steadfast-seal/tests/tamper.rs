@@ -252,6 +252,9 @@ async fn keys_rotate_and_rekey_rewrites_old_records() -> TestResult {
     let new = SealedStore::new(raw.clone(), keys(&format!("k2:{K2}")));
     for id in ["a", "b"] {
         assert_eq!(new.load(id).await?.unwrap().state["n"], json!(3));
+        // The step records were rewritten too.
+        let history = new.history(id).await?.unwrap();
+        assert_eq!(history[1].update["secret"], json!("s-2"));
     }
     Ok(())
 }

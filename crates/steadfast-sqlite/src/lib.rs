@@ -831,6 +831,35 @@ impl Store for SqliteStore {
         })?
     }
 
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        let mut rows = Vec::with_capacity(records.len());
+        for r in records {
+            check_state(run_id, "step's update", &r.update)?;
+            rows.push((
+                r.index as i64,
+                encode_json(&r.update, run_id, "step's update")?,
+            ));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.submit(Job::Rewrite {
+            run_id: run_id.to_string(),
+            expected,
+            rows,
+            reply: tx,
+        })
+        .await;
+        rx.await.map_err(|_| StoreError::OutcomeUnknown {
+            run_id: run_id.to_string(),
+            source: self.writer_gone().into(),
+        })??;
+        Ok(())
+    }
+
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         let id = run_id.to_string();
         self.read(move |conn, path| {

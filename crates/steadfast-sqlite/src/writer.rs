@@ -74,6 +74,14 @@ pub(crate) enum Job {
         run_id: String,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
+    /// Replaces step records' updates, guarded by the run's version.
+    Rewrite {
+        run_id: String,
+        expected: u64,
+        /// `(idx, update_json)`.
+        rows: Vec<(i64, String)>,
+        reply: oneshot::Sender<Result<bool, StoreError>>,
+    },
     /// Reads durability settings back from the live write connection.
     Settings {
         reply: oneshot::Sender<Result<crate::Settings, StoreError>>,
@@ -266,6 +274,20 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
                 }
                 replies.push(Reply::Delete(reply, result));
             }
+            Job::Rewrite {
+                run_id,
+                expected,
+                rows,
+                reply,
+            } => {
+                let result = apply_rewrite(conn, &run_id, expected, &rows, path);
+                if let Err(e) = &result {
+                    if e.kind() != steadfast_core::StoreErrorKind::Conflict {
+                        broken.get_or_insert_with(|| e.to_string());
+                    }
+                }
+                replies.push(Reply::Delete(reply, result));
+            }
             Job::Settings { .. } => unreachable!("settings jobs were answered above"),
         }
     }
@@ -322,7 +344,7 @@ fn fail(job: Job, err: &StoreError) {
     let copy = || StoreError::backend(err.kind(), err.to_string());
     match job {
         Job::Save(s) => drop(s.reply.send(Err(copy()))),
-        Job::Delete { reply, .. } => drop(reply.send(Err(copy()))),
+        Job::Delete { reply, .. } | Job::Rewrite { reply, .. } => drop(reply.send(Err(copy()))),
         Job::Settings { reply } => drop(reply.send(Err(copy()))),
     }
 }
@@ -515,6 +537,51 @@ fn insert_step(conn: &Connection, run_id: &str, s: &StepRow) -> rusqlite::Result
         s.finished_at as i64,
         s.finished_at.saturating_sub(s.started_at) as i64,
     ])
+}
+
+/// Replaces the updates of history rows below `next`, if the run is still at
+/// `expected`; a conflict writes nothing.
+fn apply_rewrite(
+    conn: &Connection,
+    run_id: &str,
+    expected: u64,
+    rows: &[(i64, String)],
+    path: &str,
+) -> Result<bool, StoreError> {
+    let ctx = format!("rewriting the history of run {run_id:?} in {path}");
+    // Rows from `snapshot_next` on are merged into the state by a load: they
+    // are not history yet (the next save without a step snapshots them).
+    let found: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT version, snapshot_next FROM runs WHERE run_id = ?1")
+        .and_then(|mut st| {
+            st.query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()
+        })
+        .map_err(|e| map_err(e, &ctx))?;
+    let next = match found {
+        Some((v, next)) if v as u64 == expected => next,
+        other => {
+            return Err(StoreError::Conflict {
+                run_id: run_id.to_string(),
+                expected: Some(expected),
+                found: other.map(|(v, _)| v as u64),
+            })
+        }
+    };
+    if let Some((idx, _)) = rows.iter().find(|(idx, _)| *idx >= next) {
+        return Err(StoreError::InvalidInput(format!(
+            "run {run_id:?}: step {idx} is still merged into the state on load (snapshot at {next}); \
+             save the run without a step first"
+        )));
+    }
+    let mut st = conn
+        .prepare_cached("UPDATE steps SET update_json = ?3 WHERE run_id = ?1 AND idx = ?2")
+        .map_err(|e| map_err(e, &ctx))?;
+    for (idx, text) in rows {
+        st.execute(params![run_id, idx, text])
+            .map_err(|e| map_err(e, &ctx))?;
+    }
+    Ok(true)
 }
 
 fn apply_delete(conn: &Connection, run_id: &str, path: &str) -> Result<bool, StoreError> {

@@ -1,6 +1,8 @@
 //! The store conformance suite on `SqliteStore`.
 
-use steadfast_conformance::{history_conformance, store_conformance, Config, TestStore};
+use steadfast_conformance::{
+    history_conformance, history_rewrite_conformance, store_conformance, Config, TestStore,
+};
 use steadfast_sqlite::{SqliteOptions, SqliteStore};
 
 fn make(cfg: Config) -> TestStore {
@@ -12,3 +14,4 @@ fn make(cfg: Config) -> TestStore {
 
 store_conformance!(make);
 history_conformance!(make);
+history_rewrite_conformance!(make);
