@@ -854,12 +854,18 @@ pub async fn history_rewrite_is_guarded_by_the_version(ts: TestStore) -> CheckRe
     let new2 = record(2, "s2", json!({"s2": "two"}), 1);
 
     // A stale version, an absent run, a record not below next: nothing written.
-    let stale = ts.store.rewrite_history("r", v - 1, &[new0.clone()]).await;
+    let stale = ts
+        .store
+        .rewrite_history("r", v - 1, std::slice::from_ref(&new0))
+        .await;
     ensure!(
         matches!(&stale, Err(e) if e.kind() == StoreErrorKind::Conflict),
         "a stale rewrite gave {stale:?}"
     );
-    let absent = ts.store.rewrite_history("nope", 1, &[new0.clone()]).await;
+    let absent = ts
+        .store
+        .rewrite_history("nope", 1, std::slice::from_ref(&new0))
+        .await;
     ensure!(
         matches!(&absent, Err(e) if e.kind() == StoreErrorKind::Conflict),
         "a rewrite of an absent run gave {absent:?}"
