@@ -40,8 +40,12 @@ struct Args {
     #[arg(long, default_value_t = 8)]
     runs: usize,
     /// Steps per run.
-    #[arg(long, default_value_t = 6)]
+    #[arg(long, default_value_t = 12)]
     steps: usize,
+    /// How long each step sleeps, in milliseconds (so that kills land
+    /// inside steps as well as between them).
+    #[arg(long, default_value_t = 30)]
+    step_ms: u64,
     /// The `steadfast` binary (default: beside this one).
     #[arg(long)]
     bin: Option<PathBuf>,
@@ -111,18 +115,17 @@ fn main() {
     let mut flow = String::from("name = \"torture\"\n");
     for i in 0..args.steps {
         flow.push_str(&format!(
-            "[[step]]\nname = \"s{i}\"\nrun = \"echo \\\"$STEADFAST_RUN_ID {i}\\\" >> {log}; echo '{{\\\"s{i}\\\": {i}}}'\"\n",
-            log = log.display()
+            "[[step]]\nname = \"s{i}\"\nrun = \"echo \\\"$STEADFAST_RUN_ID {i}\\\" >> {log}; sleep {secs}; echo '{{\\\"s{i}\\\": {i}}}'\"\n",
+            log = log.display(),
+            secs = args.step_ms as f64 / 1000.0
         ));
     }
     std::fs::write(dir.path().join("flow.toml"), flow).unwrap();
     println!(
-        "torture: store {} seed {seed}: {} kills over {} runs of {} steps",
+        "torture: store {} seed {seed}: {} kills, {} runs at a time of {} steps",
         args.store, args.kills, args.runs, args.steps
     );
-
-    let ids: Vec<String> = (0..args.runs).map(|i| format!("r{i}")).collect();
-    for id in &ids {
+    let start_run = |id: &str| {
         let st = spawn(
             &bin,
             dir.path(),
@@ -131,6 +134,13 @@ fn main() {
         )
         .wait();
         assert!(st.is_ok_and(|s| s.success()), "start {id}");
+    };
+    // The runs being worked on; a completed one is replaced by a new one, so
+    // that kills keep landing in unfinished runs.
+    let mut live: Vec<String> = (0..args.runs).map(|i| format!("r{i}")).collect();
+    let mut ids: Vec<String> = live.clone();
+    for id in &live {
+        start_run(id);
     }
     let started = Instant::now();
     let mut kills_per_run: HashMap<String, u32> = HashMap::new();
@@ -155,7 +165,7 @@ fn main() {
                 ],
             )
         } else {
-            let id = &ids[rng.below(ids.len() as u64) as usize];
+            let id = &live[rng.below(live.len() as u64) as usize];
             *kills_per_run.entry(id.clone()).or_default() += 1;
             spawn(
                 &bin,
@@ -169,6 +179,16 @@ fn main() {
         kill_group(&mut child);
         if worker {
             worker_kills += 1;
+        }
+        if k % 25 == 24 {
+            for slot in 0..live.len() {
+                if status_of(&bin, dir.path(), &url, &live[slot]) == "completed" {
+                    let id = format!("r{}", ids.len());
+                    start_run(&id);
+                    ids.push(id.clone());
+                    live[slot] = id;
+                }
+            }
         }
         if k % 500 == 499 {
             eprintln!("torture: {} kills, {:.0?}", k + 1, started.elapsed());
@@ -215,7 +235,7 @@ fn main() {
         .lines()
         .count();
     println!(
-        "torture: store {} seed {seed}: {} kills ({} of workers) in {:.0?}, {} runs completed, {} step executions for {} steps, {} violations",
+        "torture: store {} seed {seed}: {} kills ({} of workers) in {:.0?}, {} runs completed, {} step executions for {} steps ({} re-executions), {} violations",
         args.store,
         args.kills,
         worker_kills,
@@ -223,6 +243,7 @@ fn main() {
         ids.len(),
         total_execs,
         ids.len() * args.steps,
+        total_execs.saturating_sub(ids.len() * args.steps),
         violations.len()
     );
     for v in &violations {
@@ -238,6 +259,16 @@ fn main() {
             .status();
     }
     std::process::exit(i32::from(!violations.is_empty()));
+}
+
+fn status_of(bin: &Path, dir: &Path, url: &str, id: &str) -> String {
+    let out = Command::new(bin)
+        .current_dir(dir)
+        .args(["--store", url, "show", id, "--json"])
+        .output()
+        .expect("show");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["status"].as_str().unwrap_or("").to_string()
 }
 
 #[allow(clippy::too_many_arguments)]
