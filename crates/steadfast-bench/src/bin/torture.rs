@@ -181,12 +181,12 @@ fn main() {
             worker_kills += 1;
         }
         if k % 25 == 24 {
-            for slot in 0..live.len() {
-                if status_of(&bin, dir.path(), &url, &live[slot]) == "completed" {
+            for slot in live.iter_mut() {
+                if status_of(&bin, dir.path(), &url, slot) == "completed" {
                     let id = format!("r{}", ids.len());
                     start_run(&id);
                     ids.push(id.clone());
-                    live[slot] = id;
+                    *slot = id;
                 }
             }
         }
