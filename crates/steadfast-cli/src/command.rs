@@ -76,6 +76,11 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
         .env("STEADFAST_STEP_INDEX", ctx.index().to_string())
         .env("STEADFAST_ATTEMPT", ctx.attempt().to_string())
         .env("STEADFAST_IDEMPOTENCY_KEY", ctx.idempotency_key())
+        // Steps never inherit the store's secrets: the encryption keys would
+        // let a step read or forge every run, the Cosmos key every item.
+        .env_remove(steadfast::seal::KEY_ENV)
+        .env_remove(steadfast::seal::KEY_FILE_ENV)
+        .env_remove("STEADFAST_COSMOS_KEY")
         .envs(&spec.env)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -79,6 +79,16 @@ pub fn main() -> i32 {
 async fn dispatch(cli: Cli) -> Result<i32, Failure> {
     // Only `run`, `start` and `worker` may create a store; the other commands work on runs that
     // exist, and say so when the store itself does not.
+    // The keys first: a key that cannot be read is a usage error, before
+    // the store is opened (or created).
+    let keys = steadfast::seal::Keyring::from_env().map_err(|e| cmd::usage(e.to_string()))?;
+    if keys.is_none() && matches!(cli.command, Command::Rekey(_)) {
+        return Err(cmd::usage(format!(
+            "rekey needs the keys: set {} or {}",
+            steadfast::seal::KEY_ENV,
+            steadfast::seal::KEY_FILE_ENV
+        )));
+    }
     let opened = match cli.command {
         Command::Run(_) | Command::Start(_) | Command::Worker(_) => {
             steadfast::open_store(&cli.store).await
@@ -87,9 +97,8 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
     };
     let shown = steadfast::store::redact_url(&cli.store);
     let store = opened.with_context(|| format!("cannot open the store {shown}"))?;
-    // With a key in the environment, everything goes through the seal; a key
-    // that cannot be read is a usage error, before anything is touched.
-    let keys = steadfast::seal::Keyring::from_env().map_err(|e| cmd::usage(e.to_string()))?;
+    // With keys, everything goes through the seal; without, a sealed record
+    // is refused rather than read (and resumed, or decided) as plain values.
     let migrate = matches!(&cli.command, Command::Rekey(a) if a.migrate_plaintext);
     let sealed = keys.map(|keys| {
         std::sync::Arc::new(
@@ -98,14 +107,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
     });
     let store: std::sync::Arc<dyn steadfast::Store> = match &sealed {
         Some(sealed) => sealed.clone(),
-        None if matches!(cli.command, Command::Rekey(_)) => {
-            return Err(cmd::usage(format!(
-                "rekey needs the keys: set {} or {}",
-                steadfast::seal::KEY_ENV,
-                steadfast::seal::KEY_FILE_ENV
-            )))
-        }
-        None => store,
+        None => std::sync::Arc::new(steadfast::seal::RefuseSealed::new(store)),
     };
     let ctx = cmd::Ctx {
         store,

@@ -96,8 +96,24 @@ fn encrypted_runs_store_no_secret_and_show_it_only_with_the_key() {
     let runs = with_key(&env, None, &["runs"]);
     assert_eq!(code(&runs), 0, "{}", stderr(&runs));
     assert!(String::from_utf8_lossy(&runs.stdout).contains("completed"));
-    let show = with_key(&env, None, &["show", "r", "--json"]);
-    assert!(!String::from_utf8_lossy(&show.stdout).contains(SECRET));
+    // Reading, resuming or deciding a sealed run without a key is refused,
+    // saying what to set, and changes nothing.
+    let before = all_bytes(&env);
+    for args in [
+        vec!["show", "r", "--json"],
+        vec!["history", "r"],
+        vec!["run", flow.to_str().unwrap(), "--run-id", "r"],
+    ] {
+        let out = with_key(&env, None, &args);
+        assert_ne!(code(&out), 0, "{args:?}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains(SECRET));
+        assert!(
+            stderr(&out).contains("STEADFAST_ENCRYPTION_KEY"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(all_bytes(&env), before);
 
     // A wrong key: an error naming the run, no key in it, nothing changed.
     let before = all_bytes(&env);
@@ -228,4 +244,23 @@ fn a_key_file_must_be_private_and_rekey_needs_a_key() {
     );
     let bad = with_key(&env, Some("k1:short"), &["runs"]);
     assert_eq!(code(&bad), 2, "{}", stderr(&bad));
+}
+
+#[test]
+fn steps_never_see_the_keys() {
+    let env = Env::new();
+    let flow = env.flow(
+        "leak.toml",
+        "name = \"leak\"\n[[step]]\nname = \"look\"\nrun = \"printf '{\\\"seen\\\": \\\"%s|%s|%s\\\"}' \\\"$STEADFAST_ENCRYPTION_KEY\\\" \\\"$STEADFAST_ENCRYPTION_KEY_FILE\\\" \\\"$STEADFAST_COSMOS_KEY\\\"\"\n",
+    );
+    let k1 = format!("k1:{K1}");
+    let out = env
+        .cmd(&["run", flow.to_str().unwrap(), "--run-id", "r", "--json"])
+        .env("STEADFAST_ENCRYPTION_KEY", &k1)
+        .env("STEADFAST_COSMOS_KEY", "cosmos-secret")
+        .output()
+        .unwrap();
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["seen"], "||", "a step saw a key: {v}");
 }

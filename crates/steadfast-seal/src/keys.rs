@@ -117,15 +117,28 @@ impl Keyring {
     /// (not a symbolic link) of this user's, mode 0600 or stricter, at most
     /// 64 KiB.
     pub fn from_file(path: &Path) -> Result<Keyring, KeyError> {
-        use std::os::unix::fs::MetadataExt;
+        use std::io::Read;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let shown = path.display();
-        let meta = std::fs::symlink_metadata(path)
+        // Opened once, without following a link and without blocking on a
+        // pipe; every check is made on what was opened.
+        let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags.bits())
+            .open(path)
+            .map_err(|e| {
+                if e.raw_os_error() == Some(nix::libc::ELOOP) {
+                    KeyError(format!(
+                        "key file {shown} is a symbolic link; name the file itself"
+                    ))
+                } else {
+                    KeyError(format!("key file {shown}: {e}"))
+                }
+            })?;
+        let meta = file
+            .metadata()
             .map_err(|e| KeyError(format!("key file {shown}: {e}")))?;
-        if meta.file_type().is_symlink() {
-            return Err(KeyError(format!(
-                "key file {shown} is a symbolic link; name the file itself"
-            )));
-        }
         if !meta.is_file() {
             return Err(KeyError(format!("key file {shown} is not a regular file")));
         }
@@ -141,14 +154,15 @@ impl Keyring {
                 meta.mode() & 0o777
             )));
         }
-        if meta.len() > MAX_KEY_FILE {
+        let mut text = String::new();
+        file.take(MAX_KEY_FILE + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| KeyError(format!("key file {shown}: {e}")))?;
+        if text.len() as u64 > MAX_KEY_FILE {
             return Err(KeyError(format!(
-                "key file {shown} is {} bytes, more than a key file holds",
-                meta.len()
+                "key file {shown} is larger than a key file ({MAX_KEY_FILE} bytes at most)"
             )));
         }
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| KeyError(format!("key file {shown}: {e}")))?;
         Keyring::parse(&text).map_err(|e| KeyError(format!("key file {shown}: {e}")))
     }
 

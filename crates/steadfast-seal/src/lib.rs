@@ -59,8 +59,8 @@ use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::Value;
 use steadfast_core::store::{check_head, check_size, check_state, state_size, SaveRequest};
 use steadfast_core::{
-    Checkpoint, Clock, DueRequest, ListFilter, RunStatus, RunSummary, State, StepRecord, Store,
-    StoreError, StoreErrorKind, SystemClock, Update,
+    Checkpoint, Clock, DueRequest, ListFilter, RunSummary, State, StepRecord, Store, StoreError,
+    StoreErrorKind, SystemClock, Update,
 };
 
 pub use crate::keys::{KeyError, Keyring, KEY_ENV, KEY_FILE_ENV};
@@ -291,16 +291,93 @@ impl Sealer<'_> {
     }
 }
 
+/// A store for callers without keys: a record written through a
+/// [`SealedStore`] is refused with what to set, instead of being read as
+/// plain values (and then resumed, decided or overwritten in clear). Records
+/// written without encryption, and listing, work as before.
+pub struct RefuseSealed {
+    inner: Arc<dyn Store>,
+}
+
+impl std::fmt::Debug for RefuseSealed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RefuseSealed").finish_non_exhaustive()
+    }
+}
+
+impl RefuseSealed {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        RefuseSealed { inner }
+    }
+
+    fn refused(run_id: &str) -> StoreError {
+        StoreError::InvalidInput(format!(
+            "run {run_id:?} is encrypted: set {KEY_ENV} or {KEY_FILE_ENV} to read or change it"
+        ))
+    }
+}
+
+/// Whether anything in `cp` was written by a [`SealedStore`].
+pub fn is_sealed_record(cp: &Checkpoint) -> bool {
+    cp.state.contains_key(SEAL_KEY)
+        || cp.state.values().any(is_sealed)
+        || cp
+            .decisions
+            .iter()
+            .any(|d| d.data.as_ref().is_some_and(is_sealed))
+}
+
+#[async_trait]
+impl Store for RefuseSealed {
+    async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        match self.inner.load(run_id).await? {
+            Some(cp) if is_sealed_record(&cp) => Err(Self::refused(run_id)),
+            other => Ok(other),
+        }
+    }
+    async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+        self.inner.save(req).await
+    }
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
+        self.inner.list(filter).await
+    }
+    async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
+        self.inner.delete(run_id).await
+    }
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        let history = self.inner.history(run_id).await?;
+        if history
+            .iter()
+            .flatten()
+            .any(|r| r.update.values().any(is_sealed))
+        {
+            return Err(Self::refused(run_id));
+        }
+        Ok(history)
+    }
+    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
+        self.inner.claim_due(due).await
+    }
+    async fn wait_for_work(&self, timeout: std::time::Duration) {
+        self.inner.wait_for_work(timeout).await
+    }
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        self.inner.clock()
+    }
+}
+
 /// What [`SealedStore::rekey`] did with one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Rekeyed {
-    /// Everything in it was already sealed with the current key.
+    /// Everything in it (record and step history) was already sealed with
+    /// the current key.
     Current,
     /// It was rewritten under the current key.
     Rewritten,
-    /// It is running under a live lease, or changed while being rewritten:
-    /// left alone; rekey again later.
+    /// A live lease holds it, or it changed while being rewritten: left
+    /// alone; rekey again later.
     Busy,
     /// No such run.
     Absent,
@@ -386,7 +463,9 @@ impl SealedStore {
             .inner
             .clock()
             .map_or_else(|| SystemClock.now(), |c| c.now());
-        if raw.status == RunStatus::Running && raw.lease.as_ref().is_some_and(|l| l.until > now) {
+        // Any live lease: a run loop that holds it (running, or waiting for
+        // its timer in process) would lose its next save to the rewrite.
+        if raw.lease.as_ref().is_some_and(|l| l.until > now) {
             return Ok(Rekeyed::Busy);
         }
         // The record first: a save without a step also snapshots the state,
@@ -540,7 +619,17 @@ impl SealedStore {
     }
 
     /// Opens a loaded record; see the crate's documentation.
-    fn unseal(&self, mut cp: Checkpoint) -> Result<Checkpoint, StoreError> {
+    fn unseal(&self, cp: Checkpoint) -> Result<Checkpoint, StoreError> {
+        // Plain text is taken as it is only for a record that has nothing
+        // sealed in it at all: one that was written without encryption. A
+        // sealed record with plain values in it was tampered with.
+        if self.accept_plaintext && !is_sealed_record(&cp) {
+            return Ok(cp);
+        }
+        self.open_record(cp)
+    }
+
+    fn open_record(&self, mut cp: Checkpoint) -> Result<Checkpoint, StoreError> {
         let run_id = cp.run_id.clone();
         let s = self.sealer(&run_id);
         let plaintext = |place: String| {
@@ -564,7 +653,6 @@ impl SealedStore {
                         s.corrupt(&place, format!("opens to bytes that are not JSON: {e}"))
                     })?);
                 }
-                None if self.accept_plaintext => {}
                 None => return Err(plaintext(place)),
             }
         }
@@ -573,10 +661,6 @@ impl SealedStore {
         for (k, v) in std::mem::take(&mut cp.state) {
             let place = format!("state[{k:?}]");
             if !is_sealed(&v) {
-                if self.accept_plaintext {
-                    state.insert(k, v);
-                    continue;
-                }
                 return Err(plaintext(place));
             }
             let (value, ctx) = s.open_value(&place, &k, &v)?;
@@ -607,7 +691,6 @@ impl SealedStore {
                     ));
                 }
             }
-            None if self.accept_plaintext => {}
             None => return Err(plaintext("state".into())),
         }
         cp.state = state;
@@ -623,16 +706,17 @@ impl SealedStore {
         records
             .into_iter()
             .map(|mut r| {
+                // A record written without encryption, taken as it is only
+                // when migrating, and only if nothing in it is sealed.
+                if self.accept_plaintext && !r.update.values().any(is_sealed) {
+                    return Ok(r);
+                }
                 let mut update = Update::new();
                 for (k, v) in std::mem::take(&mut r.update) {
                     if k == SEAL_KEY {
                         continue;
                     }
                     let place = format!("step {} update[{k:?}]", r.index);
-                    if !is_sealed(&v) && self.accept_plaintext {
-                        update.insert(k, v);
-                        continue;
-                    }
                     let (value, ctx) = s.open_value(&place, &k, &v)?;
                     if ctx != r.index as u64 {
                         return Err(s.corrupt(&place, format!("was sealed for step {ctx}")));

@@ -22,7 +22,9 @@ pub struct RekeyArgs {
     pub migrate_plaintext: bool,
 }
 
-/// Rekeys every run; exit 1 when some were busy and remain to be done.
+/// Rekeys every run; exit 3 when some were busy (run it again), 1 when some
+/// could not be rekeyed (they need a person: tampered, plaintext without
+/// `--migrate-plaintext`, under a key not given).
 pub async fn run(_args: RekeyArgs, ctx: &Ctx) -> Result<i32, Failure> {
     // The CLI wraps the store in the seal whenever keys are given, and
     // refuses `rekey` without them.
@@ -65,15 +67,19 @@ pub async fn run(_args: RekeyArgs, ctx: &Ctx) -> Result<i32, Failure> {
     for f in &failed {
         output::note(format_args!("failed: {f}"));
     }
-    if busy.is_empty() && failed.is_empty() {
-        Ok(exit::OK)
-    } else {
+    if !busy.is_empty() {
         output::note(format_args!(
-            "busy (running under a live lease, or changed meanwhile): {}; run `steadfast rekey` again",
+            "busy (held under a live lease, or changed meanwhile): {}; run `steadfast rekey` again",
             busy.join(", ")
         ));
-        Ok(exit::FAILED)
     }
+    Ok(if !failed.is_empty() {
+        exit::FAILED
+    } else if !busy.is_empty() {
+        exit::HELD
+    } else {
+        exit::OK
+    })
 }
 
 fn sealed_store(ctx: &Ctx) -> &SealedStore {
