@@ -157,6 +157,11 @@ pub struct Checkpoint {
     /// Every gate decision, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub decisions: Vec<Decision>,
+    /// A seal over the head, written by an encrypting wrapper (the
+    /// `steadfast-seal` crate) so that a changed status, wait, decision or
+    /// step count is detected; stores keep it as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
 }
 
 /// Who holds a lease: a process on a host, told apart from a later process with
@@ -353,6 +358,7 @@ impl Checkpoint {
             lease: None,
             wait: None,
             decisions: Vec::new(),
+            seal: None,
         }
     }
 

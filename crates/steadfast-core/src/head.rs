@@ -27,6 +27,8 @@ struct HeadOut<'a> {
     wait: Option<&'a Wait>,
     #[serde(skip_serializing_if = "<[Decision]>::is_empty")]
     decisions: &'a [Decision],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seal: Option<&'a str>,
 }
 
 /// The head document, as read back (absent fields take their defaults).
@@ -45,6 +47,8 @@ struct HeadIn {
     wait: Option<Wait>,
     #[serde(default)]
     decisions: Vec<Decision>,
+    #[serde(default)]
+    seal: Option<String>,
 }
 
 fn fixed_hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
@@ -95,6 +99,7 @@ pub fn encode_head(cp: &Checkpoint) -> Result<String, StoreError> {
             lease: cp.lease.as_ref(),
             wait: cp.wait.as_ref(),
             decisions: &cp.decisions,
+            seal: cp.seal.as_deref(),
         },
         &cp.run_id,
         "head",
@@ -114,6 +119,7 @@ pub fn decode_head(text: &str, cp: &mut Checkpoint) -> Result<(), String> {
     cp.lease = head.lease;
     cp.wait = head.wait;
     cp.decisions = head.decisions;
+    cp.seal = head.seal;
     Ok(())
 }
 

@@ -483,6 +483,7 @@ pub fn merge_head(cp: &Checkpoint, stored: &mut Checkpoint) -> Checkpoint {
         lease: cp.lease.clone(),
         wait: cp.wait.clone(),
         decisions: cp.decisions.clone(),
+        seal: cp.seal.clone(),
     }
 }
 

@@ -57,7 +57,9 @@ use base64::Engine;
 use ring::aead::{Aad, Nonce, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::Value;
-use steadfast_core::store::{check_head, check_size, check_state, state_size, SaveRequest};
+use steadfast_core::store::{
+    check_head, check_size, check_state, state_size, RunCache, SaveRequest,
+};
 use steadfast_core::{
     Checkpoint, Clock, DueRequest, ListFilter, RunSummary, State, StepRecord, Store, StoreError,
     StoreErrorKind, SystemClock, Update,
@@ -77,6 +79,7 @@ enum Purpose {
     Value,
     State,
     Gate,
+    Head,
 }
 
 impl Purpose {
@@ -85,6 +88,7 @@ impl Purpose {
             Purpose::Value => "value",
             Purpose::State => "state",
             Purpose::Gate => "gate",
+            Purpose::Head => "head",
         }
     }
 }
@@ -136,6 +140,11 @@ fn canonical_state(state: &State) -> Vec<u8> {
     let mut out = Vec::new();
     canonical(&Value::Object(state.clone()), &mut out);
     out
+}
+
+/// JSON bytes of a part of the head (plain data: it always serializes).
+fn json_bytes<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).unwrap_or_default()
 }
 
 /// A sealed value taken apart.
@@ -267,6 +276,37 @@ impl Sealer<'_> {
         Ok((plain.to_vec(), env.ctx))
     }
 
+    /// What the head seal covers, besides the run id: the workflow, status,
+    /// wait, decisions (their data sealed), last error, attempts, lease and
+    /// the state's seal (which covers the step count and every value).
+    fn head_material(cp: &Checkpoint, state_tag: &str) -> Vec<u8> {
+        aad(&[
+            cp.workflow.as_bytes(),
+            cp.status.as_str().as_bytes(),
+            &json_bytes(&cp.wait),
+            &json_bytes(&cp.decisions),
+            &json_bytes(&cp.error),
+            cp.attempts.to_string().as_bytes(),
+            &json_bytes(&cp.lease),
+            state_tag.as_bytes(),
+        ])
+    }
+
+    fn seal_head(
+        &self,
+        cp: &Checkpoint,
+        version: u64,
+        state_tag: &str,
+    ) -> Result<String, StoreError> {
+        self.seal(
+            Purpose::Head,
+            "",
+            version,
+            b"",
+            &Self::head_material(cp, state_tag),
+        )
+    }
+
     fn seal_value(&self, key: &str, ctx: u64, value: &Value) -> Result<Value, StoreError> {
         let plain = serde_json::to_vec(value).map_err(|e| {
             StoreError::InvalidInput(format!("run {:?}: value {key:?}: {e}", self.run_id))
@@ -320,7 +360,8 @@ impl RefuseSealed {
 
 /// Whether anything in `cp` was written by a [`SealedStore`].
 pub fn is_sealed_record(cp: &Checkpoint) -> bool {
-    cp.state.contains_key(SEAL_KEY)
+    cp.seal.is_some()
+        || cp.state.contains_key(SEAL_KEY)
         || cp.state.values().any(is_sealed)
         || cp
             .decisions
@@ -390,6 +431,9 @@ pub struct SealedStore {
     keys: Arc<Keyring>,
     accept_plaintext: bool,
     max_state_bytes: Option<u64>,
+    /// Per run: the last version seen and the state's seal then, for the
+    /// head seal of a head-only save (whose state the store keeps).
+    tags: RunCache<(u64, String)>,
 }
 
 impl std::fmt::Debug for SealedStore {
@@ -409,6 +453,7 @@ impl SealedStore {
             keys: Arc::new(keys),
             accept_plaintext: false,
             max_state_bytes: None,
+            tags: RunCache::new(4096),
         }
     }
 
@@ -471,12 +516,7 @@ impl SealedStore {
         // The record first: a save without a step also snapshots the state,
         // so that no step record is merged into it by a load any more.
         let plain = self.unseal(raw.clone())?;
-        let sealed = self.seal_checkpoint(&plain, None, false)?.0;
-        let version = match self
-            .inner
-            .save(SaveRequest::new(&sealed, Some(raw.version)))
-            .await
-        {
+        let version = match Store::save(self, SaveRequest::new(&plain, Some(raw.version))).await {
             Ok(v) => v,
             Err(e) if e.kind() == StoreErrorKind::Conflict => return Ok(Rekeyed::Busy),
             Err(e) => return Err(e),
@@ -531,6 +571,12 @@ impl SealedStore {
         let current = self.keys.current();
         let ok = |v: &Value| key_of(v) == Some(current);
         raw.state.contains_key(SEAL_KEY)
+            && raw
+                .seal
+                .as_deref()
+                .and_then(parse_envelope)
+                .map(|e| e.key_id)
+                == Some(current)
             && raw.state.values().all(ok)
             && raw.decisions.iter().all(|d| d.data.as_ref().is_none_or(ok))
     }
@@ -629,9 +675,42 @@ impl SealedStore {
         self.open_record(cp)
     }
 
+    /// The seal of the state stored at version `expected`, from what this
+    /// store last saw of the run, or else read from the store. A mismatch
+    /// gives an empty seal: the save then conflicts in the store below.
+    async fn stored_tag(&self, run_id: &str, expected: Option<u64>) -> Result<String, StoreError> {
+        let Some(expected) = expected else {
+            return Ok(String::new());
+        };
+        if let Some((v, tag)) = self.tags.get(run_id) {
+            if v == expected {
+                return Ok(tag);
+            }
+        }
+        Ok(match self.inner.load(run_id).await? {
+            Some(raw) if raw.version == expected => raw
+                .state
+                .get(SEAL_KEY)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            _ => String::new(),
+        })
+    }
+
     fn open_record(&self, mut cp: Checkpoint) -> Result<Checkpoint, StoreError> {
         let run_id = cp.run_id.clone();
         let s = self.sealer(&run_id);
+        // What the head seal covers, taken before anything is opened; it is
+        // checked last, so that a changed value is named as such.
+        let state_tag = cp
+            .state
+            .get(SEAL_KEY)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let head_seal = cp.seal.take();
+        let material = Sealer::head_material(&cp, &state_tag);
         let plaintext = |place: String| {
             s.corrupt(
                 &place,
@@ -693,6 +772,31 @@ impl SealedStore {
             }
             None => return Err(plaintext("state".into())),
         }
+        // The head: status, wait, decisions, lease, error and, through the
+        // state's seal, the step count and every value.
+        let Some(head_seal) = head_seal else {
+            return Err(plaintext("head".into()));
+        };
+        let (_, ctx) = s
+            .open("head", Purpose::Head, "", &head_seal, &material)
+            .map_err(|e| match e {
+                StoreError::Corrupt { reason, .. } if reason.contains("does not open") => s
+                    .corrupt(
+                    "head",
+                    "does not match its seal: its status, wait, decisions, lease, error or step \
+                     count was changed, or its state was replaced",
+                ),
+                other => other,
+            })?;
+        if ctx != cp.version {
+            return Err(s.corrupt(
+                "head",
+                format!(
+                    "was sealed for version {ctx} but is stored as version {}: a record was moved or rolled back",
+                    cp.version
+                ),
+            ));
+        }
         cp.state = state;
         Ok(cp)
     }
@@ -734,13 +838,39 @@ impl SealedStore {
 impl Store for SealedStore {
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         match self.inner.load(run_id).await? {
-            Some(cp) => self.unseal(cp).map(Some),
+            Some(cp) => {
+                let tag = cp
+                    .state
+                    .get(SEAL_KEY)
+                    .and_then(Value::as_str)
+                    .map(String::from);
+                let version = cp.version;
+                let opened = self.unseal(cp)?;
+                self.tags.set(run_id, tag.map(|t| (version, t)));
+                Ok(Some(opened))
+            }
             None => Ok(None),
         }
     }
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
-        let (cp, step) = self.seal_checkpoint(req.checkpoint, req.step, req.head_only)?;
+        let run_id = req.checkpoint.run_id.as_str();
+        let (mut cp, step) = self.seal_checkpoint(req.checkpoint, req.step, req.head_only)?;
+        // The head seal covers the state's seal: a head-only save keeps the
+        // stored state, so it takes the stored state's seal.
+        let state_tag = if req.head_only {
+            self.stored_tag(run_id, req.expected).await?
+        } else {
+            cp.state
+                .get(SEAL_KEY)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        cp.seal = Some(
+            self.sealer(run_id)
+                .seal_head(&cp, req.new_version(), &state_tag)?,
+        );
         let mut sealed = SaveRequest::new(&cp, req.expected);
         if req.head_only {
             sealed = sealed.head_only();
@@ -748,7 +878,9 @@ impl Store for SealedStore {
         if let Some(step) = &step {
             sealed = sealed.with_step(step);
         }
-        self.inner.save(sealed).await
+        let version = self.inner.save(sealed).await?;
+        self.tags.set(run_id, Some((version, state_tag)));
+        Ok(version)
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {

@@ -147,11 +147,11 @@ async fn a_flipped_bit_a_removed_value_and_an_added_one_are_detected() -> TestRe
     put_raw(&raw, &cp).await;
     corrupt_about(store.load("r").await.unwrap_err(), "r");
 
-    // Put back, it loads again: the record was never overwritten.
-    let mut cp = raw.load("r").await?.unwrap();
-    cp.state = good.state.clone();
-    put_raw(&raw, &cp).await;
-    assert_eq!(store.load("r").await?.unwrap().state["n"], json!(3));
+    // A refused record is left as it was, by loads and by the run loop.
+    let before = raw.load("r").await?.unwrap();
+    assert!(store.load("r").await.is_err());
+    assert!(run("r", &three_steps(), &store).await.is_err());
+    assert_eq!(raw.load("r").await?.unwrap(), before);
     Ok(())
 }
 
@@ -333,4 +333,86 @@ fn key_files_must_be_private_and_errors_never_show_keys() {
         let err = Keyring::parse(&bad).unwrap_err().to_string();
         assert!(!err.contains(&K1[..20]) && !err.contains(K2), "{err}");
     }
+}
+
+#[tokio::test]
+async fn a_gate_decided_or_a_wait_changed_without_the_key_is_detected() -> TestResult {
+    use steadfast_core::{Decision, OnTimeout, Wait};
+    let raw = Arc::new(MemoryStore::new());
+    let store = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    let wf = Workflow::builder("w")
+        .push(
+            Step::gate("review")
+                .gate_timeout(std::time::Duration::from_secs(3600), OnTimeout::Reject),
+        )
+        .step("ship", |_, _| async { update(json!({"shipped": true})) })
+        .build()?;
+    run("r", &wf, &store).await?;
+    let waiting = raw.load("r").await?.unwrap();
+    let Some(Wait::Gate { since, .. }) = waiting.wait.clone() else {
+        panic!("not waiting: {waiting:?}")
+    };
+    // An approval appended by someone who can write the store.
+    let mut cp = waiting.clone();
+    cp.decisions
+        .push(Decision::approve("review", "mallory", since, None).answering(since));
+    put_raw(&raw, &cp).await;
+    let text = corrupt_about(store.load("r").await.unwrap_err(), "r");
+    assert!(text.contains("head"), "{text}");
+    assert!(
+        run("r", &wf, &store).await.is_err(),
+        "the forged approval passed the gate"
+    );
+    // A timeout turned from reject into approve, due now.
+    let mut cp = raw.load("r").await?.unwrap();
+    cp.decisions = waiting.decisions.clone();
+    cp.wait = Some(Wait::Gate {
+        step: "review".into(),
+        since,
+        timeout_at: Some(since),
+        on_timeout: OnTimeout::Approve,
+    });
+    put_raw(&raw, &cp).await;
+    corrupt_about(store.load("r").await.unwrap_err(), "r");
+    // The status changed.
+    let mut cp = raw.load("r").await?.unwrap();
+    cp.wait = waiting.wait.clone();
+    cp.status = steadfast_core::RunStatus::Completed;
+    put_raw(&raw, &cp).await;
+    corrupt_about(store.load("r").await.unwrap_err(), "r");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_sqlite_run_set_back_a_step_by_sql_is_detected() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    let sqlite = steadfast_sqlite::SqliteStore::open(&path)?;
+    let store = SealedStore::new(Arc::new(sqlite), keys(&format!("k1:{K1}")));
+    run("r", &three_steps(), &store).await?;
+    drop(store);
+    // Every step record carries the state's seal for its step: set `next`
+    // back and the store rebuilds a state that is consistent with it.
+    let conn = rusqlite::Connection::open(&path)?;
+    let snap: i64 = conn.query_row(
+        "SELECT snapshot_next FROM runs WHERE run_id = 'r'",
+        [],
+        |r| r.get(0),
+    )?;
+    conn.execute(
+        "UPDATE runs SET next = next - 1, status = 'failed' WHERE run_id = 'r'",
+        [],
+    )?;
+    if snap == 3 {
+        conn.execute(
+            "UPDATE runs SET snapshot = '{}', snapshot_completed = '[]', snapshot_next = 0 WHERE run_id = 'r'",
+            [],
+        )?;
+    }
+    drop(conn);
+    let sqlite = steadfast_sqlite::SqliteStore::open(&path)?;
+    let store = SealedStore::new(Arc::new(sqlite), keys(&format!("k1:{K1}")));
+    let text = corrupt_about(store.load("r").await.unwrap_err(), "r");
+    assert!(text.contains("head") || text.contains("state"), "{text}");
+    Ok(())
 }
