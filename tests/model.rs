@@ -368,7 +368,15 @@ fn check_record(cp: &Checkpoint, before: &Model) -> Result<(), String> {
         return Err(format!("completed {names:?} at next {}", cp.next));
     }
     let state = Value::Object(cp.state.clone());
-    let want = expected_state(cp.next, &cp.state.get("g").cloned());
+    // The gate's value is the data of the approval that passed it (a timeout
+    // approves with none).
+    let approval = cp
+        .decisions
+        .iter()
+        .rev()
+        .find(|d| d.gate == "g" && d.approved)
+        .map(|d| d.data.clone().unwrap_or(Value::Null));
+    let want = expected_state(cp.next, &approval);
     if state != want {
         return Err(format!(
             "state {state} is not the state after {} steps ({want})",
@@ -392,9 +400,16 @@ async fn apply(w: &World, m: &Model, a: &Action) -> Result<(), String> {
         Action::Advance(s) => w.clock.advance(Duration::from_secs(*s)),
         Action::Approve(k) => {
             let data = Some(json!({ "k": k }));
-            let ok = approve(&*w.store, "r", "g", data, "ada", &*w.clock)
+            let ok = approve(&*w.store, "r", "g", data.clone(), "ada", &*w.clock)
                 .await
                 .is_ok();
+            if ok {
+                let cp = w.stored().await.ok_or("approved a missing run")?;
+                let d = cp.decisions.last().ok_or("no decision recorded")?;
+                if !(d.gate == "g" && d.approved && d.by == "ada" && d.data == data) {
+                    return Err(format!("the approval was recorded as {d:?}"));
+                }
+            }
             let should =
                 m.status == Some(RunStatus::Waiting) && m.gate.is_some() && m.decision.is_none();
             if ok != should {
@@ -405,6 +420,18 @@ async fn apply(w: &World, m: &Model, a: &Action) -> Result<(), String> {
             let ok = reject(&*w.store, "r", "g", Some("no".into()), "bob", &*w.clock)
                 .await
                 .is_ok();
+            if ok {
+                let cp = w.stored().await.ok_or("rejected a missing run")?;
+                let d = cp.decisions.last().ok_or("no decision recorded")?;
+                if !(d.gate == "g" && !d.approved && d.by == "bob")
+                    || cp.status != RunStatus::Rejected
+                {
+                    return Err(format!(
+                        "the rejection was recorded as {d:?}, status {:?}",
+                        cp.status
+                    ));
+                }
+            }
             let should =
                 m.status == Some(RunStatus::Waiting) && m.gate.is_some() && m.decision.is_none();
             if ok != should {
@@ -499,6 +526,28 @@ async fn apply(w: &World, m: &Model, a: &Action) -> Result<(), String> {
                     "step {i}: executions {after:?} from {before_execs:?}, predicted {ran:?}"
                 ));
             }
+        }
+        match (&expect, &cp.wait) {
+            (Expect::Sleeping, Some(Wait::Timer { until, .. })) => {
+                let want = m.timer_until.unwrap_or(now + NAP.as_millis() as u64);
+                if until.unix_millis() != want {
+                    return Err(format!("the timer ends at {until}, expected {want} ms"));
+                }
+            }
+            (Expect::Waiting, Some(Wait::Gate { timeout_at, .. })) => {
+                let want = m
+                    .gate
+                    .map_or(now + GATE_TIMEOUT.as_millis() as u64, |(_, at)| at);
+                if timeout_at.map(|t| t.unix_millis()) != Some(want) {
+                    return Err(format!(
+                        "the gate times out at {timeout_at:?}, expected {want} ms"
+                    ));
+                }
+            }
+            (Expect::Sleeping | Expect::Waiting, other) => {
+                return Err(format!("{expect:?} but the record waits at {other:?}"));
+            }
+            _ => {}
         }
         if expect != Expect::Held && cp.lease.is_some() {
             return Err(format!("a run that returned {expect:?} kept its lease"));

@@ -846,6 +846,43 @@ pub async fn history_rewrite_is_guarded_by_the_version(ts: TestStore) -> CheckRe
                 .await?,
         );
     }
+    // Before any snapshot, a record may still be merged into the state by a
+    // load: a rewrite is refused or, if the store takes it, what load
+    // returns does not change.
+    let v0 = expected.ok_or("no version")?;
+    let before = ts.store.load("r").await?.ok_or("run vanished")?;
+    let early = record(1, "s1", json!({"s1": "one"}), 1);
+    match ts
+        .store
+        .rewrite_history("r", v0, std::slice::from_ref(&early))
+        .await
+    {
+        Err(e) if e.kind() == StoreErrorKind::InvalidInput => {
+            let history = ts.store.history("r").await?.ok_or("history vanished")?;
+            ensure!(
+                history[1] == record(1, "s1", json!({"s1": 1}), 1),
+                "a refused rewrite changed record 1: {:?}",
+                history[1]
+            );
+        }
+        Ok(()) => {
+            let after = ts.store.load("r").await?.ok_or("run vanished")?;
+            ensure!(
+                after == before,
+                "a rewrite changed what load returns: {after:?}"
+            );
+            // Put it back, so the checks below see the original record 1.
+            ts.store
+                .rewrite_history("r", v0, &[record(1, "s1", json!({"s1": 1}), 1)])
+                .await?;
+        }
+        Err(e) => return Err(format!("rewriting a recent record: {e}").into()),
+    }
+    let after = ts.store.load("r").await?.ok_or("run vanished")?;
+    ensure!(
+        after == before,
+        "a rewrite changed what load returns: {after:?}"
+    );
     // A save without a step: every record is history now.
     cp.attempts = 0;
     let v = ts.store.save(SaveRequest::new(&cp, expected)).await?;

@@ -46,8 +46,9 @@ fn data_version(conn: &Connection) -> Option<i64> {
 pub(crate) enum Refused {
     /// The sidecar file could not be opened or locked.
     Io(std::io::Error),
-    /// No one committed for `stall` (or the wait passed its bound).
-    Stalled(Duration),
+    /// No one committed for `stall` (`false`), or the wait passed
+    /// [`MAX_WRITE_WAIT`] (`true`); how long it waited.
+    Stalled(Duration, bool),
 }
 
 /// The turn to write: the queue's lock, held until this is dropped.
@@ -67,9 +68,38 @@ impl Turn {
     }
 }
 
+/// Whether the locked `file` is still the file at `path` (not removed or
+/// replaced meanwhile, which would split the queue in two).
+fn still_there(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::symlink_metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino() && a.nlink() > 0,
+        _ => false,
+    }
+}
+
 /// Waits for this writer's turn as the module's documentation describes.
 pub(crate) fn take_turn(queue: &Path, conn: &Connection, stall: Duration) -> Result<Turn, Refused> {
     let start = Instant::now();
+    // A queue file removed or replaced while it was awaited: queue again on
+    // the file that is there now.
+    for _ in 0..8 {
+        let turn = wait_for_turn(queue, conn, stall, start)?;
+        if turn._file.as_ref().is_some_and(|f| still_there(f, queue)) {
+            return Ok(turn);
+        }
+    }
+    Err(Refused::Io(std::io::Error::other(
+        "the write queue's file keeps being replaced",
+    )))
+}
+
+fn wait_for_turn(
+    queue: &Path,
+    conn: &Connection,
+    stall: Duration,
+    start: Instant,
+) -> Result<Turn, Refused> {
     let file = steadfast_core::local::no_follow(
         OpenOptions::new()
             .read(true)
@@ -124,8 +154,11 @@ pub(crate) fn take_turn(queue: &Path, conn: &Connection, stall: Duration) -> Res
                     seen = version;
                     progress = now;
                 }
-                if now - progress >= stall || now - start >= MAX_WRITE_WAIT {
-                    return Err(Refused::Stalled(now - start));
+                if now - progress >= stall {
+                    return Err(Refused::Stalled(now - start, false));
+                }
+                if now - start >= MAX_WRITE_WAIT {
+                    return Err(Refused::Stalled(now - start, true));
                 }
             }
         }
@@ -142,7 +175,15 @@ pub(crate) fn refused_error(refused: Refused, path: &str, stall: Duration) -> St
             ),
             e,
         ),
-        Refused::Stalled(waited) => StoreError::backend(
+        Refused::Stalled(waited, true) => StoreError::backend(
+            StoreErrorKind::Unavailable,
+            format!(
+                "{path} is busy: waited {:.1} s for the write lock while others committed, \
+                 the longest a write waits; nothing was written",
+                waited.as_secs_f64()
+            ),
+        ),
+        Refused::Stalled(waited, false) => StoreError::backend(
             StoreErrorKind::Unavailable,
             format!(
                 "{path} is busy: waited {:.1} s for the write lock and no one committed for {} \

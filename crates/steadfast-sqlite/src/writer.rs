@@ -94,7 +94,9 @@ enum Reply {
         oneshot::Sender<Result<Acct, StoreError>>,
         Result<Acct, StoreError>,
     ),
+    /// A delete's or a history rewrite's reply, with its run.
     Delete(
+        String,
         oneshot::Sender<Result<bool, StoreError>>,
         Result<bool, StoreError>,
     ),
@@ -272,7 +274,7 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
                 if let Err(e) = &result {
                     broken.get_or_insert_with(|| e.to_string());
                 }
-                replies.push(Reply::Delete(reply, result));
+                replies.push(Reply::Delete(run_id, reply, result));
             }
             Job::Rewrite {
                 run_id,
@@ -280,13 +282,20 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
                 rows,
                 reply,
             } => {
-                let result = apply_rewrite(conn, &run_id, expected, &rows, path);
-                if let Err(e) = &result {
-                    if e.kind() != steadfast_core::StoreErrorKind::Conflict {
-                        broken.get_or_insert_with(|| e.to_string());
-                    }
+                // In a savepoint: whatever goes wrong fails this member
+                // alone and leaves nothing of it, not the batch.
+                let result = conn
+                    .execute_batch("SAVEPOINT rewrite")
+                    .map_err(|e| map_err(e, &format!("rewriting the history of run {run_id:?}")))
+                    .and_then(|()| apply_rewrite(conn, &run_id, expected, &rows, path));
+                let closed = match &result {
+                    Ok(_) => conn.execute_batch("RELEASE rewrite"),
+                    Err(_) => conn.execute_batch("ROLLBACK TO rewrite; RELEASE rewrite"),
+                };
+                if let Err(e) = closed {
+                    broken.get_or_insert_with(|| e.to_string());
                 }
-                replies.push(Reply::Delete(reply, result));
+                replies.push(Reply::Delete(run_id, reply, result));
             }
             Job::Settings { .. } => unreachable!("settings jobs were answered above"),
         }
@@ -328,9 +337,9 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
                 };
                 let _ = tx.send(res);
             }
-            Reply::Delete(tx, res) => {
+            Reply::Delete(run_id, tx, res) => {
                 let res = match res {
-                    Ok(_) if failure.is_some() => Err(batch_error("")),
+                    Ok(_) if failure.is_some() => Err(batch_error(&run_id)),
                     other => other,
                 };
                 let _ = tx.send(res);
