@@ -131,6 +131,9 @@ pub struct Mutants {
     pub lock_data_file: bool,
     /// Treat an undecodable file as an empty store.
     pub fresh_start_on_corrupt: bool,
+    /// Go on to the rename when writing the temp file failed (a full disk):
+    /// a torn file replaces the good one.
+    pub ignore_write_errors: bool,
     /// Sleep this long between reading the file and renaming the new one, to
     /// widen the window in which a missing lock loses updates.
     pub pause_before_rename: Option<Duration>,
@@ -409,7 +412,11 @@ impl<F: Fs> Inner<F> {
         ));
         let sync_file = !self.mutant(|m| m.no_file_fsync);
         let sync_dir = !self.mutant(|m| m.no_dir_fsync);
-        if let Err(e) = self.fs.write_new(&tmp, bytes, sync_file) {
+        let written = match self.fs.write_new(&tmp, bytes, sync_file) {
+            Err(WriteError::Write(_)) if self.mutant(|m| m.ignore_write_errors) => Ok(()),
+            other => other,
+        };
+        if let Err(e) = written {
             let _ = self.fs.remove_file(&tmp);
             return Err(match e {
                 WriteError::Write(e) => StoreError::io(format!("writing {}", tmp.display()), e),
