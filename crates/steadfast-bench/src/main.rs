@@ -13,6 +13,8 @@
 //!                                                      # the PostgreSQL targets
 //! STEADFAST_BENCH_COSMOS='cosmos://127.0.0.1:18081?keyfile=K&cafile=C' \
 //!   cargo run --release -p steadfast-bench -- --stores cosmos   # Cosmos W1, W2
+//!   cargo run --release -p steadfast-bench -- --workloads W1,W2 --stores sqlite,sqlite-sealed
+//!                                                # the cost of encryption
 //! ```
 
 mod baseline;
@@ -118,6 +120,7 @@ pub fn durability(store: &str) -> &'static str {
         "file" => "fsync per checkpoint",
         "sqlite" => "group commit (fsync per batch)",
         "postgres" => "commit per batch (synchronous_commit=on, fsync=on)",
+        "sqlite-sealed" => "group commit (fsync per batch), AES-256-GCM sealed",
         _ => "unknown",
     }
 }

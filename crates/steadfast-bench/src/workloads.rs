@@ -45,7 +45,7 @@ pub fn fresh_url(kind: &str, dir: &Path, tag: &str) -> String {
             let _ = std::fs::remove_file(&p);
             format!("file:{}", p.display())
         }
-        "sqlite" => {
+        "sqlite" | "sqlite-sealed" => {
             let p = dir.join(format!("{tag}.db"));
             remove_db(&p);
             format!("sqlite:{}", p.display())
@@ -71,8 +71,32 @@ fn runs_note(kind: &str, args: &Args) -> &'static str {
     }
 }
 
+/// Opens the store `kind` at `url`: `sqlite-sealed` is SQLite through the
+/// encryption seal, with a fixed bench key.
+async fn open_kind(kind: &str, url: &str) -> Res<Arc<dyn Store>> {
+    let store = open_store(url).await?;
+    if kind.ends_with("-sealed") {
+        let keys =
+            steadfast::seal::Keyring::parse("bench:q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=")?;
+        return Ok(Arc::new(steadfast::seal::SealedStore::new(store, keys)));
+    }
+    Ok(store)
+}
+
 /// Runs every wanted workload on `kind`.
 pub async fn all(kind: &str, args: &Args) -> Res<()> {
+    if kind.ends_with("-sealed") {
+        // W1 and W2 only: the others run child processes on a plain URL.
+        for durable in [false, true] {
+            if args.wants("W1") {
+                w1_w2(kind, args, 1, durable).await?;
+            }
+            if args.wants("W2") {
+                w1_w2(kind, args, 16, durable).await?;
+            }
+        }
+        return Ok(());
+    }
     for durable in [false, true] {
         if args.wants("W1") {
             w1_w2(kind, args, 1, durable).await?;
@@ -142,7 +166,7 @@ async fn w1_w2(kind: &str, args: &Args, concurrency: usize, durable: bool) -> Re
     let mut walls = Vec::new();
     for rep in 0..args.reps() {
         let tag = format!("{}{concurrency}-{rep}", if durable { "d" } else { "w" });
-        let store = open_store(&fresh_url(kind, &args.dir, &tag)).await?;
+        let store = open_kind(kind, &fresh_url(kind, &args.dir, &tag)).await?;
         let wall = if durable {
             run_many_durable(store, "run", runs, concurrency).await?
         } else {
