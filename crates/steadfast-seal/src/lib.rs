@@ -50,6 +50,7 @@
 
 mod keys;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -408,6 +409,14 @@ impl Store for RefuseSealed {
     }
 }
 
+/// What this store last wrote or read of a run's state at `version`: each
+/// value in plain text and as sealed, so that a save can keep the sealed form
+/// of every value that did not change instead of sealing it again.
+struct Known {
+    version: u64,
+    values: HashMap<String, (Value, Value)>,
+}
+
 /// What [`SealedStore::rekey`] did with one run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -434,6 +443,8 @@ pub struct SealedStore {
     /// Per run: the last version seen and the state's seal then, for the
     /// head seal of a head-only save (whose state the store keeps).
     tags: RunCache<(u64, String)>,
+    /// Per run: the sealed values last written or read (see [`Known`]).
+    known: RunCache<Arc<Known>>,
 }
 
 impl std::fmt::Debug for SealedStore {
@@ -454,6 +465,7 @@ impl SealedStore {
             accept_plaintext: false,
             max_state_bytes: None,
             tags: RunCache::new(4096),
+            known: RunCache::new(1024),
         }
     }
 
@@ -587,6 +599,7 @@ impl SealedStore {
         cp: &Checkpoint,
         step: Option<&StepRecord>,
         head_only: bool,
+        known: Option<&Known>,
     ) -> Result<(Checkpoint, Option<StepRecord>), StoreError> {
         // The store below sees only sealed strings: check what they hide as
         // it would, so that nothing is accepted that cannot be loaded back.
@@ -653,10 +666,19 @@ impl SealedStore {
             r.update = update;
             sealed_step = Some(r);
         }
+        let current = self.keys.current();
         for (k, v) in &cp.state {
-            let sealed = match from_step.remove(k) {
-                Some(sealed) => sealed,
-                None => s.seal_value(k, cp.next as u64, v)?,
+            // A value unchanged since this store last saw the run keeps its
+            // sealed form (if sealed with the current key); the state's seal
+            // still covers it.
+            let kept = known
+                .and_then(|kn| kn.values.get(k))
+                .filter(|(plain, sealed)| plain == v && key_of(sealed) == Some(current))
+                .map(|(_, sealed)| sealed.clone());
+            let sealed = match (from_step.remove(k), kept) {
+                (Some(sealed), _) => sealed,
+                (None, Some(sealed)) => sealed,
+                (None, None) => s.seal_value(k, cp.next as u64, v)?,
             };
             out.state.insert(k.clone(), sealed);
         }
@@ -845,8 +867,21 @@ impl Store for SealedStore {
                     .and_then(Value::as_str)
                     .map(String::from);
                 let version = cp.version;
+                let sealed_state = cp.state.clone();
                 let opened = self.unseal(cp)?;
                 self.tags.set(run_id, tag.map(|t| (version, t)));
+                let values = opened
+                    .state
+                    .iter()
+                    .filter_map(|(k, plain)| {
+                        sealed_state
+                            .get(k)
+                            .filter(|v| is_sealed(v))
+                            .map(|sealed| (k.clone(), (plain.clone(), sealed.clone())))
+                    })
+                    .collect();
+                self.known
+                    .set(run_id, Some(Arc::new(Known { version, values })));
                 Ok(Some(opened))
             }
             None => Ok(None),
@@ -855,7 +890,12 @@ impl Store for SealedStore {
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         let run_id = req.checkpoint.run_id.as_str();
-        let (mut cp, step) = self.seal_checkpoint(req.checkpoint, req.step, req.head_only)?;
+        let known = self
+            .known
+            .get(run_id)
+            .filter(|k| Some(k.version) == req.expected);
+        let (mut cp, step) =
+            self.seal_checkpoint(req.checkpoint, req.step, req.head_only, known.as_deref())?;
         // The head seal covers the state's seal: a head-only save keeps the
         // stored state, so it takes the stored state's seal.
         let state_tag = if req.head_only {
@@ -878,8 +918,35 @@ impl Store for SealedStore {
         if let Some(step) = &step {
             sealed = sealed.with_step(step);
         }
-        let version = self.inner.save(sealed).await?;
+        let version = match self.inner.save(sealed).await {
+            Ok(v) => v,
+            Err(e) => {
+                self.known.set(run_id, None);
+                return Err(e);
+            }
+        };
         self.tags.set(run_id, Some((version, state_tag)));
+        let now_known = if req.head_only {
+            known.map(|k| Known {
+                version,
+                values: k.values.clone(),
+            })
+        } else {
+            Some(Known {
+                version,
+                values: req
+                    .checkpoint
+                    .state
+                    .iter()
+                    .filter_map(|(k, plain)| {
+                        cp.state
+                            .get(k)
+                            .map(|sealed| (k.clone(), (plain.clone(), sealed.clone())))
+                    })
+                    .collect(),
+            })
+        };
+        self.known.set(run_id, now_known.map(Arc::new));
         Ok(version)
     }
 

@@ -416,3 +416,37 @@ async fn a_sqlite_run_set_back_a_step_by_sql_is_detected() -> TestResult {
     assert!(text.contains("head") || text.contains("state"), "{text}");
     Ok(())
 }
+
+#[tokio::test]
+async fn unchanged_values_keep_their_ciphertext_and_a_rotated_key_never_is_kept() -> TestResult {
+    let raw = Arc::new(MemoryStore::new());
+    let store = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    run("r", &three_steps(), &store).await?;
+    let mut cp = store.load("r").await?.unwrap();
+    let before = raw.load("r").await?.unwrap();
+    cp.state.insert("n".into(), json!(4));
+    let v = store.save(SaveRequest::new(&cp, Some(cp.version))).await?;
+    let after = raw.load("r").await?.unwrap();
+    assert_eq!(after.version, v);
+    assert_eq!(
+        after.state["secret"], before.state["secret"],
+        "an unchanged value was sealed again"
+    );
+    assert_ne!(after.state["n"], before.state["n"]);
+    assert_eq!(store.load("r").await?.unwrap().state["n"], json!(4));
+    // Under a new current key nothing of the old key is kept.
+    let rotated = SealedStore::new(raw.clone(), keys(&format!("k2:{K2}\nk1:{K1}")));
+    let mut cp = rotated.load("r").await?.unwrap();
+    cp.state.insert("n".into(), json!(5));
+    rotated
+        .save(SaveRequest::new(&cp, Some(cp.version)))
+        .await?;
+    let stored = raw.load("r").await?.unwrap();
+    for (k, v) in &stored.state {
+        assert!(
+            v.as_str().unwrap().starts_with("sf1:k2:"),
+            "{k} kept the old key"
+        );
+    }
+    Ok(())
+}
