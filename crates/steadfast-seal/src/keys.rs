@@ -70,10 +70,14 @@ impl Keyring {
     /// Errors say which entry is wrong, never what it holds.
     pub fn parse(text: &str) -> Result<Keyring, KeyError> {
         let mut keys: Vec<(String, LessSafeKey)> = Vec::new();
+        // Comment lines go first, so that a comma in one splits nothing.
         let entries = text
-            .split(['\n', ','])
+            .lines()
             .map(str::trim)
-            .filter(|e| !e.is_empty() && !e.starts_with('#'));
+            .filter(|line| !line.starts_with('#'))
+            .flat_map(|line| line.split(','))
+            .map(str::trim)
+            .filter(|e| !e.is_empty());
         for (n, entry) in entries.enumerate() {
             let n = n + 1;
             let Some((id, key)) = entry.split_once(':') else {

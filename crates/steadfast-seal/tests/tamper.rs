@@ -310,7 +310,11 @@ fn key_files_must_be_private_and_errors_never_show_keys() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("keys");
-    std::fs::write(&path, format!("# current first\nk2:{K2}\nk1:{K1}\n")).unwrap();
+    std::fs::write(
+        &path,
+        format!("# current first, then the old one\nk2:{K2}\nk1:{K1}\n"),
+    )
+    .unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let err = Keyring::from_file(&path).unwrap_err().to_string();
     assert!(err.contains("chmod 600"), "{err}");
