@@ -42,8 +42,6 @@ pub async fn approve<S: Store + ?Sized>(
     clock: &dyn Clock,
 ) -> Result<Checkpoint, Error> {
     check_decider(run_id, gate, by)?;
-    // JSON null is no data: stored, it would read back as absent.
-    let data = data.filter(|d| !d.is_null());
     if let Some(d) = &data {
         crate::store::check_decision_data(gate, d).map_err(|p| Error::InvalidInput {
             what: format!("the data approving gate {gate:?} of run {run_id:?}"),

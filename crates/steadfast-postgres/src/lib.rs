@@ -539,6 +539,19 @@ pub(crate) async fn stored_version(shared: &Shared, run_id: &str) -> Option<u64>
     Some(row.get::<_, i64>(0) as u64)
 }
 
+/// A lone write statement whose answer never came may have taken effect:
+/// its outcome is unknown, not merely unavailable.
+fn write_error(err: StoreError, run_id: &str) -> StoreError {
+    if err.kind() == StoreErrorKind::Unavailable {
+        StoreError::OutcomeUnknown {
+            run_id: run_id.to_string(),
+            source: err.into(),
+        }
+    } else {
+        err
+    }
+}
+
 /// Connects to the store a `postgres://` or `postgresql://` URL names (`rest`
 /// is what follows the scheme and its colon), creating the schema only when
 /// `create` is set.
@@ -836,17 +849,10 @@ impl Store for PgStore {
             .await
             .map_err(|e| map_err(e, &ctx()))?;
         self.remember(run_id, None);
-        let row = client.query_one(&stmt, &[&run_id]).await.map_err(|e| {
-            let err = map_err(e, &ctx());
-            if err.kind() == StoreErrorKind::Unavailable {
-                StoreError::OutcomeUnknown {
-                    run_id: run_id.to_string(),
-                    source: err.into(),
-                }
-            } else {
-                err
-            }
-        })?;
+        let row = client
+            .query_one(&stmt, &[&run_id])
+            .await
+            .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
         Ok(row.get::<_, i64>(0) > 0)
     }
 
@@ -887,17 +893,7 @@ impl Store for PgStore {
         let row = client
             .query_one(&sql, &[&run_id, &(expected as i64), &idx, &texts])
             .await
-            .map_err(|e| {
-                let err = map_err(e, &ctx());
-                if err.kind() == StoreErrorKind::Unavailable {
-                    StoreError::OutcomeUnknown {
-                        run_id: run_id.to_string(),
-                        source: err.into(),
-                    }
-                } else {
-                    err
-                }
-            })?;
+            .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
         let version: Option<i64> = row.get(0);
         let next: Option<i64> = row.get(1);
         if version != Some(expected as i64) {
