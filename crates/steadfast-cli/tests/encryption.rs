@@ -264,3 +264,82 @@ fn steps_never_see_the_keys() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["seen"], "||", "a step saw a key: {v}");
 }
+
+#[test]
+fn bad_keys_are_usage_errors_that_touch_nothing() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new();
+    let flow = env.flow("f.toml", FLOW);
+    let f = flow.to_str().unwrap();
+    let run_with = |vars: &[(&str, &std::ffi::OsStr)]| {
+        let mut c = env.cmd(&["run", f, "--run-id", "r"]);
+        c.env_remove("STEADFAST_ENCRYPTION_KEY")
+            .env_remove("STEADFAST_ENCRYPTION_KEY_FILE");
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let dir = env.path().join("keydir");
+    std::fs::create_dir(&dir).unwrap();
+    let huge = env.path().join("huge");
+    std::fs::write(&huge, format!("k1:{K1}\n# {}\n", "x".repeat(70_000))).unwrap();
+    let binary = env.path().join("binary");
+    std::fs::write(&binary, b"k1:\xff\xfe\n").unwrap();
+    let fifo = env.path().join("fifo");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    for p in [&huge, &binary, &fifo] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let k1 = format!("k1:{K1}");
+    let non_utf8 = std::ffi::OsStr::from_bytes(b"k1:\xff");
+    let cases: Vec<(&str, Vec<(&str, &std::ffi::OsStr)>)> = vec![
+        ("empty key", vec![("STEADFAST_ENCRYPTION_KEY", "".as_ref())]),
+        (
+            "comment only",
+            vec![("STEADFAST_ENCRYPTION_KEY", "# nothing".as_ref())],
+        ),
+        ("not UTF-8", vec![("STEADFAST_ENCRYPTION_KEY", non_utf8)]),
+        (
+            "both set",
+            vec![
+                ("STEADFAST_ENCRYPTION_KEY", k1.as_ref()),
+                ("STEADFAST_ENCRYPTION_KEY_FILE", huge.as_os_str()),
+            ],
+        ),
+        (
+            "missing file",
+            vec![("STEADFAST_ENCRYPTION_KEY_FILE", "nope".as_ref())],
+        ),
+        (
+            "directory",
+            vec![("STEADFAST_ENCRYPTION_KEY_FILE", dir.as_os_str())],
+        ),
+        (
+            "fifo",
+            vec![("STEADFAST_ENCRYPTION_KEY_FILE", fifo.as_os_str())],
+        ),
+        (
+            "huge file",
+            vec![("STEADFAST_ENCRYPTION_KEY_FILE", huge.as_os_str())],
+        ),
+        (
+            "binary file",
+            vec![("STEADFAST_ENCRYPTION_KEY_FILE", binary.as_os_str())],
+        ),
+    ];
+    for (what, vars) in cases {
+        let out = run_with(&vars);
+        assert_eq!(code(&out), 2, "{what}: {}", stderr(&out));
+        no_key_in(&out);
+        assert!(
+            !env.path().join("runs.db").exists(),
+            "{what}: a store was created"
+        );
+    }
+}

@@ -58,7 +58,7 @@ impl fmt::Debug for Keyring {
     }
 }
 
-fn valid_id(id: &str) -> bool {
+pub(crate) fn valid_id(id: &str) -> bool {
     (1..=32).contains(&id.len())
         && id
             .bytes()

@@ -155,12 +155,26 @@ struct Envelope<'a> {
     body: &'a str,
 }
 
+/// The shortest body: a nonce and a tag, in base64 without padding.
+const MIN_BODY: usize = (NONCE_LEN + 16) * 4 / 3 + 1;
+
+/// Takes a sealed value apart, or `None` for anything not shaped exactly as
+/// this crate writes them (so that a plain string that merely starts with
+/// the prefix is not taken for one).
 fn parse_envelope(text: &str) -> Option<Envelope<'_>> {
     let rest = text.strip_prefix(PREFIX)?;
     let mut parts = rest.splitn(3, ':');
-    let key_id = parts.next()?;
-    let ctx = parts.next()?.parse().ok()?;
-    let body = parts.next()?;
+    let key_id = parts.next().filter(|id| keys::valid_id(id))?;
+    let ctx = parts
+        .next()
+        .filter(|c| !c.is_empty() && c.bytes().all(|b| b.is_ascii_digit()))?
+        .parse()
+        .ok()?;
+    let body = parts.next().filter(|b| {
+        b.len() >= MIN_BODY
+            && b.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || c == b'+' || c == b'/')
+    })?;
     Some(Envelope { key_id, ctx, body })
 }
 

@@ -454,3 +454,95 @@ async fn unchanged_values_keep_their_ciphertext_and_a_rotated_key_never_is_kept(
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn plain_strings_shaped_like_sealed_ones_are_plain_and_odd_envelopes_are_errors() -> TestResult
+{
+    use steadfast_seal::RefuseSealed;
+    let raw = Arc::new(MemoryStore::new());
+    // A run written without encryption whose value only looks sealed.
+    let looks = Workflow::builder("w")
+        .step("a", |_, _| async {
+            update(json!({"v": "sf1:k1:1:not-base64!"}))
+        })
+        .build()?;
+    run("p", &looks, &*raw).await?;
+    let no_key = RefuseSealed::new(raw.clone());
+    assert_eq!(
+        no_key.load("p").await?.unwrap().state["v"],
+        json!("sf1:k1:1:not-base64!")
+    );
+    let migrate = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}"))).accept_plaintext(true);
+    assert_eq!(migrate.rekey("p").await?, Rekeyed::Rewritten);
+    let store = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    assert_eq!(
+        store.load("p").await?.unwrap().state["v"],
+        json!("sf1:k1:1:not-base64!")
+    );
+
+    // Envelopes with an absurd step number, an empty body or a bad key id,
+    // in a sealed record: each an error naming the run, never a panic.
+    run("r", &three_steps(), &store).await?;
+    let good = raw.load("r").await?.unwrap();
+    let body = good.state["n"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_string();
+    for bad in [
+        format!("sf1:k1:99999999999999999999999:{body}"),
+        format!("sf1:k1:-1:{body}"),
+        "sf1:k1:1:".to_string(),
+        format!("sf1:k 1:1:{body}"),
+        format!("sf1:k1:1:{}", "A".repeat(1 << 20)),
+    ] {
+        let mut cp = raw.load("r").await?.unwrap();
+        cp.state.insert("n".into(), json!(bad));
+        put_raw(&raw, &cp).await;
+        corrupt_about(store.load("r").await.unwrap_err(), "r");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_rekeys_of_one_run_at_once_rewrite_it_once() -> TestResult {
+    let raw = Arc::new(MemoryStore::new());
+    let old = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    for i in 0..20 {
+        run(&format!("r{i}"), &three_steps(), &old).await?;
+    }
+    let ring = format!("k2:{K2}\nk1:{K1}");
+    let a = Arc::new(SealedStore::new(raw.clone(), keys(&ring)));
+    let b = Arc::new(SealedStore::new(raw.clone(), keys(&ring)));
+    let mut tasks = Vec::new();
+    for store in [a.clone(), b.clone()] {
+        tasks.push(tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for i in 0..20 {
+                outcomes.push(store.rekey(&format!("r{i}")).await.unwrap());
+            }
+            outcomes
+        }));
+    }
+    let mut rewritten = 0;
+    for t in tasks {
+        rewritten += t
+            .await?
+            .iter()
+            .filter(|o| **o == Rekeyed::Rewritten)
+            .count();
+    }
+    assert!(rewritten >= 20, "only {rewritten} rewrites for 20 runs");
+    // Whatever interleaved, every run is now current and opens with k2 alone.
+    let new = SealedStore::new(raw.clone(), keys(&format!("k2:{K2}")));
+    for i in 0..20 {
+        assert_eq!(a.rekey(&format!("r{i}")).await?, Rekeyed::Current);
+        assert_eq!(
+            new.load(&format!("r{i}")).await?.unwrap().state["n"],
+            json!(3)
+        );
+    }
+    Ok(())
+}

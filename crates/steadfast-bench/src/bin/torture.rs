@@ -37,14 +37,14 @@ struct Args {
     #[arg(long)]
     seed: Option<u64>,
     /// Runs in the store.
-    #[arg(long, default_value_t = 8)]
-    runs: usize,
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    runs: u16,
     /// Steps per run.
-    #[arg(long, default_value_t = 12)]
-    steps: usize,
+    #[arg(long, default_value_t = 12, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    steps: u16,
     /// How long each step sleeps, in milliseconds (so that kills land
     /// inside steps as well as between them).
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     step_ms: u64,
     /// The `steadfast` binary (default: beside this one).
     #[arg(long)]
@@ -96,6 +96,7 @@ fn kill_group(child: &mut Child) {
 
 fn main() {
     let args = Args::parse();
+    let (runs, steps) = (usize::from(args.runs), usize::from(args.steps));
     let seed = args.seed.unwrap_or_else(fastrand_seed);
     let mut rng = Rng(seed.max(1));
     let dir = tempfile::tempdir().expect("a temp dir");
@@ -113,7 +114,7 @@ fn main() {
     });
     let log = dir.path().join("log");
     let mut flow = String::from("name = \"torture\"\n");
-    for i in 0..args.steps {
+    for i in 0..steps {
         flow.push_str(&format!(
             "[[step]]\nname = \"s{i}\"\nrun = \"echo \\\"$STEADFAST_RUN_ID {i}\\\" >> {log}; sleep {secs}; echo '{{\\\"s{i}\\\": {i}}}'\"\n",
             log = log.display(),
@@ -123,7 +124,7 @@ fn main() {
     std::fs::write(dir.path().join("flow.toml"), flow).unwrap();
     println!(
         "torture: store {} seed {seed}: {} kills, {} runs at a time of {} steps",
-        args.store, args.kills, args.runs, args.steps
+        args.store, args.kills, runs, steps
     );
     let start_run = |id: &str| {
         let st = spawn(
@@ -137,7 +138,7 @@ fn main() {
     };
     // The runs being worked on; a completed one is replaced by a new one, so
     // that kills keep landing in unfinished runs.
-    let mut live: Vec<String> = (0..args.runs).map(|i| format!("r{i}")).collect();
+    let mut live: Vec<String> = (0..runs).map(|i| format!("r{i}")).collect();
     let mut ids: Vec<String> = live.clone();
     for id in &live {
         start_run(id);
@@ -225,7 +226,7 @@ fn main() {
         dir.path(),
         &url,
         &ids,
-        args.steps,
+        steps,
         &log,
         &kills_per_run,
         worker_kills,
@@ -242,8 +243,8 @@ fn main() {
         started.elapsed(),
         ids.len(),
         total_execs,
-        ids.len() * args.steps,
-        total_execs.saturating_sub(ids.len() * args.steps),
+        ids.len() * steps,
+        total_execs.saturating_sub(ids.len() * steps),
         violations.len()
     );
     for v in &violations {
