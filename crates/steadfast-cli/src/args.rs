@@ -38,6 +38,16 @@ pub enum Command {
     Reject(cmd::reject::RejectArgs),
     /// Delete a run.
     Delete(cmd::delete::DeleteArgs),
+    /// Cancel a run: a process running it stops at its next step.
+    Cancel(cmd::cancel::CancelArgs),
+    /// Give a failed run's failed step a fresh attempt budget.
+    Retry(cmd::retry::RetryArgs),
+    /// Set a run back so that one of its completed steps runs next.
+    Rewind(cmd::rewind::RewindArgs),
+    /// Copy a run's first steps into a new run that resumes after them.
+    Fork(cmd::fork::ForkArgs),
+    /// Delete finished runs older than a cutoff, in batches.
+    Gc(cmd::gc::GcArgs),
     /// Rewrite every run under the current encryption key (resumable).
     Rekey(cmd::rekey::RekeyArgs),
     /// Internal: runs a step command so that it dies with this process's parent.
@@ -62,4 +72,6 @@ pub mod exit {
     pub const WAITING: i32 = 4;
     /// The run was rejected at a gate.
     pub const REJECTED: i32 = 5;
+    /// The run was cancelled (before the call, or during it).
+    pub const CANCELLED: i32 = 6;
 }

@@ -124,6 +124,11 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Command::Approve(args) => cmd::approve::run(args, &ctx).await,
         Command::Reject(args) => cmd::reject::run(args, &ctx).await,
         Command::Delete(args) => cmd::delete::run(args, &ctx).await,
+        Command::Cancel(args) => cmd::cancel::run(args, &ctx).await,
+        Command::Retry(args) => cmd::retry::run(args, &ctx).await,
+        Command::Rewind(args) => cmd::rewind::run(args, &ctx).await,
+        Command::Fork(args) => cmd::fork::run(args, &ctx).await,
+        Command::Gc(args) => cmd::gc::run(args, &ctx).await,
         Command::Rekey(args) => cmd::rekey::run(args, &ctx).await,
         Command::Supervise { .. } => Ok(exit::USAGE),
     }

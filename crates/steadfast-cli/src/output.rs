@@ -4,7 +4,8 @@
 use std::io::Write;
 
 use serde_json::{json, Value};
-use steadfast::{Checkpoint, Event, RunSummary, StepRecord, Wait};
+use steadfast::stuck::Stuck;
+use steadfast::{AuditEntry, Checkpoint, Event, RunSummary, StepRecord, Wait};
 
 /// Prints a line on stdout. A closed pipe (`steadfast runs | head`) ends the
 /// process quietly instead of panicking.
@@ -170,14 +171,15 @@ fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// `runs`.
-pub fn runs(runs: &[RunSummary], json: bool) {
+/// `runs`: each run with its stuck label, if it has one.
+pub fn runs(runs: &[(RunSummary, Option<Stuck>)], json: bool) {
     if json {
         let list: Vec<Value> = runs
             .iter()
-            .map(|r| {
+            .map(|(r, stuck)| {
                 json!({"run_id": r.run_id, "workflow": r.workflow, "status": r.status, "next": r.next,
-                       "version": r.version, "created_at": r.created_at, "updated_at": r.updated_at})
+                       "version": r.version, "created_at": r.created_at, "updated_at": r.updated_at,
+                       "stuck": stuck_json(stuck.as_ref())})
             })
             .collect();
         out!("{}", Value::Array(list));
@@ -185,17 +187,37 @@ pub fn runs(runs: &[RunSummary], json: bool) {
     }
     let rows: Vec<Vec<String>> = runs
         .iter()
-        .map(|r| {
+        .map(|(r, stuck)| {
             vec![
                 r.run_id.clone(),
                 r.workflow.clone(),
                 r.status.to_string(),
                 r.next.to_string(),
                 r.updated_at.to_string(),
+                stuck
+                    .as_ref()
+                    .map_or(String::new(), |s| format!("{}: {s}", s.label())),
             ]
         })
         .collect();
-    table(&["RUN", "WORKFLOW", "STATUS", "DONE", "UPDATED"], &rows);
+    table(
+        &["RUN", "WORKFLOW", "STATUS", "DONE", "UPDATED", "STUCK"],
+        &rows,
+    );
+}
+
+/// A stuck label as JSON: its short name and its reason, or null.
+fn stuck_json(stuck: Option<&Stuck>) -> Value {
+    match stuck {
+        Some(s) => json!({"label": s.label(), "reason": s.to_string()}),
+        None => Value::Null,
+    }
+}
+
+fn audit_json(e: &AuditEntry) -> Value {
+    let mut v = serde_json::to_value(e).unwrap_or(Value::Null);
+    v["text"] = Value::String(e.action.describe());
+    v
 }
 
 fn step_json(r: &StepRecord) -> Value {
@@ -205,7 +227,7 @@ fn step_json(r: &StepRecord) -> Value {
 }
 
 /// `show`.
-pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
+pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, stuck: Option<&Stuck>, json: bool) {
     if json {
         let steps: Vec<Value> = match history {
             Some(h) => h.iter().map(step_json).collect(),
@@ -221,6 +243,8 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
             "steps_done": steps, "state": cp.state, "version": cp.version,
             "created_at": cp.created_at, "updated_at": cp.updated_at, "attempts": cp.attempts,
             "error": cp.error, "wait": cp.wait, "lease": cp.lease, "decisions": cp.decisions,
+            "audit": cp.audit.iter().map(audit_json).collect::<Vec<_>>(),
+            "stuck": stuck_json(stuck),
         });
         out!("{out}");
         return;
@@ -284,6 +308,17 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
             d.at
         );
     }
+    for e in &cp.audit {
+        out!(
+            "audit     {} by {} at {}",
+            clean(&e.action.describe()),
+            clean(&e.by),
+            e.at
+        );
+    }
+    if let Some(s) = stuck {
+        out!("stuck     {}: {}", s.label(), clean(&s.to_string()));
+    }
     out!();
     match history {
         Some(h) => {
@@ -329,8 +364,9 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, json: bool) {
     );
 }
 
-/// `history`.
-pub fn history(records: &[StepRecord], json: bool) {
+/// `history`: the step records, then the audit entries (with `--json`,
+/// as elements `{"audit": …}` after the steps).
+pub fn history(records: &[StepRecord], audit: &[AuditEntry], json: bool) {
     if json {
         let list: Vec<Value> = records
             .iter()
@@ -339,9 +375,18 @@ pub fn history(records: &[StepRecord], json: bool) {
                 v["update"] = Value::Object(r.update.clone());
                 v
             })
+            .chain(audit.iter().map(|e| json!({"audit": audit_json(e)})))
             .collect();
         out!("{}", Value::Array(list));
         return;
+    }
+    for e in audit {
+        out!(
+            "audit  {} by {} at {}",
+            clean(&e.action.describe()),
+            clean(&e.by),
+            e.at
+        );
     }
     let rows: Vec<Vec<String>> = records
         .iter()

@@ -93,4 +93,7 @@ impl<S: Store> Store for FaultyStore<S> {
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         self.inner.delete(run_id).await
     }
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        self.inner.delete_if(run_id, version).await
+    }
 }

@@ -28,6 +28,9 @@ pub enum RunStatus {
     Sleeping,
     /// A gate was rejected: the run is over.
     Rejected,
+    /// Someone cancelled the run ([`cancel`](crate::ops::cancel)): no step
+    /// runs again unless a person rewinds or retries it.
+    Cancelled,
 }
 
 impl RunStatus {
@@ -41,6 +44,7 @@ impl RunStatus {
             RunStatus::Waiting => "waiting",
             RunStatus::Sleeping => "sleeping",
             RunStatus::Rejected => "rejected",
+            RunStatus::Cancelled => "cancelled",
         }
     }
 }
@@ -62,8 +66,9 @@ impl std::str::FromStr for RunStatus {
             "waiting" => Ok(RunStatus::Waiting),
             "sleeping" => Ok(RunStatus::Sleeping),
             "rejected" => Ok(RunStatus::Rejected),
+            "cancelled" => Ok(RunStatus::Cancelled),
             other => Err(format!(
-                "unknown status {other:?} (expected pending, running, completed, failed, waiting, sleeping or rejected)"
+                "unknown status {other:?} (expected pending, running, completed, failed, waiting, sleeping, rejected or cancelled)"
             )),
         }
     }
@@ -162,6 +167,147 @@ pub struct Checkpoint {
     /// step count is detected; stores keep it as given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seal: Option<String>,
+    /// What people did to the run by hand (cancel, retry, rewind, fork),
+    /// oldest first; at most [`MAX_AUDIT_ENTRIES`], the oldest dropped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub audit: Vec<AuditEntry>,
+}
+
+/// The most audit entries a run keeps ([`Checkpoint::audit`]): beyond it,
+/// the oldest go, so that a run operated on again and again keeps a head of
+/// bounded size.
+pub const MAX_AUDIT_ENTRIES: usize = 64;
+
+/// The most rewound steps one [`AuditAction::Rewind`] lists by name; the
+/// rest are counted in its `more`.
+pub const MAX_REWOUND_LISTED: usize = 100;
+
+/// One hand operation on a run: what, who, when.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct AuditEntry {
+    /// What was done.
+    pub action: AuditAction,
+    /// Who did it (`--by`, or the user running the command).
+    pub by: String,
+    /// When, on the operator's clock.
+    pub at: Timestamp,
+}
+
+impl AuditEntry {
+    /// An entry for `action` by `by` at `at`.
+    pub fn new(action: AuditAction, by: &str, at: Timestamp) -> Self {
+        AuditEntry {
+            action,
+            by: by.to_string(),
+            at,
+        }
+    }
+}
+
+/// What a hand operation did (see [`ops`](crate::ops)).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum AuditAction {
+    /// The run was cancelled.
+    Cancel {
+        /// Its status before.
+        was: RunStatus,
+        /// Why, if given.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// A failed run's error and attempt count were cleared.
+    Retry {
+        /// The failed step's index.
+        index: usize,
+        /// Its name.
+        step: String,
+        /// Attempts it had used.
+        attempts: u32,
+        /// The error it had.
+        error: String,
+    },
+    /// The run was set back to step `to`: steps `to..from` are to run again.
+    Rewind {
+        /// The step that runs next (its index).
+        to: usize,
+        /// Its name.
+        step: String,
+        /// `next` before the rewind.
+        from: usize,
+        /// The status before.
+        was: RunStatus,
+        /// The rewound steps as their history recorded them (the first
+        /// [`MAX_REWOUND_LISTED`]); their updates are no longer part of the
+        /// state.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        rewound: Vec<RewoundStep>,
+        /// Rewound steps not listed.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        more: usize,
+    },
+    /// This run was made as a copy of another one's first `at` steps.
+    Fork {
+        /// The run it was forked from.
+        from_run: String,
+        /// The step it resumes at (its index): the original's steps below it
+        /// are this run's.
+        at: usize,
+        /// That step's name.
+        step: String,
+    },
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// A step undone by a rewind, as its history row recorded it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RewoundStep {
+    /// Its index.
+    pub index: usize,
+    /// Its name.
+    pub name: String,
+    /// The attempt that had succeeded.
+    pub attempt: u32,
+    /// When that attempt started.
+    pub started_at: Timestamp,
+    /// When it returned.
+    pub finished_at: Timestamp,
+}
+
+impl AuditAction {
+    /// A one-line account, for `show` and `history`.
+    pub fn describe(&self) -> String {
+        match self {
+            AuditAction::Cancel { was, reason } => match reason {
+                Some(r) => format!("cancelled (was {was}): {r}"),
+                None => format!("cancelled (was {was})"),
+            },
+            AuditAction::Retry {
+                index,
+                step,
+                attempts,
+                ..
+            } => format!(
+                "retry: cleared the error and {attempts} used attempt(s) of step {index} ({step})"
+            ),
+            AuditAction::Rewind {
+                to,
+                step,
+                from,
+                was,
+                ..
+            } => format!("rewound to step {to} ({step}) from next step {from} (was {was}); steps {to}..{from} run again"),
+            AuditAction::Fork { from_run, at, step } => {
+                format!("forked from run {from_run:?} at step {at} ({step})")
+            }
+        }
+    }
 }
 
 /// Who holds a lease: a process on a host, told apart from a later process with
@@ -359,6 +505,17 @@ impl Checkpoint {
             wait: None,
             decisions: Vec::new(),
             seal: None,
+            audit: Vec::new(),
+        }
+    }
+
+    /// Appends an audit entry, dropping the oldest beyond
+    /// [`MAX_AUDIT_ENTRIES`].
+    pub fn push_audit(&mut self, entry: AuditEntry) {
+        self.audit.push(entry);
+        if self.audit.len() > MAX_AUDIT_ENTRIES {
+            let extra = self.audit.len() - MAX_AUDIT_ENTRIES;
+            self.audit.drain(..extra);
         }
     }
 
@@ -383,8 +540,8 @@ impl Checkpoint {
     /// - `waiting`: at once when its gate has a decision for this wait (at
     ///   the epoch, whatever the decider's clock), else at the gate's
     ///   timeout, else never;
-    /// - `completed`, `rejected`, `failed`: never (a failed run used up its
-    ///   attempts; running it again is a person's call).
+    /// - `completed`, `rejected`, `failed`, `cancelled`: never (a failed run
+    ///   used up its attempts; running it again is a person's call).
     ///
     /// A lease still held pushes the time to the lease's end.
     ///
@@ -442,7 +599,10 @@ impl Checkpoint {
                 }
                 _ => Some(self.updated_at),
             },
-            RunStatus::Completed | RunStatus::Rejected | RunStatus::Failed => None,
+            RunStatus::Completed
+            | RunStatus::Rejected
+            | RunStatus::Failed
+            | RunStatus::Cancelled => None,
         }
     }
 

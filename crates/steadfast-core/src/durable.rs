@@ -266,10 +266,13 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                     });
             }
             RunStatus::Rejected => return Ok(rejected(&cp).into()),
+            RunStatus::Cancelled => return Err(crate::ops::cancelled(&cp)),
             _ => {}
         }
         let mut session = Session::new(cp, expected, usize::MAX, 0);
-        session.claim(&runner).await?;
+        if let Err(e) = session.claim(&runner).await {
+            return Err(runner.explain_conflict(run_id, e).await);
+        }
         let ctx = DurableCtx {
             shared: Arc::new(Shared {
                 runner,
@@ -310,7 +313,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                 Ok(Outcome::Completed(value))
             }
             Err(Error::Suspended(suspension)) => Ok(suspension.into()),
-            Err(e) => Err(e),
+            Err(e) => Err(shared.runner.explain_conflict(run_id, e).await),
         }
     }
 }
@@ -813,9 +816,19 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             tokio::select! {
                 r = &mut fut => return Ok(r),
                 _ = tokio::time::sleep(every) => {
-                    let mut s = self.shared.session.lock().await;
-                    let s = &mut *s;
-                    s.renew(self.runner()).await?;
+                    let mut guard = self.shared.session.lock().await;
+                    let s = &mut *guard;
+                    if let Err(e) = s.renew(self.runner()).await {
+                        let run_id = s.cp.run_id.clone();
+                        drop(guard);
+                        let e = self.runner().explain_conflict(&run_id, e).await;
+                        if matches!(e, Error::Cancelled { .. }) {
+                            // Cancelled: the step may finish within the
+                            // grace period; its result is not saved.
+                            let _ = tokio::time::timeout(self.runner().cancel_grace, &mut fut).await;
+                        }
+                        return Err(e);
+                    }
                 }
             }
         }

@@ -13,6 +13,10 @@ use crate::outcome::Event;
 use crate::store::Store;
 use crate::workflow::Workflow;
 
+/// How long a running step may go on after its run was cancelled, unless
+/// [`Runner::cancel_grace`] says otherwise.
+pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(10);
+
 type Observer = Arc<dyn Fn(&Event<'_>) + Send + Sync>;
 type TakeoverHook = Arc<dyn Fn(&Lease) + Send + Sync>;
 
@@ -26,6 +30,7 @@ pub struct Runner<'s, S: Store + ?Sized> {
     pub(crate) lease: Option<(Owner, Duration)>,
     pub(crate) wait_for_timers: bool,
     pub(crate) takeover: Option<TakeoverHook>,
+    pub(crate) cancel_grace: Duration,
     #[cfg(feature = "mutants")]
     pub(crate) mutant_skip_reload_after_unknown: bool,
     #[cfg(feature = "mutants")]
@@ -70,6 +75,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             lease: None,
             wait_for_timers: false,
             takeover: None,
+            cancel_grace: DEFAULT_CANCEL_GRACE,
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: false,
             #[cfg(feature = "mutants")]
@@ -87,6 +93,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             lease: self.lease.clone(),
             wait_for_timers: self.wait_for_timers,
             takeover: self.takeover.clone(),
+            cancel_grace: self.cancel_grace,
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: self.mutant_skip_reload_after_unknown,
             #[cfg(feature = "mutants")]
@@ -177,6 +184,28 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     pub fn on_takeover(mut self, f: impl Fn(&Lease) + Send + Sync + 'static) -> Self {
         self.takeover = Some(Arc::new(f));
         self
+    }
+
+    /// How long a step that is running when its run is cancelled may go on
+    /// before it is dropped (for the `steadfast` command: its process group
+    /// killed). The run stops either way, and the step's result is not
+    /// saved. The cancel is seen at the next lease renewal (every third of
+    /// the lease) or save. Default: [`DEFAULT_CANCEL_GRACE`].
+    pub fn cancel_grace(mut self, grace: Duration) -> Self {
+        self.cancel_grace = grace;
+        self
+    }
+
+    /// After a call failed with a conflict: [`Error::Cancelled`] when the
+    /// conflicting save was a cancel, else the error as it was.
+    pub(crate) async fn explain_conflict(&self, run_id: &str, e: Error) -> Error {
+        if !e.is_conflict() {
+            return e;
+        }
+        match self.store.load(run_id).await {
+            Ok(Some(cp)) if cp.status == crate::RunStatus::Cancelled => crate::ops::cancelled(&cp),
+            _ => e,
+        }
     }
 
     /// Sleeps through durable timers instead of stopping at them.

@@ -387,6 +387,18 @@ pub enum Error {
         /// Where the run stands instead.
         detail: String,
     },
+    /// The run was cancelled ([`ops::cancel`](crate::ops::cancel)): before
+    /// this call, or while it ran (it stopped at a step boundary, or after
+    /// the cancel grace period).
+    #[error("run {run_id:?} was cancelled by {by}{}", .reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default())]
+    Cancelled {
+        /// The run.
+        run_id: String,
+        /// Who cancelled it.
+        by: String,
+        /// Why, if they said.
+        reason: Option<String>,
+    },
     /// A durable function stopped at a gate or timer (or was rejected there).
     /// Pass it on with `?`: [`Runner::durable`](crate::Runner::durable) turns
     /// it into the matching [`Outcome`](crate::Outcome).

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::checkpoint::{Checkpoint, Decision, Lease, StepFailure, Wait};
+use crate::checkpoint::{AuditEntry, Checkpoint, Decision, Lease, StepFailure, Wait};
 use crate::error::StoreError;
 
 /// The head document, as written.
@@ -29,6 +29,8 @@ struct HeadOut<'a> {
     decisions: &'a [Decision],
     #[serde(skip_serializing_if = "Option::is_none")]
     seal: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[AuditEntry]>::is_empty")]
+    audit: &'a [AuditEntry],
 }
 
 /// The head document, as read back (absent fields take their defaults).
@@ -49,6 +51,8 @@ struct HeadIn {
     decisions: Vec<Decision>,
     #[serde(default)]
     seal: Option<String>,
+    #[serde(default)]
+    audit: Vec<AuditEntry>,
 }
 
 fn fixed_hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
@@ -100,6 +104,7 @@ pub fn encode_head(cp: &Checkpoint) -> Result<String, StoreError> {
             wait: cp.wait.as_ref(),
             decisions: &cp.decisions,
             seal: cp.seal.as_deref(),
+            audit: &cp.audit,
         },
         &cp.run_id,
         "head",
@@ -120,6 +125,7 @@ pub fn decode_head(text: &str, cp: &mut Checkpoint) -> Result<(), String> {
     cp.wait = head.wait;
     cp.decisions = head.decisions;
     cp.seal = head.seal;
+    cp.audit = head.audit;
     Ok(())
 }
 

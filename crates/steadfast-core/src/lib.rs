@@ -35,25 +35,28 @@ mod ids;
 pub mod limits;
 pub mod local;
 mod memory;
+pub mod ops;
 mod outcome;
 mod process;
+pub mod retention;
 mod run;
 mod session;
 mod state;
 pub mod store;
+pub mod stuck;
 mod typed;
 pub mod worker;
 mod workflow;
 
 pub use checkpoint::{
-    Checkpoint, Decision, Lease, OnTimeout, Owner, RunStatus, StepFailure, StepRecord, Wait,
-    CHECKPOINT_FORMAT,
+    AuditAction, AuditEntry, Checkpoint, Decision, Lease, OnTimeout, Owner, RewoundStep, RunStatus,
+    StepFailure, StepRecord, Wait, CHECKPOINT_FORMAT, MAX_AUDIT_ENTRIES,
 };
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use ctx::StepCtx;
 pub use decide::{approve, reject};
 pub use durable::{durable, DurableCtx, StepOptions};
-pub use engine::Runner;
+pub use engine::{Runner, DEFAULT_CANCEL_GRACE};
 pub use error::{error_chain, BoxError, Error, StepError, StoreError, StoreErrorKind};
 pub use ids::{idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES};
 pub use memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};

@@ -148,6 +148,19 @@ impl Store for MemoryStore {
         Ok(self.runs().remove(run_id).is_some())
     }
 
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        let mut runs = self.runs();
+        match runs.get(run_id).map(|e| e.checkpoint.version) {
+            None => Ok(false),
+            Some(v) if v == version => Ok(runs.remove(run_id).is_some()),
+            found => Err(StoreError::Conflict {
+                run_id: run_id.to_string(),
+                expected: Some(version),
+                found,
+            }),
+        }
+    }
+
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         Ok(self.runs().get(run_id).map(|e| e.history.clone()))
     }

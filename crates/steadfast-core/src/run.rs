@@ -58,15 +58,32 @@ impl<S: Store + ?Sized> Runner<'_, S> {
                 (self.verify(cp, workflow)?, Some(version))
             }
         };
+        if cp.status == RunStatus::Cancelled {
+            return Err(crate::ops::cancelled(&cp));
+        }
         for (index, step) in cp.completed.iter().enumerate() {
             self.emit(Event::Skipped { index, step });
         }
         if cp.status == RunStatus::Rejected {
             return Ok(rejected(&cp).into());
         }
+
         if cp.status == RunStatus::Completed || cp.next >= workflow.steps().len() {
             return Ok(Outcome::Completed(cp.state));
         }
+        match self.run_steps(cp, expected, workflow).await {
+            Err(e) => Err(self.explain_conflict(run_id, e).await),
+            done => done,
+        }
+    }
+
+    /// Runs the steps from `cp.next` on.
+    async fn run_steps(
+        &self,
+        cp: Checkpoint,
+        expected: Option<u64>,
+        workflow: &Workflow,
+    ) -> Result<Outcome, Error> {
         // The listed steps as a durable function over the same record: each
         // step, gate and timer is the context's, in order.
         let total = workflow.steps().len();

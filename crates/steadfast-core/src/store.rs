@@ -209,6 +209,24 @@ pub trait Store: Send + Sync {
     /// - MUST be durable like `save`.
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError>;
 
+    /// Deletes run `run_id` only if its stored version is still `version`:
+    /// what retention uses, so that a run that changed since it was listed
+    /// (retried, rewound, claimed again) is never deleted on old news.
+    /// Returns whether it existed.
+    ///
+    /// Optional: the default answers [`StoreError::Unsupported`]. Contract,
+    /// for stores that implement it:
+    /// - MUST fail with [`StoreError::Conflict`] and delete nothing when the
+    ///   run exists with another version;
+    /// - MUST answer `Ok(false)` for an absent run, and be durable like
+    ///   [`delete`](Store::delete) otherwise.
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        let _ = (run_id, version);
+        Err(StoreError::Unsupported(
+            "this store cannot delete a run on condition of its version".into(),
+        ))
+    }
+
     /// The run's per-step history: one [`StepRecord`] per completed step, in
     /// index order, as the saves that completed them carried.
     ///
@@ -370,6 +388,9 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         (**self).delete(run_id).await
     }
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        (**self).delete_if(run_id, version).await
+    }
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         (**self).history(run_id).await
     }
@@ -484,6 +505,7 @@ pub fn merge_head(cp: &Checkpoint, stored: &mut Checkpoint) -> Checkpoint {
         wait: cp.wait.clone(),
         decisions: cp.decisions.clone(),
         seal: cp.seal.clone(),
+        audit: cp.audit.clone(),
     }
 }
 

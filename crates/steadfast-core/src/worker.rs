@@ -214,6 +214,10 @@ pub struct WorkerReport {
     pub failed: u64,
     /// Calls that found the run held by another worker, or lost it to one.
     pub lost: u64,
+    /// Calls that found the run cancelled, or stopped because it was.
+    pub cancelled: u64,
+    /// Finished runs deleted by the worker's retention policy.
+    pub collected: u64,
     /// Runs still going when the grace period ran out, stopped, and their
     /// leases released.
     pub abandoned: u64,
@@ -242,6 +246,7 @@ pub struct Worker {
     grace: Duration,
     configure: Option<Configure>,
     on_end: Option<OnEnd>,
+    retention: Option<(crate::retention::Retention, Duration)>,
 }
 
 type OnEnd = Arc<dyn Fn(&str, &RunEnd) + Send + Sync>;
@@ -259,6 +264,8 @@ pub enum RunEnd {
     /// Another worker holds the run, or took it over (this worker was fenced
     /// out: its save or renewal was refused).
     Lost(Error),
+    /// The run was cancelled, before or during the call.
+    Cancelled(Error),
 }
 
 impl std::fmt::Debug for Worker {
@@ -298,7 +305,20 @@ impl Worker {
             grace: DEFAULT_GRACE,
             configure: None,
             on_end: None,
+            retention: None,
         }
+    }
+
+    /// Applies `policy` every `every` (at least a second) while the worker
+    /// runs: finished runs older than the policy's age are deleted in the
+    /// background, in batches, as [`retention::collect`](crate::retention::collect)
+    /// does. Several workers may share the duty: a run deleted by one is
+    /// skipped by the others. The runs deleted are counted in
+    /// [`WorkerReport::collected`]; a policy out of range fails
+    /// [`run`](Worker::run) before anything is taken.
+    pub fn retention(mut self, policy: crate::retention::Retention, every: Duration) -> Self {
+        self.retention = Some((policy, every.max(Duration::from_secs(1))));
+        self
     }
 
     /// Runs up to `n` runs at once (at least 1, at most 10,000).
@@ -373,8 +393,14 @@ impl Worker {
                 what: "the worker's lease".into(),
                 reason,
             })?;
+        if let Some((policy, _)) = &self.retention {
+            policy.check()?;
+        }
         let mut report = WorkerReport::default();
         let worker = Arc::new(self);
+        let mut gc: Option<tokio::task::JoinHandle<Result<crate::retention::GcReport, Error>>> =
+            None;
+        let mut next_gc = tokio::time::Instant::now();
         let names: Vec<String> = worker
             .registry
             .names()
@@ -389,6 +415,9 @@ impl Worker {
         let mut state = Book::default();
         tokio::pin!(shutdown);
         'taking: loop {
+            worker
+                .tend_retention(&mut gc, &mut next_gc, &mut report)
+                .await;
             // Take what is due, up to the free slots, leaving out the runs
             // this worker has in hand or is leaving alone for a while.
             let free = worker.concurrency.saturating_sub(state.running.len());
@@ -439,6 +468,12 @@ impl Worker {
                 () = std::future::ready(()), if !idle => {}
             }
         }
+        if let Some(task) = gc.take() {
+            task.abort();
+            if let Ok(Ok(done)) = task.await {
+                report.collected += done.deleted;
+            }
+        }
         // Shutdown: no more taking; the running calls get the grace period.
         let deadline = tokio::time::sleep(worker.grace);
         tokio::pin!(deadline);
@@ -463,6 +498,43 @@ impl Worker {
         Ok(report)
     }
 
+    /// Starts the retention pass when it is due, and books one that ended.
+    async fn tend_retention(
+        &self,
+        gc: &mut Option<tokio::task::JoinHandle<Result<crate::retention::GcReport, Error>>>,
+        next: &mut tokio::time::Instant,
+        report: &mut WorkerReport,
+    ) {
+        let Some((policy, every)) = &self.retention else {
+            return;
+        };
+        if let Some(task) = gc.take_if(|t| t.is_finished()) {
+            match task.await {
+                Ok(Ok(done)) => {
+                    report.collected += done.deleted;
+                    if done.deleted > 0 {
+                        tracing::info!(deleted = done.deleted, "retention deleted finished runs");
+                    }
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %crate::error::chain(&e), "retention failed; trying again at its next turn")
+                }
+                Err(e) => tracing::error!(error = %e, "the retention task panicked"),
+            }
+        }
+        let now = tokio::time::Instant::now();
+        if gc.is_some() || now < *next {
+            return;
+        }
+        *next = now + *every;
+        let store = Arc::clone(&self.store);
+        let policy = policy.clone();
+        *gc = Some(tokio::spawn(async move {
+            let now = Runner::new(&*store).now();
+            crate::retention::collect(&*store, &policy, now, |_| {}).await
+        }));
+    }
+
     async fn release_quietly(&self, run_id: &str) {
         if let Err(e) = release(&*self.store, run_id, &self.owner).await {
             tracing::warn!(run_id, error = %e, "could not release the lease of a stopped run; it lapses by itself");
@@ -483,6 +555,7 @@ impl Worker {
                     Verdict::Suspended => report.suspended += 1,
                     Verdict::Failed => report.failed += 1,
                     Verdict::Lost => report.lost += 1,
+                    Verdict::Cancelled => report.cancelled += 1,
                 }
                 match verdict {
                     Verdict::Failed | Verdict::Lost => state.back_off(run_id, self.poll),
@@ -523,6 +596,7 @@ impl Worker {
         };
         let end = match outcome {
             Ok(v) => v,
+            Err(e @ Error::Cancelled { .. }) => RunEnd::Cancelled(e),
             Err(e) if e.is_held_elsewhere() => RunEnd::Lost(e),
             Err(e) => RunEnd::Failed(e),
         };
@@ -532,6 +606,9 @@ impl Worker {
             }
             RunEnd::Failed(e) => {
                 tracing::warn!(run_id, error = %crate::error::chain(e), "run failed")
+            }
+            RunEnd::Cancelled(e) => {
+                tracing::info!(run_id, error = %crate::error::chain(e), "run cancelled")
             }
             _ => {}
         }
@@ -543,6 +620,7 @@ impl Worker {
             RunEnd::Suspended => Verdict::Suspended,
             RunEnd::Failed(_) => Verdict::Failed,
             RunEnd::Lost(_) => Verdict::Lost,
+            RunEnd::Cancelled(_) => Verdict::Cancelled,
         }
     }
 }
@@ -593,6 +671,7 @@ enum Verdict {
     Suspended,
     Failed,
     Lost,
+    Cancelled,
 }
 
 fn verdict_of<T>(o: &Outcome<T>) -> RunEnd {

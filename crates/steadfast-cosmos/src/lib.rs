@@ -954,6 +954,75 @@ fn step_item(key: &str, gen: &str, step: &StepRecord) -> serde_json::Map<String,
     m
 }
 
+impl CosmosStore {
+    /// Deletes a run, at version `expected` when given.
+    async fn delete_at(&self, run_id: &str, expected: Option<u64>) -> Result<bool, StoreError> {
+        let key = encode_run_id(run_id);
+
+        self.shared.accts.set(run_id, None);
+        let hid = head_id(&key);
+        // The head first, as it was read (If-Match): once it is gone the run
+        // is absent. A head that changed meanwhile is read again.
+        let mut gen = None;
+        for _ in 0..5 {
+            let Some(head) = self.read_item(&key, &hid, run_id).await? else {
+                return Ok(false);
+            };
+            let etag = head
+                .get("_etag")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            if let Some(expected) = expected {
+                let found = head.get("version").and_then(Value::as_u64);
+                if found != Some(expected) {
+                    return Err(StoreError::Conflict {
+                        run_id: run_id.to_string(),
+                        expected: Some(expected),
+                        found,
+                    });
+                }
+            }
+            if self.delete_item(&key, &hid, run_id, Some(etag)).await? {
+                gen = head.get("gen").and_then(Value::as_str).map(str::to_string);
+                break;
+            }
+        }
+        let Some(gen) = gen else {
+            return Err(StoreError::unavailable(format!(
+                "deleting run {run_id:?} from {}: its head kept changing",
+                self.shared.display
+            )));
+        };
+        // Then this generation's other items. What is left of them after a
+        // failure here is never read (a run created again gets a new
+        // generation), so the delete stands and the failure is only logged.
+        let rest = self
+            .query_partition(
+                &key,
+                run_id,
+                "SELECT c.id FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind != 'head'",
+                json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}]),
+            )
+            .await;
+        let ids: Vec<String> = match rest {
+            Ok(items) => items
+                .iter()
+                .filter_map(|i| i.get("id").and_then(Value::as_str).map(str::to_string))
+                .collect(),
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "the run is deleted; its history could not be listed for removal");
+                Vec::new()
+            }
+        };
+        for id in ids {
+            if let Err(e) = self.delete_item(&key, &id, run_id, None).await {
+                tracing::warn!(run_id, item = %id, error = %e, "the run is deleted; an item of it could not be removed");
+            }
+        }
+        Ok(true)
+    }
+}
+
 #[async_trait]
 impl Store for CosmosStore {
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -1339,58 +1408,11 @@ impl Store for CosmosStore {
     }
 
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
-        let key = encode_run_id(run_id);
-        self.shared.accts.set(run_id, None);
-        let hid = head_id(&key);
-        // The head first, as it was read (If-Match): once it is gone the run
-        // is absent. A head that changed meanwhile is read again.
-        let mut gen = None;
-        for _ in 0..5 {
-            let Some(head) = self.read_item(&key, &hid, run_id).await? else {
-                return Ok(false);
-            };
-            let etag = head
-                .get("_etag")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            if self.delete_item(&key, &hid, run_id, Some(etag)).await? {
-                gen = head.get("gen").and_then(Value::as_str).map(str::to_string);
-                break;
-            }
-        }
-        let Some(gen) = gen else {
-            return Err(StoreError::unavailable(format!(
-                "deleting run {run_id:?} from {}: its head kept changing",
-                self.shared.display
-            )));
-        };
-        // Then this generation's other items. What is left of them after a
-        // failure here is never read (a run created again gets a new
-        // generation), so the delete stands and the failure is only logged.
-        let rest = self
-            .query_partition(
-                &key,
-                run_id,
-                "SELECT c.id FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind != 'head'",
-                json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}]),
-            )
-            .await;
-        let ids: Vec<String> = match rest {
-            Ok(items) => items
-                .iter()
-                .filter_map(|i| i.get("id").and_then(Value::as_str).map(str::to_string))
-                .collect(),
-            Err(e) => {
-                tracing::warn!(run_id, error = %e, "the run is deleted; its history could not be listed for removal");
-                Vec::new()
-            }
-        };
-        for id in ids {
-            if let Err(e) = self.delete_item(&key, &id, run_id, None).await {
-                tracing::warn!(run_id, item = %id, error = %e, "the run is deleted; an item of it could not be removed");
-            }
-        }
-        Ok(true)
+        self.delete_at(run_id, None).await
+    }
+
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        self.delete_at(run_id, Some(version)).await
     }
 
     /// Due runs by the heads' `wake_at`, in one cross-partition query (no

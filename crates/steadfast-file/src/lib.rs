@@ -539,6 +539,28 @@ impl<F: Fs> Store for FileStore<F> {
         })
         .await
     }
+
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        let run_id = run_id.to_string();
+        let writes = run_id.clone();
+        self.blocking(Some(&writes), move |inner| {
+            inner.update(&run_id, |image| {
+                match image.runs.get(&run_id).map(|c| c.version) {
+                    None => Ok((false, false)),
+                    Some(v) if v == version => {
+                        image.runs.remove(&run_id);
+                        Ok((true, true))
+                    }
+                    found => Err(StoreError::Conflict {
+                        run_id: run_id.clone(),
+                        expected: Some(version),
+                        found,
+                    }),
+                }
+            })
+        })
+        .await
+    }
 }
 
 /// Decodes `bytes` as the contents of a store file, as opening one does, and

@@ -168,6 +168,7 @@ pub(crate) struct Sql {
     history: String,
     list: String,
     delete: String,
+    delete_if: String,
     claim: String,
     version: String,
 }
@@ -234,6 +235,13 @@ impl Sql {
                 "WITH d AS (DELETE FROM {s}.runs WHERE run_id = $1 RETURNING run_id),
                       s AS (DELETE FROM {s}.steps WHERE run_id = $1)
                  SELECT count(*) FROM d",
+            ),
+            // The version the statement's snapshot saw comes back too, to
+            // tell a conflict from an absent run.
+            delete_if: text(
+                "WITH d AS (DELETE FROM {s}.runs WHERE run_id = $1 AND version = $2 RETURNING run_id),
+                      s AS (DELETE FROM {s}.steps WHERE run_id IN (SELECT run_id FROM d))
+                 SELECT (SELECT count(*) FROM d), (SELECT version FROM {s}.runs WHERE run_id = $1)",
             ),
             // The server's clock decides what is due; a reservation lapses
             // by itself after the hold.
@@ -854,6 +862,31 @@ impl Store for PgStore {
             .await
             .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
         Ok(row.get::<_, i64>(0) > 0)
+    }
+
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let ctx = || format!("deleting run {run_id:?} from {}", self.shared.display);
+        let stmt = client
+            .prepare_cached(&self.shared.sql.delete_if)
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        self.remember(run_id, None);
+        let row = client
+            .query_one(&stmt, &[&run_id, &(version as i64)])
+            .await
+            .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
+        if row.get::<_, i64>(0) > 0 {
+            return Ok(true);
+        }
+        match row.get::<_, Option<i64>>(1) {
+            None => Ok(false),
+            found => Err(StoreError::Conflict {
+                run_id: run_id.to_string(),
+                expected: Some(version),
+                found: found.map(|v| v as u64),
+            }),
+        }
     }
 
     async fn rewrite_history(

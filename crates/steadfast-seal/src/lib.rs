@@ -401,6 +401,9 @@ impl Store for RefuseSealed {
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         self.inner.delete(run_id).await
     }
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        self.inner.delete_if(run_id, version).await
+    }
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         let history = self.inner.history(run_id).await?;
         if history
@@ -970,6 +973,9 @@ impl Store for SealedStore {
 
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         self.inner.delete(run_id).await
+    }
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        self.inner.delete_if(run_id, version).await
     }
 
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {

@@ -228,6 +228,22 @@ pub(crate) fn read_settings(conn: &Connection, path: &str) -> Result<Settings, S
 }
 
 impl SqliteStore {
+    /// Deletes a run, at version `expected` when given.
+    async fn delete_at(&self, run_id: &str, expected: Option<u64>) -> Result<bool, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.submit(Job::Delete {
+            run_id: run_id.to_string(),
+            expected,
+            reply: tx,
+        })
+        .await;
+        self.remember(run_id, None);
+        rx.await.map_err(|_| StoreError::OutcomeUnknown {
+            run_id: run_id.to_string(),
+            source: self.writer_gone().into(),
+        })?
+    }
+
     /// Opens (creating if needed) the database at `path` with default options.
     ///
     /// A missing parent directory is created with mode 0700 and a new database
@@ -818,17 +834,11 @@ impl Store for SqliteStore {
     }
 
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
-        let (tx, rx) = oneshot::channel();
-        self.submit(Job::Delete {
-            run_id: run_id.to_string(),
-            reply: tx,
-        })
-        .await;
-        self.remember(run_id, None);
-        rx.await.map_err(|_| StoreError::OutcomeUnknown {
-            run_id: run_id.to_string(),
-            source: self.writer_gone().into(),
-        })?
+        self.delete_at(run_id, None).await
+    }
+
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        self.delete_at(run_id, Some(version)).await
     }
 
     async fn rewrite_history(

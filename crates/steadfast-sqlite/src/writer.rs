@@ -72,6 +72,8 @@ pub(crate) enum Job {
     Save(Box<SaveJob>),
     Delete {
         run_id: String,
+        /// Delete only at this version (a conflict otherwise).
+        expected: Option<u64>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
     /// Replaces step records' updates, guarded by the run's version.
@@ -269,10 +271,16 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
                 }
                 replies.push(Reply::Save(save.run_id, save.reply, result));
             }
-            Job::Delete { run_id, reply } => {
-                let result = apply_delete(conn, &run_id, path);
+            Job::Delete {
+                run_id,
+                expected,
+                reply,
+            } => {
+                let result = apply_delete(conn, &run_id, expected, path);
                 if let Err(e) = &result {
-                    broken.get_or_insert_with(|| e.to_string());
+                    if e.kind() != steadfast_core::StoreErrorKind::Conflict {
+                        broken.get_or_insert_with(|| e.to_string());
+                    }
                 }
                 replies.push(Reply::Delete(run_id, reply, result));
             }
@@ -593,8 +601,31 @@ fn apply_rewrite(
     Ok(true)
 }
 
-fn apply_delete(conn: &Connection, run_id: &str, path: &str) -> Result<bool, StoreError> {
+fn apply_delete(
+    conn: &Connection,
+    run_id: &str,
+    expected: Option<u64>,
+    path: &str,
+) -> Result<bool, StoreError> {
     let ctx = format!("deleting run {run_id:?} in {path}");
+    if let Some(expected) = expected {
+        // Checked before anything is deleted: a conflict leaves no trace.
+        let found: Option<i64> = conn
+            .prepare_cached("SELECT version FROM runs WHERE run_id = ?1")
+            .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
+            .map_err(|e| map_err(e, &ctx))?;
+        match found {
+            None => return Ok(false),
+            Some(v) if v as u64 == expected => {}
+            Some(v) => {
+                return Err(StoreError::Conflict {
+                    run_id: run_id.to_string(),
+                    expected: Some(expected),
+                    found: Some(v as u64),
+                })
+            }
+        }
+    }
     conn.prepare_cached("DELETE FROM steps WHERE run_id = ?1")
         .and_then(|mut st| st.execute([run_id]))
         .map_err(|e| map_err(e, &ctx))?;

@@ -23,7 +23,13 @@ pub async fn run(args: HistoryArgs, ctx: &Ctx) -> Result<i32, Failure> {
         Ok(None) => return Err(no_such_run(id, ctx)),
         Err(e) => return Err(read_error(id, e)),
     };
-    output::history(&history, args.json);
+    // The audit entries live in the run's record.
+    let audit = match ctx.store.load(id).await {
+        Ok(Some(cp)) => cp.audit,
+        Ok(None) => Vec::new(),
+        Err(e) => return Err(read_error(id, e)),
+    };
+    output::history(&history, &audit, args.json);
     Ok(exit::OK)
 }
 

@@ -2,10 +2,15 @@
 //! opened store and returns the exit code, or a [`Failure`].
 
 pub mod approve;
+pub mod cancel;
 pub mod delete;
+pub mod fork;
+pub mod gc;
 pub mod history;
 pub mod reject;
 pub mod rekey;
+pub mod retry;
+pub mod rewind;
 pub mod run;
 pub mod runs;
 pub mod show;
@@ -71,6 +76,7 @@ fn classify(e: &anyhow::Error) -> i32 {
     }
     if let Some(err) = e.downcast_ref::<Error>() {
         return match err {
+            Error::Cancelled { .. } => exit::CANCELLED,
             e if e.is_held_elsewhere() => exit::HELD,
             Error::InvalidRunId { .. }
             | Error::InvalidInput { .. }

@@ -30,6 +30,10 @@ pub struct RunArgs {
     /// Resume even though the flow's steps differ from the recorded ones.
     #[arg(long)]
     pub accept_changed_workflow: bool,
+    /// When the run is cancelled while a step runs, how long the step may
+    /// go on before its process group is killed (0 to 1h).
+    #[arg(long, default_value = "10s", value_parser = super::worker::parse_grace)]
+    pub cancel_grace: Duration,
 }
 
 /// Parses `--lease`: a duration within [`steadfast::limits::LEASE`].
@@ -47,6 +51,7 @@ pub async fn run(args: RunArgs, ctx: &Ctx) -> Result<i32, Failure> {
         .lease(current_owner(), args.lease)
         .wait_for_timers(args.wait)
         .accept_changed_workflow(args.accept_changed_workflow)
+        .cancel_grace(args.cancel_grace)
         .on_takeover({
             let run_id = run_id.to_string();
             move |old| command::stop_steps_of(&old.owner, &run_id)

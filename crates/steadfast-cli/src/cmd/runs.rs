@@ -1,11 +1,15 @@
-//! `steadfast runs`: list runs, filtered.
+//! `steadfast runs`: list runs, filtered, each labelled when it is stuck.
+
+use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
-use steadfast::{ListFilter, RunStatus};
+use steadfast::stuck::{diagnose, Stuck};
+use steadfast::{ListFilter, RunStatus, Workflow};
 
 use super::{usage, Ctx, Failure};
 use crate::args::exit;
-use crate::output;
+use crate::{flow, output};
 
 /// Arguments of `runs`.
 #[derive(clap::Args, Debug)]
@@ -19,13 +23,50 @@ pub struct RunsArgs {
     /// At most this many.
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Only runs that cannot make progress by themselves, with the reason.
+    #[arg(long)]
+    pub stuck: bool,
+    /// How long past its time a run may be before it counts as stuck.
+    #[arg(long, default_value = "1m", value_parser = parse_after)]
+    pub stuck_after: Duration,
+    /// Flow files to check the records against: a run whose recorded steps
+    /// differ from its flow's is labelled workflow-changed.
+    #[arg(long = "flow", value_name = "FLOW")]
+    pub flows: Vec<PathBuf>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
 }
 
+/// Parses `--stuck-after`: 0 to 30 days.
+pub(crate) fn parse_after(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d > Duration::from_secs(30 * 24 * 3600) {
+        return Err("it must be at most 30 days".into());
+    }
+    Ok(d)
+}
+
+/// The flows given with `--flow`, by name.
+pub(crate) fn load_flows(paths: &[PathBuf]) -> Result<Vec<Workflow>, Failure> {
+    let mut out: Vec<Workflow> = Vec::new();
+    for p in paths {
+        let wf = flow::load(p)?;
+        if out.iter().any(|w| w.name() == wf.name()) {
+            return Err(usage(format!(
+                "{}: another flow file given is also named {:?}",
+                p.display(),
+                wf.name()
+            )));
+        }
+        out.push(wf);
+    }
+    Ok(out)
+}
+
 /// Prints the runs that match.
 pub async fn run(args: RunsArgs, ctx: &Ctx) -> Result<i32, Failure> {
+    let flows = load_flows(&args.flows)?;
     let mut filter = ListFilter::new();
     if let Some(s) = args.status {
         let status = s
@@ -36,10 +77,51 @@ pub async fn run(args: RunsArgs, ctx: &Ctx) -> Result<i32, Failure> {
     if let Some(w) = args.workflow {
         filter = filter.workflow(w);
     }
-    if let Some(n) = args.limit {
+    if let Some(n) = args.limit.filter(|_| !args.stuck) {
         filter = filter.limit(n);
     }
     let runs = ctx.store.list(&filter).await.context("listing runs")?;
-    output::runs(&runs, args.json);
+    let now = ctx.clock().now();
+    let mut labelled = Vec::with_capacity(runs.len());
+    for r in runs {
+        let finished = matches!(
+            r.status,
+            RunStatus::Completed | RunStatus::Rejected | RunStatus::Cancelled
+        );
+        let stuck = if finished {
+            None
+        } else {
+            label(ctx, &r.run_id, now, args.stuck_after, &flows).await?
+        };
+        if args.stuck && stuck.is_none() {
+            continue;
+        }
+        labelled.push((r, stuck));
+        if args.stuck && args.limit.is_some_and(|n| labelled.len() >= n) {
+            break;
+        }
+    }
+    output::runs(&labelled, args.json);
     Ok(exit::OK)
+}
+
+/// The stuck label of one run (loaded again: a list carries no lease or
+/// wait). A run deleted meanwhile has none.
+pub(crate) async fn label(
+    ctx: &Ctx,
+    run_id: &str,
+    now: steadfast::Timestamp,
+    after: Duration,
+    flows: &[Workflow],
+) -> Result<Option<Stuck>, Failure> {
+    let Some(cp) = ctx
+        .store
+        .load(run_id)
+        .await
+        .with_context(|| format!("loading run {run_id:?}"))?
+    else {
+        return Ok(None);
+    };
+    let wf = flows.iter().find(|w| w.name() == cp.workflow);
+    Ok(diagnose(&cp, now, after, wf))
 }

@@ -11,6 +11,12 @@ use crate::output;
 pub struct ShowArgs {
     /// The run's id.
     pub id: String,
+    /// How long past its time a run may be before it counts as stuck.
+    #[arg(long, default_value = "1m", value_parser = super::runs::parse_after)]
+    pub stuck_after: std::time::Duration,
+    /// Flow files to check the record against (see `runs --flow`).
+    #[arg(long = "flow", value_name = "FLOW")]
+    pub flows: Vec<std::path::PathBuf>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -20,6 +26,7 @@ pub struct ShowArgs {
 pub async fn run(args: ShowArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let id = args.id.as_str();
     steadfast::validate_run_id(id)?;
+    let flows = super::runs::load_flows(&args.flows)?;
     let cp = ctx
         .store
         .load(id)
@@ -41,6 +48,8 @@ pub async fn run(args: ShowArgs, ctx: &Ctx) -> Result<i32, Failure> {
         }
         Err(e) => return Err(super::history::read_error(id, e)),
     };
-    output::show(&cp, history.as_deref(), args.json);
+    let wf = flows.iter().find(|w| w.name() == cp.workflow);
+    let stuck = steadfast::stuck::diagnose(&cp, ctx.clock().now(), args.stuck_after, wf);
+    output::show(&cp, history.as_deref(), stuck.as_ref(), args.json);
     Ok(exit::OK)
 }

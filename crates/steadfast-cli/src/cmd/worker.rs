@@ -41,7 +41,7 @@ fn parse_poll(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-fn parse_grace(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_grace(text: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
     if d > Duration::from_secs(3600) {
         return Err("the grace period must be at most 1h".into());
@@ -81,15 +81,17 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
         ctx.url,
         args.concurrency
     ));
+    let grace = args.grace;
     let report = Worker::new(Arc::clone(&ctx.store), registry)
         .concurrency(args.concurrency as usize)
         .lease(args.lease)
         .poll(args.poll)
         .grace(args.grace)
-        .configure(|run_id, r| {
+        .configure(move |run_id, r| {
             let id = run_id.to_string();
             r.on_takeover(move |old| command::stop_steps_of(&old.owner, &id))
                 .observer(output::progress_of(run_id))
+                .cancel_grace(grace)
         })
         .on_run_end(|run_id, end| match end {
             RunEnd::Lost(e) => output::note(format_args!(
@@ -102,13 +104,18 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
                 output::clean(run_id),
                 output::clean(&steadfast::error_chain(e))
             )),
+            RunEnd::Cancelled(e) => output::note(format_args!(
+                "{}  cancelled: {}",
+                output::clean(run_id),
+                output::clean(&steadfast::error_chain(e))
+            )),
             _ => {}
         })
         .run(shutdown)
         .await?;
     output::note(format_args!(
-        "steadfast worker: stopped; {} taken, {} completed, {} waiting or sleeping, {} failed, {} held by others, {} stopped mid-run",
-        report.taken, report.completed, report.suspended, report.failed, report.lost, report.abandoned
+        "steadfast worker: stopped; {} taken, {} completed, {} waiting or sleeping, {} failed, {} held by others, {} cancelled, {} stopped mid-run",
+        report.taken, report.completed, report.suspended, report.failed, report.lost, report.cancelled, report.abandoned
     ));
     Ok(exit::OK)
 }

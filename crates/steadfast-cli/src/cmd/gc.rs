@@ -1,0 +1,98 @@
+//! `steadfast gc --older-than DURATION`: delete finished runs.
+
+use std::time::Duration;
+
+use steadfast::retention::{collect, Retention};
+use steadfast::RunStatus;
+
+use super::{usage, Ctx, Failure};
+use crate::args::exit;
+use crate::output;
+
+/// Arguments of `gc`.
+#[derive(clap::Args, Debug)]
+pub struct GcArgs {
+    /// Delete runs last saved longer ago than this (for example 30d).
+    #[arg(long, value_parser = parse_age)]
+    pub older_than: Duration,
+    /// Only these statuses, comma-separated (default: completed, failed,
+    /// rejected and cancelled; never a run still going).
+    #[arg(long, value_delimiter = ',')]
+    pub status: Vec<String>,
+    /// Runs listed and deleted per batch (1 to 10000).
+    #[arg(long, default_value_t = steadfast::retention::DEFAULT_BATCH)]
+    pub batch: usize,
+    /// Count what would be deleted; delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_age(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d > steadfast::retention::MAX_AGE {
+        return Err("the age must be at most 100 years".into());
+    }
+    Ok(d)
+}
+
+/// Deletes in batches, with progress on stderr.
+pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
+    let mut policy = Retention::new(args.older_than)
+        .batch(args.batch)
+        .dry_run(args.dry_run);
+    if !args.status.is_empty() {
+        let statuses = args
+            .status
+            .iter()
+            .map(|s| s.trim().parse::<RunStatus>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| usage(format!("--status: {e}")))?;
+        policy = policy.statuses(statuses);
+    }
+    policy.check()?;
+    let now = ctx.clock().now();
+    let verb = if args.dry_run {
+        "would delete"
+    } else {
+        "deleted"
+    };
+    let dry = args.dry_run;
+    let report = collect(&*ctx.store, &policy, now, |r| {
+        if dry {
+            output::note(format_args!(
+                "gc: batch {}: {} run(s) would be deleted so far",
+                r.batches, r.matched
+            ));
+        } else {
+            output::note(format_args!(
+                "gc: batch {}: {} deleted so far, {} changed since listed (kept)",
+                r.batches, r.deleted, r.changed
+            ));
+        }
+    })
+    .await?;
+    let count = if args.dry_run {
+        report.matched
+    } else {
+        report.deleted
+    };
+    if args.json {
+        output::out!(
+            "{}",
+            serde_json::json!({"matched": report.matched, "deleted": report.deleted,
+                               "changed": report.changed, "batches": report.batches,
+                               "dry_run": args.dry_run})
+        );
+    }
+    output::note(format_args!(
+        "gc: {verb} {count} run(s) last saved before {}",
+        steadfast::Timestamp::from_unix_millis(
+            now.unix_millis()
+                .saturating_sub(args.older_than.as_millis().min(u64::MAX as u128) as u64)
+        )
+    ));
+    Ok(exit::OK)
+}

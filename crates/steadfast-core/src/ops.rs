@@ -1,0 +1,524 @@
+//! Operations a person performs on a run's record by hand: cancel, retry,
+//! rewind and fork. Each one is a compare-and-swap save of the run (a fork:
+//! of the new run), and leaves an [`AuditEntry`] (what, who, when) in the
+//! record, which `show` and `history` print.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use serde_json::json;
+//! use steadfast_core::{ops, run, update, MemoryStore, Outcome, SystemClock, Workflow};
+//!
+//! let wf = Workflow::builder("count")
+//!     .step("one", |_, _| async { update(json!({"one": 1})) })
+//!     .step("two", |_, s| async move { update(json!({"two": s["one"].as_i64().unwrap() + 1})) })
+//!     .build()?;
+//! let store = MemoryStore::new();
+//! run("r", &wf, &store).await?;
+//! // Step "two" runs again on the state as it was after "one".
+//! let cp = ops::rewind(&store, "r", "two", "ada", &SystemClock).await?;
+//! assert_eq!((cp.next, cp.state.get("two")), (1, None));
+//! assert!(matches!(run("r", &wf, &store).await?, Outcome::Completed(_)));
+//! // A copy of the run's first step, resuming at "two", under a new id.
+//! let fork = ops::fork(&store, "r", "two", "r-copy", "ada", &SystemClock).await?;
+//! assert_eq!(fork.completed, vec!["one".to_string()]);
+//! # Ok::<(), steadfast_core::Error>(())
+//! # }).unwrap();
+//! ```
+
+use std::collections::HashSet;
+
+use crate::checkpoint::{
+    AuditAction, AuditEntry, Checkpoint, Lease, RewoundStep, RunStatus, StepRecord,
+    MAX_REWOUND_LISTED,
+};
+use crate::clock::{Clock, Timestamp};
+use crate::engine::{standing, store_error, Standing};
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::limits::MAX_REASON_BYTES;
+use crate::state::State;
+use crate::store::{SaveRequest, Store};
+
+/// Keys of a run's state that the engine writes without a step record: the
+/// result of a durable function, which a rewind or fork takes away.
+const ENGINE_KEYS: [&str; 1] = ["__result"];
+
+/// Cancels run `run_id`: its status becomes [`RunStatus::Cancelled`], its
+/// lease and wait are cleared, and no worker takes it again. A process that
+/// holds it finds out at its next save or lease renewal and stops there
+/// (see [`Runner::cancel_grace`](crate::Runner::cancel_grace)); `run` of a
+/// cancelled run fails with [`Error::Cancelled`].
+///
+/// A completed, rejected or already cancelled run is refused with
+/// [`Error::InvalidInput`]; `reason` is at most
+/// [`MAX_REASON_BYTES`](crate::limits::MAX_REASON_BYTES).
+pub async fn cancel<S: Store + ?Sized>(
+    store: &S,
+    run_id: &str,
+    reason: Option<String>,
+    by: &str,
+    clock: &dyn Clock,
+) -> Result<Checkpoint, Error> {
+    check_operator(run_id, "cancel", by)?;
+    if let Some(r) = &reason {
+        if r.len() > MAX_REASON_BYTES {
+            return Err(Error::InvalidInput {
+                what: format!("the reason for cancelling run {run_id:?}"),
+                reason: format!(
+                    "it is {} bytes, over the limit of {MAX_REASON_BYTES}; nothing was written",
+                    r.len()
+                ),
+            });
+        }
+    }
+    modify(store, run_id, "cancel", clock, |cp, now| {
+        if matches!(
+            cp.status,
+            RunStatus::Completed | RunStatus::Rejected | RunStatus::Cancelled
+        ) {
+            return Err(refused(
+                run_id,
+                "cancel",
+                format!("it is already {}", cp.status),
+            ));
+        }
+        let was = cp.status;
+        cp.status = RunStatus::Cancelled;
+        cp.lease = None;
+        cp.wait = None;
+        cp.push_audit(AuditEntry::new(
+            AuditAction::Cancel {
+                was,
+                reason: reason.clone(),
+            },
+            by,
+            now,
+        ));
+        Ok(())
+    })
+    .await
+}
+
+/// The error for a call of cancelled run `cp`, from its last cancel.
+pub(crate) fn cancelled(cp: &Checkpoint) -> Error {
+    let last = cp.audit.iter().rev().find_map(|e| match &e.action {
+        AuditAction::Cancel { reason, .. } => Some((e.by.clone(), reason.clone())),
+        _ => None,
+    });
+    let (by, reason) = last.unwrap_or_else(|| ("someone".into(), None));
+    Error::Cancelled {
+        run_id: cp.run_id.clone(),
+        by,
+        reason,
+    }
+}
+
+/// Retries failed run `run_id`: clears its error and the attempts its
+/// failed step used, so that the next `run` or worker tries that step again
+/// with its whole retry budget. Only a [`RunStatus::Failed`] run can be
+/// retried ([`Error::InvalidInput`] otherwise).
+pub async fn retry<S: Store + ?Sized>(
+    store: &S,
+    run_id: &str,
+    by: &str,
+    clock: &dyn Clock,
+) -> Result<Checkpoint, Error> {
+    check_operator(run_id, "retry", by)?;
+    modify(store, run_id, "retry", clock, |cp, now| {
+        if cp.status != RunStatus::Failed {
+            return Err(refused(
+                run_id,
+                "retry",
+                format!("it is {}, and only a failed run is retried", cp.status),
+            ));
+        }
+        let (index, step, error) = match &cp.error {
+            Some(e) => (e.index, e.step.clone(), e.message.clone()),
+            None => (cp.next, String::new(), String::new()),
+        };
+        let action = AuditAction::Retry {
+            index,
+            step,
+            attempts: cp.attempts,
+            error: crate::limits::cut_middle(error, 1024),
+        };
+        cp.status = RunStatus::Running;
+        cp.error = None;
+        cp.attempts = 0;
+        cp.lease = None;
+        cp.push_audit(AuditEntry::new(action, by, now));
+        Ok(())
+    })
+    .await
+}
+
+/// Rewinds run `run_id` so that step `to` (a completed step's name, or its
+/// index) runs next, on the state as it was after the step before it,
+/// rebuilt from the run's per-step history. The steps from `to` on run again
+/// at the next `run` or by a worker; the record's audit entry lists them as
+/// their history had them (the history rows themselves are replaced as they
+/// run again). Decisions stay in the record; a rewound gate waits for a new
+/// one.
+///
+/// Needs a store that keeps per-step history ([`Store::history`]). A run
+/// that a live process holds is refused with [`Error::Held`]: cancel it, or
+/// wait for it to stop. Works on durable functions the same way: the code
+/// replays the steps before `to` and goes live there, and the divergence
+/// check still applies.
+pub async fn rewind<S: Store + ?Sized>(
+    store: &S,
+    run_id: &str,
+    to: &str,
+    by: &str,
+    clock: &dyn Clock,
+) -> Result<Checkpoint, Error> {
+    check_operator(run_id, "rewind", by)?;
+    let mut contended = None;
+    for _ in 0..10 {
+        let mut cp = load(store, run_id, "rewind").await?;
+        check_not_held(&cp, clock.now())?;
+        let at = step_index(&cp, to, "rewind")?;
+        let history = full_history(store, &cp, "rewind").await?;
+        let state = state_before(&cp, &history, at);
+        let now = clock.now();
+        let rewound: Vec<RewoundStep> = history[at..]
+            .iter()
+            .take(MAX_REWOUND_LISTED)
+            .map(|r| RewoundStep {
+                index: r.index,
+                name: r.name.clone(),
+                attempt: r.attempt,
+                started_at: r.started_at,
+                finished_at: r.finished_at,
+            })
+            .collect();
+        let more = (cp.next - at).saturating_sub(rewound.len());
+        let action = AuditAction::Rewind {
+            to: at,
+            step: cp.completed[at].clone(),
+            from: cp.next,
+            was: cp.status,
+            rewound,
+            more,
+        };
+        cp.completed.truncate(at);
+        cp.next = at;
+        cp.state = state;
+        cp.status = RunStatus::Running;
+        cp.error = None;
+        cp.attempts = 0;
+        cp.wait = None;
+        cp.lease = None;
+        cp.updated_at = now;
+        cp.push_audit(AuditEntry::new(action, by, now));
+        match cas_save(store, &mut cp).await {
+            Ok(()) => return Ok(cp),
+            Err(e) if e.kind() == StoreErrorKind::Conflict => contended = Some(e),
+            Err(e) => return Err(store_error(run_id, "save of the rewind", e)),
+        }
+    }
+    Err(contention(run_id, "save of the rewind", contended))
+}
+
+/// Creates run `new_id` as a copy of run `run_id` up to, not including,
+/// step `at` (a completed step's name, or its index): the same workflow,
+/// the state as it was after the step before `at`, and the history rows of
+/// the steps below it. The new run resumes at `at` with a fresh attempt
+/// budget; the original is not written at all.
+///
+/// The new run is written step by step (one save per copied step, each
+/// carrying its history row), under a lease of this process, so that no
+/// worker takes it half built; the last save releases it. Fails with
+/// [`Error::InvalidInput`] when `new_id` exists already, and needs a store
+/// that keeps per-step history.
+pub async fn fork<S: Store + ?Sized>(
+    store: &S,
+    run_id: &str,
+    at: &str,
+    new_id: &str,
+    by: &str,
+    clock: &dyn Clock,
+) -> Result<Checkpoint, Error> {
+    check_operator(run_id, "fork", by)?;
+    crate::validate_run_id(new_id)?;
+    if new_id == run_id {
+        return Err(refused(
+            run_id,
+            "fork",
+            "the new run's id is the original's".into(),
+        ));
+    }
+    let original = load(store, run_id, "fork").await?;
+    let index = step_index(&original, at, "fork")?;
+    let history = full_history(store, &original, "fork").await?;
+    let now = clock.now();
+    let mut cp = Checkpoint::new(new_id, &original.workflow, now);
+    // What the run started with: the state's keys that no step wrote.
+    let written: HashSet<&str> = history
+        .iter()
+        .flat_map(|r| r.update.keys().map(String::as_str))
+        .collect();
+    cp.state = base_state(&original, &written);
+    let gates: HashSet<&str> = original.completed[..index]
+        .iter()
+        .map(String::as_str)
+        .collect();
+    cp.decisions = original
+        .decisions
+        .iter()
+        .filter(|d| gates.contains(d.gate.as_str()))
+        .cloned()
+        .collect();
+    let step = original.completed[index].clone();
+    cp.push_audit(AuditEntry::new(
+        AuditAction::Fork {
+            from_run: run_id.to_string(),
+            at: index,
+            step,
+        },
+        by,
+        now,
+    ));
+    // Held by this process while it is built; the last save lets it go.
+    let ttl = std::time::Duration::from_secs(300);
+    cp.lease = Some(Lease::new(crate::current_owner(), now.saturating_add(ttl)));
+    let what = |e: StoreError| match e.kind() {
+        StoreErrorKind::Conflict => Error::InvalidInput {
+            what: format!("the fork of run {run_id:?} as {new_id:?}"),
+            reason: format!("run {new_id:?} exists already; nothing was written"),
+        },
+        _ => store_error(new_id, "save of the fork", e),
+    };
+    let mut expected = None;
+    cp.writer = fastrand::u64(1..);
+    if index == 0 {
+        cp.lease = None;
+    }
+    expected = Some(
+        store
+            .save(SaveRequest::new(&cp, expected))
+            .await
+            .map_err(what)?,
+    );
+    for record in &history[..index] {
+        for (k, v) in &record.update {
+            cp.state.insert(k.clone(), v.clone());
+        }
+        cp.completed.push(record.name.clone());
+        cp.next += 1;
+        if cp.next == index {
+            cp.lease = None;
+        }
+        cp.updated_at = clock.now();
+        cp.writer = fastrand::u64(1..);
+        let v = store
+            .save(SaveRequest::new(&cp, expected).with_step(record))
+            .await
+            .map_err(|e| store_error(new_id, &format!("copy of step {}", record.index), e))?;
+        expected = Some(v);
+    }
+    cp.version = expected.unwrap_or(1);
+    Ok(cp)
+}
+
+/// The state a run had after its first `at` steps: what it started with
+/// (the keys no recorded step wrote, less the engine's result) and the
+/// updates of those steps, in order.
+fn state_before(cp: &Checkpoint, history: &[StepRecord], at: usize) -> State {
+    let written: HashSet<&str> = history
+        .iter()
+        .flat_map(|r| r.update.keys().map(String::as_str))
+        .collect();
+    let mut state = base_state(cp, &written);
+    for record in &history[..at] {
+        for (k, v) in &record.update {
+            state.insert(k.clone(), v.clone());
+        }
+    }
+    state
+}
+
+/// The part of `cp`'s state that no step wrote and the engine did not add.
+fn base_state(cp: &Checkpoint, written: &HashSet<&str>) -> State {
+    cp.state
+        .iter()
+        .filter(|(k, _)| !written.contains(k.as_str()) && !ENGINE_KEYS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The index of the completed step `step` names (its name, or its index in
+/// digits when no step has that name).
+fn step_index(cp: &Checkpoint, step: &str, op: &str) -> Result<usize, Error> {
+    if let Some(i) = cp.completed.iter().position(|n| n == step) {
+        return Ok(i);
+    }
+    if let Ok(i) = step.parse::<usize>() {
+        if i < cp.next {
+            return Ok(i);
+        }
+    }
+    let done = if cp.completed.is_empty() {
+        "it has completed no step".to_string()
+    } else {
+        format!(
+            "its completed steps are {}",
+            crate::ids::preview(&cp.completed.join(", "))
+        )
+    };
+    Err(refused(
+        &cp.run_id,
+        op,
+        format!(
+            "{:?} names no completed step (by name or index); {done}",
+            crate::ids::preview(step)
+        ),
+    ))
+}
+
+/// The run's history, checked to hold one row per completed step whose
+/// name is the record's.
+async fn full_history<S: Store + ?Sized>(
+    store: &S,
+    cp: &Checkpoint,
+    op: &str,
+) -> Result<Vec<StepRecord>, Error> {
+    let run_id = &cp.run_id;
+    let history = match store.history(run_id).await {
+        Ok(Some(h)) => h,
+        Ok(None) => return Err(Error::NoSuchRun {
+            run_id: run_id.clone(),
+        }),
+        Err(e) if e.kind() == StoreErrorKind::Unsupported => {
+            return Err(refused(
+                run_id,
+                op,
+                format!("the state before a step is rebuilt from the per-step history, and this store keeps none ({e}); use a SQLite, PostgreSQL or Cosmos DB store"),
+            ))
+        }
+        Err(e) => return Err(store_error(run_id, "reading the history", e)),
+    };
+    let whole = history.len() == cp.next
+        && history
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.index == i && r.name == cp.completed[i]);
+    if !whole {
+        return Err(store_error(
+            run_id,
+            "reading the history",
+            StoreError::Corrupt {
+                location: format!("the history of run {run_id:?}"),
+                reason: format!(
+                    "{} rows do not match the {} completed steps of the record",
+                    history.len(),
+                    cp.next
+                ),
+            },
+        ));
+    }
+    Ok(history)
+}
+
+/// Refuses a run that a live process other than this one holds.
+fn check_not_held(cp: &Checkpoint, now: Timestamp) -> Result<(), Error> {
+    if let Some(held) = &cp.lease {
+        if standing(held, &crate::current_owner(), now) == Standing::Held {
+            return Err(Error::Held {
+                run_id: cp.run_id.clone(),
+                holder: held.owner.clone(),
+                until: held.until,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Loads, changes with `apply` and saves by compare-and-swap, again when a
+/// concurrent save (a lease renewal) moved the version.
+async fn modify<S: Store + ?Sized>(
+    store: &S,
+    run_id: &str,
+    op: &str,
+    clock: &dyn Clock,
+    mut apply: impl FnMut(&mut Checkpoint, Timestamp) -> Result<(), Error>,
+) -> Result<Checkpoint, Error> {
+    let what = format!("save of the {op}");
+    let mut contended = None;
+    for _ in 0..10 {
+        let mut cp = load(store, run_id, op).await?;
+        let now = clock.now();
+        apply(&mut cp, now)?;
+        cp.updated_at = now;
+        match cas_save(store, &mut cp).await {
+            Ok(()) => return Ok(cp),
+            Err(e) if e.kind() == StoreErrorKind::Conflict => contended = Some(e),
+            Err(e) => return Err(store_error(run_id, &what, e)),
+        }
+    }
+    Err(contention(run_id, &what, contended))
+}
+
+/// Saves `cp` over the version it was loaded at. After an unknown outcome,
+/// reloads and recognises its own write by the writer number.
+async fn cas_save<S: Store + ?Sized>(store: &S, cp: &mut Checkpoint) -> Result<(), StoreError> {
+    cp.writer = fastrand::u64(1..);
+    let req = SaveRequest::new(cp, Some(cp.version));
+    let new_version = req.new_version();
+    match store.save(req).await {
+        Ok(v) => {
+            cp.version = v;
+            Ok(())
+        }
+        Err(e) if e.kind() == StoreErrorKind::OutcomeUnknown => {
+            match store.load(&cp.run_id).await {
+                Ok(Some(s)) if s.version == new_version && s.writer == cp.writer => {
+                    cp.version = new_version;
+                    Ok(())
+                }
+                _ => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+async fn load<S: Store + ?Sized>(store: &S, run_id: &str, op: &str) -> Result<Checkpoint, Error> {
+    crate::validate_run_id(run_id)?;
+    store
+        .load(run_id)
+        .await
+        .map_err(|e| store_error(run_id, &format!("load for the {op}"), e))?
+        .ok_or_else(|| Error::NoSuchRun {
+            run_id: run_id.to_string(),
+        })
+}
+
+fn contention(run_id: &str, what: &str, e: Option<StoreError>) -> Error {
+    store_error(
+        run_id,
+        what,
+        e.unwrap_or_else(|| StoreError::Conflict {
+            run_id: run_id.to_string(),
+            expected: None,
+            found: None,
+        }),
+    )
+}
+
+fn refused(run_id: &str, op: &str, reason: String) -> Error {
+    Error::InvalidInput {
+        what: format!("the {op} of run {run_id:?}"),
+        reason: format!("{reason}; nothing was written"),
+    }
+}
+
+/// Checks who operates: a name like a step's.
+fn check_operator(run_id: &str, op: &str, by: &str) -> Result<(), Error> {
+    crate::ids::check_step_name(by).map_err(|reason| Error::InvalidInput {
+        what: format!(
+            "the name of who performs the {op} of run {run_id:?} ({:?})",
+            crate::ids::preview(by)
+        ),
+        reason: format!("{reason}; nothing was written"),
+    })
+}

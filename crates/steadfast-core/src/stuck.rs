@@ -1,0 +1,273 @@
+//! Why a run cannot make progress by itself: the labels `steadfast runs`
+//! and `show` print, and [`runs --stuck`] lists.
+//!
+//! [`runs --stuck`]: crate::stuck::diagnose
+
+use std::time::Duration;
+
+use crate::checkpoint::{Checkpoint, RunStatus, Wait};
+use crate::clock::Timestamp;
+use crate::engine::{lease_left, standing, Standing};
+use crate::workflow::Workflow;
+
+/// How long past its time a run may be before it counts as stuck, unless
+/// told otherwise: a worker that polls takes a due run well within it.
+pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(60);
+
+/// Why a run cannot make progress by itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Stuck {
+    /// It is running under a lease whose holder (a process on this host) is
+    /// gone; the next `run` or a worker takes it over.
+    HolderDead {
+        /// The holder, written out.
+        holder: String,
+    },
+    /// It is running under a lease that was not renewed in time: its holder
+    /// stopped, hung or died on another host, and no worker took it over.
+    LeaseExpired {
+        /// The holder, written out.
+        holder: String,
+        /// How long ago the lease ran out.
+        ago: Duration,
+    },
+    /// It was interrupted (running, with no lease) and nothing resumed it.
+    Interrupted {
+        /// Since when.
+        since: Timestamp,
+    },
+    /// A step used up its attempts: a person must `retry` (or rewind) it.
+    RetriesExhausted {
+        /// The failed step's index.
+        index: usize,
+        /// Its name.
+        step: String,
+        /// Attempts used.
+        attempts: u32,
+    },
+    /// It waits at a gate whose timeout passed, and no worker applied it.
+    GateOverdue {
+        /// The gate.
+        gate: String,
+        /// How long ago the timeout passed.
+        ago: Duration,
+    },
+    /// Its record was written by other code than the workflow given: a
+    /// run would refuse to resume it ([`Error::WorkflowChanged`](crate::Error::WorkflowChanged)).
+    WorkflowChanged {
+        /// The first step index where record and code differ.
+        at: usize,
+        /// What the record has there.
+        stored: Option<String>,
+        /// What the code has there.
+        given: Option<String>,
+    },
+    /// Its timer fired a while ago, and no worker woke it.
+    SleepingPastTime {
+        /// The timer step.
+        step: String,
+        /// How long ago it fired.
+        ago: Duration,
+    },
+    /// It was started for a worker a while ago, and none took it.
+    PendingNoWorker {
+        /// How long it has waited.
+        waited: Duration,
+    },
+}
+
+impl Stuck {
+    /// A short name for the label (`holder-dead`, `lease-expired`, …).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Stuck::HolderDead { .. } => "holder-dead",
+            Stuck::LeaseExpired { .. } => "lease-expired",
+            Stuck::Interrupted { .. } => "interrupted",
+            Stuck::RetriesExhausted { .. } => "retries-exhausted",
+            Stuck::GateOverdue { .. } => "gate-overdue",
+            Stuck::WorkflowChanged { .. } => "workflow-changed",
+            Stuck::SleepingPastTime { .. } => "sleeping-past-time",
+            Stuck::PendingNoWorker { .. } => "pending-no-worker",
+        }
+    }
+}
+
+impl std::fmt::Display for Stuck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ago = |d: &Duration| humantime::format_duration(Duration::from_secs(d.as_secs()));
+        match self {
+            Stuck::HolderDead { holder } => write!(
+                f,
+                "its lease holder ({holder}) is no longer running; run it again or let a worker take it over"
+            ),
+            Stuck::LeaseExpired { holder, ago: d } => write!(
+                f,
+                "its lease ran out {} ago and its holder ({holder}) did not renew it; no worker took it over",
+                ago(d)
+            ),
+            Stuck::Interrupted { since } => write!(
+                f,
+                "it was interrupted (running, with no lease, since {since}) and nothing resumed it; run it again or start a worker"
+            ),
+            Stuck::RetriesExhausted {
+                index,
+                step,
+                attempts,
+            } => write!(
+                f,
+                "step {index} ({step}) failed {attempts} time(s) and has no attempt left; `retry` it or rewind it"
+            ),
+            Stuck::GateOverdue { gate, ago: d } => write!(
+                f,
+                "gate {gate:?} timed out {} ago and no worker applied the timeout; approve, reject, or start a worker",
+                ago(d)
+            ),
+            Stuck::WorkflowChanged { at, stored, given } => write!(
+                f,
+                "the workflow changed since its last checkpoint: at step {at} the record has {} and the code {}",
+                stored.as_deref().map_or("nothing".into(), |s| format!("{s:?}")),
+                given.as_deref().map_or("nothing".into(), |s| format!("{s:?}"))
+            ),
+            Stuck::SleepingPastTime { step, ago: d } => write!(
+                f,
+                "timer {step:?} fired {} ago and no worker woke the run; run it again or start a worker",
+                ago(d)
+            ),
+            Stuck::PendingNoWorker { waited } => write!(
+                f,
+                "it has waited {} for a worker and none took it; start a worker",
+                ago(waited)
+            ),
+        }
+    }
+}
+
+/// Why run `cp` cannot make progress by itself at `now`, if it cannot.
+///
+/// A run counts as stuck when it is due and has been for longer than
+/// `after` (a polling worker takes a due run well within a minute), or
+/// when no one but a person can move it on (retries exhausted). With
+/// `workflow`, a record that the code would refuse to resume counts too;
+/// the workflow is only known to a caller that has the code.
+///
+/// ```
+/// use std::time::Duration;
+/// use steadfast_core::{stuck::{diagnose, Stuck}, Checkpoint, RunStatus, Timestamp};
+///
+/// let mut cp = Checkpoint::new("r", "wf", Timestamp::from_unix_millis(0));
+/// cp.status = RunStatus::Pending;
+/// let now = Timestamp::from_unix_millis(600_000);
+/// let found = diagnose(&cp, now, Duration::from_secs(60), None);
+/// assert!(matches!(found, Some(Stuck::PendingNoWorker { .. })));
+/// assert_eq!(diagnose(&cp, Timestamp::from_unix_millis(1_000), Duration::from_secs(60), None), None);
+/// ```
+pub fn diagnose(
+    cp: &Checkpoint,
+    now: Timestamp,
+    after: Duration,
+    workflow: Option<&Workflow>,
+) -> Option<Stuck> {
+    let finished = matches!(
+        cp.status,
+        RunStatus::Completed | RunStatus::Rejected | RunStatus::Cancelled
+    );
+    if finished {
+        return None;
+    }
+    if let Some(wf) = workflow {
+        if let Some(changed) = changed(cp, wf) {
+            return Some(changed);
+        }
+    }
+    // A live holder (a `run --wait` sleeping through its timer) moves it on.
+    let held_live = cp.lease.as_ref().is_some_and(|held| {
+        matches!(
+            standing(held, &crate::current_owner(), now),
+            Standing::Held | Standing::Mine
+        )
+    });
+    if held_live && cp.status != RunStatus::Running {
+        return None;
+    }
+    let late = |since: Timestamp| {
+        let d = now.saturating_since(since);
+        (d > after).then_some(d)
+    };
+    match cp.status {
+        RunStatus::Failed => {
+            let (index, step) = cp
+                .error
+                .as_ref()
+                .map_or((cp.next, String::new()), |e| (e.index, e.step.clone()));
+            Some(Stuck::RetriesExhausted {
+                index,
+                step,
+                attempts: cp.attempts,
+            })
+        }
+        RunStatus::Running => match &cp.lease {
+            Some(held) => {
+                let me = crate::current_owner();
+                let on_this_host = held.owner.host == me.host;
+                match standing(held, &me, now) {
+                    Standing::Gone => Some(Stuck::HolderDead {
+                        holder: held.owner.to_string(),
+                    }),
+                    Standing::Lapsed => {
+                        // By the wall clock: how long ago it ran out.
+                        let over = now.saturating_since(held.until);
+                        let by_boot = lease_left(held, now, on_this_host) == 0;
+                        (by_boot && over > after).then(|| Stuck::LeaseExpired {
+                            holder: held.owner.to_string(),
+                            ago: over,
+                        })
+                    }
+                    Standing::Held | Standing::Mine => None,
+                }
+            }
+            None => late(cp.updated_at).map(|_| Stuck::Interrupted {
+                since: cp.updated_at,
+            }),
+        },
+        RunStatus::Pending => late(cp.updated_at).map(|waited| Stuck::PendingNoWorker { waited }),
+        RunStatus::Sleeping => match &cp.wait {
+            Some(Wait::Timer { step, until }) => late(*until).map(|ago| Stuck::SleepingPastTime {
+                step: step.clone(),
+                ago,
+            }),
+            _ => None,
+        },
+        RunStatus::Waiting => match &cp.wait {
+            Some(Wait::Gate {
+                step,
+                timeout_at: Some(at),
+                ..
+            }) => late(*at).map(|ago| Stuck::GateOverdue {
+                gate: step.clone(),
+                ago,
+            }),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The difference between the record's steps and the workflow's, as a label.
+fn changed(cp: &Checkpoint, wf: &Workflow) -> Option<Stuck> {
+    if cp.workflow != wf.name() {
+        return Some(Stuck::WorkflowChanged {
+            at: 0,
+            stored: Some(format!("workflow {}", cp.workflow)),
+            given: Some(format!("workflow {}", wf.name())),
+        });
+    }
+    let given: Vec<&str> = wf.step_names().collect();
+    (0..cp.next)
+        .find(|&i| given.get(i) != Some(&cp.completed[i].as_str()))
+        .map(|at| Stuck::WorkflowChanged {
+            at,
+            stored: Some(cp.completed[at].clone()),
+            given: given.get(at).map(|s| s.to_string()),
+        })
+}
