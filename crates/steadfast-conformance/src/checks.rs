@@ -14,6 +14,8 @@ use steadfast_core::{
 
 use crate::{CheckResult, TestStore, STATE_LIMIT};
 
+pub use crate::ops_checks::*;
+
 macro_rules! ensure {
     ($cond:expr, $($fmt:tt)+) => {
         if !$cond {

@@ -20,16 +20,20 @@
 //! list it with its reason in its own documentation; checks are never skipped
 //! silently.
 //!
-//! Every check of [`store_conformance!`] is required. The checks of
-//! [`history_conformance!`] are the only optional ones: they cover
-//! `Store::history`, whose default answers `Unsupported`; a store that keeps
-//! no history (the file store) does not expand them and says why in its docs.
+//! Every check of [`store_conformance!`] is required (among them the run
+//! operations that need no history: cancel, retry, retention by
+//! `Store::delete_if`). The checks of [`history_conformance!`] are the only
+//! optional ones: they cover `Store::history`, whose default answers
+//! `Unsupported`, and the operations built on it (rewind, fork); a store
+//! that keeps no history (the file store) does not expand them and says why
+//! in its docs.
 //!
 //! The crate also ships [`FaultyStore`], a wrapper that fails or loses writes
 //! from the N-th save on, for crash tests at the store boundary.
 
 pub mod checks;
 mod faulty;
+mod ops_checks;
 
 use std::any::Any;
 use std::future::Future;
@@ -179,6 +183,10 @@ macro_rules! store_conformance {
             accepted_values_load_back_equal,
             head_values_are_refused_or_load_back_equal,
             head_only_saves_keep_the_stored_state,
+            delete_if_is_guarded_by_the_version,
+            retry_clears_a_failed_run,
+            cancel_stops_a_run_at_the_next_boundary,
+            gc_deletes_old_finished_runs_and_never_a_live_one,
         );
     };
 }
@@ -191,6 +199,9 @@ macro_rules! history_conformance {
         $crate::__checks!($make;
             history_lists_completed_steps_in_order,
             history_is_none_for_an_absent_run,
+            rewind_reruns_exactly_the_rewound_steps,
+            fork_copies_the_first_steps_and_leaves_the_original,
+            durable_functions_rewind_and_fork_by_step_name,
         );
     };
 }

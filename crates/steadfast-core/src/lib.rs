@@ -66,7 +66,7 @@ pub use run::run;
 pub use state::{merge, State, Update, MAX_VALUE_DEPTH};
 pub use store::{DueRequest, ListFilter, RunSummary, Store};
 pub use typed::{TypedWorkflow, TypedWorkflowBuilder};
-pub use worker::{release, start, Registry, RunEnd, Worker, WorkerReport};
+pub use worker::{release, start, Registry, RunEnd, Worker, WorkerReport, START_KEY};
 pub use workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
 
 /// Re-exported so that stores and tests name the same versions.

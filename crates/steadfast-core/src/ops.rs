@@ -156,8 +156,8 @@ pub async fn retry<S: Store + ?Sized>(
 /// rebuilt from the run's per-step history. The steps from `to` on run again
 /// at the next `run` or by a worker; the record's audit entry lists them as
 /// their history had them (the history rows themselves are replaced as they
-/// run again). Decisions stay in the record; a rewound gate waits for a new
-/// one.
+/// run again). Decisions stay in the record, but a rewound gate waits for a
+/// new one: its old decisions no longer answer any wait.
 ///
 /// Needs a store that keeps per-step history ([`Store::history`]). A run
 /// that a live process holds is refused with [`Error::Held`]: cancel it, or
@@ -201,6 +201,15 @@ pub async fn rewind<S: Store + ?Sized>(
             more,
         };
         cp.completed.truncate(at);
+        // A decision at a gate that runs again answered a wait that is
+        // over: it no longer matches any wait, so the gate waits for a new
+        // one (it stays in the record as who decided what, when).
+        let kept: HashSet<&str> = cp.completed.iter().map(String::as_str).collect();
+        for d in &mut cp.decisions {
+            if !kept.contains(d.gate.as_str()) {
+                d.waited_since = None;
+            }
+        }
         cp.next = at;
         cp.state = state;
         cp.status = RunStatus::Running;
@@ -252,12 +261,8 @@ pub async fn fork<S: Store + ?Sized>(
     let history = full_history(store, &original, "fork").await?;
     let now = clock.now();
     let mut cp = Checkpoint::new(new_id, &original.workflow, now);
-    // What the run started with: the state's keys that no step wrote.
-    let written: HashSet<&str> = history
-        .iter()
-        .flat_map(|r| r.update.keys().map(String::as_str))
-        .collect();
-    cp.state = base_state(&original, &written);
+    // What the run started with, then the copied steps' updates below.
+    cp.state = start_state(&original, &history);
     let gates: HashSet<&str> = original.completed[..index]
         .iter()
         .map(String::as_str)
@@ -321,14 +326,9 @@ pub async fn fork<S: Store + ?Sized>(
 }
 
 /// The state a run had after its first `at` steps: what it started with
-/// (the keys no recorded step wrote, less the engine's result) and the
-/// updates of those steps, in order.
+/// and the updates of those steps, in order.
 fn state_before(cp: &Checkpoint, history: &[StepRecord], at: usize) -> State {
-    let written: HashSet<&str> = history
-        .iter()
-        .flat_map(|r| r.update.keys().map(String::as_str))
-        .collect();
-    let mut state = base_state(cp, &written);
+    let mut state = start_state(cp, history);
     for record in &history[..at] {
         for (k, v) in &record.update {
             state.insert(k.clone(), v.clone());
@@ -337,13 +337,29 @@ fn state_before(cp: &Checkpoint, history: &[StepRecord], at: usize) -> State {
     state
 }
 
-/// The part of `cp`'s state that no step wrote and the engine did not add.
-fn base_state(cp: &Checkpoint, written: &HashSet<&str>) -> State {
-    cp.state
+/// The state `cp` started with: the keys of its state that no recorded
+/// step wrote (less the engine's result), and the input [`start`](crate::start)
+/// kept under [`START_KEY`](crate::worker::START_KEY) for the keys a step
+/// overwrote since.
+fn start_state(cp: &Checkpoint, history: &[StepRecord]) -> State {
+    let written: HashSet<&str> = history
+        .iter()
+        .flat_map(|r| r.update.keys().map(String::as_str))
+        .collect();
+    let mut state: State = cp
+        .state
         .iter()
         .filter(|(k, _)| !written.contains(k.as_str()) && !ENGINE_KEYS.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
+        .collect();
+    if let Some(serde_json::Value::Object(input)) = cp.state.get(crate::worker::START_KEY) {
+        for (k, v) in input {
+            if written.contains(k.as_str()) {
+                state.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    state
 }
 
 /// The index of the completed step `step` names (its name, or its index in

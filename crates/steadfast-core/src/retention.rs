@@ -18,7 +18,7 @@
 //! let later = SystemClock.now().saturating_add(Duration::from_secs(3600));
 //! let report = collect(&store, &Retention::new(Duration::from_secs(1800)), later, |_| {}).await?;
 //! assert_eq!(report.deleted, 1);
-//! assert!(store.load("old").await?.is_none());
+//! assert!(store.load("old").await.unwrap().is_none());
 //! # Ok::<(), steadfast_core::Error>(())
 //! # }).unwrap();
 //! ```

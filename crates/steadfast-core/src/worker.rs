@@ -29,6 +29,13 @@ use crate::workflow::Workflow;
 /// The key under which [`start`] keeps a durable function's input.
 pub(crate) const INPUT_KEY: &str = "__input";
 
+/// The state key under which [`start`] keeps a listed workflow's input
+/// whole.
+pub const START_KEY: &str = "__start";
+
+/// State keys the engine writes itself.
+const RESERVED_KEYS: [&str; 3] = [START_KEY, INPUT_KEY, "__result"];
+
 /// The store a worker runs on: any store, shared.
 pub type SharedStore = Arc<dyn Store>;
 
@@ -141,7 +148,11 @@ impl Registry {
 ///
 /// `input` is the run's first state: for a listed workflow it must be a JSON
 /// object (or null, for none); a durable function reads it back with
-/// [`DurableCtx::input`].
+/// [`DurableCtx::input`]. A listed workflow's input is also kept whole under
+/// the state key [`START_KEY`], so that [`rewind`](crate::ops::rewind) and
+/// [`fork`](crate::ops::fork) can rebuild the state before a step that
+/// overwrote one of its values; an input may not use the engine's keys
+/// (`__start`, `__input`, `__result`) itself.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -171,7 +182,19 @@ pub async fn start<S: Store + ?Sized>(
         reason,
     })?;
     let state: State = match (durable, input) {
-        (false, Value::Object(map)) => map,
+        (false, Value::Object(map)) => {
+            if let Some(k) = RESERVED_KEYS.iter().find(|k| map.contains_key(**k)) {
+                return Err(Error::InvalidInput {
+                    what: format!("the input of run {run_id:?}"),
+                    reason: format!("the key {k:?} is the engine's; rename it"),
+                });
+            }
+            let mut state = map.clone();
+            if !map.is_empty() {
+                state.insert(START_KEY.into(), Value::Object(map));
+            }
+            state
+        }
         (false, Value::Null) => State::new(),
         (false, other) => {
             return Err(Error::InvalidInput {

@@ -295,16 +295,29 @@ impl Sealer<'_> {
     /// wait, decisions (their data sealed), last error, attempts, lease and
     /// the state's seal (which covers the step count and every value).
     fn head_material(cp: &Checkpoint, state_tag: &str) -> Vec<u8> {
-        aad(&[
-            cp.workflow.as_bytes(),
-            cp.status.as_str().as_bytes(),
-            &json_bytes(&cp.wait),
-            &json_bytes(&cp.decisions),
-            &json_bytes(&cp.error),
-            cp.attempts.to_string().as_bytes(),
-            &json_bytes(&cp.lease),
+        let audit = json_bytes(&cp.audit);
+        let mut parts: Vec<&[u8]> = vec![cp.workflow.as_bytes(), cp.status.as_str().as_bytes()];
+        let (wait, decisions, error, attempts, lease) = (
+            json_bytes(&cp.wait),
+            json_bytes(&cp.decisions),
+            json_bytes(&cp.error),
+            cp.attempts.to_string(),
+            json_bytes(&cp.lease),
+        );
+        parts.extend([
+            &wait[..],
+            &decisions[..],
+            &error[..],
+            attempts.as_bytes(),
+            &lease[..],
             state_tag.as_bytes(),
-        ])
+        ]);
+        // The audit entries (cancel, retry, rewind, fork), when there are
+        // any: a head sealed before they existed has the same material.
+        if !cp.audit.is_empty() {
+            parts.push(&audit);
+        }
+        aad(&parts)
     }
 
     fn seal_head(
@@ -644,6 +657,7 @@ impl SealedStore {
         out.lease = cp.lease.clone();
         out.wait = cp.wait.clone();
         out.decisions = cp.decisions.clone();
+        out.audit = cp.audit.clone();
         for (i, d) in out.decisions.iter_mut().enumerate() {
             if let Some(data) = &d.data {
                 let plain = serde_json::to_vec(data).map_err(|e| {
@@ -822,7 +836,7 @@ impl SealedStore {
                 StoreError::Corrupt { reason, .. } if reason.contains("does not open") => s
                     .corrupt(
                     "head",
-                    "does not match its seal: its status, wait, decisions, lease, error or step \
+                    "does not match its seal: its status, wait, decisions, lease, error, audit or step \
                      count was changed, or its state was replaced",
                 ),
                 other => other,
