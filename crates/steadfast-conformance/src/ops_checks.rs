@@ -94,7 +94,7 @@ async fn snapshot(
     let history = store.history(r).await?;
     Ok(format!(
         "{}\n{}",
-        serde_json::to_string(&cp.map(|c| serde_json::to_value(c)).transpose()?)?,
+        serde_json::to_string(&cp.map(serde_json::to_value).transpose()?)?,
         serde_json::to_string(&history)?
     ))
 }
@@ -320,7 +320,7 @@ pub async fn cancel_stops_a_run_at_the_next_boundary(ts: TestStore) -> CheckResu
         cp.next
     );
     ensure!(
-        tally.get().get("after").is_none(),
+        !tally.get().contains_key("after"),
         "a step after the cancel ran: {:?}",
         tally.get()
     );
@@ -369,7 +369,7 @@ pub async fn gc_deletes_old_finished_runs_and_never_a_live_one(ts: TestStore) ->
             let there = store.load(&id).await?.is_some();
             let finished = i < 4;
             ensure!(
-                there == !(finished && age == "old"),
+                there != (finished && age == "old"),
                 "run {id}: present {there}"
             );
         }
