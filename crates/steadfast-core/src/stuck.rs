@@ -271,3 +271,133 @@ fn changed(cp: &Checkpoint, wf: &Workflow) -> Option<Stuck> {
             given: given.get(at).map(|s| s.to_string()),
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::{Lease, OnTimeout, Owner, StepFailure};
+
+    const MIN: Duration = Duration::from_secs(60);
+
+    fn at(s: u64) -> Timestamp {
+        Timestamp::from_unix_millis(1_700_000_000_000 + s * 1000)
+    }
+
+    fn run(status: RunStatus, updated: Timestamp) -> Checkpoint {
+        let mut cp = Checkpoint::new("r", "wf", updated);
+        cp.status = status;
+        cp
+    }
+
+    fn label(cp: &Checkpoint, now: Timestamp) -> Option<&'static str> {
+        diagnose(cp, now, MIN, None).map(|s| s.label())
+    }
+
+    #[test]
+    fn each_cause_is_labelled_once_it_is_late() {
+        let now = at(10_000);
+        // Pending: late after a minute.
+        let cp = run(RunStatus::Pending, at(9_950));
+        assert_eq!(label(&cp, now), None);
+        let cp = run(RunStatus::Pending, at(9_000));
+        assert_eq!(label(&cp, now), Some("pending-no-worker"));
+
+        // Running without a lease: interrupted.
+        let cp = run(RunStatus::Running, at(9_000));
+        assert_eq!(label(&cp, now), Some("interrupted"));
+
+        // Running under a lease of another host that ran out long ago.
+        let mut cp = run(RunStatus::Running, at(9_000));
+        cp.lease = Some(Lease::new(Owner::new("elsewhere", 1, 1), at(9_500)));
+        assert_eq!(label(&cp, now), Some("lease-expired"));
+        cp.lease = Some(Lease::new(Owner::new("elsewhere", 1, 1), at(9_990)));
+        assert_eq!(label(&cp, now), None, "lapsed only just");
+        cp.lease = Some(Lease::new(Owner::new("elsewhere", 1, 1), at(20_000)));
+        assert_eq!(label(&cp, now), None, "held");
+
+        // Under a lease of a process of this host that is gone.
+        let me = crate::current_owner();
+        cp.lease = Some(Lease::new(
+            Owner::new(me.host.clone(), u32::MAX - 7, 1),
+            at(20_000),
+        ));
+        assert_eq!(label(&cp, now), Some("holder-dead"));
+
+        // Failed: at once.
+        let mut cp = run(RunStatus::Failed, now);
+        cp.attempts = 3;
+        cp.error = Some(StepFailure::new(2, "fetch", "boom".into(), 3, false, now));
+        assert_eq!(
+            diagnose(&cp, now, MIN, None),
+            Some(Stuck::RetriesExhausted {
+                index: 2,
+                step: "fetch".into(),
+                attempts: 3
+            })
+        );
+
+        // A gate whose timeout passed; one without a timeout is never stuck.
+        let mut cp = run(RunStatus::Waiting, at(1_000));
+        cp.wait = Some(Wait::Gate {
+            step: "review".into(),
+            since: at(1_000),
+            timeout_at: Some(at(5_000)),
+            on_timeout: OnTimeout::Reject,
+        });
+        assert_eq!(label(&cp, now), Some("gate-overdue"));
+        cp.wait = Some(Wait::Gate {
+            step: "review".into(),
+            since: at(1_000),
+            timeout_at: None,
+            on_timeout: OnTimeout::Reject,
+        });
+        assert_eq!(label(&cp, now), None);
+
+        // A timer that fired long ago, unless a live holder sleeps through it.
+        let mut cp = run(RunStatus::Sleeping, at(1_000));
+        cp.wait = Some(Wait::Timer {
+            step: "nap".into(),
+            until: at(2_000),
+        });
+        assert_eq!(label(&cp, now), Some("sleeping-past-time"));
+        cp.lease = Some(Lease::new(Owner::new("elsewhere", 1, 1), at(20_000)));
+        assert_eq!(label(&cp, now), None);
+
+        // Finished runs are never stuck.
+        for s in [
+            RunStatus::Completed,
+            RunStatus::Rejected,
+            RunStatus::Cancelled,
+        ] {
+            assert_eq!(label(&run(s, at(0)), now), None);
+        }
+    }
+
+    #[test]
+    fn a_record_the_code_no_longer_matches_is_labelled() {
+        let wf = Workflow::builder("wf")
+            .step("a", |_, _| async { crate::update(serde_json::json!({})) })
+            .step("b2", |_, _| async { crate::update(serde_json::json!({})) })
+            .build()
+            .unwrap();
+        let mut cp = run(RunStatus::Waiting, at(0));
+        cp.completed = vec!["a".into(), "b".into()];
+        cp.next = 2;
+        let found = diagnose(&cp, at(1), MIN, Some(&wf));
+        assert_eq!(
+            found,
+            Some(Stuck::WorkflowChanged {
+                at: 1,
+                stored: Some("b".into()),
+                given: Some("b2".into())
+            })
+        );
+        cp.completed[1] = "b2".into();
+        assert_eq!(diagnose(&cp, at(1), MIN, Some(&wf)), None);
+        cp.workflow = "other".into();
+        assert_eq!(
+            diagnose(&cp, at(1), MIN, Some(&wf)).map(|s| s.label()),
+            Some("workflow-changed")
+        );
+    }
+}

@@ -1,0 +1,364 @@
+//! The run operations from the command line: cancel (exit 6, the running
+//! step's process group killed after the grace period), retry, rewind,
+//! fork, gc and `runs --stuck`, on the default SQLite store; and what the
+//! file store, which keeps no history, says to rewind and fork.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::{code, pid_alive, stderr, Env, TestResult};
+
+const LOGGED: &str = r#"name = "logged"
+
+[[step]]
+name = "a"
+run = "echo a >> log; echo '{\"a\": 1}'"
+
+[[step]]
+name = "b"
+run = "echo b >> log; echo '{\"b\": 2}'"
+
+[[step]]
+name = "c"
+run = "echo c >> log; echo '{\"c\": 3}'"
+"#;
+
+fn wait_for(path: &std::path::Path) -> TestResult {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        if Instant::now() > deadline {
+            return Err(format!("{} never appeared", path.display()).into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn json_of(out: &std::process::Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+#[test]
+fn cancel_kills_a_hanging_step_after_the_grace_and_exits_6() -> TestResult {
+    let env = Env::new();
+    let f = env.flow(
+        "f.toml",
+        "name = \"hang\"\n[[step]]\nname = \"wait\"\nrun = \"sleep 60 & echo $! > bg.pid; sleep 60\"\n[[step]]\nname = \"after\"\nrun = \"touch after\"\n",
+    );
+    let f = f.to_str().ok_or("path")?;
+    let mut child = env
+        .cmd(&[
+            "run",
+            f,
+            "--run-id",
+            "r",
+            "--lease",
+            "600ms",
+            "--cancel-grace",
+            "300ms",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    wait_for(&env.path().join("bg.pid"))?;
+    let out = env.run(&["cancel", "r", "--reason", "enough", "--by", "ops"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let began = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if began.elapsed() > Duration::from_secs(30) {
+            child.kill()?;
+            return Err("the run did not stop after its cancel".into());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().ok_or("stderr")?, &mut err)?;
+    assert_eq!(status.code(), Some(6), "{err}");
+    assert!(err.contains("cancelled by ops: enough"), "{err}");
+    let bg = std::fs::read_to_string(env.path().join("bg.pid"))?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pid_alive(&bg) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!pid_alive(&bg), "the step's process outlived the cancel");
+    assert!(
+        !env.path().join("after").exists(),
+        "a step after the cancel ran"
+    );
+    let shown = env.show("r");
+    assert_eq!(shown["status"], "cancelled");
+    assert_eq!(shown["audit"][0]["action"]["kind"], "cancel");
+    assert_eq!(shown["audit"][0]["by"], "ops");
+    // Running it again: exit 6 at once, nothing runs.
+    let again = env.run(&["run", f, "--run-id", "r"]);
+    assert_eq!(code(&again), 6, "{}", stderr(&again));
+    // Cancelling it again, or a run that does not exist: usage errors.
+    assert_eq!(code(&env.run(&["cancel", "r"])), 2);
+    assert_eq!(code(&env.run(&["cancel", "nope"])), 2);
+    Ok(())
+}
+
+#[test]
+fn cancel_between_steps_stops_at_the_boundary() -> TestResult {
+    let env = Env::new();
+    let f = env.flow(
+        "f.toml",
+        "name = \"two\"\n[[step]]\nname = \"one\"\nrun = \"touch started; while [ ! -e go ]; do sleep 0.05; done; echo one >> log\"\n[[step]]\nname = \"two\"\nrun = \"echo two >> log\"\n",
+    );
+    let f = f.to_str().ok_or("path")?;
+    // A long lease: no renewal comes before the step ends, so the cancel is
+    // found at the step's save.
+    let child = env.cmd(&["run", f, "--run-id", "r"]).spawn()?;
+    wait_for(&env.path().join("started"))?;
+    let out = env.run(&["cancel", "r"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    std::fs::write(env.path().join("go"), "")?;
+    let status = child.wait_with_output()?;
+    assert_eq!(status.status.code(), Some(6));
+    assert_eq!(env.log(), ["one"], "the step after the cancel ran");
+    let shown = env.show("r");
+    assert_eq!(shown["status"], "cancelled");
+    assert_eq!(shown["next"], 0, "the cancelled step's result was saved");
+    Ok(())
+}
+
+#[test]
+fn retry_rewind_and_fork_from_the_command_line() -> TestResult {
+    let env = Env::new();
+    let f = env.flow("f.toml", LOGGED);
+    let f = f.to_str().ok_or("path")?;
+    assert_eq!(code(&env.run(&["run", f, "--run-id", "r"])), 0);
+
+    let out = env.run(&["rewind", "r", "--to", "b", "--by", "ada"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let shown = env.show("r");
+    assert_eq!(shown["next"], 1);
+    assert_eq!(shown["state"], json!({"a": 1}));
+    assert_eq!(shown["audit"][0]["action"]["kind"], "rewind");
+    assert_eq!(shown["audit"][0]["by"], "ada");
+    let text = env.run(&["show", "r"]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("rewound to step 1 (b)"),
+        "show does not print the audit entry"
+    );
+    assert_eq!(code(&env.run(&["run", f, "--run-id", "r"])), 0);
+    assert_eq!(env.log(), ["a", "b", "c", "b", "c"]);
+    let history = env.run(&["history", "r", "--json"]);
+    let history = json_of(&history);
+    let audit: Vec<&Value> = history
+        .as_array()
+        .ok_or("history --json is not a list")?
+        .iter()
+        .filter_map(|e| e.get("audit"))
+        .collect();
+    assert_eq!(audit.len(), 1, "{history}");
+    assert_eq!(audit[0]["action"]["from"], 3);
+
+    let before = env.run(&["show", "r", "--json"]).stdout;
+    let out = env.run(&["fork", "r", "--at", "c", "--as", "copy"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        env.run(&["show", "r", "--json"]).stdout,
+        before,
+        "the original changed"
+    );
+    let copy = env.show("copy");
+    assert_eq!(copy["next"], 2);
+    assert_eq!(copy["state"], json!({"a": 1, "b": 2}));
+    assert_eq!(code(&env.run(&["run", f, "--run-id", "copy"])), 0);
+    assert_eq!(env.log(), ["a", "b", "c", "b", "c", "c"]);
+
+    // Refusals: exit 2, nothing written.
+    for args in [
+        vec!["rewind", "r", "--to", "zzz"],
+        vec!["fork", "r", "--at", "b", "--as", "copy"],
+        vec!["fork", "r", "--at", "b", "--as", "bad\nid"],
+        vec!["retry", "r"],
+        vec!["rewind", "nope", "--to", "a"],
+    ] {
+        let out = env.run(&args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+    }
+
+    // A failed step, retried.
+    let g = env.flow(
+        "g.toml",
+        "name = \"flaky\"\n[[step]]\nname = \"once\"\nrun = \"test -e ok || { echo nope >&2; exit 1; }\"\n",
+    );
+    let g = g.to_str().ok_or("path")?;
+    assert_eq!(code(&env.run(&["run", g, "--run-id", "fl"])), 1);
+    assert_eq!(env.show("fl")["status"], "failed");
+    std::fs::write(env.path().join("ok"), "")?;
+    let out = env.run(&["retry", "fl"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(env.show("fl")["error"], Value::Null);
+    assert_eq!(code(&env.run(&["run", g, "--run-id", "fl"])), 0);
+    Ok(())
+}
+
+#[test]
+fn gc_deletes_finished_runs_only_and_reports_progress() -> TestResult {
+    let env = Env::new();
+    let f = env.flow("f.toml", LOGGED);
+    let f = f.to_str().ok_or("path")?;
+    for i in 0..5 {
+        assert_eq!(
+            code(&env.run(&["run", f, "--run-id", &format!("done{i}")])),
+            0
+        );
+    }
+    assert_eq!(code(&env.run(&["start", f, "--run-id", "waiting"])), 0);
+    let dry = env.run(&[
+        "gc",
+        "--older-than",
+        "0s",
+        "--dry-run",
+        "--json",
+        "--batch",
+        "2",
+    ]);
+    assert_eq!(code(&dry), 0, "{}", stderr(&dry));
+    assert_eq!(json_of(&dry)["matched"], 5);
+    assert_eq!(json_of(&dry)["deleted"], 0);
+    assert!(stderr(&dry).contains("batch 3"), "{}", stderr(&dry));
+    // Nothing is old enough.
+    let none = env.run(&["gc", "--older-than", "1h", "--json"]);
+    assert_eq!(json_of(&none)["deleted"], 0);
+    let out = env.run(&["gc", "--older-than", "0s", "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(json_of(&out)["deleted"], 5);
+    let left = json_of(&env.run(&["runs", "--json"]));
+    let ids: Vec<&str> = left
+        .as_array()
+        .ok_or("runs --json")?
+        .iter()
+        .filter_map(|r| r["run_id"].as_str())
+        .collect();
+    assert_eq!(ids, ["waiting"]);
+    for bad in [
+        vec!["gc", "--older-than", "0s", "--status", "pending"],
+        vec!["gc", "--older-than", "0s", "--status", "bogus"],
+        vec!["gc", "--older-than", "1000y"],
+        vec!["gc", "--older-than", "0s", "--batch", "0"],
+        vec!["gc"],
+    ] {
+        assert_eq!(code(&env.run(&bad)), 2, "{bad:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn runs_stuck_labels_each_cause() -> TestResult {
+    let env = Env::new();
+    let f = env.flow(
+        "f.toml",
+        "name = \"w\"\n[[step]]\nname = \"a\"\nrun = \"exit 1\"\n",
+    );
+    let f = f.to_str().ok_or("path")?;
+    let ok = env.flow(
+        "ok.toml",
+        "name = \"other\"\n[[step]]\nname = \"x\"\nrun = \"true\"\n[[step]]\nname = \"y\"\nrun = \"true\"\n",
+    );
+    let ok = ok.to_str().ok_or("path")?;
+    assert_eq!(code(&env.run(&["run", f, "--run-id", "failed"])), 1);
+    assert_eq!(code(&env.run(&["start", f, "--run-id", "pending"])), 0);
+    assert_eq!(code(&env.run(&["run", ok, "--run-id", "fine"])), 0);
+    // A record the changed flow no longer matches.
+    let changed = env.flow(
+        "changed.toml",
+        "name = \"other\"\n[[step]]\nname = \"x2\"\nrun = \"true\"\n",
+    );
+    let mut prior = env.flow(
+        "prior.toml",
+        "name = \"other\"\n[[step]]\nname = \"x\"\nrun = \"true\"\n[[step]]\nname = \"gate\"\ngate = true\n",
+    );
+    assert_eq!(
+        code(&env.run(&["run", prior.to_str().ok_or("path")?, "--run-id", "gated"])),
+        4
+    );
+    prior = changed;
+    let stuck = env.run(&[
+        "runs",
+        "--stuck",
+        "--stuck-after",
+        "0s",
+        "--json",
+        "--flow",
+        prior.to_str().ok_or("path")?,
+    ]);
+    assert_eq!(code(&stuck), 0, "{}", stderr(&stuck));
+    let list = json_of(&stuck);
+    let labels: Vec<(String, String)> = list
+        .as_array()
+        .ok_or("runs --json")?
+        .iter()
+        .map(|r| {
+            (
+                r["run_id"].as_str().unwrap_or_default().to_string(),
+                r["stuck"]["label"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            ("failed".to_string(), "retries-exhausted".to_string()),
+            ("gated".to_string(), "workflow-changed".to_string()),
+            ("pending".to_string(), "pending-no-worker".to_string()),
+        ],
+        "{list}"
+    );
+    // Without --stuck every run is listed, the stuck ones labelled; a fresh
+    // pending run is not stuck within the default minute.
+    let all = json_of(&env.run(&["runs", "--json"]));
+    let all = all.as_array().ok_or("runs --json")?;
+    assert_eq!(all.len(), 4);
+    assert!(all
+        .iter()
+        .any(|r| r["run_id"] == "fine" && r["stuck"].is_null()));
+    assert!(all
+        .iter()
+        .any(|r| r["run_id"] == "pending" && r["stuck"].is_null()));
+    let shown = env.run(&["show", "failed"]);
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains("stuck     retries-exhausted"),
+        "{}",
+        String::from_utf8_lossy(&shown.stdout)
+    );
+    Ok(())
+}
+
+#[test]
+fn the_file_store_says_why_it_cannot_rewind_or_fork() -> TestResult {
+    let env = Env::new();
+    let store = format!("file:{}", env.path().join("runs.json").display());
+    let f = env.flow("f.toml", LOGGED);
+    let f = f.to_str().ok_or("path")?;
+    let run = |args: &[&str]| {
+        std::process::Command::new(support::BIN)
+            .current_dir(env.path())
+            .arg("--store")
+            .arg(&store)
+            .args(args)
+            .output()
+    };
+    assert_eq!(code(&run(&["run", f, "--run-id", "r"])?), 0);
+    let before = std::fs::read(env.path().join("runs.json"))?;
+    for args in [
+        vec!["rewind", "r", "--to", "b"],
+        vec!["fork", "r", "--at", "b", "--as", "x"],
+    ] {
+        let out = run(&args)?;
+        assert_eq!(code(&out), 2, "{args:?}");
+        assert!(stderr(&out).contains("keeps none"), "{}", stderr(&out));
+    }
+    assert_eq!(std::fs::read(env.path().join("runs.json"))?, before);
+    // Cancel, retry and gc work on it.
+    assert_eq!(code(&run(&["gc", "--older-than", "0s"])?), 0);
+    assert_eq!(code(&run(&["show", "r"])?), 2, "gc left the run");
+    Ok(())
+}
