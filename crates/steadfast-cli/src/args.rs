@@ -48,6 +48,12 @@ pub enum Command {
     Fork(cmd::fork::ForkArgs),
     /// Delete finished runs older than a cutoff, in batches.
     Gc(cmd::gc::GcArgs),
+    /// Write runs as JSON Lines (one run per line: record, history, checksum).
+    Export(cmd::export::ExportArgs),
+    /// Read runs written by export into the store (resumable, idempotent).
+    Import(cmd::import::ImportArgs),
+    /// Copy every run from one store to another (resumable, idempotent).
+    Copy(cmd::copy::CopyArgs),
     /// Rewrite every run under the current encryption key (resumable).
     Rekey(cmd::rekey::RekeyArgs),
     /// Internal: runs a step command so that it dies with this process's parent.

@@ -77,7 +77,7 @@ pub fn main() -> i32 {
 }
 
 async fn dispatch(cli: Cli) -> Result<i32, Failure> {
-    // Only `run`, `start` and `worker` may create a store; the other commands work on runs that
+    // Only `run`, `start`, `worker` and `import` may create a store; the other commands work on runs that
     // exist, and say so when the store itself does not.
     // The keys first: a key that cannot be read is a usage error, before
     // the store is opened (or created).
@@ -89,8 +89,11 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
             steadfast::seal::KEY_FILE_ENV
         )));
     }
+    if let Command::Copy(args) = cli.command {
+        return cmd::copy::run(args).await;
+    }
     let opened = match cli.command {
-        Command::Run(_) | Command::Start(_) | Command::Worker(_) => {
+        Command::Run(_) | Command::Start(_) | Command::Worker(_) | Command::Import(_) => {
             steadfast::open_store(&cli.store).await
         }
         _ => steadfast::open_existing_store(&cli.store).await,
@@ -105,6 +108,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
             steadfast::seal::SealedStore::new(store.clone(), keys).accept_plaintext(migrate),
         )
     });
+    let raw = store.clone();
     let store: std::sync::Arc<dyn steadfast::Store> = match &sealed {
         Some(sealed) => sealed.clone(),
         None => std::sync::Arc::new(steadfast::seal::RefuseSealed::new(store)),
@@ -112,6 +116,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
     let ctx = cmd::Ctx {
         store,
         sealed,
+        raw,
         url: shown,
     };
     match cli.command {
@@ -129,6 +134,9 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Command::Rewind(args) => cmd::rewind::run(args, &ctx).await,
         Command::Fork(args) => cmd::fork::run(args, &ctx).await,
         Command::Gc(args) => cmd::gc::run(args, &ctx).await,
+        Command::Export(args) => cmd::export::run(args, &ctx).await,
+        Command::Import(args) => cmd::import::run(args, &ctx).await,
+        Command::Copy(_) => Ok(exit::USAGE),
         Command::Rekey(args) => cmd::rekey::run(args, &ctx).await,
         Command::Supervise { .. } => Ok(exit::USAGE),
     }

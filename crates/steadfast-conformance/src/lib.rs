@@ -187,6 +187,8 @@ macro_rules! store_conformance {
             retry_clears_a_failed_run,
             cancel_stops_a_run_at_the_next_boundary,
             gc_deletes_old_finished_runs_and_never_a_live_one,
+            a_save_can_write_a_given_version,
+            put_run_copies_a_run_exactly_and_never_overwrites_a_newer_one,
         );
     };
 }

@@ -700,3 +700,104 @@ pub async fn durable_functions_rewind_and_fork_by_step_name(ts: TestStore) -> Ch
     );
     Ok(())
 }
+
+/// A save may write a given version (for imports): the compare-and-swap on
+/// the expected version still applies, and the version loads back.
+pub async fn a_save_can_write_a_given_version(ts: TestStore) -> CheckResult {
+    let store = &ts.store;
+    let cp = Checkpoint::new("r", "flow", Timestamp::from_unix_millis(1));
+    let v = store
+        .save(SaveRequest::new(&cp, None).writing_version(41))
+        .await?;
+    ensure!(v == 41, "a fresh save meant to write version 41 wrote {v}");
+    let loaded = store.load("r").await?.ok_or("the run vanished")?;
+    ensure!(loaded.version == 41, "loaded version {}", loaded.version);
+    let stale = store
+        .save(SaveRequest::new(&cp, Some(40)).writing_version(90))
+        .await;
+    ensure!(
+        matches!(&stale, Err(e) if e.kind() == StoreErrorKind::Conflict),
+        "a save expecting a stale version gave {stale:?}"
+    );
+    ensure!(
+        store.save(SaveRequest::new(&cp, Some(41))).await? == 42,
+        "the next save is not 42"
+    );
+    let v = store
+        .save(SaveRequest::new(&cp, Some(42)).writing_version(100))
+        .await?;
+    ensure!(v == 100, "wrote {v}");
+    ensure!(
+        store.load("r").await?.ok_or("the run vanished")?.version == 100,
+        "version 100 did not load back"
+    );
+    Ok(())
+}
+
+/// `put_run` writes a run as another store had it (record, version and,
+/// where this store keeps it, history) and loads back equal; again, it
+/// keeps what is there; a newer record here is never overwritten, an older
+/// one is replaced. An encrypted-looking state (opaque strings) moves as is.
+pub async fn put_run_copies_a_run_exactly_and_never_overwrites_a_newer_one(
+    ts: TestStore,
+) -> CheckResult {
+    use steadfast_core::transfer::{export_run, put_run, Put};
+    let store = &ts.store;
+    let source: Arc<dyn Store> = Arc::new(steadfast_core::MemoryStore::new());
+    let tally = Tally::default();
+    let wf = gated(&tally)?;
+    start(&*source, "gated", "r", json!({"x": "in"}), false).await?;
+    through_gate(&source, &wf, "r", json!({"ok": [1, 2.5, "three"]})).await?;
+    ops::rewind(&*source, "r", "c", "ada", &SystemClock).await?;
+    let record = export_run(&*source, "r").await?.ok_or("no export")?;
+    let keeps_history =
+        !matches!(store.history("nope").await, Err(e) if e.kind() == StoreErrorKind::Unsupported);
+
+    ensure!(
+        put_run(&**store, &record).await? == Put::Written,
+        "not written"
+    );
+    let here = store.load("r").await?.ok_or("the run did not arrive")?;
+    ensure!(
+        here == record.run,
+        "the run differs:\n{here:?}\n{:?}",
+        record.run
+    );
+    if keeps_history {
+        let h = store.history("r").await?;
+        ensure!(h == record.history, "the history differs: {h:?}");
+    }
+    ensure!(
+        matches!(put_run(&**store, &record).await?, Put::Kept { version } if version == record.run.version),
+        "a second put was not kept"
+    );
+    // The source moves on: the copy here is replaced.
+    Runner::new(&*source).run("r", &wf).await?;
+    let newer = export_run(&*source, "r").await?.ok_or("no export")?;
+    ensure!(
+        put_run(&**store, &newer).await?
+            == (Put::Replaced {
+                was: record.run.version
+            }),
+        "an older copy was not replaced"
+    );
+    ensure!(
+        store.load("r").await?.as_ref() == Some(&newer.run),
+        "the newer run did not arrive"
+    );
+    // The older record again: the newer one here stays.
+    ensure!(
+        matches!(put_run(&**store, &record).await?, Put::Kept { .. }),
+        "an older record overwrote a newer one"
+    );
+    ensure!(
+        store.load("r").await?.as_ref() == Some(&newer.run),
+        "the newer run changed"
+    );
+    // The run works on here: a rewind (where history is kept) and a run.
+    if keeps_history {
+        ops::rewind(&**store, "r", "b", "ada", &SystemClock).await?;
+        through_gate(store, &wf, "r", json!({"ok": "again"})).await?;
+    }
+    Ok(())
+}

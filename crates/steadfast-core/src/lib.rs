@@ -44,6 +44,7 @@ mod session;
 mod state;
 pub mod store;
 pub mod stuck;
+pub mod transfer;
 mod typed;
 pub mod worker;
 mod workflow;

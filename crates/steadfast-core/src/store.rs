@@ -32,6 +32,11 @@ pub struct SaveRequest<'a> {
     /// may be empty). A lease renewal saves this way, so it never rewrites
     /// the state.
     pub head_only: bool,
+    /// Write this version instead of `expected + 1`: for
+    /// [`transfer::put_run`](crate::transfer::put_run), which brings a run
+    /// over from another store with the version it had there (an encrypted
+    /// record's seal covers it). The compare-and-swap on `expected` stays.
+    pub write_version: Option<u64>,
 }
 
 impl<'a> SaveRequest<'a> {
@@ -42,6 +47,7 @@ impl<'a> SaveRequest<'a> {
             expected,
             step: None,
             head_only: false,
+            write_version: None,
         }
     }
 
@@ -57,9 +63,18 @@ impl<'a> SaveRequest<'a> {
         self
     }
 
-    /// The version this save writes.
+    /// Makes the save write `version` rather than `expected + 1`; see
+    /// [`SaveRequest::write_version`].
+    pub fn writing_version(mut self, version: u64) -> Self {
+        self.write_version = Some(version);
+        self
+    }
+
+    /// The version this save writes: [`write_version`](SaveRequest::write_version)
+    /// when set, else `expected + 1` (1 for a fresh run).
     pub fn new_version(&self) -> u64 {
-        self.expected.map_or(1, |v| v + 1)
+        self.write_version
+            .unwrap_or_else(|| self.expected.map_or(1, |v| v + 1))
     }
 }
 

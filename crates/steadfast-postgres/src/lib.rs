@@ -182,12 +182,13 @@ impl Sql {
         let text = |s: &str| s.replace("{steps}", steps_upsert).replace("{s}", q);
         Sql {
             // $2 (expected) and $13 (delta bytes) are unused by a fresh
-            // insert but typed, so that both statements take one list.
+            // insert but typed, so that both statements take one list. $20
+            // is the version written: expected + 1, or an imported one.
             insert: text(
                 "WITH h AS (
                     INSERT INTO {s}.runs (run_id, workflow, status, next, version, created_at, updated_at, head,
                         snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes, wake_at)
-                    SELECT $1, $3, $4, $5, 1, $6, $7, $8, $10, $11, $5, $12, 0, $9
+                    SELECT $1, $3, $4, $5, $20, $6, $7, $8, $10, $11, $5, $12, 0, $9
                     WHERE $2::bigint IS NULL AND $13::bigint = 0
                     ON CONFLICT (run_id) DO NOTHING
                     RETURNING run_id, next, snapshot_bytes, delta_bytes),
@@ -197,7 +198,7 @@ impl Sql {
             update: text(
                 "WITH h AS (
                     UPDATE {s}.runs SET workflow = $3, status = $4, next = COALESCE($5, next),
-                        version = version + 1, created_at = $6, updated_at = $7, head = $8, wake_at = $9,
+                        version = $20, created_at = $6, updated_at = $7, head = $8, wake_at = $9,
                         claimed_by = NULL, claimed_until = NULL,
                         snapshot = COALESCE($10, snapshot),
                         snapshot_completed = COALESCE($11, snapshot_completed),
@@ -795,6 +796,7 @@ impl Store for PgStore {
             SaveJob {
                 run_id: run_id.clone(),
                 expected: req.expected,
+                version: req.new_version() as i64,
                 workflow: cp.workflow.clone(),
                 status: cp.status.as_str(),
                 next,

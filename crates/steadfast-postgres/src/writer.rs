@@ -37,6 +37,8 @@ pub(crate) struct StepRow {
 pub(crate) struct SaveJob {
     pub run_id: String,
     pub expected: Option<u64>,
+    /// The version written (`expected + 1`, unless imported).
+    pub version: i64,
     pub workflow: String,
     pub status: &'static str,
     /// `None` keeps the stored `next` (a head-only save).
@@ -215,6 +217,7 @@ fn params(job: &SaveJob) -> Vec<Box<dyn ToSql + Sync + Send + '_>> {
         Box::new(step.map(|s| s.attempt)),
         Box::new(step.map(|s| s.started_at)),
         Box::new(step.map(|s| s.finished_at)),
+        Box::new(job.version),
     ]
 }
 
@@ -435,7 +438,7 @@ async fn answer(
 ) -> Result<Acct, StoreError> {
     match row {
         Some(row) => Ok(Acct {
-            version: job.expected.map_or(1, |v| v + 1),
+            version: job.version as u64,
             next: row.get::<_, i64>(0) as usize,
             snapshot_bytes: row.get::<_, i64>(1) as u64,
             delta_bytes: row.get::<_, i64>(2) as u64,

@@ -943,6 +943,7 @@ impl Store for SealedStore {
                 .seal_head(&cp, req.new_version(), &state_tag)?,
         );
         let mut sealed = SaveRequest::new(&cp, req.expected);
+        sealed.write_version = req.write_version;
         if req.head_only {
             sealed = sealed.head_only();
         }

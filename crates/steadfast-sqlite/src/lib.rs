@@ -762,6 +762,7 @@ impl Store for SqliteStore {
         self.submit(Job::Save(Box::new(SaveJob {
             run_id: cp.run_id.clone(),
             expected: req.expected,
+            version: req.new_version(),
             head,
             body,
             reply: tx,

@@ -63,6 +63,8 @@ pub(crate) enum Body {
 pub(crate) struct SaveJob {
     pub run_id: String,
     pub expected: Option<u64>,
+    /// The version to write (`expected + 1`, unless imported).
+    pub version: u64,
     pub head: Head,
     pub body: Body,
     pub reply: oneshot::Sender<Result<Acct, StoreError>>,
@@ -370,7 +372,7 @@ fn fail(job: Job, err: &StoreError) {
 /// conflict writes nothing.
 fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, StoreError> {
     let ctx = |what: &str| format!("{what} run {:?} in {path}", job.run_id);
-    let version = job.expected.map_or(1, |v| v + 1);
+    let version = job.version;
     let expected = job.expected.map(|v| v as i64);
     let h = &job.head;
     let acct = |snapshot_bytes: u64, delta_bytes: u64| Acct {

@@ -3,10 +3,13 @@
 
 pub mod approve;
 pub mod cancel;
+pub mod copy;
 pub mod delete;
+pub mod export;
 pub mod fork;
 pub mod gc;
 pub mod history;
+pub mod import;
 pub mod reject;
 pub mod rekey;
 pub mod retry;
@@ -29,6 +32,9 @@ pub struct Ctx {
     pub store: Arc<dyn Store>,
     /// The same store as the seal that wraps it, when keys are given.
     pub sealed: Option<Arc<steadfast::seal::SealedStore>>,
+    /// The store as opened, without the seal or the refusal of sealed
+    /// records: for export and import, which move records as they are.
+    pub raw: Arc<dyn Store>,
     /// Its URL, as given but with any password hidden, for messages.
     pub url: String,
 }

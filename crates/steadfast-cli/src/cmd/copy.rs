@@ -1,0 +1,46 @@
+//! `steadfast copy --from URL --to URL`: every run from one store to another.
+
+use anyhow::Context;
+use steadfast::transfer::copy;
+
+use super::Failure;
+use crate::args::exit;
+use crate::output;
+
+/// Arguments of `copy`.
+#[derive(clap::Args, Debug)]
+pub struct CopyArgs {
+    /// The store to copy from (it must exist).
+    #[arg(long)]
+    pub from: String,
+    /// The store to copy into (created if missing).
+    #[arg(long)]
+    pub to: String,
+}
+
+/// Copies page by page, with progress on stderr. Records move as they are
+/// stored: encrypted values stay encrypted.
+pub async fn run(args: CopyArgs) -> Result<i32, Failure> {
+    let (from_shown, to_shown) = (
+        steadfast::store::redact_url(&args.from),
+        steadfast::store::redact_url(&args.to),
+    );
+    let from = steadfast::open_existing_store(&args.from)
+        .await
+        .with_context(|| format!("cannot open the store {from_shown}"))?;
+    let to = steadfast::open_store(&args.to)
+        .await
+        .with_context(|| format!("cannot open the store {to_shown}"))?;
+    let report = copy(&*from, &*to, |r| {
+        output::note(format_args!(
+            "copy: {} written, {} replaced, {} already there",
+            r.written, r.replaced, r.kept
+        ))
+    })
+    .await?;
+    output::note(format_args!(
+        "copy {from_shown} -> {to_shown}: {} written, {} replaced an older version, {} already there (kept), {} vanished meanwhile",
+        report.written, report.replaced, report.kept, report.vanished
+    ));
+    Ok(exit::OK)
+}

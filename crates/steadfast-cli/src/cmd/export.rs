@@ -1,0 +1,76 @@
+//! `steadfast export [--run ID…]`: runs as JSON Lines on stdout.
+
+use std::io::Write;
+
+use anyhow::Context;
+use steadfast::transfer::{encode_line, export_run};
+use steadfast::ListFilter;
+
+use super::{no_such_run, usage, Ctx, Failure};
+use crate::args::exit;
+use crate::output;
+
+/// Arguments of `export`.
+#[derive(clap::Args, Debug)]
+pub struct ExportArgs {
+    /// Only these runs (default: every run).
+    #[arg(long = "run", value_name = "ID")]
+    pub runs: Vec<String>,
+    /// Write encrypted runs opened (needs the keys). Without it, every run
+    /// is written as it is stored: encrypted values stay encrypted.
+    #[arg(long)]
+    pub decrypt: bool,
+}
+
+/// Writes one line per run; progress on stderr.
+pub async fn run(args: ExportArgs, ctx: &Ctx) -> Result<i32, Failure> {
+    let store = if args.decrypt {
+        if ctx.sealed.is_none() {
+            return Err(usage(format!(
+                "--decrypt needs the keys: set {} or {}",
+                steadfast::seal::KEY_ENV,
+                steadfast::seal::KEY_FILE_ENV
+            )));
+        }
+        &ctx.store
+    } else {
+        &ctx.raw
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut written = 0u64;
+    let mut put = |line: String| -> Result<(), Failure> {
+        writeln!(out, "{line}").context("writing the export")?;
+        written += 1;
+        if written % 1000 == 0 {
+            output::note(format_args!("export: {written} run(s)"));
+        }
+        Ok(())
+    };
+    if !args.runs.is_empty() {
+        for id in &args.runs {
+            steadfast::validate_run_id(id)?;
+            let record = export_run(&**store, id)
+                .await?
+                .ok_or_else(|| no_such_run(id, ctx))?;
+            put(encode_line(&record)?)?;
+        }
+    } else {
+        let mut filter = ListFilter::new().limit(500);
+        loop {
+            let page = store.list(&filter).await.context("listing runs")?;
+            let Some(last) = page.last() else { break };
+            filter.after = Some(last.run_id.clone());
+            for summary in &page {
+                // Deleted since it was listed: not exported.
+                if let Some(record) = export_run(&**store, &summary.run_id).await? {
+                    put(encode_line(&record)?)?;
+                }
+            }
+        }
+    }
+    drop(put);
+    out.flush().context("writing the export")?;
+    output::note(format_args!("export: {written} run(s) written"));
+    Ok(exit::OK)
+}

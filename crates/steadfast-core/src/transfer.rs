@@ -1,0 +1,373 @@
+//! Moving runs between stores: a line-per-run export format, and writing a
+//! run into a store with the version, state and history it had in another.
+//!
+//! # The export format (version 1)
+//!
+//! JSON Lines: one run per line, each line one JSON object
+//!
+//! ```text
+//! {"format":1,"sha256":"<64 hex digits>","record":{"run":{…},"history":[…]}}
+//! ```
+//!
+//! - `format`: the version of this layout, 1;
+//! - `record.run`: the run's checkpoint exactly as a `Checkpoint` serializes
+//!   (head, state, version, times, lease, wait, decisions, audit, seal);
+//! - `record.history`: its per-step records in index order, or `null` when
+//!   the store it came from keeps none (the file store);
+//! - `sha256`: the SHA-256 of the `record` value written as compact JSON, in
+//!   lowercase hex, so that a line changed or cut short is refused.
+//!
+//! An encrypted run is exported as it is stored (its values sealed), and
+//! imports as such: its seal covers its run id and version, which
+//! [`put_run`] keeps.
+//!
+//! ```
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! use serde_json::json;
+//! use steadfast_core::{run, transfer, update, MemoryStore, Store, Workflow};
+//!
+//! let wf = Workflow::builder("w").step("a", |_, _| async { update(json!({"a": 1})) }).build()?;
+//! let (from, to) = (MemoryStore::new(), MemoryStore::new());
+//! run("r", &wf, &from).await?;
+//! let line = transfer::export_line(&from, "r").await?.expect("the run exists");
+//! let record = transfer::decode_line(&line, 1)?;
+//! assert_eq!(transfer::put_run(&to, &record).await?, transfer::Put::Written);
+//! assert_eq!(to.load("r").await.unwrap(), from.load("r").await.unwrap());
+//! // Again: it is there already, and nothing is written.
+//! assert!(matches!(transfer::put_run(&to, &record).await?, transfer::Put::Kept { .. }));
+//! # Ok::<(), steadfast_core::Error>(())
+//! # }).unwrap();
+//! ```
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::checkpoint::{Checkpoint, Lease, RunStatus, StepRecord};
+use crate::engine::store_error;
+use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::store::{ListFilter, SaveRequest, Store};
+
+/// The version of the export layout this build writes and reads.
+pub const EXPORT_FORMAT: u32 = 1;
+
+/// The longest line [`decode_line`] takes: 64 MiB.
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+
+/// One run as exported: its record and its history.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Exported {
+    /// The run's checkpoint.
+    pub run: Checkpoint,
+    /// Its per-step records, if the store it came from keeps them.
+    pub history: Option<Vec<StepRecord>>,
+}
+
+impl Exported {
+    /// A run and its history.
+    pub fn new(run: Checkpoint, history: Option<Vec<StepRecord>>) -> Self {
+        Exported { run, history }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Line {
+    format: u32,
+    sha256: String,
+    record: Value,
+}
+
+fn digest(record: &Value) -> String {
+    // Writing a Value cannot fail.
+    let bytes = serde_json::to_vec(record).unwrap_or_default();
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Encodes one run as a line of the export format (without its newline).
+pub fn encode_line(record: &Exported) -> Result<String, Error> {
+    let value = serde_json::to_value(record).map_err(|e| Error::InvalidInput {
+        what: format!("the export of run {:?}", record.run.run_id),
+        reason: e.to_string(),
+    })?;
+    let line = Line {
+        format: EXPORT_FORMAT,
+        sha256: digest(&value),
+        record: value,
+    };
+    serde_json::to_string(&line).map_err(|e| Error::InvalidInput {
+        what: format!("the export of run {:?}", record.run.run_id),
+        reason: e.to_string(),
+    })
+}
+
+/// Decodes line `lineno` (1-based, for messages) of an export, checking its
+/// format, its checksum and that the run is one a store would take: a valid
+/// run id, a consistent record (version at least 1, `next` matching the
+/// completed steps), history rows below `next` with the names the record
+/// gives them, in order.
+pub fn decode_line(line: &str, lineno: usize) -> Result<Exported, Error> {
+    let bad = |reason: String| Error::InvalidInput {
+        what: format!("line {lineno} of the export"),
+        reason,
+    };
+    if line.len() > MAX_LINE_BYTES {
+        return Err(bad(format!(
+            "it is {} bytes, over the limit of {MAX_LINE_BYTES}",
+            line.len()
+        )));
+    }
+    let parsed: Line =
+        serde_json::from_str(line).map_err(|e| bad(format!("not an export line: {e}")))?;
+    if parsed.format != EXPORT_FORMAT {
+        return Err(bad(format!(
+            "format {} is not understood by this build (it reads {EXPORT_FORMAT})",
+            parsed.format
+        )));
+    }
+    if digest(&parsed.record) != parsed.sha256 {
+        return Err(bad(
+            "its checksum does not match its record: the line was changed or damaged".into(),
+        ));
+    }
+    let record: Exported = serde_path_to_error::deserialize(parsed.record)
+        .map_err(|e| bad(format!("at `{}`: {}", e.path(), e.inner())))?;
+    let run = &record.run;
+    crate::validate_run_id(&run.run_id).map_err(|e| bad(e.to_string()))?;
+    run.check()
+        .map_err(|e| bad(format!("run {:?}: {e}", run.run_id)))?;
+    if let Some(history) = &record.history {
+        for (i, r) in history.iter().enumerate() {
+            if r.index != i || r.index >= run.next || r.name != run.completed[r.index] {
+                return Err(bad(format!(
+                    "run {:?}: history row {i} (step {} {:?}) does not match the record's completed steps",
+                    run.run_id, r.index, r.name
+                )));
+            }
+        }
+    }
+    Ok(record)
+}
+
+/// The export line of run `run_id` of `store`, or `None` if it is absent. A
+/// store that keeps no history exports `history: null`.
+pub async fn export_line<S: Store + ?Sized>(
+    store: &S,
+    run_id: &str,
+) -> Result<Option<String>, Error> {
+    match export_run(store, run_id).await? {
+        Some(record) => encode_line(&record).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Run `run_id` of `store` with its history, or `None` if it is absent.
+pub async fn export_run<S: Store + ?Sized>(
+    store: &S,
+    run_id: &str,
+) -> Result<Option<Exported>, Error> {
+    let Some(run) = store
+        .load(run_id)
+        .await
+        .map_err(|e| store_error(run_id, "load for export", e))?
+    else {
+        return Ok(None);
+    };
+    let history = match store.history(run_id).await {
+        Ok(h) => h,
+        Err(e) if e.kind() == StoreErrorKind::Unsupported => None,
+        Err(e) => return Err(store_error(run_id, "reading the history for export", e)),
+    };
+    // A save between the two reads: the history is read again with the run.
+    if let Some(h) = &history {
+        if h.len() != run.next {
+            return Err(store_error(
+                run_id,
+                "export",
+                StoreError::Conflict {
+                    run_id: run_id.to_string(),
+                    expected: Some(run.version),
+                    found: None,
+                },
+            ));
+        }
+    }
+    Ok(Some(Exported { run, history }))
+}
+
+/// What [`put_run`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Put {
+    /// The run was absent and is written now.
+    Written,
+    /// An older version of it (`was`) was replaced.
+    Replaced {
+        /// The version it had here.
+        was: u64,
+    },
+    /// It is here with the same or a newer version: nothing was written.
+    Kept {
+        /// The version it has here.
+        version: u64,
+    },
+}
+
+/// Writes `record` into `store` as it was where it came from: the same
+/// version, state, head and history. Idempotent: a run already here at the
+/// same or a newer version is kept as it is ([`Put::Kept`]); an older one
+/// is deleted (on condition of its version) and written again.
+///
+/// The history is written step by step, as a run would have (one save per
+/// step, each carrying its row), under a lease of this process so that no
+/// worker takes the run half written; the last save writes the record
+/// itself, with its own version and lease. A record this store cannot take
+/// (over its size limit, a value it refuses) is an error naming the run.
+pub async fn put_run<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<Put, Error> {
+    let run = &record.run;
+    let id = run.run_id.as_str();
+    crate::validate_run_id(id)?;
+    let existing = store
+        .load(id)
+        .await
+        .map_err(|e| store_error(id, "load before import", e))?;
+    let outcome = match &existing {
+        Some(e) if e.version >= run.version => return Ok(Put::Kept { version: e.version }),
+        Some(e) => {
+            store.delete_if(id, e.version).await.map_err(|err| {
+                store_error(id, "removal of the older version before import", err)
+            })?;
+            Put::Replaced { was: e.version }
+        }
+        None => Put::Written,
+    };
+    let history = record.history.as_deref().unwrap_or(&[]);
+    if history.len() as u64 > run.version {
+        return Err(Error::InvalidInput {
+            what: format!("the import of run {id:?}"),
+            reason: format!(
+                "its version {} is below its {} history rows; nothing was written",
+                run.version,
+                history.len()
+            ),
+        });
+    }
+    let mut expected = None;
+    if !history.is_empty() {
+        let owner = crate::current_owner();
+        let hold = std::time::Duration::from_secs(300);
+        let mut cp = Checkpoint::new(id, &run.workflow, run.created_at);
+        cp.status = RunStatus::Running;
+        // What the run started with: its state less what the steps wrote.
+        let written: std::collections::HashSet<&str> = history
+            .iter()
+            .flat_map(|r| r.update.keys().map(String::as_str))
+            .collect();
+        cp.state = run
+            .state
+            .iter()
+            .filter(|(k, _)| !written.contains(k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for r in history {
+            for (k, v) in &r.update {
+                cp.state.insert(k.clone(), v.clone());
+            }
+            cp.completed.push(r.name.clone());
+            cp.next += 1;
+            cp.updated_at = r.finished_at;
+            cp.lease = Some(Lease::new(
+                owner.clone(),
+                crate::Clock::now(&crate::SystemClock).saturating_add(hold),
+            ));
+            cp.writer = fastrand::u64(1..);
+            let v = store
+                .save(SaveRequest::new(&cp, expected).with_step(r))
+                .await
+                .map_err(|e| store_error(id, &format!("import of step {}", r.index), e))?;
+            expected = Some(v);
+        }
+    }
+    let req = SaveRequest::new(run, expected).writing_version(run.version);
+    store
+        .save(req)
+        .await
+        .map_err(|e| store_error(id, "import of the record", e))?;
+    Ok(outcome)
+}
+
+/// [`put_run`] for each record, all at once (a store that groups
+/// concurrent writes, SQLite, commits them together); the results in the
+/// records' order.
+pub async fn put_runs<S: Store + ?Sized>(
+    store: &S,
+    records: &[Exported],
+) -> Vec<Result<Put, Error>> {
+    futures_util::future::join_all(records.iter().map(|r| put_run(store, r))).await
+}
+
+/// What [`copy`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CopyReport {
+    /// Runs written that were absent.
+    pub written: u64,
+    /// Runs that replaced an older version.
+    pub replaced: u64,
+    /// Runs already there at the same or a newer version.
+    pub kept: u64,
+    /// Runs that vanished from the source while the copy ran.
+    pub vanished: u64,
+}
+
+/// How many runs of a page [`copy`] moves at once.
+const IN_FLIGHT: usize = 32;
+
+/// Copies every run of `from` into `to` with [`put_run`], page by page in
+/// run id order: resumable and idempotent (what arrived already is kept,
+/// a newer record is never overwritten). `progress` is called after each
+/// page. A run saved in the source while it is copied may arrive as the
+/// version read; copying again brings the newer one.
+pub async fn copy<A: Store + ?Sized, B: Store + ?Sized>(
+    from: &A,
+    to: &B,
+    mut progress: impl FnMut(&CopyReport),
+) -> Result<CopyReport, Error> {
+    let mut report = CopyReport::default();
+    let mut filter = ListFilter::new().limit(500);
+    loop {
+        let page = from
+            .list(&filter)
+            .await
+            .map_err(|e| store_error("*", "listing runs to copy", e))?;
+        let Some(last) = page.last() else { break };
+        filter.after = Some(last.run_id.clone());
+        for chunk in page.chunks(IN_FLIGHT) {
+            let moves = chunk.iter().map(|s| async move {
+                let mut tries = 0;
+                loop {
+                    match export_run(from, &s.run_id).await {
+                        Ok(None) => return Ok(None),
+                        Ok(Some(rec)) => return put_run(to, &rec).await.map(Some),
+                        Err(e) if e.is_conflict() && tries < 5 => tries += 1,
+                        Err(e) => return Err(e),
+                    }
+                }
+            });
+            for done in futures_util::future::join_all(moves).await {
+                match done? {
+                    None => report.vanished += 1,
+                    Some(Put::Written) => report.written += 1,
+                    Some(Put::Replaced { .. }) => report.replaced += 1,
+                    Some(Put::Kept { .. }) => report.kept += 1,
+                }
+            }
+        }
+        progress(&report);
+    }
+    Ok(report)
+}
