@@ -42,7 +42,7 @@ pub async fn run(args: ExportArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let mut put = |line: String| -> Result<(), Failure> {
         writeln!(out, "{line}").context("writing the export")?;
         written += 1;
-        if written % 1000 == 0 {
+        if written.is_multiple_of(1000) {
             output::note(format_args!("export: {written} run(s)"));
         }
         Ok(())
@@ -69,7 +69,6 @@ pub async fn run(args: ExportArgs, ctx: &Ctx) -> Result<i32, Failure> {
             }
         }
     }
-    drop(put);
     out.flush().context("writing the export")?;
     output::note(format_args!("export: {written} run(s) written"));
     Ok(exit::OK)
