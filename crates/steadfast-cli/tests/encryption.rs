@@ -343,3 +343,53 @@ fn bad_keys_are_usage_errors_that_touch_nothing() {
         );
     }
 }
+
+#[test]
+fn export_keeps_encrypted_runs_encrypted_unless_asked_to_decrypt() {
+    let env = Env::new();
+    let f = env.flow("f.toml", FLOW);
+    let f = f.to_str().unwrap();
+    let k1 = format!("k1:{K1}");
+    assert_eq!(
+        code(&with_key(&env, Some(&k1), &["run", f, "--run-id", "r"])),
+        0
+    );
+    // Without a key, as stored: no secret in the export.
+    let sealed = with_key(&env, None, &["export"]);
+    assert_eq!(code(&sealed), 0, "{}", stderr(&sealed));
+    assert!(
+        !contains(&sealed.stdout, SECRET),
+        "the export holds the secret"
+    );
+    assert!(
+        contains(&sealed.stdout, "sf1:"),
+        "the export holds no sealed value"
+    );
+    // Imported elsewhere, it opens with the same key only.
+    let other = Env::new();
+    let file = other.path().join("runs.jsonl");
+    std::fs::write(&file, &sealed.stdout).unwrap();
+    let out = with_key(&other, None, &["import", file.to_str().unwrap()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        !contains(&all_bytes(&other), SECRET),
+        "the import decrypted the run"
+    );
+    let shown = with_key(&other, Some(&k1), &["show", "r", "--json"]);
+    assert_eq!(code(&shown), 0, "{}", stderr(&shown));
+    assert!(
+        contains(&shown.stdout, SECRET),
+        "the imported run does not open with its key"
+    );
+    let refused = with_key(&other, None, &["show", "r"]);
+    assert_ne!(code(&refused), 0, "a sealed run was shown without the key");
+    // --decrypt needs the key and writes the values open.
+    assert_eq!(code(&with_key(&env, None, &["export", "--decrypt"])), 2);
+    let open = with_key(&env, Some(&k1), &["export", "--decrypt"]);
+    assert_eq!(code(&open), 0, "{}", stderr(&open));
+    assert!(
+        contains(&open.stdout, SECRET),
+        "--decrypt did not open the values"
+    );
+    no_key_in(&open);
+}

@@ -362,3 +362,98 @@ fn the_file_store_says_why_it_cannot_rewind_or_fork() -> TestResult {
     assert_eq!(code(&run(&["show", "r"])?), 2, "gc left the run");
     Ok(())
 }
+
+#[test]
+fn export_import_and_copy_round_trip_and_refuse_damaged_lines() -> TestResult {
+    let env = Env::new();
+    let f = env.flow("f.toml", LOGGED);
+    let f = f.to_str().ok_or("path")?;
+    for id in ["r1", "r2", "r3"] {
+        assert_eq!(code(&env.run(&["run", f, "--run-id", id])), 0);
+    }
+    assert_eq!(code(&env.run(&["rewind", "r2", "--to", "c"])), 0);
+    let export = env.run(&["export"]);
+    assert_eq!(code(&export), 0, "{}", stderr(&export));
+    let text = String::from_utf8(export.stdout.clone())?;
+    assert_eq!(text.lines().count(), 3);
+    let one = env.run(&["export", "--run", "r2"]);
+    assert_eq!(
+        String::from_utf8(one.stdout)?,
+        format!("{}\n", text.lines().nth(1).ok_or("line")?)
+    );
+    assert_eq!(code(&env.run(&["export", "--run", "nope"])), 2);
+
+    // Into another store, twice: the second import keeps everything.
+    let other = Env::new();
+    let file = other.path().join("runs.jsonl");
+    std::fs::write(&file, &text)?;
+    let file_arg = file.to_str().ok_or("path")?;
+    let out = other.run(&["import", file_arg]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stderr(&out).contains("3 written"), "{}", stderr(&out));
+    let out = other.run(&["import", file_arg]);
+    assert!(stderr(&out).contains("3 already there"), "{}", stderr(&out));
+    for id in ["r1", "r2", "r3"] {
+        assert_eq!(other.show(id), env.show(id), "run {id} differs");
+    }
+    let again = other.run(&["export"]);
+    assert_eq!(
+        String::from_utf8(again.stdout)?,
+        text,
+        "export → import → export changed"
+    );
+
+    // Damaged lines: exit 2 naming the line; the lines before it stay.
+    let lines: Vec<&str> = text.lines().collect();
+    let cases: Vec<(String, &str)> = vec![
+        (
+            format!("{}\n{}\n", lines[0], lines[1].replace("\"a\":1", "\"a\":7")),
+            "line 2",
+        ),
+        (
+            format!("{}\n{}\n", lines[0], &lines[1][..lines[1].len() / 2]),
+            "line 2",
+        ),
+        (
+            format!("{}\n", lines[0].replace("\"format\":1", "\"format\":2")),
+            "format 2",
+        ),
+        ("not json\n".to_string(), "line 1"),
+    ];
+    for (body, says) in cases {
+        let fresh = Env::new();
+        let p = fresh.path().join("bad.jsonl");
+        std::fs::write(&p, body)?;
+        let out = fresh.run(&["import", p.to_str().ok_or("path")?]);
+        assert_eq!(code(&out), 2, "{}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{}", stderr(&out));
+    }
+    let fresh = Env::new();
+    let p = fresh.path().join("bin.jsonl");
+    std::fs::write(&p, [b'{', 0xff, b'}', b'\n'])?;
+    let out = fresh.run(&["import", p.to_str().ok_or("path")?]);
+    assert_eq!(code(&out), 2);
+    assert!(stderr(&out).contains("not UTF-8"), "{}", stderr(&out));
+
+    // copy: SQLite → file → SQLite, then again: everything kept.
+    let to = format!("file:{}", env.path().join("copy.json").display());
+    let back = format!("sqlite:{}", env.path().join("back.db").display());
+    let store = env.store();
+    for (from, into) in [(&store, &to), (&to, &back)] {
+        let out = std::process::Command::new(support::BIN)
+            .args(["copy", "--from", from, "--to", into])
+            .output()?;
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        assert!(stderr(&out).contains("3 written"), "{}", stderr(&out));
+    }
+    let out = std::process::Command::new(support::BIN)
+        .args(["copy", "--from", &store, "--to", &back])
+        .output()?;
+    assert!(stderr(&out).contains("3 already there"), "{}", stderr(&out));
+    let missing = format!("sqlite:{}", env.path().join("none.db").display());
+    let out = std::process::Command::new(support::BIN)
+        .args(["copy", "--from", &missing, "--to", &back])
+        .output()?;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    Ok(())
+}

@@ -1,0 +1,100 @@
+//! Copying runs into the Cosmos store and back (`transfer::copy`): every
+//! record and history row arrives equal, a second copy keeps everything, a
+//! large state (over one item) moves whole, and the copies run on.
+
+mod support;
+
+use std::sync::Arc;
+
+use serde_json::json;
+use steadfast_conformance::runtime as rt;
+use steadfast_core::transfer::copy;
+use steadfast_core::{
+    approve, ops, update, ListFilter, MemoryStore, Outcome, Runner, Step, Store, SystemClock,
+    Workflow,
+};
+use steadfast_cosmos::CosmosOptions;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn workflow() -> Workflow {
+    Workflow::builder("w")
+        .step("s0", |ctx, _| async move {
+            // Every tenth run carries a state of 3 MB: chunk items.
+            let big = if ctx.run_id().ends_with('0') {
+                3 << 20
+            } else {
+                10
+            };
+            update(json!({"s0": "x".repeat(big)}))
+        })
+        .push(Step::gate("review"))
+        .step("s1", |_, s| async move {
+            update(json!({"s1": s["review"].clone()}))
+        })
+        .build()
+        .expect("a valid workflow")
+}
+
+async fn ids(store: &dyn Store) -> Vec<String> {
+    let page = store.list(&ListFilter::new()).await.expect("list");
+    page.into_iter().map(|r| r.run_id).collect()
+}
+
+#[test]
+fn runs_copy_into_cosmos_and_back_equal() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    rt().block_on(async {
+        let wf = workflow();
+        let source: Arc<dyn Store> = Arc::new(MemoryStore::with_state_limit(16 << 20));
+        for i in 0..60 {
+            let id = format!("run{i:03}");
+            Runner::new(&*source).run(&id, &wf).await?;
+            if i % 3 != 0 {
+                approve(
+                    &*source,
+                    &id,
+                    "review",
+                    Some(json!({"i": i})),
+                    "ada",
+                    &SystemClock,
+                )
+                .await?;
+                Runner::new(&*source).run(&id, &wf).await?;
+            }
+            if i % 3 != 0 && i % 5 == 1 {
+                ops::rewind(&*source, &id, "review", "ada", &SystemClock).await?;
+            }
+        }
+        let cosmos: Arc<dyn Store> = Arc::new(db.store(CosmosOptions::default()).await);
+        let there = copy(&*source, &*cosmos, |_| {}).await?;
+        assert_eq!(there.written, 60, "{there:?}");
+        let again = copy(&*source, &*cosmos, |_| {}).await?;
+        assert_eq!(again.kept, 60, "{again:?}");
+        let back: Arc<dyn Store> = Arc::new(MemoryStore::with_state_limit(16 << 20));
+        copy(&*cosmos, &*back, |_| {}).await?;
+        let all = ids(&*source).await;
+        assert_eq!(all, ids(&*cosmos).await);
+        assert_eq!(all, ids(&*back).await);
+        for id in &all {
+            let want = source.load(id).await?;
+            assert_eq!(want, cosmos.load(id).await?, "run {id} in Cosmos");
+            assert_eq!(want, back.load(id).await?, "run {id} back");
+            let h = source.history(id).await?;
+            assert_eq!(h, cosmos.history(id).await?, "history of {id} in Cosmos");
+            assert_eq!(h, back.history(id).await?, "history of {id} back");
+        }
+        // A rewound copy resumes in Cosmos and waits at its gate again.
+        let out = Runner::new(&*cosmos).run("run001", &wf).await?;
+        assert_eq!(
+            out,
+            Outcome::Waiting {
+                gate: "review".into()
+            }
+        );
+        Ok(())
+    })
+}
