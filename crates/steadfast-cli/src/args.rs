@@ -48,6 +48,8 @@ pub enum Command {
     Fork(cmd::fork::ForkArgs),
     /// Delete finished runs older than a cutoff, in batches.
     Gc(cmd::gc::GcArgs),
+    /// Fold old per-step history into one row, keeping the last N rows.
+    Prune(cmd::prune::PruneArgs),
     /// Write runs as JSON Lines (one run per line: record, history, checksum).
     Export(cmd::export::ExportArgs),
     /// Read runs written by export into the store (resumable, idempotent).

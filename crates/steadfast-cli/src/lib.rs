@@ -134,6 +134,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Command::Rewind(args) => cmd::rewind::run(args, &ctx).await,
         Command::Fork(args) => cmd::fork::run(args, &ctx).await,
         Command::Gc(args) => cmd::gc::run(args, &ctx).await,
+        Command::Prune(args) => cmd::prune::run(args, &ctx).await,
         Command::Export(args) => cmd::export::run(args, &ctx).await,
         Command::Import(args) => cmd::import::run(args, &ctx).await,
         Command::Copy(_) => Ok(exit::USAGE),

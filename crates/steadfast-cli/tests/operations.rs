@@ -457,3 +457,44 @@ fn export_import_and_copy_round_trip_and_refuse_damaged_lines() -> TestResult {
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     Ok(())
 }
+
+#[test]
+fn prune_folds_history_and_keeps_show_resume_and_rewind() -> TestResult {
+    let env = Env::new();
+    let f = env.flow("f.toml", LOGGED);
+    let f = f.to_str().ok_or("path")?;
+    for id in ["r1", "r2"] {
+        assert_eq!(code(&env.run(&["run", f, "--run-id", id])), 0);
+    }
+    let before = env.show("r1");
+    let out = env.run(&["prune", "r1", "--keep-history", "1"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("1 history row(s) deleted"),
+        "{}",
+        stderr(&out)
+    );
+    let after = env.show("r1");
+    assert_eq!(after["state"], before["state"]);
+    assert_eq!(after["status"], "completed");
+    let steps: Vec<&Value> = after["steps_done"]
+        .as_array()
+        .ok_or("steps")?
+        .iter()
+        .collect();
+    assert_eq!(steps.len(), 2, "{after}");
+    let history = json_of(&env.run(&["history", "r1", "--json"]));
+    assert_eq!(history[0]["update"], json!({"a": 1, "b": 2}), "{history}");
+    // The kept step can be rewound to; a folded one cannot.
+    let refused = env.run(&["rewind", "r1", "--to", "b"]);
+    assert_eq!(code(&refused), 2);
+    assert!(stderr(&refused).contains("pruned"), "{}", stderr(&refused));
+    assert_eq!(code(&env.run(&["rewind", "r1", "--to", "c"])), 0);
+    assert_eq!(code(&env.run(&["run", f, "--run-id", "r1"])), 0);
+    assert_eq!(env.show("r1")["state"], before["state"]);
+    let all = env.run(&["prune", "--all"]);
+    assert_eq!(code(&all), 0, "{}", stderr(&all));
+    assert!(stderr(&all).contains("2 run(s) pruned"), "{}", stderr(&all));
+    assert_eq!(code(&env.run(&["prune"])), 2, "neither a run nor --all");
+    Ok(())
+}

@@ -208,12 +208,14 @@ macro_rules! history_conformance {
     };
 }
 
-/// The check of [`Store::rewrite_history`], for stores that implement it.
+/// The checks of [`Store::rewrite_history`] and [`Store::fold_history`]
+/// (and `steadfast prune`, built on them), for stores that implement them.
 #[macro_export]
 macro_rules! history_rewrite_conformance {
     ($make:expr) => {
         $crate::__checks!($make;
             history_rewrite_is_guarded_by_the_version,
+            prune_keeps_load_resume_rewind_and_fork_correct,
         );
     };
 }

@@ -801,3 +801,131 @@ pub async fn put_run_copies_a_run_exactly_and_never_overwrites_a_newer_one(
     }
     Ok(())
 }
+
+/// `prune` folds the old history into one row: what `load` returns stays,
+/// `history` lists the fold row and the kept rows, a rewind or fork to a
+/// kept step still rebuilds the right state and one to a folded step is
+/// refused, and a pruned run copies to another store whole. A stale fold
+/// changes nothing.
+pub async fn prune_keeps_load_resume_rewind_and_fork_correct(ts: TestStore) -> CheckResult {
+    use steadfast_core::transfer::{export_run, put_run};
+    let store = &ts.store;
+    let tally = Tally::default();
+    let mut builder = Workflow::builder("long");
+    for i in 0..8usize {
+        let t = tally.clone();
+        builder = builder.step(format!("s{i}"), move |_, _| {
+            t.hit(&format!("s{i}"));
+            async move { update(json!({"n": i, format!("s{i}"): i})) }
+        });
+    }
+    let wf = builder.build()?;
+    Runner::new(&**store).run("p", &wf).await?;
+    let before = store.load("p").await?.ok_or("the run vanished")?;
+
+    // A stale fold writes nothing.
+    let history = store.history("p").await?.ok_or("no history")?;
+    let mut fold = history[2].clone();
+    fold.update = json!({"n": 99}).as_object().cloned().unwrap_or_default();
+    let stale = store.fold_history("p", before.version + 1, &fold).await;
+    ensure!(
+        matches!(&stale, Err(e) if e.kind() == StoreErrorKind::Conflict),
+        "a stale fold gave {stale:?}"
+    );
+    ensure!(
+        store.history("p").await? == Some(history),
+        "a stale fold changed the history"
+    );
+
+    let pruned = ops::prune(&**store, "p", 3, "ada", &SystemClock)
+        .await?
+        .ok_or("nothing was pruned")?;
+    ensure!(
+        pruned.folded_into == 4 && pruned.rows_deleted == 4,
+        "pruned {pruned:?}"
+    );
+    let after = store.load("p").await?.ok_or("the run vanished")?;
+    ensure!(
+        after.state == before.state
+            && after.completed == before.completed
+            && after.status == before.status,
+        "the prune changed the run: {after:?}"
+    );
+    let rows = store.history("p").await?.ok_or("no history")?;
+    let idx: Vec<usize> = rows.iter().map(|r| r.index).collect();
+    ensure!(idx == [4, 5, 6, 7], "rows after the prune: {idx:?}");
+    let want = json!({"n": 4, "s0": 0, "s1": 1, "s2": 2, "s3": 3, "s4": 4});
+    ensure!(
+        serde_json::Value::Object(rows[0].update.clone()) == want,
+        "the fold row holds {:?}",
+        rows[0].update
+    );
+    ensure!(
+        ops::prune(&**store, "p", 3, "ada", &SystemClock)
+            .await?
+            .is_none(),
+        "a second prune found something to fold"
+    );
+
+    // Copied elsewhere, pruned as it is.
+    let rec = export_run(&**store, "p").await?.ok_or("no export")?;
+    let other = steadfast_core::MemoryStore::new();
+    put_run(&other, &rec).await?;
+    ensure!(
+        other.history("p").await? == Some(rows.clone()),
+        "the copy's history differs"
+    );
+
+    for (op, bad) in [("rewind", "s4"), ("rewind", "s0"), ("fork", "s3")] {
+        let refused = match op {
+            "rewind" => ops::rewind(&**store, "p", bad, "ada", &SystemClock).await,
+            _ => ops::fork(&**store, "p", bad, "pf", "ada", &SystemClock).await,
+        };
+        ensure!(
+            matches!(&refused, Err(Error::InvalidInput { reason, .. }) if reason.contains("pruned")),
+            "{op} to {bad} after the prune gave {refused:?}"
+        );
+    }
+    let fork = ops::fork(&**store, "p", "s6", "pf", "ada", &SystemClock).await?;
+    let want = json!({"n": 5, "s0": 0, "s1": 1, "s2": 2, "s3": 3, "s4": 4, "s5": 5});
+    ensure!(
+        serde_json::Value::Object(fork.state.clone()) == want,
+        "the fork's state {:?}",
+        fork.state
+    );
+    let cp = ops::rewind(&**store, "p", "s5", "ada", &SystemClock).await?;
+    let want = json!({"n": 4, "s0": 0, "s1": 1, "s2": 2, "s3": 3, "s4": 4});
+    ensure!(
+        serde_json::Value::Object(cp.state.clone()) == want,
+        "the state before s5: {:?}",
+        cp.state
+    );
+    Runner::new(&**store).run("p", &wf).await?;
+    Runner::new(&**store).run("pf", &wf).await?;
+    let ran = tally.get();
+    let want: BTreeMap<String, u32> = (0..8)
+        .map(|i| {
+            (
+                format!("s{i}"),
+                if i >= 5 { 2 + u32::from(i >= 6) } else { 1 },
+            )
+        })
+        .collect();
+    ensure!(ran == want, "steps ran {ran:?}");
+    let end = store.load("p").await?.ok_or("the run vanished")?;
+    ensure!(
+        end.state == before.state,
+        "the rerun ended with {:?}",
+        end.state
+    );
+    // Everything folded: no step can be named any more.
+    let all = ops::prune(&**store, "p", 0, "ada", &SystemClock)
+        .await?
+        .ok_or("nothing folded")?;
+    ensure!(all.folded_into == 7, "{all:?}");
+    ensure!(
+        store.history("p").await?.map(|h| h.len()) == Some(1),
+        "rows left after keeping none"
+    );
+    Ok(())
+}

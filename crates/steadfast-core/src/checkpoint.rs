@@ -248,6 +248,15 @@ pub enum AuditAction {
         #[serde(default, skip_serializing_if = "is_zero")]
         more: usize,
     },
+    /// The per-step history below step `folded_into` was folded into that
+    /// step's row ([`ops::prune`](crate::ops::prune)).
+    Prune {
+        /// The step whose row holds the merged updates of every step up
+        /// to it.
+        folded_into: usize,
+        /// Its name.
+        step: String,
+    },
     /// This run was made as a copy of another one's first `at` steps.
     Fork {
         /// The run it was forked from.
@@ -303,6 +312,9 @@ impl AuditAction {
                 was,
                 ..
             } => format!("rewound to step {to} ({step}) from next step {from} (was {was}); steps {to}..{from} run again"),
+            AuditAction::Prune { folded_into, step } => format!(
+                "pruned: the history of steps 0 to {folded_into} was folded into the row of step {folded_into} ({step})"
+            ),
             AuditAction::Fork { from_run, at, step } => {
                 format!("forked from run {from_run:?} at step {at} ({step})")
             }

@@ -197,4 +197,18 @@ impl Store for MemoryStore {
         }
         Ok(())
     }
+
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        self.rewrite_history(run_id, expected, std::slice::from_ref(fold))
+            .await?;
+        if let Some(entry) = self.runs().get_mut(run_id) {
+            entry.history.retain(|r| r.index >= fold.index);
+        }
+        Ok(())
+    }
 }

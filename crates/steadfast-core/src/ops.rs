@@ -178,10 +178,12 @@ pub async fn rewind<S: Store + ?Sized>(
         check_not_held(&cp, clock.now())?;
         let at = step_index(&cp, to, "rewind")?;
         let history = full_history(store, &cp, "rewind").await?;
+        check_nameable(&cp, &history, at, "rewind")?;
         let state = state_before(&cp, &history, at);
         let now = clock.now();
-        let rewound: Vec<RewoundStep> = history[at..]
+        let rewound: Vec<RewoundStep> = history
             .iter()
+            .filter(|r| r.index >= at)
             .take(MAX_REWOUND_LISTED)
             .map(|r| RewoundStep {
                 index: r.index,
@@ -259,8 +261,14 @@ pub async fn fork<S: Store + ?Sized>(
     let original = load(store, run_id, "fork").await?;
     let index = step_index(&original, at, "fork")?;
     let history = full_history(store, &original, "fork").await?;
+    check_nameable(&original, &history, index, "fork")?;
     let now = clock.now();
     let mut cp = Checkpoint::new(new_id, &original.workflow, now);
+    // A pruned history starts at its fold row: the steps below it are
+    // recorded by name only.
+    let first = history.first().map_or(0, |r| r.index).min(index);
+    cp.completed = original.completed[..first].to_vec();
+    cp.next = first;
     // What the run started with, then the copied steps' updates below.
     cp.state = start_state(&original, &history);
     let gates: HashSet<&str> = original.completed[..index]
@@ -295,7 +303,7 @@ pub async fn fork<S: Store + ?Sized>(
     };
     let mut expected = None;
     cp.writer = fastrand::u64(1..);
-    if index == 0 {
+    if index == first {
         cp.lease = None;
     }
     expected = Some(
@@ -304,7 +312,7 @@ pub async fn fork<S: Store + ?Sized>(
             .await
             .map_err(what)?,
     );
-    for record in &history[..index] {
+    for record in history.iter().filter(|r| r.index < index) {
         for (k, v) in &record.update {
             cp.state.insert(k.clone(), v.clone());
         }
@@ -325,11 +333,104 @@ pub async fn fork<S: Store + ?Sized>(
     Ok(cp)
 }
 
+/// What [`prune`] did to one run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pruned {
+    /// The step whose history row now holds the merged updates of every
+    /// step up to it.
+    pub folded_into: usize,
+    /// History rows deleted.
+    pub rows_deleted: usize,
+}
+
+/// Folds the per-step history of run `run_id` so that only the rows of
+/// its last `keep` steps stay as they were: the row of the step before
+/// them takes the merged updates of every step up to it, and the rows
+/// below it are deleted. [`rewind`] and [`fork`] can still name each of
+/// the last `keep` steps (the state before each is rebuilt from the fold
+/// row and the rows after it); older steps keep their names in the record.
+/// `show` and `history` list the rows from the fold row on.
+///
+/// Returns `None` when there is nothing to fold (at most `keep + 1` rows
+/// left). First saves the record whole (so that no row is still merged by
+/// a load), then folds in one write; a run held by a live process is
+/// refused with [`Error::Held`]. Needs a store that can fold history
+/// ([`Store::fold_history`]). The prune is audited.
+pub async fn prune<S: Store + ?Sized>(
+    store: &S,
+    run_id: &str,
+    keep: usize,
+    by: &str,
+    clock: &dyn Clock,
+) -> Result<Option<Pruned>, Error> {
+    check_operator(run_id, "prune", by)?;
+    let mut cp = load(store, run_id, "prune").await?;
+    check_not_held(&cp, clock.now())?;
+    let history = full_history(store, &cp, "prune").await?;
+    let first = history.first().map_or(cp.next, |r| r.index);
+    let Some(fold_at) = cp.next.checked_sub(keep.saturating_add(1)) else {
+        return Ok(None);
+    };
+    if fold_at <= first {
+        return Ok(None);
+    }
+    let mut merged = crate::state::Update::new();
+    for r in history.iter().filter(|r| r.index <= fold_at) {
+        for (k, v) in &r.update {
+            merged.insert(k.clone(), v.clone());
+        }
+    }
+    let row = &history[fold_at - first];
+    let fold = StepRecord::new(
+        fold_at,
+        &row.name,
+        merged,
+        row.attempt,
+        row.started_at,
+        row.finished_at,
+    );
+    // The record whole, unchanged: a snapshot, so that no row is still
+    // merged by a load. Then the fold, then the audit entry.
+    cas_save(store, &mut cp)
+        .await
+        .map_err(|e| store_error(run_id, "save before the prune", e))?;
+    store
+        .fold_history(run_id, cp.version, &fold)
+        .await
+        .map_err(|e| match e.kind() {
+            StoreErrorKind::Unsupported => refused(run_id, "prune", format!("{e}")),
+            _ => store_error(run_id, "folding the history", e),
+        })?;
+    let now = clock.now();
+    cp.updated_at = now;
+    cp.push_audit(AuditEntry::new(
+        AuditAction::Prune {
+            folded_into: fold_at,
+            step: row.name.clone(),
+        },
+        by,
+        now,
+    ));
+    cp.writer = fastrand::u64(1..);
+    if let Err(e) = store
+        .save(SaveRequest::new(&cp, Some(cp.version)).head_only())
+        .await
+    {
+        // The fold stands; only its audit entry is missing.
+        tracing::warn!(run_id, error = %crate::error::chain(&e), "the prune is done, but its audit entry could not be saved");
+    }
+    Ok(Some(Pruned {
+        folded_into: fold_at,
+        rows_deleted: fold_at - first,
+    }))
+}
+
 /// The state a run had after its first `at` steps: what it started with
 /// and the updates of those steps, in order.
 fn state_before(cp: &Checkpoint, history: &[StepRecord], at: usize) -> State {
     let mut state = start_state(cp, history);
-    for record in &history[..at] {
+    for record in history.iter().filter(|r| r.index < at) {
         for (k, v) in &record.update {
             state.insert(k.clone(), v.clone());
         }
@@ -391,8 +492,58 @@ fn step_index(cp: &Checkpoint, step: &str, op: &str) -> Result<usize, Error> {
     ))
 }
 
-/// The run's history, checked to hold one row per completed step whose
-/// name is the record's.
+/// Whether `history` holds one row per completed step from its first row
+/// on, each with the name the record gives the step: rows from 0, or (after
+/// a [`prune`]) from the row that the older ones were folded into.
+pub(crate) fn history_is_whole(cp: &Checkpoint, history: &[StepRecord]) -> bool {
+    let first = history.first().map_or(cp.next, |r| r.index);
+    history.len() == cp.next - first.min(cp.next)
+        && history
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.index == first + i && cp.completed.get(r.index) == Some(&r.name))
+}
+
+/// The step index from which [`rewind`] and [`fork`] can rebuild the
+/// state: 0, or after a [`prune`] one past the row the older rows were
+/// folded into.
+fn first_nameable(history: &[StepRecord]) -> usize {
+    match history.first() {
+        Some(r) if r.index > 0 => r.index + 1,
+        _ => 0,
+    }
+}
+
+/// Refuses step `at` when the history it needs was folded away.
+fn check_nameable(
+    cp: &Checkpoint,
+    history: &[StepRecord],
+    at: usize,
+    op: &str,
+) -> Result<(), Error> {
+    let from = first_nameable(history);
+    if at < from {
+        let nameable = if from >= cp.next {
+            "no step can be named any more (the prune kept no row)".to_string()
+        } else {
+            format!("the steps that can be named are {from} to {}", cp.next - 1)
+        };
+        return Err(refused(
+            &cp.run_id,
+            op,
+            format!(
+                "the history of steps 0 to {} was pruned (folded into the row of step {}), so the state before step {at} cannot be rebuilt; {nameable}",
+                from - 1,
+                from - 1
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The run's history, checked to hold one row per completed step (from
+/// 0, or from the row a prune folded the older ones into) whose name is
+/// the record's.
 async fn full_history<S: Store + ?Sized>(
     store: &S,
     cp: &Checkpoint,
@@ -413,12 +564,7 @@ async fn full_history<S: Store + ?Sized>(
         }
         Err(e) => return Err(store_error(run_id, "reading the history", e)),
     };
-    let whole = history.len() == cp.next
-        && history
-            .iter()
-            .enumerate()
-            .all(|(i, r)| r.index == i && r.name == cp.completed[i]);
-    if !whole {
+    if !history_is_whole(cp, &history) {
         return Err(store_error(
             run_id,
             "reading the history",

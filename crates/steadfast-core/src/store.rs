@@ -285,6 +285,31 @@ pub trait Store: Send + Sync {
         ))
     }
 
+    /// Folds the history of run `run_id` below step `fold.index` into that
+    /// step's row: the row at `fold.index` takes `fold`'s update (the
+    /// updates of every step up to it, merged in order) and the rows below
+    /// it are deleted, if the run's version is still `expected`: one write,
+    /// or none. For `steadfast prune`. The version does not change.
+    ///
+    /// Contract, for stores that implement it: as
+    /// [`rewrite_history`](Store::rewrite_history) for the row at
+    /// `fold.index` (a conflict, or a row that a load still merges, changes
+    /// nothing); afterwards [`history`](Store::history) lists the rows from
+    /// `fold.index` on, and what [`load`](Store::load) returns is unchanged.
+    ///
+    /// The default is [`StoreError::Unsupported`].
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        let _ = (run_id, expected, fold);
+        Err(StoreError::Unsupported(
+            "this store cannot fold its per-step history".into(),
+        ))
+    }
+
     /// Up to `limit` runs of the named workflows that a worker may take at
     /// `now` ([`Checkpoint::runnable_at`] at or before it), soonest first,
     /// for [`Worker`](crate::Worker)s.
@@ -416,6 +441,14 @@ impl<T: Store + ?Sized> Store for Arc<T> {
         records: &[StepRecord],
     ) -> Result<(), StoreError> {
         (**self).rewrite_history(run_id, expected, records).await
+    }
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        (**self).fold_history(run_id, expected, fold).await
     }
     async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
         (**self).claim_due(due).await

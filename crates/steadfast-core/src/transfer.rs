@@ -141,13 +141,15 @@ pub fn decode_line(line: &str, lineno: usize) -> Result<Exported, Error> {
     run.check()
         .map_err(|e| bad(format!("run {:?}: {e}", run.run_id)))?;
     if let Some(history) = &record.history {
-        for (i, r) in history.iter().enumerate() {
-            if r.index != i || r.index >= run.next || r.name != run.completed[r.index] {
-                return Err(bad(format!(
-                    "run {:?}: history row {i} (step {} {:?}) does not match the record's completed steps",
-                    run.run_id, r.index, r.name
-                )));
-            }
+        if history.iter().any(|r| r.index >= run.next)
+            || !crate::ops::history_is_whole(run, history)
+        {
+            return Err(bad(format!(
+                "run {:?}: its {} history rows do not match the record's {} completed steps",
+                run.run_id,
+                history.len(),
+                run.next
+            )));
         }
     }
     Ok(record)
@@ -184,7 +186,7 @@ pub async fn export_run<S: Store + ?Sized>(
     };
     // A save between the two reads: the history is read again with the run.
     if let Some(h) = &history {
-        if h.len() != run.next {
+        if !crate::ops::history_is_whole(&run, h) {
             return Err(store_error(
                 run_id,
                 "export",
@@ -262,6 +264,11 @@ pub async fn put_run<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<
         let hold = std::time::Duration::from_secs(300);
         let mut cp = Checkpoint::new(id, &run.workflow, run.created_at);
         cp.status = RunStatus::Running;
+        // A pruned history starts at its fold row: the steps below it are
+        // recorded by name only.
+        let first = history[0].index;
+        cp.completed = run.completed[..first.min(run.next)].to_vec();
+        cp.next = cp.completed.len();
         // What the run started with: its state less what the steps wrote.
         let written: std::collections::HashSet<&str> = history
             .iter()

@@ -317,6 +317,79 @@ impl Clock for DbClock {
 }
 
 impl PgStore {
+    /// Replaces step rows' updates (and, for a fold, deletes the rows
+    /// below `delete_below`) in one statement guarded by the version.
+    async fn rewrite(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+        delete_below: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let mut idx = Vec::with_capacity(records.len());
+
+        let mut texts = Vec::with_capacity(records.len());
+        for r in records {
+            check_state(run_id, "step's update", &r.update)?;
+            idx.push(r.index as i64);
+            texts.push(encode_json(&r.update, run_id, "step's update")?);
+        }
+        let client = self.client().await?;
+        let ctx = || {
+            format!(
+                "rewriting the history of run {run_id:?} in {}",
+                self.shared.display
+            )
+        };
+        // One statement: the run's row locked, the version and every index
+        // checked, then the rows replaced (or none). Rows from the snapshot
+        // on are merged into the state by a load, so they are refused.
+        let q = format!("\"{}\"", self.shared.schema);
+        let sql = format!(
+            "WITH r AS (SELECT version, snapshot_next AS next FROM {q}.runs WHERE run_id = $1 FOR UPDATE),
+                  ok AS (SELECT 1 FROM r WHERE r.version = $2
+                         AND NOT EXISTS (SELECT 1 FROM unnest($3::bigint[]) i WHERE i >= r.next)),
+                  u AS (UPDATE {q}.steps s SET update_json = x.update_json
+                        FROM unnest($3::bigint[], $4::text[]) AS x(idx, update_json)
+                        WHERE s.run_id = $1 AND s.idx = x.idx AND EXISTS (SELECT 1 FROM ok)
+                        RETURNING 1),
+                  d AS (DELETE FROM {q}.steps s
+                        WHERE s.run_id = $1 AND s.idx < $5::bigint AND EXISTS (SELECT 1 FROM ok)
+                          AND EXISTS (SELECT 1 FROM {q}.steps f WHERE f.run_id = $1 AND f.idx = $5::bigint))
+             SELECT (SELECT version FROM r), (SELECT next FROM r), (SELECT count(*) FROM u)"
+        );
+        let row = client
+            .query_one(
+                &sql,
+                &[&run_id, &(expected as i64), &idx, &texts, &delete_below],
+            )
+            .await
+            .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
+        let version: Option<i64> = row.get(0);
+        let next: Option<i64> = row.get(1);
+        if version != Some(expected as i64) {
+            return Err(StoreError::Conflict {
+                run_id: run_id.to_string(),
+                expected: Some(expected),
+                found: version.map(|v| v as u64),
+            });
+        }
+        if let Some(i) = idx.iter().find(|i| Some(**i) >= next) {
+            return Err(StoreError::InvalidInput(format!(
+                "run {run_id:?}: step {i} is still merged into the state on load (snapshot at {}); \
+                 save the run without a step first",
+                next.unwrap_or(0)
+            )));
+        }
+        if delete_below.is_some() && row.get::<_, i64>(2) == 0 {
+            return Err(StoreError::InvalidInput(format!(
+                "run {run_id:?}: step {} has no history row to fold into",
+                delete_below.unwrap_or(0)
+            )));
+        }
+        Ok(())
+    }
+
     /// Connects with default options; see [`PgStore::connect_with`].
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Self::connect_with(url, PgOptions::default()).await
@@ -897,55 +970,22 @@ impl Store for PgStore {
         expected: u64,
         records: &[StepRecord],
     ) -> Result<(), StoreError> {
-        let mut idx = Vec::with_capacity(records.len());
-        let mut texts = Vec::with_capacity(records.len());
-        for r in records {
-            check_state(run_id, "step's update", &r.update)?;
-            idx.push(r.index as i64);
-            texts.push(encode_json(&r.update, run_id, "step's update")?);
-        }
-        let client = self.client().await?;
-        let ctx = || {
-            format!(
-                "rewriting the history of run {run_id:?} in {}",
-                self.shared.display
-            )
-        };
-        // One statement: the run's row locked, the version and every index
-        // checked, then the rows replaced (or none). Rows from the snapshot
-        // on are merged into the state by a load, so they are refused.
-        let q = format!("\"{}\"", self.shared.schema);
-        let sql = format!(
-            "WITH r AS (SELECT version, snapshot_next AS next FROM {q}.runs WHERE run_id = $1 FOR UPDATE),
-                  ok AS (SELECT 1 FROM r WHERE r.version = $2
-                         AND NOT EXISTS (SELECT 1 FROM unnest($3::bigint[]) i WHERE i >= r.next)),
-                  u AS (UPDATE {q}.steps s SET update_json = x.update_json
-                        FROM unnest($3::bigint[], $4::text[]) AS x(idx, update_json)
-                        WHERE s.run_id = $1 AND s.idx = x.idx AND EXISTS (SELECT 1 FROM ok)
-                        RETURNING 1)
-             SELECT (SELECT version FROM r), (SELECT next FROM r), (SELECT count(*) FROM u)"
-        );
-        let row = client
-            .query_one(&sql, &[&run_id, &(expected as i64), &idx, &texts])
-            .await
-            .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
-        let version: Option<i64> = row.get(0);
-        let next: Option<i64> = row.get(1);
-        if version != Some(expected as i64) {
-            return Err(StoreError::Conflict {
-                run_id: run_id.to_string(),
-                expected: Some(expected),
-                found: version.map(|v| v as u64),
-            });
-        }
-        if let Some(i) = idx.iter().find(|i| Some(**i) >= next) {
-            return Err(StoreError::InvalidInput(format!(
-                "run {run_id:?}: step {i} is still merged into the state on load (snapshot at {}); \
-                 save the run without a step first",
-                next.unwrap_or(0)
-            )));
-        }
-        Ok(())
+        self.rewrite(run_id, expected, records, None).await
+    }
+
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        self.rewrite(
+            run_id,
+            expected,
+            std::slice::from_ref(fold),
+            Some(fold.index as i64),
+        )
+        .await
     }
 
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {

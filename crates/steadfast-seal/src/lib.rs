@@ -417,6 +417,24 @@ impl Store for RefuseSealed {
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         self.inner.delete_if(run_id, version).await
     }
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        // Replaced rows are plain: a sealed row never reaches them, as the
+        // history is read (and refused) before anything is rewritten.
+        self.inner.rewrite_history(run_id, expected, records).await
+    }
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        self.inner.fold_history(run_id, expected, fold).await
+    }
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         let history = self.inner.history(run_id).await?;
         if history
@@ -1008,6 +1026,19 @@ impl Store for SealedStore {
     ) -> Result<(), StoreError> {
         let sealed = self.seal_history(run_id, records)?;
         self.inner.rewrite_history(run_id, expected, &sealed).await
+    }
+
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        let sealed = self.seal_history(run_id, std::slice::from_ref(fold))?;
+        match sealed.first() {
+            Some(f) => self.inner.fold_history(run_id, expected, f).await,
+            None => Ok(()),
+        }
     }
 
     async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {

@@ -228,6 +228,39 @@ pub(crate) fn read_settings(conn: &Connection, path: &str) -> Result<Settings, S
 }
 
 impl SqliteStore {
+    /// Replaces step rows' updates (and, for a fold, deletes the rows
+    /// below `delete_below`) in one write guarded by the version.
+    async fn rewrite(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+        delete_below: Option<i64>,
+    ) -> Result<(), StoreError> {
+        let mut rows = Vec::with_capacity(records.len());
+        for r in records {
+            check_state(run_id, "step's update", &r.update)?;
+            rows.push((
+                r.index as i64,
+                encode_json(&r.update, run_id, "step's update")?,
+            ));
+        }
+        let (tx, rx) = oneshot::channel();
+        self.submit(Job::Rewrite {
+            run_id: run_id.to_string(),
+            expected,
+            rows,
+            delete_below,
+            reply: tx,
+        })
+        .await;
+        rx.await.map_err(|_| StoreError::OutcomeUnknown {
+            run_id: run_id.to_string(),
+            source: self.writer_gone().into(),
+        })??;
+        Ok(())
+    }
+
     /// Deletes a run, at version `expected` when given.
     async fn delete_at(&self, run_id: &str, expected: Option<u64>) -> Result<bool, StoreError> {
         let (tx, rx) = oneshot::channel();
@@ -848,27 +881,22 @@ impl Store for SqliteStore {
         expected: u64,
         records: &[StepRecord],
     ) -> Result<(), StoreError> {
-        let mut rows = Vec::with_capacity(records.len());
-        for r in records {
-            check_state(run_id, "step's update", &r.update)?;
-            rows.push((
-                r.index as i64,
-                encode_json(&r.update, run_id, "step's update")?,
-            ));
-        }
-        let (tx, rx) = oneshot::channel();
-        self.submit(Job::Rewrite {
-            run_id: run_id.to_string(),
+        self.rewrite(run_id, expected, records, None).await
+    }
+
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        self.rewrite(
+            run_id,
             expected,
-            rows,
-            reply: tx,
-        })
-        .await;
-        rx.await.map_err(|_| StoreError::OutcomeUnknown {
-            run_id: run_id.to_string(),
-            source: self.writer_gone().into(),
-        })??;
-        Ok(())
+            std::slice::from_ref(fold),
+            Some(fold.index as i64),
+        )
+        .await
     }
 
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {

@@ -84,6 +84,8 @@ pub(crate) enum Job {
         expected: u64,
         /// `(idx, update_json)`.
         rows: Vec<(i64, String)>,
+        /// Also delete the rows below this index (a fold).
+        delete_below: Option<i64>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
     /// Reads durability settings back from the live write connection.
@@ -290,6 +292,7 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
                 run_id,
                 expected,
                 rows,
+                delete_below,
                 reply,
             } => {
                 // In a savepoint: whatever goes wrong fails this member
@@ -297,7 +300,9 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
                 let result = conn
                     .execute_batch("SAVEPOINT rewrite")
                     .map_err(|e| map_err(e, &format!("rewriting the history of run {run_id:?}")))
-                    .and_then(|()| apply_rewrite(conn, &run_id, expected, &rows, path));
+                    .and_then(|()| {
+                        apply_rewrite(conn, &run_id, expected, &rows, delete_below, path)
+                    });
                 let closed = match &result {
                     Ok(_) => conn.execute_batch("RELEASE rewrite"),
                     Err(_) => conn.execute_batch("ROLLBACK TO rewrite; RELEASE rewrite"),
@@ -565,6 +570,7 @@ fn apply_rewrite(
     run_id: &str,
     expected: u64,
     rows: &[(i64, String)],
+    delete_below: Option<i64>,
     path: &str,
 ) -> Result<bool, StoreError> {
     let ctx = format!("rewriting the history of run {run_id:?} in {path}");
@@ -597,7 +603,18 @@ fn apply_rewrite(
         .prepare_cached("UPDATE steps SET update_json = ?3 WHERE run_id = ?1 AND idx = ?2")
         .map_err(|e| map_err(e, &ctx))?;
     for (idx, text) in rows {
-        st.execute(params![run_id, idx, text])
+        let n = st
+            .execute(params![run_id, idx, text])
+            .map_err(|e| map_err(e, &ctx))?;
+        if n == 0 && delete_below.is_some() {
+            return Err(StoreError::InvalidInput(format!(
+                "run {run_id:?}: step {idx} has no history row to fold into"
+            )));
+        }
+    }
+    if let Some(below) = delete_below {
+        conn.prepare_cached("DELETE FROM steps WHERE run_id = ?1 AND idx < ?2")
+            .and_then(|mut st| st.execute(params![run_id, below]))
             .map_err(|e| map_err(e, &ctx))?;
     }
     Ok(true)
