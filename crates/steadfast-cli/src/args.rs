@@ -11,6 +11,10 @@ pub struct Cli {
     /// The store: sqlite:PATH, file:PATH, postgres://…, cosmos://HOST/DB/CONTAINER or memory:.
     #[arg(long, global = true, env = "STEADFAST_STORE", default_value = steadfast::DEFAULT_STORE_URL)]
     pub store: String,
+    /// Show the run, step and store spans on stderr as they end (-v runs
+    /// and steps, -vv store calls too, -vvv everything).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

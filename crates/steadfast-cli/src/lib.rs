@@ -9,29 +9,13 @@ pub mod flow;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod output;
+pub mod telemetry;
 
 use anyhow::Context;
 use clap::Parser;
 
 use crate::args::{exit, Cli, Command};
 use crate::cmd::Failure;
-
-/// Sends the library's diagnostic events (a lease taken over, a wait for a
-/// busy store) to stderr when `STEADFAST_LOG` names a level (`error`, `warn`,
-/// `info`, `debug` or `trace`); off otherwise.
-fn diagnostics() {
-    let Some(level) = std::env::var("STEADFAST_LOG")
-        .ok()
-        .and_then(|l| l.parse::<tracing_subscriber::filter::LevelFilter>().ok())
-    else {
-        return;
-    };
-    let _ = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr)
-        .without_time()
-        .try_init();
-}
 
 /// Parses the command line, runs the command and returns the exit code.
 pub fn main() -> i32 {
@@ -50,7 +34,7 @@ pub fn main() -> i32 {
     if let Command::Supervise { command } = &cli.command {
         return command::supervise(command);
     }
-    diagnostics();
+    let telemetry = telemetry::init(cli.verbose);
     // One thread: step processes are spawned from it, and their supervisors
     // follow the life of this process through it.
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -63,7 +47,11 @@ pub fn main() -> i32 {
             return exit::FAILED;
         }
     };
-    match rt.block_on(dispatch(cli)) {
+    let done = rt.block_on(dispatch(cli));
+    drop(rt);
+    // Sends the spans still buffered before the process exits.
+    drop(telemetry);
+    match done {
         Ok(code) => code,
         Err(failure) => {
             // One line, whatever a step printed into its error.

@@ -14,6 +14,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
+use tracing::Instrument;
 
 use crate::checkpoint::{Checkpoint, OnTimeout, RunStatus, StepFailure, StepRecord};
 use crate::clock::Timestamp;
@@ -212,6 +213,34 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
     /// the record is cut at the first difference instead and the code goes live
     /// from there.
     pub async fn durable<T, F, Fut>(
+        &self,
+        run_id: &str,
+        workflow: &str,
+        f: F,
+    ) -> Result<Outcome<T>, Error>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce(DurableCtx<'static, S>) -> Fut,
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        let span = tracing::info_span!(
+            "steadfast.run",
+            run_id,
+            workflow,
+            outcome = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        let began = std::time::Instant::now();
+        let out = self
+            .run_durable(run_id, workflow, f)
+            .instrument(span.clone())
+            .await;
+        span.record("outcome", crate::outcome::label(&out));
+        span.record("duration_ms", began.elapsed().as_millis() as u64);
+        out
+    }
+
+    async fn run_durable<T, F, Fut>(
         &self,
         run_id: &str,
         workflow: &str,
@@ -673,9 +702,24 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 let lent = how
                     .lend_state
                     .then(|| Arc::new(std::mem::take(&mut s.cp.state)));
+                if how.branch.is_none() && std::mem::take(&mut s.interrupted) {
+                    // The call before this one stopped without saving here.
+                    crate::metrics::reexecution();
+                    tracing::info!(run_id = %s.cp.run_id, step = name, index, "running a step again: the call that ran the run before was cut off");
+                }
                 (s.cp.run_id.clone(), index, attempt, lent)
             };
             let ctx = StepCtx::new(&run_id, name, index, attempt);
+            let span = tracing::info_span!(
+                "steadfast.step",
+                run_id = %run_id,
+                step = name,
+                index,
+                attempt,
+                outcome = tracing::field::Empty,
+                duration_ms = tracing::field::Empty,
+            );
+            crate::metrics::step_started();
             runner.emit(Event::Started {
                 index,
                 step: name,
@@ -693,7 +737,11 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     },
                 }
             };
-            let result = self.with_renewals(ctx.scope(timed)).await;
+            let result = self
+                .with_renewals(ctx.scope(timed))
+                .instrument(span.clone())
+                .await;
+            span.record("duration_ms", timer.elapsed().as_millis() as u64);
             if let Some(lent) = lent {
                 let mut s = self.shared.session.lock().await;
                 s.cp.state = Arc::try_unwrap(lent).unwrap_or_else(|kept| (*kept).clone());
@@ -707,15 +755,23 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     let at = s.cp.next;
                     let record = StepRecord::new(at, name, update, attempt, started, finished);
                     let total = s.total;
-                    if how.branch.is_some() {
+                    let saved = if how.branch.is_some() {
                         s.complete_unrecorded(runner, record, total)
+                            .instrument(span.clone())
                             .await
-                            .map_err(Branch::Unsaved)?;
+                            .map_err(Branch::Unsaved)
                     } else {
                         s.complete(runner, record, total)
+                            .instrument(span.clone())
                             .await
-                            .map_err(Branch::Engine)?;
+                            .map_err(Branch::Engine)
+                    };
+                    if let Err(e) = saved {
+                        span.record("outcome", "unsaved");
+                        return Err(e);
                     }
+                    span.record("outcome", "completed");
+                    crate::metrics::step_completed();
                     s.cursor = s.cp.next;
                     s.used = 0;
                     s.budget_step = None;
@@ -729,7 +785,9 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 }
                 Err(err) => err,
             };
+            crate::metrics::step_failed();
             if how.branch.is_some() {
+                span.record("outcome", "failed");
                 runner.emit(Event::Failed {
                     index,
                     step: name,
@@ -749,6 +807,14 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     .map_err(Branch::Engine)?;
                 (!exhausted).then(|| how.policy.delay_before(s.used + 1, true))
             };
+            span.record(
+                "outcome",
+                if retry_in.is_some() {
+                    "retrying"
+                } else {
+                    "failed"
+                },
+            );
             runner.emit(Event::Failed {
                 index,
                 step: name,

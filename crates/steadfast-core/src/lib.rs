@@ -35,6 +35,7 @@ mod ids;
 pub mod limits;
 pub mod local;
 mod memory;
+pub mod metrics;
 pub mod ops;
 mod outcome;
 mod process;

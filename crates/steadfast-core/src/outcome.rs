@@ -149,3 +149,16 @@ pub enum Event<'a> {
         retry_in: Option<Duration>,
     },
 }
+
+/// A one-word name for how a call ended, for spans and logs.
+pub(crate) fn label<T>(out: &Result<Outcome<T>, crate::Error>) -> &'static str {
+    match out {
+        Ok(Outcome::Completed(_)) => "completed",
+        Ok(Outcome::Waiting { .. }) => "waiting",
+        Ok(Outcome::Sleeping { .. }) => "sleeping",
+        Ok(Outcome::Rejected { .. }) => "rejected",
+        Err(crate::Error::Cancelled { .. }) => "cancelled",
+        Err(e) if e.is_held_elsewhere() => "held",
+        Err(_) => "failed",
+    }
+}

@@ -10,6 +10,7 @@ use crate::outcome::{rejected, Event, Outcome};
 use crate::session::Session;
 use crate::store::Store;
 use crate::workflow::{StepKind, Workflow};
+use tracing::Instrument;
 
 /// Starts or resumes run `run_id` of `workflow` on `store` with default options.
 ///
@@ -43,12 +44,36 @@ pub async fn run<S: Store + ?Sized>(
 
 impl<S: Store + ?Sized> Runner<'_, S> {
     /// Starts or resumes `run_id`. See [`run`].
+    ///
+    /// The call is a `tracing` span `steadfast.run` (run id, workflow,
+    /// outcome); each step attempt inside it a span `steadfast.step` (step,
+    /// index, attempt, outcome, duration), each save a debug span
+    /// `steadfast.store`.
     pub async fn run(&self, run_id: &str, workflow: &Workflow) -> Result<Outcome, Error> {
+        let span = tracing::info_span!(
+            "steadfast.run",
+            run_id,
+            workflow = workflow.name(),
+            outcome = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        let began = std::time::Instant::now();
+        let out = self
+            .run_listed(run_id, workflow)
+            .instrument(span.clone())
+            .await;
+        span.record("outcome", crate::outcome::label(&out));
+        span.record("duration_ms", began.elapsed().as_millis() as u64);
+        out
+    }
+
+    async fn run_listed(&self, run_id: &str, workflow: &Workflow) -> Result<Outcome, Error> {
         validate_run_id(run_id)?;
         self.check_options()?;
         let loaded = self
             .store_ref()
             .load(run_id)
+            .instrument(tracing::debug_span!("steadfast.store", op = "load", run_id))
             .await
             .map_err(|e| store_error(run_id, "load", e))?;
         let (cp, expected) = match loaded {

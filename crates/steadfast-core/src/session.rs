@@ -5,6 +5,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::checkpoint::{
     Checkpoint, Decision, Lease, OnTimeout, RunStatus, StepFailure, StepRecord, Wait,
 };
@@ -32,6 +34,10 @@ pub(crate) struct Session {
     pub(crate) cursor: usize,
     /// Names asked for in this call, to refuse a name used twice.
     pub(crate) seen: HashSet<String>,
+    /// The record was left running by a call that did not finish (a
+    /// crash, a kill, a lease that ran out): the first step this call runs
+    /// may have run before. Counted once, in [`metrics`](crate::metrics).
+    pub(crate) interrupted: bool,
 }
 
 impl Session {
@@ -48,7 +54,13 @@ impl Session {
         // Attempts are counted only while a step fails, and recorded with
         // its failure: the record's error names the step they belong to.
         let budget_step = cp.error.as_ref().map(|e| e.step.clone());
+        // A person's rewind or retry also leaves it running, with an audit
+        // entry of the same time: that is no interruption.
+        let interrupted = cp.version > 0
+            && cp.status == RunStatus::Running
+            && cp.audit.last().is_none_or(|a| a.at != cp.updated_at);
         Session {
+            interrupted,
             cp,
             expected,
             total,
@@ -467,7 +479,20 @@ impl Session {
         req.step = step;
         req.head_only = head_only;
         let new_version = req.new_version();
-        let err = match r.store.save(req).await {
+        let span = tracing::debug_span!(
+            "steadfast.store",
+            op = if head_only { "save_head" } else { "save" },
+            run_id = %self.cp.run_id,
+            version = new_version,
+        );
+        let began = std::time::Instant::now();
+        let saved = r.store.save(req).instrument(span).await;
+        crate::metrics::save(
+            began.elapsed(),
+            saved.is_ok(),
+            matches!(&saved, Err(e) if e.kind() == StoreErrorKind::Conflict),
+        );
+        let err = match saved {
             Ok(v) => {
                 self.cp.version = v;
                 self.expected = Some(v);

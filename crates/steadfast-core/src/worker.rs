@@ -455,7 +455,10 @@ impl Worker {
                 let found = tokio::select! {
                     biased;
                     () = &mut shutdown => break 'taking,
-                    found = worker.store.claim_due(&ask) => found,
+                    found = tracing::Instrument::instrument(
+                        worker.store.claim_due(&ask),
+                        tracing::debug_span!("steadfast.store", op = "claim_due", worker = %owner_text),
+                    ) => found,
                 };
                 match found {
                     Ok(due) => {

@@ -30,7 +30,7 @@ pub struct GcArgs {
     pub json: bool,
 }
 
-fn parse_age(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_age(text: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
     if d > steadfast::retention::MAX_AGE {
         return Err("the age must be at most 100 years".into());

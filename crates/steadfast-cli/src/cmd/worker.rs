@@ -31,6 +31,17 @@ pub struct WorkerArgs {
     /// processes are killed (0 to 1h).
     #[arg(long, default_value = "30s", value_parser = parse_grace)]
     pub grace: Duration,
+    /// Serve the counters (steps executed, re-executions, conflicts, save
+    /// latency) in the Prometheus text format at http://ADDR/metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Delete finished runs last saved longer ago than this, every
+    /// --gc-every, as `steadfast gc --older-than` does.
+    #[arg(long, value_name = "DURATION", value_parser = super::gc::parse_age)]
+    pub gc_older_than: Option<Duration>,
+    /// How often the worker applies --gc-older-than.
+    #[arg(long, default_value = "10m", value_parser = parse_poll)]
+    pub gc_every: Duration,
 }
 
 fn parse_poll(text: &str) -> Result<Duration, String> {
@@ -81,8 +92,22 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
         ctx.url,
         args.concurrency
     ));
+    if let Some(addr) = args.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| usage(format!("--metrics-addr {addr}: {e}")))?;
+        output::note(format_args!(
+            "steadfast worker: counters at http://{}/metrics",
+            listener.local_addr().map_or(addr, |a| a)
+        ));
+        tokio::spawn(serve_metrics(listener));
+    }
     let grace = args.grace;
-    let report = Worker::new(Arc::clone(&ctx.store), registry)
+    let mut worker = Worker::new(Arc::clone(&ctx.store), registry);
+    if let Some(age) = args.gc_older_than {
+        worker = worker.retention(steadfast::retention::Retention::new(age), args.gc_every);
+    }
+    let report = worker
         .concurrency(args.concurrency as usize)
         .lease(args.lease)
         .poll(args.poll)
@@ -118,4 +143,48 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
         report.taken, report.completed, report.suspended, report.failed, report.lost, report.cancelled, report.abandoned
     ));
     Ok(exit::OK)
+}
+
+/// Answers `GET /metrics` with the counters, anything else with 404. Each
+/// connection gets a few seconds and 8 KiB of request.
+async fn serve_metrics(listener: tokio::net::TcpListener) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok((mut conn, _)) = listener.accept().await else {
+            continue;
+        };
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 8192];
+            let mut len = 0;
+            let read = async {
+                while len < buf.len() {
+                    match conn.read(&mut buf[len..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => len += n,
+                    }
+                    if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+            };
+            if tokio::time::timeout(Duration::from_secs(5), read)
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let head = String::from_utf8_lossy(&buf[..len]);
+            let path = head.split_whitespace().nth(1).unwrap_or("");
+            let (status, body) = if head.starts_with("GET ") && path == "/metrics" {
+                ("200 OK", steadfast::metrics::snapshot().prometheus())
+            } else {
+                ("404 Not Found", "not found\n".to_string())
+            };
+            let reply = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.write_all(reply.as_bytes()).await;
+        });
+    }
 }
