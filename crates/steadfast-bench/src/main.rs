@@ -15,10 +15,14 @@
 //!   cargo run --release -p steadfast-bench -- --stores cosmos   # Cosmos W1, W2
 //!   cargo run --release -p steadfast-bench -- --workloads W1,W2 --stores sqlite,sqlite-sealed
 //!                                                # the cost of encryption
+//! STEADFAST_BENCH_PG=postgres://postgres@127.0.0.1:5432/test \
+//!   cargo run --release -p steadfast-bench -- --workloads gc,prune --stores sqlite,postgres
+//!                                 # retention on 100,000 runs, prune of a long run
 //! ```
 
 mod baseline;
 mod cosmos;
+mod ops;
 mod pg;
 mod syncs;
 mod workloads;

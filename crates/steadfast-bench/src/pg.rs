@@ -230,3 +230,21 @@ pub fn child(url: &str, runs: usize) -> Res<()> {
         Ok(())
     })
 }
+
+/// The bytes the steps (history) table of the schema `url` names takes,
+/// with its indexes and TOAST, after a VACUUM so that deleted rows count as
+/// free space.
+pub async fn steps_bytes(url: &str) -> Res<u64> {
+    let schema = url
+        .split(['?', '&'])
+        .find_map(|p| p.strip_prefix("schema="))
+        .ok_or("the URL names no schema")?
+        .to_string();
+    let client = connect(&server().ok_or("no server")?).await?;
+    let table = format!("\"{schema}\".steps");
+    client.batch_execute(&format!("VACUUM {table}")).await?;
+    let row = client
+        .query_one("SELECT pg_total_relation_size($1::regclass)", &[&table])
+        .await?;
+    Ok(row.get::<_, i64>(0) as u64)
+}

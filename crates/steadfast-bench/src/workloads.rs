@@ -114,7 +114,27 @@ pub async fn all(kind: &str, args: &Args) -> Res<()> {
     if args.wants("W5") {
         w5(kind, args).await?;
     }
+    if args.wants("gc") && !kind.ends_with("-sealed") {
+        crate::ops::gc(kind, args).await?;
+    }
+    if args.wants("prune") {
+        crate::ops::prune(kind, args).await?;
+    }
     Ok(())
+}
+
+/// [`drive`], for the other workload modules.
+pub async fn drive_pub<F, Fut>(
+    prefix: &str,
+    runs: usize,
+    concurrency: usize,
+    run: F,
+) -> Res<Duration>
+where
+    F: Fn(String) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), steadfast::Error>> + Send,
+{
+    drive(prefix, runs, concurrency, run).await
 }
 
 /// Runs `run(run_id)` for `runs` run ids, `concurrency` at a time; returns

@@ -427,6 +427,10 @@ fn export_import_and_copy_round_trip_and_refuse_damaged_lines() -> TestResult {
         let out = fresh.run(&["import", p.to_str().ok_or("path")?]);
         assert_eq!(code(&out), 2, "{}", stderr(&out));
         assert!(stderr(&out).contains(says), "{}", stderr(&out));
+        if says == "line 2" {
+            // The good line before the bad one was imported.
+            assert_eq!(fresh.show("r1")["status"], "completed");
+        }
     }
     let fresh = Env::new();
     let p = fresh.path().join("bin.jsonl");

@@ -64,7 +64,9 @@ fn gated(tally: &Tally) -> Result<Workflow, Error> {
         .step("c", move |_, s| {
             tc.hit("c");
             let seen = json!([s.get("b"), s.get("g")]);
-            async move { update(json!({"c": seen})) }
+            // `x` again, unchanged: a value a later step writes as it was.
+            let x = s.get("x").cloned().unwrap_or(Value::Null);
+            async move { update(json!({"c": seen, "x": x})) }
         })
         .build()
 }

@@ -337,7 +337,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                     let index = s.cp.next;
                     s.record_unsaved(&shared.runner, index, RESULT_KEY, 1, &e)
                         .await;
-                    return Err(e);
+                    return Err(shared.runner.explain_conflict(run_id, e).await);
                 }
                 Ok(Outcome::Completed(value))
             }

@@ -204,11 +204,25 @@ impl Store for MemoryStore {
         expected: u64,
         fold: &StepRecord,
     ) -> Result<(), StoreError> {
-        self.rewrite_history(run_id, expected, std::slice::from_ref(fold))
-            .await?;
-        if let Some(entry) = self.runs().get_mut(run_id) {
-            entry.history.retain(|r| r.index >= fold.index);
-        }
+        let mut runs = self.runs();
+        let entry = runs.get_mut(run_id);
+        let found = entry.as_ref().map(|e| e.checkpoint.version);
+        let Some(entry) = entry.filter(|_| found == Some(expected)) else {
+            return Err(StoreError::Conflict {
+                run_id: run_id.to_string(),
+                expected: Some(expected),
+                found,
+            });
+        };
+        crate::store::check_state(run_id, "step's update", &fold.update)?;
+        let Some(row) = entry.history.iter_mut().find(|h| h.index == fold.index) else {
+            return Err(StoreError::InvalidInput(format!(
+                "run {run_id:?}: step {} has no history row to fold into",
+                fold.index
+            )));
+        };
+        row.update = fold.update.clone();
+        entry.history.retain(|r| r.index >= fold.index);
         Ok(())
     }
 }

@@ -28,8 +28,7 @@
 use std::collections::HashSet;
 
 use crate::checkpoint::{
-    AuditAction, AuditEntry, Checkpoint, Lease, RewoundStep, RunStatus, StepRecord,
-    MAX_REWOUND_LISTED,
+    AuditAction, AuditEntry, Checkpoint, RewoundStep, RunStatus, StepRecord, MAX_REWOUND_LISTED,
 };
 use crate::clock::{Clock, Timestamp};
 use crate::engine::{standing, store_error, Standing};
@@ -43,7 +42,8 @@ use crate::store::{SaveRequest, Store};
 const ENGINE_KEYS: [&str; 1] = ["__result"];
 
 /// Cancels run `run_id`: its status becomes [`RunStatus::Cancelled`], its
-/// lease and wait are cleared, and no worker takes it again. A process that
+/// wait is cleared, and no worker takes it again (its lease stays until it
+/// lapses, so that a rewind waits for a holder still finishing a step). A process that
 /// holds it finds out at its next save or lease renewal and stops there
 /// (see [`Runner::cancel_grace`](crate::Runner::cancel_grace)); `run` of a
 /// cancelled run fails with [`Error::Cancelled`].
@@ -83,7 +83,8 @@ pub async fn cancel<S: Store + ?Sized>(
         }
         let was = cp.status;
         cp.status = RunStatus::Cancelled;
-        cp.lease = None;
+        // The lease stays: its holder may still be finishing a step (within
+        // its grace period), and a rewind or fork waits until it is gone.
         cp.wait = None;
         cp.push_audit(AuditEntry::new(
             AuditAction::Cancel {
@@ -237,8 +238,9 @@ pub async fn rewind<S: Store + ?Sized>(
 /// budget; the original is not written at all.
 ///
 /// The new run is written step by step (one save per copied step, each
-/// carrying its history row), under a lease of this process, so that no
-/// worker takes it half built; the last save releases it. Fails with
+/// carrying its history row), marked cancelled (with an audit entry saying
+/// why) so that no worker takes it half built; the last save makes it
+/// runnable. A fork cut short stays marked: delete it and fork again. Fails with
 /// [`Error::InvalidInput`] when `new_id` exists already, and needs a store
 /// that keeps per-step history.
 pub async fn fork<S: Store + ?Sized>(
@@ -291,9 +293,23 @@ pub async fn fork<S: Store + ?Sized>(
         by,
         now,
     ));
-    // Held by this process while it is built; the last save lets it go.
-    let ttl = std::time::Duration::from_secs(300);
-    cp.lease = Some(Lease::new(crate::current_owner(), now.saturating_add(ttl)));
+    // Not runnable while it is built: a fork cut short says so, and is
+    // never taken by a worker. The last save makes it runnable.
+    let finished_audit = cp.audit.clone();
+    let building = index > first;
+    if building {
+        cp.status = RunStatus::Cancelled;
+        cp.push_audit(AuditEntry::new(
+            AuditAction::Cancel {
+                was: RunStatus::Running,
+                reason: Some(format!(
+                    "being forked from run {run_id:?}: a fork that stopped here is unfinished; delete it and fork again"
+                )),
+            },
+            by,
+            now,
+        ));
+    }
     let what = |e: StoreError| match e.kind() {
         StoreErrorKind::Conflict => Error::InvalidInput {
             what: format!("the fork of run {run_id:?} as {new_id:?}"),
@@ -303,9 +319,6 @@ pub async fn fork<S: Store + ?Sized>(
     };
     let mut expected = None;
     cp.writer = fastrand::u64(1..);
-    if index == first {
-        cp.lease = None;
-    }
     expected = Some(
         store
             .save(SaveRequest::new(&cp, expected))
@@ -318,9 +331,6 @@ pub async fn fork<S: Store + ?Sized>(
         }
         cp.completed.push(record.name.clone());
         cp.next += 1;
-        if cp.next == index {
-            cp.lease = None;
-        }
         cp.updated_at = clock.now();
         cp.writer = fastrand::u64(1..);
         let v = store
@@ -328,6 +338,17 @@ pub async fn fork<S: Store + ?Sized>(
             .await
             .map_err(|e| store_error(new_id, &format!("copy of step {}", record.index), e))?;
         expected = Some(v);
+    }
+    if building {
+        cp.status = RunStatus::Running;
+        cp.audit = finished_audit;
+        cp.writer = fastrand::u64(1..);
+        expected = Some(
+            store
+                .save(SaveRequest::new(&cp, expected).head_only())
+                .await
+                .map_err(|e| store_error(new_id, "save of the finished fork", e))?,
+        );
     }
     cp.version = expected.unwrap_or(1);
     Ok(cp)
@@ -402,8 +423,9 @@ pub async fn prune<S: Store + ?Sized>(
             StoreErrorKind::Unsupported => refused(run_id, "prune", format!("{e}")),
             _ => store_error(run_id, "folding the history", e),
         })?;
+    // `updated_at` stays: retention and the stuck labels judge a run by
+    // its last change, and a prune changes nothing of it.
     let now = clock.now();
-    cp.updated_at = now;
     cp.push_audit(AuditEntry::new(
         AuditAction::Prune {
             folded_into: fold_at,
@@ -496,6 +518,9 @@ fn step_index(cp: &Checkpoint, step: &str, op: &str) -> Result<usize, Error> {
 /// on, each with the name the record gives the step: rows from 0, or (after
 /// a [`prune`]) from the row that the older ones were folded into.
 pub(crate) fn history_is_whole(cp: &Checkpoint, history: &[StepRecord]) -> bool {
+    if history.is_empty() {
+        return cp.next == 0;
+    }
     let first = history.first().map_or(cp.next, |r| r.index);
     history.len() == cp.next - first.min(cp.next)
         && history
@@ -564,6 +589,13 @@ async fn full_history<S: Store + ?Sized>(
         }
         Err(e) => return Err(store_error(run_id, "reading the history", e)),
     };
+    if history.is_empty() && cp.next > 0 {
+        return Err(refused(
+            run_id,
+            op,
+            "the run has no per-step history (it was written, or copied from, a store that keeps none), so the state before a step cannot be rebuilt".into(),
+        ));
+    }
     if !history_is_whole(cp, &history) {
         return Err(store_error(
             run_id,

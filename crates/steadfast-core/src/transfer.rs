@@ -43,13 +43,17 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::checkpoint::{Checkpoint, Lease, RunStatus, StepRecord};
+use crate::checkpoint::{Checkpoint, RunStatus, StepRecord};
 use crate::engine::store_error;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::store::{ListFilter, SaveRequest, Store};
 
 /// The version of the export layout this build writes and reads.
 pub const EXPORT_FORMAT: u32 = 1;
+
+/// The largest version an imported run may carry: 2^53, the largest
+/// integer every store (Cosmos DB's JSON numbers included) keeps exactly.
+pub const MAX_VERSION: u64 = 1 << 53;
 
 /// The longest line [`decode_line`] takes: 64 MiB.
 pub const MAX_LINE_BYTES: usize = 64 << 20;
@@ -140,6 +144,12 @@ pub fn decode_line(line: &str, lineno: usize) -> Result<Exported, Error> {
     crate::validate_run_id(&run.run_id).map_err(|e| bad(e.to_string()))?;
     run.check()
         .map_err(|e| bad(format!("run {:?}: {e}", run.run_id)))?;
+    if run.version > MAX_VERSION {
+        return Err(bad(format!(
+            "run {:?}: version {} is over the largest a store keeps exactly ({MAX_VERSION})",
+            run.run_id, run.version
+        )));
+    }
     if let Some(history) = &record.history {
         if history.iter().any(|r| r.index >= run.next)
             || !crate::ops::history_is_whole(run, history)
@@ -225,9 +235,11 @@ pub enum Put {
 /// is deleted (on condition of its version) and written again.
 ///
 /// The history is written step by step, as a run would have (one save per
-/// step, each carrying its row), under a lease of this process so that no
-/// worker takes the run half written; the last save writes the record
-/// itself, with its own version and lease. A record this store cannot take
+/// step, each carrying its row), with the run marked cancelled (and an
+/// audit entry saying why) so that no worker takes it half written; the
+/// last save writes the record itself, with its own version, status and
+/// lease. A copy cut short leaves that marked run, which the next copy
+/// replaces. A record this store cannot take
 /// (over its size limit, a value it refuses) is an error naming the run.
 pub async fn put_run<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<Put, Error> {
     let run = &record.run;
@@ -260,10 +272,20 @@ pub async fn put_run<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<
     }
     let mut expected = None;
     if !history.is_empty() {
-        let owner = crate::current_owner();
-        let hold = std::time::Duration::from_secs(300);
         let mut cp = Checkpoint::new(id, &run.workflow, run.created_at);
-        cp.status = RunStatus::Running;
+        // Not runnable while it is written: a copy cut short leaves a run
+        // that says so, which copying again replaces.
+        cp.status = RunStatus::Cancelled;
+        cp.push_audit(crate::checkpoint::AuditEntry::new(
+            crate::checkpoint::AuditAction::Cancel {
+                was: RunStatus::Running,
+                reason: Some(
+                    "being copied in: a copy or import that stopped here left it unfinished; run it again".into(),
+                ),
+            },
+            "steadfast",
+            crate::Clock::now(&crate::SystemClock),
+        ));
         // A pruned history starts at its fold row: the steps below it are
         // recorded by name only.
         let first = history[0].index;
@@ -287,10 +309,6 @@ pub async fn put_run<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<
             cp.completed.push(r.name.clone());
             cp.next += 1;
             cp.updated_at = r.finished_at;
-            cp.lease = Some(Lease::new(
-                owner.clone(),
-                crate::Clock::now(&crate::SystemClock).saturating_add(hold),
-            ));
             cp.writer = fastrand::u64(1..);
             let v = store
                 .save(SaveRequest::new(&cp, expected).with_step(r))

@@ -718,11 +718,19 @@ impl SealedStore {
         let current = self.keys.current();
         for (k, v) in &cp.state {
             // A value unchanged since this store last saw the run keeps its
-            // sealed form (if sealed with the current key); the state's seal
+            // sealed form (if sealed with the current key, for a step the
+            // record still has: a rewind lowers `next`); the state's seal
             // still covers it.
             let kept = known
                 .and_then(|kn| kn.values.get(k))
-                .filter(|(plain, sealed)| plain == v && key_of(sealed) == Some(current))
+                .filter(|(plain, sealed)| {
+                    plain == v
+                        && key_of(sealed) == Some(current)
+                        && sealed
+                            .as_str()
+                            .and_then(parse_envelope)
+                            .is_some_and(|e| e.ctx <= cp.next as u64)
+                })
                 .map(|(_, sealed)| sealed.clone());
             let sealed = match (from_step.remove(k), kept) {
                 (Some(sealed), _) => sealed,

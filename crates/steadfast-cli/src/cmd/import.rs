@@ -34,37 +34,54 @@ pub async fn run(args: ImportArgs, ctx: &Ctx) -> Result<i32, Failure> {
         )
     };
     let mut reader = BufReader::new(input);
-    let (mut written, mut replaced, mut kept) = (0u64, 0u64, 0u64);
     let mut lineno = 0usize;
-    let mut batch = Vec::new();
+    let mut batch: Vec<steadfast::transfer::Exported> = Vec::new();
+    let mut batch_bytes = 0usize;
+    let mut counts = Counts::default();
     loop {
-        let line = read_line(&mut reader, lineno + 1)?;
-        let end = line.is_none();
-        if let Some(text) = line {
-            lineno += 1;
-            if !text.trim().is_empty() {
-                batch.push(decode_line(&text, lineno).map_err(|e| usage(e.to_string()))?);
+        let line = read_line(&mut reader, lineno + 1);
+        let line = match line {
+            Ok(l) => l,
+            Err(e) => {
+                // What came before the bad line is imported first.
+                flush(ctx, &mut batch, &mut counts).await?;
+                return Err(e);
             }
+        };
+        let Some(text) = line else { break };
+        lineno += 1;
+        if text.trim().is_empty() {
+            continue;
         }
-        if batch.len() >= IN_FLIGHT || (end && !batch.is_empty()) {
-            for done in put_runs(&*ctx.raw, &batch).await {
-                match done? {
-                    Put::Written => written += 1,
-                    Put::Replaced { .. } => replaced += 1,
-                    Put::Kept { .. } => kept += 1,
-                    _ => {}
-                }
+        let record = match decode_line(&text, lineno) {
+            Ok(r) => r,
+            Err(e) => {
+                flush(ctx, &mut batch, &mut counts).await?;
+                return Err(usage(e.to_string()));
             }
-            batch.clear();
-            let total = written + replaced + kept;
-            if total % 1024 < IN_FLIGHT as u64 && !end {
+        };
+        // One run id twice in a batch would race with itself.
+        if batch.iter().any(|b| b.run.run_id == record.run.run_id) {
+            flush(ctx, &mut batch, &mut counts).await?;
+            batch_bytes = 0;
+        }
+        batch_bytes += text.len();
+        batch.push(record);
+        if batch.len() >= IN_FLIGHT || batch_bytes >= MAX_LINE_BYTES {
+            flush(ctx, &mut batch, &mut counts).await?;
+            batch_bytes = 0;
+            let total = counts.written + counts.replaced + counts.kept;
+            if total % 1024 < IN_FLIGHT as u64 {
                 output::note(format_args!("import: {total} run(s) so far"));
             }
         }
-        if end {
-            break;
-        }
     }
+    flush(ctx, &mut batch, &mut counts).await?;
+    let Counts {
+        written,
+        replaced,
+        kept,
+    } = counts;
     output::note(format_args!(
         "import: {written} written, {replaced} replaced an older version, {kept} already there (same or newer version, kept)"
     ));
@@ -104,4 +121,30 @@ fn read_line(reader: &mut impl BufRead, lineno: usize) -> Result<Option<String>,
     String::from_utf8(bytes)
         .map(Some)
         .map_err(|_| usage(format!("line {lineno} of the export is not UTF-8")))
+}
+
+#[derive(Default)]
+struct Counts {
+    written: u64,
+    replaced: u64,
+    kept: u64,
+}
+
+/// Writes the batch (all at once) and empties it.
+async fn flush(
+    ctx: &Ctx,
+    batch: &mut Vec<steadfast::transfer::Exported>,
+    counts: &mut Counts,
+) -> Result<(), Failure> {
+    let done = put_runs(&*ctx.raw, batch).await;
+    batch.clear();
+    for d in done {
+        match d? {
+            Put::Written => counts.written += 1,
+            Put::Replaced { .. } => counts.replaced += 1,
+            Put::Kept { .. } => counts.kept += 1,
+            _ => {}
+        }
+    }
+    Ok(())
 }

@@ -37,7 +37,7 @@ pub async fn run(args: PruneArgs, ctx: &Ctx) -> Result<i32, Failure> {
             )),
             None => output::note(format_args!(
                 "run {id:?} has no more than {} history row(s) to keep: nothing to prune",
-                args.keep_history + 1
+                args.keep_history.saturating_add(1)
             )),
         }
         return Ok(exit::OK);

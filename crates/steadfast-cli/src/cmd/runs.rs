@@ -83,6 +83,7 @@ pub async fn run(args: RunsArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let runs = ctx.store.list(&filter).await.context("listing runs")?;
     let now = ctx.clock().now();
     let mut labelled = Vec::with_capacity(runs.len());
+    let mut unreadable = false;
     for r in runs {
         let finished = matches!(
             r.status,
@@ -91,7 +92,22 @@ pub async fn run(args: RunsArgs, ctx: &Ctx) -> Result<i32, Failure> {
         let stuck = if finished {
             None
         } else {
-            label(ctx, &r.run_id, now, args.stuck_after, &flows).await?
+            match label(ctx, &r.run_id, now, args.stuck_after, &flows).await {
+                Ok(s) => s,
+                // Encrypted without the keys, or unreadable: listed, with
+                // no label, and said once.
+                Err(e) => {
+                    if !unreadable {
+                        unreadable = true;
+                        output::note(format_args!(
+                            "runs: some runs could not be read to label them (first: {}: {:#})",
+                            output::clean(&r.run_id),
+                            e.error
+                        ));
+                    }
+                    None
+                }
+            }
         };
         if args.stuck && stuck.is_none() {
             continue;
