@@ -244,7 +244,10 @@ pub async fn steps_bytes(url: &str) -> Res<u64> {
     let table = format!("\"{schema}\".steps");
     client.batch_execute(&format!("VACUUM {table}")).await?;
     let row = client
-        .query_one("SELECT pg_total_relation_size($1::regclass)", &[&table])
+        .query_one(
+            "SELECT pg_total_relation_size($1::text::regclass)",
+            &[&table],
+        )
         .await?;
     Ok(row.get::<_, i64>(0) as u64)
 }

@@ -1,5 +1,7 @@
-//! The file's layout: `{"format": 1, "runs": {run_id: checkpoint, ...}}`, and its
-//! strict decoder. Anything it cannot account for is `Corrupt`, with a location.
+//! The file's layout: `{"format": 1, "runs": {run_id: checkpoint, ...}}`, or,
+//! once a run has per-step history, `{"format": 2, "runs": {...}, "history":
+//! {run_id: [step record, ...], ...}}`; and its strict decoder. Anything it
+//! cannot account for is `Corrupt`, with a location.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -7,10 +9,12 @@ use std::path::Path;
 
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
-use steadfast_core::{Checkpoint, StoreError};
+use steadfast_core::{Checkpoint, StepRecord, StoreError};
 
-/// The version of the file layout written by this build.
-pub const FILE_FORMAT: u32 = 1;
+/// The newest version of the file layout this build writes and reads: 2,
+/// which adds per-step history. A file without history is written as
+/// version 1, which older builds read.
+pub const FILE_FORMAT: u32 = 2;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -18,6 +22,9 @@ pub(crate) struct Image {
     format: u32,
     #[serde(deserialize_with = "unique_runs")]
     pub(crate) runs: BTreeMap<String, Checkpoint>,
+    /// Each run's step records in index order, for runs that have any.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) history: BTreeMap<String, Vec<StepRecord>>,
 }
 
 #[derive(Deserialize)]
@@ -28,14 +35,36 @@ struct FormatOnly {
 impl Image {
     pub(crate) fn empty() -> Self {
         Image {
-            format: FILE_FORMAT,
+            format: 1,
             runs: BTreeMap::new(),
+            history: BTreeMap::new(),
+        }
+    }
+
+    /// Records the history a save leaves: the rows below the run's `next`,
+    /// with `step` (the row the save completes) in place of any row of its
+    /// index.
+    pub(crate) fn record(&mut self, cp: &Checkpoint, step: Option<&StepRecord>) {
+        let rows = self.history.entry(cp.run_id.clone()).or_default();
+        rows.retain(|r| r.index < cp.next);
+        if let Some(step) = step.filter(|s| s.index < cp.next) {
+            rows.retain(|r| r.index != step.index);
+            let at = rows.partition_point(|r| r.index < step.index);
+            rows.insert(at, step.clone());
+        }
+        if rows.is_empty() {
+            self.history.remove(&cp.run_id);
         }
     }
 
     /// Pretty JSON without a trailing newline, so that no strict prefix of a
     /// written file is itself valid JSON: a torn file can never decode.
-    pub(crate) fn encode(&self, path: &Path) -> Result<Vec<u8>, StoreError> {
+    pub(crate) fn encode(&mut self, path: &Path) -> Result<Vec<u8>, StoreError> {
+        self.format = if self.history.is_empty() {
+            1
+        } else {
+            FILE_FORMAT
+        };
         serde_json::to_vec_pretty(self).map_err(|e| {
             StoreError::backend(
                 steadfast_core::StoreErrorKind::InvalidInput,
@@ -57,7 +86,10 @@ impl Image {
             Err(e) => {
                 // Say "newer format" rather than a confusing shape error when we can.
                 if let Ok(FormatOnly { format: Some(f) }) = serde_json::from_slice(bytes) {
-                    if f.as_u64() != Some(FILE_FORMAT as u64) {
+                    if !f
+                        .as_u64()
+                        .is_some_and(|f| (1..=FILE_FORMAT as u64).contains(&f))
+                    {
                         return Err(corrupt(
                             path.display().to_string(),
                             format!("file format {f} is not understood by this build (it reads {FILE_FORMAT})"),
@@ -70,7 +102,7 @@ impl Image {
                 ));
             }
         };
-        if image.format != FILE_FORMAT {
+        if !(1..=FILE_FORMAT).contains(&image.format) {
             return Err(corrupt(
                 path.display().to_string(),
                 format!(
@@ -89,6 +121,34 @@ impl Image {
             }
             steadfast_core::validate_run_id(key).map_err(|e| corrupt(at(), e.to_string()))?;
             cp.check().map_err(|reason| corrupt(at(), reason))?;
+        }
+        if image.format < 2 && !image.history.is_empty() {
+            return Err(corrupt(
+                path.display().to_string(),
+                "a file of format 1 has no history".into(),
+            ));
+        }
+        for (key, rows) in &image.history {
+            let at = || format!("{} history of run {key:?}", path.display());
+            let Some(cp) = image.runs.get(key) else {
+                return Err(corrupt(at(), "there is no such run".into()));
+            };
+            let mut last = None;
+            for r in rows {
+                if r.index >= cp.next
+                    || cp.completed.get(r.index) != Some(&r.name)
+                    || last.is_some_and(|l| l >= r.index)
+                {
+                    return Err(corrupt(
+                        at(),
+                        format!(
+                            "row {} ({:?}) does not match the run's completed steps",
+                            r.index, r.name
+                        ),
+                    ));
+                }
+                last = Some(r.index);
+            }
         }
         Ok(image)
     }

@@ -9,11 +9,11 @@
 //! the old file or the new one.
 //!
 //! Each save rewrites every run, so its cost grows with the file: this store is
-//! for small deployments, tests and inspection. For the same reason it keeps no
-//! per-step history ([`Store::history`] answers `Unsupported`): history would
-//! make every save rewrite every step of every run as well. The SQLite store
-//! keeps it. It is for local file systems only
-//! (advisory locks and rename are not reliable on network file systems).
+//! for small deployments, tests and inspection. It keeps each run's per-step
+//! history beside the runs (so rewind, fork and prune work here too), which
+//! every save rewrites as well: `prune` keeps it small. It is for local file
+//! systems only (advisory locks and rename are not reliable on network file
+//! systems).
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use steadfast_core::store::{check_head, check_size, check_whole_state, merge_head, SaveRequest};
-use steadfast_core::{Checkpoint, ListFilter, RunSummary, Store, StoreError};
+use steadfast_core::{Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError};
 
 pub use crate::fs::{Fs, LockGuard, OsFs, WriteError};
 use crate::image::Image;
@@ -452,6 +452,68 @@ impl<F: Fs> Inner<F> {
     }
 }
 
+impl<F: Fs> FileStore<F> {
+    /// Replaces history rows' updates (and, for a fold, deletes the rows
+    /// below the one replaced), guarded by the run's version: one write, or
+    /// none.
+    async fn rewrite(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: Vec<StepRecord>,
+        fold: bool,
+    ) -> Result<(), StoreError> {
+        for r in &records {
+            steadfast_core::store::check_state(run_id, "step's update", &r.update)?;
+        }
+        let run_id = run_id.to_string();
+        let writes = run_id.clone();
+        self.blocking(Some(&writes), move |inner| {
+            inner.update(&run_id, |image| {
+                let found = image.runs.get(&run_id).map(|c| c.version);
+                let next = match image.runs.get(&run_id) {
+                    Some(cp) if found == Some(expected) => cp.next,
+                    _ => {
+                        return Err(StoreError::Conflict {
+                            run_id: run_id.clone(),
+                            expected: Some(expected),
+                            found,
+                        })
+                    }
+                };
+                let rows = image.history.entry(run_id.clone()).or_default();
+                for r in &records {
+                    if r.index >= next {
+                        return Err(StoreError::InvalidInput(format!(
+                            "run {run_id:?}: step {} is not history (next is {next})",
+                            r.index
+                        )));
+                    }
+                    if fold && !rows.iter().any(|h| h.index == r.index) {
+                        return Err(StoreError::InvalidInput(format!(
+                            "run {run_id:?}: step {} has no history row to fold into",
+                            r.index
+                        )));
+                    }
+                }
+                for r in &records {
+                    if let Some(h) = rows.iter_mut().find(|h| h.index == r.index) {
+                        h.update = r.update.clone();
+                    }
+                }
+                if let (true, Some(r)) = (fold, records.first()) {
+                    rows.retain(|h| h.index >= r.index);
+                }
+                if rows.is_empty() {
+                    image.history.remove(&run_id);
+                }
+                Ok((true, ()))
+            })
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl<F: Fs> Store for FileStore<F> {
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -479,6 +541,7 @@ impl<F: Fs> Store for FileStore<F> {
         }
         let expected = req.expected;
         let version = req.new_version();
+        let step = req.step.cloned();
         // A head-only save takes the stored state below, so it copies none.
         let mut stored = if head_only {
             merge_head(
@@ -505,6 +568,19 @@ impl<F: Fs> Store for FileStore<F> {
                     let version = stored.version;
                     stored = merge_head(&stored, kept);
                     stored.version = version;
+                }
+                if !head_only {
+                    if let Some(s) = &step {
+                        steadfast_core::store::check_state(
+                            &stored.run_id,
+                            "step's update",
+                            &s.update,
+                        )?;
+                    }
+                    if expected.is_none() {
+                        image.history.remove(&stored.run_id);
+                    }
+                    image.record(&stored, step.as_ref());
                 }
                 image.runs.insert(stored.run_id.clone(), stored);
                 Ok((true, version))
@@ -534,10 +610,43 @@ impl<F: Fs> Store for FileStore<F> {
         self.blocking(Some(&writes), move |inner| {
             inner.update(&run_id, |image| {
                 let existed = image.runs.remove(&run_id).is_some();
+                image.history.remove(&run_id);
                 Ok((existed, existed))
             })
         })
         .await
+    }
+
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        let run_id = run_id.to_string();
+        self.blocking(None, move |inner| {
+            let mut image = inner.read_image()?;
+            if !image.runs.contains_key(&run_id) {
+                return Ok(None);
+            }
+            Ok(Some(image.history.remove(&run_id).unwrap_or_default()))
+        })
+        .await
+    }
+
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        self.rewrite(run_id, expected, records.to_vec(), false)
+            .await
+    }
+
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        self.rewrite(run_id, expected, vec![fold.clone()], true)
+            .await
     }
 
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
@@ -549,6 +658,7 @@ impl<F: Fs> Store for FileStore<F> {
                     None => Ok((false, false)),
                     Some(v) if v == version => {
                         image.runs.remove(&run_id);
+                        image.history.remove(&run_id);
                         Ok((true, true))
                     }
                     found => Err(StoreError::Conflict {
@@ -569,7 +679,7 @@ impl<F: Fs> Store for FileStore<F> {
 #[doc(hidden)]
 pub fn decode_file_for_fuzzing(bytes: &[u8]) -> Result<Vec<Checkpoint>, StoreError> {
     let path = Path::new("fuzz.json");
-    let image = Image::decode(bytes, path)?;
+    let mut image = Image::decode(bytes, path)?;
     // What decodes must encode and decode to the same runs.
     let again = Image::decode(&image.encode(path)?, path)?;
     assert_eq!(

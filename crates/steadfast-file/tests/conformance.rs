@@ -1,6 +1,8 @@
 //! The store conformance suite on `FileStore`.
 
-use steadfast_conformance::{store_conformance, Config, TestStore};
+use steadfast_conformance::{
+    history_conformance, history_rewrite_conformance, store_conformance, Config, TestStore,
+};
 use steadfast_file::{FileStore, FileStoreOptions, OsFs};
 
 fn make(cfg: Config) -> TestStore {
@@ -11,3 +13,5 @@ fn make(cfg: Config) -> TestStore {
 }
 
 store_conformance!(make);
+history_conformance!(make);
+history_rewrite_conformance!(make);

@@ -54,4 +54,6 @@ mod file {
         TestStore::with_guard(sealed(store, &cfg), dir)
     }
     store_conformance!(make);
+    history_conformance!(make);
+    history_rewrite_conformance!(make);
 }
