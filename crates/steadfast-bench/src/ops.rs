@@ -60,7 +60,7 @@ pub async fn gc(kind: &str, args: &Args) -> Res<()> {
             "notes": if kind == "file" && !args.quick {
                 "1,000 runs instead of 100,000: every delete rewrites the whole file"
             } else {
-                "one measurement: filling the store takes most of the time; batches of 500, 64 deletes in flight"
+                "one measurement: filling the store takes most of the time; batches of 500, 256 deletes in flight"
             },
         }),
     );

@@ -46,7 +46,7 @@ pub const MAX_AGE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// How many deletes of a batch are in flight at once: stores that group
 /// concurrent writes (SQLite) commit them together.
-const IN_FLIGHT: usize = 64;
+const IN_FLIGHT: usize = 256;
 
 /// Which finished runs to delete.
 #[derive(Clone, Debug, PartialEq, Eq)]

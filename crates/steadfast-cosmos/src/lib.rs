@@ -955,6 +955,158 @@ fn step_item(key: &str, gen: &str, step: &StepRecord) -> serde_json::Map<String,
 }
 
 impl CosmosStore {
+    /// Replaces history items' updates (and, for a fold, deletes the items
+    /// below the one replaced), guarded by the run's version: one
+    /// transactional batch that replaces the head as it was read (`If-Match`)
+    /// and the step items. Items below a fold beyond what one batch holds
+    /// are deleted by later batches; until then they are still listed, each
+    /// with its own update, which rebuilds the same states.
+    async fn rewrite_items(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+        fold: bool,
+    ) -> Result<(), StoreError> {
+        for r in records {
+            check_state(run_id, "step's update", &r.update)?;
+        }
+        let key = encode_run_id(run_id);
+        let hid = head_id(&key);
+        let Some(head) = self.read_item(&key, &hid, run_id).await? else {
+            return Err(StoreError::Conflict {
+                run_id: run_id.to_string(),
+                expected: Some(expected),
+                found: None,
+            });
+        };
+        let found = head.get("version").and_then(Value::as_u64);
+        if found != Some(expected) {
+            return Err(StoreError::Conflict {
+                run_id: run_id.to_string(),
+                expected: Some(expected),
+                found,
+            });
+        }
+        let snapshot_next = head
+            .get("snapshot_next")
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as usize;
+        let gen = head
+            .get("gen")
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.corrupt(run_id, &hid, "the head has no generation"))?
+            .to_string();
+        let etag = head
+            .get("_etag")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        // Steps from the snapshot on are merged into the state by a load.
+        if let Some(r) = records.iter().find(|r| r.index >= snapshot_next) {
+            return Err(StoreError::InvalidInput(format!(
+                "run {run_id:?}: step {} is still merged into the state on load (snapshot at {snapshot_next}); save the run without a step first",
+                r.index
+            )));
+        }
+        let pk = format!("[\"{key}\"]");
+        let mut body = head.as_object().cloned().unwrap_or_default();
+        body.retain(|k, _| !k.starts_with('_'));
+        let mut ops = vec![json!({
+            "operationType": "Replace", "id": hid, "partitionKey": pk,
+            "ifMatch": etag, "resourceBody": Value::Object(body)
+        })];
+        for r in records {
+            let sid = step_id(&key, &gen, r.index);
+            let Some(item) = self.read_item(&key, &sid, run_id).await? else {
+                if fold {
+                    return Err(StoreError::InvalidInput(format!(
+                        "run {run_id:?}: step {} has no history row to fold into",
+                        r.index
+                    )));
+                }
+                continue;
+            };
+            let mut item = item.as_object().cloned().unwrap_or_default();
+            item.retain(|k, _| !k.starts_with('_'));
+            for f in ["update", "update_chunks", "update_chunks_tag"] {
+                item.remove(f);
+            }
+            let text = encode_json(&r.update, run_id, "step's update")?;
+            self.put_text(&key, &gen, run_id, &mut item, "update", text)
+                .await?;
+            ops.push(json!({
+                "operationType": "Replace", "id": sid, "partitionKey": pk,
+                "resourceBody": Value::Object(item)
+            }));
+        }
+        let mut later = Vec::new();
+        if let (true, Some(f)) = (fold, records.first()) {
+            let below = self
+                .query_partition(
+                    &key,
+                    run_id,
+                    "SELECT c.id FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'step' AND c.idx < @b",
+                    json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}, {"name": "@b", "value": f.index}]),
+                )
+                .await?;
+            for item in below {
+                let Some(id) = item.get("id").and_then(Value::as_str) else {
+                    continue;
+                };
+                let op = json!({ "operationType": "Delete", "id": id, "partitionKey": pk });
+                if ops.len() < 100 {
+                    ops.push(op);
+                } else {
+                    later.push(op);
+                }
+            }
+        }
+        self.shared.accts.set(run_id, None);
+        let ops_len = ops.len();
+        let results = self.batch(&key, run_id, ops).await?;
+        let status = |i: usize| {
+            results
+                .get(i)
+                .and_then(|r| r.get("statusCode"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        };
+        if results.len() != ops_len {
+            return Err(StoreError::OutcomeUnknown {
+                run_id: run_id.to_string(),
+                source: "the history batch answered a different number of results".into(),
+            });
+        }
+        match status(0) {
+            200 | 201 => {}
+            424 | 404 | 409 | 412 => {
+                let failed = (0..ops_len).map(status).find(|s| *s != 424);
+                return Err(match failed {
+                    Some(404 | 409 | 412) | None => StoreError::Conflict {
+                        run_id: run_id.to_string(),
+                        expected: Some(expected),
+                        found: None,
+                    },
+                    other => StoreError::unavailable(format!(
+                        "rewriting the history of run {run_id:?} in {}: the batch failed with {other:?}; nothing was applied",
+                        self.shared.display
+                    )),
+                });
+            }
+            other => {
+                return Err(StoreError::OutcomeUnknown {
+                    run_id: run_id.to_string(),
+                    source: format!("the history batch's head operation answered {other}").into(),
+                })
+            }
+        }
+        for chunk in later.chunks(100) {
+            self.batch(&key, run_id, chunk.to_vec()).await?;
+        }
+        Ok(())
+    }
+
     /// Deletes a run, at version `expected` when given.
     async fn delete_at(&self, run_id: &str, expected: Option<u64>) -> Result<bool, StoreError> {
         let key = encode_run_id(run_id);
@@ -1445,6 +1597,25 @@ impl Store for CosmosStore {
         }
         found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.run_id.cmp(&b.1.run_id)));
         Ok(found.into_iter().take(due.limit).map(|(_, s)| s).collect())
+    }
+
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        self.rewrite_items(run_id, expected, records, false).await
+    }
+
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        self.rewrite_items(run_id, expected, std::slice::from_ref(fold), true)
+            .await
     }
 
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {

@@ -3,7 +3,9 @@
 
 mod support;
 
-use steadfast_conformance::{history_conformance, store_conformance, Config, TestStore};
+use steadfast_conformance::{
+    history_conformance, history_rewrite_conformance, store_conformance, Config, TestStore,
+};
 use steadfast_cosmos::CosmosOptions;
 
 async fn make(cfg: Config) -> TestStore {
@@ -23,6 +25,7 @@ async fn make(cfg: Config) -> TestStore {
 
 store_conformance!(make);
 history_conformance!(make);
+history_rewrite_conformance!(make);
 
 /// The same suite through the encryption seal: sealing changes nothing the
 /// store promises.
@@ -49,4 +52,5 @@ mod sealed {
 
     store_conformance!(make);
     history_conformance!(make);
+    history_rewrite_conformance!(make);
 }

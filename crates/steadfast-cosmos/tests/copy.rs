@@ -98,3 +98,42 @@ fn runs_copy_into_cosmos_and_back_equal() -> TestResult {
         Ok(())
     })
 }
+
+#[test]
+fn a_long_history_is_pruned_across_several_batches() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    rt().block_on(async {
+        let mut b = Workflow::builder("long");
+        for i in 0..250usize {
+            b = b.step(format!("s{i:03}"), move |_, _| async move {
+                update(json!({"last": i, format!("k{}", i % 7): i}))
+            });
+        }
+        let wf = b.build()?;
+        let store: Arc<dyn Store> = Arc::new(db.store(CosmosOptions::default()).await);
+        Runner::new(&*store).run("long", &wf).await?;
+        let before = store.load("long").await?.ok_or("the run vanished")?;
+        let pruned = ops::prune(&*store, "long", 5, "ada", &SystemClock)
+            .await?
+            .ok_or("nothing pruned")?;
+        assert_eq!((pruned.folded_into, pruned.rows_deleted), (244, 244));
+        let rows = store.history("long").await?.ok_or("no history")?;
+        let idx: Vec<usize> = rows.iter().map(|r| r.index).collect();
+        assert_eq!(idx, (244..250).collect::<Vec<_>>());
+        let after = store.load("long").await?.ok_or("the run vanished")?;
+        assert_eq!(after.state, before.state);
+        // The fold row holds the last value of every key up to step 244.
+        let fold = &rows[0].update;
+        assert_eq!(fold.get("last"), Some(&json!(244)));
+        for k in 0..7 {
+            let want = (0..=244).rev().find(|i| i % 7 == k).unwrap_or(0);
+            assert_eq!(fold.get(&format!("k{k}")), Some(&json!(want)), "k{k}");
+        }
+        let cp = ops::rewind(&*store, "long", "s246", "ada", &SystemClock).await?;
+        assert_eq!(cp.state.get("last"), Some(&json!(245)));
+        Ok(())
+    })
+}
