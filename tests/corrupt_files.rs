@@ -129,7 +129,15 @@ fn corpus(valid: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
         ("array", b"[]".to_vec()),
         ("empty object", b"{}".to_vec()),
         ("no runs", br#"{"format":1}"#.to_vec()),
-        ("future format", br#"{"format":2,"runs":{}}"#.to_vec()),
+        ("future format", br#"{"format":3,"runs":{}}"#.to_vec()),
+        (
+            "history in a format-1 file",
+            br#"{"format":1,"runs":{},"history":{"r":[]}}"#.to_vec(),
+        ),
+        (
+            "history of a run that is not there",
+            br#"{"format":2,"runs":{},"history":{"r":[]}}"#.to_vec(),
+        ),
         (
             "future format other shape",
             br#"{"format":9,"items":[1,2]}"#.to_vec(),

@@ -801,6 +801,49 @@ pub async fn put_run_copies_a_run_exactly_and_never_overwrites_a_newer_one(
         ops::rewind(&**store, "r", "b", "ada", &SystemClock).await?;
         through_gate(store, &wf, "r", json!({"ok": "again"})).await?;
     }
+
+    // A copy cut short (the store dies at its last save) leaves a run no
+    // worker takes, which the next copy replaces, also when the source's
+    // version equals its number of steps (a run without a lease).
+    let mut b = Workflow::builder("three");
+    for name in ["p", "q", "s"] {
+        b = b.step(name, move |_, _| async move { update(json!({ name: 1 })) });
+    }
+    let three = b.build()?;
+    Runner::new(&*source).run("v", &three).await?;
+    let rec = export_run(&*source, "v").await?.ok_or("no export")?;
+    ensure!(
+        rec.run.version == 3,
+        "the source's version is {}",
+        rec.run.version
+    );
+    let dying = crate::FaultyStore::new(Arc::clone(store), 3, crate::Fault::FailFromHere);
+    ensure!(
+        put_run(&dying, &rec).await.is_err(),
+        "the cut-short copy did not fail"
+    );
+    let half = store
+        .load("v")
+        .await?
+        .ok_or("nothing was written before the cut")?;
+    ensure!(
+        half.status == RunStatus::Cancelled,
+        "a half-written run is {}",
+        half.status
+    );
+    ensure!(
+        half.runnable_at().is_none(),
+        "a half-written run is runnable"
+    );
+    let again = put_run(&**store, &rec).await?;
+    ensure!(
+        matches!(again, Put::Replaced { .. }),
+        "the next copy gave {again:?}"
+    );
+    ensure!(
+        store.load("v").await?.as_ref() == Some(&rec.run),
+        "the run did not arrive whole"
+    );
     Ok(())
 }
 

@@ -742,6 +742,10 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 .instrument(span.clone())
                 .await;
             span.record("duration_ms", timer.elapsed().as_millis() as u64);
+            if result.is_err() {
+                // Cut off: cancelled, or fenced out by another owner.
+                span.record("outcome", "stopped");
+            }
             if let Some(lent) = lent {
                 let mut s = self.shared.session.lock().await;
                 s.cp.state = Arc::try_unwrap(lent).unwrap_or_else(|kept| (*kept).clone());

@@ -1,5 +1,5 @@
 //! Operations a person performs on a run's record by hand: cancel, retry,
-//! rewind and fork. Each one is a compare-and-swap save of the run (a fork:
+//! rewind, fork and prune. Each one is a compare-and-swap save of the run (a fork:
 //! of the new run), and leaves an [`AuditEntry`] (what, who, when) in the
 //! record, which `show` and `history` print.
 //!
@@ -388,6 +388,11 @@ pub async fn prune<S: Store + ?Sized>(
     check_operator(run_id, "prune", by)?;
     let mut cp = load(store, run_id, "prune").await?;
     check_not_held(&cp, clock.now())?;
+    // A run without rows (written before its store kept history) has
+    // nothing to fold.
+    if matches!(store.history(run_id).await, Ok(Some(h)) if h.is_empty()) {
+        return Ok(None);
+    }
     let history = full_history(store, &cp, "prune").await?;
     let first = history.first().map_or(cp.next, |r| r.index);
     let Some(fold_at) = cp.next.checked_sub(keep.saturating_add(1)) else {

@@ -12,8 +12,8 @@
 //! - `format`: the version of this layout, 1;
 //! - `record.run`: the run's checkpoint exactly as a `Checkpoint` serializes
 //!   (head, state, version, times, lease, wait, decisions, audit, seal);
-//! - `record.history`: its per-step records in index order, or `null` when
-//!   the store it came from keeps none (the file store);
+//! - `record.history`: its per-step records in index order (from 0, or from
+//!   a prune's fold row), or `null` for a run without history rows;
 //! - `sha256`: the SHA-256 of the `record` value written as compact JSON, in
 //!   lowercase hex, so that a line changed or cut short is refused.
 //!
@@ -190,6 +190,9 @@ pub async fn export_run<S: Store + ?Sized>(
         return Ok(None);
     };
     let history = match store.history(run_id).await {
+        // A run with completed steps and no rows (written before its store
+        // kept history) has none to export.
+        Ok(Some(h)) if h.is_empty() && run.next > 0 => None,
         Ok(h) => h,
         Err(e) if e.kind() == StoreErrorKind::Unsupported => None,
         Err(e) => return Err(store_error(run_id, "reading the history for export", e)),
@@ -250,7 +253,9 @@ pub async fn put_run<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<
         .await
         .map_err(|e| store_error(id, "load before import", e))?;
     let outcome = match &existing {
-        Some(e) if e.version >= run.version => return Ok(Put::Kept { version: e.version }),
+        Some(e) if e.version >= run.version && !half_written(e) => {
+            return Ok(Put::Kept { version: e.version })
+        }
         Some(e) => {
             store.delete_if(id, e.version).await.map_err(|err| {
                 store_error(id, "removal of the older version before import", err)
@@ -279,11 +284,9 @@ pub async fn put_run<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<
         cp.push_audit(crate::checkpoint::AuditEntry::new(
             crate::checkpoint::AuditAction::Cancel {
                 was: RunStatus::Running,
-                reason: Some(
-                    "being copied in: a copy or import that stopped here left it unfinished; run it again".into(),
-                ),
+                reason: Some(HALF_WRITTEN.into()),
             },
-            "steadfast",
+            COPIER,
             crate::Clock::now(&crate::SystemClock),
         ));
         // A pruned history starts at its fold row: the steps below it are
@@ -333,6 +336,23 @@ pub async fn put_runs<S: Store + ?Sized>(
     records: &[Exported],
 ) -> Vec<Result<Put, Error>> {
     futures_util::future::join_all(records.iter().map(|r| put_run(store, r))).await
+}
+
+/// The reason of the mark a run being written carries.
+const HALF_WRITTEN: &str =
+    "being copied in: a copy or import that stopped here left it unfinished; run it again";
+
+/// Who marks a run being written.
+const COPIER: &str = "steadfast copy";
+
+/// Whether `cp` is a run that a copy or import left half written (it is
+/// replaced whatever its version).
+fn half_written(cp: &Checkpoint) -> bool {
+    cp.status == RunStatus::Cancelled
+        && cp.audit.last().is_some_and(|a| {
+            a.by == COPIER
+                && matches!(&a.action, crate::checkpoint::AuditAction::Cancel { reason: Some(r), .. } if r == HALF_WRITTEN)
+        })
 }
 
 /// What [`copy`] did.
