@@ -136,6 +136,14 @@ async fn same(a: &Arc<dyn Store>, b: &Arc<dyn Store>, history: bool) {
     }
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
 fn sqlite(dir: &tempfile::TempDir, name: &str) -> Arc<dyn Store> {
     Arc::new(steadfast::sqlite::SqliteStore::open(dir.path().join(name)).expect("open SQLite"))
 }
@@ -143,11 +151,7 @@ fn sqlite(dir: &tempfile::TempDir, name: &str) -> Arc<dyn Store> {
 #[test]
 fn ten_thousand_runs_copy_both_ways_and_compare_equal() {
     let schema = support::PgSchema::new();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let rt = runtime();
     rt.block_on(async {
         let dir = tempfile::tempdir().expect("a temp dir");
         let a = sqlite(&dir, "a.db");
@@ -196,11 +200,7 @@ fn ten_thousand_runs_copy_both_ways_and_compare_equal() {
 
 #[test]
 fn the_file_store_keeps_every_record_and_row_of_a_copy() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let rt = runtime();
     rt.block_on(async {
         let dir = tempfile::tempdir().expect("a temp dir");
         let a = sqlite(&dir, "a.db");

@@ -86,6 +86,23 @@ impl MemoryStore {
     }
 }
 
+/// The entry of run `run_id` if its version is `expected`, else a conflict.
+fn at_version<'a>(
+    runs: &'a mut BTreeMap<String, Entry>,
+    run_id: &str,
+    expected: u64,
+) -> Result<&'a mut Entry, StoreError> {
+    let entry = runs.get_mut(run_id);
+    let found = entry.as_ref().map(|e| e.checkpoint.version);
+    entry
+        .filter(|_| found == Some(expected))
+        .ok_or_else(|| StoreError::Conflict {
+            run_id: run_id.to_string(),
+            expected: Some(expected),
+            found,
+        })
+}
+
 #[async_trait]
 impl Store for MemoryStore {
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -172,15 +189,7 @@ impl Store for MemoryStore {
         records: &[StepRecord],
     ) -> Result<(), StoreError> {
         let mut runs = self.runs();
-        let entry = runs.get_mut(run_id);
-        let found = entry.as_ref().map(|e| e.checkpoint.version);
-        let Some(entry) = entry.filter(|_| found == Some(expected)) else {
-            return Err(StoreError::Conflict {
-                run_id: run_id.to_string(),
-                expected: Some(expected),
-                found,
-            });
-        };
+        let entry = at_version(&mut runs, run_id, expected)?;
         for r in records {
             if r.index >= entry.checkpoint.next {
                 return Err(StoreError::InvalidInput(format!(
@@ -205,15 +214,7 @@ impl Store for MemoryStore {
         fold: &StepRecord,
     ) -> Result<(), StoreError> {
         let mut runs = self.runs();
-        let entry = runs.get_mut(run_id);
-        let found = entry.as_ref().map(|e| e.checkpoint.version);
-        let Some(entry) = entry.filter(|_| found == Some(expected)) else {
-            return Err(StoreError::Conflict {
-                run_id: run_id.to_string(),
-                expected: Some(expected),
-                found,
-            });
-        };
+        let entry = at_version(&mut runs, run_id, expected)?;
         crate::store::check_state(run_id, "step's update", &fold.update)?;
         let Some(row) = entry.history.iter_mut().find(|h| h.index == fold.index) else {
             return Err(StoreError::InvalidInput(format!(
