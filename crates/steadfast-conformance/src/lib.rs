@@ -204,6 +204,7 @@ macro_rules! history_conformance {
             rewind_reruns_exactly_the_rewound_steps,
             fork_copies_the_first_steps_and_leaves_the_original,
             durable_functions_rewind_and_fork_by_step_name,
+            a_relabelled_record_keeps_its_history_usable,
         );
     };
 }

@@ -974,3 +974,60 @@ pub async fn prune_keeps_load_resume_rewind_and_fork_correct(ts: TestStore) -> C
     );
     Ok(())
 }
+
+/// A record relabelled by changed code (`accept_changed_workflow`) keeps a
+/// store that loads, a history that lists, and rewind and export working,
+/// though its rows were written under the old names.
+pub async fn a_relabelled_record_keeps_its_history_usable(ts: TestStore) -> CheckResult {
+    use steadfast_core::transfer::export_run;
+    let store = &ts.store;
+    let old = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"a": 1})) })
+        .step("b", |_, _| async { update(json!({"b": 1})) })
+        .push(Step::gate("g"))
+        .build()?;
+    let new = Workflow::builder("w")
+        .step("a2", |_, _| async { update(json!({"a": 2})) })
+        .step("b2", |_, _| async { update(json!({"b": 2})) })
+        .push(Step::gate("g"))
+        .step("c", |_, _| async { update(json!({"c": 3})) })
+        .build()?;
+    Runner::new(&**store).run("r", &old).await?;
+    approve(&**store, "r", "g", None, "ada", &SystemClock).await?;
+    let out = Runner::new(&**store)
+        .accept_changed_workflow(true)
+        .run("r", &new)
+        .await?;
+    ensure!(
+        matches!(out, Outcome::Completed(_)),
+        "the relabelled run ended {out:?}"
+    );
+    // Everything still reads: other runs of the store, this run, its rows.
+    store.list(&steadfast_core::ListFilter::new()).await?;
+    let cp = store.load("r").await?.ok_or("the run vanished")?;
+    ensure!(
+        cp.completed == ["a2", "b2", "g", "c"],
+        "completed {:?}",
+        cp.completed
+    );
+    let rows = store.history("r").await?.ok_or("no history")?;
+    ensure!(rows.len() == 4, "{} rows", rows.len());
+    ensure!(
+        export_run(&**store, "r").await?.is_some(),
+        "the run does not export"
+    );
+    let cp = ops::rewind(&**store, "r", "c", "ada", &SystemClock).await?;
+    ensure!(
+        cp.completed == ["a2", "b2", "g"],
+        "after rewind {:?}",
+        cp.completed
+    );
+    let fork = ops::fork(&**store, "r", "b2", "f", "ada", &SystemClock).await?;
+    ensure!(
+        fork.completed == ["a2"],
+        "the fork has {:?}",
+        fork.completed
+    );
+    store.load("f").await?.ok_or("the fork vanished")?;
+    Ok(())
+}

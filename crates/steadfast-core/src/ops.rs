@@ -329,7 +329,7 @@ pub async fn fork<S: Store + ?Sized>(
         for (k, v) in &record.update {
             cp.state.insert(k.clone(), v.clone());
         }
-        cp.completed.push(record.name.clone());
+        cp.completed.push(original.completed[record.index].clone());
         cp.next += 1;
         cp.updated_at = clock.now();
         cp.writer = fastrand::u64(1..);
@@ -520,8 +520,9 @@ fn step_index(cp: &Checkpoint, step: &str, op: &str) -> Result<usize, Error> {
 }
 
 /// Whether `history` holds one row per completed step from its first row
-/// on, each with the name the record gives the step: rows from 0, or (after
-/// a [`prune`]) from the row that the older ones were folded into.
+/// on: rows from 0, or (after a [`prune`]) from the row that the older ones
+/// were folded into. Names are not compared: a record relabelled when
+/// changed code was accepted keeps rows under the old names.
 pub(crate) fn history_is_whole(cp: &Checkpoint, history: &[StepRecord]) -> bool {
     if history.is_empty() {
         return cp.next == 0;
@@ -531,7 +532,7 @@ pub(crate) fn history_is_whole(cp: &Checkpoint, history: &[StepRecord]) -> bool 
         && history
             .iter()
             .enumerate()
-            .all(|(i, r)| r.index == first + i && cp.completed.get(r.index) == Some(&r.name))
+            .all(|(i, r)| r.index == first + i && r.index < cp.next)
 }
 
 /// The step index from which [`rewind`] and [`fork`] can rebuild the

@@ -76,11 +76,18 @@ impl<S: Store + ?Sized> Runner<'_, S> {
             .instrument(tracing::debug_span!("steadfast.store", op = "load", run_id))
             .await
             .map_err(|e| store_error(run_id, "load", e))?;
-        let (cp, expected) = match loaded {
-            None => (Checkpoint::new(run_id, workflow.name(), self.now()), None),
+        let (cp, expected, relabelled) = match loaded {
+            None => (
+                Checkpoint::new(run_id, workflow.name(), self.now()),
+                None,
+                false,
+            ),
             Some(cp) => {
                 let version = cp.version;
-                (self.verify(cp, workflow)?, Some(version))
+                let (names, name) = (cp.completed.clone(), cp.workflow.clone());
+                let cp = self.verify(cp, workflow)?;
+                let relabelled = cp.completed != names || cp.workflow != name;
+                (cp, Some(version), relabelled)
             }
         };
         if cp.status == RunStatus::Cancelled {
@@ -96,7 +103,7 @@ impl<S: Store + ?Sized> Runner<'_, S> {
         if cp.status == RunStatus::Completed || cp.next >= workflow.steps().len() {
             return Ok(Outcome::Completed(cp.state));
         }
-        match self.run_steps(cp, expected, workflow).await {
+        match self.run_steps(cp, expected, workflow, relabelled).await {
             Err(e) => Err(self.explain_conflict(run_id, e).await),
             done => done,
         }
@@ -108,6 +115,7 @@ impl<S: Store + ?Sized> Runner<'_, S> {
         cp: Checkpoint,
         expected: Option<u64>,
         workflow: &Workflow,
+        relabelled: bool,
     ) -> Result<Outcome, Error> {
         // The listed steps as a durable function over the same record: each
         // step, gate and timer is the context's, in order.
@@ -115,6 +123,14 @@ impl<S: Store + ?Sized> Runner<'_, S> {
         let start = cp.next;
         let mut session = Session::new(cp, expected, total, start);
         session.claim(self).await?;
+        if relabelled && self.lease.is_none() {
+            // The new names are saved whole before a step appends to them
+            // (a claim's save does it when leases are on): stores that keep
+            // deltas would otherwise keep the old names.
+            session.save(self, None).await.map_err(|e| {
+                store_error(run_id_of(&session), "save of the relabelled record", e)
+            })?;
+        }
         let ctx = DurableCtx::new(self.reborrow(), session);
         for step in &workflow.steps()[start..] {
             let done = match step.kind() {
@@ -133,4 +149,8 @@ impl<S: Store + ?Sized> Runner<'_, S> {
         }
         Ok(Outcome::Completed(ctx.into_state().await))
     }
+}
+
+fn run_id_of(s: &Session) -> &str {
+    &s.cp.run_id
 }

@@ -956,11 +956,11 @@ fn step_item(key: &str, gen: &str, step: &StepRecord) -> serde_json::Map<String,
 
 impl CosmosStore {
     /// Replaces history items' updates (and, for a fold, deletes the items
-    /// below the one replaced), guarded by the run's version: one
-    /// transactional batch that replaces the head as it was read (`If-Match`)
-    /// and the step items. Items below a fold beyond what one batch holds
-    /// are deleted by later batches; until then they are still listed, each
-    /// with its own update, which rebuilds the same states.
+    /// below the one replaced), guarded by the run's version: transactional
+    /// batches that each replace the head as last seen (`If-Match`) and up to
+    /// 90 step items. A fold's row is marked `folded`, so that the items
+    /// below it are no longer history from the moment it is written; they
+    /// are deleted after it.
     async fn rewrite_items(
         &self,
         run_id: &str,
@@ -1012,10 +1012,12 @@ impl CosmosStore {
         let pk = format!("[\"{key}\"]");
         let mut body = head.as_object().cloned().unwrap_or_default();
         body.retain(|k, _| !k.starts_with('_'));
-        let mut ops = vec![json!({
-            "operationType": "Replace", "id": hid, "partitionKey": pk,
-            "ifMatch": etag, "resourceBody": Value::Object(body)
-        })];
+        let head_body = Value::Object(body);
+        // The replaced rows, in batches of at most 90 items and about 1.5 MB,
+        // each led by the head as last seen (If-Match): a run saved
+        // meanwhile stops the rewrite there.
+        let mut groups: Vec<Vec<Value>> = vec![Vec::new()];
+        let mut bytes = 0usize;
         for r in records {
             let sid = step_id(&key, &gen, r.index);
             let Some(item) = self.read_item(&key, &sid, run_id).await? else {
@@ -1033,14 +1035,91 @@ impl CosmosStore {
                 item.remove(f);
             }
             let text = encode_json(&r.update, run_id, "step's update")?;
+            let size = text.len().min(INLINE_MAX) + 512;
             self.put_text(&key, &gen, run_id, &mut item, "update", text)
                 .await?;
-            ops.push(json!({
+            if fold {
+                item.insert("folded".into(), json!(true));
+            }
+            let last = groups.last_mut().expect("a group");
+            if !last.is_empty() && (last.len() >= 90 || bytes + size > 1_500_000) {
+                groups.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += size;
+            groups.last_mut().expect("a group").push(json!({
                 "operationType": "Replace", "id": sid, "partitionKey": pk,
                 "resourceBody": Value::Object(item)
             }));
         }
-        let mut later = Vec::new();
+        self.shared.accts.set(run_id, None);
+        let mut etag = etag;
+        for rows in groups {
+            let mut ops = vec![json!({
+                "operationType": "Replace", "id": hid, "partitionKey": pk,
+                "ifMatch": etag, "resourceBody": head_body.clone()
+            })];
+            ops.extend(rows);
+            let ops_len = ops.len();
+            let results = self.batch(&key, run_id, ops).await?;
+            let status = |i: usize| {
+                results
+                    .get(i)
+                    .and_then(|r| r.get("statusCode"))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0)
+            };
+            if results.len() != ops_len {
+                return Err(StoreError::OutcomeUnknown {
+                    run_id: run_id.to_string(),
+                    source: "the history batch answered a different number of results".into(),
+                });
+            }
+            match status(0) {
+                200 | 201 => {}
+                424 | 404 | 409 | 412 => {
+                    let failed = (0..ops_len).map(status).find(|s| *s != 424);
+                    return Err(match failed {
+                        Some(404 | 409 | 412) | None => StoreError::Conflict {
+                            run_id: run_id.to_string(),
+                            expected: Some(expected),
+                            found: None,
+                        },
+                        other => StoreError::unavailable(format!(
+                            "rewriting the history of run {run_id:?} in {}: the batch failed with {other:?}; nothing of it was applied",
+                            self.shared.display
+                        )),
+                    });
+                }
+                other => {
+                    return Err(StoreError::OutcomeUnknown {
+                        run_id: run_id.to_string(),
+                        source: format!("the history batch's head operation answered {other}")
+                            .into(),
+                    })
+                }
+            }
+            etag = match results[0].get("eTag").and_then(Value::as_str) {
+                Some(e) => e.to_string(),
+                None => match self.read_item(&key, &hid, run_id).await? {
+                    Some(h) if h.get("version").and_then(Value::as_u64) == Some(expected) => h
+                        .get("_etag")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                    _ => {
+                        return Err(StoreError::Conflict {
+                            run_id: run_id.to_string(),
+                            expected: Some(expected),
+                            found: None,
+                        })
+                    }
+                },
+            };
+        }
+        // The rows below a fold go last. The fold row is marked, so those
+        // not deleted yet (a failure here) are no longer history; deleting
+        // them only frees space.
         if let (true, Some(f)) = (fold, records.first()) {
             let below = self
                 .query_partition(
@@ -1049,60 +1128,27 @@ impl CosmosStore {
                     "SELECT c.id FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'step' AND c.idx < @b",
                     json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}, {"name": "@b", "value": f.index}]),
                 )
-                .await?;
-            for item in below {
-                let Some(id) = item.get("id").and_then(Value::as_str) else {
-                    continue;
-                };
-                let op = json!({ "operationType": "Delete", "id": id, "partitionKey": pk });
-                if ops.len() < 100 {
-                    ops.push(op);
-                } else {
-                    later.push(op);
+                .await;
+            let ids: Vec<String> = match below {
+                Ok(items) => items
+                    .iter()
+                    .filter_map(|i| i.get("id").and_then(Value::as_str).map(str::to_string))
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(run_id, error = %e, "the history is folded; the rows below the fold could not be listed for removal");
+                    Vec::new()
+                }
+            };
+            for ids in ids.chunks(100) {
+                let ops = ids
+                    .iter()
+                    .map(|id| json!({ "operationType": "Delete", "id": id, "partitionKey": pk }))
+                    .collect();
+                if let Err(e) = self.batch(&key, run_id, ops).await {
+                    tracing::warn!(run_id, error = %e, "the history is folded; some rows below the fold are left (they are not read)");
+                    break;
                 }
             }
-        }
-        self.shared.accts.set(run_id, None);
-        let ops_len = ops.len();
-        let results = self.batch(&key, run_id, ops).await?;
-        let status = |i: usize| {
-            results
-                .get(i)
-                .and_then(|r| r.get("statusCode"))
-                .and_then(Value::as_u64)
-                .unwrap_or(0)
-        };
-        if results.len() != ops_len {
-            return Err(StoreError::OutcomeUnknown {
-                run_id: run_id.to_string(),
-                source: "the history batch answered a different number of results".into(),
-            });
-        }
-        match status(0) {
-            200 | 201 => {}
-            424 | 404 | 409 | 412 => {
-                let failed = (0..ops_len).map(status).find(|s| *s != 424);
-                return Err(match failed {
-                    Some(404 | 409 | 412) | None => StoreError::Conflict {
-                        run_id: run_id.to_string(),
-                        expected: Some(expected),
-                        found: None,
-                    },
-                    other => StoreError::unavailable(format!(
-                        "rewriting the history of run {run_id:?} in {}: the batch failed with {other:?}; nothing was applied",
-                        self.shared.display
-                    )),
-                });
-            }
-            other => {
-                return Err(StoreError::OutcomeUnknown {
-                    run_id: run_id.to_string(),
-                    source: format!("the history batch's head operation answered {other}").into(),
-                })
-            }
-        }
-        for chunk in later.chunks(100) {
-            self.batch(&key, run_id, chunk.to_vec()).await?;
         }
         Ok(())
     }
@@ -1638,8 +1684,19 @@ impl Store for CosmosStore {
             )
             .await?;
         let mut out = Vec::new();
+        // A fold's row is marked: rows below it that a fold cut short left
+        // behind are not history any more.
+        let folded = steps
+            .iter()
+            .filter(|i| i.get("folded").and_then(Value::as_bool) == Some(true))
+            .filter_map(|i| i.get("idx").and_then(Value::as_u64))
+            .max()
+            .unwrap_or(0) as usize;
         for item in steps {
             let idx = item.get("idx").and_then(Value::as_u64).unwrap_or(0) as usize;
+            if idx < folded {
+                continue;
+            }
             let sid = step_id(&key, gen, idx);
             let text = self.text_of(&key, run_id, &item, "update", &sid).await?;
             let update: Update =

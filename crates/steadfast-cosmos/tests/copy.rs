@@ -137,3 +137,42 @@ fn a_long_history_is_pruned_across_several_batches() -> TestResult {
         Ok(())
     })
 }
+
+#[test]
+fn rekey_rewrites_a_long_history_in_several_batches() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    rt().block_on(async {
+        let k1 = "k1:q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=";
+        let k2 = "k2:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=";
+        let raw: Arc<dyn Store> = Arc::new(db.store(CosmosOptions::default()).await);
+        let old =
+            steadfast_seal::SealedStore::new(Arc::clone(&raw), steadfast_seal::Keyring::parse(k1)?);
+        let mut b = Workflow::builder("long");
+        for i in 0..150usize {
+            b = b.step(format!("s{i:03}"), move |_, _| async move {
+                update(json!({ format!("k{i}"): format!("secret {i}") }))
+            });
+        }
+        let wf = b.build()?;
+        Runner::new(&old).run("long", &wf).await?;
+        let both = steadfast_seal::SealedStore::new(
+            Arc::clone(&raw),
+            steadfast_seal::Keyring::parse(&format!("{k2}\n{k1}"))?,
+        );
+        let done = both.rekey("long").await?;
+        assert!(
+            matches!(done, steadfast_seal::Rekeyed::Rewritten),
+            "{done:?}"
+        );
+        let new_only =
+            steadfast_seal::SealedStore::new(Arc::clone(&raw), steadfast_seal::Keyring::parse(k2)?);
+        let rows = new_only.history("long").await?.ok_or("no history")?;
+        assert_eq!(rows.len(), 150);
+        assert_eq!(rows[149].update.get("k149"), Some(&json!("secret 149")));
+        assert!(new_only.load("long").await?.is_some());
+        Ok(())
+    })
+}

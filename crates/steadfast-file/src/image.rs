@@ -52,6 +52,15 @@ impl Image {
             let at = rows.partition_point(|r| r.index < step.index);
             rows.insert(at, step.clone());
         }
+        // A record relabelled with changed code (accepting a changed
+        // workflow) names its steps anew: its rows follow.
+        for r in rows.iter_mut() {
+            if let Some(name) = cp.completed.get(r.index) {
+                if r.name != *name {
+                    r.name = name.clone();
+                }
+            }
+        }
         if rows.is_empty() {
             self.history.remove(&cp.run_id);
         }
@@ -135,10 +144,7 @@ impl Image {
             };
             let mut last = None;
             for r in rows {
-                if r.index >= cp.next
-                    || cp.completed.get(r.index) != Some(&r.name)
-                    || last.is_some_and(|l| l >= r.index)
-                {
+                if r.index >= cp.next || last.is_some_and(|l| l >= r.index) {
                     return Err(corrupt(
                         at(),
                         format!(

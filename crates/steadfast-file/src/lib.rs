@@ -687,5 +687,10 @@ pub fn decode_file_for_fuzzing(bytes: &[u8]) -> Result<Vec<Checkpoint>, StoreErr
         serde_json::to_value(&again.runs).ok(),
         "a decoded file does not survive encode and decode"
     );
+    assert_eq!(
+        serde_json::to_value(&image.history).ok(),
+        serde_json::to_value(&again.history).ok(),
+        "a decoded file's history does not survive encode and decode"
+    );
     Ok(image.runs.into_values().collect())
 }

@@ -590,8 +590,8 @@ impl SealedStore {
         match self.inner.rewrite_history(run_id, version, &resealed).await {
             Ok(()) => Ok(Rekeyed::Rewritten),
             Err(e) if e.kind() == StoreErrorKind::Conflict => Ok(Rekeyed::Busy),
-            // A store that cannot rewrite its history (Cosmos DB) keeps it
-            // under the keys it was written with.
+            // A store that cannot rewrite its history keeps it under the
+            // keys it was written with.
             Err(e) if e.kind() == StoreErrorKind::Unsupported => Ok(Rekeyed::Rewritten),
             Err(e) => Err(e),
         }

@@ -149,11 +149,20 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
 /// connection gets a few seconds and 8 KiB of request.
 async fn serve_metrics(listener: tokio::net::TcpListener) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A few connections at a time: a client cannot take the descriptors the
+    // steps and the store need.
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(16));
     loop {
+        let Ok(permit) = std::sync::Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
         let Ok((mut conn, _)) = listener.accept().await else {
+            // Out of descriptors, say: do not spin.
+            tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         tokio::spawn(async move {
+            let _permit = permit;
             let mut buf = vec![0u8; 8192];
             let mut len = 0;
             let read = async {
@@ -184,7 +193,8 @@ async fn serve_metrics(listener: tokio::net::TcpListener) {
                 "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
-            let _ = conn.write_all(reply.as_bytes()).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), conn.write_all(reply.as_bytes()))
+                .await;
         });
     }
 }
