@@ -135,6 +135,10 @@ fn corpus(valid: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
             br#"{"format":1,"runs":{},"history":{"r":[]}}"#.to_vec(),
         ),
         (
+            "history of a run named twice",
+            br#"{"format":2,"runs":{},"history":{"r":[],"r":[]}}"#.to_vec(),
+        ),
+        (
             "history of a run that is not there",
             br#"{"format":2,"runs":{},"history":{"r":[]}}"#.to_vec(),
         ),

@@ -940,6 +940,17 @@ fn fastrand_u64() -> u64 {
     h.finish()
 }
 
+/// The ids of the chunk items an item's `update` was written to, if any.
+fn chunk_ids_of(key: &str, item: &serde_json::Map<String, Value>) -> Vec<String> {
+    match (
+        item.get("update_chunks_tag").and_then(Value::as_str),
+        item.get("update_chunks").and_then(Value::as_u64),
+    ) {
+        (Some(tag), Some(n)) => (0..n as usize).map(|i| chunk_id(key, tag, i)).collect(),
+        _ => Vec::new(),
+    }
+}
+
 fn step_item(key: &str, gen: &str, step: &StepRecord) -> serde_json::Map<String, Value> {
     let mut m = serde_json::Map::new();
     m.insert("gen".into(), json!(gen));
@@ -1018,6 +1029,8 @@ impl CosmosStore {
         // meanwhile stops the rewrite there.
         let mut groups: Vec<Vec<Value>> = vec![Vec::new()];
         let mut bytes = 0usize;
+        // Chunk items the replaced and deleted rows leave unreferenced.
+        let mut stale: Vec<String> = Vec::new();
         for r in records {
             let sid = step_id(&key, &gen, r.index);
             let Some(item) = self.read_item(&key, &sid, run_id).await? else {
@@ -1031,6 +1044,7 @@ impl CosmosStore {
             };
             let mut item = item.as_object().cloned().unwrap_or_default();
             item.retain(|k, _| !k.starts_with('_'));
+            stale.extend(chunk_ids_of(&key, &item));
             for f in ["update", "update_chunks", "update_chunks_tag"] {
                 item.remove(f);
             }
@@ -1125,14 +1139,24 @@ impl CosmosStore {
                 .query_partition(
                     &key,
                     run_id,
-                    "SELECT c.id FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'step' AND c.idx < @b",
+                    "SELECT c.id, c.update_chunks, c.update_chunks_tag FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'step' AND c.idx < @b",
                     json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}, {"name": "@b", "value": f.index}]),
                 )
                 .await;
             let ids: Vec<String> = match below {
                 Ok(items) => items
                     .iter()
-                    .filter_map(|i| i.get("id").and_then(Value::as_str).map(str::to_string))
+                    .flat_map(|i| {
+                        let chunks = i
+                            .as_object()
+                            .map(|m| chunk_ids_of(&key, m))
+                            .unwrap_or_default();
+                        i.get("id")
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                            .into_iter()
+                            .chain(chunks)
+                    })
                     .collect(),
                 Err(e) => {
                     tracing::warn!(run_id, error = %e, "the history is folded; the rows below the fold could not be listed for removal");
@@ -1148,6 +1172,13 @@ impl CosmosStore {
                     tracing::warn!(run_id, error = %e, "the history is folded; some rows below the fold are left (they are not read)");
                     break;
                 }
+            }
+        }
+        // The old chunks of replaced rows: never read again, so a failure
+        // to remove them is only logged.
+        for id in stale {
+            if let Err(e) = self.delete_item(&key, &id, run_id, None).await {
+                tracing::warn!(run_id, item = %id, error = %e, "an old chunk of a rewritten row could not be removed");
             }
         }
         Ok(())

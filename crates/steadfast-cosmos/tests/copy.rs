@@ -153,7 +153,9 @@ fn rekey_rewrites_a_long_history_in_several_batches() -> TestResult {
         let mut b = Workflow::builder("long");
         for i in 0..150usize {
             b = b.step(format!("s{i:03}"), move |_, _| async move {
-                update(json!({ format!("k{i}"): format!("secret {i}") }))
+                // Some updates over one item: chunks, replaced by the rekey.
+                let size = if i % 50 == 0 { 300_000 } else { 8 };
+                update(json!({ format!("k{i}"): format!("secret {i} {}", "z".repeat(size)) }))
             });
         }
         let wf = b.build()?;
@@ -171,7 +173,14 @@ fn rekey_rewrites_a_long_history_in_several_batches() -> TestResult {
             steadfast_seal::SealedStore::new(Arc::clone(&raw), steadfast_seal::Keyring::parse(k2)?);
         let rows = new_only.history("long").await?.ok_or("no history")?;
         assert_eq!(rows.len(), 150);
-        assert_eq!(rows[149].update.get("k149"), Some(&json!("secret 149")));
+        assert_eq!(
+            rows[149].update.get("k149"),
+            Some(&json!(format!("secret 149 {}", "z".repeat(8))))
+        );
+        assert_eq!(
+            rows[100].update.get("k100"),
+            Some(&json!(format!("secret 100 {}", "z".repeat(300_000))))
+        );
         assert!(new_only.load("long").await?.is_some());
         Ok(())
     })

@@ -23,7 +23,11 @@ pub(crate) struct Image {
     #[serde(deserialize_with = "unique_runs")]
     pub(crate) runs: BTreeMap<String, Checkpoint>,
     /// Each run's step records in index order, for runs that have any.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "unique_history"
+    )]
     pub(crate) history: BTreeMap<String, Vec<StepRecord>>,
 }
 
@@ -176,6 +180,33 @@ fn unique_runs<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, Check
                 }
                 let cp = map.next_value::<Checkpoint>()?;
                 out.insert(key, cp);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Unique)
+}
+
+/// A map of history rows that refuses a run named twice.
+fn unique_history<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, Vec<StepRecord>>, D::Error> {
+    struct Unique;
+    impl<'de> Visitor<'de> for Unique {
+        type Value = BTreeMap<String, Vec<StepRecord>>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map of run ids to step records")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if out.contains_key(&key) {
+                    return Err(de::Error::custom(format_args!(
+                        "the history of run {key:?} appears twice"
+                    )));
+                }
+                let rows = map.next_value::<Vec<StepRecord>>()?;
+                out.insert(key, rows);
             }
             Ok(out)
         }

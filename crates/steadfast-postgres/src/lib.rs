@@ -954,7 +954,17 @@ impl Store for PgStore {
         if row.get::<_, i64>(0) > 0 {
             return Ok(true);
         }
-        match row.get::<_, Option<i64>>(1) {
+        // The statement's snapshot may predate a delete that won the race:
+        // look again before calling it a conflict.
+        let found = match row.get::<_, Option<i64>>(1) {
+            None => None,
+            Some(_) => client
+                .query_opt(&self.shared.sql.version, &[&run_id])
+                .await
+                .map_err(|e| map_err(e, &ctx()))?
+                .map(|r| r.get::<_, i64>(0)),
+        };
+        match found {
             None => Ok(false),
             found => Err(StoreError::Conflict {
                 run_id: run_id.to_string(),
