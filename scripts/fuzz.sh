@@ -5,7 +5,7 @@
 #   scripts/fuzz.sh all [SECONDS]        every target in turn
 #
 # Targets: file_image sqlite_record flow_file step_stdout json_arg duration
-# run_id gate_name (crates/steadfast-cli/src/fuzzing.rs). New inputs that
+# run_id gate_name export_line (crates/steadfast-cli/src/fuzzing.rs). New inputs that
 # reach new code are kept in fuzz/corpus-work/TARGET; crashes land in
 # fuzz/artifacts/TARGET. Copy findings (minimised) into fuzz/corpus/TARGET,
 # which `cargo test` replays. Prints one summary line per target:
@@ -19,7 +19,7 @@
 # the targets look for.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
-targets=(file_image sqlite_record flow_file step_stdout json_arg duration run_id gate_name)
+targets=(file_image sqlite_record flow_file step_stdout json_arg duration run_id gate_name export_line)
 which="${1:?usage: scripts/fuzz.sh TARGET|all [SECONDS]}"
 secs="${2:-600}"
 if [ "$which" = all ]; then set -- "${targets[@]}"; else set -- "$which"; fi

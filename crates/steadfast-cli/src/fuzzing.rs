@@ -31,6 +31,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("duration", duration),
     ("run_id", run_id),
     ("gate_name", gate_name),
+    ("export_line", export_line),
 ];
 
 /// Splits `data` into at most `n` fields at 0xFF bytes (which never occur in
@@ -239,6 +240,63 @@ pub fn gate_name(data: &[u8]) {
             let cp = store.load("r").await.unwrap().expect("the run is there");
             reads_back(&cp);
         }
+    });
+}
+
+/// A line of an export (`steadfast import`): one that decodes is written
+/// into a store and loads back equal, history included, or is refused by
+/// the store with an error; one that does not decode names its line. Input
+/// that starts with `{"format"` is a whole line; any other is a record,
+/// wrapped in a line with its checksum right, so that the checks behind the
+/// checksum are reached.
+pub fn export_line(data: &[u8]) {
+    let Some(text) = text(data) else { return };
+    let line = if text.starts_with("{\"format\"") {
+        text.to_string()
+    } else {
+        let Ok(record) = serde_json::from_str::<Value>(text) else {
+            return;
+        };
+        steadfast::transfer::line_for_fuzzing(record)
+    };
+    let rec = match steadfast::transfer::decode_line(&line, 7) {
+        Ok(rec) => rec,
+        Err(e) => {
+            assert!(
+                e.to_string().contains("line 7"),
+                "an error that does not say where: {e}"
+            );
+            return;
+        }
+    };
+    block_on(async {
+        let store = MemoryStore::new();
+        if steadfast::transfer::put_run(&store, &rec).await.is_err() {
+            return;
+        }
+        let loaded = store.load(&rec.run.run_id).await.unwrap();
+        assert_eq!(
+            loaded.as_ref(),
+            Some(&rec.run),
+            "an imported run does not load back"
+        );
+        reads_back(&rec.run);
+        let history = store
+            .history(&rec.run.run_id)
+            .await
+            .unwrap()
+            .unwrap_or_default();
+        assert_eq!(
+            history,
+            rec.history.clone().unwrap_or_default(),
+            "an imported history does not load back"
+        );
+        // Importing it again keeps it.
+        let again = steadfast::transfer::put_run(&store, &rec).await.unwrap();
+        assert!(
+            matches!(again, steadfast::transfer::Put::Kept { .. }),
+            "{again:?}"
+        );
     });
 }
 
