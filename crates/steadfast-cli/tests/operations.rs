@@ -501,3 +501,52 @@ fn prune_folds_history_and_keeps_show_resume_and_rewind() -> TestResult {
     assert_eq!(code(&env.run(&["prune"])), 2, "neither a run nor --all");
     Ok(())
 }
+
+#[test]
+fn a_worker_stops_a_cancelled_run_and_takes_it_no_more() -> TestResult {
+    let env = Env::new();
+    let f = env.flow(
+        "f.toml",
+        "name = \"w\"\n[[step]]\nname = \"hang\"\nrun = \"sleep 60 & echo $! > bg.pid; sleep 60\"\n[[step]]\nname = \"after\"\nrun = \"touch after\"\n",
+    );
+    let f = f.to_str().ok_or("path")?;
+    assert_eq!(code(&env.run(&["start", f, "--run-id", "r"])), 0);
+    let worker = env
+        .cmd(&[
+            "worker", f, "--poll", "50ms", "--lease", "600ms", "--grace", "300ms",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    wait_for(&env.path().join("bg.pid"))?;
+    let out = env.run(&["cancel", "r", "--by", "ops"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let bg = std::fs::read_to_string(env.path().join("bg.pid"))?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pid_alive(&bg) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let gone = !pid_alive(&bg);
+    // Time for the worker to look again: it must not take the run back.
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &worker.id().to_string()])
+        .status();
+    let done = worker.wait_with_output()?;
+    let err = String::from_utf8_lossy(&done.stderr).into_owned();
+    assert!(
+        gone,
+        "the cancelled step's process outlived the grace: {err}"
+    );
+    assert_eq!(done.status.code(), Some(0), "{err}");
+    assert!(err.contains("r  cancelled"), "{err}");
+    assert!(
+        err.contains("1 taken") && err.contains("1 cancelled"),
+        "{err}"
+    );
+    assert!(
+        !env.path().join("after").exists(),
+        "a step after the cancel ran"
+    );
+    assert_eq!(env.show("r")["status"], "cancelled");
+    Ok(())
+}
