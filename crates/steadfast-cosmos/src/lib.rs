@@ -940,6 +940,15 @@ fn fastrand_u64() -> u64 {
     h.finish()
 }
 
+/// The status code a batch answered for operation `i` (0 if none).
+fn op_status(results: &[Value], i: usize) -> u64 {
+    results
+        .get(i)
+        .and_then(|r| r.get("statusCode"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+}
+
 /// The ids of the chunk items an item's `update` was written to, if any.
 fn chunk_ids_of(key: &str, item: &serde_json::Map<String, Value>) -> Vec<String> {
     match (
@@ -1076,13 +1085,7 @@ impl CosmosStore {
             ops.extend(rows);
             let ops_len = ops.len();
             let results = self.batch(&key, run_id, ops).await?;
-            let status = |i: usize| {
-                results
-                    .get(i)
-                    .and_then(|r| r.get("statusCode"))
-                    .and_then(Value::as_u64)
-                    .unwrap_or(0)
-            };
+            let status = |i: usize| op_status(&results, i);
             if results.len() != ops_len {
                 return Err(StoreError::OutcomeUnknown {
                     run_id: run_id.to_string(),
@@ -1487,13 +1490,7 @@ impl Store for CosmosStore {
         }
         let ops_len = ops.len();
         let results = self.batch(&key, run_id, ops).await?;
-        let status = |i: usize| {
-            results
-                .get(i)
-                .and_then(|r| r.get("statusCode"))
-                .and_then(Value::as_u64)
-                .unwrap_or(0)
-        };
+        let status = |i: usize| op_status(&results, i);
         let unknown = |why: String| StoreError::OutcomeUnknown {
             run_id: run_id.to_string(),
             source: why.into(),
