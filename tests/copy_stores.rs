@@ -217,3 +217,53 @@ fn the_file_store_keeps_every_record_and_row_of_a_copy() {
         same(&a, &c, true).await;
     });
 }
+
+#[test]
+fn two_copies_of_one_store_at_the_same_moment_both_end_well() {
+    let rt = runtime();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let a = sqlite(&dir, "a.db");
+        populate(&a, 300).await.expect("populate");
+        for into in [
+            sqlite(&dir, "b.db"),
+            Arc::new(steadfast::MemoryStore::new()) as Arc<dyn Store>,
+        ] {
+            let (x, y) = tokio::join!(copy(&*a, &*into, |_| {}), copy(&*a, &*into, |_| {}));
+            let (x, y) = (x.expect("the first copy"), y.expect("the second copy"));
+            assert_eq!(
+                x.written + x.replaced + x.kept + y.written + y.replaced + y.kept,
+                2 * 330,
+                "{x:?} {y:?}"
+            );
+            same(&a, &into, true).await;
+        }
+        // The same run put by two tasks at once, a hundred times over.
+        let into: Arc<dyn Store> = sqlite(&dir, "c.db");
+        let ids = ids(&a).await;
+        let mut tasks = tokio::task::JoinSet::new();
+        for id in ids.iter().take(100) {
+            let rec = Arc::new(export_run(&*a, id).await.expect("export").expect("present"));
+            for _ in 0..2 {
+                let (into, rec) = (Arc::clone(&into), Arc::clone(&rec));
+                tasks.spawn(async move { put_run(&*into, &rec).await });
+            }
+        }
+        while let Some(done) = tasks.join_next().await {
+            done.expect("a task")
+                .expect("a put at the same moment as another");
+        }
+        for id in ids.iter().take(100) {
+            assert_eq!(
+                a.load(id).await.unwrap(),
+                into.load(id).await.unwrap(),
+                "run {id}"
+            );
+            assert_eq!(
+                a.history(id).await.unwrap(),
+                into.history(id).await.unwrap(),
+                "run {id}"
+            );
+        }
+    });
+}

@@ -550,3 +550,134 @@ fn a_worker_stops_a_cancelled_run_and_takes_it_no_more() -> TestResult {
     assert_eq!(env.show("r")["status"], "cancelled");
     Ok(())
 }
+
+/// Every input the operations take, at its extremes: each is a clear error
+/// (exit 2, nothing written) or a correct result, never a panic or a hang.
+#[test]
+fn hostile_operation_inputs_are_clear_errors() -> TestResult {
+    let env = Env::new();
+    let f = env.flow("f.toml", LOGGED);
+    let f = f.to_str().ok_or("path")?;
+    assert_eq!(code(&env.run(&["run", f, "--run-id", "r"])), 0);
+    assert_eq!(code(&env.run(&["start", f, "--run-id", "p"])), 0);
+    let before = env.run(&["export"]).stdout;
+    let huge = "x".repeat(70_000);
+    let long_id = "i".repeat(300);
+    for args in [
+        vec!["cancel", "p", "--reason", huge.as_str()],
+        vec!["cancel", "p", "--by", "a\nb"],
+        vec!["cancel", "p", "--by", ""],
+        vec!["rewind", "r", "--to", ""],
+        vec!["rewind", "r", "--to", huge.as_str()],
+        vec!["rewind", "r", "--to", "-1"],
+        vec!["rewind", "r", "--to", "99999999999999999999999"],
+        vec!["fork", "r", "--at", "b", "--as", long_id.as_str()],
+        vec!["fork", "r", "--at", "b", "--as", "r"],
+        vec!["gc", "--older-than", "-5s"],
+        vec!["gc", "--older-than", "1s", "--batch", "99999999999"],
+        vec!["gc", "--older-than", "1s", "--status", ""],
+        vec!["prune", "r", "--keep-history", "-1"],
+        vec!["runs", "--stuck-after", "1000y"],
+        vec!["retry", long_id.as_str()],
+    ] {
+        let out = env.run(&args);
+        assert_eq!(code(&out), 2, "{:?}: {}", &args[..2], stderr(&out));
+        assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    }
+    assert_eq!(
+        env.run(&["export"]).stdout,
+        before,
+        "a refused operation wrote something"
+    );
+    // The largest keep is nothing to prune.
+    let out = env.run(&["prune", "r", "--keep-history", "18446744073709551615"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+
+    // Import: damaged and extreme lines, a directory, an empty file.
+    let good: Value = serde_json::from_slice(&env.run(&["export", "--run", "r"]).stdout)?;
+    let record = good["record"].clone();
+    let line = |r: Value| steadfast::transfer::line_for_fuzzing(r);
+    let mut far_version = record.clone();
+    far_version["run"]["version"] = json!(1u64 << 60);
+    let mut far_time = record.clone();
+    far_time["run"]["updated_at"] = json!("99999-01-01T00:00:00Z");
+    let mut negative = record.clone();
+    negative["run"]["next"] = json!(-1);
+    let mut deep = json!(1);
+    for _ in 0..200 {
+        deep = json!([deep]);
+    }
+    let mut nested = record.clone();
+    nested["run"]["state"]["a"] = deep;
+    let other = Env::new();
+    for (body, says) in [
+        (line(far_version), "version"),
+        (line(far_time), "line 1"),
+        (line(negative), "line 1"),
+        (line(nested), "line 1"),
+        (format!("{}\n", "{".repeat(100_000)), "line 1"),
+    ] {
+        let p = other.path().join("bad.jsonl");
+        std::fs::write(&p, body)?;
+        let out = other.run(&["import", p.to_str().ok_or("path")?]);
+        assert_eq!(code(&out), 2, "{says}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{}", stderr(&out));
+    }
+    let p = other.path().join("huge.jsonl");
+    let mut file = std::fs::File::create(&p)?;
+    std::io::Write::write_all(&mut file, &vec![b' '; 65 << 20])?;
+    drop(file);
+    let out = other.run(&["import", p.to_str().ok_or("path")?]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("over"), "{}", stderr(&out));
+    std::fs::remove_file(&p)?;
+    let out = other.run(&["import", other.path().to_str().ok_or("path")?]);
+    assert_ne!(code(&out), 0, "a directory was imported");
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    let empty = other.path().join("empty.jsonl");
+    std::fs::write(&empty, "")?;
+    let out = other.run(&["import", empty.to_str().ok_or("path")?]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stderr(&out).contains("0 written"), "{}", stderr(&out));
+
+    // A copy of a store onto itself keeps everything.
+    let store = env.store();
+    let out = std::process::Command::new(support::BIN)
+        .args(["copy", "--from", &store, "--to", &store])
+        .output()?;
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stderr(&out).contains("2 already there"), "{}", stderr(&out));
+    assert_eq!(env.run(&["export"]).stdout, before);
+    Ok(())
+}
+
+/// A collector that cannot be reached, or an endpoint that is no URL, costs
+/// the run nothing: it completes, and says why no spans went out.
+#[test]
+fn a_bad_or_unreachable_collector_never_stops_a_run() -> TestResult {
+    let env = Env::new();
+    let f = env.flow("f.toml", LOGGED);
+    let f = f.to_str().ok_or("path")?;
+    for (i, endpoint) in ["http://127.0.0.1:1", "not a url at all", "http://[::1"]
+        .iter()
+        .enumerate()
+    {
+        let began = Instant::now();
+        let out = env
+            .cmd(&["run", f, "--run-id", &format!("o{i}")])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+            .output()?;
+        assert_eq!(code(&out), 0, "{endpoint}: {}", stderr(&out));
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "{endpoint}: the run hung"
+        );
+    }
+    // A metrics address already taken is a usage error.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = taken.local_addr()?.to_string();
+    let out = env.run(&["worker", f, "--metrics-addr", &addr]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("--metrics-addr"), "{}", stderr(&out));
+    Ok(())
+}

@@ -261,7 +261,28 @@ pub enum Put {
 /// lease. A copy cut short leaves that marked run, which the next copy
 /// replaces. A record this store cannot take
 /// (over its size limit, a value it refuses) is an error naming the run.
+///
+/// Two copies or imports of one run at the same moment both end well: a
+/// write that meets another (a conflict) looks at the store again and
+/// decides anew, a few times, before it gives up with the conflict.
 pub async fn put_run<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<Put, Error> {
+    let mut tries = 0;
+    loop {
+        match put_once(store, record).await {
+            Err(e) if e.is_conflict() && tries < 8 => {
+                tries += 1;
+                // Let the other writer finish before looking again.
+                tokio::time::sleep(std::time::Duration::from_millis(
+                    fastrand::u64(1..20) * tries,
+                ))
+                .await;
+            }
+            done => return done,
+        }
+    }
+}
+
+async fn put_once<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<Put, Error> {
     let run = &record.run;
     let id = run.run_id.as_str();
     crate::validate_run_id(id)?;
