@@ -166,9 +166,13 @@ pub async fn collect<S: Store + ?Sized>(
             .updated_before(cutoff)
             .limit(policy.batch);
         loop {
-            let page = store.list(&filter).await.map_err(|e| store_err("*", e))?;
-            let Some(last) = page.last() else { break };
-            filter.after = Some(last.run_id.clone());
+            let page = filter
+                .next_page(store)
+                .await
+                .map_err(|e| store_err("*", e))?;
+            if page.is_empty() {
+                break;
+            }
             report.matched += page.len() as u64;
             if !policy.dry_run {
                 for chunk in page.chunks(IN_FLIGHT) {

@@ -132,6 +132,21 @@ impl ListFilter {
         self
     }
 
+    /// The next page of runs that match, from `store`, moving the cursor
+    /// ([`after`](ListFilter::after)) past it; empty once every run was
+    /// listed. Paging this way lists each run once, whatever is deleted
+    /// meanwhile.
+    pub async fn next_page<S: Store + ?Sized>(
+        &mut self,
+        store: &S,
+    ) -> Result<Vec<RunSummary>, StoreError> {
+        let page = store.list(self).await?;
+        if let Some(last) = page.last() {
+            self.after = Some(last.run_id.clone());
+        }
+        Ok(page)
+    }
+
     /// Whether `cp` passes every condition except `limit`.
     pub fn matches(&self, cp: &Checkpoint) -> bool {
         self.status.is_none_or(|s| s == cp.status)
@@ -338,9 +353,10 @@ pub trait Store: Send + Sync {
                     .workflow(workflow)
                     .limit(256);
                 loop {
-                    let page = self.list(&filter).await?;
-                    let Some(last) = page.last() else { break };
-                    filter.after = Some(last.run_id.clone());
+                    let page = filter.next_page(self).await?;
+                    if page.is_empty() {
+                        break;
+                    }
                     for summary in page {
                         let Some(cp) = self.load(&summary.run_id).await? else {
                             continue;

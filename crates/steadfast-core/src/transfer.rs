@@ -423,12 +423,13 @@ pub async fn copy<A: Store + ?Sized, B: Store + ?Sized>(
     let mut report = CopyReport::default();
     let mut filter = ListFilter::new().limit(500);
     loop {
-        let page = from
-            .list(&filter)
+        let page = filter
+            .next_page(from)
             .await
             .map_err(|e| store_error("*", "listing runs to copy", e))?;
-        let Some(last) = page.last() else { break };
-        filter.after = Some(last.run_id.clone());
+        if page.is_empty() {
+            break;
+        }
         for chunk in page.chunks(IN_FLIGHT) {
             let moves = chunk.iter().map(|s| async move {
                 let mut tries = 0;

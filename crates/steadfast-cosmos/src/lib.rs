@@ -940,6 +940,19 @@ fn fastrand_u64() -> u64 {
     h.finish()
 }
 
+/// A conflict unless head item `head` is at version `expected`.
+fn check_version(head: &Value, run_id: &str, expected: u64) -> Result<(), StoreError> {
+    let found = head.get("version").and_then(Value::as_u64);
+    if found != Some(expected) {
+        return Err(StoreError::Conflict {
+            run_id: run_id.to_string(),
+            expected: Some(expected),
+            found,
+        });
+    }
+    Ok(())
+}
+
 /// The status code a batch answered for operation `i` (0 if none).
 fn op_status(results: &[Value], i: usize) -> u64 {
     results
@@ -1000,14 +1013,7 @@ impl CosmosStore {
                 found: None,
             });
         };
-        let found = head.get("version").and_then(Value::as_u64);
-        if found != Some(expected) {
-            return Err(StoreError::Conflict {
-                run_id: run_id.to_string(),
-                expected: Some(expected),
-                found,
-            });
-        }
+        check_version(&head, run_id, expected)?;
         let snapshot_next = head
             .get("snapshot_next")
             .and_then(Value::as_u64)
@@ -1205,14 +1211,7 @@ impl CosmosStore {
                 .and_then(Value::as_str)
                 .unwrap_or_default();
             if let Some(expected) = expected {
-                let found = head.get("version").and_then(Value::as_u64);
-                if found != Some(expected) {
-                    return Err(StoreError::Conflict {
-                        run_id: run_id.to_string(),
-                        expected: Some(expected),
-                        found,
-                    });
-                }
+                check_version(&head, run_id, expected)?;
             }
             if self.delete_item(&key, &hid, run_id, Some(etag)).await? {
                 gen = head.get("gen").and_then(Value::as_str).map(str::to_string);

@@ -58,9 +58,10 @@ pub async fn run(args: ExportArgs, ctx: &Ctx) -> Result<i32, Failure> {
     } else {
         let mut filter = ListFilter::new().limit(500);
         loop {
-            let page = store.list(&filter).await.context("listing runs")?;
-            let Some(last) = page.last() else { break };
-            filter.after = Some(last.run_id.clone());
+            let page = filter.next_page(&**store).await.context("listing runs")?;
+            if page.is_empty() {
+                break;
+            }
             for summary in &page {
                 // Deleted since it was listed: not exported.
                 if let Some(record) = export_run(&**store, &summary.run_id).await? {

@@ -48,9 +48,13 @@ pub async fn run(args: PruneArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let (mut runs, mut rows, mut held) = (0u64, 0u64, 0u64);
     let mut filter = ListFilter::new().limit(500);
     loop {
-        let page = ctx.store.list(&filter).await.context("listing runs")?;
-        let Some(last) = page.last() else { break };
-        filter.after = Some(last.run_id.clone());
+        let page = filter
+            .next_page(&*ctx.store)
+            .await
+            .context("listing runs")?;
+        if page.is_empty() {
+            break;
+        }
         for r in &page {
             match ops::prune(&*ctx.store, &r.run_id, args.keep_history, &by, &*clock).await {
                 Ok(Some(p)) => {
