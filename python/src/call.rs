@@ -1,0 +1,125 @@
+//! Calling Python step functions from the engine: sync functions on a blocking
+//! thread, coroutines on the caller's asyncio loop, cancelled when the engine
+//! gives up on them (a timeout).
+
+use std::sync::{Arc, Mutex};
+
+use pyo3::prelude::*;
+use serde_json::Value;
+use steadfast::StepError;
+
+use crate::convert::to_json;
+
+/// What the engine needs to call into Python: the running asyncio loop and
+/// the package's `_invoke(loop, fn, *args)` helper, which calls `fn` and, when
+/// it returns an awaitable, schedules it on the loop and hands back a
+/// `concurrent.futures.Future`.
+#[derive(Clone)]
+pub struct Caller {
+    pub event_loop: Arc<Py<PyAny>>,
+    pub invoke: Arc<Py<PyAny>>,
+}
+
+/// Cancels a scheduled coroutine when the step's future is dropped before it
+/// finished (the engine's timeout, or the run being abandoned).
+struct CancelOnDrop(Arc<Mutex<Option<Py<PyAny>>>>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let pending = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(fut) = pending {
+            Python::attach(|py| {
+                let _ = fut.bind(py).call_method0("cancel");
+            });
+        }
+    }
+}
+
+/// A Python exception raised by a step, as a step error: terminal when it is
+/// a `steadfast.TerminalError`, retryable otherwise. The message is the
+/// exception's type and text.
+pub fn step_error(py: Python<'_>, e: PyErr) -> StepError {
+    let terminal = py
+        .import("steadfast._errors")
+        .and_then(|m| m.getattr("TerminalError"))
+        .map(|t| e.is_instance(py, &t))
+        .unwrap_or(false);
+    let name = e
+        .get_type(py)
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
+    let text = e.value(py).str().map(|s| s.to_string()).unwrap_or_default();
+    let msg = if text.is_empty() {
+        name
+    } else {
+        format!("{name}: {text}")
+    };
+    if terminal {
+        StepError::terminal(msg)
+    } else {
+        StepError::retryable(msg)
+    }
+}
+
+/// Why a call into Python gave no value.
+pub enum CallError {
+    /// The function raised.
+    Raised(PyErr),
+    /// Its value is not JSON that can be stored (the reason names the path).
+    Value(String),
+    /// The thread that called it stopped.
+    Thread(String),
+}
+
+impl Caller {
+    /// Calls `f` with the arguments `args` makes, waits for its value (on the
+    /// loop if it is a coroutine) and converts it to JSON; a Python exception
+    /// becomes a step error (see [`step_error`]).
+    pub async fn call<A>(&self, f: Arc<Py<PyAny>>, args: A) -> Result<Value, StepError>
+    where
+        A: for<'py> FnOnce(Python<'py>) -> PyResult<Vec<Py<PyAny>>> + Send + 'static,
+    {
+        self.call_raw(f, args).await.map_err(|e| match e {
+            CallError::Raised(e) => Python::attach(|py| step_error(py, e)),
+            CallError::Value(reason) => StepError::invalid_value(String::new(), reason),
+            CallError::Thread(why) => StepError::retryable(why),
+        })
+    }
+
+    /// Like [`call`](Self::call), keeping the Python exception as it is.
+    pub async fn call_raw<A>(&self, f: Arc<Py<PyAny>>, args: A) -> Result<Value, CallError>
+    where
+        A: for<'py> FnOnce(Python<'py>) -> PyResult<Vec<Py<PyAny>>> + Send + 'static,
+    {
+        let slot = Arc::new(Mutex::new(None));
+        let guard = CancelOnDrop(Arc::clone(&slot));
+        let me = self.clone();
+        let handle = tokio::task::spawn_blocking(move || {
+            Python::attach(|py| -> Result<Value, CallError> {
+                let raised = CallError::Raised;
+                let mut all: Vec<Py<PyAny>> = vec![me.event_loop.clone_ref(py), f.clone_ref(py)];
+                all.extend(args(py).map_err(raised)?);
+                let tuple = pyo3::types::PyTuple::new(py, all).map_err(raised)?;
+                let got = me.invoke.bind(py).call1(tuple).map_err(raised)?;
+                let (is_future, value): (bool, Bound<'_, PyAny>) = got.extract().map_err(raised)?;
+                let value = if is_future {
+                    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(value.clone().unbind());
+                    // result() waits with the GIL released.
+                    let r = value.call_method0("result");
+                    slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    r.map_err(raised)?
+                } else {
+                    value
+                };
+                to_json(&value).map_err(CallError::Value)
+            })
+        });
+        let out = handle.await;
+        drop(guard);
+        match out {
+            Ok(r) => r,
+            Err(e) => Err(CallError::Thread(format!("the step's thread stopped: {e}"))),
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! JSON values between Python and Rust, checked on the way in: what cannot be
+//! stored and read back unchanged is refused with the path where it sits.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use serde_json::{Map, Number, Value};
+
+/// How deep a Python value may nest before it is refused (the Rust side has
+/// its own, lower, limit for what it stores; this one keeps the walk finite).
+const MAX_DEPTH: usize = 1_000;
+
+/// Converts a Python value (None, bool, int, float, str, list, tuple, dict with
+/// str keys) to JSON. An error names the path (`$.a[2]`) and what is wrong:
+/// another type, a non-string key, a NaN or infinite float, an int beyond 64
+/// bits. Tuples become lists.
+pub fn to_json(v: &Bound<'_, PyAny>) -> Result<Value, String> {
+    let mut path = String::from("$");
+    walk(v, &mut path, 0)
+}
+
+fn walk(v: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<Value, String> {
+    if depth > MAX_DEPTH {
+        return Err(format!("at {path}: nested deeper than {MAX_DEPTH} levels"));
+    }
+    if v.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(b) = v.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if v.is_instance_of::<PyInt>() {
+        if let Ok(i) = v.extract::<i64>() {
+            return Ok(Value::from(i));
+        }
+        if let Ok(u) = v.extract::<u64>() {
+            return Ok(Value::from(u));
+        }
+        return Err(format!("at {path}: the int {v} does not fit in 64 bits"));
+    }
+    if let Ok(f) = v.cast::<PyFloat>() {
+        let x = f.value();
+        return Number::from_f64(x).map(Value::Number).ok_or_else(|| {
+            format!("at {path}: {x} is not a finite number; JSON has no NaN or infinity")
+        });
+    }
+    if let Ok(s) = v.cast::<PyString>() {
+        return s
+            .extract::<String>()
+            .map(Value::String)
+            .map_err(|e| format!("at {path}: the string is not valid Unicode text: {e}"));
+    }
+    if let Ok(d) = v.cast::<PyDict>() {
+        let mut map = Map::new();
+        for (k, item) in d.iter() {
+            let Ok(key) = k.cast::<PyString>() else {
+                return Err(format!(
+                    "at {path}: the key {} is a {}, not a str; JSON keys are strings",
+                    k.repr().map(|r| r.to_string()).unwrap_or_default(),
+                    type_name(&k)
+                ));
+            };
+            let key = key
+                .extract::<String>()
+                .map_err(|e| format!("at {path}: a key is not valid Unicode text: {e}"))?;
+            let len = path.len();
+            path.push('.');
+            path.push_str(&key);
+            let value = walk(&item, path, depth + 1)?;
+            path.truncate(len);
+            map.insert(key, value);
+        }
+        return Ok(Value::Object(map));
+    }
+    if v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>() {
+        let mut items = Vec::new();
+        for (i, item) in v.try_iter().map_err(|e| e.to_string())?.enumerate() {
+            let item = item.map_err(|e| e.to_string())?;
+            let len = path.len();
+            path.push_str(&format!("[{i}]"));
+            items.push(walk(&item, path, depth + 1)?);
+            path.truncate(len);
+        }
+        return Ok(Value::Array(items));
+    }
+    Err(format!(
+        "at {path}: a {} is not a JSON value (use None, bool, int, float, str, list or dict)",
+        type_name(v)
+    ))
+}
+
+fn type_name(v: &Bound<'_, PyAny>) -> String {
+    v.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "value".into())
+}
+
+/// Converts JSON to Python: objects become dicts, arrays lists.
+pub fn to_py(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
+    Ok(match v {
+        Value::Null => py.None(),
+        Value::Bool(b) => PyBool::new(py, *b).to_owned().into_any().unbind(),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                i.into_pyobject(py)?.into_any().unbind()
+            } else if let Some(u) = n.as_u64() {
+                u.into_pyobject(py)?.into_any().unbind()
+            } else {
+                n.as_f64()
+                    .unwrap_or(f64::NAN)
+                    .into_pyobject(py)?
+                    .into_any()
+                    .unbind()
+            }
+        }
+        Value::String(s) => PyString::new(py, s).into_any().unbind(),
+        Value::Array(items) => {
+            let list = PyList::empty(py);
+            for item in items {
+                list.append(to_py(py, item)?)?;
+            }
+            list.into_any().unbind()
+        }
+        Value::Object(map) => {
+            let dict = PyDict::new(py);
+            for (k, item) in map {
+                dict.set_item(k, to_py(py, item)?)?;
+            }
+            dict.into_any().unbind()
+        }
+    })
+}
+
+/// Converts a serializable Rust value (a checkpoint, a summary) to Python.
+pub fn serde_to_py<T: serde::Serialize>(py: Python<'_>, v: &T) -> PyResult<Py<PyAny>> {
+    let json = serde_json::to_value(v)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+    to_py(py, &json)
+}

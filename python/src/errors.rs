@@ -1,0 +1,193 @@
+//! Steadfast's errors as Python exception classes, with the messages the Rust
+//! library and the CLI print.
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyBaseException, PyException};
+use pyo3::prelude::*;
+use steadfast::{error_chain, Error, StoreError, StoreErrorKind};
+
+create_exception!(
+    _native,
+    SteadfastError,
+    PyException,
+    "Base class of every error Steadfast raises."
+);
+create_exception!(
+    _native,
+    InvalidRunId,
+    SteadfastError,
+    "A run id that is empty, too long or holds characters a store cannot keep."
+);
+create_exception!(
+    _native,
+    InvalidWorkflow,
+    SteadfastError,
+    "A workflow that cannot run: a duplicate or reserved step name, a duration out of range."
+);
+create_exception!(
+    _native,
+    WorkflowChanged,
+    SteadfastError,
+    "The run was recorded by a different workflow or different code; nothing new ran."
+);
+create_exception!(
+    _native,
+    StepFailed,
+    SteadfastError,
+    "A step failed for good: its attempts ran out or its error was terminal."
+);
+create_exception!(
+    _native,
+    InvalidValue,
+    SteadfastError,
+    "A step produced a value that cannot be stored and read back."
+);
+create_exception!(
+    _native,
+    Held,
+    SteadfastError,
+    "Another live process holds the run (or the LangGraph thread) and its lease has not run out."
+);
+create_exception!(
+    _native,
+    InvalidInput,
+    SteadfastError,
+    "An argument out of its range or shape; nothing was written."
+);
+create_exception!(
+    _native,
+    NoSuchRun,
+    SteadfastError,
+    "No run with that id in the store."
+);
+create_exception!(
+    _native,
+    NotWaiting,
+    SteadfastError,
+    "The run is not waiting at that gate."
+);
+create_exception!(_native, Cancelled, SteadfastError, "The run was cancelled.");
+create_exception!(
+    _native,
+    StoreFailure,
+    SteadfastError,
+    "The store failed; the message names the store and what it was doing."
+);
+create_exception!(
+    _native,
+    Conflict,
+    StoreFailure,
+    "Another writer saved the run first."
+);
+create_exception!(
+    _native,
+    Corrupt,
+    StoreFailure,
+    "A record or file that cannot be read: the store is never treated as empty."
+);
+create_exception!(
+    _native,
+    TooLarge,
+    StoreFailure,
+    "A state or value over the store's size limit."
+);
+create_exception!(
+    _native,
+    OutcomeUnknown,
+    StoreFailure,
+    "A save whose outcome is unknown (the connection dropped during the commit)."
+);
+create_exception!(
+    _native,
+    Unavailable,
+    StoreFailure,
+    "The store cannot be reached or is locked by another process."
+);
+create_exception!(
+    _native,
+    Unsupported,
+    StoreFailure,
+    "The store or URL does not support what was asked."
+);
+create_exception!(
+    _native,
+    NotFound,
+    StoreFailure,
+    "The store (a file, a schema) does not exist."
+);
+create_exception!(
+    _native,
+    Suspended,
+    PyBaseException,
+    "Raised inside a durable function when the run stops at a gate or timer; let it propagate."
+);
+
+/// Registers the classes on the module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    macro_rules! add {
+        ($($t:ident),*) => { $( m.add(stringify!($t), py.get_type::<$t>())?; )* };
+    }
+    add!(
+        SteadfastError,
+        InvalidRunId,
+        InvalidWorkflow,
+        WorkflowChanged,
+        StepFailed,
+        InvalidValue,
+        Held,
+        InvalidInput,
+        NoSuchRun,
+        NotWaiting,
+        Cancelled,
+        StoreFailure,
+        Conflict,
+        Corrupt,
+        TooLarge,
+        OutcomeUnknown,
+        Unavailable,
+        Unsupported,
+        NotFound,
+        Suspended
+    );
+    Ok(())
+}
+
+/// The Python exception for a store error.
+pub fn store_err(e: &StoreError) -> PyErr {
+    store_kind_err(e.kind(), error_chain(e))
+}
+
+fn store_kind_err(kind: StoreErrorKind, msg: String) -> PyErr {
+    match kind {
+        StoreErrorKind::Conflict => Conflict::new_err(msg),
+        StoreErrorKind::Corrupt => Corrupt::new_err(msg),
+        StoreErrorKind::TooLarge => TooLarge::new_err(msg),
+        StoreErrorKind::InvalidInput => InvalidInput::new_err(msg),
+        StoreErrorKind::OutcomeUnknown => OutcomeUnknown::new_err(msg),
+        StoreErrorKind::Unavailable => Unavailable::new_err(msg),
+        StoreErrorKind::Unsupported => Unsupported::new_err(msg),
+        StoreErrorKind::NotFound => NotFound::new_err(msg),
+        _ => StoreFailure::new_err(msg),
+    }
+}
+
+/// The Python exception for an engine error, with the message the CLI prints.
+pub fn err(e: &Error) -> PyErr {
+    let msg = error_chain(e);
+    match e {
+        Error::InvalidRunId { .. } => InvalidRunId::new_err(msg),
+        Error::InvalidWorkflow { .. } => InvalidWorkflow::new_err(msg),
+        Error::WorkflowChanged { .. } => WorkflowChanged::new_err(msg),
+        Error::StepFailed { .. } => StepFailed::new_err(msg),
+        Error::InvalidValue { .. } => InvalidValue::new_err(msg),
+        Error::Held { .. } => Held::new_err(msg),
+        Error::InvalidInput { .. } => InvalidInput::new_err(msg),
+        Error::NoSuchRun { .. } => NoSuchRun::new_err(msg),
+        Error::NotWaiting { .. } => NotWaiting::new_err(msg),
+        Error::Cancelled { .. } => Cancelled::new_err(msg),
+        Error::Suspended(_) => Suspended::new_err(msg),
+        Error::Store { source, .. } => store_kind_err(source.kind(), msg),
+        _ => SteadfastError::new_err(msg),
+    }
+}

@@ -1,0 +1,33 @@
+//! The native part of the `steadfast` Python package: the Rust engine, its
+//! stores and a LangGraph checkpoint store, exposed to the pure-Python layer
+//! in `steadfast/`, which is the documented API.
+
+mod call;
+mod convert;
+mod errors;
+// mod graph;
+mod run;
+mod store;
+
+use pyo3::prelude::*;
+
+/// The native module `steadfast._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::register(m)?;
+    m.add_class::<store::PyStore>()?;
+    m.add_class::<run::PyStepCtx>()?;
+    m.add_class::<run::PyDurableCtx>()?;
+    // m.add_class::<graph::GraphStore>()?;
+    m.add_function(wrap_pyfunction!(store::open_store, m)?)?;
+    m.add_function(wrap_pyfunction!(store::approve, m)?)?;
+    m.add_function(wrap_pyfunction!(store::reject, m)?)?;
+    m.add_function(wrap_pyfunction!(store::show, m)?)?;
+    m.add_function(wrap_pyfunction!(store::history, m)?)?;
+    m.add_function(wrap_pyfunction!(store::runs, m)?)?;
+    m.add_function(wrap_pyfunction!(store::start, m)?)?;
+    m.add_function(wrap_pyfunction!(run::run_workflow, m)?)?;
+    m.add_function(wrap_pyfunction!(run::run_durable, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

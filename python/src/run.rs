@@ -1,0 +1,566 @@
+//! Running listed workflows and durable functions of Python callables.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use serde_json::Value;
+use steadfast::{
+    DurableCtx, Error, OnTimeout, Outcome, RetryPolicy, Runner, Step, StepError, StepOptions,
+    Store, Workflow,
+};
+
+use crate::call::{CallError, Caller};
+use crate::convert::to_py;
+use crate::errors::{err, InvalidInput};
+use crate::store::{json_arg, PyStore};
+
+/// A duration in seconds from Python, checked: finite, not negative, in range.
+pub fn secs(what: &str, s: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s).map_err(|_| {
+        InvalidInput::new_err(format!(
+            "{what}: {s} is not a duration in seconds (a finite number, 0 or more)"
+        ))
+    })
+}
+
+fn opt_secs(what: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
+    s.map(|s| secs(what, s)).transpose()
+}
+
+/// A retry policy from `retries` (extra attempts) and backoff bounds.
+fn policy(
+    name: &str,
+    retries: Option<u32>,
+    backoff: Option<f64>,
+    max_backoff: Option<f64>,
+) -> PyResult<Option<RetryPolicy>> {
+    if retries.is_none() && backoff.is_none() && max_backoff.is_none() {
+        return Ok(None);
+    }
+    let base = RetryPolicy::default();
+    let attempts = match retries {
+        Some(r) => r.checked_add(1).ok_or_else(|| {
+            InvalidInput::new_err(format!("step {name:?}: retries={r} is out of range"))
+        })?,
+        None => base.max_attempts(),
+    };
+    let mut p = RetryPolicy::new(attempts);
+    let initial = opt_secs(&format!("step {name:?}: backoff"), backoff)?
+        .unwrap_or(Duration::from_millis(200));
+    let max = opt_secs(&format!("step {name:?}: max_backoff"), max_backoff)?
+        .unwrap_or(Duration::from_secs(30));
+    p = p.backoff(initial, max.max(initial));
+    Ok(Some(p))
+}
+
+fn on_timeout(name: &str, s: Option<&str>) -> PyResult<OnTimeout> {
+    match s.unwrap_or("reject") {
+        "reject" => Ok(OnTimeout::Reject),
+        "approve" => Ok(OnTimeout::Approve),
+        other => Err(InvalidInput::new_err(format!(
+            "gate {name:?}: on_timeout={other:?}; expected \"reject\" or \"approve\""
+        ))),
+    }
+}
+
+/// One step of a listed workflow, as the Python `Workflow` describes it.
+#[derive(FromPyObject)]
+#[pyo3(from_item_all)]
+pub struct StepSpec {
+    kind: String,
+    name: String,
+    func: Option<Py<PyAny>>,
+    retries: Option<u32>,
+    backoff: Option<f64>,
+    max_backoff: Option<f64>,
+    timeout: Option<f64>,
+    on_timeout: Option<String>,
+    seconds: Option<f64>,
+}
+
+/// The step context a listed step function gets.
+#[pyclass(frozen, module = "steadfast._native", name = "StepContext")]
+pub struct PyStepCtx {
+    /// The run's id.
+    #[pyo3(get)]
+    run_id: String,
+    /// The step's name.
+    #[pyo3(get)]
+    step: String,
+    /// The step's index in the workflow.
+    #[pyo3(get)]
+    index: usize,
+    /// This attempt's number, from 1.
+    #[pyo3(get)]
+    attempt: u32,
+    /// `run_id/step`: the same on every attempt and every resume; pass it to
+    /// external services so that a repeat is a no-op.
+    #[pyo3(get)]
+    idempotency_key: String,
+}
+
+#[pymethods]
+impl PyStepCtx {
+    fn __repr__(&self) -> String {
+        format!(
+            "StepContext(run_id={:?}, step={:?}, index={}, attempt={})",
+            self.run_id, self.step, self.index, self.attempt
+        )
+    }
+}
+
+fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow> {
+    let mut b = Workflow::builder(name);
+    for spec in specs {
+        let step = match spec.kind.as_str() {
+            "step" => {
+                let Some(func) = spec.func else {
+                    return Err(InvalidInput::new_err(format!(
+                        "step {:?} has no function",
+                        spec.name
+                    )));
+                };
+                let func = Arc::new(func);
+                let caller = caller.clone();
+                let mut step = Step::new(spec.name.clone(), move |ctx, state| {
+                    let (func, caller) = (Arc::clone(&func), caller.clone());
+                    async move {
+                        let out = caller
+                            .call(func, move |py| {
+                                let c = PyStepCtx {
+                                    run_id: ctx.run_id().to_string(),
+                                    step: ctx.step().to_string(),
+                                    index: ctx.index(),
+                                    attempt: ctx.attempt(),
+                                    idempotency_key: ctx.idempotency_key(),
+                                };
+                                let state = to_py(py, &Value::Object((*state).clone()))?;
+                                Ok(vec![Py::new(py, c)?.into_any(), state])
+                            })
+                            .await?;
+                        match out {
+                            Value::Null => Ok(Default::default()),
+                            Value::Object(map) => Ok(map),
+                            other => Err(StepError::invalid_value(
+                                String::new(),
+                                format!(
+                                    "a step returns a dict of updates or None, not {}",
+                                    kind_of(&other)
+                                ),
+                            )),
+                        }
+                    }
+                });
+                if let Some(p) = policy(&spec.name, spec.retries, spec.backoff, spec.max_backoff)? {
+                    step = step.retry(p);
+                }
+                if let Some(t) = opt_secs(&format!("step {:?}: timeout", spec.name), spec.timeout)?
+                {
+                    step = step.timeout(t);
+                }
+                step
+            }
+            "gate" => {
+                let mut step = Step::gate(spec.name.clone());
+                if let Some(t) = opt_secs(&format!("gate {:?}: timeout", spec.name), spec.timeout)?
+                {
+                    step =
+                        step.gate_timeout(t, on_timeout(&spec.name, spec.on_timeout.as_deref())?);
+                }
+                step
+            }
+            "sleep" => {
+                let d = secs(
+                    &format!("sleep {:?}", spec.name),
+                    spec.seconds.unwrap_or(-1.0),
+                )?;
+                Step::sleep(spec.name.clone(), d)
+            }
+            other => {
+                return Err(InvalidInput::new_err(format!(
+                    "unknown step kind {other:?}"
+                )))
+            }
+        };
+        b = b.push(step);
+    }
+    b.build().map_err(|e| err(&e))
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "None",
+        Value::Bool(_) => "a bool",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a str",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a dict",
+    }
+}
+
+/// Options of one run call.
+#[derive(Clone, Copy)]
+struct RunOpts {
+    accept_changed: bool,
+    wait_for_timers: bool,
+}
+
+fn runner<'s>(store: &'s Arc<dyn Store>, o: RunOpts) -> Runner<'s, Arc<dyn Store>> {
+    Runner::new(store)
+        .accept_changed_workflow(o.accept_changed)
+        .wait_for_timers(o.wait_for_timers)
+}
+
+/// An outcome as the tuple the Python `Outcome` is made from.
+fn outcome_tuple(py: Python<'_>, o: Outcome<Value>) -> PyResult<Py<PyAny>> {
+    let t = match o {
+        Outcome::Completed(v) => ("completed", to_py(py, &v)?, py.None(), py.None()),
+        Outcome::Waiting { gate } => (
+            "waiting",
+            py.None(),
+            gate.into_pyobject(py)?.into_any().unbind(),
+            py.None(),
+        ),
+        Outcome::Sleeping { until } => (
+            "sleeping",
+            py.None(),
+            py.None(),
+            until.unix_millis().into_pyobject(py)?.into_any().unbind(),
+        ),
+        Outcome::Rejected { gate, reason } => (
+            "rejected",
+            reason.into_pyobject(py)?.into_any().unbind(),
+            gate.into_pyobject(py)?.into_any().unbind(),
+            py.None(),
+        ),
+        other => {
+            return Err(crate::errors::SteadfastError::new_err(format!(
+                "an outcome this version does not know: {other:?}"
+            )))
+        }
+    };
+    Ok(t.into_pyobject(py)?.into_any().unbind())
+}
+
+/// Starts or resumes a listed workflow; an awaitable of the outcome tuple.
+#[pyfunction]
+#[pyo3(signature = (event_loop, invoke, run_id, name, steps, store, input=None, accept_changed=false, wait_for_timers=false))]
+#[allow(clippy::too_many_arguments)]
+pub fn run_workflow<'py>(
+    py: Python<'py>,
+    event_loop: Py<PyAny>,
+    invoke: Py<PyAny>,
+    run_id: String,
+    name: String,
+    steps: Vec<StepSpec>,
+    store: &PyStore,
+    input: Option<&Bound<'py, PyAny>>,
+    accept_changed: bool,
+    wait_for_timers: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let caller = Caller {
+        event_loop: Arc::new(event_loop),
+        invoke: Arc::new(invoke),
+    };
+    let wf = build(&name, steps, &caller)?;
+    let input = input
+        .filter(|v| !v.is_none())
+        .map(|v| json_arg("the run's input", v))
+        .transpose()?;
+    let store = Arc::clone(&store.inner);
+    let opts = RunOpts {
+        accept_changed,
+        wait_for_timers,
+    };
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        if let Some(input) = input {
+            steadfast::start(&*store, &name, &run_id, input, false)
+                .await
+                .map_err(|e| err(&e))?;
+        }
+        let out = runner(&store, opts).run(&run_id, &wf).await;
+        Python::attach(|py| match out {
+            Ok(o) => outcome_tuple(py, o.map(Value::Object)),
+            Err(e) => Err(err(&e)),
+        })
+    })
+}
+
+/// Engine errors raised inside a durable function, kept so that the same
+/// error comes back out when the function lets the exception propagate.
+#[derive(Default)]
+struct Raised {
+    next: u64,
+    errors: HashMap<u64, Error>,
+    /// The exception the function's own code raised, re-raised to the caller.
+    own: Option<PyErr>,
+}
+
+/// The context of a durable function in Python.
+#[pyclass(frozen, module = "steadfast._native", name = "DurableContext")]
+pub struct PyDurableCtx {
+    ctx: DurableCtx<'static, Arc<dyn Store>>,
+    caller: Caller,
+    raised: Arc<Mutex<Raised>>,
+}
+
+impl PyDurableCtx {
+    /// The Python exception for `e`, tagged so that it maps back to `e`.
+    fn raise(&self, e: Error) -> PyErr {
+        let pyerr = err(&e);
+        let mut r = self.raised.lock().unwrap_or_else(|p| p.into_inner());
+        r.next += 1;
+        let id = r.next;
+        r.errors.insert(id, e);
+        Python::attach(|py| {
+            let _ = pyerr.value(py).setattr("_steadfast_error", id);
+        });
+        pyerr
+    }
+
+    fn awaitable<'py, F>(&self, py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+    where
+        F: std::future::Future<Output = Result<Value, Error>> + Send + 'static,
+    {
+        let me = PyDurableCtx {
+            ctx: self.ctx.clone(),
+            caller: self.caller.clone(),
+            raised: Arc::clone(&self.raised),
+        };
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            match fut.await {
+                Ok(v) => Python::attach(|py| to_py(py, &v)),
+                Err(e) => Err(me.raise(e)),
+            }
+        })
+    }
+}
+
+fn options(
+    name: &str,
+    retries: Option<u32>,
+    backoff: Option<f64>,
+    max_backoff: Option<f64>,
+    timeout: Option<f64>,
+) -> PyResult<StepOptions> {
+    let mut o = StepOptions::new();
+    if let Some(p) = policy(name, retries, backoff, max_backoff)? {
+        o = o.retry(p);
+    }
+    if let Some(t) = opt_secs(&format!("step {name:?}: timeout"), timeout)? {
+        o = o.timeout(t);
+    }
+    Ok(o)
+}
+
+#[pymethods]
+impl PyDurableCtx {
+    /// Runs `func` (no arguments, sync or async) as the step `name`, or
+    /// returns its recorded output on a resume.
+    #[pyo3(signature = (name, func, retries=None, backoff=None, max_backoff=None, timeout=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn step<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        func: Py<PyAny>,
+        retries: Option<u32>,
+        backoff: Option<f64>,
+        max_backoff: Option<f64>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let opts = options(&name, retries, backoff, max_backoff, timeout)?;
+        let (ctx, caller, func) = (self.ctx.clone(), self.caller.clone(), Arc::new(func));
+        self.awaitable(py, async move {
+            ctx.step_with(name, opts, move || {
+                let (caller, func) = (caller.clone(), Arc::clone(&func));
+                async move { caller.call(func, |_| Ok(vec![])).await }
+            })
+            .await
+        })
+    }
+
+    /// Runs several steps at once: `branches` is a list of (name, func).
+    fn parallel<'py>(
+        &self,
+        py: Python<'py>,
+        branches: Vec<(String, Py<PyAny>)>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (ctx, caller) = (self.ctx.clone(), self.caller.clone());
+        self.awaitable(py, async move {
+            let futs = branches.into_iter().map(|(name, func)| {
+                let caller = caller.clone();
+                let func = Arc::new(func);
+                (name, async move { caller.call(func, |_| Ok(vec![])).await })
+            });
+            ctx.parallel(futs).await.map(Value::Array)
+        })
+    }
+
+    /// Waits at gate `name`: the approval's data (or None) once decided.
+    #[pyo3(signature = (name, timeout=None, on_timeout=None))]
+    fn gate<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        timeout: Option<f64>,
+        on_timeout: Option<&str>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let t = opt_secs(&format!("gate {name:?}: timeout"), timeout)?;
+        let on = on_timeout_arg(&name, on_timeout)?;
+        let ctx = self.ctx.clone();
+        self.awaitable(py, async move {
+            ctx.gate_with(&name, t, on)
+                .await
+                .map(|v| v.unwrap_or(Value::Null))
+        })
+    }
+
+    /// A durable timer named `name`.
+    fn sleep<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        seconds: f64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let d = secs(&format!("sleep {name:?}"), seconds)?;
+        let ctx = self.ctx.clone();
+        self.awaitable(py, async move {
+            ctx.sleep(&name, d).await.map(|()| Value::Null)
+        })
+    }
+
+    /// The time, recorded: milliseconds since the Unix epoch.
+    fn now<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let ctx = self.ctx.clone();
+        self.awaitable(py, async move {
+            ctx.now().await.map(|t| Value::from(t.unix_millis()))
+        })
+    }
+
+    /// A random 64-bit number, recorded.
+    fn random<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let ctx = self.ctx.clone();
+        self.awaitable(py, async move { ctx.random().await.map(Value::from) })
+    }
+
+    /// A random UUID (version 4), recorded.
+    fn uuid<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let ctx = self.ctx.clone();
+        self.awaitable(py, async move { ctx.uuid().await.map(Value::from) })
+    }
+
+    /// The run's input, as recorded when it started (None without one).
+    fn input<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let ctx = self.ctx.clone();
+        self.awaitable(
+            py,
+            async move { Ok(ctx.input().await.unwrap_or(Value::Null)) },
+        )
+    }
+
+    /// `base` the first time it is asked for in this call, then `base#2`,
+    /// `base#3`…: names for steps in a loop.
+    fn numbered(&self, base: &str) -> String {
+        self.ctx.numbered(base)
+    }
+}
+
+fn on_timeout_arg(name: &str, s: Option<&str>) -> PyResult<OnTimeout> {
+    on_timeout(name, s)
+}
+
+/// Starts or resumes a durable function; an awaitable of the outcome tuple.
+/// `body(ctx)` returns the function's coroutine.
+#[pyfunction]
+#[pyo3(signature = (event_loop, invoke, run_id, name, body, store, input=None, accept_changed=false, wait_for_timers=false))]
+#[allow(clippy::too_many_arguments)]
+pub fn run_durable<'py>(
+    py: Python<'py>,
+    event_loop: Py<PyAny>,
+    invoke: Py<PyAny>,
+    run_id: String,
+    name: String,
+    body: Py<PyAny>,
+    store: &PyStore,
+    input: Option<&Bound<'py, PyAny>>,
+    accept_changed: bool,
+    wait_for_timers: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let caller = Caller {
+        event_loop: Arc::new(event_loop),
+        invoke: Arc::new(invoke),
+    };
+    let input = input
+        .filter(|v| !v.is_none())
+        .map(|v| json_arg("the run's input", v))
+        .transpose()?;
+    let store = Arc::clone(&store.inner);
+    let opts = RunOpts {
+        accept_changed,
+        wait_for_timers,
+    };
+    let raised = Arc::new(Mutex::new(Raised::default()));
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        if let Some(input) = input {
+            steadfast::start(&*store, &name, &run_id, input, true)
+                .await
+                .map_err(|e| err(&e))?;
+        }
+        let r2 = Arc::clone(&raised);
+        let body = Arc::new(body);
+        let out = runner(&store, opts)
+            .durable(&run_id, &name, move |ctx| {
+                let c = PyDurableCtx {
+                    ctx,
+                    caller: caller.clone(),
+                    raised: Arc::clone(&r2),
+                };
+                async move {
+                    let raised = Arc::clone(&c.raised);
+                    let res = caller
+                        .call_raw(body, move |py| Ok(vec![Py::new(py, c)?.into_any()]))
+                        .await;
+                    res.map_err(|e| body_error(&raised, e))
+                }
+            })
+            .await;
+        let own = raised.lock().unwrap_or_else(|p| p.into_inner()).own.take();
+        Python::attach(|py| match out {
+            Ok(o) => outcome_tuple(py, o),
+            Err(e) => Err(own.unwrap_or_else(|| err(&e))),
+        })
+    })
+}
+
+/// The engine error for an exception out of a durable function: the error a
+/// context call raised, when that is what propagated (a gate's suspension, a
+/// changed workflow, a failed step); otherwise the function's own exception,
+/// kept to be raised to the caller unchanged.
+fn body_error(raised: &Arc<Mutex<Raised>>, e: CallError) -> Error {
+    let mut r = raised.lock().unwrap_or_else(|p| p.into_inner());
+    let own = |reason: String| Error::InvalidInput {
+        what: "the durable function".into(),
+        reason,
+    };
+    match e {
+        CallError::Raised(pyerr) => {
+            let tagged = Python::attach(|py| {
+                pyerr
+                    .value(py)
+                    .getattr("_steadfast_error")
+                    .and_then(|v| v.extract::<u64>())
+                    .ok()
+            });
+            if let Some(engine) = tagged.and_then(|id| r.errors.remove(&id)) {
+                return engine;
+            }
+            r.own = Some(pyerr);
+            own("it raised an exception".into())
+        }
+        CallError::Value(reason) => own(format!("its return value cannot be stored: {reason}")),
+        CallError::Thread(why) => own(why),
+    }
+}

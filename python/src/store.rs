@@ -1,0 +1,215 @@
+//! Stores opened from URLs, and the module-level commands that take a store
+//! first as the CLI's do: approve, reject, show, runs, history, start.
+
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use serde_json::Value;
+use steadfast::{ListFilter, RunStatus, Store, SystemClock};
+
+use crate::convert::{serde_to_py, to_json, to_py};
+use crate::errors::{err, store_err, InvalidInput};
+
+/// The runtime every store and run uses: a store's connections live on it.
+pub fn rt() -> &'static tokio::runtime::Runtime {
+    pyo3_async_runtimes::tokio::get_runtime()
+}
+
+/// Runs `fut` to its end on the runtime with the GIL released.
+pub fn block<F: std::future::Future + Send>(py: Python<'_>, fut: F) -> F::Output
+where
+    F::Output: Send,
+{
+    py.detach(|| rt().block_on(fut))
+}
+
+/// A store, opened from a URL by `open_store`.
+#[pyclass(frozen, module = "steadfast._native", name = "Store")]
+pub struct PyStore {
+    pub(crate) inner: Arc<dyn Store>,
+    url: String,
+}
+
+#[pymethods]
+impl PyStore {
+    /// The URL the store was opened from, with any password hidden.
+    #[getter]
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<steadfast.Store {}>", self.url)
+    }
+}
+
+/// Opens (creating when missing) the store a URL names.
+#[pyfunction]
+pub fn open_store(py: Python<'_>, url: &str) -> PyResult<PyStore> {
+    let owned = url.to_string();
+    let inner =
+        block(py, async move { steadfast::open_store(&owned).await }).map_err(|e| store_err(&e))?;
+    Ok(PyStore {
+        inner,
+        url: steadfast::store::redact_url(url),
+    })
+}
+
+/// Converts a Python value to JSON, or an InvalidInput naming `what`.
+pub fn json_arg(what: &str, v: &Bound<'_, PyAny>) -> PyResult<Value> {
+    to_json(v)
+        .map_err(|reason| InvalidInput::new_err(format!("{what}: {reason}; nothing was written")))
+}
+
+/// Records an approval of gate `gate` of waiting run `run_id`, as
+/// `steadfast approve` does.
+#[pyfunction]
+#[pyo3(signature = (store, run_id, gate, data=None, by=None))]
+pub fn approve(
+    py: Python<'_>,
+    store: &PyStore,
+    run_id: &str,
+    gate: &str,
+    data: Option<&Bound<'_, PyAny>>,
+    by: Option<&str>,
+) -> PyResult<Py<PyAny>> {
+    let data = match data {
+        Some(d) if !d.is_none() => Some(json_arg(&format!("the data approving gate {gate:?}"), d)?),
+        _ => None,
+    };
+    let by = by.map(String::from).unwrap_or_else(default_decider);
+    let s = Arc::clone(&store.inner);
+    let (run_id, gate) = (run_id.to_string(), gate.to_string());
+    let cp = block(py, async move {
+        steadfast::approve(&*s, &run_id, &gate, data, &by, &SystemClock).await
+    })
+    .map_err(|e| err(&e))?;
+    serde_to_py(py, &cp)
+}
+
+/// Rejects gate `gate` of waiting run `run_id`: the run ends as rejected.
+#[pyfunction]
+#[pyo3(signature = (store, run_id, gate, reason=None, by=None))]
+pub fn reject(
+    py: Python<'_>,
+    store: &PyStore,
+    run_id: &str,
+    gate: &str,
+    reason: Option<String>,
+    by: Option<&str>,
+) -> PyResult<Py<PyAny>> {
+    let by = by.map(String::from).unwrap_or_else(default_decider);
+    let s = Arc::clone(&store.inner);
+    let (run_id, gate) = (run_id.to_string(), gate.to_string());
+    let cp = block(py, async move {
+        steadfast::reject(&*s, &run_id, &gate, reason, &by, &SystemClock).await
+    })
+    .map_err(|e| err(&e))?;
+    serde_to_py(py, &cp)
+}
+
+/// Who decides when no name is given: `$USER`, `$LOGNAME`, else "python".
+fn default_decider() -> String {
+    ["USER", "LOGNAME"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| "python".into())
+}
+
+/// The run's record (its checkpoint) as a dict; NoSuchRun when missing.
+#[pyfunction]
+pub fn show(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Py<PyAny>> {
+    steadfast::validate_run_id(run_id).map_err(|e| err(&e))?;
+    let s = Arc::clone(&store.inner);
+    let id = run_id.to_string();
+    let cp = block(py, async move { s.load(&id).await }).map_err(|e| store_err(&e))?;
+    match cp {
+        Some(cp) => serde_to_py(py, &cp),
+        None => Err(err(&steadfast::Error::NoSuchRun {
+            run_id: run_id.to_string(),
+        })),
+    }
+}
+
+/// The run's step records, oldest first; NoSuchRun when missing.
+#[pyfunction]
+pub fn history(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Py<PyAny>> {
+    steadfast::validate_run_id(run_id).map_err(|e| err(&e))?;
+    let s = Arc::clone(&store.inner);
+    let id = run_id.to_string();
+    let rows = block(py, async move { s.history(&id).await }).map_err(|e| store_err(&e))?;
+    match rows {
+        Some(rows) => serde_to_py(py, &rows),
+        None => Err(err(&steadfast::Error::NoSuchRun {
+            run_id: run_id.to_string(),
+        })),
+    }
+}
+
+/// Runs in id order, filtered like `steadfast runs`.
+#[pyfunction]
+#[pyo3(signature = (store, status=None, workflow=None, after=None, limit=None))]
+pub fn runs(
+    py: Python<'_>,
+    store: &PyStore,
+    status: Option<&str>,
+    workflow: Option<String>,
+    after: Option<String>,
+    limit: Option<usize>,
+) -> PyResult<Py<PyAny>> {
+    let mut filter = ListFilter::new();
+    if let Some(st) = status {
+        let parsed: RunStatus = serde_json::from_value(Value::String(st.to_string())).map_err(|_| {
+            InvalidInput::new_err(format!(
+                "status {st:?}: expected one of pending, running, waiting, sleeping, completed, failed, rejected, cancelled"
+            ))
+        })?;
+        filter = filter.status(parsed);
+    }
+    if let Some(w) = workflow {
+        filter = filter.workflow(w);
+    }
+    if let Some(a) = after {
+        filter = filter.after(a);
+    }
+    if let Some(n) = limit {
+        filter = filter.limit(n);
+    }
+    let s = Arc::clone(&store.inner);
+    let rows = block(py, async move { s.list(&filter).await }).map_err(|e| store_err(&e))?;
+    let out: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "run_id": r.run_id, "workflow": r.workflow, "status": r.status, "next": r.next,
+                "version": r.version, "created_at": r.created_at.to_string(),
+                "updated_at": r.updated_at.to_string(),
+            })
+        })
+        .collect();
+    to_py(py, &Value::Array(out))
+}
+
+/// Records a new run of `workflow` with `input` (a dict) for a worker or a
+/// later `run` to take; False when the run already exists.
+#[pyfunction]
+#[pyo3(signature = (store, workflow, run_id, input=None, durable=false))]
+pub fn start(
+    py: Python<'_>,
+    store: &PyStore,
+    workflow: &str,
+    run_id: &str,
+    input: Option<&Bound<'_, PyAny>>,
+    durable: bool,
+) -> PyResult<bool> {
+    let input = match input {
+        Some(v) => json_arg("the run's input", v)?,
+        None => Value::Object(Default::default()),
+    };
+    let s = Arc::clone(&store.inner);
+    let (w, id) = (workflow.to_string(), run_id.to_string());
+    block(py, async move {
+        steadfast::start(&*s, &w, &id, input, durable).await
+    })
+    .map_err(|e| err(&e))
+}

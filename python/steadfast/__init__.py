@@ -1,0 +1,472 @@
+"""Durable execution for Python agents, on Steadfast's Rust engine.
+
+A workflow is a list of named steps; a checkpoint is written after every step;
+running the same run id again skips what is done and resumes at the next step.
+The stores, the record format and the guarantees are those of the Rust
+library: a run started here can be shown, approved or resumed by the
+``steadfast`` command, and the other way round.
+
+Listed workflows::
+
+    import steadfast
+
+    store = steadfast.open_store("sqlite:.steadfast/runs.db")
+    wf = steadfast.Workflow("research")
+
+    @wf.step("retrieve", retries=2)
+    def retrieve(ctx, state):
+        return {"docs": ["a", "b"]}
+
+    wf.gate("review")
+
+    @wf.step("write")
+    async def write(ctx, state):
+        return {"report": f"{len(state['docs'])} docs, {state['review']}"}
+
+    outcome = steadfast.run("run-1", wf, store)   # stops at the gate: outcome.waiting
+    steadfast.approve(store, "run-1", "review", {"ok": True}, by="ada")
+    outcome = steadfast.run("run-1", wf, store)   # outcome.completed, outcome.state
+
+Durable functions, ordinary code whose steps are recorded by name::
+
+    @steadfast.durable("agent")
+    async def agent(ctx, question):
+        plan = await ctx.step("plan", lambda: call_model(question))
+        results = await ctx.parallel([(f"tool-{i}", tool(t)) for i, t in enumerate(plan)])
+        return {"answer": results}
+
+    outcome = agent.run("run-2", store, "what changed?")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from steadfast import _native
+from steadfast._errors import *  # noqa: F401,F403
+from steadfast._errors import __all__ as _error_names
+from steadfast._native import DurableContext as _NativeDurableContext
+from steadfast._native import StepContext, Store
+
+__version__: str = _native.__version__
+
+#: The store used when none is named: SQLite under ``.steadfast/`` in the
+#: current directory.
+DEFAULT_STORE_URL = "sqlite:.steadfast/runs.db"
+
+JSON = Any
+"""A JSON-compatible value: None, bool, int, float (finite), str, list, dict with str keys."""
+
+
+def open_store(url: str = DEFAULT_STORE_URL) -> Store:
+    """Opens the store a URL names, creating it when missing.
+
+    Every URL the Rust library accepts works here: ``sqlite:PATH`` (the
+    embedded default), ``file:PATH``, ``postgres://…`` (with ``?schema=NAME``),
+    ``memory:`` (this process only), and ``cosmos://…`` where the native module
+    was built with Cosmos DB support. A file that is not a store raises
+    :class:`Corrupt`; nothing is ever replaced by a fresh store.
+    """
+    return _native.open_store(url)
+
+
+def _invoke(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> Tuple[bool, Any]:
+    """Calls ``fn``; an awaitable it returns is scheduled on ``loop``.
+
+    Returns ``(True, concurrent.futures.Future)`` for an awaitable and
+    ``(False, value)`` otherwise. Called by the engine from a worker thread.
+    """
+    result = fn(*args)
+    if inspect.isawaitable(result):
+
+        async def wait() -> Any:
+            return await result
+
+        return True, asyncio.run_coroutine_threadsafe(wait(), loop)
+    return False, result
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a call to :func:`run` ended.
+
+    ``status`` is one of ``"completed"``, ``"waiting"`` (at a gate: approve or
+    reject it, then run again), ``"sleeping"`` (at a durable timer: run again
+    after ``until``) and ``"rejected"`` (a gate was rejected; the run is over).
+    """
+
+    status: str
+    #: The final state (listed workflow) or return value (durable function) when completed.
+    value: JSON = None
+    #: The gate the run waits at, or that was rejected.
+    gate: Optional[str] = None
+    #: When a sleeping run's timer fires.
+    until: Optional[_dt.datetime] = None
+    #: Why the gate was rejected, if the rejection said.
+    reason: Optional[str] = None
+
+    @property
+    def completed(self) -> bool:
+        """Whether every step is done."""
+        return self.status == "completed"
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the run stopped at a gate."""
+        return self.status == "waiting"
+
+    @property
+    def sleeping(self) -> bool:
+        """Whether the run stopped at a durable timer."""
+        return self.status == "sleeping"
+
+    @property
+    def rejected(self) -> bool:
+        """Whether a gate was rejected."""
+        return self.status == "rejected"
+
+    @property
+    def state(self) -> JSON:
+        """The final state of a completed run (the same as ``value``)."""
+        return self.value
+
+
+def _outcome(t: Tuple[str, Any, Any, Any]) -> Outcome:
+    status, value, gate, until = t
+    if status == "rejected":
+        return Outcome(status, gate=gate, reason=value)
+    if status == "sleeping":
+        return Outcome(status, until=_from_millis(until))
+    return Outcome(status, value=value, gate=gate)
+
+
+def _from_millis(ms: int) -> _dt.datetime:
+    return _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.timezone.utc)
+
+
+StepFunction = Callable[[StepContext, Dict[str, JSON]], Union[Optional[Dict[str, JSON]], Awaitable[Optional[Dict[str, JSON]]]]]
+
+
+class Workflow:
+    """A listed workflow: named steps run in order, each checkpointed.
+
+    A step function takes ``(ctx, state)`` — a :class:`StepContext` and the
+    run's state as a dict — and returns a dict of updates merged key by key
+    into the state (or None for none). It may be ``def`` or ``async def``.
+    Raising retries the step under its policy; raising :class:`TerminalError`
+    fails it at once.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._steps: List[Dict[str, Any]] = []
+
+    def step(
+        self,
+        name: str,
+        func: Optional[StepFunction] = None,
+        *,
+        retries: Optional[int] = None,
+        backoff: Optional[float] = None,
+        max_backoff: Optional[float] = None,
+        timeout: Optional[float] = None,
+    ) -> Any:
+        """Adds a step named ``name``; usable as a decorator when ``func`` is omitted.
+
+        ``retries`` is the number of extra attempts after a failure (default 2),
+        ``backoff`` the first delay between attempts in seconds (doubling, with
+        jitter, up to ``max_backoff``), ``timeout`` the seconds an attempt may take.
+        """
+
+        def add(f: StepFunction) -> StepFunction:
+            if not callable(f):
+                raise TypeError(f"step {name!r}: {f!r} is not callable")
+            self._steps.append(
+                dict(kind="step", name=name, func=f, retries=retries, backoff=backoff,
+                     max_backoff=max_backoff, timeout=timeout, on_timeout=None, seconds=None)
+            )
+            return f
+
+        return add if func is None else add(func)
+
+    def gate(self, name: str, *, timeout: Optional[float] = None, on_timeout: str = "reject") -> "Workflow":
+        """Adds a gate: the run stops until :func:`approve` or :func:`reject` decides it.
+
+        An approval's data is merged into the state under the gate's name.
+        With ``timeout`` (seconds), the gate decides ``on_timeout``
+        (``"reject"`` or ``"approve"``) by itself when no one has.
+        """
+        self._steps.append(
+            dict(kind="gate", name=name, func=None, retries=None, backoff=None, max_backoff=None,
+                 timeout=timeout, on_timeout=on_timeout, seconds=None)
+        )
+        return self
+
+    def sleep(self, name: str, seconds: float) -> "Workflow":
+        """Adds a durable timer: the run stops until ``seconds`` have passed; a crash does not restart it."""
+        self._steps.append(
+            dict(kind="sleep", name=name, func=None, retries=None, backoff=None, max_backoff=None,
+                 timeout=None, on_timeout=None, seconds=seconds)
+        )
+        return self
+
+    @property
+    def step_names(self) -> List[str]:
+        """The steps' names, in order."""
+        return [s["name"] for s in self._steps]
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.name!r}, steps={self.step_names!r})"
+
+
+class DurableContext:
+    """What a durable function uses to make steps.
+
+    Code between steps must be deterministic: the same inputs and recorded
+    outputs must lead it to ask for the same steps in the same order. Take time
+    and randomness from :meth:`now`, :meth:`random` and :meth:`uuid`, which are
+    recorded; do every side effect inside a step. A gate or timer that stops
+    the run raises :class:`Suspended` (a ``BaseException``): let it propagate.
+    """
+
+    def __init__(self, native: _NativeDurableContext) -> None:
+        self._native = native
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[[], Any],
+        *,
+        retries: Optional[int] = None,
+        backoff: Optional[float] = None,
+        max_backoff: Optional[float] = None,
+        timeout: Optional[float] = None,
+    ) -> JSON:
+        """Runs ``fn()`` (sync or async) as step ``name`` and returns its value,
+        saved before this returns; on a resume, returns the saved value without
+        calling ``fn``. Options as for :meth:`Workflow.step`.
+        """
+        return await self._native.step(name, fn, retries, backoff, max_backoff, timeout)
+
+    async def parallel(self, branches: Union[Sequence[Tuple[str, Callable[[], Any]]], Dict[str, Callable[[], Any]]]) -> List[JSON]:
+        """Runs several steps at once and returns their values in order.
+
+        ``branches`` is a list of ``(name, fn)`` pairs or a dict. Each output is
+        saved as soon as its step ends, so a crash re-runs only unfinished ones.
+        """
+        items = list(branches.items()) if isinstance(branches, dict) else list(branches)
+        return await self._native.parallel(items)
+
+    async def gate(self, name: str, *, timeout: Optional[float] = None, on_timeout: str = "reject") -> JSON:
+        """Waits at gate ``name``; returns the approval's data (None without data)."""
+        return await self._native.gate(name, timeout, on_timeout)
+
+    async def sleep(self, name: str, seconds: float) -> None:
+        """A durable timer: the run stops and resumes once ``seconds`` have passed."""
+        await self._native.sleep(name, seconds)
+
+    async def now(self) -> _dt.datetime:
+        """The current time (UTC), recorded: the same on every replay."""
+        return _from_millis(await self._native.now())
+
+    async def random(self) -> int:
+        """A random integer in ``[0, 2**64)``, recorded."""
+        return await self._native.random()
+
+    async def uuid(self) -> str:
+        """A random UUID (version 4) as a string, recorded."""
+        return await self._native.uuid()
+
+    async def input(self) -> JSON:
+        """The run's input as recorded when it started (None without one)."""
+        return await self._native.input()
+
+    def numbered(self, base: str) -> str:
+        """``base``, then ``base#2``, ``base#3``…: distinct names for steps in a loop."""
+        return self._native.numbered(base)
+
+
+class Durable:
+    """A durable function, made by :func:`durable`."""
+
+    def __init__(self, name: str, fn: Callable[..., Awaitable[Any]]) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"durable function {name!r}: {fn!r} must be an `async def`")
+        self.name = name
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+        params = inspect.signature(fn).parameters.values()
+        self._takes_input = sum(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params
+        ) >= 2
+
+    async def run_async(
+        self, run_id: str, store: Store, input: JSON = None, *, accept_changed: bool = False,
+        wait_for_timers: bool = False,
+    ) -> Outcome:
+        """Starts or resumes run ``run_id``; see :func:`run_async`."""
+        loop = asyncio.get_running_loop()
+        takes_input = self._takes_input
+
+        def body(native: _NativeDurableContext) -> Awaitable[Any]:
+            ctx = DurableContext(native)
+
+            async def go() -> Any:
+                if takes_input:
+                    return await self.fn(ctx, await ctx.input())
+                return await self.fn(ctx)
+
+            return go()
+
+        t = await _native.run_durable(
+            loop, _invoke, run_id, self.name, body, store, input, accept_changed, wait_for_timers
+        )
+        return _outcome(t)
+
+    def run(self, run_id: str, store: Store, input: JSON = None, **options: Any) -> Outcome:
+        """Starts or resumes run ``run_id`` and waits for it; see :func:`run`."""
+        return _sync(self.run_async(run_id, store, input, **options))
+
+    def __repr__(self) -> str:
+        return f"<durable function {self.name!r}>"
+
+
+def durable(name: str) -> Callable[[Callable[..., Awaitable[Any]]], Durable]:
+    """Makes an ``async def f(ctx)`` or ``async def f(ctx, input)`` a durable function named ``name``.
+
+    Run it with ``f.run(run_id, store, input)`` or :func:`run`. The input is
+    recorded when the run starts; a resume passes the recorded one.
+    """
+
+    def wrap(fn: Callable[..., Awaitable[Any]]) -> Durable:
+        return Durable(name, fn)
+
+    return wrap
+
+
+async def run_async(
+    run_id: str,
+    workflow: Union[Workflow, Durable],
+    store: Store,
+    input: JSON = None,
+    *,
+    accept_changed: bool = False,
+    wait_for_timers: bool = False,
+) -> Outcome:
+    """Starts or resumes run ``run_id`` of ``workflow`` on ``store``.
+
+    The same call starts a fresh run and resumes a crashed one: completed steps
+    are skipped, the run goes on at the first step without a checkpoint.
+    ``input`` (a dict for a listed workflow) is recorded when the run starts.
+    ``accept_changed`` cuts the record where changed code diverges instead of
+    raising :class:`WorkflowChanged`; ``wait_for_timers`` sleeps through durable
+    timers instead of returning a sleeping outcome.
+    """
+    if isinstance(workflow, Durable):
+        return await workflow.run_async(
+            run_id, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers
+        )
+    if not isinstance(workflow, Workflow):
+        raise TypeError(f"run: expected a Workflow or a durable function, not {type(workflow).__name__}")
+    loop = asyncio.get_running_loop()
+    t = await _native.run_workflow(
+        loop, _invoke, run_id, workflow.name, workflow._steps, store, input, accept_changed, wait_for_timers
+    )
+    return _outcome(t)
+
+
+def run(
+    run_id: str,
+    workflow: Union[Workflow, Durable],
+    store: Store,
+    input: JSON = None,
+    *,
+    accept_changed: bool = False,
+    wait_for_timers: bool = False,
+) -> Outcome:
+    """Starts or resumes a run and waits for it: :func:`run_async` on an event loop of its own.
+
+    Inside a running event loop, ``await run_async(...)`` instead.
+    """
+    return _sync(
+        run_async(run_id, workflow, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers)
+    )
+
+
+def _sync(coro: Awaitable[Outcome]) -> Outcome:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    coro.close()  # type: ignore[attr-defined]
+    raise RuntimeError("steadfast.run was called inside a running event loop; use `await steadfast.run_async(...)`")
+
+
+def approve(store: Store, run_id: str, gate: str, data: JSON = None, *, by: Optional[str] = None) -> Dict[str, JSON]:
+    """Approves gate ``gate`` of waiting run ``run_id`` (as ``steadfast approve``); returns the saved record.
+
+    ``data`` is merged into the state under the gate's name; ``by`` (default
+    ``$USER``) is recorded with the time. Run again to go on.
+    """
+    return _native.approve(store, run_id, gate, data, by)
+
+
+def reject(store: Store, run_id: str, gate: str, reason: Optional[str] = None, *, by: Optional[str] = None) -> Dict[str, JSON]:
+    """Rejects gate ``gate`` of waiting run ``run_id``: the run ends as rejected; returns the saved record."""
+    return _native.reject(store, run_id, gate, reason, by)
+
+
+def show(store: Store, run_id: str) -> Dict[str, JSON]:
+    """The run's record: status, state, completed steps, decisions, lease, error. Raises :class:`NoSuchRun`."""
+    return _native.show(store, run_id)
+
+
+def history(store: Store, run_id: str) -> List[Dict[str, JSON]]:
+    """The run's step records, oldest first: name, update, attempt, start and end. Raises :class:`NoSuchRun`."""
+    return _native.history(store, run_id)
+
+
+def runs(
+    store: Store,
+    *,
+    status: Optional[str] = None,
+    workflow: Optional[str] = None,
+    after: Optional[str] = None,
+    limit: Optional[int] = None,
+) -> List[Dict[str, JSON]]:
+    """Runs in id order (as ``steadfast runs --json``), filtered by status and workflow, paged by ``after`` and ``limit``."""
+    return _native.runs(store, status, workflow, after, limit)
+
+
+def start(store: Store, workflow: Union[str, Workflow, Durable], run_id: str, input: JSON = None) -> bool:
+    """Records a new pending run for a worker or a later :func:`run`; False if it exists already."""
+    durable_fn = isinstance(workflow, Durable)
+    name = workflow if isinstance(workflow, str) else workflow.name
+    return _native.start(store, name, run_id, input, durable_fn)
+
+
+__all__ = [
+    "DEFAULT_STORE_URL",
+    "Durable",
+    "DurableContext",
+    "Outcome",
+    "StepContext",
+    "Store",
+    "Workflow",
+    "approve",
+    "durable",
+    "history",
+    "open_store",
+    "reject",
+    "run",
+    "run_async",
+    "runs",
+    "show",
+    "start",
+    *_error_names,
+]
