@@ -5,7 +5,7 @@
 mod call;
 mod convert;
 mod errors;
-// mod graph;
+mod graph;
 mod run;
 mod store;
 
@@ -18,7 +18,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::PyStore>()?;
     m.add_class::<run::PyStepCtx>()?;
     m.add_class::<run::PyDurableCtx>()?;
-    // m.add_class::<graph::GraphStore>()?;
+    m.add_class::<graph::GraphStore>()?;
     m.add_function(wrap_pyfunction!(store::open_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::approve, m)?)?;
     m.add_function(wrap_pyfunction!(store::reject, m)?)?;

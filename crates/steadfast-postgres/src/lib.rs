@@ -61,6 +61,9 @@ use crate::error::{map_err, pool_err};
 pub use crate::schema::SCHEMA_VERSION;
 pub use crate::url::DEFAULT_SCHEMA;
 use crate::writer::{Acct, SaveJob, StepRow, Writer};
+/// The client crates, re-exported so that users of [`PgStore::connection`]
+/// name the same versions.
+pub use {deadpool_postgres, tokio_postgres};
 
 /// Default limit of one run's state: 64 MiB.
 pub const DEFAULT_MAX_STATE_BYTES: u64 = 64 << 20;
@@ -464,6 +467,33 @@ impl PgStore {
         };
         store.sync_clock().await?;
         Ok(store)
+    }
+
+    /// A connection from the store's pool, for tables of one's own kept
+    /// beside the store's in its schema (the Python package keeps LangGraph
+    /// checkpoints so). The caller names its tables with
+    /// [`quoted_schema`](Self::quoted_schema) and must not touch the store's.
+    pub async fn connection(&self) -> Result<deadpool_postgres::Object, StoreError> {
+        self.shared
+            .pool
+            .get()
+            .await
+            .map_err(|e| pool_err(e, &format!("connecting to {}", self.shared.display)))
+    }
+
+    /// The store's schema, quoted for use in SQL.
+    pub fn quoted_schema(&self) -> String {
+        schema::quote(&self.shared.schema)
+    }
+
+    /// The store's URL with any password hidden, for messages.
+    pub fn display_url(&self) -> &str {
+        &self.shared.display
+    }
+
+    /// A PostgreSQL error as a store error, with what was being done.
+    pub fn map_error(e: tokio_postgres::Error, context: &str) -> StoreError {
+        map_err(e, context)
     }
 
     /// The schema the store lives in.

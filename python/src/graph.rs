@@ -1,0 +1,1262 @@
+//! LangGraph checkpoints through the Rust core: tables of their own on SQLite
+//! (or an in-memory SQLite database) and PostgreSQL, with one writer per
+//! thread.
+//!
+//! Three tables: `graph_checkpoints` (one row per checkpoint, its blob and
+//! metadata as the saver serialized them), `graph_writes` (the pending writes
+//! of each checkpoint's tasks) and `graph_threads` (who may write a thread, and
+//! until when). Every write takes or renews the thread's lease in the same
+//! transaction as the rows it writes; a write from another saver while the
+//! holder is alive and its lease has not run out is refused with `Held`, so two
+//! workers can never fork one thread's checkpoint chain without anyone knowing.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use rusqlite::{params, Connection, OptionalExtension};
+use serde_json::Value;
+use steadfast::postgres::{tokio_postgres, PgStore};
+use steadfast::{holder_is_running, Clock, Owner, StoreError, Timestamp};
+
+use crate::errors::{store_err, Held, InvalidInput, Unsupported};
+use crate::store::block;
+
+/// The table layout this build writes; a store marked newer is refused.
+const GRAPH_FORMAT: i64 = 1;
+/// The largest checkpoint or write blob accepted (SQLite's own limit is 1 GB).
+const MAX_BLOB_BYTES: usize = 256 << 20;
+/// Metadata keys of LangGraph's delta channels, whose state needs the older
+/// checkpoints: pruning to the latest would lose it.
+const DELTA_KEYS: [&str; 2] = ["counters_since_delta_snapshot", "delta_writes_versioned"];
+
+/// One checkpoint as returned to Python.
+type Row = (
+    String,
+    String,
+    String,
+    Option<String>,
+    String,
+    Vec<u8>,
+    String,
+    Vec<Write>,
+);
+/// One pending write: task id, channel, type, blob, (task path, index) for order.
+type Write = (String, String, String, Vec<u8>, String, i64);
+
+/// Who writes: this process and a number that tells savers in it apart.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Holder {
+    #[serde(flatten)]
+    owner: Owner,
+    saver: u64,
+}
+
+impl Holder {
+    fn text(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    fn describe(stored: &str) -> String {
+        match serde_json::from_str::<Holder>(stored) {
+            Ok(h) => format!(
+                "saver {:x} of process {} on {}",
+                h.saver, h.owner.pid, h.owner.host
+            ),
+            Err(_) => format!("{stored:?}"),
+        }
+    }
+
+    /// Whether the stored holder is surely gone: a process on this host that
+    /// has exited. Unknown (another host, unreadable) counts as alive.
+    fn is_gone(stored: &str) -> bool {
+        serde_json::from_str::<Holder>(stored)
+            .ok()
+            .and_then(|h| holder_is_running(&h.owner))
+            == Some(false)
+    }
+}
+
+enum Backend {
+    Sqlite { conn: Mutex<Connection>, at: String },
+    Pg { store: PgStore },
+}
+
+/// LangGraph checkpoints in a store; see the module docs.
+#[pyclass(frozen, module = "steadfast._native")]
+pub struct GraphStore {
+    backend: Backend,
+    me: Holder,
+    lease_ms: i64,
+}
+
+fn sql_err(at: &str, e: rusqlite::Error) -> PyErr {
+    let corrupt = matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::NotADatabase) | Some(rusqlite::ErrorCode::DatabaseCorrupt)
+    );
+    let msg = format!("graph store {at}: {e}");
+    store_err(&if corrupt {
+        StoreError::Corrupt {
+            location: at.to_string(),
+            reason: e.to_string(),
+        }
+    } else if matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy) | Some(rusqlite::ErrorCode::DatabaseLocked)
+    ) {
+        StoreError::unavailable(msg)
+    } else {
+        StoreError::backend(steadfast::StoreErrorKind::Unavailable, msg)
+    })
+}
+
+fn pg_err(context: &str, e: tokio_postgres::Error) -> PyErr {
+    store_err(&PgStore::map_error(e, context))
+}
+
+fn now_ms() -> i64 {
+    steadfast::SystemClock.now().unix_millis() as i64
+}
+
+fn held(thread: &str, holder: &str, until_ms: i64) -> PyErr {
+    Held::new_err(format!(
+        "thread {thread:?} is held by {} until {}; a second writer would fork its checkpoint chain, so nothing was written (the holder's lease runs out, or it calls release, or its process exits)",
+        Holder::describe(holder),
+        Timestamp::from_unix_millis(until_ms.max(0) as u64)
+    ))
+}
+
+fn check_blob(what: &str, b: &[u8]) -> PyResult<()> {
+    if b.len() > MAX_BLOB_BYTES {
+        return Err(store_err(&StoreError::InvalidInput(format!(
+            "{what} is {} bytes, over the limit of {MAX_BLOB_BYTES}; nothing was written",
+            b.len()
+        ))));
+    }
+    Ok(())
+}
+
+/// JSON equality as LangGraph's filters mean it: numbers by value, objects
+/// whatever their key order, `true` never equal to 1.
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
+            (Some(i), Some(j)) => i == j,
+            _ => match (x.as_u64(), y.as_u64()) {
+                (Some(i), Some(j)) => i == j,
+                _ => x.as_f64() == y.as_f64(),
+            },
+        },
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| json_eq(p, q))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// Whether `metadata` (JSON text) has every key of `filter` with an equal
+/// value; a null in the filter also matches a missing key.
+fn matches(filter: &serde_json::Map<String, Value>, metadata: &str) -> bool {
+    let Ok(Value::Object(meta)) = serde_json::from_str::<Value>(metadata) else {
+        return false;
+    };
+    filter.iter().all(|(k, want)| match meta.get(k) {
+        Some(have) => json_eq(have, want),
+        None => want.is_null(),
+    })
+}
+
+fn sort_writes(w: &mut [Write]) {
+    w.sort_by(|a, b| (&a.4, &a.0, a.5).cmp(&(&b.4, &b.0, b.5)));
+}
+
+/// The query of `list`.
+struct ListQuery {
+    thread: Option<String>,
+    ns: Option<String>,
+    checkpoint: Option<String>,
+    before: Option<String>,
+    limit: Option<usize>,
+    filter: Option<serde_json::Map<String, Value>>,
+}
+
+const SQLITE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS graph_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS graph_checkpoints (
+  thread_id TEXT NOT NULL, ns TEXT NOT NULL, checkpoint_id TEXT NOT NULL,
+  parent_id TEXT, type TEXT NOT NULL, blob BLOB NOT NULL, metadata TEXT NOT NULL, run_id TEXT,
+  PRIMARY KEY (thread_id, ns, checkpoint_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS graph_checkpoints_run ON graph_checkpoints (run_id) WHERE run_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS graph_writes (
+  thread_id TEXT NOT NULL, ns TEXT NOT NULL, checkpoint_id TEXT NOT NULL, task_id TEXT NOT NULL,
+  idx INTEGER NOT NULL, channel TEXT NOT NULL, type TEXT NOT NULL, blob BLOB NOT NULL, task_path TEXT NOT NULL,
+  PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS graph_threads (
+  thread_id TEXT PRIMARY KEY, holder TEXT NOT NULL, until_ms INTEGER NOT NULL) WITHOUT ROWID;
+";
+
+fn pg_schema(s: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {s}.graph_meta (key text PRIMARY KEY, value bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS {s}.graph_checkpoints (
+  thread_id text COLLATE \"C\" NOT NULL, ns text COLLATE \"C\" NOT NULL, checkpoint_id text COLLATE \"C\" NOT NULL,
+  parent_id text, type text NOT NULL, blob bytea NOT NULL, metadata text NOT NULL, run_id text,
+  PRIMARY KEY (thread_id, ns, checkpoint_id));
+CREATE INDEX IF NOT EXISTS graph_checkpoints_run ON {s}.graph_checkpoints (run_id) WHERE run_id IS NOT NULL;
+CREATE TABLE IF NOT EXISTS {s}.graph_writes (
+  thread_id text COLLATE \"C\" NOT NULL, ns text COLLATE \"C\" NOT NULL, checkpoint_id text COLLATE \"C\" NOT NULL,
+  task_id text COLLATE \"C\" NOT NULL, idx bigint NOT NULL, channel text NOT NULL, type text NOT NULL,
+  blob bytea NOT NULL, task_path text COLLATE \"C\" NOT NULL,
+  PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx));
+CREATE TABLE IF NOT EXISTS {s}.graph_threads (
+  thread_id text COLLATE \"C\" PRIMARY KEY, holder text NOT NULL, until_ms bigint NOT NULL);"
+    )
+}
+
+fn open_sqlite(url: &str) -> PyResult<Backend> {
+    let (conn, at) = if url == "memory:" {
+        (Connection::open_in_memory(), "memory:".to_string())
+    } else {
+        let path = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .unwrap_or_default();
+        if path.is_empty() {
+            return Err(InvalidInput::new_err(format!(
+                "graph store URL {url:?}: expected sqlite:PATH, postgres://… or memory:"
+            )));
+        }
+        let path = PathBuf::from(path);
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                store_err(&StoreError::InvalidInput(format!(
+                    "cannot create {}: {e}",
+                    dir.display()
+                )))
+            })?;
+        }
+        let at = path.display().to_string();
+        (Connection::open(&path), at)
+    };
+    let conn = conn.map_err(|e| sql_err(&at, e))?;
+    conn.busy_timeout(Duration::from_secs(10))
+        .map_err(|e| sql_err(&at, e))?;
+    // WAL with synchronous=FULL: a commit is on disk when it returns, as in
+    // the Steadfast SQLite store.
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(|e| sql_err(&at, e))?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(|e| sql_err(&at, e))?;
+    conn.execute_batch(SQLITE_SCHEMA)
+        .map_err(|e| sql_err(&at, e))?;
+    let format: i64 = conn
+        .query_row(
+            "INSERT INTO graph_meta (key, value) VALUES ('format', ?1)
+             ON CONFLICT (key) DO UPDATE SET value = value RETURNING value",
+            [GRAPH_FORMAT],
+            |r| r.get(0),
+        )
+        .map_err(|e| sql_err(&at, e))?;
+    check_format(&at, format)?;
+    Ok(Backend::Sqlite {
+        conn: Mutex::new(conn),
+        at,
+    })
+}
+
+fn check_format(at: &str, format: i64) -> PyResult<()> {
+    if format > GRAPH_FORMAT {
+        return Err(store_err(&StoreError::Unsupported(format!(
+            "graph store {at} has table format {format}; this build reads up to {GRAPH_FORMAT}"
+        ))));
+    }
+    Ok(())
+}
+
+async fn open_pg(url: &str) -> PyResult<Backend> {
+    let store = PgStore::connect(url).await.map_err(|e| store_err(&e))?;
+    let s = store.quoted_schema();
+    let client = store.connection().await.map_err(|e| store_err(&e))?;
+    let at = store.display_url().to_string();
+    // Two savers creating the tables at once would race on the catalog.
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('steadfast graph tables')); {} COMMIT;",
+            pg_schema(&s)
+        ))
+        .await
+        .map_err(|e| pg_err(&format!("creating the graph tables in {at}"), e))?;
+    let row = client
+        .query_one(
+            &format!(
+                "INSERT INTO {s}.graph_meta (key, value) VALUES ('format', $1)
+                 ON CONFLICT (key) DO UPDATE SET value = {s}.graph_meta.value RETURNING value"
+            ),
+            &[&GRAPH_FORMAT],
+        )
+        .await
+        .map_err(|e| pg_err(&format!("reading the graph table format in {at}"), e))?;
+    check_format(&at, row.get(0))?;
+    drop(client);
+    Ok(Backend::Pg { store })
+}
+
+impl GraphStore {
+    fn sqlite<T>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Connection, &str) -> PyResult<T> + Send,
+    ) -> PyResult<T>
+    where
+        T: Send,
+    {
+        let Backend::Sqlite { conn, at } = &self.backend else {
+            unreachable!("called only on SQLite")
+        };
+        py.detach(|| {
+            let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut c, at)
+        })
+    }
+
+    /// Takes or renews the lease on `thread` inside a SQLite write
+    /// transaction, or refuses with Held.
+    fn lease_sqlite(&self, tx: &rusqlite::Transaction<'_>, at: &str, thread: &str) -> PyResult<()> {
+        let now = now_ms();
+        let me = self.me.text();
+        let current: Option<(String, i64)> = tx
+            .query_row(
+                "SELECT holder, until_ms FROM graph_threads WHERE thread_id = ?1",
+                [thread],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| sql_err(at, e))?;
+        if let Some((holder, until)) = current {
+            if holder != me && until > now && !Holder::is_gone(&holder) {
+                return Err(held(thread, &holder, until));
+            }
+        }
+        tx.execute(
+            "INSERT INTO graph_threads (thread_id, holder, until_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT (thread_id) DO UPDATE SET holder = excluded.holder, until_ms = excluded.until_ms",
+            params![thread, me, now.saturating_add(self.lease_ms)],
+        )
+        .map_err(|e| sql_err(at, e))?;
+        Ok(())
+    }
+
+    /// Refuses when another live saver holds `thread` (for deletes and
+    /// copies, which take no lease of their own).
+    fn not_held_sqlite(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        at: &str,
+        thread: &str,
+    ) -> PyResult<()> {
+        let current: Option<(String, i64)> = tx
+            .query_row(
+                "SELECT holder, until_ms FROM graph_threads WHERE thread_id = ?1",
+                [thread],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(|e| sql_err(at, e))?;
+        match current {
+            Some((holder, until))
+                if holder != self.me.text() && until > now_ms() && !Holder::is_gone(&holder) =>
+            {
+                Err(held(thread, &holder, until))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Takes or renews the lease on `thread` inside a PostgreSQL
+    /// transaction, on the database's clock, or refuses with Held.
+    async fn lease_pg(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+        s: &str,
+        thread: &str,
+        take: bool,
+    ) -> PyResult<()> {
+        let me = self.me.text();
+        let ctx = format!("taking the lease on thread {thread:?}");
+        if take {
+            let got = tx
+                .query_opt(
+                    &format!(
+                        "INSERT INTO {s}.graph_threads AS g (thread_id, holder, until_ms)
+                         VALUES ($1, $2, (extract(epoch from clock_timestamp()) * 1000)::bigint + $3)
+                         ON CONFLICT (thread_id) DO UPDATE SET holder = excluded.holder, until_ms = excluded.until_ms
+                         WHERE g.holder = excluded.holder
+                            OR g.until_ms < (extract(epoch from clock_timestamp()) * 1000)::bigint
+                         RETURNING 1"
+                    ),
+                    &[&thread, &me, &self.lease_ms],
+                )
+                .await
+                .map_err(|e| pg_err(&ctx, e))?;
+            if got.is_some() {
+                return Ok(());
+            }
+        }
+        let row = tx
+            .query_opt(
+                &format!(
+                    "SELECT holder, until_ms, (extract(epoch from clock_timestamp()) * 1000)::bigint
+                     FROM {s}.graph_threads WHERE thread_id = $1 FOR UPDATE"
+                ),
+                &[&thread],
+            )
+            .await
+            .map_err(|e| pg_err(&ctx, e))?;
+        let Some(row) = row else { return Ok(()) };
+        let (holder, until, now): (String, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        if holder != me && until > now && !Holder::is_gone(&holder) {
+            return Err(held(thread, &holder, until));
+        }
+        if take {
+            tx.execute(
+                &format!(
+                    "UPDATE {s}.graph_threads SET holder = $2, until_ms = $3 + $4 WHERE thread_id = $1"
+                ),
+                &[&thread, &me, &now, &self.lease_ms],
+            )
+            .await
+            .map_err(|e| pg_err(&ctx, e))?;
+        }
+        Ok(())
+    }
+}
+
+fn read_writes_sqlite(
+    c: &Connection,
+    at: &str,
+    thread: &str,
+    ns: &str,
+    id: &str,
+) -> PyResult<Vec<Write>> {
+    let mut st = c
+        .prepare_cached(
+            "SELECT task_id, channel, type, blob, task_path, idx FROM graph_writes
+             WHERE thread_id = ?1 AND ns = ?2 AND checkpoint_id = ?3",
+        )
+        .map_err(|e| sql_err(at, e))?;
+    let mut w = st
+        .query_map(params![thread, ns, id], |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        })
+        .and_then(|rows| rows.collect::<Result<Vec<Write>, _>>())
+        .map_err(|e| sql_err(at, e))?;
+    sort_writes(&mut w);
+    Ok(w)
+}
+
+type Head = (
+    String,
+    String,
+    String,
+    Option<String>,
+    String,
+    Vec<u8>,
+    String,
+);
+
+fn head_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Head> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+    ))
+}
+
+fn head_pg(r: &tokio_postgres::Row) -> Head {
+    (
+        r.get(0),
+        r.get(1),
+        r.get(2),
+        r.get(3),
+        r.get(4),
+        r.get(5),
+        r.get(6),
+    )
+}
+
+fn with_writes(h: Head, w: Vec<Write>) -> Row {
+    (h.0, h.1, h.2, h.3, h.4, h.5, h.6, w)
+}
+
+fn row_to_py(py: Python<'_>, r: Row) -> PyResult<Py<PyAny>> {
+    let writes: Vec<Py<PyAny>> =
+        r.7.into_iter()
+            .map(|w| {
+                (w.0, w.1, w.2, PyBytes::new(py, &w.3))
+                    .into_pyobject(py)
+                    .map(|t| t.into_any().unbind())
+            })
+            .collect::<PyResult<_>>()?;
+    let t = (r.0, r.1, r.2, r.3, r.4, PyBytes::new(py, &r.5), r.6, writes);
+    Ok(t.into_pyobject(py)?.into_any().unbind())
+}
+
+const COLS: &str = "thread_id, ns, checkpoint_id, parent_id, type, blob, metadata";
+
+#[pymethods]
+impl GraphStore {
+    /// Opens (creating the tables when missing) the graph store a URL names:
+    /// `sqlite:PATH`, `postgres://…` (with `?schema=NAME`) or `memory:`.
+    /// `lease_seconds` is how long a thread stays this saver's after its
+    /// last write.
+    #[new]
+    #[pyo3(signature = (url, lease_seconds=60.0))]
+    fn new(py: Python<'_>, url: &str, lease_seconds: f64) -> PyResult<Self> {
+        let lease = crate::run::secs("lease_seconds", lease_seconds)?;
+        steadfast::limits::LEASE
+            .check("lease_seconds", lease)
+            .map_err(InvalidInput::new_err)?;
+        let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let owned = url.to_string();
+            block(py, async move { open_pg(&owned).await })?
+        } else if url.starts_with("sqlite:") || url == "memory:" {
+            open_sqlite(url)?
+        } else {
+            return Err(store_err(&StoreError::Unsupported(format!(
+                "graph store URL {}: expected sqlite:PATH, postgres://… or memory:",
+                steadfast::store::redact_url(url)
+            ))));
+        };
+        Ok(GraphStore {
+            backend,
+            me: Holder {
+                owner: steadfast::current_owner(),
+                saver: fastrand::u64(..),
+            },
+            lease_ms: lease.as_millis().min(i64::MAX as u128) as i64,
+        })
+    }
+
+    /// Saves a checkpoint (replacing one with the same id), taking or
+    /// renewing the thread's lease in the same transaction.
+    #[pyo3(signature = (thread_id, ns, checkpoint_id, parent_id, r#type, blob, metadata, run_id))]
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        &self,
+        py: Python<'_>,
+        thread_id: String,
+        ns: String,
+        checkpoint_id: String,
+        parent_id: Option<String>,
+        r#type: String,
+        blob: Vec<u8>,
+        metadata: String,
+        run_id: Option<String>,
+    ) -> PyResult<()> {
+        check_blob("the checkpoint", &blob)?;
+        serde_json::from_str::<serde_json::Map<String, Value>>(&metadata).map_err(|e| {
+            InvalidInput::new_err(format!(
+                "the metadata of checkpoint {checkpoint_id:?} is not a JSON object: {e}; nothing was written"
+            ))
+        })?;
+        match &self.backend {
+            Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
+                let tx = c
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(|e| sql_err(at, e))?;
+                self.lease_sqlite(&tx, at, &thread_id)?;
+                tx.execute(
+                    "INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                     ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE SET parent_id = excluded.parent_id,
+                       type = excluded.type, blob = excluded.blob, metadata = excluded.metadata, run_id = excluded.run_id",
+                    params![thread_id, ns, checkpoint_id, parent_id, r#type, blob, metadata, run_id],
+                )
+                .map_err(|e| sql_err(at, e))?;
+                tx.commit().map_err(|e| sql_err(at, e))
+            }),
+            Backend::Pg { store } => block(py, async {
+                let s = store.quoted_schema();
+                let mut client = store.connection().await.map_err(|e| store_err(&e))?;
+                let ctx = format!("saving checkpoint {checkpoint_id:?} of thread {thread_id:?}");
+                let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
+                self.lease_pg(&tx, &s, &thread_id, true).await?;
+                tx.execute(
+                    &format!(
+                        "INSERT INTO {s}.graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                         ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE SET parent_id = excluded.parent_id,
+                           type = excluded.type, blob = excluded.blob, metadata = excluded.metadata, run_id = excluded.run_id"
+                    ),
+                    &[&thread_id, &ns, &checkpoint_id, &parent_id, &r#type, &blob, &metadata, &run_id],
+                )
+                .await
+                .map_err(|e| pg_err(&ctx, e))?;
+                tx.commit().await.map_err(|e| pg_err(&ctx, e))
+            }),
+        }
+    }
+
+    /// Saves a task's pending writes: `(idx, channel, type, blob)`; an index
+    /// of 0 or more is written once, a negative one (LangGraph's special
+    /// channels) replaces what was there. Takes or renews the lease.
+    #[allow(clippy::too_many_arguments)]
+    fn put_writes(
+        &self,
+        py: Python<'_>,
+        thread_id: String,
+        ns: String,
+        checkpoint_id: String,
+        task_id: String,
+        task_path: String,
+        writes: Vec<(i64, String, String, Vec<u8>)>,
+    ) -> PyResult<()> {
+        for w in &writes {
+            check_blob(&format!("the write to channel {:?}", w.1), &w.3)?;
+        }
+        const INSERT: &str = "INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)";
+        match &self.backend {
+            Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
+                let tx = c
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(|e| sql_err(at, e))?;
+                self.lease_sqlite(&tx, at, &thread_id)?;
+                for (idx, channel, ty, blob) in &writes {
+                    let verb = if *idx < 0 {
+                        "INSERT OR REPLACE"
+                    } else {
+                        "INSERT OR IGNORE"
+                    };
+                    tx.prepare_cached(&format!(
+                        "{verb} {INSERT} VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+                    ))
+                    .and_then(|mut st| {
+                        st.execute(params![
+                            thread_id,
+                            ns,
+                            checkpoint_id,
+                            task_id,
+                            idx,
+                            channel,
+                            ty,
+                            blob,
+                            task_path
+                        ])
+                    })
+                    .map_err(|e| sql_err(at, e))?;
+                }
+                tx.commit().map_err(|e| sql_err(at, e))
+            }),
+            Backend::Pg { store } => block(py, async {
+                let s = store.quoted_schema();
+                let mut client = store.connection().await.map_err(|e| store_err(&e))?;
+                let ctx = format!(
+                    "saving writes of checkpoint {checkpoint_id:?} of thread {thread_id:?}"
+                );
+                let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
+                self.lease_pg(&tx, &s, &thread_id, true).await?;
+                for (idx, channel, ty, blob) in &writes {
+                    let on_conflict = if *idx < 0 {
+                        "DO UPDATE SET channel = excluded.channel, type = excluded.type, blob = excluded.blob, task_path = excluded.task_path"
+                    } else {
+                        "DO NOTHING"
+                    };
+                    tx.execute(
+                        &format!(
+                            "INSERT {} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                             ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) {on_conflict}",
+                            INSERT.replacen("graph_writes", &format!("{s}.graph_writes"), 1)
+                        ),
+                        &[&thread_id, &ns, &checkpoint_id, &task_id, idx, channel, ty, blob, &task_path],
+                    )
+                    .await
+                    .map_err(|e| pg_err(&ctx, e))?;
+                }
+                tx.commit().await.map_err(|e| pg_err(&ctx, e))
+            }),
+        }
+    }
+
+    /// The checkpoint `checkpoint_id` of a thread's namespace, or its latest
+    /// when None, with its pending writes; None when there is none.
+    #[pyo3(signature = (thread_id, ns, checkpoint_id=None))]
+    fn get(
+        &self,
+        py: Python<'_>,
+        thread_id: String,
+        ns: String,
+        checkpoint_id: Option<String>,
+    ) -> PyResult<Option<Py<PyAny>>> {
+        let q = ListQuery {
+            thread: Some(thread_id),
+            ns: Some(ns),
+            checkpoint: checkpoint_id,
+            before: None,
+            limit: Some(1),
+            filter: None,
+        };
+        let mut rows = self.query(py, q)?;
+        rows.truncate(1);
+        rows.pop().map(|r| row_to_py(py, r)).transpose()
+    }
+
+    /// Checkpoints newest first (by id), each with its pending writes. None
+    /// for `thread_id` or `ns` means any; `before` keeps ids below it;
+    /// `filter` is a JSON object whose keys must each equal the metadata's.
+    #[pyo3(signature = (thread_id=None, ns=None, checkpoint_id=None, before=None, limit=None, filter=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn list(
+        &self,
+        py: Python<'_>,
+        thread_id: Option<String>,
+        ns: Option<String>,
+        checkpoint_id: Option<String>,
+        before: Option<String>,
+        limit: Option<usize>,
+        filter: Option<String>,
+    ) -> PyResult<Vec<Py<PyAny>>> {
+        let filter = filter
+            .map(|f| {
+                serde_json::from_str::<serde_json::Map<String, Value>>(&f).map_err(|e| {
+                    InvalidInput::new_err(format!("the filter is not a JSON object: {e}"))
+                })
+            })
+            .transpose()?
+            .filter(|f| !f.is_empty());
+        let q = ListQuery {
+            thread: thread_id,
+            ns,
+            checkpoint: checkpoint_id,
+            before,
+            limit,
+            filter,
+        };
+        self.query(py, q)?
+            .into_iter()
+            .map(|r| row_to_py(py, r))
+            .collect()
+    }
+
+    /// Deletes a thread: its checkpoints and writes in every namespace, and
+    /// this saver's lease on it. Held when another live saver writes it.
+    fn delete_thread(&self, py: Python<'_>, thread_id: String) -> PyResult<()> {
+        self.delete_threads(py, vec![thread_id], false)
+    }
+
+    /// Deletes every checkpoint whose metadata's run id is one of `run_ids`,
+    /// with its writes. Held when another live saver writes a thread they
+    /// are in.
+    fn delete_for_runs(&self, py: Python<'_>, run_ids: Vec<String>) -> PyResult<()> {
+        if run_ids.is_empty() {
+            return Ok(());
+        }
+        match &self.backend {
+            Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
+                let tx = c
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(|e| sql_err(at, e))?;
+                let mut doomed: Vec<(String, String, String)> = Vec::new();
+                for run in &run_ids {
+                    let mut st = tx
+                        .prepare_cached(
+                            "SELECT thread_id, ns, checkpoint_id FROM graph_checkpoints WHERE run_id = ?1",
+                        )
+                        .map_err(|e| sql_err(at, e))?;
+                    let found = st
+                        .query_map([run], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                        .map_err(|e| sql_err(at, e))?;
+                    doomed.extend(found);
+                }
+                let mut threads: Vec<&String> = doomed.iter().map(|d| &d.0).collect();
+                threads.sort();
+                threads.dedup();
+                for t in threads {
+                    self.not_held_sqlite(&tx, at, t)?;
+                }
+                for (t, ns, id) in &doomed {
+                    for table in ["graph_checkpoints", "graph_writes"] {
+                        tx.execute(
+                            &format!("DELETE FROM {table} WHERE thread_id = ?1 AND ns = ?2 AND checkpoint_id = ?3"),
+                            params![t, ns, id],
+                        )
+                        .map_err(|e| sql_err(at, e))?;
+                    }
+                }
+                tx.commit().map_err(|e| sql_err(at, e))
+            }),
+            Backend::Pg { store } => block(py, async {
+                let s = store.quoted_schema();
+                let mut client = store.connection().await.map_err(|e| store_err(&e))?;
+                let ctx = "deleting the checkpoints of runs";
+                let tx = client.transaction().await.map_err(|e| pg_err(ctx, e))?;
+                let threads = tx
+                    .query(
+                        &format!(
+                            "SELECT DISTINCT thread_id FROM {s}.graph_checkpoints WHERE run_id = ANY($1) ORDER BY 1"
+                        ),
+                        &[&run_ids],
+                    )
+                    .await
+                    .map_err(|e| pg_err(ctx, e))?;
+                for t in threads {
+                    let t: String = t.get(0);
+                    self.lease_pg(&tx, &s, &t, false).await?;
+                }
+                tx.execute(
+                    &format!(
+                        "DELETE FROM {s}.graph_writes w USING {s}.graph_checkpoints c
+                         WHERE c.run_id = ANY($1) AND w.thread_id = c.thread_id AND w.ns = c.ns
+                           AND w.checkpoint_id = c.checkpoint_id"
+                    ),
+                    &[&run_ids],
+                )
+                .await
+                .map_err(|e| pg_err(ctx, e))?;
+                tx.execute(
+                    &format!("DELETE FROM {s}.graph_checkpoints WHERE run_id = ANY($1)"),
+                    &[&run_ids],
+                )
+                .await
+                .map_err(|e| pg_err(ctx, e))?;
+                tx.commit().await.map_err(|e| pg_err(ctx, e))
+            }),
+        }
+    }
+
+    /// Copies every checkpoint and write of thread `source` to `target`,
+    /// which must have none; one transaction. Held when another live saver
+    /// writes `target`.
+    fn copy_thread(&self, py: Python<'_>, source: String, target: String) -> PyResult<()> {
+        if source == target {
+            return Err(InvalidInput::new_err(format!(
+                "copy_thread: source and target are both {source:?}; nothing was written"
+            )));
+        }
+        let occupied = |n: i64| {
+            if n > 0 {
+                Err(InvalidInput::new_err(format!(
+                    "copy_thread: thread {target:?} already has {n} checkpoint(s); nothing was written"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        match &self.backend {
+            Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
+                let tx = c
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(|e| sql_err(at, e))?;
+                self.not_held_sqlite(&tx, at, &target)?;
+                let n: i64 = tx
+                    .query_row(
+                        "SELECT count(*) FROM graph_checkpoints WHERE thread_id = ?1",
+                        [&target],
+                        |r| r.get(0),
+                    )
+                    .map_err(|e| sql_err(at, e))?;
+                occupied(n)?;
+                tx.execute(
+                    "INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
+                     SELECT ?2, ns, checkpoint_id, parent_id, type, blob, metadata, run_id
+                     FROM graph_checkpoints WHERE thread_id = ?1",
+                    params![source, target],
+                )
+                .map_err(|e| sql_err(at, e))?;
+                tx.execute(
+                    "INSERT OR REPLACE INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
+                     SELECT ?2, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
+                     FROM graph_writes WHERE thread_id = ?1",
+                    params![source, target],
+                )
+                .map_err(|e| sql_err(at, e))?;
+                tx.commit().map_err(|e| sql_err(at, e))
+            }),
+            Backend::Pg { store } => block(py, async {
+                let s = store.quoted_schema();
+                let mut client = store.connection().await.map_err(|e| store_err(&e))?;
+                let ctx = format!("copying thread {source:?} to {target:?}");
+                let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
+                self.lease_pg(&tx, &s, &target, false).await?;
+                let n: i64 = tx
+                    .query_one(
+                        &format!("SELECT count(*) FROM {s}.graph_checkpoints WHERE thread_id = $1"),
+                        &[&target],
+                    )
+                    .await
+                    .map_err(|e| pg_err(&ctx, e))?
+                    .get(0);
+                occupied(n)?;
+                tx.execute(
+                    &format!(
+                        "INSERT INTO {s}.graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
+                         SELECT $2, ns, checkpoint_id, parent_id, type, blob, metadata, run_id
+                         FROM {s}.graph_checkpoints WHERE thread_id = $1"
+                    ),
+                    &[&source, &target],
+                )
+                .await
+                .map_err(|e| pg_err(&ctx, e))?;
+                tx.execute(
+                    &format!(
+                        "INSERT INTO {s}.graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
+                         SELECT $2, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
+                         FROM {s}.graph_writes WHERE thread_id = $1
+                         ON CONFLICT DO NOTHING"
+                    ),
+                    &[&source, &target],
+                )
+                .await
+                .map_err(|e| pg_err(&ctx, e))?;
+                tx.commit().await.map_err(|e| pg_err(&ctx, e))
+            }),
+        }
+    }
+
+    /// Retention: with `keep_latest`, keeps only the newest checkpoint of
+    /// each namespace of each thread (and its writes); otherwise deletes the
+    /// threads. One transaction. Refuses (Unsupported) to thin a thread whose
+    /// delta channels need its older checkpoints.
+    fn prune(&self, py: Python<'_>, thread_ids: Vec<String>, keep_latest: bool) -> PyResult<()> {
+        if !keep_latest {
+            return self.delete_threads(py, thread_ids, true);
+        }
+        let delta = |thread: &str, metadata: &str| -> PyResult<()> {
+            let Ok(Value::Object(m)) = serde_json::from_str::<Value>(metadata) else {
+                return Ok(());
+            };
+            if let Some(k) = DELTA_KEYS.iter().find(|k| m.contains_key(**k)) {
+                return Err(Unsupported::new_err(format!(
+                    "prune: thread {thread:?} has delta channels (metadata key {k:?}) whose state needs its older checkpoints; nothing was deleted"
+                )));
+            }
+            Ok(())
+        };
+        match &self.backend {
+            Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
+                let tx = c
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(|e| sql_err(at, e))?;
+                for t in &thread_ids {
+                    self.not_held_sqlite(&tx, at, t)?;
+                    let mut st = tx
+                        .prepare_cached("SELECT metadata FROM graph_checkpoints WHERE thread_id = ?1")
+                        .map_err(|e| sql_err(at, e))?;
+                    let metas = st
+                        .query_map([t], |r| r.get::<_, String>(0))
+                        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                        .map_err(|e| sql_err(at, e))?;
+                    for m in metas {
+                        delta(t, &m)?;
+                    }
+                }
+                for t in &thread_ids {
+                    for table in ["graph_checkpoints", "graph_writes"] {
+                        tx.execute(
+                            &format!(
+                                "DELETE FROM {table} WHERE thread_id = ?1 AND NOT EXISTS (
+                                   SELECT 1 FROM (SELECT ns, max(checkpoint_id) AS latest FROM graph_checkpoints
+                                                  WHERE thread_id = ?1 GROUP BY ns) k
+                                   WHERE k.ns = {table}.ns AND k.latest = {table}.checkpoint_id)"
+                            ),
+                            [t],
+                        )
+                        .map_err(|e| sql_err(at, e))?;
+                    }
+                    // Only each namespace's latest is left: its parent is gone.
+                    tx.execute(
+                        "UPDATE graph_checkpoints SET parent_id = NULL WHERE thread_id = ?1",
+                        [t],
+                    )
+                    .map_err(|e| sql_err(at, e))?;
+                }
+                tx.commit().map_err(|e| sql_err(at, e))
+            }),
+            Backend::Pg { store } => block(py, async {
+                let s = store.quoted_schema();
+                let mut client = store.connection().await.map_err(|e| store_err(&e))?;
+                let ctx = "pruning threads";
+                let tx = client.transaction().await.map_err(|e| pg_err(ctx, e))?;
+                let mut sorted = thread_ids.clone();
+                sorted.sort();
+                sorted.dedup();
+                for t in &sorted {
+                    self.lease_pg(&tx, &s, t, false).await?;
+                }
+                let metas = tx
+                    .query(
+                        &format!("SELECT thread_id, metadata FROM {s}.graph_checkpoints WHERE thread_id = ANY($1)"),
+                        &[&sorted],
+                    )
+                    .await
+                    .map_err(|e| pg_err(ctx, e))?;
+                for m in metas {
+                    delta(m.get(0), m.get(1))?;
+                }
+                let latest = format!(
+                    "SELECT thread_id, ns, max(checkpoint_id) AS latest FROM {s}.graph_checkpoints
+                     WHERE thread_id = ANY($1) GROUP BY thread_id, ns"
+                );
+                for table in ["graph_writes", "graph_checkpoints"] {
+                    tx.execute(
+                        &format!(
+                            "DELETE FROM {s}.{table} x WHERE x.thread_id = ANY($1) AND NOT EXISTS (
+                               SELECT 1 FROM ({latest}) k WHERE k.thread_id = x.thread_id AND k.ns = x.ns
+                                 AND k.latest = x.checkpoint_id)"
+                        ),
+                        &[&sorted],
+                    )
+                    .await
+                    .map_err(|e| pg_err(ctx, e))?;
+                }
+                tx.execute(
+                    &format!("UPDATE {s}.graph_checkpoints SET parent_id = NULL WHERE thread_id = ANY($1)"),
+                    &[&sorted],
+                )
+                .await
+                .map_err(|e| pg_err(ctx, e))?;
+                tx.commit().await.map_err(|e| pg_err(ctx, e))
+            }),
+        }
+    }
+
+    /// Gives up this saver's lease on a thread, so that another may write it
+    /// at once. Nothing happens when another saver holds it.
+    fn release(&self, py: Python<'_>, thread_id: String) -> PyResult<()> {
+        self.release_where(py, Some(thread_id))
+    }
+
+    /// Gives up every lease this saver holds.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.release_where(py, None)
+    }
+}
+
+impl GraphStore {
+    fn release_where(&self, py: Python<'_>, thread: Option<String>) -> PyResult<()> {
+        let me = self.me.text();
+        match &self.backend {
+            Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
+                c.execute(
+                    "DELETE FROM graph_threads WHERE holder = ?1 AND (?2 IS NULL OR thread_id = ?2)",
+                    params![me, thread],
+                )
+                .map(drop)
+                .map_err(|e| sql_err(at, e))
+            }),
+            Backend::Pg { store } => block(py, async {
+                let s = store.quoted_schema();
+                let client = store.connection().await.map_err(|e| store_err(&e))?;
+                client
+                    .execute(
+                        &format!(
+                            "DELETE FROM {s}.graph_threads WHERE holder = $1 AND ($2::text IS NULL OR thread_id = $2)"
+                        ),
+                        &[&me, &thread],
+                    )
+                    .await
+                    .map(drop)
+                    .map_err(|e| pg_err("releasing leases", e))
+            }),
+        }
+    }
+
+    fn delete_threads(&self, py: Python<'_>, threads: Vec<String>, _pruning: bool) -> PyResult<()> {
+        let me = self.me.text();
+        match &self.backend {
+            Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
+                let tx = c
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(|e| sql_err(at, e))?;
+                for t in &threads {
+                    self.not_held_sqlite(&tx, at, t)?;
+                }
+                for t in &threads {
+                    for table in ["graph_checkpoints", "graph_writes"] {
+                        tx.execute(&format!("DELETE FROM {table} WHERE thread_id = ?1"), [t])
+                            .map_err(|e| sql_err(at, e))?;
+                    }
+                    tx.execute(
+                        "DELETE FROM graph_threads WHERE thread_id = ?1 AND holder = ?2",
+                        params![t, me],
+                    )
+                    .map_err(|e| sql_err(at, e))?;
+                }
+                tx.commit().map_err(|e| sql_err(at, e))
+            }),
+            Backend::Pg { store } => {
+                block(py, async {
+                    let s = store.quoted_schema();
+                    let mut client = store.connection().await.map_err(|e| store_err(&e))?;
+                    let ctx = "deleting threads";
+                    let tx = client.transaction().await.map_err(|e| pg_err(ctx, e))?;
+                    let mut sorted = threads.clone();
+                    sorted.sort();
+                    sorted.dedup();
+                    for t in &sorted {
+                        self.lease_pg(&tx, &s, t, false).await?;
+                    }
+                    for table in ["graph_writes", "graph_checkpoints"] {
+                        tx.execute(
+                            &format!("DELETE FROM {s}.{table} WHERE thread_id = ANY($1)"),
+                            &[&sorted],
+                        )
+                        .await
+                        .map_err(|e| pg_err(ctx, e))?;
+                    }
+                    tx.execute(
+                    &format!("DELETE FROM {s}.graph_threads WHERE thread_id = ANY($1) AND holder = $2"),
+                    &[&sorted, &me],
+                )
+                .await
+                .map_err(|e| pg_err(ctx, e))?;
+                    tx.commit().await.map_err(|e| pg_err(ctx, e))
+                })
+            }
+        }
+    }
+
+    /// The rows a `get` or `list` asks for, newest first, with their writes.
+    fn query(&self, py: Python<'_>, q: ListQuery) -> PyResult<Vec<Row>> {
+        if q.limit == Some(0) {
+            return Ok(Vec::new());
+        }
+        // A filter is applied to each row's metadata here, so the database
+        // cannot stop at the limit.
+        let sql_limit = if q.filter.is_some() { None } else { q.limit };
+        match &self.backend {
+            Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
+                let mut sql = format!("SELECT {COLS} FROM graph_checkpoints WHERE 1 = 1");
+                let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
+                for (col, op, v) in [
+                    ("thread_id", "=", &q.thread),
+                    ("ns", "=", &q.ns),
+                    ("checkpoint_id", "=", &q.checkpoint),
+                    ("checkpoint_id", "<", &q.before),
+                ] {
+                    if let Some(v) = v {
+                        args.push(v);
+                        sql.push_str(&format!(" AND {col} {op} ?{}", args.len()));
+                    }
+                }
+                sql.push_str(" ORDER BY checkpoint_id DESC, thread_id DESC, ns DESC");
+                if let Some(n) = sql_limit {
+                    sql.push_str(&format!(" LIMIT {n}"));
+                }
+                let mut st = c.prepare_cached(&sql).map_err(|e| sql_err(at, e))?;
+                let mut rows = st.query(args.as_slice()).map_err(|e| sql_err(at, e))?;
+                let mut heads = Vec::new();
+                while let Some(r) = rows.next().map_err(|e| sql_err(at, e))? {
+                    let h = head_row(r).map_err(|e| sql_err(at, e))?;
+                    if q.filter.as_ref().is_some_and(|f| !matches(f, &h.6)) {
+                        continue;
+                    }
+                    heads.push(h);
+                    if q.limit.is_some_and(|n| heads.len() >= n) {
+                        break;
+                    }
+                }
+                drop(rows);
+                heads
+                    .into_iter()
+                    .map(|h| {
+                        let w = read_writes_sqlite(c, at, &h.0, &h.1, &h.2)?;
+                        Ok(with_writes(h, w))
+                    })
+                    .collect()
+            }),
+            Backend::Pg { store } => block(py, async {
+                let s = store.quoted_schema();
+                let client = store.connection().await.map_err(|e| store_err(&e))?;
+                let ctx = "reading checkpoints";
+                let mut sql = format!("SELECT {COLS} FROM {s}.graph_checkpoints WHERE true");
+                let mut args: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
+                for (col, op, v) in [
+                    ("thread_id", "=", &q.thread),
+                    ("ns", "=", &q.ns),
+                    ("checkpoint_id", "=", &q.checkpoint),
+                    ("checkpoint_id", "<", &q.before),
+                ] {
+                    if let Some(v) = v {
+                        args.push(v);
+                        sql.push_str(&format!(" AND {col} {op} ${}", args.len()));
+                    }
+                }
+                sql.push_str(" ORDER BY checkpoint_id DESC, thread_id DESC, ns DESC");
+                if let Some(n) = sql_limit {
+                    sql.push_str(&format!(" LIMIT {n}"));
+                }
+                let rows = client
+                    .query(&sql, &args)
+                    .await
+                    .map_err(|e| pg_err(ctx, e))?;
+                let mut heads = Vec::new();
+                for r in &rows {
+                    let h = head_pg(r);
+                    if q.filter.as_ref().is_some_and(|f| !matches(f, &h.6)) {
+                        continue;
+                    }
+                    heads.push(h);
+                    if q.limit.is_some_and(|n| heads.len() >= n) {
+                        break;
+                    }
+                }
+                if heads.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let threads: Vec<&str> = heads.iter().map(|h| h.0.as_str()).collect();
+                let namespaces: Vec<&str> = heads.iter().map(|h| h.1.as_str()).collect();
+                let ids: Vec<&str> = heads.iter().map(|h| h.2.as_str()).collect();
+                let writes = client
+                    .query(
+                        &format!(
+                            "SELECT thread_id, ns, checkpoint_id, task_id, channel, type, blob, task_path, idx
+                             FROM {s}.graph_writes
+                             WHERE (thread_id, ns, checkpoint_id) IN (
+                               SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))"
+                        ),
+                        &[&threads, &namespaces, &ids],
+                    )
+                    .await
+                    .map_err(|e| pg_err(ctx, e))?;
+                let mut by_key: std::collections::HashMap<(String, String, String), Vec<Write>> =
+                    Default::default();
+                for w in writes {
+                    by_key
+                        .entry((w.get(0), w.get(1), w.get(2)))
+                        .or_default()
+                        .push((w.get(3), w.get(4), w.get(5), w.get(6), w.get(7), w.get(8)));
+                }
+                Ok(heads
+                    .into_iter()
+                    .map(|h| {
+                        let mut w = by_key
+                            .remove(&(h.0.clone(), h.1.clone(), h.2.clone()))
+                            .unwrap_or_default();
+                        sort_writes(&mut w);
+                        with_writes(h, w)
+                    })
+                    .collect())
+            }),
+        }
+    }
+}
