@@ -28,6 +28,7 @@ impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         let pending = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(fut) = pending {
+            let _inside = crate::pending::InPython::enter();
             Python::attach(|py| {
                 let _ = fut.bind(py).call_method0("cancel");
             });
@@ -96,6 +97,7 @@ impl Caller {
         let guard = CancelOnDrop(Arc::clone(&slot));
         let me = self.clone();
         let handle = tokio::task::spawn_blocking(move || {
+            let _inside = crate::pending::InPython::enter();
             Python::attach(|py| -> Result<Value, CallError> {
                 let raised = CallError::Raised;
                 let mut all: Vec<Py<PyAny>> = vec![me.event_loop.clone_ref(py), f.clone_ref(py)];

@@ -6,6 +6,7 @@ mod call;
 mod convert;
 mod errors;
 mod graph;
+mod pending;
 mod run;
 mod store;
 
@@ -19,6 +20,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<run::PyStepCtx>()?;
     m.add_class::<run::PyDurableCtx>()?;
     m.add_class::<graph::GraphStore>()?;
+    m.add_class::<pending::Pending>()?;
+    m.add_function(wrap_pyfunction!(pending::drain, m)?)?;
     m.add_function(wrap_pyfunction!(store::open_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::approve, m)?)?;
     m.add_function(wrap_pyfunction!(store::reject, m)?)?;

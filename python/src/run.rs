@@ -14,6 +14,7 @@ use steadfast::{
 use crate::call::{CallError, Caller};
 use crate::convert::to_py;
 use crate::errors::{err, InvalidInput};
+use crate::pending::{spawn, Finish, Pending};
 use crate::store::{json_arg, PyStore};
 
 /// A duration in seconds from Python, checked: finite, not negative, in range.
@@ -249,7 +250,6 @@ fn outcome_tuple(py: Python<'_>, o: Outcome<Value>) -> PyResult<Py<PyAny>> {
 #[pyo3(signature = (event_loop, invoke, run_id, name, steps, store, input=None, accept_changed=false, wait_for_timers=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn run_workflow<'py>(
-    py: Python<'py>,
     event_loop: Py<PyAny>,
     invoke: Py<PyAny>,
     run_id: String,
@@ -259,7 +259,7 @@ pub fn run_workflow<'py>(
     input: Option<&Bound<'py, PyAny>>,
     accept_changed: bool,
     wait_for_timers: bool,
-) -> PyResult<Bound<'py, PyAny>> {
+) -> PyResult<Pending> {
     let caller = Caller {
         event_loop: Arc::new(event_loop),
         invoke: Arc::new(invoke),
@@ -274,18 +274,18 @@ pub fn run_workflow<'py>(
         accept_changed,
         wait_for_timers,
     };
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+    Ok(spawn(async move {
         if let Some(input) = input {
-            steadfast::start(&*store, &name, &run_id, input, false)
-                .await
-                .map_err(|e| err(&e))?;
+            if let Err(e) = steadfast::start(&*store, &name, &run_id, input, false).await {
+                return finish_err(e);
+            }
         }
         let out = runner(&store, opts).run(&run_id, &wf).await;
-        Python::attach(|py| match out {
+        Box::new(move |py: Python<'_>| match out {
             Ok(o) => outcome_tuple(py, o.map(Value::Object)),
             Err(e) => Err(err(&e)),
-        })
-    })
+        }) as Finish
+    }))
 }
 
 /// Engine errors raised inside a durable function, kept so that the same
@@ -306,35 +306,30 @@ pub struct PyDurableCtx {
     raised: Arc<Mutex<Raised>>,
 }
 
-impl PyDurableCtx {
-    /// The Python exception for `e`, tagged so that it maps back to `e`.
-    fn raise(&self, e: Error) -> PyErr {
-        let pyerr = err(&e);
-        let mut r = self.raised.lock().unwrap_or_else(|p| p.into_inner());
-        r.next += 1;
-        let id = r.next;
-        r.errors.insert(id, e);
-        Python::attach(|py| {
-            let _ = pyerr.value(py).setattr("_steadfast_error", id);
-        });
-        pyerr
-    }
+/// The Python exception for `e`, tagged so that it maps back to `e`.
+fn raise(py: Python<'_>, raised: &Mutex<Raised>, e: Error) -> PyErr {
+    let pyerr = err(&e);
+    let mut r = raised.lock().unwrap_or_else(|p| p.into_inner());
+    r.next += 1;
+    let id = r.next;
+    r.errors.insert(id, e);
+    let _ = pyerr.value(py).setattr("_steadfast_error", id);
+    pyerr
+}
 
-    fn awaitable<'py, F>(&self, py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+impl PyDurableCtx {
+    fn awaitable<F>(&self, fut: F) -> PyResult<Pending>
     where
         F: std::future::Future<Output = Result<Value, Error>> + Send + 'static,
     {
-        let me = PyDurableCtx {
-            ctx: self.ctx.clone(),
-            caller: self.caller.clone(),
-            raised: Arc::clone(&self.raised),
-        };
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            match fut.await {
-                Ok(v) => Python::attach(|py| to_py(py, &v)),
-                Err(e) => Err(me.raise(e)),
-            }
-        })
+        let raised = Arc::clone(&self.raised);
+        Ok(spawn(async move {
+            let out = fut.await;
+            Box::new(move |py: Python<'_>| match out {
+                Ok(v) => to_py(py, &v),
+                Err(e) => Err(raise(py, &raised, e)),
+            }) as Finish
+        }))
     }
 }
 
@@ -361,19 +356,18 @@ impl PyDurableCtx {
     /// returns its recorded output on a resume.
     #[pyo3(signature = (name, func, retries=None, backoff=None, max_backoff=None, timeout=None))]
     #[allow(clippy::too_many_arguments)]
-    fn step<'py>(
+    fn step(
         &self,
-        py: Python<'py>,
         name: String,
         func: Py<PyAny>,
         retries: Option<u32>,
         backoff: Option<f64>,
         max_backoff: Option<f64>,
         timeout: Option<f64>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    ) -> PyResult<Pending> {
         let opts = options(&name, retries, backoff, max_backoff, timeout)?;
         let (ctx, caller, func) = (self.ctx.clone(), self.caller.clone(), Arc::new(func));
-        self.awaitable(py, async move {
+        self.awaitable(async move {
             ctx.step_with(name, opts, move || {
                 let (caller, func) = (caller.clone(), Arc::clone(&func));
                 async move { caller.call(func, |_| Ok(vec![])).await }
@@ -383,13 +377,9 @@ impl PyDurableCtx {
     }
 
     /// Runs several steps at once: `branches` is a list of (name, func).
-    fn parallel<'py>(
-        &self,
-        py: Python<'py>,
-        branches: Vec<(String, Py<PyAny>)>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    fn parallel(&self, branches: Vec<(String, Py<PyAny>)>) -> PyResult<Pending> {
         let (ctx, caller) = (self.ctx.clone(), self.caller.clone());
-        self.awaitable(py, async move {
+        self.awaitable(async move {
             let futs = branches.into_iter().map(|(name, func)| {
                 let caller = caller.clone();
                 let func = Arc::new(func);
@@ -401,17 +391,16 @@ impl PyDurableCtx {
 
     /// Waits at gate `name`: the approval's data (or None) once decided.
     #[pyo3(signature = (name, timeout=None, on_timeout=None))]
-    fn gate<'py>(
+    fn gate(
         &self,
-        py: Python<'py>,
         name: String,
         timeout: Option<f64>,
         on_timeout: Option<&str>,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    ) -> PyResult<Pending> {
         let t = opt_secs(&format!("gate {name:?}: timeout"), timeout)?;
         let on = on_timeout_arg(&name, on_timeout)?;
         let ctx = self.ctx.clone();
-        self.awaitable(py, async move {
+        self.awaitable(async move {
             ctx.gate_with(&name, t, on)
                 .await
                 .map(|v| v.unwrap_or(Value::Null))
@@ -419,46 +408,34 @@ impl PyDurableCtx {
     }
 
     /// A durable timer named `name`.
-    fn sleep<'py>(
-        &self,
-        py: Python<'py>,
-        name: String,
-        seconds: f64,
-    ) -> PyResult<Bound<'py, PyAny>> {
+    fn sleep(&self, name: String, seconds: f64) -> PyResult<Pending> {
         let d = secs(&format!("sleep {name:?}"), seconds)?;
         let ctx = self.ctx.clone();
-        self.awaitable(py, async move {
-            ctx.sleep(&name, d).await.map(|()| Value::Null)
-        })
+        self.awaitable(async move { ctx.sleep(&name, d).await.map(|()| Value::Null) })
     }
 
     /// The time, recorded: milliseconds since the Unix epoch.
-    fn now<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    fn now(&self) -> PyResult<Pending> {
         let ctx = self.ctx.clone();
-        self.awaitable(py, async move {
-            ctx.now().await.map(|t| Value::from(t.unix_millis()))
-        })
+        self.awaitable(async move { ctx.now().await.map(|t| Value::from(t.unix_millis())) })
     }
 
     /// A random 64-bit number, recorded.
-    fn random<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    fn random(&self) -> PyResult<Pending> {
         let ctx = self.ctx.clone();
-        self.awaitable(py, async move { ctx.random().await.map(Value::from) })
+        self.awaitable(async move { ctx.random().await.map(Value::from) })
     }
 
     /// A random UUID (version 4), recorded.
-    fn uuid<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    fn uuid(&self) -> PyResult<Pending> {
         let ctx = self.ctx.clone();
-        self.awaitable(py, async move { ctx.uuid().await.map(Value::from) })
+        self.awaitable(async move { ctx.uuid().await.map(Value::from) })
     }
 
     /// The run's input, as recorded when it started (None without one).
-    fn input<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    fn input(&self) -> PyResult<Pending> {
         let ctx = self.ctx.clone();
-        self.awaitable(
-            py,
-            async move { Ok(ctx.input().await.unwrap_or(Value::Null)) },
-        )
+        self.awaitable(async move { Ok(ctx.input().await.unwrap_or(Value::Null)) })
     }
 
     /// `base` the first time it is asked for in this call, then `base#2`,
@@ -478,7 +455,6 @@ fn on_timeout_arg(name: &str, s: Option<&str>) -> PyResult<OnTimeout> {
 #[pyo3(signature = (event_loop, invoke, run_id, name, body, store, input=None, accept_changed=false, wait_for_timers=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn run_durable<'py>(
-    py: Python<'py>,
     event_loop: Py<PyAny>,
     invoke: Py<PyAny>,
     run_id: String,
@@ -488,7 +464,7 @@ pub fn run_durable<'py>(
     input: Option<&Bound<'py, PyAny>>,
     accept_changed: bool,
     wait_for_timers: bool,
-) -> PyResult<Bound<'py, PyAny>> {
+) -> PyResult<Pending> {
     let caller = Caller {
         event_loop: Arc::new(event_loop),
         invoke: Arc::new(invoke),
@@ -503,11 +479,11 @@ pub fn run_durable<'py>(
         wait_for_timers,
     };
     let raised = Arc::new(Mutex::new(Raised::default()));
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+    Ok(spawn(async move {
         if let Some(input) = input {
-            steadfast::start(&*store, &name, &run_id, input, true)
-                .await
-                .map_err(|e| err(&e))?;
+            if let Err(e) = steadfast::start(&*store, &name, &run_id, input, true).await {
+                return finish_err(e);
+            }
         }
         let r2 = Arc::clone(&raised);
         let body = Arc::new(body);
@@ -528,11 +504,15 @@ pub fn run_durable<'py>(
             })
             .await;
         let own = raised.lock().unwrap_or_else(|p| p.into_inner()).own.take();
-        Python::attach(|py| match out {
+        Box::new(move |py: Python<'_>| match out {
             Ok(o) => outcome_tuple(py, o),
             Err(e) => Err(own.unwrap_or_else(|| err(&e))),
-        })
-    })
+        }) as Finish
+    }))
+}
+
+fn finish_err(e: Error) -> Finish {
+    Box::new(move |_py: Python<'_>| Err(err(&e)))
 }
 
 /// The engine error for an exception out of a durable function: the error a

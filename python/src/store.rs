@@ -9,11 +9,7 @@ use steadfast::{ListFilter, RunStatus, Store, SystemClock};
 
 use crate::convert::{serde_to_py, to_json, to_py};
 use crate::errors::{err, store_err, InvalidInput};
-
-/// The runtime every store and run uses: a store's connections live on it.
-pub fn rt() -> &'static tokio::runtime::Runtime {
-    pyo3_async_runtimes::tokio::get_runtime()
-}
+use crate::pending::rt;
 
 /// Runs `fut` to its end on the runtime with the GIL released.
 pub fn block<F: std::future::Future + Send>(py: Python<'_>, fut: F) -> F::Output

@@ -41,6 +41,8 @@ Durable functions, ordinary code whose steps are recorded by name::
 from __future__ import annotations
 
 import asyncio
+import atexit
+import concurrent.futures
 import datetime as _dt
 import functools
 import inspect
@@ -73,6 +75,26 @@ def open_store(url: str = DEFAULT_STORE_URL) -> Store:
     :class:`Corrupt`; nothing is ever replaced by a fresh store.
     """
     return _native.open_store(url)
+
+
+# Python threads that wait for the engine's results (see _wait). Threads the
+# interpreter knows, and joins at exit, never a runtime thread of the engine.
+_WAITERS = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="steadfast-wait")
+# At exit, give steps abandoned after their timeout a moment to return before
+# the interpreter goes away under them.
+atexit.register(_native.drain, 5.0)
+
+
+async def _wait(pending: Any) -> Any:
+    """Awaits a native operation: a waiter thread blocks (GIL released) until
+    the engine is done, then builds the Python result. Cancelling the awaiting
+    task stops the operation."""
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(_WAITERS, pending.wait)
+    except asyncio.CancelledError:
+        pending.cancel()
+        raise
 
 
 def _invoke(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> Tuple[bool, Any]:
@@ -251,7 +273,7 @@ class DurableContext:
         saved before this returns; on a resume, returns the saved value without
         calling ``fn``. Options as for :meth:`Workflow.step`.
         """
-        return await self._native.step(name, fn, retries, backoff, max_backoff, timeout)
+        return await _wait(self._native.step(name, fn, retries, backoff, max_backoff, timeout))
 
     async def parallel(self, branches: Union[Sequence[Tuple[str, Callable[[], Any]]], Dict[str, Callable[[], Any]]]) -> List[JSON]:
         """Runs several steps at once and returns their values in order.
@@ -260,31 +282,31 @@ class DurableContext:
         saved as soon as its step ends, so a crash re-runs only unfinished ones.
         """
         items = list(branches.items()) if isinstance(branches, dict) else list(branches)
-        return await self._native.parallel(items)
+        return await _wait(self._native.parallel(items))
 
     async def gate(self, name: str, *, timeout: Optional[float] = None, on_timeout: str = "reject") -> JSON:
         """Waits at gate ``name``; returns the approval's data (None without data)."""
-        return await self._native.gate(name, timeout, on_timeout)
+        return await _wait(self._native.gate(name, timeout, on_timeout))
 
     async def sleep(self, name: str, seconds: float) -> None:
         """A durable timer: the run stops and resumes once ``seconds`` have passed."""
-        await self._native.sleep(name, seconds)
+        await _wait(self._native.sleep(name, seconds))
 
     async def now(self) -> _dt.datetime:
         """The current time (UTC), recorded: the same on every replay."""
-        return _from_millis(await self._native.now())
+        return _from_millis(await _wait(self._native.now()))
 
     async def random(self) -> int:
         """A random integer in ``[0, 2**64)``, recorded."""
-        return await self._native.random()
+        return await _wait(self._native.random())
 
     async def uuid(self) -> str:
         """A random UUID (version 4) as a string, recorded."""
-        return await self._native.uuid()
+        return await _wait(self._native.uuid())
 
     async def input(self) -> JSON:
         """The run's input as recorded when it started (None without one)."""
-        return await self._native.input()
+        return await _wait(self._native.input())
 
     def numbered(self, base: str) -> str:
         """``base``, then ``base#2``, ``base#3``…: distinct names for steps in a loop."""
@@ -323,8 +345,8 @@ class Durable:
 
             return go()
 
-        t = await _native.run_durable(
-            loop, _invoke, run_id, self.name, body, store, input, accept_changed, wait_for_timers
+        t = await _wait(
+            _native.run_durable(loop, _invoke, run_id, self.name, body, store, input, accept_changed, wait_for_timers)
         )
         return _outcome(t)
 
@@ -374,8 +396,10 @@ async def run_async(
     if not isinstance(workflow, Workflow):
         raise TypeError(f"run: expected a Workflow or a durable function, not {type(workflow).__name__}")
     loop = asyncio.get_running_loop()
-    t = await _native.run_workflow(
-        loop, _invoke, run_id, workflow.name, workflow._steps, store, input, accept_changed, wait_for_timers
+    t = await _wait(
+        _native.run_workflow(
+            loop, _invoke, run_id, workflow.name, workflow._steps, store, input, accept_changed, wait_for_timers
+        )
     )
     return _outcome(t)
 
