@@ -186,7 +186,18 @@ pub fn err(e: &Error) -> PyErr {
         Error::NoSuchRun { .. } => NoSuchRun::new_err(msg),
         Error::NotWaiting { .. } => NotWaiting::new_err(msg),
         Error::Cancelled { .. } => Cancelled::new_err(msg),
-        Error::Suspended(_) => Suspended::new_err(msg),
+        Error::Suspended(s) => Suspended::new_err(match s {
+            steadfast::Suspension::Waiting { gate } => format!(
+                "the run stopped at gate {gate:?} to wait for a decision; let this propagate"
+            ),
+            steadfast::Suspension::Sleeping { until } => {
+                format!("the run stopped at a durable timer until {until}; let this propagate")
+            }
+            steadfast::Suspension::Rejected { gate, .. } => {
+                format!("gate {gate:?} was rejected; let this propagate")
+            }
+            other => format!("the run stopped ({other:?}); let this propagate"),
+        }),
         Error::Store { source, .. } => store_kind_err(source.kind(), msg),
         _ => SteadfastError::new_err(msg),
     }

@@ -10,6 +10,7 @@
 //! holder is alive and its lease has not run out is refused with `Held`, so two
 //! workers can never fork one thread's checkpoint chain without anyone knowing.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -90,6 +91,21 @@ pub struct GraphStore {
     backend: Backend,
     me: Holder,
     lease_ms: i64,
+    /// The generation of each thread's lease this saver took last; a thread
+    /// whose lease another saver took since is written again only where the
+    /// write extends its latest checkpoint.
+    mine: Mutex<HashMap<String, i64>>,
+}
+
+/// What a write must do about the thread's lease, decided from its row.
+enum LeaseStep {
+    /// This saver holds it: renew.
+    Renew,
+    /// Free: take it with this new generation.
+    Take(i64),
+    /// Free, but another saver held it since this one last wrote: take it
+    /// only if the write extends the thread's latest checkpoint.
+    TakeIfHead(i64),
 }
 
 fn sql_err(at: &str, e: rusqlite::Error) -> PyErr {
@@ -200,7 +216,8 @@ CREATE TABLE IF NOT EXISTS graph_writes (
   idx INTEGER NOT NULL, channel TEXT NOT NULL, type TEXT NOT NULL, blob BLOB NOT NULL, task_path TEXT NOT NULL,
   PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS graph_threads (
-  thread_id TEXT PRIMARY KEY, holder TEXT NOT NULL, until_ms INTEGER NOT NULL) WITHOUT ROWID;
+  thread_id TEXT PRIMARY KEY, holder TEXT NOT NULL, until_ms INTEGER NOT NULL,
+  generation INTEGER NOT NULL) WITHOUT ROWID;
 ";
 
 fn pg_schema(s: &str) -> String {
@@ -217,7 +234,8 @@ CREATE TABLE IF NOT EXISTS {s}.graph_writes (
   blob bytea NOT NULL, task_path text COLLATE \"C\" NOT NULL,
   PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx));
 CREATE TABLE IF NOT EXISTS {s}.graph_threads (
-  thread_id text COLLATE \"C\" PRIMARY KEY, holder text NOT NULL, until_ms bigint NOT NULL);"
+  thread_id text COLLATE \"C\" PRIMARY KEY, holder text NOT NULL, until_ms bigint NOT NULL,
+  generation bigint NOT NULL);"
     )
 }
 
@@ -309,7 +327,78 @@ async fn open_pg(url: &str) -> PyResult<Backend> {
     Ok(Backend::Pg { store })
 }
 
+fn stale(thread: &str, what: &str) -> PyErr {
+    Held::new_err(format!(
+        "thread {thread:?} was written by another saver after this saver's lease on it ran out; {what} does not extend its latest checkpoint and would fork its checkpoint chain, so nothing was written (start a new invocation, which reads the latest checkpoint, or call release(thread_id) first)"
+    ))
+}
+
 impl GraphStore {
+    /// The pid the store was opened in: after `fork()` a child would write
+    /// as its parent over the parent's connection.
+    fn check_process(&self) -> PyResult<()> {
+        if std::process::id() != self.me.owner.pid {
+            return Err(InvalidInput::new_err(format!(
+                "this graph store was opened in process {} and is used in process {} (a fork); open a new one in this process",
+                self.me.owner.pid,
+                std::process::id()
+            )));
+        }
+        Ok(())
+    }
+
+    /// What to do about `thread`'s lease given its row (holder, until,
+    /// generation) and the time, or Held.
+    fn decide(
+        &self,
+        thread: &str,
+        row: Option<(String, i64, i64)>,
+        now: i64,
+    ) -> PyResult<LeaseStep> {
+        let mine = self
+            .mine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(thread)
+            .copied();
+        let Some((holder, until, generation)) = row else {
+            return Ok(LeaseStep::Take(1));
+        };
+        if holder == self.me.text() && mine == Some(generation) {
+            return Ok(LeaseStep::Renew);
+        }
+        if !holder.is_empty()
+            && holder != self.me.text()
+            && until > now
+            && !Holder::is_gone(&holder)
+        {
+            return Err(held(thread, &holder, until));
+        }
+        let next = generation.saturating_add(1);
+        Ok(match mine {
+            Some(g) if g != generation => LeaseStep::TakeIfHead(next),
+            _ => LeaseStep::Take(next),
+        })
+    }
+
+    fn took(&self, thread: &str, generation: Option<i64>) {
+        if let Some(g) = generation {
+            self.mine
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(thread.to_string(), g);
+        }
+    }
+
+    fn forget(&self, thread: Option<&str>) {
+        let mut mine = self.mine.lock().unwrap_or_else(|p| p.into_inner());
+        match thread {
+            Some(t) => {
+                mine.remove(t);
+            }
+            None => mine.clear(),
+        }
+    }
     fn sqlite<T>(
         &self,
         py: Python<'_>,
@@ -328,30 +417,60 @@ impl GraphStore {
     }
 
     /// Takes or renews the lease on `thread` inside a SQLite write
-    /// transaction, or refuses with Held.
-    fn lease_sqlite(&self, tx: &rusqlite::Transaction<'_>, at: &str, thread: &str) -> PyResult<()> {
+    /// transaction, or refuses with Held. `head` is the checkpoint the write
+    /// must extend if another saver wrote the thread since this one did
+    /// (`(ns, checkpoint)`: a put's parent, or the checkpoint writes belong
+    /// to). Returns the generation taken, to note after the commit.
+    fn lease_sqlite(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        at: &str,
+        thread: &str,
+        head: (&str, Option<&str>, &str),
+    ) -> PyResult<Option<i64>> {
         let now = now_ms();
-        let me = self.me.text();
-        let current: Option<(String, i64)> = tx
+        let row: Option<(String, i64, i64)> = tx
             .query_row(
-                "SELECT holder, until_ms FROM graph_threads WHERE thread_id = ?1",
+                "SELECT holder, until_ms, generation FROM graph_threads WHERE thread_id = ?1",
                 [thread],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()
             .map_err(|e| sql_err(at, e))?;
-        if let Some((holder, until)) = current {
-            if holder != me && until > now && !Holder::is_gone(&holder) {
-                return Err(held(thread, &holder, until));
+        let generation = match self.decide(thread, row, now)? {
+            LeaseStep::Renew => None,
+            LeaseStep::Take(g) => Some(g),
+            LeaseStep::TakeIfHead(g) => {
+                let (ns, extends, what) = head;
+                let latest: Option<String> = tx
+                    .query_row(
+                        "SELECT max(checkpoint_id) FROM graph_checkpoints WHERE thread_id = ?1 AND ns = ?2",
+                        params![thread, ns],
+                        |r| r.get(0),
+                    )
+                    .map_err(|e| sql_err(at, e))?;
+                if latest.as_deref() != extends {
+                    return Err(stale(thread, what));
+                }
+                Some(g)
             }
+        };
+        let me = self.me.text();
+        let until = now.saturating_add(self.lease_ms);
+        match generation {
+            None => tx.execute(
+                "UPDATE graph_threads SET until_ms = ?2 WHERE thread_id = ?1",
+                params![thread, until],
+            ),
+            Some(g) => tx.execute(
+                "INSERT INTO graph_threads (thread_id, holder, until_ms, generation) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (thread_id) DO UPDATE SET holder = excluded.holder, until_ms = excluded.until_ms,
+                   generation = excluded.generation",
+                params![thread, me, until, g],
+            ),
         }
-        tx.execute(
-            "INSERT INTO graph_threads (thread_id, holder, until_ms) VALUES (?1, ?2, ?3)
-             ON CONFLICT (thread_id) DO UPDATE SET holder = excluded.holder, until_ms = excluded.until_ms",
-            params![thread, me, now.saturating_add(self.lease_ms)],
-        )
         .map_err(|e| sql_err(at, e))?;
-        Ok(())
+        Ok(generation)
     }
 
     /// Refuses when another live saver holds `thread` (for deletes and
@@ -372,7 +491,10 @@ impl GraphStore {
             .map_err(|e| sql_err(at, e))?;
         match current {
             Some((holder, until))
-                if holder != self.me.text() && until > now_ms() && !Holder::is_gone(&holder) =>
+                if !holder.is_empty()
+                    && holder != self.me.text()
+                    && until > now_ms()
+                    && !Holder::is_gone(&holder) =>
             {
                 Err(held(thread, &holder, until))
             }
@@ -380,62 +502,87 @@ impl GraphStore {
         }
     }
 
-    /// Takes or renews the lease on `thread` inside a PostgreSQL
-    /// transaction, on the database's clock, or refuses with Held.
+    /// Takes or renews (`head` given) the lease on `thread` inside a
+    /// PostgreSQL transaction, on the database's clock, or refuses with
+    /// Held; without `head`, only locks the thread's row and checks that no
+    /// other live saver holds it (deletes and copies). Returns the generation
+    /// taken, to note after the commit.
     async fn lease_pg(
         &self,
         tx: &tokio_postgres::Transaction<'_>,
         s: &str,
         thread: &str,
-        take: bool,
-    ) -> PyResult<()> {
-        let me = self.me.text();
+        head: Option<(&str, Option<&str>, &str)>,
+    ) -> PyResult<Option<i64>> {
         let ctx = format!("taking the lease on thread {thread:?}");
-        if take {
-            let got = tx
-                .query_opt(
-                    &format!(
-                        "INSERT INTO {s}.graph_threads AS g (thread_id, holder, until_ms)
-                         VALUES ($1, $2, (extract(epoch from clock_timestamp()) * 1000)::bigint + $3)
-                         ON CONFLICT (thread_id) DO UPDATE SET holder = excluded.holder, until_ms = excluded.until_ms
-                         WHERE g.holder = excluded.holder
-                            OR g.until_ms < (extract(epoch from clock_timestamp()) * 1000)::bigint
-                         RETURNING 1"
-                    ),
-                    &[&thread, &me, &self.lease_ms],
-                )
-                .await
-                .map_err(|e| pg_err(&ctx, e))?;
-            if got.is_some() {
-                return Ok(());
-            }
-        }
+        let mine = self
+            .mine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(thread)
+            .copied()
+            .unwrap_or(-1);
+        // One statement makes a row for a thread never written (so that two
+        // copies, or a copy and a first write, serialize on it), locks it,
+        // renews the lease when this saver holds it, and returns the row.
         let row = tx
-            .query_opt(
+            .query_one(
                 &format!(
-                    "SELECT holder, until_ms, (extract(epoch from clock_timestamp()) * 1000)::bigint
-                     FROM {s}.graph_threads WHERE thread_id = $1 FOR UPDATE"
+                    "INSERT INTO {s}.graph_threads AS g (thread_id, holder, until_ms, generation)
+                     VALUES ($1, '', 0, 0)
+                     ON CONFLICT (thread_id) DO UPDATE SET until_ms = CASE
+                       WHEN $5 AND g.holder = $2 AND g.generation = $3
+                       THEN (extract(epoch from clock_timestamp()) * 1000)::bigint + $4
+                       ELSE g.until_ms END
+                     RETURNING holder, until_ms, generation, (extract(epoch from clock_timestamp()) * 1000)::bigint"
                 ),
-                &[&thread],
+                &[&thread, &self.me.text(), &mine, &self.lease_ms, &head.is_some()],
             )
             .await
             .map_err(|e| pg_err(&ctx, e))?;
-        let Some(row) = row else { return Ok(()) };
-        let (holder, until, now): (String, i64, i64) = (row.get(0), row.get(1), row.get(2));
-        if holder != me && until > now && !Holder::is_gone(&holder) {
-            return Err(held(thread, &holder, until));
-        }
-        if take {
+        let (holder, until, generation, now): (String, i64, i64, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let Some((ns, extends, what)) = head else {
+            if !holder.is_empty()
+                && holder != self.me.text()
+                && until > now
+                && !Holder::is_gone(&holder)
+            {
+                return Err(held(thread, &holder, until));
+            }
+            return Ok(None);
+        };
+        let generation = match self.decide(thread, Some((holder, until, generation)), now)? {
+            LeaseStep::Renew => None,
+            LeaseStep::Take(g) => Some(g),
+            LeaseStep::TakeIfHead(g) => {
+                let latest: Option<String> = tx
+                    .query_one(
+                        &format!(
+                            "SELECT max(checkpoint_id) FROM {s}.graph_checkpoints WHERE thread_id = $1 AND ns = $2"
+                        ),
+                        &[&thread, &ns],
+                    )
+                    .await
+                    .map_err(|e| pg_err(&ctx, e))?
+                    .get(0);
+                if latest.as_deref() != extends {
+                    return Err(stale(thread, what));
+                }
+                Some(g)
+            }
+        };
+        if let Some(g) = generation {
             tx.execute(
                 &format!(
-                    "UPDATE {s}.graph_threads SET holder = $2, until_ms = $3 + $4 WHERE thread_id = $1"
+                    "UPDATE {s}.graph_threads SET holder = $2, until_ms = $3, generation = $4 WHERE thread_id = $1"
                 ),
-                &[&thread, &me, &now, &self.lease_ms],
+                &[&thread, &self.me.text(), &now.saturating_add(self.lease_ms), &g],
             )
             .await
             .map_err(|e| pg_err(&ctx, e))?;
         }
-        Ok(())
+        Ok(generation)
     }
 }
 
@@ -553,6 +700,7 @@ impl GraphStore {
                 saver: fastrand::u64(..),
             },
             lease_ms: lease.as_millis().min(i64::MAX as u128) as i64,
+            mine: Mutex::new(HashMap::new()),
         })
     }
 
@@ -572,6 +720,7 @@ impl GraphStore {
         metadata: String,
         run_id: Option<String>,
     ) -> PyResult<()> {
+        self.check_process()?;
         check_blob("the checkpoint", &blob)?;
         serde_json::from_str::<serde_json::Map<String, Value>>(&metadata).map_err(|e| {
             InvalidInput::new_err(format!(
@@ -583,7 +732,9 @@ impl GraphStore {
                 let tx = c
                     .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                     .map_err(|e| sql_err(at, e))?;
-                self.lease_sqlite(&tx, at, &thread_id)?;
+                let what = format!("checkpoint {checkpoint_id:?} (a child of {parent_id:?})");
+                let generation =
+                    self.lease_sqlite(&tx, at, &thread_id, (&ns, parent_id.as_deref(), &what))?;
                 tx.execute(
                     "INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
@@ -592,14 +743,19 @@ impl GraphStore {
                     params![thread_id, ns, checkpoint_id, parent_id, r#type, blob, metadata, run_id],
                 )
                 .map_err(|e| sql_err(at, e))?;
-                tx.commit().map_err(|e| sql_err(at, e))
+                tx.commit().map_err(|e| sql_err(at, e))?;
+                self.took(&thread_id, generation);
+                Ok(())
             }),
             Backend::Pg { store } => block(py, async {
                 let s = store.quoted_schema();
                 let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = format!("saving checkpoint {checkpoint_id:?} of thread {thread_id:?}");
                 let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
-                self.lease_pg(&tx, &s, &thread_id, true).await?;
+                let what = format!("checkpoint {checkpoint_id:?} (a child of {parent_id:?})");
+                let generation = self
+                    .lease_pg(&tx, &s, &thread_id, Some((&ns, parent_id.as_deref(), &what)))
+                    .await?;
                 tx.execute(
                     &format!(
                         "INSERT INTO {s}.graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
@@ -611,7 +767,9 @@ impl GraphStore {
                 )
                 .await
                 .map_err(|e| pg_err(&ctx, e))?;
-                tx.commit().await.map_err(|e| pg_err(&ctx, e))
+                tx.commit().await.map_err(|e| pg_err(&ctx, e))?;
+                self.took(&thread_id, generation);
+                Ok(())
             }),
         }
     }
@@ -630,6 +788,7 @@ impl GraphStore {
         task_path: String,
         writes: Vec<(i64, String, String, Vec<u8>)>,
     ) -> PyResult<()> {
+        self.check_process()?;
         for w in &writes {
             check_blob(&format!("the write to channel {:?}", w.1), &w.3)?;
         }
@@ -639,7 +798,9 @@ impl GraphStore {
                 let tx = c
                     .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                     .map_err(|e| sql_err(at, e))?;
-                self.lease_sqlite(&tx, at, &thread_id)?;
+                let what = format!("writes to checkpoint {checkpoint_id:?}");
+                let generation =
+                    self.lease_sqlite(&tx, at, &thread_id, (&ns, Some(&checkpoint_id), &what))?;
                 for (idx, channel, ty, blob) in &writes {
                     let verb = if *idx < 0 {
                         "INSERT OR REPLACE"
@@ -664,7 +825,9 @@ impl GraphStore {
                     })
                     .map_err(|e| sql_err(at, e))?;
                 }
-                tx.commit().map_err(|e| sql_err(at, e))
+                tx.commit().map_err(|e| sql_err(at, e))?;
+                self.took(&thread_id, generation);
+                Ok(())
             }),
             Backend::Pg { store } => block(py, async {
                 let s = store.quoted_schema();
@@ -673,7 +836,15 @@ impl GraphStore {
                     "saving writes of checkpoint {checkpoint_id:?} of thread {thread_id:?}"
                 );
                 let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
-                self.lease_pg(&tx, &s, &thread_id, true).await?;
+                let what = format!("writes to checkpoint {checkpoint_id:?}");
+                let generation = self
+                    .lease_pg(
+                        &tx,
+                        &s,
+                        &thread_id,
+                        Some((&ns, Some(&checkpoint_id), &what)),
+                    )
+                    .await?;
                 for (idx, channel, ty, blob) in &writes {
                     let on_conflict = if *idx < 0 {
                         "DO UPDATE SET channel = excluded.channel, type = excluded.type, blob = excluded.blob, task_path = excluded.task_path"
@@ -691,7 +862,9 @@ impl GraphStore {
                     .await
                     .map_err(|e| pg_err(&ctx, e))?;
                 }
-                tx.commit().await.map_err(|e| pg_err(&ctx, e))
+                tx.commit().await.map_err(|e| pg_err(&ctx, e))?;
+                self.took(&thread_id, generation);
+                Ok(())
             }),
         }
     }
@@ -766,6 +939,7 @@ impl GraphStore {
     /// with its writes. Held when another live saver writes a thread they
     /// are in.
     fn delete_for_runs(&self, py: Python<'_>, run_ids: Vec<String>) -> PyResult<()> {
+        self.check_process()?;
         if run_ids.is_empty() {
             return Ok(());
         }
@@ -820,7 +994,7 @@ impl GraphStore {
                     .map_err(|e| pg_err(ctx, e))?;
                 for t in threads {
                     let t: String = t.get(0);
-                    self.lease_pg(&tx, &s, &t, false).await?;
+                    self.lease_pg(&tx, &s, &t, None).await?;
                 }
                 tx.execute(
                     &format!(
@@ -847,6 +1021,7 @@ impl GraphStore {
     /// which must have none; one transaction. Held when another live saver
     /// writes `target`.
     fn copy_thread(&self, py: Python<'_>, source: String, target: String) -> PyResult<()> {
+        self.check_process()?;
         if source == target {
             return Err(InvalidInput::new_err(format!(
                 "copy_thread: source and target are both {source:?}; nothing was written"
@@ -896,7 +1071,7 @@ impl GraphStore {
                 let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = format!("copying thread {source:?} to {target:?}");
                 let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
-                self.lease_pg(&tx, &s, &target, false).await?;
+                self.lease_pg(&tx, &s, &target, None).await?;
                 let n: i64 = tx
                     .query_one(
                         &format!("SELECT count(*) FROM {s}.graph_checkpoints WHERE thread_id = $1"),
@@ -937,6 +1112,7 @@ impl GraphStore {
     /// threads. One transaction. Refuses (Unsupported) to thin a thread whose
     /// delta channels need its older checkpoints.
     fn prune(&self, py: Python<'_>, thread_ids: Vec<String>, keep_latest: bool) -> PyResult<()> {
+        self.check_process()?;
         if !keep_latest {
             return self.delete_threads(py, thread_ids, true);
         }
@@ -1000,7 +1176,7 @@ impl GraphStore {
                 sorted.sort();
                 sorted.dedup();
                 for t in &sorted {
-                    self.lease_pg(&tx, &s, t, false).await?;
+                    self.lease_pg(&tx, &s, t, None).await?;
                 }
                 let metas = tx
                     .query(
@@ -1053,11 +1229,14 @@ impl GraphStore {
 
 impl GraphStore {
     fn release_where(&self, py: Python<'_>, thread: Option<String>) -> PyResult<()> {
+        self.check_process()?;
+        self.forget(thread.as_deref());
         let me = self.me.text();
         match &self.backend {
             Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
                 c.execute(
-                    "DELETE FROM graph_threads WHERE holder = ?1 AND (?2 IS NULL OR thread_id = ?2)",
+                    "UPDATE graph_threads SET holder = '', until_ms = 0
+                     WHERE holder = ?1 AND (?2 IS NULL OR thread_id = ?2)",
                     params![me, thread],
                 )
                 .map(drop)
@@ -1069,7 +1248,8 @@ impl GraphStore {
                 client
                     .execute(
                         &format!(
-                            "DELETE FROM {s}.graph_threads WHERE holder = $1 AND ($2::text IS NULL OR thread_id = $2)"
+                            "UPDATE {s}.graph_threads SET holder = '', until_ms = 0
+                             WHERE holder = $1 AND ($2::text IS NULL OR thread_id = $2)"
                         ),
                         &[&me, &thread],
                     )
@@ -1081,8 +1261,9 @@ impl GraphStore {
     }
 
     fn delete_threads(&self, py: Python<'_>, threads: Vec<String>, _pruning: bool) -> PyResult<()> {
+        self.check_process()?;
         let me = self.me.text();
-        match &self.backend {
+        let done = match &self.backend {
             Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
                 let tx = c
                     .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
@@ -1096,7 +1277,7 @@ impl GraphStore {
                             .map_err(|e| sql_err(at, e))?;
                     }
                     tx.execute(
-                        "DELETE FROM graph_threads WHERE thread_id = ?1 AND holder = ?2",
+                        "UPDATE graph_threads SET holder = '', until_ms = 0 WHERE thread_id = ?1 AND holder = ?2",
                         params![t, me],
                     )
                     .map_err(|e| sql_err(at, e))?;
@@ -1113,7 +1294,7 @@ impl GraphStore {
                     sorted.sort();
                     sorted.dedup();
                     for t in &sorted {
-                        self.lease_pg(&tx, &s, t, false).await?;
+                        self.lease_pg(&tx, &s, t, None).await?;
                     }
                     for table in ["graph_writes", "graph_checkpoints"] {
                         tx.execute(
@@ -1124,7 +1305,10 @@ impl GraphStore {
                         .map_err(|e| pg_err(ctx, e))?;
                     }
                     tx.execute(
-                    &format!("DELETE FROM {s}.graph_threads WHERE thread_id = ANY($1) AND holder = $2"),
+                    &format!(
+                        "UPDATE {s}.graph_threads SET holder = '', until_ms = 0
+                         WHERE thread_id = ANY($1) AND holder = $2"
+                    ),
                     &[&sorted, &me],
                 )
                 .await
@@ -1132,11 +1316,20 @@ impl GraphStore {
                     tx.commit().await.map_err(|e| pg_err(ctx, e))
                 })
             }
+        };
+        if done.is_ok() {
+            for t in &threads {
+                self.forget(Some(t));
+            }
         }
+        done
     }
 
     /// The rows a `get` or `list` asks for, newest first, with their writes.
-    fn query(&self, py: Python<'_>, q: ListQuery) -> PyResult<Vec<Row>> {
+    fn query(&self, py: Python<'_>, mut q: ListQuery) -> PyResult<Vec<Row>> {
+        self.check_process()?;
+        // SQL takes a signed 64-bit limit; more rows than that cannot exist.
+        q.limit = q.limit.map(|n| n.min(i64::MAX as usize));
         if q.limit == Some(0) {
             return Ok(Vec::new());
         }

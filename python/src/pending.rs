@@ -50,19 +50,24 @@ impl Drop for InPython {
     }
 }
 
-/// Waits up to `seconds` for runtime threads still running Python code (a
-/// step abandoned after its timeout) to return, so that the interpreter does
-/// not shut down under them. Registered with `atexit` by the package.
+/// Waits for runtime threads still running Python code (a sync step
+/// abandoned after its timeout) to return, so that the interpreter does not
+/// shut down under them; after `warn_after` seconds it says on stderr what it
+/// waits for. Registered with `atexit` by the package: like a thread that is
+/// not a daemon, an abandoned step keeps the process until it returns.
 #[pyfunction]
-pub fn drain(py: Python<'_>, seconds: f64) -> bool {
-    let limit = Duration::try_from_secs_f64(seconds).unwrap_or(Duration::ZERO);
+pub fn drain(py: Python<'_>, warn_after: f64) {
+    let warn = Duration::try_from_secs_f64(warn_after).unwrap_or(Duration::ZERO);
     let start = Instant::now();
+    let mut warned = false;
     py.detach(|| loop {
-        if IN_PYTHON.load(Ordering::SeqCst) == 0 {
-            return true;
+        let n = IN_PYTHON.load(Ordering::SeqCst);
+        if n == 0 {
+            return;
         }
-        if start.elapsed() >= limit {
-            return false;
+        if !warned && start.elapsed() >= warn {
+            eprintln!("steadfast: waiting for {n} step function(s) abandoned after their timeout to return before exiting");
+            warned = true;
         }
         std::thread::sleep(Duration::from_millis(5));
     })
@@ -87,6 +92,13 @@ where
     Pending {
         rx: Mutex::new(Some(rx)),
         abort: handle.abort_handle(),
+    }
+}
+
+impl Pending {
+    /// A handle that stops the operation.
+    pub fn abort_handle(&self) -> tokio::task::AbortHandle {
+        self.abort.clone()
     }
 }
 

@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use serde_json::Value;
 use steadfast::{
     DurableCtx, Error, OnTimeout, Outcome, RetryPolicy, Runner, Step, StepError, StepOptions,
-    Store, Workflow,
+    Store, Suspension, Workflow,
 };
 
 use crate::call::{CallError, Caller};
@@ -296,6 +296,15 @@ struct Raised {
     errors: HashMap<u64, Error>,
     /// The exception the function's own code raised, re-raised to the caller.
     own: Option<PyErr>,
+    /// Set when a gate or timer stopped the run: every later context call
+    /// stops too, and the call ends with this outcome whatever the function
+    /// did after catching it.
+    stopped: Option<Suspension>,
+    /// Set when the function has returned: later context calls are refused.
+    closed: bool,
+    /// Context calls still running, by number, to stop if the function
+    /// returns without awaiting them.
+    running: HashMap<u64, tokio::task::AbortHandle>,
 }
 
 /// The context of a durable function in Python.
@@ -323,13 +332,38 @@ impl PyDurableCtx {
         F: std::future::Future<Output = Result<Value, Error>> + Send + 'static,
     {
         let raised = Arc::clone(&self.raised);
-        Ok(spawn(async move {
+        let mut r = self.raised.lock().unwrap_or_else(|p| p.into_inner());
+        if r.closed {
+            return Err(crate::errors::InvalidWorkflow::new_err(
+                "the durable function has returned: its context takes no more calls",
+            ));
+        }
+        if let Some(s) = r.stopped.clone() {
+            // The run is stopped at a gate or timer: nothing more may run.
+            return Ok(spawn(async move {
+                Box::new(move |py: Python<'_>| Err(raise(py, &raised, Error::Suspended(s))))
+                    as Finish
+            }));
+        }
+        r.next += 1;
+        let id = r.next;
+        let mark = Arc::clone(&self.raised);
+        let pending = spawn(async move {
             let out = fut.await;
+            {
+                let mut r = mark.lock().unwrap_or_else(|p| p.into_inner());
+                r.running.remove(&id);
+                if let Err(Error::Suspended(s)) = &out {
+                    r.stopped.get_or_insert_with(|| s.clone());
+                }
+            }
             Box::new(move |py: Python<'_>| match out {
                 Ok(v) => to_py(py, &v),
                 Err(e) => Err(raise(py, &raised, e)),
             }) as Finish
-        }))
+        });
+        r.running.insert(id, pending.abort_handle());
+        Ok(pending)
     }
 }
 
@@ -487,6 +521,7 @@ pub fn run_durable<'py>(
         }
         let r2 = Arc::clone(&raised);
         let body = Arc::new(body);
+        let (workflow_name, result_run) = (name.clone(), run_id.clone());
         let out = runner(&store, opts)
             .durable(&run_id, &name, move |ctx| {
                 let c = PyDurableCtx {
@@ -499,7 +534,27 @@ pub fn run_durable<'py>(
                     let res = caller
                         .call_raw(body, move |py| Ok(vec![Py::new(py, c)?.into_any()]))
                         .await;
-                    res.map_err(|e| body_error(&raised, e))
+                    let (stopped, unfinished) = {
+                        let mut r = raised.lock().unwrap_or_else(|p| p.into_inner());
+                        r.closed = true;
+                        let running = std::mem::take(&mut r.running);
+                        for h in running.values() {
+                            h.abort();
+                        }
+                        (r.stopped.clone(), running.len())
+                    };
+                    if let Some(s) = stopped {
+                        return Err(Error::Suspended(s));
+                    }
+                    if unfinished > 0 {
+                        return Err(Error::InvalidWorkflow {
+                            workflow: workflow_name,
+                            reason: format!(
+                                "the function returned while {unfinished} context call(s) it made were still running; they were stopped and nothing was recorded as complete: await every ctx call"
+                            ),
+                        });
+                    }
+                    res.map_err(|e| body_error(&raised, &result_run, e))
                 }
             })
             .await;
@@ -519,14 +574,14 @@ fn finish_err(e: Error) -> Finish {
 /// context call raised, when that is what propagated (a gate's suspension, a
 /// changed workflow, a failed step); otherwise the function's own exception,
 /// kept to be raised to the caller unchanged.
-fn body_error(raised: &Arc<Mutex<Raised>>, e: CallError) -> Error {
-    let mut r = raised.lock().unwrap_or_else(|p| p.into_inner());
+fn body_error(raised: &Arc<Mutex<Raised>>, run_id: &str, e: CallError) -> Error {
     let own = |reason: String| Error::InvalidInput {
         what: "the durable function".into(),
         reason,
     };
     match e {
         CallError::Raised(pyerr) => {
+            // The GIL before the lock, as everywhere else.
             let tagged = Python::attach(|py| {
                 pyerr
                     .value(py)
@@ -534,13 +589,20 @@ fn body_error(raised: &Arc<Mutex<Raised>>, e: CallError) -> Error {
                     .and_then(|v| v.extract::<u64>())
                     .ok()
             });
+            let mut r = raised.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(engine) = tagged.and_then(|id| r.errors.remove(&id)) {
                 return engine;
             }
             r.own = Some(pyerr);
             own("it raised an exception".into())
         }
-        CallError::Value(reason) => own(format!("its return value cannot be stored: {reason}")),
+        CallError::Value(reason) => Error::InvalidValue {
+            run_id: run_id.to_string(),
+            index: 0,
+            step: "__result".into(),
+            path: String::new(),
+            reason: format!("the durable function's return value cannot be stored: {reason}"),
+        },
         CallError::Thread(why) => own(why),
     }
 }

@@ -42,10 +42,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures
 import datetime as _dt
 import functools
 import inspect
+import threading
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -77,21 +77,44 @@ def open_store(url: str = DEFAULT_STORE_URL) -> Store:
     return _native.open_store(url)
 
 
-# Python threads that wait for the engine's results (see _wait). Threads the
-# interpreter knows, and joins at exit, never a runtime thread of the engine.
-_WAITERS = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="steadfast-wait")
-# At exit, give steps abandoned after their timeout a moment to return before
-# the interpreter goes away under them.
+# At exit, wait for step functions abandoned after their timeout to return
+# before the interpreter goes away under them (saying so after 5 s).
 atexit.register(_native.drain, 5.0)
 
 
+def _settle(fut: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
+    if not fut.done():
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+
 async def _wait(pending: Any) -> Any:
-    """Awaits a native operation: a waiter thread blocks (GIL released) until
-    the engine is done, then builds the Python result. Cancelling the awaiting
-    task stops the operation."""
+    """Awaits a native operation.
+
+    A Python thread of its own (one the interpreter knows and joins at exit;
+    never one of the engine's runtime threads) blocks with the GIL released
+    until the engine is done, builds the Python result and hands it to the
+    loop. One thread per operation, so any number of runs and calls can wait
+    at once. Cancelling the awaiting task stops the operation.
+    """
     loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def work() -> None:
+        try:
+            value, ok = pending.wait(), True
+        except BaseException as e:  # handed to the awaiting task as it is
+            value, ok = e, False
+        try:
+            loop.call_soon_threadsafe(_settle, fut, ok, value)
+        except RuntimeError:
+            pass  # the loop has closed: no one awaits the result any more
+
+    threading.Thread(target=work, name="steadfast-wait").start()
     try:
-        return await loop.run_in_executor(_WAITERS, pending.wait)
+        return await fut
     except asyncio.CancelledError:
         pending.cancel()
         raise

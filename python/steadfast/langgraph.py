@@ -24,6 +24,7 @@ import functools
 import json
 import random
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Optional, TypeVar
@@ -72,6 +73,13 @@ def _thread_and_ns(config: RunnableConfig) -> tuple[str, str]:
     return str(conf["thread_id"]), conf.get("checkpoint_ns") or ""
 
 
+def _close_quietly(store: GraphStore) -> None:
+    try:
+        store.close()
+    except Exception:  # the database may be gone at exit; leases lapse anyway
+        pass
+
+
 def _ids(values: Sequence[str], what: str) -> list[str]:
     # A bare string is a Sequence too; taking it letter by letter would act on
     # the wrong threads or runs.
@@ -110,6 +118,10 @@ class SteadfastSaver(BaseCheckpointSaver[str]):
     ) -> None:
         super().__init__(serde=serde)
         self._store = GraphStore(url, lease_seconds)
+        # A saver dropped without close() (a notebook cell run again, one
+        # saver per request) gives up its threads when it is collected, so
+        # that the next saver need not wait for its leases to run out.
+        weakref.finalize(self, _close_quietly, self._store)
         # Threads this saver has written to and not released; `close` lets
         # go of them. Shared by the shallow copies `with_allowlist` makes,
         # which share the store and therefore its leases.

@@ -1,0 +1,133 @@
+"""Guards found by review: a saver whose lease ran out cannot fork a thread
+another saver moved on, a forked child cannot write as its parent, a durable
+function cannot run steps past a gate it swallowed or record calls it never
+awaited, and many runs can wait at once."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+import steadfast
+from steadfast._native import GraphStore
+
+
+def put(g: GraphStore, thread: str, cid: str, parent: str | None) -> None:
+    g.put(thread, "", cid, parent, "json", b"{}", "{}", None)
+
+
+def chain(g: GraphStore, thread: str):
+    return [(row[2], row[3]) for row in g.list(thread, "")]
+
+
+def graph_url(tmp_path, kind: str) -> str:
+    if kind == "sqlite":
+        return f"sqlite:{tmp_path}/graph.db"
+    base = os.environ.get("STEADFAST_TEST_PG")
+    if not base:
+        if os.environ.get("CI"):
+            pytest.fail("STEADFAST_TEST_PG is not set under CI")
+        pytest.skip("STEADFAST_TEST_PG is not set")
+    return f"{base}{'&' if '?' in base else '?'}schema=guard_{os.getpid()}_{time.monotonic_ns()}"
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_saver_whose_lease_lapsed_cannot_fork_a_thread_another_moved_on(tmp_path, kind: str) -> None:
+    url = graph_url(tmp_path, kind)
+    a = GraphStore(url, 0.2)
+    b = GraphStore(url, 0.2)
+    put(a, "t", "01", None)
+    with pytest.raises(steadfast.Held):
+        put(b, "t", "02", "01")  # a is alive and its lease has not run out
+    time.sleep(0.3)
+    put(b, "t", "02", "01")  # a's lease ran out: b takes over
+    b.release("t")
+    # a goes on from where it was, as a node that outlived its lease would.
+    with pytest.raises(steadfast.Held, match="fork"):
+        put(a, "t", "02a", "01")
+    with pytest.raises(steadfast.Held, match="fork"):
+        a.put_writes("t", "", "01", "task", "", [(0, "ch", "json", b"1")])
+    assert chain(a, "t") == [("02", "01"), ("01", None)]
+    # A write that extends the latest checkpoint is fine: a new invocation.
+    put(a, "t", "03", "02")
+    assert chain(a, "t")[0] == ("03", "02")
+    # After release, a fresh start of the thread is not held against anyone.
+    a.release("t")
+    put(b, "t", "04", "03")
+
+
+def test_a_forked_child_cannot_write_as_its_parent(tmp_path) -> None:
+    g = GraphStore(f"sqlite:{tmp_path}/graph.db")
+    put(g, "t", "01", None)
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            put(g, "t", "02", "01")
+            code = 1
+        except steadfast.InvalidInput as e:
+            code = 0 if "fork" in str(e) else 2
+        except BaseException:
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert chain(g, "t") == [("01", None)]
+
+
+def test_steps_after_a_swallowed_gate_do_not_run(tmp_path) -> None:
+    store = steadfast.open_store(f"sqlite:{tmp_path}/runs.db")
+    paid = []
+
+    @steadfast.durable("swallow")
+    async def pay(ctx):
+        await asyncio.gather(ctx.gate("approve-payment"), return_exceptions=True)
+        try:
+            await ctx.step("pay", lambda: paid.append(1) or True)
+        except BaseException:
+            pass
+        return "paid"
+
+    out = pay.run("r", store)
+    assert out.waiting and out.gate == "approve-payment"
+    assert paid == []
+    assert steadfast.show(store, "r")["completed"] == []
+    steadfast.approve(store, "r", "approve-payment")
+    assert pay.run("r", store).value == "paid"
+    assert paid == [1]
+
+
+def test_a_ctx_call_not_awaited_is_refused_not_recorded(tmp_path) -> None:
+    store = steadfast.open_store(f"sqlite:{tmp_path}/runs.db")
+
+    @steadfast.durable("straggler")
+    async def f(ctx):
+        await ctx.step("a", lambda: 1)
+        asyncio.ensure_future(ctx.step("notify", lambda: time.sleep(0.5) or 2))
+        return "done"
+
+    with pytest.raises(steadfast.InvalidWorkflow, match="await every ctx call"):
+        f.run("r", store)
+    time.sleep(0.7)
+    record = steadfast.show(store, "r")
+    assert record["status"] != "completed"
+    assert "notify" not in record["completed"]
+
+
+@pytest.mark.asyncio
+async def test_many_runs_wait_at_once() -> None:
+    store = steadfast.open_store("memory:")
+
+    @steadfast.durable("fan")
+    async def f(ctx, i):
+        a = await ctx.step("a", lambda: i)
+        b = await ctx.step("b", lambda: a + 1)
+        return b
+
+    outs = await asyncio.wait_for(
+        asyncio.gather(*(f.run_async(f"r{i}", store, i) for i in range(150))), timeout=60
+    )
+    assert [o.value for o in outs] == [i + 1 for i in range(150)]
