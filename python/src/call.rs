@@ -67,8 +67,8 @@ pub fn step_error(py: Python<'_>, e: PyErr) -> StepError {
 pub enum CallError {
     /// The function raised.
     Raised(PyErr),
-    /// Its value is not JSON that can be stored (the reason names the path).
-    Value(String),
+    /// Its value is not JSON that can be stored.
+    Value(crate::convert::Unstorable),
     /// The thread that called it stopped.
     Thread(String),
 }
@@ -83,7 +83,7 @@ impl Caller {
     {
         self.call_raw(f, args).await.map_err(|e| match e {
             CallError::Raised(e) => Python::attach(|py| step_error(py, e)),
-            CallError::Value(reason) => StepError::invalid_value(String::new(), reason),
+            CallError::Value(u) => StepError::invalid_value(u.path, u.reason),
             CallError::Thread(why) => StepError::retryable(why),
         })
     }

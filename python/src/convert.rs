@@ -9,13 +9,41 @@ use serde_json::{Map, Number, Value};
 /// its own, lower, limit for what it stores; this one keeps the walk finite).
 const MAX_DEPTH: usize = 1_000;
 
+/// A value that cannot be stored: where it sits (`$.a[2]`) and why.
+#[derive(Debug)]
+pub struct Unstorable {
+    /// The path from the top, `$` for the value itself.
+    pub path: String,
+    /// What is wrong there.
+    pub reason: String,
+}
+
+impl std::fmt::Display for Unstorable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "at {}: {}", self.path, self.reason)
+    }
+}
+
 /// Converts a Python value (None, bool, int, float, str, list, tuple, dict with
 /// str keys) to JSON. An error names the path (`$.a[2]`) and what is wrong:
 /// another type, a non-string key, a NaN or infinite float, an int beyond 64
 /// bits. Tuples become lists.
-pub fn to_json(v: &Bound<'_, PyAny>) -> Result<Value, String> {
+pub fn to_json(v: &Bound<'_, PyAny>) -> Result<Value, Unstorable> {
     let mut path = String::from("$");
-    walk(v, &mut path, 0)
+    walk(v, &mut path, 0).map_err(|reason| {
+        // The walk puts the path in front of its reasons; split it off.
+        let prefix = format!("at {path}: ");
+        match reason.strip_prefix("at ").and_then(|r| r.split_once(": ")) {
+            Some((p, why)) => Unstorable {
+                path: p.to_string(),
+                reason: why.to_string(),
+            },
+            None => Unstorable {
+                path: path.clone(),
+                reason: reason.strip_prefix(&prefix).unwrap_or(&reason).to_string(),
+            },
+        }
+    })
 }
 
 fn walk(v: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<Value, String> {
@@ -54,7 +82,7 @@ fn walk(v: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<Value, 
         for (k, item) in d.iter() {
             let Ok(key) = k.cast::<PyString>() else {
                 return Err(format!(
-                    "at {path}: the key {} is a {}, not a str; JSON keys are strings",
+                    "at {path}: the key {} is {}, not a str; JSON keys are strings",
                     k.repr().map(|r| r.to_string()).unwrap_or_default(),
                     type_name(&k)
                 ));
@@ -83,16 +111,23 @@ fn walk(v: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<Value, 
         return Ok(Value::Array(items));
     }
     Err(format!(
-        "at {path}: a {} is not a JSON value (use None, bool, int, float, str, list or dict)",
+        "at {path}: {} is not a JSON value (use None, bool, int, float, str, list or dict)",
         type_name(v)
     ))
 }
 
+/// "an int", "a set": the value's type with its article.
 fn type_name(v: &Bound<'_, PyAny>) -> String {
-    v.get_type()
+    let name = v
+        .get_type()
         .name()
         .map(|n| n.to_string())
-        .unwrap_or_else(|_| "value".into())
+        .unwrap_or_else(|_| "value".into());
+    let vowel = name
+        .chars()
+        .next()
+        .is_some_and(|c| "aeiouAEIOU".contains(c));
+    format!("{} {name}", if vowel { "an" } else { "a" })
 }
 
 /// Converts JSON to Python: objects become dicts, arrays lists.

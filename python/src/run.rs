@@ -7,8 +7,8 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use serde_json::Value;
 use steadfast::{
-    DurableCtx, Error, OnTimeout, Outcome, RetryPolicy, Runner, Step, StepError, StepOptions,
-    Store, Suspension, Workflow,
+    limits, DurableCtx, Error, OnTimeout, Outcome, RetryPolicy, Runner, Step, StepError,
+    StepOptions, Store, Suspension, Workflow,
 };
 
 use crate::call::{CallError, Caller};
@@ -17,41 +17,78 @@ use crate::errors::{err, InvalidInput};
 use crate::pending::{spawn, Finish, Pending};
 use crate::store::{json_arg, PyStore};
 
+/// State keys the engine keeps for itself (the input of a listed run, a
+/// durable function's input and result): a step may not write them.
+const ENGINE_KEYS: [&str; 3] = [steadfast::START_KEY, "__input", "__result"];
+
 /// A duration in seconds from Python, checked: finite, not negative, in range.
 pub fn secs(what: &str, s: f64) -> PyResult<Duration> {
+    let shown = if s.is_finite() && s.abs() >= 1e9 {
+        format!("{s:e}")
+    } else {
+        format!("{s}")
+    };
     Duration::try_from_secs_f64(s).map_err(|_| {
         InvalidInput::new_err(format!(
-            "{what}: {s} is not a duration in seconds (a finite number, 0 or more)"
+            "{what}: {shown} is not a duration in seconds (a finite number, 0 or more)"
         ))
     })
 }
 
-fn opt_secs(what: &str, s: Option<f64>) -> PyResult<Option<Duration>> {
-    s.map(|s| secs(what, s)).transpose()
+/// A duration in seconds checked against its range in `steadfast::limits`.
+fn ranged(what: &str, s: f64, range: limits::DurationRange) -> PyResult<Duration> {
+    let d = secs(what, s)?;
+    range.check(what, d).map_err(InvalidInput::new_err)?;
+    Ok(d)
+}
+
+fn opt_ranged(
+    what: &str,
+    s: Option<f64>,
+    range: limits::DurationRange,
+) -> PyResult<Option<Duration>> {
+    s.map(|s| ranged(what, s, range)).transpose()
+}
+
+/// Extra attempts after a failure, checked against the engine's limit.
+fn retries_arg(name: &str, retries: Option<i64>) -> PyResult<Option<u32>> {
+    retries
+        .map(|r| {
+            u32::try_from(r)
+                .ok()
+                .filter(|r| *r < limits::MAX_ATTEMPTS)
+                .ok_or_else(|| {
+                    InvalidInput::new_err(format!(
+                        "step {name:?}: retries={r} is out of range: 0 to {}",
+                        limits::MAX_ATTEMPTS - 1
+                    ))
+                })
+        })
+        .transpose()
 }
 
 /// A retry policy from `retries` (extra attempts) and backoff bounds.
 fn policy(
     name: &str,
-    retries: Option<u32>,
+    retries: Option<i64>,
     backoff: Option<f64>,
     max_backoff: Option<f64>,
 ) -> PyResult<Option<RetryPolicy>> {
+    let retries = retries_arg(name, retries)?;
     if retries.is_none() && backoff.is_none() && max_backoff.is_none() {
         return Ok(None);
     }
     let base = RetryPolicy::default();
-    let attempts = match retries {
-        Some(r) => r.checked_add(1).ok_or_else(|| {
-            InvalidInput::new_err(format!("step {name:?}: retries={r} is out of range"))
-        })?,
-        None => base.max_attempts(),
-    };
+    let attempts = retries.map_or(base.max_attempts(), |r| r + 1);
     let mut p = RetryPolicy::new(attempts);
-    let initial = opt_secs(&format!("step {name:?}: backoff"), backoff)?
+    let initial = opt_ranged(&format!("step {name:?}: backoff"), backoff, limits::BACKOFF)?
         .unwrap_or(Duration::from_millis(200));
-    let max = opt_secs(&format!("step {name:?}: max_backoff"), max_backoff)?
-        .unwrap_or(Duration::from_secs(30));
+    let max = opt_ranged(
+        &format!("step {name:?}: max_backoff"),
+        max_backoff,
+        limits::BACKOFF,
+    )?
+    .unwrap_or(Duration::from_secs(30));
     p = p.backoff(initial, max.max(initial));
     Ok(Some(p))
 }
@@ -73,7 +110,7 @@ pub struct StepSpec {
     kind: String,
     name: String,
     func: Option<Py<PyAny>>,
-    retries: Option<u32>,
+    retries: Option<i64>,
     backoff: Option<f64>,
     max_backoff: Option<f64>,
     timeout: Option<f64>,
@@ -143,7 +180,15 @@ fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow
                             .await?;
                         match out {
                             Value::Null => Ok(Default::default()),
-                            Value::Object(map) => Ok(map),
+                            Value::Object(map) => {
+                                match map.keys().find(|k| ENGINE_KEYS.contains(&k.as_str())) {
+                                    Some(k) => Err(StepError::invalid_value(
+                                        format!("$.{k}"),
+                                        "the key is the engine's own; rename it".to_string(),
+                                    )),
+                                    None => Ok(map),
+                                }
+                            }
                             other => Err(StepError::invalid_value(
                                 String::new(),
                                 format!(
@@ -157,26 +202,24 @@ fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow
                 if let Some(p) = policy(&spec.name, spec.retries, spec.backoff, spec.max_backoff)? {
                     step = step.retry(p);
                 }
-                if let Some(t) = opt_secs(&format!("step {:?}: timeout", spec.name), spec.timeout)?
-                {
+                let what = format!("step {:?}: timeout", spec.name);
+                if let Some(t) = opt_ranged(&what, spec.timeout, limits::STEP_TIMEOUT)? {
                     step = step.timeout(t);
                 }
                 step
             }
             "gate" => {
                 let mut step = Step::gate(spec.name.clone());
-                if let Some(t) = opt_secs(&format!("gate {:?}: timeout", spec.name), spec.timeout)?
-                {
-                    step =
-                        step.gate_timeout(t, on_timeout(&spec.name, spec.on_timeout.as_deref())?);
+                let on = on_timeout(&spec.name, spec.on_timeout.as_deref())?;
+                let what = format!("gate {:?}: timeout", spec.name);
+                if let Some(t) = opt_ranged(&what, spec.timeout, limits::GATE_TIMEOUT)? {
+                    step = step.gate_timeout(t, on);
                 }
                 step
             }
             "sleep" => {
-                let d = secs(
-                    &format!("sleep {:?}", spec.name),
-                    spec.seconds.unwrap_or(-1.0),
-                )?;
+                let what = format!("sleep {:?}", spec.name);
+                let d = ranged(&what, spec.seconds.unwrap_or(-1.0), limits::SLEEP)?;
                 Step::sleep(spec.name.clone(), d)
             }
             other => {
@@ -369,7 +412,7 @@ impl PyDurableCtx {
 
 fn options(
     name: &str,
-    retries: Option<u32>,
+    retries: Option<i64>,
     backoff: Option<f64>,
     max_backoff: Option<f64>,
     timeout: Option<f64>,
@@ -378,7 +421,11 @@ fn options(
     if let Some(p) = policy(name, retries, backoff, max_backoff)? {
         o = o.retry(p);
     }
-    if let Some(t) = opt_secs(&format!("step {name:?}: timeout"), timeout)? {
+    if let Some(t) = opt_ranged(
+        &format!("step {name:?}: timeout"),
+        timeout,
+        limits::STEP_TIMEOUT,
+    )? {
         o = o.timeout(t);
     }
     Ok(o)
@@ -394,7 +441,7 @@ impl PyDurableCtx {
         &self,
         name: String,
         func: Py<PyAny>,
-        retries: Option<u32>,
+        retries: Option<i64>,
         backoff: Option<f64>,
         max_backoff: Option<f64>,
         timeout: Option<f64>,
@@ -431,7 +478,11 @@ impl PyDurableCtx {
         timeout: Option<f64>,
         on_timeout: Option<&str>,
     ) -> PyResult<Pending> {
-        let t = opt_secs(&format!("gate {name:?}: timeout"), timeout)?;
+        let t = opt_ranged(
+            &format!("gate {name:?}: timeout"),
+            timeout,
+            limits::GATE_TIMEOUT,
+        )?;
         let on = on_timeout_arg(&name, on_timeout)?;
         let ctx = self.ctx.clone();
         self.awaitable(async move {
@@ -443,7 +494,7 @@ impl PyDurableCtx {
 
     /// A durable timer named `name`.
     fn sleep(&self, name: String, seconds: f64) -> PyResult<Pending> {
-        let d = secs(&format!("sleep {name:?}"), seconds)?;
+        let d = ranged(&format!("sleep {name:?}"), seconds, limits::SLEEP)?;
         let ctx = self.ctx.clone();
         self.awaitable(async move { ctx.sleep(&name, d).await.map(|()| Value::Null) })
     }
@@ -596,12 +647,12 @@ fn body_error(raised: &Arc<Mutex<Raised>>, run_id: &str, e: CallError) -> Error 
             r.own = Some(pyerr);
             own("it raised an exception".into())
         }
-        CallError::Value(reason) => Error::InvalidValue {
+        CallError::Value(u) => Error::InvalidValue {
             run_id: run_id.to_string(),
             index: 0,
             step: "__result".into(),
-            path: String::new(),
-            reason: format!("the durable function's return value cannot be stored: {reason}"),
+            path: u.path,
+            reason: format!("the durable function's return value: {}", u.reason),
         },
         CallError::Thread(why) => own(why),
     }

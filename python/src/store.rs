@@ -151,8 +151,14 @@ pub fn runs(
     status: Option<&str>,
     workflow: Option<String>,
     after: Option<String>,
-    limit: Option<usize>,
+    limit: Option<i64>,
 ) -> PyResult<Py<PyAny>> {
+    let limit = limit
+        .map(|n| {
+            usize::try_from(n)
+                .map_err(|_| InvalidInput::new_err(format!("limit={n}: expected 0 or more")))
+        })
+        .transpose()?;
     let mut filter = ListFilter::new();
     if let Some(st) = status {
         let parsed: RunStatus = serde_json::from_value(Value::String(st.to_string())).map_err(|_| {

@@ -51,6 +51,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tup
 
 from steadfast import _native
 from steadfast._errors import *  # noqa: F401,F403
+from steadfast._errors import InvalidWorkflow
 from steadfast._errors import __all__ as _error_names
 from steadfast._native import DurableContext as _NativeDurableContext
 from steadfast._native import StepContext, Store
@@ -211,6 +212,16 @@ class Workflow:
         self.name = name
         self._steps: List[Dict[str, Any]] = []
 
+    def _add(self, spec: Dict[str, Any]) -> None:
+        name = spec["name"]
+        if not isinstance(name, str):
+            raise TypeError(f"workflow {self.name!r}: a step name is a str, not {type(name).__name__}")
+        if name.startswith("__"):
+            raise InvalidWorkflow(
+                f"invalid workflow {self.name!r}: step name {name!r}: names starting with '__' are reserved"
+            )
+        self._steps.append(spec)
+
     def step(
         self,
         name: str,
@@ -231,7 +242,7 @@ class Workflow:
         def add(f: StepFunction) -> StepFunction:
             if not callable(f):
                 raise TypeError(f"step {name!r}: {f!r} is not callable")
-            self._steps.append(
+            self._add(
                 dict(kind="step", name=name, func=f, retries=retries, backoff=backoff,
                      max_backoff=max_backoff, timeout=timeout, on_timeout=None, seconds=None)
             )
@@ -246,7 +257,7 @@ class Workflow:
         With ``timeout`` (seconds), the gate decides ``on_timeout``
         (``"reject"`` or ``"approve"``) by itself when no one has.
         """
-        self._steps.append(
+        self._add(
             dict(kind="gate", name=name, func=None, retries=None, backoff=None, max_backoff=None,
                  timeout=timeout, on_timeout=on_timeout, seconds=None)
         )
@@ -254,7 +265,7 @@ class Workflow:
 
     def sleep(self, name: str, seconds: float) -> "Workflow":
         """Adds a durable timer: the run stops until ``seconds`` have passed; a crash does not restart it."""
-        self._steps.append(
+        self._add(
             dict(kind="sleep", name=name, func=None, retries=None, backoff=None, max_backoff=None,
                  timeout=None, on_timeout=None, seconds=seconds)
         )

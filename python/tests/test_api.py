@@ -592,7 +592,7 @@ def test_unstorable_step_output_is_refused_with_its_path(store, output, path, wh
     with pytest.raises(steadfast.InvalidValue) as e:
         steadfast.run("r1", one_step("produce", produce, retries=3, backoff=0.01), store)
     msg = str(e.value)
-    assert f"at {path}:" in msg
+    assert f"at `{path}`:" in msg
     assert what in msg
     assert calls == [1]  # a value that cannot be stored is not retried
     rec = steadfast.show(store, "r1")

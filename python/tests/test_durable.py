@@ -681,7 +681,7 @@ def test_unstorable_return_value_is_refused(store, value, path):
 
     with pytest.raises(steadfast.SteadfastError) as e:
         ret.run("r1", store)
-    assert f"at {path}:" in str(e.value)
+    assert f"`{path}`" in str(e.value)
     assert steadfast.show(store, "r1")["status"] != "completed"
 
 

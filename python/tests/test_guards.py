@@ -131,3 +131,44 @@ async def test_many_runs_wait_at_once() -> None:
         asyncio.gather(*(f.run_async(f"r{i}", store, i) for i in range(150))), timeout=60
     )
     assert [o.value for o in outs] == [i + 1 for i in range(150)]
+
+
+def test_listed_steps_cannot_take_or_write_the_engine_s_names() -> None:
+    store = steadfast.open_store("memory:")
+    wf = steadfast.Workflow("w")
+    with pytest.raises(steadfast.InvalidWorkflow, match="reserved"):
+        wf.step("__x", lambda ctx, state: {})
+    wf.step("clobber", lambda ctx, state: {"__start": "mine"}, retries=0)
+    with pytest.raises(steadfast.InvalidValue, match="__start"):
+        steadfast.run("r", wf, store, {"a": 1})
+    assert steadfast.show(store, "r")["state"]["__start"] == {"a": 1}
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(retries=-1), "retries=-1"),
+        (dict(retries=10**6), "retries=1000000"),
+        (dict(timeout=0), "timeout"),
+        (dict(timeout=1e300), "1e300"),
+        (dict(backoff=-0.5), "backoff"),
+    ],
+)
+def test_step_options_out_of_range_are_input_errors(kwargs, match) -> None:
+    store = steadfast.open_store("memory:")
+    wf = steadfast.Workflow("w")
+    wf.step("s", lambda ctx, state: {}, **kwargs)
+    with pytest.raises(steadfast.InvalidInput, match=match):
+        steadfast.run("r", wf, store)
+    with pytest.raises(steadfast.NoSuchRun):
+        steadfast.show(store, "r")
+
+
+def test_gate_on_timeout_is_checked_without_a_timeout_and_runs_limit_is_checked() -> None:
+    store = steadfast.open_store("memory:")
+    wf = steadfast.Workflow("w")
+    wf.gate("g", on_timeout="maybe")
+    with pytest.raises(steadfast.InvalidInput, match="maybe"):
+        steadfast.run("r", wf, store)
+    with pytest.raises(steadfast.InvalidInput, match="limit=-1"):
+        steadfast.runs(store, limit=-1)

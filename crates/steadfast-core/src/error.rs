@@ -284,8 +284,15 @@ impl fmt::Debug for StepError {
 }
 
 impl fmt::Display for StepError {
+    /// The cause's text; for a value that cannot be stored, with the path
+    /// where it sits, so that the recorded error names it too.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.source, f)
+        match &self.kind {
+            StepErrorKind::InvalidValue(path) if !path.is_empty() => {
+                write!(f, "the value at `{path}` cannot be stored: {}", self.source)
+            }
+            _ => fmt::Display::fmt(&self.source, f),
+        }
     }
 }
 
