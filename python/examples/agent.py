@@ -6,7 +6,7 @@ every tool call is a step: kill the process at any moment (Ctrl-C, SIGKILL, an
 OOM kill) and run the same command again; finished calls are not repeated and
 the loop goes on where it stopped.
 
-    python python/examples/agent.py --run-id demo "How many tools does it take?"
+    python3 python/examples/agent.py --run-id demo "How many tools does it take?"
 
 The model is a script (no network, no key), so the run is the same every time;
 each call sleeps ``--delay`` seconds to stand for the latency of a real one.

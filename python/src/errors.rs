@@ -66,7 +66,12 @@ create_exception!(
     SteadfastError,
     "The run is not waiting at that gate."
 );
-create_exception!(_native, Cancelled, SteadfastError, "The run was cancelled.");
+create_exception!(
+    steadfast,
+    Cancelled,
+    SteadfastError,
+    "The run was cancelled."
+);
 create_exception!(
     _native,
     StoreFailure,
