@@ -7,61 +7,61 @@ use pyo3::prelude::*;
 use steadfast::{error_chain, Error, StoreError, StoreErrorKind};
 
 create_exception!(
-    _native,
+    steadfast,
     SteadfastError,
     PyException,
     "Base class of every error Steadfast raises."
 );
 create_exception!(
-    _native,
+    steadfast,
     InvalidRunId,
     SteadfastError,
     "A run id that is empty, too long or holds characters a store cannot keep."
 );
 create_exception!(
-    _native,
+    steadfast,
     InvalidWorkflow,
     SteadfastError,
     "A workflow that cannot run: a duplicate or reserved step name, a duration out of range."
 );
 create_exception!(
-    _native,
+    steadfast,
     WorkflowChanged,
     SteadfastError,
     "The run was recorded by a different workflow or different code; nothing new ran."
 );
 create_exception!(
-    _native,
+    steadfast,
     StepFailed,
     SteadfastError,
     "A step failed for good: its attempts ran out or its error was terminal."
 );
 create_exception!(
-    _native,
+    steadfast,
     InvalidValue,
     SteadfastError,
     "A step produced a value that cannot be stored and read back."
 );
 create_exception!(
-    _native,
+    steadfast,
     Held,
     SteadfastError,
     "Another live process holds the run (or the LangGraph thread) and its lease has not run out."
 );
 create_exception!(
-    _native,
+    steadfast,
     InvalidInput,
     SteadfastError,
     "An argument out of its range or shape; nothing was written."
 );
 create_exception!(
-    _native,
+    steadfast,
     NoSuchRun,
     SteadfastError,
     "No run with that id in the store."
 );
 create_exception!(
-    _native,
+    steadfast,
     NotWaiting,
     SteadfastError,
     "The run is not waiting at that gate."
@@ -73,55 +73,55 @@ create_exception!(
     "The run was cancelled."
 );
 create_exception!(
-    _native,
+    steadfast,
     StoreFailure,
     SteadfastError,
     "The store failed; the message names the store and what it was doing."
 );
 create_exception!(
-    _native,
+    steadfast,
     Conflict,
     StoreFailure,
     "Another writer saved the run first."
 );
 create_exception!(
-    _native,
+    steadfast,
     Corrupt,
     StoreFailure,
     "A record or file that cannot be read: the store is never treated as empty."
 );
 create_exception!(
-    _native,
+    steadfast,
     TooLarge,
     StoreFailure,
     "A state or value over the store's size limit."
 );
 create_exception!(
-    _native,
+    steadfast,
     OutcomeUnknown,
     StoreFailure,
     "A save whose outcome is unknown (the connection dropped during the commit)."
 );
 create_exception!(
-    _native,
+    steadfast,
     Unavailable,
     StoreFailure,
     "The store cannot be reached or is locked by another process."
 );
 create_exception!(
-    _native,
+    steadfast,
     Unsupported,
     StoreFailure,
     "The store or URL does not support what was asked."
 );
 create_exception!(
-    _native,
+    steadfast,
     NotFound,
     StoreFailure,
     "The store (a file, a schema) does not exist."
 );
 create_exception!(
-    _native,
+    steadfast,
     Suspended,
     PyBaseException,
     "Raised inside a durable function when the run stops at a gate or timer; let it propagate."

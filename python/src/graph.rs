@@ -364,7 +364,10 @@ impl GraphStore {
         let Some((holder, until, generation)) = row else {
             return Ok(LeaseStep::Take(1));
         };
-        if holder == self.me.text() && mine == Some(generation) {
+        // This saver's own lease, whatever generation it noted last (its
+        // concurrent writes may note theirs in any order): only another
+        // saver's lease in between makes a write stale.
+        if holder == self.me.text() {
             return Ok(LeaseStep::Renew);
         }
         if !holder.is_empty()
@@ -383,10 +386,9 @@ impl GraphStore {
 
     fn took(&self, thread: &str, generation: Option<i64>) {
         if let Some(g) = generation {
-            self.mine
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(thread.to_string(), g);
+            let mut mine = self.mine.lock().unwrap_or_else(|p| p.into_inner());
+            let noted = mine.entry(thread.to_string()).or_insert(g);
+            *noted = (*noted).max(g);
         }
     }
 
@@ -515,13 +517,6 @@ impl GraphStore {
         head: Option<(&str, Option<&str>, &str)>,
     ) -> PyResult<Option<i64>> {
         let ctx = format!("taking the lease on thread {thread:?}");
-        let mine = self
-            .mine
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(thread)
-            .copied()
-            .unwrap_or(-1);
         // One statement makes a row for a thread never written (so that two
         // copies, or a copy and a first write, serialize on it), locks it,
         // renews the lease when this saver holds it, and returns the row.
@@ -531,12 +526,12 @@ impl GraphStore {
                     "INSERT INTO {s}.graph_threads AS g (thread_id, holder, until_ms, generation)
                      VALUES ($1, '', 0, 0)
                      ON CONFLICT (thread_id) DO UPDATE SET until_ms = CASE
-                       WHEN $5 AND g.holder = $2 AND g.generation = $3
-                       THEN (extract(epoch from clock_timestamp()) * 1000)::bigint + $4
+                       WHEN $4 AND g.holder = $2
+                       THEN (extract(epoch from clock_timestamp()) * 1000)::bigint + $3
                        ELSE g.until_ms END
                      RETURNING holder, until_ms, generation, (extract(epoch from clock_timestamp()) * 1000)::bigint"
                 ),
-                &[&thread, &self.me.text(), &mine, &self.lease_ms, &head.is_some()],
+                &[&thread, &self.me.text(), &self.lease_ms, &head.is_some()],
             )
             .await
             .map_err(|e| pg_err(&ctx, e))?;

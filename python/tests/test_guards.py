@@ -172,3 +172,23 @@ def test_gate_on_timeout_is_checked_without_a_timeout_and_runs_limit_is_checked(
         steadfast.run("r", wf, store)
     with pytest.raises(steadfast.InvalidInput, match="limit=-1"):
         steadfast.runs(store, limit=-1)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_one_saver_writing_a_thread_from_many_threads_is_never_refused(tmp_path, kind: str) -> None:
+    # LangGraph's default ("async") durability writes checkpoints and writes
+    # from background threads, so one saver's writes to a thread overlap.
+    from concurrent.futures import ThreadPoolExecutor
+
+    g = GraphStore(graph_url(tmp_path, kind))
+    put(g, "t", "00", None)
+
+    def write(i: int) -> None:
+        if i % 3 == 0:
+            put(g, "t", f"{i + 1:04d}", "00")
+        else:
+            g.put_writes("t", "", "00", f"task-{i}", "", [(0, "ch", "json", b"1")])
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(write, range(120)))
+    assert len(g.list("t", "")) == 41
