@@ -47,6 +47,9 @@ type Row = (
 /// One pending write: task id, channel, type, blob, (task path, index) for order.
 type Write = (String, String, String, Vec<u8>, String, i64);
 
+/// Pending writes as columns (index, channel, type, blob), for `unnest`.
+type WriteColumns<'a> = (Vec<i64>, Vec<&'a str>, Vec<&'a str>, Vec<&'a [u8]>);
+
 /// Who writes: this process and a number that tells savers in it apart.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Holder {
@@ -204,6 +207,39 @@ struct ListQuery {
     filter: Option<serde_json::Map<String, Value>>,
 }
 
+/// A PostgreSQL connection or transaction from the store's pool.
+use steadfast::postgres::deadpool_postgres::GenericClient as Pg;
+type PgParams<'a> = &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)];
+
+/// Runs `sql` as a statement prepared once per connection: a round trip
+/// fewer than preparing it on every call.
+async fn pexec<C: Pg + Sync>(
+    c: &C,
+    sql: &str,
+    params: PgParams<'_>,
+) -> Result<u64, tokio_postgres::Error> {
+    let st = c.prepare_cached(sql).await?;
+    c.execute(&st, params).await
+}
+
+async fn pquery<C: Pg + Sync>(
+    c: &C,
+    sql: &str,
+    params: PgParams<'_>,
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    let st = c.prepare_cached(sql).await?;
+    c.query(&st, params).await
+}
+
+async fn pquery_one<C: Pg + Sync>(
+    c: &C,
+    sql: &str,
+    params: PgParams<'_>,
+) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+    let st = c.prepare_cached(sql).await?;
+    c.query_one(&st, params).await
+}
+
 const SQLITE_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS graph_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS graph_checkpoints (
@@ -312,16 +348,16 @@ async fn open_pg(url: &str) -> PyResult<Backend> {
         ))
         .await
         .map_err(|e| pg_err(&format!("creating the graph tables in {at}"), e))?;
-    let row = client
-        .query_one(
-            &format!(
-                "INSERT INTO {s}.graph_meta (key, value) VALUES ('format', $1)
+    let row = pquery_one(
+        &client,
+        &format!(
+            "INSERT INTO {s}.graph_meta (key, value) VALUES ('format', $1)
                  ON CONFLICT (key) DO UPDATE SET value = {s}.graph_meta.value RETURNING value"
-            ),
-            &[&GRAPH_FORMAT],
-        )
-        .await
-        .map_err(|e| pg_err(&format!("reading the graph table format in {at}"), e))?;
+        ),
+        &[&GRAPH_FORMAT],
+    )
+    .await
+    .map_err(|e| pg_err(&format!("reading the graph table format in {at}"), e))?;
     check_format(&at, row.get(0))?;
     drop(client);
     Ok(Backend::Pg { store })
@@ -460,12 +496,10 @@ impl GraphStore {
         let me = self.me.text();
         let until = now.saturating_add(self.lease_ms);
         match generation {
-            None => tx.execute(
-                "UPDATE graph_threads SET until_ms = ?2 WHERE thread_id = ?1",
+            None => tx.execute("UPDATE graph_threads SET until_ms = ?2 WHERE thread_id = ?1",
                 params![thread, until],
             ),
-            Some(g) => tx.execute(
-                "INSERT INTO graph_threads (thread_id, holder, until_ms, generation) VALUES (?1, ?2, ?3, ?4)
+            Some(g) => tx.execute("INSERT INTO graph_threads (thread_id, holder, until_ms, generation) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT (thread_id) DO UPDATE SET holder = excluded.holder, until_ms = excluded.until_ms,
                    generation = excluded.generation",
                 params![thread, me, until, g],
@@ -511,17 +545,16 @@ impl GraphStore {
     /// taken, to note after the commit.
     async fn lease_pg(
         &self,
-        tx: &tokio_postgres::Transaction<'_>,
+        tx: &steadfast::postgres::deadpool_postgres::Transaction<'_>,
         s: &str,
         thread: &str,
-        head: Option<(&str, Option<&str>, &str)>,
+        head: Option<(&str, Option<&str>, &str, Option<&str>)>,
     ) -> PyResult<Option<i64>> {
         let ctx = format!("taking the lease on thread {thread:?}");
         // One statement makes a row for a thread never written (so that two
         // copies, or a copy and a first write, serialize on it), locks it,
         // renews the lease when this saver holds it, and returns the row.
-        let row = tx
-            .query_one(
+        let row = pquery_one(tx,
                 &format!(
                     "INSERT INTO {s}.graph_threads AS g (thread_id, holder, until_ms, generation)
                      VALUES ($1, '', 0, 0)
@@ -537,7 +570,7 @@ impl GraphStore {
             .map_err(|e| pg_err(&ctx, e))?;
         let (holder, until, generation, now): (String, i64, i64, i64) =
             (row.get(0), row.get(1), row.get(2), row.get(3));
-        let Some((ns, extends, what)) = head else {
+        let Some((ns, extends, what, inserting)) = head else {
             if !holder.is_empty()
                 && holder != self.me.text()
                 && until > now
@@ -551,12 +584,14 @@ impl GraphStore {
             LeaseStep::Renew => None,
             LeaseStep::Take(g) => Some(g),
             LeaseStep::TakeIfHead(g) => {
-                let latest: Option<String> = tx
-                    .query_one(
+                // The checkpoint being saved may be in the table already: its
+                // insert is sent along with this transaction's first statement.
+                let latest: Option<String> = pquery_one(tx,
                         &format!(
-                            "SELECT max(checkpoint_id) FROM {s}.graph_checkpoints WHERE thread_id = $1 AND ns = $2"
+                            "SELECT max(checkpoint_id) FROM {s}.graph_checkpoints
+                             WHERE thread_id = $1 AND ns = $2 AND ($3::text IS NULL OR checkpoint_id <> $3)"
                         ),
-                        &[&thread, &ns],
+                        &[&thread, &ns, &inserting],
                     )
                     .await
                     .map_err(|e| pg_err(&ctx, e))?
@@ -568,7 +603,8 @@ impl GraphStore {
             }
         };
         if let Some(g) = generation {
-            tx.execute(
+            pexec(
+                tx,
                 &format!(
                     "UPDATE {s}.graph_threads SET holder = $2, until_ms = $3, generation = $4 WHERE thread_id = $1"
                 ),
@@ -730,8 +766,7 @@ impl GraphStore {
                 let what = format!("checkpoint {checkpoint_id:?} (a child of {parent_id:?})");
                 let generation =
                     self.lease_sqlite(&tx, at, &thread_id, (&ns, parent_id.as_deref(), &what))?;
-                tx.execute(
-                    "INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
+                tx.execute("INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
                      ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE SET parent_id = excluded.parent_id,
                        type = excluded.type, blob = excluded.blob, metadata = excluded.metadata, run_id = excluded.run_id",
@@ -748,20 +783,23 @@ impl GraphStore {
                 let ctx = format!("saving checkpoint {checkpoint_id:?} of thread {thread_id:?}");
                 let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
                 let what = format!("checkpoint {checkpoint_id:?} (a child of {parent_id:?})");
-                let generation = self
-                    .lease_pg(&tx, &s, &thread_id, Some((&ns, parent_id.as_deref(), &what)))
-                    .await?;
-                tx.execute(
-                    &format!(
-                        "INSERT INTO {s}.graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                         ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE SET parent_id = excluded.parent_id,
-                           type = excluded.type, blob = excluded.blob, metadata = excluded.metadata, run_id = excluded.run_id"
-                    ),
-                    &[&thread_id, &ns, &checkpoint_id, &parent_id, &r#type, &blob, &metadata, &run_id],
-                )
-                .await
-                .map_err(|e| pg_err(&ctx, e))?;
+                // The lease and the row go out together (pipelined); the
+                // row is rolled back if the lease is refused.
+                let head = (ns.as_str(), parent_id.as_deref(), what.as_str(), Some(checkpoint_id.as_str()));
+                let sql = format!(
+                    "INSERT INTO {s}.graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                     ON CONFLICT (thread_id, ns, checkpoint_id) DO UPDATE SET parent_id = excluded.parent_id,
+                       type = excluded.type, blob = excluded.blob, metadata = excluded.metadata, run_id = excluded.run_id"
+                );
+                let row: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
+                    [&thread_id, &ns, &checkpoint_id, &parent_id, &r#type, &blob, &metadata, &run_id];
+                let (lease, saved) = tokio::join!(
+                    self.lease_pg(&tx, &s, &thread_id, Some(head)),
+                    pexec(&tx, &sql, &row)
+                );
+                let generation = lease?;
+                saved.map_err(|e| pg_err(&ctx, e))?;
                 tx.commit().await.map_err(|e| pg_err(&ctx, e))?;
                 self.took(&thread_id, generation);
                 Ok(())
@@ -832,31 +870,85 @@ impl GraphStore {
                 );
                 let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
                 let what = format!("writes to checkpoint {checkpoint_id:?}");
-                let generation = self
-                    .lease_pg(
-                        &tx,
-                        &s,
-                        &thread_id,
-                        Some((&ns, Some(&checkpoint_id), &what)),
+                // Two statements at most (writes that replace, writes kept
+                // once), sent with the lease (pipelined) and rolled back if the
+                // lease is refused.
+                let (replace, once): (Vec<_>, Vec<_>) = writes.iter().partition(|w| w.0 < 0);
+                let statement = |conflict: &str| {
+                    format!(
+                        "INSERT INTO {s}.graph_writes (thread_id, ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
+                         SELECT $1, $2, $3, $4, $5, w.idx, w.channel, w.type, w.blob
+                         FROM unnest($6::bigint[], $7::text[], $8::text[], $9::bytea[]) AS w(idx, channel, type, blob)
+                         ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) {conflict}"
                     )
-                    .await?;
-                for (idx, channel, ty, blob) in &writes {
-                    let on_conflict = if *idx < 0 {
-                        "DO UPDATE SET channel = excluded.channel, type = excluded.type, blob = excluded.blob, task_path = excluded.task_path"
-                    } else {
-                        "DO NOTHING"
-                    };
-                    tx.execute(
-                        &format!(
-                            "INSERT {} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-                             ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) {on_conflict}",
-                            INSERT.replacen("graph_writes", &format!("{s}.graph_writes"), 1)
-                        ),
-                        &[&thread_id, &ns, &checkpoint_id, &task_id, idx, channel, ty, blob, &task_path],
+                };
+                fn columns<'a>(ws: &[&'a (i64, String, String, Vec<u8>)]) -> WriteColumns<'a> {
+                    (
+                        ws.iter().map(|w| w.0).collect::<Vec<i64>>(),
+                        ws.iter().map(|w| w.1.as_str()).collect::<Vec<&str>>(),
+                        ws.iter().map(|w| w.2.as_str()).collect::<Vec<&str>>(),
+                        ws.iter().map(|w| w.3.as_slice()).collect::<Vec<&[u8]>>(),
                     )
-                    .await
-                    .map_err(|e| pg_err(&ctx, e))?;
                 }
+                let (r, o) = (columns(&replace), columns(&once));
+                let replace_sql = statement(
+                    "DO UPDATE SET channel = excluded.channel, type = excluded.type, blob = excluded.blob, task_path = excluded.task_path",
+                );
+                let once_sql = statement("DO NOTHING");
+                let head = (
+                    ns.as_str(),
+                    Some(checkpoint_id.as_str()),
+                    what.as_str(),
+                    None,
+                );
+                let (lease, replaced, kept) = tokio::join!(
+                    self.lease_pg(&tx, &s, &thread_id, Some(head)),
+                    async {
+                        if replace.is_empty() {
+                            return Ok(0);
+                        }
+                        pexec(
+                            &tx,
+                            &replace_sql,
+                            &[
+                                &thread_id,
+                                &ns,
+                                &checkpoint_id,
+                                &task_id,
+                                &task_path,
+                                &r.0,
+                                &r.1,
+                                &r.2,
+                                &r.3,
+                            ],
+                        )
+                        .await
+                    },
+                    async {
+                        if once.is_empty() {
+                            return Ok(0);
+                        }
+                        pexec(
+                            &tx,
+                            &once_sql,
+                            &[
+                                &thread_id,
+                                &ns,
+                                &checkpoint_id,
+                                &task_id,
+                                &task_path,
+                                &o.0,
+                                &o.1,
+                                &o.2,
+                                &o.3,
+                            ],
+                        )
+                        .await
+                    }
+                );
+                let generation = lease?;
+                replaced.map_err(|e| pg_err(&ctx, e))?;
+                kept.map_err(|e| pg_err(&ctx, e))?;
                 tx.commit().await.map_err(|e| pg_err(&ctx, e))?;
                 self.took(&thread_id, generation);
                 Ok(())
@@ -964,8 +1056,7 @@ impl GraphStore {
                 }
                 for (t, ns, id) in &doomed {
                     for table in ["graph_checkpoints", "graph_writes"] {
-                        tx.execute(
-                            &format!("DELETE FROM {table} WHERE thread_id = ?1 AND ns = ?2 AND checkpoint_id = ?3"),
+                        tx.execute(&format!("DELETE FROM {table} WHERE thread_id = ?1 AND ns = ?2 AND checkpoint_id = ?3"),
                             params![t, ns, id],
                         )
                         .map_err(|e| sql_err(at, e))?;
@@ -978,8 +1069,7 @@ impl GraphStore {
                 let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = "deleting the checkpoints of runs";
                 let tx = client.transaction().await.map_err(|e| pg_err(ctx, e))?;
-                let threads = tx
-                    .query(
+                let threads = pquery(&tx,
                         &format!(
                             "SELECT DISTINCT thread_id FROM {s}.graph_checkpoints WHERE run_id = ANY($1) ORDER BY 1"
                         ),
@@ -991,7 +1081,8 @@ impl GraphStore {
                     let t: String = t.get(0);
                     self.lease_pg(&tx, &s, &t, None).await?;
                 }
-                tx.execute(
+                pexec(
+                    &tx,
                     &format!(
                         "DELETE FROM {s}.graph_writes w USING {s}.graph_checkpoints c
                          WHERE c.run_id = ANY($1) AND w.thread_id = c.thread_id AND w.ns = c.ns
@@ -1001,7 +1092,8 @@ impl GraphStore {
                 )
                 .await
                 .map_err(|e| pg_err(ctx, e))?;
-                tx.execute(
+                pexec(
+                    &tx,
                     &format!("DELETE FROM {s}.graph_checkpoints WHERE run_id = ANY($1)"),
                     &[&run_ids],
                 )
@@ -1045,15 +1137,13 @@ impl GraphStore {
                     )
                     .map_err(|e| sql_err(at, e))?;
                 occupied(n)?;
-                tx.execute(
-                    "INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
+                tx.execute("INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
                      SELECT ?2, ns, checkpoint_id, parent_id, type, blob, metadata, run_id
                      FROM graph_checkpoints WHERE thread_id = ?1",
                     params![source, target],
                 )
                 .map_err(|e| sql_err(at, e))?;
-                tx.execute(
-                    "INSERT OR REPLACE INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
+                tx.execute("INSERT OR REPLACE INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
                      SELECT ?2, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
                      FROM graph_writes WHERE thread_id = ?1",
                     params![source, target],
@@ -1067,8 +1157,7 @@ impl GraphStore {
                 let ctx = format!("copying thread {source:?} to {target:?}");
                 let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
                 self.lease_pg(&tx, &s, &target, None).await?;
-                let n: i64 = tx
-                    .query_one(
+                let n: i64 = pquery_one(&tx,
                         &format!("SELECT count(*) FROM {s}.graph_checkpoints WHERE thread_id = $1"),
                         &[&target],
                     )
@@ -1076,7 +1165,8 @@ impl GraphStore {
                     .map_err(|e| pg_err(&ctx, e))?
                     .get(0);
                 occupied(n)?;
-                tx.execute(
+                pexec(
+                    &tx,
                     &format!(
                         "INSERT INTO {s}.graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
                          SELECT $2, ns, checkpoint_id, parent_id, type, blob, metadata, run_id
@@ -1086,7 +1176,8 @@ impl GraphStore {
                 )
                 .await
                 .map_err(|e| pg_err(&ctx, e))?;
-                tx.execute(
+                pexec(
+                    &tx,
                     &format!(
                         "INSERT INTO {s}.graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
                          SELECT $2, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
@@ -1142,8 +1233,7 @@ impl GraphStore {
                 }
                 for t in &thread_ids {
                     for table in ["graph_checkpoints", "graph_writes"] {
-                        tx.execute(
-                            &format!(
+                        tx.execute(&format!(
                                 "DELETE FROM {table} WHERE thread_id = ?1 AND NOT EXISTS (
                                    SELECT 1 FROM (SELECT ns, max(checkpoint_id) AS latest FROM graph_checkpoints
                                                   WHERE thread_id = ?1 GROUP BY ns) k
@@ -1154,8 +1244,7 @@ impl GraphStore {
                         .map_err(|e| sql_err(at, e))?;
                     }
                     // Only each namespace's latest is left: its parent is gone.
-                    tx.execute(
-                        "UPDATE graph_checkpoints SET parent_id = NULL WHERE thread_id = ?1",
+                    tx.execute("UPDATE graph_checkpoints SET parent_id = NULL WHERE thread_id = ?1",
                         [t],
                     )
                     .map_err(|e| sql_err(at, e))?;
@@ -1173,8 +1262,7 @@ impl GraphStore {
                 for t in &sorted {
                     self.lease_pg(&tx, &s, t, None).await?;
                 }
-                let metas = tx
-                    .query(
+                let metas = pquery(&tx,
                         &format!("SELECT thread_id, metadata FROM {s}.graph_checkpoints WHERE thread_id = ANY($1)"),
                         &[&sorted],
                     )
@@ -1188,7 +1276,8 @@ impl GraphStore {
                      WHERE thread_id = ANY($1) GROUP BY thread_id, ns"
                 );
                 for table in ["graph_writes", "graph_checkpoints"] {
-                    tx.execute(
+                    pexec(
+                        &tx,
                         &format!(
                             "DELETE FROM {s}.{table} x WHERE x.thread_id = ANY($1) AND NOT EXISTS (
                                SELECT 1 FROM ({latest}) k WHERE k.thread_id = x.thread_id AND k.ns = x.ns
@@ -1199,7 +1288,8 @@ impl GraphStore {
                     .await
                     .map_err(|e| pg_err(ctx, e))?;
                 }
-                tx.execute(
+                pexec(
+                    &tx,
                     &format!("UPDATE {s}.graph_checkpoints SET parent_id = NULL WHERE thread_id = ANY($1)"),
                     &[&sorted],
                 )
@@ -1240,17 +1330,17 @@ impl GraphStore {
             Backend::Pg { store } => block(py, async {
                 let s = store.quoted_schema();
                 let client = store.connection().await.map_err(|e| store_err(&e))?;
-                client
-                    .execute(
-                        &format!(
-                            "UPDATE {s}.graph_threads SET holder = '', until_ms = 0
+                pexec(
+                    &client,
+                    &format!(
+                        "UPDATE {s}.graph_threads SET holder = '', until_ms = 0
                              WHERE holder = $1 AND ($2::text IS NULL OR thread_id = $2)"
-                        ),
-                        &[&me, &thread],
-                    )
-                    .await
-                    .map(drop)
-                    .map_err(|e| pg_err("releasing leases", e))
+                    ),
+                    &[&me, &thread],
+                )
+                .await
+                .map(drop)
+                .map_err(|e| pg_err("releasing leases", e))
             }),
         }
     }
@@ -1271,8 +1361,7 @@ impl GraphStore {
                         tx.execute(&format!("DELETE FROM {table} WHERE thread_id = ?1"), [t])
                             .map_err(|e| sql_err(at, e))?;
                     }
-                    tx.execute(
-                        "UPDATE graph_threads SET holder = '', until_ms = 0 WHERE thread_id = ?1 AND holder = ?2",
+                    tx.execute("UPDATE graph_threads SET holder = '', until_ms = 0 WHERE thread_id = ?1 AND holder = ?2",
                         params![t, me],
                     )
                     .map_err(|e| sql_err(at, e))?;
@@ -1292,14 +1381,16 @@ impl GraphStore {
                         self.lease_pg(&tx, &s, t, None).await?;
                     }
                     for table in ["graph_writes", "graph_checkpoints"] {
-                        tx.execute(
+                        pexec(
+                            &tx,
                             &format!("DELETE FROM {s}.{table} WHERE thread_id = ANY($1)"),
                             &[&sorted],
                         )
                         .await
                         .map_err(|e| pg_err(ctx, e))?;
                     }
-                    tx.execute(
+                    pexec(
+                    &tx,
                     &format!(
                         "UPDATE {s}.graph_threads SET holder = '', until_ms = 0
                          WHERE thread_id = ANY($1) AND holder = $2"
@@ -1393,8 +1484,7 @@ impl GraphStore {
                 if let Some(n) = sql_limit {
                     sql.push_str(&format!(" LIMIT {n}"));
                 }
-                let rows = client
-                    .query(&sql, &args)
+                let rows = pquery(&client, &sql, &args)
                     .await
                     .map_err(|e| pg_err(ctx, e))?;
                 let mut heads = Vec::new();
@@ -1414,8 +1504,7 @@ impl GraphStore {
                 let threads: Vec<&str> = heads.iter().map(|h| h.0.as_str()).collect();
                 let namespaces: Vec<&str> = heads.iter().map(|h| h.1.as_str()).collect();
                 let ids: Vec<&str> = heads.iter().map(|h| h.2.as_str()).collect();
-                let writes = client
-                    .query(
+                let writes = pquery(&client,
                         &format!(
                             "SELECT thread_id, ns, checkpoint_id, task_id, channel, type, blob, task_path, idx
                              FROM {s}.graph_writes
