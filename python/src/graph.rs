@@ -245,12 +245,12 @@ CREATE TABLE IF NOT EXISTS graph_meta (key TEXT PRIMARY KEY, value INTEGER NOT N
 CREATE TABLE IF NOT EXISTS graph_checkpoints (
   thread_id TEXT NOT NULL, ns TEXT NOT NULL, checkpoint_id TEXT NOT NULL,
   parent_id TEXT, type TEXT NOT NULL, blob BLOB NOT NULL, metadata TEXT NOT NULL, run_id TEXT,
-  PRIMARY KEY (thread_id, ns, checkpoint_id)) WITHOUT ROWID;
+  PRIMARY KEY (thread_id, ns, checkpoint_id));
 CREATE INDEX IF NOT EXISTS graph_checkpoints_run ON graph_checkpoints (run_id) WHERE run_id IS NOT NULL;
 CREATE TABLE IF NOT EXISTS graph_writes (
   thread_id TEXT NOT NULL, ns TEXT NOT NULL, checkpoint_id TEXT NOT NULL, task_id TEXT NOT NULL,
   idx INTEGER NOT NULL, channel TEXT NOT NULL, type TEXT NOT NULL, blob BLOB NOT NULL, task_path TEXT NOT NULL,
-  PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx)) WITHOUT ROWID;
+  PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx));
 CREATE TABLE IF NOT EXISTS graph_threads (
   thread_id TEXT PRIMARY KEY, holder TEXT NOT NULL, until_ms INTEGER NOT NULL,
   generation INTEGER NOT NULL) WITHOUT ROWID;
