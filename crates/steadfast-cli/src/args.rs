@@ -62,6 +62,8 @@ pub enum Command {
     Copy(cmd::copy::CopyArgs),
     /// Rewrite every run under the current encryption key (resumable).
     Rekey(cmd::rekey::RekeyArgs),
+    /// Serve a web page over the store: runs, timelines, the inbox of gates.
+    Serve(cmd::serve::ServeArgs),
     /// Internal: runs a step command so that it dies with this process's parent.
     #[command(name = "__supervise", hide = true)]
     Supervise {

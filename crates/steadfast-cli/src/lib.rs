@@ -9,6 +9,7 @@ pub mod flow;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod output;
+pub mod serve;
 pub mod telemetry;
 
 use anyhow::Context;
@@ -127,6 +128,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Command::Import(args) => cmd::import::run(args, &ctx).await,
         Command::Copy(_) => Ok(exit::USAGE),
         Command::Rekey(args) => cmd::rekey::run(args, &ctx).await,
+        Command::Serve(args) => cmd::serve::run(args, &ctx).await,
         Command::Supervise { .. } => Ok(exit::USAGE),
     }
 }

@@ -174,15 +174,7 @@ fn table(header: &[&str], rows: &[Vec<String>]) {
 /// `runs`: each run with its stuck label, if it has one.
 pub fn runs(runs: &[(RunSummary, Option<Stuck>)], json: bool) {
     if json {
-        let list: Vec<Value> = runs
-            .iter()
-            .map(|(r, stuck)| {
-                json!({"run_id": r.run_id, "workflow": r.workflow, "status": r.status, "next": r.next,
-                       "version": r.version, "created_at": r.created_at, "updated_at": r.updated_at,
-                       "stuck": stuck_json(stuck.as_ref())})
-            })
-            .collect();
-        out!("{}", Value::Array(list));
+        out!("{}", runs_json(runs));
         return;
     }
     let rows: Vec<Vec<String>> = runs
@@ -204,6 +196,55 @@ pub fn runs(runs: &[(RunSummary, Option<Stuck>)], json: bool) {
         &["RUN", "WORKFLOW", "STATUS", "DONE", "UPDATED", "STUCK"],
         &rows,
     );
+}
+
+/// What `runs --json` prints (and `steadfast serve` answers at `/api/runs`).
+pub fn runs_json(runs: &[(RunSummary, Option<Stuck>)]) -> Value {
+    let list: Vec<Value> = runs
+        .iter()
+        .map(|(r, stuck)| {
+            json!({"run_id": r.run_id, "workflow": r.workflow, "status": r.status, "next": r.next,
+                   "version": r.version, "created_at": r.created_at, "updated_at": r.updated_at,
+                   "stuck": stuck_json(stuck.as_ref())})
+        })
+        .collect();
+    Value::Array(list)
+}
+
+/// What `show --json` prints (and `steadfast serve` answers at `/api/runs/ID`).
+pub fn show_json(cp: &Checkpoint, history: Option<&[StepRecord]>, stuck: Option<&Stuck>) -> Value {
+    let steps: Vec<Value> = match history {
+        Some(h) => h.iter().map(step_json).collect(),
+        None => cp
+            .completed
+            .iter()
+            .enumerate()
+            .map(|(i, n)| json!({"index": i, "name": n}))
+            .collect(),
+    };
+    json!({
+        "run_id": cp.run_id, "workflow": cp.workflow, "status": cp.status, "next": cp.next,
+        "steps_done": steps, "state": cp.state, "version": cp.version,
+        "created_at": cp.created_at, "updated_at": cp.updated_at, "attempts": cp.attempts,
+        "error": cp.error, "wait": cp.wait, "lease": cp.lease, "decisions": cp.decisions,
+        "audit": cp.audit.iter().map(audit_json).collect::<Vec<_>>(),
+        "stuck": stuck_json(stuck),
+    })
+}
+
+/// What `history --json` prints (and `steadfast serve` answers at
+/// `/api/runs/ID/history`).
+pub fn history_json(records: &[StepRecord], audit: &[AuditEntry]) -> Value {
+    let list: Vec<Value> = records
+        .iter()
+        .map(|r| {
+            let mut v = step_json(r);
+            v["update"] = Value::Object(r.update.clone());
+            v
+        })
+        .chain(audit.iter().map(|e| json!({"audit": audit_json(e)})))
+        .collect();
+    Value::Array(list)
 }
 
 /// A stuck label as JSON: its short name and its reason, or null.
@@ -229,24 +270,7 @@ fn step_json(r: &StepRecord) -> Value {
 /// `show`.
 pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, stuck: Option<&Stuck>, json: bool) {
     if json {
-        let steps: Vec<Value> = match history {
-            Some(h) => h.iter().map(step_json).collect(),
-            None => cp
-                .completed
-                .iter()
-                .enumerate()
-                .map(|(i, n)| json!({"index": i, "name": n}))
-                .collect(),
-        };
-        let out = json!({
-            "run_id": cp.run_id, "workflow": cp.workflow, "status": cp.status, "next": cp.next,
-            "steps_done": steps, "state": cp.state, "version": cp.version,
-            "created_at": cp.created_at, "updated_at": cp.updated_at, "attempts": cp.attempts,
-            "error": cp.error, "wait": cp.wait, "lease": cp.lease, "decisions": cp.decisions,
-            "audit": cp.audit.iter().map(audit_json).collect::<Vec<_>>(),
-            "stuck": stuck_json(stuck),
-        });
-        out!("{out}");
+        out!("{}", show_json(cp, history, stuck));
         return;
     }
     out!("run       {}", clean(&cp.run_id));
@@ -368,16 +392,7 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, stuck: Option<&Stuc
 /// as elements `{"audit": …}` after the steps).
 pub fn history(records: &[StepRecord], audit: &[AuditEntry], json: bool) {
     if json {
-        let list: Vec<Value> = records
-            .iter()
-            .map(|r| {
-                let mut v = step_json(r);
-                v["update"] = Value::Object(r.update.clone());
-                v
-            })
-            .chain(audit.iter().map(|e| json!({"audit": audit_json(e)})))
-            .collect();
-        out!("{}", Value::Array(list));
+        out!("{}", history_json(records, audit));
         return;
     }
     for e in audit {

@@ -17,6 +17,7 @@ pub mod retry;
 pub mod rewind;
 pub mod run;
 pub mod runs;
+pub mod serve;
 pub mod show;
 pub mod start;
 pub mod worker;

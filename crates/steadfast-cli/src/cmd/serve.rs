@@ -1,0 +1,60 @@
+//! `steadfast serve`: a web page over the store (runs, a run's timeline, the
+//! inbox of gates waiting for a person), and the same data as JSON.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{usage, Ctx, Failure};
+
+/// The variable holding the access token (or use `--token-file`).
+pub const TOKEN_ENV: &str = "STEADFAST_SERVE_TOKEN";
+
+/// Arguments of `serve`.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Where to listen. Any address but a loopback one needs a token.
+    #[arg(long, default_value = "127.0.0.1:7878")]
+    pub addr: SocketAddr,
+    /// A file holding the access token (else $STEADFAST_SERVE_TOKEN); with a
+    /// token, every request must carry it.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// How long a run may stand still before it is labelled stuck.
+    #[arg(long, default_value = "1m", value_parser = super::runs::parse_after)]
+    pub stuck_after: Duration,
+}
+
+/// The shortest token accepted: a guessable one would be no lock.
+const MIN_TOKEN_BYTES: usize = 16;
+
+/// Serves until interrupted.
+pub async fn run(args: ServeArgs, ctx: &Ctx) -> Result<i32, Failure> {
+    let token = match &args.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| usage(format!("--token-file {}: {e}", path.display())))?
+                .trim()
+                .to_string(),
+        ),
+        None => std::env::var(TOKEN_ENV)
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty()),
+    };
+    if let Some(t) = &token {
+        if t.len() < MIN_TOKEN_BYTES || t.chars().any(char::is_control) {
+            return Err(usage(format!(
+                "the access token must be at least {MIN_TOKEN_BYTES} bytes without control characters"
+            )));
+        }
+    }
+    if !args.addr.ip().is_loopback() && token.is_none() {
+        return Err(usage(format!(
+            "serving on {} (not a loopback address) needs an access token: set {TOKEN_ENV} or pass --token-file; refusing to start",
+            args.addr
+        )));
+    }
+    crate::serve::serve(ctx, args.addr, token, args.stuck_after).await?;
+    Ok(crate::args::exit::OK)
+}

@@ -1,0 +1,683 @@
+//! `steadfast serve`: an HTTP server over any store, with pages for people
+//! (runs, a run's timeline, the inbox of gates) and the same data as JSON
+//! under `/api/` for programs.
+//!
+//! Safe by default: it listens on a loopback address unless told otherwise,
+//! and then only with an access token; every change is a POST carrying the
+//! page's CSRF token; every value from a run is escaped by the templates
+//! (maud) and no inline script may run (Content-Security-Policy).
+
+mod pages;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Form, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::Value;
+use steadfast::stuck::{diagnose, Stuck};
+use steadfast::{Checkpoint, Error, ListFilter, RunStatus, RunSummary, StepRecord, Store};
+
+use crate::cmd::{Ctx, Failure};
+
+/// Runs on one page of the list, unless the request asks for fewer.
+const PAGE: usize = 50;
+/// The most runs one page or API call lists.
+const MAX_PAGE: usize = 500;
+/// Waiting runs the inbox shows, oldest first.
+const INBOX: usize = 50;
+/// The cookie that carries the access token after logging in.
+const TOKEN_COOKIE: &str = "steadfast_token";
+
+/// What every handler shares.
+pub(crate) struct App {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn steadfast::Clock>,
+    /// Put in every form and checked on every POST.
+    csrf: String,
+    token: Option<String>,
+    stuck_after: Duration,
+    /// The store's URL without its password, shown in the header.
+    url: String,
+}
+
+type Shared = State<Arc<App>>;
+
+/// Serves the pages on `addr` until interrupted.
+pub async fn serve(
+    ctx: &Ctx,
+    addr: SocketAddr,
+    token: Option<String>,
+    stuck_after: Duration,
+) -> Result<(), Failure> {
+    let app = Arc::new(App {
+        store: Arc::clone(&ctx.store),
+        clock: ctx.clock(),
+        csrf: random_token()?,
+        token,
+        stuck_after,
+        url: ctx.url.clone(),
+    });
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let bound = listener.local_addr().unwrap_or(addr);
+    crate::output::note(format_args!(
+        "serving {} on http://{bound}/{}",
+        ctx.url,
+        if app.token.is_some() {
+            " (access token required)"
+        } else {
+            ""
+        }
+    ));
+    axum::serve(listener, router(app))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("the server stopped: {e}"))?;
+    Ok(())
+}
+
+/// Every route, behind the token check and the security headers.
+pub(crate) fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/runs") }))
+        .route("/runs", get(runs_page))
+        .route("/runs/{id}", get(run_page))
+        .route("/inbox", get(inbox_page))
+        .route("/runs/{id}/approve", post(approve))
+        .route("/runs/{id}/reject", post(reject))
+        .route("/runs/{id}/cancel", post(cancel))
+        .route("/runs/{id}/retry", post(retry))
+        .route("/runs/{id}/rewind", post(rewind))
+        .route("/runs/{id}/fork", post(fork))
+        .route("/api/runs", get(api_runs))
+        .route("/api/runs/{id}", get(api_run))
+        .route("/api/runs/{id}/history", get(api_history))
+        .route("/api/inbox", get(api_inbox))
+        .route("/assets/app.css", get(css))
+        .route("/assets/app.js", get(js))
+        .route("/login", get(login_page).post(login))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            guard,
+        ))
+        .layer(axum::middleware::from_fn(headers))
+        .with_state(app)
+}
+
+/// A random token from the system's generator, as hex.
+fn random_token() -> Result<String, Failure> {
+    use std::io::Read;
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| anyhow::anyhow!("cannot read /dev/urandom for the CSRF token: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Equal in time that does not depend on where the first difference is.
+fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// With a token, lets through only requests that carry it (the login page
+/// and the assets excepted).
+async fn guard(State(app): Shared, req: Request, next: Next) -> Response {
+    let Some(token) = &app.token else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path();
+    if path == "/login" || path.starts_with("/assets/") {
+        return next.run(req).await;
+    }
+    let headers = req.headers();
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let given = bearer.or_else(|| cookie(headers, TOKEN_COOKIE));
+    if given.is_some_and(|g| same(g, token)) {
+        return next.run(req).await;
+    }
+    if path.starts_with("/api/") {
+        return api_error(
+            StatusCode::UNAUTHORIZED,
+            "an access token is required (Authorization: Bearer TOKEN)",
+        );
+    }
+    Redirect::to("/login").into_response()
+}
+
+/// Headers on every response: no inline script, no framing, no sniffing.
+async fn headers(req: Request, next: Next) -> Response {
+    let mut res = next.run(req).await;
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    res
+}
+
+async fn css() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("assets/app.css"),
+    )
+}
+
+async fn js() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("assets/app.js"),
+    )
+}
+
+/// A failure shown to a person: what and where, with its status.
+pub(crate) struct PageError {
+    status: StatusCode,
+    title: String,
+    detail: String,
+}
+
+impl PageError {
+    fn new(status: StatusCode, title: impl Into<String>, detail: impl Into<String>) -> Self {
+        PageError {
+            status,
+            title: title.into(),
+            detail: detail.into(),
+        }
+    }
+
+    /// An engine error, with the status it deserves.
+    fn engine(what: String, e: &Error) -> Self {
+        let status = match e {
+            Error::NoSuchRun { .. } => StatusCode::NOT_FOUND,
+            Error::InvalidInput { .. }
+            | Error::InvalidRunId { .. }
+            | Error::NotWaiting { .. }
+            | Error::Held { .. } => StatusCode::CONFLICT,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        PageError::new(status, what, steadfast::error_chain(e))
+    }
+
+    fn store(what: String, e: &steadfast::StoreError) -> Self {
+        PageError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            what,
+            steadfast::error_chain(e),
+        )
+    }
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            axum::response::Html(pages::error(&self.title, &self.detail).into_string()),
+        )
+            .into_response()
+    }
+}
+
+fn api_error(status: StatusCode, message: &str) -> Response {
+    (status, Json(serde_json::json!({"error": message}))).into_response()
+}
+
+impl From<PageError> for ApiError {
+    fn from(e: PageError) -> Self {
+        ApiError(e)
+    }
+}
+
+/// A [`PageError`] answered as JSON.
+pub(crate) struct ApiError(PageError);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        api_error(
+            self.0.status,
+            &format!("{}: {}", self.0.title, self.0.detail),
+        )
+    }
+}
+
+/// The run's record, or why not (naming the run).
+async fn load(app: &App, id: &str) -> Result<Checkpoint, PageError> {
+    steadfast::validate_run_id(id).map_err(|e| PageError::engine(format!("run {id:?}"), &e))?;
+    match app.store.load(id).await {
+        Ok(Some(cp)) => Ok(cp),
+        Ok(None) => Err(PageError::new(
+            StatusCode::NOT_FOUND,
+            format!("run {id:?}"),
+            format!("no run {id:?} in the store"),
+        )),
+        Err(e) => Err(PageError::store(format!("run {id:?} cannot be read"), &e)),
+    }
+}
+
+async fn history(app: &App, id: &str) -> Result<Option<Vec<StepRecord>>, PageError> {
+    app.store
+        .history(id)
+        .await
+        .map_err(|e| PageError::store(format!("the history of run {id:?} cannot be read"), &e))
+}
+
+fn stuck(app: &App, cp: &Checkpoint) -> Option<Stuck> {
+    diagnose(cp, app.clock.now(), app.stuck_after, None)
+}
+
+/// The filters of the runs list.
+#[derive(Deserialize, Default)]
+pub(crate) struct RunsQuery {
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    workflow: Option<String>,
+    #[serde(default)]
+    after: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+impl RunsQuery {
+    fn filter(&self) -> Result<(ListFilter, usize), PageError> {
+        let bad = |what: String| PageError::new(StatusCode::BAD_REQUEST, "the runs list", what);
+        let mut f = ListFilter::new();
+        if let Some(s) = self.status.as_deref().filter(|s| !s.is_empty()) {
+            let status: RunStatus = serde_json::from_value(Value::String(s.to_string()))
+                .map_err(|_| bad(format!("status {s:?} is not a run status")))?;
+            f = f.status(status);
+        }
+        if let Some(w) = self.workflow.as_deref().filter(|w| !w.is_empty()) {
+            f = f.workflow(w);
+        }
+        if let Some(a) = self.after.as_deref().filter(|a| !a.is_empty()) {
+            f = f.after(a);
+        }
+        let limit = self.limit.unwrap_or(PAGE);
+        if limit == 0 || limit > MAX_PAGE {
+            return Err(bad(format!(
+                "limit {limit} is out of range: 1 to {MAX_PAGE}"
+            )));
+        }
+        Ok((f.limit(limit), limit))
+    }
+}
+
+/// A page of runs, each with its stuck label.
+async fn list(
+    app: &App,
+    q: &RunsQuery,
+) -> Result<(Vec<(RunSummary, Option<Stuck>)>, usize), PageError> {
+    let (filter, limit) = q.filter()?;
+    let rows = app
+        .store
+        .list(&filter)
+        .await
+        .map_err(|e| PageError::store("the runs cannot be listed".into(), &e))?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        // Only a run that has not finished can be stuck; the others need
+        // no second read.
+        let label = if matches!(
+            r.status,
+            RunStatus::Completed | RunStatus::Rejected | RunStatus::Cancelled
+        ) {
+            None
+        } else {
+            stuck(app, &load(app, &r.run_id).await?)
+        };
+        out.push((r, label));
+    }
+    Ok((out, limit))
+}
+
+async fn runs_page(State(app): Shared, Query(q): Query<RunsQuery>) -> Result<Response, PageError> {
+    let (rows, limit) = list(&app, &q).await?;
+    Ok(axum::response::Html(pages::runs(&app.url, &q, &rows, limit).into_string()).into_response())
+}
+
+async fn run_page(State(app): Shared, Path(id): Path<String>) -> Result<Response, PageError> {
+    let cp = load(&app, &id).await?;
+    let hist = history(&app, &id).await?;
+    let label = stuck(&app, &cp);
+    Ok(axum::response::Html(
+        pages::run(
+            &app.url,
+            &app.csrf,
+            &cp,
+            hist.as_deref(),
+            label.as_ref(),
+            app.clock.now(),
+        )
+        .into_string(),
+    )
+    .into_response())
+}
+
+/// A run waiting at a gate, for the inbox.
+pub(crate) struct Waiting {
+    cp: Checkpoint,
+    gate: String,
+    since: steadfast::Timestamp,
+}
+
+/// The runs waiting at a gate, oldest first, and how many there are.
+async fn inbox(app: &App) -> Result<(Vec<Waiting>, usize), PageError> {
+    let mut all: Vec<RunSummary> = Vec::new();
+    let mut filter = ListFilter::new().status(RunStatus::Waiting).limit(MAX_PAGE);
+    loop {
+        let page = filter
+            .next_page(&*app.store)
+            .await
+            .map_err(|e| PageError::store("the waiting runs cannot be listed".into(), &e))?;
+        if page.is_empty() {
+            break;
+        }
+        all.extend(page);
+    }
+    all.sort_by(|a, b| (a.updated_at, &a.run_id).cmp(&(b.updated_at, &b.run_id)));
+    let total = all.len();
+    let mut out = Vec::new();
+    for r in all.into_iter().take(INBOX) {
+        let cp = load(app, &r.run_id).await?;
+        if let Some(steadfast::Wait::Gate { step, since, .. }) = &cp.wait {
+            let (gate, since) = (step.clone(), *since);
+            out.push(Waiting { cp, gate, since });
+        }
+    }
+    out.sort_by(|a, b| (a.since, &a.cp.run_id).cmp(&(b.since, &b.cp.run_id)));
+    Ok((out, total))
+}
+
+async fn inbox_page(State(app): Shared) -> Result<Response, PageError> {
+    let (items, total) = inbox(&app).await?;
+    Ok(axum::response::Html(
+        pages::inbox(&app.url, &app.csrf, &items, total, app.clock.now()).into_string(),
+    )
+    .into_response())
+}
+
+/// Checks a POST: its CSRF token, and its origin when the browser names one.
+fn check_post(
+    app: &App,
+    headers: &HeaderMap,
+    form: &HashMap<String, String>,
+) -> Result<(), PageError> {
+    let forbidden = |why: String| PageError::new(StatusCode::FORBIDDEN, "refused", why);
+    let given = form.get("csrf").map(String::as_str).unwrap_or("");
+    if !same(given, &app.csrf) {
+        return Err(forbidden(
+            "the form's CSRF token is missing or stale; reload the page and try again".into(),
+        ));
+    }
+    same_origin(headers).map_err(forbidden)
+}
+
+/// A request a browser sends names its origin; when it does, it must be
+/// this server. Programs that send none (curl, scripts) and browsers that
+/// hide it (`null`) are let through: the CSRF token is what every change
+/// needs, and this check only refuses an origin that is surely another.
+fn same_origin(headers: &HeaderMap) -> Result<(), String> {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let origin = origin.to_str().unwrap_or("");
+    if origin == "null" {
+        return Ok(());
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let ok = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .is_some_and(|o| !host.is_empty() && o == host);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "the request comes from another site (origin {origin:?}, this server is {host:?})"
+        ))
+    }
+}
+
+fn field<'a>(form: &'a HashMap<String, String>, name: &str) -> Option<&'a str> {
+    form.get(name).map(|s| s.trim()).filter(|s| !s.is_empty())
+}
+
+/// Who decides: the name the person gave.
+fn by(form: &HashMap<String, String>) -> Result<String, PageError> {
+    field(form, "by").map(String::from).ok_or_else(|| {
+        PageError::new(
+            StatusCode::BAD_REQUEST,
+            "your name is needed",
+            "fill in who decides; it is recorded with the decision",
+        )
+    })
+}
+
+/// Where to go after a POST: back to the inbox or to the run.
+fn back(form: &HashMap<String, String>, id: &str) -> Redirect {
+    if form.get("back").map(String::as_str) == Some("inbox") {
+        Redirect::to("/inbox")
+    } else {
+        Redirect::to(&format!("/runs/{}", pages::seg(id)))
+    }
+}
+
+type PostForm = Form<HashMap<String, String>>;
+
+async fn approve(
+    State(app): Shared,
+    Path(id): Path<String>,
+    h: HeaderMap,
+    Form(f): PostForm,
+) -> Result<Redirect, PageError> {
+    check_post(&app, &h, &f)?;
+    let gate = field(&f, "gate").unwrap_or_default().to_string();
+    let data = match field(&f, "data") {
+        None => None,
+        Some(text) => Some(crate::command::parse_json_exact(text).map_err(|e| {
+            PageError::new(
+                StatusCode::BAD_REQUEST,
+                format!("approving gate {gate:?} of run {id:?}"),
+                format!("the data is not JSON that can be stored: {e}; nothing was written"),
+            )
+        })?),
+    };
+    let by = by(&f)?;
+    steadfast::approve(&*app.store, &id, &gate, data, &by, &*app.clock)
+        .await
+        .map_err(|e| PageError::engine(format!("approving gate {gate:?} of run {id:?}"), &e))?;
+    Ok(back(&f, &id))
+}
+
+async fn reject(
+    State(app): Shared,
+    Path(id): Path<String>,
+    h: HeaderMap,
+    Form(f): PostForm,
+) -> Result<Redirect, PageError> {
+    check_post(&app, &h, &f)?;
+    let gate = field(&f, "gate").unwrap_or_default().to_string();
+    let reason = field(&f, "reason").map(String::from);
+    let by = by(&f)?;
+    steadfast::reject(&*app.store, &id, &gate, reason, &by, &*app.clock)
+        .await
+        .map_err(|e| PageError::engine(format!("rejecting gate {gate:?} of run {id:?}"), &e))?;
+    Ok(back(&f, &id))
+}
+
+async fn cancel(
+    State(app): Shared,
+    Path(id): Path<String>,
+    h: HeaderMap,
+    Form(f): PostForm,
+) -> Result<Redirect, PageError> {
+    check_post(&app, &h, &f)?;
+    let by = by(&f)?;
+    let reason = field(&f, "reason").map(String::from);
+    steadfast::ops::cancel(&*app.store, &id, reason, &by, &*app.clock)
+        .await
+        .map_err(|e| PageError::engine(format!("cancelling run {id:?}"), &e))?;
+    Ok(back(&f, &id))
+}
+
+async fn retry(
+    State(app): Shared,
+    Path(id): Path<String>,
+    h: HeaderMap,
+    Form(f): PostForm,
+) -> Result<Redirect, PageError> {
+    check_post(&app, &h, &f)?;
+    let by = by(&f)?;
+    steadfast::ops::retry(&*app.store, &id, &by, &*app.clock)
+        .await
+        .map_err(|e| PageError::engine(format!("retrying run {id:?}"), &e))?;
+    Ok(back(&f, &id))
+}
+
+async fn rewind(
+    State(app): Shared,
+    Path(id): Path<String>,
+    h: HeaderMap,
+    Form(f): PostForm,
+) -> Result<Redirect, PageError> {
+    check_post(&app, &h, &f)?;
+    let by = by(&f)?;
+    let to = field(&f, "to").unwrap_or_default().to_string();
+    steadfast::ops::rewind(&*app.store, &id, &to, &by, &*app.clock)
+        .await
+        .map_err(|e| PageError::engine(format!("rewinding run {id:?} to {to:?}"), &e))?;
+    Ok(back(&f, &id))
+}
+
+async fn fork(
+    State(app): Shared,
+    Path(id): Path<String>,
+    h: HeaderMap,
+    Form(f): PostForm,
+) -> Result<Redirect, PageError> {
+    check_post(&app, &h, &f)?;
+    let by = by(&f)?;
+    let at = field(&f, "at").unwrap_or_default().to_string();
+    let new_id = field(&f, "new_id").unwrap_or_default().to_string();
+    steadfast::ops::fork(&*app.store, &id, &at, &new_id, &by, &*app.clock)
+        .await
+        .map_err(|e| PageError::engine(format!("forking run {id:?} at {at:?}"), &e))?;
+    Ok(Redirect::to(&format!("/runs/{}", pages::seg(&new_id))))
+}
+
+async fn api_runs(State(app): Shared, Query(q): Query<RunsQuery>) -> Result<Json<Value>, ApiError> {
+    let (rows, _) = list(&app, &q).await?;
+    Ok(Json(crate::output::runs_json(&rows)))
+}
+
+async fn api_run(State(app): Shared, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let cp = load(&app, &id).await?;
+    let hist = history(&app, &id).await?;
+    let label = stuck(&app, &cp);
+    Ok(Json(crate::output::show_json(
+        &cp,
+        hist.as_deref(),
+        label.as_ref(),
+    )))
+}
+
+async fn api_history(State(app): Shared, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let cp = load(&app, &id).await?;
+    let hist = history(&app, &id).await?.ok_or_else(|| {
+        PageError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            format!("the history of run {id:?}"),
+            "this store keeps no per-step history",
+        )
+    })?;
+    Ok(Json(crate::output::history_json(&hist, &cp.audit)))
+}
+
+async fn api_inbox(State(app): Shared) -> Result<Json<Value>, ApiError> {
+    let (items, _) = inbox(&app).await?;
+    let list: Vec<Value> = items
+        .iter()
+        .map(|w| {
+            serde_json::json!({"run_id": w.cp.run_id, "workflow": w.cp.workflow, "gate": w.gate,
+                               "since": w.since, "state": w.cp.state, "version": w.cp.version})
+        })
+        .collect();
+    Ok(Json(Value::Array(list)))
+}
+
+async fn login_page(State(app): Shared) -> Response {
+    axum::response::Html(pages::login(&app.url, None).into_string()).into_response()
+}
+
+async fn login(State(app): Shared, h: HeaderMap, Form(f): PostForm) -> Response {
+    let Some(token) = &app.token else {
+        return Redirect::to("/runs").into_response();
+    };
+    if let Err(why) = same_origin(&h) {
+        return (
+            StatusCode::FORBIDDEN,
+            axum::response::Html(pages::login(&app.url, Some(&why)).into_string()),
+        )
+            .into_response();
+    }
+    let given = f.get("token").map(|t| t.trim()).unwrap_or("");
+    if !same(given, token) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            axum::response::Html(
+                pages::login(&app.url, Some("that is not the access token")).into_string(),
+            ),
+        )
+            .into_response();
+    }
+    let cookie = format!("{TOKEN_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/");
+    let mut res = Redirect::to("/runs").into_response();
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        res.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    res
+}

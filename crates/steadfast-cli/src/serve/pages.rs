@@ -1,0 +1,514 @@
+//! The pages, as maud templates: every value spliced in is escaped.
+
+use maud::{html, Markup, DOCTYPE};
+use serde_json::Value;
+use steadfast::stuck::Stuck;
+use steadfast::{Checkpoint, RunStatus, RunSummary, StepRecord, Timestamp, Wait};
+
+use super::{RunsQuery, Waiting};
+
+/// How often (seconds) a page fetches itself again to show changes.
+const REFRESH_SECS: u32 = 3;
+
+/// A run id (or any text) as one URL path segment: every byte but the
+/// unreserved ones percent-encoded, so that `/`, `?`, `#` and quotes in an id
+/// stay in the segment.
+pub(crate) fn seg(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The same, for a query value.
+fn query(text: &str) -> String {
+    seg(text)
+}
+
+fn layout(title: &str, store: &str, here: &str, refresh: bool, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · steadfast" }
+                link rel="stylesheet" href="/assets/app.css";
+                script src="/assets/app.js" defer {}
+            }
+            body data-refresh=(if refresh { REFRESH_SECS } else { 0 }) {
+                header {
+                    span.brand { "steadfast" }
+                    a.here[here == "runs"] href="/runs" { "Runs" }
+                    a.here[here == "inbox"] href="/inbox" { "Inbox" }
+                    span.store { (store) }
+                }
+                main #content { (body) }
+            }
+        }
+    }
+}
+
+fn badge(status: RunStatus) -> Markup {
+    let s = status.to_string();
+    html! { span class={ "badge " (s) } { (s) } }
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+fn stuck_label(s: Option<&Stuck>) -> Markup {
+    html! {
+        @if let Some(s) = s {
+            span.stuck title=(s.to_string()) { (s.label()) }
+        }
+    }
+}
+
+/// An error page: what failed (naming the run) and why.
+pub(crate) fn error(title: &str, detail: &str) -> Markup {
+    layout(
+        title,
+        "",
+        "",
+        false,
+        html! {
+            h1 { (title) }
+            div.box.error { pre { (detail) } }
+            p { a href="/runs" { "Back to the runs" } }
+        },
+    )
+}
+
+/// The runs list, filtered and paged.
+pub(crate) fn runs(
+    store: &str,
+    q: &RunsQuery,
+    rows: &[(RunSummary, Option<Stuck>)],
+    limit: usize,
+) -> Markup {
+    let statuses = [
+        "pending",
+        "running",
+        "waiting",
+        "sleeping",
+        "completed",
+        "failed",
+        "rejected",
+        "cancelled",
+    ];
+    let status = q.status.as_deref().unwrap_or("");
+    let workflow = q.workflow.as_deref().unwrap_or("");
+    let next = (rows.len() == limit)
+        .then(|| rows.last().map(|(r, _)| r.run_id.clone()))
+        .flatten();
+    layout(
+        "Runs",
+        store,
+        "runs",
+        true,
+        html! {
+            h1 { "Runs" }
+            form.filters method="get" action="/runs" {
+                label { "Status"
+                    select name="status" {
+                        option value="" selected[status.is_empty()] { "any" }
+                        @for s in statuses {
+                            option value=(s) selected[status == s] { (s) }
+                        }
+                    }
+                }
+                label { "Workflow" input name="workflow" value=(workflow) placeholder="any"; }
+                button type="submit" { "Filter" }
+            }
+            @if rows.is_empty() {
+                p.muted { "No runs match." }
+            } @else {
+                table {
+                    thead { tr { th { "Run" } th { "Workflow" } th { "Status" } th { "Steps done" } th { "Updated" } th { "Stuck" } } }
+                    tbody {
+                        @for (r, s) in rows {
+                            tr {
+                                td.id { a href={ "/runs/" (seg(&r.run_id)) } { (r.run_id) } }
+                                td { (r.workflow) }
+                                td { (badge(r.status)) }
+                                td { (r.next) }
+                                td { (r.updated_at.to_string()) }
+                                td { (stuck_label(s.as_ref())) }
+                            }
+                        }
+                    }
+                }
+            }
+            @if let Some(after) = next {
+                p.pager {
+                    a href={ "/runs?status=" (query(status)) "&workflow=" (query(workflow)) "&limit=" (limit) "&after=" (query(&after)) } { "Next page →" }
+                }
+            }
+        },
+    )
+}
+
+/// One bar of the timeline.
+struct Bar<'a> {
+    name: &'a str,
+    start: u64,
+    end: u64,
+    attempt: u32,
+    class: &'static str,
+    note: String,
+}
+
+fn timeline(cp: &Checkpoint, hist: &[StepRecord], now: Timestamp) -> Markup {
+    let mut bars: Vec<Bar> = hist
+        .iter()
+        .map(|r| {
+            let runs = hist.iter().filter(|o| o.name == r.name).count();
+            let took = r
+                .finished_at
+                .unix_millis()
+                .saturating_sub(r.started_at.unix_millis());
+            let mut note = format!("{took} ms");
+            if r.attempt > 1 {
+                note.push_str(&format!(", attempt {}", r.attempt));
+            }
+            if runs > 1 {
+                note.push_str(&format!(", recorded {runs} times"));
+            }
+            Bar {
+                name: &r.name,
+                start: r.started_at.unix_millis(),
+                end: r.finished_at.unix_millis(),
+                attempt: r.attempt,
+                class: if r.attempt > 1 { "bar retried" } else { "bar" },
+                note,
+            }
+        })
+        .collect();
+    if let Some(f) = &cp.error {
+        bars.push(Bar {
+            name: &f.step,
+            start: f.at.unix_millis(),
+            end: f.at.unix_millis(),
+            attempt: f.attempt,
+            class: "bar failed",
+            note: format!(
+                "failed (attempt {}){}",
+                f.attempt,
+                if f.terminal { ", terminal" } else { "" }
+            ),
+        });
+    }
+    if let Some(Wait::Gate { step, since, .. }) = &cp.wait {
+        bars.push(Bar {
+            name: step,
+            start: since.unix_millis(),
+            end: now.unix_millis().max(since.unix_millis()),
+            attempt: 1,
+            class: "bar gate",
+            note: "waiting for a decision".into(),
+        });
+    }
+    if bars.is_empty() {
+        return html! { p.muted { "No step has run yet." } };
+    }
+    let t0 = bars.iter().map(|b| b.start).min().unwrap_or(0);
+    let t1 = bars.iter().map(|b| b.end).max().unwrap_or(t0).max(t0 + 1);
+    let span = (t1 - t0) as f64;
+    let (label_w, chart_w, row_h) = (260.0, 740.0, 24.0);
+    let height = bars.len() as f64 * row_h + 8.0;
+    html! {
+        div.timeline {
+            svg viewBox={ "0 0 1000 " (height) } role="img" aria-label="step timeline" {
+                @for (i, b) in bars.iter().enumerate() {
+                    @let y = 4.0 + i as f64 * row_h;
+                    @let x = label_w + (b.start - t0) as f64 / span * chart_w;
+                    @let w = ((b.end - b.start) as f64 / span * chart_w).max(3.0);
+                    text x="6" y=(y + 16.0) { (b.name) }
+                    rect class=(b.class) x=(format!("{x:.1}")) y=(y + 3.0) width=(format!("{w:.1}")) height="16" rx="2" {
+                        title { (b.name) ": " (b.note) }
+                    }
+                    text.dim x=(format!("{:.1}", (x + w + 6.0).min(940.0))) y=(y + 16.0) {
+                        (b.note) @if b.attempt > 1 { "" }
+                    }
+                }
+            }
+            p.muted { "From " (Timestamp::from_unix_millis(t0).to_string()) " to " (Timestamp::from_unix_millis(t1).to_string()) }
+        }
+    }
+}
+
+fn hidden(csrf: &str, back: &str) -> Markup {
+    html! {
+        input type="hidden" name="csrf" value=(csrf);
+        input type="hidden" name="back" value=(back);
+    }
+}
+
+/// The decision already recorded for the gate the run waits at, if any:
+/// the run takes it when it is run again.
+fn decided<'a>(
+    cp: &'a Checkpoint,
+    gate: &str,
+    since: Timestamp,
+) -> Option<&'a steadfast::Decision> {
+    cp.decisions
+        .iter()
+        .rev()
+        .find(|d| d.gate == gate && d.at >= since)
+}
+
+/// The approve and reject forms of a run waiting at `gate`, or the decision
+/// made already.
+fn decide(csrf: &str, cp: &Checkpoint, gate: &str, since: Timestamp, back: &str) -> Markup {
+    let id = seg(&cp.run_id);
+    if let Some(d) = decided(cp, gate, since) {
+        return html! {
+            p.decided {
+                strong { @if d.approved { "Approved" } @else { "Rejected" } }
+                " by " (d.by) " at " (d.at.to_string()) "; the run goes on when it is run again."
+            }
+        };
+    }
+    html! {
+        form.action method="post" action={ "/runs/" (id) "/approve" } {
+            (hidden(csrf, back))
+            input type="hidden" name="gate" value=(gate);
+            label { "Data (JSON, optional)" textarea name="data" placeholder="{\"note\": \"looks good\"}" {} }
+            label { "Your name" input name="by" required; }
+            button.approve type="submit" { "Approve" }
+        }
+        form.action method="post" action={ "/runs/" (id) "/reject" } {
+            (hidden(csrf, back))
+            input type="hidden" name="gate" value=(gate);
+            label { "Reason" input name="reason" size="40"; }
+            label { "Your name" input name="by" required; }
+            button.reject type="submit" { "Reject" }
+        }
+    }
+}
+
+/// Cancel, retry, rewind and fork, each confirmed before it is sent.
+fn operations(csrf: &str, cp: &Checkpoint) -> Markup {
+    let id = seg(&cp.run_id);
+    let finished = matches!(
+        cp.status,
+        RunStatus::Completed | RunStatus::Rejected | RunStatus::Cancelled
+    );
+    html! {
+        h2 { "Operations" }
+        @if !finished {
+            form.action method="post" action={ "/runs/" (id) "/cancel" } data-confirm="Cancel this run? A cancelled run does not run again." {
+                (hidden(csrf, "run"))
+                label { "Reason" input name="reason"; }
+                label { "Your name" input name="by" required; }
+                button.danger type="submit" { "Cancel run" }
+            }
+        }
+        @if cp.status == RunStatus::Failed {
+            form.action method="post" action={ "/runs/" (id) "/retry" } data-confirm="Retry the failed step with a fresh budget of attempts?" {
+                (hidden(csrf, "run"))
+                label { "Your name" input name="by" required; }
+                button type="submit" { "Retry" }
+            }
+        }
+        @if !cp.completed.is_empty() {
+            form.action method="post" action={ "/runs/" (id) "/rewind" } data-confirm="Rewind this run? The steps from the one chosen on run again." {
+                (hidden(csrf, "run"))
+                label { "To step" select name="to" { @for s in &cp.completed { option value=(s) { (s) } } } }
+                label { "Your name" input name="by" required; }
+                button type="submit" { "Rewind" }
+            }
+            form.action method="post" action={ "/runs/" (id) "/fork" } data-confirm="Fork a new run from this one?" {
+                (hidden(csrf, "run"))
+                label { "At step" select name="at" { @for s in &cp.completed { option value=(s) { (s) } } } }
+                label { "New run id" input name="new_id" required; }
+                label { "Your name" input name="by" required; }
+                button type="submit" { "Fork" }
+            }
+        }
+    }
+}
+
+/// One run: facts, the gate's forms, the timeline, state, decisions, audit.
+pub(crate) fn run(
+    store: &str,
+    csrf: &str,
+    cp: &Checkpoint,
+    hist: Option<&[StepRecord]>,
+    stuck: Option<&Stuck>,
+    now: Timestamp,
+) -> Markup {
+    let state = Value::Object(cp.state.clone());
+    layout(
+        &cp.run_id,
+        store,
+        "runs",
+        true,
+        html! {
+            h1 { "Run " span.id { (cp.run_id) } }
+            dl.facts.box {
+                dt { "Workflow" } dd { (cp.workflow) }
+                dt { "Status" } dd { (badge(cp.status)) " " (stuck_label(stuck)) }
+                dt { "Steps done" } dd { (cp.next) }
+                dt { "Version" } dd { (cp.version) }
+                dt { "Created" } dd { (cp.created_at.to_string()) }
+                dt { "Updated" } dd { (cp.updated_at.to_string()) }
+                @if let Some(l) = &cp.lease {
+                    dt { "Held by" } dd { (l.owner.to_string()) " until " (l.until.to_string()) }
+                }
+                @if let Some(s) = stuck {
+                    dt { "Stuck" } dd.stuck { (s.to_string()) }
+                }
+            }
+            @match &cp.wait {
+                Some(Wait::Gate { step, since, timeout_at, .. }) => {
+                    div.box {
+                        strong { "Waiting at gate " (step) } " since " (since.to_string())
+                        @if let Some(t) = timeout_at { " (decides by itself at " (t.to_string()) ")" }
+                        @if cp.status == RunStatus::Waiting { (decide(csrf, cp, step, *since, "run")) }
+                    }
+                }
+                Some(Wait::Timer { step, until }) => {
+                    div.box { "Sleeping at " (step) " until " (until.to_string()) }
+                }
+                _ => {}
+            }
+            @if let Some(f) = &cp.error {
+                div.box.error {
+                    strong { "Step " (f.index) " (" (f.step) ") failed" } " at " (f.at.to_string()) ", attempt " (f.attempt)
+                    @if f.terminal { " (terminal)" }
+                    pre { (f.message) }
+                }
+            }
+            h2 { "Timeline" }
+            @match hist {
+                Some(h) => { (timeline(cp, h, now)) }
+                None => { p.muted { "This store keeps no per-step history." } }
+            }
+            @if let Some(h) = hist {
+                @if !h.is_empty() {
+                    h2 { "Steps" }
+                    table {
+                        thead { tr { th { "#" } th { "Step" } th { "Attempt" } th { "Started" } th { "Took" } th { "Update" } } }
+                        tbody {
+                            @for r in h {
+                                tr {
+                                    td { (r.index) }
+                                    td { (r.name) }
+                                    td { (r.attempt) }
+                                    td { (r.started_at.to_string()) }
+                                    td { (r.finished_at.unix_millis().saturating_sub(r.started_at.unix_millis())) " ms" }
+                                    td { details { summary { (r.update.len()) " key(s)" } pre { (pretty(&Value::Object(r.update.clone()))) } } }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            h2 { "State" }
+            details #state open { summary { (cp.state.len()) " key(s)" } pre { (pretty(&state)) } }
+            @if !cp.decisions.is_empty() {
+                h2 { "Decisions" }
+                table {
+                    thead { tr { th { "Gate" } th { "Decision" } th { "By" } th { "At" } th { "Data or reason" } } }
+                    tbody {
+                        @for d in &cp.decisions {
+                            tr {
+                                td { (d.gate) }
+                                td { @if d.approved { "approved" } @else { "rejected" } }
+                                td { (d.by) }
+                                td { (d.at.to_string()) }
+                                td {
+                                    @if let Some(data) = &d.data { pre { (pretty(data)) } }
+                                    @if let Some(r) = &d.reason { (r) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            @if !cp.audit.is_empty() {
+                h2 { "Audit" }
+                table {
+                    thead { tr { th { "What" } th { "By" } th { "At" } } }
+                    tbody {
+                        @for e in &cp.audit {
+                            tr { td { (e.action.describe()) } td { (e.by) } td { (e.at.to_string()) } }
+                        }
+                    }
+                }
+            }
+            (operations(csrf, cp))
+        },
+    )
+}
+
+/// The runs waiting at a gate, oldest first, each with its forms.
+pub(crate) fn inbox(
+    store: &str,
+    csrf: &str,
+    items: &[Waiting],
+    total: usize,
+    now: Timestamp,
+) -> Markup {
+    layout(
+        "Inbox",
+        store,
+        "inbox",
+        true,
+        html! {
+            h1 { "Inbox" }
+            p.muted {
+                (total) " run(s) waiting at a gate"
+                @if total > items.len() { "; the oldest " (items.len()) " are shown" }
+                "."
+            }
+            @for w in items {
+                div.inbox-item {
+                    div {
+                        a.id href={ "/runs/" (seg(&w.cp.run_id)) } { (w.cp.run_id) }
+                        " · " (w.cp.workflow) " · gate " strong { (w.gate) }
+                        " · waiting " (human(now.saturating_since(w.since)))
+                    }
+                    details { summary { "State it waits on (" (w.cp.state.len()) " key(s))" } pre { (pretty(&Value::Object(w.cp.state.clone()))) } }
+                    (decide(csrf, &w.cp, &w.gate, w.since, "inbox"))
+                }
+            }
+        },
+    )
+}
+
+fn human(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min", s / 60),
+        3600..=86_399 => format!("{} h", s / 3600),
+        _ => format!("{} days", s / 86_400),
+    }
+}
+
+/// The login form, for a server with an access token.
+pub(crate) fn login(store: &str, problem: Option<&str>) -> Markup {
+    layout(
+        "Log in",
+        store,
+        "",
+        false,
+        html! {
+            h1 { "Access token" }
+            @if let Some(p) = problem { div.box.error { (p) } }
+            form.action method="post" action="/login" {
+                label { "Token" input type="password" name="token" required autofocus; }
+                button type="submit" { "Log in" }
+            }
+        },
+    )
+}

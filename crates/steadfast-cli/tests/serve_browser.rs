@@ -1,0 +1,585 @@
+//! `steadfast serve` in a real browser: headless Chromium driven over
+//! WebDriver (chromedriver). Approving and rejecting gates through the forms,
+//! hostile values in a run's state, id and error that must not execute, and
+//! the access token on a non-loopback address.
+//!
+//! Needs `chromium` and `chromedriver` (Debian's `chromium` and
+//! `chromium-driver`, which `.ci/run` installs). Without them the tests say
+//! they were skipped, except under CI, where they fail.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+use support::{code, stderr, Env, BIN};
+
+/// One browser at a time: the machines have two cores.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+const AGENT_FLOW: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../examples/agent/flow.toml"
+);
+
+fn tools() -> Option<(PathBuf, PathBuf)> {
+    let find = |var: &str, default: &str| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .or_else(|| Some(PathBuf::from(default)))
+            .filter(|p| p.exists())
+    };
+    match (
+        find("STEADFAST_CHROMIUM", "/usr/bin/chromium"),
+        find("STEADFAST_CHROMEDRIVER", "/usr/bin/chromedriver"),
+    ) {
+        (Some(c), Some(d)) => Some((c, d)),
+        _ if std::env::var("CI").is_ok_and(|v| !v.is_empty()) => {
+            panic!("chromium and chromedriver are needed for the browser tests under CI (.ci/run installs Debian's chromium and chromium-driver)")
+        }
+        _ => {
+            eprintln!("skipped: no chromium or chromedriver (install Debian's chromium and chromium-driver)");
+            None
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `steadfast serve` on a store, and the address it listens on.
+struct Server {
+    _child: Killed,
+    base: String,
+}
+
+fn serve(env: &Env, addr: &str, token: Option<&str>) -> Server {
+    let mut c = env.cmd(&["serve", "--addr", addr]);
+    c.stderr(Stdio::piped()).stdout(Stdio::null());
+    c.env_remove("STEADFAST_SERVE_TOKEN");
+    if let Some(t) = token {
+        c.env("STEADFAST_SERVE_TOKEN", t);
+    }
+    let mut child = c.spawn().expect("start steadfast serve");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    lines.read_line(&mut line).expect("the serve banner");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .trim_end_matches('/')
+        .to_string();
+    // An address like 0.0.0.0 is reached on loopback.
+    let port = url.rsplit(':').next().expect("a port").to_string();
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = lines.read_to_string(&mut rest);
+    });
+    Server {
+        _child: Killed(child),
+        base: format!("http://127.0.0.1:{port}"),
+    }
+}
+
+/// Headless Chromium over chromedriver.
+struct Browser {
+    client: Client,
+    _driver: Killed,
+    _profile: tempfile::TempDir,
+}
+
+async fn browser(chromium: &Path, driver: &Path) -> Browser {
+    // The WebDriver client speaks plain HTTP to chromedriver, but its TLS
+    // library wants a crypto provider chosen.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let port = free_port();
+    let child = Command::new(driver)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromedriver");
+    let driver = Killed(child);
+    let profile = tempfile::tempdir().expect("a profile dir");
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": chromium,
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--disable-dev-shm-usage", "--window-size=1280,900",
+                     format!("--user-data-dir={}", profile.path().display())]
+        }),
+    );
+    let start = Instant::now();
+    let client = loop {
+        match ClientBuilder::rustls()
+            .expect("a TLS config")
+            .capabilities(caps.clone())
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+        {
+            Ok(c) => break c,
+            Err(e) if start.elapsed() < Duration::from_secs(20) => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("cannot start a browser session: {e}"),
+        }
+    };
+    Browser {
+        client,
+        _driver: driver,
+        _profile: profile,
+    }
+}
+
+/// What the page runs that it should not: a global a payload sets, images
+/// with the payload's source, inline scripts, an open alert.
+async fn assert_nothing_ran(c: &Client, page: &str) {
+    let found = c
+        .execute(
+            "return [typeof window.__xss, document.querySelectorAll('img').length, \
+             document.querySelectorAll('script:not([src])').length];",
+            vec![],
+        )
+        .await
+        .expect("run the check");
+    assert_eq!(
+        found,
+        json!(["undefined", 0, 0]),
+        "something from a run was executed or injected on {page}"
+    );
+    assert!(
+        c.get_alert_text().await.is_err(),
+        "an alert opened on {page}"
+    );
+}
+
+async fn fill(c: &Client, form: &str, field: &str, value: &str) {
+    let el = c
+        .find(Locator::Css(&format!("{form} [name=\"{field}\"]")))
+        .await
+        .unwrap_or_else(|e| panic!("no field {field} in {form}: {e}"));
+    el.send_keys(value).await.expect("type");
+}
+
+/// Waits until the text of `css` passes `ok` (the page may be replaced
+/// under a lookup by a navigation or a refresh), and returns it.
+async fn wait_text(c: &Client, css: &str, ok: impl Fn(&str) -> bool) -> String {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < Duration::from_secs(15) {
+        if let Ok(el) = c.find(Locator::Css(css)).await {
+            if let Ok(t) = el.text().await {
+                if ok(&t) {
+                    return t;
+                }
+                last = t;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{css} never showed what was expected; last seen: {last:?}");
+}
+
+async fn screenshot(c: &Client, name: &str) {
+    let png = c.screenshot().await.expect("a screenshot");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-screenshots");
+    std::fs::create_dir_all(&dir).expect("screenshot dir");
+    std::fs::write(dir.join(name), &png).expect("write screenshot");
+    if std::env::var("STEADFAST_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1") {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/serve");
+        std::fs::create_dir_all(&docs).expect("docs/serve");
+        std::fs::write(docs.join(name), &png).expect("write docs screenshot");
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// Starts the example agent as run `id`; it stops at its review gate.
+fn agent_run(env: &Env, id: &str) {
+    let out = env.run(&["run", AGENT_FLOW, "--run-id", id]);
+    assert_eq!(
+        code(&out),
+        4,
+        "run {id} should wait at its gate: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn approve_from_the_inbox_then_the_run_completes_and_reject_from_the_run_page() {
+    let Some((chromium, driver)) = tools() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let env = Env::new();
+    for id in ["agent-approve", "agent-reject", "agent-later"] {
+        agent_run(&env, id);
+    }
+    let server = serve(&env, "127.0.0.1:0", None);
+    runtime().block_on(async {
+        let b = browser(&chromium, &driver).await;
+        let c = &b.client;
+        c.goto(&format!("{}/runs", server.base))
+            .await
+            .expect("runs page");
+        screenshot(c, "runs.png").await;
+        c.goto(&format!("{}/runs/agent-later", server.base))
+            .await
+            .expect("run page");
+        screenshot(c, "run.png").await;
+        c.goto(&format!("{}/inbox", server.base))
+            .await
+            .expect("inbox");
+        screenshot(c, "inbox.png").await;
+        wait_text(c, "main p.muted", |t| t.starts_with("3 run(s) waiting")).await;
+
+        let form = "form[action=\"/runs/agent-approve/approve\"]";
+        fill(c, form, "data", r#"{"note": "ship it"}"#).await;
+        fill(c, form, "by", "Ada Lovelace").await;
+        c.find(Locator::Css(&format!("{form} button")))
+            .await
+            .expect("approve button")
+            .click()
+            .await
+            .expect("click");
+        // Back in the inbox, the run shows the decision instead of the forms.
+        wait_text(c, "main .inbox-item p.decided", |t| {
+            t.starts_with("Approved by Ada Lovelace")
+        })
+        .await;
+        assert!(
+            c.find(Locator::Css(form)).await.is_err(),
+            "the approve form is gone once the gate is decided"
+        );
+
+        c.goto(&format!("{}/runs/agent-reject", server.base))
+            .await
+            .expect("run page");
+        let form = "form[action=\"/runs/agent-reject/reject\"]";
+        fill(c, form, "reason", "the sources are too old").await;
+        fill(c, form, "by", "Grace Hopper").await;
+        c.find(Locator::Css(&format!("{form} button")))
+            .await
+            .expect("reject button")
+            .click()
+            .await
+            .expect("click");
+        c.wait()
+            .for_element(Locator::Css("span.badge.rejected"))
+            .await
+            .expect("the run shows rejected");
+        b.client.clone().close().await.expect("close the browser");
+    });
+
+    // The decisions are recorded exactly as `steadfast approve` records them.
+    let approved = env.show("agent-approve");
+    let d = &approved["decisions"][0];
+    assert_eq!(d["by"], json!("Ada Lovelace"));
+    assert_eq!(d["approved"], json!(true));
+    assert_eq!(d["data"], json!({"note": "ship it"}));
+    let out = env.run(&["run", AGENT_FLOW, "--run-id", "agent-approve"]);
+    assert_eq!(
+        code(&out),
+        0,
+        "the approved run completes: {}",
+        stderr(&out)
+    );
+    assert_eq!(env.show("agent-approve")["status"], json!("completed"));
+
+    let rejected = env.show("agent-reject");
+    assert_eq!(rejected["status"], json!("rejected"));
+    assert_eq!(rejected["decisions"][0]["by"], json!("Grace Hopper"));
+    assert_eq!(
+        rejected["decisions"][0]["reason"],
+        json!("the sources are too old")
+    );
+    assert_eq!(env.show("agent-later")["status"], json!("waiting"));
+}
+
+fn url(s: &str) -> url::Url {
+    url::Url::parse(s).expect("a URL")
+}
+
+const SCRIPT: &str = "<script>window.__xss=1</script>";
+const IMG: &str = "\"><img src=x onerror=window.__xss=2>";
+
+#[test]
+fn hostile_values_in_state_id_and_error_are_shown_not_run() {
+    let Some((chromium, driver)) = tools() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let env = Env::new();
+    let payload = json!({"x": SCRIPT, "y": IMG, "<b>key</b>": "v"}).to_string();
+    let flow = env.flow(
+        "hostile.toml",
+        "name = \"hostile\"\n\
+         [[step]]\nname = \"inject\"\nrun = \"cat payload.json\"\n\
+         [[step]]\nname = \"review\"\ngate = true\n",
+    );
+    std::fs::write(env.path().join("payload.json"), &payload).expect("payload");
+    let failing = env.flow(
+        "failing.toml",
+        "name = \"failing\"\n[[step]]\nname = \"boom\"\nrun = \"echo '<img src=x onerror=window.__xss=4>' >&2; exit 1\"\nretries = 0\n",
+    );
+    let hostile_id = "\"><img src=x onerror=window.__xss=3>";
+    let out = env.run(&["run", flow.to_str().expect("path"), "--run-id", hostile_id]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    let out = env.run(&["run", flow.to_str().expect("path"), "--run-id", "plain-id"]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    let out = env.run(&[
+        "run",
+        failing.to_str().expect("path"),
+        "--run-id",
+        "<script>window.__xss=5</script>",
+    ]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+
+    let server = serve(&env, "127.0.0.1:0", None);
+    runtime().block_on(async {
+        let b = browser(&chromium, &driver).await;
+        let c = &b.client;
+        let seg = |s: &str| {
+            s.bytes()
+                .map(|b| {
+                    if b.is_ascii_alphanumeric() {
+                        (b as char).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    }
+                })
+                .collect::<String>()
+        };
+        let pages = [
+            "/runs".to_string(),
+            "/inbox".to_string(),
+            format!("/runs/{}", seg(hostile_id)),
+            "/runs/plain-id".to_string(),
+            format!("/runs/{}", seg("<script>window.__xss=5</script>")),
+        ];
+        for p in &pages {
+            c.goto(&format!("{}{p}", server.base)).await.expect("page");
+            assert_nothing_ran(c, p).await;
+        }
+        // The values are there, as text.
+        c.goto(&format!("{}/runs/plain-id", server.base))
+            .await
+            .expect("page");
+        let state = c
+            .find(Locator::Css("#state pre"))
+            .await
+            .expect("state")
+            .text()
+            .await
+            .expect("text");
+        assert!(state.contains("<script>window.__xss=1</script>"), "{state}");
+        assert!(
+            state.contains("<img src=x onerror=window.__xss=2>"),
+            "{state}"
+        );
+        c.goto(&format!(
+            "{}/runs/{}",
+            server.base,
+            seg("<script>window.__xss=5</script>")
+        ))
+        .await
+        .expect("page");
+        let error = c
+            .find(Locator::Css("div.error pre"))
+            .await
+            .expect("error box")
+            .text()
+            .await
+            .expect("text");
+        assert!(
+            error.contains("<img src=x onerror=window.__xss=4>"),
+            "{error}"
+        );
+        c.goto(&format!("{}/runs", server.base))
+            .await
+            .expect("page");
+        let ids = c
+            .find(Locator::Css("table"))
+            .await
+            .expect("table")
+            .text()
+            .await
+            .expect("text");
+        assert!(ids.contains(hostile_id), "{ids}");
+        // Refreshing in place (the page fetches itself) inserts nothing either.
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert_nothing_ran(c, "/runs after a refresh").await;
+        b.client.clone().close().await.expect("close the browser");
+    });
+}
+
+/// A bare HTTP/1.1 request; the status code and body.
+fn http(
+    base: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let addr = base.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).expect("connect");
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[test]
+fn a_non_loopback_address_needs_a_token_and_posts_need_the_csrf_token() {
+    let Some((chromium, driver)) = tools() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let env = Env::new();
+    agent_run(&env, "guarded");
+
+    // Refused without a token.
+    let out = env
+        .cmd(&["serve", "--addr", "0.0.0.0:0"])
+        .env_remove("STEADFAST_SERVE_TOKEN")
+        .output()
+        .expect("serve");
+    assert_eq!(code(&out), 2);
+    assert!(
+        stderr(&out).contains("needs an access token"),
+        "{}",
+        stderr(&out)
+    );
+    // A short token is no lock.
+    let out = env
+        .cmd(&["serve", "--addr", "0.0.0.0:0"])
+        .env("STEADFAST_SERVE_TOKEN", "short")
+        .output()
+        .expect("serve");
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+
+    let token = "correct-horse-battery-staple-42";
+    let server = serve(&env, "0.0.0.0:0", Some(token));
+    let (status, body) = http(&server.base, "GET", "/api/runs", &[], "");
+    assert_eq!(status, 401, "{body}");
+    let (status, _) = http(
+        &server.base,
+        "GET",
+        "/api/runs",
+        &[("Authorization", "Bearer wrong-token-wrong-token")],
+        "",
+    );
+    assert_eq!(status, 401);
+    let (status, body) = http(
+        &server.base,
+        "GET",
+        "/api/runs",
+        &[("Authorization", &format!("Bearer {token}"))],
+        "",
+    );
+    assert_eq!(status, 200);
+    let runs: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(runs[0]["run_id"], json!("guarded"));
+    // A POST without the page's CSRF token changes nothing.
+    let (status, _) = http(
+        &server.base,
+        "POST",
+        "/runs/guarded/approve",
+        &[
+            ("Authorization", &format!("Bearer {token}")),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        "gate=review&by=mallory",
+    );
+    assert_eq!(status, 403);
+    assert_eq!(env.show("guarded")["status"], json!("waiting"));
+
+    runtime().block_on(async {
+        let b = browser(&chromium, &driver).await;
+        let c = &b.client;
+        c.goto(&format!("{}/runs", server.base))
+            .await
+            .expect("runs");
+        c.wait()
+            .for_url(&url(&format!("{}/login", server.base)))
+            .await
+            .expect("sent to the login page");
+        fill(c, "form", "token", "not-the-token-at-all").await;
+        c.find(Locator::Css("form button"))
+            .await
+            .expect("button")
+            .click()
+            .await
+            .expect("click");
+        wait_text(c, "div.error", |t| t.contains("not the access token")).await;
+        fill(c, "form", "token", token).await;
+        c.find(Locator::Css("form button"))
+            .await
+            .expect("button")
+            .click()
+            .await
+            .expect("click");
+        c.wait()
+            .for_url(&url(&format!("{}/runs", server.base)))
+            .await
+            .expect("the runs list");
+        let table = c
+            .find(Locator::Css("table"))
+            .await
+            .expect("table")
+            .text()
+            .await
+            .expect("text");
+        assert!(table.contains("guarded"), "{table}");
+        b.client.clone().close().await.expect("close the browser");
+    });
+    let _ = BIN;
+}
