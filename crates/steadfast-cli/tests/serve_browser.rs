@@ -74,7 +74,11 @@ struct Server {
 }
 
 fn serve(env: &Env, addr: &str, token: Option<&str>) -> Server {
-    let mut c = env.cmd(&["serve", "--addr", addr]);
+    // The store by a relative URL (the working directory is the test's), so
+    // that the page header and the screenshots show no machine's path.
+    let mut c = Command::new(BIN);
+    c.current_dir(env.path())
+        .args(["--store", "sqlite:runs.db", "serve", "--addr", addr]);
     c.stderr(Stdio::piped()).stdout(Stdio::null());
     c.env_remove("STEADFAST_SERVE_TOKEN");
     if let Some(t) = token {
@@ -242,6 +246,30 @@ fn approve_from_the_inbox_then_the_run_completes_and_reject_from_the_run_page() 
     };
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let env = Env::new();
+    // A finished run and a failed one beside the three waiting, for the
+    // list and the screenshots.
+    agent_run(&env, "agent-done");
+    let out = env.run(&[
+        "approve",
+        "agent-done",
+        "review",
+        "--by",
+        "Katherine Johnson",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = env.run(&["run", AGENT_FLOW, "--run-id", "agent-done"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let failing = env.flow(
+        "flaky.toml",
+        "name = \"flaky-tool\"\n[[step]]\nname = \"fetch\"\nrun = \"echo upstream returned 503 >&2; exit 1\"\nretries = 1\nbackoff = \"10ms\"\n",
+    );
+    let out = env.run(&[
+        "run",
+        failing.to_str().expect("path"),
+        "--run-id",
+        "tool-call-17",
+    ]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
     for id in ["agent-approve", "agent-reject", "agent-later"] {
         agent_run(&env, id);
     }
@@ -253,7 +281,7 @@ fn approve_from_the_inbox_then_the_run_completes_and_reject_from_the_run_page() 
             .await
             .expect("runs page");
         screenshot(c, "runs.png").await;
-        c.goto(&format!("{}/runs/agent-later", server.base))
+        c.goto(&format!("{}/runs/agent-done", server.base))
             .await
             .expect("run page");
         screenshot(c, "run.png").await;
@@ -581,5 +609,4 @@ fn a_non_loopback_address_needs_a_token_and_posts_need_the_csrf_token() {
         assert!(table.contains("guarded"), "{table}");
         b.client.clone().close().await.expect("close the browser");
     });
-    let _ = BIN;
 }

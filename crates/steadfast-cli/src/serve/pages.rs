@@ -160,7 +160,6 @@ struct Bar<'a> {
     name: &'a str,
     start: u64,
     end: u64,
-    attempt: u32,
     class: &'static str,
     note: String,
 }
@@ -185,7 +184,6 @@ fn timeline(cp: &Checkpoint, hist: &[StepRecord], now: Timestamp) -> Markup {
                 name: &r.name,
                 start: r.started_at.unix_millis(),
                 end: r.finished_at.unix_millis(),
-                attempt: r.attempt,
                 class: if r.attempt > 1 { "bar retried" } else { "bar" },
                 note,
             }
@@ -196,7 +194,6 @@ fn timeline(cp: &Checkpoint, hist: &[StepRecord], now: Timestamp) -> Markup {
             name: &f.step,
             start: f.at.unix_millis(),
             end: f.at.unix_millis(),
-            attempt: f.attempt,
             class: "bar failed",
             note: format!(
                 "failed (attempt {}){}",
@@ -210,7 +207,6 @@ fn timeline(cp: &Checkpoint, hist: &[StepRecord], now: Timestamp) -> Markup {
             name: step,
             start: since.unix_millis(),
             end: now.unix_millis().max(since.unix_millis()),
-            attempt: 1,
             class: "bar gate",
             note: "waiting for a decision".into(),
         });
@@ -234,9 +230,9 @@ fn timeline(cp: &Checkpoint, hist: &[StepRecord], now: Timestamp) -> Markup {
                     rect class=(b.class) x=(format!("{x:.1}")) y=(y + 3.0) width=(format!("{w:.1}")) height="16" rx="2" {
                         title { (b.name) ": " (b.note) }
                     }
-                    text.dim x=(format!("{:.1}", (x + w + 6.0).min(940.0))) y=(y + 16.0) {
-                        (b.note) @if b.attempt > 1 { "" }
-                    }
+                    @let inside = x + w > 820.0;
+                    @let tx = if inside { x + 6.0 } else { x + w + 6.0 };
+                    text.dim x=(format!("{tx:.1}")) y=(y + 16.0) { (b.note) }
                 }
             }
             p.muted { "From " (Timestamp::from_unix_millis(t0).to_string()) " to " (Timestamp::from_unix_millis(t1).to_string()) }
