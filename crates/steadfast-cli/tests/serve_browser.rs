@@ -166,14 +166,17 @@ async fn assert_nothing_ran(c: &Client, page: &str) {
     let found = c
         .execute(
             "return [typeof window.__xss, document.querySelectorAll('img').length, \
-             document.querySelectorAll('script:not([src])').length];",
+             document.querySelectorAll('script:not([src])').length, \
+             Array.from(document.querySelectorAll('*')).filter(function (e) { \
+               return Array.from(e.attributes).some(function (a) { return a.name.indexOf('on') === 0; }); \
+             }).length];",
             vec![],
         )
         .await
         .expect("run the check");
     assert_eq!(
         found,
-        json!(["undefined", 0, 0]),
+        json!(["undefined", 0, 0, 0]),
         "something from a run was executed or injected on {page}"
     );
     assert!(
@@ -371,9 +374,9 @@ fn hostile_values_in_state_id_and_error_are_shown_not_run() {
     let payload = json!({"x": SCRIPT, "y": IMG, "<b>key</b>": "v"}).to_string();
     let flow = env.flow(
         "hostile.toml",
-        "name = \"hostile\"\n\
-         [[step]]\nname = \"inject\"\nrun = \"cat payload.json\"\n\
-         [[step]]\nname = \"review\"\ngate = true\n",
+        "name = '<b>hostile</b>'\n\
+         [[step]]\nname = '\"><img src=x onerror=window.__xss=6>'\nrun = \"cat payload.json\"\n\
+         [[step]]\nname = '\" onfocus=\"window.__xss=7'\ngate = true\n",
     );
     std::fs::write(env.path().join("payload.json"), &payload).expect("payload");
     let failing = env.flow(
@@ -464,9 +467,32 @@ fn hostile_values_in_state_id_and_error_are_shown_not_run() {
             .await
             .expect("text");
         assert!(ids.contains(hostile_id), "{ids}");
-        // Refreshing in place (the page fetches itself) inserts nothing either.
+        // Refreshing in place (the page fetches itself and swaps its
+        // content; a run waiting at a gate changes every time, its gate bar
+        // ending now) inserts nothing either.
+        c.goto(&format!("{}/runs/plain-id", server.base))
+            .await
+            .expect("page");
+        c.execute(
+            "document.querySelector('#content h1').setAttribute('data-old', '1');",
+            vec![],
+        )
+        .await
+        .expect("mark the content");
         tokio::time::sleep(Duration::from_secs(4)).await;
-        assert_nothing_ran(c, "/runs after a refresh").await;
+        let swapped = c
+            .execute(
+                "return document.querySelector('#content h1[data-old]') === null;",
+                vec![],
+            )
+            .await
+            .expect("look");
+        assert_eq!(
+            swapped,
+            json!(true),
+            "the page refreshed its content in place"
+        );
+        assert_nothing_ran(c, "a run page after a refresh").await;
         b.client.clone().close().await.expect("close the browser");
     });
 }
@@ -482,9 +508,12 @@ fn http(
     let addr = base.trim_start_matches("http://");
     let mut s = TcpStream::connect(addr).expect("connect");
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -533,6 +562,19 @@ fn a_non_loopback_address_needs_a_token_and_posts_need_the_csrf_token() {
         .output()
         .expect("serve");
     assert_eq!(code(&out), 2, "{}", stderr(&out));
+
+    // Without a token, only requests naming a loopback host are served: a
+    // page elsewhere pointing its own name at 127.0.0.1 (DNS rebinding) is
+    // turned away.
+    let open = serve(&env, "127.0.0.1:0", None);
+    let port = open.base.rsplit(':').next().expect("port").to_string();
+    let rebound = format!("rebind.example:{port}");
+    let (status, _) = http(&open.base, "GET", "/api/runs", &[("Host", &rebound)], "");
+    assert_eq!(status, 421);
+    let local = format!("localhost:{port}");
+    let (status, _) = http(&open.base, "GET", "/api/runs", &[("Host", &local)], "");
+    assert_eq!(status, 200);
+    drop(open);
 
     let token = "correct-horse-battery-staple-42";
     let server = serve(&env, "0.0.0.0:0", Some(token));

@@ -43,9 +43,9 @@ pub async fn run(args: ServeArgs, ctx: &Ctx) -> Result<i32, Failure> {
             .filter(|t| !t.is_empty()),
     };
     if let Some(t) = &token {
-        if t.len() < MIN_TOKEN_BYTES || t.chars().any(char::is_control) {
+        if t.len() < MIN_TOKEN_BYTES || !t.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(usage(format!(
-                "the access token must be at least {MIN_TOKEN_BYTES} bytes without control characters"
+                "the access token must be at least {MIN_TOKEN_BYTES} visible ASCII characters (no spaces)"
             )));
         }
     }

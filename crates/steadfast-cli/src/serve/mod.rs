@@ -33,8 +33,8 @@ const PAGE: usize = 50;
 const MAX_PAGE: usize = 500;
 /// Waiting runs the inbox shows, oldest first.
 const INBOX: usize = 50;
-/// The cookie that carries the access token after logging in.
-const TOKEN_COOKIE: &str = "steadfast_token";
+/// The cookie that marks a browser that gave the access token.
+const SESSION_COOKIE: &str = "steadfast_session";
 
 /// What every handler shares.
 pub(crate) struct App {
@@ -43,6 +43,12 @@ pub(crate) struct App {
     /// Put in every form and checked on every POST.
     csrf: String,
     token: Option<String>,
+    /// What the login cookie carries: a random value of this process, not
+    /// the token (a cookie goes to every port of the host).
+    session: String,
+    /// The port it listens on: without a token, only requests naming a
+    /// loopback host with this port are served (no DNS rebinding).
+    port: u16,
     stuck_after: Duration,
     /// The store's URL without its password, shown in the header.
     url: String,
@@ -57,18 +63,20 @@ pub async fn serve(
     token: Option<String>,
     stuck_after: Duration,
 ) -> Result<(), Failure> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let bound = listener.local_addr().unwrap_or(addr);
     let app = Arc::new(App {
         store: Arc::clone(&ctx.store),
         clock: ctx.clock(),
         csrf: random_token()?,
         token,
+        session: random_token()?,
+        port: bound.port(),
         stuck_after,
         url: ctx.url.clone(),
     });
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
-    let bound = listener.local_addr().unwrap_or(addr);
     crate::output::note(format_args!(
         "serving {} on http://{bound}/{}",
         ctx.url,
@@ -149,6 +157,22 @@ fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// and the assets excepted).
 async fn guard(State(app): Shared, req: Request, next: Next) -> Response {
     let Some(token) = &app.token else {
+        // Without a token only this machine may ask, and a page elsewhere
+        // could still reach a loopback server by pointing its own host name
+        // at 127.0.0.1 (DNS rebinding): the request must name a loopback
+        // host and this port.
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !loopback_host(host, app.port) {
+            return (
+                StatusCode::MISDIRECTED_REQUEST,
+                format!("this server answers only requests to 127.0.0.1:{0}, localhost:{0} or [::1]:{0}; serve with a token to reach it by another name", app.port),
+            )
+                .into_response();
+        }
         return next.run(req).await;
     };
     let path = req.uri().path();
@@ -160,8 +184,9 @@ async fn guard(State(app): Shared, req: Request, next: Next) -> Response {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let given = bearer.or_else(|| cookie(headers, TOKEN_COOKIE));
-    if given.is_some_and(|g| same(g, token)) {
+    let by_header = bearer.is_some_and(|g| same(g, token));
+    let by_cookie = cookie(headers, SESSION_COOKIE).is_some_and(|c| same(c, &app.session));
+    if by_header || by_cookie {
         return next.run(req).await;
     }
     if path.starts_with("/api/") {
@@ -171,6 +196,13 @@ async fn guard(State(app): Shared, req: Request, next: Next) -> Response {
         );
     }
     Redirect::to("/login").into_response()
+}
+
+/// Whether a Host header names this machine's loopback with `port`.
+fn loopback_host(host: &str, port: u16) -> bool {
+    ["127.0.0.1", "localhost", "[::1]"]
+        .iter()
+        .any(|h| host == format!("{h}:{port}"))
 }
 
 /// Headers on every response: no inline script, no framing, no sniffing.
@@ -358,13 +390,18 @@ async fn list(
     for r in rows {
         // Only a run that has not finished can be stuck; the others need
         // no second read.
+        // Encrypted without the keys, unreadable, or deleted since: listed
+        // without a label, as `steadfast runs` does.
         let label = if matches!(
             r.status,
             RunStatus::Completed | RunStatus::Rejected | RunStatus::Cancelled
         ) {
             None
         } else {
-            stuck(app, &load(app, &r.run_id).await?)
+            match app.store.load(&r.run_id).await {
+                Ok(Some(cp)) => stuck(app, &cp),
+                Ok(None) | Err(_) => None,
+            }
         };
         out.push((r, label));
     }
@@ -401,8 +438,9 @@ pub(crate) struct Waiting {
     since: steadfast::Timestamp,
 }
 
-/// The runs waiting at a gate, oldest first, and how many there are.
-async fn inbox(app: &App) -> Result<(Vec<Waiting>, usize), PageError> {
+/// The runs waiting at a gate, oldest first, how many there are, and the
+/// ones that could not be read.
+async fn inbox(app: &App) -> Result<Inbox, PageError> {
     let mut all: Vec<RunSummary> = Vec::new();
     let mut filter = ListFilter::new().status(RunStatus::Waiting).limit(MAX_PAGE);
     loop {
@@ -418,23 +456,45 @@ async fn inbox(app: &App) -> Result<(Vec<Waiting>, usize), PageError> {
     all.sort_by(|a, b| (a.updated_at, &a.run_id).cmp(&(b.updated_at, &b.run_id)));
     let total = all.len();
     let mut out = Vec::new();
+    let mut unreadable = Vec::new();
     for r in all.into_iter().take(INBOX) {
-        let cp = load(app, &r.run_id).await?;
+        // One run that cannot be read (sealed without keys, corrupt) is
+        // named on the page; the others are still shown.
+        let cp = match app.store.load(&r.run_id).await {
+            Ok(Some(cp)) => cp,
+            Ok(None) => continue,
+            Err(e) => {
+                unreadable.push((r.run_id.clone(), steadfast::error_chain(&e)));
+                continue;
+            }
+        };
         if let Some(steadfast::Wait::Gate { step, since, .. }) = &cp.wait {
             let (gate, since) = (step.clone(), *since);
             out.push(Waiting { cp, gate, since });
         }
     }
     out.sort_by(|a, b| (a.since, &a.cp.run_id).cmp(&(b.since, &b.cp.run_id)));
-    Ok((out, total))
+    Ok(Inbox {
+        items: out,
+        total,
+        unreadable,
+    })
+}
+
+/// What the inbox shows.
+pub(crate) struct Inbox {
+    pub(crate) items: Vec<Waiting>,
+    pub(crate) total: usize,
+    /// Runs that could not be read, with why.
+    pub(crate) unreadable: Vec<(String, String)>,
 }
 
 async fn inbox_page(State(app): Shared) -> Result<Response, PageError> {
-    let (items, total) = inbox(&app).await?;
-    Ok(axum::response::Html(
-        pages::inbox(&app.url, &app.csrf, &items, total, app.clock.now()).into_string(),
+    let inbox = inbox(&app).await?;
+    Ok(
+        axum::response::Html(pages::inbox(&app.url, &app.csrf, &inbox).into_string())
+            .into_response(),
     )
-    .into_response())
 }
 
 /// Checks a POST: its CSRF token, and its origin when the browser names one.
@@ -479,6 +539,30 @@ fn same_origin(headers: &HeaderMap) -> Result<(), String> {
         Err(format!(
             "the request comes from another site (origin {origin:?}, this server is {host:?})"
         ))
+    }
+}
+
+/// Refuses a decision made on a page that showed another wait than the
+/// run's now (it was rewound and reached the gate again meanwhile).
+async fn same_wait(
+    app: &App,
+    id: &str,
+    gate: &str,
+    form: &HashMap<String, String>,
+) -> Result<(), PageError> {
+    let Some(shown) = field(form, "since") else {
+        return Ok(());
+    };
+    let cp = load(app, id).await?;
+    match &cp.wait {
+        Some(steadfast::Wait::Gate { step, since, .. }) if step == gate && since.unix_millis().to_string() != shown => {
+            Err(PageError::new(
+                StatusCode::CONFLICT,
+                format!("deciding gate {gate:?} of run {id:?}"),
+                format!("the run reached this gate again at {since} after the page was shown; reload it, look again, then decide; nothing was written"),
+            ))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -527,6 +611,7 @@ async fn approve(
         })?),
     };
     let by = by(&f)?;
+    same_wait(&app, &id, &gate, &f).await?;
     steadfast::approve(&*app.store, &id, &gate, data, &by, &*app.clock)
         .await
         .map_err(|e| PageError::engine(format!("approving gate {gate:?} of run {id:?}"), &e))?;
@@ -543,6 +628,7 @@ async fn reject(
     let gate = field(&f, "gate").unwrap_or_default().to_string();
     let reason = field(&f, "reason").map(String::from);
     let by = by(&f)?;
+    same_wait(&app, &id, &gate, &f).await?;
     steadfast::reject(&*app.store, &id, &gate, reason, &by, &*app.clock)
         .await
         .map_err(|e| PageError::engine(format!("rejecting gate {gate:?} of run {id:?}"), &e))?;
@@ -638,8 +724,9 @@ async fn api_history(State(app): Shared, Path(id): Path<String>) -> Result<Json<
 }
 
 async fn api_inbox(State(app): Shared) -> Result<Json<Value>, ApiError> {
-    let (items, _) = inbox(&app).await?;
-    let list: Vec<Value> = items
+    let inbox = inbox(&app).await?;
+    let list: Vec<Value> = inbox
+        .items
         .iter()
         .map(|w| {
             serde_json::json!({"run_id": w.cp.run_id, "workflow": w.cp.workflow, "gate": w.gate,
@@ -649,8 +736,9 @@ async fn api_inbox(State(app): Shared) -> Result<Json<Value>, ApiError> {
     Ok(Json(Value::Array(list)))
 }
 
-async fn login_page(State(app): Shared) -> Response {
-    axum::response::Html(pages::login(&app.url, None).into_string()).into_response()
+async fn login_page() -> Response {
+    // Before logging in, nothing about the store is shown.
+    axum::response::Html(pages::login("", None).into_string()).into_response()
 }
 
 async fn login(State(app): Shared, h: HeaderMap, Form(f): PostForm) -> Response {
@@ -660,7 +748,7 @@ async fn login(State(app): Shared, h: HeaderMap, Form(f): PostForm) -> Response 
     if let Err(why) = same_origin(&h) {
         return (
             StatusCode::FORBIDDEN,
-            axum::response::Html(pages::login(&app.url, Some(&why)).into_string()),
+            axum::response::Html(pages::login("", Some(&why)).into_string()),
         )
             .into_response();
     }
@@ -669,12 +757,15 @@ async fn login(State(app): Shared, h: HeaderMap, Form(f): PostForm) -> Response 
         return (
             StatusCode::UNAUTHORIZED,
             axum::response::Html(
-                pages::login(&app.url, Some("that is not the access token")).into_string(),
+                pages::login("", Some("that is not the access token")).into_string(),
             ),
         )
             .into_response();
     }
-    let cookie = format!("{TOKEN_COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/");
+    let cookie = format!(
+        "{SESSION_COOKIE}={}; HttpOnly; SameSite=Strict; Path=/",
+        app.session
+    );
     let mut res = Redirect::to("/runs").into_response();
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         res.headers_mut().insert(header::SET_COOKIE, v);

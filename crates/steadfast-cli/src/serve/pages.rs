@@ -5,7 +5,7 @@ use serde_json::Value;
 use steadfast::stuck::Stuck;
 use steadfast::{Checkpoint, RunStatus, RunSummary, StepRecord, Timestamp, Wait};
 
-use super::{RunsQuery, Waiting};
+use super::RunsQuery;
 
 /// How often (seconds) a page fetches itself again to show changes.
 const REFRESH_SECS: u32 = 3;
@@ -276,6 +276,7 @@ fn decide(csrf: &str, cp: &Checkpoint, gate: &str, since: Timestamp, back: &str)
         form.action method="post" action={ "/runs/" (id) "/approve" } {
             (hidden(csrf, back))
             input type="hidden" name="gate" value=(gate);
+            input type="hidden" name="since" value=(since.unix_millis());
             label { "Data (JSON, optional)" textarea name="data" placeholder="{\"note\": \"looks good\"}" {} }
             label { "Your name" input name="by" required; }
             button.approve type="submit" { "Approve" }
@@ -283,6 +284,7 @@ fn decide(csrf: &str, cp: &Checkpoint, gate: &str, since: Timestamp, back: &str)
         form.action method="post" action={ "/runs/" (id) "/reject" } {
             (hidden(csrf, back))
             input type="hidden" name="gate" value=(gate);
+            input type="hidden" name="since" value=(since.unix_millis());
             label { "Reason" input name="reason" size="40"; }
             label { "Your name" input name="by" required; }
             button.reject type="submit" { "Reject" }
@@ -447,13 +449,8 @@ pub(crate) fn run(
 }
 
 /// The runs waiting at a gate, oldest first, each with its forms.
-pub(crate) fn inbox(
-    store: &str,
-    csrf: &str,
-    items: &[Waiting],
-    total: usize,
-    now: Timestamp,
-) -> Markup {
+pub(crate) fn inbox(store: &str, csrf: &str, inbox: &super::Inbox) -> Markup {
+    let (items, total) = (&inbox.items, inbox.total);
     layout(
         "Inbox",
         store,
@@ -466,12 +463,15 @@ pub(crate) fn inbox(
                 @if total > items.len() { "; the oldest " (items.len()) " are shown" }
                 "."
             }
+            @for (id, why) in &inbox.unreadable {
+                div.box.error { "Run " span.id { (id) } " cannot be read: " (why) }
+            }
             @for w in items {
                 div.inbox-item {
                     div {
                         a.id href={ "/runs/" (seg(&w.cp.run_id)) } { (w.cp.run_id) }
                         " · " (w.cp.workflow) " · gate " strong { (w.gate) }
-                        " · waiting " (human(now.saturating_since(w.since)))
+                        " · waiting since " (w.since.to_string())
                     }
                     details { summary { "State it waits on (" (w.cp.state.len()) " key(s))" } pre { (pretty(&Value::Object(w.cp.state.clone()))) } }
                     (decide(csrf, &w.cp, &w.gate, w.since, "inbox"))
@@ -479,16 +479,6 @@ pub(crate) fn inbox(
             }
         },
     )
-}
-
-fn human(d: std::time::Duration) -> String {
-    let s = d.as_secs();
-    match s {
-        0..=59 => format!("{s} s"),
-        60..=3599 => format!("{} min", s / 60),
-        3600..=86_399 => format!("{} h", s / 3600),
-        _ => format!("{} days", s / 86_400),
-    }
 }
 
 /// The login form, for a server with an access token.

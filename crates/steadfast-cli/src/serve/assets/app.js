@@ -21,13 +21,20 @@ function refresh() {
     return;
   }
   fetch(window.location.href, { headers: { "X-Steadfast-Refresh": "1" }, credentials: "same-origin" })
-    .then(function (r) { return r.ok ? r.text() : null; })
+    // A page that sends the browser elsewhere (to log in again) is not
+    // put in place of this one.
+    .then(function (r) { return r.ok && !r.redirected ? r.text() : null; })
     .then(function (html) {
       if (!html || dirty) { return; }
       var doc = new DOMParser().parseFromString(html, "text/html");
       var fresh = doc.getElementById("content");
       if (fresh && fresh.innerHTML !== main.innerHTML) {
+        // Keep what the reader opened or closed.
+        var open = Array.prototype.map.call(main.querySelectorAll("details"), function (d) { return d.open; });
         main.innerHTML = fresh.innerHTML;
+        Array.prototype.forEach.call(main.querySelectorAll("details"), function (d, i) {
+          if (i < open.length) { d.open = open[i]; }
+        });
       }
     })
     .catch(function () {});
