@@ -498,3 +498,67 @@ pub(crate) fn login(store: &str, problem: Option<&str>) -> Markup {
         },
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn decode(s: &str) -> Vec<u8> {
+        let b = s.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'%' {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).expect("hex");
+                out.push(u8::from_str_radix(hex, 16).expect("hex"));
+                i += 3;
+            } else {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+        out
+    }
+
+    proptest! {
+        /// An id is always one path segment of safe characters, and decodes
+        /// back to itself.
+        #[test]
+        fn seg_is_one_safe_segment(s in any::<String>()) {
+            let e = seg(&s);
+            prop_assert!(e.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~%".contains(&b)));
+            prop_assert_eq!(decode(&e), s.as_bytes());
+        }
+
+        /// Tag-shaped text in a run's id, workflow, state and error never
+        /// reaches the page as markup.
+        #[test]
+        fn a_run_page_shows_tags_as_text(
+            tag in "<[a-z]{1,6} [a-z]{2,8}=\"?[a-z0-9()=.]{1,12}\"?>",
+            key in "[a-z<>\"']{1,8}",
+        ) {
+            let now = Timestamp::from_unix_millis(1_800_000_000_000);
+            let mut cp = Checkpoint::new(format!("run{tag}"), format!("wf{tag}"), now);
+            cp.state.insert(key.clone(), serde_json::json!({"v": tag.clone()}));
+            cp.state.insert(tag.clone(), serde_json::json!(1));
+            cp.status = RunStatus::Waiting;
+            cp.wait = Some(Wait::Gate {
+                step: format!("gate{tag}"),
+                since: now,
+                timeout_at: None,
+                on_timeout: Default::default(),
+            });
+            let page = run("store", "csrf", &cp, Some(&[]), None, now).0;
+            prop_assert!(!page.contains(&tag), "{tag} appears as markup");
+            let listed = runs(
+                "store",
+                &RunsQuery::default(),
+                &[(RunSummary::from(&cp), None)],
+                50,
+            )
+            .0;
+            prop_assert!(!listed.contains(&tag), "{tag} appears as markup in the list");
+        }
+    }
+}
