@@ -74,11 +74,16 @@ struct Server {
 }
 
 fn serve(env: &Env, addr: &str, token: Option<&str>) -> Server {
+    serve_with(env, &["--addr", addr], token)
+}
+
+fn serve_with(env: &Env, args: &[&str], token: Option<&str>) -> Server {
     // The store by a relative URL (the working directory is the test's), so
     // that the page header and the screenshots show no machine's path.
     let mut c = Command::new(BIN);
     c.current_dir(env.path())
-        .args(["--store", "sqlite:runs.db", "serve", "--addr", addr]);
+        .args(["--store", "sqlite:runs.db", "serve"])
+        .args(args);
     c.stderr(Stdio::piped()).stdout(Stdio::null());
     c.env_remove("STEADFAST_SERVE_TOKEN");
     if let Some(t) = token {
@@ -651,4 +656,41 @@ fn a_non_loopback_address_needs_a_token_and_posts_need_the_csrf_token() {
         assert!(table.contains("guarded"), "{table}");
         b.client.clone().close().await.expect("close the browser");
     });
+}
+
+#[test]
+fn a_client_slow_to_send_its_headers_is_cut_off() {
+    let env = Env::new();
+    agent_run(&env, "slow");
+    let server = serve_with(
+        &env,
+        &["--addr", "127.0.0.1:0", "--header-timeout", "300ms"],
+        None,
+    );
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let mut s = TcpStream::connect(&addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    // Half a request line, then nothing.
+    s.write_all(b"GET /runs HTTP/1.1\r\nHost: ").expect("send");
+    let started = Instant::now();
+    let mut buf = Vec::new();
+    let read = s.read_to_end(&mut buf);
+    assert!(
+        read.is_ok(),
+        "the server closed the connection rather than leaving it open: {read:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "closed only after {:?}",
+        started.elapsed()
+    );
+    // A client that sends its request is served as before.
+    let (status, body) = http(&server.base, "GET", "/api/runs", &[], "");
+    assert_eq!(status, 200, "{body}");
+    let out = env
+        .cmd(&["serve", "--header-timeout", "1ms"])
+        .output()
+        .expect("serve");
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
 }

@@ -20,9 +20,22 @@ pub struct ServeArgs {
     /// token, every request must carry it.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// How long a client may take to send a request's headers before the
+    /// connection is closed (slow clients cannot hold connections open).
+    #[arg(long, default_value = "10s", value_parser = parse_header_timeout)]
+    pub header_timeout: Duration,
     /// How long a run may stand still before it is labelled stuck.
     #[arg(long, default_value = "1m", value_parser = super::runs::parse_after)]
     pub stuck_after: Duration,
+}
+
+/// Parses `--header-timeout`: 100 ms to 10 minutes.
+fn parse_header_timeout(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    if d < Duration::from_millis(100) || d > Duration::from_secs(600) {
+        return Err("it must be between 100ms and 10m".into());
+    }
+    Ok(d)
 }
 
 /// The shortest token accepted: a guessable one would be no lock.
@@ -55,6 +68,10 @@ pub async fn run(args: ServeArgs, ctx: &Ctx) -> Result<i32, Failure> {
             args.addr
         )));
     }
-    crate::serve::serve(ctx, args.addr, token, args.stuck_after).await?;
+    let limits = crate::serve::Limits {
+        stuck_after: args.stuck_after,
+        header_timeout: args.header_timeout,
+    };
+    crate::serve::serve(ctx, args.addr, token, limits).await?;
     Ok(crate::args::exit::OK)
 }

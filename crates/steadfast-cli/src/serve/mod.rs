@@ -56,13 +56,26 @@ pub(crate) struct App {
 
 type Shared = State<Arc<App>>;
 
+/// The most connections served at once; more wait to be accepted.
+const MAX_CONNECTIONS: usize = 256;
+
+/// The server's bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// How long a run may stand still before it is labelled stuck.
+    pub stuck_after: Duration,
+    /// How long a client may take to send a request's headers.
+    pub header_timeout: Duration,
+}
+
 /// Serves the pages on `addr` until interrupted.
 pub async fn serve(
     ctx: &Ctx,
     addr: SocketAddr,
     token: Option<String>,
-    stuck_after: Duration,
+    limits: Limits,
 ) -> Result<(), Failure> {
+    let stuck_after = limits.stuck_after;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
@@ -86,13 +99,47 @@ pub async fn serve(
             ""
         }
     ));
-    axum::serve(listener, router(app))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await
-        .map_err(|e| anyhow::anyhow!("the server stopped: {e}"))?;
-    Ok(())
+    accept(listener, router(app), limits.header_timeout).await
+}
+
+/// Accepts connections until interrupted: at most [`MAX_CONNECTIONS`] at
+/// once, each closed when its client is slower than `header_timeout` to send
+/// a request's headers.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    header_timeout: Duration,
+) -> Result<(), Failure> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    loop {
+        let permit = tokio::select! {
+            _ = &mut stop => return Ok(()),
+            p = Arc::clone(&slots).acquire_owned() => p.map_err(|e| anyhow::anyhow!("{e}"))?,
+        };
+        let (stream, _) = tokio::select! {
+            _ = &mut stop => return Ok(()),
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                // Out of file descriptors, a reset before accept: go on.
+                Err(e) => {
+                    tracing::warn!("accepting a connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let _held = permit;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
 }
 
 /// Every route, behind the token check and the security headers.
