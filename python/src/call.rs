@@ -18,6 +18,39 @@ use crate::convert::to_json;
 pub struct Caller {
     pub event_loop: Arc<Py<PyAny>>,
     pub invoke: Arc<Py<PyAny>>,
+    /// The last exception each step raised, by step name: the cause of the
+    /// `StepFailed` that ends its attempts.
+    pub causes: Arc<std::sync::Mutex<std::collections::HashMap<String, PyErr>>>,
+}
+
+impl Caller {
+    /// A caller on `event_loop` through `invoke`.
+    pub fn new(event_loop: Py<PyAny>, invoke: Py<PyAny>) -> Self {
+        Caller {
+            event_loop: Arc::new(event_loop),
+            invoke: Arc::new(invoke),
+            causes: Arc::default(),
+        }
+    }
+
+    /// Sets the Python exception a failed step raised as the `__cause__`
+    /// of `err`, the exception for the engine's `error`.
+    pub fn with_cause(&self, py: Python<'_>, err: PyErr, error: &steadfast::Error) -> PyErr {
+        if let steadfast::Error::StepFailed { step, .. } = error {
+            // Kept, not taken: the same failure may be raised again when it
+            // propagates out of a durable function.
+            let cause = self
+                .causes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(step)
+                .map(|c| c.clone_ref(py));
+            if let Some(cause) = cause {
+                err.set_cause(py, Some(cause));
+            }
+        }
+        err
+    }
 }
 
 /// Cancels a scheduled coroutine when the step's future is dropped before it
@@ -77,12 +110,19 @@ impl Caller {
     /// Calls `f` with the arguments `args` makes, waits for its value (on the
     /// loop if it is a coroutine) and converts it to JSON; a Python exception
     /// becomes a step error (see [`step_error`]).
-    pub async fn call<A>(&self, f: Arc<Py<PyAny>>, args: A) -> Result<Value, StepError>
+    pub async fn call<A>(&self, step: &str, f: Arc<Py<PyAny>>, args: A) -> Result<Value, StepError>
     where
         A: for<'py> FnOnce(Python<'py>) -> PyResult<Vec<Py<PyAny>>> + Send + 'static,
     {
         self.call_raw(f, args).await.map_err(|e| match e {
-            CallError::Raised(e) => Python::attach(|py| step_error(py, e)),
+            CallError::Raised(e) => Python::attach(|py| {
+                let out = step_error(py, e.clone_ref(py));
+                self.causes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(step.to_string(), e);
+                out
+            }),
             CallError::Value(u) => StepError::invalid_value(u.path, u.reason),
             CallError::Thread(why) => StepError::retryable(why),
         })

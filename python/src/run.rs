@@ -164,9 +164,10 @@ fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow
                 let caller = caller.clone();
                 let mut step = Step::new(spec.name.clone(), move |ctx, state| {
                     let (func, caller) = (Arc::clone(&func), caller.clone());
+                    let step_name = ctx.step().to_string();
                     async move {
                         let out = caller
-                            .call(func, move |py| {
+                            .call(&step_name, func, move |py| {
                                 let c = PyStepCtx {
                                     run_id: ctx.run_id().to_string(),
                                     step: ctx.step().to_string(),
@@ -303,10 +304,7 @@ pub fn run_workflow<'py>(
     accept_changed: bool,
     wait_for_timers: bool,
 ) -> PyResult<Pending> {
-    let caller = Caller {
-        event_loop: Arc::new(event_loop),
-        invoke: Arc::new(invoke),
-    };
+    let caller = Caller::new(event_loop, invoke);
     let wf = build(&name, steps, &caller)?;
     let input = input
         .filter(|v| !v.is_none())
@@ -326,7 +324,7 @@ pub fn run_workflow<'py>(
         let out = runner(&store, opts).run(&run_id, &wf).await;
         Box::new(move |py: Python<'_>| match out {
             Ok(o) => outcome_tuple(py, o.map(Value::Object)),
-            Err(e) => Err(err(&e)),
+            Err(e) => Err(caller.with_cause(py, err(&e), &e)),
         }) as Finish
     }))
 }
@@ -359,8 +357,8 @@ pub struct PyDurableCtx {
 }
 
 /// The Python exception for `e`, tagged so that it maps back to `e`.
-fn raise(py: Python<'_>, raised: &Mutex<Raised>, e: Error) -> PyErr {
-    let pyerr = err(&e);
+fn raise(py: Python<'_>, raised: &Mutex<Raised>, caller: &Caller, e: Error) -> PyErr {
+    let pyerr = caller.with_cause(py, err(&e), &e);
     let mut r = raised.lock().unwrap_or_else(|p| p.into_inner());
     r.next += 1;
     let id = r.next;
@@ -375,6 +373,7 @@ impl PyDurableCtx {
         F: std::future::Future<Output = Result<Value, Error>> + Send + 'static,
     {
         let raised = Arc::clone(&self.raised);
+        let caller = self.caller.clone();
         let mut r = self.raised.lock().unwrap_or_else(|p| p.into_inner());
         if r.closed {
             return Err(crate::errors::InvalidWorkflow::new_err(
@@ -384,8 +383,9 @@ impl PyDurableCtx {
         if let Some(s) = r.stopped.clone() {
             // The run is stopped at a gate or timer: nothing more may run.
             return Ok(spawn(async move {
-                Box::new(move |py: Python<'_>| Err(raise(py, &raised, Error::Suspended(s))))
-                    as Finish
+                Box::new(move |py: Python<'_>| {
+                    Err(raise(py, &raised, &caller, Error::Suspended(s)))
+                }) as Finish
             }));
         }
         r.next += 1;
@@ -402,7 +402,7 @@ impl PyDurableCtx {
             }
             Box::new(move |py: Python<'_>| match out {
                 Ok(v) => to_py(py, &v),
-                Err(e) => Err(raise(py, &raised, e)),
+                Err(e) => Err(raise(py, &raised, &caller, e)),
             }) as Finish
         });
         r.running.insert(id, pending.abort_handle());
@@ -448,10 +448,12 @@ impl PyDurableCtx {
     ) -> PyResult<Pending> {
         let opts = options(&name, retries, backoff, max_backoff, timeout)?;
         let (ctx, caller, func) = (self.ctx.clone(), self.caller.clone(), Arc::new(func));
+        let step = name.clone();
         self.awaitable(async move {
             ctx.step_with(name, opts, move || {
                 let (caller, func) = (caller.clone(), Arc::clone(&func));
-                async move { caller.call(func, |_| Ok(vec![])).await }
+                let step = step.clone();
+                async move { caller.call(&step, func, |_| Ok(vec![])).await }
             })
             .await
         })
@@ -464,7 +466,10 @@ impl PyDurableCtx {
             let futs = branches.into_iter().map(|(name, func)| {
                 let caller = caller.clone();
                 let func = Arc::new(func);
-                (name, async move { caller.call(func, |_| Ok(vec![])).await })
+                let step = name.clone();
+                (name, async move {
+                    caller.call(&step, func, |_| Ok(vec![])).await
+                })
             });
             ctx.parallel(futs).await.map(Value::Array)
         })
@@ -550,10 +555,8 @@ pub fn run_durable<'py>(
     accept_changed: bool,
     wait_for_timers: bool,
 ) -> PyResult<Pending> {
-    let caller = Caller {
-        event_loop: Arc::new(event_loop),
-        invoke: Arc::new(invoke),
-    };
+    let caller = Caller::new(event_loop, invoke);
+    let outer = caller.clone();
     let input = input
         .filter(|v| !v.is_none())
         .map(|v| json_arg("the run's input", v))
@@ -612,7 +615,7 @@ pub fn run_durable<'py>(
         let own = raised.lock().unwrap_or_else(|p| p.into_inner()).own.take();
         Box::new(move |py: Python<'_>| match out {
             Ok(o) => outcome_tuple(py, o),
-            Err(e) => Err(own.unwrap_or_else(|| err(&e))),
+            Err(e) => Err(own.unwrap_or_else(|| outer.with_cause(py, err(&e), &e))),
         }) as Finish
     }))
 }

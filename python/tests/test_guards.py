@@ -192,3 +192,35 @@ def test_one_saver_writing_a_thread_from_many_threads_is_never_refused(tmp_path,
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(write, range(120)))
     assert len(g.list("t", "")) == 41
+
+
+def test_step_failed_carries_the_step_s_own_exception_as_its_cause() -> None:
+    store = steadfast.open_store("memory:")
+
+    class QuotaExceeded(Exception):
+        pass
+
+    def call_model(ctx, state):
+        raise QuotaExceeded("429 from the model")
+
+    wf = steadfast.Workflow("w")
+    wf.step("model", call_model, retries=1, backoff=0.01)
+    with pytest.raises(steadfast.StepFailed) as e:
+        steadfast.run("listed", wf, store)
+    assert isinstance(e.value.__cause__, QuotaExceeded)
+    assert str(e.value.__cause__) == "429 from the model"
+
+    @steadfast.durable("d")
+    async def agent(ctx):
+        async def tool():
+            raise KeyError("missing")
+
+        try:
+            await ctx.step("tool", tool, retries=0)
+        except steadfast.StepFailed as failed:
+            assert isinstance(failed.__cause__, KeyError)
+            raise
+
+    with pytest.raises(steadfast.StepFailed) as e:
+        agent.run("durable", store)
+    assert isinstance(e.value.__cause__, KeyError)
