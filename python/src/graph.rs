@@ -98,6 +98,53 @@ pub struct GraphStore {
     /// whose lease another saver took since is written again only where the
     /// write extends its latest checkpoint.
     mine: Mutex<HashMap<String, i64>>,
+    /// With encryption: every blob is sealed bound to its row.
+    keys: Option<steadfast::seal::Keyring>,
+}
+
+/// What a checkpoint's seal binds: where the row is and what it holds.
+fn checkpoint_context(thread: &str, ns: &str, id: &str, ty: &str) -> Vec<Vec<u8>> {
+    vec![
+        b"checkpoint".to_vec(),
+        thread.as_bytes().to_vec(),
+        ns.as_bytes().to_vec(),
+        id.as_bytes().to_vec(),
+        ty.as_bytes().to_vec(),
+    ]
+}
+
+/// What a pending write's seal binds.
+fn write_context(
+    thread: &str,
+    ns: &str,
+    id: &str,
+    task: &str,
+    idx: i64,
+    channel: &str,
+    ty: &str,
+) -> Vec<Vec<u8>> {
+    vec![
+        b"write".to_vec(),
+        thread.as_bytes().to_vec(),
+        ns.as_bytes().to_vec(),
+        id.as_bytes().to_vec(),
+        task.as_bytes().to_vec(),
+        idx.to_string().into_bytes(),
+        channel.as_bytes().to_vec(),
+        ty.as_bytes().to_vec(),
+    ]
+}
+
+/// The run id a copied checkpoint keeps (from its metadata, as `put` got it).
+fn run_id_of(metadata: &str) -> Option<String> {
+    match serde_json::from_str::<Value>(metadata) {
+        Ok(Value::Object(m)) => match m.get("run_id") {
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::Null) | None => None,
+            Some(other) => Some(other.to_string()),
+        },
+        _ => None,
+    }
 }
 
 /// What a write must do about the thread's lease, decided from its row.
@@ -707,8 +754,21 @@ impl GraphStore {
     /// `lease_seconds` is how long a thread stays this saver's after its
     /// last write.
     #[new]
-    #[pyo3(signature = (url, lease_seconds=60.0))]
-    fn new(py: Python<'_>, url: &str, lease_seconds: f64) -> PyResult<Self> {
+    #[pyo3(signature = (url, lease_seconds=60.0, encrypt=false))]
+    fn new(py: Python<'_>, url: &str, lease_seconds: f64, encrypt: bool) -> PyResult<Self> {
+        let keys = if encrypt {
+            let keys = steadfast::seal::Keyring::from_env()
+                .map_err(|e| InvalidInput::new_err(e.to_string()))?;
+            Some(keys.ok_or_else(|| {
+                InvalidInput::new_err(format!(
+                    "encrypt=True needs the keys: set {} or {}",
+                    steadfast::seal::KEY_ENV,
+                    steadfast::seal::KEY_FILE_ENV
+                ))
+            })?)
+        } else {
+            None
+        };
         let lease = crate::run::secs("lease_seconds", lease_seconds)?;
         steadfast::limits::LEASE
             .check("lease_seconds", lease)
@@ -732,6 +792,7 @@ impl GraphStore {
             },
             lease_ms: lease.as_millis().min(i64::MAX as u128) as i64,
             mine: Mutex::new(HashMap::new()),
+            keys,
         })
     }
 
@@ -753,6 +814,10 @@ impl GraphStore {
     ) -> PyResult<()> {
         self.check_process()?;
         check_blob("the checkpoint", &blob)?;
+        let blob = self.seal(
+            &checkpoint_context(&thread_id, &ns, &checkpoint_id, &r#type),
+            blob,
+        )?;
         serde_json::from_str::<serde_json::Map<String, Value>>(&metadata).map_err(|e| {
             InvalidInput::new_err(format!(
                 "the metadata of checkpoint {checkpoint_id:?} is not a JSON object: {e}; nothing was written"
@@ -825,6 +890,21 @@ impl GraphStore {
         for w in &writes {
             check_blob(&format!("the write to channel {:?}", w.1), &w.3)?;
         }
+        let writes = writes
+            .into_iter()
+            .map(|(idx, channel, ty, blob)| {
+                let ctx = write_context(
+                    &thread_id,
+                    &ns,
+                    &checkpoint_id,
+                    &task_id,
+                    idx,
+                    &channel,
+                    &ty,
+                );
+                Ok((idx, channel, ty, self.seal(&ctx, blob)?))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
         const INSERT: &str = "INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)";
         match &self.backend {
             Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
@@ -1113,6 +1193,9 @@ impl GraphStore {
             return Err(InvalidInput::new_err(format!(
                 "copy_thread: source and target are both {source:?}; nothing was written"
             )));
+        }
+        if self.keys.is_some() {
+            return self.copy_sealed(py, &source, &target);
         }
         let occupied = |n: i64| {
             if n > 0 {
@@ -1412,7 +1495,163 @@ impl GraphStore {
     }
 
     /// The rows a `get` or `list` asks for, newest first, with their writes.
-    fn query(&self, py: Python<'_>, mut q: ListQuery) -> PyResult<Vec<Row>> {
+    /// The rows of a query with their blobs opened (with encryption).
+    fn query(&self, py: Python<'_>, q: ListQuery) -> PyResult<Vec<Row>> {
+        let rows = self.query_raw(py, q)?;
+        rows.into_iter().map(|r| self.open_row(r)).collect()
+    }
+
+    fn open_row(&self, mut r: Row) -> PyResult<Row> {
+        let place = format!("checkpoint {:?} of thread {:?}", r.2, r.0);
+        r.5 = self.open(&place, &checkpoint_context(&r.0, &r.1, &r.2, &r.4), r.5)?;
+        for w in &mut r.7 {
+            let place = format!(
+                "write {} of task {:?} to checkpoint {:?} of thread {:?}",
+                w.5, w.0, r.2, r.0
+            );
+            let ctx = write_context(&r.0, &r.1, &r.2, &w.0, w.5, &w.1, &w.2);
+            w.3 = self.open(&place, &ctx, std::mem::take(&mut w.3))?;
+        }
+        Ok(r)
+    }
+
+    fn seal(&self, context: &[Vec<u8>], plain: Vec<u8>) -> PyResult<Vec<u8>> {
+        match &self.keys {
+            None => Ok(plain),
+            Some(k) => {
+                let parts: Vec<&[u8]> = context.iter().map(Vec::as_slice).collect();
+                steadfast::seal::seal_blob(k, &parts, &plain).map_err(|e| store_err(&e))
+            }
+        }
+    }
+
+    fn open(&self, place: &str, context: &[Vec<u8>], stored: Vec<u8>) -> PyResult<Vec<u8>> {
+        match &self.keys {
+            None if steadfast::seal::is_sealed_blob(&stored) => {
+                Err(store_err(&StoreError::Corrupt {
+                    location: place.to_string(),
+                    reason: "is encrypted: open the saver with encrypt=True and the key".into(),
+                }))
+            }
+            None => Ok(stored),
+            Some(k) => {
+                let parts: Vec<&[u8]> = context.iter().map(Vec::as_slice).collect();
+                steadfast::seal::open_blob(k, place, &parts, &stored).map_err(|e| store_err(&e))
+            }
+        }
+    }
+
+    /// `copy_thread` with encryption: every blob is opened for the source
+    /// row and sealed again for the target's (a seal binds its thread).
+    fn copy_sealed(&self, py: Python<'_>, source: &str, target: &str) -> PyResult<()> {
+        let rows = self.query(
+            py,
+            ListQuery {
+                thread: Some(source.to_string()),
+                ns: None,
+                checkpoint: None,
+                before: None,
+                limit: None,
+                filter: None,
+            },
+        )?;
+        let mut copied = Vec::with_capacity(rows.len());
+        for r in rows {
+            let blob = self.seal(&checkpoint_context(target, &r.1, &r.2, &r.4), r.5.clone())?;
+            let mut writes = Vec::with_capacity(r.7.len());
+            for w in &r.7 {
+                let ctx = write_context(target, &r.1, &r.2, &w.0, w.5, &w.1, &w.2);
+                writes.push((
+                    w.0.clone(),
+                    w.4.clone(),
+                    w.5,
+                    w.1.clone(),
+                    w.2.clone(),
+                    self.seal(&ctx, w.3.clone())?,
+                ));
+            }
+            copied.push((r.1, r.2, r.3, r.4, blob, r.6, writes));
+        }
+        let occupied = |n: i64| {
+            if n > 0 {
+                Err(InvalidInput::new_err(format!(
+                    "copy_thread: thread {target:?} already has {n} checkpoint(s); nothing was written"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        match &self.backend {
+            Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
+                let tx = c
+                    .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                    .map_err(|e| sql_err(at, e))?;
+                self.not_held_sqlite(&tx, at, target)?;
+                let n: i64 = tx
+                    .query_row("SELECT count(*) FROM graph_checkpoints WHERE thread_id = ?1", [target], |r| r.get(0))
+                    .map_err(|e| sql_err(at, e))?;
+                occupied(n)?;
+                for (ns, id, parent, ty, blob, meta, writes) in &copied {
+                    let run_id = run_id_of(meta);
+                    tx.execute(
+                        "INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                        params![target, ns, id, parent, ty, blob, meta, run_id],
+                    )
+                    .map_err(|e| sql_err(at, e))?;
+                    for (task, path, idx, channel, ty, blob) in writes {
+                        tx.execute(
+                            "INSERT OR REPLACE INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                            params![target, ns, id, task, idx, channel, ty, blob, path],
+                        )
+                        .map_err(|e| sql_err(at, e))?;
+                    }
+                }
+                tx.commit().map_err(|e| sql_err(at, e))
+            }),
+            Backend::Pg { store } => block(py, async {
+                let s = store.quoted_schema();
+                let mut client = store.connection().await.map_err(|e| store_err(&e))?;
+                let ctx = format!("copying thread {source:?} to {target:?}");
+                let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
+                self.lease_pg(&tx, &s, target, None).await?;
+                let n: i64 = pquery_one(&tx, &format!("SELECT count(*) FROM {s}.graph_checkpoints WHERE thread_id = $1"), &[&target])
+                    .await
+                    .map_err(|e| pg_err(&ctx, e))?
+                    .get(0);
+                occupied(n)?;
+                for (ns, id, parent, ty, blob, meta, writes) in &copied {
+                    let run_id = run_id_of(meta);
+                    pexec(
+                        &tx,
+                        &format!(
+                            "INSERT INTO {s}.graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+                        ),
+                        &[&target, ns, id, parent, ty, blob, meta, &run_id],
+                    )
+                    .await
+                    .map_err(|e| pg_err(&ctx, e))?;
+                    for (task, path, idx, channel, ty, blob) in writes {
+                        pexec(
+                            &tx,
+                            &format!(
+                                "INSERT INTO {s}.graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
+                                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING"
+                            ),
+                            &[&target, ns, id, task, idx, channel, ty, blob, path],
+                        )
+                        .await
+                        .map_err(|e| pg_err(&ctx, e))?;
+                    }
+                }
+                tx.commit().await.map_err(|e| pg_err(&ctx, e))
+            }),
+        }
+    }
+
+    fn query_raw(&self, py: Python<'_>, mut q: ListQuery) -> PyResult<Vec<Row>> {
         self.check_process()?;
         // SQL takes a signed 64-bit limit; more rows than that cannot exist.
         q.limit = q.limit.map(|n| n.min(i64::MAX as usize));

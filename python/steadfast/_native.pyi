@@ -68,7 +68,7 @@ _Write = Tuple[str, str, str, bytes]
 _Row = Tuple[str, str, str, Optional[str], str, bytes, str, List[_Write]]
 
 class GraphStore:
-    def __init__(self, url: str, lease_seconds: float = ...) -> None: ...
+    def __init__(self, url: str, lease_seconds: float = ..., encrypt: bool = ...) -> None: ...
     def put(
         self,
         thread_id: str,

@@ -97,6 +97,12 @@ class SteadfastSaver(BaseCheckpointSaver[str]):
             created on first use.
         serde: Serializer for checkpoints and write values; LangGraph's
             default (`JsonPlusSerializer`) when not given.
+        encrypt: Seal every checkpoint and write with AES-256-GCM under the
+            key in `STEADFAST_ENCRYPTION_KEY` (or the file named by
+            `STEADFAST_ENCRYPTION_KEY_FILE`), bound to its thread, namespace,
+            checkpoint and task, so that a blob moved to another row does
+            not open (`steadfast.Corrupt`). Metadata stays in clear text for
+            the filters.
         lease_seconds: How long this saver's claim on a thread lasts after
             its latest write, unless released earlier. Another saver (in this
             process or another) writing to the thread within that time gets
@@ -115,9 +121,10 @@ class SteadfastSaver(BaseCheckpointSaver[str]):
         *,
         serde: SerializerProtocol | None = None,
         lease_seconds: float = 60.0,
+        encrypt: bool = False,
     ) -> None:
         super().__init__(serde=serde)
-        self._store = GraphStore(url, lease_seconds)
+        self._store = GraphStore(url, lease_seconds, encrypt)
         # A saver dropped without close() (a notebook cell run again, one
         # saver per request) gives up its threads when it is collected, so
         # that the next saver need not wait for its leases to run out.

@@ -224,3 +224,36 @@ def test_step_failed_carries_the_step_s_own_exception_as_its_cause() -> None:
     with pytest.raises(steadfast.StepFailed) as e:
         agent.run("durable", store)
     assert isinstance(e.value.__cause__, KeyError)
+
+
+def test_encrypted_checkpoints_are_sealed_to_their_row(tmp_path, monkeypatch) -> None:
+    import sqlite3
+
+    monkeypatch.setenv("STEADFAST_ENCRYPTION_KEY", "k1:q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80=")
+    path = tmp_path / "graph.db"
+    g = GraphStore(f"sqlite:{path}", 60.0, True)
+    g.put("a", "", "01", None, "json", b'{"secret": "hunter2"}', "{}", None)
+    g.put("b", "", "01", None, "json", b'{"other": 1}', "{}", None)
+    g.put_writes("a", "", "01", "task", "", [(0, "ch", "json", b'"also secret"')])
+    assert g.get("a", "")[5] == b'{"secret": "hunter2"}'
+    assert g.get("a", "")[7][0][3] == b'"also secret"'
+    db = sqlite3.connect(path)
+    stored = b"".join(r[0] for r in db.execute("SELECT blob FROM graph_checkpoints UNION ALL SELECT blob FROM graph_writes"))
+    assert b"hunter2" not in stored and b"also secret" not in stored
+    # A copy opens under its new thread.
+    g.copy_thread("a", "c")
+    assert g.get("c", "")[5] == b'{"secret": "hunter2"}'
+    assert g.get("c", "")[7][0][3] == b'"also secret"'
+    # Thread a's sealed blob moved into thread b's row does not open.
+    (blob,) = db.execute("SELECT blob FROM graph_checkpoints WHERE thread_id = 'a'").fetchone()
+    db.execute("UPDATE graph_checkpoints SET blob = ? WHERE thread_id = 'b'", (blob,))
+    db.commit()
+    with pytest.raises(steadfast.Corrupt, match="of thread .b."):
+        g.get("b", "")
+    # Without the key, an encrypted store says so instead of handing back ciphertext.
+    plain = GraphStore(f"sqlite:{path}")
+    with pytest.raises(steadfast.Corrupt, match="encrypt=True"):
+        plain.get("a", "")
+    monkeypatch.delenv("STEADFAST_ENCRYPTION_KEY")
+    with pytest.raises(steadfast.InvalidInput, match="STEADFAST_ENCRYPTION_KEY"):
+        GraphStore(f"sqlite:{path}", 60.0, True)

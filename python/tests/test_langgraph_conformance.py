@@ -44,13 +44,13 @@ def report_file() -> Path | None:
     return path
 
 
-def run_suite(name: str, url: str, report_file: Path | None) -> CapabilityReport:
+def run_suite(name: str, url: str, report_file: Path | None, encrypt: bool = False) -> CapabilityReport:
     """Run every capability of the suite on `url`, print and keep the report."""
 
     async def factory() -> AsyncGenerator[SteadfastSaver, None]:
         # A fresh saver per capability, as the suite asks; releasing its leases
         # at the end lets the next one write to any thread it touched.
-        saver = SteadfastSaver(url)
+        saver = SteadfastSaver(url, encrypt=encrypt)
         try:
             yield saver
         finally:
@@ -101,6 +101,20 @@ def test_sqlite_store_passes_langgraph_conformance(
     tmp_path: Path, report_file: Path | None
 ) -> None:
     report = run_suite("SteadfastSaver (sqlite)", f"sqlite:{tmp_path / 'graph.db'}", report_file)
+    assert_conforms(report)
+
+
+# A test key (not a secret): 32 bytes, base64.
+TEST_KEY = "k1:q83vEjRWeJq83vEjRWeJq83vEjRWeJq83vEjRWeJq80="
+
+
+def test_encrypted_sqlite_store_passes_langgraph_conformance(
+    tmp_path: Path, report_file: Path | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STEADFAST_ENCRYPTION_KEY", TEST_KEY)
+    report = run_suite(
+        "SteadfastSaver (sqlite, encrypted)", f"sqlite:{tmp_path / 'graph.db'}", report_file, encrypt=True
+    )
     assert_conforms(report)
 
 

@@ -48,6 +48,7 @@
 //! # }).unwrap();
 //! ```
 
+mod blob;
 mod keys;
 
 use std::collections::HashMap;
@@ -66,6 +67,7 @@ use steadfast_core::{
     StoreErrorKind, SystemClock, Update,
 };
 
+pub use crate::blob::{is_sealed_blob, open_blob, seal_blob};
 pub use crate::keys::{KeyError, Keyring, KEY_ENV, KEY_FILE_ENV};
 
 /// The state key under which the seal over the whole state is kept.
