@@ -135,6 +135,16 @@ fn write_context(
     ]
 }
 
+/// Refuses to copy onto a thread that has checkpoints.
+fn occupied(target: &str, n: i64) -> PyResult<()> {
+    if n > 0 {
+        return Err(InvalidInput::new_err(format!(
+            "copy_thread: thread {target:?} already has {n} checkpoint(s); nothing was written"
+        )));
+    }
+    Ok(())
+}
+
 /// The run id a copied checkpoint keeps (from its metadata, as `put` got it).
 fn run_id_of(metadata: &str) -> Option<String> {
     match serde_json::from_str::<Value>(metadata) {
@@ -554,6 +564,45 @@ impl GraphStore {
         }
         .map_err(|e| sql_err(at, e))?;
         Ok(generation)
+    }
+
+    /// Refuses a copy's target that another live saver writes or that
+    /// has checkpoints already (inside the copy's SQLite transaction).
+    fn target_free_sqlite(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        at: &str,
+        target: &str,
+    ) -> PyResult<()> {
+        self.not_held_sqlite(tx, at, target)?;
+        let n: i64 = tx
+            .query_row(
+                "SELECT count(*) FROM graph_checkpoints WHERE thread_id = ?1",
+                [target],
+                |r| r.get(0),
+            )
+            .map_err(|e| sql_err(at, e))?;
+        occupied(target, n)
+    }
+
+    /// The same inside a PostgreSQL transaction (locking the target's row).
+    async fn target_free_pg(
+        &self,
+        tx: &steadfast::postgres::deadpool_postgres::Transaction<'_>,
+        s: &str,
+        target: &str,
+        ctx: &str,
+    ) -> PyResult<()> {
+        self.lease_pg(tx, s, target, None).await?;
+        let n: i64 = pquery_one(
+            tx,
+            &format!("SELECT count(*) FROM {s}.graph_checkpoints WHERE thread_id = $1"),
+            &[&target],
+        )
+        .await
+        .map_err(|e| pg_err(ctx, e))?
+        .get(0);
+        occupied(target, n)
     }
 
     /// Refuses when another live saver holds `thread` (for deletes and
@@ -1197,29 +1246,12 @@ impl GraphStore {
         if self.keys.is_some() {
             return self.copy_sealed(py, &source, &target);
         }
-        let occupied = |n: i64| {
-            if n > 0 {
-                Err(InvalidInput::new_err(format!(
-                    "copy_thread: thread {target:?} already has {n} checkpoint(s); nothing was written"
-                )))
-            } else {
-                Ok(())
-            }
-        };
         match &self.backend {
             Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
                 let tx = c
                     .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                     .map_err(|e| sql_err(at, e))?;
-                self.not_held_sqlite(&tx, at, &target)?;
-                let n: i64 = tx
-                    .query_row(
-                        "SELECT count(*) FROM graph_checkpoints WHERE thread_id = ?1",
-                        [&target],
-                        |r| r.get(0),
-                    )
-                    .map_err(|e| sql_err(at, e))?;
-                occupied(n)?;
+                self.target_free_sqlite(&tx, at, &target)?;
                 tx.execute("INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
                      SELECT ?2, ns, checkpoint_id, parent_id, type, blob, metadata, run_id
                      FROM graph_checkpoints WHERE thread_id = ?1",
@@ -1239,15 +1271,7 @@ impl GraphStore {
                 let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = format!("copying thread {source:?} to {target:?}");
                 let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
-                self.lease_pg(&tx, &s, &target, None).await?;
-                let n: i64 = pquery_one(&tx,
-                        &format!("SELECT count(*) FROM {s}.graph_checkpoints WHERE thread_id = $1"),
-                        &[&target],
-                    )
-                    .await
-                    .map_err(|e| pg_err(&ctx, e))?
-                    .get(0);
-                occupied(n)?;
+                self.target_free_pg(&tx, &s, &target, &ctx).await?;
                 pexec(
                     &tx,
                     &format!(
@@ -1572,25 +1596,12 @@ impl GraphStore {
             }
             copied.push((r.1, r.2, r.3, r.4, blob, r.6, writes));
         }
-        let occupied = |n: i64| {
-            if n > 0 {
-                Err(InvalidInput::new_err(format!(
-                    "copy_thread: thread {target:?} already has {n} checkpoint(s); nothing was written"
-                )))
-            } else {
-                Ok(())
-            }
-        };
         match &self.backend {
             Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
                 let tx = c
                     .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                     .map_err(|e| sql_err(at, e))?;
-                self.not_held_sqlite(&tx, at, target)?;
-                let n: i64 = tx
-                    .query_row("SELECT count(*) FROM graph_checkpoints WHERE thread_id = ?1", [target], |r| r.get(0))
-                    .map_err(|e| sql_err(at, e))?;
-                occupied(n)?;
+                self.target_free_sqlite(&tx, at, target)?;
                 for (ns, id, parent, ty, blob, meta, writes) in &copied {
                     let run_id = run_id_of(meta);
                     tx.execute(
@@ -1615,12 +1626,7 @@ impl GraphStore {
                 let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = format!("copying thread {source:?} to {target:?}");
                 let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
-                self.lease_pg(&tx, &s, target, None).await?;
-                let n: i64 = pquery_one(&tx, &format!("SELECT count(*) FROM {s}.graph_checkpoints WHERE thread_id = $1"), &[&target])
-                    .await
-                    .map_err(|e| pg_err(&ctx, e))?
-                    .get(0);
-                occupied(n)?;
+                self.target_free_pg(&tx, &s, target, &ctx).await?;
                 for (ns, id, parent, ty, blob, meta, writes) in &copied {
                     let run_id = run_id_of(meta);
                     pexec(
