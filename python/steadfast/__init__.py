@@ -469,7 +469,8 @@ def approve(store: Store, run_id: str, gate: str, data: JSON = None, *, by: Opti
     """Approves gate ``gate`` of waiting run ``run_id`` (as ``steadfast approve``); returns the saved record.
 
     ``data`` is merged into the state under the gate's name; ``by`` (default
-    ``$USER``) is recorded with the time. Run again to go on.
+    ``$USER``, else ``$LOGNAME``, else ``"python"``) is recorded with the
+    time. Run again to go on.
     """
     return _native.approve(store, run_id, gate, data, by)
 

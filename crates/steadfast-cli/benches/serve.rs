@@ -38,9 +38,23 @@ fn populate(n: usize) -> tempfile::TempDir {
         .expect("a runtime");
     rt.block_on(async {
         let store = steadfast::open_store(&url).await.expect("the store");
+        let gate = std::sync::Arc::new(
+            steadfast::Workflow::builder("triage")
+                .push(steadfast::Step::gate("review"))
+                .build()
+                .expect("a workflow"),
+        );
+        let failing = std::sync::Arc::new(
+            steadfast::Workflow::builder("fetch")
+                .step("fetch", |_ctx, _state| async {
+                    Err(steadfast::StepError::terminal("upstream returned 503"))
+                })
+                .build()
+                .expect("a workflow"),
+        );
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..n {
-            let store = store.clone();
+            let (store, gate, failing) = (store.clone(), gate.clone(), failing.clone());
             tasks.spawn(async move {
                 let id = format!("run-{i:06}");
                 let input =
@@ -49,6 +63,19 @@ fn populate(n: usize) -> tempfile::TempDir {
                 steadfast::start(&*store, workflow, &id, input, false)
                     .await
                     .expect("start a run");
+                match i % 10 {
+                    0 => {
+                        let out = steadfast::run(&id, &gate, &*store)
+                            .await
+                            .expect("runs to its gate");
+                        assert!(matches!(out, steadfast::Outcome::Waiting { .. }), "{out:?}");
+                    }
+                    1 => {
+                        let failed = steadfast::run(&id, &failing, &*store).await;
+                        assert!(failed.is_err(), "the step fails");
+                    }
+                    _ => {}
+                }
             });
             if tasks.len() >= 256 {
                 tasks.join_next().await;
@@ -108,12 +135,33 @@ fn get(addr: &str, path: &str) -> usize {
     out.len()
 }
 
+fn get_body(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read");
+    out
+}
+
 fn bench(c: &mut Criterion) {
     let n: usize = std::env::var("STEADFAST_SERVE_BENCH_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
-    let server = serve(populate(n));
+    let dir = populate(n);
+    let server = serve(dir);
+    // The mix is what the figures claim: a tenth waiting, a tenth failed.
+    let waiting = get_body(&server.addr, "/api/inbox");
+    assert!(
+        waiting.contains("\"gate\":\"review\""),
+        "runs wait in the inbox"
+    );
+    let failed = get_body(&server.addr, "/api/runs?status=failed&limit=1");
+    assert!(failed.contains("\"status\":\"failed\""), "runs failed");
     let addr = server.addr.clone();
     let deep = format!("/runs?after=run-{:06}", n / 2);
     let mut g = c.benchmark_group(format!("serve@{n}"));
