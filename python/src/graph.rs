@@ -297,6 +297,46 @@ async fn pquery_one<C: Pg + Sync>(
     c.query_one(&st, params).await
 }
 
+impl ListQuery {
+    /// What follows `FROM table` for this query: its conditions, order and
+    /// limit, with placeholders made by `placeholder(1)`, `placeholder(2)`…
+    /// and the values they stand for, in order.
+    fn sql(
+        &self,
+        limit: Option<usize>,
+        placeholder: impl Fn(usize) -> String,
+    ) -> (String, Vec<&String>) {
+        let mut sql = String::from("WHERE 1 = 1");
+        let mut values = Vec::new();
+        for (col, op, v) in [
+            ("thread_id", "=", &self.thread),
+            ("ns", "=", &self.ns),
+            ("checkpoint_id", "=", &self.checkpoint),
+            ("checkpoint_id", "<", &self.before),
+        ] {
+            if let Some(v) = v {
+                values.push(v);
+                sql.push_str(&format!(" AND {col} {op} {}", placeholder(values.len())));
+            }
+        }
+        sql.push_str(" ORDER BY checkpoint_id DESC, thread_id DESC, ns DESC");
+        if let Some(n) = limit {
+            sql.push_str(&format!(" LIMIT {n}"));
+        }
+        (sql, values)
+    }
+
+    /// Adds `head` to `heads` if its metadata passes the filter; true once
+    /// the limit is reached.
+    fn keep(&self, head: Head, heads: &mut Vec<Head>) -> bool {
+        if self.filter.as_ref().is_some_and(|f| !matches(f, &head.6)) {
+            return false;
+        }
+        heads.push(head);
+        self.limit.is_some_and(|n| heads.len() >= n)
+    }
+}
+
 const SQLITE_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS graph_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS graph_checkpoints (
@@ -1669,33 +1709,16 @@ impl GraphStore {
         let sql_limit = if q.filter.is_some() { None } else { q.limit };
         match &self.backend {
             Backend::Sqlite { .. } => self.sqlite(py, |c, at| {
-                let mut sql = format!("SELECT {COLS} FROM graph_checkpoints WHERE 1 = 1");
-                let mut args: Vec<&dyn rusqlite::ToSql> = Vec::new();
-                for (col, op, v) in [
-                    ("thread_id", "=", &q.thread),
-                    ("ns", "=", &q.ns),
-                    ("checkpoint_id", "=", &q.checkpoint),
-                    ("checkpoint_id", "<", &q.before),
-                ] {
-                    if let Some(v) = v {
-                        args.push(v);
-                        sql.push_str(&format!(" AND {col} {op} ?{}", args.len()));
-                    }
-                }
-                sql.push_str(" ORDER BY checkpoint_id DESC, thread_id DESC, ns DESC");
-                if let Some(n) = sql_limit {
-                    sql.push_str(&format!(" LIMIT {n}"));
-                }
+                let (rest, values) = q.sql(sql_limit, |i| format!("?{i}"));
+                let sql = format!("SELECT {COLS} FROM graph_checkpoints {rest}");
+                let args: Vec<&dyn rusqlite::ToSql> =
+                    values.iter().map(|v| *v as &dyn rusqlite::ToSql).collect();
                 let mut st = c.prepare_cached(&sql).map_err(|e| sql_err(at, e))?;
                 let mut rows = st.query(args.as_slice()).map_err(|e| sql_err(at, e))?;
                 let mut heads = Vec::new();
                 while let Some(r) = rows.next().map_err(|e| sql_err(at, e))? {
                     let h = head_row(r).map_err(|e| sql_err(at, e))?;
-                    if q.filter.as_ref().is_some_and(|f| !matches(f, &h.6)) {
-                        continue;
-                    }
-                    heads.push(h);
-                    if q.limit.is_some_and(|n| heads.len() >= n) {
+                    if q.keep(h, &mut heads) {
                         break;
                     }
                 }
@@ -1712,34 +1735,18 @@ impl GraphStore {
                 let s = store.quoted_schema();
                 let client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = "reading checkpoints";
-                let mut sql = format!("SELECT {COLS} FROM {s}.graph_checkpoints WHERE true");
-                let mut args: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = Vec::new();
-                for (col, op, v) in [
-                    ("thread_id", "=", &q.thread),
-                    ("ns", "=", &q.ns),
-                    ("checkpoint_id", "=", &q.checkpoint),
-                    ("checkpoint_id", "<", &q.before),
-                ] {
-                    if let Some(v) = v {
-                        args.push(v);
-                        sql.push_str(&format!(" AND {col} {op} ${}", args.len()));
-                    }
-                }
-                sql.push_str(" ORDER BY checkpoint_id DESC, thread_id DESC, ns DESC");
-                if let Some(n) = sql_limit {
-                    sql.push_str(&format!(" LIMIT {n}"));
-                }
+                let (rest, values) = q.sql(sql_limit, |i| format!("${i}"));
+                let sql = format!("SELECT {COLS} FROM {s}.graph_checkpoints {rest}");
+                let args: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = values
+                    .iter()
+                    .map(|v| *v as &(dyn tokio_postgres::types::ToSql + Sync))
+                    .collect();
                 let rows = pquery(&client, &sql, &args)
                     .await
                     .map_err(|e| pg_err(ctx, e))?;
                 let mut heads = Vec::new();
                 for r in &rows {
-                    let h = head_pg(r);
-                    if q.filter.as_ref().is_some_and(|f| !matches(f, &h.6)) {
-                        continue;
-                    }
-                    heads.push(h);
-                    if q.limit.is_some_and(|n| heads.len() >= n) {
+                    if q.keep(head_pg(r), &mut heads) {
                         break;
                     }
                 }

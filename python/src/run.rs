@@ -245,6 +245,14 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
+/// A run's input from Python: None for none, else checked JSON.
+fn input_arg(input: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Value>> {
+    input
+        .filter(|v| !v.is_none())
+        .map(|v| json_arg("the run's input", v))
+        .transpose()
+}
+
 /// Options of one run call.
 #[derive(Clone, Copy)]
 struct RunOpts {
@@ -306,10 +314,7 @@ pub fn run_workflow<'py>(
 ) -> PyResult<Pending> {
     let caller = Caller::new(event_loop, invoke);
     let wf = build(&name, steps, &caller)?;
-    let input = input
-        .filter(|v| !v.is_none())
-        .map(|v| json_arg("the run's input", v))
-        .transpose()?;
+    let input = input_arg(input)?;
     let store = Arc::clone(&store.inner);
     let opts = RunOpts {
         accept_changed,
@@ -557,10 +562,7 @@ pub fn run_durable<'py>(
 ) -> PyResult<Pending> {
     let caller = Caller::new(event_loop, invoke);
     let outer = caller.clone();
-    let input = input
-        .filter(|v| !v.is_none())
-        .map(|v| json_arg("the run's input", v))
-        .transpose()?;
+    let input = input_arg(input)?;
     let store = Arc::clone(&store.inner);
     let opts = RunOpts {
         accept_changed,

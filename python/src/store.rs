@@ -161,7 +161,7 @@ pub fn runs(
         .transpose()?;
     let mut filter = ListFilter::new();
     if let Some(st) = status {
-        let parsed: RunStatus = serde_json::from_value(Value::String(st.to_string())).map_err(|_| {
+        let parsed: RunStatus = st.parse().map_err(|_: String| {
             InvalidInput::new_err(format!(
                 "status {st:?}: expected one of pending, running, waiting, sleeping, completed, failed, rejected, cancelled"
             ))

@@ -212,14 +212,18 @@ class Workflow:
         self.name = name
         self._steps: List[Dict[str, Any]] = []
 
-    def _add(self, spec: Dict[str, Any]) -> None:
-        name = spec["name"]
+    def _add(self, kind: str, name: str, **options: Any) -> None:
+        """Adds a step of `kind`; the options it does not give are None."""
         if not isinstance(name, str):
             raise TypeError(f"workflow {self.name!r}: a step name is a str, not {type(name).__name__}")
         if name.startswith("__"):
             raise InvalidWorkflow(
                 f"invalid workflow {self.name!r}: step name {name!r}: names starting with '__' are reserved"
             )
+        spec: Dict[str, Any] = dict.fromkeys(
+            ("func", "retries", "backoff", "max_backoff", "timeout", "on_timeout", "seconds")
+        )
+        spec.update(options, kind=kind, name=name)
         self._steps.append(spec)
 
     def step(
@@ -242,10 +246,8 @@ class Workflow:
         def add(f: StepFunction) -> StepFunction:
             if not callable(f):
                 raise TypeError(f"step {name!r}: {f!r} is not callable")
-            self._add(
-                dict(kind="step", name=name, func=f, retries=retries, backoff=backoff,
-                     max_backoff=max_backoff, timeout=timeout, on_timeout=None, seconds=None)
-            )
+            self._add("step", name, func=f, retries=retries, backoff=backoff, max_backoff=max_backoff,
+                      timeout=timeout)
             return f
 
         return add if func is None else add(func)
@@ -257,18 +259,12 @@ class Workflow:
         With ``timeout`` (seconds), the gate decides ``on_timeout``
         (``"reject"`` or ``"approve"``) by itself when no one has.
         """
-        self._add(
-            dict(kind="gate", name=name, func=None, retries=None, backoff=None, max_backoff=None,
-                 timeout=timeout, on_timeout=on_timeout, seconds=None)
-        )
+        self._add("gate", name, timeout=timeout, on_timeout=on_timeout)
         return self
 
     def sleep(self, name: str, seconds: float) -> "Workflow":
         """Adds a durable timer: the run stops until ``seconds`` have passed; a crash does not restart it."""
-        self._add(
-            dict(kind="sleep", name=name, func=None, retries=None, backoff=None, max_backoff=None,
-                 timeout=None, on_timeout=None, seconds=seconds)
-        )
+        self._add("sleep", name, seconds=seconds)
         return self
 
     @property

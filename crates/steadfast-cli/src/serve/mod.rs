@@ -402,7 +402,8 @@ impl RunsQuery {
         let bad = |what: String| PageError::new(StatusCode::BAD_REQUEST, "the runs list", what);
         let mut f = ListFilter::new();
         if let Some(s) = self.status.as_deref().filter(|s| !s.is_empty()) {
-            let status: RunStatus = serde_json::from_value(Value::String(s.to_string()))
+            let status: RunStatus = s
+                .parse()
                 .map_err(|_| bad(format!("status {s:?} is not a run status")))?;
             f = f.status(status);
         }
