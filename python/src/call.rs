@@ -123,7 +123,9 @@ impl Caller {
                     .insert(step.to_string(), e);
                 out
             }),
-            CallError::Value(u) => StepError::invalid_value(u.path, u.reason),
+            CallError::Value(u) => {
+                StepError::invalid_value(crate::convert::shorten(&u.path), u.reason)
+            }
             CallError::Thread(why) => StepError::retryable(why),
         })
     }

@@ -5,9 +5,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
 
-/// How deep a Python value may nest before it is refused (the Rust side has
-/// its own, lower, limit for what it stores; this one keeps the walk finite).
-const MAX_DEPTH: usize = 1_000;
+/// How deep a Python value may nest before it is refused: the stores' own
+/// limit, so that the walk stays shallow on any thread's stack.
+const MAX_DEPTH: usize = steadfast::MAX_VALUE_DEPTH;
 
 /// A value that cannot be stored: where it sits (`$.a[2]`) and why.
 #[derive(Debug)]
@@ -20,8 +20,21 @@ pub struct Unstorable {
 
 impl std::fmt::Display for Unstorable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "at {}: {}", self.path, self.reason)
+        write!(f, "at {}: {}", shorten(&self.path), self.reason)
     }
+}
+
+/// A path short enough for a message: a very deep one keeps its start and
+/// its end.
+pub fn shorten(path: &str) -> String {
+    const KEEP: usize = 80;
+    let chars: Vec<char> = path.chars().collect();
+    if chars.len() <= 2 * KEEP {
+        return path.to_string();
+    }
+    let head: String = chars[..KEEP].iter().collect();
+    let tail: String = chars[chars.len() - KEEP..].iter().collect();
+    format!("{head}…{tail}")
 }
 
 /// Converts a Python value (None, bool, int, float, str, list, tuple, dict with

@@ -1160,9 +1160,19 @@ impl GraphStore {
         ns: Option<String>,
         checkpoint_id: Option<String>,
         before: Option<String>,
-        limit: Option<usize>,
+        limit: Option<i128>,
         filter: Option<String>,
     ) -> PyResult<Vec<Py<PyAny>>> {
+        let limit = match limit {
+            Some(n) if n < 0 => {
+                return Err(InvalidInput::new_err(format!(
+                    "limit={n}: expected 0 or more"
+                )))
+            }
+            // More rows than a signed 64-bit count cannot exist.
+            Some(n) => Some(usize::try_from(n.min(i64::MAX as i128)).unwrap_or(usize::MAX)),
+            None => None,
+        };
         let filter = filter
             .map(|f| {
                 serde_json::from_str::<serde_json::Map<String, Value>>(&f).map_err(|e| {

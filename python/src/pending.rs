@@ -25,6 +25,9 @@ pub fn rt() -> &'static tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .thread_name("steadfast-rt")
+            // Step functions (Python code) run on these threads: give them
+            // the stack a Python main thread has, not a runtime's 2 MiB.
+            .thread_stack_size(8 << 20)
             .build()
             .expect("the async runtime starts")
     })

@@ -656,7 +656,7 @@ fn body_error(raised: &Arc<Mutex<Raised>>, run_id: &str, e: CallError) -> Error 
             run_id: run_id.to_string(),
             index: 0,
             step: "__result".into(),
-            path: u.path,
+            path: crate::convert::shorten(&u.path),
             reason: format!("the durable function's return value: {}", u.reason),
         },
         CallError::Thread(why) => own(why),

@@ -694,3 +694,113 @@ fn a_client_slow_to_send_its_headers_is_cut_off() {
         .expect("serve");
     assert_eq!(code(&out), 2, "{}", stderr(&out));
 }
+
+#[test]
+fn hostile_requests_get_clear_errors_and_change_nothing() {
+    let env = Env::new();
+    agent_run(&env, "g1");
+    let before = env.show("g1");
+    let server = serve(&env, "127.0.0.1:0", None);
+    let page = http(&server.base, "GET", "/runs/g1", &[], "").1;
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("a CSRF token in the page")
+        .to_string();
+    let long_id = format!("/runs/{}", "x".repeat(5000));
+    for (path, status) in [
+        ("/runs/%FF%FE", 400),
+        (long_id.as_str(), 409),
+        ("/runs?limit=0", 400),
+        ("/runs?limit=-1", 400),
+        ("/runs?limit=abc", 400),
+        ("/runs?limit=99999999999999999999999", 400),
+        ("/runs?status=bogus", 400),
+        ("/api/runs/%00", 409),
+        ("/api/runs/no-such-run", 404),
+    ] {
+        let (got, body) = http(&server.base, "GET", path, &[], "");
+        assert_eq!(got, status, "{path}: {body}");
+    }
+    let form = |data: &str, by: &str| {
+        format!(
+            "csrf={csrf}&gate=review&by={by}&data={}",
+            data.bytes()
+                .map(|b| format!("%{b:02X}"))
+                .collect::<String>()
+        )
+    };
+    let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+    let long_by = "y".repeat(1000);
+    for (body, status, says) in [
+        (form(&deep, "x"), 400, "recursion limit"),
+        (form("{\"a\": NaN}", "x"), 400, "not JSON"),
+        (
+            form("{\"a\": 123456789012345678901234567890}", "x"),
+            400,
+            "64 bits",
+        ),
+        (form("{}", &long_by), 409, "limit is 200"),
+        (form("{}", ""), 400, "your name"),
+        (format!("a={}", "x".repeat(3_000_000)), 413, ""),
+    ] {
+        let (got, text) = http(
+            &server.base,
+            "POST",
+            "/runs/g1/approve",
+            &[("Content-Type", "application/x-www-form-urlencoded")],
+            &body,
+        );
+        assert_eq!(
+            got,
+            status,
+            "{}",
+            text.chars().take(300).collect::<String>()
+        );
+        assert!(
+            text.contains(says),
+            "{says:?} not in {}",
+            text.chars().take(300).collect::<String>()
+        );
+    }
+    // Nothing above was recorded.
+    assert_eq!(env.show("g1")["decisions"], before["decisions"]);
+    assert_eq!(env.show("g1")["version"], before["version"]);
+
+    // Token files: empty, missing, not UTF-8, a directory, too large.
+    let files = env.path().join("tokens");
+    std::fs::create_dir_all(&files).expect("dir");
+    std::fs::write(files.join("empty"), "").expect("write");
+    std::fs::write(files.join("binary"), b"\xff\xfe-not-utf8-token-xx").expect("write");
+    std::fs::write(files.join("huge"), "t".repeat(1 << 20)).expect("write");
+    for (name, says) in [
+        ("empty", "at least 16"),
+        ("missing", "No such file"),
+        ("binary", "UTF-8"),
+        (".", "directory"),
+        ("huge", "over 4096 bytes"),
+    ] {
+        let path = files.join(name);
+        let out = env
+            .cmd(&[
+                "serve",
+                "--addr",
+                "0.0.0.0:0",
+                "--token-file",
+                path.to_str().expect("path"),
+            ])
+            .output()
+            .expect("serve");
+        assert_eq!(code(&out), 2, "{name}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{name}: {}", stderr(&out));
+    }
+    // A second server on the same address is refused, not shared.
+    let port = server.base.rsplit(':').next().expect("port").to_string();
+    let out = env
+        .cmd(&["serve", "--addr", &format!("127.0.0.1:{port}")])
+        .output()
+        .expect("serve");
+    assert_ne!(code(&out), 0);
+    assert!(stderr(&out).contains("cannot listen"), "{}", stderr(&out));
+}

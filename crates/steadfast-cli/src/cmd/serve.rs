@@ -38,6 +38,24 @@ fn parse_header_timeout(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// The largest token file read: a token is a line, not a document.
+const MAX_TOKEN_FILE_BYTES: u64 = 4096;
+
+/// Reads a token file of at most [`MAX_TOKEN_FILE_BYTES`].
+fn token_file(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(MAX_TOKEN_FILE_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_TOKEN_FILE_BYTES {
+        return Err(std::io::Error::other(format!(
+            "it is over {MAX_TOKEN_FILE_BYTES} bytes; a token file holds one token"
+        )));
+    }
+    Ok(text)
+}
+
 /// The shortest token accepted: a guessable one would be no lock.
 const MIN_TOKEN_BYTES: usize = 16;
 
@@ -45,7 +63,7 @@ const MIN_TOKEN_BYTES: usize = 16;
 pub async fn run(args: ServeArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let token = match &args.token_file {
         Some(path) => Some(
-            std::fs::read_to_string(path)
+            token_file(path)
                 .map_err(|e| usage(format!("--token-file {}: {e}", path.display())))?
                 .trim()
                 .to_string(),
