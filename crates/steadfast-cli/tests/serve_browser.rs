@@ -804,3 +804,51 @@ fn hostile_requests_get_clear_errors_and_change_nothing() {
     assert_ne!(code(&out), 0);
     assert!(stderr(&out).contains("cannot listen"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_corrupt_record_is_an_error_naming_the_run_never_an_empty_list() {
+    let env = Env::new();
+    agent_run(&env, "fine");
+    agent_run(&env, "broken");
+    let db = env.path().join("runs.db");
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.execute(\"UPDATE runs SET snapshot = '{\\\"a\\\": tru' WHERE run_id = 'broken'\"); c.commit()")
+        .arg(&db)
+        .output()
+        .expect("python3");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let server = serve(&env, "127.0.0.1:0", None);
+    let (status, body) = http(&server.base, "GET", "/runs/broken", &[], "");
+    assert_eq!(status, 500, "{body}");
+    assert!(
+        body.contains("broken") && body.contains("corrupt"),
+        "{body}"
+    );
+    let (status, body) = http(&server.base, "GET", "/api/runs/broken", &[], "");
+    assert_eq!(status, 500, "{body}");
+    let err: Value = serde_json::from_str(&body).expect("JSON");
+    assert!(
+        err["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("\"broken\"")),
+        "{body}"
+    );
+    // The list and the inbox still show every run, the unreadable one named.
+    let (status, body) = http(&server.base, "GET", "/runs", &[], "");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(">broken<") && body.contains(">fine<"),
+        "{body}"
+    );
+    let (status, body) = http(&server.base, "GET", "/inbox", &[], "");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("cannot be read") && body.contains("broken"),
+        "{body}"
+    );
+    assert!(
+        body.contains("/runs/fine/approve"),
+        "the readable run keeps its forms"
+    );
+}
