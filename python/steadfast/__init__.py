@@ -49,7 +49,17 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from steadfast import _native
+try:
+    from steadfast import _native
+except ImportError as _missing:  # pragma: no cover - depends on how it was installed
+    import os as _os
+
+    raise ImportError(
+        "steadfast: the compiled module steadfast._native is missing beside "
+        f"{_os.path.dirname(__file__)}. This is the package's source tree, not an "
+        "installed build: install it with `pip install ./python` (from the "
+        "repository's root) and import it from anywhere but the python/ directory."
+    ) from _missing
 from steadfast._errors import *  # noqa: F401,F403
 from steadfast._errors import InvalidWorkflow
 from steadfast._errors import __all__ as _error_names
