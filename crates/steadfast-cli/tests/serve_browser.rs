@@ -695,6 +695,36 @@ fn a_client_slow_to_send_its_headers_is_cut_off() {
     assert_eq!(code(&out), 2, "{}", stderr(&out));
 }
 
+/// Runs `cmd`, which must exit within 20 s (else it is killed and the test
+/// fails naming `what`): its exit code and standard error.
+fn exits_within(cmd: &mut Command, what: &str) -> (Option<i32>, String) {
+    let mut child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("serve did not exit on {what}: it hung or started serving");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("stderr");
+    (status.code(), err)
+}
+
 #[test]
 fn hostile_requests_get_clear_errors_and_change_nothing() {
     let env = Env::new();
@@ -794,6 +824,34 @@ fn hostile_requests_get_clear_errors_and_change_nothing() {
             .expect("serve");
         assert_eq!(code(&out), 2, "{name}: {}", stderr(&out));
         assert!(stderr(&out).contains(says), "{name}: {}", stderr(&out));
+    }
+    // A FIFO as the token file is refused at once (opening it would wait
+    // for a writer forever).
+    let fifo = files.join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let (status, err) = exits_within(
+        env.cmd(&["serve", "--addr", "0.0.0.0:0", "--token-file"])
+            .arg(&fifo),
+        "a FIFO as the token file",
+    );
+    assert_eq!(status, Some(2), "{err}");
+    assert!(err.contains("not a regular file"), "{err}");
+    // A token variable that is set but unusable is an error, even on a
+    // loopback address: never a server without the lock that was asked for.
+    use std::os::unix::ffi::OsStrExt;
+    for (value, says) in [
+        (
+            std::ffi::OsStr::from_bytes(b"\xff\xfe-not-utf8-token-xx"),
+            "not valid UTF-8",
+        ),
+        (std::ffi::OsStr::new("   "), "at least 16"),
+    ] {
+        let mut cmd = env.cmd(&["serve", "--addr", "127.0.0.1:0"]);
+        cmd.env("STEADFAST_SERVE_TOKEN", value);
+        let (status, err) = exits_within(&mut cmd, "a token variable that is set but unusable");
+        assert_eq!(status, Some(2), "{value:?}: {err}");
+        assert!(err.contains(says), "{value:?}: {err}");
     }
     // A second server on the same address is refused, not shared.
     let port = server.base.rsplit(':').next().expect("port").to_string();

@@ -41,9 +41,22 @@ fn parse_header_timeout(text: &str) -> Result<Duration, String> {
 /// The largest token file read: a token is a line, not a document.
 const MAX_TOKEN_FILE_BYTES: u64 = 4096;
 
-/// Reads a token file of at most [`MAX_TOKEN_FILE_BYTES`].
+/// Reads a token file of at most [`MAX_TOKEN_FILE_BYTES`]; it must be a
+/// regular file (or a link to one): opening a FIFO would wait for a writer
+/// forever, and a device is no place for a token.
 fn token_file(path: &std::path::Path) -> std::io::Result<String> {
     use std::io::Read;
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        let what = if meta.is_dir() {
+            "a directory"
+        } else {
+            "a FIFO, socket or device"
+        };
+        return Err(std::io::Error::other(format!(
+            "it is {what}, not a regular file holding the token"
+        )));
+    }
     let mut text = String::new();
     std::fs::File::open(path)?
         .take(MAX_TOKEN_FILE_BYTES + 1)
@@ -68,10 +81,16 @@ pub async fn run(args: ServeArgs, ctx: &Ctx) -> Result<i32, Failure> {
                 .trim()
                 .to_string(),
         ),
-        None => std::env::var(TOKEN_ENV)
-            .ok()
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty()),
+        // Unset or empty: no token. A value that is set but unusable (not
+        // UTF-8, blank) is an error, never a server without its lock.
+        None => match std::env::var(TOKEN_ENV) {
+            Ok(t) if t.is_empty() => None,
+            Ok(t) => Some(t.trim().to_string()),
+            Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(usage(format!("{TOKEN_ENV} is not valid UTF-8")));
+            }
+        },
     };
     if let Some(t) = &token {
         if t.len() < MIN_TOKEN_BYTES || !t.bytes().all(|b| b.is_ascii_graphic()) {

@@ -364,20 +364,31 @@ async fn load(app: &App, id: &str) -> Result<Checkpoint, PageError> {
     steadfast::validate_run_id(id).map_err(|e| PageError::engine(format!("run {id:?}"), &e))?;
     match app.store.load(id).await {
         Ok(Some(cp)) => Ok(cp),
-        Ok(None) => Err(PageError::new(
-            StatusCode::NOT_FOUND,
-            format!("run {id:?}"),
-            format!("no run {id:?} in the store"),
-        )),
+        Ok(None) => Err(no_such_run(id)),
         Err(e) => Err(PageError::store(format!("run {id:?} cannot be read"), &e)),
     }
 }
 
+fn no_such_run(id: &str) -> PageError {
+    PageError::new(
+        StatusCode::NOT_FOUND,
+        format!("run {id:?}"),
+        format!("no run {id:?} in the store"),
+    )
+}
+
+/// The run's step records; `None` when the store keeps no per-step history
+/// (as `steadfast show` treats it). A run gone since it was loaded is 404.
 async fn history(app: &App, id: &str) -> Result<Option<Vec<StepRecord>>, PageError> {
-    app.store
-        .history(id)
-        .await
-        .map_err(|e| PageError::store(format!("the history of run {id:?} cannot be read"), &e))
+    match app.store.history(id).await {
+        Ok(Some(records)) => Ok(Some(records)),
+        Ok(None) => Err(no_such_run(id)),
+        Err(e) if e.kind() == steadfast::StoreErrorKind::Unsupported => Ok(None),
+        Err(e) => Err(PageError::store(
+            format!("the history of run {id:?} cannot be read"),
+            &e,
+        )),
+    }
 }
 
 fn stuck(app: &App, cp: &Checkpoint) -> Option<Stuck> {
@@ -819,4 +830,77 @@ async fn login(State(app): Shared, h: HeaderMap, Form(f): PostForm) -> Response 
         res.headers_mut().insert(header::SET_COOKIE, v);
     }
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use steadfast::store::SaveRequest;
+    use steadfast::{async_trait, ListFilter, MemoryStore, RunSummary, StoreError};
+
+    /// A store that keeps no per-step history (the trait's default).
+    struct NoHistory(MemoryStore);
+
+    #[async_trait]
+    impl Store for NoHistory {
+        async fn load(&self, id: &str) -> Result<Option<Checkpoint>, StoreError> {
+            self.0.load(id).await
+        }
+        async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+            self.0.save(req).await
+        }
+        async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
+            self.0.list(filter).await
+        }
+        async fn delete(&self, id: &str) -> Result<bool, StoreError> {
+            self.0.delete(id).await
+        }
+    }
+
+    async fn app(store: Arc<dyn Store>) -> Arc<App> {
+        let wf = steadfast::Workflow::builder("one")
+            .step("only", |_, _| async {
+                steadfast::update(json!({"done": true}))
+            })
+            .build()
+            .expect("workflow");
+        steadfast::run("r1", &wf, &*store).await.expect("run");
+        Arc::new(App {
+            store,
+            clock: Arc::new(steadfast::SystemClock),
+            csrf: "c".repeat(32),
+            token: None,
+            session: "s".repeat(32),
+            port: 7878,
+            stuck_after: Duration::from_secs(60),
+            url: "memory:".into(),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_store_without_history_shows_the_run_and_says_so_in_the_api() {
+        let app = app(Arc::new(NoHistory(MemoryStore::new()))).await;
+        let page = run_page(State(Arc::clone(&app)), Path("r1".into()))
+            .await
+            .unwrap_or_else(|e| panic!("the run page failed: {} {}", e.title, e.detail));
+        assert_eq!(page.status(), StatusCode::OK);
+        let err = api_history(State(Arc::clone(&app)), Path("r1".into()))
+            .await
+            .expect_err("no history to give");
+        assert_eq!(err.0.status, StatusCode::NOT_IMPLEMENTED);
+        assert!(
+            err.0.detail.contains("no per-step history"),
+            "{}",
+            err.0.detail
+        );
+    }
+
+    #[tokio::test]
+    async fn a_run_gone_between_its_record_and_its_history_is_not_found() {
+        let app = app(Arc::new(MemoryStore::new())).await;
+        let err = history(&app, "gone").await.expect_err("no such run");
+        assert_eq!(err.status, StatusCode::NOT_FOUND);
+        assert!(matches!(history(&app, "r1").await, Ok(Some(records)) if records.len() == 1));
+    }
 }
