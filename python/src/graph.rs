@@ -11,7 +11,7 @@
 //! workers can never fork one thread's checkpoint chain without anyone knowing.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -385,14 +385,16 @@ fn open_sqlite(url: &str) -> PyResult<Backend> {
                 "graph store URL {url:?}: expected sqlite:PATH, postgres://… or memory:"
             )));
         }
-        let path = PathBuf::from(path);
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                store_err(&StoreError::InvalidInput(format!(
-                    "cannot create {}: {e}",
-                    dir.display()
-                )))
-            })?;
+        // The same checks as the Steadfast SQLite store's file: a private
+        // directory (made 0700 when missing), a regular file of this user's
+        // (no FIFO, device or planted file others can write), links
+        // resolved once; and the same for SQLite's files beside it.
+        let path = steadfast::local::prepare_store_file(Path::new(path), true)
+            .map_err(|e| store_err(&e))?;
+        for suffix in ["-wal", "-shm", "-journal"] {
+            let mut side = path.clone().into_os_string();
+            side.push(suffix);
+            steadfast::local::check_private_file(Path::new(&side)).map_err(|e| store_err(&e))?;
         }
         let at = path.display().to_string();
         (Connection::open(&path), at)

@@ -28,8 +28,29 @@ def test_graph_store_urls_and_files(tmp_path) -> None:
         GraphStore("sqlite:")
     with pytest.raises(steadfast.Unsupported, match="ftp://"):
         GraphStore("ftp://example")
-    with pytest.raises(steadfast.StoreFailure):
-        GraphStore(f"sqlite:{tmp_path}")  # a directory
+    with pytest.raises(steadfast.InvalidInput, match="directory"):
+        GraphStore(f"sqlite:{tmp_path}")
+    # A FIFO would make SQLite wait for a writer or fail with a bare I/O
+    # error; a file others may write could have been planted.
+    fifo = tmp_path / "fifo.db"
+    os.mkfifo(fifo)
+    with pytest.raises(steadfast.InvalidInput, match="not a regular file"):
+        GraphStore(f"sqlite:{fifo}")
+    planted = tmp_path / "planted.db"
+    GraphStore(f"sqlite:{planted}").close()
+    os.chmod(planted, 0o666)
+    with pytest.raises(steadfast.InvalidInput, match="planted.db"):
+        GraphStore(f"sqlite:{planted}")
+    os.chmod(planted, 0o600)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)
+    with pytest.raises(steadfast.InvalidInput, match="shared"):
+        GraphStore(f"sqlite:{shared}/graph.db")
+    assert not (shared / "graph.db").exists(), "nothing is created in a directory others can write"
+    made = tmp_path / "new" / "dir" / "graph.db"
+    GraphStore(f"sqlite:{made}").close()
+    assert made.parent.stat().st_mode & 0o777 == 0o700
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not a database at all" * 100)
     with pytest.raises(steadfast.Corrupt, match="junk.db"):
