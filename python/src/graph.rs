@@ -269,32 +269,57 @@ use steadfast::postgres::deadpool_postgres::GenericClient as Pg;
 type PgParams<'a> = &'a [&'a (dyn tokio_postgres::types::ToSql + Sync)];
 
 /// Runs `sql` as a statement prepared once per connection: a round trip
-/// fewer than preparing it on every call.
-async fn pexec<C: Pg + Sync>(
-    c: &C,
-    sql: &str,
-    params: PgParams<'_>,
-) -> Result<u64, tokio_postgres::Error> {
-    let st = c.prepare_cached(sql).await?;
-    c.execute(&st, params).await
+/// fewer than preparing it on every call. Errors say `ctx`.
+async fn pexec<C: Pg + Sync>(c: &C, ctx: &str, sql: &str, params: PgParams<'_>) -> PyResult<u64> {
+    let run = async {
+        let st = c.prepare_cached(sql).await?;
+        c.execute(&st, params).await
+    };
+    run.await.map_err(|e| pg_err(ctx, e))
 }
 
+/// Like [`pexec`], for the rows of a query.
 async fn pquery<C: Pg + Sync>(
     c: &C,
+    ctx: &str,
     sql: &str,
     params: PgParams<'_>,
-) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    let st = c.prepare_cached(sql).await?;
-    c.query(&st, params).await
+) -> PyResult<Vec<tokio_postgres::Row>> {
+    let run = async {
+        let st = c.prepare_cached(sql).await?;
+        c.query(&st, params).await
+    };
+    run.await.map_err(|e| pg_err(ctx, e))
 }
 
+/// Like [`pexec`], for a query of exactly one row.
 async fn pquery_one<C: Pg + Sync>(
     c: &C,
+    ctx: &str,
     sql: &str,
     params: PgParams<'_>,
-) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
-    let st = c.prepare_cached(sql).await?;
-    c.query_one(&st, params).await
+) -> PyResult<tokio_postgres::Row> {
+    let run = async {
+        let st = c.prepare_cached(sql).await?;
+        c.query_one(&st, params).await
+    };
+    run.await.map_err(|e| pg_err(ctx, e))
+}
+
+/// Begins a transaction on a pooled connection; errors say `ctx`.
+async fn begin<'c>(
+    client: &'c mut steadfast::postgres::deadpool_postgres::Object,
+    ctx: &str,
+) -> PyResult<steadfast::postgres::deadpool_postgres::Transaction<'c>> {
+    client.transaction().await.map_err(|e| pg_err(ctx, e))
+}
+
+/// Commits `tx`; errors say `ctx`.
+async fn commit(
+    tx: steadfast::postgres::deadpool_postgres::Transaction<'_>,
+    ctx: &str,
+) -> PyResult<()> {
+    tx.commit().await.map_err(|e| pg_err(ctx, e))
 }
 
 impl ListQuery {
@@ -449,14 +474,14 @@ async fn open_pg(url: &str) -> PyResult<Backend> {
         .map_err(|e| pg_err(&format!("creating the graph tables in {at}"), e))?;
     let row = pquery_one(
         &client,
+        &format!("reading the graph table format in {at}"),
         &format!(
             "INSERT INTO {s}.graph_meta (key, value) VALUES ('format', $1)
                  ON CONFLICT (key) DO UPDATE SET value = {s}.graph_meta.value RETURNING value"
         ),
         &[&GRAPH_FORMAT],
     )
-    .await
-    .map_err(|e| pg_err(&format!("reading the graph table format in {at}"), e))?;
+    .await?;
     check_format(&at, row.get(0))?;
     drop(client);
     Ok(Backend::Pg { store })
@@ -638,11 +663,11 @@ impl GraphStore {
         self.lease_pg(tx, s, target, None).await?;
         let n: i64 = pquery_one(
             tx,
+            ctx,
             &format!("SELECT count(*) FROM {s}.graph_checkpoints WHERE thread_id = $1"),
             &[&target],
         )
-        .await
-        .map_err(|e| pg_err(ctx, e))?
+        .await?
         .get(0);
         occupied(target, n)
     }
@@ -692,7 +717,7 @@ impl GraphStore {
         // One statement makes a row for a thread never written (so that two
         // copies, or a copy and a first write, serialize on it), locks it,
         // renews the lease when this saver holds it, and returns the row.
-        let row = pquery_one(tx,
+        let row = pquery_one(tx, &ctx,
                 &format!(
                     "INSERT INTO {s}.graph_threads AS g (thread_id, holder, until_ms, generation)
                      VALUES ($1, '', 0, 0)
@@ -704,8 +729,7 @@ impl GraphStore {
                 ),
                 &[&thread, &self.me.text(), &self.lease_ms, &head.is_some()],
             )
-            .await
-            .map_err(|e| pg_err(&ctx, e))?;
+            .await?;
         let (holder, until, generation, now): (String, i64, i64, i64) =
             (row.get(0), row.get(1), row.get(2), row.get(3));
         let Some((ns, extends, what, inserting)) = head else {
@@ -724,15 +748,14 @@ impl GraphStore {
             LeaseStep::TakeIfHead(g) => {
                 // The checkpoint being saved may be in the table already: its
                 // insert is sent along with this transaction's first statement.
-                let latest: Option<String> = pquery_one(tx,
+                let latest: Option<String> = pquery_one(tx, &ctx,
                         &format!(
                             "SELECT max(checkpoint_id) FROM {s}.graph_checkpoints
                              WHERE thread_id = $1 AND ns = $2 AND ($3::text IS NULL OR checkpoint_id <> $3)"
                         ),
                         &[&thread, &ns, &inserting],
                     )
-                    .await
-                    .map_err(|e| pg_err(&ctx, e))?
+                    .await?
                     .get(0);
                 if latest.as_deref() != extends {
                     return Err(stale(thread, what));
@@ -743,13 +766,13 @@ impl GraphStore {
         if let Some(g) = generation {
             pexec(
                 tx,
+                &ctx,
                 &format!(
                     "UPDATE {s}.graph_threads SET holder = $2, until_ms = $3, generation = $4 WHERE thread_id = $1"
                 ),
                 &[&thread, &self.me.text(), &now.saturating_add(self.lease_ms), &g],
             )
-            .await
-            .map_err(|e| pg_err(&ctx, e))?;
+            .await?;
         }
         Ok(generation)
     }
@@ -937,7 +960,7 @@ impl GraphStore {
                 let s = store.quoted_schema();
                 let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = format!("saving checkpoint {checkpoint_id:?} of thread {thread_id:?}");
-                let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
+                let tx = begin(&mut client, &ctx).await?;
                 let what = format!("checkpoint {checkpoint_id:?} (a child of {parent_id:?})");
                 // The lease and the row go out together (pipelined); the
                 // row is rolled back if the lease is refused.
@@ -952,11 +975,11 @@ impl GraphStore {
                     [&thread_id, &ns, &checkpoint_id, &parent_id, &r#type, &blob, &metadata, &run_id];
                 let (lease, saved) = tokio::join!(
                     self.lease_pg(&tx, &s, &thread_id, Some(head)),
-                    pexec(&tx, &sql, &row)
+                    pexec(&tx, &ctx, &sql, &row)
                 );
                 let generation = lease?;
-                saved.map_err(|e| pg_err(&ctx, e))?;
-                tx.commit().await.map_err(|e| pg_err(&ctx, e))?;
+                saved?;
+                commit(tx, &ctx).await?;
                 self.took(&thread_id, generation);
                 Ok(())
             }),
@@ -1039,7 +1062,7 @@ impl GraphStore {
                 let ctx = format!(
                     "saving writes of checkpoint {checkpoint_id:?} of thread {thread_id:?}"
                 );
-                let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
+                let tx = begin(&mut client, &ctx).await?;
                 let what = format!("writes to checkpoint {checkpoint_id:?}");
                 // Two statements at most (writes that replace, writes kept
                 // once), sent with the lease (pipelined) and rolled back if the
@@ -1080,6 +1103,7 @@ impl GraphStore {
                         }
                         pexec(
                             &tx,
+                            &ctx,
                             &replace_sql,
                             &[
                                 &thread_id,
@@ -1101,6 +1125,7 @@ impl GraphStore {
                         }
                         pexec(
                             &tx,
+                            &ctx,
                             &once_sql,
                             &[
                                 &thread_id,
@@ -1118,9 +1143,9 @@ impl GraphStore {
                     }
                 );
                 let generation = lease?;
-                replaced.map_err(|e| pg_err(&ctx, e))?;
-                kept.map_err(|e| pg_err(&ctx, e))?;
-                tx.commit().await.map_err(|e| pg_err(&ctx, e))?;
+                replaced?;
+                kept?;
+                commit(tx, &ctx).await?;
                 self.took(&thread_id, generation);
                 Ok(())
             }),
@@ -1249,21 +1274,21 @@ impl GraphStore {
                 let s = store.quoted_schema();
                 let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = "deleting the checkpoints of runs";
-                let tx = client.transaction().await.map_err(|e| pg_err(ctx, e))?;
-                let threads = pquery(&tx,
+                let tx = begin(&mut client, ctx).await?;
+                let threads = pquery(&tx, ctx,
                         &format!(
                             "SELECT DISTINCT thread_id FROM {s}.graph_checkpoints WHERE run_id = ANY($1) ORDER BY 1"
                         ),
                         &[&run_ids],
                     )
-                    .await
-                    .map_err(|e| pg_err(ctx, e))?;
+                    .await?;
                 for t in threads {
                     let t: String = t.get(0);
                     self.lease_pg(&tx, &s, &t, None).await?;
                 }
                 pexec(
                     &tx,
+                    ctx,
                     &format!(
                         "DELETE FROM {s}.graph_writes w USING {s}.graph_checkpoints c
                          WHERE c.run_id = ANY($1) AND w.thread_id = c.thread_id AND w.ns = c.ns
@@ -1271,16 +1296,15 @@ impl GraphStore {
                     ),
                     &[&run_ids],
                 )
-                .await
-                .map_err(|e| pg_err(ctx, e))?;
+                .await?;
                 pexec(
                     &tx,
+                    ctx,
                     &format!("DELETE FROM {s}.graph_checkpoints WHERE run_id = ANY($1)"),
                     &[&run_ids],
                 )
-                .await
-                .map_err(|e| pg_err(ctx, e))?;
-                tx.commit().await.map_err(|e| pg_err(ctx, e))
+                .await?;
+                commit(tx, ctx).await
             }),
         }
     }
@@ -1322,10 +1346,11 @@ impl GraphStore {
                 let s = store.quoted_schema();
                 let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = format!("copying thread {source:?} to {target:?}");
-                let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
+                let tx = begin(&mut client, &ctx).await?;
                 self.target_free_pg(&tx, &s, &target, &ctx).await?;
                 pexec(
                     &tx,
+                    &ctx,
                     &format!(
                         "INSERT INTO {s}.graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
                          SELECT $2, ns, checkpoint_id, parent_id, type, blob, metadata, run_id
@@ -1333,10 +1358,10 @@ impl GraphStore {
                     ),
                     &[&source, &target],
                 )
-                .await
-                .map_err(|e| pg_err(&ctx, e))?;
+                .await?;
                 pexec(
                     &tx,
+                    &ctx,
                     &format!(
                         "INSERT INTO {s}.graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
                          SELECT $2, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
@@ -1345,9 +1370,8 @@ impl GraphStore {
                     ),
                     &[&source, &target],
                 )
-                .await
-                .map_err(|e| pg_err(&ctx, e))?;
-                tx.commit().await.map_err(|e| pg_err(&ctx, e))
+                .await?;
+                commit(tx, &ctx).await
             }),
         }
     }
@@ -1414,19 +1438,18 @@ impl GraphStore {
                 let s = store.quoted_schema();
                 let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = "pruning threads";
-                let tx = client.transaction().await.map_err(|e| pg_err(ctx, e))?;
+                let tx = begin(&mut client, ctx).await?;
                 let mut sorted = thread_ids.clone();
                 sorted.sort();
                 sorted.dedup();
                 for t in &sorted {
                     self.lease_pg(&tx, &s, t, None).await?;
                 }
-                let metas = pquery(&tx,
+                let metas = pquery(&tx, ctx,
                         &format!("SELECT thread_id, metadata FROM {s}.graph_checkpoints WHERE thread_id = ANY($1)"),
                         &[&sorted],
                     )
-                    .await
-                    .map_err(|e| pg_err(ctx, e))?;
+                    .await?;
                 for m in metas {
                     delta(m.get(0), m.get(1))?;
                 }
@@ -1437,6 +1460,7 @@ impl GraphStore {
                 for table in ["graph_writes", "graph_checkpoints"] {
                     pexec(
                         &tx,
+                        ctx,
                         &format!(
                             "DELETE FROM {s}.{table} x WHERE x.thread_id = ANY($1) AND NOT EXISTS (
                                SELECT 1 FROM ({latest}) k WHERE k.thread_id = x.thread_id AND k.ns = x.ns
@@ -1444,17 +1468,16 @@ impl GraphStore {
                         ),
                         &[&sorted],
                     )
-                    .await
-                    .map_err(|e| pg_err(ctx, e))?;
+                    .await?;
                 }
                 pexec(
                     &tx,
+                    ctx,
                     &format!("UPDATE {s}.graph_checkpoints SET parent_id = NULL WHERE thread_id = ANY($1)"),
                     &[&sorted],
                 )
-                .await
-                .map_err(|e| pg_err(ctx, e))?;
-                tx.commit().await.map_err(|e| pg_err(ctx, e))
+                .await?;
+                commit(tx, ctx).await
             }),
         }
     }
@@ -1491,6 +1514,7 @@ impl GraphStore {
                 let client = store.connection().await.map_err(|e| store_err(&e))?;
                 pexec(
                     &client,
+                    "releasing leases",
                     &format!(
                         "UPDATE {s}.graph_threads SET holder = '', until_ms = 0
                              WHERE holder = $1 AND ($2::text IS NULL OR thread_id = $2)"
@@ -1499,7 +1523,6 @@ impl GraphStore {
                 )
                 .await
                 .map(drop)
-                .map_err(|e| pg_err("releasing leases", e))
             }),
         }
     }
@@ -1532,7 +1555,7 @@ impl GraphStore {
                     let s = store.quoted_schema();
                     let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                     let ctx = "deleting threads";
-                    let tx = client.transaction().await.map_err(|e| pg_err(ctx, e))?;
+                    let tx = begin(&mut client, ctx).await?;
                     let mut sorted = threads.clone();
                     sorted.sort();
                     sorted.dedup();
@@ -1542,23 +1565,23 @@ impl GraphStore {
                     for table in ["graph_writes", "graph_checkpoints"] {
                         pexec(
                             &tx,
+                            ctx,
                             &format!("DELETE FROM {s}.{table} WHERE thread_id = ANY($1)"),
                             &[&sorted],
                         )
-                        .await
-                        .map_err(|e| pg_err(ctx, e))?;
+                        .await?;
                     }
                     pexec(
                     &tx,
+                    ctx,
                     &format!(
                         "UPDATE {s}.graph_threads SET holder = '', until_ms = 0
                          WHERE thread_id = ANY($1) AND holder = $2"
                     ),
                     &[&sorted, &me],
                 )
-                .await
-                .map_err(|e| pg_err(ctx, e))?;
-                    tx.commit().await.map_err(|e| pg_err(ctx, e))
+                .await?;
+                    commit(tx, ctx).await
                 })
             }
         };
@@ -1677,34 +1700,34 @@ impl GraphStore {
                 let s = store.quoted_schema();
                 let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = format!("copying thread {source:?} to {target:?}");
-                let tx = client.transaction().await.map_err(|e| pg_err(&ctx, e))?;
+                let tx = begin(&mut client, &ctx).await?;
                 self.target_free_pg(&tx, &s, target, &ctx).await?;
                 for (ns, id, parent, ty, blob, meta, writes) in &copied {
                     let run_id = run_id_of(meta);
                     pexec(
                         &tx,
+                        &ctx,
                         &format!(
                             "INSERT INTO {s}.graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
                              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
                         ),
                         &[&target, ns, id, parent, ty, blob, meta, &run_id],
                     )
-                    .await
-                    .map_err(|e| pg_err(&ctx, e))?;
+                    .await?;
                     for (task, path, idx, channel, ty, blob) in writes {
                         pexec(
                             &tx,
+                            &ctx,
                             &format!(
                                 "INSERT INTO {s}.graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
                                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING"
                             ),
                             &[&target, ns, id, task, idx, channel, ty, blob, path],
                         )
-                        .await
-                        .map_err(|e| pg_err(&ctx, e))?;
+                        .await?;
                     }
                 }
-                tx.commit().await.map_err(|e| pg_err(&ctx, e))
+                commit(tx, &ctx).await
             }),
         }
     }
@@ -1753,9 +1776,7 @@ impl GraphStore {
                     .iter()
                     .map(|v| *v as &(dyn tokio_postgres::types::ToSql + Sync))
                     .collect();
-                let rows = pquery(&client, &sql, &args)
-                    .await
-                    .map_err(|e| pg_err(ctx, e))?;
+                let rows = pquery(&client, ctx, &sql, &args).await?;
                 let mut heads = Vec::new();
                 for r in &rows {
                     if q.keep(head_pg(r), &mut heads) {
@@ -1768,7 +1789,7 @@ impl GraphStore {
                 let threads: Vec<&str> = heads.iter().map(|h| h.0.as_str()).collect();
                 let namespaces: Vec<&str> = heads.iter().map(|h| h.1.as_str()).collect();
                 let ids: Vec<&str> = heads.iter().map(|h| h.2.as_str()).collect();
-                let writes = pquery(&client,
+                let writes = pquery(&client, ctx,
                         &format!(
                             "SELECT thread_id, ns, checkpoint_id, task_id, channel, type, blob, task_path, idx
                              FROM {s}.graph_writes
@@ -1777,8 +1798,7 @@ impl GraphStore {
                         ),
                         &[&threads, &namespaces, &ids],
                     )
-                    .await
-                    .map_err(|e| pg_err(ctx, e))?;
+                    .await?;
                 let mut by_key: std::collections::HashMap<(String, String, String), Vec<Write>> =
                     Default::default();
                 for w in writes {

@@ -112,6 +112,20 @@ fn default_decider() -> String {
         .unwrap_or_else(|| "python".into())
 }
 
+/// `value` as Python values; NoSuchRun naming `run_id` when it is `None`.
+fn found<T: serde::Serialize>(
+    py: Python<'_>,
+    run_id: &str,
+    value: Option<T>,
+) -> PyResult<Py<PyAny>> {
+    match value {
+        Some(v) => serde_to_py(py, &v),
+        None => Err(err(&steadfast::Error::NoSuchRun {
+            run_id: run_id.to_string(),
+        })),
+    }
+}
+
 /// The run's record (its checkpoint) as a dict; NoSuchRun when missing.
 #[pyfunction]
 pub fn show(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Py<PyAny>> {
@@ -119,12 +133,7 @@ pub fn show(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Py<PyAny>
     let s = Arc::clone(&store.inner);
     let id = run_id.to_string();
     let cp = block(py, async move { s.load(&id).await }).map_err(|e| store_err(&e))?;
-    match cp {
-        Some(cp) => serde_to_py(py, &cp),
-        None => Err(err(&steadfast::Error::NoSuchRun {
-            run_id: run_id.to_string(),
-        })),
-    }
+    found(py, run_id, cp)
 }
 
 /// The run's step records, oldest first; NoSuchRun when missing.
@@ -134,12 +143,7 @@ pub fn history(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Py<PyA
     let s = Arc::clone(&store.inner);
     let id = run_id.to_string();
     let rows = block(py, async move { s.history(&id).await }).map_err(|e| store_err(&e))?;
-    match rows {
-        Some(rows) => serde_to_py(py, &rows),
-        None => Err(err(&steadfast::Error::NoSuchRun {
-            run_id: run_id.to_string(),
-        })),
-    }
+    found(py, run_id, rows)
 }
 
 /// Runs in id order, filtered like `steadfast runs`.

@@ -556,6 +556,37 @@ async fn inbox_page(State(app): Shared) -> Result<Response, PageError> {
     )
 }
 
+/// A POST that changes a run, after [`check_post`]: the run's id from the
+/// path and the form. Every handler that changes a run takes one, so none
+/// can skip the CSRF and origin checks.
+struct RunPost {
+    app: Arc<App>,
+    id: String,
+    form: HashMap<String, String>,
+}
+
+impl axum::extract::FromRequest<Arc<App>> for RunPost {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, app: &Arc<App>) -> Result<Self, Response> {
+        use axum::extract::FromRequestParts;
+        let (mut parts, body) = req.into_parts();
+        let Path(id) = Path::<String>::from_request_parts(&mut parts, app)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let headers = parts.headers.clone();
+        let Form(form) = PostForm::from_request(Request::from_parts(parts, body), app)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        check_post(app, &headers, &form).map_err(IntoResponse::into_response)?;
+        Ok(RunPost {
+            app: Arc::clone(app),
+            id,
+            form,
+        })
+    }
+}
+
 /// Checks a POST: its CSRF token, and its origin when the browser names one.
 fn check_post(
     app: &App,
@@ -651,13 +682,7 @@ fn back(form: &HashMap<String, String>, id: &str) -> Redirect {
 
 type PostForm = Form<HashMap<String, String>>;
 
-async fn approve(
-    State(app): Shared,
-    Path(id): Path<String>,
-    h: HeaderMap,
-    Form(f): PostForm,
-) -> Result<Redirect, PageError> {
-    check_post(&app, &h, &f)?;
+async fn approve(RunPost { app, id, form: f }: RunPost) -> Result<Redirect, PageError> {
     let gate = field(&f, "gate").unwrap_or_default().to_string();
     let data = match field(&f, "data") {
         None => None,
@@ -677,13 +702,7 @@ async fn approve(
     Ok(back(&f, &id))
 }
 
-async fn reject(
-    State(app): Shared,
-    Path(id): Path<String>,
-    h: HeaderMap,
-    Form(f): PostForm,
-) -> Result<Redirect, PageError> {
-    check_post(&app, &h, &f)?;
+async fn reject(RunPost { app, id, form: f }: RunPost) -> Result<Redirect, PageError> {
     let gate = field(&f, "gate").unwrap_or_default().to_string();
     let reason = field(&f, "reason").map(String::from);
     let by = by(&f)?;
@@ -694,13 +713,7 @@ async fn reject(
     Ok(back(&f, &id))
 }
 
-async fn cancel(
-    State(app): Shared,
-    Path(id): Path<String>,
-    h: HeaderMap,
-    Form(f): PostForm,
-) -> Result<Redirect, PageError> {
-    check_post(&app, &h, &f)?;
+async fn cancel(RunPost { app, id, form: f }: RunPost) -> Result<Redirect, PageError> {
     let by = by(&f)?;
     let reason = field(&f, "reason").map(String::from);
     steadfast::ops::cancel(&*app.store, &id, reason, &by, &*app.clock)
@@ -709,13 +722,7 @@ async fn cancel(
     Ok(back(&f, &id))
 }
 
-async fn retry(
-    State(app): Shared,
-    Path(id): Path<String>,
-    h: HeaderMap,
-    Form(f): PostForm,
-) -> Result<Redirect, PageError> {
-    check_post(&app, &h, &f)?;
+async fn retry(RunPost { app, id, form: f }: RunPost) -> Result<Redirect, PageError> {
     let by = by(&f)?;
     steadfast::ops::retry(&*app.store, &id, &by, &*app.clock)
         .await
@@ -723,13 +730,7 @@ async fn retry(
     Ok(back(&f, &id))
 }
 
-async fn rewind(
-    State(app): Shared,
-    Path(id): Path<String>,
-    h: HeaderMap,
-    Form(f): PostForm,
-) -> Result<Redirect, PageError> {
-    check_post(&app, &h, &f)?;
+async fn rewind(RunPost { app, id, form: f }: RunPost) -> Result<Redirect, PageError> {
     let by = by(&f)?;
     let to = field(&f, "to").unwrap_or_default().to_string();
     steadfast::ops::rewind(&*app.store, &id, &to, &by, &*app.clock)
@@ -738,13 +739,7 @@ async fn rewind(
     Ok(back(&f, &id))
 }
 
-async fn fork(
-    State(app): Shared,
-    Path(id): Path<String>,
-    h: HeaderMap,
-    Form(f): PostForm,
-) -> Result<Redirect, PageError> {
-    check_post(&app, &h, &f)?;
+async fn fork(RunPost { app, id, form: f }: RunPost) -> Result<Redirect, PageError> {
     let by = by(&f)?;
     let at = field(&f, "at").unwrap_or_default().to_string();
     let new_id = field(&f, "new_id").unwrap_or_default().to_string();
