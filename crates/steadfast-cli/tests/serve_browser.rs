@@ -753,6 +753,20 @@ fn hostile_requests_get_clear_errors_and_change_nothing() {
         let (got, body) = http(&server.base, "GET", path, &[], "");
         assert_eq!(got, status, "{path}: {body}");
     }
+    // Odd headers: an empty Host is no loopback name (421), nor is a request
+    // with none (HTTP/1.0); 150 headers are refused by the connection (431)
+    // and the server goes on serving.
+    let (got, _) = http(&server.base, "GET", "/runs", &[("Host", "")], "");
+    assert_eq!(got, 421);
+    let names: Vec<String> = (0..150).map(|i| format!("X-Many-{i}")).collect();
+    let many: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+    assert_eq!(http(&server.base, "GET", "/runs", &many, "").0, 431);
+    let mut old = TcpStream::connect(server.base.trim_start_matches("http://")).expect("connect");
+    old.write_all(b"GET /runs HTTP/1.0\r\n\r\n").expect("send");
+    let mut answer = String::new();
+    old.read_to_string(&mut answer).expect("read");
+    assert!(answer.starts_with("HTTP/1.0 421"), "{answer}");
+    assert_eq!(http(&server.base, "GET", "/runs", &[], "").0, 200);
     let form = |data: &str, by: &str| {
         format!(
             "csrf={csrf}&gate=review&by={by}&data={}",
