@@ -105,10 +105,15 @@ def main() -> int:
     p.add_argument("--run-id", default="agent-demo")
     p.add_argument("--delay", type=float, default=DELAY, help="seconds each model or tool call takes")
     p.add_argument("--log", help="append a line per step start and end to this file")
+    p.add_argument(
+        "--lease", type=float, default=30.0,
+        help="seconds the run is leased to this process while it runs, so that a second copy gets Held "
+        "instead of running the same steps; 0 runs without a lease (default: %(default)s)",
+    )
     a = p.parse_args()
     DELAY, LOG = a.delay, a.log
     store = steadfast.open_store(a.store)
-    outcome = agent.run(a.run_id, store, {"question": a.question})
+    outcome = agent.run(a.run_id, store, {"question": a.question}, lease=a.lease or None)
     print(json.dumps({"status": outcome.status, "value": outcome.value}))
     return 0 if outcome.completed else 4
 

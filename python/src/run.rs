@@ -258,12 +258,29 @@ fn input_arg(input: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Value>> {
 struct RunOpts {
     accept_changed: bool,
     wait_for_timers: bool,
+    /// The run's lease, as `steadfast run --lease` takes it: another process
+    /// running the same run meanwhile gets `Held`. None: no lease.
+    lease: Option<Duration>,
+}
+
+impl RunOpts {
+    fn new(accept_changed: bool, wait_for_timers: bool, lease: Option<f64>) -> PyResult<Self> {
+        Ok(RunOpts {
+            accept_changed,
+            wait_for_timers,
+            lease: opt_ranged("the lease", lease, limits::LEASE)?,
+        })
+    }
 }
 
 fn runner<'s>(store: &'s Arc<dyn Store>, o: RunOpts) -> Runner<'s, Arc<dyn Store>> {
-    Runner::new(store)
+    let r = Runner::new(store)
         .accept_changed_workflow(o.accept_changed)
-        .wait_for_timers(o.wait_for_timers)
+        .wait_for_timers(o.wait_for_timers);
+    match o.lease {
+        Some(ttl) => r.lease(steadfast::current_owner(), ttl),
+        None => r,
+    }
 }
 
 /// An outcome as the tuple the Python `Outcome` is made from.
@@ -299,7 +316,7 @@ fn outcome_tuple(py: Python<'_>, o: Outcome<Value>) -> PyResult<Py<PyAny>> {
 
 /// Starts or resumes a listed workflow; an awaitable of the outcome tuple.
 #[pyfunction]
-#[pyo3(signature = (event_loop, invoke, run_id, name, steps, store, input=None, accept_changed=false, wait_for_timers=false))]
+#[pyo3(signature = (event_loop, invoke, run_id, name, steps, store, input=None, accept_changed=false, wait_for_timers=false, lease=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn run_workflow<'py>(
     event_loop: Py<PyAny>,
@@ -311,22 +328,22 @@ pub fn run_workflow<'py>(
     input: Option<&Bound<'py, PyAny>>,
     accept_changed: bool,
     wait_for_timers: bool,
+    lease: Option<f64>,
 ) -> PyResult<Pending> {
     let caller = Caller::new(event_loop, invoke);
     let wf = build(&name, steps, &caller)?;
     let input = input_arg(input)?;
     let store = Arc::clone(&store.inner);
-    let opts = RunOpts {
-        accept_changed,
-        wait_for_timers,
-    };
+    let opts = RunOpts::new(accept_changed, wait_for_timers, lease)?;
     Ok(spawn(async move {
         if let Some(input) = input {
             if let Err(e) = steadfast::start(&*store, &name, &run_id, input, false).await {
                 return finish_err(e);
             }
         }
+        let leased = opts.lease.is_some();
         let out = runner(&store, opts).run(&run_id, &wf).await;
+        release_after_error(&store, &run_id, leased, &out).await;
         Box::new(move |py: Python<'_>| match out {
             Ok(o) => outcome_tuple(py, o.map(Value::Object)),
             Err(e) => Err(caller.with_cause(py, err(&e), &e)),
@@ -547,7 +564,7 @@ fn on_timeout_arg(name: &str, s: Option<&str>) -> PyResult<OnTimeout> {
 /// Starts or resumes a durable function; an awaitable of the outcome tuple.
 /// `body(ctx)` returns the function's coroutine.
 #[pyfunction]
-#[pyo3(signature = (event_loop, invoke, run_id, name, body, store, input=None, accept_changed=false, wait_for_timers=false))]
+#[pyo3(signature = (event_loop, invoke, run_id, name, body, store, input=None, accept_changed=false, wait_for_timers=false, lease=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn run_durable<'py>(
     event_loop: Py<PyAny>,
@@ -559,15 +576,13 @@ pub fn run_durable<'py>(
     input: Option<&Bound<'py, PyAny>>,
     accept_changed: bool,
     wait_for_timers: bool,
+    lease: Option<f64>,
 ) -> PyResult<Pending> {
     let caller = Caller::new(event_loop, invoke);
     let outer = caller.clone();
     let input = input_arg(input)?;
     let store = Arc::clone(&store.inner);
-    let opts = RunOpts {
-        accept_changed,
-        wait_for_timers,
-    };
+    let opts = RunOpts::new(accept_changed, wait_for_timers, lease)?;
     let raised = Arc::new(Mutex::new(Raised::default()));
     Ok(spawn(async move {
         if let Some(input) = input {
@@ -578,6 +593,7 @@ pub fn run_durable<'py>(
         let r2 = Arc::clone(&raised);
         let body = Arc::new(body);
         let (workflow_name, result_run) = (name.clone(), run_id.clone());
+        let leased = opts.lease.is_some();
         let out = runner(&store, opts)
             .durable(&run_id, &name, move |ctx| {
                 let c = PyDurableCtx {
@@ -614,12 +630,30 @@ pub fn run_durable<'py>(
                 }
             })
             .await;
+        release_after_error(&store, &run_id, leased, &out).await;
         let own = raised.lock().unwrap_or_else(|p| p.into_inner()).own.take();
         Box::new(move |py: Python<'_>| match out {
             Ok(o) => outcome_tuple(py, o),
             Err(e) => Err(own.unwrap_or_else(|| outer.with_cause(py, err(&e), &e))),
         }) as Finish
     }))
+}
+
+/// After a leased call that ended in an error, gives up this process's
+/// lease on the run (as a worker does), so that another process need not
+/// wait for it to lapse. A run held elsewhere is left alone; a release that
+/// fails is no loss (the lease lapses by itself).
+async fn release_after_error<T>(
+    store: &Arc<dyn Store>,
+    run_id: &str,
+    leased: bool,
+    out: &Result<T, Error>,
+) {
+    if let Err(e) = out {
+        if leased && !e.is_held_elsewhere() {
+            let _ = steadfast::release(&**store, run_id, &steadfast::current_owner()).await;
+        }
+    }
 }
 
 fn finish_err(e: Error) -> Finish {

@@ -369,7 +369,7 @@ class Durable:
 
     async def run_async(
         self, run_id: str, store: Store, input: JSON = None, *, accept_changed: bool = False,
-        wait_for_timers: bool = False,
+        wait_for_timers: bool = False, lease: Optional[float] = None,
     ) -> Outcome:
         """Starts or resumes run ``run_id``; see :func:`run_async`."""
         loop = asyncio.get_running_loop()
@@ -386,7 +386,9 @@ class Durable:
             return go()
 
         t = await _wait(
-            _native.run_durable(loop, _invoke, run_id, self.name, body, store, input, accept_changed, wait_for_timers)
+            _native.run_durable(
+                loop, _invoke, run_id, self.name, body, store, input, accept_changed, wait_for_timers, lease
+            )
         )
         return _outcome(t)
 
@@ -419,6 +421,7 @@ async def run_async(
     *,
     accept_changed: bool = False,
     wait_for_timers: bool = False,
+    lease: Optional[float] = None,
 ) -> Outcome:
     """Starts or resumes run ``run_id`` of ``workflow`` on ``store``.
 
@@ -428,17 +431,27 @@ async def run_async(
     ``accept_changed`` cuts the record where changed code diverges instead of
     raising :class:`WorkflowChanged`; ``wait_for_timers`` sleeps through durable
     timers instead of returning a sleeping outcome.
+
+    ``lease`` (seconds, 100 ms to 1 day; as ``steadfast run --lease``)
+    leases the run to this process while the call runs, renewed as steps run
+    and released when it returns: another process running the same run
+    meanwhile gets :class:`Held` and runs nothing; a lease whose process died
+    on this host, or that was not renewed in time, is taken over. Without a
+    lease (the default, as in the Rust library) two processes on one run both
+    run steps and the slower one fails with :class:`Conflict` at its next
+    checkpoint: nothing is lost, but a step may run twice.
     """
     if isinstance(workflow, Durable):
         return await workflow.run_async(
-            run_id, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers
+            run_id, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers, lease=lease
         )
     if not isinstance(workflow, Workflow):
         raise TypeError(f"run: expected a Workflow or a durable function, not {type(workflow).__name__}")
     loop = asyncio.get_running_loop()
     t = await _wait(
         _native.run_workflow(
-            loop, _invoke, run_id, workflow.name, workflow._steps, store, input, accept_changed, wait_for_timers
+            loop, _invoke, run_id, workflow.name, workflow._steps, store, input, accept_changed, wait_for_timers,
+            lease,
         )
     )
     return _outcome(t)
@@ -452,13 +465,17 @@ def run(
     *,
     accept_changed: bool = False,
     wait_for_timers: bool = False,
+    lease: Optional[float] = None,
 ) -> Outcome:
     """Starts or resumes a run and waits for it: :func:`run_async` on an event loop of its own.
 
     Inside a running event loop, ``await run_async(...)`` instead.
     """
     return _sync(
-        run_async(run_id, workflow, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers)
+        run_async(
+            run_id, workflow, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers,
+            lease=lease,
+        )
     )
 
 

@@ -129,6 +129,7 @@ def run_workflow(
     input: Any = ...,
     accept_changed: bool = ...,
     wait_for_timers: bool = ...,
+    lease: Optional[float] = ...,
 ) -> Pending: ...
 def run_durable(
     event_loop: Any,
@@ -140,5 +141,6 @@ def run_durable(
     input: Any = ...,
     accept_changed: bool = ...,
     wait_for_timers: bool = ...,
+    lease: Optional[float] = ...,
 ) -> Pending: ...
 def drain(seconds: float) -> bool: ...

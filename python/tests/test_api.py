@@ -664,6 +664,30 @@ def test_bad_step_timeout_is_refused(memory_store, timeout):
         steadfast.show(memory_store, "r1")
 
 
+@pytest.mark.parametrize("lease", [-1.0, math.nan, math.inf, 0.0, 0.01, 2 * 86400.0])
+def test_a_lease_out_of_range_is_refused_before_anything_runs(memory_store, lease):
+    ran = []
+    wf = one_step("s", lambda ctx, state: ran.append(1))
+    with pytest.raises(steadfast.InvalidInput, match="lease"):
+        steadfast.run("r1", wf, memory_store, lease=lease)
+    assert not ran
+    with pytest.raises(steadfast.NoSuchRun):
+        steadfast.show(memory_store, "r1")
+
+
+def test_a_lease_is_taken_while_steps_run_and_released_after(store):
+    seen = []
+
+    def look(ctx, state):
+        seen.append(steadfast.show(store, "r1").get("lease"))
+
+    steadfast.run("r1", one_step("s", look), store, lease=30)
+    assert seen[0] is not None and seen[0]["owner"], "the run is leased while a step runs"
+    assert steadfast.show(store, "r1").get("lease") is None, "the lease is released when the call returns"
+    steadfast.run("r2", one_step("s", look), store)
+    assert seen[1] is None, "without lease= there is none, as in the Rust library"
+
+
 def test_negative_step_timeout_is_invalid_input(memory_store):
     with pytest.raises(steadfast.InvalidInput, match="timeout"):
         steadfast.run("r1", one_step("s", lambda c, s: None, timeout=-0.5), memory_store)

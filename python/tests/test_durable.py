@@ -640,6 +640,22 @@ def test_sleep_in_a_durable_function(store):
 # --------------------------------------------------------------------------
 
 
+def test_a_leased_call_that_fails_releases_its_lease(store):
+    @steadfast.durable("leased")
+    async def v1(ctx):
+        await ctx.step("plan", lambda: 1)
+        await ctx.gate("review")
+
+    @steadfast.durable("leased")
+    async def v2(ctx):
+        await ctx.step("other", lambda: 1)
+
+    assert v1.run("r1", store, lease=30).waiting
+    with pytest.raises(steadfast.WorkflowChanged):
+        v2.run("r1", store, lease=30)
+    assert steadfast.show(store, "r1").get("lease") is None, "the lease of a failed call is released"
+
+
 @pytest.mark.parametrize("kind", ["step", "gate", "sleep", "parallel"])
 def test_reserved_names_are_refused(store, kind):
     @steadfast.durable("reserved")

@@ -24,9 +24,12 @@ def events(log: Path):
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
-def agent(store_url: str, log: Path, delay: float) -> subprocess.Popen:
+def agent(store_url: str, log: Path, delay: float, lease: float = 30.0) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(AGENT), "--store", store_url, "--run-id", "killed", "--delay", str(delay), "--log", str(log)],
+        [
+            sys.executable, str(AGENT), "--store", store_url, "--run-id", "killed", "--delay", str(delay),
+            "--log", str(log), "--lease", str(lease),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -83,5 +86,55 @@ def test_sigkill_mid_run_resumes_without_skipping_or_repeating(tmp_path: Path, k
     assert done_before | set(rerun) == all_steps, "a step was skipped"
 
     store = steadfast.open_store(url)
+    history = [h["name"] for h in steadfast.history(store, "killed")]
+    assert sorted(n for n in history if not n.startswith("__")) == sorted(all_steps)
+
+
+def test_a_second_process_on_the_same_run_is_held_and_the_first_finishes(tmp_path: Path) -> None:
+    answer, all_steps = reference(tmp_path)
+    url = f"sqlite:{tmp_path}/runs.db"
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    first = agent(url, first_log, 0.2)
+    deadline = time.monotonic() + 30
+    while not any(e["event"] == "start" for e in events(first_log)):
+        assert first.poll() is None, f"the agent ended early: {first.communicate()}"
+        assert time.monotonic() < deadline, "the agent did not get going"
+        time.sleep(0.01)
+
+    second = agent(url, second_log, 0.0)
+    out, err = second.communicate(timeout=60)
+    assert second.returncode != 0, f"a second runner of a held run went on: {out}"
+    assert "steadfast.Held" in err and "killed" in err, err
+    assert not events(second_log), "the refused process ran a step"
+
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert json.loads(out) == answer
+    started = [e["step"] for e in events(first_log) if e["event"] == "start"]
+    assert sorted(started) == sorted(all_steps), "each step ran once, in the first process"
+
+
+def test_without_a_lease_a_second_process_runs_too_and_the_slower_one_gets_conflict(tmp_path: Path) -> None:
+    answer, all_steps = reference(tmp_path)
+    url = f"sqlite:{tmp_path}/runs.db"
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    first = agent(url, first_log, 0.3, lease=0)
+    deadline = time.monotonic() + 30
+    while not any(e["event"] == "start" for e in events(first_log)):
+        assert first.poll() is None, f"the agent ended early: {first.communicate()}"
+        assert time.monotonic() < deadline, "the agent did not get going"
+        time.sleep(0.01)
+
+    second = agent(url, second_log, 0.0, lease=0)
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == 0, err
+    assert json.loads(out) == answer
+
+    out, err = first.communicate(timeout=60)
+    assert first.returncode != 0, f"the slower process went on past the other's checkpoints: {out}"
+    assert "steadfast.Conflict" in err, err
+    store = steadfast.open_store(url)
+    record = steadfast.show(store, "killed")
+    assert record["status"] == "completed"
     history = [h["name"] for h in steadfast.history(store, "killed")]
     assert sorted(n for n in history if not n.startswith("__")) == sorted(all_steps)
