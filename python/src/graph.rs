@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde_json::Value;
 use steadfast::postgres::{tokio_postgres, PgStore};
 use steadfast::{holder_is_running, Clock, Owner, StoreError, Timestamp};
@@ -421,8 +421,14 @@ fn open_sqlite(url: &str) -> PyResult<Backend> {
             side.push(suffix);
             steadfast::local::check_private_file(Path::new(&side)).map_err(|e| store_err(&e))?;
         }
+        steadfast::local::create_private_file(&path).map_err(|e| store_err(&e))?;
         let at = path.display().to_string();
-        (Connection::open(&path), at)
+        // The file exists now (0600): never created by SQLite, never opened
+        // through a link put there since the checks.
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW;
+        (Connection::open_with_flags(&path, flags), at)
     };
     let conn = conn.map_err(|e| sql_err(&at, e))?;
     conn.busy_timeout(Duration::from_secs(10))

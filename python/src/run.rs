@@ -341,9 +341,9 @@ pub fn run_workflow<'py>(
                 return finish_err(e);
             }
         }
-        let leased = opts.lease.is_some();
+        let guard = LeaseGuard::new(&store, &run_id, opts.lease.is_some());
         let out = runner(&store, opts).run(&run_id, &wf).await;
-        release_after_error(&store, &run_id, leased, &out).await;
+        guard.finish(&out).await;
         Box::new(move |py: Python<'_>| match out {
             Ok(o) => outcome_tuple(py, o.map(Value::Object)),
             Err(e) => Err(caller.with_cause(py, err(&e), &e)),
@@ -593,7 +593,7 @@ pub fn run_durable<'py>(
         let r2 = Arc::clone(&raised);
         let body = Arc::new(body);
         let (workflow_name, result_run) = (name.clone(), run_id.clone());
-        let leased = opts.lease.is_some();
+        let guard = LeaseGuard::new(&store, &run_id, opts.lease.is_some());
         let out = runner(&store, opts)
             .durable(&run_id, &name, move |ctx| {
                 let c = PyDurableCtx {
@@ -630,7 +630,7 @@ pub fn run_durable<'py>(
                 }
             })
             .await;
-        release_after_error(&store, &run_id, leased, &out).await;
+        guard.finish(&out).await;
         let own = raised.lock().unwrap_or_else(|p| p.into_inner()).own.take();
         Box::new(move |py: Python<'_>| match out {
             Ok(o) => outcome_tuple(py, o),
@@ -639,19 +639,50 @@ pub fn run_durable<'py>(
     }))
 }
 
-/// After a leased call that ended in an error, gives up this process's
-/// lease on the run (as a worker does), so that another process need not
-/// wait for it to lapse. A run held elsewhere is left alone; a release that
-/// fails is no loss (the lease lapses by itself).
-async fn release_after_error<T>(
-    store: &Arc<dyn Store>,
-    run_id: &str,
-    leased: bool,
-    out: &Result<T, Error>,
-) {
-    if let Err(e) = out {
-        if leased && !e.is_held_elsewhere() {
-            let _ = steadfast::release(&**store, run_id, &steadfast::current_owner()).await;
+/// Gives this process's lease on a run up when a leased call ends without
+/// the engine having done so: after an error (as a worker does), or when the
+/// call is dropped unfinished (its Python caller was cancelled). Another
+/// process then need not wait for the lease to lapse. A run held elsewhere
+/// is left alone (the release compares the owner); a release that fails is
+/// no loss (the lease lapses by itself).
+struct LeaseGuard {
+    store: Arc<dyn Store>,
+    run_id: String,
+    armed: bool,
+}
+
+impl LeaseGuard {
+    fn new(store: &Arc<dyn Store>, run_id: &str, leased: bool) -> Self {
+        LeaseGuard {
+            store: Arc::clone(store),
+            run_id: run_id.to_string(),
+            armed: leased,
+        }
+    }
+
+    /// The call ended with `out`: an error not caused by another holder
+    /// gives the lease up now.
+    async fn finish<T>(mut self, out: &Result<T, Error>) {
+        let armed = std::mem::take(&mut self.armed);
+        if let Err(e) = out {
+            if armed && !e.is_held_elsewhere() {
+                let _ = steadfast::release(&*self.store, &self.run_id, &steadfast::current_owner())
+                    .await;
+            }
+        }
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (store, run_id) = (Arc::clone(&self.store), std::mem::take(&mut self.run_id));
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = steadfast::release(&*store, &run_id, &steadfast::current_owner()).await;
+            });
         }
     }
 }

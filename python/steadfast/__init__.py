@@ -52,13 +52,17 @@ from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tup
 try:
     from steadfast import _native
 except ImportError as _missing:  # pragma: no cover - depends on how it was installed
+    import importlib.machinery as _machinery
     import os as _os
 
+    _here = _os.path.dirname(__file__)
+    if any(_os.path.exists(_os.path.join(_here, "_native" + x)) for x in _machinery.EXTENSION_SUFFIXES):
+        raise  # a compiled module that fails to load: its own error says why
     raise ImportError(
         "steadfast: the compiled module steadfast._native is missing beside "
-        f"{_os.path.dirname(__file__)}. This is the package's source tree, not an "
-        "installed build: install it with `pip install ./python` (from the "
-        "repository's root) and import it from anywhere but the python/ directory."
+        f"{_here}. This is the package's source tree, not an installed build: "
+        "install it with `pip install ./python` (from the repository's root) and "
+        "import it from anywhere but the python/ directory."
     ) from _missing
 from steadfast._errors import *  # noqa: F401,F403
 from steadfast._errors import InvalidWorkflow
@@ -434,9 +438,10 @@ async def run_async(
 
     ``lease`` (seconds, 100 ms to 1 day; as ``steadfast run --lease``)
     leases the run to this process while the call runs, renewed as steps run
-    and released when it returns: another process running the same run
-    meanwhile gets :class:`Held` and runs nothing; a lease whose process died
-    on this host, or that was not renewed in time, is taken over. Without a
+    and released when it returns, fails or is cancelled: another process
+    running the same run meanwhile gets :class:`Held` and runs nothing; a
+    lease whose process died on this host, or that was not renewed in time,
+    is taken over. Two calls in one process share its lease. Without a
     lease (the default, as in the Rust library) two processes on one run both
     run steps and the slower one fails with :class:`Conflict` at its next
     checkpoint: nothing is lost, but a step may run twice.

@@ -669,7 +669,7 @@ def test_a_lease_out_of_range_is_refused_before_anything_runs(memory_store, leas
     ran = []
     wf = one_step("s", lambda ctx, state: ran.append(1))
     with pytest.raises(steadfast.InvalidInput, match="lease"):
-        steadfast.run("r1", wf, memory_store, lease=lease)
+        steadfast.run("r1", wf, memory_store, {"x": 1}, lease=lease)  # an input is written first
     assert not ran
     with pytest.raises(steadfast.NoSuchRun):
         steadfast.show(memory_store, "r1")

@@ -656,6 +656,23 @@ def test_a_leased_call_that_fails_releases_its_lease(store):
     assert steadfast.show(store, "r1").get("lease") is None, "the lease of a failed call is released"
 
 
+@pytest.mark.asyncio
+async def test_a_cancelled_leased_call_gives_its_lease_up(store):
+    @steadfast.durable("cancel-leased")
+    async def slow(ctx):
+        await ctx.step("a", lambda: 1)
+        return await ctx.step("b", lambda: asyncio.sleep(10))
+
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(slow.run_async("r1", store, lease=30), 0.3)
+    for _ in range(200):
+        if steadfast.show(store, "r1").get("lease") is None:
+            break
+        await asyncio.sleep(0.02)
+    assert steadfast.show(store, "r1").get("lease") is None, "the lease of a cancelled call is given up"
+    assert steadfast.show(store, "r1")["completed"] == ["a"]
+
+
 @pytest.mark.parametrize("kind", ["step", "gate", "sleep", "parallel"])
 def test_reserved_names_are_refused(store, kind):
     @steadfast.durable("reserved")

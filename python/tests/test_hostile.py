@@ -51,6 +51,7 @@ def test_graph_store_urls_and_files(tmp_path) -> None:
     made = tmp_path / "new" / "dir" / "graph.db"
     GraphStore(f"sqlite:{made}").close()
     assert made.parent.stat().st_mode & 0o777 == 0o700
+    assert made.stat().st_mode & 0o777 == 0o600, "a new graph database is the user's alone"
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not a database at all" * 100)
     with pytest.raises(steadfast.Corrupt, match="junk.db"):

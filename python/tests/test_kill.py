@@ -94,7 +94,9 @@ def test_a_second_process_on_the_same_run_is_held_and_the_first_finishes(tmp_pat
     answer, all_steps = reference(tmp_path)
     url = f"sqlite:{tmp_path}/runs.db"
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    first = agent(url, first_log, 0.2)
+    # Each step of the first takes 1 s: the second process has seconds to
+    # start, even on a loaded machine, before the first could be done.
+    first = agent(url, first_log, 1.0)
     deadline = time.monotonic() + 30
     while not any(e["event"] == "start" for e in events(first_log)):
         assert first.poll() is None, f"the agent ended early: {first.communicate()}"
@@ -118,7 +120,9 @@ def test_without_a_lease_a_second_process_runs_too_and_the_slower_one_gets_confl
     answer, all_steps = reference(tmp_path)
     url = f"sqlite:{tmp_path}/runs.db"
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    first = agent(url, first_log, 0.3, lease=0)
+    # The first stays 5 s in its first step: the second runs the whole run
+    # meanwhile, and the first's save at the end of that step then conflicts.
+    first = agent(url, first_log, 5.0, lease=0)
     deadline = time.monotonic() + 30
     while not any(e["event"] == "start" for e in events(first_log)):
         assert first.poll() is None, f"the agent ended early: {first.communicate()}"

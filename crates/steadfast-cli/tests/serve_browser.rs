@@ -762,6 +762,8 @@ fn hostile_requests_get_clear_errors_and_change_nothing() {
     let many: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
     assert_eq!(http(&server.base, "GET", "/runs", &many, "").0, 431);
     let mut old = TcpStream::connect(server.base.trim_start_matches("http://")).expect("connect");
+    old.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
     old.write_all(b"GET /runs HTTP/1.0\r\n\r\n").expect("send");
     let mut answer = String::new();
     old.read_to_string(&mut answer).expect("read");

@@ -87,6 +87,32 @@ pub fn prepare_store_file(path: &Path, create: bool) -> Result<PathBuf, StoreErr
     Ok(target)
 }
 
+/// Creates a store's file (mode 0600) if it is missing, and syncs its
+/// directory so that the new name survives a crash. A database that names
+/// its companion files after the main file's mode (SQLite's WAL and
+/// shared-memory files) then never makes anything others can read. The
+/// directory is already there (see [`prepare_store_file`]).
+pub fn create_private_file(path: &Path) -> Result<(), StoreError> {
+    match OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            fs::File::open(dir)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| StoreError::io(format!("syncing directory {}", dir.display()), e))
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(StoreError::io(format!("creating {}", path.display()), e)),
+    }
+}
+
 /// The path in what follows a file-based store's scheme (`sqlite:` and
 /// `file:` take `PATH` or `//PATH`): refused when it is empty.
 pub fn url_path(rest: &str) -> Result<&str, StoreError> {

@@ -43,7 +43,6 @@ mod schema;
 mod wait;
 mod writer;
 
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -302,7 +301,7 @@ impl SqliteStore {
             steadfast_core::local::check_private_file(Path::new(&side))?;
         }
         if opts.create {
-            prepare_file(&path)?;
+            steadfast_core::local::create_private_file(&path)?;
         }
         // Look before changing anything, on a connection that cannot write
         // (closing a read-write one would checkpoint a refused file's WAL).
@@ -467,7 +466,7 @@ impl SqliteStore {
 }
 
 /// How every connection opens the file: never creating it (that is
-/// [`prepare_file`]'s, with mode 0600) and never through a symbolic link.
+/// `create_private_file`'s, with mode 0600) and never through a symbolic link.
 fn open_flags() -> OpenFlags {
     OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
@@ -483,31 +482,6 @@ pub fn open_url(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> 
     let path = steadfast_core::local::url_path(rest)?;
     let opts = SqliteOptions::default().create(create);
     Ok(Arc::new(SqliteStore::open_with(path, opts)?))
-}
-
-/// Creates the database file (0600) if missing, so that SQLite (which gives
-/// its WAL and shared-memory files the database file's mode) never creates
-/// anything more widely readable. The directory is already there (checked and
-/// created by `prepare_store_file`).
-fn prepare_file(path: &Path) -> Result<(), StoreError> {
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-    {
-        Ok(_) => {
-            let dir = match path.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d,
-                _ => Path::new("."),
-            };
-            std::fs::File::open(dir)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| StoreError::io(format!("syncing directory {}", dir.display()), e))
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(StoreError::io(format!("creating {}", path.display()), e)),
-    }
 }
 
 fn to_i64(v: u64) -> i64 {

@@ -42,11 +42,17 @@ fn parse_header_timeout(text: &str) -> Result<Duration, String> {
 const MAX_TOKEN_FILE_BYTES: u64 = 4096;
 
 /// Reads a token file of at most [`MAX_TOKEN_FILE_BYTES`]; it must be a
-/// regular file (or a link to one): opening a FIFO would wait for a writer
-/// forever, and a device is no place for a token.
+/// regular file (or a link to one). It is opened without waiting (a FIFO
+/// would wait for a writer forever) and what was opened is checked, so a
+/// FIFO put in its place after a look is refused too.
 fn token_file(path: &std::path::Path) -> std::io::Result<String> {
     use std::io::Read;
-    let meta = std::fs::metadata(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+        .open(path)?;
+    let meta = file.metadata()?;
     if !meta.is_file() {
         let what = if meta.is_dir() {
             "a directory"
@@ -58,8 +64,7 @@ fn token_file(path: &std::path::Path) -> std::io::Result<String> {
         )));
     }
     let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(MAX_TOKEN_FILE_BYTES + 1)
+    file.take(MAX_TOKEN_FILE_BYTES + 1)
         .read_to_string(&mut text)?;
     if text.len() as u64 > MAX_TOKEN_FILE_BYTES {
         return Err(std::io::Error::other(format!(
