@@ -820,7 +820,17 @@ fn hostile_requests_get_clear_errors_and_change_nothing() {
     std::fs::write(files.join("empty"), "").expect("write");
     std::fs::write(files.join("binary"), b"\xff\xfe-not-utf8-token-xx").expect("write");
     std::fs::write(files.join("huge"), "t".repeat(1 << 20)).expect("write");
+    std::fs::write(files.join("shared"), "a-long-enough-token-0123").expect("write");
+    use std::os::unix::fs::PermissionsExt;
+    for name in ["empty", "binary", "huge"] {
+        std::fs::set_permissions(files.join(name), std::fs::Permissions::from_mode(0o600))
+            .expect("chmod");
+    }
+    std::fs::set_permissions(files.join("shared"), std::fs::Permissions::from_mode(0o644))
+        .expect("chmod");
     for (name, says) in [
+        // Others may read it: refused as a key file is, with the same words.
+        ("shared", "can be read or changed by others (mode 644); chmod 600 it"),
         ("empty", "at least 16"),
         ("missing", "No such file"),
         ("binary", "UTF-8"),

@@ -157,6 +157,72 @@ pub fn check_private_file(path: &Path) -> Result<(), StoreError> {
     check_writers(path, &meta, "the file", "chmod go-w")
 }
 
+/// Reads a secret (a key file, an access token) from `path`: a regular
+/// file of this user's that group and others can neither read nor write
+/// (mode 0600 or stricter), of at most `max_bytes`, in UTF-8. It is opened
+/// once, without blocking (a FIFO would wait for a writer forever), and
+/// every check is made on what was opened, so nothing swapped in after a
+/// look gets through. With `follow_link` unset, a symbolic link is refused;
+/// set, the file it leads to is checked instead.
+///
+/// The error is a sentence that starts with `what` and the path
+/// (`key file /etc/k can be read or changed by others (mode 644); chmod 600 it`).
+pub fn read_secret_file(
+    path: &Path,
+    what: &str,
+    max_bytes: u64,
+    follow_link: bool,
+) -> Result<String, String> {
+    use std::io::Read;
+    let shown = path.display();
+    let mut flags = nix::fcntl::OFlag::O_NONBLOCK;
+    if !follow_link {
+        flags |= nix::fcntl::OFlag::O_NOFOLLOW;
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits())
+        .open(path)
+        .map_err(|e| {
+            if !follow_link && e.raw_os_error() == Some(nix::libc::ELOOP) {
+                format!("{what} {shown} is a symbolic link; name the file itself")
+            } else {
+                format!("{what} {shown}: {e}")
+            }
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("{what} {shown}: {e}"))?;
+    if !meta.is_file() {
+        let kind = if meta.is_dir() {
+            "a directory"
+        } else {
+            "a FIFO, socket or device"
+        };
+        return Err(format!("{what} {shown} is {kind}, not a regular file"));
+    }
+    if meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(format!(
+            "{what} {shown} belongs to another user (uid {})",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(format!(
+            "{what} {shown} can be read or changed by others (mode {:o}); chmod 600 it",
+            meta.mode() & 0o777
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{what} {shown}: {e}"))?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(format!("{what} {shown} is over {max_bytes} bytes"));
+    }
+    String::from_utf8(bytes).map_err(|_| format!("{what} {shown} is not valid UTF-8"))
+}
+
 /// Adds `O_NOFOLLOW` to `opts`: opening a path whose last part is a symbolic
 /// link fails instead of following it.
 pub fn no_follow(opts: &mut OpenOptions) -> &mut OpenOptions {
@@ -386,6 +452,35 @@ mod tests {
                 !theirs.join("sub").exists(),
                 "nothing created through the link"
             );
+        }
+    }
+
+    #[test]
+    fn secret_files_must_be_private_regular_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let key = tmp.path().join("key");
+        fs::write(&key, "s3cret").unwrap();
+        chmod(&key, 0o644);
+        let err = read_secret_file(&key, "token file", 64, true).unwrap_err();
+        assert!(
+            err.contains("can be read or changed by others (mode 644); chmod 600 it"),
+            "{err}"
+        );
+        chmod(&key, 0o600);
+        assert_eq!(read_secret_file(&key, "token file", 64, true).unwrap(), "s3cret");
+        let err = read_secret_file(&key, "token file", 3, true).unwrap_err();
+        assert!(err.contains("is over 3 bytes"), "{err}");
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&key, &link).unwrap();
+        assert_eq!(read_secret_file(&link, "token file", 64, true).unwrap(), "s3cret");
+        let err = read_secret_file(&link, "key file", 64, false).unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+        let err = read_secret_file(tmp.path(), "key file", 64, true).unwrap_err();
+        assert!(err.contains("a directory, not a regular file"), "{err}");
+        if nix::unistd::geteuid().is_root() {
+            std::os::unix::fs::chown(&key, Some(65534), None).unwrap();
+            let err = read_secret_file(&key, "key file", 64, true).unwrap_err();
+            assert!(err.contains("belongs to another user (uid 65534)"), "{err}");
         }
     }
 

@@ -299,38 +299,10 @@ fn read_key(keyfile: Option<&str>) -> Result<MasterKey, StoreError> {
 /// Reads a key file: a regular file of this user's, readable by no one else
 /// (it is a secret), of at most 4 KiB (a key is 88 characters).
 fn read_key_file(path: &std::path::Path) -> Result<String, StoreError> {
-    use std::os::unix::fs::PermissionsExt;
-    let shown = path.display();
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(StoreError::InvalidInput(format!(
-                "there is no key file {shown}"
-            )))
-        }
-        Err(e) => {
-            return Err(StoreError::io(
-                format!("inspecting the key file {shown}"),
-                e,
-            ))
-        }
-    };
-    steadfast_core::local::check_private_file(path)?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(StoreError::InvalidInput(format!(
-            "the key file {shown} can be read by others (mode {:o}); chmod 600 it",
-            meta.permissions().mode() & 0o777
-        )));
-    }
-    if meta.len() > 4096 {
-        return Err(StoreError::InvalidInput(format!(
-            "the key file {shown} is {} bytes; a key is 88 characters",
-            meta.len()
-        )));
-    }
-    std::fs::read_to_string(path)
-        .map_err(|e| StoreError::io(format!("reading the key file {shown}"), e))
+    steadfast_core::local::read_secret_file(path, "key file", 4096, false)
+        .map_err(StoreError::InvalidInput)
 }
+
 
 /// Encodes a run id into the characters an item id and a URL path may hold:
 /// ASCII letters, digits, `-`, `_` and `.` stay; every other byte becomes
@@ -1811,11 +1783,11 @@ mod tests {
         assert!(read(&link).unwrap_err().contains("symbolic link"));
         assert!(read(&dir.path().join("missing"))
             .unwrap_err()
-            .contains("no key file"));
+            .contains("No such file"));
         let big = dir.path().join("big");
         std::fs::write(&big, "A".repeat(10_000)).expect("write");
         std::fs::set_permissions(&big, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        assert!(read(&big).unwrap_err().contains("10000 bytes"));
+        assert!(read(&big).unwrap_err().contains("over 4096 bytes"));
         let junk = dir.path().join("junk");
         std::fs::write(&junk, [0xff, 0xfe, 0x00]).expect("write");
         std::fs::set_permissions(&junk, std::fs::Permissions::from_mode(0o600)).expect("chmod");

@@ -121,53 +121,10 @@ impl Keyring {
     /// (not a symbolic link) of this user's, mode 0600 or stricter, at most
     /// 64 KiB.
     pub fn from_file(path: &Path) -> Result<Keyring, KeyError> {
-        use std::io::Read;
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-        let shown = path.display();
-        // Opened once, without following a link and without blocking on a
-        // pipe; every check is made on what was opened.
-        let flags = nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(flags.bits())
-            .open(path)
-            .map_err(|e| {
-                if e.raw_os_error() == Some(nix::libc::ELOOP) {
-                    KeyError(format!(
-                        "key file {shown} is a symbolic link; name the file itself"
-                    ))
-                } else {
-                    KeyError(format!("key file {shown}: {e}"))
-                }
-            })?;
-        let meta = file
-            .metadata()
-            .map_err(|e| KeyError(format!("key file {shown}: {e}")))?;
-        if !meta.is_file() {
-            return Err(KeyError(format!("key file {shown} is not a regular file")));
-        }
-        if meta.uid() != nix::unistd::geteuid().as_raw() {
-            return Err(KeyError(format!(
-                "key file {shown} belongs to another user (uid {})",
-                meta.uid()
-            )));
-        }
-        if meta.mode() & 0o077 != 0 {
-            return Err(KeyError(format!(
-                "key file {shown} can be read or changed by others (mode {:o}); chmod 600 it",
-                meta.mode() & 0o777
-            )));
-        }
-        let mut text = String::new();
-        file.take(MAX_KEY_FILE + 1)
-            .read_to_string(&mut text)
-            .map_err(|e| KeyError(format!("key file {shown}: {e}")))?;
-        if text.len() as u64 > MAX_KEY_FILE {
-            return Err(KeyError(format!(
-                "key file {shown} is larger than a key file ({MAX_KEY_FILE} bytes at most)"
-            )));
-        }
-        Keyring::parse(&text).map_err(|e| KeyError(format!("key file {shown}: {e}")))
+        let text =
+            steadfast_core::local::read_secret_file(path, "key file", MAX_KEY_FILE, false)
+                .map_err(KeyError)?;
+        Keyring::parse(&text).map_err(|e| KeyError(format!("key file {}: {e}", path.display())))
     }
 
     /// The keys named by the environment: `STEADFAST_ENCRYPTION_KEY` (the

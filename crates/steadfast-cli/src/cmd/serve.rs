@@ -41,37 +41,12 @@ fn parse_header_timeout(text: &str) -> Result<Duration, String> {
 /// The largest token file read: a token is a line, not a document.
 const MAX_TOKEN_FILE_BYTES: u64 = 4096;
 
-/// Reads a token file of at most [`MAX_TOKEN_FILE_BYTES`]; it must be a
-/// regular file (or a link to one). It is opened without waiting (a FIFO
-/// would wait for a writer forever) and what was opened is checked, so a
-/// FIFO put in its place after a look is refused too.
-fn token_file(path: &std::path::Path) -> std::io::Result<String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
-        .open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        let what = if meta.is_dir() {
-            "a directory"
-        } else {
-            "a FIFO, socket or device"
-        };
-        return Err(std::io::Error::other(format!(
-            "it is {what}, not a regular file holding the token"
-        )));
-    }
-    let mut text = String::new();
-    file.take(MAX_TOKEN_FILE_BYTES + 1)
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > MAX_TOKEN_FILE_BYTES {
-        return Err(std::io::Error::other(format!(
-            "it is over {MAX_TOKEN_FILE_BYTES} bytes; a token file holds one token"
-        )));
-    }
-    Ok(text)
+/// Reads a token file: a regular file of this user's (or a link to one)
+/// that no one else can read or change, of at most
+/// [`MAX_TOKEN_FILE_BYTES`], checked as key files are
+/// ([`read_secret_file`](steadfast::local::read_secret_file)).
+fn token_file(path: &std::path::Path) -> Result<String, String> {
+    steadfast::local::read_secret_file(path, "token file", MAX_TOKEN_FILE_BYTES, true)
 }
 
 /// The shortest token accepted: a guessable one would be no lock.
@@ -82,7 +57,7 @@ pub async fn run(args: ServeArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let token = match &args.token_file {
         Some(path) => Some(
             token_file(path)
-                .map_err(|e| usage(format!("--token-file {}: {e}", path.display())))?
+                .map_err(|e| usage(format!("--token-file: {e}")))?
                 .trim()
                 .to_string(),
         ),
