@@ -29,8 +29,20 @@ pub(crate) fn preview(text: &str) -> String {
     text.chars().take(64).collect()
 }
 
-/// Checks a step name: 1 to 200 bytes, no control characters.
-pub(crate) fn check_step_name(name: &str) -> Result<(), String> {
+/// Checks a name the engine records (a step's, a gate's, a workflow's, or
+/// who decided or operated): 1 to 200 bytes, no control characters. The
+/// error says what is wrong and where, for the caller to prefix with what
+/// was named.
+///
+/// ```
+/// use steadfast_core::check_step_name;
+/// assert!(check_step_name("review").is_ok());
+/// assert_eq!(
+///     check_step_name("a\u{7}b").unwrap_err(),
+///     "it contains the control character U+0007 at byte 1"
+/// );
+/// ```
+pub fn check_step_name(name: &str) -> Result<(), String> {
     check_name(name, MAX_STEP_NAME_BYTES)
 }
 

@@ -60,7 +60,9 @@ pub use decide::{approve, reject};
 pub use durable::{durable, DurableCtx, StepOptions};
 pub use engine::{Runner, DEFAULT_CANCEL_GRACE};
 pub use error::{error_chain, BoxError, Error, StepError, StoreError, StoreErrorKind};
-pub use ids::{idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES};
+pub use ids::{
+    check_step_name, idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES,
+};
 pub use memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
 pub use outcome::{Event, Outcome, Suspension};
 pub use process::{current_owner, holder_is_running};

@@ -467,12 +467,18 @@ mod tests {
             "{err}"
         );
         chmod(&key, 0o600);
-        assert_eq!(read_secret_file(&key, "token file", 64, true).unwrap(), "s3cret");
+        assert_eq!(
+            read_secret_file(&key, "token file", 64, true).unwrap(),
+            "s3cret"
+        );
         let err = read_secret_file(&key, "token file", 3, true).unwrap_err();
         assert!(err.contains("is over 3 bytes"), "{err}");
         let link = tmp.path().join("link");
         std::os::unix::fs::symlink(&key, &link).unwrap();
-        assert_eq!(read_secret_file(&link, "token file", 64, true).unwrap(), "s3cret");
+        assert_eq!(
+            read_secret_file(&link, "token file", 64, true).unwrap(),
+            "s3cret"
+        );
         let err = read_secret_file(&link, "key file", 64, false).unwrap_err();
         assert!(err.contains("symbolic link"), "{err}");
         let err = read_secret_file(tmp.path(), "key file", 64, true).unwrap_err();

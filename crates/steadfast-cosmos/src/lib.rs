@@ -303,7 +303,6 @@ fn read_key_file(path: &std::path::Path) -> Result<String, StoreError> {
         .map_err(StoreError::InvalidInput)
 }
 
-
 /// Encodes a run id into the characters an item id and a URL path may hold:
 /// ASCII letters, digits, `-`, `_` and `.` stay; every other byte becomes
 /// `~XX`. A run id of at most 200 bytes gives at most 600 characters, within

@@ -121,9 +121,8 @@ impl Keyring {
     /// (not a symbolic link) of this user's, mode 0600 or stricter, at most
     /// 64 KiB.
     pub fn from_file(path: &Path) -> Result<Keyring, KeyError> {
-        let text =
-            steadfast_core::local::read_secret_file(path, "key file", MAX_KEY_FILE, false)
-                .map_err(KeyError)?;
+        let text = steadfast_core::local::read_secret_file(path, "key file", MAX_KEY_FILE, false)
+            .map_err(KeyError)?;
         Keyring::parse(&text).map_err(|e| KeyError(format!("key file {}: {e}", path.display())))
     }
 

@@ -249,7 +249,7 @@ async fn guard(State(app): Shared, req: Request, next: Next) -> Response {
 fn loopback_host(host: &str, port: u16) -> bool {
     ["127.0.0.1", "localhost", "[::1]"]
         .iter()
-        .any(|h| host == format!("{h}:{port}"))
+        .any(|h| host.eq_ignore_ascii_case(&format!("{h}:{port}")))
 }
 
 /// Headers on every response: no inline script, no framing, no sniffing.
@@ -622,7 +622,7 @@ fn same_origin(headers: &HeaderMap) -> Result<(), String> {
     let ok = origin
         .strip_prefix("http://")
         .or_else(|| origin.strip_prefix("https://"))
-        .is_some_and(|o| !host.is_empty() && o == host);
+        .is_some_and(|o| !host.is_empty() && o.eq_ignore_ascii_case(host));
     if ok {
         Ok(())
     } else {
@@ -660,15 +660,37 @@ fn field<'a>(form: &'a HashMap<String, String>, name: &str) -> Option<&'a str> {
     form.get(name).map(|s| s.trim()).filter(|s| !s.is_empty())
 }
 
-/// Who decides: the name the person gave.
+/// Who decides: the name the person gave, checked as the engine records
+/// names (a bad one is the request's fault: 400).
 fn by(form: &HashMap<String, String>) -> Result<String, PageError> {
-    field(form, "by").map(String::from).ok_or_else(|| {
+    let by = field(form, "by").map(String::from).ok_or_else(|| {
         PageError::new(
             StatusCode::BAD_REQUEST,
             "your name is needed",
             "fill in who decides; it is recorded with the decision",
         )
-    })
+    })?;
+    checked_name("your name", by)
+}
+
+/// The gate a decision names, checked as a step name.
+fn gate(form: &HashMap<String, String>) -> Result<String, PageError> {
+    checked_name(
+        "the gate",
+        field(form, "gate").unwrap_or_default().to_string(),
+    )
+}
+
+/// `name` if the engine can record it; else 400 saying why.
+fn checked_name(what: &str, name: String) -> Result<String, PageError> {
+    steadfast::check_step_name(&name).map_err(|reason| {
+        PageError::new(
+            StatusCode::BAD_REQUEST,
+            format!("{what} is not a name that can be recorded"),
+            format!("{reason}; nothing was written"),
+        )
+    })?;
+    Ok(name)
 }
 
 /// Where to go after a POST: back to the inbox or to the run.
@@ -683,7 +705,7 @@ fn back(form: &HashMap<String, String>, id: &str) -> Redirect {
 type PostForm = Form<HashMap<String, String>>;
 
 async fn approve(RunPost { app, id, form: f }: RunPost) -> Result<Redirect, PageError> {
-    let gate = field(&f, "gate").unwrap_or_default().to_string();
+    let gate = gate(&f)?;
     let data = match field(&f, "data") {
         None => None,
         Some(text) => Some(crate::command::parse_json_exact(text).map_err(|e| {
@@ -703,7 +725,7 @@ async fn approve(RunPost { app, id, form: f }: RunPost) -> Result<Redirect, Page
 }
 
 async fn reject(RunPost { app, id, form: f }: RunPost) -> Result<Redirect, PageError> {
-    let gate = field(&f, "gate").unwrap_or_default().to_string();
+    let gate = gate(&f)?;
     let reason = field(&f, "reason").map(String::from);
     let by = by(&f)?;
     same_wait(&app, &id, &gate, &f).await?;
