@@ -186,7 +186,7 @@ pub fn err(e: &Error) -> PyErr {
         Error::WorkflowChanged { .. } => WorkflowChanged::new_err(msg),
         Error::StepFailed { .. } => StepFailed::new_err(msg),
         Error::InvalidValue { .. } => InvalidValue::new_err(msg),
-        Error::Held { .. } => Held::new_err(msg),
+        Error::Held { .. } | Error::ClaimLost { .. } | Error::Removed { .. } => Held::new_err(msg),
         Error::InvalidInput { .. } => InvalidInput::new_err(msg),
         Error::NoSuchRun { .. } => NoSuchRun::new_err(msg),
         Error::NotWaiting { .. } => NotWaiting::new_err(msg),

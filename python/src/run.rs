@@ -337,7 +337,7 @@ pub fn run_workflow<'py>(
     let opts = RunOpts::new(accept_changed, wait_for_timers, lease)?;
     Ok(spawn(async move {
         if let Some(input) = input {
-            if let Err(e) = steadfast::start(&*store, &name, &run_id, input, false).await {
+            if let Err(e) = steadfast::start_listed(&*store, &wf, &run_id, input).await {
                 return finish_err(e);
             }
         }

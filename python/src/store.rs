@@ -197,9 +197,12 @@ pub fn runs(
 }
 
 /// Records a new run of `workflow` with `input` (a dict) for a worker or a
-/// later `run` to take; False when the run already exists.
+/// later `run` to take; False when the run already exists as started the
+/// same way (InvalidInput when it was started with another workflow, other
+/// steps or another input). `steps`, a listed workflow's step names, are
+/// recorded so that a run with other steps is refused as changed code.
 #[pyfunction]
-#[pyo3(signature = (store, workflow, run_id, input=None, durable=false))]
+#[pyo3(signature = (store, workflow, run_id, input=None, durable=false, steps=None))]
 pub fn start(
     py: Python<'_>,
     store: &PyStore,
@@ -207,6 +210,7 @@ pub fn start(
     run_id: &str,
     input: Option<&Bound<'_, PyAny>>,
     durable: bool,
+    steps: Option<Vec<String>>,
 ) -> PyResult<bool> {
     let input = match input {
         Some(v) => json_arg("the run's input", v)?,
@@ -215,7 +219,13 @@ pub fn start(
     let s = Arc::clone(&store.inner);
     let (w, id) = (workflow.to_string(), run_id.to_string());
     block(py, async move {
-        steadfast::start(&*s, &w, &id, input, durable).await
+        match steps.filter(|_| !durable) {
+            Some(names) => {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                steadfast::start_steps(&*s, &w, &names, &id, input).await
+            }
+            None => steadfast::start(&*s, &w, &id, input, durable).await,
+        }
     })
     .map_err(|e| err(&e))
 }

@@ -531,10 +531,18 @@ def runs(
 
 
 def start(store: Store, workflow: Union[str, Workflow, Durable], run_id: str, input: JSON = None) -> bool:
-    """Records a new pending run for a worker or a later :func:`run`; False if it exists already."""
+    """Records a new pending run for a worker or a later :func:`run`.
+
+    False if it exists already as started the same way; :class:`InvalidInput`
+    (and the run left as it is) if it was started with another workflow,
+    other steps or another input. A :class:`Workflow`'s step names are
+    recorded, so that a later run with other steps under the same name is
+    refused with :class:`WorkflowChanged` before any step runs.
+    """
     durable_fn = isinstance(workflow, Durable)
     name = workflow if isinstance(workflow, str) else workflow.name
-    return _native.start(store, name, run_id, input, durable_fn)
+    steps = workflow.step_names() if isinstance(workflow, Workflow) else None
+    return _native.start(store, name, run_id, input, durable_fn, steps)
 
 
 __all__ = [

@@ -118,7 +118,14 @@ def runs(
     after: Optional[str] = ...,
     limit: Optional[int] = ...,
 ) -> List[Dict[str, Any]]: ...
-def start(store: Store, workflow: str, run_id: str, input: Any = ..., durable: bool = ...) -> bool: ...
+def start(
+    store: Store,
+    workflow: str,
+    run_id: str,
+    input: Any = ...,
+    durable: bool = ...,
+    steps: Optional[List[str]] = ...,
+) -> bool: ...
 def run_workflow(
     event_loop: Any,
     invoke: Callable[..., Any],

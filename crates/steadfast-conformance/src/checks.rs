@@ -15,6 +15,7 @@ use steadfast_core::{
 use crate::{CheckResult, TestStore, STATE_LIMIT};
 
 pub use crate::ops_checks::*;
+pub use crate::replace_checks::*;
 
 macro_rules! ensure {
     ($cond:expr, $($fmt:tt)+) => {

@@ -34,6 +34,7 @@
 pub mod checks;
 mod faulty;
 mod ops_checks;
+mod replace_checks;
 
 use std::any::Any;
 use std::future::Future;
@@ -189,6 +190,10 @@ macro_rules! store_conformance {
             gc_deletes_old_finished_runs_and_never_a_live_one,
             a_save_can_write_a_given_version,
             put_run_copies_a_run_exactly_and_never_overwrites_a_newer_one,
+            a_refused_replacement_leaves_the_run_as_it_was,
+            delete_and_replace_refuse_a_held_run,
+            a_holder_is_told_its_run_was_deleted_or_replaced,
+            a_half_built_run_is_left_alone_by_retention,
         );
     };
 }
@@ -205,6 +210,7 @@ macro_rules! history_conformance {
             fork_copies_the_first_steps_and_leaves_the_original,
             durable_functions_rewind_and_fork_by_step_name,
             a_relabelled_record_keeps_its_history_usable,
+            a_half_built_fork_is_left_alone_by_retention_and_prune,
         );
     };
 }

@@ -26,7 +26,7 @@ macro_rules! ensure {
 
 /// How many times each step ran, by name.
 #[derive(Clone, Default)]
-struct Tally(Arc<Mutex<BTreeMap<String, u32>>>);
+pub(crate) struct Tally(Arc<Mutex<BTreeMap<String, u32>>>);
 
 impl Tally {
     fn hit(&self, name: &str) {
@@ -48,7 +48,7 @@ fn counts(pairs: &[(&str, u32)]) -> BTreeMap<String, u32> {
 
 /// Steps `a`, `b`, gate `g`, `c`: `a` overwrites the input's `x`, `b` and
 /// `c` build on what came before.
-fn gated(tally: &Tally) -> Result<Workflow, Error> {
+pub(crate) fn gated(tally: &Tally) -> Result<Workflow, Error> {
     let (ta, tb, tc) = (tally.clone(), tally.clone(), tally.clone());
     Workflow::builder("gated")
         .step("a", move |_, _| {
@@ -72,7 +72,12 @@ fn gated(tally: &Tally) -> Result<Workflow, Error> {
 }
 
 /// Runs `r` of `wf` through its gate (approving with `data`) to the end.
-async fn through_gate(store: &Arc<dyn Store>, wf: &Workflow, r: &str, data: Value) -> CheckResult {
+pub(crate) async fn through_gate(
+    store: &Arc<dyn Store>,
+    wf: &Workflow,
+    r: &str,
+    data: Value,
+) -> CheckResult {
     let first = Runner::new(&**store).run(r, wf).await?;
     ensure!(
         first == Outcome::Waiting { gate: "g".into() },

@@ -171,7 +171,133 @@ pub struct Checkpoint {
     /// oldest first; at most [`MAX_AUDIT_ENTRIES`], the oldest dropped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub audit: Vec<AuditEntry>,
+    /// What the run was started with (its steps and its input), so that a
+    /// start of the same id with other ones, or a worker or a run with other
+    /// steps, is refused before any step has run. Records written before
+    /// it existed have none, and are taken to match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<Origin>,
 }
+
+/// What a run was started with: fingerprints of its listed steps and of its
+/// input ([`Checkpoint::origin`]).
+///
+/// ```
+/// use serde_json::json;
+/// use steadfast_core::Origin;
+/// let a = Origin::listed(["fetch", "write"], &json!({"url": "x"}));
+/// assert_eq!(a, Origin::listed(["fetch", "write"], &json!({"url": "x"})));
+/// assert_ne!(a.steps_sha256, Origin::listed(["fetch", "review"], &json!({"url": "x"})).steps_sha256);
+/// assert_ne!(a.input_sha256, Origin::listed(["fetch", "write"], &json!({})).input_sha256);
+/// // A listed workflow's input `null` is no input, as `{}` is.
+/// assert_eq!(Origin::listed(["a"], &json!(null)), Origin::listed(["a"], &json!({})));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Origin {
+    /// How many steps the listed workflow had; none for a durable function
+    /// (or a start that named no steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps: Option<usize>,
+    /// A fingerprint of the step names, in order: the first 16 bytes of a
+    /// SHA-256, in hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps_sha256: Option<String>,
+    /// A fingerprint of the input written as JSON with its keys in order:
+    /// the first 16 bytes of a SHA-256, in hex.
+    pub input_sha256: String,
+}
+
+impl Origin {
+    /// The origin of a listed workflow with these step names, started with
+    /// `input` (`null` and `{}` alike: no input).
+    pub fn listed<'a>(steps: impl IntoIterator<Item = &'a str>, input: &serde_json::Value) -> Self {
+        let mut hash = sha2::Sha256::new();
+        let mut count = 0;
+        for name in steps {
+            count += 1;
+            hash.update((name.len() as u64).to_le_bytes());
+            hash.update(name.as_bytes());
+        }
+        let input = match input {
+            serde_json::Value::Null => &serde_json::Value::Object(serde_json::Map::new()),
+            other => other,
+        };
+        Origin {
+            steps: Some(count),
+            steps_sha256: Some(hex16(&hash.finalize())),
+            input_sha256: input_print(input),
+        }
+    }
+
+    /// The origin of a run whose steps are not listed (a durable function,
+    /// or a start by the workflow's name only), started with `input`.
+    pub fn unlisted(input: &serde_json::Value) -> Self {
+        Origin {
+            steps: None,
+            steps_sha256: None,
+            input_sha256: input_print(input),
+        }
+    }
+}
+
+use sha2::Digest as _;
+
+fn hex16(digest: &[u8]) -> String {
+    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+fn input_print(input: &serde_json::Value) -> String {
+    let mut hash = sha2::Sha256::new();
+    write_canonical(input, &mut hash);
+    hex16(&hash.finalize())
+}
+
+/// Feeds `v` to `hash` as JSON with every object's keys in order, whatever
+/// order the map keeps them in.
+fn write_canonical(v: &serde_json::Value, hash: &mut sha2::Sha256) {
+    use serde_json::Value;
+    match v {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            hash.update(b"{");
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    hash.update(b",");
+                }
+                hash.update(serde_json::to_string(k).unwrap_or_default().as_bytes());
+                hash.update(b":");
+                write_canonical(&map[k], hash);
+            }
+            hash.update(b"}");
+        }
+        Value::Array(items) => {
+            hash.update(b"[");
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    hash.update(b",");
+                }
+                write_canonical(item, hash);
+            }
+            hash.update(b"]");
+        }
+        other => hash.update(other.to_string().as_bytes()),
+    }
+}
+
+/// Who marks a run that a copy or an import is writing.
+pub(crate) const COPIER: &str = "steadfast copy";
+
+/// The reason of the mark a run being copied in carries.
+pub(crate) const COPY_MARK: &str =
+    "being copied in: a copy or import that stopped here left it unfinished; run it again";
+
+/// How the reason of the mark of a run being forked starts and ends
+/// (the original's id sits between).
+pub(crate) const FORK_MARK: &str = "being forked from run ";
+pub(crate) const FORK_MARK_END: &str =
+    ": a fork that stopped here is unfinished; delete it and fork again";
 
 /// The most audit entries a run keeps ([`Checkpoint::audit`]): beyond it,
 /// the oldest go, so that a run operated on again and again keeps a head of
@@ -518,6 +644,7 @@ impl Checkpoint {
             decisions: Vec::new(),
             seal: None,
             audit: Vec::new(),
+            origin: None,
         }
     }
 
@@ -529,6 +656,47 @@ impl Checkpoint {
             let extra = self.audit.len() - MAX_AUDIT_ENTRIES;
             self.audit.drain(..extra);
         }
+    }
+
+    /// Marks the run as being built (by a fork, a copy or an import) from
+    /// `at` on: cancelled, so that no worker takes it, with an audit entry
+    /// by `by` that [`being_built`](Checkpoint::being_built) recognises and
+    /// that says what left it (`why`). Its last save replaces the record.
+    pub(crate) fn mark_building(&mut self, why: String, by: &str, at: Timestamp) {
+        self.status = RunStatus::Cancelled;
+        self.updated_at = at;
+        self.push_audit(AuditEntry::new(
+            AuditAction::Cancel {
+                was: RunStatus::Running,
+                reason: Some(why),
+            },
+            by,
+            at,
+        ));
+    }
+
+    /// Whether this is a run that a fork, a copy or an import is still
+    /// writing (or left unfinished): cancelled, with the mark they put in
+    /// its audit as their last entry. Retention and `prune` leave such a
+    /// run alone; copying or importing it again replaces it.
+    ///
+    /// ```
+    /// use steadfast_core::{Checkpoint, Timestamp};
+    /// let cp = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+    /// assert!(!cp.being_built());
+    /// ```
+    pub fn being_built(&self) -> bool {
+        self.status == RunStatus::Cancelled
+            && self.audit.last().is_some_and(|a| match &a.action {
+                AuditAction::Cancel {
+                    was: RunStatus::Running,
+                    reason: Some(r),
+                } => {
+                    (a.by == COPIER && r == COPY_MARK)
+                        || (r.starts_with(FORK_MARK) && r.ends_with(FORK_MARK_END))
+                }
+                _ => false,
+            })
     }
 
     /// Checks the record's internal consistency; stores call this on decode and

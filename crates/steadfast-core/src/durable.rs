@@ -264,7 +264,11 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
             .await
             .map_err(|e| store_error(run_id, "load", e))?;
         let (mut cp, expected) = match loaded {
-            None => (Checkpoint::new(run_id, workflow, runner.now()), None),
+            None => {
+                let mut cp = Checkpoint::new(run_id, workflow, runner.now());
+                cp.origin = Some(crate::Origin::unlisted(&Value::Null));
+                (cp, None)
+            }
             Some(cp) => {
                 let v = cp.version;
                 (cp, Some(v))
@@ -298,9 +302,10 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
             RunStatus::Cancelled => return Err(crate::ops::cancelled(&cp)),
             _ => {}
         }
+        let created_at = cp.created_at;
         let mut session = Session::new(cp, expected, usize::MAX, 0);
         if let Err(e) = session.claim(&runner).await {
-            return Err(runner.explain_conflict(run_id, e).await);
+            return Err(runner.explain_conflict(run_id, created_at, e).await);
         }
         let ctx = DurableCtx {
             shared: Arc::new(Shared {
@@ -337,12 +342,12 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                     let index = s.cp.next;
                     s.record_unsaved(&shared.runner, index, RESULT_KEY, 1, &e)
                         .await;
-                    return Err(shared.runner.explain_conflict(run_id, e).await);
+                    return Err(shared.runner.explain_conflict(run_id, created_at, e).await);
                 }
                 Ok(Outcome::Completed(value))
             }
             Err(Error::Suspended(suspension)) => Ok(suspension.into()),
-            Err(e) => Err(shared.runner.explain_conflict(run_id, e).await),
+            Err(e) => Err(shared.runner.explain_conflict(run_id, created_at, e).await),
         }
     }
 }
@@ -889,9 +894,9 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     let mut guard = self.shared.session.lock().await;
                     let s = &mut *guard;
                     if let Err(e) = s.renew(self.runner()).await {
-                        let run_id = s.cp.run_id.clone();
+                        let (run_id, created_at) = (s.cp.run_id.clone(), s.cp.created_at);
                         drop(guard);
-                        let e = self.runner().explain_conflict(&run_id, e).await;
+                        let e = self.runner().explain_conflict(&run_id, created_at, e).await;
                         if matches!(e, Error::Cancelled { .. }) {
                             // Cancelled: the step may finish within the
                             // grace period; its result is not saved.

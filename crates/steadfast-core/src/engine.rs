@@ -196,14 +196,51 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         self
     }
 
-    /// After a call failed with a conflict: [`Error::Cancelled`] when the
-    /// conflicting save was a cancel, else the error as it was.
-    pub(crate) async fn explain_conflict(&self, run_id: &str, e: Error) -> Error {
-        if !e.is_conflict() {
+    /// After a call failed with a conflict, what happened to the run, from
+    /// what is stored now: [`Error::Cancelled`] when it was cancelled;
+    /// [`Error::Removed`] when a run this call had saved (`created_at` is
+    /// when its record was created) was deleted, is being replaced by an
+    /// import or a copy, or was written anew; else the error as it was (an
+    /// owner that took the run over).
+    pub(crate) async fn explain_conflict(
+        &self,
+        run_id: &str,
+        created_at: Timestamp,
+        e: Error,
+    ) -> Error {
+        // A save over a version this call had: it held the run.
+        let fenced = matches!(
+            e.store_error(),
+            Some(StoreError::Conflict {
+                expected: Some(_),
+                ..
+            })
+        );
+        if !fenced && !matches!(e, Error::ClaimLost { .. }) {
             return e;
         }
+        let removed = |how| Error::Removed {
+            run_id: run_id.to_string(),
+            how,
+        };
         match self.store.load(run_id).await {
+            Ok(None) if fenced => removed(crate::Removal::Deleted),
+            Ok(Some(cp)) if fenced && cp.being_built() && cp.created_at != created_at => {
+                removed(crate::Removal::BeingReplaced)
+            }
             Ok(Some(cp)) if cp.status == crate::RunStatus::Cancelled => crate::ops::cancelled(&cp),
+            // Written anew, or a copy of a record of this run: the record
+            // carries this call's own lease, which it did not save (it
+            // conflicted), or was created at another time.
+            Ok(Some(cp))
+                if fenced
+                    && (cp.created_at != created_at
+                        || cp.lease.as_ref().is_some_and(|l| {
+                            self.lease.as_ref().is_some_and(|(me, _)| l.owner == *me)
+                        })) =>
+            {
+                removed(crate::Removal::Replaced)
+            }
             _ => e,
         }
     }
@@ -259,12 +296,39 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         workflow: &Workflow,
     ) -> Result<Checkpoint, Error> {
         let given: Vec<&str> = workflow.step_names().collect();
+        // Before any step has run, the steps the run was started with are
+        // what binds it to its code.
+        let started_with = cp.origin.as_ref().filter(|_| cp.next == 0).and_then(|o| {
+            let now = crate::Origin::listed(given.iter().copied(), &serde_json::Value::Null);
+            (o.steps_sha256.is_some() && o.steps_sha256 != now.steps_sha256).then(|| {
+                (
+                    format!(
+                        "the {} step(s) it was started with (fingerprint {})",
+                        o.steps.unwrap_or(0),
+                        o.steps_sha256.as_deref().unwrap_or("")
+                    ),
+                    now,
+                )
+            })
+        });
         let mismatch = if cp.workflow != workflow.name() {
             Some(Error::WorkflowChanged {
                 run_id: cp.run_id.clone(),
                 at: 0,
                 stored: Some(format!("workflow {:?}", cp.workflow)),
                 given: Some(format!("workflow {:?}", workflow.name())),
+            })
+        } else if let Some((stored, now)) = &started_with {
+            Some(Error::WorkflowChanged {
+                run_id: cp.run_id.clone(),
+                at: 0,
+                stored: Some(stored.clone()),
+                given: Some(format!(
+                    "{} step(s): {} (fingerprint {})",
+                    given.len(),
+                    crate::ids::preview(&given.join(", ")),
+                    now.steps_sha256.as_deref().unwrap_or("")
+                )),
             })
         } else {
             (0..cp.next)
@@ -282,6 +346,10 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             Some(_) => {
                 tracing::warn!(run_id = %cp.run_id, "resuming a run recorded by different code, as asked");
                 cp.workflow = workflow.name().to_string();
+                if let (Some(origin), Some((_, now))) = (&mut cp.origin, started_with) {
+                    origin.steps = now.steps;
+                    origin.steps_sha256 = now.steps_sha256;
+                }
                 let done = cp.next.min(given.len());
                 cp.completed = given[..done].iter().map(|s| s.to_string()).collect();
                 cp.next = done;

@@ -369,6 +369,24 @@ pub enum Error {
         /// Until when (unless renewed).
         until: crate::clock::Timestamp,
     },
+    /// Another process claimed the run between this call's look at it and
+    /// its own claim (both saw it free; the other's claim landed first).
+    /// This call ran nothing and held nothing.
+    #[error("run {run_id:?} was claimed by another process first; this call ran nothing")]
+    ClaimLost {
+        /// The run.
+        run_id: String,
+    },
+    /// The run was deleted, or replaced by an import or a copy, while this
+    /// call held it (an operation forced past its lease): its last step's
+    /// result was not saved, and nothing this call does reaches the store.
+    #[error("run {run_id:?} was {how} while this call held it; its last result was not saved")]
+    Removed {
+        /// The run.
+        run_id: String,
+        /// What happened to it.
+        how: Removal,
+    },
     /// An argument is out of its range or cannot be stored (a duration, a
     /// decision's data, a name). Nothing was written.
     #[error("{what}: {reason}")]
@@ -433,16 +451,51 @@ impl Error {
         }
     }
 
-    /// Whether another owner has the run: a held lease, or a conflict that
-    /// fenced this caller out.
+    /// Whether another owner has the run: a held lease, a claim that
+    /// another process made first, a conflict that fenced this caller out,
+    /// or the run removed from under it.
     pub fn is_held_elsewhere(&self) -> bool {
-        matches!(self, Error::Held { .. }) || self.is_conflict()
+        matches!(
+            self,
+            Error::Held { .. } | Error::ClaimLost { .. } | Error::Removed { .. }
+        ) || self.is_conflict()
+    }
+
+    /// Whether this call never had the run: another owner held it, or
+    /// claimed it first. Nothing ran, and nobody was fenced out.
+    pub fn is_claim_missed(&self) -> bool {
+        matches!(self, Error::Held { .. } | Error::ClaimLost { .. })
     }
 
     /// Whether this error is a compare-and-swap conflict in the store.
     pub fn is_conflict(&self) -> bool {
         self.store_error()
             .is_some_and(|e| e.kind() == StoreErrorKind::Conflict)
+    }
+}
+
+/// What happened to a run that was removed from under the call holding it
+/// ([`Error::Removed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Removal {
+    /// It was deleted.
+    Deleted,
+    /// It is being replaced by an import or a copy (the half-written run
+    /// is there now).
+    BeingReplaced,
+    /// It was deleted and written again: by an import or a copy of
+    /// another record of it, or as a new run under the same id.
+    Replaced,
+}
+
+impl fmt::Display for Removal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Removal::Deleted => "deleted",
+            Removal::BeingReplaced => "being replaced by an import or a copy",
+            Removal::Replaced => "replaced (by an import, a copy, or a new run under its id)",
+        })
     }
 }
 

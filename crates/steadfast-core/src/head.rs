@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::checkpoint::{AuditEntry, Checkpoint, Decision, Lease, StepFailure, Wait};
+use crate::checkpoint::{AuditEntry, Checkpoint, Decision, Lease, Origin, StepFailure, Wait};
 use crate::error::StoreError;
 
 /// The head document, as written.
@@ -31,6 +31,8 @@ struct HeadOut<'a> {
     seal: Option<&'a str>,
     #[serde(skip_serializing_if = "<[AuditEntry]>::is_empty")]
     audit: &'a [AuditEntry],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    origin: Option<&'a Origin>,
 }
 
 /// The head document, as read back (absent fields take their defaults).
@@ -53,6 +55,8 @@ struct HeadIn {
     seal: Option<String>,
     #[serde(default)]
     audit: Vec<AuditEntry>,
+    #[serde(default)]
+    origin: Option<Origin>,
 }
 
 fn fixed_hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
@@ -105,6 +109,7 @@ pub fn encode_head(cp: &Checkpoint) -> Result<String, StoreError> {
             decisions: &cp.decisions,
             seal: cp.seal.as_deref(),
             audit: &cp.audit,
+            origin: cp.origin.as_ref(),
         },
         &cp.run_id,
         "head",
@@ -126,6 +131,7 @@ pub fn decode_head(text: &str, cp: &mut Checkpoint) -> Result<(), String> {
     cp.decisions = head.decisions;
     cp.seal = head.seal;
     cp.audit = head.audit;
+    cp.origin = head.origin;
     Ok(())
 }
 

@@ -51,15 +51,15 @@ pub mod worker;
 mod workflow;
 
 pub use checkpoint::{
-    AuditAction, AuditEntry, Checkpoint, Decision, Lease, OnTimeout, Owner, RewoundStep, RunStatus,
-    StepFailure, StepRecord, Wait, CHECKPOINT_FORMAT, MAX_AUDIT_ENTRIES,
+    AuditAction, AuditEntry, Checkpoint, Decision, Lease, OnTimeout, Origin, Owner, RewoundStep,
+    RunStatus, StepFailure, StepRecord, Wait, CHECKPOINT_FORMAT, MAX_AUDIT_ENTRIES,
 };
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use ctx::StepCtx;
 pub use decide::{approve, reject};
 pub use durable::{durable, DurableCtx, StepOptions};
 pub use engine::{Runner, DEFAULT_CANCEL_GRACE};
-pub use error::{error_chain, BoxError, Error, StepError, StoreError, StoreErrorKind};
+pub use error::{error_chain, BoxError, Error, Removal, StepError, StoreError, StoreErrorKind};
 pub use ids::{
     check_step_name, idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES,
 };
@@ -70,7 +70,9 @@ pub use run::run;
 pub use state::{merge, State, Update, MAX_VALUE_DEPTH};
 pub use store::{DueRequest, ListFilter, RunSummary, Store};
 pub use typed::{TypedWorkflow, TypedWorkflowBuilder};
-pub use worker::{release, start, Registry, RunEnd, Worker, WorkerReport, START_KEY};
+pub use worker::{
+    release, start, start_listed, start_steps, Registry, RunEnd, Worker, WorkerReport, START_KEY,
+};
 pub use workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
 
 /// Re-exported so that stores and tests name the same versions.

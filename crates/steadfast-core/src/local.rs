@@ -45,6 +45,7 @@ pub fn prepare_store_file(path: &Path, create: bool) -> Result<PathBuf, StoreErr
                     dir.display()
                 )));
             }
+            check_no_way_out_of_missing(path, &dir)?;
             create_private_dir(&dir)?;
         }
         Err(e) => return Err(StoreError::io(format!("inspecting {}", dir.display()), e)),
@@ -85,6 +86,27 @@ pub fn prepare_store_file(path: &Path, create: bool) -> Result<PathBuf, StoreErr
     }
     check_private_file(&target)?;
     Ok(target)
+}
+
+/// Refuses a directory path that goes into a directory that does not
+/// exist and back out of it (`runs/./new/../x.db`): creating it would make
+/// a directory the store never uses.
+fn check_no_way_out_of_missing(path: &Path, dir: &Path) -> Result<(), StoreError> {
+    let mut at = PathBuf::new();
+    for part in dir.components() {
+        if part == std::path::Component::ParentDir
+            && !at.as_os_str().is_empty()
+            && fs::metadata(&at).is_err()
+        {
+            return Err(StoreError::InvalidInput(format!(
+                "the store path {} goes into {}, which does not exist, and back out with `..`; write it without `..` (nothing was created)",
+                path.display(),
+                at.display()
+            )));
+        }
+        at.push(part);
+    }
+    Ok(())
 }
 
 /// Creates a store's file (mode 0600) if it is missing, and syncs its
@@ -394,6 +416,20 @@ mod tests {
         );
         let mode = fs::metadata(tmp.path().join("a/b")).unwrap().mode() & 0o777;
         assert_eq!(mode, 0o700);
+    }
+
+    #[test]
+    fn no_directory_is_made_only_to_be_left_by_dotdot() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("./sub/../runs.db");
+        let err = prepare_store_file(&path, true).unwrap_err();
+        assert!(err.to_string().contains("back out with `..`"), "{err}");
+        assert!(!tmp.path().join("sub").exists(), "sub was created");
+        // Through a directory that exists, `..` is fine.
+        fs::create_dir(tmp.path().join("there")).unwrap();
+        let path = tmp.path().join("there/../new/runs.db");
+        assert!(prepare_store_file(&path, true).is_ok());
+        assert!(tmp.path().join("new").is_dir());
     }
 
     #[test]

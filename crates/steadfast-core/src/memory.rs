@@ -105,6 +105,10 @@ fn at_version<'a>(
 
 #[async_trait]
 impl Store for MemoryStore {
+    fn max_state_bytes(&self) -> Option<u64> {
+        Some(self.state_limit)
+    }
+
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         Ok(self.runs().get(run_id).map(|e| e.checkpoint.clone()))
     }

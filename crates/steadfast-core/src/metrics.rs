@@ -22,6 +22,7 @@ struct Counters {
     steps_failed: AtomicU64,
     reexecutions: AtomicU64,
     conflicts: AtomicU64,
+    claims_missed: AtomicU64,
     saves: AtomicU64,
     save_errors: AtomicU64,
     save_micros: AtomicU64,
@@ -37,6 +38,7 @@ static C: Counters = Counters {
     steps_failed: ZERO,
     reexecutions: ZERO,
     conflicts: ZERO,
+    claims_missed: ZERO,
     saves: ZERO,
     save_errors: ZERO,
     save_micros: ZERO,
@@ -59,6 +61,10 @@ pub struct Metrics {
     pub reexecutions: u64,
     /// Saves refused because another writer saved first.
     pub conflicts: u64,
+    /// Claims of a run that another process made first (two looked at a
+    /// free run at once): the call ran nothing. Its save is also counted
+    /// in `conflicts`.
+    pub claims_missed: u64,
     /// Checkpoint saves the run loop made (lease renewals included).
     pub saves: u64,
     /// Saves that failed (conflicts included).
@@ -78,6 +84,7 @@ pub fn snapshot() -> Metrics {
         steps_failed: C.steps_failed.load(Relaxed),
         reexecutions: C.reexecutions.load(Relaxed),
         conflicts: C.conflicts.load(Relaxed),
+        claims_missed: C.claims_missed.load(Relaxed),
         saves: C.saves.load(Relaxed),
         save_errors: C.save_errors.load(Relaxed),
         save_micros: C.save_micros.load(Relaxed),
@@ -121,6 +128,11 @@ impl Metrics {
             self.conflicts,
         );
         counter(
+            "steadfast_claims_missed_total",
+            "Claims of a free run that another process made first; nothing ran.",
+            self.claims_missed,
+        );
+        counter(
             "steadfast_save_errors_total",
             "Saves that failed.",
             self.save_errors,
@@ -145,6 +157,10 @@ impl Metrics {
         let _ = writeln!(out, "{name}_count {}", self.saves);
         out
     }
+}
+
+pub(crate) fn claim_missed() {
+    C.claims_missed.fetch_add(1, Relaxed);
 }
 
 pub(crate) fn step_started() {

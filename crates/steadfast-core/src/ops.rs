@@ -294,21 +294,13 @@ pub async fn fork<S: Store + ?Sized>(
         now,
     ));
     // Not runnable while it is built: a fork cut short says so, and is
-    // never taken by a worker. The last save makes it runnable.
+    // never taken by a worker nor deleted by retention; its age is the
+    // time the fork began. The last save makes it runnable.
     let finished_audit = cp.audit.clone();
     let building = index > first;
     if building {
-        cp.status = RunStatus::Cancelled;
-        cp.push_audit(AuditEntry::new(
-            AuditAction::Cancel {
-                was: RunStatus::Running,
-                reason: Some(format!(
-                    "being forked from run {run_id:?}: a fork that stopped here is unfinished; delete it and fork again"
-                )),
-            },
-            by,
-            now,
-        ));
+        use crate::checkpoint::{FORK_MARK, FORK_MARK_END};
+        cp.mark_building(format!("{FORK_MARK}{run_id:?}{FORK_MARK_END}"), by, now);
     }
     let what = |e: StoreError| match e.kind() {
         StoreErrorKind::Conflict => Error::InvalidInput {
@@ -331,7 +323,6 @@ pub async fn fork<S: Store + ?Sized>(
         }
         cp.completed.push(original.completed[record.index].clone());
         cp.next += 1;
-        cp.updated_at = clock.now();
         cp.writer = fastrand::u64(1..);
         let v = store
             .save(SaveRequest::new(&cp, expected).with_step(record))
@@ -341,6 +332,7 @@ pub async fn fork<S: Store + ?Sized>(
     }
     if building {
         cp.status = RunStatus::Running;
+        cp.updated_at = clock.now();
         cp.audit = finished_audit;
         cp.writer = fastrand::u64(1..);
         expected = Some(
@@ -352,6 +344,51 @@ pub async fn fork<S: Store + ?Sized>(
     }
     cp.version = expected.unwrap_or(1);
     Ok(cp)
+}
+
+/// Deletes run `run_id`, unless a live process holds it: that is refused
+/// with [`Error::Held`] and the run is left as it is, unless `force` is
+/// set. Returns whether the run existed.
+///
+/// What `force` costs: the holder's step that is running goes on (its side
+/// effects happen), but its result is never saved; the holder's next save
+/// is refused and it stops, saying the run was deleted.
+///
+/// The run is deleted on condition of the version that was looked at
+/// ([`Store::delete_if`]), so that a run claimed meanwhile is looked at
+/// again, never deleted on old news.
+pub async fn delete<S: Store + ?Sized>(
+    store: &S,
+    run_id: &str,
+    force: bool,
+    clock: &dyn Clock,
+) -> Result<bool, Error> {
+    crate::validate_run_id(run_id)?;
+    let mut contended = None;
+    for _ in 0..10 {
+        let Some(cp) = store
+            .load(run_id)
+            .await
+            .map_err(|e| store_error(run_id, "load for the delete", e))?
+        else {
+            return Ok(false);
+        };
+        if !force {
+            check_not_held(&cp, clock.now())?;
+        }
+        match store.delete_if(run_id, cp.version).await {
+            Ok(existed) => return Ok(existed),
+            Err(e) if e.kind() == StoreErrorKind::Conflict => contended = Some(e),
+            Err(e) if e.kind() == StoreErrorKind::Unsupported => {
+                return store
+                    .delete(run_id)
+                    .await
+                    .map_err(|e| store_error(run_id, "delete", e));
+            }
+            Err(e) => return Err(store_error(run_id, "delete", e)),
+        }
+    }
+    Err(contention(run_id, "delete", contended))
 }
 
 /// What [`prune`] did to one run.
@@ -388,6 +425,7 @@ pub async fn prune<S: Store + ?Sized>(
     check_operator(run_id, "prune", by)?;
     let mut cp = load(store, run_id, "prune").await?;
     check_not_held(&cp, clock.now())?;
+    check_not_building(&cp, "prune")?;
     // A run without rows (written before its store kept history) has
     // nothing to fold.
     if matches!(store.history(run_id).await, Ok(Some(h)) if h.is_empty()) {
@@ -619,8 +657,20 @@ async fn full_history<S: Store + ?Sized>(
     Ok(history)
 }
 
+/// Refuses a run that a fork, a copy or an import is still writing.
+fn check_not_building(cp: &Checkpoint, op: &str) -> Result<(), Error> {
+    if cp.being_built() {
+        return Err(refused(
+            &cp.run_id,
+            op,
+            "it is being written by a fork, a copy or an import (or one of them stopped half way): finish that, or delete the run".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses a run that a live process other than this one holds.
-fn check_not_held(cp: &Checkpoint, now: Timestamp) -> Result<(), Error> {
+pub(crate) fn check_not_held(cp: &Checkpoint, now: Timestamp) -> Result<(), Error> {
     if let Some(held) = &cp.lease {
         if standing(held, &crate::current_owner(), now) == Standing::Held {
             return Err(Error::Held {

@@ -136,6 +136,10 @@ pub struct GcReport {
     pub changed: u64,
     /// Batches done.
     pub batches: u64,
+    /// Runs left alone because a fork, a copy or an import is still
+    /// writing them ([`Checkpoint::being_built`](crate::Checkpoint::being_built)),
+    /// whatever their age.
+    pub building: u64,
 }
 
 /// Deletes the runs `policy` names, judging age against `now`, in batches:
@@ -143,7 +147,9 @@ pub struct GcReport {
 /// condition that its version is still the one listed
 /// ([`Store::delete_if`]), so that a run retried, rewound or saved since is
 /// never deleted. A run that is pending, running, waiting or sleeping is
-/// never listed. `progress` is called after each batch.
+/// never listed, and one that a fork, a copy or an import is still
+/// writing (marked cancelled meanwhile) is left alone. `progress` is
+/// called after each batch.
 ///
 /// Fails with [`Error::InvalidInput`] for a policy out of range, and on the
 /// first store error (what was deleted before it stays deleted).
@@ -173,6 +179,28 @@ pub async fn collect<S: Store + ?Sized>(
             if page.is_empty() {
                 break;
             }
+            let listed = page.len();
+            // A cancelled run may be one a fork, a copy or an import is
+            // still writing: those are left alone.
+            let page = if status == RunStatus::Cancelled {
+                let mut finished = Vec::with_capacity(page.len());
+                for chunk in page.chunks(IN_FLIGHT) {
+                    let loads = chunk.iter().map(|r| store.load(&r.run_id));
+                    for (r, loaded) in chunk
+                        .iter()
+                        .zip(futures_util::future::join_all(loads).await)
+                    {
+                        match loaded.map_err(|e| store_err(&r.run_id, e))? {
+                            Some(cp) if cp.being_built() => report.building += 1,
+                            Some(_) => finished.push(r.clone()),
+                            None => {}
+                        }
+                    }
+                }
+                finished
+            } else {
+                page
+            };
             report.matched += page.len() as u64;
             if !policy.dry_run {
                 for chunk in page.chunks(IN_FLIGHT) {
@@ -191,7 +219,7 @@ pub async fn collect<S: Store + ?Sized>(
             }
             report.batches += 1;
             progress(&report);
-            if page.len() < policy.batch {
+            if listed < policy.batch {
                 break;
             }
         }

@@ -77,11 +77,14 @@ impl<S: Store + ?Sized> Runner<'_, S> {
             .await
             .map_err(|e| store_error(run_id, "load", e))?;
         let (cp, expected, relabelled) = match loaded {
-            None => (
-                Checkpoint::new(run_id, workflow.name(), self.now()),
-                None,
-                false,
-            ),
+            None => {
+                let mut cp = Checkpoint::new(run_id, workflow.name(), self.now());
+                cp.origin = Some(crate::Origin::listed(
+                    workflow.step_names(),
+                    &serde_json::Value::Null,
+                ));
+                (cp, None, false)
+            }
             Some(cp) => {
                 let version = cp.version;
                 let (names, name) = (cp.completed.clone(), cp.workflow.clone());
@@ -103,8 +106,9 @@ impl<S: Store + ?Sized> Runner<'_, S> {
         if cp.status == RunStatus::Completed || cp.next >= workflow.steps().len() {
             return Ok(Outcome::Completed(cp.state));
         }
+        let created_at = cp.created_at;
         match self.run_steps(cp, expected, workflow, relabelled).await {
-            Err(e) => Err(self.explain_conflict(run_id, e).await),
+            Err(e) => Err(self.explain_conflict(run_id, created_at, e).await),
             done => done,
         }
     }

@@ -196,9 +196,18 @@ impl Session {
             }
         }
         self.cp.lease = Some(r.fresh_lease(me, *ttl));
-        self.save(r, None)
-            .await
-            .map_err(|e| store_error(&self.cp.run_id, "claim of the lease", e))?;
+        match self.save(r, None).await {
+            Ok(()) => {}
+            // Someone saved between the look and the claim: this call never
+            // had the run.
+            Err(e) if e.kind() == StoreErrorKind::Conflict => {
+                crate::metrics::claim_missed();
+                return Err(Error::ClaimLost {
+                    run_id: self.cp.run_id.clone(),
+                });
+            }
+            Err(e) => return Err(store_error(&self.cp.run_id, "claim of the lease", e)),
+        }
         if let (Some(old), Some(hook)) = (taken, &r.takeover) {
             hook(&old);
         }

@@ -382,6 +382,18 @@ pub trait Store: Send + Sync {
         tokio::time::sleep(timeout).await;
     }
 
+    /// The largest state (serialized, in bytes) a save of this store
+    /// takes, when it has such a limit: what [`transfer`](crate::transfer)
+    /// checks a record against before it replaces anything. The default
+    /// has none.
+    ///
+    /// - MUST be the limit [`save`](Store::save) refuses with
+    ///   [`StoreError::TooLarge`] (a store with further limits, such as the
+    ///   size of a whole file, may still refuse a save within it).
+    fn max_state_bytes(&self) -> Option<u64> {
+        None
+    }
+
     /// The clock that leases, timers and gate timeouts on this store are
     /// judged by, when the store has one of its own (the database server's).
     /// [`Runner::new`](crate::Runner::new) uses it instead of the system
@@ -471,6 +483,9 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     }
     async fn wait_for_work(&self, timeout: std::time::Duration) {
         (**self).wait_for_work(timeout).await
+    }
+    fn max_state_bytes(&self) -> Option<u64> {
+        (**self).max_state_bytes()
     }
     fn clock(&self) -> Option<Arc<dyn Clock>> {
         (**self).clock()
@@ -570,6 +585,7 @@ pub fn merge_head(cp: &Checkpoint, stored: &mut Checkpoint) -> Checkpoint {
         decisions: cp.decisions.clone(),
         seal: cp.seal.clone(),
         audit: cp.audit.clone(),
+        origin: cp.origin.clone(),
     }
 }
 

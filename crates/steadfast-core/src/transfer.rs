@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::checkpoint::{Checkpoint, RunStatus, StepRecord};
+use crate::checkpoint::{Checkpoint, StepRecord, COPIER, COPY_MARK};
 use crate::engine::store_error;
 use crate::error::{Error, StoreError, StoreErrorKind};
 use crate::store::{ListFilter, SaveRequest, Store};
@@ -83,10 +83,23 @@ struct Line {
     record: Value,
 }
 
+/// A line as read: its record kept as the text it was written as.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLine<'a> {
+    format: u32,
+    sha256: String,
+    #[serde(borrow)]
+    record: &'a serde_json::value::RawValue,
+}
+
 fn digest(record: &Value) -> String {
     // Writing a Value cannot fail.
-    let bytes = serde_json::to_vec(record).unwrap_or_default();
-    Sha256::digest(&bytes)
+    text_digest(&serde_json::to_vec(record).unwrap_or_default())
+}
+
+fn text_digest(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
@@ -138,7 +151,7 @@ pub fn decode_line(line: &str, lineno: usize) -> Result<Exported, Error> {
             line.len()
         )));
     }
-    let parsed: Line =
+    let parsed: RawLine =
         serde_json::from_str(line).map_err(|e| bad(format!("not an export line: {e}")))?;
     if parsed.format != EXPORT_FORMAT {
         return Err(bad(format!(
@@ -146,13 +159,29 @@ pub fn decode_line(line: &str, lineno: usize) -> Result<Exported, Error> {
             parsed.format
         )));
     }
-    if digest(&parsed.record) != parsed.sha256 {
+    let text = parsed.record.get();
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| bad(format!("not an export line: {e}")))?;
+    // The checksum covers the record as written. A record whose text is
+    // intact but holds a number that does not come back the same once read
+    // (an integer past 2^64) matches it only as text.
+    if digest(&value) != parsed.sha256 && text_digest(text.as_bytes()) != parsed.sha256 {
         return Err(bad(
             "its checksum does not match its record: the line was changed or damaged".into(),
         ));
     }
-    let mut record: Exported = serde_path_to_error::deserialize(parsed.record)
-        .map_err(|e| bad(format!("at `{}`: {}", e.path(), e.inner())))?;
+    let mut de = serde_json::Deserializer::from_str(text);
+    let mut record: Exported = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let inner = e.inner().to_string();
+        if inner.contains("floating point") && inner.contains("expected u") {
+            bad(format!(
+                "at `{}`: the number is too large for this field ({inner})",
+                e.path()
+            ))
+        } else {
+            bad(format!("at `{}`: {inner}", e.path()))
+        }
+    })?;
     // Earlier builds exported a run with steps and no rows as `[]`.
     if record.history.as_ref().is_some_and(|h| h.is_empty()) && record.run.next > 0 {
         record.history = None;
@@ -249,26 +278,78 @@ pub enum Put {
     },
 }
 
+/// How [`put_run_with`] and [`copy_with`] treat the runs already there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PutOptions {
+    /// Replace an older version of a run even while a live process holds
+    /// it (its lease has not lapsed). Without it, such a run is refused
+    /// with [`Error::Held`] and left as it is.
+    ///
+    /// What it costs: the holder's step that is running goes on (its side
+    /// effects happen), but its result is never saved: the holder's next
+    /// save is refused and it stops, saying the run was replaced. Where the
+    /// record written is older than the holder's progress, the steps it did
+    /// since run again when the run is resumed.
+    pub force: bool,
+}
+
+impl PutOptions {
+    /// Replaces runs a live process holds; see [`PutOptions::force`].
+    pub fn force(mut self, yes: bool) -> Self {
+        self.force = yes;
+        self
+    }
+}
+
+/// [`put_run_with`] with the default options: a run a live process holds
+/// is refused.
+pub async fn put_run<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<Put, Error> {
+    put_run_with(store, record, &PutOptions::default()).await
+}
+
 /// Writes `record` into `store` as it was where it came from: the same
 /// version, state, head and history. Idempotent: a run already here at the
 /// same or a newer version is kept as it is ([`Put::Kept`]); an older one
-/// is deleted (on condition of its version) and written again.
+/// is replaced.
+///
+/// Everything that decides whether the record can be written is checked
+/// before anything is ([`check_writable`]): that it is consistent (its
+/// history rows match its steps, its version is at least its number of
+/// rows), that every value loads back, and that the state, after every
+/// step as it is written, is within the store's limit
+/// ([`Store::max_state_bytes`]). A record that fails is an error that says
+/// so, and the store is not touched. An older run that a live process holds
+/// is refused with [`Error::Held`] unless `opts` forces it.
+///
+/// An older run is read whole (record and history) before it is deleted
+/// (on condition of its version), so that if writing the new one fails
+/// even so (the store fails, a file store's whole file outgrows its
+/// limit), the old one is written back as it was, and the error says
+/// whether that worked. A run that cannot be read back whole is not
+/// replaced.
 ///
 /// The history is written step by step, as a run would have (one save per
-/// step, each carrying its row), with the run marked cancelled (and an
-/// audit entry saying why) so that no worker takes it half written; the
-/// last save writes the record itself, with its own version, status and
-/// lease. A copy cut short leaves that marked run, which the next copy
-/// replaces. A record this store cannot take
-/// (over its size limit, a value it refuses) is an error naming the run.
+/// step, each carrying its row), with the run marked as being built
+/// ([`Checkpoint::being_built`]) so that no worker takes it and retention
+/// leaves it alone; the last save writes the record itself, with its own
+/// version, status and lease. A copy cut short leaves that marked run,
+/// which the next copy replaces.
 ///
 /// Two copies or imports of one run at the same moment both end well: a
 /// write that meets another (a conflict) looks at the store again and
 /// decides anew, a few times, before it gives up with the conflict.
-pub async fn put_run<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<Put, Error> {
+pub async fn put_run_with<S: Store + ?Sized>(
+    store: &S,
+    record: &Exported,
+    opts: &PutOptions,
+) -> Result<Put, Error> {
+    let id = record.run.run_id.as_str();
+    crate::validate_run_id(id)?;
+    check_writable(record, store.max_state_bytes())?;
     let mut tries = 0;
     loop {
-        match put_once(store, record).await {
+        match put_once(store, record, opts).await {
             Err(e) if e.is_conflict() && tries < 8 => {
                 tries += 1;
                 // Let the other writer finish before looking again.
@@ -282,51 +363,247 @@ pub async fn put_run<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<
     }
 }
 
-async fn put_once<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<Put, Error> {
+/// Checks everything about `record` that decides whether a store can take
+/// it, before anything is written: its consistency, its values (each
+/// history row's update, the state, decisions' data), and the size of its
+/// state after each step as [`put_run_with`] writes them, against `limit`
+/// (none: not checked).
+pub fn check_writable(record: &Exported, limit: Option<u64>) -> Result<(), Error> {
     let run = &record.run;
     let id = run.run_id.as_str();
-    crate::validate_run_id(id)?;
+    let refuse = |reason: String| Error::InvalidInput {
+        what: format!("the import of run {id:?}"),
+        reason: format!("{reason}; nothing was written"),
+    };
+    run.check().map_err(refuse)?;
+    if run.version > MAX_VERSION {
+        return Err(refuse(format!(
+            "its version {} is over the largest a store keeps exactly ({MAX_VERSION})",
+            run.version
+        )));
+    }
+    let history = record.history.as_deref().unwrap_or(&[]);
+    if history.len() as u64 > run.version {
+        return Err(refuse(format!(
+            "its version {} is below its {} history rows",
+            run.version,
+            history.len()
+        )));
+    }
+    if !history.is_empty() && !crate::ops::history_is_whole(run, history) {
+        return Err(refuse(format!(
+            "its {} history rows do not match its {} completed steps",
+            history.len(),
+            run.next
+        )));
+    }
+    let as_input = |e: StoreError| match e {
+        StoreError::InvalidInput(reason) => Error::InvalidInput {
+            what: format!("the import of run {id:?}"),
+            reason,
+        },
+        other => store_error(id, "checking the import", other),
+    };
+    crate::store::check_head(run).map_err(as_input)?;
+    crate::store::check_state(id, "the state", &run.state).map_err(as_input)?;
+    for r in history {
+        crate::store::check_state(id, &format!("step {}'s update", r.index), &r.update)
+            .map_err(as_input)?;
+    }
+    let Some(limit) = limit else {
+        return Ok(());
+    };
+    let too_large = |size: u64, when: String| {
+        refuse(format!(
+            "{when} is {size} bytes, over the store's limit of {limit} bytes"
+        ))
+    };
+    // The state as each save writes it: what the run started with, then
+    // each step's update merged in order, then the record's own.
+    let mut sizes = Sizes::default();
+    let written: std::collections::HashSet<&str> = history
+        .iter()
+        .flat_map(|r| r.update.keys().map(String::as_str))
+        .collect();
+    for (k, v) in run
+        .state
+        .iter()
+        .filter(|(k, _)| !written.contains(k.as_str()))
+    {
+        sizes.set(k, v);
+    }
+    for r in history {
+        for (k, v) in &r.update {
+            sizes.set(k, v);
+        }
+        if sizes.total() > limit {
+            return Err(too_large(
+                sizes.total(),
+                format!("its state after step {} ({})", r.index, r.name),
+            ));
+        }
+    }
+    let last = crate::store::state_size(&run.state);
+    if last > limit {
+        return Err(too_large(last, "its state".into()));
+    }
+    Ok(())
+}
+
+/// The serialized size of a state kept up to date as keys are set, without
+/// writing the whole state out each time.
+#[derive(Default)]
+struct Sizes<'a> {
+    entries: std::collections::HashMap<&'a str, u64>,
+    sum: u64,
+}
+
+impl<'a> Sizes<'a> {
+    fn set(&mut self, key: &'a str, value: &Value) {
+        let mut map = serde_json::Map::new();
+        map.insert(key.to_string(), value.clone());
+        // `{"k":v}` less its braces.
+        let size = crate::store::state_size(&map).saturating_sub(2);
+        if let Some(old) = self.entries.insert(key, size) {
+            self.sum -= old;
+        }
+        self.sum += size;
+    }
+
+    fn total(&self) -> u64 {
+        // Braces, and a comma between entries.
+        2 + self.sum + (self.entries.len() as u64).saturating_sub(1)
+    }
+}
+
+async fn put_once<S: Store + ?Sized>(
+    store: &S,
+    record: &Exported,
+    opts: &PutOptions,
+) -> Result<Put, Error> {
+    let run = &record.run;
+    let id = run.run_id.as_str();
     let existing = store
         .load(id)
         .await
         .map_err(|e| store_error(id, "load before import", e))?;
-    let outcome = match &existing {
-        Some(e) if e.version >= run.version && !half_written(e) => {
-            return Ok(Put::Kept { version: e.version })
-        }
-        Some(e) => {
-            store.delete_if(id, e.version).await.map_err(|err| {
-                store_error(id, "removal of the older version before import", err)
-            })?;
-            Put::Replaced { was: e.version }
-        }
-        None => Put::Written,
+    let Some(existing) = existing else {
+        write_record(store, record).await?;
+        return Ok(Put::Written);
     };
-    let history = record.history.as_deref().unwrap_or(&[]);
-    if history.len() as u64 > run.version {
-        return Err(Error::InvalidInput {
-            what: format!("the import of run {id:?}"),
-            reason: format!(
-                "its version {} is below its {} history rows; nothing was written",
-                run.version,
-                history.len()
-            ),
+    if existing.version >= run.version && !existing.being_built() {
+        return Ok(Put::Kept {
+            version: existing.version,
         });
     }
+    if !opts.force {
+        crate::ops::check_not_held(&existing, crate::engine::Runner::new(store).now())?;
+    }
+    // Read whole first: what cannot be written back is never deleted.
+    let old = export_run(store, id)
+        .await
+        .map_err(|e| Error::InvalidInput {
+            what: format!("the import of run {id:?}"),
+            reason: format!(
+                "the run there (version {}) cannot be read back whole, so it is not replaced: {}; nothing was written",
+                existing.version,
+                crate::error::chain(&e)
+            ),
+        })?;
+    let Some(old) = old.filter(|o| o.run.version == existing.version) else {
+        // It changed since it was looked at: look again.
+        return Err(conflict(id, existing.version));
+    };
+    match store.delete_if(id, old.run.version).await {
+        Ok(true) => {}
+        Ok(false) => return Err(conflict(id, old.run.version)),
+        Err(e) => {
+            return Err(store_error(
+                id,
+                "removal of the older version before import",
+                e,
+            ))
+        }
+    }
+    match write_record(store, record).await {
+        Ok(()) => Ok(Put::Replaced {
+            was: old.run.version,
+        }),
+        Err(e) => Err(restore(store, &old, e).await),
+    }
+}
+
+/// After writing a replacement failed (`failure`): puts the run that was
+/// there back as it was (removing what the failed write left), and says
+/// what happened.
+async fn restore<S: Store + ?Sized>(store: &S, old: &Exported, failure: Error) -> Error {
+    let id = old.run.run_id.as_str();
+    let mut back = Ok(());
+    for _ in 0..3 {
+        back = async {
+            if let Some(left) = store
+                .load(id)
+                .await
+                .map_err(|e| store_error(id, "load before putting the run back", e))?
+            {
+                store
+                    .delete_if(id, left.version)
+                    .await
+                    .map_err(|e| store_error(id, "removal of the unfinished import", e))?;
+            }
+            write_record(store, old).await
+        }
+        .await;
+        if back.is_ok() {
+            break;
+        }
+    }
+    let what = format!("the import of run {id:?}");
+    match back {
+        Ok(()) => Error::InvalidInput {
+            what,
+            reason: format!(
+                "writing it failed: {}; the run that was there (version {}) was put back as it was",
+                crate::error::chain(&failure),
+                old.run.version
+            ),
+        },
+        Err(again) => Error::InvalidInput {
+            what,
+            reason: format!(
+                "writing it failed: {}; and the run that was there (version {}) could not be put back: {}; import it again from a copy",
+                crate::error::chain(&failure),
+                old.run.version,
+                crate::error::chain(&again)
+            ),
+        },
+    }
+}
+
+fn conflict(id: &str, expected: u64) -> Error {
+    store_error(
+        id,
+        "import",
+        StoreError::Conflict {
+            run_id: id.to_string(),
+            expected: Some(expected),
+            found: None,
+        },
+    )
+}
+
+/// Writes `record` where no run of its id is: its history step by step
+/// under the building mark, then the record itself.
+async fn write_record<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<(), Error> {
+    let run = &record.run;
+    let id = run.run_id.as_str();
+    let history = record.history.as_deref().unwrap_or(&[]);
     let mut expected = None;
     if !history.is_empty() {
+        // Its age while it is written is when the writing began.
+        let now = crate::engine::Runner::new(store).now();
         let mut cp = Checkpoint::new(id, &run.workflow, run.created_at);
-        // Not runnable while it is written: a copy cut short leaves a run
-        // that says so, which copying again replaces.
-        cp.status = RunStatus::Cancelled;
-        cp.push_audit(crate::checkpoint::AuditEntry::new(
-            crate::checkpoint::AuditAction::Cancel {
-                was: RunStatus::Running,
-                reason: Some(HALF_WRITTEN.into()),
-            },
-            COPIER,
-            crate::Clock::now(&crate::SystemClock),
-        ));
+        cp.mark_building(COPY_MARK.into(), COPIER, now);
         // A pruned history starts at its fold row: the steps below it are
         // recorded by name only.
         let first = history[0].index;
@@ -349,7 +626,6 @@ async fn put_once<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<Put
             }
             cp.completed.push(run.completed[r.index].clone());
             cp.next += 1;
-            cp.updated_at = r.finished_at;
             cp.writer = fastrand::u64(1..);
             let v = store
                 .save(SaveRequest::new(&cp, expected).with_step(r))
@@ -363,7 +639,7 @@ async fn put_once<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<Put
         .save(req)
         .await
         .map_err(|e| store_error(id, "import of the record", e))?;
-    Ok(outcome)
+    Ok(())
 }
 
 /// [`put_run`] for each record, all at once (a store that groups
@@ -373,24 +649,17 @@ pub async fn put_runs<S: Store + ?Sized>(
     store: &S,
     records: &[Exported],
 ) -> Vec<Result<Put, Error>> {
-    futures_util::future::join_all(records.iter().map(|r| put_run(store, r))).await
+    put_runs_with(store, records, &PutOptions::default()).await
 }
 
-/// The reason of the mark a run being written carries.
-const HALF_WRITTEN: &str =
-    "being copied in: a copy or import that stopped here left it unfinished; run it again";
-
-/// Who marks a run being written.
-const COPIER: &str = "steadfast copy";
-
-/// Whether `cp` is a run that a copy or import left half written (it is
-/// replaced whatever its version).
-fn half_written(cp: &Checkpoint) -> bool {
-    cp.status == RunStatus::Cancelled
-        && cp.audit.last().is_some_and(|a| {
-            a.by == COPIER
-                && matches!(&a.action, crate::checkpoint::AuditAction::Cancel { reason: Some(r), .. } if r == HALF_WRITTEN)
-        })
+/// [`put_run_with`] for each record, all at once; the results in the
+/// records' order.
+pub async fn put_runs_with<S: Store + ?Sized>(
+    store: &S,
+    records: &[Exported],
+    opts: &PutOptions,
+) -> Vec<Result<Put, Error>> {
+    futures_util::future::join_all(records.iter().map(|r| put_run_with(store, r, opts))).await
 }
 
 /// What [`copy`] did.
@@ -418,6 +687,17 @@ const IN_FLIGHT: usize = 32;
 pub async fn copy<A: Store + ?Sized, B: Store + ?Sized>(
     from: &A,
     to: &B,
+    progress: impl FnMut(&CopyReport),
+) -> Result<CopyReport, Error> {
+    copy_with(from, to, &PutOptions::default(), progress).await
+}
+
+/// [`copy`] with options: with [`PutOptions::force`], a run that a live
+/// process holds in `to` is replaced by a newer one all the same.
+pub async fn copy_with<A: Store + ?Sized, B: Store + ?Sized>(
+    from: &A,
+    to: &B,
+    opts: &PutOptions,
     mut progress: impl FnMut(&CopyReport),
 ) -> Result<CopyReport, Error> {
     let mut report = CopyReport::default();
@@ -436,7 +716,7 @@ pub async fn copy<A: Store + ?Sized, B: Store + ?Sized>(
                 loop {
                     match export_run(from, &s.run_id).await {
                         Ok(None) => return Ok(None),
-                        Ok(Some(rec)) => return put_run(to, &rec).await.map(Some),
+                        Ok(Some(rec)) => return put_run_with(to, &rec, opts).await.map(Some),
                         Err(e) if e.is_conflict() && tries < 5 => tries += 1,
                         Err(e) => return Err(e),
                     }

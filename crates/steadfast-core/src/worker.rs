@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::task::JoinSet;
 
-use crate::checkpoint::{Checkpoint, Owner, RunStatus};
+use crate::checkpoint::{Checkpoint, Origin, Owner, RunStatus};
 use crate::durable::DurableCtx;
 use crate::engine::{store_error, Runner};
 use crate::error::Error;
@@ -142,9 +142,16 @@ impl Registry {
 }
 
 /// Records run `run_id` of `workflow` as `pending`, for a worker to pick up.
-/// Returns whether it was recorded now: a run id that already exists is left
-/// as it is (whatever its workflow or input) and is not an error, so that
-/// starting is safe to repeat.
+/// Returns whether it was recorded now: starting again with the same
+/// workflow and input finds it there and returns `false`, so that starting
+/// is safe to repeat.
+///
+/// A run of that id that exists with another workflow, or was started
+/// with another input, is refused with [`Error::InvalidInput`] and left
+/// as it is. `start` names the workflow only; [`start_listed`] also
+/// records the steps of a listed workflow, so that a worker or a `run`
+/// with other steps is refused before any step runs
+/// ([`Error::WorkflowChanged`]).
 ///
 /// `input` is the run's first state: for a listed workflow it must be a JSON
 /// object (or null, for none); a durable function reads it back with
@@ -157,11 +164,14 @@ impl Registry {
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// use serde_json::json;
-/// use steadfast_core::{start, MemoryStore, RunStatus, Store};
+/// use steadfast_core::{start, Error, MemoryStore, RunStatus, Store};
 ///
 /// let store = MemoryStore::new();
-/// assert!(start(&store, "ingest", "r1", json!({"url": "https://example.com"}), false).await?);
-/// assert!(!start(&store, "ingest", "r1", json!({}), false).await?);
+/// let input = json!({"url": "https://example.com"});
+/// assert!(start(&store, "ingest", "r1", input.clone(), false).await?);
+/// assert!(!start(&store, "ingest", "r1", input, false).await?);
+/// let other = start(&store, "ingest", "r1", json!({"url": "elsewhere"}), false).await;
+/// assert!(matches!(other, Err(Error::InvalidInput { .. })));
 /// assert_eq!(store.load("r1").await.unwrap().unwrap().status, RunStatus::Pending);
 /// # Ok::<(), steadfast_core::Error>(())
 /// # }).unwrap();
@@ -176,11 +186,75 @@ pub async fn start<S: Store + ?Sized>(
     input: Value,
     durable: bool,
 ) -> Result<bool, Error> {
+    start_run(store, workflow, None, run_id, input, durable).await
+}
+
+/// [`start`] for a listed workflow, recording its step names with the run:
+/// a worker or a `run` given the same workflow name with other steps
+/// refuses the run as changed code ([`Error::WorkflowChanged`], with the
+/// same override as for a run with completed steps), and a start of the
+/// same id with other steps is refused.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use serde_json::json;
+/// use steadfast_core::{run, start_listed, update, Error, MemoryStore, Workflow};
+///
+/// let wf = |steps: &[&str]| {
+///     let mut b = Workflow::builder("ingest");
+///     for s in steps {
+///         b = b.step(*s, |_, _| async { update(json!({})) });
+///     }
+///     b.build().unwrap()
+/// };
+/// let store = MemoryStore::new();
+/// assert!(start_listed(&store, &wf(&["fetch", "write"]), "r1", json!(null)).await?);
+/// // Other steps under the same name: refused, nothing runs.
+/// let other = run("r1", &wf(&["drop-tables"]), &store).await;
+/// assert!(matches!(other, Err(Error::WorkflowChanged { at: 0, .. })));
+/// assert!(run("r1", &wf(&["fetch", "write"]), &store).await?.completed().is_some());
+/// # Ok::<(), steadfast_core::Error>(())
+/// # }).unwrap();
+/// ```
+pub async fn start_listed<S: Store + ?Sized>(
+    store: &S,
+    workflow: &Workflow,
+    run_id: &str,
+    input: Value,
+) -> Result<bool, Error> {
+    let steps: Vec<&str> = workflow.step_names().collect();
+    start_run(store, workflow.name(), Some(&steps), run_id, input, false).await
+}
+
+/// [`start_listed`] by the workflow's name and its step names, for
+/// bindings that hold a workflow's definition without a [`Workflow`].
+pub async fn start_steps<S: Store + ?Sized>(
+    store: &S,
+    workflow: &str,
+    steps: &[&str],
+    run_id: &str,
+    input: Value,
+) -> Result<bool, Error> {
+    start_run(store, workflow, Some(steps), run_id, input, false).await
+}
+
+async fn start_run<S: Store + ?Sized>(
+    store: &S,
+    workflow: &str,
+    steps: Option<&[&str]>,
+    run_id: &str,
+    input: Value,
+    durable: bool,
+) -> Result<bool, Error> {
     validate_run_id(run_id)?;
     crate::ids::check_step_name(workflow).map_err(|reason| Error::InvalidWorkflow {
         workflow: workflow.to_string(),
         reason,
     })?;
+    let origin = match steps {
+        Some(names) => Origin::listed(names.iter().copied(), &input),
+        None => Origin::unlisted(&input),
+    };
     let state: State = match (durable, input) {
         (false, Value::Object(map)) => {
             if let Some(k) = RESERVED_KEYS.iter().find(|k| map.contains_key(**k)) {
@@ -216,11 +290,72 @@ pub async fn start<S: Store + ?Sized>(
     let mut cp = Checkpoint::new(run_id, workflow, now);
     cp.status = RunStatus::Pending;
     cp.state = state;
-    match store.save(SaveRequest::new(&cp, None)).await {
-        Ok(_) => Ok(true),
-        Err(e) if e.kind() == crate::StoreErrorKind::Conflict => Ok(false),
-        Err(e) => Err(store_error(run_id, "start", e)),
+    cp.origin = Some(origin.clone());
+    // A run deleted between a conflict and the look at it: start again.
+    for _ in 0..3 {
+        match store.save(SaveRequest::new(&cp, None)).await {
+            Ok(_) => return Ok(true),
+            Err(e) if e.kind() == crate::StoreErrorKind::Conflict => {
+                let existing = store
+                    .load(run_id)
+                    .await
+                    .map_err(|e| store_error(run_id, "load of the run that exists", e))?;
+                if let Some(existing) = existing {
+                    return same_start(&existing, workflow, &origin).map(|()| false);
+                }
+            }
+            Err(e) => return Err(store_error(run_id, "start", e)),
+        }
     }
+    Err(store_error(
+        run_id,
+        "start",
+        crate::StoreError::Conflict {
+            run_id: run_id.to_string(),
+            expected: None,
+            found: None,
+        },
+    ))
+}
+
+/// Refuses a start of `existing` with another workflow, other steps or
+/// another input than it was started with. A record without an origin
+/// (written before runs kept one) is compared by workflow name only.
+fn same_start(existing: &Checkpoint, workflow: &str, origin: &Origin) -> Result<(), Error> {
+    let refuse = |what: String| {
+        Error::InvalidInput {
+        what: format!("the start of run {:?}", existing.run_id),
+        reason: format!("it exists already with {what}; it was left as it is (start it under another id, or delete it first)"),
+    }
+    };
+    if existing.workflow != workflow {
+        return Err(refuse(format!(
+            "workflow {:?}, not {workflow:?}",
+            existing.workflow
+        )));
+    }
+    let Some(had) = &existing.origin else {
+        return Ok(());
+    };
+    if had.steps_sha256.is_some()
+        && origin.steps_sha256.is_some()
+        && had.steps_sha256 != origin.steps_sha256
+    {
+        return Err(refuse(format!(
+            "other steps ({} step(s), fingerprint {}; these are {} step(s), fingerprint {})",
+            had.steps.unwrap_or(0),
+            had.steps_sha256.as_deref().unwrap_or(""),
+            origin.steps.unwrap_or(0),
+            origin.steps_sha256.as_deref().unwrap_or("")
+        )));
+    }
+    if had.input_sha256 != origin.input_sha256 {
+        return Err(refuse(format!(
+            "another input (fingerprint {}; this one's is {})",
+            had.input_sha256, origin.input_sha256
+        )));
+    }
+    Ok(())
 }
 
 /// What a [`Worker`] did, returned when it stops.
@@ -235,8 +370,13 @@ pub struct WorkerReport {
     pub suspended: u64,
     /// Calls that failed (a step out of attempts, a store error).
     pub failed: u64,
-    /// Calls that found the run held by another worker, or lost it to one.
+    /// Calls that lost a run they held: another worker took it over (this
+    /// one was fenced out at a save or renewal), or it was deleted or
+    /// replaced underneath.
     pub lost: u64,
+    /// Calls that never had the run: another worker or process held it,
+    /// or claimed it first (two looked at it at once). Nothing ran.
+    pub missed: u64,
     /// Calls that found the run cancelled, or stopped because it was.
     pub cancelled: u64,
     /// Finished runs deleted by the worker's retention policy.
@@ -284,9 +424,14 @@ pub enum RunEnd {
     Suspended,
     /// A step ran out of attempts, or the store failed.
     Failed(Error),
-    /// Another worker holds the run, or took it over (this worker was fenced
-    /// out: its save or renewal was refused).
+    /// The worker held the run and lost it: another worker took it over
+    /// (this one was fenced out: its save or renewal was refused), or it
+    /// was deleted or replaced underneath ([`Error::Removed`]).
     Lost(Error),
+    /// The worker never had the run: another worker or process held it,
+    /// or claimed it first ([`Error::Held`], [`Error::ClaimLost`]).
+    /// Nothing ran; a normal race between workers, not a fault.
+    Missed(Error),
     /// The run was cancelled, before or during the call.
     Cancelled(Error),
 }
@@ -581,10 +726,13 @@ impl Worker {
                     Verdict::Suspended => report.suspended += 1,
                     Verdict::Failed => report.failed += 1,
                     Verdict::Lost => report.lost += 1,
+                    Verdict::Missed => report.missed += 1,
                     Verdict::Cancelled => report.cancelled += 1,
                 }
                 match verdict {
-                    Verdict::Failed | Verdict::Lost => state.back_off(run_id, self.poll),
+                    Verdict::Failed | Verdict::Lost | Verdict::Missed => {
+                        state.back_off(run_id, self.poll)
+                    }
                     _ => {
                         state.resting.remove(&run_id);
                     }
@@ -623,12 +771,16 @@ impl Worker {
         let end = match outcome {
             Ok(v) => v,
             Err(e @ Error::Cancelled { .. }) => RunEnd::Cancelled(e),
+            Err(e) if e.is_claim_missed() => RunEnd::Missed(e),
             Err(e) if e.is_held_elsewhere() => RunEnd::Lost(e),
             Err(e) => RunEnd::Failed(e),
         };
         match &end {
             RunEnd::Lost(e) => {
-                tracing::info!(run_id, error = %crate::error::chain(e), "another worker has this run")
+                tracing::info!(run_id, error = %crate::error::chain(e), "lost a run this worker held")
+            }
+            RunEnd::Missed(e) => {
+                tracing::debug!(run_id, error = %crate::error::chain(e), "another worker had this run first")
             }
             RunEnd::Failed(e) => {
                 tracing::warn!(run_id, error = %crate::error::chain(e), "run failed")
@@ -646,6 +798,7 @@ impl Worker {
             RunEnd::Suspended => Verdict::Suspended,
             RunEnd::Failed(_) => Verdict::Failed,
             RunEnd::Lost(_) => Verdict::Lost,
+            RunEnd::Missed(_) => Verdict::Missed,
             RunEnd::Cancelled(_) => Verdict::Cancelled,
         }
     }
@@ -697,6 +850,7 @@ enum Verdict {
     Suspended,
     Failed,
     Lost,
+    Missed,
     Cancelled,
 }
 

@@ -1227,6 +1227,10 @@ impl CosmosStore {
 
 #[async_trait]
 impl Store for CosmosStore {
+    fn max_state_bytes(&self) -> Option<u64> {
+        Some(self.shared.opts.max_state_bytes)
+    }
+
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         let loaded = self.load_full(run_id).await?;
         self.shared

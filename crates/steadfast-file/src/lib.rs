@@ -516,6 +516,10 @@ impl<F: Fs> FileStore<F> {
 
 #[async_trait]
 impl<F: Fs> Store for FileStore<F> {
+    fn max_state_bytes(&self) -> Option<u64> {
+        Some(self.inner.opts.max_state_bytes)
+    }
+
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         let run_id = run_id.to_string();
         self.blocking(None, move |inner| {

@@ -807,6 +807,10 @@ impl PgStore {
 
 #[async_trait]
 impl Store for PgStore {
+    fn max_state_bytes(&self) -> Option<u64> {
+        Some(self.shared.opts.max_state_bytes)
+    }
+
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         let client = self.client().await?;
         let ctx = || format!("loading run {run_id:?} from {}", self.shared.display);

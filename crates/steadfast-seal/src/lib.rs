@@ -314,10 +314,15 @@ impl Sealer<'_> {
             &lease[..],
             state_tag.as_bytes(),
         ]);
-        // The audit entries (cancel, retry, rewind, fork), when there are
-        // any: a head sealed before they existed has the same material.
+        // The audit entries (cancel, retry, rewind, fork) and the origin,
+        // when there are any: a head sealed before they existed has the
+        // same material.
         if !cp.audit.is_empty() {
             parts.push(&audit);
+        }
+        let origin = json_bytes(&cp.origin);
+        if cp.origin.is_some() {
+            parts.push(&origin);
         }
         aad(&parts)
     }
@@ -401,6 +406,10 @@ pub fn is_sealed_record(cp: &Checkpoint) -> bool {
 
 #[async_trait]
 impl Store for RefuseSealed {
+    fn max_state_bytes(&self) -> Option<u64> {
+        self.inner.max_state_bytes()
+    }
+
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         match self.inner.load(run_id).await? {
             Some(cp) if is_sealed_record(&cp) => Err(Self::refused(run_id)),
@@ -678,6 +687,7 @@ impl SealedStore {
         out.wait = cp.wait.clone();
         out.decisions = cp.decisions.clone();
         out.audit = cp.audit.clone();
+        out.origin = cp.origin.clone();
         for (i, d) in out.decisions.iter_mut().enumerate() {
             if let Some(data) = &d.data {
                 let plain = serde_json::to_vec(data).map_err(|e| {
@@ -917,6 +927,11 @@ impl SealedStore {
 
 #[async_trait]
 impl Store for SealedStore {
+    fn max_state_bytes(&self) -> Option<u64> {
+        self.max_state_bytes
+            .or_else(|| self.inner.max_state_bytes())
+    }
+
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         match self.inner.load(run_id).await? {
             Some(cp) => {

@@ -693,6 +693,10 @@ fn step_row(step: &StepRecord, run_id: &str) -> Result<StepRow, StoreError> {
 
 #[async_trait]
 impl Store for SqliteStore {
+    fn max_state_bytes(&self) -> Option<u64> {
+        Some(self.shared.opts.max_state_bytes)
+    }
+
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         let id = run_id.to_string();
         let loaded = self

@@ -1,7 +1,7 @@
 //! `steadfast copy --from URL --to URL`: every run from one store to another.
 
 use anyhow::Context;
-use steadfast::transfer::copy;
+use steadfast::transfer::{copy_with, PutOptions};
 
 use super::Failure;
 use crate::args::exit;
@@ -16,6 +16,11 @@ pub struct CopyArgs {
     /// The store to copy into (created if missing).
     #[arg(long)]
     pub to: String,
+    /// Replace an older version of a run in the destination even while a
+    /// live process holds it there (see `import --force`). Without it, a
+    /// held run stops the copy with exit code 3 (what was copied stays).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// Copies page by page, with progress on stderr. Records move as they are
@@ -31,7 +36,8 @@ pub async fn run(args: CopyArgs) -> Result<i32, Failure> {
     let to = steadfast::open_store(&args.to)
         .await
         .with_context(|| format!("cannot open the store {to_shown}"))?;
-    let report = copy(&*from, &*to, |r| {
+    let opts = PutOptions::default().force(args.force);
+    let report = copy_with(&*from, &*to, &opts, |r| {
         output::note(format_args!(
             "copy: {} written, {} replaced, {} already there",
             r.written, r.replaced, r.kept

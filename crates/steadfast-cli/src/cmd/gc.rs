@@ -84,7 +84,7 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
             "{}",
             serde_json::json!({"matched": report.matched, "deleted": report.deleted,
                                "changed": report.changed, "batches": report.batches,
-                               "dry_run": args.dry_run})
+                               "building": report.building, "dry_run": args.dry_run})
         );
     }
     output::note(format_args!(
@@ -94,5 +94,11 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
                 .saturating_sub(args.older_than.as_millis().min(u64::MAX as u128) as u64)
         )
     ));
+    if report.building > 0 {
+        output::note(format_args!(
+            "gc: left {} run(s) alone that a fork, a copy or an import is writing (or left unfinished)",
+            report.building
+        ));
+    }
     Ok(exit::OK)
 }

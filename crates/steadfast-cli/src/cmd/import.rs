@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 
 use anyhow::Context;
-use steadfast::transfer::{decode_line, put_runs, Put, MAX_LINE_BYTES};
+use steadfast::transfer::{decode_line, put_runs_with, Put, PutOptions, MAX_LINE_BYTES};
 
 use super::{usage, Ctx, Failure};
 use crate::args::exit;
@@ -15,6 +15,14 @@ use crate::output;
 pub struct ImportArgs {
     /// The export file (`-` for standard input).
     pub file: PathBuf,
+    /// Replace an older version of a run even while a live process holds
+    /// it. That process's running step goes on (its side effects happen)
+    /// but its result is never saved: its next save is refused and it
+    /// stops, saying the run was replaced; steps it did that the imported
+    /// record lacks run again. Without it, a held run stops the import
+    /// with exit code 3 (the runs before it stay imported).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// How many runs are written at once (stores that group writes commit
@@ -33,6 +41,7 @@ pub async fn run(args: ImportArgs, ctx: &Ctx) -> Result<i32, Failure> {
                 .with_context(|| format!("opening {}", args.file.display()))?,
         )
     };
+    let opts = PutOptions::default().force(args.force);
     let mut reader = BufReader::new(input);
     let mut lineno = 0usize;
     let mut batch: Vec<steadfast::transfer::Exported> = Vec::new();
@@ -44,7 +53,7 @@ pub async fn run(args: ImportArgs, ctx: &Ctx) -> Result<i32, Failure> {
             Ok(l) => l,
             Err(e) => {
                 // What came before the bad line is imported first.
-                flush(ctx, &mut batch, &mut counts).await?;
+                flush(ctx, &opts, &mut batch, &mut counts).await?;
                 return Err(e);
             }
         };
@@ -56,19 +65,19 @@ pub async fn run(args: ImportArgs, ctx: &Ctx) -> Result<i32, Failure> {
         let record = match decode_line(&text, lineno) {
             Ok(r) => r,
             Err(e) => {
-                flush(ctx, &mut batch, &mut counts).await?;
+                flush(ctx, &opts, &mut batch, &mut counts).await?;
                 return Err(usage(e.to_string()));
             }
         };
         // One run id twice in a batch would race with itself.
         if batch.iter().any(|b| b.run.run_id == record.run.run_id) {
-            flush(ctx, &mut batch, &mut counts).await?;
+            flush(ctx, &opts, &mut batch, &mut counts).await?;
             batch_bytes = 0;
         }
         batch_bytes += text.len();
         batch.push(record);
         if batch.len() >= IN_FLIGHT || batch_bytes >= MAX_LINE_BYTES {
-            flush(ctx, &mut batch, &mut counts).await?;
+            flush(ctx, &opts, &mut batch, &mut counts).await?;
             batch_bytes = 0;
             let total = counts.written + counts.replaced + counts.kept;
             if total % 1024 < IN_FLIGHT as u64 {
@@ -76,7 +85,7 @@ pub async fn run(args: ImportArgs, ctx: &Ctx) -> Result<i32, Failure> {
             }
         }
     }
-    flush(ctx, &mut batch, &mut counts).await?;
+    flush(ctx, &opts, &mut batch, &mut counts).await?;
     let Counts {
         written,
         replaced,
@@ -133,10 +142,11 @@ struct Counts {
 /// Writes the batch (all at once) and empties it.
 async fn flush(
     ctx: &Ctx,
+    opts: &PutOptions,
     batch: &mut Vec<steadfast::transfer::Exported>,
     counts: &mut Counts,
 ) -> Result<(), Failure> {
-    let done = put_runs(&*ctx.raw, batch).await;
+    let done = put_runs_with(&*ctx.raw, batch, opts).await;
     batch.clear();
     for d in done {
         match d? {

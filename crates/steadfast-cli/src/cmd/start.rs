@@ -12,7 +12,9 @@ use crate::{command, flow, output};
 pub struct StartArgs {
     /// The flow file (TOML); the run is recorded under its name.
     pub flow: PathBuf,
-    /// The run's id. Starting an id that exists changes nothing.
+    /// The run's id. Starting an id that exists with the same flow and
+    /// input changes nothing (exit 0); with another flow (name or steps)
+    /// or input it is refused with exit 2, and the run is left as it is.
     #[arg(long)]
     pub run_id: String,
     /// The run's first state: a JSON object.
@@ -20,7 +22,8 @@ pub struct StartArgs {
     pub input: Option<String>,
 }
 
-/// Records the run as pending; exit 0 whether it is new or already there.
+/// Records the run as pending; exit 0 whether it is new or already there
+/// as started the same way, 2 when it is there started otherwise.
 pub async fn run(args: StartArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let workflow = flow::load(&args.flow)?;
     let input = match &args.input {
@@ -29,8 +32,7 @@ pub async fn run(args: StartArgs, ctx: &Ctx) -> Result<i32, Failure> {
         }
         None => serde_json::Value::Null,
     };
-    let created =
-        steadfast::start(&*ctx.store, workflow.name(), &args.run_id, input, false).await?;
+    let created = steadfast::start_listed(&*ctx.store, &workflow, &args.run_id, input).await?;
     let id = output::shell_quote(&args.run_id);
     if created {
         output::note(format_args!(

@@ -119,11 +119,19 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
                 .cancel_grace(grace)
         })
         .on_run_end(|run_id, end| match end {
+            // Deleted or replaced underneath: the error says which.
+            RunEnd::Lost(e @ steadfast::Error::Removed { .. }) => output::note(format_args!(
+                "{}  lost: {}",
+                output::clean(run_id),
+                output::clean(&steadfast::error_chain(e))
+            )),
             RunEnd::Lost(e) => output::note(format_args!(
                 "{}  lost: another worker has the run ({})",
                 output::clean(run_id),
                 output::clean(&steadfast::error_chain(e))
             )),
+            // Another worker claimed it first: a normal race, counted, not
+            // printed (a debug line says it).
             RunEnd::Failed(e) => output::note(format_args!(
                 "{}  failed: {}",
                 output::clean(run_id),
@@ -139,8 +147,8 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
         .run(shutdown)
         .await?;
     output::note(format_args!(
-        "steadfast worker: stopped; {} taken, {} completed, {} waiting or sleeping, {} failed, {} held by others, {} cancelled, {} stopped mid-run",
-        report.taken, report.completed, report.suspended, report.failed, report.lost, report.cancelled, report.abandoned
+        "steadfast worker: stopped; {} taken, {} completed, {} waiting or sleeping, {} failed, {} held by others, {} claimed by others first, {} cancelled, {} stopped mid-run",
+        report.taken, report.completed, report.suspended, report.failed, report.lost, report.missed, report.cancelled, report.abandoned
     ));
     Ok(exit::OK)
 }
