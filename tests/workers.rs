@@ -107,8 +107,13 @@ fn two_workers_run_every_started_run_once() -> TestResult {
                     .await?
                 );
             }
-            // Starting again changes nothing.
-            assert!(!start(&*store, "three", "r00", json!({"i": 99}), false).await?);
+            // Starting again the same way changes nothing; with another
+            // input it is refused.
+            assert!(!start(&*store, "three", "r00", json!({"i": 0}), false).await?);
+            assert!(matches!(
+                start(&*store, "three", "r00", json!({"i": 99}), false).await,
+                Err(steadfast::Error::InvalidInput { .. })
+            ));
             let mut workers = Vec::new();
             let mut stops = Vec::new();
             for host in ["worker-a", "worker-b"] {

@@ -532,13 +532,37 @@ def test_show_and_history_shapes(store):
 
 def test_start_records_a_pending_run(store):
     assert steadfast.start(store, "alpha", "p1", {"k": 1}) is True
-    assert steadfast.start(store, "alpha", "p1", {"k": 2}) is False
+    assert steadfast.start(store, "alpha", "p1", {"k": 1}) is False
+    # The same id with another input or workflow: refused, left as it is.
+    with pytest.raises(steadfast.InvalidInput, match="another input"):
+        steadfast.start(store, "alpha", "p1", {"k": 2})
+    with pytest.raises(steadfast.InvalidInput, match='workflow "alpha"'):
+        steadfast.start(store, "beta", "p1", {"k": 1})
     (row,) = steadfast.runs(store, status="pending")
     assert (row["run_id"], row["workflow"]) == ("p1", "alpha")
     wf = steadfast.Workflow("alpha")
     wf.step("double", lambda ctx, state: {"k2": state["k"] * 2})
     out = steadfast.run("p1", wf, store)
     assert out.state["k2"] == 2
+
+
+def test_a_started_run_is_bound_to_its_steps(store):
+    five = steadfast.Workflow("agent")
+    for name in ["a", "b", "c"]:
+        five.step(name, lambda ctx, state, name=name: {name: 1})
+    other = steadfast.Workflow("agent")
+    ran = []
+    other.step("drop", lambda ctx, state: ran.append("drop") or {})
+    assert steadfast.start(store, five, "dup") is True
+    with pytest.raises(steadfast.InvalidInput, match="other steps"):
+        steadfast.start(store, other, "dup")
+    # Another workflow of the same name with other steps: refused before
+    # any step runs, even though no step has completed yet.
+    with pytest.raises(steadfast.WorkflowChanged, match="started with"):
+        steadfast.run("dup", other, store)
+    assert ran == []
+    assert steadfast.show(store, "dup")["status"] == "pending"
+    assert steadfast.run("dup", five, store).completed
 
 
 def test_changed_listed_workflow(store):

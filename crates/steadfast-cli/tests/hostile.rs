@@ -754,8 +754,9 @@ fn start_and_worker_refuse_bad_input_and_record_nothing() -> TestResult {
     Ok(())
 }
 
-/// Starting a run id that exists leaves it as it was, whatever workflow or
-/// input the second start names, and says so.
+/// Starting a run id that exists leaves it as it was: started the same way
+/// again it says so (exit 0), with another workflow or input it is refused
+/// (exit 2).
 #[test]
 fn starting_an_existing_run_changes_nothing() -> TestResult {
     let env = Env::new();
@@ -784,6 +785,17 @@ fn starting_an_existing_run_changes_nothing() -> TestResult {
         "r",
         "--input",
         "{\"x\": 2}",
+    ]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("exists already"), "{}", stderr(&out));
+    assert_eq!(env.show("r"), before);
+    let out = env.run(&[
+        "start",
+        one.to_str().unwrap(),
+        "--run-id",
+        "r",
+        "--input",
+        "{\"x\": 1}",
     ]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert!(stderr(&out).contains("already exists"), "{}", stderr(&out));

@@ -139,7 +139,7 @@ pub async fn a_refused_replacement_leaves_the_run_as_it_was(ts: TestStore) -> Ch
     let flaky = FaultyStore::new(Arc::clone(store), 1, Fault::LoseButReportUnknown);
     let failed = put_run(&flaky, &good).await;
     ensure!(
-        matches!(&failed, Err(Error::InvalidInput { reason, .. }) if reason.contains("was put back as it was")),
+        matches!(&failed, Err(e @ Error::Store { .. }) if steadfast_core::error_chain(e).contains("was put back as it was")),
         "a replacement that failed part way gave {failed:?}"
     );
     ensure!(

@@ -171,47 +171,39 @@ pub struct Checkpoint {
     /// oldest first; at most [`MAX_AUDIT_ENTRIES`], the oldest dropped.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub audit: Vec<AuditEntry>,
-    /// What the run was started with (its steps and its input), so that a
-    /// start of the same id with other ones, or a worker or a run with other
-    /// steps, is refused before any step has run. Records written before
-    /// it existed have none, and are taken to match.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// What a listed run was started with (its steps), so that a start of
+    /// the same id with other steps, or a worker or a run with other steps,
+    /// is refused before any step has run. Records written before it
+    /// existed, and durable functions, have none, and are taken to match.
     pub origin: Option<Origin>,
 }
 
-/// What a run was started with: fingerprints of its listed steps and of its
-/// input ([`Checkpoint::origin`]).
+/// What a listed run was started with: a fingerprint of its step names
+/// ([`Checkpoint::origin`]). Step names are no secret (the record lists the
+/// completed ones), so the fingerprint reveals nothing the record does not;
+/// the input is compared as the state keeps it, never fingerprinted.
 ///
 /// ```
-/// use serde_json::json;
 /// use steadfast_core::Origin;
-/// let a = Origin::listed(["fetch", "write"], &json!({"url": "x"}));
-/// assert_eq!(a, Origin::listed(["fetch", "write"], &json!({"url": "x"})));
-/// assert_ne!(a.steps_sha256, Origin::listed(["fetch", "review"], &json!({"url": "x"})).steps_sha256);
-/// assert_ne!(a.input_sha256, Origin::listed(["fetch", "write"], &json!({})).input_sha256);
-/// // A listed workflow's input `null` is no input, as `{}` is.
-/// assert_eq!(Origin::listed(["a"], &json!(null)), Origin::listed(["a"], &json!({})));
+/// let a = Origin::listed(["fetch", "write"]);
+/// assert_eq!(a, Origin::listed(["fetch", "write"]));
+/// assert_ne!(a, Origin::listed(["fetch", "review"]));
+/// assert_ne!(a, Origin::listed(["fetch"]));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Origin {
-    /// How many steps the listed workflow had; none for a durable function
-    /// (or a start that named no steps).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub steps: Option<usize>,
+    /// How many steps the workflow had.
+    pub steps: usize,
     /// A fingerprint of the step names, in order: the first 16 bytes of a
-    /// SHA-256, in hex.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub steps_sha256: Option<String>,
-    /// A fingerprint of the input written as JSON with its keys in order:
-    /// the first 16 bytes of a SHA-256, in hex.
-    pub input_sha256: String,
+    /// SHA-256 over each name with its length, in hex.
+    pub steps_sha256: String,
 }
 
 impl Origin {
-    /// The origin of a listed workflow with these step names, started with
-    /// `input` (`null` and `{}` alike: no input).
-    pub fn listed<'a>(steps: impl IntoIterator<Item = &'a str>, input: &serde_json::Value) -> Self {
+    /// The origin of a listed workflow with these step names.
+    pub fn listed<'a>(steps: impl IntoIterator<Item = &'a str>) -> Self {
+        use sha2::Digest as _;
         let mut hash = sha2::Sha256::new();
         let mut count = 0;
         for name in steps {
@@ -219,70 +211,15 @@ impl Origin {
             hash.update((name.len() as u64).to_le_bytes());
             hash.update(name.as_bytes());
         }
-        let input = match input {
-            serde_json::Value::Null => &serde_json::Value::Object(serde_json::Map::new()),
-            other => other,
-        };
         Origin {
-            steps: Some(count),
-            steps_sha256: Some(hex16(&hash.finalize())),
-            input_sha256: input_print(input),
+            steps: count,
+            steps_sha256: hash
+                .finalize()
+                .iter()
+                .take(16)
+                .map(|b| format!("{b:02x}"))
+                .collect(),
         }
-    }
-
-    /// The origin of a run whose steps are not listed (a durable function,
-    /// or a start by the workflow's name only), started with `input`.
-    pub fn unlisted(input: &serde_json::Value) -> Self {
-        Origin {
-            steps: None,
-            steps_sha256: None,
-            input_sha256: input_print(input),
-        }
-    }
-}
-
-use sha2::Digest as _;
-
-fn hex16(digest: &[u8]) -> String {
-    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
-}
-
-fn input_print(input: &serde_json::Value) -> String {
-    let mut hash = sha2::Sha256::new();
-    write_canonical(input, &mut hash);
-    hex16(&hash.finalize())
-}
-
-/// Feeds `v` to `hash` as JSON with every object's keys in order, whatever
-/// order the map keeps them in.
-fn write_canonical(v: &serde_json::Value, hash: &mut sha2::Sha256) {
-    use serde_json::Value;
-    match v {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            hash.update(b"{");
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    hash.update(b",");
-                }
-                hash.update(serde_json::to_string(k).unwrap_or_default().as_bytes());
-                hash.update(b":");
-                write_canonical(&map[k], hash);
-            }
-            hash.update(b"}");
-        }
-        Value::Array(items) => {
-            hash.update(b"[");
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    hash.update(b",");
-                }
-                write_canonical(item, hash);
-            }
-            hash.update(b"]");
-        }
-        other => hash.update(other.to_string().as_bytes()),
     }
 }
 

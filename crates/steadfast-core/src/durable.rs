@@ -264,11 +264,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
             .await
             .map_err(|e| store_error(run_id, "load", e))?;
         let (mut cp, expected) = match loaded {
-            None => {
-                let mut cp = Checkpoint::new(run_id, workflow, runner.now());
-                cp.origin = Some(crate::Origin::unlisted(&Value::Null));
-                (cp, None)
-            }
+            None => (Checkpoint::new(run_id, workflow, runner.now()), None),
             Some(cp) => {
                 let v = cp.version;
                 (cp, Some(v))

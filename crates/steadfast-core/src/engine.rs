@@ -200,8 +200,9 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// what is stored now: [`Error::Cancelled`] when it was cancelled;
     /// [`Error::Removed`] when a run this call had saved (`created_at` is
     /// when its record was created) was deleted, is being replaced by an
-    /// import or a copy, or was written anew; else the error as it was (an
-    /// owner that took the run over).
+    /// import or a copy, or was written anew with another creation time;
+    /// else the error as it was (an owner that took the run over, or a
+    /// copy of this very run's record).
     pub(crate) async fn explain_conflict(
         &self,
         run_id: &str,
@@ -225,20 +226,14 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         };
         match self.store.load(run_id).await {
             Ok(None) if fenced => removed(crate::Removal::Deleted),
-            Ok(Some(cp)) if fenced && cp.being_built() && cp.created_at != created_at => {
-                removed(crate::Removal::BeingReplaced)
-            }
+            Ok(Some(cp)) if fenced && cp.being_built() => removed(crate::Removal::BeingReplaced),
             Ok(Some(cp)) if cp.status == crate::RunStatus::Cancelled => crate::ops::cancelled(&cp),
-            // Written anew, or a copy of a record of this run: the record
-            // carries this call's own lease, which it did not save (it
-            // conflicted), or was created at another time.
-            Ok(Some(cp))
-                if fenced
-                    && (cp.created_at != created_at
-                        || cp.lease.as_ref().is_some_and(|l| {
-                            self.lease.as_ref().is_some_and(|(me, _)| l.owner == *me)
-                        })) =>
-            {
+            // Written anew: an owner that took the run over keeps its
+            // record, created when it was; a record written again (by an
+            // import or copy of another record, or a new run under its id)
+            // was created at another time. A copy of this run's own record
+            // cannot be told from a takeover, and stays a conflict.
+            Ok(Some(cp)) if fenced && cp.created_at != created_at => {
                 removed(crate::Removal::Replaced)
             }
             _ => e,
@@ -299,13 +294,12 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         // Before any step has run, the steps the run was started with are
         // what binds it to its code.
         let started_with = cp.origin.as_ref().filter(|_| cp.next == 0).and_then(|o| {
-            let now = crate::Origin::listed(given.iter().copied(), &serde_json::Value::Null);
-            (o.steps_sha256.is_some() && o.steps_sha256 != now.steps_sha256).then(|| {
+            let now = crate::Origin::listed(given.iter().copied());
+            (*o != now).then(|| {
                 (
                     format!(
                         "the {} step(s) it was started with (fingerprint {})",
-                        o.steps.unwrap_or(0),
-                        o.steps_sha256.as_deref().unwrap_or("")
+                        o.steps, o.steps_sha256
                     ),
                     now,
                 )
@@ -327,7 +321,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                     "{} step(s): {} (fingerprint {})",
                     given.len(),
                     crate::ids::preview(&given.join(", ")),
-                    now.steps_sha256.as_deref().unwrap_or("")
+                    now.steps_sha256
                 )),
             })
         } else {
@@ -346,9 +340,8 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             Some(_) => {
                 tracing::warn!(run_id = %cp.run_id, "resuming a run recorded by different code, as asked");
                 cp.workflow = workflow.name().to_string();
-                if let (Some(origin), Some((_, now))) = (&mut cp.origin, started_with) {
-                    origin.steps = now.steps;
-                    origin.steps_sha256 = now.steps_sha256;
+                if let Some((_, now)) = started_with {
+                    cp.origin = Some(now);
                 }
                 let done = cp.next.min(given.len());
                 cp.completed = given[..done].iter().map(|s| s.to_string()).collect();

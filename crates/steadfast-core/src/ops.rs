@@ -177,6 +177,7 @@ pub async fn rewind<S: Store + ?Sized>(
     for _ in 0..10 {
         let mut cp = load(store, run_id, "rewind").await?;
         check_not_held(&cp, clock.now())?;
+        check_not_building(&cp, "rewind")?;
         let at = step_index(&cp, to, "rewind")?;
         let history = full_history(store, &cp, "rewind").await?;
         check_nameable(&cp, &history, at, "rewind")?;
@@ -266,6 +267,8 @@ pub async fn fork<S: Store + ?Sized>(
     check_nameable(&original, &history, index, "fork")?;
     let now = clock.now();
     let mut cp = Checkpoint::new(new_id, &original.workflow, now);
+    // Started with what the original was started with.
+    cp.origin = original.origin.clone();
     // A pruned history starts at its fold row: the steps below it are
     // recorded by name only.
     let first = history.first().map_or(0, |r| r.index).min(index);
@@ -352,7 +355,9 @@ pub async fn fork<S: Store + ?Sized>(
 ///
 /// What `force` costs: the holder's step that is running goes on (its side
 /// effects happen), but its result is never saved; the holder's next save
-/// is refused and it stops, saying the run was deleted.
+/// is refused and it stops, saying the run was deleted. A forced delete does
+/// not read the run first, so a run that cannot be loaded (damaged, or
+/// sealed with a key that is gone) is deleted too.
 ///
 /// The run is deleted on condition of the version that was looked at
 /// ([`Store::delete_if`]), so that a run claimed meanwhile is looked at
@@ -364,18 +369,27 @@ pub async fn delete<S: Store + ?Sized>(
     clock: &dyn Clock,
 ) -> Result<bool, Error> {
     crate::validate_run_id(run_id)?;
+    if force {
+        // Unread: a run that cannot be loaded (damaged, or sealed with a
+        // key that is gone) can still be deleted.
+        return store
+            .delete(run_id)
+            .await
+            .map_err(|e| store_error(run_id, "delete", e));
+    }
     let mut contended = None;
     for _ in 0..10 {
-        let Some(cp) = store
-            .load(run_id)
-            .await
-            .map_err(|e| store_error(run_id, "load for the delete", e))?
+        let Some(cp) = store.load(run_id).await.map_err(|e| {
+            store_error(
+                run_id,
+                "load to check that no live process holds the run (--force deletes it unread)",
+                e,
+            )
+        })?
         else {
             return Ok(false);
         };
-        if !force {
-            check_not_held(&cp, clock.now())?;
-        }
+        check_not_held(&cp, clock.now())?;
         match store.delete_if(run_id, cp.version).await {
             Ok(existed) => return Ok(existed),
             Err(e) if e.kind() == StoreErrorKind::Conflict => contended = Some(e),

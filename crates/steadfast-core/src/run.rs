@@ -79,10 +79,7 @@ impl<S: Store + ?Sized> Runner<'_, S> {
         let (cp, expected, relabelled) = match loaded {
             None => {
                 let mut cp = Checkpoint::new(run_id, workflow.name(), self.now());
-                cp.origin = Some(crate::Origin::listed(
-                    workflow.step_names(),
-                    &serde_json::Value::Null,
-                ));
+                cp.origin = Some(crate::Origin::listed(workflow.step_names()));
                 (cp, None, false)
             }
             Some(cp) => {

@@ -173,7 +173,13 @@ pub fn decode_line(line: &str, lineno: usize) -> Result<Exported, Error> {
     let mut de = serde_json::Deserializer::from_str(text);
     let mut record: Exported = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let inner = e.inner().to_string();
-        if inner.contains("floating point") && inner.contains("expected u") {
+        // An integer past 2^64 reads as a float, which a count refuses.
+        let huge = inner
+            .split_once("floating point `")
+            .and_then(|(_, rest)| rest.split_once('`'))
+            .and_then(|(n, _)| n.parse::<f64>().ok())
+            .is_some_and(|n| n.fract() == 0.0 && n.abs() >= u64::MAX as f64);
+        if huge {
             bad(format!(
                 "at `{}`: the number is too large for this field ({inner})",
                 e.path()
@@ -488,7 +494,7 @@ async fn put_once<S: Store + ?Sized>(
         .await
         .map_err(|e| store_error(id, "load before import", e))?;
     let Some(existing) = existing else {
-        write_record(store, record).await?;
+        write_record(store, record).await.map_err(|f| f.error)?;
         return Ok(Put::Written);
     };
     if existing.version >= run.version && !existing.being_built() {
@@ -500,20 +506,41 @@ async fn put_once<S: Store + ?Sized>(
         crate::ops::check_not_held(&existing, crate::engine::Runner::new(store).now())?;
     }
     // Read whole first: what cannot be written back is never deleted.
-    let old = export_run(store, id)
-        .await
-        .map_err(|e| Error::InvalidInput {
+    let old = match export_run(store, id).await {
+        Ok(Some(old)) if old.run.version == existing.version => old,
+        // It changed or went since it was looked at: look again.
+        Ok(_) => return Err(conflict(id, existing.version)),
+        Err(e) if e.is_conflict() => {
+            // The record and its history disagreed: another writer between
+            // the two reads (look again), or, at the same version, a
+            // history that does not match its record.
+            let now = store.load(id).await.ok().flatten().map(|c| c.version);
+            if now != Some(existing.version) {
+                return Err(e);
+            }
+            return Err(not_replaced(
+                id,
+                existing.version,
+                StoreError::Corrupt {
+                    location: format!("the history of run {id:?}"),
+                    reason: "its rows do not match its record's completed steps".into(),
+                },
+            ));
+        }
+        Err(Error::Store { source, .. }) => return Err(not_replaced(id, existing.version, source)),
+        Err(e) => return Err(e),
+    };
+    // And it must be writable as it is, should it have to be put back.
+    if let Err(e) = check_writable(&old, store.max_state_bytes()) {
+        return Err(Error::InvalidInput {
             what: format!("the import of run {id:?}"),
             reason: format!(
-                "the run there (version {}) cannot be read back whole, so it is not replaced: {}; nothing was written",
-                existing.version,
+                "the run there (version {}) could not be written back if writing its replacement failed ({}), so it is not replaced; nothing was written",
+                old.run.version,
                 crate::error::chain(&e)
             ),
-        })?;
-    let Some(old) = old.filter(|o| o.run.version == existing.version) else {
-        // It changed since it was looked at: look again.
-        return Err(conflict(id, existing.version));
-    };
+        });
+    }
     match store.delete_if(id, old.run.version).await {
         Ok(true) => {}
         Ok(false) => return Err(conflict(id, old.run.version)),
@@ -529,54 +556,81 @@ async fn put_once<S: Store + ?Sized>(
         Ok(()) => Ok(Put::Replaced {
             was: old.run.version,
         }),
-        Err(e) => Err(restore(store, &old, e).await),
+        // Another writer took the id meanwhile (another import of it, a
+        // start): what is there is theirs, and the put looks again.
+        Err(f) if f.error.is_conflict() => Err(f.error),
+        Err(f) => Err(restore(store, &old, f).await),
     }
 }
 
-/// After writing a replacement failed (`failure`): puts the run that was
-/// there back as it was (removing what the failed write left), and says
-/// what happened.
-async fn restore<S: Store + ?Sized>(store: &S, old: &Exported, failure: Error) -> Error {
+/// The error for a run there that cannot be read back whole: it is not
+/// replaced.
+fn not_replaced(id: &str, version: u64, source: StoreError) -> Error {
+    store_error(
+        id,
+        &format!(
+            "reading the run there (version {version}) whole before replacing it (it is not replaced; nothing was written)"
+        ),
+        source,
+    )
+}
+
+/// After writing a replacement failed: puts the run that was there back as
+/// it was, removing only what this write left (its own half-written run,
+/// at the version it last wrote), and says what happened.
+async fn restore<S: Store + ?Sized>(store: &S, old: &Exported, failed: Unwritten) -> Error {
     let id = old.run.run_id.as_str();
-    let mut back = Ok(());
-    for _ in 0..3 {
-        back = async {
-            if let Some(left) = store
-                .load(id)
-                .await
-                .map_err(|e| store_error(id, "load before putting the run back", e))?
-            {
+    let back: Result<(), Error> = async {
+        let left = store
+            .load(id)
+            .await
+            .map_err(|e| store_error(id, "load before putting the run back", e))?;
+        match left {
+            None => {}
+            Some(cp) if Some((cp.version, cp.writer)) == failed.last => {
                 store
-                    .delete_if(id, left.version)
+                    .delete_if(id, cp.version)
                     .await
                     .map_err(|e| store_error(id, "removal of the unfinished import", e))?;
             }
-            write_record(store, old).await
+            Some(cp) => {
+                return Err(store_error(
+                    id,
+                    "putting the run back",
+                    StoreError::Conflict {
+                        run_id: id.to_string(),
+                        expected: failed.last.map(|(v, _)| v),
+                        found: Some(cp.version),
+                    },
+                ))
+            }
         }
-        .await;
-        if back.is_ok() {
-            break;
-        }
+        write_record(store, old).await.map_err(|f| f.error)
     }
-    let what = format!("the import of run {id:?}");
+    .await;
+    let cause = crate::error::chain(&failed.error);
+    let source = match failed.error {
+        Error::Store { source, .. } => source,
+        other => StoreError::backend(StoreErrorKind::Unavailable, crate::error::chain(&other)),
+    };
     match back {
-        Ok(()) => Error::InvalidInput {
-            what,
-            reason: format!(
-                "writing it failed: {}; the run that was there (version {}) was put back as it was",
-                crate::error::chain(&failure),
+        Ok(()) => store_error(
+            id,
+            &format!(
+                "import (writing it failed; the run that was there, version {}, was put back as it was)",
                 old.run.version
             ),
-        },
-        Err(again) => Error::InvalidInput {
-            what,
-            reason: format!(
-                "writing it failed: {}; and the run that was there (version {}) could not be put back: {}; import it again from a copy",
-                crate::error::chain(&failure),
+            source,
+        ),
+        Err(again) => store_error(
+            id,
+            &format!(
+                "import (writing it failed: {cause}; the run that was there, version {}, could not be put back: {}; it is lost from this store unless it is imported again from a copy)",
                 old.run.version,
                 crate::error::chain(&again)
             ),
-        },
+            source,
+        ),
     }
 }
 
@@ -592,13 +646,21 @@ fn conflict(id: &str, expected: u64) -> Error {
     )
 }
 
+/// A [`write_record`] that failed: why, and the version and writer number
+/// of its last save that landed (none: it wrote nothing).
+struct Unwritten {
+    error: Error,
+    last: Option<(u64, u64)>,
+}
+
 /// Writes `record` where no run of its id is: its history step by step
 /// under the building mark, then the record itself.
-async fn write_record<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<(), Error> {
+async fn write_record<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<(), Unwritten> {
     let run = &record.run;
     let id = run.run_id.as_str();
     let history = record.history.as_deref().unwrap_or(&[]);
-    let mut expected = None;
+    let mut last: Option<(u64, u64)> = None;
+    let fail = |error: Error, last| Unwritten { error, last };
     if !history.is_empty() {
         // Its age while it is written is when the writing began.
         let now = crate::engine::Runner::new(store).now();
@@ -627,19 +689,40 @@ async fn write_record<S: Store + ?Sized>(store: &S, record: &Exported) -> Result
             cp.completed.push(run.completed[r.index].clone());
             cp.next += 1;
             cp.writer = fastrand::u64(1..);
-            let v = store
-                .save(SaveRequest::new(&cp, expected).with_step(r))
-                .await
-                .map_err(|e| store_error(id, &format!("import of step {}", r.index), e))?;
-            expected = Some(v);
+            let v = save_known(
+                store,
+                SaveRequest::new(&cp, last.map(|(v, _)| v)).with_step(r),
+            )
+            .await
+            .map_err(|e| {
+                fail(
+                    store_error(id, &format!("import of step {}", r.index), e),
+                    last,
+                )
+            })?;
+            last = Some((v, cp.writer));
         }
     }
-    let req = SaveRequest::new(run, expected).writing_version(run.version);
-    store
-        .save(req)
+    let req = SaveRequest::new(run, last.map(|(v, _)| v)).writing_version(run.version);
+    save_known(store, req)
         .await
-        .map_err(|e| store_error(id, "import of the record", e))?;
+        .map_err(|e| fail(store_error(id, "import of the record", e), last))?;
     Ok(())
+}
+
+/// Saves; after an error that leaves the outcome open, looks at the store
+/// and recognises the save by its version and writer number.
+async fn save_known<S: Store + ?Sized>(store: &S, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+    let (version, writer) = (req.new_version(), req.checkpoint.writer);
+    match store.save(req).await {
+        Err(e) if e.kind() == StoreErrorKind::OutcomeUnknown => {
+            match store.load(&req.checkpoint.run_id).await {
+                Ok(Some(s)) if s.version == version && s.writer == writer => Ok(version),
+                _ => Err(e),
+            }
+        }
+        done => done,
+    }
 }
 
 /// [`put_run`] for each record, all at once (a store that groups
@@ -734,4 +817,50 @@ pub async fn copy_with<A: Store + ?Sized, B: Store + ?Sized>(
         progress(&report);
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A line whose record text is intact (its checksum matches the text)
+    /// but whose version is past 2^64 says that the number is too large,
+    /// where it is, not that the checksum fails; a float where a count
+    /// belongs is refused without that claim.
+    #[test]
+    fn a_version_past_64_bits_is_too_large_not_a_bad_checksum() {
+        let mut cp = Checkpoint::new("r", "wf", crate::Timestamp::EPOCH);
+        cp.version = 7;
+        let line = encode_line(&Exported::new(cp, None)).unwrap();
+        let line: Value = serde_json::from_str(&line).unwrap();
+        let record = serde_json::to_string(&line["record"]).unwrap();
+        for (number, says) in [
+            ("18446744073709551616", "too large"),
+            ("1e300", "too large"),
+            ("7.5", "floating point"),
+        ] {
+            let text = record.replace("\"version\":7", &format!("\"version\":{number}"));
+            assert_ne!(text, record);
+            let crafted = format!(
+                "{{\"format\":1,\"sha256\":\"{}\",\"record\":{text}}}",
+                text_digest(text.as_bytes())
+            );
+            let err = decode_line(&crafted, 3).unwrap_err().to_string();
+            assert!(err.contains("line 3"), "{err}");
+            assert!(err.contains("run.version"), "{err}");
+            assert!(err.contains(says), "{number}: {err}");
+            assert!(!err.contains("checksum"), "{number}: {err}");
+            if number == "7.5" {
+                assert!(!err.contains("too large"), "{err}");
+            }
+        }
+        // Changed after the checksum was taken: the checksum says so.
+        let text = record.replace("\"version\":7", "\"version\":8");
+        let crafted = format!(
+            "{{\"format\":1,\"sha256\":\"{}\",\"record\":{text}}}",
+            text_digest(record.as_bytes())
+        );
+        let err = decode_line(&crafted, 1).unwrap_err().to_string();
+        assert!(err.contains("checksum"), "{err}");
+    }
 }

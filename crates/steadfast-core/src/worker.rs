@@ -251,10 +251,8 @@ async fn start_run<S: Store + ?Sized>(
         workflow: workflow.to_string(),
         reason,
     })?;
-    let origin = match steps {
-        Some(names) => Origin::listed(names.iter().copied(), &input),
-        None => Origin::unlisted(&input),
-    };
+    let origin = steps.map(|names| Origin::listed(names.iter().copied()));
+    let given = input_of(&input, durable);
     let state: State = match (durable, input) {
         (false, Value::Object(map)) => {
             if let Some(k) = RESERVED_KEYS.iter().find(|k| map.contains_key(**k)) {
@@ -290,7 +288,7 @@ async fn start_run<S: Store + ?Sized>(
     let mut cp = Checkpoint::new(run_id, workflow, now);
     cp.status = RunStatus::Pending;
     cp.state = state;
-    cp.origin = Some(origin.clone());
+    cp.origin = origin.clone();
     // A run deleted between a conflict and the look at it: start again.
     for _ in 0..3 {
         match store.save(SaveRequest::new(&cp, None)).await {
@@ -301,7 +299,8 @@ async fn start_run<S: Store + ?Sized>(
                     .await
                     .map_err(|e| store_error(run_id, "load of the run that exists", e))?;
                 if let Some(existing) = existing {
-                    return same_start(&existing, workflow, &origin).map(|()| false);
+                    return same_start(&existing, workflow, origin.as_ref(), &given, durable)
+                        .map(|()| false);
                 }
             }
             Err(e) => return Err(store_error(run_id, "start", e)),
@@ -318,10 +317,38 @@ async fn start_run<S: Store + ?Sized>(
     ))
 }
 
+/// The input a run was started with, as its state keeps it: a durable
+/// function's under [`INPUT_KEY`] (none: `null`), a listed workflow's whole
+/// under [`START_KEY`] (none: it started with none, `{}`).
+fn recorded_input(cp: &Checkpoint, durable: bool) -> Value {
+    let (key, none) = if durable {
+        (INPUT_KEY, Value::Null)
+    } else {
+        (START_KEY, Value::Object(Default::default()))
+    };
+    cp.state.get(key).cloned().unwrap_or(none)
+}
+
+/// `input` as [`recorded_input`] reads it back: a listed workflow's `null`
+/// is no input, `{}`.
+fn input_of(input: &Value, durable: bool) -> Value {
+    match input {
+        Value::Null if !durable => Value::Object(Default::default()),
+        other => other.clone(),
+    }
+}
+
 /// Refuses a start of `existing` with another workflow, other steps or
-/// another input than it was started with. A record without an origin
-/// (written before runs kept one) is compared by workflow name only.
-fn same_start(existing: &Checkpoint, workflow: &str, origin: &Origin) -> Result<(), Error> {
+/// another input than it was started with. Steps are compared when both
+/// starts named them (a record written before runs kept an origin names
+/// none).
+fn same_start(
+    existing: &Checkpoint,
+    workflow: &str,
+    origin: Option<&Origin>,
+    input: &Value,
+    durable: bool,
+) -> Result<(), Error> {
     let refuse = |what: String| {
         Error::InvalidInput {
         what: format!("the start of run {:?}", existing.run_id),
@@ -334,26 +361,16 @@ fn same_start(existing: &Checkpoint, workflow: &str, origin: &Origin) -> Result<
             existing.workflow
         )));
     }
-    let Some(had) = &existing.origin else {
-        return Ok(());
-    };
-    if had.steps_sha256.is_some()
-        && origin.steps_sha256.is_some()
-        && had.steps_sha256 != origin.steps_sha256
-    {
-        return Err(refuse(format!(
-            "other steps ({} step(s), fingerprint {}; these are {} step(s), fingerprint {})",
-            had.steps.unwrap_or(0),
-            had.steps_sha256.as_deref().unwrap_or(""),
-            origin.steps.unwrap_or(0),
-            origin.steps_sha256.as_deref().unwrap_or("")
-        )));
+    if let (Some(had), Some(now)) = (&existing.origin, origin) {
+        if had != now {
+            return Err(refuse(format!(
+                "other steps ({} step(s), fingerprint {}; these are {} step(s), fingerprint {})",
+                had.steps, had.steps_sha256, now.steps, now.steps_sha256
+            )));
+        }
     }
-    if had.input_sha256 != origin.input_sha256 {
-        return Err(refuse(format!(
-            "another input (fingerprint {}; this one's is {})",
-            had.input_sha256, origin.input_sha256
-        )));
+    if recorded_input(existing, durable) != *input {
+        return Err(refuse("another input".into()));
     }
     Ok(())
 }

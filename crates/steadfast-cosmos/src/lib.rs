@@ -1776,7 +1776,7 @@ mod tests {
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         let e = read(&key).unwrap_err();
         assert!(
-            e.contains("read by others") && !e.contains("c2VjcmV0"),
+            e.contains("read or changed by others") && !e.contains("c2VjcmV0"),
             "{e}"
         );
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");

@@ -927,14 +927,26 @@ impl SealedStore {
 
 #[async_trait]
 impl Store for SealedStore {
+    /// Its own limit on the plain state, if it has one: the store under it
+    /// limits the sealed state, which is larger, so that limit is not this
+    /// store's.
     fn max_state_bytes(&self) -> Option<u64> {
         self.max_state_bytes
-            .or_else(|| self.inner.max_state_bytes())
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         match self.inner.load(run_id).await? {
             Some(cp) => {
+                // A version this store neither wrote nor read before: its
+                // history rows are opened too, so that a row moved from
+                // another run or step is Corrupt here, before a run goes
+                // on (or a gate is decided) on top of a history that could
+                // never be shown or exported again.
+                let verify_rows = cp.next > 0
+                    && !self
+                        .known
+                        .get(run_id)
+                        .is_some_and(|k| k.version == cp.version);
                 let tag = cp
                     .state
                     .get(SEAL_KEY)
@@ -943,6 +955,13 @@ impl Store for SealedStore {
                 let version = cp.version;
                 let sealed_state = cp.state.clone();
                 let opened = self.unseal(cp)?;
+                if verify_rows {
+                    match self.history(run_id).await {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == StoreErrorKind::Unsupported => {}
+                        Err(e) => return Err(e),
+                    }
+                }
                 self.tags.set(run_id, tag.map(|t| (version, t)));
                 let values = opened
                     .state

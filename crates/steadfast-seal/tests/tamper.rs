@@ -305,6 +305,71 @@ async fn history_records_are_bound_to_their_step() -> TestResult {
     Ok(())
 }
 
+/// A run whose sealed history row does not open (moved from another step
+/// by hand) is Corrupt to `approve` and to `run` too, as it is to
+/// `history`: neither decides its gate nor completes it on top of a history
+/// that could never be shown or exported again, and nothing is written.
+#[tokio::test]
+async fn approve_and_run_refuse_a_run_whose_history_row_was_moved() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    let open = || -> Result<SealedStore, Box<dyn std::error::Error>> {
+        let sqlite = steadfast_sqlite::SqliteStore::open(&path)?;
+        Ok(SealedStore::new(
+            Arc::new(sqlite),
+            keys(&format!("k1:{K1}")),
+        ))
+    };
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"secret": "s-1"})) })
+        .step("b", |_, _| async { update(json!({"secret": "s-2"})) })
+        .push(Step::gate("g"))
+        .step("c", |_, _| async { update(json!({"n": 3})) })
+        .build()?;
+    let store = open()?;
+    let waiting = run("r", &wf, &store).await?;
+    assert!(
+        matches!(waiting, steadfast_core::Outcome::Waiting { .. }),
+        "{waiting:?}"
+    );
+    drop(store);
+    let conn = rusqlite::Connection::open(&path)?;
+    conn.execute(
+        "UPDATE steps SET update_json = (SELECT update_json FROM steps WHERE run_id = 'r' AND idx = 0) WHERE run_id = 'r' AND idx = 1",
+        [],
+    )?;
+    let raw_before: String = conn.query_row(
+        "SELECT version || head FROM runs WHERE run_id = 'r'",
+        [],
+        |row| row.get(0),
+    )?;
+    drop(conn);
+
+    let store = open()?;
+    let err = approve(&store, "r", "g", None, "ada", &SystemClock)
+        .await
+        .unwrap_err();
+    let text = error_chain(&err);
+    assert!(
+        text.contains("corrupt") && text.contains("step 1"),
+        "{text}"
+    );
+    let err = run("r", &wf, &store).await.unwrap_err();
+    let text = error_chain(&err);
+    assert!(
+        text.contains("corrupt") && text.contains("step 1"),
+        "{text}"
+    );
+    let conn = rusqlite::Connection::open(&path)?;
+    let raw_after: String = conn.query_row(
+        "SELECT version || head FROM runs WHERE run_id = 'r'",
+        [],
+        |row| row.get(0),
+    )?;
+    assert_eq!(raw_after, raw_before, "nothing was written");
+    Ok(())
+}
+
 #[test]
 fn key_files_must_be_private_and_errors_never_show_keys() {
     use std::os::unix::fs::PermissionsExt;

@@ -23,7 +23,8 @@ pub struct DeleteArgs {
 /// refused (exit 3) unless forced.
 pub async fn run(args: DeleteArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let id = args.id.as_str();
-    let existed = steadfast::ops::delete(&*ctx.store, id, args.force, &*ctx.clock())
+    // The raw store: the lease is in the head, readable without the key.
+    let existed = steadfast::ops::delete(&*ctx.raw, id, args.force, &*ctx.clock())
         .await
         .with_context(|| format!("deleting run {id:?}"))?;
     if !existed {

@@ -60,7 +60,9 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
         "deleted"
     };
     let dry = args.dry_run;
-    let report = collect(&*ctx.store, &policy, now, |r| {
+    // The raw store: retention reads heads only, which sealed runs keep
+    // readable without the key.
+    let report = collect(&*ctx.raw, &policy, now, |r| {
         if dry {
             output::note(format_args!(
                 "gc: batch {}: {} run(s) would be deleted so far",

@@ -90,6 +90,7 @@ pub async fn run(args: ImportArgs, ctx: &Ctx) -> Result<i32, Failure> {
         written,
         replaced,
         kept,
+        ..
     } = counts;
     output::note(format_args!(
         "import: {written} written, {replaced} replaced an older version, {kept} already there (same or newer version, kept)"
@@ -137,9 +138,13 @@ struct Counts {
     written: u64,
     replaced: u64,
     kept: u64,
+    /// Runs of the last batch that could not be imported.
+    failed: Vec<String>,
 }
 
-/// Writes the batch (all at once) and empties it.
+/// Writes the batch (all at once) and empties it. When a run of it fails,
+/// the others were written all the same: the counts say so before the
+/// first failure is returned.
 async fn flush(
     ctx: &Ctx,
     opts: &PutOptions,
@@ -147,14 +152,35 @@ async fn flush(
     counts: &mut Counts,
 ) -> Result<(), Failure> {
     let done = put_runs_with(&*ctx.raw, batch, opts).await;
-    batch.clear();
-    for d in done {
-        match d? {
-            Put::Written => counts.written += 1,
-            Put::Replaced { .. } => counts.replaced += 1,
-            Put::Kept { .. } => counts.kept += 1,
-            _ => {}
+    let mut first = None;
+    for (d, rec) in done.into_iter().zip(batch.iter()) {
+        match d {
+            Ok(Put::Written) => counts.written += 1,
+            Ok(Put::Replaced { .. }) => counts.replaced += 1,
+            Ok(Put::Kept { .. }) => counts.kept += 1,
+            Ok(_) => {}
+            Err(e) => {
+                counts.failed.push(rec.run.run_id.clone());
+                first.get_or_insert(e);
+            }
         }
     }
-    Ok(())
+    batch.clear();
+    match first {
+        None => Ok(()),
+        Some(e) => {
+            let Counts {
+                written,
+                replaced,
+                kept,
+                failed,
+            } = &*counts;
+            output::note(format_args!(
+                "import stopped: {written} written, {replaced} replaced an older version, {kept} already there (kept); {} not imported ({})",
+                failed.len(),
+                output::clean(&failed.join(", "))
+            ));
+            Err(e.into())
+        }
+    }
 }
