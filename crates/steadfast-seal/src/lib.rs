@@ -943,10 +943,10 @@ impl Store for SealedStore {
                 // on (or a gate is decided) on top of a history that could
                 // never be shown or exported again.
                 let verify_rows = cp.next > 0
-                    && !self
+                    && self
                         .known
                         .get(run_id)
-                        .is_some_and(|k| k.version == cp.version);
+                        .is_none_or(|k| k.version != cp.version);
                 let tag = cp
                     .state
                     .get(SEAL_KEY)
