@@ -337,7 +337,11 @@ pub fn run_workflow<'py>(
     let opts = RunOpts::new(accept_changed, wait_for_timers, lease)?;
     Ok(spawn(async move {
         if let Some(input) = input {
-            if let Err(e) = steadfast::start_listed(&*store, &wf, &run_id, input).await {
+            if let Err(e) = start_if_new(&store, &run_id, |s| {
+                steadfast::start_listed(s, &wf, &run_id, input)
+            })
+            .await
+            {
                 return finish_err(e);
             }
         }
@@ -586,7 +590,11 @@ pub fn run_durable<'py>(
     let raised = Arc::new(Mutex::new(Raised::default()));
     Ok(spawn(async move {
         if let Some(input) = input {
-            if let Err(e) = steadfast::start(&*store, &name, &run_id, input, true).await {
+            if let Err(e) = start_if_new(&store, &run_id, |s| {
+                steadfast::start(s, &name, &run_id, input, true)
+            })
+            .await
+            {
                 return finish_err(e);
             }
         }
@@ -726,4 +734,28 @@ fn body_error(raised: &Arc<Mutex<Raised>>, run_id: &str, e: CallError) -> Error 
         },
         CallError::Thread(why) => own(why),
     }
+}
+
+/// Records a run with its input when it is not there yet; a run that is
+/// there is resumed with the input it was started with (the input a later
+/// `run` passes is not used, and is not compared: `start` is the call that
+/// refuses another input).
+async fn start_if_new<'a, F, Fut>(
+    store: &'a Arc<dyn steadfast::Store>,
+    run_id: &str,
+    start: F,
+) -> Result<(), steadfast::Error>
+where
+    F: FnOnce(&'a dyn steadfast::Store) -> Fut,
+    Fut: std::future::Future<Output = Result<bool, steadfast::Error>>,
+{
+    let there = store.load(run_id).await.map_err(|e| steadfast::Error::Store {
+        run_id: run_id.to_string(),
+        op: "load".into(),
+        source: e,
+    })?;
+    if there.is_none() {
+        start(&**store).await?;
+    }
+    Ok(())
 }

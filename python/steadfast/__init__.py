@@ -541,7 +541,7 @@ def start(store: Store, workflow: Union[str, Workflow, Durable], run_id: str, in
     """
     durable_fn = isinstance(workflow, Durable)
     name = workflow if isinstance(workflow, str) else workflow.name
-    steps = workflow.step_names() if isinstance(workflow, Workflow) else None
+    steps = workflow.step_names if isinstance(workflow, Workflow) else None
     return _native.start(store, name, run_id, input, durable_fn, steps)
 
 
