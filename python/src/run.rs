@@ -749,11 +749,14 @@ where
     F: FnOnce(&'a dyn steadfast::Store) -> Fut,
     Fut: std::future::Future<Output = Result<bool, steadfast::Error>>,
 {
-    let there = store.load(run_id).await.map_err(|e| steadfast::Error::Store {
-        run_id: run_id.to_string(),
-        op: "load".into(),
-        source: e,
-    })?;
+    let there = store
+        .load(run_id)
+        .await
+        .map_err(|e| steadfast::Error::Store {
+            run_id: run_id.to_string(),
+            op: "load".into(),
+            source: e,
+        })?;
     if there.is_none() {
         start(&**store).await?;
     }

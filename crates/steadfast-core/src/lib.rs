@@ -23,57 +23,47 @@
 //! # }).unwrap();
 //! ```
 
-mod checkpoint;
-mod clock;
-mod ctx;
-mod decide;
-mod durable;
+// The layers, each importing only those above it in this list: the record
+// of a run and its checks; the store seam and the toolkit stores share; the
+// engine that runs workflows and durable functions; the operations on runs.
+// `tests/structure.rs` fails on an import cycle or a layer imported upward.
 mod engine;
-mod error;
-mod head;
-mod ids;
-pub mod limits;
-pub mod local;
-mod memory;
-pub mod metrics;
 pub mod ops;
-mod outcome;
-mod process;
-pub mod retention;
-mod run;
-mod session;
-mod state;
+mod record;
 pub mod store;
-pub mod stuck;
-pub mod transfer;
-mod typed;
-pub mod worker;
-mod workflow;
 
-pub use checkpoint::{
+pub use engine::metrics;
+pub use ops::{retention, stuck, transfer, worker};
+pub use record::limits;
+pub use store::local;
+
+pub use engine::ctx::StepCtx;
+pub use engine::decide::{approve, reject};
+pub use engine::durable::{durable, DurableCtx, StepOptions};
+pub use engine::process::{current_owner, holder_is_running};
+pub use engine::run::run;
+pub use engine::typed::{TypedWorkflow, TypedWorkflowBuilder};
+pub use engine::workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
+pub use engine::{Runner, DEFAULT_CANCEL_GRACE};
+pub use ops::worker::{
+    release, start, start_listed, start_steps, Registry, RunEnd, Worker, WorkerReport,
+};
+pub use record::checkpoint::{
     AuditAction, AuditEntry, Checkpoint, Decision, Lease, OnTimeout, Origin, Owner, RewoundStep,
     RunStatus, StepFailure, StepRecord, Wait, CHECKPOINT_FORMAT, MAX_AUDIT_ENTRIES,
 };
-pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use ctx::StepCtx;
-pub use decide::{approve, reject};
-pub use durable::{durable, DurableCtx, StepOptions};
-pub use engine::{Runner, DEFAULT_CANCEL_GRACE};
-pub use error::{error_chain, BoxError, Error, Removal, StepError, StoreError, StoreErrorKind};
-pub use ids::{
+pub use record::clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use record::error::{
+    error_chain, BoxError, Error, Removal, StepError, StoreError, StoreErrorKind,
+};
+pub use record::ids::{
     check_step_name, idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES,
 };
-pub use memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
-pub use outcome::{Event, Outcome, Suspension};
-pub use process::{current_owner, holder_is_running};
-pub use run::run;
-pub use state::{merge, State, Update, MAX_VALUE_DEPTH};
+pub use record::keys::{INPUT_KEY, RESERVED_KEYS, RESULT_KEY, START_KEY};
+pub use record::outcome::{Event, Outcome, Suspension};
+pub use record::state::{merge, State, Update, MAX_VALUE_DEPTH};
+pub use store::memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
 pub use store::{DueRequest, ListFilter, RunSummary, Store};
-pub use typed::{TypedWorkflow, TypedWorkflowBuilder};
-pub use worker::{
-    release, start, start_listed, start_steps, Registry, RunEnd, Worker, WorkerReport, START_KEY,
-};
-pub use workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
 
 /// Re-exported so that stores and tests name the same versions.
 pub use async_trait::async_trait;

@@ -1,7 +1,7 @@
 //! Who this process is, for leases: host, pid and start time, and whether a
 //! recorded owner on this host is still alive.
 
-use crate::checkpoint::Owner;
+use crate::record::checkpoint::Owner;
 
 /// This process as a lease owner. The start time (from `/proc` on Linux; 0
 /// elsewhere) tells this process apart from a later one that reuses its pid.

@@ -25,9 +25,9 @@
 
 use std::time::Duration;
 
-use crate::checkpoint::RunStatus;
-use crate::clock::Timestamp;
-use crate::error::{Error, StoreErrorKind};
+use crate::record::checkpoint::RunStatus;
+use crate::record::clock::Timestamp;
+use crate::record::error::{Error, StoreErrorKind};
 use crate::store::{ListFilter, Store};
 
 /// The statuses of runs that are over, which retention may delete.

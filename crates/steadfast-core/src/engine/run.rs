@@ -1,15 +1,15 @@
 //! The run loop of a listed workflow: load, verify, run the remaining steps,
 //! checkpoint after each.
 
-use crate::checkpoint::{Checkpoint, RunStatus};
-use crate::durable::DurableCtx;
+use crate::engine::durable::DurableCtx;
+use crate::engine::session::Session;
+use crate::engine::workflow::{StepKind, Workflow};
 use crate::engine::{store_error, Runner};
-use crate::error::Error;
-use crate::ids::validate_run_id;
-use crate::outcome::{rejected, Event, Outcome};
-use crate::session::Session;
+use crate::record::checkpoint::{Checkpoint, RunStatus};
+use crate::record::error::Error;
+use crate::record::ids::validate_run_id;
+use crate::record::outcome::{rejected, Event, Outcome};
 use crate::store::Store;
-use crate::workflow::{StepKind, Workflow};
 use tracing::Instrument;
 
 /// Starts or resumes run `run_id` of `workflow` on `store` with default options.
@@ -62,7 +62,7 @@ impl<S: Store + ?Sized> Runner<'_, S> {
             .run_listed(run_id, workflow)
             .instrument(span.clone())
             .await;
-        span.record("outcome", crate::outcome::label(&out));
+        span.record("outcome", crate::engine::label(&out));
         span.record("duration_ms", began.elapsed().as_millis() as u64);
         out
     }
@@ -91,7 +91,7 @@ impl<S: Store + ?Sized> Runner<'_, S> {
             }
         };
         if cp.status == RunStatus::Cancelled {
-            return Err(crate::ops::cancelled(&cp));
+            return Err(crate::record::error::cancelled(&cp));
         }
         for (index, step) in cp.completed.iter().enumerate() {
             self.emit(Event::Skipped { index, step });

@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::clock::Timestamp;
-use crate::state::{State, Update};
+use crate::record::clock::Timestamp;
+use crate::record::state::{State, Update};
 
 /// The version of the checkpoint's JSON layout written by this build.
 pub const CHECKPOINT_FORMAT: u32 = 1;
@@ -94,7 +94,7 @@ pub struct StepFailure {
 
 impl StepFailure {
     /// A failure record. A message longer than
-    /// [`limits::MAX_ERROR_BYTES`](crate::limits::MAX_ERROR_BYTES) is cut in its
+    /// [`limits::MAX_ERROR_BYTES`](crate::record::limits::MAX_ERROR_BYTES) is cut in its
     /// middle.
     pub fn new(
         index: usize,
@@ -107,7 +107,10 @@ impl StepFailure {
         StepFailure {
             index,
             step: step.to_string(),
-            message: crate::limits::cut_middle(message, crate::limits::MAX_ERROR_BYTES),
+            message: crate::record::limits::cut_middle(
+                message,
+                crate::record::limits::MAX_ERROR_BYTES,
+            ),
             attempt,
             terminal,
             at,

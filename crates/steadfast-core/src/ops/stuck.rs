@@ -1,14 +1,14 @@
 //! Why a run cannot make progress by itself: the labels `steadfast runs`
 //! and `show` print, and [`runs --stuck`] lists.
 //!
-//! [`runs --stuck`]: crate::stuck::diagnose
+//! [`runs --stuck`]: crate::ops::stuck::diagnose
 
 use std::time::Duration;
 
-use crate::checkpoint::{Checkpoint, RunStatus, Wait};
-use crate::clock::Timestamp;
+use crate::engine::workflow::Workflow;
 use crate::engine::{lease_left, standing, Standing};
-use crate::workflow::Workflow;
+use crate::record::checkpoint::{Checkpoint, RunStatus, Wait};
+use crate::record::clock::Timestamp;
 
 /// How long past its time a run may be before it counts as stuck, unless
 /// told otherwise: a worker that polls takes a due run well within it.
@@ -275,7 +275,7 @@ fn changed(cp: &Checkpoint, wf: &Workflow) -> Option<Stuck> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{Lease, OnTimeout, Owner, StepFailure};
+    use crate::record::checkpoint::{Lease, OnTimeout, Owner, StepFailure};
 
     const MIN: Duration = Duration::from_secs(60);
 

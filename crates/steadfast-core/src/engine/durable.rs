@@ -16,23 +16,23 @@ use serde::Serialize;
 use serde_json::Value;
 use tracing::Instrument;
 
-use crate::checkpoint::{Checkpoint, OnTimeout, RunStatus, StepFailure, StepRecord};
-use crate::clock::Timestamp;
-use crate::ctx::StepCtx;
+use crate::engine::ctx::StepCtx;
+use crate::engine::session::{Session, Timer};
+use crate::engine::workflow::{RetryPolicy, Step};
 use crate::engine::{store_error, Runner};
-use crate::error::{Error, StepError, StepErrorKind};
-use crate::ids::validate_run_id;
-use crate::outcome::{rejected, Event, Outcome};
-use crate::session::{Session, Timer};
-use crate::state::Update;
+use crate::record::checkpoint::{Checkpoint, OnTimeout, RunStatus, StepFailure, StepRecord};
+use crate::record::clock::Timestamp;
+use crate::record::error::{Error, StepError, StepErrorKind};
+use crate::record::ids::validate_run_id;
+use crate::record::outcome::{rejected, Event, Outcome};
+use crate::record::state::Update;
 use crate::store::Store;
-use crate::workflow::{RetryPolicy, Step};
 
 /// Step names starting with this are the context's own (`now`, `random`, the
 /// result): user steps may not use it.
 const RESERVED: &str = "__";
 /// Where a completed durable function's return value is kept in the state.
-const RESULT_KEY: &str = "__result";
+use crate::record::keys::RESULT_KEY;
 
 /// How a durable step is tried: its retry policy and timeout.
 #[derive(Clone, Copy, Debug, Default)]
@@ -52,7 +52,7 @@ impl StepOptions {
         self
     }
     /// Cancels an attempt that runs longer than `d`, which must lie in
-    /// [`limits::STEP_TIMEOUT`](crate::limits::STEP_TIMEOUT) (checked when the
+    /// [`limits::STEP_TIMEOUT`](crate::record::limits::STEP_TIMEOUT) (checked when the
     /// step runs).
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);
@@ -61,7 +61,7 @@ impl StepOptions {
 
     fn check(&self) -> Result<(), String> {
         if let Some(t) = self.timeout {
-            crate::limits::STEP_TIMEOUT.check("timeout", t)?;
+            crate::record::limits::STEP_TIMEOUT.check("timeout", t)?;
         }
         match &self.retry {
             Some(policy) => policy.check(),
@@ -235,7 +235,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
             .run_durable(run_id, workflow, f)
             .instrument(span.clone())
             .await;
-        span.record("outcome", crate::outcome::label(&out));
+        span.record("outcome", crate::engine::label(&out));
         span.record("duration_ms", began.elapsed().as_millis() as u64);
         out
     }
@@ -253,7 +253,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
     {
         validate_run_id(run_id)?;
         self.check_options()?;
-        crate::ids::check_step_name(workflow).map_err(|reason| Error::InvalidWorkflow {
+        crate::record::ids::check_step_name(workflow).map_err(|reason| Error::InvalidWorkflow {
             workflow: workflow.to_string(),
             reason,
         })?;
@@ -295,7 +295,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                     });
             }
             RunStatus::Rejected => return Ok(rejected(&cp).into()),
-            RunStatus::Cancelled => return Err(crate::ops::cancelled(&cp)),
+            RunStatus::Cancelled => return Err(crate::record::error::cancelled(&cp)),
             _ => {}
         }
         let created_at = cp.created_at;
@@ -364,7 +364,7 @@ fn to_json<T: Serialize + DeserializeOwned>(
     let json = serde_json::to_value(value).map_err(|e| invalid(String::new(), e.to_string()))?;
     let mut wrapper = Update::new();
     wrapper.insert(step.to_string(), json);
-    crate::state::check_update(&wrapper).map_err(|p| invalid(p.path, p.reason))?;
+    crate::record::state::check_update(&wrapper).map_err(|p| invalid(p.path, p.reason))?;
     let json = wrapper.remove(step).unwrap_or(Value::Null);
     // NaN and infinities become null on the way in; reading the value back
     // into its type is what finds them. Without a null there is nothing to find.
@@ -409,7 +409,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         self.attempts(
             how,
             |ctx, state| step.call_untimed(ctx, state.unwrap_or_default()),
-            |update: Update| match crate::state::check_update(&update) {
+            |update: Update| match crate::record::state::check_update(&update) {
                 Ok(()) => Ok(((), update)),
                 Err(p) => Err(StepError::invalid_value(p.path, p.reason)),
             },
@@ -577,7 +577,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             workflow: String::new(),
             reason: format!("step name {name:?}: {reason}"),
         };
-        crate::ids::check_step_name(name).map_err(bad)?;
+        crate::record::ids::check_step_name(name).map_err(bad)?;
         if name.starts_with(RESERVED) {
             return Err(bad(format!(
                 "names starting with {RESERVED:?} are reserved"
@@ -705,7 +705,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     .then(|| Arc::new(std::mem::take(&mut s.cp.state)));
                 if how.branch.is_none() && std::mem::take(&mut s.interrupted) {
                     // The call before this one stopped without saving here.
-                    crate::metrics::reexecution();
+                    crate::engine::metrics::reexecution();
                     tracing::info!(run_id = %s.cp.run_id, step = name, index, "running a step again: the call that ran the run before was cut off");
                 }
                 (s.cp.run_id.clone(), index, attempt, lent)
@@ -720,7 +720,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 outcome = tracing::field::Empty,
                 duration_ms = tracing::field::Empty,
             );
-            crate::metrics::step_started();
+            crate::engine::metrics::step_started();
             runner.emit(Event::Started {
                 index,
                 step: name,
@@ -776,7 +776,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                         return Err(e);
                     }
                     span.record("outcome", "completed");
-                    crate::metrics::step_completed();
+                    crate::engine::metrics::step_completed();
                     s.cursor = s.cp.next;
                     s.used = 0;
                     s.budget_step = None;
@@ -790,7 +790,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 }
                 Err(err) => err,
             };
-            crate::metrics::step_failed();
+            crate::engine::metrics::step_failed();
             if how.branch.is_some() {
                 span.record("outcome", "failed");
                 runner.emit(Event::Failed {
@@ -1092,7 +1092,10 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     ) -> Result<Option<Value>, Error> {
         self.check_user_name(name)?;
         if let Some(t) = timeout {
-            self.check_duration(name, crate::limits::GATE_TIMEOUT.check("gate timeout", t))?;
+            self.check_duration(
+                name,
+                crate::record::limits::GATE_TIMEOUT.check("gate timeout", t),
+            )?;
         }
         let mut s = self.shared.session.lock().await;
         let s = &mut *s;
@@ -1113,7 +1116,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     /// the wake-up time goes on. A crash does not restart the timer.
     pub async fn sleep(&self, name: &str, duration: Duration) -> Result<(), Error> {
         self.check_user_name(name)?;
-        self.check_duration(name, crate::limits::SLEEP.check("sleep", duration))?;
+        self.check_duration(name, crate::record::limits::SLEEP.check("sleep", duration))?;
         let mut s = self.shared.session.lock().await;
         if self.replay(&mut s, name)?.is_some() {
             return Ok(());
@@ -1126,7 +1129,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     /// started that way (a worker's run); `None` otherwise.
     pub async fn input(&self) -> Option<Value> {
         let s = self.shared.session.lock().await;
-        s.cp.state.get(crate::worker::INPUT_KEY).cloned()
+        s.cp.state.get(crate::record::keys::INPUT_KEY).cloned()
     }
 
     /// The current time, recorded: the same on every call of the run.

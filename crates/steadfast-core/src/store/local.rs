@@ -12,7 +12,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::error::StoreError;
+use crate::record::error::StoreError;
 
 /// Resolves the path of a store's main file and checks everything a store
 /// relies on before it touches the file:

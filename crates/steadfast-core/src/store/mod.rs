@@ -3,16 +3,20 @@
 //! ([`SaveRequest`], the checks every store runs before it writes, the size
 //! of a state).
 
+pub mod head;
+pub mod local;
+pub mod memory;
+
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::checkpoint::{Checkpoint, RunStatus, StepRecord};
-use crate::clock::{Clock, Timestamp};
-use crate::error::StoreError;
-pub use crate::head::{decode_head, encode_head, encode_json, RunCache};
-use crate::state::State;
-pub use crate::state::{check_update, ValueProblem};
+use crate::record::checkpoint::{Checkpoint, RunStatus, StepRecord};
+use crate::record::clock::{Clock, Timestamp};
+use crate::record::error::StoreError;
+use crate::record::state::State;
+pub use crate::record::state::{check_update, ValueProblem};
+pub use crate::store::head::{decode_head, encode_head, encode_json, RunCache};
 
 /// One compare-and-swap write of a run's checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -33,7 +37,7 @@ pub struct SaveRequest<'a> {
     /// the state.
     pub head_only: bool,
     /// Write this version instead of `expected + 1`: for
-    /// [`transfer::put_run`](crate::transfer::put_run), which brings a run
+    /// [`transfer::put_run`](crate::ops::transfer::put_run), which brings a run
     /// over from another store with the version it had there (an encrypted
     /// record's seal covers it). The compare-and-swap on `expected` stays.
     pub write_version: Option<u64>,
@@ -518,7 +522,7 @@ impl<T: Store + ?Sized> Store for Arc<T> {
 /// ```
 pub fn check_head(cp: &Checkpoint) -> Result<(), StoreError> {
     let run_id = &cp.run_id;
-    if let Err(e) = crate::ids::validate_run_id(run_id) {
+    if let Err(e) = crate::record::ids::validate_run_id(run_id) {
         return Err(StoreError::InvalidInput(format!(
             "{e}; nothing was written"
         )));
@@ -547,7 +551,7 @@ pub(crate) fn check_decision_data(
     gate: &str,
     data: &serde_json::Value,
 ) -> Result<(), ValueProblem> {
-    crate::state::check_entries(std::iter::once((gate, data)))
+    crate::record::state::check_entries(std::iter::once((gate, data)))
 }
 
 /// Checks a state (or an update) with [`check_update`] and words a problem as

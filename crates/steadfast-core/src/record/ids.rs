@@ -1,6 +1,6 @@
 //! Run ids, step names and idempotency keys.
 
-use crate::error::Error;
+use crate::record::error::Error;
 
 /// The longest run id accepted, in bytes of UTF-8.
 pub const MAX_RUN_ID_BYTES: usize = 200;

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use crate::checkpoint::Checkpoint;
-use crate::clock::Timestamp;
-use crate::state::State;
+use crate::record::checkpoint::Checkpoint;
+use crate::record::clock::Timestamp;
+use crate::record::state::State;
 
 /// What a call of the run loop ended with, when it did not fail.
 #[derive(Clone, Debug, PartialEq)]
@@ -148,17 +148,4 @@ pub enum Event<'a> {
         /// When another attempt follows, after how long.
         retry_in: Option<Duration>,
     },
-}
-
-/// A one-word name for how a call ended, for spans and logs.
-pub(crate) fn label<T>(out: &Result<Outcome<T>, crate::Error>) -> &'static str {
-    match out {
-        Ok(Outcome::Completed(_)) => "completed",
-        Ok(Outcome::Waiting { .. }) => "waiting",
-        Ok(Outcome::Sleeping { .. }) => "sleeping",
-        Ok(Outcome::Rejected { .. }) => "rejected",
-        Err(crate::Error::Cancelled { .. }) => "cancelled",
-        Err(e) if e.is_held_elsewhere() => "held",
-        Err(_) => "failed",
-    }
 }

@@ -43,9 +43,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::checkpoint::{Checkpoint, StepRecord, COPIER, COPY_MARK};
 use crate::engine::store_error;
-use crate::error::{Error, StoreError, StoreErrorKind};
+use crate::record::checkpoint::{Checkpoint, StepRecord, COPIER, COPY_MARK};
+use crate::record::error::{Error, StoreError, StoreErrorKind};
 use crate::store::{ListFilter, SaveRequest, Store};
 
 /// The version of the export layout this build writes and reads.
@@ -537,7 +537,7 @@ async fn put_once<S: Store + ?Sized>(
             reason: format!(
                 "the run there (version {}) could not be written back if writing its replacement failed ({}), so it is not replaced; nothing was written",
                 old.run.version,
-                crate::error::chain(&e)
+                crate::record::error::chain(&e)
             ),
         });
     }
@@ -608,10 +608,13 @@ async fn restore<S: Store + ?Sized>(store: &S, old: &Exported, failed: Unwritten
         write_record(store, old).await.map_err(|f| f.error)
     }
     .await;
-    let cause = crate::error::chain(&failed.error);
+    let cause = crate::record::error::chain(&failed.error);
     let source = match failed.error {
         Error::Store { source, .. } => source,
-        other => StoreError::backend(StoreErrorKind::Unavailable, crate::error::chain(&other)),
+        other => StoreError::backend(
+            StoreErrorKind::Unavailable,
+            crate::record::error::chain(&other),
+        ),
     };
     match back {
         Ok(()) => store_error(
@@ -627,7 +630,7 @@ async fn restore<S: Store + ?Sized>(store: &S, old: &Exported, failed: Unwritten
             &format!(
                 "import (writing it failed: {cause}; the run that was there, version {}, could not be put back: {}; it is lost from this store unless it is imported again from a copy)",
                 old.run.version,
-                crate::error::chain(&again)
+                crate::record::error::chain(&again)
             ),
             source,
         ),

@@ -16,25 +16,17 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::task::JoinSet;
 
-use crate::checkpoint::{Checkpoint, Origin, Owner, RunStatus};
-use crate::durable::DurableCtx;
+use crate::engine::durable::DurableCtx;
+use crate::engine::workflow::Workflow;
 use crate::engine::{store_error, Runner};
-use crate::error::Error;
-use crate::ids::validate_run_id;
-use crate::outcome::Outcome;
-use crate::state::State;
+use crate::record::checkpoint::{Checkpoint, Origin, Owner, RunStatus};
+use crate::record::error::Error;
+use crate::record::ids::validate_run_id;
+use crate::record::outcome::Outcome;
+use crate::record::state::State;
 use crate::store::{DueRequest, SaveRequest, Store};
-use crate::workflow::Workflow;
 
-/// The key under which [`start`] keeps a durable function's input.
-pub(crate) const INPUT_KEY: &str = "__input";
-
-/// The state key under which [`start`] keeps a listed workflow's input
-/// whole.
-pub const START_KEY: &str = "__start";
-
-/// State keys the engine writes itself.
-const RESERVED_KEYS: [&str; 3] = [START_KEY, INPUT_KEY, "__result"];
+use crate::record::keys::{INPUT_KEY, RESERVED_KEYS, START_KEY};
 
 /// The store a worker runs on: any store, shared.
 pub type SharedStore = Arc<dyn Store>;
@@ -247,7 +239,7 @@ async fn start_run<S: Store + ?Sized>(
     durable: bool,
 ) -> Result<bool, Error> {
     validate_run_id(run_id)?;
-    crate::ids::check_step_name(workflow).map_err(|reason| Error::InvalidWorkflow {
+    crate::record::ids::check_step_name(workflow).map_err(|reason| Error::InvalidWorkflow {
         workflow: workflow.to_string(),
         reason,
     })?;
@@ -426,7 +418,7 @@ pub struct Worker {
     grace: Duration,
     configure: Option<Configure>,
     on_end: Option<OnEnd>,
-    retention: Option<(crate::retention::Retention, Duration)>,
+    retention: Option<(crate::ops::retention::Retention, Duration)>,
 }
 
 type OnEnd = Arc<dyn Fn(&str, &RunEnd) + Send + Sync>;
@@ -483,7 +475,7 @@ impl Worker {
         Worker {
             store,
             registry: Arc::new(registry),
-            owner: crate::process::current_owner(),
+            owner: crate::engine::process::current_owner(),
             concurrency: 1,
             lease: DEFAULT_WORKER_LEASE,
             poll: DEFAULT_POLL,
@@ -496,12 +488,12 @@ impl Worker {
 
     /// Applies `policy` every `every` (at least a second) while the worker
     /// runs: finished runs older than the policy's age are deleted in the
-    /// background, in batches, as [`retention::collect`](crate::retention::collect)
+    /// background, in batches, as [`retention::collect`](crate::ops::retention::collect)
     /// does. Several workers may share the duty: a run deleted by one is
     /// skipped by the others. The runs deleted are counted in
     /// [`WorkerReport::collected`]; a policy out of range fails
     /// [`run`](Worker::run) before anything is taken.
-    pub fn retention(mut self, policy: crate::retention::Retention, every: Duration) -> Self {
+    pub fn retention(mut self, policy: crate::ops::retention::Retention, every: Duration) -> Self {
         self.retention = Some((policy, every.max(Duration::from_secs(1))));
         self
     }
@@ -513,7 +505,7 @@ impl Worker {
     }
 
     /// The lease each run is claimed with; see [`Runner::lease`]. It must lie
-    /// in [`limits::LEASE`](crate::limits::LEASE), or every run fails with
+    /// in [`limits::LEASE`](crate::record::limits::LEASE), or every run fails with
     /// [`Error::InvalidInput`].
     pub fn lease(mut self, ttl: Duration) -> Self {
         self.lease = ttl;
@@ -570,9 +562,9 @@ impl Worker {
     /// retried at the poll interval.
     ///
     /// Fails with [`Error::InvalidInput`] before taking anything when the
-    /// lease lies outside [`limits::LEASE`](crate::limits::LEASE).
+    /// lease lies outside [`limits::LEASE`](crate::record::limits::LEASE).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<WorkerReport, Error> {
-        crate::limits::LEASE
+        crate::record::limits::LEASE
             .check("lease", self.lease)
             .map_err(|reason| Error::InvalidInput {
                 what: "the worker's lease".into(),
@@ -583,8 +575,9 @@ impl Worker {
         }
         let mut report = WorkerReport::default();
         let worker = Arc::new(self);
-        let mut gc: Option<tokio::task::JoinHandle<Result<crate::retention::GcReport, Error>>> =
-            None;
+        let mut gc: Option<
+            tokio::task::JoinHandle<Result<crate::ops::retention::GcReport, Error>>,
+        > = None;
         let mut next_gc = tokio::time::Instant::now();
         let names: Vec<String> = worker
             .registry
@@ -640,7 +633,7 @@ impl Worker {
                         }
                     }
                     Err(e) => {
-                        tracing::warn!(error = %crate::error::chain(&e), "could not look for due runs; trying again");
+                        tracing::warn!(error = %crate::record::error::chain(&e), "could not look for due runs; trying again");
                     }
                 }
             }
@@ -689,7 +682,7 @@ impl Worker {
     /// Starts the retention pass when it is due, and books one that ended.
     async fn tend_retention(
         &self,
-        gc: &mut Option<tokio::task::JoinHandle<Result<crate::retention::GcReport, Error>>>,
+        gc: &mut Option<tokio::task::JoinHandle<Result<crate::ops::retention::GcReport, Error>>>,
         next: &mut tokio::time::Instant,
         report: &mut WorkerReport,
     ) {
@@ -705,7 +698,7 @@ impl Worker {
                     }
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(error = %crate::error::chain(&e), "retention failed; trying again at its next turn")
+                    tracing::warn!(error = %crate::record::error::chain(&e), "retention failed; trying again at its next turn")
                 }
                 Err(e) => tracing::error!(error = %e, "the retention task panicked"),
             }
@@ -719,7 +712,7 @@ impl Worker {
         let policy = policy.clone();
         *gc = Some(tokio::spawn(async move {
             let now = Runner::new(&*store).now();
-            crate::retention::collect(&*store, &policy, now, |_| {}).await
+            crate::ops::retention::collect(&*store, &policy, now, |_| {}).await
         }));
     }
 
@@ -794,16 +787,16 @@ impl Worker {
         };
         match &end {
             RunEnd::Lost(e) => {
-                tracing::info!(run_id, error = %crate::error::chain(e), "lost a run this worker held")
+                tracing::info!(run_id, error = %crate::record::error::chain(e), "lost a run this worker held")
             }
             RunEnd::Missed(e) => {
-                tracing::debug!(run_id, error = %crate::error::chain(e), "another worker had this run first")
+                tracing::debug!(run_id, error = %crate::record::error::chain(e), "another worker had this run first")
             }
             RunEnd::Failed(e) => {
-                tracing::warn!(run_id, error = %crate::error::chain(e), "run failed")
+                tracing::warn!(run_id, error = %crate::record::error::chain(e), "run failed")
             }
             RunEnd::Cancelled(e) => {
-                tracing::info!(run_id, error = %crate::error::chain(e), "run cancelled")
+                tracing::info!(run_id, error = %crate::record::error::chain(e), "run cancelled")
             }
             _ => {}
         }

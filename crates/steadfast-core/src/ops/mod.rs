@@ -25,21 +25,26 @@
 //! # }).unwrap();
 //! ```
 
+pub mod retention;
+pub mod stuck;
+pub mod transfer;
+pub mod worker;
+
 use std::collections::HashSet;
 
-use crate::checkpoint::{
+use crate::engine::{standing, store_error, Standing};
+use crate::record::checkpoint::{
     AuditAction, AuditEntry, Checkpoint, RewoundStep, RunStatus, StepRecord, MAX_REWOUND_LISTED,
 };
-use crate::clock::{Clock, Timestamp};
-use crate::engine::{standing, store_error, Standing};
-use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::limits::MAX_REASON_BYTES;
-use crate::state::State;
+use crate::record::clock::{Clock, Timestamp};
+use crate::record::error::{Error, StoreError, StoreErrorKind};
+use crate::record::limits::MAX_REASON_BYTES;
+use crate::record::state::State;
 use crate::store::{SaveRequest, Store};
 
 /// Keys of a run's state that the engine writes without a step record: the
 /// result of a durable function, which a rewind or fork takes away.
-const ENGINE_KEYS: [&str; 1] = ["__result"];
+const ENGINE_KEYS: [&str; 1] = [crate::record::keys::RESULT_KEY];
 
 /// Cancels run `run_id`: its status becomes [`RunStatus::Cancelled`], its
 /// wait is cleared, and no worker takes it again (its lease stays until it
@@ -50,7 +55,7 @@ const ENGINE_KEYS: [&str; 1] = ["__result"];
 ///
 /// A completed, rejected or already cancelled run is refused with
 /// [`Error::InvalidInput`]; `reason` is at most
-/// [`MAX_REASON_BYTES`](crate::limits::MAX_REASON_BYTES).
+/// [`MAX_REASON_BYTES`](crate::record::limits::MAX_REASON_BYTES).
 pub async fn cancel<S: Store + ?Sized>(
     store: &S,
     run_id: &str,
@@ -99,20 +104,6 @@ pub async fn cancel<S: Store + ?Sized>(
     .await
 }
 
-/// The error for a call of cancelled run `cp`, from its last cancel.
-pub(crate) fn cancelled(cp: &Checkpoint) -> Error {
-    let last = cp.audit.iter().rev().find_map(|e| match &e.action {
-        AuditAction::Cancel { reason, .. } => Some((e.by.clone(), reason.clone())),
-        _ => None,
-    });
-    let (by, reason) = last.unwrap_or_else(|| ("someone".into(), None));
-    Error::Cancelled {
-        run_id: cp.run_id.clone(),
-        by,
-        reason,
-    }
-}
-
 /// Retries failed run `run_id`: clears its error and the attempts its
 /// failed step used, so that the next `run` or worker tries that step again
 /// with its whole retry budget. Only a [`RunStatus::Failed`] run can be
@@ -140,7 +131,7 @@ pub async fn retry<S: Store + ?Sized>(
             index,
             step,
             attempts: cp.attempts,
-            error: crate::limits::cut_middle(error, 1024),
+            error: crate::record::limits::cut_middle(error, 1024),
         };
         cp.status = RunStatus::Running;
         cp.error = None;
@@ -302,7 +293,7 @@ pub async fn fork<S: Store + ?Sized>(
     let finished_audit = cp.audit.clone();
     let building = index > first;
     if building {
-        use crate::checkpoint::{FORK_MARK, FORK_MARK_END};
+        use crate::record::checkpoint::{FORK_MARK, FORK_MARK_END};
         cp.mark_building(format!("{FORK_MARK}{run_id:?}{FORK_MARK_END}"), by, now);
     }
     let what = |e: StoreError| match e.kind() {
@@ -453,7 +444,7 @@ pub async fn prune<S: Store + ?Sized>(
     if fold_at <= first {
         return Ok(None);
     }
-    let mut merged = crate::state::Update::new();
+    let mut merged = crate::record::state::Update::new();
     for r in history.iter().filter(|r| r.index <= fold_at) {
         for (k, v) in &r.update {
             merged.insert(k.clone(), v.clone());
@@ -497,7 +488,7 @@ pub async fn prune<S: Store + ?Sized>(
         .await
     {
         // The fold stands; only its audit entry is missing.
-        tracing::warn!(run_id, error = %crate::error::chain(&e), "the prune is done, but its audit entry could not be saved");
+        tracing::warn!(run_id, error = %crate::record::error::chain(&e), "the prune is done, but its audit entry could not be saved");
     }
     Ok(Some(Pruned {
         folded_into: fold_at,
@@ -519,7 +510,7 @@ fn state_before(cp: &Checkpoint, history: &[StepRecord], at: usize) -> State {
 
 /// The state `cp` started with: the keys of its state that no recorded
 /// step wrote (less the engine's result), and the input [`start`](crate::start)
-/// kept under [`START_KEY`](crate::worker::START_KEY) for the keys a step
+/// kept under [`START_KEY`](crate::record::keys::START_KEY) for the keys a step
 /// overwrote since.
 fn start_state(cp: &Checkpoint, history: &[StepRecord]) -> State {
     let written: HashSet<&str> = history
@@ -532,7 +523,7 @@ fn start_state(cp: &Checkpoint, history: &[StepRecord]) -> State {
         .filter(|(k, _)| !written.contains(k.as_str()) && !ENGINE_KEYS.contains(&k.as_str()))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    if let Some(serde_json::Value::Object(input)) = cp.state.get(crate::worker::START_KEY) {
+    if let Some(serde_json::Value::Object(input)) = cp.state.get(crate::record::keys::START_KEY) {
         for (k, v) in input {
             if written.contains(k.as_str()) {
                 state.insert(k.clone(), v.clone());
@@ -558,7 +549,7 @@ fn step_index(cp: &Checkpoint, step: &str, op: &str) -> Result<usize, Error> {
     } else {
         format!(
             "its completed steps are {}",
-            crate::ids::preview(&cp.completed.join(", "))
+            crate::record::ids::preview(&cp.completed.join(", "))
         )
     };
     Err(refused(
@@ -566,7 +557,7 @@ fn step_index(cp: &Checkpoint, step: &str, op: &str) -> Result<usize, Error> {
         op,
         format!(
             "{:?} names no completed step (by name or index); {done}",
-            crate::ids::preview(step)
+            crate::record::ids::preview(step)
         ),
     ))
 }
@@ -778,10 +769,10 @@ fn refused(run_id: &str, op: &str, reason: String) -> Error {
 
 /// Checks who operates: a name like a step's.
 fn check_operator(run_id: &str, op: &str, by: &str) -> Result<(), Error> {
-    crate::ids::check_step_name(by).map_err(|reason| Error::InvalidInput {
+    crate::record::ids::check_step_name(by).map_err(|reason| Error::InvalidInput {
         what: format!(
             "the name of who performs the {op} of run {run_id:?} ({:?})",
-            crate::ids::preview(by)
+            crate::record::ids::preview(by)
         ),
         reason: format!("{reason}; nothing was written"),
     })

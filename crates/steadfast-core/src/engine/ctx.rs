@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::ids::idempotency_key;
+use crate::record::ids::idempotency_key;
 
 /// What a step knows about itself while it runs.
 #[derive(Clone, Debug)]

@@ -365,9 +365,9 @@ pub enum Error {
         /// The run.
         run_id: String,
         /// Who holds it.
-        holder: crate::checkpoint::Owner,
+        holder: crate::record::checkpoint::Owner,
         /// Until when (unless renewed).
-        until: crate::clock::Timestamp,
+        until: crate::record::clock::Timestamp,
     },
     /// Another process claimed the run between this call's look at it and
     /// its own claim (both saw it free; the other's claim landed first).
@@ -428,7 +428,7 @@ pub enum Error {
     /// Pass it on with `?`: [`Runner::durable`](crate::Runner::durable) turns
     /// it into the matching [`Outcome`](crate::Outcome).
     #[error("the run stopped: {0:?}")]
-    Suspended(crate::outcome::Suspension),
+    Suspended(crate::record::outcome::Suspension),
     /// The store failed.
     #[error("run {run_id:?}: {op} failed")]
     Store {
@@ -521,3 +521,27 @@ pub fn error_chain(e: &(dyn StdError + 'static)) -> String {
 }
 
 pub(crate) use error_chain as chain;
+
+/// An error of store operation `op` on run `run_id`.
+pub(crate) fn store_error(run_id: &str, op: &str, source: StoreError) -> Error {
+    Error::Store {
+        run_id: run_id.to_string(),
+        op: op.to_string(),
+        source,
+    }
+}
+
+/// The error for a call of cancelled run `cp`, from its last cancel.
+pub(crate) fn cancelled(cp: &crate::record::checkpoint::Checkpoint) -> Error {
+    use crate::record::checkpoint::AuditAction;
+    let last = cp.audit.iter().rev().find_map(|e| match &e.action {
+        AuditAction::Cancel { reason, .. } => Some((e.by.clone(), reason.clone())),
+        _ => None,
+    });
+    let (by, reason) = last.unwrap_or_else(|| ("someone".into(), None));
+    Error::Cancelled {
+        run_id: cp.run_id.clone(),
+        by,
+        reason,
+    }
+}

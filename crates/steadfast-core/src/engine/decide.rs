@@ -1,9 +1,9 @@
 //! Decisions at gates, written into a waiting run's record by compare-and-swap.
 
-use crate::checkpoint::{Checkpoint, Decision, RunStatus, Wait};
-use crate::clock::Clock;
-use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::limits::MAX_REASON_BYTES;
+use crate::record::checkpoint::{Checkpoint, Decision, RunStatus, Wait};
+use crate::record::clock::Clock;
+use crate::record::error::{Error, StoreError, StoreErrorKind};
+use crate::record::limits::MAX_REASON_BYTES;
 use crate::store::{SaveRequest, Store};
 
 /// Approves gate `gate` of waiting run `run_id`: records who, when and the
@@ -61,10 +61,10 @@ pub async fn approve<S: Store + ?Sized>(
 /// Checks who decides: a name like a step's (1 to 200 bytes, no control
 /// characters), so that it is stored and shown as given.
 fn check_decider(run_id: &str, gate: &str, by: &str) -> Result<(), Error> {
-    crate::ids::check_step_name(by).map_err(|reason| Error::InvalidInput {
+    crate::record::ids::check_step_name(by).map_err(|reason| Error::InvalidInput {
         what: format!(
             "the name of who decides gate {gate:?} of run {run_id:?} ({:?})",
-            crate::ids::preview(by)
+            crate::record::ids::preview(by)
         ),
         reason: format!("{reason}; nothing was written"),
     })

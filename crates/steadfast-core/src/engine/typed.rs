@@ -11,13 +11,13 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::ctx::StepCtx;
+use crate::engine::ctx::StepCtx;
+use crate::engine::workflow::{json_kind, Step, Workflow};
 use crate::engine::Runner;
-use crate::error::{Error, StepError};
-use crate::outcome::Outcome;
-use crate::state::{State, Update};
+use crate::record::error::{Error, StepError};
+use crate::record::outcome::Outcome;
+use crate::record::state::{State, Update};
 use crate::store::Store;
-use crate::workflow::{json_kind, Step, Workflow};
 
 /// A workflow whose state is a type `S` (stored as JSON).
 ///
@@ -155,7 +155,7 @@ where
                 let input = read_state::<S>(&state)?;
                 let update = to_object(&f(ctx, input).await?)?;
                 let mut merged = (*state).clone();
-                crate::state::merge(&mut merged, update.clone());
+                crate::record::state::merge(&mut merged, update.clone());
                 check_reads_back::<S>(merged)?;
                 Ok(update)
             }

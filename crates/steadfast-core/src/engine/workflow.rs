@@ -8,11 +8,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::checkpoint::OnTimeout;
-use crate::ctx::StepCtx;
-use crate::error::{Error, StepError};
-use crate::ids::check_step_name;
-use crate::state::{State, Update};
+use crate::engine::ctx::StepCtx;
+use crate::record::checkpoint::OnTimeout;
+use crate::record::error::{Error, StepError};
+use crate::record::ids::check_step_name;
+use crate::record::state::{State, Update};
 
 /// The future a step returns once boxed.
 pub type StepFuture = Pin<Box<dyn Future<Output = Result<Update, StepError>> + Send + 'static>>;
@@ -68,7 +68,7 @@ impl RetryPolicy {
     }
 
     /// Sets the first delay and the cap. Each must lie in
-    /// [`limits::BACKOFF`](crate::limits::BACKOFF) (0 to 1 day); building a
+    /// [`limits::BACKOFF`](crate::record::limits::BACKOFF) (0 to 1 day); building a
     /// workflow (or running a durable step) with one outside it is an error.
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.initial_backoff = initial;
@@ -82,9 +82,9 @@ impl RetryPolicy {
         self
     }
 
-    /// Checks both delays against [`crate::limits::BACKOFF`].
+    /// Checks both delays against [`crate::record::limits::BACKOFF`].
     pub(crate) fn check(&self) -> Result<(), String> {
-        use crate::limits::{BACKOFF, MAX_ATTEMPTS};
+        use crate::record::limits::{BACKOFF, MAX_ATTEMPTS};
         if self.max_attempts > MAX_ATTEMPTS {
             return Err(format!(
                 "{} attempts is out of range: at most {MAX_ATTEMPTS}",
@@ -200,7 +200,7 @@ impl Step {
     /// [`Outcome::Sleeping`](crate::Outcome::Sleeping) (or, with
     /// [`Runner::wait_for_timers`](crate::Runner::wait_for_timers), sleeps for
     /// what remains). A crash does not restart the timer. The duration must
-    /// lie in [`limits::SLEEP`](crate::limits::SLEEP), checked when the
+    /// lie in [`limits::SLEEP`](crate::record::limits::SLEEP), checked when the
     /// workflow is built.
     pub fn sleep(name: impl Into<String>, duration: Duration) -> Self {
         Step {
@@ -213,7 +213,7 @@ impl Step {
 
     /// For a gate: decide `on_timeout` when no decision came within `after`
     /// of the run reaching it. No effect on other steps. `after` must lie in
-    /// [`limits::GATE_TIMEOUT`](crate::limits::GATE_TIMEOUT), checked when the
+    /// [`limits::GATE_TIMEOUT`](crate::record::limits::GATE_TIMEOUT), checked when the
     /// workflow is built.
     pub fn gate_timeout(mut self, after: Duration, on_timeout: OnTimeout) -> Self {
         if let StepKind::Gate { .. } = self.kind {
@@ -227,7 +227,7 @@ impl Step {
 
     /// Checks every duration of the step against its range in [`crate::limits`].
     pub(crate) fn check_durations(&self) -> Result<(), String> {
-        use crate::limits::{GATE_TIMEOUT, SLEEP, STEP_TIMEOUT};
+        use crate::record::limits::{GATE_TIMEOUT, SLEEP, STEP_TIMEOUT};
         match &self.kind {
             StepKind::Run(_) => {
                 if let Some(t) = self.timeout {
@@ -254,7 +254,7 @@ impl Step {
     }
 
     /// Cancels an attempt that runs longer than `d` (a retryable failure).
-    /// `d` must lie in [`limits::STEP_TIMEOUT`](crate::limits::STEP_TIMEOUT),
+    /// `d` must lie in [`limits::STEP_TIMEOUT`](crate::record::limits::STEP_TIMEOUT),
     /// checked when the workflow is built.
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);

@@ -2,16 +2,27 @@
 //! runner, its options and store, the judgement of leases, and the errors a
 //! run returns. The operations on a run's record are the session's.
 
+pub mod ctx;
+pub mod decide;
+pub mod durable;
+pub mod metrics;
+pub mod process;
+pub mod run;
+pub mod session;
+pub mod typed;
+pub mod workflow;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::checkpoint::{Checkpoint, Lease, Owner};
-use crate::clock::Timestamp;
-use crate::clock::{Clock, SystemClock};
-use crate::error::{Error, StepError, StepErrorKind, StoreError};
-use crate::outcome::Event;
+use crate::engine::workflow::Workflow;
+use crate::record::checkpoint::{Checkpoint, Lease, Owner};
+use crate::record::clock::Timestamp;
+use crate::record::clock::{Clock, SystemClock};
+pub(crate) use crate::record::error::store_error;
+use crate::record::error::{Error, StepError, StepErrorKind, StoreError};
+use crate::record::outcome::Event;
 use crate::store::Store;
-use crate::workflow::Workflow;
 
 /// How long a running step may go on after its run was cancelled, unless
 /// [`Runner::cancel_grace`] says otherwise.
@@ -118,7 +129,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// Checks the options that have ranges (the lease's time to live).
     pub(crate) fn check_options(&self) -> Result<(), Error> {
         if let Some((_, ttl)) = &self.lease {
-            crate::limits::LEASE
+            crate::record::limits::LEASE
                 .check("lease", *ttl)
                 .map_err(|reason| Error::InvalidInput {
                     what: "the runner's lease".into(),
@@ -130,7 +141,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
 
     /// A lease for this runner's owner from now, on both clocks.
     pub(crate) fn fresh_lease(&self, me: &Owner, ttl: Duration) -> Lease {
-        let local = crate::process::boot_millis()
+        let local = crate::engine::process::boot_millis()
             .map(|b| b.saturating_add(ttl.as_millis().min(u64::MAX as u128) as u64));
         Lease::new(me.clone(), self.clock.now().saturating_add(ttl)).local_until(local)
     }
@@ -169,7 +180,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// On one host, expiry is judged by the host's boot clock and the holder's
     /// process, never by wall clocks; across hosts, by the taker's wall clock
     /// (see `docs/durability.md`). `ttl` must lie in
-    /// [`limits::LEASE`](crate::limits::LEASE); a run with one outside it
+    /// [`limits::LEASE`](crate::record::limits::LEASE); a run with one outside it
     /// fails with [`Error::InvalidInput`] before anything is loaded.
     pub fn lease(mut self, owner: Owner, ttl: Duration) -> Self {
         self.lease = Some((owner, ttl));
@@ -227,7 +238,9 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         match self.store.load(run_id).await {
             Ok(None) if fenced => removed(crate::Removal::Deleted),
             Ok(Some(cp)) if fenced && cp.being_built() => removed(crate::Removal::BeingReplaced),
-            Ok(Some(cp)) if cp.status == crate::RunStatus::Cancelled => crate::ops::cancelled(&cp),
+            Ok(Some(cp)) if cp.status == crate::RunStatus::Cancelled => {
+                crate::record::error::cancelled(&cp)
+            }
             // Written anew: an owner that took the run over keeps its
             // record, created when it was; a record written again (by an
             // import or copy of another record, or a new run under its id)
@@ -320,7 +333,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                 given: Some(format!(
                     "{} step(s): {} (fingerprint {})",
                     given.len(),
-                    crate::ids::preview(&given.join(", ")),
+                    crate::record::ids::preview(&given.join(", ")),
                     now.steps_sha256
                 )),
             })
@@ -372,7 +385,7 @@ pub(crate) fn standing(held: &Lease, me: &Owner, now: Timestamp) -> Standing {
         return Standing::Mine;
     }
     let on_this_host = held.owner.host == me.host;
-    if on_this_host && !crate::process::is_alive(&held.owner) {
+    if on_this_host && !crate::engine::process::is_alive(&held.owner) {
         return Standing::Gone;
     }
     if lease_left(held, now, on_this_host) > 0 {
@@ -386,17 +399,9 @@ pub(crate) fn standing(held: &Lease, me: &Owner, now: Timestamp) -> Standing {
 /// boot-clock deadline and is judged on its holder's host, else by the wall
 /// clock reading `now`.
 pub(crate) fn lease_left(held: &Lease, now: Timestamp, on_this_host: bool) -> u64 {
-    match (held.local_until, crate::process::boot_millis()) {
+    match (held.local_until, crate::engine::process::boot_millis()) {
         (Some(deadline), Some(boot)) if on_this_host => deadline.saturating_sub(boot),
         _ => held.until.unix_millis().saturating_sub(now.unix_millis()),
-    }
-}
-
-pub(crate) fn store_error(run_id: &str, op: &str, source: StoreError) -> Error {
-    Error::Store {
-        run_id: run_id.to_string(),
-        op: op.to_string(),
-        source,
     }
 }
 
@@ -423,5 +428,18 @@ pub(crate) fn step_failed(
             timed_out: matches!(kind, StepErrorKind::TimedOut(_)),
             source: err.source,
         },
+    }
+}
+
+/// A one-word name for how a call ended, for spans and logs.
+pub(crate) fn label<T>(out: &Result<crate::record::outcome::Outcome<T>, Error>) -> &'static str {
+    match out {
+        Ok(crate::record::outcome::Outcome::Completed(_)) => "completed",
+        Ok(crate::record::outcome::Outcome::Waiting { .. }) => "waiting",
+        Ok(crate::record::outcome::Outcome::Sleeping { .. }) => "sleeping",
+        Ok(crate::record::outcome::Outcome::Rejected { .. }) => "rejected",
+        Err(Error::Cancelled { .. }) => "cancelled",
+        Err(e) if e.is_held_elsewhere() => "held",
+        Err(_) => "failed",
     }
 }

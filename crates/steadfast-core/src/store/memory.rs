@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use crate::checkpoint::{Checkpoint, StepRecord};
-use crate::error::StoreError;
+use crate::record::checkpoint::{Checkpoint, StepRecord};
+use crate::record::error::StoreError;
 use crate::store::{check_head, check_whole_state, ListFilter, RunSummary, SaveRequest, Store};
 
 /// The default state size limit of [`MemoryStore`]: 64 MiB.

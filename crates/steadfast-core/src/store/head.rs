@@ -6,8 +6,10 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::checkpoint::{AuditEntry, Checkpoint, Decision, Lease, Origin, StepFailure, Wait};
-use crate::error::StoreError;
+use crate::record::checkpoint::{
+    AuditEntry, Checkpoint, Decision, Lease, Origin, StepFailure, Wait,
+};
+use crate::record::error::StoreError;
 
 /// The head document, as written.
 #[derive(serde::Serialize)]
@@ -197,7 +199,7 @@ impl<T: Clone> RunCache<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::Timestamp;
+    use crate::record::clock::Timestamp;
 
     /// A save that changes only numbers keeps the head's length, so that a
     /// store can overwrite the row in place (rewriting the whole row, state

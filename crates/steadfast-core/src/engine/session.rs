@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
-use crate::checkpoint::{
+use crate::engine::workflow::Step;
+use crate::engine::{lease_left, standing, store_error, Runner, Standing};
+use crate::record::checkpoint::{
     Checkpoint, Decision, Lease, OnTimeout, RunStatus, StepFailure, StepRecord, Wait,
 };
-use crate::clock::Timestamp;
-use crate::engine::{lease_left, standing, store_error, Runner, Standing};
-use crate::error::{Error, StoreError, StoreErrorKind};
-use crate::outcome::{rejected, Suspension};
-use crate::state::Update;
+use crate::record::clock::Timestamp;
+use crate::record::error::{Error, StoreError, StoreErrorKind};
+use crate::record::outcome::{rejected, Suspension};
+use crate::record::state::Update;
 use crate::store::{SaveRequest, Store};
-use crate::workflow::Step;
 
 /// The recorded progress of one call of a durable function.
 pub(crate) struct Session {
@@ -153,14 +153,14 @@ impl Session {
             step,
             format!(
                 "the step finished but its checkpoint could not be saved: {}",
-                crate::error::chain(err)
+                crate::record::error::chain(err)
             ),
             attempt,
             true,
             now,
         ));
         if let Err(e) = self.save(r, None).await {
-            tracing::warn!(run_id = %self.cp.run_id, step, error = %crate::error::chain(&e), "could not record that a checkpoint failed");
+            tracing::warn!(run_id = %self.cp.run_id, step, error = %crate::record::error::chain(&e), "could not record that a checkpoint failed");
         }
     }
 
@@ -201,7 +201,7 @@ impl Session {
             // Someone saved between the look and the claim: this call never
             // had the run.
             Err(e) if e.kind() == StoreErrorKind::Conflict => {
-                crate::metrics::claim_missed();
+                crate::engine::metrics::claim_missed();
                 return Err(Error::ClaimLost {
                     run_id: self.cp.run_id.clone(),
                 });
@@ -496,7 +496,7 @@ impl Session {
         );
         let began = std::time::Instant::now();
         let saved = r.store.save(req).instrument(span).await;
-        crate::metrics::save(
+        crate::engine::metrics::save(
             began.elapsed(),
             saved.is_ok(),
             matches!(&saved, Err(e) if e.kind() == StoreErrorKind::Conflict),

@@ -1,0 +1,21 @@
+//! The state keys the engine writes itself, which steps and inputs may not
+//! use: one list for the engine, the command line and the bindings.
+
+/// The state key under which [`start`](crate::start) keeps a listed
+/// workflow's input whole, so that a rewind or fork can rebuild the state
+/// before a step that overwrote one of its values.
+pub const START_KEY: &str = "__start";
+
+/// The state key under which [`start`](crate::start) keeps a durable
+/// function's input ([`DurableCtx::input`](crate::DurableCtx::input)).
+pub const INPUT_KEY: &str = "__input";
+
+/// The state key under which a durable function's result is saved.
+pub const RESULT_KEY: &str = "__result";
+
+/// Every state key the engine writes itself.
+///
+/// ```
+/// assert!(steadfast_core::RESERVED_KEYS.contains(&"__start"));
+/// ```
+pub const RESERVED_KEYS: [&str; 3] = [START_KEY, INPUT_KEY, RESULT_KEY];

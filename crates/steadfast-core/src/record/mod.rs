@@ -1,0 +1,12 @@
+//! The record of a run and its checks: the checkpoint, its state and the
+//! rules a value must keep, run ids and names, the ranges of inputs, time,
+//! errors and outcomes. It imports nothing else of the crate.
+
+pub mod checkpoint;
+pub mod clock;
+pub mod error;
+pub mod ids;
+pub mod keys;
+pub mod limits;
+pub mod outcome;
+pub mod state;
