@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use steadfast::{
-    open_store, update, Event, Outcome, RetryPolicy, Runner, Step, Workflow, DEFAULT_STORE_URL,
+    open_store, update, Event, Outcome, RetryPolicy, Runner, Step, StoreExt, Workflow,
+    DEFAULT_STORE_URL,
 };
 
 const RUN_ID: &str = "research-42";

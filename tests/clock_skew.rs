@@ -16,7 +16,7 @@ use serde_json::json;
 use steadfast::store::SaveRequest;
 use steadfast::{
     update, Checkpoint, Clock, ListFilter, MemoryStore, Owner, RunStatus, RunSummary, Runner,
-    StepRecord, Store, StoreError, Timestamp, Workflow,
+    Store, StoreError, Timestamp, Workflow,
 };
 
 const SCHEDULES: u64 = 200;
@@ -59,8 +59,11 @@ impl Store for Recording {
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         self.inner.delete(run_id).await
     }
-    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        self.inner.history(run_id).await
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        self.inner.delete_if(run_id, version).await
+    }
+    fn capabilities(&self) -> steadfast::Capabilities<'_> {
+        self.inner.capabilities()
     }
 }
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 use steadfast::transfer::{copy, export_run, put_run};
+use steadfast::StoreExt as _;
 use steadfast::{
     approve, ops, start, update, ListFilter, Runner, Step, StepError, Store, SystemClock, Workflow,
 };

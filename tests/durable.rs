@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
+use steadfast::StoreExt as _;
 use steadfast::{
     approve, durable, Error, ManualClock, Outcome, RetryPolicy, Runner, StepError, StepOptions,
     Store, SystemClock, Timestamp,

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use steadfast::store::SaveRequest;
+use steadfast::StoreExt as _;
 use steadfast::{
     approve, current_owner, reject, update, Checkpoint, Clock, Error, Lease, ManualClock,
     MemoryStore, OnTimeout, Outcome, Owner, RunStatus, Runner, Step, Store, Timestamp, Workflow,
@@ -333,6 +334,9 @@ impl Store for AlwaysContended {
     }
     async fn delete(&self, run_id: &str) -> Result<bool, steadfast::StoreError> {
         self.0.delete(run_id).await
+    }
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, steadfast::StoreError> {
+        self.0.delete_if(run_id, version).await
     }
 }
 

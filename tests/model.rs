@@ -22,10 +22,11 @@ use std::time::Duration;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use steadfast::store::SaveRequest;
+
 use steadfast::{
     approve, reject, Checkpoint, Clock, Error, ListFilter, ManualClock, OnTimeout, Outcome, Owner,
-    RetryPolicy, RunStatus, RunSummary, Runner, Step, StepError, StepRecord, Store, StoreError,
-    Timestamp, Wait, Workflow,
+    RetryPolicy, RunStatus, RunSummary, Runner, Step, StepError, Store, StoreError, Timestamp,
+    Wait, Workflow,
 };
 use tokio::sync::Notify;
 
@@ -112,8 +113,11 @@ impl Store for Crashable {
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         self.inner.delete(run_id).await
     }
-    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        self.inner.history(run_id).await
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        self.inner.delete_if(run_id, version).await
+    }
+    fn capabilities(&self) -> steadfast::Capabilities<'_> {
+        self.inner.capabilities()
     }
 }
 

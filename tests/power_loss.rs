@@ -47,6 +47,12 @@ impl<S: Store> Store for Acking<S> {
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         self.inner.delete(run_id).await
     }
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
+        self.inner.delete_if(run_id, version).await
+    }
+    fn capabilities(&self) -> steadfast::Capabilities<'_> {
+        self.inner.capabilities()
+    }
 }
 
 fn workflow(steps: usize, counts: &Counts) -> Workflow {

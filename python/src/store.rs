@@ -10,6 +10,7 @@ use steadfast::{ListFilter, RunStatus, Store, SystemClock};
 use crate::convert::{serde_to_py, to_json, to_py};
 use crate::errors::{err, store_err, InvalidInput};
 use crate::pending::rt;
+use steadfast::StoreExt as _;
 
 /// Runs `fut` to its end on the runtime with the GIL released.
 pub fn block<F: std::future::Future + Send>(py: Python<'_>, fut: F) -> F::Output

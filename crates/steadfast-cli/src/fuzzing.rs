@@ -17,6 +17,7 @@ use steadfast::{Checkpoint, MemoryStore, Step, Store, SystemClock, Workflow};
 use crate::args::Cli;
 use crate::command::{parse_json_exact, parse_update};
 use crate::flow;
+use steadfast::StoreExt as _;
 
 /// A fuzz target: takes any bytes, panics only on a broken promise.
 pub type Target = fn(&[u8]);

@@ -11,7 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pg::PgEnv;
-use steadfast::Store;
+
+use steadfast::StoreExt as _;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 use pg::{now_ns, Execution, PgEnv};
 use steadfast::Store;
+use steadfast::StoreExt as _;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 

@@ -16,6 +16,7 @@ use crate::{CheckResult, TestStore, STATE_LIMIT};
 
 pub use crate::ops_checks::*;
 pub use crate::replace_checks::*;
+use steadfast_core::StoreExt as _;
 
 macro_rules! ensure {
     ($cond:expr, $($fmt:tt)+) => {

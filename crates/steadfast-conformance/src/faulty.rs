@@ -2,13 +2,11 @@
 //! store boundary.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use steadfast_core::store::SaveRequest;
 use steadfast_core::{
-    Checkpoint, Clock, DueRequest, ListFilter, RunSummary, StepRecord, Store, StoreError,
-    StoreErrorKind,
+    Capabilities, Checkpoint, ListFilter, RunSummary, Store, StoreError, StoreErrorKind,
 };
 
 /// What [`FaultyStore`] does to the save it is armed for.
@@ -62,10 +60,6 @@ fn injected(kind: StoreErrorKind, what: &str) -> StoreError {
 
 #[async_trait]
 impl<S: Store> Store for FaultyStore<S> {
-    fn max_state_bytes(&self) -> Option<u64> {
-        self.inner.max_state_bytes()
-    }
-
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         self.inner.load(run_id).await
     }
@@ -104,32 +98,9 @@ impl<S: Store> Store for FaultyStore<S> {
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         self.inner.delete_if(run_id, version).await
     }
-    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        self.inner.history(run_id).await
-    }
-    async fn rewrite_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        records: &[StepRecord],
-    ) -> Result<(), StoreError> {
-        self.inner.rewrite_history(run_id, expected, records).await
-    }
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        self.inner.fold_history(run_id, expected, fold).await
-    }
-    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
-        self.inner.claim_due(due).await
-    }
-    async fn wait_for_work(&self, timeout: std::time::Duration) {
-        self.inner.wait_for_work(timeout).await
-    }
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        self.inner.clock()
+    /// The wrapped store's capabilities, all of them: faults are injected
+    /// into saves only.
+    fn capabilities(&self) -> Capabilities<'_> {
+        self.inner.capabilities()
     }
 }

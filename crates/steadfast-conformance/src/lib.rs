@@ -41,6 +41,32 @@ use std::future::Future;
 use std::sync::Arc;
 
 pub use faulty::{Fault, FaultyStore};
+
+/// Checks that `wrapped`, a store wrapped around `inner`, declares every
+/// capability `inner` declares ([`Store::capabilities`]): a wrapper that
+/// forgot one would make the stores it wraps answer `Unsupported` for
+/// history, or fall back to slower scheduling and another clock.
+///
+/// ```
+/// use std::sync::Arc;
+/// use steadfast_conformance::{keeps_capabilities, FaultyStore, Fault};
+/// use steadfast_core::MemoryStore;
+///
+/// let inner = Arc::new(MemoryStore::new());
+/// let faulty = FaultyStore::new(Arc::clone(&inner), 0, Fault::LoseButReportUnknown);
+/// assert!(keeps_capabilities(&*inner, &faulty).is_ok());
+/// ```
+pub fn keeps_capabilities(inner: &dyn Store, wrapped: &dyn Store) -> Result<(), String> {
+    let (had, has) = (inner.capabilities().names(), wrapped.capabilities().names());
+    let lost: Vec<&str> = had.iter().filter(|n| !has.contains(n)).copied().collect();
+    if lost.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the wrapper lost {lost:?} of the wrapped store's capabilities {had:?} (it declares {has:?})"
+        ))
+    }
+}
 use steadfast_core::Store;
 
 /// Re-exported for the macro's expansion.
@@ -194,6 +220,7 @@ macro_rules! store_conformance {
             delete_and_replace_refuse_a_held_run,
             a_holder_is_told_its_run_was_deleted_or_replaced,
             a_half_built_run_is_left_alone_by_retention,
+            wrappers_keep_every_capability,
         );
     };
 }
@@ -238,4 +265,44 @@ macro_rules! __checks {
             }
         )*
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use steadfast_core::store::SaveRequest;
+    use steadfast_core::{Checkpoint, ListFilter, MemoryStore, RunSummary, StoreError};
+
+    /// A wrapper that forwards the five methods and forgets the rest.
+    struct Forgetful(MemoryStore);
+
+    #[async_trait::async_trait]
+    impl Store for Forgetful {
+        async fn load(&self, id: &str) -> Result<Option<Checkpoint>, StoreError> {
+            self.0.load(id).await
+        }
+        async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+            self.0.save(req).await
+        }
+        async fn list(&self, f: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
+            self.0.list(f).await
+        }
+        async fn delete(&self, id: &str) -> Result<bool, StoreError> {
+            self.0.delete(id).await
+        }
+        async fn delete_if(&self, id: &str, v: u64) -> Result<bool, StoreError> {
+            self.0.delete_if(id, v).await
+        }
+    }
+
+    /// The negative control: a wrapper that drops capabilities is caught.
+    #[test]
+    fn a_wrapper_that_forgets_a_capability_is_caught() {
+        let inner = MemoryStore::new();
+        let err = keeps_capabilities(&inner, &Forgetful(MemoryStore::new())).unwrap_err();
+        assert!(
+            err.contains("history") && err.contains("max_state_bytes"),
+            "{err}"
+        );
+    }
 }

@@ -15,6 +15,7 @@ use steadfast_core::{
 };
 
 use crate::{CheckResult, TestStore};
+use steadfast_core::StoreExt as _;
 
 macro_rules! ensure {
     ($cond:expr, $($fmt:tt)+) => {

@@ -391,3 +391,14 @@ pub async fn a_half_built_fork_is_left_alone_by_retention_and_prune(ts: TestStor
     );
     Ok(())
 }
+
+/// A store keeps every capability when wrapped: in a [`FaultyStore`], and
+/// in an `Arc` (what `open_store` hands out).
+pub async fn wrappers_keep_every_capability(ts: TestStore) -> CheckResult {
+    let store = &ts.store;
+    let faulty = FaultyStore::new(Arc::clone(store), usize::MAX, Fault::FailFromHere);
+    crate::keeps_capabilities(&**store, &faulty)?;
+    let shared: Arc<dyn Store> = Arc::new(Arc::clone(store));
+    crate::keeps_capabilities(&**store, &*shared)?;
+    Ok(())
+}

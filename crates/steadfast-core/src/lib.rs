@@ -63,7 +63,9 @@ pub use record::keys::{INPUT_KEY, RESERVED_KEYS, RESULT_KEY, START_KEY};
 pub use record::outcome::{Event, Outcome, Suspension};
 pub use record::state::{merge, State, Update, MAX_VALUE_DEPTH};
 pub use store::memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
-pub use store::{DueRequest, ListFilter, RunSummary, Store};
+pub use store::{
+    Capabilities, DueRequest, History, ListFilter, RunSummary, Schedule, Store, StoreExt,
+};
 
 /// Re-exported so that stores and tests name the same versions.
 pub use async_trait::async_trait;

@@ -35,6 +35,7 @@ use steadfast_core::store::{
     check_head, check_size, check_state, decode_head, encode_head, encode_json, state_size,
     DueRequest, RunCache, SaveRequest,
 };
+use steadfast_core::{Capabilities, History, Schedule};
 use steadfast_core::{
     Checkpoint, ListFilter, RunStatus, RunSummary, State, StepRecord, Store, StoreError,
     StoreErrorKind, Timestamp, Update,
@@ -1227,8 +1228,11 @@ impl CosmosStore {
 
 #[async_trait]
 impl Store for CosmosStore {
-    fn max_state_bytes(&self) -> Option<u64> {
-        Some(self.shared.opts.max_state_bytes)
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::none()
+            .history(self)
+            .schedule(self)
+            .max_state_bytes(self.shared.opts.max_state_bytes)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -1614,7 +1618,10 @@ impl Store for CosmosStore {
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         self.delete_at(run_id, Some(version)).await
     }
+}
 
+#[async_trait]
+impl Schedule for CosmosStore {
     /// Due runs by the heads' `wake_at`, in one cross-partition query (no
     /// reservation: the lease the run loop claims decides who runs a run).
     async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
@@ -1646,26 +1653,10 @@ impl Store for CosmosStore {
         found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.run_id.cmp(&b.1.run_id)));
         Ok(found.into_iter().take(due.limit).map(|(_, s)| s).collect())
     }
+}
 
-    async fn rewrite_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        records: &[StepRecord],
-    ) -> Result<(), StoreError> {
-        self.rewrite_items(run_id, expected, records, false).await
-    }
-
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        self.rewrite_items(run_id, expected, std::slice::from_ref(fold), true)
-            .await
-    }
-
+#[async_trait]
+impl History for CosmosStore {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         let key = encode_run_id(run_id);
         let hid = head_id(&key);
@@ -1715,6 +1706,23 @@ impl Store for CosmosStore {
         }
         out.sort_by_key(|s| s.index);
         Ok(Some(out))
+    }
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        self.rewrite_items(run_id, expected, records, false).await
+    }
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        self.rewrite_items(run_id, expected, std::slice::from_ref(fold), true)
+            .await
     }
 }
 

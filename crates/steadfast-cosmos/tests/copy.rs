@@ -9,6 +9,7 @@ use std::sync::Arc;
 use serde_json::json;
 use steadfast_conformance::runtime as rt;
 use steadfast_core::transfer::copy;
+use steadfast_core::StoreExt as _;
 use steadfast_core::{
     approve, ops, update, ListFilter, MemoryStore, Outcome, Runner, Step, Store, SystemClock,
     Workflow,

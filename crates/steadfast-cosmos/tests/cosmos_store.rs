@@ -11,6 +11,7 @@ use steadfast_conformance::runtime as rt;
 
 use serde_json::json;
 use steadfast_core::store::SaveRequest;
+use steadfast_core::StoreExt as _;
 use steadfast_core::{
     run, update, Checkpoint, RetryPolicy, RunStatus, Runner, Step, StepError, StepRecord, Store,
     StoreErrorKind, Timestamp, Workflow,

@@ -44,6 +44,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use steadfast_core::store::{check_head, check_size, check_whole_state, merge_head, SaveRequest};
+use steadfast_core::{Capabilities, History};
 use steadfast_core::{Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError};
 
 pub use crate::fs::{Fs, LockGuard, OsFs, WriteError};
@@ -516,8 +517,10 @@ impl<F: Fs> FileStore<F> {
 
 #[async_trait]
 impl<F: Fs> Store for FileStore<F> {
-    fn max_state_bytes(&self) -> Option<u64> {
-        Some(self.inner.opts.max_state_bytes)
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::none()
+            .history(self)
+            .max_state_bytes(self.inner.opts.max_state_bytes)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -621,38 +624,6 @@ impl<F: Fs> Store for FileStore<F> {
         .await
     }
 
-    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        let run_id = run_id.to_string();
-        self.blocking(None, move |inner| {
-            let mut image = inner.read_image()?;
-            if !image.runs.contains_key(&run_id) {
-                return Ok(None);
-            }
-            Ok(Some(image.history.remove(&run_id).unwrap_or_default()))
-        })
-        .await
-    }
-
-    async fn rewrite_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        records: &[StepRecord],
-    ) -> Result<(), StoreError> {
-        self.rewrite(run_id, expected, records.to_vec(), false)
-            .await
-    }
-
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        self.rewrite(run_id, expected, vec![fold.clone()], true)
-            .await
-    }
-
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         let run_id = run_id.to_string();
         let writes = run_id.clone();
@@ -674,6 +645,39 @@ impl<F: Fs> Store for FileStore<F> {
             })
         })
         .await
+    }
+}
+
+#[async_trait]
+impl<F: Fs> History for FileStore<F> {
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        let run_id = run_id.to_string();
+        self.blocking(None, move |inner| {
+            let mut image = inner.read_image()?;
+            if !image.runs.contains_key(&run_id) {
+                return Ok(None);
+            }
+            Ok(Some(image.history.remove(&run_id).unwrap_or_default()))
+        })
+        .await
+    }
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        self.rewrite(run_id, expected, records.to_vec(), false)
+            .await
+    }
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        self.rewrite(run_id, expected, vec![fold.clone()], true)
+            .await
     }
 }
 

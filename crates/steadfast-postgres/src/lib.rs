@@ -51,6 +51,7 @@ use steadfast_core::store::{
     check_head, check_size, check_state, decode_head, encode_head, encode_json, state_size,
     DueRequest, RunCache, SaveRequest,
 };
+use steadfast_core::{Capabilities, History, Schedule};
 use steadfast_core::{
     Checkpoint, Clock, ListFilter, RunStatus, RunSummary, State, StepRecord, Store, StoreError,
     StoreErrorKind, SystemClock, Timestamp, Update,
@@ -807,8 +808,13 @@ impl PgStore {
 
 #[async_trait]
 impl Store for PgStore {
-    fn max_state_bytes(&self) -> Option<u64> {
-        Some(self.shared.opts.max_state_bytes)
+    fn capabilities(&self) -> Capabilities<'_> {
+        let clock = Arc::clone(&self.shared.clock) as Arc<dyn Clock>;
+        Capabilities::none()
+            .history(self)
+            .schedule(self)
+            .clock(clock)
+            .max_state_bytes(self.shared.opts.max_state_bytes)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -1007,31 +1013,10 @@ impl Store for PgStore {
             }),
         }
     }
+}
 
-    async fn rewrite_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        records: &[StepRecord],
-    ) -> Result<(), StoreError> {
-        self.rewrite(run_id, expected, records, None).await
-    }
-
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        self.rewrite(
-            run_id,
-            expected,
-            std::slice::from_ref(fold),
-            Some(fold.index as i64),
-        )
-        .await
-    }
-
+#[async_trait]
+impl History for PgStore {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         let client = self.client().await?;
         let ctx = || {
@@ -1072,7 +1057,32 @@ impl Store for PgStore {
         }
         Ok(Some(out))
     }
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        self.rewrite(run_id, expected, records, None).await
+    }
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        self.rewrite(
+            run_id,
+            expected,
+            std::slice::from_ref(fold),
+            Some(fold.index as i64),
+        )
+        .await
+    }
+}
 
+#[async_trait]
+impl Schedule for PgStore {
     async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
         // Keep the worker's clock in step with the server's while it polls.
         self.sync_clock().await?;
@@ -1092,14 +1102,9 @@ impl Store for PgStore {
             .map_err(|e| map_err(e, &ctx()))?;
         rows.iter().map(|r| self.summary(r)).collect()
     }
-
     async fn wait_for_work(&self, timeout: Duration) {
         self.ensure_listener();
         let _ = tokio::time::timeout(timeout, self.shared.wake.notified()).await;
-    }
-
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        Some(Arc::clone(&self.shared.clock) as Arc<dyn Clock>)
     }
 }
 

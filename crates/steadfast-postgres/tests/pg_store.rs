@@ -7,6 +7,7 @@ use std::sync::Arc;
 use steadfast_conformance::runtime as rt;
 
 use steadfast_core::store::SaveRequest;
+use steadfast_core::StoreExt as _;
 use steadfast_core::{Checkpoint, Store, StoreErrorKind, Timestamp};
 use steadfast_postgres::{PgOptions, PgStore};
 

@@ -62,9 +62,10 @@ use serde_json::Value;
 use steadfast_core::store::{
     check_head, check_size, check_state, state_size, RunCache, SaveRequest,
 };
+use steadfast_core::{Capabilities, History};
 use steadfast_core::{
-    Checkpoint, Clock, DueRequest, ListFilter, RunSummary, State, StepRecord, Store, StoreError,
-    StoreErrorKind, SystemClock, Update,
+    Checkpoint, Clock, ListFilter, RunSummary, State, StepRecord, Store, StoreError,
+    StoreErrorKind, StoreExt, SystemClock, Update,
 };
 
 pub use crate::blob::{is_sealed_blob, open_blob, seal_blob};
@@ -406,8 +407,11 @@ pub fn is_sealed_record(cp: &Checkpoint) -> bool {
 
 #[async_trait]
 impl Store for RefuseSealed {
-    fn max_state_bytes(&self) -> Option<u64> {
-        self.inner.max_state_bytes()
+    fn capabilities(&self) -> Capabilities<'_> {
+        let mut caps = self.inner.capabilities();
+        // Its own history: rows pass its check (or seal) on their way.
+        caps.history = caps.history.map(|_| self as &dyn History);
+        caps
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -428,6 +432,21 @@ impl Store for RefuseSealed {
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         self.inner.delete_if(run_id, version).await
     }
+}
+
+#[async_trait]
+impl History for RefuseSealed {
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        let history = self.inner.history(run_id).await?;
+        if history
+            .iter()
+            .flatten()
+            .any(|r| r.update.values().any(is_sealed))
+        {
+            return Err(Self::refused(run_id));
+        }
+        Ok(history)
+    }
     async fn rewrite_history(
         &self,
         run_id: &str,
@@ -445,26 +464,6 @@ impl Store for RefuseSealed {
         fold: &StepRecord,
     ) -> Result<(), StoreError> {
         self.inner.fold_history(run_id, expected, fold).await
-    }
-    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        let history = self.inner.history(run_id).await?;
-        if history
-            .iter()
-            .flatten()
-            .any(|r| r.update.values().any(is_sealed))
-        {
-            return Err(Self::refused(run_id));
-        }
-        Ok(history)
-    }
-    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
-        self.inner.claim_due(due).await
-    }
-    async fn wait_for_work(&self, timeout: std::time::Duration) {
-        self.inner.wait_for_work(timeout).await
-    }
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        self.inner.clock()
     }
 }
 
@@ -927,11 +926,14 @@ impl SealedStore {
 
 #[async_trait]
 impl Store for SealedStore {
-    /// Its own limit on the plain state, if it has one: the store under it
-    /// limits the sealed state, which is larger, so that limit is not this
-    /// store's.
-    fn max_state_bytes(&self) -> Option<u64> {
-        self.max_state_bytes
+    fn capabilities(&self) -> Capabilities<'_> {
+        let mut caps = self.inner.capabilities();
+        // Its own history: rows are sealed and opened on their way.
+        caps.history = caps.history.map(|_| self as &dyn History);
+        // Its own limit on the plain state, else the inner store's, which
+        // limits the sealed state (larger): a further limit within that.
+        caps.max_state_bytes = self.max_state_bytes.or(caps.max_state_bytes);
+        caps
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -956,7 +958,7 @@ impl Store for SealedStore {
                 let sealed_state = cp.state.clone();
                 let opened = self.unseal(cp)?;
                 if verify_rows {
-                    match self.history(run_id).await {
+                    match StoreExt::history(self, run_id).await {
                         Ok(_) => {}
                         Err(e) if e.kind() == StoreErrorKind::Unsupported => {}
                         Err(e) => return Err(e),
@@ -1054,14 +1056,16 @@ impl Store for SealedStore {
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         self.inner.delete_if(run_id, version).await
     }
+}
 
+#[async_trait]
+impl History for SealedStore {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         match self.inner.history(run_id).await? {
             Some(records) => self.unseal_history(run_id, records).map(Some),
             None => Ok(None),
         }
     }
-
     async fn rewrite_history(
         &self,
         run_id: &str,
@@ -1071,7 +1075,6 @@ impl Store for SealedStore {
         let sealed = self.seal_history(run_id, records)?;
         self.inner.rewrite_history(run_id, expected, &sealed).await
     }
-
     async fn fold_history(
         &self,
         run_id: &str,
@@ -1083,17 +1086,5 @@ impl Store for SealedStore {
             Some(f) => self.inner.fold_history(run_id, expected, f).await,
             None => Ok(()),
         }
-    }
-
-    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
-        self.inner.claim_due(due).await
-    }
-
-    async fn wait_for_work(&self, timeout: std::time::Duration) {
-        self.inner.wait_for_work(timeout).await
-    }
-
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        self.inner.clock()
     }
 }

@@ -57,3 +57,32 @@ mod file {
     history_conformance!(make);
     history_rewrite_conformance!(make);
 }
+
+/// The sealing wrapper and the one that refuses sealed records keep every
+/// capability of the store under them (history, a state limit; scheduling
+/// and the server's clock on PostgreSQL).
+mod capabilities {
+    use super::*;
+    use steadfast_conformance::keeps_capabilities;
+    use steadfast_seal::RefuseSealed;
+
+    fn both(inner: Arc<dyn steadfast_core::Store>) {
+        let keys = Keyring::parse(KEYS).unwrap();
+        let sealed = SealedStore::new(Arc::clone(&inner), keys);
+        keeps_capabilities(&*inner, &sealed).unwrap();
+        let refusing = RefuseSealed::new(Arc::clone(&inner));
+        keeps_capabilities(&*inner, &refusing).unwrap();
+    }
+
+    #[test]
+    fn on_memory_sqlite_and_file() {
+        both(Arc::new(MemoryStore::new()));
+        let dir = tempfile::tempdir().expect("a temp dir");
+        both(Arc::new(
+            steadfast_sqlite::SqliteStore::open(dir.path().join("runs.db")).expect("open"),
+        ));
+        both(Arc::new(
+            steadfast_file::FileStore::open(dir.path().join("runs.json")).expect("open"),
+        ));
+    }
+}

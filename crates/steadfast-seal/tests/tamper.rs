@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 use steadfast_core::store::SaveRequest;
+use steadfast_core::StoreExt as _;
 use steadfast_core::{
     approve, error_chain, run, update, Checkpoint, MemoryStore, Step, Store, StoreError,
     StoreErrorKind, SystemClock, Workflow,

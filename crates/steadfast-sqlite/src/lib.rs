@@ -22,7 +22,7 @@
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! use serde_json::json;
-//! use steadfast_core::{run, update, Store, Workflow};
+//! use steadfast_core::{run, update, StoreExt, Workflow};
 //! use steadfast_sqlite::SqliteStore;
 //!
 //! let dir = tempfile::tempdir().unwrap();
@@ -53,6 +53,7 @@ use steadfast_core::store::{
     check_head, check_size, check_state, decode_head, encode_head, encode_json, state_size,
     RunCache, SaveRequest,
 };
+use steadfast_core::{Capabilities, History};
 use steadfast_core::{
     Checkpoint, ListFilter, RunStatus, RunSummary, State, StepRecord, Store, StoreError, Timestamp,
     Update,
@@ -693,8 +694,10 @@ fn step_row(step: &StepRecord, run_id: &str) -> Result<StepRow, StoreError> {
 
 #[async_trait]
 impl Store for SqliteStore {
-    fn max_state_bytes(&self) -> Option<u64> {
-        Some(self.shared.opts.max_state_bytes)
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::none()
+            .history(self)
+            .max_state_bytes(self.shared.opts.max_state_bytes)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -852,31 +855,10 @@ impl Store for SqliteStore {
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         self.delete_at(run_id, Some(version)).await
     }
+}
 
-    async fn rewrite_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        records: &[StepRecord],
-    ) -> Result<(), StoreError> {
-        self.rewrite(run_id, expected, records, None).await
-    }
-
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        self.rewrite(
-            run_id,
-            expected,
-            std::slice::from_ref(fold),
-            Some(fold.index as i64),
-        )
-        .await
-    }
-
+#[async_trait]
+impl History for SqliteStore {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         let id = run_id.to_string();
         self.read(move |conn, path| {
@@ -921,6 +903,28 @@ impl Store for SqliteStore {
             }
             Ok(Some(out))
         })
+        .await
+    }
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        self.rewrite(run_id, expected, records, None).await
+    }
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        self.rewrite(
+            run_id,
+            expected,
+            std::slice::from_ref(fold),
+            Some(fold.index as i64),
+        )
         .await
     }
 }

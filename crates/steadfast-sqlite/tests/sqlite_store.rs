@@ -5,6 +5,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use steadfast_core::StoreExt as _;
 use steadfast_core::{run, update, Store, StoreError, StoreErrorKind, Workflow};
 use steadfast_sqlite::{SqliteOptions, SqliteStore, SCHEMA_VERSION};
 

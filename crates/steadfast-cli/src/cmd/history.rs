@@ -3,6 +3,7 @@
 use super::{no_such_run, Ctx, Failure};
 use crate::args::exit;
 use crate::output;
+use steadfast::StoreExt as _;
 
 /// Arguments of `history`.
 #[derive(clap::Args, Debug)]

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use steadfast::Store;
 
 use crate::args::exit;
+use steadfast::StoreExt as _;
 
 /// What every command works on.
 pub struct Ctx {

@@ -5,6 +5,7 @@ use anyhow::Context;
 use super::{no_such_run, Ctx, Failure};
 use crate::args::exit;
 use crate::output;
+use steadfast::StoreExt as _;
 
 /// Arguments of `show`.
 #[derive(clap::Args, Debug)]

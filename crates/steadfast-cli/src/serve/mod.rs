@@ -26,6 +26,7 @@ use steadfast::stuck::{diagnose, Stuck};
 use steadfast::{Checkpoint, Error, ListFilter, RunStatus, RunSummary, StepRecord, Store};
 
 use crate::cmd::{Ctx, Failure};
+use steadfast::StoreExt as _;
 
 /// Runs on one page of the list, unless the request asks for fewer.
 const PAGE: usize = 50;
@@ -856,7 +857,7 @@ mod tests {
     use steadfast::store::SaveRequest;
     use steadfast::{async_trait, ListFilter, MemoryStore, RunSummary, StoreError};
 
-    /// A store that keeps no per-step history (the trait's default).
+    /// A store that keeps no per-step history (it declares no capability).
     struct NoHistory(MemoryStore);
 
     #[async_trait]
@@ -872,6 +873,9 @@ mod tests {
         }
         async fn delete(&self, id: &str) -> Result<bool, StoreError> {
             self.0.delete(id).await
+        }
+        async fn delete_if(&self, id: &str, version: u64) -> Result<bool, StoreError> {
+            self.0.delete_if(id, version).await
         }
     }
 

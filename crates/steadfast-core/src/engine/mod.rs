@@ -23,6 +23,7 @@ pub(crate) use crate::record::error::store_error;
 use crate::record::error::{Error, StepError, StepErrorKind, StoreError};
 use crate::record::outcome::Event;
 use crate::store::Store;
+use crate::store::StoreExt as _;
 
 /// How long a running step may go on after its run was cancelled, unless
 /// [`Runner::cancel_grace`] says otherwise.

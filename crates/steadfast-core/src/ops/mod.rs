@@ -40,6 +40,7 @@ use crate::record::clock::{Clock, Timestamp};
 use crate::record::error::{Error, StoreError, StoreErrorKind};
 use crate::record::limits::MAX_REASON_BYTES;
 use crate::record::state::State;
+use crate::store::StoreExt as _;
 use crate::store::{SaveRequest, Store};
 
 /// Keys of a run's state that the engine writes without a step record: the

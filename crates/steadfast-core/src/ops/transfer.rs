@@ -46,6 +46,7 @@ use sha2::{Digest, Sha256};
 use crate::engine::store_error;
 use crate::record::checkpoint::{Checkpoint, StepRecord, COPIER, COPY_MARK};
 use crate::record::error::{Error, StoreError, StoreErrorKind};
+use crate::store::StoreExt as _;
 use crate::store::{ListFilter, SaveRequest, Store};
 
 /// The version of the export layout this build writes and reads.

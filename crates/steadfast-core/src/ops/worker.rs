@@ -27,6 +27,7 @@ use crate::record::state::State;
 use crate::store::{DueRequest, SaveRequest, Store};
 
 use crate::record::keys::{INPUT_KEY, RESERVED_KEYS, START_KEY};
+use crate::store::StoreExt as _;
 
 /// The store a worker runs on: any store, shared.
 pub type SharedStore = Arc<dyn Store>;

@@ -7,7 +7,10 @@ use async_trait::async_trait;
 
 use crate::record::checkpoint::{Checkpoint, StepRecord};
 use crate::record::error::StoreError;
-use crate::store::{check_head, check_whole_state, ListFilter, RunSummary, SaveRequest, Store};
+use crate::store::{
+    check_head, check_whole_state, Capabilities, History, ListFilter, RunSummary, SaveRequest,
+    Store,
+};
 
 /// The default state size limit of [`MemoryStore`]: 64 MiB.
 pub const DEFAULT_MEMORY_STATE_LIMIT: u64 = 64 << 20;
@@ -105,8 +108,10 @@ fn at_version<'a>(
 
 #[async_trait]
 impl Store for MemoryStore {
-    fn max_state_bytes(&self) -> Option<u64> {
-        Some(self.state_limit)
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::none()
+            .history(self)
+            .max_state_bytes(self.state_limit)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -181,11 +186,13 @@ impl Store for MemoryStore {
             }),
         }
     }
+}
 
+#[async_trait]
+impl History for MemoryStore {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         Ok(self.runs().get(run_id).map(|e| e.history.clone()))
     }
-
     async fn rewrite_history(
         &self,
         run_id: &str,
@@ -210,7 +217,6 @@ impl Store for MemoryStore {
         }
         Ok(())
     }
-
     async fn fold_history(
         &self,
         run_id: &str,

@@ -194,12 +194,24 @@ impl From<&Checkpoint> for RunSummary {
     }
 }
 
-/// Where checkpoints live.
+/// Where checkpoints live: the seam between the engine and a store.
+///
+/// A store writes five methods: [`load`](Store::load), [`save`](Store::save),
+/// [`list`](Store::list), [`delete`](Store::delete) and
+/// [`delete_if`](Store::delete_if). Anything more it offers it declares in
+/// [`capabilities`](Store::capabilities): per-step history ([`History`]),
+/// scheduling for workers ([`Schedule`]), a clock of its own, a state size
+/// limit. Callers reach all of it through [`StoreExt`], which answers
+/// [`StoreError::Unsupported`] (or a default) for what a store lacks. A
+/// wrapper (an encrypting store, a fault injector) forwards the five
+/// methods and the capabilities of the store it wraps, keeping every one of
+/// them; the conformance suite checks that it does.
 ///
 /// Every backend passes the conformance suite (`steadfast-conformance`), which is
 /// the executable form of the contract written on each method. Concurrency is
 /// compare-and-swap on [`Checkpoint::version`]: nothing else is assumed of a
 /// backend, so leases, gates and timers are built on `load` and `save`.
+/// `docs/store-guide.md` says what a new store must write.
 #[async_trait]
 pub trait Store: Send + Sync {
     /// Loads the run's checkpoint.
@@ -211,7 +223,8 @@ pub trait Store: Send + Sync {
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError>;
 
     /// Writes a checkpoint if the stored version equals `req.expected`, and returns
-    /// the new version (`expected + 1`, or 1 when `expected` is `None`).
+    /// the new version (`expected + 1`, or 1 when `expected` is `None`; or
+    /// [`write_version`](SaveRequest::write_version) when it is set).
     ///
     /// - MUST fail with [`StoreError::Conflict`] and change nothing when the stored
     ///   version differs (including: present when `None` was expected, absent when a
@@ -244,65 +257,133 @@ pub trait Store: Send + Sync {
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError>;
 
     /// Deletes run `run_id` only if its stored version is still `version`:
-    /// what retention uses, so that a run that changed since it was listed
-    /// (retried, rewound, claimed again) is never deleted on old news.
-    /// Returns whether it existed.
+    /// what retention and replacements use, so that a run that changed since
+    /// it was looked at (retried, rewound, claimed again) is never deleted on
+    /// old news. Returns whether it existed.
     ///
-    /// Optional: the default answers [`StoreError::Unsupported`]. Contract,
-    /// for stores that implement it:
     /// - MUST fail with [`StoreError::Conflict`] and delete nothing when the
     ///   run exists with another version;
     /// - MUST answer `Ok(false)` for an absent run, and be durable like
     ///   [`delete`](Store::delete) otherwise.
-    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
-        let _ = (run_id, version);
-        Err(StoreError::Unsupported(
-            "this store cannot delete a run on condition of its version".into(),
-        ))
-    }
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError>;
 
+    /// What this store offers beyond the five methods: none by default.
+    ///
+    /// - MUST answer the same every time for one store value.
+    /// - A wrapper MUST answer every capability of the store it wraps (its
+    ///   own implementation of it, or the inner one's).
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::none()
+    }
+}
+
+/// What a [`Store`] offers beyond its five methods, as it declares them in
+/// [`Store::capabilities`].
+///
+/// ```
+/// use steadfast_core::{store::Capabilities, MemoryStore, Store};
+/// let store = MemoryStore::new();
+/// let caps = store.capabilities();
+/// assert!(caps.history.is_some() && caps.schedule.is_none());
+/// assert_eq!(caps.names(), ["history", "max_state_bytes"]);
+/// assert!(Capabilities::none().names().is_empty());
+/// ```
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct Capabilities<'a> {
+    /// Per-step history, and rewriting it ([`History`]).
+    pub history: Option<&'a dyn History>,
+    /// Finding due runs for workers, and waking them ([`Schedule`]).
+    pub schedule: Option<&'a dyn Schedule>,
+    /// The clock that leases, timers and gate timeouts on this store are
+    /// judged by (the database server's), instead of the system clock.
+    pub clock: Option<Arc<dyn Clock>>,
+    /// The largest state (serialized, in bytes) a save takes: the limit
+    /// [`Store::save`] refuses with [`StoreError::TooLarge`] (a store with
+    /// further limits, such as the size of a whole file, may still refuse a
+    /// save within it). What [`transfer`](crate::transfer) checks a record
+    /// against before it replaces anything.
+    pub max_state_bytes: Option<u64>,
+}
+
+impl std::fmt::Debug for Capabilities<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.names()).finish()
+    }
+}
+
+impl<'a> Capabilities<'a> {
+    /// No capability.
+    pub fn none() -> Self {
+        Self::default()
+    }
+    /// With per-step history.
+    pub fn history(mut self, h: &'a dyn History) -> Self {
+        self.history = Some(h);
+        self
+    }
+    /// With scheduling.
+    pub fn schedule(mut self, s: &'a dyn Schedule) -> Self {
+        self.schedule = Some(s);
+        self
+    }
+    /// With a clock of the store's own.
+    pub fn clock(mut self, c: Arc<dyn Clock>) -> Self {
+        self.clock = Some(c);
+        self
+    }
+    /// With a state size limit.
+    pub fn max_state_bytes(mut self, bytes: u64) -> Self {
+        self.max_state_bytes = Some(bytes);
+        self
+    }
+    /// The names of the capabilities present, in a fixed order: what a
+    /// wrapper must keep.
+    pub fn names(&self) -> Vec<&'static str> {
+        [
+            ("history", self.history.is_some()),
+            ("schedule", self.schedule.is_some()),
+            ("clock", self.clock.is_some()),
+            ("max_state_bytes", self.max_state_bytes.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(n, on)| on.then_some(n))
+        .collect()
+    }
+}
+
+/// Per-step history: a capability of a [`Store`]
+/// ([`Capabilities::history`]), on which rewind, fork, prune and export
+/// rely.
+#[async_trait]
+pub trait History: Send + Sync {
     /// The run's per-step history: one [`StepRecord`] per completed step, in
     /// index order, as the saves that completed them carried.
-    ///
-    /// Optional: the default answers [`StoreError::Unsupported`].
     ///
     /// - MUST return `Ok(None)` for an absent run.
     /// - MUST return the records of the steps below the run's `next`, at most one
     ///   per index (the latest save's), and none at or above `next`.
-    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        let _ = run_id;
-        Err(StoreError::Unsupported(
-            "this store keeps no per-step history".into(),
-        ))
-    }
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError>;
 
     /// Replaces the updates of step records of run `run_id` (those with the
     /// indexes of `records`; names, attempts and times stay), if the run's
     /// version is still `expected`: one write, or none. For re-encryption
     /// (`steadfast rekey`). The version does not change.
     ///
-    /// Contract, for stores that implement it:
     /// - MUST fail with [`StoreError::Conflict`] and change nothing when the
     ///   stored version is not `expected`, or the run is absent;
     /// - MUST leave every record not named in `records` as it was, and what
-    ///   [`load`](Store::load) returns unchanged: a record that a load still
+    ///   [`Store::load`] returns unchanged: a record that a load still
     ///   merges into the state (on stores that keep deltas, those since the
     ///   last snapshot; a save without a step takes a snapshot) or one at or
     ///   above `next` is refused with [`StoreError::InvalidInput`], and
     ///   nothing is written.
-    ///
-    /// The default is [`StoreError::Unsupported`].
     async fn rewrite_history(
         &self,
         run_id: &str,
         expected: u64,
         records: &[StepRecord],
-    ) -> Result<(), StoreError> {
-        let _ = (run_id, expected, records);
-        Err(StoreError::Unsupported(
-            "this store cannot rewrite its per-step history".into(),
-        ))
-    }
+    ) -> Result<(), StoreError>;
 
     /// Folds the history of run `run_id` below step `fold.index` into that
     /// step's row: the row at `fold.index` takes `fold`'s update (the
@@ -310,104 +391,163 @@ pub trait Store: Send + Sync {
     /// it are deleted, if the run's version is still `expected`: one write,
     /// or none. For `steadfast prune`. The version does not change.
     ///
-    /// Contract, for stores that implement it: as
-    /// [`rewrite_history`](Store::rewrite_history) for the row at
-    /// `fold.index` (a conflict, or a row that a load still merges, changes
-    /// nothing); afterwards [`history`](Store::history) lists the rows from
-    /// `fold.index` on, and what [`load`](Store::load) returns is unchanged.
-    ///
-    /// The default is [`StoreError::Unsupported`].
+    /// - MUST behave as [`rewrite_history`](History::rewrite_history) for
+    ///   the row at `fold.index` (a conflict, or a row that a load still
+    ///   merges, changes nothing);
+    /// - afterwards [`history`](History::history) MUST list the rows from
+    ///   `fold.index` on, and what [`Store::load`] returns MUST be unchanged.
     async fn fold_history(
         &self,
         run_id: &str,
         expected: u64,
         fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        let _ = (run_id, expected, fold);
-        Err(StoreError::Unsupported(
-            "this store cannot fold its per-step history".into(),
-        ))
-    }
+    ) -> Result<(), StoreError>;
+}
 
+/// Scheduling for workers: a capability of a [`Store`]
+/// ([`Capabilities::schedule`]). Without it, workers find due runs by
+/// listing and loading the unfinished ones ([`claim_due_by_listing`]) and
+/// look again at their poll interval.
+#[async_trait]
+pub trait Schedule: Send + Sync {
     /// Up to `limit` runs of the named workflows that a worker may take at
-    /// `now` ([`Checkpoint::runnable_at`] at or before it), soonest first,
-    /// for [`Worker`](crate::Worker)s.
+    /// `now` ([`Checkpoint::runnable_at`] at or before it), soonest first.
     ///
     /// A store may reserve what it returns for `worker` during `hold`, so
     /// that other workers asking meanwhile get other runs (the PostgreSQL
     /// store does, with `FOR UPDATE SKIP LOCKED`, and judges `now` by its
     /// own clock). A reservation is only a hint: the lease the run loop
     /// claims by compare-and-swap decides who runs a run.
-    ///
-    /// The default lists the unfinished runs and loads each, which suits
-    /// stores of one machine with few unfinished runs: finished runs cost
-    /// nothing (`list` filters by status), but every run that is running,
-    /// sleeping or waiting is loaded on every look.
+    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError>;
+
+    /// Waits until work may have arrived (a run started, decided or come
+    /// due) or `timeout` passed, whichever is first (the PostgreSQL store
+    /// wakes on `LISTEN/NOTIFY`).
+    async fn wait_for_work(&self, timeout: std::time::Duration) {
+        tokio::time::sleep(timeout).await;
+    }
+}
+
+/// What callers use on any [`Store`]: its capabilities as methods, each
+/// answering [`StoreError::Unsupported`], or a default, for a store that
+/// lacks it. Implemented for every store; a store never implements it.
+#[async_trait]
+pub trait StoreExt: Store {
+    /// [`History::history`], or [`StoreError::Unsupported`].
+    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        match self.capabilities().history {
+            Some(h) => h.history(run_id).await,
+            None => Err(StoreError::Unsupported(
+                "this store keeps no per-step history".into(),
+            )),
+        }
+    }
+
+    /// [`History::rewrite_history`], or [`StoreError::Unsupported`].
+    async fn rewrite_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        records: &[StepRecord],
+    ) -> Result<(), StoreError> {
+        match self.capabilities().history {
+            Some(h) => h.rewrite_history(run_id, expected, records).await,
+            None => Err(StoreError::Unsupported(
+                "this store cannot rewrite its per-step history".into(),
+            )),
+        }
+    }
+
+    /// [`History::fold_history`], or [`StoreError::Unsupported`].
+    async fn fold_history(
+        &self,
+        run_id: &str,
+        expected: u64,
+        fold: &StepRecord,
+    ) -> Result<(), StoreError> {
+        match self.capabilities().history {
+            Some(h) => h.fold_history(run_id, expected, fold).await,
+            None => Err(StoreError::Unsupported(
+                "this store cannot fold its per-step history".into(),
+            )),
+        }
+    }
+
+    /// [`Schedule::claim_due`], or [`claim_due_by_listing`].
     async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
-        let mut found: Vec<(Timestamp, RunSummary)> = Vec::new();
-        for status in [
-            RunStatus::Pending,
-            RunStatus::Running,
-            RunStatus::Sleeping,
-            RunStatus::Waiting,
-        ] {
-            for &workflow in due.workflows {
-                let mut filter = ListFilter::new()
-                    .status(status)
-                    .workflow(workflow)
-                    .limit(256);
-                loop {
-                    let page = filter.next_page(self).await?;
-                    if page.is_empty() {
-                        break;
+        match self.capabilities().schedule {
+            Some(s) => s.claim_due(due).await,
+            None => claim_due_by_listing(self, due).await,
+        }
+    }
+
+    /// [`Schedule::wait_for_work`], or a sleep of `timeout`.
+    async fn wait_for_work(&self, timeout: std::time::Duration) {
+        match self.capabilities().schedule {
+            Some(s) => s.wait_for_work(timeout).await,
+            None => tokio::time::sleep(timeout).await,
+        }
+    }
+
+    /// The store's own clock ([`Capabilities::clock`]), if it has one.
+    fn clock(&self) -> Option<Arc<dyn Clock>> {
+        self.capabilities().clock
+    }
+
+    /// The store's state size limit ([`Capabilities::max_state_bytes`]),
+    /// if it has one.
+    fn max_state_bytes(&self) -> Option<u64> {
+        self.capabilities().max_state_bytes
+    }
+}
+
+impl<S: Store + ?Sized> StoreExt for S {}
+
+/// Due runs found by listing the unfinished runs and loading each: what a
+/// store without [`Schedule`] gives workers. It suits stores of one machine
+/// with few unfinished runs: finished runs cost nothing (`list` filters by
+/// status), but every run that is running, sleeping or waiting is loaded on
+/// every look.
+pub async fn claim_due_by_listing<S: Store + ?Sized>(
+    store: &S,
+    due: &DueRequest<'_>,
+) -> Result<Vec<RunSummary>, StoreError> {
+    let mut found: Vec<(Timestamp, RunSummary)> = Vec::new();
+    for status in [
+        RunStatus::Pending,
+        RunStatus::Running,
+        RunStatus::Sleeping,
+        RunStatus::Waiting,
+    ] {
+        for &workflow in due.workflows {
+            let mut filter = ListFilter::new()
+                .status(status)
+                .workflow(workflow)
+                .limit(256);
+            loop {
+                let page = filter.next_page(store).await?;
+                if page.is_empty() {
+                    break;
+                }
+                for summary in page {
+                    let Some(cp) = store.load(&summary.run_id).await? else {
+                        continue;
+                    };
+                    if due.skip.contains(&cp.run_id.as_str()) {
+                        continue;
                     }
-                    for summary in page {
-                        let Some(cp) = self.load(&summary.run_id).await? else {
-                            continue;
-                        };
-                        if due.skip.contains(&cp.run_id.as_str()) {
-                            continue;
-                        }
-                        if let Some(at) = cp.runnable_at().filter(|at| *at <= due.now) {
-                            found.push((at, RunSummary::from(&cp)));
-                        }
+                    if let Some(at) = cp.runnable_at().filter(|at| *at <= due.now) {
+                        found.push((at, RunSummary::from(&cp)));
                     }
                 }
             }
         }
-        found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.run_id.cmp(&b.1.run_id)));
-        Ok(found.into_iter().take(due.limit).map(|(_, s)| s).collect())
     }
-
-    /// Waits until work may have arrived (a run started, decided or come
-    /// due) or `timeout` passed, whichever is first. The default sleeps for
-    /// `timeout`; the PostgreSQL store wakes on `LISTEN/NOTIFY`.
-    async fn wait_for_work(&self, timeout: std::time::Duration) {
-        tokio::time::sleep(timeout).await;
-    }
-
-    /// The largest state (serialized, in bytes) a save of this store
-    /// takes, when it has such a limit: what [`transfer`](crate::transfer)
-    /// checks a record against before it replaces anything. The default
-    /// has none.
-    ///
-    /// - MUST be the limit [`save`](Store::save) refuses with
-    ///   [`StoreError::TooLarge`] (a store with further limits, such as the
-    ///   size of a whole file, may still refuse a save within it).
-    fn max_state_bytes(&self) -> Option<u64> {
-        None
-    }
-
-    /// The clock that leases, timers and gate timeouts on this store are
-    /// judged by, when the store has one of its own (the database server's).
-    /// [`Runner::new`](crate::Runner::new) uses it instead of the system
-    /// clock. The default has none.
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        None
-    }
+    found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.run_id.cmp(&b.1.run_id)));
+    Ok(found.into_iter().take(due.limit).map(|(_, s)| s).collect())
 }
 
-/// What [`Store::claim_due`] is asked for.
+/// What [`Schedule::claim_due`] is asked for.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct DueRequest<'a> {
@@ -463,36 +603,8 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         (**self).delete_if(run_id, version).await
     }
-    async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        (**self).history(run_id).await
-    }
-    async fn rewrite_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        records: &[StepRecord],
-    ) -> Result<(), StoreError> {
-        (**self).rewrite_history(run_id, expected, records).await
-    }
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        (**self).fold_history(run_id, expected, fold).await
-    }
-    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
-        (**self).claim_due(due).await
-    }
-    async fn wait_for_work(&self, timeout: std::time::Duration) {
-        (**self).wait_for_work(timeout).await
-    }
-    fn max_state_bytes(&self) -> Option<u64> {
-        (**self).max_state_bytes()
-    }
-    fn clock(&self) -> Option<Arc<dyn Clock>> {
-        (**self).clock()
+    fn capabilities(&self) -> Capabilities<'_> {
+        (**self).capabilities()
     }
 }
 
