@@ -77,81 +77,43 @@ pub async fn open_existing_store(url: &str) -> Result<Arc<dyn Store>, StoreError
     open(url, false).await
 }
 
-/// A kind of store this build can open: the URL schemes it answers to, and
-/// how it opens the rest of the URL (a path, for the file-based stores).
-/// Each backend declares its own, so a new store adds one entry here.
-struct Backend {
-    schemes: &'static [&'static str],
-    open: OpenUrl,
-}
-
-/// Opens what follows a URL's scheme (given too, for stores with several);
-/// `create` allows making a new store.
-type OpenUrl = for<'a> fn(scheme: &'a str, rest: &'a str, create: bool) -> Opening<'a>;
-
-/// A store being opened.
-type Opening<'a> = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<Arc<dyn Store>, StoreError>> + Send + 'a>,
->;
-
-fn backends() -> Vec<Backend> {
-    let mut all = vec![Backend {
-        schemes: &["memory"],
-        open: |_, rest, _| {
-            Box::pin(std::future::ready(if rest.is_empty() {
-                Ok(Arc::new(MemoryStore::new()) as Arc<dyn Store>)
-            } else {
-                Err(StoreError::InvalidInput(
-                    "memory: takes nothing after the colon".into(),
-                ))
-            }))
-        },
-    }];
+/// Every kind of store this build opens, by URL scheme: each store crate
+/// declares its own [`Backend`](store::backend::Backend), and this is the
+/// one list of them (the cargo features `sqlite`, `file`, `postgres` and
+/// `cosmos` add theirs).
+///
+/// ```
+/// let schemes: Vec<&str> = steadfast::BACKENDS.iter().flat_map(|b| b.schemes.iter().copied()).collect();
+/// assert!(schemes.contains(&"memory") && schemes.contains(&"sqlite"));
+/// ```
+pub const BACKENDS: &[&store::backend::Backend] = &[
     #[cfg(feature = "sqlite")]
-    all.push(Backend {
-        schemes: sqlite::URL_SCHEMES,
-        open: |_, rest, create| Box::pin(std::future::ready(sqlite::open_url(rest, create))),
-    });
+    &steadfast_sqlite::BACKEND,
     #[cfg(feature = "file")]
-    all.push(Backend {
-        schemes: file::URL_SCHEMES,
-        open: |_, rest, create| Box::pin(std::future::ready(file::open_url(rest, create))),
-    });
-    #[cfg(feature = "cosmos")]
-    all.push(Backend {
-        schemes: cosmos::URL_SCHEMES,
-        open: |_, rest, create| Box::pin(cosmos::open_url(rest, create)),
-    });
+    &steadfast_file::BACKEND,
     #[cfg(feature = "postgres")]
-    all.push(Backend {
-        schemes: postgres::URL_SCHEMES,
-        open: |scheme, rest, create| Box::pin(postgres::open_url(scheme, rest, create)),
-    });
-    all
-}
+    &steadfast_postgres::BACKEND,
+    #[cfg(feature = "cosmos")]
+    &steadfast_cosmos::BACKEND,
+    &store::memory::BACKEND,
+];
 
 async fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
     // What messages show: never a password.
     let shown = store::redact_url(url);
-    let known = || {
-        backends()
-            .iter()
-            .flat_map(|b| b.schemes.iter().map(|s| format!("{s}:")))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+    let known = || store::backend::Backend::schemes_of(BACKENDS);
     let (scheme, rest) = url.split_once(':').ok_or_else(|| {
         StoreError::InvalidInput(format!(
             "store URL {shown:?} has no scheme; this build opens {}",
             known()
         ))
     })?;
-    let backend = backends()
-        .into_iter()
-        .find(|b| b.schemes.contains(&scheme))
+    let backend = BACKENDS
+        .iter()
+        .find(|b| b.answers(scheme))
         .ok_or_else(|| {
             StoreError::Unsupported(format!(
-                "store URL {shown:?}: unknown scheme {scheme:?}; this build opens {} (the `sqlite`, `file`, `postgres` and `cosmos` cargo features add those stores)",
+                "store URL {shown:?}: unknown scheme {scheme:?}; this build opens {} (the `sqlite`, `file`, `postgres` and `cosmos` cargo features add stores)",
                 known()
             ))
         })?;

@@ -31,6 +31,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::start, m)?)?;
     m.add_function(wrap_pyfunction!(run::run_workflow, m)?)?;
     m.add_function(wrap_pyfunction!(run::run_durable, m)?)?;
+    m.add_function(wrap_pyfunction!(store::backends, m)?)?;
+    m.add("DEFAULT_STORE_URL", steadfast::DEFAULT_STORE_URL)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

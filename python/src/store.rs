@@ -40,6 +40,21 @@ impl PyStore {
     }
 }
 
+/// The kinds of store this build opens, from the library's one list:
+/// `[{"name", "schemes", "url", "summary"}]`.
+#[pyfunction]
+pub fn backends(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    let list: Vec<Value> = steadfast::BACKENDS
+        .iter()
+        .map(|b| {
+            serde_json::json!({
+                "name": b.name, "schemes": b.schemes, "url": b.url, "summary": b.summary,
+            })
+        })
+        .collect();
+    to_py(py, &Value::Array(list))
+}
+
 /// Opens (creating when missing) the store a URL names.
 #[pyfunction]
 pub fn open_store(py: Python<'_>, url: &str) -> PyResult<PyStore> {

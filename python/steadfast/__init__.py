@@ -74,7 +74,7 @@ __version__: str = _native.__version__
 
 #: The store used when none is named: SQLite under ``.steadfast/`` in the
 #: current directory.
-DEFAULT_STORE_URL = "sqlite:.steadfast/runs.db"
+DEFAULT_STORE_URL: str = _native.DEFAULT_STORE_URL
 
 JSON = Any
 """A JSON-compatible value: None, bool, int, float (finite), str, list, dict with str keys."""
@@ -83,13 +83,19 @@ JSON = Any
 def open_store(url: str = DEFAULT_STORE_URL) -> Store:
     """Opens the store a URL names, creating it when missing.
 
-    Every URL the Rust library accepts works here: ``sqlite:PATH`` (the
-    embedded default), ``file:PATH``, ``postgres://…`` (with ``?schema=NAME``),
-    ``memory:`` (this process only), and ``cosmos://…`` where the native module
-    was built with Cosmos DB support. A file that is not a store raises
-    :class:`Corrupt`; nothing is ever replaced by a fresh store.
+    Every URL the Rust library accepts works here (:func:`backends` lists
+    them): ``sqlite:PATH`` (the embedded default), ``file:PATH``,
+    ``postgres://…`` (with ``?schema=NAME``), ``memory:`` (this process
+    only), and ``cosmos://…`` where the native module was built with Cosmos
+    DB support. A file that is not a store raises :class:`Corrupt`; nothing
+    is ever replaced by a fresh store.
     """
     return _native.open_store(url)
+
+
+def backends() -> List[Dict[str, Any]]:
+    """The kinds of store this build opens: name, URL schemes, URL form and purpose of each."""
+    return _native.backends()
 
 
 # At exit, wait for step functions abandoned after their timeout to return
@@ -547,6 +553,7 @@ def start(store: Store, workflow: Union[str, Workflow, Durable], run_id: str, in
 
 __all__ = [
     "DEFAULT_STORE_URL",
+    "backends",
     "Durable",
     "DurableContext",
     "Outcome",

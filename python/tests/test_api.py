@@ -931,3 +931,11 @@ def test_memory_stores_are_separate():
     with pytest.raises(steadfast.NoSuchRun):
         steadfast.show(b, "r1")
     assert a.url == "memory:"
+
+
+def test_backends_come_from_the_library_list():
+    names = [b["name"] for b in steadfast.backends()]
+    assert "sqlite" in names and "memory" in names
+    for b in steadfast.backends():
+        assert b["schemes"] and b["url"] and b["summary"]
+    assert steadfast.DEFAULT_STORE_URL.startswith("sqlite:")

@@ -8,8 +8,9 @@ use crate::cmd;
 #[derive(Parser, Debug)]
 #[command(name = "steadfast", version, about)]
 pub struct Cli {
-    /// The store: sqlite:PATH, file:PATH, postgres://…, cosmos://HOST/DB/CONTAINER or memory:.
-    #[arg(long, global = true, env = "STEADFAST_STORE", default_value = steadfast::DEFAULT_STORE_URL)]
+    /// The store's URL; the forms this build opens come from the facade's
+    /// list of backends.
+    #[arg(long, global = true, env = "STEADFAST_STORE", default_value = steadfast::DEFAULT_STORE_URL, help = store_help())]
     pub store: String,
     /// Show the run, step and store spans on stderr as they end (-v runs
     /// and steps, -vv store calls too, -vvv everything).
@@ -20,13 +21,21 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// The help of `--store`: the URL forms of every backend of this build.
+fn store_help() -> String {
+    format!(
+        "The store: {}",
+        steadfast::store::backend::Backend::urls_of(steadfast::BACKENDS)
+    )
+}
+
 /// The commands; each one's arguments and code are in its own file under
 /// `cmd/`.
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Start or resume a run of a flow file.
     Run(cmd::run::RunArgs),
-    /// Record a run for workers to pick up (exit 0 also when it exists).
+    /// Record a run for workers to pick up (exit 0 also when it exists as started the same way).
     Start(cmd::start::StartArgs),
     /// Run the due runs of flow files until SIGTERM or SIGINT.
     Worker(cmd::worker::WorkerArgs),

@@ -1735,6 +1735,16 @@ pub async fn open_url(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreE
     ))
 }
 
+/// This store as a backend of the facade: `cosmos://HOST/DB/CONTAINER`.
+pub const BACKEND: steadfast_core::store::backend::Backend =
+    steadfast_core::store::backend::Backend::new(
+        "cosmos",
+        URL_SCHEMES,
+        "cosmos://HOST/DB/CONTAINER",
+        "Azure Cosmos DB for NoSQL",
+        |_, rest, create| Box::pin(open_url(rest, create)),
+    );
+
 #[cfg(test)]
 mod tests {
     use super::*;

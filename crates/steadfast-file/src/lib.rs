@@ -196,6 +196,16 @@ pub fn open_url(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> 
     Ok(Arc::new(FileStore::open_with(OsFs, path, opts)?))
 }
 
+/// This store as a backend of the facade: `file:PATH`.
+pub const BACKEND: steadfast_core::store::backend::Backend =
+    steadfast_core::store::backend::Backend::new(
+        "file",
+        URL_SCHEMES,
+        "file:PATH",
+        "every run in one JSON file",
+        |_, rest, create| Box::pin(std::future::ready(open_url(rest, create))),
+    );
+
 impl<F: Fs> FileStore<F> {
     /// Opens a store on a given file system with the given options.
     pub fn open_with(

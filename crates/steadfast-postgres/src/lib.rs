@@ -679,6 +679,16 @@ pub async fn open_url(
     ))
 }
 
+/// This store as a backend of the facade: `postgres://…`.
+pub const BACKEND: steadfast_core::store::backend::Backend =
+    steadfast_core::store::backend::Backend::new(
+        "postgres",
+        URL_SCHEMES,
+        "postgres://…",
+        "many workers on many machines",
+        |scheme, rest, create| Box::pin(open_url(scheme, rest, create)),
+    );
+
 fn corrupt(
     store: &Shared,
     run_id: &str,

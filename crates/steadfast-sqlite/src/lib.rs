@@ -485,6 +485,16 @@ pub fn open_url(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> 
     Ok(Arc::new(SqliteStore::open_with(path, opts)?))
 }
 
+/// This store as a backend of the facade: `sqlite:PATH`.
+pub const BACKEND: steadfast_core::store::backend::Backend =
+    steadfast_core::store::backend::Backend::new(
+        "sqlite",
+        URL_SCHEMES,
+        "sqlite:PATH",
+        "the embedded default: one machine, many runs, no server",
+        |_, rest, create| Box::pin(std::future::ready(open_url(rest, create))),
+    );
+
 fn to_i64(v: u64) -> i64 {
     v as i64
 }

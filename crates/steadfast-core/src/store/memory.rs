@@ -237,3 +237,20 @@ impl History for MemoryStore {
         Ok(())
     }
 }
+
+/// The memory store as a backend: `memory:`, with nothing after the colon.
+pub const BACKEND: crate::store::backend::Backend = crate::store::backend::Backend::new(
+    "memory",
+    &["memory"],
+    "memory:",
+    "in this process only, for tests and examples",
+    |_, rest, _| {
+        Box::pin(std::future::ready(if rest.is_empty() {
+            Ok(Arc::new(MemoryStore::new()) as Arc<dyn Store>)
+        } else {
+            Err(StoreError::InvalidInput(
+                "memory: takes nothing after the colon".into(),
+            ))
+        }))
+    },
+);

@@ -3,6 +3,7 @@
 //! ([`SaveRequest`], the checks every store runs before it writes, the size
 //! of a state).
 
+pub mod backend;
 pub mod head;
 pub mod local;
 pub mod memory;
