@@ -53,7 +53,9 @@ pub const DEFAULT_STORE_URL: &str = "sqlite:.steadfast/runs.db";
 /// # }).unwrap();
 /// ```
 pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    open(url, true).await
+    Ok(open_with(url, &OpenOptions::default().create(true))
+        .await?
+        .store)
 }
 
 /// Opens a store from a URL like [`open_store`], but never creates one: a
@@ -74,7 +76,91 @@ pub async fn open_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 /// # });
 /// ```
 pub async fn open_existing_store(url: &str) -> Result<Arc<dyn Store>, StoreError> {
-    open(url, false).await
+    Ok(open_with(url, &OpenOptions::default()).await?.store)
+}
+
+/// How [`open_with`] opens a store.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct OpenOptions {
+    /// Whether a missing store may be made (a file, its directory, a schema).
+    pub create: bool,
+    /// With keys given: also read records written in plain text, so that
+    /// `rekey` can seal them (the `steadfast rekey --migrate-plaintext` case);
+    /// without it they are refused as not encrypted.
+    pub accept_plaintext: bool,
+}
+
+impl OpenOptions {
+    /// Allows making a missing store.
+    pub fn create(mut self, yes: bool) -> Self {
+        self.create = yes;
+        self
+    }
+    /// Reads plaintext records through the keys too.
+    pub fn accept_plaintext(mut self, yes: bool) -> Self {
+        self.accept_plaintext = yes;
+        self
+    }
+}
+
+/// A store opened by [`open_with`], under the encryption policy.
+#[non_exhaustive]
+pub struct Opened {
+    /// The store to run and operate on: with keys in the environment, the
+    /// sealing store; without, one that refuses a sealed record rather than
+    /// read it (and resume it, or decide its gate) as plain values.
+    pub store: Arc<dyn Store>,
+    /// The store as it is, records as they are stored: for moving records
+    /// (export, import, copy) and reading heads, never for running.
+    pub raw: Arc<dyn Store>,
+    /// The sealing store, when keys are given (for `rekey`).
+    #[cfg(feature = "encryption")]
+    pub sealed: Option<Arc<seal::SealedStore>>,
+}
+
+/// Opens the store a URL names under the one policy every front end
+/// shares (the library, the `steadfast` command, `steadfast serve`, Python):
+/// with `STEADFAST_ENCRYPTION_KEY` or `STEADFAST_ENCRYPTION_KEY_FILE` set,
+/// every value is sealed on its way in and opened on its way out
+/// ([`seal::SealedStore`]); without, a sealed record is refused, never read
+/// as plain text. A key that cannot be read is [`StoreError::InvalidInput`],
+/// before the store is opened or made.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use steadfast::{open_with, OpenOptions};
+/// let opened = open_with("memory:", &OpenOptions::default().create(true)).await?;
+/// assert!(opened.store.load("nothing").await?.is_none());
+/// # Ok::<(), steadfast::StoreError>(())
+/// # }).unwrap();
+/// ```
+pub async fn open_with(url: &str, opts: &OpenOptions) -> Result<Opened, StoreError> {
+    #[cfg(feature = "encryption")]
+    let keys = seal::Keyring::from_env().map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+    let raw = open_raw(url, opts.create).await?;
+    #[cfg(feature = "encryption")]
+    {
+        let sealed = keys.map(|keys| {
+            Arc::new(
+                seal::SealedStore::new(Arc::clone(&raw), keys)
+                    .accept_plaintext(opts.accept_plaintext),
+            )
+        });
+        let store: Arc<dyn Store> = match &sealed {
+            Some(s) => Arc::clone(s) as Arc<dyn Store>,
+            None => Arc::new(seal::RefuseSealed::new(Arc::clone(&raw))),
+        };
+        Ok(Opened { store, raw, sealed })
+    }
+    #[cfg(not(feature = "encryption"))]
+    {
+        let _ = opts.accept_plaintext;
+        Ok(Opened {
+            store: Arc::clone(&raw),
+            raw,
+        })
+    }
 }
 
 /// Every kind of store this build opens, by URL scheme: each store crate
@@ -98,7 +184,8 @@ pub const BACKENDS: &[&store::backend::Backend] = &[
     &store::memory::BACKEND,
 ];
 
-async fn open(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+/// Opens the store a URL names as it is, without the encryption policy.
+async fn open_raw(url: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
     // What messages show: never a password.
     let shown = store::redact_url(url);
     let known = || store::backend::Backend::schemes_of(BACKENDS);

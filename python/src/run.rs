@@ -19,7 +19,7 @@ use crate::store::{json_arg, PyStore};
 
 /// State keys the engine keeps for itself (the input of a listed run, a
 /// durable function's input and result): a step may not write them.
-const ENGINE_KEYS: [&str; 3] = [steadfast::START_KEY, "__input", "__result"];
+const ENGINE_KEYS: [&str; 3] = steadfast::RESERVED_KEYS;
 
 /// A duration in seconds from Python, checked: finite, not negative, in range.
 pub fn secs(what: &str, s: f64) -> PyResult<Duration> {
@@ -67,7 +67,8 @@ fn retries_arg(name: &str, retries: Option<i64>) -> PyResult<Option<u32>> {
         .transpose()
 }
 
-/// A retry policy from `retries` (extra attempts) and backoff bounds.
+/// A retry policy from `retries` (extra attempts) and backoff bounds, as
+/// the library builds one from options ([`RetryPolicy::from_options`]).
 fn policy(
     name: &str,
     retries: Option<i64>,
@@ -78,29 +79,20 @@ fn policy(
     if retries.is_none() && backoff.is_none() && max_backoff.is_none() {
         return Ok(None);
     }
-    let base = RetryPolicy::default();
-    let attempts = retries.map_or(base.max_attempts(), |r| r + 1);
-    let mut p = RetryPolicy::new(attempts);
-    let initial = opt_ranged(&format!("step {name:?}: backoff"), backoff, limits::BACKOFF)?
-        .unwrap_or(Duration::from_millis(200));
+    let backoff = opt_ranged(&format!("step {name:?}: backoff"), backoff, limits::BACKOFF)?;
     let max = opt_ranged(
         &format!("step {name:?}: max_backoff"),
         max_backoff,
         limits::BACKOFF,
-    )?
-    .unwrap_or(Duration::from_secs(30));
-    p = p.backoff(initial, max.max(initial));
-    Ok(Some(p))
+    )?;
+    RetryPolicy::from_options(retries, backoff, max)
+        .map(Some)
+        .map_err(|e| InvalidInput::new_err(format!("step {name:?}: {e}")))
 }
 
 fn on_timeout(name: &str, s: Option<&str>) -> PyResult<OnTimeout> {
-    match s.unwrap_or("reject") {
-        "reject" => Ok(OnTimeout::Reject),
-        "approve" => Ok(OnTimeout::Approve),
-        other => Err(InvalidInput::new_err(format!(
-            "gate {name:?}: on_timeout={other:?}; expected \"reject\" or \"approve\""
-        ))),
-    }
+    s.map_or(Ok(OnTimeout::default()), str::parse)
+        .map_err(|e: String| InvalidInput::new_err(format!("gate {name:?}: {e}")))
 }
 
 /// One step of a listed workflow, as the Python `Workflow` describes it.

@@ -89,7 +89,9 @@ pub fn approve(
         Some(d) if !d.is_none() => Some(json_arg(&format!("the data approving gate {gate:?}"), d)?),
         _ => None,
     };
-    let by = by.map(String::from).unwrap_or_else(default_decider);
+    let by = by
+        .map(String::from)
+        .unwrap_or_else(steadfast::default_decider);
     let s = Arc::clone(&store.inner);
     let (run_id, gate) = (run_id.to_string(), gate.to_string());
     let cp = block(py, async move {
@@ -110,7 +112,9 @@ pub fn reject(
     reason: Option<String>,
     by: Option<&str>,
 ) -> PyResult<Py<PyAny>> {
-    let by = by.map(String::from).unwrap_or_else(default_decider);
+    let by = by
+        .map(String::from)
+        .unwrap_or_else(steadfast::default_decider);
     let s = Arc::clone(&store.inner);
     let (run_id, gate) = (run_id.to_string(), gate.to_string());
     let cp = block(py, async move {
@@ -118,14 +122,6 @@ pub fn reject(
     })
     .map_err(|e| err(&e))?;
     serde_to_py(py, &cp)
-}
-
-/// Who decides when no name is given: `$USER`, `$LOGNAME`, else "python".
-fn default_decider() -> String {
-    ["USER", "LOGNAME"]
-        .iter()
-        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
-        .unwrap_or_else(|| "python".into())
 }
 
 /// `value` as Python values; NoSuchRun naming `run_id` when it is `None`.
@@ -199,17 +195,7 @@ pub fn runs(
     }
     let s = Arc::clone(&store.inner);
     let rows = block(py, async move { s.list(&filter).await }).map_err(|e| store_err(&e))?;
-    let out: Vec<Value> = rows
-        .iter()
-        .map(|r| {
-            serde_json::json!({
-                "run_id": r.run_id, "workflow": r.workflow, "status": r.status, "next": r.next,
-                "version": r.version, "created_at": r.created_at.to_string(),
-                "updated_at": r.updated_at.to_string(),
-            })
-        })
-        .collect();
-    to_py(py, &Value::Array(out))
+    serde_to_py(py, &rows)
 }
 
 /// Records a new run of `workflow` with `input` (a dict) for a worker or a

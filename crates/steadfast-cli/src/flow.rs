@@ -192,19 +192,12 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
             if run.get_ref().trim().is_empty() {
                 return Err(at(run.span().start, "run is empty".into()));
             }
-            let backoff = duration(&spec.backoff, "backoff", limits::BACKOFF)?
-                .unwrap_or(Duration::from_millis(500));
-            let largest = backoff.saturating_mul(64).min(limits::BACKOFF.max);
+            let backoff = duration(&spec.backoff, "backoff", limits::BACKOFF)?;
+            // A flow step without `retries` runs once: a shell command is
+            // not taken to be safe to repeat unless the flow says so.
             let retries = spec.retries.as_ref().map_or(0, |r| *r.get_ref());
-            let max_retries = steadfast::limits::MAX_ATTEMPTS - 1;
-            if retries > max_retries {
-                let offset = spec.retries.as_ref().map_or(0, |r| r.span().start);
-                return Err(at(
-                    offset,
-                    format!("retries = {retries} is out of range: at most {max_retries}"),
-                ));
-            }
-            let attempts = retries + 1;
+            let policy = RetryPolicy::from_options(Some(retries), backoff, None)
+                .map_err(|e| at(spec.retries.as_ref().map_or(0, |r| r.span().start), e))?;
             let workdir = spec
                 .workdir
                 .as_ref()
@@ -216,9 +209,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
                 timeout,
                 output_limit: DEFAULT_OUTPUT_LIMIT,
             };
-            command
-                .into_step(step_name)
-                .retry(RetryPolicy::new(attempts).backoff(backoff, largest))
+            command.into_step(step_name).retry(policy)
         } else if let Some(gate) = &spec.gate {
             if !gate.get_ref() {
                 return Err(at(
@@ -226,19 +217,12 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
                     "gate must be true (remove the step to drop the gate)".into(),
                 ));
             }
-            let on_timeout = match spec
-                .on_timeout
-                .as_ref()
-                .map(|o| (o.get_ref().as_str(), o.span().start))
-            {
-                None | Some(("reject", _)) => OnTimeout::Reject,
-                Some(("approve", _)) => OnTimeout::Approve,
-                Some((other, offset)) => {
-                    return Err(at(
-                        offset,
-                        format!("on_timeout = {other:?}: expected \"reject\" or \"approve\""),
-                    ))
-                }
+            let on_timeout = match &spec.on_timeout {
+                None => OnTimeout::default(),
+                Some(o) => o
+                    .get_ref()
+                    .parse::<OnTimeout>()
+                    .map_err(|e| at(o.span().start, e))?,
             };
             if spec.on_timeout.is_some() && timeout.is_none() {
                 return Err(step_at("on_timeout needs a timeout".into()));

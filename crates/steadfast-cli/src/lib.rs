@@ -81,27 +81,22 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
     if let Command::Copy(args) = cli.command {
         return cmd::copy::run(args).await;
     }
-    let opened = match cli.command {
-        Command::Run(_) | Command::Start(_) | Command::Worker(_) | Command::Import(_) => {
-            steadfast::open_store(&cli.store).await
-        }
-        _ => steadfast::open_existing_store(&cli.store).await,
-    };
-    let shown = steadfast::store::redact_url(&cli.store);
-    let store = opened.with_context(|| format!("cannot open the store {shown}"))?;
-    // With keys, everything goes through the seal; without, a sealed record
-    // is refused rather than read (and resumed, or decided) as plain values.
+    let create = matches!(
+        cli.command,
+        Command::Run(_) | Command::Start(_) | Command::Worker(_) | Command::Import(_)
+    );
+    // The library's one opening policy: sealed with keys, sealed records
+    // refused without.
     let migrate = matches!(&cli.command, Command::Rekey(a) if a.migrate_plaintext);
-    let sealed = keys.map(|keys| {
-        std::sync::Arc::new(
-            steadfast::seal::SealedStore::new(store.clone(), keys).accept_plaintext(migrate),
-        )
-    });
-    let raw = store.clone();
-    let store: std::sync::Arc<dyn steadfast::Store> = match &sealed {
-        Some(sealed) => sealed.clone(),
-        None => std::sync::Arc::new(steadfast::seal::RefuseSealed::new(store)),
-    };
+    let opts = steadfast::OpenOptions::default()
+        .create(create)
+        .accept_plaintext(migrate);
+    let shown = steadfast::store::redact_url(&cli.store);
+    let steadfast::Opened {
+        store, raw, sealed, ..
+    } = steadfast::open_with(&cli.store, &opts)
+        .await
+        .with_context(|| format!("cannot open the store {shown}"))?;
     let ctx = cmd::Ctx {
         store,
         sealed,

@@ -203,9 +203,11 @@ pub fn runs_json(runs: &[(RunSummary, Option<Stuck>)]) -> Value {
     let list: Vec<Value> = runs
         .iter()
         .map(|(r, stuck)| {
-            json!({"run_id": r.run_id, "workflow": r.workflow, "status": r.status, "next": r.next,
-                   "version": r.version, "created_at": r.created_at, "updated_at": r.updated_at,
-                   "stuck": stuck_json(stuck.as_ref())})
+            let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+            if let Value::Object(m) = &mut v {
+                m.insert("stuck".into(), stuck_json(stuck.as_ref()));
+            }
+            v
         })
         .collect();
     Value::Array(list)

@@ -38,7 +38,7 @@ pub use record::limits;
 pub use store::local;
 
 pub use engine::ctx::StepCtx;
-pub use engine::decide::{approve, reject};
+pub use engine::decide::{approve, default_decider, reject};
 pub use engine::durable::{durable, DurableCtx, StepOptions};
 pub use engine::process::{current_owner, holder_is_running};
 pub use engine::run::run;

@@ -30,12 +30,15 @@ pub async fn run(args: CopyArgs) -> Result<i32, Failure> {
         steadfast::store::redact_url(&args.from),
         steadfast::store::redact_url(&args.to),
     );
-    let from = steadfast::open_existing_store(&args.from)
+    // Records move as they are stored: the raw stores.
+    let from = steadfast::open_with(&args.from, &steadfast::OpenOptions::default())
         .await
-        .with_context(|| format!("cannot open the store {from_shown}"))?;
-    let to = steadfast::open_store(&args.to)
+        .with_context(|| format!("cannot open the store {from_shown}"))?
+        .raw;
+    let to = steadfast::open_with(&args.to, &steadfast::OpenOptions::default().create(true))
         .await
-        .with_context(|| format!("cannot open the store {to_shown}"))?;
+        .with_context(|| format!("cannot open the store {to_shown}"))?
+        .raw;
     let opts = PutOptions::default().force(args.force);
     let report = copy_with(&*from, &*to, &opts, |r| {
         output::note(format_args!(

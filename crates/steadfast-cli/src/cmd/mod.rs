@@ -107,13 +107,10 @@ fn classify(e: &anyhow::Error) -> i32 {
     exit::FAILED
 }
 
-/// Who decides a gate when `--by` is not given: the login name, or `unknown`.
+/// Who decides a gate when `--by` is not given: the library's default
+/// (the login name, or `unknown`).
 pub(crate) fn who() -> String {
-    ["USER", "LOGNAME"]
-        .iter()
-        .filter_map(|v| std::env::var(v).ok())
-        .find(|name| !name.is_empty() && !name.chars().any(char::is_control))
-        .unwrap_or_else(|| "unknown".into())
+    steadfast::default_decider()
 }
 
 /// The error for a run id the store does not have.

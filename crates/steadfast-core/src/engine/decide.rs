@@ -174,3 +174,14 @@ async fn decide<S: Store + ?Sized>(
         }
     })))
 }
+
+/// Who decides, or operates, when no name is given: the login name
+/// (`$USER`, else `$LOGNAME`) when it is a name the engine records, else
+/// `unknown`. The command line and the bindings use it alike.
+pub fn default_decider() -> String {
+    ["USER", "LOGNAME"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .find(|name| crate::record::ids::check_step_name(name).is_ok())
+        .unwrap_or_else(|| "unknown".into())
+}

@@ -67,6 +67,54 @@ impl RetryPolicy {
         Self::new(1)
     }
 
+    /// The first delay between attempts when none is given: 200 ms.
+    pub const DEFAULT_BACKOFF: Duration = Duration::from_millis(200);
+
+    /// The policy a step's options describe, as flow files and the bindings
+    /// give them: `retries` extra attempts (none given: the default three
+    /// attempts), the first delay `backoff` ([`DEFAULT_BACKOFF`](Self::DEFAULT_BACKOFF)
+    /// when not given), doubling with jitter up to `max_backoff` (when not
+    /// given: 64 times the first delay, at least 30 s, at most a day). Each
+    /// is checked against its range ([`limits`](crate::limits)); the error
+    /// names the option.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use steadfast_core::RetryPolicy;
+    /// let p = RetryPolicy::from_options(Some(2), None, None).unwrap();
+    /// assert_eq!(p.max_attempts(), 3);
+    /// assert!(RetryPolicy::from_options(Some(5000), None, None).unwrap_err().contains("retries"));
+    /// assert!(RetryPolicy::from_options(None, Some(Duration::from_secs(90_000)), None).is_err());
+    /// ```
+    pub fn from_options(
+        retries: Option<u32>,
+        backoff: Option<Duration>,
+        max_backoff: Option<Duration>,
+    ) -> Result<Self, String> {
+        let attempts = match retries {
+            Some(r) if r >= crate::limits::MAX_ATTEMPTS => {
+                return Err(format!(
+                    "retries = {r} is out of range: at most {}",
+                    crate::limits::MAX_ATTEMPTS - 1
+                ))
+            }
+            Some(r) => r + 1,
+            None => Self::default().max_attempts,
+        };
+        let initial = match backoff {
+            Some(b) => crate::limits::BACKOFF.check("backoff", b)?,
+            None => Self::DEFAULT_BACKOFF,
+        };
+        let max = match max_backoff {
+            Some(m) => crate::limits::BACKOFF.check("max_backoff", m)?,
+            None => initial
+                .saturating_mul(64)
+                .max(Duration::from_secs(30))
+                .min(crate::limits::BACKOFF.max),
+        };
+        Ok(Self::new(attempts).backoff(initial, max.max(initial)))
+    }
+
     /// Sets the first delay and the cap. Each must lie in
     /// [`limits::BACKOFF`](crate::record::limits::BACKOFF) (0 to 1 day); building a
     /// workflow (or running a durable step) with one outside it is an error.

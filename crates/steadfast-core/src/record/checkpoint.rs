@@ -466,6 +466,26 @@ pub enum OnTimeout {
     Approve,
 }
 
+impl std::str::FromStr for OnTimeout {
+    type Err = String;
+    /// `reject` or `approve`, as flow files and the bindings write it.
+    ///
+    /// ```
+    /// use steadfast_core::OnTimeout;
+    /// assert_eq!("approve".parse::<OnTimeout>(), Ok(OnTimeout::Approve));
+    /// assert!("maybe".parse::<OnTimeout>().unwrap_err().contains("reject or approve"));
+    /// ```
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "reject" => Ok(OnTimeout::Reject),
+            "approve" => Ok(OnTimeout::Approve),
+            other => Err(format!(
+                "on_timeout {other:?} is not one of reject or approve"
+            )),
+        }
+    }
+}
+
 /// Where a stopped run waits.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]

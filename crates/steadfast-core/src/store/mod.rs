@@ -161,8 +161,10 @@ impl ListFilter {
     }
 }
 
-/// One line of [`Store::list`]: a run's head without its state.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One line of [`Store::list`]: a run's head without its state. As JSON
+/// (`runs --json`, the web API, Python's `runs`), its fields by name, times
+/// in RFC 3339.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct RunSummary {
     /// The run.
