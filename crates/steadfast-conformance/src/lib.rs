@@ -23,9 +23,9 @@
 //! Every check of [`store_conformance!`] is required (among them the run
 //! operations that need no history: cancel, retry, retention by
 //! `Store::delete_if`). The checks of [`history_conformance!`] are the only
-//! optional ones: they cover `Store::history`, whose default answers
+//! optional ones: they cover the `History` capability, whose absence answers
 //! `Unsupported`, and the operations built on it (rewind, fork); a store
-//! that keeps no history (the file store) does not expand them and says why
+//! that keeps no history does not expand them and says why
 //! in its docs.
 //!
 //! The crate also ships [`FaultyStore`], a wrapper that fails or loses writes
@@ -225,7 +225,7 @@ macro_rules! store_conformance {
     };
 }
 
-/// Expands the checks of [`Store::history`](steadfast_core::Store::history),
+/// Expands the checks of [`History`](steadfast_core::History),
 /// for stores that keep per-step history.
 #[macro_export]
 macro_rules! history_conformance {
@@ -242,7 +242,7 @@ macro_rules! history_conformance {
     };
 }
 
-/// The checks of [`Store::rewrite_history`] and [`Store::fold_history`]
+/// The checks of [`History::rewrite_history`](steadfast_core::History::rewrite_history) and [`History::fold_history`](steadfast_core::History::fold_history)
 /// (and `steadfast prune`, built on them), for stores that implement them.
 #[macro_export]
 macro_rules! history_rewrite_conformance {

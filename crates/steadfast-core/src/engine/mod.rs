@@ -76,7 +76,7 @@ impl<S: Store + ?Sized> std::fmt::Debug for Runner<'_, S> {
 }
 
 impl<'s, S: Store + ?Sized> Runner<'s, S> {
-    /// A runner on `store` with the store's clock ([`Store::clock`]: the
+    /// A runner on `store` with the store's clock ([`Capabilities::clock`](crate::store::Capabilities::clock): the
     /// database server's, for PostgreSQL), or else the system clock.
     pub fn new(store: &'s S) -> Self {
         Runner {

@@ -56,7 +56,7 @@ const ENGINE_KEYS: [&str; 1] = [crate::record::keys::RESULT_KEY];
 ///
 /// A completed, rejected or already cancelled run is refused with
 /// [`Error::InvalidInput`]; `reason` is at most
-/// [`MAX_REASON_BYTES`](crate::record::limits::MAX_REASON_BYTES).
+/// [`MAX_REASON_BYTES`].
 pub async fn cancel<S: Store + ?Sized>(
     store: &S,
     run_id: &str,
@@ -152,7 +152,7 @@ pub async fn retry<S: Store + ?Sized>(
 /// run again). Decisions stay in the record, but a rewound gate waits for a
 /// new one: its old decisions no longer answer any wait.
 ///
-/// Needs a store that keeps per-step history ([`Store::history`]). A run
+/// Needs a store that keeps per-step history ([`History`](crate::store::History)). A run
 /// that a live process holds is refused with [`Error::Held`]: cancel it, or
 /// wait for it to stop. Works on durable functions the same way: the code
 /// replays the steps before `to` and goes live there, and the divergence
@@ -420,7 +420,7 @@ pub struct Pruned {
 /// left). First saves the record whole (so that no row is still merged by
 /// a load), then folds in one write; a run held by a live process is
 /// refused with [`Error::Held`]. Needs a store that can fold history
-/// ([`Store::fold_history`]). The prune is audited.
+/// ([`History::fold_history`](crate::store::History::fold_history)). The prune is audited.
 pub async fn prune<S: Store + ?Sized>(
     store: &S,
     run_id: &str,

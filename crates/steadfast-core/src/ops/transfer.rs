@@ -325,7 +325,7 @@ pub async fn put_run<S: Store + ?Sized>(store: &S, record: &Exported) -> Result<
 /// history rows match its steps, its version is at least its number of
 /// rows), that every value loads back, and that the state, after every
 /// step as it is written, is within the store's limit
-/// ([`Store::max_state_bytes`]). A record that fails is an error that says
+/// ([`Capabilities::max_state_bytes`](crate::store::Capabilities::max_state_bytes)). A record that fails is an error that says
 /// so, and the store is not touched. An older run that a live process holds
 /// is refused with [`Error::Held`] unless `opts` forces it.
 ///

@@ -306,7 +306,7 @@ pub enum AuditAction {
         /// The status before.
         was: RunStatus,
         /// The rewound steps as their history recorded them (the first
-        /// [`MAX_REWOUND_LISTED`]); their updates are no longer part of the
+        /// `MAX_REWOUND_LISTED`, 100); their updates are no longer part of the
         /// state.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         rewound: Vec<RewoundStep>,
