@@ -49,35 +49,25 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use steadfast_core::store::{
-    check_head, check_size, check_state, decode_head, encode_head, encode_json, state_size,
-    RunCache, SaveRequest,
-};
+use steadfast_core::store::plan::{plan_save, Known, Plan};
+use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow};
+use steadfast_core::store::{check_state, encode_head, encode_json, RunCache, SaveRequest};
 use steadfast_core::{Capabilities, History};
 use steadfast_core::{
-    Checkpoint, ListFilter, RunStatus, RunSummary, State, StepRecord, Store, StoreError, Timestamp,
-    Update,
+    Checkpoint, ListFilter, RunStatus, RunSummary, StepRecord, Store, StoreError,
 };
 use tokio::sync::oneshot;
 
 use crate::error::map_err;
 pub use crate::schema::{APPLICATION_ID, SCHEMA_VERSION};
 pub use crate::wait::MAX_WRITE_WAIT;
-use crate::writer::{Acct, Body, Head, Job, SaveJob, StepRow, Writer};
+use crate::writer::{Acct, Body, Head, Job, SaveJob, Writer};
 
 /// Default limit of one run's state: 64 MiB.
 pub const DEFAULT_MAX_STATE_BYTES: u64 = 64 << 20;
 
 /// Default wait for another process's write lock: 10 seconds.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Deltas may accumulate up to the snapshot's size, and at least this much,
-/// before the state is snapshotted again.
-const MIN_DELTA_BUDGET: u64 = 16 * 1024;
-
-/// How many runs' snapshot bookkeeping a store remembers between a load and the
-/// saves that follow it.
-const ACCT_CACHE_RUNS: usize = 4096;
 
 /// Options of a [`SqliteStore`].
 #[derive(Clone, Debug)]
@@ -353,7 +343,7 @@ impl SqliteStore {
                 display,
                 writer,
                 readers: Mutex::new(Vec::new()),
-                accts: RunCache::new(ACCT_CACHE_RUNS),
+                accts: RunCache::new(steadfast_core::store::plan::KNOWN_RUNS),
                 opts,
             }),
         })
@@ -495,31 +485,10 @@ pub const BACKEND: steadfast_core::store::backend::Backend =
         |_, rest, create| Box::pin(std::future::ready(open_url(rest, create))),
     );
 
-fn to_i64(v: u64) -> i64 {
-    v as i64
-}
-
-fn corrupt(path: &str, run_id: &str, column: &str, reason: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt {
-        location: format!("{path} runs[{run_id:?}].{column}"),
-        reason: reason.to_string(),
-    }
-}
-
-fn parse_json<T: serde::de::DeserializeOwned>(
-    text: &str,
-    path: &str,
-    run_id: &str,
-    column: &str,
-) -> Result<T, StoreError> {
-    serde_json::from_str(text).map_err(|e| {
-        corrupt(
-            path,
-            run_id,
-            column,
-            format!("{e} (line {}, column {})", e.line(), e.column()),
-        )
-    })
+/// How messages name a column of run `run_id` in the database at `path`.
+fn locate(path: &str, run_id: &str) -> impl Fn(&str) -> String + Sync {
+    let at = format!("{path} runs[{run_id:?}]");
+    move |column: &str| format!("{at}.{column}")
 }
 
 struct Loaded {
@@ -527,102 +496,52 @@ struct Loaded {
     acct: Acct,
 }
 
-/// The columns of one row of `runs` that make up a checkpoint.
-struct RunRow {
-    workflow: String,
-    status: String,
-    next: i64,
-    version: i64,
-    created_at: i64,
-    updated_at: i64,
-    head: String,
-    snapshot: String,
-    snapshot_completed: String,
-    snapshot_next: i64,
-}
+/// The record row of `runs` as SQLite hands it over.
+type RawRow = (
+    (String, String, i64, i64, i64, i64, String),
+    (String, String, i64, i64, i64),
+);
 
 /// Builds a checkpoint from its row and its history rows `(idx, name,
-/// update_json)` from `snapshot_next` on; anything inconsistent is `Corrupt`.
+/// update_json)` from `snapshot_next` on, with the toolkit's checks.
 fn assemble(
-    path: &str,
-    run_id: &str,
-    row: RunRow,
+    place: &Place<'_>,
+    raw: RawRow,
     deltas: impl Iterator<Item = Result<(i64, String, String), StoreError>>,
-) -> Result<Checkpoint, StoreError> {
-    let RunRow {
+) -> Result<(Checkpoint, Known), StoreError> {
+    let (
+        (workflow, status, next, version, created_at, updated_at, head),
+        (snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes),
+    ) = raw;
+    let row = RecordRow::new(
         workflow,
         status,
-        next,
-        version,
-        created_at,
-        updated_at,
+        place.count("next", next)?,
+        place.count("version", version)?,
+        place.count("created_at", created_at)?,
+        place.count("updated_at", updated_at)?,
         head,
         snapshot,
         snapshot_completed,
-        snapshot_next,
-    } = row;
-    let status: RunStatus = status
-        .parse()
-        .map_err(|e| corrupt(path, run_id, "status", e))?;
-    let mut state: State = parse_json(&snapshot, path, run_id, "snapshot")?;
-    let mut completed: Vec<String> =
-        parse_json(&snapshot_completed, path, run_id, "snapshot_completed")?;
-    if completed.len() as i64 != snapshot_next || snapshot_next > next {
-        return Err(corrupt(
-            path,
-            run_id,
-            "snapshot_next",
-            format!("{snapshot_next} disagrees with the snapshot or next ({next})"),
-        ));
-    }
-    let mut expect = snapshot_next;
-    for delta in deltas {
-        let (idx, name, text) = delta?;
-        if idx != expect {
-            return Err(corrupt(
-                path,
-                run_id,
-                "steps",
-                format!("step {expect} is missing from the history"),
-            ));
-        }
-        let update: Update = parse_json(&text, path, run_id, &format!("steps[{idx}].update_json"))?;
-        steadfast_core::merge(&mut state, update);
-        completed.push(name);
-        expect += 1;
-    }
-    if expect != next {
-        return Err(corrupt(
-            path,
-            run_id,
-            "steps",
-            format!("step {expect} is missing from the history"),
-        ));
-    }
-    let mut cp = Checkpoint::new(
-        run_id,
-        workflow,
-        Timestamp::from_unix_millis(created_at as u64),
+        place.count("snapshot_next", snapshot_next)?,
     );
-    decode_head(&head, &mut cp).map_err(|reason| corrupt(path, run_id, "head", reason))?;
-    cp.status = status;
-    cp.next = next as usize;
-    cp.completed = completed;
-    cp.state = state;
-    cp.version = version as u64;
-    cp.updated_at = Timestamp::from_unix_millis(updated_at as u64);
-    cp.check()
-        .map_err(|reason| corrupt(path, run_id, "head", reason))?;
-    Ok(cp)
+    let deltas = deltas.map(|d| {
+        let (idx, name, text) = d?;
+        Ok((place.count("steps", idx)?, name, text))
+    });
+    let cp = rebuild(place, row, deltas)?;
+    let known = Known::new(
+        cp.version,
+        cp.next,
+        place.count("snapshot_bytes", snapshot_bytes)?,
+        place.count("delta_bytes", delta_bytes)?,
+    );
+    Ok((cp, known))
 }
 
 fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded>, StoreError> {
     let ctx = || format!("loading run {run_id:?} from {path}");
-    type Row = (
-        (String, String, i64, i64, i64, i64, String),
-        (String, String, i64, i64, i64),
-    );
-    let row: Option<Row> = conn
+    let row: Option<RawRow> = conn
         .prepare_cached(
             "SELECT workflow, status, next, version, created_at, updated_at, head,
                     snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes
@@ -646,13 +565,10 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
             .optional()
         })
         .map_err(|e| map_err(e, &ctx()))?;
-    let Some((
-        (workflow, status, next, version, created_at, updated_at, head),
-        (snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes),
-    )) = row
-    else {
+    let Some(row) = row else {
         return Ok(None);
     };
+    let (snapshot_next, next) = (row.1 .2, row.0 .2);
     let mut st = conn
         .prepare_cached("SELECT idx, name, update_json FROM steps WHERE run_id = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx")
         .map_err(|e| map_err(e, &ctx()))?;
@@ -667,39 +583,14 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
         Ok(None) => None,
         Err(e) => Some(Err(map_err(e, &ctx()))),
     });
-    let row = RunRow {
-        workflow,
-        status,
-        next,
-        version,
-        created_at,
-        updated_at,
-        head,
-        snapshot,
-        snapshot_completed,
-        snapshot_next,
-    };
-    let cp = assemble(path, run_id, row, deltas)?;
+    let locate = locate(path, run_id);
+    let (cp, known) = assemble(&Place::new(run_id, &locate), row, deltas)?;
     let acct = Acct {
-        version: cp.version,
-        next: cp.next,
-        snapshot_bytes: snapshot_bytes as u64,
-        delta_bytes: delta_bytes as u64,
+        known,
         status: cp.status.as_str(),
         workflow: cp.workflow.as_str().into(),
     };
     Ok(Some(Loaded { cp, acct }))
-}
-
-fn step_row(step: &StepRecord, run_id: &str) -> Result<StepRow, StoreError> {
-    Ok(StepRow {
-        index: step.index,
-        name: step.name.clone(),
-        update: encode_json(&step.update, run_id, "step's update")?,
-        attempt: step.attempt,
-        started_at: step.started_at.unix_millis(),
-        finished_at: step.finished_at.unix_millis(),
-    })
 }
 
 #[async_trait]
@@ -721,65 +612,38 @@ impl Store for SqliteStore {
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         let cp = req.checkpoint;
-        check_head(cp)?;
-        let limit = self.shared.opts.max_state_bytes;
-        let check = |size: u64| check_size(&cp.run_id, "state", size, limit);
-        // Append a delta when this save completes the step after the one this
-        // store last saw for the same version, and the deltas still weigh less
-        // than the snapshot; otherwise write the whole state.
-        if req.head_only && req.expected.is_none() {
-            return Err(StoreError::InvalidInput(format!(
-                "run {:?}: a head-only save needs the run to exist",
-                cp.run_id
-            )));
-        }
-        let delta = match (req.step, self.acct(&cp.run_id)) {
-            _ if req.head_only => None,
-            (Some(step), Some(acct))
-                if Some(acct.version) == req.expected
-                    && step.index == acct.next
-                    && cp.next == acct.next + 1 =>
-            {
-                let row = step_row(step, &cp.run_id)?;
-                let budget = acct.snapshot_bytes.max(MIN_DELTA_BUDGET);
-                if acct.delta_bytes + row.update.len() as u64 <= budget {
-                    // The stored state passed this check when it was written.
-                    check_state(&cp.run_id, "update", &step.update)?;
-                    // The sum of the snapshot and the deltas bounds the state's size.
-                    let bound = acct.snapshot_bytes + acct.delta_bytes + row.update.len() as u64;
-                    if bound > limit {
-                        let size = state_size(&cp.state);
-                        check(size)?;
-                    }
-                    let same_labels =
-                        acct.status == cp.status.as_str() && *acct.workflow == *cp.workflow;
-                    Some((row, same_labels))
-                } else {
-                    None
-                }
-            }
-            _ => None,
-        };
-        let body = match delta {
-            _ if req.head_only => Body::Head,
-            Some((step, same_labels)) => Body::Delta { step, same_labels },
-            None => {
-                check_state(&cp.run_id, "state", &cp.state)?;
-                let state = encode_json(&cp.state, &cp.run_id, "state")?;
-                check(state.len() as u64)?;
-                Body::Snapshot {
-                    state,
-                    completed: encode_json(&cp.completed, &cp.run_id, "list of steps")?,
-                    step: req.step.map(|s| step_row(s, &cp.run_id)).transpose()?,
-                }
-            }
+        let acct = self.acct(&cp.run_id);
+        let plan = plan_save(
+            &req,
+            acct.as_ref().map(|a| &a.known),
+            self.shared.opts.max_state_bytes,
+        )?;
+        let body = match plan {
+            Plan::Head => Body::Head,
+            Plan::Delta { step } => Body::Delta {
+                step,
+                // The status and workflow name as stored: the row's labels
+                // (and the indexes over them) need no update.
+                same_labels: acct
+                    .as_ref()
+                    .is_some_and(|a| a.status == cp.status.as_str() && *a.workflow == *cp.workflow),
+            },
+            Plan::Snapshot {
+                state,
+                completed,
+                step,
+            } => Body::Snapshot {
+                state,
+                completed,
+                step,
+            },
         };
         let head = Head {
             workflow: cp.workflow.clone(),
             status: cp.status.as_str(),
-            next: cp.next,
-            created_at: cp.created_at.unix_millis(),
-            updated_at: cp.updated_at.unix_millis(),
+            next: to_i64(&cp.run_id, "next", cp.next as u64)?,
+            created_at: to_i64(&cp.run_id, "created_at", cp.created_at.unix_millis())?,
+            updated_at: to_i64(&cp.run_id, "updated_at", cp.updated_at.unix_millis())?,
             doc: encode_head(cp)?,
         };
         let (tx, rx) = oneshot::channel();
@@ -804,7 +668,7 @@ impl Store for SqliteStore {
             }
             _ => self.remember(&cp.run_id, None),
         }
-        result.map(|a| a.version)
+        result.map(|a| a.known.version)
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
@@ -825,7 +689,7 @@ impl Store for SqliteStore {
                     params![
                         f.status.map(|s| s.as_str()),
                         f.workflow,
-                        f.updated_before.map(|t| to_i64(t.unix_millis())),
+                        f.updated_before.map(|t| i64::try_from(t.unix_millis()).unwrap_or(i64::MAX)),
                         f.after,
                         limit
                     ],
@@ -845,12 +709,13 @@ impl Store for SqliteStore {
             let mut out = Vec::new();
             for row in rows {
                 let (run_id, workflow, status, next, version, created, updated) = row.map_err(|e| map_err(e, &ctx()))?;
-                let status: RunStatus = status.parse().map_err(|e| corrupt(path, &run_id, "status", e))?;
-                let mut cp = Checkpoint::new(run_id, workflow, Timestamp::from_unix_millis(created as u64));
-                cp.status = status;
-                cp.next = next as usize;
-                cp.version = version as u64;
-                cp.updated_at = Timestamp::from_unix_millis(updated as u64);
+                let locate = locate(path, &run_id);
+                let p = Place::new(&run_id, &locate);
+                let mut cp = Checkpoint::new(run_id.as_str(), workflow, p.millis("created_at", created)?);
+                cp.status = p.status("status", &status)?;
+                cp.next = p.index("next", next)?;
+                cp.version = p.count("version", version)?;
+                cp.updated_at = p.millis("updated_at", updated)?;
                 out.push(RunSummary::from(&cp));
             }
             Ok(out)
@@ -896,20 +761,16 @@ impl History for SqliteStore {
                     ))
                 })
                 .map_err(|e| map_err(e, &ctx()))?;
+            let locate = locate(path, &id);
+            let place = Place::new(&id, &locate);
             let mut out = Vec::new();
             for row in rows {
                 let (idx, name, update, attempt, started, finished) =
                     row.map_err(|e| map_err(e, &ctx()))?;
-                let update: Update =
-                    parse_json(&update, path, &id, &format!("steps[{idx}].update_json"))?;
-                out.push(StepRecord::new(
-                    idx as usize,
-                    &name,
-                    update,
-                    attempt as u32,
-                    Timestamp::from_unix_millis(started as u64),
-                    Timestamp::from_unix_millis(finished as u64),
-                ));
+                out.push(
+                    HistoryRow::new(idx, name, update, attempt, started, finished)
+                        .record(&place)?,
+                );
             }
             Ok(Some(out))
         })
@@ -953,17 +814,17 @@ pub fn decode_record_for_fuzzing(
 ) -> Result<Checkpoint, StoreError> {
     let [workflow, status, head, snapshot, snapshot_completed] = text;
     let [next, version, created_at, updated_at, snapshot_next] = ints;
-    let row = RunRow {
-        workflow,
-        status,
-        next,
-        version,
-        created_at,
-        updated_at,
-        head,
-        snapshot,
-        snapshot_completed,
-        snapshot_next,
-    };
-    assemble("fuzz.db", run_id, row, deltas.into_iter().map(Ok))
+    let raw = (
+        (
+            workflow, status, next, version, created_at, updated_at, head,
+        ),
+        (snapshot, snapshot_completed, snapshot_next, 0, 0),
+    );
+    let locate = locate("fuzz.db", run_id);
+    assemble(
+        &Place::new(run_id, &locate),
+        raw,
+        deltas.into_iter().map(Ok),
+    )
+    .map(|(cp, _)| cp)
 }

@@ -6,20 +6,19 @@
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use rusqlite::{params, Connection, OptionalExtension};
+use steadfast_core::store::plan::{Known, StepRow};
+use steadfast_core::store::rows::{no_row_to_fold, still_merged};
 use steadfast_core::StoreError;
 use tokio::sync::oneshot;
 
 use crate::error::{commit_outcome_unknown, map_err};
 
-/// The bookkeeping of a run's snapshot and deltas, as of `version`.
+/// What is known of a run's record after a save or load, as of its
+/// version: the toolkit's sizes, and the stored status and workflow name (a
+/// save that keeps both need not touch them, or the indexes over them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Acct {
-    pub version: u64,
-    pub next: usize,
-    pub snapshot_bytes: u64,
-    pub delta_bytes: u64,
-    /// The stored status and workflow name: a save that keeps both need not
-    /// touch them, or the indexes over them.
+    pub known: Known,
     pub status: &'static str,
     pub workflow: std::sync::Arc<str>,
 }
@@ -29,20 +28,10 @@ pub(crate) struct Acct {
 pub(crate) struct Head {
     pub workflow: String,
     pub status: &'static str,
-    pub next: usize,
-    pub created_at: u64,
-    pub updated_at: u64,
+    pub next: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
     pub doc: String,
-}
-
-/// A history row.
-pub(crate) struct StepRow {
-    pub index: usize,
-    pub name: String,
-    pub update: String,
-    pub attempt: u32,
-    pub started_at: u64,
-    pub finished_at: u64,
 }
 
 pub(crate) enum Body {
@@ -378,16 +367,21 @@ fn fail(job: Job, err: &StoreError) {
 fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, StoreError> {
     let ctx = |what: &str| format!("{what} run {:?} in {path}", job.run_id);
     let version = job.version;
-    let expected = job.expected.map(|v| v as i64);
+    let expected = job.expected;
     let h = &job.head;
-    let acct = |snapshot_bytes: u64, delta_bytes: u64| Acct {
-        version,
-        next: h.next,
-        snapshot_bytes,
-        delta_bytes,
+    let acct = |next: usize, snapshot_bytes: u64, delta_bytes: u64| Acct {
+        known: Known::new(version, next, snapshot_bytes, delta_bytes),
         status: h.status,
         workflow: std::sync::Arc::<str>::from(h.workflow.as_str()),
     };
+    let place = |column: &str| format!("{path} runs[{:?}].{column}", job.run_id);
+    let count = |column: &str, v: i64| {
+        u64::try_from(v).map_err(|_| StoreError::Corrupt {
+            location: place(column),
+            reason: format!("{v} is negative"),
+        })
+    };
+    let own_next = usize::try_from(h.next).unwrap_or(usize::MAX);
     let saved = match &job.body {
         Body::Head => {
             // The stored steps (and so `next`) stay; everything else of the
@@ -405,9 +399,9 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                             job.run_id,
                             h.workflow,
                             h.status,
-                            version as i64,
-                            h.created_at as i64,
-                            h.updated_at as i64,
+                            version,
+                            h.created_at,
+                            h.updated_at,
                             h.doc,
                             expected,
                         ],
@@ -419,10 +413,11 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
             let Some((snapshot_bytes, delta_bytes, next)) = row else {
                 return Err(conflict(conn, job, path));
             };
-            Acct {
-                next: next as usize,
-                ..acct(snapshot_bytes as u64, delta_bytes as u64)
-            }
+            acct(
+                usize::try_from(count("next", next)?).unwrap_or(usize::MAX),
+                count("snapshot_bytes", snapshot_bytes)?,
+                count("delta_bytes", delta_bytes)?,
+            )
         }
         Body::Delta { step, same_labels } => {
             let sql = if *same_labels {
@@ -445,9 +440,9 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                             job.run_id,
                             h.workflow,
                             h.status,
-                            h.next as i64,
-                            version as i64,
-                            h.updated_at as i64,
+                            h.next,
+                            version,
+                            h.updated_at,
                             h.doc,
                             step.update.len() as i64,
                             expected,
@@ -461,7 +456,11 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
             };
             insert_step(conn, &job.run_id, step)
                 .map_err(|e| map_err(e, &ctx("recording a step of")))?;
-            acct(snapshot_bytes as u64, delta_bytes as u64)
+            acct(
+                own_next,
+                count("snapshot_bytes", snapshot_bytes)?,
+                count("delta_bytes", delta_bytes)?,
+            )
         }
         Body::Snapshot {
             state,
@@ -486,10 +485,10 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                         job.run_id,
                         h.workflow,
                         h.status,
-                        h.next as i64,
-                        version as i64,
-                        h.created_at as i64,
-                        h.updated_at as i64,
+                        h.next,
+                        version,
+                        h.created_at,
+                        h.updated_at,
                         h.doc,
                         state,
                         completed,
@@ -508,14 +507,14 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                 // A fresh run has no history; a rewritten one keeps only the
                 // steps below its `next`.
                 conn.prepare_cached("DELETE FROM steps WHERE run_id = ?1 AND idx >= ?2")
-                    .and_then(|mut st| st.execute(params![job.run_id, h.next as i64]))
+                    .and_then(|mut st| st.execute(params![job.run_id, h.next]))
                     .map_err(|e| map_err(e, &ctx("trimming the history of")))?;
             }
-            if let Some(step) = step.as_ref().filter(|s| s.index < h.next) {
+            if let Some(step) = step.as_ref().filter(|s| s.index < own_next) {
                 insert_step(conn, &job.run_id, step)
                     .map_err(|e| map_err(e, &ctx("recording a step of")))?;
             }
-            acct(state.len() as u64, 0)
+            acct(own_next, state.len() as u64, 0)
         }
     };
     Ok(saved)
@@ -540,7 +539,7 @@ fn conflict(conn: &Connection, job: &SaveJob, path: &str) -> StoreError {
         Ok(found) => StoreError::Conflict {
             run_id: job.run_id.clone(),
             expected: job.expected,
-            found: found.map(|v| v as u64),
+            found: found.and_then(|v| u64::try_from(v).ok()),
         },
         Err(e) => map_err(e, &format!("reading run {:?} in {path}", job.run_id)),
     }
@@ -584,20 +583,17 @@ fn apply_rewrite(
         })
         .map_err(|e| map_err(e, &ctx))?;
     let next = match found {
-        Some((v, next)) if v as u64 == expected => next,
+        Some((v, next)) if i64::try_from(expected) == Ok(v) => next,
         other => {
             return Err(StoreError::Conflict {
                 run_id: run_id.to_string(),
                 expected: Some(expected),
-                found: other.map(|(v, _)| v as u64),
+                found: other.and_then(|(v, _)| u64::try_from(v).ok()),
             })
         }
     };
     if let Some((idx, _)) = rows.iter().find(|(idx, _)| *idx >= next) {
-        return Err(StoreError::InvalidInput(format!(
-            "run {run_id:?}: step {idx} is still merged into the state on load (snapshot at {next}); \
-             save the run without a step first"
-        )));
+        return Err(still_merged(run_id, *idx as u64, next.max(0) as u64));
     }
     let mut st = conn
         .prepare_cached("UPDATE steps SET update_json = ?3 WHERE run_id = ?1 AND idx = ?2")
@@ -607,9 +603,7 @@ fn apply_rewrite(
             .execute(params![run_id, idx, text])
             .map_err(|e| map_err(e, &ctx))?;
         if n == 0 && delete_below.is_some() {
-            return Err(StoreError::InvalidInput(format!(
-                "run {run_id:?}: step {idx} has no history row to fold into"
-            )));
+            return Err(no_row_to_fold(run_id, *idx as u64));
         }
     }
     if let Some(below) = delete_below {
@@ -635,12 +629,12 @@ fn apply_delete(
             .map_err(|e| map_err(e, &ctx))?;
         match found {
             None => return Ok(false),
-            Some(v) if v as u64 == expected => {}
+            Some(v) if i64::try_from(expected) == Ok(v) => {}
             Some(v) => {
                 return Err(StoreError::Conflict {
                     run_id: run_id.to_string(),
                     expected: Some(expected),
-                    found: Some(v as u64),
+                    found: u64::try_from(v).ok(),
                 })
             }
         }

@@ -7,6 +7,8 @@ pub mod backend;
 pub mod head;
 pub mod local;
 pub mod memory;
+pub mod plan;
+pub mod rows;
 
 use std::sync::Arc;
 

@@ -1,0 +1,200 @@
+//! The toolkit's writing side: how a save is written (the head alone, a
+//! delta of one step, or a snapshot of the whole state), decided once for
+//! every store that keeps snapshots and deltas, with the checks a save must
+//! pass before anything is written.
+
+use crate::record::checkpoint::StepRecord;
+use crate::record::error::StoreError;
+use crate::store::{
+    check_head, check_size, check_state, encode_json, state_size, RunCache, SaveRequest,
+};
+
+/// A delta may grow to the snapshot's size before the next save writes a
+/// snapshot again, and to at least this much (16 KiB) for small states.
+pub const MIN_DELTA_BUDGET: u64 = 16 * 1024;
+
+/// How many runs a store's [`Known`] cache remembers.
+pub const KNOWN_RUNS: usize = 4096;
+
+/// What a store knows of a run's stored record since its last load or save:
+/// its version and steps, and the sizes of its snapshot and deltas.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Known {
+    /// The stored version.
+    pub version: u64,
+    /// Its completed steps.
+    pub next: usize,
+    /// The size of its snapshot, in bytes of JSON.
+    pub snapshot_bytes: u64,
+    /// The size of the deltas since the snapshot.
+    pub delta_bytes: u64,
+}
+
+impl Known {
+    /// What is known of a record.
+    pub fn new(version: u64, next: usize, snapshot_bytes: u64, delta_bytes: u64) -> Self {
+        Known {
+            version,
+            next,
+            snapshot_bytes,
+            delta_bytes,
+        }
+    }
+}
+
+/// A cache of [`Known`] records, per run.
+pub type KnownRuns = RunCache<Known>;
+
+/// A step's history row as a store writes it: its update as JSON text, times
+/// in milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StepRow {
+    /// The step's index.
+    pub index: usize,
+    /// Its name.
+    pub name: String,
+    /// Its update, as JSON text.
+    pub update: String,
+    /// The attempt that succeeded.
+    pub attempt: u32,
+    /// When it started.
+    pub started_at: u64,
+    /// When it returned.
+    pub finished_at: u64,
+}
+
+impl StepRow {
+    /// The row of `step` of run `run_id`.
+    pub fn of(step: &StepRecord, run_id: &str) -> Result<Self, StoreError> {
+        Ok(StepRow {
+            index: step.index,
+            name: step.name.clone(),
+            update: encode_json(&step.update, run_id, "step's update")?,
+            attempt: step.attempt,
+            started_at: step.started_at.unix_millis(),
+            finished_at: step.finished_at.unix_millis(),
+        })
+    }
+}
+
+/// How a save is written. Exhaustive on purpose: a new way of writing is
+/// one every store must handle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// The head alone; the stored state, steps and `next` stay
+    /// ([`SaveRequest::head_only`]).
+    Head,
+    /// One step's row, appended to the deltas since the snapshot, and the
+    /// head; the snapshot stays.
+    Delta {
+        /// The step's row.
+        step: StepRow,
+    },
+    /// The whole state as the new snapshot (its deltas dropped), with the
+    /// names of the steps it covers, the head, and the step's row if the
+    /// save completes one.
+    Snapshot {
+        /// The state, as JSON text.
+        state: String,
+        /// The completed steps' names, as a JSON list.
+        completed: String,
+        /// The row of the step this save completes, if one.
+        step: Option<StepRow>,
+    },
+}
+
+impl Plan {
+    /// What is known of the record once a save by this plan has landed at
+    /// `version`, from what was known before it (`known`), for the next
+    /// save's plan. A head-only save keeps what was known of the state.
+    pub fn known_after(&self, version: u64, next: usize, known: Option<&Known>) -> Option<Known> {
+        match self {
+            Plan::Head => known.map(|k| Known {
+                version,
+                ..k.clone()
+            }),
+            Plan::Delta { step } => known.map(|k| Known {
+                version,
+                next,
+                snapshot_bytes: k.snapshot_bytes,
+                delta_bytes: k.delta_bytes + step.update.len() as u64,
+            }),
+            Plan::Snapshot { state, .. } => Some(Known::new(version, next, state.len() as u64, 0)),
+        }
+    }
+}
+
+/// Decides how `req` is written, and checks it first: the head
+/// ([`check_head`]), a head-only save of an absent run, and the state
+/// within `limit` bytes with every value one that loads back. A delta when
+/// this save completes the step after the one `known` (the stored record,
+/// at the version expected) covers, and the deltas since the snapshot still
+/// weigh less than the snapshot (or [`MIN_DELTA_BUDGET`]); otherwise the
+/// whole state. A delta checks only the step's update (the stored state
+/// passed these checks when it was written) and the state's size only when
+/// the snapshot and the deltas could exceed the limit.
+///
+/// ```
+/// use serde_json::json;
+/// use steadfast_core::store::plan::{plan_save, Known, Plan};
+/// use steadfast_core::store::SaveRequest;
+/// use steadfast_core::{Checkpoint, StepRecord, Timestamp};
+///
+/// let mut cp = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+/// cp.completed = vec!["a".into()];
+/// cp.next = 1;
+/// let step = StepRecord::new(0, "a", json!({"x": 1}).as_object().unwrap().clone(), 1, Timestamp::EPOCH, Timestamp::EPOCH);
+/// let req = SaveRequest::new(&cp, Some(4)).with_step(&step);
+/// // Nothing known of the stored record: a snapshot.
+/// assert!(matches!(plan_save(&req, None, 1 << 20)?, Plan::Snapshot { .. }));
+/// // The record at version 4 with no steps: a delta.
+/// let known = Known::new(4, 0, 100, 0);
+/// assert!(matches!(plan_save(&req, Some(&known), 1 << 20)?, Plan::Delta { .. }));
+/// # Ok::<(), steadfast_core::StoreError>(())
+/// ```
+pub fn plan_save(
+    req: &SaveRequest<'_>,
+    known: Option<&Known>,
+    limit: u64,
+) -> Result<Plan, StoreError> {
+    let cp = req.checkpoint;
+    let run_id = &cp.run_id;
+    check_head(cp)?;
+    if req.head_only {
+        if req.expected.is_none() {
+            return Err(head_only_of_absent(run_id));
+        }
+        return Ok(Plan::Head);
+    }
+    if let (Some(step), Some(k)) = (req.step, known) {
+        if Some(k.version) == req.expected && step.index == k.next && cp.next == k.next + 1 {
+            let row = StepRow::of(step, run_id)?;
+            let budget = k.snapshot_bytes.max(MIN_DELTA_BUDGET);
+            if k.delta_bytes + row.update.len() as u64 <= budget {
+                check_state(run_id, "update", &step.update)?;
+                // The snapshot and the deltas bound the state's size.
+                if k.snapshot_bytes + k.delta_bytes + row.update.len() as u64 > limit {
+                    check_size(run_id, "state", state_size(&cp.state), limit)?;
+                }
+                return Ok(Plan::Delta { step: row });
+            }
+        }
+    }
+    check_state(run_id, "state", &cp.state)?;
+    let state = encode_json(&cp.state, run_id, "state")?;
+    check_size(run_id, "state", state.len() as u64, limit)?;
+    Ok(Plan::Snapshot {
+        state,
+        completed: encode_json(&cp.completed, run_id, "list of steps")?,
+        step: req.step.map(|s| StepRow::of(s, run_id)).transpose()?,
+    })
+}
+
+/// The refusal of a head-only save of a run that does not exist.
+pub fn head_only_of_absent(run_id: &str) -> StoreError {
+    StoreError::InvalidInput(format!(
+        "run {run_id:?}: a head-only save needs the run to exist"
+    ))
+}

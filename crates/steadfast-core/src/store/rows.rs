@@ -1,0 +1,363 @@
+//! The toolkit's reading side, for stores that keep a run as a record row
+//! (a snapshot of the state and the steps it covers) plus one history row
+//! per step: rebuilding the checkpoint from them, reading history rows, and
+//! the checked conversions of stored numbers. Every store gives the same
+//! `Corrupt` errors for the same damage, named at its own location.
+
+use crate::record::checkpoint::{Checkpoint, RunStatus, StepRecord};
+use crate::record::clock::Timestamp;
+use crate::record::error::StoreError;
+use crate::record::state::{State, Update};
+use crate::store::head::decode_head;
+
+/// Where a run's data sits in a store, for messages: turns the name of a
+/// column or field (`head`, `snapshot`, `steps[3].update_json`) into a
+/// location (`runs.db runs["r1"].head`).
+pub struct Place<'a> {
+    run_id: &'a str,
+    locate: &'a (dyn Fn(&str) -> String + Sync),
+}
+
+impl<'a> Place<'a> {
+    /// The place of run `run_id`, with `locate` naming a column's location.
+    pub fn new(run_id: &'a str, locate: &'a (dyn Fn(&str) -> String + Sync)) -> Self {
+        Place { run_id, locate }
+    }
+
+    /// The run.
+    pub fn run_id(&self) -> &str {
+        self.run_id
+    }
+
+    /// [`StoreError::Corrupt`] at `column`.
+    pub fn corrupt(&self, column: &str, reason: impl std::fmt::Display) -> StoreError {
+        StoreError::Corrupt {
+            location: (self.locate)(column),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// A stored count or version: a negative one is corrupt.
+    pub fn count(&self, column: &str, v: i64) -> Result<u64, StoreError> {
+        u64::try_from(v).map_err(|_| self.corrupt(column, format!("{v} is negative")))
+    }
+
+    /// A stored index or step count.
+    pub fn index(&self, column: &str, v: i64) -> Result<usize, StoreError> {
+        let n = self.count(column, v)?;
+        usize::try_from(n).map_err(|_| self.corrupt(column, format!("{v} is too large")))
+    }
+
+    /// A stored attempt number.
+    pub fn attempt(&self, column: &str, v: i64) -> Result<u32, StoreError> {
+        let n = self.count(column, v)?;
+        u32::try_from(n).map_err(|_| self.corrupt(column, format!("{v} is too large")))
+    }
+
+    /// A stored time in milliseconds since the epoch.
+    pub fn millis(&self, column: &str, v: i64) -> Result<Timestamp, StoreError> {
+        self.count(column, v).map(Timestamp::from_unix_millis)
+    }
+
+    /// A stored status.
+    pub fn status(&self, column: &str, text: &str) -> Result<RunStatus, StoreError> {
+        text.parse().map_err(|e| self.corrupt(column, e))
+    }
+
+    /// JSON text of `column`, decoded; the error names the line and column.
+    pub fn json<T: serde::de::DeserializeOwned>(
+        &self,
+        column: &str,
+        text: &str,
+    ) -> Result<T, StoreError> {
+        serde_json::from_str(text).map_err(|e| {
+            self.corrupt(
+                column,
+                format!("{e} (line {}, column {})", e.line(), e.column()),
+            )
+        })
+    }
+}
+
+/// A number a store writes (a version, a time, an index) as the signed
+/// 64-bit integer SQL keeps: refused, never wrapped, past `i64::MAX`.
+pub fn to_i64(run_id: &str, what: &str, v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| {
+        StoreError::InvalidInput(format!(
+            "run {run_id:?}: {what} {v} is over the largest a store keeps ({}); nothing was written",
+            i64::MAX
+        ))
+    })
+}
+
+/// A run's record as a store keeps it: its labels and counts, its head
+/// document ([`encode_head`](crate::store::encode_head)), and the snapshot of
+/// its state after its first `snapshot_next` steps (their names in
+/// `snapshot_completed`).
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct RecordRow {
+    /// The workflow's name.
+    pub workflow: String,
+    /// The status, as text.
+    pub status: String,
+    /// Completed steps.
+    pub next: u64,
+    /// The version.
+    pub version: u64,
+    /// When the run was created, in milliseconds.
+    pub created_at: u64,
+    /// When it was last saved, in milliseconds.
+    pub updated_at: u64,
+    /// The head document.
+    pub head: String,
+    /// The state's snapshot, as JSON text.
+    pub snapshot: String,
+    /// The names of the steps the snapshot covers, as a JSON list.
+    pub snapshot_completed: String,
+    /// How many steps the snapshot covers.
+    pub snapshot_next: u64,
+}
+
+impl RecordRow {
+    /// A record row; the fields are public for reading.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        workflow: String,
+        status: String,
+        next: u64,
+        version: u64,
+        created_at: u64,
+        updated_at: u64,
+        head: String,
+        snapshot: String,
+        snapshot_completed: String,
+        snapshot_next: u64,
+    ) -> Self {
+        RecordRow {
+            workflow,
+            status,
+            next,
+            version,
+            created_at,
+            updated_at,
+            head,
+            snapshot,
+            snapshot_completed,
+            snapshot_next,
+        }
+    }
+}
+
+/// One step's delta as a load reads it: its index, its name, its update as
+/// JSON text.
+pub type Delta = (u64, String, String);
+
+/// Rebuilds a checkpoint from its record row and the history rows from
+/// `snapshot_next` on (in index order): the snapshot, then each step's
+/// update merged in order. A step missing, a count that disagrees, text
+/// that does not decode or a record that fails its checks is
+/// [`StoreError::Corrupt`] at its place; never a partial checkpoint.
+pub fn rebuild(
+    place: &Place<'_>,
+    row: RecordRow,
+    deltas: impl IntoIterator<Item = Result<Delta, StoreError>>,
+) -> Result<Checkpoint, StoreError> {
+    let status = place.status("status", &row.status)?;
+    let mut state: State = place.json("snapshot", &row.snapshot)?;
+    let mut completed: Vec<String> = place.json("snapshot_completed", &row.snapshot_completed)?;
+    if completed.len() as u64 != row.snapshot_next || row.snapshot_next > row.next {
+        return Err(place.corrupt(
+            "snapshot_next",
+            format!(
+                "{} disagrees with the snapshot or next ({})",
+                row.snapshot_next, row.next
+            ),
+        ));
+    }
+    let mut expect = row.snapshot_next;
+    for delta in deltas {
+        let (idx, name, text) = delta?;
+        if idx != expect {
+            return Err(place.corrupt(
+                "steps",
+                format!("step {expect} is missing from the history"),
+            ));
+        }
+        let update: Update = place.json(&format!("steps[{idx}].update_json"), &text)?;
+        crate::record::state::merge(&mut state, update);
+        completed.push(name);
+        expect += 1;
+    }
+    if expect != row.next {
+        return Err(place.corrupt(
+            "steps",
+            format!("step {expect} is missing from the history"),
+        ));
+    }
+    let next = usize::try_from(row.next)
+        .map_err(|_| place.corrupt("next", format!("{} is too large", row.next)))?;
+    let mut cp = Checkpoint::new(
+        place.run_id(),
+        row.workflow,
+        Timestamp::from_unix_millis(row.created_at),
+    );
+    decode_head(&row.head, &mut cp).map_err(|reason| place.corrupt("head", reason))?;
+    cp.status = status;
+    cp.next = next;
+    cp.completed = completed;
+    cp.state = state;
+    cp.version = row.version;
+    cp.updated_at = Timestamp::from_unix_millis(row.updated_at);
+    cp.check().map_err(|reason| place.corrupt("head", reason))?;
+    Ok(cp)
+}
+
+/// One history row as a store keeps it, numbers as SQL hands them over.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct HistoryRow {
+    /// The step's index.
+    pub index: i64,
+    /// Its name.
+    pub name: String,
+    /// Its update, as JSON text.
+    pub update: String,
+    /// The attempt that succeeded.
+    pub attempt: i64,
+    /// When it started, in milliseconds.
+    pub started_at: i64,
+    /// When it returned, in milliseconds.
+    pub finished_at: i64,
+}
+
+impl HistoryRow {
+    /// A history row.
+    pub fn new(
+        index: i64,
+        name: String,
+        update: String,
+        attempt: i64,
+        started_at: i64,
+        finished_at: i64,
+    ) -> Self {
+        HistoryRow {
+            index,
+            name,
+            update,
+            attempt,
+            started_at,
+            finished_at,
+        }
+    }
+
+    /// The step record it holds; a negative number or text that does not
+    /// decode is [`StoreError::Corrupt`] at its place.
+    pub fn record(self, place: &Place<'_>) -> Result<StepRecord, StoreError> {
+        let at = |field: &str| format!("steps[{}].{field}", self.index);
+        let index = place.index(&at("idx"), self.index)?;
+        let update: Update = place.json(&at("update_json"), &self.update)?;
+        Ok(StepRecord::new(
+            index,
+            &self.name,
+            update,
+            place.attempt(&at("attempt"), self.attempt)?,
+            place.millis(&at("started_at"), self.started_at)?,
+            place.millis(&at("finished_at"), self.finished_at)?,
+        ))
+    }
+}
+
+/// The refusal of a history rewrite (or fold) that names a row a load
+/// still merges into the state (at or above the snapshot's `snapshot_next`):
+/// it is not history yet.
+pub fn still_merged(run_id: &str, index: u64, snapshot_next: u64) -> StoreError {
+    StoreError::InvalidInput(format!(
+        "run {run_id:?}: step {index} is still merged into the state on load (snapshot at {snapshot_next}); \
+         save the run without a step first"
+    ))
+}
+
+/// The refusal of a fold into a step that has no history row.
+pub fn no_row_to_fold(run_id: &str, index: u64) -> StoreError {
+    StoreError::InvalidInput(format!(
+        "run {run_id:?}: step {index} has no history row to fold into"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place() -> (String, impl Fn(&str) -> String + Sync) {
+        ("r".to_string(), |c: &str| format!("t runs[\"r\"].{c}"))
+    }
+
+    fn row(next: u64, snapshot_next: u64, completed: &str) -> RecordRow {
+        let cp = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+        RecordRow::new(
+            "wf".into(),
+            "running".into(),
+            next,
+            3,
+            0,
+            0,
+            crate::store::encode_head(&cp).unwrap(),
+            r#"{"a":1}"#.into(),
+            completed.into(),
+            snapshot_next,
+        )
+    }
+
+    #[test]
+    fn a_record_is_rebuilt_from_its_snapshot_and_deltas() {
+        let (id, locate) = place();
+        let p = Place::new(&id, &locate);
+        let cp = rebuild(
+            &p,
+            row(2, 1, r#"["s0"]"#),
+            [Ok((1, "s1".to_string(), r#"{"b":2}"#.to_string()))],
+        )
+        .unwrap();
+        assert_eq!(cp.completed, ["s0", "s1"]);
+        assert_eq!(cp.state["b"], 2);
+        // A missing step, counts that disagree, damaged text: corrupt, where.
+        let err = rebuild(
+            &p,
+            row(3, 1, r#"["s0"]"#),
+            [Ok((1, "s1".into(), "{}".into()))],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("step 2 is missing"), "{err}");
+        let err = rebuild(&p, row(1, 2, r#"["s0"]"#), []).unwrap_err();
+        assert!(err.to_string().contains("snapshot_next"), "{err}");
+        let err = rebuild(
+            &p,
+            row(2, 1, r#"["s0"]"#),
+            [Ok((1, "s1".into(), "{".into()))],
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("t runs[\"r\"].steps[1].update_json"),
+            "{err}"
+        );
+    }
+
+    /// Stored numbers are converted with checks: a negative one is corrupt
+    /// on every store, never wrapped into a huge one.
+    #[test]
+    fn negative_numbers_are_corrupt_never_wrapped() {
+        let (id, locate) = place();
+        let p = Place::new(&id, &locate);
+        assert!(p.count("version", -1).is_err());
+        assert_eq!(p.count("version", 7).unwrap(), 7);
+        let bad = HistoryRow::new(0, "s".into(), "{}".into(), -2, 0, 0);
+        let err = bad.record(&p).unwrap_err().to_string();
+        assert!(
+            err.contains("steps[0].attempt") && err.contains("negative"),
+            "{err}"
+        );
+        assert!(to_i64("r", "version", u64::MAX).is_err());
+    }
+}
