@@ -47,21 +47,24 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
+use steadfast_core::store::plan::{plan_save, Known, Plan};
+use steadfast_core::store::rows::{
+    no_row_to_fold, rebuild, still_merged, to_i64, HistoryRow, Place, RecordRow,
+};
 use steadfast_core::store::{
-    check_head, check_size, check_state, decode_head, encode_head, encode_json, state_size,
-    DueRequest, RunCache, SaveRequest,
+    check_state, encode_head, encode_json, DueRequest, RunCache, SaveRequest,
 };
 use steadfast_core::{Capabilities, History, Schedule};
 use steadfast_core::{
-    Checkpoint, Clock, ListFilter, RunStatus, RunSummary, State, StepRecord, Store, StoreError,
-    StoreErrorKind, SystemClock, Timestamp, Update,
+    Checkpoint, Clock, ListFilter, RunStatus, RunSummary, StepRecord, Store, StoreError,
+    StoreErrorKind, SystemClock, Timestamp,
 };
 use tokio::sync::{oneshot, Notify};
 
 use crate::error::{map_err, pool_err};
 pub use crate::schema::SCHEMA_VERSION;
 pub use crate::url::DEFAULT_SCHEMA;
-use crate::writer::{Acct, SaveJob, StepRow, Writer};
+use crate::writer::{SaveJob, StepRow, Writer};
 /// The client crates, re-exported so that users of [`PgStore::connection`]
 /// name the same versions.
 pub use {deadpool_postgres, tokio_postgres};
@@ -71,13 +74,6 @@ pub const DEFAULT_MAX_STATE_BYTES: u64 = 64 << 20;
 
 /// Default number of connections a store keeps: 16.
 pub const DEFAULT_POOL_SIZE: usize = 16;
-
-/// Deltas may accumulate up to the snapshot's size, and at least this much,
-/// before the state is snapshotted again.
-const MIN_DELTA_BUDGET: u64 = 16 * 1024;
-
-/// How many runs' snapshot bookkeeping a store remembers.
-const ACCT_CACHE_RUNS: usize = 4096;
 
 /// The URL schemes this store answers to.
 pub const URL_SCHEMES: &[&str] = &["postgres", "postgresql"];
@@ -276,7 +272,7 @@ pub(crate) struct Shared {
     pub display: String,
     pub sql: Sql,
     pub writer: Writer,
-    accts: RunCache<Acct>,
+    accts: RunCache<Known>,
     opts: PgOptions,
     clock: Arc<DbClock>,
     wake: Arc<Notify>,
@@ -335,7 +331,7 @@ impl PgStore {
         let mut texts = Vec::with_capacity(records.len());
         for r in records {
             check_state(run_id, "step's update", &r.update)?;
-            idx.push(r.index as i64);
+            idx.push(to_i64(run_id, "step index", r.index as u64)?);
             texts.push(encode_json(&r.update, run_id, "step's update")?);
         }
         let client = self.client().await?;
@@ -365,31 +361,31 @@ impl PgStore {
         let row = client
             .query_one(
                 &sql,
-                &[&run_id, &(expected as i64), &idx, &texts, &delete_below],
+                &[
+                    &run_id,
+                    &to_i64(run_id, "version", expected)?,
+                    &idx,
+                    &texts,
+                    &delete_below,
+                ],
             )
             .await
             .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
         let version: Option<i64> = row.get(0);
         let next: Option<i64> = row.get(1);
-        if version != Some(expected as i64) {
+        if version.map(u64::try_from) != Some(Ok(expected)) {
             return Err(StoreError::Conflict {
                 run_id: run_id.to_string(),
                 expected: Some(expected),
-                found: version.map(|v| v as u64),
+                found: version.and_then(|v| u64::try_from(v).ok()),
             });
         }
         if let Some(i) = idx.iter().find(|i| Some(**i) >= next) {
-            return Err(StoreError::InvalidInput(format!(
-                "run {run_id:?}: step {i} is still merged into the state on load (snapshot at {}); \
-                 save the run without a step first",
-                next.unwrap_or(0)
-            )));
+            let next = next.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+            return Err(still_merged(run_id, u64::try_from(*i).unwrap_or(0), next));
         }
-        if delete_below.is_some() && row.get::<_, i64>(2) == 0 {
-            return Err(StoreError::InvalidInput(format!(
-                "run {run_id:?}: step {} has no history row to fold into",
-                delete_below.unwrap_or(0)
-            )));
+        if let Some(below) = delete_below.filter(|_| row.get::<_, i64>(2) == 0) {
+            return Err(no_row_to_fold(run_id, u64::try_from(below).unwrap_or(0)));
         }
         Ok(())
     }
@@ -456,7 +452,7 @@ impl PgStore {
                 schema: parsed.schema.clone(),
                 display,
                 writer: Writer::default(),
-                accts: RunCache::new(ACCT_CACHE_RUNS),
+                accts: RunCache::new(steadfast_core::store::plan::KNOWN_RUNS),
                 opts,
                 clock: Arc::new(DbClock {
                     anchor: Mutex::new((SystemClock.now().unix_millis() as i64, Instant::now())),
@@ -587,11 +583,11 @@ impl PgStore {
         Ok(())
     }
 
-    fn remember(&self, run_id: &str, acct: Option<Acct>) {
+    fn remember(&self, run_id: &str, acct: Option<Known>) {
         self.shared.accts.set(run_id, acct);
     }
 
-    fn acct(&self, run_id: &str) -> Option<Acct> {
+    fn acct(&self, run_id: &str) -> Option<Known> {
         self.shared.accts.get(run_id)
     }
 
@@ -649,7 +645,7 @@ pub(crate) async fn stored_version(shared: &Shared, run_id: &str) -> Option<u64>
         .query_opt(&shared.sql.version, &[&run_id])
         .await
         .ok()??;
-    Some(row.get::<_, i64>(0) as u64)
+    u64::try_from(row.get::<_, i64>(0)).ok()
 }
 
 /// A lone write statement whose answer never came may have taken effect:
@@ -689,52 +685,10 @@ pub const BACKEND: steadfast_core::store::backend::Backend =
         |scheme, rest, create| Box::pin(open_url(scheme, rest, create)),
     );
 
-fn corrupt(
-    store: &Shared,
-    run_id: &str,
-    column: &str,
-    reason: impl std::fmt::Display,
-) -> StoreError {
-    StoreError::Corrupt {
-        location: format!(
-            "{} {}.runs[{run_id:?}].{column}",
-            store.display, store.schema
-        ),
-        reason: reason.to_string(),
-    }
-}
-
-fn parse_json<T: serde::de::DeserializeOwned>(
-    store: &Shared,
-    text: &str,
-    run_id: &str,
-    column: &str,
-) -> Result<T, StoreError> {
-    serde_json::from_str(text).map_err(|e| {
-        corrupt(
-            store,
-            run_id,
-            column,
-            format!("{e} (line {}, column {})", e.line(), e.column()),
-        )
-    })
-}
-
-fn millis(store: &Shared, run_id: &str, column: &str, v: i64) -> Result<Timestamp, StoreError> {
-    u64::try_from(v)
-        .map(Timestamp::from_unix_millis)
-        .map_err(|_| corrupt(store, run_id, column, format!("{v} is negative")))
-}
-
-fn step_row(step: &StepRecord, run_id: &str) -> Result<StepRow, StoreError> {
-    Ok(StepRow {
-        index: step.index as i64,
-        name: step.name.clone(),
-        update: encode_json(&step.update, run_id, "step's update")?,
-        attempt: i64::from(step.attempt),
-        started_at: step.started_at.unix_millis() as i64,
-        finished_at: step.finished_at.unix_millis() as i64,
-    })
+/// How messages name a column of run `run_id` in this store.
+pub(crate) fn locate(store: &Shared, run_id: &str) -> impl Fn(&str) -> String + Sync {
+    let at = format!("{} {}.runs[{run_id:?}]", store.display, store.schema);
+    move |column: &str| format!("{at}.{column}")
 }
 
 impl PgStore {
@@ -742,77 +696,37 @@ impl PgStore {
         &self,
         run_id: &str,
         row: &tokio_postgres::Row,
-    ) -> Result<(Checkpoint, Acct), StoreError> {
-        let s = &*self.shared;
-        let status: String = row.get(1);
-        let status: RunStatus = status
-            .parse()
-            .map_err(|e| corrupt(s, run_id, "status", e))?;
-        let next: i64 = row.get(2);
-        let version: i64 = row.get(3);
-        let head: String = row.get(6);
-        let snapshot: String = row.get(7);
-        let snapshot_completed: String = row.get(8);
-        let snapshot_next: i64 = row.get(9);
+    ) -> Result<(Checkpoint, Known), StoreError> {
+        let locate = locate(&self.shared, run_id);
+        let p = Place::new(run_id, &locate);
+        let record = RecordRow::new(
+            row.get(0),
+            row.get(1),
+            p.count("next", row.get(2))?,
+            p.count("version", row.get(3))?,
+            p.count("created_at", row.get(4))?,
+            p.count("updated_at", row.get(5))?,
+            row.get(6),
+            row.get(7),
+            row.get(8),
+            p.count("snapshot_next", row.get(9))?,
+        );
         let idxs: Vec<i64> = row.get(12);
         let names: Vec<String> = row.get(13);
         let updates: Vec<String> = row.get(14);
-        let mut state: State = parse_json(s, &snapshot, run_id, "snapshot")?;
-        let mut completed: Vec<String> =
-            parse_json(s, &snapshot_completed, run_id, "snapshot_completed")?;
-        if completed.len() as i64 != snapshot_next || snapshot_next > next {
-            return Err(corrupt(
-                s,
-                run_id,
-                "snapshot_next",
-                format!("{snapshot_next} disagrees with the snapshot or next ({next})"),
-            ));
-        }
-        for (expect, ((idx, name), text)) in
-            (snapshot_next..).zip(idxs.iter().zip(names).zip(&updates))
-        {
-            if *idx != expect {
-                return Err(corrupt(
-                    s,
-                    run_id,
-                    "steps",
-                    format!("step {expect} is missing from the history"),
-                ));
-            }
-            let update: Update = parse_json(s, text, run_id, &format!("steps[{idx}].update_json"))?;
-            steadfast_core::merge(&mut state, update);
-            completed.push(name);
-        }
-        if snapshot_next + idxs.len() as i64 != next {
-            let missing = snapshot_next + idxs.len() as i64;
-            return Err(corrupt(
-                s,
-                run_id,
-                "steps",
-                format!("step {missing} is missing from the history"),
-            ));
-        }
-        let mut cp = Checkpoint::new(
-            run_id,
-            row.get::<_, String>(0),
-            millis(s, run_id, "created_at", row.get(4))?,
+        let deltas = idxs
+            .into_iter()
+            .zip(names)
+            .zip(updates)
+            .map(|((idx, name), text)| Ok((p.count("steps", idx)?, name, text)));
+        let cp = rebuild(&p, record, deltas)?;
+        let known = Known::new(
+            cp.version,
+            cp.next,
+            p.count("snapshot_bytes", row.get(10))?,
+            p.count("delta_bytes", row.get(11))?,
         );
-        decode_head(&head, &mut cp).map_err(|reason| corrupt(s, run_id, "head", reason))?;
-        cp.status = status;
-        cp.next = next as usize;
-        cp.completed = completed;
-        cp.state = state;
-        cp.version = u64::try_from(version).map_err(|_| corrupt(s, run_id, "version", version))?;
-        cp.updated_at = millis(s, run_id, "updated_at", row.get(5))?;
-        cp.check()
-            .map_err(|reason| corrupt(s, run_id, "head", reason))?;
-        let acct = Acct {
-            version: cp.version,
-            next: cp.next,
-            snapshot_bytes: row.get::<_, i64>(10) as u64,
-            delta_bytes: row.get::<_, i64>(11) as u64,
-        };
-        Ok((cp, acct))
+        Ok((cp, known))
     }
 }
 
@@ -850,64 +764,31 @@ impl Store for PgStore {
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         let cp = req.checkpoint;
-        check_head(cp)?;
-        if req.head_only && req.expected.is_none() {
-            return Err(StoreError::InvalidInput(format!(
-                "run {:?}: a head-only save needs the run to exist",
-                cp.run_id
-            )));
-        }
-        let limit = self.shared.opts.max_state_bytes;
         let run_id = &cp.run_id;
-        // A delta when this save completes the step after the one this store
-        // last saw for the same version and the deltas still weigh less than
-        // the snapshot; otherwise the whole state.
-        let mut delta_bytes = 0;
-        let mut step = None;
-        let mut snapshot = None;
-        let mut next = Some(cp.next as i64);
-        if req.head_only {
-            next = None;
-        } else {
-            let acct = self.acct(run_id);
-            let delta = match (req.step, &acct) {
-                (Some(s), Some(a))
-                    if Some(a.version) == req.expected
-                        && s.index == a.next
-                        && cp.next == a.next + 1 =>
-                {
-                    let row = step_row(s, run_id)?;
-                    let budget = a.snapshot_bytes.max(MIN_DELTA_BUDGET);
-                    (a.delta_bytes + row.update.len() as u64 <= budget).then_some((row, a.clone()))
-                }
-                _ => None,
-            };
-            match delta {
-                Some((row, a)) => {
-                    // The stored state passed these checks when it was written.
-                    check_state(
-                        run_id,
-                        "update",
-                        &req.step.map(|s| &s.update).cloned().unwrap_or_default(),
-                    )?;
-                    let bound = a.snapshot_bytes + a.delta_bytes + row.update.len() as u64;
-                    if bound > limit {
-                        check_size(run_id, "state", state_size(&cp.state), limit)?;
-                    }
-                    delta_bytes = row.update.len() as i64;
-                    step = Some(row);
-                }
-                None => {
-                    check_state(run_id, "state", &cp.state)?;
-                    let state = encode_json(&cp.state, run_id, "state")?;
-                    check_size(run_id, "state", state.len() as u64, limit)?;
-                    let completed = encode_json(&cp.completed, run_id, "list of steps")?;
-                    let bytes = state.len() as i64;
-                    snapshot = Some((state, completed, bytes));
-                    step = req.step.map(|s| step_row(s, run_id)).transpose()?;
-                }
+        let plan = plan_save(
+            &req,
+            self.acct(run_id).as_ref(),
+            self.shared.opts.max_state_bytes,
+        )?;
+        let (next, snapshot, delta_bytes, step) = match plan {
+            Plan::Head => (None, None, 0, None),
+            Plan::Delta { step } => (
+                Some(cp.next),
+                None,
+                to_i64(run_id, "update size", step.update.len() as u64)?,
+                Some(step),
+            ),
+            Plan::Snapshot {
+                state,
+                completed,
+                step,
+            } => {
+                let bytes = to_i64(run_id, "state size", state.len() as u64)?;
+                (Some(cp.next), Some((state, completed, bytes)), 0, step)
             }
-        }
+        };
+        let next = next.map(|n| to_i64(run_id, "next", n as u64)).transpose()?;
+        let step = step.map(|s| StepRow::of(s, run_id)).transpose()?;
         let head = encode_head(cp)?;
         let wake_at = cp.runnable_at();
         // Workers hear of runs that became runnable now without a worker
@@ -919,14 +800,16 @@ impl Store for PgStore {
             SaveJob {
                 run_id: run_id.clone(),
                 expected: req.expected,
-                version: req.new_version() as i64,
+                version: to_i64(run_id, "version", req.new_version())?,
                 workflow: cp.workflow.clone(),
                 status: cp.status.as_str(),
                 next,
-                created_at: cp.created_at.unix_millis() as i64,
-                updated_at: cp.updated_at.unix_millis() as i64,
+                created_at: to_i64(run_id, "created_at", cp.created_at.unix_millis())?,
+                updated_at: to_i64(run_id, "updated_at", cp.updated_at.unix_millis())?,
                 head,
-                wake_at: wake_at.map(|t| t.unix_millis() as i64),
+                wake_at: wake_at
+                    .map(|t| to_i64(run_id, "wake time", t.unix_millis()))
+                    .transpose()?,
                 snapshot,
                 delta_bytes,
                 step,
@@ -998,7 +881,7 @@ impl Store for PgStore {
             .map_err(|e| map_err(e, &ctx()))?;
         self.remember(run_id, None);
         let row = client
-            .query_one(&stmt, &[&run_id, &(version as i64)])
+            .query_one(&stmt, &[&run_id, &to_i64(run_id, "version", version)?])
             .await
             .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
         if row.get::<_, i64>(0) > 0 {
@@ -1019,7 +902,7 @@ impl Store for PgStore {
             found => Err(StoreError::Conflict {
                 run_id: run_id.to_string(),
                 expected: Some(version),
-                found: found.map(|v| v as u64),
+                found: found.and_then(|v| u64::try_from(v).ok()),
             }),
         }
     }
@@ -1046,24 +929,15 @@ impl History for PgStore {
         if rows.is_empty() {
             return Ok(None);
         }
-        let s = &*self.shared;
+        let locate = locate(&self.shared, run_id);
+        let place = Place::new(run_id, &locate);
         let mut out = Vec::new();
         for r in &rows {
             let Some(idx) = r.get::<_, Option<i64>>(0) else {
                 continue;
             };
-            let text: String = r.get(2);
-            let update: Update =
-                parse_json(s, &text, run_id, &format!("steps[{idx}].update_json"))?;
-            let attempt: i64 = r.get(3);
-            out.push(StepRecord::new(
-                idx as usize,
-                &r.get::<_, String>(1),
-                update,
-                u32::try_from(attempt).map_err(|_| corrupt(s, run_id, "steps.attempt", attempt))?,
-                millis(s, run_id, "steps.started_at", r.get(4))?,
-                millis(s, run_id, "steps.finished_at", r.get(5))?,
-            ));
+            let row = HistoryRow::new(idx, r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+            out.push(row.record(&place)?);
         }
         Ok(Some(out))
     }
@@ -1120,21 +994,18 @@ impl Schedule for PgStore {
 
 impl PgStore {
     fn summary(&self, r: &tokio_postgres::Row) -> Result<RunSummary, StoreError> {
-        let s = &*self.shared;
         let run_id: String = r.get(0);
-        let status: String = r.get(2);
-        let status: RunStatus = status
-            .parse()
-            .map_err(|e| corrupt(s, &run_id, "status", e))?;
+        let locate = locate(&self.shared, &run_id);
+        let p = Place::new(&run_id, &locate);
         let mut cp = Checkpoint::new(
             run_id.as_str(),
             r.get::<_, String>(1),
-            millis(s, &run_id, "created_at", r.get(5))?,
+            p.millis("created_at", r.get(5))?,
         );
-        cp.status = status;
-        cp.next = r.get::<_, i64>(3) as usize;
-        cp.version = r.get::<_, i64>(4) as u64;
-        cp.updated_at = millis(s, &run_id, "updated_at", r.get(6))?;
+        cp.status = p.status("status", &r.get::<_, String>(2))?;
+        cp.next = p.index("next", r.get(3))?;
+        cp.version = p.count("version", r.get(4))?;
+        cp.updated_at = p.millis("updated_at", r.get(6))?;
         Ok(RunSummary::from(&cp))
     }
 }

@@ -11,19 +11,13 @@ use steadfast_core::{StoreError, StoreErrorKind};
 use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 
+use steadfast_core::store::plan::Known;
+use steadfast_core::store::rows::Place;
+
 use crate::error::{map_err, pool_err};
 use crate::Shared;
 
-/// What a store remembers of a run's snapshot and deltas, as of `version`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Acct {
-    pub version: u64,
-    pub next: usize,
-    pub snapshot_bytes: u64,
-    pub delta_bytes: u64,
-}
-
-/// One step's history row.
+/// One step's history row, with the integers PostgreSQL takes.
 pub(crate) struct StepRow {
     pub index: i64,
     pub name: String,
@@ -31,6 +25,24 @@ pub(crate) struct StepRow {
     pub attempt: i64,
     pub started_at: i64,
     pub finished_at: i64,
+}
+
+impl StepRow {
+    /// The toolkit's row of a step of run `run_id`, its numbers checked.
+    pub(crate) fn of(
+        row: steadfast_core::store::plan::StepRow,
+        run_id: &str,
+    ) -> Result<Self, StoreError> {
+        use steadfast_core::store::rows::to_i64;
+        Ok(StepRow {
+            index: to_i64(run_id, "step index", row.index as u64)?,
+            name: row.name,
+            update: row.update,
+            attempt: i64::from(row.attempt),
+            started_at: to_i64(run_id, "start time", row.started_at)?,
+            finished_at: to_i64(run_id, "finish time", row.finished_at)?,
+        })
+    }
 }
 
 /// A save, with every value of its statement.
@@ -54,7 +66,7 @@ pub(crate) struct SaveJob {
     pub step: Option<StepRow>,
     /// Whether workers should hear of this save (a run started or decided).
     pub notify: bool,
-    pub reply: oneshot::Sender<Result<Acct, StoreError>>,
+    pub reply: oneshot::Sender<Result<Known, StoreError>>,
 }
 
 const MAX_BATCH: usize = 256;
@@ -435,14 +447,18 @@ async fn answer(
     shared: &Shared,
     job: &SaveJob,
     row: Option<tokio_postgres::Row>,
-) -> Result<Acct, StoreError> {
+) -> Result<Known, StoreError> {
     match row {
-        Some(row) => Ok(Acct {
-            version: job.version as u64,
-            next: row.get::<_, i64>(0) as usize,
-            snapshot_bytes: row.get::<_, i64>(1) as u64,
-            delta_bytes: row.get::<_, i64>(2) as u64,
-        }),
+        Some(row) => {
+            let locate = crate::locate(shared, &job.run_id);
+            let place = Place::new(&job.run_id, &locate);
+            Ok(Known::new(
+                place.count("version", job.version)?,
+                place.index("next", row.get(0))?,
+                place.count("snapshot_bytes", row.get(1))?,
+                place.count("delta_bytes", row.get(2))?,
+            ))
+        }
         None => Err(StoreError::Conflict {
             run_id: job.run_id.clone(),
             expected: job.expected,
