@@ -31,14 +31,17 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use reqwest::Method;
 use serde_json::{json, Value};
+use steadfast_core::store::plan::{head_only_of_absent, plan_save, Known, Plan};
+use steadfast_core::store::rows::{
+    no_row_to_fold, rebuild, still_merged, HistoryRow, Place, RecordRow,
+};
 use steadfast_core::store::{
-    check_head, check_size, check_state, decode_head, encode_head, encode_json, state_size,
-    DueRequest, RunCache, SaveRequest,
+    check_head, check_state, encode_head, encode_json, DueRequest, RunCache, SaveRequest,
 };
 use steadfast_core::{Capabilities, History, Schedule};
 use steadfast_core::{
-    Checkpoint, ListFilter, RunStatus, RunSummary, State, StepRecord, Store, StoreError,
-    StoreErrorKind, Timestamp, Update,
+    Checkpoint, ListFilter, RunStatus, RunSummary, StepRecord, Store, StoreError, StoreErrorKind,
+    Timestamp,
 };
 
 use crate::auth::MasterKey;
@@ -66,10 +69,6 @@ const CHUNK: usize = 256 * 1024;
 /// The largest head document (lease, wait, decisions with their data) a
 /// head item takes, with room for the inline snapshot beside it.
 const MAX_HEAD_DOC: usize = 256 * 1024;
-
-/// Deltas may add up to the snapshot's size, and at least this much,
-/// before the state is snapshotted again.
-const MIN_DELTA_BUDGET: u64 = 16 * 1024;
 
 /// Options of a [`CosmosStore`].
 #[derive(Clone, Debug)]
@@ -777,25 +776,26 @@ impl CosmosStore {
                 .map(str::to_string)
                 .ok_or_else(|| self.corrupt(run_id, &hid, format!("{f} is missing or not text")))
         };
-        let next = num("next")? as usize;
-        let snapshot_next = num("snapshot_next")? as usize;
-        let version = num("version")?;
+        let next = num("next")?;
+        let snapshot_next = num("snapshot_next")?;
         let gen = text("gen")?;
-        let status: RunStatus = text("status")?
-            .parse()
-            .map_err(|e| self.corrupt(run_id, &hid, e))?;
         let snapshot = self.text_of(&key, run_id, &head, "snapshot", &hid).await?;
-        let mut state: State =
-            serde_json::from_str(&snapshot).map_err(|e| self.corrupt(run_id, &hid, e))?;
-        let mut completed: Vec<String> = serde_json::from_str(&text("snapshot_completed")?)
-            .map_err(|e| self.corrupt(run_id, &hid, e))?;
-        if completed.len() != snapshot_next || snapshot_next > next {
-            return Err(self.corrupt(
-                run_id,
-                &hid,
-                format!("snapshot_next {snapshot_next} disagrees with the snapshot or next {next}"),
-            ));
-        }
+        // Where a field of this run is: its head item, or a step's item.
+        let display = &self.shared.display;
+        let locate = |column: &str| match column.strip_prefix("steps[") {
+            Some(rest) => {
+                let idx = rest
+                    .split(']')
+                    .next()
+                    .and_then(|i| i.parse().ok())
+                    .unwrap_or(0);
+                format!("{display} run {run_id:?} item {}", step_id(&key, &gen, idx))
+            }
+            None if column == "steps" => format!("{display} run {run_id:?} steps"),
+            None => format!("{display} run {run_id:?} item {hid}"),
+        };
+        let place = Place::new(run_id, &locate);
+        let mut deltas = Vec::new();
         if next > snapshot_next {
             let steps = self
                 .query_partition(
@@ -810,49 +810,31 @@ impl CosmosStore {
                 .map(|s| (s.get("idx").and_then(Value::as_u64).unwrap_or(u64::MAX), s))
                 .collect();
             steps.sort_by_key(|s| s.0);
-            for (expect, (idx, item)) in (snapshot_next as u64..).zip(&steps) {
-                if *idx != expect {
-                    return Err(self.corrupt(
-                        run_id,
-                        "steps",
-                        format!("step {expect} is missing from the history"),
-                    ));
-                }
-                let sid = step_id(&key, &gen, expect as usize);
-                let text = self.text_of(&key, run_id, item, "update", &sid).await?;
-                let update: Update =
-                    serde_json::from_str(&text).map_err(|e| self.corrupt(run_id, &sid, e))?;
-                steadfast_core::merge(&mut state, update);
+            for (idx, item) in steps {
+                let sid = step_id(&key, &gen, usize::try_from(idx).unwrap_or(usize::MAX));
+                let text = self.text_of(&key, run_id, &item, "update", &sid).await?;
                 let name = item
                     .get("name")
                     .and_then(Value::as_str)
                     .ok_or_else(|| self.corrupt(run_id, &sid, "no name"))?;
-                completed.push(name.to_string());
-            }
-            if snapshot_next + steps.len() != next {
-                return Err(self.corrupt(
-                    run_id,
-                    "steps",
-                    format!(
-                        "step {} is missing from the history",
-                        snapshot_next + steps.len()
-                    ),
-                ));
+                deltas.push(Ok((idx, name.to_string(), text)));
             }
         }
-        let mut cp = Checkpoint::new(
-            run_id,
+        let record = RecordRow::new(
             text("workflow")?,
-            Timestamp::from_unix_millis(num("created_at")?),
+            text("status")?,
+            next,
+            num("version")?,
+            num("created_at")?,
+            num("updated_at")?,
+            text("head")?,
+            snapshot,
+            text("snapshot_completed")?,
+            snapshot_next,
         );
-        decode_head(&text("head")?, &mut cp).map_err(|r| self.corrupt(run_id, &hid, r))?;
-        cp.status = status;
-        cp.next = next;
-        cp.completed = completed;
-        cp.state = state;
-        cp.version = version;
-        cp.updated_at = Timestamp::from_unix_millis(num("updated_at")?);
-        cp.check().map_err(|r| self.corrupt(run_id, &hid, r))?;
+        let cp = rebuild(&place, record, deltas)?;
+        let version = cp.version;
+        let next = cp.next;
         let etag = text("_etag")?;
         let acct = Acct {
             version,
@@ -1002,10 +984,7 @@ impl CosmosStore {
             .to_string();
         // Steps from the snapshot on are merged into the state by a load.
         if let Some(r) = records.iter().find(|r| r.index >= snapshot_next) {
-            return Err(StoreError::InvalidInput(format!(
-                "run {run_id:?}: step {} is still merged into the state on load (snapshot at {snapshot_next}); save the run without a step first",
-                r.index
-            )));
+            return Err(still_merged(run_id, r.index as u64, snapshot_next as u64));
         }
         let pk = format!("[\"{key}\"]");
         let mut body = head.as_object().cloned().unwrap_or_default();
@@ -1022,10 +1001,7 @@ impl CosmosStore {
             let sid = step_id(&key, &gen, r.index);
             let Some(item) = self.read_item(&key, &sid, run_id).await? else {
                 if fold {
-                    return Err(StoreError::InvalidInput(format!(
-                        "run {run_id:?}: step {} has no history row to fold into",
-                        r.index
-                    )));
+                    return Err(no_row_to_fold(run_id, r.index as u64));
                 }
                 continue;
             };
@@ -1248,9 +1224,7 @@ impl Store for CosmosStore {
         check_head(cp)?;
         let run_id = cp.run_id.as_str();
         if req.head_only && req.expected.is_none() {
-            return Err(StoreError::InvalidInput(format!(
-                "run {run_id:?}: a head-only save needs the run to exist"
-            )));
+            return Err(head_only_of_absent(run_id));
         }
         let key = encode_run_id(run_id);
         let limit = self.shared.opts.max_state_bytes;
@@ -1337,105 +1311,92 @@ impl Store for CosmosStore {
         );
         let mut step_ops = Vec::new();
         let (snapshot_bytes, delta_bytes, next);
-        if req.head_only {
-            // Keep the stored state, steps and snapshot as they are.
-            let stored = stored_head.ok_or_else(|| StoreError::Conflict {
-                run_id: run_id.to_string(),
-                expected: req.expected,
-                found: None,
-            })?;
-            for f in [
-                "next",
-                "snapshot",
-                "snapshot_chunks",
-                "snapshot_chunks_tag",
-                "snapshot_completed",
-                "snapshot_next",
-                "snapshot_bytes",
-                "delta_bytes",
-            ] {
-                if let Some(v) = stored.get(f) {
-                    head.insert(f.into(), v.clone());
+        let known = acct
+            .as_ref()
+            .filter(|a| !a.etag.is_empty())
+            .map(|a| Known::new(a.version, a.next, a.snapshot_bytes, a.delta_bytes));
+        match plan_save(&req, known.as_ref(), limit)? {
+            Plan::Head => {
+                // Keep the stored state, steps and snapshot as they are.
+                let stored = stored_head.ok_or_else(|| StoreError::Conflict {
+                    run_id: run_id.to_string(),
+                    expected: req.expected,
+                    found: None,
+                })?;
+                for f in [
+                    "next",
+                    "snapshot",
+                    "snapshot_chunks",
+                    "snapshot_chunks_tag",
+                    "snapshot_completed",
+                    "snapshot_next",
+                    "snapshot_bytes",
+                    "delta_bytes",
+                ] {
+                    if let Some(v) = stored.get(f) {
+                        head.insert(f.into(), v.clone());
+                    }
+                }
+                let n = |f: &str| stored.get(f).and_then(Value::as_u64).unwrap_or(0);
+                snapshot_bytes = n("snapshot_bytes");
+                delta_bytes = n("delta_bytes");
+                next = usize::try_from(n("next")).unwrap_or(usize::MAX);
+            }
+            Plan::Delta { step } => {
+                next = cp.next;
+                let a = acct.clone().ok_or_else(|| StoreError::Conflict {
+                    run_id: run_id.to_string(),
+                    expected: req.expected,
+                    found: None,
+                })?;
+                // The snapshot stays; it is not in this head item unless it
+                // was read: the replace must carry it.
+                let carry = match (stored_head.as_ref(), &a.carry) {
+                    (Some(h), _) => h.as_object().and_then(carry_of),
+                    (None, Some(c)) => Some(Arc::clone(c)),
+                    (None, None) => None,
+                };
+                let carry = match carry {
+                    Some(c) => (*c).clone(),
+                    None => {
+                        let hid = head_id(&key);
+                        let h = self
+                            .read_item(&key, &hid, run_id)
+                            .await?
+                            .unwrap_or(Value::Null);
+                        SNAPSHOT_FIELDS
+                            .iter()
+                            .filter_map(|f| h.get(*f).map(|v| (f.to_string(), v.clone())))
+                            .collect()
+                    }
+                };
+                head.extend(carry);
+                snapshot_bytes = a.snapshot_bytes;
+                delta_bytes = a.delta_bytes + step.update.len() as u64;
+                if let Some(s) = req.step {
+                    let mut item = step_item(&key, &gen, s);
+                    self.put_text(&key, &gen, run_id, &mut item, "update", step.update)
+                        .await?;
+                    step_ops.push(item);
                 }
             }
-            let n = |f: &str| stored.get(f).and_then(Value::as_u64).unwrap_or(0);
-            snapshot_bytes = n("snapshot_bytes");
-            delta_bytes = n("delta_bytes");
-            next = n("next") as usize;
-        } else {
-            next = cp.next;
-            let delta = match (req.step, &acct) {
-                (Some(s), Some(a))
-                    if s.index == a.next && cp.next == a.next + 1 && !a.etag.is_empty() =>
-                {
-                    let text = encode_json(&s.update, run_id, "step's update")?;
-                    let budget = a.snapshot_bytes.max(MIN_DELTA_BUDGET);
-                    (a.delta_bytes + text.len() as u64 <= budget).then_some((text, a.clone()))
-                }
-                _ => None,
-            };
-            let stored = stored_head.as_ref().or(None);
-            match delta {
-                Some((text, a)) => {
-                    check_state(
-                        run_id,
-                        "update",
-                        &req.step.map(|s| s.update.clone()).unwrap_or_default(),
-                    )?;
-                    if a.snapshot_bytes + a.delta_bytes + text.len() as u64 > limit {
-                        check_size(run_id, "state", state_size(&cp.state), limit)?;
-                    }
-                    // The snapshot stays; it is not in this head item unless
-                    // it was read: the replace must carry it.
-                    let carry = match (stored, &a.carry) {
-                        (Some(h), _) => h.as_object().and_then(carry_of),
-                        (None, Some(c)) => Some(Arc::clone(c)),
-                        (None, None) => None,
-                    };
-                    let carry = match carry {
-                        Some(c) => (*c).clone(),
-                        None => {
-                            let hid = head_id(&key);
-                            let h = self
-                                .read_item(&key, &hid, run_id)
-                                .await?
-                                .unwrap_or(Value::Null);
-                            SNAPSHOT_FIELDS
-                                .iter()
-                                .filter_map(|f| h.get(*f).map(|v| (f.to_string(), v.clone())))
-                                .collect()
-                        }
-                    };
-                    head.extend(carry);
-                    snapshot_bytes = a.snapshot_bytes;
-                    delta_bytes = a.delta_bytes + text.len() as u64;
-                    if let Some(s) = req.step {
-                        let mut item = step_item(&key, &gen, s);
-                        self.put_text(&key, &gen, run_id, &mut item, "update", text)
-                            .await?;
-                        step_ops.push(item);
-                    }
-                }
-                None => {
-                    check_state(run_id, "state", &cp.state)?;
-                    let state = encode_json(&cp.state, run_id, "state")?;
-                    check_size(run_id, "state", state.len() as u64, limit)?;
-                    snapshot_bytes = state.len() as u64;
-                    delta_bytes = 0;
-                    head.insert(
-                        "snapshot_completed".into(),
-                        json!(encode_json(&cp.completed, run_id, "list of steps")?),
-                    );
-                    head.insert("snapshot_next".into(), json!(cp.next));
-                    self.put_text(&key, &gen, run_id, &mut head, "snapshot", state)
+            Plan::Snapshot {
+                state,
+                completed,
+                step,
+            } => {
+                next = cp.next;
+                snapshot_bytes = state.len() as u64;
+                delta_bytes = 0;
+                head.insert("snapshot_completed".into(), json!(completed));
+                head.insert("snapshot_next".into(), json!(cp.next));
+                self.put_text(&key, &gen, run_id, &mut head, "snapshot", state)
+                    .await?;
+                if let (Some(s), Some(row)) = (req.step, step) {
+                    let mut item = step_item(&key, &gen, s);
+                    self.put_text(&key, &gen, run_id, &mut item, "update", row.update)
                         .await?;
-                    if let Some(s) = req.step {
-                        let mut item = step_item(&key, &gen, s);
-                        let text = encode_json(&s.update, run_id, "step's update")?;
-                        self.put_text(&key, &gen, run_id, &mut item, "update", text)
-                            .await?;
-                        step_ops.push(item);
-                    }
+                    step_ops.push(item);
                 }
             }
         }
@@ -1686,23 +1647,31 @@ impl History for CosmosStore {
             .max()
             .unwrap_or(0) as usize;
         for item in steps {
-            let idx = item.get("idx").and_then(Value::as_u64).unwrap_or(0) as usize;
-            if idx < folded {
+            let Some(idx) = item.get("idx").and_then(Value::as_i64) else {
+                return Err(self.corrupt(run_id, "steps", "a step item has no index"));
+            };
+            if idx < folded as i64 {
                 continue;
             }
-            let sid = step_id(&key, gen, idx);
+            let sid = step_id(&key, gen, usize::try_from(idx).unwrap_or(0));
+            let locate = |_: &str| format!("{} run {run_id:?} item {sid}", self.shared.display);
+            let place = Place::new(run_id, &locate);
             let text = self.text_of(&key, run_id, &item, "update", &sid).await?;
-            let update: Update =
-                serde_json::from_str(&text).map_err(|e| self.corrupt(run_id, &sid, e))?;
-            let n = |f: &str| item.get(f).and_then(Value::as_u64).unwrap_or(0);
-            out.push(StepRecord::new(
+            let n = |f: &str| {
+                item.get(f)
+                    .and_then(Value::as_i64)
+                    .ok_or_else(|| place.corrupt(f, format!("{f} is missing or not a number")))
+            };
+            let name = item.get("name").and_then(Value::as_str).unwrap_or_default();
+            let row = HistoryRow::new(
                 idx,
-                item.get("name").and_then(Value::as_str).unwrap_or_default(),
-                update,
-                n("attempt") as u32,
-                Timestamp::from_unix_millis(n("started_at")),
-                Timestamp::from_unix_millis(n("finished_at")),
-            ));
+                name.to_string(),
+                text,
+                n("attempt")?,
+                n("started_at")?,
+                n("finished_at")?,
+            );
+            out.push(row.record(&place)?);
         }
         out.sort_by_key(|s| s.index);
         Ok(Some(out))
