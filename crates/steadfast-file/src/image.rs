@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
+use steadfast_core::store::image::RunImage;
 use steadfast_core::{Checkpoint, StepRecord, StoreError};
 
 /// The newest version of the file layout this build writes and reads: 2,
@@ -45,29 +46,18 @@ impl Image {
         }
     }
 
-    /// Records the history a save leaves: the rows below the run's `next`,
-    /// with `step` (the row the save completes) in place of any row of its
-    /// index.
-    pub(crate) fn record(&mut self, cp: &Checkpoint, step: Option<&StepRecord>) {
-        let rows = self.history.entry(cp.run_id.clone()).or_default();
-        rows.retain(|r| r.index < cp.next);
-        if let Some(step) = step.filter(|s| s.index < cp.next) {
-            rows.retain(|r| r.index != step.index);
-            let at = rows.partition_point(|r| r.index < step.index);
-            rows.insert(at, step.clone());
-        }
-        // A record relabelled with changed code (accepting a changed
-        // workflow) names its steps anew: its rows follow.
-        for r in rows.iter_mut() {
-            if let Some(name) = cp.completed.get(r.index) {
-                if r.name != *name {
-                    r.name = name.clone();
-                }
-            }
-        }
-        if rows.is_empty() {
-            self.history.remove(&cp.run_id);
-        }
+    /// Applies `change` to the runs and rows as the toolkit's image.
+    pub(crate) fn with<T>(
+        &mut self,
+        change: impl FnOnce(&mut RunImage) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut data = RunImage::from_parts(
+            std::mem::take(&mut self.runs),
+            std::mem::take(&mut self.history),
+        );
+        let out = change(&mut data);
+        (self.runs, self.history) = data.into_parts();
+        out
     }
 
     /// Pretty JSON without a trailing newline, so that no strict prefix of a

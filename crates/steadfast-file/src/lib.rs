@@ -43,7 +43,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use steadfast_core::store::{check_head, check_size, check_whole_state, merge_head, SaveRequest};
+use steadfast_core::store::image::Write;
+use steadfast_core::store::{check_size, SaveRequest};
 use steadfast_core::{Capabilities, History};
 use steadfast_core::{Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError};
 
@@ -474,50 +475,11 @@ impl<F: Fs> FileStore<F> {
         records: Vec<StepRecord>,
         fold: bool,
     ) -> Result<(), StoreError> {
-        for r in &records {
-            steadfast_core::store::check_state(run_id, "step's update", &r.update)?;
-        }
         let run_id = run_id.to_string();
         let writes = run_id.clone();
         self.blocking(Some(&writes), move |inner| {
             inner.update(&run_id, |image| {
-                let found = image.runs.get(&run_id).map(|c| c.version);
-                let next = match image.runs.get(&run_id) {
-                    Some(cp) if found == Some(expected) => cp.next,
-                    _ => {
-                        return Err(StoreError::Conflict {
-                            run_id: run_id.clone(),
-                            expected: Some(expected),
-                            found,
-                        })
-                    }
-                };
-                let rows = image.history.entry(run_id.clone()).or_default();
-                for r in &records {
-                    if r.index >= next {
-                        return Err(StoreError::InvalidInput(format!(
-                            "run {run_id:?}: step {} is not history (next is {next})",
-                            r.index
-                        )));
-                    }
-                    if fold && !rows.iter().any(|h| h.index == r.index) {
-                        return Err(StoreError::InvalidInput(format!(
-                            "run {run_id:?}: step {} has no history row to fold into",
-                            r.index
-                        )));
-                    }
-                }
-                for r in &records {
-                    if let Some(h) = rows.iter_mut().find(|h| h.index == r.index) {
-                        h.update = r.update.clone();
-                    }
-                }
-                if let (true, Some(r)) = (fold, records.first()) {
-                    rows.retain(|h| h.index >= r.index);
-                }
-                if rows.is_empty() {
-                    image.history.remove(&run_id);
-                }
+                image.with(|data| data.rewrite(&run_id, expected, &records, fold))?;
                 Ok((true, ()))
             })
         })
@@ -542,65 +504,13 @@ impl<F: Fs> Store for FileStore<F> {
     }
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
-        let cp = req.checkpoint;
-        // A value the parser would refuse must not be written, or the whole file
-        // (every run in it) would stop loading.
-        check_head(cp)?;
-        let head_only = req.head_only;
-        if head_only && req.expected.is_none() {
-            return Err(StoreError::InvalidInput(format!(
-                "run {:?}: a head-only save needs the run to exist",
-                cp.run_id
-            )));
-        }
-        if !head_only {
-            check_whole_state(&cp.run_id, &cp.state, self.inner.opts.max_state_bytes)?;
-        }
-        let expected = req.expected;
-        let version = req.new_version();
-        let step = req.step.cloned();
-        // A head-only save takes the stored state below, so it copies none.
-        let mut stored = if head_only {
-            merge_head(
-                cp,
-                &mut Checkpoint::new(&cp.run_id, &cp.workflow, cp.created_at),
-            )
-        } else {
-            cp.clone()
-        };
-        stored.version = version;
-        let run_id = cp.run_id.clone();
-        self.blocking(Some(&run_id), move |inner| {
-            let run_id = stored.run_id.clone();
+        // Checked before the lock: a value the parser would refuse must not
+        // be written, or the whole file (every run in it) would stop loading.
+        let write = Write::checked(&req, self.inner.opts.max_state_bytes)?;
+        let run_id = write.run_id().to_string();
+        self.blocking(Some(&run_id.clone()), move |inner| {
             inner.update(&run_id, move |image| {
-                let found = image.runs.get(&stored.run_id).map(|c| c.version);
-                if found != expected {
-                    return Err(StoreError::Conflict {
-                        run_id: stored.run_id.clone(),
-                        expected,
-                        found,
-                    });
-                }
-                if let Some(kept) = image.runs.get_mut(&stored.run_id).filter(|_| head_only) {
-                    let version = stored.version;
-                    stored = merge_head(&stored, kept);
-                    stored.version = version;
-                }
-                if !head_only {
-                    if let Some(s) = &step {
-                        steadfast_core::store::check_state(
-                            &stored.run_id,
-                            "step's update",
-                            &s.update,
-                        )?;
-                    }
-                    if expected.is_none() {
-                        image.history.remove(&stored.run_id);
-                    }
-                    image.record(&stored, step.as_ref());
-                }
-                image.runs.insert(stored.run_id.clone(), stored);
-                Ok((true, version))
+                image.with(|data| data.save(write)).map(|v| (true, v))
             })
         })
         .await
@@ -609,14 +519,8 @@ impl<F: Fs> Store for FileStore<F> {
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
         let filter = filter.clone();
         self.blocking(None, move |inner| {
-            let image = inner.read_image()?;
-            Ok(image
-                .runs
-                .values()
-                .filter(|cp| filter.matches(cp))
-                .take(filter.limit.unwrap_or(usize::MAX))
-                .map(RunSummary::from)
-                .collect())
+            let mut image = inner.read_image()?;
+            image.with(|data| Ok(data.list(&filter)))
         })
         .await
     }
@@ -626,8 +530,7 @@ impl<F: Fs> Store for FileStore<F> {
         let writes = run_id.clone();
         self.blocking(Some(&writes), move |inner| {
             inner.update(&run_id, |image| {
-                let existed = image.runs.remove(&run_id).is_some();
-                image.history.remove(&run_id);
+                let existed = image.with(|data| Ok(data.delete(&run_id)))?;
                 Ok((existed, existed))
             })
         })
@@ -639,19 +542,8 @@ impl<F: Fs> Store for FileStore<F> {
         let writes = run_id.clone();
         self.blocking(Some(&writes), move |inner| {
             inner.update(&run_id, |image| {
-                match image.runs.get(&run_id).map(|c| c.version) {
-                    None => Ok((false, false)),
-                    Some(v) if v == version => {
-                        image.runs.remove(&run_id);
-                        image.history.remove(&run_id);
-                        Ok((true, true))
-                    }
-                    found => Err(StoreError::Conflict {
-                        run_id: run_id.clone(),
-                        expected: Some(version),
-                        found,
-                    }),
-                }
+                let existed = image.with(|data| data.delete_if(&run_id, version))?;
+                Ok((existed, existed))
             })
         })
         .await
@@ -664,10 +556,7 @@ impl<F: Fs> History for FileStore<F> {
         let run_id = run_id.to_string();
         self.blocking(None, move |inner| {
             let mut image = inner.read_image()?;
-            if !image.runs.contains_key(&run_id) {
-                return Ok(None);
-            }
-            Ok(Some(image.history.remove(&run_id).unwrap_or_default()))
+            image.with(|data| Ok(data.history(&run_id)))
         })
         .await
     }

@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod head;
+pub mod image;
 pub mod local;
 pub mod memory;
 pub mod plan;
