@@ -163,7 +163,7 @@ pub fn store_err(e: &StoreError) -> PyErr {
     store_kind_err(e.kind(), error_chain(e))
 }
 
-fn store_kind_err(kind: StoreErrorKind, msg: String) -> PyErr {
+pub fn store_kind_err(kind: StoreErrorKind, msg: String) -> PyErr {
     match kind {
         StoreErrorKind::Conflict => Conflict::new_err(msg),
         StoreErrorKind::Corrupt => Corrupt::new_err(msg),
@@ -205,5 +205,17 @@ pub fn err(e: &Error) -> PyErr {
         }),
         Error::Store { source, .. } => store_kind_err(source.kind(), msg),
         _ => SteadfastError::new_err(msg),
+    }
+}
+
+/// The Python exception for a graph store error.
+pub fn graph_err(e: steadfast_graph::GraphError) -> PyErr {
+    use steadfast_graph::GraphError;
+    match e {
+        GraphError::Held(m) => Held::new_err(m),
+        GraphError::InvalidInput(m) => InvalidInput::new_err(m),
+        GraphError::Unsupported(m) => Unsupported::new_err(m),
+        GraphError::Store { kind, message } => store_kind_err(kind, message),
+        other => SteadfastError::new_err(other.to_string()),
     }
 }

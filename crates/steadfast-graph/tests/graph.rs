@@ -1,0 +1,222 @@
+//! The graph store on SQLite, memory and PostgreSQL: checkpoints and writes
+//! round-trip, a second saver is refused while the first holds a thread and
+//! takes it once released, copies and prunes keep what they promise.
+//!
+//! PostgreSQL at `$STEADFAST_TEST_PG` (a schema of its own per test, dropped
+//! afterwards); without it the PostgreSQL cases are skipped with a message,
+//! except under CI (`$CI` set), where they fail.
+
+use std::time::Duration;
+
+use steadfast_graph::{GraphError, GraphStore};
+
+const LEASE: Duration = Duration::from_secs(60);
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Every kind of store the graph store opens: its URL, and what to drop.
+fn urls(dir: &std::path::Path) -> Vec<(String, Option<String>)> {
+    let mut out = vec![
+        (format!("sqlite:{}", dir.join("graph.db").display()), None),
+        ("memory:".to_string(), None),
+    ];
+    match std::env::var("STEADFAST_TEST_PG") {
+        Ok(base) => {
+            let schema = format!("graph_{:016x}", fastrand_u64());
+            let sep = if base.contains('?') { '&' } else { '?' };
+            out.push((format!("{base}{sep}schema={schema}"), Some(schema)));
+        }
+        Err(_) if std::env::var_os("CI").is_some() => {
+            panic!("STEADFAST_TEST_PG must name a PostgreSQL server under CI")
+        }
+        Err(_) => eprintln!("skipped: PostgreSQL (set STEADFAST_TEST_PG)"),
+    }
+    out
+}
+
+fn fastrand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .elapsed()
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
+}
+
+/// Drops a test schema (and the graph tables in it).
+fn drop_schema(url: &str, schema: &str) {
+    let base = url
+        .split("schema=")
+        .next()
+        .unwrap_or(url)
+        .trim_end_matches(['?', '&']);
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    rt.block_on(async {
+        if let Ok((client, conn)) = tokio_postgres::connect(base, tokio_postgres::NoTls).await {
+            tokio::spawn(conn);
+            let _ = client
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .await;
+        }
+    });
+}
+
+fn meta(run: &str) -> String {
+    format!("{{\"source\": \"loop\", \"step\": 1, \"run_id\": \"{run}\"}}")
+}
+
+#[test]
+fn checkpoints_and_writes_round_trip_and_one_saver_writes_a_thread() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    for (url, schema) in urls(dir.path()) {
+        let result = (|| -> TestResult {
+            let a = GraphStore::open(&url, LEASE, false)?;
+            a.put(
+                "t".into(),
+                "".into(),
+                "c1".into(),
+                None,
+                "json".into(),
+                b"one".to_vec(),
+                meta("r1"),
+                Some("r1".into()),
+            )?;
+            a.put_writes(
+                "t".into(),
+                "".into(),
+                "c1".into(),
+                "task".into(),
+                "path".into(),
+                vec![(0, "ch".into(), "json".into(), b"w0".to_vec())],
+            )?;
+            a.put(
+                "t".into(),
+                "".into(),
+                "c2".into(),
+                Some("c1".into()),
+                "json".into(),
+                b"two".to_vec(),
+                meta("r1"),
+                Some("r1".into()),
+            )?;
+            let latest = a.get("t".into(), "".into(), None)?.ok_or("no latest")?;
+            assert_eq!(
+                (latest.2.as_str(), latest.5.as_slice()),
+                ("c2", &b"two"[..]),
+                "{url}"
+            );
+            let first = a
+                .get("t".into(), "".into(), Some("c1".into()))?
+                .ok_or("no c1")?;
+            assert_eq!(first.7.len(), 1, "{url}: c1's write");
+            assert_eq!(first.7[0].3, b"w0", "{url}");
+            let listed = a.list(Some("t".into()), None, None, None, None, None)?;
+            let ids: Vec<&str> = listed.iter().map(|r| r.2.as_str()).collect();
+            assert_eq!(ids, ["c2", "c1"], "{url}: newest first");
+            let filtered = a.list(None, None, None, None, None, Some("{\"step\": 1}".into()))?;
+            assert_eq!(filtered.len(), 2, "{url}");
+            assert!(matches!(
+                a.list(None, None, None, None, Some(-1), None),
+                Err(GraphError::InvalidInput(_))
+            ));
+
+            if url != "memory:" {
+                // A second saver of the same thread is refused while the
+                // first holds it, and takes it once it is released.
+                let b = GraphStore::open(&url, LEASE, false)?;
+                let refused = b.put(
+                    "t".into(),
+                    "".into(),
+                    "c3".into(),
+                    Some("c2".into()),
+                    "json".into(),
+                    b"three".to_vec(),
+                    meta("r2"),
+                    Some("r2".into()),
+                );
+                assert!(
+                    matches!(refused, Err(GraphError::Held(_))),
+                    "{url}: {refused:?}"
+                );
+                a.release("t".into())?;
+                b.put(
+                    "t".into(),
+                    "".into(),
+                    "c3".into(),
+                    Some("c2".into()),
+                    "json".into(),
+                    b"three".to_vec(),
+                    meta("r2"),
+                    Some("r2".into()),
+                )?;
+                // The first saver, whose lease another took since, may not
+                // fork the chain from an older checkpoint.
+                let stale = a.put(
+                    "t".into(),
+                    "".into(),
+                    "c4".into(),
+                    Some("c1".into()),
+                    "json".into(),
+                    b"fork".to_vec(),
+                    meta("r1"),
+                    Some("r1".into()),
+                );
+                assert!(
+                    matches!(stale, Err(GraphError::Held(_))),
+                    "{url}: {stale:?}"
+                );
+                b.close()?;
+            }
+
+            // Copy and prune.
+            a.copy_thread("t".into(), "u".into())?;
+            let copied = a.list(Some("u".into()), None, None, None, None, None)?;
+            assert_eq!(
+                copied.len(),
+                listed.len() + usize::from(url != "memory:"),
+                "{url}"
+            );
+            assert!(matches!(
+                a.copy_thread("t".into(), "u".into()),
+                Err(GraphError::InvalidInput(_))
+            ));
+            a.prune(vec!["u".into()], true)?;
+            assert_eq!(
+                a.list(Some("u".into()), None, None, None, None, None)?
+                    .len(),
+                1
+            );
+            a.delete_for_runs(vec!["r1".into()])?;
+            assert!(a
+                .list(None, None, None, None, None, None)?
+                .iter()
+                .all(|r| !r.6.contains("\"r1\"")));
+            a.delete_thread("t".into())?;
+            assert!(a.get("t".into(), "".into(), None)?.is_none());
+            a.close()?;
+            Ok(())
+        })();
+        if let Some(schema) = &schema {
+            drop_schema(&url, schema);
+        }
+        result?;
+    }
+    Ok(())
+}
+
+#[test]
+fn bad_urls_and_leases_are_refused_with_what_is_wrong() {
+    for (url, says) in [
+        ("ftp://x", "expected sqlite:PATH"),
+        ("sqlite:", "expected sqlite:PATH"),
+    ] {
+        let err = GraphStore::open(url, LEASE, false).err().expect("refused");
+        assert!(err.to_string().contains(says), "{url}: {err}");
+    }
+    let err = GraphStore::open("memory:", Duration::from_millis(1), false)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("lease_seconds"), "{err}");
+}
