@@ -450,14 +450,23 @@ async fn answer(
 ) -> Result<Known, StoreError> {
     match row {
         Some(row) => {
+            // The save committed: numbers that do not read back make its
+            // bookkeeping unknown, never the save a failure. The run loop
+            // looks, and recognises its write.
             let locate = crate::locate(shared, &job.run_id);
             let place = Place::new(&job.run_id, &locate);
-            Ok(Known::new(
-                place.count("version", job.version)?,
-                place.index("next", row.get(0))?,
-                place.count("snapshot_bytes", row.get(1))?,
-                place.count("delta_bytes", row.get(2))?,
-            ))
+            let known = (|| {
+                Ok::<_, StoreError>(Known::new(
+                    place.count("version", job.version)?,
+                    place.index("next", row.get(0))?,
+                    place.count("snapshot_bytes", row.get(1))?,
+                    place.count("delta_bytes", row.get(2))?,
+                ))
+            })();
+            known.map_err(|e| StoreError::OutcomeUnknown {
+                run_id: job.run_id.clone(),
+                source: Box::new(e),
+            })
         }
         None => Err(StoreError::Conflict {
             run_id: job.run_id.clone(),

@@ -62,7 +62,7 @@ use serde_json::Value;
 use steadfast_core::store::{
     check_head, check_size, check_state, state_size, RunCache, SaveRequest,
 };
-use steadfast_core::{Capabilities, History};
+use steadfast_core::{Capabilities, DueRequest, History, Schedule};
 use steadfast_core::{
     Checkpoint, Clock, ListFilter, RunSummary, State, StepRecord, Store, StoreError,
     StoreErrorKind, StoreExt, SystemClock, Update,
@@ -409,8 +409,12 @@ pub fn is_sealed_record(cp: &Checkpoint) -> bool {
 impl Store for RefuseSealed {
     fn capabilities(&self) -> Capabilities<'_> {
         let mut caps = self.inner.capabilities();
-        // Its own history: rows pass its check (or seal) on their way.
+        // Its own history: rows pass its check on their way. Its own
+        // scheduling: due runs are found on the store underneath, records
+        // as stored, so that one record this store refuses never stops a
+        // worker from finding the others.
         caps.history = caps.history.map(|_| self as &dyn History);
+        caps.schedule = Some(self as &dyn Schedule);
         caps
     }
 
@@ -928,8 +932,12 @@ impl SealedStore {
 impl Store for SealedStore {
     fn capabilities(&self) -> Capabilities<'_> {
         let mut caps = self.inner.capabilities();
-        // Its own history: rows are sealed and opened on their way.
+        // Its own history: rows are sealed and opened on their way. Its own
+        // scheduling: due runs are found on the store underneath (heads
+        // need no key), so that one record that does not open never stops a
+        // worker from finding the others, and nothing is opened to look.
         caps.history = caps.history.map(|_| self as &dyn History);
+        caps.schedule = Some(self as &dyn Schedule);
         // Its own limit on the plain state, else the inner store's, which
         // limits the sealed state (larger): a further limit within that.
         caps.max_state_bytes = self.max_state_bytes.or(caps.max_state_bytes);
@@ -1086,5 +1094,27 @@ impl History for SealedStore {
             Some(f) => self.inner.fold_history(run_id, expected, f).await,
             None => Ok(()),
         }
+    }
+}
+
+/// Due runs of a wrapped store are found on the store underneath.
+#[async_trait]
+impl Schedule for RefuseSealed {
+    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
+        self.inner.claim_due(due).await
+    }
+    async fn wait_for_work(&self, timeout: std::time::Duration) {
+        self.inner.wait_for_work(timeout).await
+    }
+}
+
+/// Due runs of a sealed store are found on the store underneath.
+#[async_trait]
+impl Schedule for SealedStore {
+    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
+        self.inner.claim_due(due).await
+    }
+    async fn wait_for_work(&self, timeout: std::time::Duration) {
+        self.inner.wait_for_work(timeout).await
     }
 }

@@ -612,3 +612,49 @@ async fn two_rekeys_of_one_run_at_once_rewrite_it_once() -> TestResult {
     }
     Ok(())
 }
+
+/// A worker whose store refuses sealed records (no key given) still finds
+/// and runs the other runs: due runs are looked for on the store
+/// underneath, so one record it would refuse never stops the search.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sealed_run_never_stops_a_worker_without_the_key() -> TestResult {
+    use steadfast_core::{start, Registry, RunStatus, Worker};
+    let dir = tempfile::tempdir()?;
+    let raw: Arc<dyn Store> = Arc::new(steadfast_sqlite::SqliteStore::open(
+        dir.path().join("runs.db"),
+    )?);
+    let gated = Workflow::builder("gated")
+        .step("a", |_, _| async { update(json!({"secret": "s"})) })
+        .push(Step::gate("g"))
+        .build()?;
+    let sealed = SealedStore::new(Arc::clone(&raw), keys(&format!("k1:{K1}")));
+    let waiting = run("locked", &gated, &sealed).await?;
+    assert!(matches!(waiting, steadfast_core::Outcome::Waiting { .. }));
+    let plain = Workflow::builder("plain")
+        .step("b", |_, _| async { update(json!({"b": 1})) })
+        .build()?;
+    assert!(start(&*raw, "plain", "p1", json!({}), false).await?);
+
+    let refusing: Arc<dyn Store> = Arc::new(steadfast_seal::RefuseSealed::new(Arc::clone(&raw)));
+    let registry = Registry::new().workflow(gated).workflow(plain);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(
+        Worker::new(Arc::clone(&refusing), registry)
+            .poll(std::time::Duration::from_millis(20))
+            .run(async {
+                let _ = stopped.await;
+            }),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while raw.load("p1").await?.map(|c| c.status) != Some(RunStatus::Completed) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker never ran p1 beside a sealed run it cannot read"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(());
+    let report = worker.await??;
+    assert_eq!(report.completed, 1, "{report:?}");
+    Ok(())
+}

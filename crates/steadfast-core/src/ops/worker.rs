@@ -26,7 +26,9 @@ use crate::record::outcome::Outcome;
 use crate::record::state::State;
 use crate::store::{DueRequest, SaveRequest, Store};
 
-use crate::record::keys::{INPUT_KEY, RESERVED_KEYS, START_KEY};
+/// Re-exported where 0.1 had it.
+pub use crate::record::keys::START_KEY;
+use crate::record::keys::{INPUT_KEY, RESERVED_KEYS};
 use crate::store::StoreExt as _;
 
 /// The store a worker runs on: any store, shared.
