@@ -17,10 +17,6 @@ use crate::errors::{err, InvalidInput};
 use crate::pending::{spawn, Finish, Pending};
 use crate::store::{json_arg, PyStore};
 
-/// State keys the engine keeps for itself (the input of a listed run, a
-/// durable function's input and result): a step may not write them.
-const ENGINE_KEYS: [&str; 3] = steadfast::RESERVED_KEYS;
-
 /// A duration in seconds from Python, checked: finite, not negative, in range.
 pub fn secs(what: &str, s: f64) -> PyResult<Duration> {
     let shown = if s.is_finite() && s.abs() >= 1e9 {
@@ -174,7 +170,10 @@ fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow
                         match out {
                             Value::Null => Ok(Default::default()),
                             Value::Object(map) => {
-                                match map.keys().find(|k| ENGINE_KEYS.contains(&k.as_str())) {
+                                match map
+                                    .keys()
+                                    .find(|k| steadfast::RESERVED_KEYS.contains(&k.as_str()))
+                                {
                                     Some(k) => Err(StepError::invalid_value(
                                         format!("$.{k}"),
                                         "the key is the engine's own; rename it".to_string(),

@@ -63,6 +63,27 @@ fn drop_schema(url: &str, schema: &str) {
     });
 }
 
+/// Saves checkpoint `id` of thread `t` (namespace ""), a child of `parent`,
+/// for run `run`.
+fn put(
+    s: &GraphStore,
+    id: &str,
+    parent: Option<&str>,
+    blob: &[u8],
+    run: &str,
+) -> Result<(), GraphError> {
+    s.put(
+        "t".into(),
+        "".into(),
+        id.into(),
+        parent.map(String::from),
+        "json".into(),
+        blob.to_vec(),
+        meta(run),
+        Some(run.into()),
+    )
+}
+
 fn meta(run: &str) -> String {
     format!("{{\"source\": \"loop\", \"step\": 1, \"run_id\": \"{run}\"}}")
 }
@@ -73,16 +94,7 @@ fn checkpoints_and_writes_round_trip_and_one_saver_writes_a_thread() -> TestResu
     for (url, schema) in urls(dir.path()) {
         let result = (|| -> TestResult {
             let a = GraphStore::open(&url, LEASE, false)?;
-            a.put(
-                "t".into(),
-                "".into(),
-                "c1".into(),
-                None,
-                "json".into(),
-                b"one".to_vec(),
-                meta("r1"),
-                Some("r1".into()),
-            )?;
+            put(&a, "c1", None, b"one", "r1")?;
             a.put_writes(
                 "t".into(),
                 "".into(),
@@ -91,16 +103,7 @@ fn checkpoints_and_writes_round_trip_and_one_saver_writes_a_thread() -> TestResu
                 "path".into(),
                 vec![(0, "ch".into(), "json".into(), b"w0".to_vec())],
             )?;
-            a.put(
-                "t".into(),
-                "".into(),
-                "c2".into(),
-                Some("c1".into()),
-                "json".into(),
-                b"two".to_vec(),
-                meta("r1"),
-                Some("r1".into()),
-            )?;
+            put(&a, "c2", Some("c1"), b"two", "r1")?;
             let latest = a.get("t".into(), "".into(), None)?.ok_or("no latest")?;
             assert_eq!(
                 (latest.2.as_str(), latest.5.as_slice()),
@@ -126,43 +129,16 @@ fn checkpoints_and_writes_round_trip_and_one_saver_writes_a_thread() -> TestResu
                 // A second saver of the same thread is refused while the
                 // first holds it, and takes it once it is released.
                 let b = GraphStore::open(&url, LEASE, false)?;
-                let refused = b.put(
-                    "t".into(),
-                    "".into(),
-                    "c3".into(),
-                    Some("c2".into()),
-                    "json".into(),
-                    b"three".to_vec(),
-                    meta("r2"),
-                    Some("r2".into()),
-                );
+                let refused = put(&b, "c3", Some("c2"), b"three", "r2");
                 assert!(
                     matches!(refused, Err(GraphError::Held(_))),
                     "{url}: {refused:?}"
                 );
                 a.release("t".into())?;
-                b.put(
-                    "t".into(),
-                    "".into(),
-                    "c3".into(),
-                    Some("c2".into()),
-                    "json".into(),
-                    b"three".to_vec(),
-                    meta("r2"),
-                    Some("r2".into()),
-                )?;
+                put(&b, "c3", Some("c2"), b"three", "r2")?;
                 // The first saver, whose lease another took since, may not
                 // fork the chain from an older checkpoint.
-                let stale = a.put(
-                    "t".into(),
-                    "".into(),
-                    "c4".into(),
-                    Some("c1".into()),
-                    "json".into(),
-                    b"fork".to_vec(),
-                    meta("r1"),
-                    Some("r1".into()),
-                );
+                let stale = put(&a, "c4", Some("c1"), b"fork", "r1");
                 assert!(
                     matches!(stale, Err(GraphError::Held(_))),
                     "{url}: {stale:?}"

@@ -377,7 +377,7 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
     // Sizes the statement returns are only the delta budget's bookkeeping:
     // one that does not read back (a damaged row) counts as none, so that
     // the next save writes a snapshot, and never fails this batch.
-    let count = |_: &str, v: i64| Ok::<u64, StoreError>(u64::try_from(v).unwrap_or(0));
+    let size = |v: i64| u64::try_from(v).unwrap_or(0);
     let own_next = usize::try_from(h.next).unwrap_or(usize::MAX);
     let saved = match &job.body {
         Body::Head => {
@@ -411,9 +411,9 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
                 return Err(conflict(conn, job, path));
             };
             acct(
-                usize::try_from(count("next", next)?).unwrap_or(usize::MAX),
-                count("snapshot_bytes", snapshot_bytes)?,
-                count("delta_bytes", delta_bytes)?,
+                usize::try_from(size(next)).unwrap_or(usize::MAX),
+                size(snapshot_bytes),
+                size(delta_bytes),
             )
         }
         Body::Delta { step, same_labels } => {
@@ -453,11 +453,7 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
             };
             insert_step(conn, &job.run_id, step)
                 .map_err(|e| map_err(e, &ctx("recording a step of")))?;
-            acct(
-                own_next,
-                count("snapshot_bytes", snapshot_bytes)?,
-                count("delta_bytes", delta_bytes)?,
-            )
+            acct(own_next, size(snapshot_bytes), size(delta_bytes))
         }
         Body::Snapshot {
             state,

@@ -1,6 +1,6 @@
 //! `steadfast approve ID GATE`: record an approval at the gate a run waits at.
 
-use super::{usage, who, Ctx, Failure};
+use super::{usage, Ctx, Failure};
 use crate::args::exit;
 use crate::{command, output};
 
@@ -29,7 +29,7 @@ pub async fn run(args: ApproveArgs, ctx: &Ctx) -> Result<i32, Failure> {
         ),
     };
     let (id, gate) = (args.id, args.gate);
-    let by = args.by.unwrap_or_else(who);
+    let by = args.by.unwrap_or_else(steadfast::default_decider);
     steadfast::approve(&*ctx.store, &id, &gate, data, &by, &*ctx.clock()).await?;
     output::note(format_args!(
         "approved gate {gate:?} of run {id:?} as {by:?}; run it again to continue"

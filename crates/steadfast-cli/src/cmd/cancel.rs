@@ -1,6 +1,6 @@
 //! `steadfast cancel ID`: stop a run for good.
 
-use super::{who, Ctx, Failure};
+use super::{Ctx, Failure};
 use crate::args::exit;
 use crate::output;
 
@@ -20,7 +20,7 @@ pub struct CancelArgs {
 /// Marks the run cancelled; a process running it stops at its next step
 /// boundary, or after its grace period.
 pub async fn run(args: CancelArgs, ctx: &Ctx) -> Result<i32, Failure> {
-    let by = args.by.unwrap_or_else(who);
+    let by = args.by.unwrap_or_else(steadfast::default_decider);
     let id = args.id;
     let cp = steadfast::ops::cancel(&*ctx.store, &id, args.reason, &by, &*ctx.clock()).await?;
     let was = match cp.audit.last().map(|e| &e.action) {

@@ -1,7 +1,7 @@
 //! `steadfast fork ID --at STEP --as NEW_ID`: copy a run's first steps to a
 //! new run.
 
-use super::{who, Ctx, Failure};
+use super::{Ctx, Failure};
 use crate::args::exit;
 use crate::output;
 
@@ -24,7 +24,7 @@ pub struct ForkArgs {
 
 /// Writes the new run; the original is left as it is.
 pub async fn run(args: ForkArgs, ctx: &Ctx) -> Result<i32, Failure> {
-    let by = args.by.unwrap_or_else(who);
+    let by = args.by.unwrap_or_else(steadfast::default_decider);
     let cp = steadfast::ops::fork(
         &*ctx.store,
         &args.id,

@@ -107,12 +107,6 @@ fn classify(e: &anyhow::Error) -> i32 {
     exit::FAILED
 }
 
-/// Who decides a gate when `--by` is not given: the library's default
-/// (the login name, or `unknown`).
-pub(crate) fn who() -> String {
-    steadfast::default_decider()
-}
-
 /// The error for a run id the store does not have.
 pub(crate) fn no_such_run(id: &str, ctx: &Ctx) -> Failure {
     usage(format!("no run {id:?} in {}", ctx.url))

@@ -3,7 +3,7 @@
 use anyhow::Context;
 use steadfast::{ops, Error, ListFilter};
 
-use super::{usage, who, Ctx, Failure};
+use super::{usage, Ctx, Failure};
 use crate::args::exit;
 use crate::output;
 
@@ -27,7 +27,7 @@ pub struct PruneArgs {
 
 /// Prunes one run, or all of them page by page; progress on stderr.
 pub async fn run(args: PruneArgs, ctx: &Ctx) -> Result<i32, Failure> {
-    let by = args.by.unwrap_or_else(who);
+    let by = args.by.unwrap_or_else(steadfast::default_decider);
     let clock = ctx.clock();
     if let Some(id) = args.id {
         match ops::prune(&*ctx.store, &id, args.keep_history, &by, &*clock).await? {

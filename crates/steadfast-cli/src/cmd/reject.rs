@@ -1,6 +1,6 @@
 //! `steadfast reject ID GATE`: record a rejection, which ends the run.
 
-use super::{who, Ctx, Failure};
+use super::{Ctx, Failure};
 use crate::args::exit;
 use crate::output;
 
@@ -22,7 +22,7 @@ pub struct RejectArgs {
 /// Saves the rejection; the run is over.
 pub async fn run(args: RejectArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let (id, gate) = (args.id, args.gate);
-    let by = args.by.unwrap_or_else(who);
+    let by = args.by.unwrap_or_else(steadfast::default_decider);
     steadfast::reject(&*ctx.store, &id, &gate, args.reason, &by, &*ctx.clock()).await?;
     output::note(format_args!(
         "rejected gate {gate:?} of run {id:?} as {by:?}; the run is over"

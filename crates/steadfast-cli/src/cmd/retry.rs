@@ -1,6 +1,6 @@
 //! `steadfast retry ID`: give a failed run's step a fresh attempt budget.
 
-use super::{who, Ctx, Failure};
+use super::{Ctx, Failure};
 use crate::args::exit;
 use crate::output;
 
@@ -17,7 +17,7 @@ pub struct RetryArgs {
 /// Clears the failed run's error and attempts; the next `run` or worker
 /// tries the failed step again.
 pub async fn run(args: RetryArgs, ctx: &Ctx) -> Result<i32, Failure> {
-    let by = args.by.unwrap_or_else(who);
+    let by = args.by.unwrap_or_else(steadfast::default_decider);
     let id = args.id;
     let cp = steadfast::ops::retry(&*ctx.store, &id, &by, &*ctx.clock()).await?;
     output::note(format_args!(

@@ -1,6 +1,6 @@
 //! `steadfast rewind ID --to STEP`: run a run again from one of its steps.
 
-use super::{who, Ctx, Failure};
+use super::{Ctx, Failure};
 use crate::args::exit;
 use crate::output;
 
@@ -20,7 +20,7 @@ pub struct RewindArgs {
 /// Sets the run back: STEP and the steps after it run again, on the state
 /// as it was before STEP.
 pub async fn run(args: RewindArgs, ctx: &Ctx) -> Result<i32, Failure> {
-    let by = args.by.unwrap_or_else(who);
+    let by = args.by.unwrap_or_else(steadfast::default_decider);
     let id = args.id;
     let cp = steadfast::ops::rewind(&*ctx.store, &id, &args.to, &by, &*ctx.clock()).await?;
     let text = cp

@@ -467,10 +467,9 @@ struct Sizes<'a> {
 
 impl<'a> Sizes<'a> {
     fn set(&mut self, key: &'a str, value: &Value) {
-        let mut map = serde_json::Map::new();
-        map.insert(key.to_string(), value.clone());
-        // `{"k":v}` less its braces.
-        let size = crate::store::state_size(&map).saturating_sub(2);
+        use crate::store::json_size;
+        // `"k":v`, as the entry stands in its map.
+        let size = json_size(key) + 1 + json_size(value);
         if let Some(old) = self.entries.insert(key, size) {
             self.sum -= old;
         }

@@ -739,6 +739,12 @@ pub fn check_whole_state(run_id: &str, state: &State, limit: u64) -> Result<(), 
 
 /// The serialized size of a state, in bytes, without building the text.
 pub fn state_size(state: &crate::State) -> u64 {
+    json_size(state)
+}
+
+/// The size of `v` written as compact JSON, in bytes, without building the
+/// text (nor copying `v`).
+pub fn json_size<T: serde::Serialize + ?Sized>(v: &T) -> u64 {
     struct Count(u64);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -750,8 +756,9 @@ pub fn state_size(state: &crate::State) -> u64 {
         }
     }
     let mut c = Count(0);
-    // Writing a Map into a counter cannot fail.
-    let _ = serde_json::to_writer(&mut c, state);
+    // Writing into a counter fails only for a value serde_json cannot write
+    // at all, which every store refuses before sizing it.
+    let _ = serde_json::to_writer(&mut c, v);
     c.0
 }
 
