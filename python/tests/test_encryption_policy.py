@@ -65,3 +65,12 @@ def test_a_key_in_the_environment_seals_python_runs_and_the_cli_reads_them(tmp_p
     env.pop("STEADFAST_ENCRYPTION_KEY")
     refused = subprocess.run([cli, "--store", url, "show", "s1"], env=env, capture_output=True, text=True)
     assert refused.returncode != 0 and "encrypted" in refused.stderr
+
+
+@pytest.mark.parametrize("value", ["garbage", "k1:", "k1:" + "A" * 10, " "])
+def test_a_key_that_cannot_be_used_is_refused_before_the_store_is_made(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("STEADFAST_ENCRYPTION_KEY", value)
+    db = tmp_path / "new" / "runs.db"
+    with pytest.raises(steadfast.SteadfastError):
+        steadfast.open_store(f"sqlite:{db}")
+    assert not (tmp_path / "new").exists()

@@ -167,6 +167,15 @@ fn a_held_run_is_refused_unless_forced_and_the_holder_says_what_happened() -> Te
         before,
         "a refused delete changed it"
     );
+    // Ids no run can have are refused, forced or not, before anything.
+    let long = "x".repeat(300);
+    for bad in ["", long.as_str(), "bad\nid"] {
+        for args in [vec!["delete", bad], vec!["delete", bad, "--force"]] {
+            let out = env.run(&args);
+            assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+            assert!(stderr(&out).contains("invalid run id"), "{}", stderr(&out));
+        }
+    }
     let out = env.run(&["delete", "d", "--force"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let (status, err) = finish(child);
@@ -298,6 +307,19 @@ fn a_run_is_bound_to_the_flow_and_input_it_was_started_with() -> TestResult {
         "the other flow's step ran"
     );
     assert_eq!(env.show("dup")["status"], "pending");
+    // The override takes the other steps on purpose, and the run then
+    // belongs to them: starting it again with them is the same start.
+    let out = env.run(&["start", other, "--run-id", "over", "--input", "{\"q\": 1}"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = env.run(&["run", five, "--run-id", "over", "--accept-changed-workflow"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(env.show("over")["state"]["s4"], 4);
+    let out = env.run(&["start", five, "--run-id", "over", "--input", "{\"q\": 1}"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        !env.path().join("dropped").exists(),
+        "the other flow's step ran"
+    );
     // Its own flow runs it.
     let out = env.run(&["run", five, "--run-id", "dup"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));

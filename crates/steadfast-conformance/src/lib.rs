@@ -221,6 +221,7 @@ macro_rules! store_conformance {
             a_holder_is_told_its_run_was_deleted_or_replaced,
             a_half_built_run_is_left_alone_by_retention,
             wrappers_keep_every_capability,
+            concurrent_starts_of_one_id_agree,
         );
     };
 }

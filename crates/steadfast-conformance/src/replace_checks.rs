@@ -402,3 +402,54 @@ pub async fn wrappers_keep_every_capability(ts: TestStore) -> CheckResult {
     crate::keeps_capabilities(&**store, &*shared)?;
     Ok(())
 }
+
+/// Starts of one run id at the same moment agree: exactly one records it;
+/// the others, given the same input, find it there (`Ok(false)`), and given
+/// another input are refused with [`Error::InvalidInput`], never another
+/// error; the run keeps the winner's input.
+pub async fn concurrent_starts_of_one_id_agree(ts: TestStore) -> CheckResult {
+    let store = &ts.store;
+    let mut starts = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let store = Arc::clone(store);
+        starts.spawn(async move {
+            let input = json!({ "pick": i % 2 });
+            (i % 2, start(&*store, "gated", "same", input, false).await)
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(done) = starts.join_next().await {
+        results.push(done?);
+    }
+    let created: Vec<i32> = results
+        .iter()
+        .filter(|(_, r)| matches!(r, Ok(true)))
+        .map(|(p, _)| *p)
+        .collect();
+    ensure!(
+        created.len() == 1,
+        "{} starts recorded the run: {results:?}",
+        created.len()
+    );
+    let winner = created[0];
+    for (pick, r) in &results {
+        let fine = match r {
+            Ok(_) => *pick == winner,
+            Err(Error::InvalidInput { reason, .. }) => {
+                *pick != winner && reason.contains("another input")
+            }
+            Err(_) => false,
+        };
+        ensure!(
+            fine,
+            "a start with input {pick} (winner {winner}) gave {r:?}"
+        );
+    }
+    let cp = store.load("same").await?.ok_or("the run vanished")?;
+    ensure!(
+        cp.state.get("pick") == Some(&json!(winner)),
+        "the run holds {:?}",
+        cp.state
+    );
+    Ok(())
+}
