@@ -31,17 +31,18 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use reqwest::Method;
 use serde_json::{json, Value};
-use steadfast_core::store::plan::{head_only_of_absent, plan_save, Known, Plan};
+use steadfast_core::store::plan::{
+    conflict, expect_version, head_only_of_absent, plan_save, Known, Plan,
+};
 use steadfast_core::store::rows::{
-    no_row_to_fold, rebuild, still_merged, HistoryRow, Place, RecordRow,
+    no_row_to_fold, rebuild, still_merged, Fields, HistoryRow, Place, RecordRow,
 };
 use steadfast_core::store::{
-    check_head, check_state, encode_head, encode_json, DueRequest, RunCache, SaveRequest,
+    check_head, encode_head, encode_json, DueRequest, Rewrite, RunCache, SaveRequest,
 };
 use steadfast_core::{Capabilities, History, Schedule};
 use steadfast_core::{
     Checkpoint, ListFilter, RunStatus, RunSummary, StepRecord, Store, StoreError, StoreErrorKind,
-    Timestamp,
 };
 
 use crate::auth::MasterKey;
@@ -612,28 +613,37 @@ impl CosmosStore {
         }
     }
 
+    /// How messages name a field of run `run_id`'s head item.
+    fn head_place(&self, run_id: &str) -> impl Fn(&str) -> String + Sync {
+        let at = format!(
+            "{} run {run_id:?} item {}",
+            self.shared.display,
+            head_id(&encode_run_id(run_id))
+        );
+        move |field: &str| format!("{at}.{field}")
+    }
+
     /// A run's summary from the fields of its head item.
     fn summary(&self, r: &Value) -> Result<RunSummary, StoreError> {
         let run_id = r.get("run_id").and_then(Value::as_str).unwrap_or_default();
-        let n = |f: &str| r.get(f).and_then(Value::as_u64).unwrap_or(0);
-        let status: RunStatus = r
-            .get("status")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .parse()
-            .map_err(|e| self.corrupt(run_id, "head", e))?;
-        let mut cp = Checkpoint::new(
-            run_id,
-            r.get("workflow")
-                .and_then(Value::as_str)
-                .unwrap_or_default(),
-            Timestamp::from_unix_millis(n("created_at")),
-        );
-        cp.status = status;
-        cp.next = n("next") as usize;
-        cp.version = n("version");
-        cp.updated_at = Timestamp::from_unix_millis(n("updated_at"));
-        Ok(RunSummary::from(&cp))
+        let locate = self.head_place(run_id);
+        Fields::new(&Place::new(run_id, &locate), r).summary()
+    }
+
+    /// What a save needs to know of run `run_id` from its head item.
+    fn acct_of(&self, run_id: &str, head: &Value) -> Result<Acct, StoreError> {
+        let locate = self.head_place(run_id);
+        let place = Place::new(run_id, &locate);
+        let f = Fields::new(&place, head);
+        Ok(Acct {
+            version: f.count("version")?,
+            etag: f.text("_etag")?.to_string(),
+            next: f.index("next")?,
+            snapshot_bytes: f.count("snapshot_bytes")?,
+            delta_bytes: f.count("delta_bytes")?,
+            carry: head.as_object().and_then(carry_of),
+            gen: f.text("gen")?.to_string(),
+        })
     }
 
     fn corrupt(&self, run_id: &str, item: &str, reason: impl std::fmt::Display) -> StoreError {
@@ -752,7 +762,7 @@ impl CosmosStore {
             item.insert(field.to_string(), Value::String(text));
             return Ok(());
         }
-        let tag = format!("{:016x}", fastrand_u64());
+        let tag = format!("{:016x}", fastrand::u64(..));
         let count = self.write_chunks(key, gen, run_id, &tag, &text).await?;
         item.insert(format!("{field}_chunks_tag"), json!(tag));
         item.insert(format!("{field}_chunks"), json!(count));
@@ -765,17 +775,11 @@ impl CosmosStore {
         let Some(head) = self.read_item(&key, &hid, run_id).await? else {
             return Ok(None);
         };
-        let num = |f: &str| {
-            head.get(f).and_then(Value::as_u64).ok_or_else(|| {
-                self.corrupt(run_id, &hid, format!("{f} is missing or not a number"))
-            })
-        };
-        let text = |f: &str| {
-            head.get(f)
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .ok_or_else(|| self.corrupt(run_id, &hid, format!("{f} is missing or not text")))
-        };
+        let head_place = self.head_place(run_id);
+        let place = Place::new(run_id, &head_place);
+        let fields = Fields::new(&place, &head);
+        let num = |f: &str| fields.count(f);
+        let text = |f: &str| fields.text(f).map(str::to_string);
         let next = num("next")?;
         let snapshot_next = num("snapshot_next")?;
         let gen = text("gen")?;
@@ -833,19 +837,71 @@ impl CosmosStore {
             snapshot_next,
         );
         let cp = rebuild(&place, record, deltas)?;
-        let version = cp.version;
-        let next = cp.next;
-        let etag = text("_etag")?;
-        let acct = Acct {
-            version,
-            etag,
-            next,
-            snapshot_bytes: num("snapshot_bytes")?,
-            delta_bytes: num("delta_bytes")?,
-            carry: head.as_object().and_then(carry_of),
-            gen: text("gen")?,
+        Ok(Some((cp, self.acct_of(run_id, &head)?)))
+    }
+
+    /// Sends an atomic batch whose first operation writes run `run_id`'s
+    /// head (guarded by its ETag, or a create) and the rest its items, and
+    /// reads the answers: every operation applied, or a conflict (the head
+    /// changed or went, or already exists), too large, or failed with
+    /// nothing applied, or (answers that do not say) an unknown outcome.
+    async fn head_batch(
+        &self,
+        key: &str,
+        run_id: &str,
+        expected: Option<u64>,
+        ops: Vec<Value>,
+    ) -> Result<Vec<Value>, StoreError> {
+        let count = ops.len();
+        let results = self.batch(key, run_id, ops).await?;
+        let status = |i: usize| op_status(&results, i);
+        let unknown = |why: String| StoreError::OutcomeUnknown {
+            run_id: run_id.to_string(),
+            source: why.into(),
         };
-        Ok(Some((cp, acct)))
+        if results.len() != count {
+            let n = results.len();
+            return Err(unknown(format!(
+                "the batch answered {n} results for {count} operations"
+            )));
+        }
+        // An atomic batch that failed answers 424 for the operations that
+        // did not fail: the failing one says why, and nothing was applied.
+        let applied = status(0) != 424;
+        let failed = match applied {
+            true => Some(status(0)),
+            false => (0..count).map(status).find(|s| *s != 424),
+        };
+        let too_large = || StoreError::TooLarge {
+            run_id: run_id.to_string(),
+            what: "checkpoint item",
+            size: 0,
+            limit: 2 << 20,
+        };
+        match failed {
+            Some(200 | 201) => {}
+            Some(404 | 409 | 412) => {
+                self.shared.accts.set(run_id, None);
+                return Err(conflict(run_id, expected, None));
+            }
+            Some(413) => return Err(too_large()),
+            Some(403) if !applied => return Err(too_large()),
+            other if !applied => {
+                return Err(StoreError::unavailable(format!(
+                    "writing run {run_id:?} to {}: the batch failed with {other:?}; nothing was applied",
+                    self.shared.display
+                )))
+            }
+            // A status this store does not know, or none: it cannot tell
+            // what happened.
+            other => return Err(unknown(format!("the head's operation answered {other:?}"))),
+        }
+        if let Some(s) = (1..count).map(status).find(|s| !matches!(s, 200 | 201)) {
+            // The head was written but not an item: on a service that rolls
+            // batches back this cannot happen.
+            return Err(unknown(format!("an item of the batch answered {s}")));
+        }
+        Ok(results)
     }
 
     /// Sends one transactional batch on a run's partition; returns the
@@ -883,30 +939,6 @@ impl CosmosStore {
     }
 }
 
-fn fastrand_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish()
-}
-
-/// A conflict unless head item `head` is at version `expected`.
-fn check_version(head: &Value, run_id: &str, expected: u64) -> Result<(), StoreError> {
-    let found = head.get("version").and_then(Value::as_u64);
-    if found != Some(expected) {
-        return Err(StoreError::Conflict {
-            run_id: run_id.to_string(),
-            expected: Some(expected),
-            found,
-        });
-    }
-    Ok(())
-}
-
 /// The status code a batch answered for operation `i` (0 if none).
 fn op_status(results: &[Value], i: usize) -> u64 {
     results
@@ -942,205 +974,6 @@ fn step_item(key: &str, gen: &str, step: &StepRecord) -> serde_json::Map<String,
 }
 
 impl CosmosStore {
-    /// Replaces history items' updates (and, for a fold, deletes the items
-    /// below the one replaced), guarded by the run's version: transactional
-    /// batches that each replace the head as last seen (`If-Match`) and up to
-    /// 90 step items. A fold's row is marked `folded`, so that the items
-    /// below it are no longer history from the moment it is written; they
-    /// are deleted after it.
-    async fn rewrite_items(
-        &self,
-        run_id: &str,
-        expected: u64,
-        records: &[StepRecord],
-        fold: bool,
-    ) -> Result<(), StoreError> {
-        for r in records {
-            check_state(run_id, "step's update", &r.update)?;
-        }
-        let key = encode_run_id(run_id);
-        let hid = head_id(&key);
-        let Some(head) = self.read_item(&key, &hid, run_id).await? else {
-            return Err(StoreError::Conflict {
-                run_id: run_id.to_string(),
-                expected: Some(expected),
-                found: None,
-            });
-        };
-        check_version(&head, run_id, expected)?;
-        let snapshot_next = head
-            .get("snapshot_next")
-            .and_then(Value::as_u64)
-            .unwrap_or(0) as usize;
-        let gen = head
-            .get("gen")
-            .and_then(Value::as_str)
-            .ok_or_else(|| self.corrupt(run_id, &hid, "the head has no generation"))?
-            .to_string();
-        let etag = head
-            .get("_etag")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        // Steps from the snapshot on are merged into the state by a load.
-        if let Some(r) = records.iter().find(|r| r.index >= snapshot_next) {
-            return Err(still_merged(run_id, r.index as u64, snapshot_next as u64));
-        }
-        let pk = format!("[\"{key}\"]");
-        let mut body = head.as_object().cloned().unwrap_or_default();
-        body.retain(|k, _| !k.starts_with('_'));
-        let head_body = Value::Object(body);
-        // The replaced rows, in batches of at most 90 items and about 1.5 MB,
-        // each led by the head as last seen (If-Match): a run saved
-        // meanwhile stops the rewrite there.
-        let mut groups: Vec<Vec<Value>> = vec![Vec::new()];
-        let mut bytes = 0usize;
-        // Chunk items the replaced and deleted rows leave unreferenced.
-        let mut stale: Vec<String> = Vec::new();
-        for r in records {
-            let sid = step_id(&key, &gen, r.index);
-            let Some(item) = self.read_item(&key, &sid, run_id).await? else {
-                if fold {
-                    return Err(no_row_to_fold(run_id, r.index as u64));
-                }
-                continue;
-            };
-            let mut item = item.as_object().cloned().unwrap_or_default();
-            item.retain(|k, _| !k.starts_with('_'));
-            stale.extend(chunk_ids_of(&key, &item));
-            for f in ["update", "update_chunks", "update_chunks_tag"] {
-                item.remove(f);
-            }
-            let text = encode_json(&r.update, run_id, "step's update")?;
-            let size = text.len().min(INLINE_MAX) + 512;
-            self.put_text(&key, &gen, run_id, &mut item, "update", text)
-                .await?;
-            if fold {
-                item.insert("folded".into(), json!(true));
-            }
-            let last = groups.last_mut().expect("a group");
-            if !last.is_empty() && (last.len() >= 90 || bytes + size > 1_500_000) {
-                groups.push(Vec::new());
-                bytes = 0;
-            }
-            bytes += size;
-            groups.last_mut().expect("a group").push(json!({
-                "operationType": "Replace", "id": sid, "partitionKey": pk,
-                "resourceBody": Value::Object(item)
-            }));
-        }
-        self.shared.accts.set(run_id, None);
-        let mut etag = etag;
-        for rows in groups {
-            let mut ops = vec![json!({
-                "operationType": "Replace", "id": hid, "partitionKey": pk,
-                "ifMatch": etag, "resourceBody": head_body.clone()
-            })];
-            ops.extend(rows);
-            let ops_len = ops.len();
-            let results = self.batch(&key, run_id, ops).await?;
-            let status = |i: usize| op_status(&results, i);
-            if results.len() != ops_len {
-                return Err(StoreError::OutcomeUnknown {
-                    run_id: run_id.to_string(),
-                    source: "the history batch answered a different number of results".into(),
-                });
-            }
-            match status(0) {
-                200 | 201 => {}
-                424 | 404 | 409 | 412 => {
-                    let failed = (0..ops_len).map(status).find(|s| *s != 424);
-                    return Err(match failed {
-                        Some(404 | 409 | 412) | None => StoreError::Conflict {
-                            run_id: run_id.to_string(),
-                            expected: Some(expected),
-                            found: None,
-                        },
-                        other => StoreError::unavailable(format!(
-                            "rewriting the history of run {run_id:?} in {}: the batch failed with {other:?}; nothing of it was applied",
-                            self.shared.display
-                        )),
-                    });
-                }
-                other => {
-                    return Err(StoreError::OutcomeUnknown {
-                        run_id: run_id.to_string(),
-                        source: format!("the history batch's head operation answered {other}")
-                            .into(),
-                    })
-                }
-            }
-            etag = match results[0].get("eTag").and_then(Value::as_str) {
-                Some(e) => e.to_string(),
-                None => match self.read_item(&key, &hid, run_id).await? {
-                    Some(h) if h.get("version").and_then(Value::as_u64) == Some(expected) => h
-                        .get("_etag")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string(),
-                    _ => {
-                        return Err(StoreError::Conflict {
-                            run_id: run_id.to_string(),
-                            expected: Some(expected),
-                            found: None,
-                        })
-                    }
-                },
-            };
-        }
-        // The rows below a fold go last. The fold row is marked, so those
-        // not deleted yet (a failure here) are no longer history; deleting
-        // them only frees space.
-        if let (true, Some(f)) = (fold, records.first()) {
-            let below = self
-                .query_partition(
-                    &key,
-                    run_id,
-                    "SELECT c.id, c.update_chunks, c.update_chunks_tag FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'step' AND c.idx < @b",
-                    json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}, {"name": "@b", "value": f.index}]),
-                )
-                .await;
-            let ids: Vec<String> = match below {
-                Ok(items) => items
-                    .iter()
-                    .flat_map(|i| {
-                        let chunks = i
-                            .as_object()
-                            .map(|m| chunk_ids_of(&key, m))
-                            .unwrap_or_default();
-                        i.get("id")
-                            .and_then(Value::as_str)
-                            .map(str::to_string)
-                            .into_iter()
-                            .chain(chunks)
-                    })
-                    .collect(),
-                Err(e) => {
-                    tracing::warn!(run_id, error = %e, "the history is folded; the rows below the fold could not be listed for removal");
-                    Vec::new()
-                }
-            };
-            for ids in ids.chunks(100) {
-                let ops = ids
-                    .iter()
-                    .map(|id| json!({ "operationType": "Delete", "id": id, "partitionKey": pk }))
-                    .collect();
-                if let Err(e) = self.batch(&key, run_id, ops).await {
-                    tracing::warn!(run_id, error = %e, "the history is folded; some rows below the fold are left (they are not read)");
-                    break;
-                }
-            }
-        }
-        // The old chunks of replaced rows: never read again, so a failure
-        // to remove them is only logged.
-        for id in stale {
-            if let Err(e) = self.delete_item(&key, &id, run_id, None).await {
-                tracing::warn!(run_id, item = %id, error = %e, "an old chunk of a rewritten row could not be removed");
-            }
-        }
-        Ok(())
-    }
-
     /// Deletes a run, at version `expected` when given.
     async fn delete_at(&self, run_id: &str, expected: Option<u64>) -> Result<bool, StoreError> {
         let key = encode_run_id(run_id);
@@ -1159,7 +992,11 @@ impl CosmosStore {
                 .and_then(Value::as_str)
                 .unwrap_or_default();
             if let Some(expected) = expected {
-                check_version(&head, run_id, expected)?;
+                expect_version(
+                    run_id,
+                    expected,
+                    head.get("version").and_then(Value::as_u64),
+                )?;
             }
             if self.delete_item(&key, &hid, run_id, Some(etag)).await? {
                 gen = head.get("gen").and_then(Value::as_str).map(str::to_string);
@@ -1237,51 +1074,21 @@ impl Store for CosmosStore {
         if req.expected.is_some() && (acct.is_none() || req.head_only) {
             let hid = head_id(&key);
             let head = self.read_item(&key, &hid, run_id).await?;
-            let found = head
-                .as_ref()
-                .and_then(|h| h.get("version"))
-                .and_then(Value::as_u64);
-            if found != req.expected {
-                return Err(StoreError::Conflict {
-                    run_id: run_id.to_string(),
-                    expected: req.expected,
-                    found,
-                });
+            let found = head.as_ref().and_then(|h| h.get("version"));
+            if let Some(expected) = req.expected {
+                expect_version(run_id, expected, found.and_then(Value::as_u64))?;
             }
             if let Some(h) = &head {
-                let n = |f: &str| h.get(f).and_then(Value::as_u64).unwrap_or(0);
-                acct = Some(Acct {
-                    version: n("version"),
-                    etag: h
-                        .get("_etag")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string(),
-                    next: n("next") as usize,
-                    snapshot_bytes: n("snapshot_bytes"),
-                    delta_bytes: n("delta_bytes"),
-                    carry: h.as_object().and_then(carry_of),
-                    gen: h
-                        .get("gen")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_string(),
-                });
+                acct = Some(self.acct_of(run_id, h)?);
             }
             stored_head = head;
         }
         let gen = match (&req.expected, &acct) {
-            (None, _) => format!("{:016x}", fastrand_u64()),
+            (None, _) => format!("{:016x}", fastrand::u64(..)),
             (Some(_), Some(a)) if !a.gen.is_empty() && !a.etag.is_empty() => a.gen.clone(),
             (Some(_), _) => {
-                return Err(StoreError::Corrupt {
-                    location: format!(
-                        "{} run {run_id:?} item {}",
-                        self.shared.display,
-                        head_id(&key)
-                    ),
-                    reason: "the head has no generation or ETag".into(),
-                })
+                let reason = "the head has no generation or ETag";
+                return Err(self.corrupt(run_id, &head_id(&key), reason));
             }
         };
         let mut head = serde_json::Map::new();
@@ -1318,11 +1125,7 @@ impl Store for CosmosStore {
         match plan_save(&req, known.as_ref(), limit)? {
             Plan::Head => {
                 // Keep the stored state, steps and snapshot as they are.
-                let stored = stored_head.ok_or_else(|| StoreError::Conflict {
-                    run_id: run_id.to_string(),
-                    expected: req.expected,
-                    found: None,
-                })?;
+                let stored = stored_head.ok_or_else(|| conflict(run_id, req.expected, None))?;
                 for f in [
                     "next",
                     "snapshot",
@@ -1344,11 +1147,9 @@ impl Store for CosmosStore {
             }
             Plan::Delta { step } => {
                 next = cp.next;
-                let a = acct.clone().ok_or_else(|| StoreError::Conflict {
-                    run_id: run_id.to_string(),
-                    expected: req.expected,
-                    found: None,
-                })?;
+                let a = acct
+                    .clone()
+                    .ok_or_else(|| conflict(run_id, req.expected, None))?;
                 // The snapshot stays; it is not in this head item unless it
                 // was read: the replace must carry it.
                 let carry = match (stored_head.as_ref(), &a.carry) {
@@ -1413,13 +1214,7 @@ impl Store for CosmosStore {
                 "operationType": "Replace", "id": head_id(&key), "partitionKey": pk,
                 "ifMatch": a.etag, "resourceBody": Value::Object(head)
             }),
-            (Some(_), None) => {
-                return Err(StoreError::Conflict {
-                    run_id: run_id.to_string(),
-                    expected: req.expected,
-                    found: None,
-                })
-            }
+            (Some(_), None) => return Err(conflict(run_id, req.expected, None)),
         };
         // The head first: a conflicting batch then changes nothing, even on
         // a server that does not roll back the operations before a failure.
@@ -1427,82 +1222,7 @@ impl Store for CosmosStore {
         for item in step_ops {
             ops.push(json!({ "operationType": "Upsert", "partitionKey": pk, "resourceBody": Value::Object(item) }));
         }
-        let ops_len = ops.len();
-        let results = self.batch(&key, run_id, ops).await?;
-        let status = |i: usize| op_status(&results, i);
-        let unknown = |why: String| StoreError::OutcomeUnknown {
-            run_id: run_id.to_string(),
-            source: why.into(),
-        };
-        if results.len() != ops_len {
-            return Err(unknown(format!(
-                "the batch answered {} results for {ops_len} operations",
-                results.len()
-            )));
-        }
-        // An atomic batch that failed answers 424 for the operations that
-        // did not fail: the failing one says why, and nothing was applied.
-        if status(0) == 424 {
-            let failed = (0..results.len()).map(status).find(|s| *s != 424);
-            return Err(match failed {
-                Some(409 | 412 | 404) => {
-                    self.shared.accts.set(run_id, None);
-                    StoreError::Conflict {
-                        run_id: run_id.to_string(),
-                        expected: req.expected,
-                        found: None,
-                    }
-                }
-                Some(413 | 403) => StoreError::TooLarge {
-                    run_id: run_id.to_string(),
-                    what: "checkpoint item",
-                    size: 0,
-                    limit: 2 << 20,
-                },
-                other => StoreError::unavailable(format!(
-                    "saving run {run_id:?} to {}: the batch failed with {other:?}; nothing was applied",
-                    self.shared.display
-                )),
-            });
-        }
-        match status(0) {
-            200 | 201 => {}
-            // 404: the run was deleted since it was read.
-            404 | 409 | 412 => {
-                self.shared.accts.set(run_id, None);
-                return Err(StoreError::Conflict {
-                    run_id: run_id.to_string(),
-                    expected: req.expected,
-                    found: None,
-                });
-            }
-            413 => {
-                return Err(StoreError::TooLarge {
-                    run_id: run_id.to_string(),
-                    what: "checkpoint item",
-                    size: 0,
-                    limit: 2 << 20,
-                })
-            }
-            // A status this store does not know, or none: it cannot tell
-            // what happened.
-            other => {
-                return Err(unknown(format!(
-                    "saving run {run_id:?} to {}: the head's operation answered {other}",
-                    self.shared.display
-                )))
-            }
-        }
-        for i in 1..results.len() {
-            if !matches!(status(i), 200 | 201) {
-                // The head was written but not the history item: on a service
-                // that rolls batches back this cannot happen.
-                return Err(StoreError::OutcomeUnknown {
-                    run_id: run_id.to_string(),
-                    source: format!("the history item of the save answered {}", status(i)).into(),
-                });
-            }
-        }
+        let results = self.head_batch(&key, run_id, req.expected, ops).await?;
         let etag = results
             .first()
             .and_then(|r| r.get("eTag"))
@@ -1676,22 +1396,162 @@ impl History for CosmosStore {
         out.sort_by_key(|s| s.index);
         Ok(Some(out))
     }
-    async fn rewrite_history(
+    /// Replaces history items' updates (and, for a fold, deletes the items
+    /// below the one replaced), guarded by the run's version: transactional
+    /// batches that each replace the head as last seen (`If-Match`) and up to
+    /// 90 step items. A fold's row is marked `folded`, so that the items
+    /// below it are no longer history from the moment it is written; they
+    /// are deleted after it.
+    async fn rewrite(
         &self,
         run_id: &str,
         expected: u64,
-        records: &[StepRecord],
+        rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
-        self.rewrite_items(run_id, expected, records, false).await
-    }
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        self.rewrite_items(run_id, expected, std::slice::from_ref(fold), true)
-            .await
+        let (records, fold) = (rewrite.records(), rewrite.is_fold());
+        let key = encode_run_id(run_id);
+        let hid = head_id(&key);
+        let Some(head) = self.read_item(&key, &hid, run_id).await? else {
+            return Err(conflict(run_id, Some(expected), None));
+        };
+        expect_version(
+            run_id,
+            expected,
+            head.get("version").and_then(Value::as_u64),
+        )?;
+        let snapshot_next = head
+            .get("snapshot_next")
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as usize;
+        let gen = head
+            .get("gen")
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.corrupt(run_id, &hid, "the head has no generation"))?
+            .to_string();
+        let etag = head
+            .get("_etag")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        // Steps from the snapshot on are merged into the state by a load.
+        if let Some(r) = records.iter().find(|r| r.index >= snapshot_next) {
+            return Err(still_merged(run_id, r.index as u64, snapshot_next as u64));
+        }
+        let pk = format!("[\"{key}\"]");
+        let mut body = head.as_object().cloned().unwrap_or_default();
+        body.retain(|k, _| !k.starts_with('_'));
+        let head_body = Value::Object(body);
+        // The replaced rows, in batches of at most 90 items and about 1.5 MB,
+        // each led by the head as last seen (If-Match): a run saved
+        // meanwhile stops the rewrite there.
+        let mut groups: Vec<Vec<Value>> = vec![Vec::new()];
+        let mut bytes = 0usize;
+        // Chunk items the replaced and deleted rows leave unreferenced.
+        let mut stale: Vec<String> = Vec::new();
+        for r in records {
+            let sid = step_id(&key, &gen, r.index);
+            let Some(item) = self.read_item(&key, &sid, run_id).await? else {
+                if fold {
+                    return Err(no_row_to_fold(run_id, r.index as u64));
+                }
+                continue;
+            };
+            let mut item = item.as_object().cloned().unwrap_or_default();
+            item.retain(|k, _| !k.starts_with('_'));
+            stale.extend(chunk_ids_of(&key, &item));
+            for f in ["update", "update_chunks", "update_chunks_tag"] {
+                item.remove(f);
+            }
+            let text = encode_json(&r.update, run_id, "step's update")?;
+            let size = text.len().min(INLINE_MAX) + 512;
+            self.put_text(&key, &gen, run_id, &mut item, "update", text)
+                .await?;
+            if fold {
+                item.insert("folded".into(), json!(true));
+            }
+            let last = groups.last_mut().expect("a group");
+            if !last.is_empty() && (last.len() >= 90 || bytes + size > 1_500_000) {
+                groups.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += size;
+            groups.last_mut().expect("a group").push(json!({
+                "operationType": "Replace", "id": sid, "partitionKey": pk,
+                "resourceBody": Value::Object(item)
+            }));
+        }
+        self.shared.accts.set(run_id, None);
+        let mut etag = etag;
+        for rows in groups {
+            let mut ops = vec![json!({
+                "operationType": "Replace", "id": hid, "partitionKey": pk,
+                "ifMatch": etag, "resourceBody": head_body.clone()
+            })];
+            ops.extend(rows);
+            let results = self.head_batch(&key, run_id, Some(expected), ops).await?;
+            etag = match results[0].get("eTag").and_then(Value::as_str) {
+                Some(e) => e.to_string(),
+                None => match self.read_item(&key, &hid, run_id).await? {
+                    Some(h) if h.get("version").and_then(Value::as_u64) == Some(expected) => h
+                        .get("_etag")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_string(),
+                    _ => return Err(conflict(run_id, Some(expected), None)),
+                },
+            };
+        }
+        // The rows below a fold go last. The fold row is marked, so those
+        // not deleted yet (a failure here) are no longer history; deleting
+        // them only frees space.
+        if let (true, Some(f)) = (fold, records.first()) {
+            let below = self
+                .query_partition(
+                    &key,
+                    run_id,
+                    "SELECT c.id, c.update_chunks, c.update_chunks_tag FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'step' AND c.idx < @b",
+                    json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}, {"name": "@b", "value": f.index}]),
+                )
+                .await;
+            let ids: Vec<String> = match below {
+                Ok(items) => items
+                    .iter()
+                    .flat_map(|i| {
+                        let chunks = i
+                            .as_object()
+                            .map(|m| chunk_ids_of(&key, m))
+                            .unwrap_or_default();
+                        i.get("id")
+                            .and_then(Value::as_str)
+                            .map(str::to_string)
+                            .into_iter()
+                            .chain(chunks)
+                    })
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(run_id, error = %e, "the history is folded; the rows below the fold could not be listed for removal");
+                    Vec::new()
+                }
+            };
+            for ids in ids.chunks(100) {
+                let ops = ids
+                    .iter()
+                    .map(|id| json!({ "operationType": "Delete", "id": id, "partitionKey": pk }))
+                    .collect();
+                if let Err(e) = self.batch(&key, run_id, ops).await {
+                    tracing::warn!(run_id, error = %e, "the history is folded; some rows below the fold are left (they are not read)");
+                    break;
+                }
+            }
+        }
+        // The old chunks of replaced rows: never read again, so a failure
+        // to remove them is only logged.
+        for id in stale {
+            if let Err(e) = self.delete_item(&key, &id, run_id, None).await {
+                tracing::warn!(run_id, item = %id, error = %e, "an old chunk of a rewritten row could not be removed");
+            }
+        }
+        Ok(())
     }
 }
 

@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use steadfast_core::store::image::Write;
-use steadfast_core::store::{check_size, SaveRequest};
+use steadfast_core::store::{check_size, Rewrite, SaveRequest};
 use steadfast_core::{Capabilities, History};
 use steadfast_core::{Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError};
 
@@ -464,29 +464,6 @@ impl<F: Fs> Inner<F> {
     }
 }
 
-impl<F: Fs> FileStore<F> {
-    /// Replaces history rows' updates (and, for a fold, deletes the rows
-    /// below the one replaced), guarded by the run's version: one write, or
-    /// none.
-    async fn rewrite(
-        &self,
-        run_id: &str,
-        expected: u64,
-        records: Vec<StepRecord>,
-        fold: bool,
-    ) -> Result<(), StoreError> {
-        let run_id = run_id.to_string();
-        let writes = run_id.clone();
-        self.blocking(Some(&writes), move |inner| {
-            inner.update(&run_id, |image| {
-                image.with(|data| data.rewrite(&run_id, expected, &records, fold))?;
-                Ok((true, ()))
-            })
-        })
-        .await
-    }
-}
-
 #[async_trait]
 impl<F: Fs> Store for FileStore<F> {
     fn capabilities(&self) -> Capabilities<'_> {
@@ -560,23 +537,28 @@ impl<F: Fs> History for FileStore<F> {
         })
         .await
     }
-    async fn rewrite_history(
+    async fn rewrite(
         &self,
         run_id: &str,
         expected: u64,
-        records: &[StepRecord],
+        rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
-        self.rewrite(run_id, expected, records.to_vec(), false)
-            .await
-    }
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        self.rewrite(run_id, expected, vec![fold.clone()], true)
-            .await
+        let (run_id, writes) = (run_id.to_string(), run_id.to_string());
+        let (records, fold) = (rewrite.records().to_vec(), rewrite.is_fold());
+        // The checked rewrite again, as records this thread owns.
+        self.blocking(Some(&writes), move |inner| {
+            inner.update(&run_id, |image| {
+                image.with(|data| {
+                    let rewrite = match records.first() {
+                        Some(first) if fold => Rewrite::fold(&run_id, first)?,
+                        _ => Rewrite::replace(&run_id, &records)?,
+                    };
+                    data.rewrite(&run_id, expected, rewrite)
+                })?;
+                Ok((true, ()))
+            })
+        })
+        .await
     }
 }
 

@@ -47,13 +47,11 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
-use steadfast_core::store::plan::{plan_save, Known, Plan};
+use steadfast_core::store::plan::{conflict, expect_version, plan_save, Known, Plan};
 use steadfast_core::store::rows::{
-    no_row_to_fold, rebuild, still_merged, to_i64, HistoryRow, Place, RecordRow,
+    no_row_to_fold, rebuild, still_merged, to_i64, HistoryRow, Place, RecordRow, SummaryRow,
 };
-use steadfast_core::store::{
-    check_state, encode_head, encode_json, DueRequest, RunCache, SaveRequest,
-};
+use steadfast_core::store::{encode_head, DueRequest, Rewrite, RunCache, SaveRequest};
 use steadfast_core::{Capabilities, History, Schedule};
 use steadfast_core::{
     Checkpoint, Clock, ListFilter, RunStatus, RunSummary, StepRecord, Store, StoreError,
@@ -317,79 +315,6 @@ impl Clock for DbClock {
 }
 
 impl PgStore {
-    /// Replaces step rows' updates (and, for a fold, deletes the rows
-    /// below `delete_below`) in one statement guarded by the version.
-    async fn rewrite(
-        &self,
-        run_id: &str,
-        expected: u64,
-        records: &[StepRecord],
-        delete_below: Option<i64>,
-    ) -> Result<(), StoreError> {
-        let mut idx = Vec::with_capacity(records.len());
-
-        let mut texts = Vec::with_capacity(records.len());
-        for r in records {
-            check_state(run_id, "step's update", &r.update)?;
-            idx.push(to_i64(run_id, "step index", r.index as u64)?);
-            texts.push(encode_json(&r.update, run_id, "step's update")?);
-        }
-        let client = self.client().await?;
-        let ctx = || {
-            format!(
-                "rewriting the history of run {run_id:?} in {}",
-                self.shared.display
-            )
-        };
-        // One statement: the run's row locked, the version and every index
-        // checked, then the rows replaced (or none). Rows from the snapshot
-        // on are merged into the state by a load, so they are refused.
-        let q = format!("\"{}\"", self.shared.schema);
-        let sql = format!(
-            "WITH r AS (SELECT version, snapshot_next AS next FROM {q}.runs WHERE run_id = $1 FOR UPDATE),
-                  ok AS (SELECT 1 FROM r WHERE r.version = $2
-                         AND NOT EXISTS (SELECT 1 FROM unnest($3::bigint[]) i WHERE i >= r.next)),
-                  u AS (UPDATE {q}.steps s SET update_json = x.update_json
-                        FROM unnest($3::bigint[], $4::text[]) AS x(idx, update_json)
-                        WHERE s.run_id = $1 AND s.idx = x.idx AND EXISTS (SELECT 1 FROM ok)
-                        RETURNING 1),
-                  d AS (DELETE FROM {q}.steps s
-                        WHERE s.run_id = $1 AND s.idx < $5::bigint AND EXISTS (SELECT 1 FROM ok)
-                          AND EXISTS (SELECT 1 FROM {q}.steps f WHERE f.run_id = $1 AND f.idx = $5::bigint))
-             SELECT (SELECT version FROM r), (SELECT next FROM r), (SELECT count(*) FROM u)"
-        );
-        let row = client
-            .query_one(
-                &sql,
-                &[
-                    &run_id,
-                    &to_i64(run_id, "version", expected)?,
-                    &idx,
-                    &texts,
-                    &delete_below,
-                ],
-            )
-            .await
-            .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
-        let version: Option<i64> = row.get(0);
-        let next: Option<i64> = row.get(1);
-        if version.map(u64::try_from) != Some(Ok(expected)) {
-            return Err(StoreError::Conflict {
-                run_id: run_id.to_string(),
-                expected: Some(expected),
-                found: version.and_then(|v| u64::try_from(v).ok()),
-            });
-        }
-        if let Some(i) = idx.iter().find(|i| Some(**i) >= next) {
-            let next = next.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
-            return Err(still_merged(run_id, u64::try_from(*i).unwrap_or(0), next));
-        }
-        if let Some(below) = delete_below.filter(|_| row.get::<_, i64>(2) == 0) {
-            return Err(no_row_to_fold(run_id, u64::try_from(below).unwrap_or(0)));
-        }
-        Ok(())
-    }
-
     /// Connects with default options; see [`PgStore::connect_with`].
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         Self::connect_with(url, PgOptions::default()).await
@@ -899,11 +824,7 @@ impl Store for PgStore {
         };
         match found {
             None => Ok(false),
-            found => Err(StoreError::Conflict {
-                run_id: run_id.to_string(),
-                expected: Some(version),
-                found: found.and_then(|v| u64::try_from(v).ok()),
-            }),
+            Some(found) => Err(conflict(run_id, Some(version), u64::try_from(found).ok())),
         }
     }
 }
@@ -941,27 +862,67 @@ impl History for PgStore {
         }
         Ok(Some(out))
     }
-    async fn rewrite_history(
+    /// Applies `rewrite` in one statement guarded by the version.
+    async fn rewrite(
         &self,
         run_id: &str,
         expected: u64,
-        records: &[StepRecord],
+        rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
-        self.rewrite(run_id, expected, records, None).await
-    }
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        self.rewrite(
+        let (idx, texts): (Vec<i64>, Vec<String>) = rewrite.rows(run_id)?.into_iter().unzip();
+        let delete_below = rewrite.delete_below().map(|i| i as i64);
+        let client = self.client().await?;
+        let ctx = || {
+            format!(
+                "rewriting the history of run {run_id:?} in {}",
+                self.shared.display
+            )
+        };
+        // One statement: the run's row locked, the version and every index
+        // checked, then the rows replaced (or none). Rows from the snapshot
+        // on are merged into the state by a load, so they are refused.
+        let q = format!("\"{}\"", self.shared.schema);
+        let sql = format!(
+            "WITH r AS (SELECT version, snapshot_next AS next FROM {q}.runs WHERE run_id = $1 FOR UPDATE),
+                  ok AS (SELECT 1 FROM r WHERE r.version = $2
+                         AND NOT EXISTS (SELECT 1 FROM unnest($3::bigint[]) i WHERE i >= r.next)),
+                  u AS (UPDATE {q}.steps s SET update_json = x.update_json
+                        FROM unnest($3::bigint[], $4::text[]) AS x(idx, update_json)
+                        WHERE s.run_id = $1 AND s.idx = x.idx AND EXISTS (SELECT 1 FROM ok)
+                        RETURNING 1),
+                  d AS (DELETE FROM {q}.steps s
+                        WHERE s.run_id = $1 AND s.idx < $5::bigint AND EXISTS (SELECT 1 FROM ok)
+                          AND EXISTS (SELECT 1 FROM {q}.steps f WHERE f.run_id = $1 AND f.idx = $5::bigint))
+             SELECT (SELECT version FROM r), (SELECT next FROM r), (SELECT count(*) FROM u)"
+        );
+        let row = client
+            .query_one(
+                &sql,
+                &[
+                    &run_id,
+                    &to_i64(run_id, "version", expected)?,
+                    &idx,
+                    &texts,
+                    &delete_below,
+                ],
+            )
+            .await
+            .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
+        let version: Option<i64> = row.get(0);
+        let next: Option<i64> = row.get(1);
+        expect_version(
             run_id,
             expected,
-            std::slice::from_ref(fold),
-            Some(fold.index as i64),
-        )
-        .await
+            version.and_then(|v| u64::try_from(v).ok()),
+        )?;
+        if let Some(i) = idx.iter().find(|i| Some(**i) >= next) {
+            let next = next.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+            return Err(still_merged(run_id, u64::try_from(*i).unwrap_or(0), next));
+        }
+        if let Some(below) = delete_below.filter(|_| row.get::<_, i64>(2) == 0) {
+            return Err(no_row_to_fold(run_id, u64::try_from(below).unwrap_or(0)));
+        }
+        Ok(())
     }
 }
 
@@ -996,16 +957,15 @@ impl PgStore {
     fn summary(&self, r: &tokio_postgres::Row) -> Result<RunSummary, StoreError> {
         let run_id: String = r.get(0);
         let locate = locate(&self.shared, &run_id);
-        let p = Place::new(&run_id, &locate);
-        let mut cp = Checkpoint::new(
-            run_id.as_str(),
-            r.get::<_, String>(1),
-            p.millis("created_at", r.get(5))?,
-        );
-        cp.status = p.status("status", &r.get::<_, String>(2))?;
-        cp.next = p.index("next", r.get(3))?;
-        cp.version = p.count("version", r.get(4))?;
-        cp.updated_at = p.millis("updated_at", r.get(6))?;
-        Ok(RunSummary::from(&cp))
+        let row = SummaryRow {
+            run_id: run_id.clone(),
+            workflow: r.get(1),
+            status: r.get(2),
+            next: r.get(3),
+            version: r.get(4),
+            created_at: r.get(5),
+            updated_at: r.get(6),
+        };
+        row.summary(&Place::new(&run_id, &locate))
     }
 }

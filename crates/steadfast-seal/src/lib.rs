@@ -60,7 +60,7 @@ use ring::aead::{Aad, Nonce, NONCE_LEN};
 use ring::rand::{SecureRandom, SystemRandom};
 use serde_json::Value;
 use steadfast_core::store::{
-    check_head, check_size, check_state, state_size, RunCache, SaveRequest,
+    check_head, check_size, check_state, history_of, state_size, Rewrite, RunCache, SaveRequest,
 };
 use steadfast_core::{Capabilities, DueRequest, History, Schedule};
 use steadfast_core::{
@@ -451,23 +451,17 @@ impl History for RefuseSealed {
         }
         Ok(history)
     }
-    async fn rewrite_history(
+    async fn rewrite(
         &self,
         run_id: &str,
         expected: u64,
-        records: &[StepRecord],
+        rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
         // Replaced rows are plain: a sealed row never reaches them, as the
         // history is read (and refused) before anything is rewritten.
-        self.inner.rewrite_history(run_id, expected, records).await
-    }
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        self.inner.fold_history(run_id, expected, fold).await
+        history_of(&*self.inner)?
+            .rewrite(run_id, expected, rewrite)
+            .await
     }
 }
 
@@ -1074,26 +1068,17 @@ impl History for SealedStore {
             None => Ok(None),
         }
     }
-    async fn rewrite_history(
+    async fn rewrite(
         &self,
         run_id: &str,
         expected: u64,
-        records: &[StepRecord],
+        rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
-        let sealed = self.seal_history(run_id, records)?;
-        self.inner.rewrite_history(run_id, expected, &sealed).await
-    }
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        let sealed = self.seal_history(run_id, std::slice::from_ref(fold))?;
-        match sealed.first() {
-            Some(f) => self.inner.fold_history(run_id, expected, f).await,
-            None => Ok(()),
-        }
+        let sealed = self.seal_history(run_id, rewrite.records())?;
+        let rewrite = rewrite.with_records(run_id, &sealed)?;
+        history_of(&*self.inner)?
+            .rewrite(run_id, expected, rewrite)
+            .await
     }
 }
 

@@ -50,8 +50,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use steadfast_core::store::plan::{plan_save, Known, Plan};
-use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow};
-use steadfast_core::store::{check_state, encode_head, encode_json, RunCache, SaveRequest};
+use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow, SummaryRow};
+use steadfast_core::store::{encode_head, Rewrite, RunCache, SaveRequest};
 use steadfast_core::{Capabilities, History};
 use steadfast_core::{
     Checkpoint, ListFilter, RunStatus, RunSummary, StepRecord, Store, StoreError,
@@ -218,39 +218,6 @@ pub(crate) fn read_settings(conn: &Connection, path: &str) -> Result<Settings, S
 }
 
 impl SqliteStore {
-    /// Replaces step rows' updates (and, for a fold, deletes the rows
-    /// below `delete_below`) in one write guarded by the version.
-    async fn rewrite(
-        &self,
-        run_id: &str,
-        expected: u64,
-        records: &[StepRecord],
-        delete_below: Option<i64>,
-    ) -> Result<(), StoreError> {
-        let mut rows = Vec::with_capacity(records.len());
-        for r in records {
-            check_state(run_id, "step's update", &r.update)?;
-            rows.push((
-                r.index as i64,
-                encode_json(&r.update, run_id, "step's update")?,
-            ));
-        }
-        let (tx, rx) = oneshot::channel();
-        self.submit(Job::Rewrite {
-            run_id: run_id.to_string(),
-            expected,
-            rows,
-            delete_below,
-            reply: tx,
-        })
-        .await;
-        rx.await.map_err(|_| StoreError::OutcomeUnknown {
-            run_id: run_id.to_string(),
-            source: self.writer_gone().into(),
-        })??;
-        Ok(())
-    }
-
     /// Deletes a run, at version `expected` when given.
     async fn delete_at(&self, run_id: &str, expected: Option<u64>) -> Result<bool, StoreError> {
         let (tx, rx) = oneshot::channel();
@@ -261,10 +228,7 @@ impl SqliteStore {
         })
         .await;
         self.remember(run_id, None);
-        rx.await.map_err(|_| StoreError::OutcomeUnknown {
-            run_id: run_id.to_string(),
-            source: self.writer_gone().into(),
-        })?
+        rx.await.map_err(|_| self.writer_gone_for(run_id))?
     }
 
     /// Opens (creating if needed) the database at `path` with default options.
@@ -411,6 +375,16 @@ impl SqliteStore {
             "the write to {} was abandoned",
             self.shared.display
         ))
+    }
+
+    /// A write of run `run_id` whose reply was dropped mid-batch (a
+    /// committer that panicked) may follow a commit: its outcome is unknown,
+    /// and the run loop looks.
+    fn writer_gone_for(&self, run_id: &str) -> StoreError {
+        StoreError::OutcomeUnknown {
+            run_id: run_id.to_string(),
+            source: self.writer_gone().into(),
+        }
     }
 
     /// Runs `f` on a read connection from the pool, off the async executor.
@@ -656,12 +630,7 @@ impl Store for SqliteStore {
             reply: tx,
         })))
         .await;
-        // A reply dropped mid-batch (a committer that panicked) may follow a
-        // commit: the outcome is unknown, and the run loop looks.
-        let result = rx.await.map_err(|_| StoreError::OutcomeUnknown {
-            run_id: cp.run_id.clone(),
-            source: self.writer_gone().into(),
-        })?;
+        let result = rx.await.map_err(|_| self.writer_gone_for(&cp.run_id))?;
         match &result {
             Ok(acct) if cp.status != RunStatus::Completed => {
                 self.remember(&cp.run_id, Some(acct.clone()))
@@ -694,29 +663,24 @@ impl Store for SqliteStore {
                         limit
                     ],
                     |r| {
-                        Ok((
-                            r.get::<_, String>(0)?,
-                            r.get::<_, String>(1)?,
-                            r.get::<_, String>(2)?,
-                            r.get::<_, i64>(3)?,
-                            r.get::<_, i64>(4)?,
-                            r.get::<_, i64>(5)?,
-                            r.get::<_, i64>(6)?,
-                        ))
+                        Ok(SummaryRow {
+                            run_id: r.get(0)?,
+                            workflow: r.get(1)?,
+                            status: r.get(2)?,
+                            next: r.get(3)?,
+                            version: r.get(4)?,
+                            created_at: r.get(5)?,
+                            updated_at: r.get(6)?,
+                        })
                     },
                 )
                 .map_err(|e| map_err(e, &ctx()))?;
             let mut out = Vec::new();
             for row in rows {
-                let (run_id, workflow, status, next, version, created, updated) = row.map_err(|e| map_err(e, &ctx()))?;
+                let row = row.map_err(|e| map_err(e, &ctx()))?;
+                let run_id = row.run_id.clone();
                 let locate = locate(path, &run_id);
-                let p = Place::new(&run_id, &locate);
-                let mut cp = Checkpoint::new(run_id.as_str(), workflow, p.millis("created_at", created)?);
-                cp.status = p.status("status", &status)?;
-                cp.next = p.index("next", next)?;
-                cp.version = p.count("version", version)?;
-                cp.updated_at = p.millis("updated_at", updated)?;
-                out.push(RunSummary::from(&cp));
+                out.push(row.summary(&Place::new(&run_id, &locate))?);
             }
             Ok(out)
         })
@@ -776,27 +740,24 @@ impl History for SqliteStore {
         })
         .await
     }
-    async fn rewrite_history(
+    async fn rewrite(
         &self,
         run_id: &str,
         expected: u64,
-        records: &[StepRecord],
+        rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
-        self.rewrite(run_id, expected, records, None).await
-    }
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        self.rewrite(
-            run_id,
+        let (tx, rx) = oneshot::channel();
+        self.submit(Job::Rewrite {
+            run_id: run_id.to_string(),
             expected,
-            std::slice::from_ref(fold),
-            Some(fold.index as i64),
-        )
-        .await
+            rows: rewrite.rows(run_id)?,
+            delete_below: rewrite.delete_below().map(|i| i as i64),
+            reply: tx,
+        })
+        .await;
+        rx.await
+            .map_err(|_| self.writer_gone_for(run_id))?
+            .map(drop)
     }
 }
 

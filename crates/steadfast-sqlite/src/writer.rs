@@ -6,7 +6,7 @@
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use rusqlite::{params, Connection, OptionalExtension};
-use steadfast_core::store::plan::{Known, StepRow};
+use steadfast_core::store::plan::{expect_version, Known, StepRow};
 use steadfast_core::store::rows::{no_row_to_fold, still_merged};
 use steadfast_core::StoreError;
 use tokio::sync::oneshot;
@@ -83,18 +83,29 @@ pub(crate) enum Job {
     },
 }
 
-enum Reply {
-    Save(
-        String,
-        oneshot::Sender<Result<Acct, StoreError>>,
-        Result<Acct, StoreError>,
-    ),
-    /// A delete's or a history rewrite's reply, with its run.
-    Delete(
-        String,
-        oneshot::Sender<Result<bool, StoreError>>,
-        Result<bool, StoreError>,
-    ),
+/// What answers a member of a batch once the batch's fate is known: its
+/// own result, unless the batch failed (given as the error it fails with).
+type Answer = Box<dyn FnOnce(Option<StoreError>) + Send>;
+
+fn answer<T: Send + 'static>(
+    tx: oneshot::Sender<Result<T, StoreError>>,
+    result: Result<T, StoreError>,
+) -> Answer {
+    Box::new(move |batch: Option<StoreError>| {
+        let _ = tx.send(match (result, batch) {
+            (Ok(_), Some(e)) => Err(e),
+            (result, _) => result,
+        });
+    })
+}
+
+/// The message of an error that breaks a batch: any but a conflict, which
+/// a member's version check leaves without a trace.
+fn breaks<T>(result: &Result<T, StoreError>) -> Option<String> {
+    match result {
+        Err(e) if e.kind() != steadfast_core::StoreErrorKind::Conflict => Some(e.to_string()),
+        _ => None,
+    }
 }
 
 const MAX_BATCH: usize = 256;
@@ -254,15 +265,11 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
     // that would leave a member half applied: the whole batch is rolled back.
     let mut broken = None;
     for job in writes {
-        match job {
+        let (run_id, reply) = match job {
             Job::Save(save) => {
                 let result = apply_save(conn, &save, path);
-                if let Err(e) = &result {
-                    if e.kind() != steadfast_core::StoreErrorKind::Conflict {
-                        broken.get_or_insert_with(|| e.to_string());
-                    }
-                }
-                replies.push(Reply::Save(save.run_id, save.reply, result));
+                broken = broken.or_else(|| breaks(&result));
+                (save.run_id, answer(save.reply, result))
             }
             Job::Delete {
                 run_id,
@@ -270,12 +277,8 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
                 reply,
             } => {
                 let result = apply_delete(conn, &run_id, expected, path);
-                if let Err(e) = &result {
-                    if e.kind() != steadfast_core::StoreErrorKind::Conflict {
-                        broken.get_or_insert_with(|| e.to_string());
-                    }
-                }
-                replies.push(Reply::Delete(run_id, reply, result));
+                broken = broken.or_else(|| breaks(&result));
+                (run_id, answer(reply, result))
             }
             Job::Rewrite {
                 run_id,
@@ -299,10 +302,11 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
                 if let Err(e) = closed {
                     broken.get_or_insert_with(|| e.to_string());
                 }
-                replies.push(Reply::Delete(run_id, reply, result));
+                (run_id, answer(reply, result))
             }
             Job::Settings { .. } => unreachable!("settings jobs were answered above"),
-        }
+        };
+        replies.push((run_id, reply));
     }
     let failure = match broken {
         Some(first) => {
@@ -321,34 +325,14 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
     };
     // Members that failed on their own keep their own error; the others share
     // the batch's fate.
-    let batch_error = |run_id: &str| -> StoreError {
-        let (unknown, message) = failure.as_ref().expect("only called after a failed COMMIT");
-        if *unknown {
-            StoreError::OutcomeUnknown {
-                run_id: run_id.to_string(),
+    for (run_id, reply) in replies {
+        reply(failure.as_ref().map(|(unknown, message)| match unknown {
+            true => StoreError::OutcomeUnknown {
+                run_id,
                 source: message.clone().into(),
-            }
-        } else {
-            StoreError::unavailable(message.clone())
-        }
-    };
-    for r in replies {
-        match r {
-            Reply::Save(run_id, tx, res) => {
-                let res = match res {
-                    Ok(_) if failure.is_some() => Err(batch_error(&run_id)),
-                    other => other,
-                };
-                let _ = tx.send(res);
-            }
-            Reply::Delete(run_id, tx, res) => {
-                let res = match res {
-                    Ok(_) if failure.is_some() => Err(batch_error(&run_id)),
-                    other => other,
-                };
-                let _ = tx.send(res);
-            }
-        }
+            },
+            false => StoreError::unavailable(message.clone()),
+        }));
     }
     failure.is_none()
 }
@@ -523,17 +507,19 @@ fn sizes_of(
         .optional()
 }
 
+/// The version of run `run_id` as stored (`None`: absent).
+fn stored_version(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<i64>> {
+    conn.prepare_cached("SELECT version FROM runs WHERE run_id = ?1")
+        .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
+}
+
 /// The conflict error for a save that matched no row, with the version found.
 fn conflict(conn: &Connection, job: &SaveJob, path: &str) -> StoreError {
-    let found: Result<Option<i64>, _> = conn
-        .prepare_cached("SELECT version FROM runs WHERE run_id = ?1")
-        .and_then(|mut st| st.query_row([&job.run_id], |r| r.get(0)).optional());
-    match found {
-        Ok(found) => StoreError::Conflict {
-            run_id: job.run_id.clone(),
-            expected: job.expected,
-            found: found.and_then(|v| u64::try_from(v).ok()),
-        },
+    match stored_version(conn, &job.run_id) {
+        Ok(found) => {
+            let found = found.and_then(|v| u64::try_from(v).ok());
+            steadfast_core::store::plan::conflict(&job.run_id, job.expected, found)
+        }
         Err(e) => map_err(e, &format!("reading run {:?} in {path}", job.run_id)),
     }
 }
@@ -575,16 +561,9 @@ fn apply_rewrite(
                 .optional()
         })
         .map_err(|e| map_err(e, &ctx))?;
-    let next = match found {
-        Some((v, next)) if i64::try_from(expected) == Ok(v) => next,
-        other => {
-            return Err(StoreError::Conflict {
-                run_id: run_id.to_string(),
-                expected: Some(expected),
-                found: other.and_then(|(v, _)| u64::try_from(v).ok()),
-            })
-        }
-    };
+    let found_version = found.and_then(|(v, _)| u64::try_from(v).ok());
+    expect_version(run_id, expected, found_version)?;
+    let next = found.map_or(0, |(_, next)| next);
     if let Some((idx, _)) = rows.iter().find(|(idx, _)| *idx >= next) {
         return Err(still_merged(run_id, *idx as u64, next.max(0) as u64));
     }
@@ -616,21 +595,9 @@ fn apply_delete(
     let ctx = format!("deleting run {run_id:?} in {path}");
     if let Some(expected) = expected {
         // Checked before anything is deleted: a conflict leaves no trace.
-        let found: Option<i64> = conn
-            .prepare_cached("SELECT version FROM runs WHERE run_id = ?1")
-            .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
-            .map_err(|e| map_err(e, &ctx))?;
-        match found {
-            None => return Ok(false),
-            Some(v) if i64::try_from(expected) == Ok(v) => {}
-            Some(v) => {
-                return Err(StoreError::Conflict {
-                    run_id: run_id.to_string(),
-                    expected: Some(expected),
-                    found: u64::try_from(v).ok(),
-                })
-            }
-        }
+        let found = stored_version(conn, run_id).map_err(|e| map_err(e, &ctx))?;
+        let Some(found) = found else { return Ok(false) };
+        expect_version(run_id, expected, u64::try_from(found).ok())?;
     }
     conn.prepare_cached("DELETE FROM steps WHERE run_id = ?1")
         .and_then(|mut st| st.execute([run_id]))

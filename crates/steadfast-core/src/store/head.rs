@@ -196,6 +196,17 @@ impl<T: Clone> RunCache<T> {
     }
 }
 
+/// A number a store writes (a version, a time, an index) as the signed
+/// 64-bit integer SQL keeps: refused, never wrapped, past `i64::MAX`.
+pub fn to_i64(run_id: &str, what: &str, v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| {
+        StoreError::InvalidInput(format!(
+            "run {run_id:?}: {what} {v} is over the largest a store keeps ({}); nothing was written",
+            i64::MAX
+        ))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::record::checkpoint::{Checkpoint, StepRecord};
 use crate::record::error::StoreError;
-use crate::store::plan::head_only_of_absent;
+use crate::store::plan::{expect_version, head_only_of_absent};
 use crate::store::rows::no_row_to_fold;
 use crate::store::{check_head, check_state, check_whole_state, merge_head, ListFilter};
-use crate::store::{RunSummary, SaveRequest};
+use crate::store::{Rewrite, RunSummary, SaveRequest};
 
 /// Every run's record, and the history rows of the runs that have any.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -194,36 +194,26 @@ impl RunImage {
             .then(|| self.history.get(run_id).cloned().unwrap_or_default())
     }
 
-    /// Replaces the updates of the rows named by `records` if the run is at
-    /// `expected`; with `fold`, the row of the first record takes its update
-    /// and the rows below it go. Checked first: a conflict, a row at or
-    /// above `next`, a fold into a missing row or an update that does not
-    /// load back changes nothing.
+    /// Applies `rewrite` if the run is at `expected` (see
+    /// [`History::rewrite`](crate::store::History::rewrite)). Checked first:
+    /// a conflict, a row at or above `next` or a fold into a missing row
+    /// changes nothing.
     pub fn rewrite(
         &mut self,
         run_id: &str,
         expected: u64,
-        records: &[StepRecord],
-        fold: bool,
+        rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
-        let found = self.runs.get(run_id).map(|c| c.version);
-        let next = match self.runs.get(run_id) {
-            Some(cp) if found == Some(expected) => cp.next,
-            _ => {
-                return Err(StoreError::Conflict {
-                    run_id: run_id.to_string(),
-                    expected: Some(expected),
-                    found,
-                })
-            }
-        };
+        let (records, fold) = (rewrite.records(), rewrite.is_fold());
+        let found = self.runs.get(run_id);
+        expect_version(run_id, expected, found.map(|c| c.version))?;
+        let next = found.map_or(0, |c| c.next);
         let has_row = |index: usize| {
             self.history
                 .get(run_id)
                 .is_some_and(|rows| rows.iter().any(|h| h.index == index))
         };
         for r in records {
-            check_state(run_id, "step's update", &r.update)?;
             if r.index >= next {
                 return Err(StoreError::InvalidInput(format!(
                     "run {run_id:?}: step {} is not history (next is {next})",
@@ -242,8 +232,8 @@ impl RunImage {
                 h.update = r.update.clone();
             }
         }
-        if let (true, Some(r)) = (fold, records.first()) {
-            rows.retain(|h| h.index >= r.index);
+        if let Some(below) = rewrite.delete_below() {
+            rows.retain(|h| h.index >= below);
         }
         if rows.is_empty() {
             self.history.remove(run_id);

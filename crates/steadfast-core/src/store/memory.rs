@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use crate::record::checkpoint::{Checkpoint, StepRecord};
 use crate::record::error::StoreError;
 use crate::store::image::{RunImage, Write};
-use crate::store::{Capabilities, History, ListFilter, RunSummary, SaveRequest, Store};
+use crate::store::{Capabilities, History, ListFilter, Rewrite, RunSummary, SaveRequest, Store};
 
 /// The default state size limit of [`MemoryStore`]: 64 MiB.
 pub const DEFAULT_MEMORY_STATE_LIMIT: u64 = 64 << 20;
@@ -94,23 +94,13 @@ impl History for MemoryStore {
         Ok(self.image().history(run_id))
     }
 
-    async fn rewrite_history(
+    async fn rewrite(
         &self,
         run_id: &str,
         expected: u64,
-        records: &[StepRecord],
+        rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
-        self.image().rewrite(run_id, expected, records, false)
-    }
-
-    async fn fold_history(
-        &self,
-        run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError> {
-        self.image()
-            .rewrite(run_id, expected, std::slice::from_ref(fold), true)
+        self.image().rewrite(run_id, expected, rewrite)
     }
 }
 

@@ -20,7 +20,7 @@ use crate::record::clock::{Clock, Timestamp};
 use crate::record::error::StoreError;
 use crate::record::state::State;
 pub use crate::record::state::{check_update, ValueProblem};
-pub use crate::store::head::{decode_head, encode_head, encode_json, RunCache};
+pub use crate::store::head::{decode_head, encode_head, encode_json, to_i64, RunCache};
 
 /// One compare-and-swap write of a run's checkpoint.
 #[derive(Clone, Copy, Debug)]
@@ -371,43 +371,105 @@ pub trait History: Send + Sync {
     ///   per index (the latest save's), and none at or above `next`.
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError>;
 
-    /// Replaces the updates of step records of run `run_id` (those with the
-    /// indexes of `records`; names, attempts and times stay), if the run's
-    /// version is still `expected`: one write, or none. For re-encryption
-    /// (`steadfast rekey`). The version does not change.
+    /// Rewrites run `run_id`'s history as `rewrite` says, if the run's
+    /// version is still `expected`: one write, or none. The version does not
+    /// change. A [`Rewrite::replace`] replaces the updates of the rows with
+    /// its records' indexes (names, attempts and times stay), for
+    /// re-encryption (`steadfast rekey`); a [`Rewrite::fold`] also deletes
+    /// the rows below its record's index, whose updates it holds merged (for
+    /// `steadfast prune`).
     ///
     /// - MUST fail with [`StoreError::Conflict`] and change nothing when the
     ///   stored version is not `expected`, or the run is absent;
-    /// - MUST leave every record not named in `records` as it was, and what
-    ///   [`Store::load`] returns unchanged: a record that a load still
-    ///   merges into the state (on stores that keep deltas, those since the
-    ///   last snapshot; a save without a step takes a snapshot) or one at or
-    ///   above `next` is refused with [`StoreError::InvalidInput`], and
-    ///   nothing is written.
-    async fn rewrite_history(
+    /// - MUST leave every row not named as it was, and what [`Store::load`]
+    ///   returns unchanged: a record that a load still merges into the state
+    ///   (on stores that keep deltas, those since the last snapshot; a save
+    ///   without a step takes a snapshot) or one at or above `next` is
+    ///   refused with [`StoreError::InvalidInput`], and nothing is written;
+    /// - a fold into a row that does not exist MUST be refused
+    ///   ([`no_row_to_fold`](rows::no_row_to_fold)), and after a fold
+    ///   [`history`](History::history) MUST list the rows from the fold's
+    ///   index on.
+    async fn rewrite(
         &self,
         run_id: &str,
         expected: u64,
-        records: &[StepRecord],
+        rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError>;
+}
 
-    /// Folds the history of run `run_id` below step `fold.index` into that
-    /// step's row: the row at `fold.index` takes `fold`'s update (the
-    /// updates of every step up to it, merged in order) and the rows below
-    /// it are deleted, if the run's version is still `expected`: one write,
-    /// or none. For `steadfast prune`. The version does not change.
-    ///
-    /// - MUST behave as [`rewrite_history`](History::rewrite_history) for
-    ///   the row at `fold.index` (a conflict, or a row that a load still
-    ///   merges, changes nothing);
-    /// - afterwards [`history`](History::history) MUST list the rows from
-    ///   `fold.index` on, and what [`Store::load`] returns MUST be unchanged.
-    async fn fold_history(
+/// A history rewrite or fold, checked before any store sees it: the records
+/// whose updates replace the stored rows' (names, attempts and times stay)
+/// and, for a fold, the rows below the first record's index deleted. Made
+/// only by [`Rewrite::replace`] and [`Rewrite::fold`], which refuse an
+/// update that would not load back, so a store given one need not look at
+/// the values again.
+#[derive(Clone, Copy, Debug)]
+pub struct Rewrite<'a> {
+    records: &'a [StepRecord],
+    fold: bool,
+}
+
+impl<'a> Rewrite<'a> {
+    /// Replaces the updates of the rows with `records`' indexes (for
+    /// `steadfast rekey`).
+    pub fn replace(run_id: &str, records: &'a [StepRecord]) -> Result<Self, StoreError> {
+        for r in records {
+            check_state(run_id, "step's update", &r.update)?;
+        }
+        Ok(Rewrite {
+            records,
+            fold: false,
+        })
+    }
+
+    /// Folds the rows below `fold.index` into its row: that row takes
+    /// `fold`'s update and the rows below it go (for `steadfast prune`).
+    pub fn fold(run_id: &str, fold: &'a StepRecord) -> Result<Self, StoreError> {
+        let mut rewrite = Self::replace(run_id, std::slice::from_ref(fold))?;
+        rewrite.fold = true;
+        Ok(rewrite)
+    }
+
+    /// The same rewrite of other records (a wrapper's sealed copies): a
+    /// fold stays a fold.
+    pub fn with_records<'b>(
         &self,
         run_id: &str,
-        expected: u64,
-        fold: &StepRecord,
-    ) -> Result<(), StoreError>;
+        records: &'b [StepRecord],
+    ) -> Result<Rewrite<'b>, StoreError> {
+        let mut rewrite = Rewrite::replace(run_id, records)?;
+        rewrite.fold = self.fold && records.len() == 1;
+        Ok(rewrite)
+    }
+
+    /// The records whose updates are written.
+    pub fn records(&self) -> &'a [StepRecord] {
+        self.records
+    }
+
+    /// Whether this is a fold.
+    pub fn is_fold(&self) -> bool {
+        self.fold
+    }
+
+    /// For a fold, the index below which rows are deleted.
+    pub fn delete_below(&self) -> Option<usize> {
+        self.records.first().filter(|_| self.fold).map(|r| r.index)
+    }
+
+    /// Each record's index (as SQL keeps it) and update as JSON text.
+    pub fn rows(&self, run_id: &str) -> Result<Vec<(i64, String)>, StoreError> {
+        self.records
+            .iter()
+            .map(|r| {
+                Ok((
+                    to_i64(run_id, "step index", r.index as u64)?,
+                    encode_json(&r.update, run_id, "step's update")?,
+                ))
+            })
+            .collect()
+    }
 }
 
 /// Scheduling for workers: a capability of a [`Store`]
@@ -441,42 +503,33 @@ pub trait Schedule: Send + Sync {
 pub trait StoreExt: Store {
     /// [`History::history`], or [`StoreError::Unsupported`].
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        match self.capabilities().history {
-            Some(h) => h.history(run_id).await,
-            None => Err(StoreError::Unsupported(
-                "this store keeps no per-step history".into(),
-            )),
-        }
+        history_of(self)?.history(run_id).await
     }
 
-    /// [`History::rewrite_history`], or [`StoreError::Unsupported`].
+    /// Replaces the updates of run `run_id`'s history rows with `records`'
+    /// ([`Rewrite::replace`] through [`History::rewrite`]), or
+    /// [`StoreError::Unsupported`].
     async fn rewrite_history(
         &self,
         run_id: &str,
         expected: u64,
         records: &[StepRecord],
     ) -> Result<(), StoreError> {
-        match self.capabilities().history {
-            Some(h) => h.rewrite_history(run_id, expected, records).await,
-            None => Err(StoreError::Unsupported(
-                "this store cannot rewrite its per-step history".into(),
-            )),
-        }
+        let rewrite = Rewrite::replace(run_id, records)?;
+        history_of(self)?.rewrite(run_id, expected, rewrite).await
     }
 
-    /// [`History::fold_history`], or [`StoreError::Unsupported`].
+    /// Folds run `run_id`'s history below `fold.index` into that row
+    /// ([`Rewrite::fold`] through [`History::rewrite`]), or
+    /// [`StoreError::Unsupported`].
     async fn fold_history(
         &self,
         run_id: &str,
         expected: u64,
         fold: &StepRecord,
     ) -> Result<(), StoreError> {
-        match self.capabilities().history {
-            Some(h) => h.fold_history(run_id, expected, fold).await,
-            None => Err(StoreError::Unsupported(
-                "this store cannot fold its per-step history".into(),
-            )),
-        }
+        let rewrite = Rewrite::fold(run_id, fold)?;
+        history_of(self)?.rewrite(run_id, expected, rewrite).await
     }
 
     /// [`Schedule::claim_due`], or [`claim_due_by_listing`].
@@ -508,6 +561,15 @@ pub trait StoreExt: Store {
 }
 
 impl<S: Store + ?Sized> StoreExt for S {}
+
+/// `store`'s [`History`], or [`StoreError::Unsupported`] saying that it
+/// keeps none (for wrappers that pass a rewrite on).
+pub fn history_of<S: Store + ?Sized>(store: &S) -> Result<&dyn History, StoreError> {
+    store
+        .capabilities()
+        .history
+        .ok_or_else(|| StoreError::Unsupported("this store keeps no per-step history".into()))
+}
 
 /// Due runs found by listing the unfinished runs and loading each: what a
 /// store without [`Schedule`] gives workers. It suits stores of one machine

@@ -198,3 +198,63 @@ pub fn head_only_of_absent(run_id: &str) -> StoreError {
         "run {run_id:?}: a head-only save needs the run to exist"
     ))
 }
+
+/// A conflict unless the stored version `found` (`None`: the run is
+/// absent) is `expected`.
+pub fn expect_version(run_id: &str, expected: u64, found: Option<u64>) -> Result<(), StoreError> {
+    if found == Some(expected) {
+        return Ok(());
+    }
+    Err(conflict(run_id, Some(expected), found))
+}
+
+/// [`StoreError::Conflict`]: run `run_id` was expected at `expected` and
+/// found at `found`.
+pub fn conflict(run_id: &str, expected: Option<u64>, found: Option<u64>) -> StoreError {
+    StoreError::Conflict {
+        run_id: run_id.to_string(),
+        expected,
+        found,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::clock::Timestamp;
+    use crate::store::Rewrite;
+
+    fn record(index: usize, update: serde_json::Value) -> StepRecord {
+        let update = update.as_object().cloned().unwrap_or_default();
+        StepRecord::new(index, "s", update, 1, Timestamp::EPOCH, Timestamp::EPOCH)
+    }
+
+    /// A rewrite is checked when it is made, so no store sees a value it
+    /// could not read back; a fold deletes below its one record.
+    #[test]
+    fn rewrites_are_checked_when_made() {
+        let ok = [
+            record(0, serde_json::json!({"a": 1})),
+            record(1, serde_json::json!({})),
+        ];
+        let rw = Rewrite::replace("r", &ok).unwrap();
+        assert_eq!((rw.is_fold(), rw.delete_below()), (false, None));
+        assert_eq!(rw.rows("r").unwrap()[0], (0, r#"{"a":1}"#.to_string()));
+        let fold = Rewrite::fold("r", &ok[1]).unwrap();
+        assert_eq!(fold.delete_below(), Some(1));
+        assert!(fold.with_records("r", &ok[..1]).unwrap().is_fold());
+        let mut deep = serde_json::json!(1);
+        for _ in 0..200 {
+            deep = serde_json::json!([deep]);
+        }
+        let bad = [record(0, serde_json::json!({ "deep": deep }))];
+        assert!(Rewrite::replace("r", &bad).is_err());
+        assert!(Rewrite::fold("r", &bad[0]).is_err());
+        assert!(expect_version("r", 3, Some(3)).is_ok());
+        let err = expect_version("r", 3, None).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Conflict { found: None, .. }),
+            "{err}"
+        );
+    }
+}

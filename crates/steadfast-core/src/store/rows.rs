@@ -9,6 +9,8 @@ use crate::record::clock::Timestamp;
 use crate::record::error::StoreError;
 use crate::record::state::{State, Update};
 use crate::store::head::decode_head;
+pub use crate::store::head::to_i64;
+use crate::store::RunSummary;
 
 /// Where a run's data sits in a store, for messages: turns the name of a
 /// column or field (`head`, `snapshot`, `steps[3].update_json`) into a
@@ -79,15 +81,101 @@ impl<'a> Place<'a> {
     }
 }
 
-/// A number a store writes (a version, a time, an index) as the signed
-/// 64-bit integer SQL keeps: refused, never wrapped, past `i64::MAX`.
-pub fn to_i64(run_id: &str, what: &str, v: u64) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| {
-        StoreError::InvalidInput(format!(
-            "run {run_id:?}: {what} {v} is over the largest a store keeps ({}); nothing was written",
-            i64::MAX
-        ))
-    })
+/// The fields of a stored JSON document (a document store's item), read
+/// with the same checks as a row's columns: a field that is missing or of
+/// another type is [`StoreError::Corrupt`] at the document's place.
+#[derive(Clone, Copy)]
+pub struct Fields<'a> {
+    place: &'a Place<'a>,
+    doc: &'a serde_json::Value,
+}
+
+impl<'a> Fields<'a> {
+    /// The fields of `doc`, found at `place`.
+    pub fn new(place: &'a Place<'a>, doc: &'a serde_json::Value) -> Self {
+        Fields { place, doc }
+    }
+
+    /// A field that must be a number of at least zero.
+    pub fn count(&self, field: &str) -> Result<u64, StoreError> {
+        self.doc
+            .get(field)
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| {
+                self.place
+                    .corrupt(field, "missing or not a number of at least 0")
+            })
+    }
+
+    /// A field that must be an index or step count.
+    pub fn index(&self, field: &str) -> Result<usize, StoreError> {
+        let n = self.count(field)?;
+        usize::try_from(n).map_err(|_| self.place.corrupt(field, format!("{n} is too large")))
+    }
+
+    /// A field that must be text.
+    pub fn text(&self, field: &str) -> Result<&'a str, StoreError> {
+        self.doc
+            .get(field)
+            .and_then(serde_json::Value::as_str)
+            .ok_or_else(|| self.place.corrupt(field, "missing or not text"))
+    }
+
+    /// A run's summary from the document's `run_id`, `workflow`, `status`,
+    /// `next`, `version`, `created_at` and `updated_at`.
+    pub fn summary(&self) -> Result<RunSummary, StoreError> {
+        SummaryRow {
+            run_id: self.text("run_id")?.to_string(),
+            workflow: self.text("workflow")?.to_string(),
+            status: self.text("status")?.to_string(),
+            next: to_stored(self.count("next")?),
+            version: to_stored(self.count("version")?),
+            created_at: to_stored(self.count("created_at")?),
+            updated_at: to_stored(self.count("updated_at")?),
+        }
+        .summary(self.place)
+    }
+}
+
+/// A count as a row keeps it (saturating: only for numbers already read).
+fn to_stored(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// A run's row as `list` reads it, numbers as SQL hands them over.
+#[derive(Debug)]
+pub struct SummaryRow {
+    /// The run.
+    pub run_id: String,
+    /// Its workflow's name.
+    pub workflow: String,
+    /// Its status, as text.
+    pub status: String,
+    /// Completed steps.
+    pub next: i64,
+    /// The version.
+    pub version: i64,
+    /// When it was created, in milliseconds.
+    pub created_at: i64,
+    /// When it was last saved, in milliseconds.
+    pub updated_at: i64,
+}
+
+impl SummaryRow {
+    /// The run's summary; a number or status that does not read back is
+    /// [`StoreError::Corrupt`] at `place` (which names the row's run).
+    pub fn summary(self, place: &Place<'_>) -> Result<RunSummary, StoreError> {
+        let mut cp = Checkpoint::new(
+            self.run_id.as_str(),
+            self.workflow,
+            place.millis("created_at", self.created_at)?,
+        );
+        cp.status = place.status("status", &self.status)?;
+        cp.next = place.index("next", self.next)?;
+        cp.version = place.count("version", self.version)?;
+        cp.updated_at = place.millis("updated_at", self.updated_at)?;
+        Ok(RunSummary::from(&cp))
+    }
 }
 
 /// A run's record as a store keeps it: its labels and counts, its head
@@ -359,5 +447,40 @@ mod tests {
             "{err}"
         );
         assert!(to_i64("r", "version", u64::MAX).is_err());
+    }
+
+    /// A list row and a JSON document read back with the same checks: a
+    /// negative number, an unknown status or a missing field is corrupt,
+    /// at the row's place.
+    #[test]
+    fn summaries_are_read_with_checks() {
+        let (id, locate) = place();
+        let p = Place::new(&id, &locate);
+        let row = |status: &str, next: i64| SummaryRow {
+            run_id: "r".into(),
+            workflow: "wf".into(),
+            status: status.into(),
+            next,
+            version: 2,
+            created_at: 5,
+            updated_at: 6,
+        };
+        let s = row("waiting", 3).summary(&p).unwrap();
+        assert_eq!((s.next, s.version, s.status), (3, 2, RunStatus::Waiting));
+        let err = row("waiting", -1).summary(&p).unwrap_err().to_string();
+        assert!(
+            err.contains("t runs[\"r\"].next") && err.contains("negative"),
+            "{err}"
+        );
+        assert!(row("asleep", 1).summary(&p).is_err());
+        let doc = serde_json::json!({"run_id": "r", "workflow": "wf", "status": "completed",
+            "next": 1, "version": 4, "created_at": 1, "updated_at": 2});
+        assert_eq!(Fields::new(&p, &doc).summary().unwrap().version, 4);
+        let mut bad = doc.clone();
+        bad["version"] = serde_json::json!(-4);
+        let err = Fields::new(&p, &bad).summary().unwrap_err().to_string();
+        assert!(err.contains("version"), "{err}");
+        bad.as_object_mut().unwrap().remove("workflow");
+        assert!(Fields::new(&p, &bad).text("workflow").is_err());
     }
 }
