@@ -42,7 +42,7 @@ use steadfast_core::store::{
 };
 use steadfast_core::{Capabilities, History, Schedule};
 use steadfast_core::{
-    Checkpoint, ListFilter, RunStatus, RunSummary, StepRecord, Store, StoreError, StoreErrorKind,
+    Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError, StoreErrorKind,
 };
 
 use crate::auth::MasterKey;
@@ -256,34 +256,6 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
     })
 }
 
-fn tls_config(cafile: Option<&str>) -> Result<rustls::ClientConfig, StoreError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| StoreError::Unsupported(format!("TLS: {e}")))?;
-    let mut roots = rustls::RootCertStore::empty();
-    match cafile {
-        Some(path) => {
-            let pem = std::fs::read(path)
-                .map_err(|e| StoreError::io(format!("reading cafile {path}"), e))?;
-            for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-                let cert =
-                    cert.map_err(|e| StoreError::InvalidInput(format!("cafile {path}: {e}")))?;
-                roots
-                    .add(cert)
-                    .map_err(|e| StoreError::InvalidInput(format!("cafile {path}: {e}")))?;
-            }
-            if roots.is_empty() {
-                return Err(StoreError::InvalidInput(format!(
-                    "cafile {path} holds no PEM certificate"
-                )));
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
-    Ok(builder.with_root_certificates(roots).with_no_client_auth())
-}
-
 fn read_key(keyfile: Option<&str>) -> Result<MasterKey, StoreError> {
     let text = match keyfile {
         Some(path) => read_key_file(std::path::Path::new(path))?,
@@ -338,7 +310,7 @@ impl CosmosStore {
     pub async fn open_with(url: &str, opts: CosmosOptions) -> Result<Self, StoreError> {
         let p = parse_url(url)?;
         let key = read_key(p.keyfile.as_deref())?;
-        let tls = tls_config(p.cafile.as_deref())?;
+        let tls = steadfast_core::store::tls::verified(p.cafile.as_deref(), "cafile")?;
         let base = format!("https://{}:{}", p.host, p.port);
         let display = format!("cosmos://{}:{}/{}/{}", p.host, p.port, p.db, p.coll);
         let client = Client::new(base, p.db.clone(), p.coll.clone(), key, tls)?;
@@ -1243,11 +1215,7 @@ impl Store for CosmosStore {
             carry,
             gen,
         };
-        if cp.status == RunStatus::Completed {
-            self.shared.accts.set(run_id, None);
-        } else {
-            self.shared.accts.set(run_id, Some(new));
-        }
+        self.shared.accts.after_save(cp, &Ok::<_, ()>(new));
         Ok(req.new_version())
     }
 

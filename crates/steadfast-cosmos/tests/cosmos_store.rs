@@ -23,17 +23,7 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 /// A client of the test server's own endpoints (it checks no signature),
 /// trusting its certificate.
 fn test_client(server: &(String, String)) -> Result<reqwest::Client, Box<dyn std::error::Error>> {
-    let pem = std::fs::read(&server.1)?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-        roots.add(cert?)?;
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let tls = steadfast_core::store::tls::verified(Some(&server.1), "cafile")?;
     Ok(reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .build()?)

@@ -40,7 +40,6 @@ mod schema;
 mod url;
 mod writer;
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -427,10 +426,8 @@ impl PgStore {
     /// carried: with concurrent runs, more writes than commits is group
     /// commit at work.
     pub fn write_stats(&self) -> WriteStats {
-        WriteStats {
-            commits: self.shared.writer.commits.load(Relaxed),
-            writes: self.shared.writer.writes.load(Relaxed),
-        }
+        let (commits, writes) = self.shared.writer.queue.counts();
+        WriteStats { commits, writes }
     }
 
     /// The server's durability settings.
@@ -479,11 +476,7 @@ impl PgStore {
     }
 
     async fn client(&self) -> Result<deadpool_postgres::Object, StoreError> {
-        self.shared
-            .pool
-            .get()
-            .await
-            .map_err(|e| pool_err(e, &format!("connecting to {}", self.shared.display)))
+        self.connection().await
     }
 
     /// Reads the server's clock, taken as of the middle of the round trip.
@@ -506,14 +499,6 @@ impl PgStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = (server, mid);
         Ok(())
-    }
-
-    fn remember(&self, run_id: &str, acct: Option<Known>) {
-        self.shared.accts.set(run_id, acct);
-    }
-
-    fn acct(&self, run_id: &str) -> Option<Known> {
-        self.shared.accts.get(run_id)
     }
 
     /// Starts the task that listens for work notifications, if it is not
@@ -679,11 +664,11 @@ impl Store for PgStore {
             .map_err(|e| map_err(e, &ctx()))?;
         drop(client);
         let Some(row) = row else {
-            self.remember(run_id, None);
+            self.shared.accts.set(run_id, None);
             return Ok(None);
         };
         let (cp, acct) = self.decode(run_id, &row)?;
-        self.remember(run_id, Some(acct));
+        self.shared.accts.set(run_id, Some(acct));
         Ok(Some(cp))
     }
 
@@ -692,7 +677,7 @@ impl Store for PgStore {
         let run_id = &cp.run_id;
         let plan = plan_save(
             &req,
-            self.acct(run_id).as_ref(),
+            self.shared.accts.get(run_id).as_ref(),
             self.shared.opts.max_state_bytes,
         )?;
         let (next, snapshot, delta_bytes, step) = match plan {
@@ -747,12 +732,7 @@ impl Store for PgStore {
             run_id: run_id.clone(),
             source: "the committing task stopped before it answered".into(),
         })?;
-        match &result {
-            Ok(acct) if cp.status != RunStatus::Completed => {
-                self.remember(run_id, Some(acct.clone()))
-            }
-            _ => self.remember(run_id, None),
-        }
+        self.shared.accts.after_save(cp, &result);
         result.map(|a| a.version)
     }
 
@@ -789,7 +769,7 @@ impl Store for PgStore {
             .prepare_cached(&self.shared.sql.delete)
             .await
             .map_err(|e| map_err(e, &ctx()))?;
-        self.remember(run_id, None);
+        self.shared.accts.set(run_id, None);
         let row = client
             .query_one(&stmt, &[&run_id])
             .await
@@ -804,7 +784,7 @@ impl Store for PgStore {
             .prepare_cached(&self.shared.sql.delete_if)
             .await
             .map_err(|e| map_err(e, &ctx()))?;
-        self.remember(run_id, None);
+        self.shared.accts.set(run_id, None);
         let row = client
             .query_one(&stmt, &[&run_id, &to_i64(run_id, "version", version)?])
             .await

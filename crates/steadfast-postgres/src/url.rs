@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::{DigitallySignedStruct, SignatureScheme};
 use steadfast_core::StoreError;
 use tokio_postgres::config::SslMode;
 
@@ -115,40 +115,16 @@ pub(crate) fn redact(url: &str) -> String {
 
 /// The rustls connector for `tls`.
 pub(crate) fn connector(tls: &Tls) -> Result<tokio_postgres_rustls::MakeRustlsConnect, StoreError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| StoreError::Unsupported(format!("TLS: {e}")))?;
     let config = match tls {
-        Tls::Off | Tls::Unverified => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
-            .with_no_client_auth(),
+        Tls::Off | Tls::Unverified => {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            steadfast_core::store::tls::builder()?
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+                .with_no_client_auth()
+        }
         Tls::Verified { root_cert } => {
-            let mut roots = RootCertStore::empty();
-            match root_cert {
-                Some(path) => {
-                    let pem = std::fs::read(path)
-                        .map_err(|e| StoreError::io(format!("reading sslrootcert {path}"), e))?;
-                    let mut added = 0;
-                    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
-                        let cert = cert.map_err(|e| {
-                            StoreError::InvalidInput(format!("sslrootcert {path}: {e}"))
-                        })?;
-                        roots.add(cert).map_err(|e| {
-                            StoreError::InvalidInput(format!("sslrootcert {path}: {e}"))
-                        })?;
-                        added += 1;
-                    }
-                    if added == 0 {
-                        return Err(StoreError::InvalidInput(format!(
-                            "sslrootcert {path} holds no PEM certificate"
-                        )));
-                    }
-                }
-                None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-            }
-            builder.with_root_certificates(roots).with_no_client_auth()
+            steadfast_core::store::tls::verified(root_cert.as_deref(), "sslrootcert")?
         }
     };
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))

@@ -3,14 +3,14 @@
 //! when its version check fails, so a conflicting member fails alone and the
 //! rest commit. A save is acknowledged only after COMMIT returned.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures_util::future::join_all;
 use steadfast_core::{StoreError, StoreErrorKind};
 use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 
+use steadfast_core::store::group::Queue;
 use steadfast_core::store::plan::Known;
 use steadfast_core::store::rows::Place;
 
@@ -69,8 +69,6 @@ pub(crate) struct SaveJob {
     pub reply: oneshot::Sender<Result<Known, StoreError>>,
 }
 
-const MAX_BATCH: usize = 256;
-
 /// How long a leader waits, after a shared commit, for the callers it
 /// acknowledged to queue their next saves.
 const GATHER: std::time::Duration = std::time::Duration::from_micros(150);
@@ -78,24 +76,10 @@ const GATHER: std::time::Duration = std::time::Duration::from_micros(150);
 /// Saves waiting for a commit.
 #[derive(Default)]
 pub(crate) struct Writer {
-    pub queue: Mutex<Vec<SaveJob>>,
+    pub queue: Queue<SaveJob>,
     /// The right to commit, and the connection the committer keeps between
     /// batches (so that a save pays no trip through the pool).
     pub lead: Arc<tokio::sync::Mutex<Option<deadpool_postgres::Object>>>,
-    pub commits: AtomicU64,
-    pub writes: AtomicU64,
-}
-
-impl Writer {
-    fn take(&self) -> Vec<SaveJob> {
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-        let n = q.len().min(MAX_BATCH);
-        q.drain(..n).collect()
-    }
-
-    fn queued(&self) -> usize {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
 }
 
 /// Queues `job`; if no one is committing, commits the queue's first batch
@@ -106,11 +90,7 @@ impl Writer {
 /// outcome and look; the rest of the queue is handed on.
 pub(crate) async fn submit(shared: &Arc<Shared>, job: SaveJob) {
     let writer = &shared.writer;
-    writer
-        .queue
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(job);
+    writer.queue.push(job);
     let Ok(guard) = Arc::clone(&writer.lead).try_lock_owned() else {
         // The one committing takes this job with its next batch.
         return;
@@ -119,7 +99,7 @@ pub(crate) async fn submit(shared: &Arc<Shared>, job: SaveJob) {
         shared: Arc::clone(shared),
         guard: Some(guard),
     };
-    let batch = writer.take();
+    let batch = writer.queue.take();
     if !batch.is_empty() {
         if let Some(conn) = turn.guard.as_mut() {
             commit(shared, conn, batch).await;
@@ -143,13 +123,13 @@ impl Turn {
             return;
         };
         let writer = &self.shared.writer;
-        let guard = if writer.queued() > 0 {
+        let guard = if !writer.queue.is_empty() {
             guard
         } else {
             drop(guard);
             // A job queued after that look, by a caller that found the lead
             // taken, would wait for nobody: look once more.
-            if writer.queued() == 0 {
+            if writer.queue.is_empty() {
                 return;
             }
             match Arc::clone(&writer.lead).try_lock_owned() {
@@ -176,7 +156,7 @@ async fn lead(shared: Arc<Shared>, guard: Lead) {
         guard: Some(guard),
     };
     loop {
-        let batch = shared.writer.take();
+        let batch = shared.writer.queue.take();
         if batch.is_empty() {
             break;
         }
@@ -184,22 +164,9 @@ async fn lead(shared: Arc<Shared>, guard: Lead) {
         if let Some(conn) = turn.guard.as_mut() {
             commit(&shared, conn, batch).await;
         }
-        if n > 1 {
-            gather(&shared.writer, n).await;
-        }
+        shared.writer.queue.gather(n, GATHER).await;
     }
     turn.hand_on();
-}
-
-/// After a shared commit, gives its callers a moment to queue their next
-/// saves so that they share the next commit instead of splitting into two
-/// alternating cohorts: at most `GATHER`, and only until as many saves as the
-/// last batch held are queued.
-async fn gather(writer: &Writer, last: usize) {
-    let start = std::time::Instant::now();
-    while start.elapsed() < GATHER && writer.queued() < last {
-        tokio::task::yield_now().await;
-    }
 }
 
 fn params(job: &SaveJob) -> Vec<Box<dyn ToSql + Sync + Send + '_>> {
@@ -389,11 +356,10 @@ async fn commit(
         }
         return;
     }
-    let n = batch.len() as u64;
+    let n = batch.len();
     match client.batch_execute("COMMIT").await {
         Ok(()) => {
-            shared.writer.commits.fetch_add(1, Relaxed);
-            shared.writer.writes.fetch_add(n, Relaxed);
+            shared.writer.queue.committed(n);
             *conn = client.done();
         }
         Err(e) => {
@@ -493,8 +459,7 @@ async fn commit_alone(
     drop(p);
     let (reply, clean) = match result {
         Ok(row) => {
-            shared.writer.commits.fetch_add(1, Relaxed);
-            shared.writer.writes.fetch_add(1, Relaxed);
+            shared.writer.queue.committed(1);
             (answer(shared, &job, row).await, true)
         }
         Err(e) if e.code().is_some() => (

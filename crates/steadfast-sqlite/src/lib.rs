@@ -44,6 +44,7 @@ mod wait;
 mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -53,9 +54,7 @@ use steadfast_core::store::plan::{plan_save, Known, Plan};
 use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow, SummaryRow};
 use steadfast_core::store::{encode_head, Rewrite, RunCache, SaveRequest};
 use steadfast_core::{Capabilities, History};
-use steadfast_core::{
-    Checkpoint, ListFilter, RunStatus, RunSummary, StepRecord, Store, StoreError,
-};
+use steadfast_core::{Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError};
 use tokio::sync::oneshot;
 
 use crate::error::map_err;
@@ -227,7 +226,7 @@ impl SqliteStore {
             reply: tx,
         })
         .await;
-        self.remember(run_id, None);
+        self.shared.accts.set(run_id, None);
         rx.await.map_err(|_| self.writer_gone_for(run_id))?
     }
 
@@ -288,11 +287,9 @@ impl SqliteStore {
         configure(&conn, &opts, &display)?;
         schema::migrate(&conn, &path, &display, opts.busy_timeout)?;
         let writer = Arc::new(Writer {
-            queue: Mutex::new(Vec::new()),
+            queue: Default::default(),
             conn: Mutex::new(conn),
             path: display.clone(),
-            commits: Default::default(),
-            writes: Default::default(),
             longest_wait_us: Default::default(),
             stall: opts.busy_timeout,
             queue_file: crate::wait::queue_path(&path),
@@ -322,13 +319,12 @@ impl SqliteStore {
     /// deletes they carried: with concurrent runs, more writes than commits is
     /// group commit at work.
     pub fn write_stats(&self) -> WriteStats {
-        use std::sync::atomic::Ordering::Relaxed;
+        let (commits, writes) = self.shared.writer.queue.counts();
+        let waited = self.shared.writer.longest_wait_us.load(Ordering::Relaxed);
         WriteStats {
-            commits: self.shared.writer.commits.load(Relaxed),
-            writes: self.shared.writer.writes.load(Relaxed),
-            longest_lock_wait: Duration::from_micros(
-                self.shared.writer.longest_wait_us.load(Relaxed),
-            ),
+            commits,
+            writes,
+            longest_lock_wait: Duration::from_micros(waited),
         }
     }
 
@@ -347,11 +343,7 @@ impl SqliteStore {
     /// elsewhere on a blocking thread.
     async fn submit(&self, job: Job) {
         let writer = &self.shared.writer;
-        writer
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(job);
+        writer.queue.push(job);
         match tokio::runtime::Handle::try_current() {
             Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
                 // Someone else committing will take this job with their next
@@ -419,14 +411,6 @@ impl SqliteStore {
         tokio::task::spawn_blocking(task)
             .await
             .map_err(|e| StoreError::unavailable(format!("SQLite reader thread failed: {e}")))?
-    }
-
-    fn remember(&self, run_id: &str, acct: Option<Acct>) {
-        self.shared.accts.set(run_id, acct);
-    }
-
-    fn acct(&self, run_id: &str) -> Option<Acct> {
-        self.shared.accts.get(run_id)
     }
 }
 
@@ -580,13 +564,15 @@ impl Store for SqliteStore {
         let loaded = self
             .read(move |conn, path| load_run(conn, path, &id))
             .await?;
-        self.remember(run_id, loaded.as_ref().map(|l| l.acct.clone()));
+        self.shared
+            .accts
+            .set(run_id, loaded.as_ref().map(|l| l.acct.clone()));
         Ok(loaded.map(|l| l.cp))
     }
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         let cp = req.checkpoint;
-        let acct = self.acct(&cp.run_id);
+        let acct = self.shared.accts.get(&cp.run_id);
         let plan = plan_save(
             &req,
             acct.as_ref().map(|a| &a.known),
@@ -631,12 +617,7 @@ impl Store for SqliteStore {
         })))
         .await;
         let result = rx.await.map_err(|_| self.writer_gone_for(&cp.run_id))?;
-        match &result {
-            Ok(acct) if cp.status != RunStatus::Completed => {
-                self.remember(&cp.run_id, Some(acct.clone()))
-            }
-            _ => self.remember(&cp.run_id, None),
-        }
+        self.shared.accts.after_save(cp, &result);
         result.map(|a| a.known.version)
     }
 

@@ -6,6 +6,7 @@
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use rusqlite::{params, Connection, OptionalExtension};
+use steadfast_core::store::group::Queue;
 use steadfast_core::store::plan::{expect_version, Known, StepRow};
 use steadfast_core::store::rows::{no_row_to_fold, still_merged};
 use steadfast_core::StoreError;
@@ -108,20 +109,15 @@ fn breaks<T>(result: &Result<T, StoreError>) -> Option<String> {
     }
 }
 
-const MAX_BATCH: usize = 256;
-
 /// How long a leader waits, after a shared commit, for the callers it
 /// acknowledged to queue again.
 const GATHER: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// Saves waiting for a commit, and the connection that commits them.
 pub(crate) struct Writer {
-    pub queue: Mutex<Vec<Job>>,
+    pub queue: Queue<Job>,
     pub conn: Mutex<Connection>,
     pub path: String,
-    /// Transactions committed, and the saves and deletes they carried.
-    pub commits: std::sync::atomic::AtomicU64,
-    pub writes: std::sync::atomic::AtomicU64,
     /// The longest wait for the write lock, in microseconds.
     pub longest_wait_us: std::sync::atomic::AtomicU64,
     /// How long no commit by anyone may be seen before a wait gives up.
@@ -153,55 +149,26 @@ impl Writer {
     pub(crate) fn lead<'a>(&'a self, mut conn: MutexGuard<'a, Connection>) {
         loop {
             loop {
-                let batch = {
-                    let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-                    let n = q.len().min(MAX_BATCH);
-                    q.drain(..n).collect::<Vec<_>>()
-                };
-                if batch.is_empty() {
+                let batch = self.queue.take();
+                let n = batch.len();
+                if n == 0 {
                     break;
                 }
-                let n = batch.len() as u64;
                 if commit_batch(&mut conn, batch, self) {
-                    self.commits
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    self.writes
-                        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                    self.queue.committed(n);
                 }
-                if n > 1 {
-                    self.gather(n as usize);
-                }
+                self.queue.gather_blocking(n, GATHER);
             }
             drop(conn);
             // A job queued after the last drain by a caller that found the
             // connection taken would wait for nobody: look once more.
-            if self
-                .queue
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .is_empty()
-            {
+            if self.queue.is_empty() {
                 return;
             }
             match self.try_lead() {
                 Some(c) => conn = c,
                 None => return,
             }
-        }
-    }
-
-    /// After a shared commit, gives the callers it just acknowledged a moment
-    /// to queue their next saves, so that they join the next commit instead
-    /// of waiting for the one after it: at most `GATHER`, and only until as
-    /// many saves as the last batch held are queued. A lone caller (a batch
-    /// of one) never waits.
-    fn gather(&self, last: usize) {
-        let start = std::time::Instant::now();
-        while start.elapsed() < GATHER {
-            if self.queue.lock().unwrap_or_else(|p| p.into_inner()).len() >= last {
-                return;
-            }
-            std::thread::yield_now();
         }
     }
 

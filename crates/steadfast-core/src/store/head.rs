@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::record::checkpoint::{
-    AuditEntry, Checkpoint, Decision, Lease, Origin, StepFailure, Wait,
+    AuditEntry, Checkpoint, Decision, Lease, Origin, RunStatus, StepFailure, Wait,
 };
 use crate::record::error::StoreError;
 
@@ -184,6 +184,17 @@ impl<T: Clone> RunCache<T> {
                 runs.remove(run_id);
             }
         }
+    }
+
+    /// After a save of `cp` that gave `saved`: remembers what a later save
+    /// of the run needs, unless the save failed or completed the run (a
+    /// completed run is not saved again, so it takes no room).
+    pub fn after_save<E>(&self, cp: &Checkpoint, saved: &Result<T, E>) {
+        let keep = saved
+            .as_ref()
+            .ok()
+            .filter(|_| cp.status != RunStatus::Completed);
+        self.set(&cp.run_id, keep.cloned());
     }
 
     /// What is remembered for `run_id`.

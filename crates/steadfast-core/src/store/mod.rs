@@ -4,12 +4,15 @@
 //! of a state).
 
 pub mod backend;
+pub mod group;
 pub mod head;
 pub mod image;
 pub mod local;
 pub mod memory;
 pub mod plan;
 pub mod rows;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 use std::sync::Arc;
 
