@@ -40,11 +40,11 @@ pub use store::local;
 pub use engine::ctx::StepCtx;
 pub use engine::decide::{approve, default_decider, reject};
 pub use engine::durable::{durable, DurableCtx, StepOptions};
-pub use engine::process::{current_owner, holder_is_running};
+pub use engine::process::{current_owner, holder_is_running, local_deadline};
 pub use engine::run::run;
 pub use engine::typed::{TypedWorkflow, TypedWorkflowBuilder};
 pub use engine::workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
-pub use engine::{Runner, DEFAULT_CANCEL_GRACE};
+pub use engine::{lease_holds, Runner, DEFAULT_CANCEL_GRACE};
 pub use ops::worker::{
     release, start, start_listed, start_steps, Registry, RunEnd, Worker, WorkerReport,
 };

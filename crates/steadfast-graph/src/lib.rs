@@ -22,7 +22,7 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use serde_json::Value;
 use steadfast::postgres::{tokio_postgres, PgStore};
-use steadfast::{holder_is_running, Clock, Owner, StoreError, Timestamp};
+use steadfast::{Clock, Lease, Owner, StoreError, Timestamp};
 
 use steadfast::StoreErrorKind;
 
@@ -77,7 +77,7 @@ fn block<F: std::future::Future>(fut: F) -> F::Output {
 }
 
 /// The table layout this build writes; a store marked newer is refused.
-const GRAPH_FORMAT: i64 = 1;
+const GRAPH_FORMAT: i64 = 2;
 /// The largest checkpoint or write blob accepted (SQLite's own limit is 1 GB).
 const MAX_BLOB_BYTES: usize = 256 << 20;
 /// Metadata keys of LangGraph's delta channels, whose state needs the older
@@ -124,13 +124,18 @@ impl Holder {
         }
     }
 
-    /// Whether the stored holder is surely gone: a process on this host that
-    /// has exited. Unknown (another host, unreadable) counts as alive.
-    fn is_gone(stored: &str) -> bool {
-        serde_json::from_str::<Holder>(stored)
-            .ok()
-            .and_then(|h| holder_is_running(&h.owner))
-            == Some(false)
+    /// Whether a stored lease (holder, deadline by the wall clock, and by
+    /// the holder's boot clock) still binds others at wall-clock time `now`,
+    /// as the run loop judges a run's lease: on this host by the holder's
+    /// process and the boot clock, from another host by the wall clock. An
+    /// unreadable holder holds until its wall-clock deadline.
+    fn holds(stored: &str, until: i64, local_until: Option<i64>, now: i64) -> bool {
+        let Ok(h) = serde_json::from_str::<Holder>(stored) else {
+            return until > now;
+        };
+        let at = |ms: i64| Timestamp::from_unix_millis(u64::try_from(ms).unwrap_or(0));
+        let local = local_until.and_then(|ms| u64::try_from(ms).ok());
+        steadfast::lease_holds(&Lease::new(h.owner, at(until)).local_until(local), at(now))
     }
 }
 
@@ -207,6 +212,18 @@ fn run_id_of(metadata: &str) -> Option<String> {
     }
 }
 
+/// A thread's lease as stored: its holder, its deadline by the wall clock
+/// and by the holder's boot clock, and its generation.
+struct ThreadRow {
+    holder: String,
+    until: i64,
+    local_until: Option<i64>,
+    generation: i64,
+}
+
+/// The columns of `graph_threads` a lease is judged by, in `ThreadRow`'s order.
+const THREAD_COLUMNS: &str = "holder, until_ms, local_until_ms, generation";
+
 /// What a write must do about the thread's lease, decided from its row.
 enum LeaseStep {
     /// This saver holds it: renew.
@@ -241,6 +258,28 @@ fn sql_err(at: &str, e: rusqlite::Error) -> GraphError {
 
 fn pg_err(context: &str, e: tokio_postgres::Error) -> GraphError {
     store_err(&PgStore::map_error(e, context))
+}
+
+/// A thread's lease row in a SQLite transaction, if it has one.
+fn thread_row_sqlite(
+    tx: &rusqlite::Transaction<'_>,
+    at: &str,
+    thread: &str,
+) -> Result<Option<ThreadRow>> {
+    tx.query_row(
+        &format!("SELECT {THREAD_COLUMNS} FROM graph_threads WHERE thread_id = ?1"),
+        [thread],
+        |r| {
+            Ok(ThreadRow {
+                holder: r.get(0)?,
+                until: r.get(1)?,
+                local_until: r.get(2)?,
+                generation: r.get(3)?,
+            })
+        },
+    )
+    .optional()
+    .map_err(|e| sql_err(at, e))
 }
 
 fn now_ms() -> i64 {
@@ -425,7 +464,7 @@ CREATE TABLE IF NOT EXISTS graph_writes (
   PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx));
 CREATE TABLE IF NOT EXISTS graph_threads (
   thread_id TEXT PRIMARY KEY, holder TEXT NOT NULL, until_ms INTEGER NOT NULL,
-  generation INTEGER NOT NULL) WITHOUT ROWID;
+  generation INTEGER NOT NULL, local_until_ms INTEGER) WITHOUT ROWID;
 ";
 
 fn pg_schema(s: &str) -> String {
@@ -443,7 +482,8 @@ CREATE TABLE IF NOT EXISTS {s}.graph_writes (
   PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx));
 CREATE TABLE IF NOT EXISTS {s}.graph_threads (
   thread_id text COLLATE \"C\" PRIMARY KEY, holder text NOT NULL, until_ms bigint NOT NULL,
-  generation bigint NOT NULL);"
+  generation bigint NOT NULL, local_until_ms bigint);
+ALTER TABLE {s}.graph_threads ADD COLUMN IF NOT EXISTS local_until_ms bigint;"
     )
 }
 
@@ -480,7 +520,7 @@ fn open_sqlite(url: &str) -> Result<Backend> {
             | OpenFlags::SQLITE_OPEN_NOFOLLOW;
         (Connection::open_with_flags(&path, flags), at)
     };
-    let conn = conn.map_err(|e| sql_err(&at, e))?;
+    let mut conn = conn.map_err(|e| sql_err(&at, e))?;
     conn.busy_timeout(Duration::from_secs(10))
         .map_err(|e| sql_err(&at, e))?;
     // WAL with synchronous=FULL: a commit is on disk when it returns, as in
@@ -489,17 +529,33 @@ fn open_sqlite(url: &str) -> Result<Backend> {
         .map_err(|e| sql_err(&at, e))?;
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(|e| sql_err(&at, e))?;
-    conn.execute_batch(SQLITE_SCHEMA)
+    // The tables, brought to this build's format in one transaction (format
+    // 1 had no boot-clock deadline), or nothing changed for a newer format.
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate);
+    let tx = tx.map_err(|e| sql_err(&at, e))?;
+    tx.execute_batch(SQLITE_SCHEMA)
         .map_err(|e| sql_err(&at, e))?;
-    let format: i64 = conn
+    let has_local: bool = tx
+        .query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('graph_threads') WHERE name = 'local_until_ms'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| sql_err(&at, e))?;
+    if !has_local {
+        tx.execute_batch("ALTER TABLE graph_threads ADD COLUMN local_until_ms INTEGER")
+            .map_err(|e| sql_err(&at, e))?;
+    }
+    let format: i64 = tx
         .query_row(
             "INSERT INTO graph_meta (key, value) VALUES ('format', ?1)
-             ON CONFLICT (key) DO UPDATE SET value = value RETURNING value",
+             ON CONFLICT (key) DO UPDATE SET value = max(value, excluded.value) RETURNING value",
             [GRAPH_FORMAT],
             |r| r.get(0),
         )
         .map_err(|e| sql_err(&at, e))?;
     check_format(&at, format)?;
+    tx.commit().map_err(|e| sql_err(&at, e))?;
     Ok(Backend::Sqlite {
         conn: Mutex::new(conn),
         at,
@@ -533,7 +589,7 @@ async fn open_pg(url: &str) -> Result<Backend> {
         &format!("reading the graph table format in {at}"),
         &format!(
             "INSERT INTO {s}.graph_meta (key, value) VALUES ('format', $1)
-                 ON CONFLICT (key) DO UPDATE SET value = {s}.graph_meta.value RETURNING value"
+                 ON CONFLICT (key) DO UPDATE SET value = GREATEST({s}.graph_meta.value, $1) RETURNING value"
         ),
         &[&GRAPH_FORMAT],
     )
@@ -550,6 +606,12 @@ fn stale(thread: &str, what: &str) -> GraphError {
 }
 
 impl GraphStore {
+    /// The boot-clock deadline of a lease taken or renewed now.
+    fn local_until(&self) -> Option<i64> {
+        let ttl = Duration::from_millis(u64::try_from(self.lease_ms).unwrap_or(0));
+        steadfast::local_deadline(ttl).and_then(|ms| i64::try_from(ms).ok())
+    }
+
     /// The pid the store was opened in: after `fork()` a child would write
     /// as its parent over the parent's connection.
     fn check_process(&self) -> Result<()> {
@@ -563,34 +625,37 @@ impl GraphStore {
         Ok(())
     }
 
-    /// What to do about `thread`'s lease given its row (holder, until,
-    /// generation) and the time, or Held.
-    fn decide(&self, thread: &str, row: Option<(String, i64, i64)>, now: i64) -> Result<LeaseStep> {
+    /// Held, when another saver's lease on `thread` (its row) still binds
+    /// at `now`.
+    fn not_held(&self, thread: &str, row: &ThreadRow, now: i64) -> Result<()> {
+        let other = !row.holder.is_empty() && row.holder != self.me.text();
+        if other && Holder::holds(&row.holder, row.until, row.local_until, now) {
+            return Err(held(thread, &row.holder, row.until));
+        }
+        Ok(())
+    }
+
+    /// What to do about `thread`'s lease given its row and the time, or Held.
+    fn decide(&self, thread: &str, row: Option<ThreadRow>, now: i64) -> Result<LeaseStep> {
         let mine = self
             .mine
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(thread)
             .copied();
-        let Some((holder, until, generation)) = row else {
+        let Some(row) = row else {
             return Ok(LeaseStep::Take(1));
         };
         // This saver's own lease, whatever generation it noted last (its
         // concurrent writes may note theirs in any order): only another
         // saver's lease in between makes a write stale.
-        if holder == self.me.text() {
+        if row.holder == self.me.text() {
             return Ok(LeaseStep::Renew);
         }
-        if !holder.is_empty()
-            && holder != self.me.text()
-            && until > now
-            && !Holder::is_gone(&holder)
-        {
-            return Err(held(thread, &holder, until));
-        }
-        let next = generation.saturating_add(1);
+        self.not_held(thread, &row, now)?;
+        let next = row.generation.saturating_add(1);
         Ok(match mine {
-            Some(g) if g != generation => LeaseStep::TakeIfHead(next),
+            Some(g) if g != row.generation => LeaseStep::TakeIfHead(next),
             _ => LeaseStep::Take(next),
         })
     }
@@ -636,14 +701,7 @@ impl GraphStore {
         head: (&str, Option<&str>, &str),
     ) -> Result<Option<i64>> {
         let now = now_ms();
-        let row: Option<(String, i64, i64)> = tx
-            .query_row(
-                "SELECT holder, until_ms, generation FROM graph_threads WHERE thread_id = ?1",
-                [thread],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()
-            .map_err(|e| sql_err(at, e))?;
+        let row = thread_row_sqlite(tx, at, thread)?;
         let generation = match self.decide(thread, row, now)? {
             LeaseStep::Renew => None,
             LeaseStep::Take(g) => Some(g),
@@ -664,14 +722,16 @@ impl GraphStore {
         };
         let me = self.me.text();
         let until = now.saturating_add(self.lease_ms);
+        let local = self.local_until();
         match generation {
-            None => tx.execute("UPDATE graph_threads SET until_ms = ?2 WHERE thread_id = ?1",
-                params![thread, until],
+            None => tx.execute("UPDATE graph_threads SET until_ms = ?2, local_until_ms = ?3 WHERE thread_id = ?1",
+                params![thread, until, local],
             ),
-            Some(g) => tx.execute("INSERT INTO graph_threads (thread_id, holder, until_ms, generation) VALUES (?1, ?2, ?3, ?4)
+            Some(g) => tx.execute("INSERT INTO graph_threads (thread_id, holder, until_ms, local_until_ms, generation)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT (thread_id) DO UPDATE SET holder = excluded.holder, until_ms = excluded.until_ms,
-                   generation = excluded.generation",
-                params![thread, me, until, g],
+                   local_until_ms = excluded.local_until_ms, generation = excluded.generation",
+                params![thread, me, until, local, g],
             ),
         }
         .map_err(|e| sql_err(at, e))?;
@@ -725,24 +785,9 @@ impl GraphStore {
         at: &str,
         thread: &str,
     ) -> Result<()> {
-        let current: Option<(String, i64)> = tx
-            .query_row(
-                "SELECT holder, until_ms FROM graph_threads WHERE thread_id = ?1",
-                [thread],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(|e| sql_err(at, e))?;
-        match current {
-            Some((holder, until))
-                if !holder.is_empty()
-                    && holder != self.me.text()
-                    && until > now_ms()
-                    && !Holder::is_gone(&holder) =>
-            {
-                Err(held(thread, &holder, until))
-            }
-            _ => Ok(()),
+        match thread_row_sqlite(tx, at, thread)? {
+            Some(row) => self.not_held(thread, &row, now_ms()),
+            None => Ok(()),
         }
     }
 
@@ -769,25 +814,25 @@ impl GraphStore {
                      ON CONFLICT (thread_id) DO UPDATE SET until_ms = CASE
                        WHEN $4 AND g.holder = $2
                        THEN (extract(epoch from clock_timestamp()) * 1000)::bigint + $3
-                       ELSE g.until_ms END
-                     RETURNING holder, until_ms, generation, (extract(epoch from clock_timestamp()) * 1000)::bigint"
+                       ELSE g.until_ms END,
+                       local_until_ms = CASE WHEN $4 AND g.holder = $2 THEN $5 ELSE g.local_until_ms END
+                     RETURNING {THREAD_COLUMNS}, (extract(epoch from clock_timestamp()) * 1000)::bigint"
                 ),
-                &[&thread, &self.me.text(), &self.lease_ms, &head.is_some()],
+                &[&thread, &self.me.text(), &self.lease_ms, &head.is_some(), &self.local_until()],
             )
             .await?;
-        let (holder, until, generation, now): (String, i64, i64, i64) =
-            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let now: i64 = row.get(4);
+        let row = ThreadRow {
+            holder: row.get(0),
+            until: row.get(1),
+            local_until: row.get(2),
+            generation: row.get(3),
+        };
         let Some((ns, extends, what, inserting)) = head else {
-            if !holder.is_empty()
-                && holder != self.me.text()
-                && until > now
-                && !Holder::is_gone(&holder)
-            {
-                return Err(held(thread, &holder, until));
-            }
+            self.not_held(thread, &row, now)?;
             return Ok(None);
         };
-        let generation = match self.decide(thread, Some((holder, until, generation)), now)? {
+        let generation = match self.decide(thread, Some(row), now)? {
             LeaseStep::Renew => None,
             LeaseStep::Take(g) => Some(g),
             LeaseStep::TakeIfHead(g) => {
@@ -813,9 +858,10 @@ impl GraphStore {
                 tx,
                 &ctx,
                 &format!(
-                    "UPDATE {s}.graph_threads SET holder = $2, until_ms = $3, generation = $4 WHERE thread_id = $1"
+                    "UPDATE {s}.graph_threads SET holder = $2, until_ms = $3, generation = $4, local_until_ms = $5
+                     WHERE thread_id = $1"
                 ),
-                &[&thread, &self.me.text(), &now.saturating_add(self.lease_ms), &g],
+                &[&thread, &self.me.text(), &now.saturating_add(self.lease_ms), &g, &self.local_until()],
             )
             .await?;
         }

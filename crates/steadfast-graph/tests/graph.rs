@@ -45,6 +45,20 @@ fn fastrand_u64() -> u64 {
     h.finish()
 }
 
+/// Runs `check` on every kind of store (its URL, and its test schema on
+/// PostgreSQL), dropping each test schema afterwards, pass or fail.
+fn on_every_store(check: impl Fn(&str, Option<&str>) -> TestResult) -> TestResult {
+    let dir = tempfile::tempdir()?;
+    for (url, schema) in urls(dir.path()) {
+        let result = check(&url, schema.as_deref());
+        if let Some(schema) = &schema {
+            drop_schema(&url, schema);
+        }
+        result?;
+    }
+    Ok(())
+}
+
 /// Drops a test schema (and the graph tables in it).
 fn drop_schema(url: &str, schema: &str) {
     let base = url
@@ -90,10 +104,9 @@ fn meta(run: &str) -> String {
 
 #[test]
 fn checkpoints_and_writes_round_trip_and_one_saver_writes_a_thread() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    for (url, schema) in urls(dir.path()) {
-        let result = (|| -> TestResult {
-            let a = GraphStore::open(&url, LEASE, false)?;
+    on_every_store(|url, _| {
+        {
+            let a = GraphStore::open(url, LEASE, false)?;
             put(&a, "c1", None, b"one", "r1")?;
             a.put_writes(
                 "t".into(),
@@ -128,7 +141,7 @@ fn checkpoints_and_writes_round_trip_and_one_saver_writes_a_thread() -> TestResu
             if url != "memory:" {
                 // A second saver of the same thread is refused while the
                 // first holds it, and takes it once it is released.
-                let b = GraphStore::open(&url, LEASE, false)?;
+                let b = GraphStore::open(url, LEASE, false)?;
                 let refused = put(&b, "c3", Some("c2"), b"three", "r2");
                 assert!(
                     matches!(refused, Err(GraphError::Held(_))),
@@ -173,13 +186,8 @@ fn checkpoints_and_writes_round_trip_and_one_saver_writes_a_thread() -> TestResu
             assert!(a.get("t".into(), "".into(), None)?.is_none());
             a.close()?;
             Ok(())
-        })();
-        if let Some(schema) = &schema {
-            drop_schema(&url, schema);
         }
-        result?;
-    }
-    Ok(())
+    })
 }
 
 #[test]
@@ -195,4 +203,98 @@ fn bad_urls_and_leases_are_refused_with_what_is_wrong() {
         .err()
         .expect("refused");
     assert!(err.to_string().contains("lease_seconds"), "{err}");
+}
+
+/// Runs `sql` (with `{t}` for the thread table) on the store at `url`.
+fn exec(url: &str, schema: Option<&str>, sql: &str) -> TestResult {
+    match schema {
+        None => {
+            let path = url.trim_start_matches("sqlite:");
+            let conn = rusqlite::Connection::open(path)?;
+            conn.execute_batch(&sql.replace("{t}", "graph_threads"))?;
+        }
+        Some(schema) => {
+            let base = url.split("schema=").next().unwrap_or(url);
+            let base = base.trim_end_matches(['?', '&']).to_string();
+            let sql = sql.replace("{t}", &format!("\"{schema}\".graph_threads"));
+            tokio::runtime::Runtime::new()?.block_on(async move {
+                let (client, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls).await?;
+                tokio::spawn(conn);
+                client.batch_execute(&sql).await
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// A thread's lease is judged as a run's is: on this host by the holder's
+/// process and the boot clock, so a wall clock moved forward does not end a
+/// live saver's lease, and one moved back does not extend a lapsed one.
+#[test]
+fn leases_are_judged_by_the_boot_clock_on_this_host() -> TestResult {
+    on_every_store(|url, schema| {
+        if url == "memory:" {
+            return Ok(());
+        }
+        {
+            let a = GraphStore::open(url, LEASE, false)?;
+            let b = GraphStore::open(url, LEASE, false)?;
+            put(&a, "c1", None, b"one", "r1")?;
+            // The wall-clock deadline long past, the boot-clock one not: a
+            // holds the thread still.
+            exec(url, schema, "UPDATE {t} SET until_ms = 1")?;
+            let refused = put(&b, "c2", Some("c1"), b"two", "r2");
+            assert!(
+                matches!(refused, Err(GraphError::Held(_))),
+                "{url}: {refused:?}"
+            );
+            // The wall-clock deadline far ahead, the boot-clock one past: the
+            // lease lapsed, and b takes the thread.
+            exec(
+                url,
+                schema,
+                "UPDATE {t} SET until_ms = 9000000000000, local_until_ms = 0",
+            )?;
+            put(&b, "c2", Some("c1"), b"two", "r2")?;
+            a.close()?;
+            b.close()?;
+            Ok(())
+        }
+    })
+}
+
+/// A store of the first table format (leases without a boot-clock
+/// deadline) opens and gains the column; one of a newer format is refused
+/// and left as it was.
+#[test]
+fn older_table_formats_are_upgraded_and_newer_ones_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("old.db");
+    let url = format!("sqlite:{}", path.display());
+    {
+        let conn = rusqlite::Connection::open(&path)?;
+        conn.execute_batch(
+            "CREATE TABLE graph_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+             INSERT INTO graph_meta VALUES ('format', 1);
+             CREATE TABLE graph_threads (thread_id TEXT PRIMARY KEY, holder TEXT NOT NULL,
+               until_ms INTEGER NOT NULL, generation INTEGER NOT NULL) WITHOUT ROWID;",
+        )?;
+    }
+    let a = GraphStore::open(&url, LEASE, false)?;
+    put(&a, "c1", None, b"one", "r1")?;
+    a.close()?;
+    let conn = rusqlite::Connection::open(&path)?;
+    let (format, local): (i64, Option<i64>) = conn.query_row(
+        "SELECT (SELECT value FROM graph_meta), local_until_ms FROM graph_threads",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    assert_eq!(format, 2);
+    assert!(local.is_some_and(|l| l > 0), "{local:?}");
+    conn.execute_batch("UPDATE graph_meta SET value = 3")?;
+    let err = GraphStore::open(&url, LEASE, false).err().ok_or("opened")?;
+    assert!(err.to_string().contains("table format 3"), "{err}");
+    let format: i64 = conn.query_row("SELECT value FROM graph_meta", [], |r| r.get(0))?;
+    assert_eq!(format, 3);
+    Ok(())
 }

@@ -142,8 +142,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
 
     /// A lease for this runner's owner from now, on both clocks.
     pub(crate) fn fresh_lease(&self, me: &Owner, ttl: Duration) -> Lease {
-        let local = crate::engine::process::boot_millis()
-            .map(|b| b.saturating_add(ttl.as_millis().min(u64::MAX as u128) as u64));
+        let local = crate::engine::process::local_deadline(ttl);
         Lease::new(me.clone(), self.clock.now().saturating_add(ttl)).local_until(local)
     }
 
@@ -393,6 +392,21 @@ pub(crate) fn standing(held: &Lease, me: &Owner, now: Timestamp) -> Standing {
         Standing::Held
     } else {
         Standing::Lapsed
+    }
+}
+
+/// Whether `lease` still binds others, judged from this process at
+/// wall-clock time `now` as the run loop judges a run's lease: a holder on
+/// this host that has exited holds nothing, and on its host a lease with a
+/// boot-clock deadline lapses by that clock (setting the wall clock neither
+/// ends nor extends it); a holder on another host holds until `until` by
+/// the wall clock. For leases kept outside a checkpoint (the graph store's
+/// threads).
+pub fn lease_holds(lease: &Lease, now: Timestamp) -> bool {
+    match crate::engine::process::holder_is_running(&lease.owner) {
+        Some(false) => false,
+        Some(true) => lease_left(lease, now, true) > 0,
+        None => lease_left(lease, now, false) > 0,
     }
 }
 

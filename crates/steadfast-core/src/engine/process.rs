@@ -46,6 +46,13 @@ pub(crate) fn is_alive(owner: &Owner) -> bool {
     }
 }
 
+/// The boot-clock deadline `ttl` from now on this host, for a lease's
+/// [`local_until`](crate::Lease::local_until) (`None` where the system has
+/// no boot clock).
+pub fn local_deadline(ttl: std::time::Duration) -> Option<u64> {
+    boot_millis().map(|b| b.saturating_add(ttl.as_millis().min(u64::MAX as u128) as u64))
+}
+
 /// Milliseconds since this host booted, counting time asleep: the same clock
 /// for every process on the host, and unmoved when someone sets the wall
 /// clock. `None` where the system has no such clock.
