@@ -563,12 +563,8 @@ fn open_sqlite(url: &str) -> Result<Backend> {
 }
 
 fn check_format(at: &str, format: i64) -> Result<()> {
-    if format > GRAPH_FORMAT {
-        return Err(store_err(&StoreError::Unsupported(format!(
-            "graph store {at} has table format {format}; this build reads up to {GRAPH_FORMAT}"
-        ))));
-    }
-    Ok(())
+    let at = format!("the graph tables of {at} (table format)");
+    steadfast::store::layout::check_version(&at, format, GRAPH_FORMAT).map_err(|e| store_err(&e))
 }
 
 async fn open_pg(url: &str) -> Result<Backend> {

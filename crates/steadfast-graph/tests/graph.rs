@@ -293,7 +293,10 @@ fn older_table_formats_are_upgraded_and_newer_ones_refused() -> TestResult {
     assert!(local.is_some_and(|l| l > 0), "{local:?}");
     conn.execute_batch("UPDATE graph_meta SET value = 3")?;
     let err = GraphStore::open(&url, LEASE, false).err().ok_or("opened")?;
-    assert!(err.to_string().contains("table format 3"), "{err}");
+    assert!(
+        err.to_string().contains("(table format) has version 3"),
+        "{err}"
+    );
     let format: i64 = conn.query_row("SELECT value FROM graph_meta", [], |r| r.get(0))?;
     assert_eq!(format, 3);
     Ok(())

@@ -6,7 +6,8 @@
 //! transaction with the bump, under an advisory lock so that workers starting
 //! together migrate once. A schema from a newer build is refused.
 
-use steadfast_core::{StoreError, StoreErrorKind};
+use steadfast_core::store::layout::{not_ours, pending};
+use steadfast_core::StoreError;
 use tokio_postgres::Client;
 
 use crate::error::map_err;
@@ -146,29 +147,17 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Sto
         .map_err(|e| map_err(e, &ctx("creating the meta table")))?;
         0
     } else {
-        return Err(StoreError::backend(
-            StoreErrorKind::InvalidInput,
-            format!(
-                "schema {schema} is not a Steadfast store (it has the tables {} and no meta table); it was left unchanged. Name another with ?schema=NAME",
-                tables.join(", ")
-            ),
+        let why = format!("it has the tables {} and no meta table", tables.join(", "));
+        return Err(not_ours(
+            &format!("schema {schema}"),
+            &why,
+            "Name another with ?schema=NAME.",
         ));
     };
-    if current > SCHEMA_VERSION {
-        return Err(StoreError::Unsupported(format!(
-            "schema {schema} has version {current}, newer than this build understands ({SCHEMA_VERSION}); upgrade Steadfast"
-        )));
-    }
-    if current < 0 {
-        return Err(StoreError::Corrupt {
-            location: format!("schema {schema}"),
-            reason: format!("schema version {current} is negative"),
-        });
-    }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+    for (n, sql) in pending(&format!("schema {schema}"), current, MIGRATIONS)? {
         tx.batch_execute(&sql.replace("{s}", &q))
             .await
-            .map_err(|e| map_err(e, &ctx(&format!("applying migration {}", i + 1))))?;
+            .map_err(|e| map_err(e, &ctx(&format!("applying migration {n}"))))?;
     }
     if current < SCHEMA_VERSION {
         tx.execute(

@@ -5,7 +5,8 @@
 //! refused rather than guessed at.
 
 use rusqlite::Connection;
-use steadfast_core::{StoreError, StoreErrorKind};
+use steadfast_core::store::layout::{check_version, not_ours, pending};
+use steadfast_core::StoreError;
 
 use crate::error::map_err;
 
@@ -99,14 +100,7 @@ pub(crate) fn check_identity(conn: &Connection, path: &str) -> Result<(), StoreE
         .and_then(|mut st| st.query_map([], |r| r.get(0))?.collect())
         .map_err(|e| map_err(e, &ctx()))?;
     drop(snapshot);
-    let foreign = |why: String| {
-        Err(StoreError::backend(
-            StoreErrorKind::InvalidInput,
-            format!(
-                "{path} is not a Steadfast database ({why}); it was left unchanged. Name another file for the store"
-            ),
-        ))
-    };
+    let foreign = |why: String| Err(not_ours(path, &why, "Name another file for the store."));
     match app {
         APPLICATION_ID => {}
         0 if version == 0 && tables.is_empty() => return Ok(()),
@@ -122,18 +116,7 @@ pub(crate) fn check_identity(conn: &Connection, path: &str) -> Result<(), StoreE
         }
         other => return foreign(format!("its application id is {other:#010x}")),
     }
-    if version > SCHEMA_VERSION {
-        return Err(StoreError::Unsupported(format!(
-            "database {path} has schema version {version}, newer than this build understands ({SCHEMA_VERSION}); upgrade Steadfast"
-        )));
-    }
-    if version < 0 {
-        return Err(StoreError::Corrupt {
-            location: path.to_string(),
-            reason: format!("schema version {version} is negative"),
-        });
-    }
-    Ok(())
+    check_version(&format!("database {path}"), version, SCHEMA_VERSION)
 }
 
 pub(crate) fn migrate(
@@ -177,9 +160,9 @@ fn apply_migrations(tx: &Connection, path: &str) -> Result<(), StoreError> {
     let current: i64 = tx
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .map_err(|e| map_err(e, &format!("reading the schema version of {path}")))?;
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+    for (n, sql) in pending(&format!("database {path}"), current, MIGRATIONS)? {
         tx.execute_batch(sql)
-            .map_err(|e| map_err(e, &format!("applying migration {} to {path}", i + 1)))?;
+            .map_err(|e| map_err(e, &format!("applying migration {n} to {path}")))?;
     }
     if current < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)

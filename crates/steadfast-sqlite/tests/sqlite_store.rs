@@ -234,7 +234,7 @@ async fn a_foreign_database_is_refused_unchanged() -> TestResult {
     let before = bytes_and_mode(&path)?;
     let err = SqliteStore::open(&path).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("not a Steadfast database"), "{text}");
+    assert!(text.contains("not a Steadfast store"), "{text}");
     assert_eq!(
         text.matches("CREATE").count(),
         0,

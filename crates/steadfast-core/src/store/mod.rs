@@ -7,6 +7,7 @@ pub mod backend;
 pub mod group;
 pub mod head;
 pub mod image;
+pub mod layout;
 pub mod local;
 pub mod memory;
 pub mod plan;
