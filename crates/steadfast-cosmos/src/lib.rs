@@ -781,9 +781,9 @@ impl CosmosStore {
                     json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}, {"name": "@a", "value": snapshot_next}, {"name": "@b", "value": next}]),
                 )
                 .await?;
-            let mut steps: Vec<(u64, Value)> = steps
+            let mut steps: Vec<(i64, Value)> = steps
                 .into_iter()
-                .map(|s| (s.get("idx").and_then(Value::as_u64).unwrap_or(u64::MAX), s))
+                .map(|s| (s.get("idx").and_then(Value::as_i64).unwrap_or(i64::MAX), s))
                 .collect();
             steps.sort_by_key(|s| s.0);
             for (idx, item) in steps {
@@ -796,19 +796,22 @@ impl CosmosStore {
                 deltas.push(Ok((idx, name.to_string(), text)));
             }
         }
-        let record = RecordRow::new(
-            text("workflow")?,
-            text("status")?,
-            next,
-            num("version")?,
-            num("created_at")?,
-            num("updated_at")?,
-            text("head")?,
+        let int = |f: &str| fields.int(f);
+        let record = RecordRow {
+            workflow: text("workflow")?,
+            status: text("status")?,
+            next: int("next")?,
+            version: int("version")?,
+            created_at: int("created_at")?,
+            updated_at: int("updated_at")?,
+            head: text("head")?,
             snapshot,
-            text("snapshot_completed")?,
-            snapshot_next,
-        );
-        let cp = rebuild(&place, record, deltas)?;
+            snapshot_completed: text("snapshot_completed")?,
+            snapshot_next: int("snapshot_next")?,
+            snapshot_bytes: int("snapshot_bytes")?,
+            delta_bytes: int("delta_bytes")?,
+        };
+        let (cp, _) = rebuild(&place, record, deltas)?;
         Ok(Some((cp, self.acct_of(run_id, &head)?)))
     }
 

@@ -608,35 +608,26 @@ impl PgStore {
         row: &tokio_postgres::Row,
     ) -> Result<(Checkpoint, Known), StoreError> {
         let locate = locate(&self.shared, run_id);
-        let p = Place::new(run_id, &locate);
-        let record = RecordRow::new(
-            row.get(0),
-            row.get(1),
-            p.count("next", row.get(2))?,
-            p.count("version", row.get(3))?,
-            p.count("created_at", row.get(4))?,
-            p.count("updated_at", row.get(5))?,
-            row.get(6),
-            row.get(7),
-            row.get(8),
-            p.count("snapshot_next", row.get(9))?,
-        );
+        let record = RecordRow {
+            workflow: row.get(0),
+            status: row.get(1),
+            next: row.get(2),
+            version: row.get(3),
+            created_at: row.get(4),
+            updated_at: row.get(5),
+            head: row.get(6),
+            snapshot: row.get(7),
+            snapshot_completed: row.get(8),
+            snapshot_next: row.get(9),
+            snapshot_bytes: row.get(10),
+            delta_bytes: row.get(11),
+        };
         let idxs: Vec<i64> = row.get(12);
         let names: Vec<String> = row.get(13);
         let updates: Vec<String> = row.get(14);
-        let deltas = idxs
-            .into_iter()
-            .zip(names)
-            .zip(updates)
-            .map(|((idx, name), text)| Ok((p.count("steps", idx)?, name, text)));
-        let cp = rebuild(&p, record, deltas)?;
-        let known = Known::new(
-            cp.version,
-            cp.next,
-            p.count("snapshot_bytes", row.get(10))?,
-            p.count("delta_bytes", row.get(11))?,
-        );
-        Ok((cp, known))
+        let deltas = idxs.into_iter().zip(names).zip(updates);
+        let deltas = deltas.map(|((idx, name), text)| Ok((idx, name, text)));
+        rebuild(&Place::new(run_id, &locate), record, deltas)
     }
 }
 

@@ -50,7 +50,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use steadfast_core::store::plan::{plan_save, Known, Plan};
+use steadfast_core::store::plan::{plan_save, Plan};
 use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow, SummaryRow};
 use steadfast_core::store::{encode_head, Rewrite, RunCache, SaveRequest};
 use steadfast_core::{Capabilities, History};
@@ -454,52 +454,9 @@ struct Loaded {
     acct: Acct,
 }
 
-/// The record row of `runs` as SQLite hands it over.
-type RawRow = (
-    (String, String, i64, i64, i64, i64, String),
-    (String, String, i64, i64, i64),
-);
-
-/// Builds a checkpoint from its row and its history rows `(idx, name,
-/// update_json)` from `snapshot_next` on, with the toolkit's checks.
-fn assemble(
-    place: &Place<'_>,
-    raw: RawRow,
-    deltas: impl Iterator<Item = Result<(i64, String, String), StoreError>>,
-) -> Result<(Checkpoint, Known), StoreError> {
-    let (
-        (workflow, status, next, version, created_at, updated_at, head),
-        (snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes),
-    ) = raw;
-    let row = RecordRow::new(
-        workflow,
-        status,
-        place.count("next", next)?,
-        place.count("version", version)?,
-        place.count("created_at", created_at)?,
-        place.count("updated_at", updated_at)?,
-        head,
-        snapshot,
-        snapshot_completed,
-        place.count("snapshot_next", snapshot_next)?,
-    );
-    let deltas = deltas.map(|d| {
-        let (idx, name, text) = d?;
-        Ok((place.count("steps", idx)?, name, text))
-    });
-    let cp = rebuild(place, row, deltas)?;
-    let known = Known::new(
-        cp.version,
-        cp.next,
-        place.count("snapshot_bytes", snapshot_bytes)?,
-        place.count("delta_bytes", delta_bytes)?,
-    );
-    Ok((cp, known))
-}
-
 fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded>, StoreError> {
     let ctx = || format!("loading run {run_id:?} from {path}");
-    let row: Option<RawRow> = conn
+    let row: Option<RecordRow> = conn
         .prepare_cached(
             "SELECT workflow, status, next, version, created_at, updated_at, head,
                     snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes
@@ -507,18 +464,20 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
         )
         .and_then(|mut st| {
             st.query_row([run_id], |r| {
-                Ok((
-                    (
-                        r.get(0)?,
-                        r.get(1)?,
-                        r.get(2)?,
-                        r.get(3)?,
-                        r.get(4)?,
-                        r.get(5)?,
-                        r.get(6)?,
-                    ),
-                    (r.get(7)?, r.get(8)?, r.get(9)?, r.get(10)?, r.get(11)?),
-                ))
+                Ok(RecordRow {
+                    workflow: r.get(0)?,
+                    status: r.get(1)?,
+                    next: r.get(2)?,
+                    version: r.get(3)?,
+                    created_at: r.get(4)?,
+                    updated_at: r.get(5)?,
+                    head: r.get(6)?,
+                    snapshot: r.get(7)?,
+                    snapshot_completed: r.get(8)?,
+                    snapshot_next: r.get(9)?,
+                    snapshot_bytes: r.get(10)?,
+                    delta_bytes: r.get(11)?,
+                })
             })
             .optional()
         })
@@ -526,12 +485,11 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
     let Some(row) = row else {
         return Ok(None);
     };
-    let (snapshot_next, next) = (row.1 .2, row.0 .2);
     let mut st = conn
         .prepare_cached("SELECT idx, name, update_json FROM steps WHERE run_id = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx")
         .map_err(|e| map_err(e, &ctx()))?;
     let mut rows = st
-        .query(params![run_id, snapshot_next, next])
+        .query(params![run_id, row.snapshot_next, row.next])
         .map_err(|e| map_err(e, &ctx()))?;
     let deltas = std::iter::from_fn(|| match rows.next() {
         Ok(Some(r)) => Some(
@@ -542,7 +500,7 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
         Err(e) => Some(Err(map_err(e, &ctx()))),
     });
     let locate = locate(path, run_id);
-    let (cp, known) = assemble(&Place::new(run_id, &locate), row, deltas)?;
+    let (cp, known) = rebuild(&Place::new(run_id, &locate), row, deltas)?;
     let acct = Acct {
         known,
         status: cp.status.as_str(),
@@ -756,17 +714,21 @@ pub fn decode_record_for_fuzzing(
 ) -> Result<Checkpoint, StoreError> {
     let [workflow, status, head, snapshot, snapshot_completed] = text;
     let [next, version, created_at, updated_at, snapshot_next] = ints;
-    let raw = (
-        (
-            workflow, status, next, version, created_at, updated_at, head,
-        ),
-        (snapshot, snapshot_completed, snapshot_next, 0, 0),
-    );
+    let row = RecordRow {
+        workflow,
+        status,
+        next,
+        version,
+        created_at,
+        updated_at,
+        head,
+        snapshot,
+        snapshot_completed,
+        snapshot_next,
+        snapshot_bytes: 0,
+        delta_bytes: 0,
+    };
     let locate = locate("fuzz.db", run_id);
-    assemble(
-        &Place::new(run_id, &locate),
-        raw,
-        deltas.into_iter().map(Ok),
-    )
-    .map(|(cp, _)| cp)
+    let deltas = deltas.into_iter().map(Ok);
+    rebuild(&Place::new(run_id, &locate), row, deltas).map(|(cp, _)| cp)
 }

@@ -10,6 +10,7 @@ use crate::record::error::StoreError;
 use crate::record::state::{State, Update};
 use crate::store::head::decode_head;
 pub use crate::store::head::to_i64;
+use crate::store::plan::Known;
 use crate::store::RunSummary;
 
 /// Where a run's data sits in a store, for messages: turns the name of a
@@ -107,6 +108,15 @@ impl<'a> Fields<'a> {
             })
     }
 
+    /// A field that must be an integer, as stored (a store's checks of
+    /// its range come after, as for a row's column).
+    pub fn int(&self, field: &str) -> Result<i64, StoreError> {
+        self.doc
+            .get(field)
+            .and_then(serde_json::Value::as_i64)
+            .ok_or_else(|| self.place.corrupt(field, "missing or not an integer"))
+    }
+
     /// A field that must be an index or step count.
     pub fn index(&self, field: &str) -> Result<usize, StoreError> {
         let n = self.count(field)?;
@@ -178,25 +188,25 @@ impl SummaryRow {
     }
 }
 
-/// A run's record as a store keeps it: its labels and counts, its head
-/// document ([`encode_head`](crate::store::encode_head)), and the snapshot of
-/// its state after its first `snapshot_next` steps (their names in
-/// `snapshot_completed`).
+/// A run's record as a store keeps it, numbers as SQL hands them over: its
+/// labels and counts, its head document
+/// ([`encode_head`](crate::store::encode_head)), the snapshot of its state
+/// after its first `snapshot_next` steps (their names in
+/// `snapshot_completed`), and what the snapshot and the deltas since weigh.
 #[derive(Debug)]
-#[non_exhaustive]
 pub struct RecordRow {
     /// The workflow's name.
     pub workflow: String,
     /// The status, as text.
     pub status: String,
     /// Completed steps.
-    pub next: u64,
+    pub next: i64,
     /// The version.
-    pub version: u64,
+    pub version: i64,
     /// When the run was created, in milliseconds.
-    pub created_at: u64,
+    pub created_at: i64,
     /// When it was last saved, in milliseconds.
-    pub updated_at: u64,
+    pub updated_at: i64,
     /// The head document.
     pub head: String,
     /// The state's snapshot, as JSON text.
@@ -204,69 +214,46 @@ pub struct RecordRow {
     /// The names of the steps the snapshot covers, as a JSON list.
     pub snapshot_completed: String,
     /// How many steps the snapshot covers.
-    pub snapshot_next: u64,
-}
-
-impl RecordRow {
-    /// A record row; the fields are public for reading.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        workflow: String,
-        status: String,
-        next: u64,
-        version: u64,
-        created_at: u64,
-        updated_at: u64,
-        head: String,
-        snapshot: String,
-        snapshot_completed: String,
-        snapshot_next: u64,
-    ) -> Self {
-        RecordRow {
-            workflow,
-            status,
-            next,
-            version,
-            created_at,
-            updated_at,
-            head,
-            snapshot,
-            snapshot_completed,
-            snapshot_next,
-        }
-    }
+    pub snapshot_next: i64,
+    /// The snapshot's size in bytes.
+    pub snapshot_bytes: i64,
+    /// The size of the deltas since the snapshot.
+    pub delta_bytes: i64,
 }
 
 /// One step's delta as a load reads it: its index, its name, its update as
 /// JSON text.
-pub type Delta = (u64, String, String);
+pub type Delta = (i64, String, String);
 
 /// Rebuilds a checkpoint from its record row and the history rows from
 /// `snapshot_next` on (in index order): the snapshot, then each step's
-/// update merged in order. A step missing, a count that disagrees, text
-/// that does not decode or a record that fails its checks is
-/// [`StoreError::Corrupt`] at its place; never a partial checkpoint.
+/// update merged in order; with what the store knows of the record for its
+/// next save. A number that does not read back, a step missing, a count
+/// that disagrees, text that does not decode or a record that fails its
+/// checks is [`StoreError::Corrupt`] at its place; never a partial
+/// checkpoint.
 pub fn rebuild(
     place: &Place<'_>,
     row: RecordRow,
     deltas: impl IntoIterator<Item = Result<Delta, StoreError>>,
-) -> Result<Checkpoint, StoreError> {
+) -> Result<(Checkpoint, Known), StoreError> {
     let status = place.status("status", &row.status)?;
+    let (next, snapshot_next) = (
+        place.count("next", row.next)?,
+        place.count("snapshot_next", row.snapshot_next)?,
+    );
     let mut state: State = place.json("snapshot", &row.snapshot)?;
     let mut completed: Vec<String> = place.json("snapshot_completed", &row.snapshot_completed)?;
-    if completed.len() as u64 != row.snapshot_next || row.snapshot_next > row.next {
+    if completed.len() as u64 != snapshot_next || snapshot_next > next {
         return Err(place.corrupt(
             "snapshot_next",
-            format!(
-                "{} disagrees with the snapshot or next ({})",
-                row.snapshot_next, row.next
-            ),
+            format!("{snapshot_next} disagrees with the snapshot or next ({next})"),
         ));
     }
-    let mut expect = row.snapshot_next;
+    let mut expect = snapshot_next;
     for delta in deltas {
         let (idx, name, text) = delta?;
-        if idx != expect {
+        if place.count("steps", idx)? != expect {
             return Err(place.corrupt(
                 "steps",
                 format!("step {expect} is missing from the history"),
@@ -277,28 +264,32 @@ pub fn rebuild(
         completed.push(name);
         expect += 1;
     }
-    if expect != row.next {
+    if expect != next {
         return Err(place.corrupt(
             "steps",
             format!("step {expect} is missing from the history"),
         ));
     }
-    let next = usize::try_from(row.next)
-        .map_err(|_| place.corrupt("next", format!("{} is too large", row.next)))?;
     let mut cp = Checkpoint::new(
         place.run_id(),
         row.workflow,
-        Timestamp::from_unix_millis(row.created_at),
+        place.millis("created_at", row.created_at)?,
     );
     decode_head(&row.head, &mut cp).map_err(|reason| place.corrupt("head", reason))?;
     cp.status = status;
-    cp.next = next;
+    cp.next = place.index("next", row.next)?;
     cp.completed = completed;
     cp.state = state;
-    cp.version = row.version;
-    cp.updated_at = Timestamp::from_unix_millis(row.updated_at);
+    cp.version = place.count("version", row.version)?;
+    cp.updated_at = place.millis("updated_at", row.updated_at)?;
     cp.check().map_err(|reason| place.corrupt("head", reason))?;
-    Ok(cp)
+    let known = Known::new(
+        cp.version,
+        cp.next,
+        place.count("snapshot_bytes", row.snapshot_bytes)?,
+        place.count("delta_bytes", row.delta_bytes)?,
+    );
+    Ok((cp, known))
 }
 
 /// One history row as a store keeps it, numbers as SQL hands them over.
@@ -381,32 +372,35 @@ mod tests {
         ("r".to_string(), |c: &str| format!("t runs[\"r\"].{c}"))
     }
 
-    fn row(next: u64, snapshot_next: u64, completed: &str) -> RecordRow {
+    fn row(next: i64, snapshot_next: i64, completed: &str) -> RecordRow {
         let cp = Checkpoint::new("r", "wf", Timestamp::EPOCH);
-        RecordRow::new(
-            "wf".into(),
-            "running".into(),
+        RecordRow {
+            workflow: "wf".into(),
+            status: "running".into(),
             next,
-            3,
-            0,
-            0,
-            crate::store::encode_head(&cp).unwrap(),
-            r#"{"a":1}"#.into(),
-            completed.into(),
+            version: 3,
+            created_at: 0,
+            updated_at: 0,
+            head: crate::store::encode_head(&cp).unwrap(),
+            snapshot: r#"{"a":1}"#.into(),
+            snapshot_completed: completed.into(),
             snapshot_next,
-        )
+            snapshot_bytes: 7,
+            delta_bytes: 0,
+        }
     }
 
     #[test]
     fn a_record_is_rebuilt_from_its_snapshot_and_deltas() {
         let (id, locate) = place();
         let p = Place::new(&id, &locate);
-        let cp = rebuild(
+        let (cp, known) = rebuild(
             &p,
             row(2, 1, r#"["s0"]"#),
             [Ok((1, "s1".to_string(), r#"{"b":2}"#.to_string()))],
         )
         .unwrap();
+        assert_eq!(known, Known::new(3, 2, 7, 0));
         assert_eq!(cp.completed, ["s0", "s1"]);
         assert_eq!(cp.state["b"], 2);
         // A missing step, counts that disagree, damaged text: corrupt, where.
