@@ -46,41 +46,26 @@ fn opt_ranged(
     s.map(|s| ranged(what, s, range)).transpose()
 }
 
-/// Extra attempts after a failure, checked against the engine's limit.
-fn retries_arg(name: &str, retries: Option<i64>) -> PyResult<Option<u32>> {
-    retries
-        .map(|r| {
-            u32::try_from(r)
-                .ok()
-                .filter(|r| *r < limits::MAX_ATTEMPTS)
-                .ok_or_else(|| {
-                    InvalidInput::new_err(format!(
-                        "step {name:?}: retries={r} is out of range: 0 to {}",
-                        limits::MAX_ATTEMPTS - 1
-                    ))
-                })
-        })
-        .transpose()
-}
-
-/// A retry policy from `retries` (extra attempts) and backoff bounds, as
-/// the library builds one from options ([`RetryPolicy::from_options`]).
+/// A retry policy from `retries` (extra attempts) and backoff bounds: the
+/// numbers converted here, their ranges checked where the library builds a
+/// policy from options ([`RetryPolicy::from_options`]).
 fn policy(
     name: &str,
     retries: Option<i64>,
     backoff: Option<f64>,
     max_backoff: Option<f64>,
 ) -> PyResult<Option<RetryPolicy>> {
-    let retries = retries_arg(name, retries)?;
     if retries.is_none() && backoff.is_none() && max_backoff.is_none() {
         return Ok(None);
     }
-    let backoff = opt_ranged(&format!("step {name:?}: backoff"), backoff, limits::BACKOFF)?;
-    let max = opt_ranged(
-        &format!("step {name:?}: max_backoff"),
-        max_backoff,
-        limits::BACKOFF,
-    )?;
+    let secs_of = |what: &str, s: Option<f64>| {
+        s.map(|s| secs(&format!("step {name:?}: {what}"), s))
+            .transpose()
+    };
+    let (backoff, max) = (
+        secs_of("backoff", backoff)?,
+        secs_of("max_backoff", max_backoff)?,
+    );
     RetryPolicy::from_options(retries, backoff, max)
         .map(Some)
         .map_err(|e| InvalidInput::new_err(format!("step {name:?}: {e}")))

@@ -196,7 +196,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
             // A flow step without `retries` runs once: a shell command is
             // not taken to be safe to repeat unless the flow says so.
             let retries = spec.retries.as_ref().map_or(0, |r| *r.get_ref());
-            let policy = RetryPolicy::from_options(Some(retries), backoff, None)
+            let policy = RetryPolicy::from_options(Some(i64::from(retries)), backoff, None)
                 .map_err(|e| at(spec.retries.as_ref().map_or(0, |r| r.span().start), e))?;
             let workdir = spec
                 .workdir

@@ -84,21 +84,25 @@ impl RetryPolicy {
     /// let p = RetryPolicy::from_options(Some(2), None, None).unwrap();
     /// assert_eq!(p.max_attempts(), 3);
     /// assert!(RetryPolicy::from_options(Some(5000), None, None).unwrap_err().contains("retries"));
+    /// assert!(RetryPolicy::from_options(Some(-1), None, None).is_err());
     /// assert!(RetryPolicy::from_options(None, Some(Duration::from_secs(90_000)), None).is_err());
     /// ```
     pub fn from_options(
-        retries: Option<u32>,
+        retries: Option<i64>,
         backoff: Option<Duration>,
         max_backoff: Option<Duration>,
     ) -> Result<Self, String> {
         let attempts = match retries {
-            Some(r) if r >= crate::limits::MAX_ATTEMPTS => {
-                return Err(format!(
-                    "retries = {r} is out of range: at most {}",
-                    crate::limits::MAX_ATTEMPTS - 1
-                ))
-            }
-            Some(r) => r + 1,
+            Some(r) => u32::try_from(r)
+                .ok()
+                .filter(|r| *r < crate::limits::MAX_ATTEMPTS)
+                .map(|r| r + 1)
+                .ok_or_else(|| {
+                    format!(
+                        "retries = {r} is out of range: 0 to {}",
+                        crate::limits::MAX_ATTEMPTS - 1
+                    )
+                })?,
             None => Self::default().max_attempts,
         };
         let initial = match backoff {
