@@ -19,7 +19,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::Value;
 use steadfast::postgres::{tokio_postgres, PgStore};
 use steadfast::{Clock, Lease, Owner, StoreError, Timestamp};
@@ -500,35 +500,17 @@ fn open_sqlite(url: &str) -> Result<Backend> {
                 "graph store URL {url:?}: expected sqlite:PATH, postgres://… or memory:"
             )));
         }
-        // The same checks as the Steadfast SQLite store's file: a private
+        // The Steadfast SQLite store's checks and connection: a private
         // directory (made 0700 when missing), a regular file of this user's
-        // (no FIFO, device or planted file others can write), links
-        // resolved once; and the same for SQLite's files beside it.
-        let path = steadfast::local::prepare_store_file(Path::new(path), true)
+        // (no FIFO, device or planted file others can write) made 0600,
+        // links resolved once, the same for SQLite's files beside it; WAL
+        // with synchronous=FULL, so a commit is on disk when it returns.
+        let sqlite = steadfast::sqlite::prepare_file(Path::new(path), true)
+            .and_then(|p| steadfast::sqlite::connect(&p, Duration::from_secs(10)).map(|c| (c, p)))
             .map_err(|e| store_err(&e))?;
-        for suffix in ["-wal", "-shm", "-journal"] {
-            let mut side = path.clone().into_os_string();
-            side.push(suffix);
-            steadfast::local::check_private_file(Path::new(&side)).map_err(|e| store_err(&e))?;
-        }
-        steadfast::local::create_private_file(&path).map_err(|e| store_err(&e))?;
-        let at = path.display().to_string();
-        // The file exists now (0600): never created by SQLite, never opened
-        // through a link put there since the checks.
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX
-            | OpenFlags::SQLITE_OPEN_NOFOLLOW;
-        (Connection::open_with_flags(&path, flags), at)
+        (Ok(sqlite.0), sqlite.1.display().to_string())
     };
     let mut conn = conn.map_err(|e| sql_err(&at, e))?;
-    conn.busy_timeout(Duration::from_secs(10))
-        .map_err(|e| sql_err(&at, e))?;
-    // WAL with synchronous=FULL: a commit is on disk when it returns, as in
-    // the Steadfast SQLite store.
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(|e| sql_err(&at, e))?;
-    conn.pragma_update(None, "synchronous", "FULL")
-        .map_err(|e| sql_err(&at, e))?;
     // The tables, brought to this build's format in one transaction (format
     // 1 had no boot-clock deadline), or nothing changed for a newer format.
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate);

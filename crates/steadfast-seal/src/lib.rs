@@ -1082,24 +1082,20 @@ impl History for SealedStore {
     }
 }
 
-/// Due runs of a wrapped store are found on the store underneath.
-#[async_trait]
-impl Schedule for RefuseSealed {
-    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
-        self.inner.claim_due(due).await
-    }
-    async fn wait_for_work(&self, timeout: std::time::Duration) {
-        self.inner.wait_for_work(timeout).await
-    }
+/// Due runs of a wrapping store are found on the store underneath: nothing
+/// is opened to look, so one run that cannot be opened stops no worker.
+macro_rules! schedule_underneath {
+    ($($wrapper:ty),*) => {$(
+        #[async_trait]
+        impl Schedule for $wrapper {
+            async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
+                self.inner.claim_due(due).await
+            }
+            async fn wait_for_work(&self, timeout: std::time::Duration) {
+                self.inner.wait_for_work(timeout).await
+            }
+        }
+    )*};
 }
 
-/// Due runs of a sealed store are found on the store underneath.
-#[async_trait]
-impl Schedule for SealedStore {
-    async fn claim_due(&self, due: &DueRequest<'_>) -> Result<Vec<RunSummary>, StoreError> {
-        self.inner.claim_due(due).await
-    }
-    async fn wait_for_work(&self, timeout: std::time::Duration) {
-        self.inner.wait_for_work(timeout).await
-    }
-}
+schedule_underneath!(RefuseSealed, SealedStore);

@@ -61,6 +61,7 @@ use crate::error::map_err;
 pub use crate::schema::{APPLICATION_ID, SCHEMA_VERSION};
 pub use crate::wait::MAX_WRITE_WAIT;
 use crate::writer::{Acct, Body, Head, Job, SaveJob, Writer};
+pub use rusqlite;
 
 /// Default limit of one run's state: 64 MiB.
 pub const DEFAULT_MAX_STATE_BYTES: u64 = 64 << 20;
@@ -177,9 +178,47 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-fn configure(conn: &Connection, opts: &SqliteOptions, path: &str) -> Result<(), StoreError> {
-    conn.busy_timeout(opts.busy_timeout)
-        .map_err(|e| map_err(e, &format!("setting busy_timeout on {path}")))?;
+/// Checks a store file's path as opening the store does, before SQLite
+/// touches it: its directory private (made 0700 when missing and `create`
+/// is set), the file and SQLite's files beside it regular files of this
+/// user's that no one else can write, links resolved once; with `create`,
+/// a missing file is made, 0600. Returns the path to open. For tables kept
+/// beside a store's in a file of their own (the LangGraph graph store).
+pub fn prepare_file(path: &Path, create: bool) -> Result<PathBuf, StoreError> {
+    let path = steadfast_core::local::prepare_store_file(path, create)?;
+    for suffix in ["-wal", "-shm", "-journal", "-writer"] {
+        let mut side = path.clone().into_os_string();
+        side.push(suffix);
+        steadfast_core::local::check_private_file(Path::new(&side))?;
+    }
+    if create {
+        steadfast_core::local::create_private_file(&path)?;
+    }
+    Ok(path)
+}
+
+/// A connection to the file at `path` (checked by [`prepare_file`]) as the
+/// store makes them: never creating the file, never through a link, WAL with
+/// `synchronous=FULL` (a commit is on disk when it returns), waiting up to
+/// `busy_timeout` for another writer's lock.
+pub fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+    let conn = open_raw(path, busy_timeout)?;
+    configure(&conn, busy_timeout, &path.display().to_string())?;
+    Ok(conn)
+}
+
+/// A connection to `path` that changes nothing yet.
+fn open_raw(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+    let display = path.display();
+    let conn = Connection::open_with_flags(path, open_flags())
+        .map_err(|e| map_err(e, &format!("opening {display}")))?;
+    conn.busy_timeout(busy_timeout)
+        .map_err(|e| map_err(e, &format!("setting busy_timeout on {display}")))?;
+    Ok(conn)
+}
+
+/// WAL with `synchronous=FULL` on a new connection.
+fn configure(conn: &Connection, busy_timeout: Duration, path: &str) -> Result<(), StoreError> {
     // Switching a new database to WAL needs it to itself, and SQLite does not
     // wait for that with the busy handler: wait here, as long as for a lock.
     let start = std::time::Instant::now();
@@ -188,7 +227,7 @@ fn configure(conn: &Connection, opts: &SqliteOptions, path: &str) -> Result<(), 
             Ok(mode) => break mode,
             Err(rusqlite::Error::SqliteFailure(f, _))
                 if f.code == rusqlite::ErrorCode::DatabaseBusy
-                    && start.elapsed() < opts.busy_timeout =>
+                    && start.elapsed() < busy_timeout =>
             {
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -247,16 +286,8 @@ impl SqliteStore {
 
     /// Opens the database at `path` with `opts`.
     pub fn open_with(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<Self, StoreError> {
-        let path = steadfast_core::local::prepare_store_file(path.as_ref(), opts.create)?;
+        let path = prepare_file(path.as_ref(), opts.create)?;
         let display = path.display().to_string();
-        for suffix in ["-wal", "-shm", "-journal", "-writer"] {
-            let mut side = path.clone().into_os_string();
-            side.push(suffix);
-            steadfast_core::local::check_private_file(Path::new(&side))?;
-        }
-        if opts.create {
-            steadfast_core::local::create_private_file(&path)?;
-        }
         // Look before changing anything, on a connection that cannot write
         // (closing a read-write one would checkpoint a refused file's WAL).
         // (SQLite may still create the shared-memory index `-shm` beside a WAL
@@ -277,14 +308,12 @@ impl SqliteStore {
                 .map_err(|e| map_err(e, &format!("setting busy_timeout on {display}")))?;
             schema::check_identity(&look, &display)?;
         }
-        let conn = Connection::open_with_flags(&path, open_flags())
-            .map_err(|e| map_err(e, &format!("opening {display}")))?;
-        conn.busy_timeout(opts.busy_timeout)
-            .map_err(|e| map_err(e, &format!("setting busy_timeout on {display}")))?;
+        // A hot journal's file is checked before WAL mode changes anything.
+        let conn = open_raw(&path, opts.busy_timeout)?;
         if hot_journal {
             schema::check_identity(&conn, &display)?;
         }
-        configure(&conn, &opts, &display)?;
+        configure(&conn, opts.busy_timeout, &display)?;
         schema::migrate(&conn, &path, &display, opts.busy_timeout)?;
         let writer = Arc::new(Writer {
             queue: Default::default(),
@@ -393,12 +422,7 @@ impl SqliteStore {
                 .pop();
             let conn = match pooled {
                 Some(c) => c,
-                None => {
-                    let c = Connection::open_with_flags(&shared.path, open_flags())
-                        .map_err(|e| map_err(e, &format!("opening {}", shared.display)))?;
-                    configure(&c, &shared.opts, &shared.display)?;
-                    c
-                }
+                None => connect(&shared.path, shared.opts.busy_timeout)?,
             };
             let out = f(&conn, &shared.display);
             shared
