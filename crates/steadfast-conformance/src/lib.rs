@@ -243,7 +243,7 @@ macro_rules! history_conformance {
     };
 }
 
-/// The checks of [`History::rewrite_history`](steadfast_core::History::rewrite_history) and [`History::fold_history`](steadfast_core::History::fold_history)
+/// The checks of [`History::rewrite`](steadfast_core::History::rewrite) (rewrites and folds)
 /// (and `steadfast prune`, built on them), for stores that implement them.
 #[macro_export]
 macro_rules! history_rewrite_conformance {

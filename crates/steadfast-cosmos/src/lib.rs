@@ -1390,20 +1390,12 @@ impl History for CosmosStore {
             expected,
             head.get("version").and_then(Value::as_u64),
         )?;
-        let snapshot_next = head
-            .get("snapshot_next")
-            .and_then(Value::as_u64)
-            .unwrap_or(0) as usize;
-        let gen = head
-            .get("gen")
-            .and_then(Value::as_str)
-            .ok_or_else(|| self.corrupt(run_id, &hid, "the head has no generation"))?
-            .to_string();
-        let etag = head
-            .get("_etag")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
+        let head_place = self.head_place(run_id);
+        let place = Place::new(run_id, &head_place);
+        let fields = Fields::new(&place, &head);
+        let snapshot_next = fields.index("snapshot_next")?;
+        let gen = fields.text("gen")?.to_string();
+        let etag = fields.text("_etag")?.to_string();
         // Steps from the snapshot on are merged into the state by a load.
         if let Some(r) = records.iter().find(|r| r.index >= snapshot_next) {
             return Err(still_merged(run_id, r.index as u64, snapshot_next as u64));

@@ -221,8 +221,12 @@ struct ThreadRow {
     generation: i64,
 }
 
-/// The columns of `graph_threads` a lease is judged by, in `ThreadRow`'s order.
-const THREAD_COLUMNS: &str = "holder, until_ms, local_until_ms, generation";
+/// The columns of `graph_threads` a lease is judged by, in `ThreadRow`'s
+/// order. The boot-clock deadline counts only when it was written with the
+/// lease's generation: a saver of format 1 (opened before the upgrade) takes
+/// and renews leases without writing one, and is judged by the wall clock.
+const THREAD_COLUMNS: &str = "holder, until_ms,
+    CASE WHEN local_generation = generation THEN local_until_ms END, generation";
 
 /// What a write must do about the thread's lease, decided from its row.
 enum LeaseStep {
@@ -464,7 +468,7 @@ CREATE TABLE IF NOT EXISTS graph_writes (
   PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx));
 CREATE TABLE IF NOT EXISTS graph_threads (
   thread_id TEXT PRIMARY KEY, holder TEXT NOT NULL, until_ms INTEGER NOT NULL,
-  generation INTEGER NOT NULL, local_until_ms INTEGER) WITHOUT ROWID;
+  generation INTEGER NOT NULL, local_until_ms INTEGER, local_generation INTEGER) WITHOUT ROWID;
 ";
 
 fn pg_schema(s: &str) -> String {
@@ -482,8 +486,14 @@ CREATE TABLE IF NOT EXISTS {s}.graph_writes (
   PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx));
 CREATE TABLE IF NOT EXISTS {s}.graph_threads (
   thread_id text COLLATE \"C\" PRIMARY KEY, holder text NOT NULL, until_ms bigint NOT NULL,
-  generation bigint NOT NULL, local_until_ms bigint);
-ALTER TABLE {s}.graph_threads ADD COLUMN IF NOT EXISTS local_until_ms bigint;"
+  generation bigint NOT NULL, local_until_ms bigint, local_generation bigint);
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{s}.graph_threads'::regclass
+                 AND attname = 'local_generation' AND NOT attisdropped) THEN
+    ALTER TABLE {s}.graph_threads ADD COLUMN IF NOT EXISTS local_until_ms bigint,
+      ADD COLUMN local_generation bigint;
+  END IF;
+END $$;"
     )
 }
 
@@ -519,14 +529,17 @@ fn open_sqlite(url: &str) -> Result<Backend> {
         .map_err(|e| sql_err(&at, e))?;
     let has_local: bool = tx
         .query_row(
-            "SELECT count(*) > 0 FROM pragma_table_info('graph_threads') WHERE name = 'local_until_ms'",
+            "SELECT count(*) > 0 FROM pragma_table_info('graph_threads') WHERE name = 'local_generation'",
             [],
             |r| r.get(0),
         )
         .map_err(|e| sql_err(&at, e))?;
     if !has_local {
-        tx.execute_batch("ALTER TABLE graph_threads ADD COLUMN local_until_ms INTEGER")
-            .map_err(|e| sql_err(&at, e))?;
+        tx.execute_batch(
+            "ALTER TABLE graph_threads ADD COLUMN local_until_ms INTEGER;
+             ALTER TABLE graph_threads ADD COLUMN local_generation INTEGER;",
+        )
+        .map_err(|e| sql_err(&at, e))?;
     }
     let format: i64 = tx
         .query_row(
@@ -702,13 +715,15 @@ impl GraphStore {
         let until = now.saturating_add(self.lease_ms);
         let local = self.local_until();
         match generation {
-            None => tx.execute("UPDATE graph_threads SET until_ms = ?2, local_until_ms = ?3 WHERE thread_id = ?1",
+            None => tx.execute("UPDATE graph_threads SET until_ms = ?2, local_until_ms = ?3,
+                   local_generation = generation WHERE thread_id = ?1",
                 params![thread, until, local],
             ),
-            Some(g) => tx.execute("INSERT INTO graph_threads (thread_id, holder, until_ms, local_until_ms, generation)
-                 VALUES (?1, ?2, ?3, ?4, ?5)
+            Some(g) => tx.execute("INSERT INTO graph_threads (thread_id, holder, until_ms, local_until_ms,
+                   generation, local_generation) VALUES (?1, ?2, ?3, ?4, ?5, ?5)
                  ON CONFLICT (thread_id) DO UPDATE SET holder = excluded.holder, until_ms = excluded.until_ms,
-                   local_until_ms = excluded.local_until_ms, generation = excluded.generation",
+                   local_until_ms = excluded.local_until_ms, generation = excluded.generation,
+                   local_generation = excluded.generation",
                 params![thread, me, until, local, g],
             ),
         }
@@ -793,7 +808,8 @@ impl GraphStore {
                        WHEN $4 AND g.holder = $2
                        THEN (extract(epoch from clock_timestamp()) * 1000)::bigint + $3
                        ELSE g.until_ms END,
-                       local_until_ms = CASE WHEN $4 AND g.holder = $2 THEN $5 ELSE g.local_until_ms END
+                       local_until_ms = CASE WHEN $4 AND g.holder = $2 THEN $5 ELSE g.local_until_ms END,
+                       local_generation = CASE WHEN $4 AND g.holder = $2 THEN g.generation ELSE g.local_generation END
                      RETURNING {THREAD_COLUMNS}, (extract(epoch from clock_timestamp()) * 1000)::bigint"
                 ),
                 &[&thread, &self.me.text(), &self.lease_ms, &head.is_some(), &self.local_until()],
@@ -836,10 +852,16 @@ impl GraphStore {
                 tx,
                 &ctx,
                 &format!(
-                    "UPDATE {s}.graph_threads SET holder = $2, until_ms = $3, generation = $4, local_until_ms = $5
-                     WHERE thread_id = $1"
+                    "UPDATE {s}.graph_threads SET holder = $2, until_ms = $3, generation = $4,
+                       local_until_ms = $5, local_generation = $4 WHERE thread_id = $1"
                 ),
-                &[&thread, &self.me.text(), &now.saturating_add(self.lease_ms), &g, &self.local_until()],
+                &[
+                    &thread,
+                    &self.me.text(),
+                    &now.saturating_add(self.lease_ms),
+                    &g,
+                    &self.local_until(),
+                ],
             )
             .await?;
         }

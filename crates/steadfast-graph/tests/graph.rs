@@ -256,6 +256,21 @@ fn leases_are_judged_by_the_boot_clock_on_this_host() -> TestResult {
                 "UPDATE {t} SET until_ms = 9000000000000, local_until_ms = 0",
             )?;
             put(&b, "c2", Some("c1"), b"two", "r2")?;
+            // A boot-clock deadline written with another generation (as a
+            // saver of the old format leaves one when it takes a lease) is
+            // not trusted: the wall clock says b holds the thread.
+            exec(
+                url,
+                schema,
+                "UPDATE {t} SET local_until_ms = 0, local_generation = -1",
+            )?;
+            let c = GraphStore::open(url, LEASE, false)?;
+            let refused = put(&c, "c3", Some("c2"), b"three", "r3");
+            assert!(
+                matches!(refused, Err(GraphError::Held(_))),
+                "{url}: {refused:?}"
+            );
+            c.close()?;
             a.close()?;
             b.close()?;
             Ok(())

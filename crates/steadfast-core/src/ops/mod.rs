@@ -420,7 +420,7 @@ pub struct Pruned {
 /// left). First saves the record whole (so that no row is still merged by
 /// a load), then folds in one write; a run held by a live process is
 /// refused with [`Error::Held`]. Needs a store that can fold history
-/// ([`History::fold_history`](crate::store::History::fold_history)). The prune is audited.
+/// ([`StoreExt::fold_history`](crate::store::StoreExt::fold_history)). The prune is audited.
 pub async fn prune<S: Store + ?Sized>(
     store: &S,
     run_id: &str,

@@ -442,8 +442,14 @@ impl<'a> Rewrite<'a> {
         run_id: &str,
         records: &'b [StepRecord],
     ) -> Result<Rewrite<'b>, StoreError> {
+        if self.fold && records.len() != 1 {
+            return Err(StoreError::InvalidInput(format!(
+                "run {run_id:?}: a fold takes one record, not {}",
+                records.len()
+            )));
+        }
         let mut rewrite = Rewrite::replace(run_id, records)?;
-        rewrite.fold = self.fold && records.len() == 1;
+        rewrite.fold = self.fold;
         Ok(rewrite)
     }
 

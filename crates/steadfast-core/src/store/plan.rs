@@ -243,6 +243,10 @@ mod tests {
         let fold = Rewrite::fold("r", &ok[1]).unwrap();
         assert_eq!(fold.delete_below(), Some(1));
         assert!(fold.with_records("r", &ok[..1]).unwrap().is_fold());
+        assert!(
+            fold.with_records("r", &ok).is_err(),
+            "a fold of two records"
+        );
         let mut deep = serde_json::json!(1);
         for _ in 0..200 {
             deep = serde_json::json!([deep]);
