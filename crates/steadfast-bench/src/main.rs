@@ -8,6 +8,8 @@
 //! cargo run --release -p steadfast-bench -- --syncs   # count fsyncs per save with strace
 //! cargo run --release -p steadfast-bench -- --workloads ratios --stores sqlite
 //!                                                      # the SQLite targets, interleaved
+//! cargo run --release -p steadfast-bench -- --workloads breakdown
+//!                                  # where a W1 checkpoint's time goes on SQLite
 //! STEADFAST_BENCH_PG=postgres://postgres@127.0.0.1:5432/test \
 //!   cargo run --release -p steadfast-bench -- --workloads ratios --stores postgres
 //!                                                      # the PostgreSQL targets
@@ -21,6 +23,7 @@
 //! ```
 
 mod baseline;
+mod breakdown;
 mod cosmos;
 mod ops;
 mod pg;
@@ -147,6 +150,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if args.wants("raw-sqlite") {
         baseline::raw_sqlite(&args)?;
+    }
+    if args.wants("breakdown") {
+        rt.block_on(breakdown::measure(&args))?;
     }
     if args.wants("ratios") && args.stores.iter().any(|s| s == "sqlite") {
         rt.block_on(workloads::ratios(&args))?;

@@ -279,6 +279,50 @@ async fn a_database_from_before_the_marker_is_adopted_and_migrated() -> TestResu
     Ok(())
 }
 
+/// A database of schema 3 (the history a table with a separate key index)
+/// is migrated to the clustered history: every step record is kept, and a
+/// step then writes one b-tree instead of two.
+#[tokio::test]
+async fn schema_3_history_is_clustered_and_kept() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    std::fs::write(
+        &path,
+        include_bytes!("../../steadfast-cli/tests/fixtures/release-0.2-schema-3/runs.db"),
+    )?;
+    std::fs::set_permissions(&path, PermissionsExt::from_mode(0o600))?;
+    let before: Vec<(String, i64, String)> = {
+        let conn = rusqlite::Connection::open(&path)?;
+        let mut st =
+            conn.prepare("SELECT run_id, idx, update_json FROM steps ORDER BY run_id, idx")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    assert!(before.len() >= 5, "the fixture has history: {before:?}");
+    let store = SqliteStore::open(&path)?;
+    let history = store.history("done").await?.expect("kept");
+    let names: Vec<&str> = history.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["fetch", "review", "write"]);
+    drop(store);
+    let conn = rusqlite::Connection::open(&path)?;
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    assert_eq!(version, SCHEMA_VERSION);
+    let sql: String = conn.query_row(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'steps'",
+        [],
+        |r| r.get(0),
+    )?;
+    assert!(sql.contains("WITHOUT ROWID"), "{sql}");
+    let after: Vec<(String, i64, String)> = {
+        let mut st =
+            conn.prepare("SELECT run_id, idx, update_json FROM steps ORDER BY run_id, idx")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    assert_eq!(before, after);
+    Ok(())
+}
+
 /// Finding 9, with a write-ahead log still pending: refusing the database
 /// does not checkpoint it either; database and log keep every byte.
 #[tokio::test]

@@ -1,0 +1,234 @@
+//! Where one W1 checkpoint's time goes on SQLite (`--workloads breakdown`):
+//! the same saves measured with and without the engine, on the disk and on
+//! a RAM disk (where a sync costs nothing), the save's plan alone (encoding
+//! and checks), and the WAL frames each commit writes, beside a raw upsert
+//! measured the same ways and the disk's own fsync of 200 bytes.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::json;
+use steadfast::sqlite::SqliteStore;
+use steadfast::store::plan::plan_save;
+use steadfast::store::SaveRequest;
+use steadfast::{Checkpoint, RunStatus, StepRecord, Store, Timestamp};
+
+use crate::baseline::{remove_db, round};
+use crate::workloads::{run_many, STEPS};
+use crate::{emit, median, Args};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// The saves of one W1 run, as the engine makes them: the run created,
+/// then one save per step carrying its record (the last completes the run).
+fn w1_saves(run_id: &str) -> Vec<(Checkpoint, Option<StepRecord>)> {
+    let now = Timestamp::from_unix_millis(1_700_000_000_000);
+    let mut cp = Checkpoint::new(run_id, "w", now);
+    cp.status = RunStatus::Running;
+    let mut out = vec![(cp.clone(), None)];
+    for i in 0..STEPS {
+        let update = json!({ format!("s{i}"): i });
+        let update = update.as_object().cloned().unwrap_or_default();
+        cp.state.extend(update.clone());
+        cp.completed.push(format!("s{i}"));
+        cp.next = i + 1;
+        if i + 1 == STEPS {
+            cp.status = RunStatus::Completed;
+        }
+        let step = StepRecord::new(i, &format!("s{i}"), update, 1, now, now);
+        out.push((cp.clone(), Some(step)));
+    }
+    out
+}
+
+/// Microseconds per save of `runs` W1 runs' saves on `store`.
+async fn saves(store: &SqliteStore, tag: &str, runs: usize) -> Res<f64> {
+    let mut n = 0;
+    let t = Instant::now();
+    for r in 0..runs {
+        let mut version = None;
+        for (cp, step) in w1_saves(&format!("{tag}-{r}")) {
+            let mut req = SaveRequest::new(&cp, version);
+            if let Some(s) = &step {
+                req = req.with_step(s);
+            }
+            version = Some(store.save(req).await?);
+            n += 1;
+        }
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+/// Microseconds per save of the plan alone (encoding and checks), with what
+/// the store would know of each run.
+fn plans(runs: usize) -> Res<f64> {
+    let all: Vec<_> = (0..runs).map(|r| w1_saves(&format!("p-{r}"))).collect();
+    let mut n = 0;
+    let t = Instant::now();
+    for saves in &all {
+        let mut known: Option<steadfast::store::plan::Known> = None;
+        for (v, (cp, step)) in saves.iter().enumerate() {
+            let expected = (v > 0).then_some(v as u64);
+            let mut req = SaveRequest::new(cp, expected);
+            if let Some(s) = step {
+                req = req.with_step(s);
+            }
+            let plan = plan_save(&req, known.as_ref(), 64 << 20)?;
+            known = plan.known_after(v as u64 + 1, cp.next, known.as_ref());
+            std::hint::black_box(&plan);
+            n += 1;
+        }
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+/// Microseconds per hand-off of the async worker to blocking code and back
+/// (`block_in_place` around nothing), as a lone save pays it on a
+/// multi-threaded runtime.
+async fn hand_off(n: usize) -> f64 {
+    let t = Instant::now();
+    for i in 0..n {
+        tokio::task::block_in_place(|| std::hint::black_box(i));
+        tokio::task::yield_now().await;
+    }
+    t.elapsed().as_secs_f64() * 1e6 / n as f64
+}
+
+/// The WAL's frames after a fresh database's writes, from its size.
+fn wal_frames(db: &Path) -> Res<f64> {
+    let conn = rusqlite::Connection::open(db)?;
+    let page: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+    drop(conn);
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    let size = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    Ok(size.saturating_sub(32) as f64 / (page as f64 + 24.0))
+}
+
+/// A directory on a RAM disk for the no-sync measurements, if there is one.
+fn ram_dir() -> Option<PathBuf> {
+    let base = Path::new("/dev/shm");
+    if !base.is_dir() {
+        return None;
+    }
+    let dir = base.join(format!("steadfast-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).ok()?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).ok()?;
+    Some(dir)
+}
+
+/// A fresh SQLite store at `dir/name.db`.
+fn fresh(dir: &Path, name: &str) -> Res<(SqliteStore, PathBuf)> {
+    let path = dir.join(format!("{name}.db"));
+    remove_db(&path);
+    Ok((SqliteStore::open(&path)?, path))
+}
+
+/// Microseconds per raw upsert at `path` (WAL, synchronous=FULL), and its
+/// WAL frames per commit.
+fn raw(path: &Path, n: usize) -> Res<(f64, f64)> {
+    remove_db(path);
+    let conn = rusqlite::Connection::open(path)?;
+    conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute_batch("CREATE TABLE kv (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")?;
+    let before = wal_frames(path)?;
+    crate::baseline::upserts(&conn, 100)?;
+    let frames = (wal_frames(path)? - before) / 100.0;
+    let t = Instant::now();
+    crate::baseline::upserts(&conn, n)?;
+    let us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    drop(conn);
+    remove_db(path);
+    Ok((us, frames))
+}
+
+/// The breakdown, medians of the repetitions.
+pub async fn measure(args: &Args) -> Res<()> {
+    let reps = if args.quick { 1 } else { args.reps().max(3) };
+    let (runs, upserts) = if args.quick { (10, 200) } else { (200, 2_000) };
+    let ram = ram_dir();
+    let mut rows: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    let mut push = |k: &'static str, v: f64| rows.entry(k).or_default().push(v);
+    for rep in 0..reps {
+        let (us, frames) = raw(&args.dir.join("bd-raw.db"), upserts)?;
+        push("raw_upsert_us", us);
+        push("raw_wal_frames_per_commit", frames);
+        let (store, path) = fresh(&args.dir, &format!("bd-w1-{rep}"))?;
+        let store = Arc::new(store);
+        let wall = run_many(store.clone() as Arc<dyn Store>, "run", runs, 1).await?;
+        push(
+            "w1_us_per_step",
+            wall.as_secs_f64() * 1e6 / (runs * STEPS) as f64,
+        );
+        drop(store);
+        remove_db(&path);
+        // The saves alone; the WAL's growth over the first 20 runs (within
+        // SQLite's automatic checkpoint of 1000 frames) counts frames.
+        let (store, path) = fresh(&args.dir, &format!("bd-saves-{rep}"))?;
+        let before = wal_frames(&path)?;
+        saves(&store, "f", 20).await?;
+        push(
+            "wal_frames_per_commit",
+            (wal_frames(&path)? - before) / (20.0 * 11.0),
+        );
+        push("save_us", saves(&store, "s", runs).await?);
+        drop(store);
+        remove_db(&path);
+        if let Some(ram) = &ram {
+            let (store, path) = fresh(ram, &format!("bd-ram-{rep}"))?;
+            push("save_ram_us", saves(&store, "s", runs).await?);
+            drop(store);
+            remove_db(&path);
+            let (us, _) = raw(&ram.join("bd-raw.db"), upserts)?;
+            push("raw_upsert_ram_us", us);
+        }
+        push("plan_us", plans(runs)?);
+        push("hand_off_us", hand_off(runs * 11).await);
+    }
+    if let Some(ram) = &ram {
+        let _ = std::fs::remove_dir_all(ram);
+    }
+    let m: serde_json::Map<String, serde_json::Value> = rows
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), json!((median(v) * 100.0).round() / 100.0)))
+        .collect();
+    let get = |k: &str| {
+        m.get(k)
+            .and_then(serde_json::Value::as_f64)
+            .unwrap_or(f64::NAN)
+    };
+    let mut fields = m.clone();
+    fields.insert("reps".into(), json!(reps));
+    // A W1 run of ten steps makes eleven saves (its creation, then one per
+    // step): the engine's share is what a step costs beyond its saves.
+    let saves_per_step = (STEPS + 1) as f64 / STEPS as f64;
+    fields.insert(
+        "engine_us".into(),
+        json!(round(
+            get("w1_us_per_step") - saves_per_step * get("save_us")
+        )),
+    );
+    fields.insert(
+        "disk_us".into(),
+        json!(round(get("save_us") - get("save_ram_us"))),
+    );
+    fields.insert(
+        "queue_statements_wal_us".into(),
+        json!(round(get("save_ram_us") - get("plan_us"))),
+    );
+    fields.insert(
+        "notes".into(),
+        json!("engine = W1 step - 1.1 saves (11 saves per 10-step run); disk = save on disk - save on a RAM disk; queue_statements_wal = save on a RAM disk - plan; medians"),
+    );
+    emit(
+        "steadfast",
+        "sqlite",
+        "breakdown",
+        crate::durability("sqlite"),
+        serde_json::Value::Object(fields),
+    );
+    Ok(())
+}
