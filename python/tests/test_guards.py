@@ -147,8 +147,8 @@ def test_listed_steps_cannot_take_or_write_the_engine_s_names() -> None:
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(retries=-1), "retries=-1"),
-        (dict(retries=10**6), "retries=1000000"),
+        (dict(retries=-1), "retries = -1"),
+        (dict(retries=10**6), "retries = 1000000"),
         (dict(timeout=0), "timeout"),
         (dict(timeout=1e300), "1e300"),
         (dict(backoff=-0.5), "backoff"),
