@@ -150,8 +150,7 @@ fn raw(path: &Path, n: usize) -> Res<(f64, f64)> {
 /// another thread.
 pub async fn measure(args: &Args) -> Res<()> {
     let args = args.clone();
-    tokio::spawn(async move { measure_here(&args).await.map_err(|e| e.to_string()) })
-        .await??;
+    tokio::spawn(async move { measure_here(&args).await.map_err(|e| e.to_string()) }).await??;
     Ok(())
 }
 
@@ -186,7 +185,10 @@ async fn measure_here(args: &Args) -> Res<()> {
         if after >= 1000.0 {
             return Err(format!("the WAL reached {after} frames; count fewer saves").into());
         }
-        push("wal_frames_per_commit", (after - before) / (20 * STEPS) as f64);
+        push(
+            "wal_frames_per_commit",
+            (after - before) / (20 * STEPS) as f64,
+        );
         push("save_us", saves(&store, "s", runs).await?);
         drop(store);
         remove_db(&path);
@@ -215,9 +217,6 @@ async fn measure_here(args: &Args) -> Res<()> {
     };
     let mut fields = m.clone();
     fields.insert("reps".into(), json!(reps));
-    // A W1 run of ten steps makes eleven saves (its creation, then one per
-    // step): the engine's share is what a step costs beyond its saves.
-    let saves_per_step = (STEPS + 1) as f64 / STEPS as f64;
     // A W1 step makes one save (the first creates the run): the engine's
     // share is what a step costs beyond it.
     fields.insert(
