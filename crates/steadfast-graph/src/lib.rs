@@ -567,6 +567,22 @@ async fn open_pg(url: &str) -> Result<Backend> {
     let s = store.quoted_schema();
     let client = store.connection().await.map_err(|e| store_err(&e))?;
     let at = store.display_url().to_string();
+    // A newer format is refused before anything is created or altered.
+    let ctx = format!("reading the graph table format in {at}");
+    let meta = format!("{s}.graph_meta");
+    let exists = pquery_one(
+        &client,
+        &ctx,
+        "SELECT to_regclass($1) IS NOT NULL",
+        &[&meta],
+    )
+    .await?;
+    if exists.get::<_, bool>(0) {
+        let sql = format!("SELECT value FROM {meta} WHERE key = 'format'");
+        if let Some(row) = pquery(&client, &ctx, &sql, &[]).await?.first() {
+            check_format(&at, row.get(0))?;
+        }
+    }
     // Two savers creating the tables at once would race on the catalog.
     client
         .batch_execute(&format!(

@@ -270,6 +270,18 @@ fn leases_are_judged_by_the_boot_clock_on_this_host() -> TestResult {
                 matches!(refused, Err(GraphError::Held(_))),
                 "{url}: {refused:?}"
             );
+            // A negative deadline (planted or damaged) reads as none: the
+            // wall clock still says b holds the thread.
+            exec(
+                url,
+                schema,
+                "UPDATE {t} SET local_until_ms = -5, local_generation = generation",
+            )?;
+            let refused = put(&c, "c3", Some("c2"), b"three", "r3");
+            assert!(
+                matches!(refused, Err(GraphError::Held(_))),
+                "{url}: {refused:?}"
+            );
             c.close()?;
             a.close()?;
             b.close()?;
@@ -315,4 +327,25 @@ fn older_table_formats_are_upgraded_and_newer_ones_refused() -> TestResult {
     let format: i64 = conn.query_row("SELECT value FROM graph_meta", [], |r| r.get(0))?;
     assert_eq!(format, 3);
     Ok(())
+}
+
+/// On every store, graph tables of a newer format are refused with what
+/// is wrong.
+#[test]
+fn a_newer_table_format_is_refused_on_every_store() -> TestResult {
+    on_every_store(|url, schema| {
+        if url == "memory:" {
+            return Ok(());
+        }
+        GraphStore::open(url, LEASE, false)?.close()?;
+        let meta = match schema {
+            Some(schema) => format!("\"{schema}\".graph_meta"),
+            None => "graph_meta".to_string(),
+        };
+        // exec() names the thread table `{t}`; the meta table is named here.
+        exec(url, schema, &format!("UPDATE {meta} SET value = 3"))?;
+        let err = GraphStore::open(url, LEASE, false).err().ok_or("opened")?;
+        assert!(err.to_string().contains("has version 3"), "{url}: {err}");
+        Ok(())
+    })
 }

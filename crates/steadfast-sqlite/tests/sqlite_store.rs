@@ -323,6 +323,34 @@ async fn schema_3_history_is_clustered_and_kept() -> TestResult {
     Ok(())
 }
 
+/// A view of a user's own over the history makes the clustering migration
+/// fail: the open is refused with the view's name, the database is left as
+/// it was (schema 3, every step), and once the view is gone it opens.
+#[tokio::test]
+async fn a_user_view_on_the_history_fails_the_migration_cleanly() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    std::fs::write(
+        &path,
+        include_bytes!("../../steadfast-cli/tests/fixtures/release-0.2-schema-3/runs.db"),
+    )?;
+    std::fs::set_permissions(&path, PermissionsExt::from_mode(0o600))?;
+    rusqlite::Connection::open(&path)?
+        .execute_batch("CREATE VIEW recent_steps AS SELECT run_id, idx FROM steps")?;
+    let err = SqliteStore::open(&path).err().ok_or("opened")?;
+    assert!(err.to_string().contains("recent_steps"), "{err}");
+    let conn = rusqlite::Connection::open(&path)?;
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    assert_eq!(version, 3);
+    let steps: i64 = conn.query_row("SELECT count(*) FROM steps", [], |r| r.get(0))?;
+    assert!(steps >= 5, "{steps}");
+    conn.execute_batch("DROP VIEW recent_steps")?;
+    drop(conn);
+    let store = SqliteStore::open(&path)?;
+    assert!(store.history("done").await?.is_some_and(|h| h.len() == 3));
+    Ok(())
+}
+
 /// Finding 9, with a write-ahead log still pending: refusing the database
 /// does not checkpoint it either; database and log keep every byte.
 #[tokio::test]
