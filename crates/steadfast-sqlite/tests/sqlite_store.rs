@@ -248,18 +248,24 @@ async fn a_foreign_database_is_refused_unchanged() -> TestResult {
     Ok(())
 }
 
+/// A copy of a fixture database, private as the store wants it, in `dir`.
+fn fixture(dir: &std::path::Path, bytes: &[u8]) -> std::io::Result<std::path::PathBuf> {
+    let path = dir.join("runs.db");
+    std::fs::write(&path, bytes)?;
+    std::fs::set_permissions(&path, PermissionsExt::from_mode(0o600))?;
+    Ok(path)
+}
+
 /// A database written before the application id existed (release 0.1.0:
 /// schema 2, head in columns, no id) is still ours: it opens, is migrated to
 /// one head document, keeps its runs and gets the marker.
 #[tokio::test]
 async fn a_database_from_before_the_marker_is_adopted_and_migrated() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let path = dir.path().join("runs.db");
-    std::fs::write(
-        &path,
+    let path = fixture(
+        dir.path(),
         include_bytes!("../../steadfast-cli/tests/fixtures/release-0.1/runs.db"),
     )?;
-    std::fs::set_permissions(&path, PermissionsExt::from_mode(0o600))?;
     let store = SqliteStore::open(&path)?;
     let done = store.load("done").await?.expect("kept");
     assert_eq!(done.status, steadfast_core::RunStatus::Completed);
@@ -285,12 +291,10 @@ async fn a_database_from_before_the_marker_is_adopted_and_migrated() -> TestResu
 #[tokio::test]
 async fn schema_3_history_is_clustered_and_kept() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let path = dir.path().join("runs.db");
-    std::fs::write(
-        &path,
+    let path = fixture(
+        dir.path(),
         include_bytes!("../../steadfast-cli/tests/fixtures/release-0.2-schema-3/runs.db"),
     )?;
-    std::fs::set_permissions(&path, PermissionsExt::from_mode(0o600))?;
     let before: Vec<(String, i64, String)> = {
         let conn = rusqlite::Connection::open(&path)?;
         let mut st =
@@ -329,12 +333,10 @@ async fn schema_3_history_is_clustered_and_kept() -> TestResult {
 #[tokio::test]
 async fn a_user_view_on_the_history_fails_the_migration_cleanly() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let path = dir.path().join("runs.db");
-    std::fs::write(
-        &path,
+    let path = fixture(
+        dir.path(),
         include_bytes!("../../steadfast-cli/tests/fixtures/release-0.2-schema-3/runs.db"),
     )?;
-    std::fs::set_permissions(&path, PermissionsExt::from_mode(0o600))?;
     rusqlite::Connection::open(&path)?
         .execute_batch("CREATE VIEW recent_steps AS SELECT run_id, idx FROM steps")?;
     let err = SqliteStore::open(&path).err().ok_or("opened")?;
