@@ -321,7 +321,7 @@ impl SqliteStore {
             path: display.clone(),
             longest_wait_us: Default::default(),
             stall: opts.busy_timeout,
-            queue_file: crate::wait::queue_path(&path),
+            queue_file: crate::wait::WriteQueue::of(&path),
             #[cfg(feature = "mutants")]
             native_busy_wait: opts.mutants.native_busy_wait,
             #[cfg(not(feature = "mutants"))]
@@ -368,16 +368,19 @@ impl SqliteStore {
     }
 
     /// Queues a job and commits the queue if no one else is committing. On a
-    /// multi-threaded runtime the commit runs on this thread (no hand-off);
-    /// elsewhere on a blocking thread.
+    /// multi-threaded runtime the commit runs on this thread: a lone job
+    /// without leaving the executor, a batch inside `block_in_place`;
+    /// elsewhere on a blocking thread (a current-thread runtime has no other
+    /// thread to go on with the tasks that form the next batch).
     async fn submit(&self, job: Job) {
         let writer = &self.shared.writer;
         writer.queue.push(job);
         match tokio::runtime::Handle::try_current() {
             Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
                 // Someone else committing will take this job with their next
-                // batch; only a leader pays for leaving the async executor.
-                if let Some(conn) = writer.try_lead() {
+                // batch. A leader commits a lone job right here; only a batch
+                // (or a wait for the lock) pays for leaving the async executor.
+                if let Some(conn) = writer.try_lead().and_then(|c| writer.commit_lone(c)) {
                     tokio::task::block_in_place(|| writer.lead(conn));
                 }
             }

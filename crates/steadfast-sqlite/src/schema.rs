@@ -159,7 +159,8 @@ pub(crate) fn migrate(
     if version == SCHEMA_VERSION && marked == APPLICATION_ID {
         return Ok(());
     }
-    let _turn = crate::wait::take_turn(&crate::wait::queue_path(file), conn, stall)
+    let _turn = crate::wait::WriteQueue::of(file)
+        .take_turn(conn, stall)
         .map_err(|refused| crate::wait::refused_error(refused, path, stall))?;
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(|e| map_err(e, &format!("starting the schema migration of {path}")))?;

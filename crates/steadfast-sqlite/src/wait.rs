@@ -18,7 +18,7 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
@@ -53,7 +53,7 @@ pub(crate) enum Refused {
 
 /// The turn to write: the queue's lock, held until this is dropped.
 pub(crate) struct Turn {
-    _file: Option<File>,
+    file: Option<Arc<File>>,
     /// How long it took to get.
     pub waited: Duration,
 }
@@ -62,8 +62,24 @@ impl Turn {
     /// No turn at all (the `native_busy_wait` mutant).
     pub(crate) fn none() -> Turn {
         Turn {
-            _file: None,
+            file: None,
             waited: Duration::ZERO,
+        }
+    }
+
+    fn held(file: Arc<File>, waited: Duration) -> Turn {
+        Turn {
+            file: Some(file),
+            waited,
+        }
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        // The kept file stays open: its lock must be given back by hand.
+        if let Some(file) = self.file.take() {
+            let _ = file.unlock();
         }
     }
 }
@@ -78,29 +94,75 @@ fn still_there(file: &File, path: &Path) -> bool {
     }
 }
 
-/// Waits for this writer's turn as the module's documentation describes.
-pub(crate) fn take_turn(queue: &Path, conn: &Connection, stall: Duration) -> Result<Turn, Refused> {
-    let start = Instant::now();
-    // A queue file removed or replaced while it was awaited: queue again on
-    // the file that is there now.
-    for _ in 0..8 {
-        let turn = wait_for_turn(queue, conn, stall, start)?;
-        if turn._file.as_ref().is_some_and(|f| still_there(f, queue)) {
-            return Ok(turn);
-        }
-    }
-    Err(Refused::Io(std::io::Error::other(
-        "the write queue's file keeps being replaced",
-    )))
+/// The write queue of one database: its sidecar file, kept open between
+/// turns so that a turn had without waiting costs two system calls (the lock
+/// and a look at the file's links), not an open and a close besides.
+pub(crate) struct WriteQueue {
+    path: PathBuf,
+    kept: Mutex<Option<Arc<File>>>,
 }
 
-fn wait_for_turn(
-    queue: &Path,
-    conn: &Connection,
-    stall: Duration,
-    start: Instant,
-) -> Result<Turn, Refused> {
-    let file = steadfast_core::local::no_follow(
+impl WriteQueue {
+    /// The queue of the database at `db`.
+    pub(crate) fn of(db: &Path) -> WriteQueue {
+        WriteQueue {
+            path: queue_path(db),
+            kept: Mutex::new(None),
+        }
+    }
+
+    /// The turn, if it can be had without waiting: `None` when another
+    /// writer holds it (or the kept file was removed or replaced: the
+    /// waiting path opens the file that is there now).
+    pub(crate) fn try_turn(&self) -> Result<Option<Turn>, Refused> {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let file = match &*kept {
+            Some(file) => Arc::clone(file),
+            None => Arc::clone(kept.insert(Arc::new(open_queue(&self.path)?))),
+        };
+        match file.try_lock() {
+            Ok(()) => {
+                // Removing the file or renaming another over it leaves the
+                // kept one without links.
+                use std::os::unix::fs::MetadataExt;
+                if file.metadata().is_ok_and(|m| m.nlink() > 0) {
+                    return Ok(Some(Turn::held(file, Duration::ZERO)));
+                }
+                let _ = file.unlock();
+                *kept = None;
+                Ok(None)
+            }
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => {
+                *kept = None;
+                Err(Refused::Io(e))
+            }
+        }
+    }
+
+    /// Waits for this writer's turn as the module's documentation describes.
+    pub(crate) fn take_turn(&self, conn: &Connection, stall: Duration) -> Result<Turn, Refused> {
+        if let Some(turn) = self.try_turn()? {
+            return Ok(turn);
+        }
+        let queue = self.path.as_path();
+        let start = Instant::now();
+        // A queue file removed or replaced while it was awaited: queue again
+        // on the file that is there now.
+        for _ in 0..8 {
+            let turn = wait_for_turn(queue, conn, stall, start)?;
+            if turn.file.as_ref().is_some_and(|f| still_there(f, queue)) {
+                return Ok(turn);
+            }
+        }
+        Err(Refused::Io(std::io::Error::other(
+            "the write queue's file keeps being replaced",
+        )))
+    }
+}
+
+fn open_queue(queue: &Path) -> Result<File, Refused> {
+    steadfast_core::local::no_follow(
         OpenOptions::new()
             .read(true)
             .write(true)
@@ -109,14 +171,18 @@ fn wait_for_turn(
             .mode(0o600),
     )
     .open(queue)
-    .map_err(Refused::Io)?;
+    .map_err(Refused::Io)
+}
+
+fn wait_for_turn(
+    queue: &Path,
+    conn: &Connection,
+    stall: Duration,
+    start: Instant,
+) -> Result<Turn, Refused> {
+    let file = open_queue(queue)?;
     match file.try_lock() {
-        Ok(()) => {
-            return Ok(Turn {
-                _file: Some(file),
-                waited: Duration::ZERO,
-            })
-        }
+        Ok(()) => return Ok(Turn::held(Arc::new(file), Duration::ZERO)),
         Err(std::fs::TryLockError::WouldBlock) => {}
         Err(std::fs::TryLockError::Error(e)) => return Err(Refused::Io(e)),
     }
@@ -135,12 +201,7 @@ fn wait_for_turn(
     let mut progress = Instant::now();
     loop {
         match rx.recv_timeout(LOOK_EVERY) {
-            Ok(Ok(file)) => {
-                return Ok(Turn {
-                    _file: Some(file),
-                    waited: start.elapsed(),
-                })
-            }
+            Ok(Ok(file)) => return Ok(Turn::held(Arc::new(file), start.elapsed())),
             Ok(Err(e)) => return Err(Refused::Io(e)),
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(Refused::Io(std::io::Error::other(

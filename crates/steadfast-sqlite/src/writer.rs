@@ -123,7 +123,7 @@ pub(crate) struct Writer {
     /// How long no commit by anyone may be seen before a wait gives up.
     pub stall: std::time::Duration,
     /// The sidecar file writers queue on (see `wait`).
-    pub queue_file: std::path::PathBuf,
+    pub queue_file: crate::wait::WriteQueue,
     /// A deliberate defect for the tests: no queue, SQLite's busy handler only.
     pub native_busy_wait: bool,
 }
@@ -154,7 +154,7 @@ impl Writer {
                 if n == 0 {
                     break;
                 }
-                if commit_batch(&mut conn, batch, self) {
+                if commit_batch(&mut conn, batch, self, None) {
                     self.queue.committed(n);
                 }
                 self.queue.gather_blocking(n, GATHER);
@@ -172,6 +172,44 @@ impl Writer {
         }
     }
 
+    /// Commits a lone job on the calling thread, without leaving the async
+    /// executor: when the queue holds only that job and the write queue's
+    /// lock is free at once. Gives the connection back when there is more to
+    /// do (a batch, a wait for the lock, jobs queued meanwhile), for
+    /// [`lead`](Self::lead) on blocking terms; `None` when all is done.
+    ///
+    /// The commit (its sync included) blocks this thread as a blocking call
+    /// would; a runtime's other workers take the tasks queued behind it.
+    pub(crate) fn commit_lone<'a>(
+        &'a self,
+        mut conn: MutexGuard<'a, Connection>,
+    ) -> Option<MutexGuard<'a, Connection>> {
+        if self.native_busy_wait || self.queue.len() != 1 {
+            return Some(conn);
+        }
+        let turn = match self.queue_file.try_turn() {
+            Ok(Some(turn)) => turn,
+            // Busy, or the file cannot be had: the blocking path waits or
+            // reports it.
+            Ok(None) | Err(_) => return Some(conn),
+        };
+        let batch = self.queue.take();
+        let n = batch.len();
+        if n > 0 && commit_batch(&mut conn, batch, self, Some(turn)) {
+            self.queue.committed(n);
+        }
+        if self.queue.is_empty() {
+            drop(conn);
+            // As in `lead`: a job queued after the last look would wait for
+            // nobody.
+            if self.queue.is_empty() {
+                return None;
+            }
+            return self.try_lead();
+        }
+        Some(conn)
+    }
+
     /// Leads if no one else is. Blocking.
     pub(crate) fn drive(&self) {
         if let Some(conn) = self.try_lead() {
@@ -181,7 +219,13 @@ impl Writer {
 }
 
 /// Returns whether a transaction was committed.
-fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool {
+/// `turn`: the write queue's lock if the caller took it already.
+fn commit_batch(
+    conn: &mut Connection,
+    batch: Vec<Job>,
+    writer: &Writer,
+    turn: Option<crate::wait::Turn>,
+) -> bool {
     let path = writer.path.as_str();
     let mut replies = Vec::with_capacity(batch.len());
     let mut writes = Vec::with_capacity(batch.len());
@@ -198,10 +242,12 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
     }
     // The turn (the queue's lock) is held until this function returns, after
     // COMMIT or ROLLBACK.
-    let turn = if writer.native_busy_wait {
+    let turn = if let Some(turn) = turn {
+        Ok(turn)
+    } else if writer.native_busy_wait {
         Ok(crate::wait::Turn::none())
     } else {
-        crate::wait::take_turn(&writer.queue_file, conn, writer.stall)
+        writer.queue_file.take_turn(conn, writer.stall)
     };
     let turn = match turn {
         Ok(turn) => turn,
@@ -220,7 +266,7 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
             .fetch_max(waited_us, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(store = path, waited_us, "waited for the write lock");
     }
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+    if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
         let err = map_err(e, &format!("starting a write transaction on {path}"));
         for job in writes {
             fail(job, &err);
@@ -283,7 +329,7 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
                 format!("a write to {path} failed, so its batch was rolled back: {first}"),
             ))
         }
-        None => conn.execute_batch("COMMIT").err().map(|e| {
+        None => run_cached(conn, "COMMIT").err().map(|e| {
             let unknown = commit_outcome_unknown(&e);
             let message = format!("committing to {path}: {e}");
             let _ = conn.execute_batch("ROLLBACK");
@@ -302,6 +348,12 @@ fn commit_batch(conn: &mut Connection, batch: Vec<Job>, writer: &Writer) -> bool
         }));
     }
     failure.is_none()
+}
+
+/// Runs a statement without parameters or rows, prepared once per
+/// connection (the transaction's BEGIN and COMMIT, on every commit).
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
 fn fail(job: Job, err: &StoreError) {

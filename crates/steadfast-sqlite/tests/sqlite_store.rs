@@ -480,3 +480,51 @@ async fn a_stalled_holder_of_the_lock_is_an_error_after_the_busy_timeout() -> Te
     assert!(store.load("r").await?.is_none(), "nothing was written");
     Ok(())
 }
+
+/// The store keeps its write queue's file open between commits; a file
+/// removed, or replaced by another renamed over it, must not split the
+/// queue: the next save queues on the file that is there now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_file_removed_or_replaced_is_queued_on_anew() -> TestResult {
+    for replace in [false, true] {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("runs.db");
+        let opts = SqliteOptions::default().busy_timeout(Duration::from_secs(5));
+        let store = SqliteStore::open_with(&path, opts)?;
+        let wf = Workflow::builder("w")
+            .step("a", |_, _| async { update(json!({"a": 1})) })
+            .build()?;
+        run("first", &wf, &store).await?;
+        let queue_path = dir.path().join("runs.db-writer");
+        if replace {
+            let other = dir.path().join("other-writer");
+            std::fs::File::create(&other)?;
+            std::fs::rename(&other, &queue_path)?;
+        } else {
+            std::fs::remove_file(&queue_path)?;
+        }
+        // Another writer holds the queue's file as it is now, for a while.
+        let queue = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&queue_path)?;
+        queue.lock()?;
+        let holder = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(400));
+            drop(queue);
+        });
+        let started = Instant::now();
+        run("second", &wf, &store).await?;
+        let waited = started.elapsed();
+        holder.join().unwrap();
+        assert!(
+            waited >= Duration::from_millis(350),
+            "replaced: {replace}: the save did not wait for the queue's holder ({waited:?})"
+        );
+        assert!(store.load("second").await?.is_some());
+    }
+    Ok(())
+}
