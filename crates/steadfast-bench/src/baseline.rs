@@ -13,27 +13,8 @@ use crate::{emit, median, Args};
 /// times; the median latency.
 pub fn physical(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let n = if args.quick { 50 } else { 2000 };
-    let path = args.dir.join("physical.bin");
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .open(&path)?;
-    let block = [7u8; 200];
     for (name, data_only) in [("fsync_200B", false), ("fdatasync_200B", true)] {
-        let mut samples = Vec::with_capacity(n);
-        for i in 0..n {
-            let t = Instant::now();
-            file.write_at(&block, (i % 16 * 200) as u64)?;
-            if data_only {
-                file.sync_data()?;
-            } else {
-                file.sync_all()?;
-            }
-            samples.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        let us = median(samples);
+        let us = sync_200b(&args.dir, n, data_only)?;
         emit(
             "physical",
             "disk",
@@ -46,8 +27,39 @@ pub fn physical(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             json!({"runs": 1, "steps": n, "us_per_step": round(us), "steps_per_s": round(1e6 / us)}),
         );
     }
-    std::fs::remove_file(&path)?;
     Ok(())
+}
+
+/// The median microseconds of `n` 200-byte writes each followed by an
+/// fsync (or an fdatasync), in a scratch file under `dir`: the disk's floor
+/// for one durable write.
+pub fn sync_200b(
+    dir: &std::path::Path,
+    n: usize,
+    data_only: bool,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let path = dir.join("physical.bin");
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)?;
+    let block = [7u8; 200];
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = Instant::now();
+        file.write_at(&block, (i % 16 * 200) as u64)?;
+        if data_only {
+            file.sync_data()?;
+        } else {
+            file.sync_all()?;
+        }
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    drop(file);
+    std::fs::remove_file(&path)?;
+    Ok(median(samples))
 }
 
 /// 10,000 single-row upserts, each its own transaction, WAL with synchronous=FULL.
