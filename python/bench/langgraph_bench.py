@@ -7,6 +7,8 @@ list channel and bumps two counters, so a finished run's state is about
 
 Savers (``--only``, comma separated, default all):
 
+  stock-memory        langgraph.checkpoint.memory.InMemorySaver: no disk and no
+                      serialization to a database, the framework's own floor
   stock-sqlite        langgraph.checkpoint.sqlite.SqliteSaver on sqlite3
   stock-postgres      langgraph.checkpoint.postgres.PostgresSaver on psycopg
   steadfast-sqlite    steadfast.langgraph.SteadfastSaver("sqlite:PATH")
@@ -66,7 +68,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, Callable, TypedDict
 
-SAVERS = ["stock-sqlite", "stock-postgres", "steadfast-sqlite", "steadfast-postgres"]
+SAVERS = ["stock-memory", "stock-sqlite", "stock-postgres", "steadfast-sqlite", "steadfast-postgres"]
 DURABILITIES = ["default", "fsync"]
 NODES = 10
 SCHEMA_PREFIX = "lgbench_"
@@ -182,6 +184,13 @@ def _sqlite_settings(conn: sqlite3.Connection) -> str:
     return f"journal_mode={jm}, synchronous={names.get(sync, sync)}"
 
 
+def open_stock_memory(durability: str, tmp: Path, args) -> Opened:
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    saver = InMemorySaver()
+    return Opened(saver, "in memory (nothing durable)", lambda: (0, {}), lambda: None)
+
+
 def open_stock_sqlite(durability: str, tmp: Path, args) -> Opened:
     from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -269,6 +278,7 @@ def open_steadfast_postgres(durability: str, tmp: Path, args) -> Opened:
 
 
 OPENERS = {
+    "stock-memory": open_stock_memory,
     "stock-sqlite": open_stock_sqlite,
     "stock-postgres": open_stock_postgres,
     "steadfast-sqlite": open_steadfast_sqlite,

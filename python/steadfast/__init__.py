@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import datetime as _dt
 import functools
 import inspect
@@ -111,14 +112,20 @@ def _settle(fut: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
             fut.set_exception(value)
 
 
+# The threads that wait for native operations: Python threads the
+# interpreter knows and joins at exit (never the engine's runtime threads),
+# kept for reuse, since starting a thread costs more than a step. The pool
+# grows while every thread is busy, so any number of runs and calls can wait
+# at once; the bound is only a guard against a runaway program.
+_WAITERS = concurrent.futures.ThreadPoolExecutor(max_workers=1 << 16, thread_name_prefix="steadfast-wait")
+
+
 async def _wait(pending: Any) -> Any:
     """Awaits a native operation.
 
-    A Python thread of its own (one the interpreter knows and joins at exit;
-    never one of the engine's runtime threads) blocks with the GIL released
-    until the engine is done, builds the Python result and hands it to the
-    loop. One thread per operation, so any number of runs and calls can wait
-    at once. Cancelling the awaiting task stops the operation.
+    A waiter thread blocks with the GIL released until the engine is done,
+    builds the Python result and hands it to the loop. Cancelling the
+    awaiting task stops the operation.
     """
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
@@ -133,7 +140,7 @@ async def _wait(pending: Any) -> Any:
         except RuntimeError:
             pass  # the loop has closed: no one awaits the result any more
 
-    threading.Thread(target=work, name="steadfast-wait").start()
+    _WAITERS.submit(work)
     try:
         return await fut
     except asyncio.CancelledError:
