@@ -60,6 +60,18 @@ async fn saves(store: &SqliteStore, tag: &str, runs: usize) -> Res<f64> {
     Ok(t.elapsed().as_secs_f64() * 1e6 / n as f64)
 }
 
+/// Microseconds per load of a run that is not there, as the engine makes
+/// one before each run's first step.
+async fn loads(store: &SqliteStore, n: usize) -> Res<f64> {
+    let t = Instant::now();
+    for i in 0..n {
+        if store.load(&format!("missing-{i}")).await?.is_some() {
+            return Err("a run that was never written loaded".into());
+        }
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
 /// Microseconds per save of the plan alone (encoding and checks), with what
 /// the store would know of each run.
 fn plans(runs: usize) -> Res<f64> {
@@ -190,6 +202,7 @@ async fn measure_here(args: &Args) -> Res<()> {
             (after - before) / (20 * STEPS) as f64,
         );
         push("save_us", saves(&store, "s", runs).await?);
+        push("load_missing_us", loads(&store, runs).await?);
         drop(store);
         remove_db(&path);
         if let Some(ram) = &ram {
