@@ -21,6 +21,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<run::PyDurableCtx>()?;
     m.add_class::<graph::GraphStore>()?;
     m.add_class::<pending::Pending>()?;
+    m.add_class::<pending::Notifier>()?;
     m.add_function(wrap_pyfunction!(pending::drain, m)?)?;
     m.add_function(wrap_pyfunction!(store::open_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::approve, m)?)?;

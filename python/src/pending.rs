@@ -9,8 +9,9 @@
 //! interpreter shutting down in between kills such a thread mid-call.
 
 use std::future::Future;
+use std::io::{Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
@@ -76,10 +77,103 @@ pub fn drain(py: Python<'_>, warn_after: f64) {
     })
 }
 
-/// A result being computed by the engine; `wait()` it from a Python thread.
+/// Tells an asyncio loop that results are ready, without touching the
+/// interpreter: a runtime thread that finishes an operation pushes its token
+/// here and writes one byte to a pipe the loop watches (`add_reader`); the
+/// loop, on its own thread, takes the tokens and the results. So a native
+/// call costs the loop one wake-up, not a waiter thread's two.
+///
+/// A byte is in the pipe exactly while tokens are waiting (both change under
+/// one lock), so reading it never blocks.
+#[pyclass(frozen, module = "steadfast._native")]
+pub struct Notifier {
+    inner: Arc<NotifierInner>,
+}
+
+struct NotifierInner {
+    ready: Mutex<Vec<u64>>,
+    reader: Mutex<std::io::PipeReader>,
+    writer: Mutex<std::io::PipeWriter>,
+    fd: i32,
+}
+
+impl NotifierInner {
+    fn ready(&self, token: u64) {
+        let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        if ready.is_empty() {
+            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            // The pipe holds at most this one byte: the write cannot block.
+            let _ = w.write_all(&[1]);
+        }
+        ready.push(token);
+    }
+}
+
+#[pymethods]
+impl Notifier {
+    #[new]
+    fn new() -> PyResult<Self> {
+        use std::os::fd::AsRawFd;
+        let (reader, writer) = std::io::pipe()?;
+        let fd = reader.as_raw_fd();
+        Ok(Notifier {
+            inner: Arc::new(NotifierInner {
+                ready: Mutex::new(Vec::new()),
+                reader: Mutex::new(reader),
+                writer: Mutex::new(writer),
+                fd,
+            }),
+        })
+    }
+
+    /// The file descriptor the loop watches for readability.
+    fn fileno(&self) -> i32 {
+        self.inner.fd
+    }
+
+    /// The tokens of the operations finished since the last call.
+    fn take_ready(&self) -> Vec<u64> {
+        let mut ready = self.inner.ready.lock().unwrap_or_else(|p| p.into_inner());
+        if ready.is_empty() {
+            return Vec::new();
+        }
+        let mut r = self.inner.reader.lock().unwrap_or_else(|p| p.into_inner());
+        let mut byte = [0u8; 1];
+        let _ = r.read_exact(&mut byte);
+        std::mem::take(&mut *ready)
+    }
+}
+
+/// Whether an operation has finished, and who to tell when it does.
+#[derive(Default)]
+struct Watch {
+    done: bool,
+    notify: Option<(Arc<NotifierInner>, u64)>,
+}
+
+/// Marks the operation finished when dropped: after its result was sent, or
+/// when its task was aborted (then `wait` reports the cancellation).
+struct Finished(Arc<Mutex<Watch>>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        let notify = {
+            let mut w = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            w.done = true;
+            w.notify.take()
+        };
+        if let Some((n, token)) = notify {
+            n.ready(token);
+        }
+    }
+}
+
+/// A result being computed by the engine: `wait()` for it from a Python
+/// thread, or have a [`Notifier`] told when it is there.
 #[pyclass(frozen, module = "steadfast._native")]
 pub struct Pending {
     rx: Mutex<Option<mpsc::Receiver<Finish>>>,
+    watch: Arc<Mutex<Watch>>,
     abort: tokio::task::AbortHandle,
 }
 
@@ -89,11 +183,16 @@ where
     F: Future<Output = Finish> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel();
+    let watch = Arc::new(Mutex::new(Watch::default()));
+    let finished = Finished(Arc::clone(&watch));
     let handle = rt().spawn(async move {
+        let finished = finished;
         let _ = tx.send(fut.await);
+        drop(finished);
     });
     Pending {
         rx: Mutex::new(Some(rx)),
+        watch,
         abort: handle.abort_handle(),
     }
 }
@@ -123,6 +222,23 @@ impl Pending {
             Err(_) => Err(pyo3::exceptions::PyRuntimeError::new_err(
                 "the operation was cancelled before it finished",
             )),
+        }
+    }
+
+    /// Has `notifier` told (with `token`) when the result is there; at once
+    /// if it is already. Then `wait` returns without blocking.
+    fn notify(&self, notifier: &Notifier, token: u64) {
+        let now = {
+            let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+            if w.done {
+                true
+            } else {
+                w.notify = Some((Arc::clone(&notifier.inner), token));
+                false
+            }
+        };
+        if now {
+            notifier.inner.ready(token);
         }
     }
 

@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures
 import datetime as _dt
 import functools
 import inspect
-import threading
+import itertools
+import weakref
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -112,38 +112,63 @@ def _settle(fut: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
             fut.set_exception(value)
 
 
-# The threads that wait for native operations: Python threads the
-# interpreter knows and joins at exit (never the engine's runtime threads),
-# kept for reuse, since starting a thread costs more than a step. The pool
-# grows while every thread is busy, so any number of runs and calls can wait
-# at once; the bound is only a guard against a runaway program.
-_WAITERS = concurrent.futures.ThreadPoolExecutor(max_workers=1 << 16, thread_name_prefix="steadfast-wait")
+class _Notifier:
+    """Settles the futures of one event loop's native operations.
+
+    The engine's threads never take the interpreter's lock to hand a result
+    over: a finished operation's token goes into a native queue and one byte
+    into a pipe this loop watches; the loop, on its own thread, takes the
+    results, builds the Python values and settles the futures.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.native = _native.Notifier()
+        self.waiting: Dict[int, Tuple[Any, "asyncio.Future[Any]"]] = {}
+        self.tokens = itertools.count(1)
+        loop.add_reader(self.native.fileno(), self._drain)
+
+    def watch(self, pending: Any, fut: "asyncio.Future[Any]") -> int:
+        token = next(self.tokens)
+        self.waiting[token] = (pending, fut)
+        pending.notify(self.native, token)
+        return token
+
+    def _drain(self) -> None:
+        for token in self.native.take_ready():
+            entry = self.waiting.pop(token, None)
+            if entry is None:
+                continue  # its awaiting task was cancelled
+            pending, fut = entry
+            try:
+                value, ok = pending.wait(), True  # finished: does not block
+            except BaseException as e:  # handed to the awaiting task as it is
+                value, ok = e, False
+            _settle(fut, ok, value)
+
+
+_NOTIFIERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Notifier]" = weakref.WeakKeyDictionary()
+
+
+def _notifier(loop: asyncio.AbstractEventLoop) -> _Notifier:
+    n = _NOTIFIERS.get(loop)
+    if n is None:
+        n = _NOTIFIERS[loop] = _Notifier(loop)
+    return n
 
 
 async def _wait(pending: Any) -> Any:
-    """Awaits a native operation.
+    """Awaits a native operation: the loop is woken when it has finished.
 
-    A waiter thread blocks with the GIL released until the engine is done,
-    builds the Python result and hands it to the loop. Cancelling the
-    awaiting task stops the operation.
+    Cancelling the awaiting task stops the operation.
     """
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
-
-    def work() -> None:
-        try:
-            value, ok = pending.wait(), True
-        except BaseException as e:  # handed to the awaiting task as it is
-            value, ok = e, False
-        try:
-            loop.call_soon_threadsafe(_settle, fut, ok, value)
-        except RuntimeError:
-            pass  # the loop has closed: no one awaits the result any more
-
-    _WAITERS.submit(work)
+    notifier = _notifier(loop)
+    token = notifier.watch(pending, fut)
     try:
         return await fut
     except asyncio.CancelledError:
+        notifier.waiting.pop(token, None)
         pending.cancel()
         raise
 

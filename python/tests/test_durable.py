@@ -847,3 +847,50 @@ async def test_many_durable_runs_at_once_on_one_loop(memory_store, count):
         asyncio.gather(*(many.run_async(f"r{i:03}", memory_store, i) for i in range(count))), 5
     )
     assert [o.value for o in outs] == [i * 2 for i in range(count)]
+
+
+def test_runs_on_two_event_loops_at_once_all_settle(memory_store):
+    """Each event loop is told of its own finished operations: runs awaited
+    on two loops in two threads at once all complete with their own values."""
+    import threading
+
+    @steadfast.durable("two-loops")
+    async def add(ctx, n):
+        total = 0
+        for i in range(5):
+            total += await ctx.step(f"s{i}", lambda i=i: i)
+        return total + n
+
+    results: dict = {}
+
+    def go(tag: str) -> None:
+        async def main():
+            return await asyncio.gather(*(add.run_async(f"{tag}-{i}", memory_store, i) for i in range(20)))
+
+        results[tag] = asyncio.run(main())
+
+    threads = [threading.Thread(target=go, args=(tag,)) for tag in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for tag in ("a", "b"):
+        assert [o.value for o in results[tag]] == [10 + i for i in range(20)], tag
+
+
+@pytest.mark.asyncio
+async def test_an_operation_finished_before_it_is_awaited_still_settles(memory_store):
+    """A native operation whose result is there before the loop watches it
+    (the loop was busy) is settled at once, not left waiting."""
+
+    @steadfast.durable("early")
+    async def early(ctx):
+        pending = ctx._native.random()
+        time.sleep(0.2)  # blocks the loop: the engine finishes meanwhile
+        first = await steadfast._wait(pending)
+        again = await ctx.random()
+        return [first, again]
+
+    outcome = await asyncio.wait_for(early.run_async("e1", memory_store), 10)
+    assert outcome.completed
+    assert all(isinstance(v, int) for v in outcome.value)
