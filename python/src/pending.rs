@@ -148,17 +148,33 @@ impl Notifier {
 #[derive(Default)]
 struct Watch {
     done: bool,
+    /// Whether a notifier was asked to be told (once only).
+    watched: bool,
     notify: Option<(Arc<NotifierInner>, u64)>,
 }
 
-/// Marks the operation finished when dropped: after its result was sent, or
-/// when its task was aborted (then `wait` reports the cancellation).
-struct Finished(Arc<Mutex<Watch>>);
+/// The sending end of an operation, which marks it finished when dropped:
+/// after its result was sent, or when its task was aborted (then `wait`
+/// reports the cancellation). The sender goes first, so that `wait` never
+/// waits once the operation is marked finished.
+struct Finished {
+    tx: Option<mpsc::Sender<Finish>>,
+    watch: Arc<Mutex<Watch>>,
+}
+
+impl Finished {
+    fn send(mut self, finish: Finish) {
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(finish);
+        }
+    }
+}
 
 impl Drop for Finished {
     fn drop(&mut self) {
+        drop(self.tx.take());
         let notify = {
-            let mut w = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
             w.done = true;
             w.notify.take()
         };
@@ -184,11 +200,13 @@ where
 {
     let (tx, rx) = mpsc::channel();
     let watch = Arc::new(Mutex::new(Watch::default()));
-    let finished = Finished(Arc::clone(&watch));
+    let finished = Finished {
+        tx: Some(tx),
+        watch: Arc::clone(&watch),
+    };
     let handle = rt().spawn(async move {
         let finished = finished;
-        let _ = tx.send(fut.await);
-        drop(finished);
+        finished.send(fut.await);
     });
     Pending {
         rx: Mutex::new(Some(rx)),
@@ -227,9 +245,15 @@ impl Pending {
 
     /// Has `notifier` told (with `token`) when the result is there; at once
     /// if it is already. Then `wait` returns without blocking.
-    fn notify(&self, notifier: &Notifier, token: u64) {
+    fn notify(&self, notifier: &Notifier, token: u64) -> PyResult<()> {
         let now = {
             let mut w = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+            if w.watched {
+                return Err(pyo3::exceptions::PyRuntimeError::new_err(
+                    "this result is already awaited",
+                ));
+            }
+            w.watched = true;
             if w.done {
                 true
             } else {
@@ -240,6 +264,7 @@ impl Pending {
         if now {
             notifier.inner.ready(token);
         }
+        Ok(())
     }
 
     /// Stops the operation at its next await point (when the coroutine that

@@ -118,31 +118,48 @@ class _Notifier:
     The engine's threads never take the interpreter's lock to hand a result
     over: a finished operation's token goes into a native queue and one byte
     into a pipe this loop watches; the loop, on its own thread, takes the
-    results, builds the Python values and settles the futures.
+    results, builds the Python values and settles the futures. Futures are
+    held weakly, so that an abandoned one keeps neither its loop nor this
+    notifier alive.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.native = _native.Notifier()
-        self.waiting: Dict[int, Tuple[Any, "asyncio.Future[Any]"]] = {}
+        self.waiting: Dict[int, Tuple[Any, "weakref.ReferenceType[asyncio.Future[Any]]"]] = {}
         self.tokens = itertools.count(1)
         loop.add_reader(self.native.fileno(), self._drain)
 
     def watch(self, pending: Any, fut: "asyncio.Future[Any]") -> int:
         token = next(self.tokens)
-        self.waiting[token] = (pending, fut)
+        self.waiting[token] = (pending, weakref.ref(fut))
         pending.notify(self.native, token)
         return token
 
     def _drain(self) -> None:
-        for token in self.native.take_ready():
-            entry = self.waiting.pop(token, None)
-            if entry is None:
-                continue  # its awaiting task was cancelled
-            pending, fut = entry
+        self._settle_all(self.native.take_ready())
+
+    def _settle_all(self, tokens: List[int]) -> None:
+        for i, token in enumerate(tokens):
             try:
-                value, ok = pending.wait(), True  # finished: does not block
-            except BaseException as e:  # handed to the awaiting task as it is
-                value, ok = e, False
+                self._settle_one(token)
+            except BaseException:
+                # Whatever stopped this drain, the other results are not lost.
+                rest = tokens[i + 1 :]
+                if rest:
+                    asyncio.get_running_loop().call_soon(self._settle_all, rest)
+                raise
+
+    def _settle_one(self, token: int) -> None:
+        entry = self.waiting.pop(token, None)
+        if entry is None:
+            return  # its awaiting task was cancelled
+        pending, ref = entry
+        fut = ref()
+        try:
+            value, ok = pending.wait(), True  # finished: does not block
+        except BaseException as e:  # handed to the awaiting task as it is (Suspended too)
+            value, ok = e, False
+        if fut is not None:
             _settle(fut, ok, value)
 
 
@@ -159,18 +176,24 @@ def _notifier(loop: asyncio.AbstractEventLoop) -> _Notifier:
 async def _wait(pending: Any) -> Any:
     """Awaits a native operation: the loop is woken when it has finished.
 
-    Cancelling the awaiting task stops the operation.
+    An awaiting task that is cancelled (or a coroutine closed) stops the
+    operation.
     """
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
     notifier = _notifier(loop)
     token = notifier.watch(pending, fut)
+    done = False
     try:
-        return await fut
-    except asyncio.CancelledError:
-        notifier.waiting.pop(token, None)
-        pending.cancel()
-        raise
+        value = await fut
+        done = True
+        return value
+    finally:
+        # Cancelled (the task cancels the future it awaits) or closed: stop
+        # the operation. One that finished with an error has nothing to stop.
+        if not done and (not fut.done() or fut.cancelled()):
+            notifier.waiting.pop(token, None)
+            pending.cancel()
 
 
 def _invoke(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> Tuple[bool, Any]:

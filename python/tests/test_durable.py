@@ -865,11 +865,12 @@ def test_runs_on_two_event_loops_at_once_all_settle(memory_store):
 
     def go(tag: str) -> None:
         async def main():
-            return await asyncio.gather(*(add.run_async(f"{tag}-{i}", memory_store, i) for i in range(20)))
+            runs = asyncio.gather(*(add.run_async(f"{tag}-{i}", memory_store, i) for i in range(20)))
+            return await asyncio.wait_for(runs, 30)
 
         results[tag] = asyncio.run(main())
 
-    threads = [threading.Thread(target=go, args=(tag,)) for tag in ("a", "b")]
+    threads = [threading.Thread(target=go, args=(tag,), daemon=True) for tag in ("a", "b")]
     for t in threads:
         t.start()
     for t in threads:
@@ -894,3 +895,19 @@ async def test_an_operation_finished_before_it_is_awaited_still_settles(memory_s
     outcome = await asyncio.wait_for(early.run_async("e1", memory_store), 10)
     assert outcome.completed
     assert all(isinstance(v, int) for v in outcome.value)
+
+
+@pytest.mark.asyncio
+async def test_one_operation_is_awaited_once(memory_store):
+    """Awaiting one native operation twice is refused, not left hanging."""
+
+    @steadfast.durable("twice")
+    async def twice(ctx):
+        pending = ctx._native.random()
+        await steadfast._wait(pending)
+        with pytest.raises(RuntimeError, match="already awaited"):
+            await asyncio.wait_for(steadfast._wait(pending), 5)
+        return "ok"
+
+    outcome = await asyncio.wait_for(twice.run_async("t1", memory_store), 10)
+    assert outcome.value == "ok"

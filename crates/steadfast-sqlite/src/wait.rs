@@ -95,8 +95,10 @@ fn still_there(file: &File, path: &Path) -> bool {
 }
 
 /// The write queue of one database: its sidecar file, kept open between
-/// turns so that a turn had without waiting costs two system calls (the lock
-/// and a look at the file's links), not an open and a close besides.
+/// turns so that a turn had without waiting costs a lock and a look at the
+/// file, not an open and a close besides. Every caller holds the store's
+/// write connection while it holds a turn: two turns on the kept file at
+/// once would share its lock.
 pub(crate) struct WriteQueue {
     path: PathBuf,
     kept: Mutex<Option<Arc<File>>>,
@@ -122,10 +124,9 @@ impl WriteQueue {
         };
         match file.try_lock() {
             Ok(()) => {
-                // Removing the file or renaming another over it leaves the
-                // kept one without links.
-                use std::os::unix::fs::MetadataExt;
-                if file.metadata().is_ok_and(|m| m.nlink() > 0) {
+                // The file removed, replaced or moved away since it was
+                // opened: the queue is on the file at the path now.
+                if still_there(&file, &self.path) {
                     return Ok(Some(Turn::held(file, Duration::ZERO)));
                 }
                 let _ = file.unlock();

@@ -193,9 +193,15 @@ impl Writer {
             // reports it.
             Ok(None) | Err(_) => return Some(conn),
         };
+        // A writer that does not queue (another program on the file, a
+        // connection checkpointing as it closes) may hold SQLite's own lock:
+        // then too the blocking path waits, not this thread.
+        if !begin_at_once(&conn, self.stall) {
+            return Some(conn);
+        }
         let batch = self.queue.take();
         let n = batch.len();
-        if n > 0 && commit_batch(&mut conn, batch, self, Some(turn)) {
+        if commit_batch(&mut conn, batch, self, Some(Begun(turn))) {
             self.queue.committed(n);
         }
         if self.queue.is_empty() {
@@ -219,12 +225,31 @@ impl Writer {
 }
 
 /// Returns whether a transaction was committed.
-/// `turn`: the write queue's lock if the caller took it already.
+/// The write queue's turn, with the transaction begun under it.
+pub(crate) struct Begun(crate::wait::Turn);
+
+/// Begins the write transaction if SQLite's lock is free now, without its
+/// busy handler's wait; the connection keeps its busy timeout `busy`.
+fn begin_at_once(conn: &Connection, busy: std::time::Duration) -> bool {
+    if conn.busy_timeout(std::time::Duration::ZERO).is_err() {
+        return false;
+    }
+    let began = run_cached(conn, "BEGIN IMMEDIATE").is_ok();
+    if conn.busy_timeout(busy).is_err() {
+        if began {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        return false;
+    }
+    began
+}
+
+/// `begun`: the caller took the turn and began the transaction already.
 fn commit_batch(
     conn: &mut Connection,
     batch: Vec<Job>,
     writer: &Writer,
-    turn: Option<crate::wait::Turn>,
+    begun: Option<Begun>,
 ) -> bool {
     let path = writer.path.as_str();
     let mut replies = Vec::with_capacity(batch.len());
@@ -238,11 +263,15 @@ fn commit_batch(
         }
     }
     if writes.is_empty() {
+        if begun.is_some() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
         return false;
     }
     // The turn (the queue's lock) is held until this function returns, after
     // COMMIT or ROLLBACK.
-    let turn = if let Some(turn) = turn {
+    let began = begun.is_some();
+    let turn = if let Some(Begun(turn)) = begun {
         Ok(turn)
     } else if writer.native_busy_wait {
         Ok(crate::wait::Turn::none())
@@ -266,7 +295,12 @@ fn commit_batch(
             .fetch_max(waited_us, std::sync::atomic::Ordering::Relaxed);
         tracing::debug!(store = path, waited_us, "waited for the write lock");
     }
-    if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
+    let begin = if began {
+        Ok(())
+    } else {
+        run_cached(conn, "BEGIN IMMEDIATE")
+    };
+    if let Err(e) = begin {
         let err = map_err(e, &format!("starting a write transaction on {path}"));
         for job in writes {
             fail(job, &err);

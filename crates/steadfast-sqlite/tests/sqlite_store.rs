@@ -528,3 +528,69 @@ async fn a_queue_file_removed_or_replaced_is_queued_on_anew() -> TestResult {
     }
     Ok(())
 }
+
+/// A lone save that finds SQLite's lock held by a writer that does not
+/// queue (another program on the file) waits on blocking terms: the runtime
+/// worker it was on goes on with other tasks meanwhile.
+#[test]
+fn a_lone_save_waiting_for_another_programs_lock_leaves_the_worker_free() -> TestResult {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("runs.db");
+        let store = SqliteStore::open(&path)?;
+        let wf = Workflow::builder("w")
+            .step("a", |_, _| async { update(json!({"a": 1})) })
+            .build()?;
+        run("warm", &wf, &store).await?;
+        // Another program takes SQLite's write lock, without the queue, for
+        // 500 ms.
+        let raw = rusqlite::Connection::open(&path)?;
+        raw.execute_batch("BEGIN IMMEDIATE")?;
+        let holder = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(500));
+            raw.execute_batch("COMMIT").unwrap();
+        });
+        let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counter = std::sync::Arc::clone(&ticks);
+        let ticker = tokio::spawn(async move {
+            for _ in 0..200 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let saved = tokio::spawn(async move { run("lone", &wf, &store).await.map(drop) });
+        saved.await??;
+        let during = ticks.load(std::sync::atomic::Ordering::Relaxed);
+        holder.join().unwrap();
+        ticker.abort();
+        assert!(
+            during >= 20,
+            "the only runtime worker was blocked while the save waited ({during} ticks)"
+        );
+        Ok(())
+    })
+}
+
+/// Two handles on one database in one process take turns: each gives the
+/// write queue's lock back after its commit although it keeps the file open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_handles_in_one_process_take_turns() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    let opts = SqliteOptions::default().busy_timeout(Duration::from_millis(500));
+    let a = SqliteStore::open_with(&path, opts.clone())?;
+    let b = SqliteStore::open_with(&path, opts)?;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"a": 1})) })
+        .build()?;
+    for i in 0..3 {
+        run(&format!("a{i}"), &wf, &a).await?;
+        run(&format!("b{i}"), &wf, &b).await?;
+    }
+    assert_eq!(a.list(&Default::default()).await?.len(), 6);
+    Ok(())
+}
