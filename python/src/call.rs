@@ -131,39 +131,73 @@ impl Caller {
     }
 
     /// Like [`call`](Self::call), keeping the Python exception as it is.
+    ///
+    /// A sync function runs on a blocking thread. An async one only starts
+    /// there: its coroutine runs on the loop, and its end, on the loop's
+    /// thread, converts the value and wakes this call, so no thread waits
+    /// for it.
     pub async fn call_raw<A>(&self, f: Arc<Py<PyAny>>, args: A) -> Result<Value, CallError>
     where
         A: for<'py> FnOnce(Python<'py>) -> PyResult<Vec<Py<PyAny>>> + Send + 'static,
     {
         let slot = Arc::new(Mutex::new(None));
         let guard = CancelOnDrop(Arc::clone(&slot));
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<Value, CallError>>();
         let me = self.clone();
         let handle = tokio::task::spawn_blocking(move || {
             let _inside = crate::pending::InPython::enter();
-            Python::attach(|py| -> Result<Value, CallError> {
+            Python::attach(|py| -> Result<Option<Value>, CallError> {
                 let raised = CallError::Raised;
                 let mut all: Vec<Py<PyAny>> = vec![me.event_loop.clone_ref(py), f.clone_ref(py)];
                 all.extend(args(py).map_err(raised)?);
                 let tuple = pyo3::types::PyTuple::new(py, all).map_err(raised)?;
                 let got = me.invoke.bind(py).call1(tuple).map_err(raised)?;
                 let (is_future, value): (bool, Bound<'_, PyAny>) = got.extract().map_err(raised)?;
-                let value = if is_future {
-                    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(value.clone().unbind());
-                    // result() waits with the GIL released.
-                    let r = value.call_method0("result");
-                    slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-                    r.map_err(raised)?
-                } else {
-                    value
-                };
-                to_json(&value).map_err(CallError::Value)
+                if !is_future {
+                    return to_json(&value).map(Some).map_err(CallError::Value);
+                }
+                *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(value.clone().unbind());
+                let reply = Mutex::new(Some(tx));
+                let running = Arc::clone(&slot);
+                let done = pyo3::types::PyCFunction::new_closure(
+                    py,
+                    None,
+                    None,
+                    move |args: &Bound<'_, pyo3::types::PyTuple>,
+                          _: Option<&Bound<'_, pyo3::types::PyDict>>|
+                          -> PyResult<()> {
+                        // Finished: nothing is left to cancel (and no
+                        // runtime thread need take the GIL to try).
+                        drop(running.lock().unwrap_or_else(|p| p.into_inner()).take());
+                        let fut = args.get_item(0)?;
+                        let out = match fut.call_method0("result") {
+                            Ok(v) => to_json(&v).map_err(CallError::Value),
+                            Err(e) => Err(CallError::Raised(e)),
+                        };
+                        if let Some(tx) = reply.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                            let _ = tx.send(out);
+                        }
+                        Ok(())
+                    },
+                )
+                .map_err(raised)?;
+                value
+                    .call_method1("add_done_callback", (done,))
+                    .map_err(raised)?;
+                Ok(None)
             })
         });
-        let out = handle.await;
-        drop(guard);
-        match out {
-            Ok(r) => r,
+        let out = match handle.await {
+            Ok(Ok(Some(value))) => Ok(value),
+            Ok(Ok(None)) => rx.await.unwrap_or_else(|_| {
+                Err(CallError::Thread(
+                    "the step's coroutine was dropped before it finished".into(),
+                ))
+            }),
+            Ok(Err(e)) => Err(e),
             Err(e) => Err(CallError::Thread(format!("the step's thread stopped: {e}"))),
-        }
+        };
+        drop(guard);
+        out
     }
 }

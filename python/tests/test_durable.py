@@ -911,3 +911,23 @@ async def test_one_operation_is_awaited_once(memory_store):
 
     outcome = await asyncio.wait_for(twice.run_async("t1", memory_store), 10)
     assert outcome.value == "ok"
+
+
+@pytest.mark.asyncio
+async def test_more_runs_at_once_than_the_runtime_has_blocking_threads(memory_store):
+    """An async step (and a durable function's body) holds no thread while
+    its coroutine runs on the loop: 700 runs at once, more than the engine's
+    512 blocking threads, all finish instead of waiting for a thread that
+    never comes free."""
+
+    async def slow(i):
+        await asyncio.sleep(0.01)
+        return i
+
+    @steadfast.durable("crowd")
+    async def crowd(ctx, n):
+        return await ctx.step("a", lambda: slow(n))
+
+    runs = asyncio.gather(*(crowd.run_async(f"c{i:03}", memory_store, i) for i in range(700)))
+    outcomes = await asyncio.wait_for(runs, 60)
+    assert [o.value for o in outcomes] == list(range(700))
