@@ -115,14 +115,18 @@ impl Caller {
         A: for<'py> FnOnce(Python<'py>) -> PyResult<Vec<Py<PyAny>>> + Send + 'static,
     {
         self.call_raw(f, args).await.map_err(|e| match e {
-            CallError::Raised(e) => Python::attach(|py| {
-                let out = step_error(py, e.clone_ref(py));
-                self.causes
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(step.to_string(), e);
-                out
-            }),
+            CallError::Raised(e) => {
+                // Counted for `drain`: a runtime thread in Python.
+                let _inside = crate::pending::InPython::enter();
+                Python::attach(|py| {
+                    let out = step_error(py, e.clone_ref(py));
+                    self.causes
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(step.to_string(), e);
+                    out
+                })
+            }
             CallError::Value(u) => {
                 StepError::invalid_value(crate::convert::shorten(&u.path), u.reason)
             }
@@ -191,7 +195,7 @@ impl Caller {
             Ok(Ok(Some(value))) => Ok(value),
             Ok(Ok(None)) => rx.await.unwrap_or_else(|_| {
                 Err(CallError::Thread(
-                    "the step's coroutine was dropped before it finished".into(),
+                    "the coroutine's result was lost before it was read".into(),
                 ))
             }),
             Ok(Err(e)) => Err(e),

@@ -686,7 +686,9 @@ fn body_error(raised: &Arc<Mutex<Raised>>, run_id: &str, e: CallError) -> Error 
     };
     match e {
         CallError::Raised(pyerr) => {
-            // The GIL before the lock, as everywhere else.
+            // The GIL before the lock, as everywhere else; counted for
+            // `drain` (a runtime thread in Python).
+            let _inside = crate::pending::InPython::enter();
             let tagged = Python::attach(|py| {
                 pyerr
                     .value(py)
