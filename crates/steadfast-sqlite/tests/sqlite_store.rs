@@ -9,6 +9,13 @@ use steadfast_core::StoreExt as _;
 use steadfast_core::{run, update, Store, StoreError, StoreErrorKind, Workflow};
 use steadfast_sqlite::{SqliteOptions, SqliteStore, SCHEMA_VERSION};
 
+/// The workflow most tests here run: one step `a` that sets `a` to 1.
+fn one_step() -> Result<Workflow, steadfast_core::Error> {
+    Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"a": 1})) })
+        .build()
+}
+
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 #[tokio::test]
@@ -29,9 +36,7 @@ async fn files_are_private() -> TestResult {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("nested/runs.db");
     let store = SqliteStore::open(&path)?;
-    let wf = Workflow::builder("w")
-        .step("a", |_, _| async { update(json!({"a": 1})) })
-        .build()?;
+    let wf = one_step()?;
     run("r", &wf, &store).await?;
     let mode = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.permissions().mode() & 0o777);
     assert_eq!(mode(&path)?, 0o600, "database");
@@ -118,9 +123,7 @@ async fn a_corrupt_row_is_reported_with_its_run_and_column() -> TestResult {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("runs.db");
     let store = SqliteStore::open(&path)?;
-    let wf = Workflow::builder("w")
-        .step("a", |_, _| async { update(json!({"a": 1})) })
-        .build()?;
+    let wf = one_step()?;
     run("r", &wf, &store).await?;
     let conn = rusqlite::Connection::open(&path)?;
     conn.execute(
@@ -387,10 +390,7 @@ async fn save_while_another_writer_keeps_committing(native: bool) -> Result<Dura
     let mut opts = SqliteOptions::default().busy_timeout(Duration::from_millis(300));
     opts.mutants.native_busy_wait = native;
     let store = SqliteStore::open_with(&path, opts)?;
-    let wf = Workflow::builder("w")
-        .step("a", |_, _| async { update(json!({"a": 1})) })
-        .build()
-        .unwrap();
+    let wf = one_step().unwrap();
     let raw = rusqlite::Connection::open(&path).unwrap();
     raw.execute_batch("CREATE TABLE scratch (n INTEGER)")
         .unwrap();
@@ -459,9 +459,7 @@ async fn a_stalled_holder_of_the_lock_is_an_error_after_the_busy_timeout() -> Te
     let path = dir.path().join("runs.db");
     let opts = SqliteOptions::default().busy_timeout(Duration::from_millis(300));
     let store = SqliteStore::open_with(&path, opts)?;
-    let wf = Workflow::builder("w")
-        .step("a", |_, _| async { update(json!({"a": 1})) })
-        .build()?;
+    let wf = one_step()?;
     // A holder that never commits: the queue's lock held by a stopped writer.
     let queue = std::fs::OpenOptions::new()
         .read(true)
@@ -491,9 +489,7 @@ async fn a_queue_file_removed_or_replaced_is_queued_on_anew() -> TestResult {
         let path = dir.path().join("runs.db");
         let opts = SqliteOptions::default().busy_timeout(Duration::from_secs(5));
         let store = SqliteStore::open_with(&path, opts)?;
-        let wf = Workflow::builder("w")
-            .step("a", |_, _| async { update(json!({"a": 1})) })
-            .build()?;
+        let wf = one_step()?;
         run("first", &wf, &store).await?;
         let queue_path = dir.path().join("runs.db-writer");
         if replace {
@@ -542,9 +538,7 @@ fn a_lone_save_waiting_for_another_programs_lock_leaves_the_worker_free() -> Tes
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("runs.db");
         let store = SqliteStore::open(&path)?;
-        let wf = Workflow::builder("w")
-            .step("a", |_, _| async { update(json!({"a": 1})) })
-            .build()?;
+        let wf = one_step()?;
         run("warm", &wf, &store).await?;
         // Another program takes SQLite's write lock, without the queue, for
         // 500 ms.
@@ -584,9 +578,7 @@ async fn two_handles_in_one_process_take_turns() -> TestResult {
     let opts = SqliteOptions::default().busy_timeout(Duration::from_millis(500));
     let a = SqliteStore::open_with(&path, opts.clone())?;
     let b = SqliteStore::open_with(&path, opts)?;
-    let wf = Workflow::builder("w")
-        .step("a", |_, _| async { update(json!({"a": 1})) })
-        .build()?;
+    let wf = one_step()?;
     for i in 0..3 {
         run(&format!("a{i}"), &wf, &a).await?;
         run(&format!("b{i}"), &wf, &b).await?;
