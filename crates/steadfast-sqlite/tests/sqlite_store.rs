@@ -586,3 +586,29 @@ async fn two_handles_in_one_process_take_turns() -> TestResult {
     assert_eq!(a.list(&Default::default()).await?.len(), 6);
     Ok(())
 }
+
+/// A symbolic link planted over the write queue's file while a store has
+/// the real one open is not followed: the next save is refused with an
+/// error naming the queue, nothing is written, and the store works again
+/// once the link is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_planted_over_the_kept_queue_file_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    let store = SqliteStore::open(&path)?;
+    let wf = one_step()?;
+    run("first", &wf, &store).await?;
+    let queue = dir.path().join("runs.db-writer");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::write(&elsewhere, b"")?;
+    std::fs::remove_file(&queue)?;
+    std::os::unix::fs::symlink(&elsewhere, &queue)?;
+    let err = run("second", &wf, &store).await.expect_err("a planted link");
+    let text = steadfast_core::error_chain(&err);
+    assert!(text.contains("write queue"), "{text}");
+    assert!(store.load("second").await?.is_none(), "nothing was written");
+    std::fs::remove_file(&queue)?;
+    run("second", &wf, &store).await?;
+    assert!(store.load("second").await?.is_some());
+    Ok(())
+}
