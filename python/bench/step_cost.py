@@ -61,12 +61,16 @@ async def python_us_per_step(url: str, runs: int) -> float:
 
 
 def rust_us_per_step(bench: str, store: str, directory: str) -> float:
-    out = subprocess.run(
-        [bench, "--stores", store, "--workloads", "W1", "--reps", "1", "--dir", directory],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    try:
+        out = subprocess.run(
+            [bench, "--stores", store, "--workloads", "W1", "--reps", "1", "--dir", directory],
+            capture_output=True,
+            text=True,
+        )
+    except OSError as e:
+        raise SystemExit(f"--bench {bench}: cannot run it: {e}")
+    if out.returncode != 0:
+        raise SystemExit(f"--bench {bench} exited with {out.returncode}:\n{out.stderr.strip()}")
     for line in out.stdout.splitlines():
         row = json.loads(line)
         if row.get("workload") == "W1/durable" and row.get("store") == store:
@@ -90,7 +94,10 @@ def main() -> None:
         if s not in ("memory", "sqlite"):
             parser.error(f"--stores: unknown store {s!r} (memory, sqlite)")
     base = args.dir or tempfile.mkdtemp(prefix="steadfast-step-cost-")
-    os.makedirs(base, exist_ok=True)
+    try:
+        os.makedirs(base, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--dir {base}: {e.strerror}")
     try:
         for store in stores:
             rust, python = [], []
