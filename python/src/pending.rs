@@ -90,20 +90,19 @@ pub struct Notifier {
     inner: Arc<NotifierInner>,
 }
 
+/// The pipe's ends are used only under the `ready` lock.
 struct NotifierInner {
     ready: Mutex<Vec<u64>>,
-    reader: Mutex<std::io::PipeReader>,
-    writer: Mutex<std::io::PipeWriter>,
-    fd: i32,
+    reader: std::io::PipeReader,
+    writer: std::io::PipeWriter,
 }
 
 impl NotifierInner {
     fn ready(&self, token: u64) {
         let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
         if ready.is_empty() {
-            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
             // The pipe holds at most this one byte: the write cannot block.
-            let _ = w.write_all(&[1]);
+            let _ = (&self.writer).write_all(&[1]);
         }
         ready.push(token);
     }
@@ -113,22 +112,20 @@ impl NotifierInner {
 impl Notifier {
     #[new]
     fn new() -> PyResult<Self> {
-        use std::os::fd::AsRawFd;
         let (reader, writer) = std::io::pipe()?;
-        let fd = reader.as_raw_fd();
         Ok(Notifier {
             inner: Arc::new(NotifierInner {
                 ready: Mutex::new(Vec::new()),
-                reader: Mutex::new(reader),
-                writer: Mutex::new(writer),
-                fd,
+                reader,
+                writer,
             }),
         })
     }
 
     /// The file descriptor the loop watches for readability.
     fn fileno(&self) -> i32 {
-        self.inner.fd
+        use std::os::fd::AsRawFd;
+        self.inner.reader.as_raw_fd()
     }
 
     /// The tokens of the operations finished since the last call.
@@ -137,9 +134,8 @@ impl Notifier {
         if ready.is_empty() {
             return Vec::new();
         }
-        let mut r = self.inner.reader.lock().unwrap_or_else(|p| p.into_inner());
         let mut byte = [0u8; 1];
-        let _ = r.read_exact(&mut byte);
+        let _ = (&self.inner.reader).read_exact(&mut byte);
         std::mem::take(&mut *ready)
     }
 }
@@ -235,7 +231,14 @@ impl Pending {
             .ok_or_else(|| {
                 pyo3::exceptions::PyRuntimeError::new_err("this result was already taken")
             })?;
-        match py.detach(move || rx.recv()) {
+        // A notified result is there already: take it without giving the
+        // GIL up and waiting to have it back.
+        let got = match rx.try_recv() {
+            Ok(finish) => Ok(finish),
+            Err(mpsc::TryRecvError::Empty) => py.detach(move || rx.recv()),
+            Err(mpsc::TryRecvError::Disconnected) => Err(mpsc::RecvError),
+        };
+        match got {
             Ok(finish) => finish(py),
             Err(_) => Err(pyo3::exceptions::PyRuntimeError::new_err(
                 "the operation was cancelled before it finished",

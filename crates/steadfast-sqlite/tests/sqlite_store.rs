@@ -603,7 +603,9 @@ async fn a_link_planted_over_the_kept_queue_file_is_refused() -> TestResult {
     std::fs::write(&elsewhere, b"")?;
     std::fs::remove_file(&queue)?;
     std::os::unix::fs::symlink(&elsewhere, &queue)?;
-    let err = run("second", &wf, &store).await.expect_err("a planted link");
+    let err = run("second", &wf, &store)
+        .await
+        .expect_err("a planted link");
     let text = steadfast_core::error_chain(&err);
     assert!(text.contains("write queue"), "{text}");
     assert!(store.load("second").await?.is_none(), "nothing was written");
