@@ -205,9 +205,29 @@ async fn measure_here(args: &Args) -> Res<()> {
         push("load_missing_us", loads(&store, runs).await?);
         drop(store);
         remove_db(&path);
+        // The same count for the engine's own saves.
+        let (store, path) = fresh(&args.dir, &format!("bd-w1-frames-{rep}"))?;
+        let before = wal_frames(&path)?;
+        run_many(Arc::new(store) as Arc<dyn Store>, "run", 20, 1).await?;
+        push(
+            "w1_wal_frames_per_commit",
+            (wal_frames(&path)? - before) / (20 * STEPS) as f64,
+        );
+        remove_db(&path);
         if let Some(ram) = &ram {
             let (store, path) = fresh(ram, &format!("bd-ram-{rep}"))?;
             push("save_ram_us", saves(&store, "s", runs).await?);
+            drop(store);
+            remove_db(&path);
+            let (store, path) = fresh(ram, &format!("bd-ram-w1-{rep}"))?;
+            let wall = run_many(Arc::new(store) as Arc<dyn Store>, "run", runs, 1).await?;
+            push(
+                "w1_ram_us_per_step",
+                wall.as_secs_f64() * 1e6 / (runs * STEPS) as f64,
+            );
+            remove_db(&path);
+            let (store, path) = fresh(ram, &format!("bd-ram-load-{rep}"))?;
+            push("load_missing_ram_us", loads(&store, runs).await?);
             drop(store);
             remove_db(&path);
             let (us, _) = raw(&ram.join("bd-raw.db"), upserts)?;
@@ -237,6 +257,10 @@ async fn measure_here(args: &Args) -> Res<()> {
         json!(round(get("w1_us_per_step") - get("save_us"))),
     );
     fields.insert(
+        "engine_ram_us".into(),
+        json!(round(get("w1_ram_us_per_step") - get("save_ram_us"))),
+    );
+    fields.insert(
         "disk_us".into(),
         json!(round(get("save_us") - get("save_ram_us"))),
     );
@@ -246,7 +270,7 @@ async fn measure_here(args: &Args) -> Res<()> {
     );
     fields.insert(
         "notes".into(),
-        json!("engine = W1 step - save; disk = save on disk - save on a RAM disk; queue_statements_wal = save on a RAM disk - plan; medians"),
+        json!("engine = W1 step - save (engine_ram: both on a RAM disk); disk = save on disk - save on a RAM disk; queue_statements_wal = save on a RAM disk - plan; medians"),
     );
     emit(
         "steadfast",

@@ -50,6 +50,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use steadfast_core::store::head::around_writer;
 use steadfast_core::store::plan::{plan_save, Plan};
 use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow, SummaryRow};
 use steadfast_core::store::{encode_head, Rewrite, RunCache, SaveRequest};
@@ -509,31 +510,102 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
             .optional()
         })
         .map_err(|e| map_err(e, &ctx()))?;
-    let Some(row) = row else {
+    let Some(mut row) = row else {
         return Ok(None);
     };
+    // The deltas since the snapshot, the progress rows (at or above the
+    // head's `next`) among them.
     let mut st = conn
-        .prepare_cached("SELECT idx, name, update_json FROM steps WHERE run_id = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx")
+        .prepare_cached(
+            "SELECT idx, name, update_json, version, saved_at, writer FROM steps
+             WHERE run_id = ?1 AND idx >= ?2 ORDER BY idx",
+        )
         .map_err(|e| map_err(e, &ctx()))?;
-    let mut rows = st
-        .query(params![run_id, row.snapshot_next, row.next])
+    let rows = st
+        .query_map(params![run_id, row.snapshot_next], |r| {
+            Ok(DeltaRow {
+                delta: (r.get(0)?, r.get(1)?, r.get(2)?),
+                version: r.get(3)?,
+                saved_at: r.get(4)?,
+                writer: r.get(5)?,
+            })
+        })
         .map_err(|e| map_err(e, &ctx()))?;
-    let deltas = std::iter::from_fn(|| match rows.next() {
-        Ok(Some(r)) => Some(
-            (|| Ok::<_, rusqlite::Error>((r.get(0)?, r.get(1)?, r.get(2)?)))()
-                .map_err(|e| map_err(e, &ctx())),
-        ),
-        Ok(None) => None,
-        Err(e) => Some(Err(map_err(e, &ctx()))),
-    });
+    let mut deltas = Vec::new();
+    for r in rows {
+        deltas.push(r.map_err(|e| map_err(e, &ctx()))?);
+    }
     let locate = locate(path, run_id);
-    let (cp, known) = rebuild(&Place::new(run_id, &locate), row, deltas)?;
+    let place = Place::new(run_id, &locate);
+    let writer = take_progress(&place, &mut row, &deltas)?;
+    let doc: std::sync::Arc<str> = row.head.as_str().into();
+    let deltas = deltas.into_iter().map(|d| Ok(d.delta));
+    let (mut cp, known) = rebuild(&place, row, deltas)?;
+    if let Some(writer) = writer {
+        cp.writer = writer;
+    }
     let acct = Acct {
         known,
         status: cp.status.as_str(),
         workflow: cp.workflow.as_str().into(),
+        doc,
     };
     Ok(Some(Loaded { cp, acct }))
+}
+
+/// A history row as a load reads it: the delta, and what a progress row
+/// also carries.
+struct DeltaRow {
+    delta: steadfast_core::store::rows::Delta,
+    version: Option<i64>,
+    saved_at: Option<i64>,
+    writer: Option<String>,
+}
+
+/// Applies a run's progress rows (its history rows at or above the head's
+/// `next`, each recorded with the version, time and writer number of its
+/// save) to its head row as read: the last one's version, time and index,
+/// their updates' size. Returns the last one's writer number. A progress
+/// row without its version, time or writer, or whose version does not
+/// rise, is corruption.
+fn take_progress(
+    place: &Place<'_>,
+    row: &mut RecordRow,
+    deltas: &[DeltaRow],
+) -> Result<Option<u64>, StoreError> {
+    let head_next = row.next;
+    let mut last_writer = None;
+    for d in deltas.iter().filter(|d| d.delta.0 >= head_next) {
+        let (idx, _, update) = &d.delta;
+        let (Some(version), Some(saved_at), Some(writer)) = (d.version, d.saved_at, &d.writer)
+        else {
+            return Err(place.corrupt(
+                &format!("steps[{idx}]"),
+                format!("step {idx} lies at or after the head's next ({head_next}) but lacks the version, time or writer of its save"),
+            ));
+        };
+        let writer = u64::from_str_radix(writer, 16).map_err(|_| {
+            place.corrupt(
+                &format!("steps[{idx}].writer"),
+                format!("{writer:?} is not a writer number"),
+            )
+        })?;
+        last_writer = Some(writer);
+        if version <= row.version {
+            return Err(place.corrupt(
+                &format!("steps[{idx}].version"),
+                format!(
+                    "{version} does not follow the run's version {}",
+                    row.version
+                ),
+            ));
+        }
+        row.version = version;
+        row.updated_at = saved_at;
+        row.next = idx.saturating_add(1);
+        row.delta_bytes = row.delta_bytes.saturating_add(update.len() as i64);
+    }
+    Ok(last_writer)
 }
 
 #[async_trait]
@@ -563,21 +635,42 @@ impl Store for SqliteStore {
             acct.as_ref().map(|a| &a.known),
             self.shared.opts.max_state_bytes,
         )?;
-        let body = match plan {
-            Plan::Head => Body::Head,
-            Plan::Delta { step } => Body::Delta {
-                step,
-                // The status and workflow name as stored: the row's labels
-                // (and the indexes over them) need no update.
-                same_labels: acct
-                    .as_ref()
-                    .is_some_and(|a| a.status == cp.status.as_str() && *a.workflow == *cp.workflow),
-            },
-            Plan::Snapshot {
-                state,
-                completed,
-                step,
-            } => Body::Snapshot {
+        let doc = encode_head(cp)?;
+        // The status and workflow name as stored: the row's labels (and the
+        // indexes over them) need no update.
+        let same_labels = acct
+            .as_ref()
+            .is_some_and(|a| a.status == cp.status.as_str() && *a.workflow == *cp.workflow);
+        let body = match (plan, &acct) {
+            (Plan::Head, _) => Body::Head,
+            // The head document as stored too, but for the writer number
+            // (new with every save): the step's row alone records it, with
+            // that number (a delta plan means the stored version is the one
+            // known).
+            (Plan::Delta { step }, Some(a)) if same_labels => {
+                match (around_writer(&a.doc), around_writer(&doc)) {
+                    (Some((before, _, after)), Some((b, writer, f)))
+                        if (before, after) == (b, f) =>
+                    {
+                        Body::Step {
+                            step,
+                            snapshot_bytes: a.known.snapshot_bytes,
+                            delta_bytes: a.known.delta_bytes,
+                            writer: writer.to_string(),
+                        }
+                    }
+                    _ => Body::Delta { step, same_labels },
+                }
+            }
+            (Plan::Delta { step }, _) => Body::Delta { step, same_labels },
+            (
+                Plan::Snapshot {
+                    state,
+                    completed,
+                    step,
+                },
+                _,
+            ) => Body::Snapshot {
                 state,
                 completed,
                 step,
@@ -589,7 +682,7 @@ impl Store for SqliteStore {
             next: to_i64(&cp.run_id, "next", cp.next as u64)?,
             created_at: to_i64(&cp.run_id, "created_at", cp.created_at.unix_millis())?,
             updated_at: to_i64(&cp.run_id, "updated_at", cp.updated_at.unix_millis())?,
-            doc: encode_head(cp)?,
+            doc,
         };
         let (tx, rx) = oneshot::channel();
         self.submit(Job::Save(Box::new(SaveJob {
@@ -612,10 +705,16 @@ impl Store for SqliteStore {
             let ctx = || format!("listing runs in {path}");
             let mut st = conn
                 .prepare_cached(
-                    "SELECT run_id, workflow, status, next, version, created_at, updated_at FROM runs
-                     WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR workflow = ?2)
-                       AND (?3 IS NULL OR updated_at < ?3) AND (?4 IS NULL OR run_id > ?4)
-                     ORDER BY run_id LIMIT ?5",
+                    // A run's last progress row, if any, says how far it is.
+                    "SELECT r.run_id, r.workflow, r.status, coalesce(p.idx + 1, r.next),
+                            coalesce(p.version, r.version), r.created_at,
+                            coalesce(p.saved_at, r.updated_at) AS saved
+                     FROM runs r LEFT JOIN steps p ON p.run_id = r.run_id
+                         AND p.idx = (SELECT max(idx) FROM steps WHERE run_id = r.run_id)
+                         AND p.idx >= r.next
+                     WHERE (?1 IS NULL OR r.status = ?1) AND (?2 IS NULL OR r.workflow = ?2)
+                       AND (?3 IS NULL OR saved < ?3) AND (?4 IS NULL OR r.run_id > ?4)
+                     ORDER BY r.run_id LIMIT ?5",
                 )
                 .map_err(|e| map_err(e, &ctx()))?;
             let limit = f.limit.map_or(-1, |l| l.min(i64::MAX as usize) as i64);
@@ -624,7 +723,8 @@ impl Store for SqliteStore {
                     params![
                         f.status.map(|s| s.as_str()),
                         f.workflow,
-                        f.updated_before.map(|t| i64::try_from(t.unix_millis()).unwrap_or(i64::MAX)),
+                        f.updated_before
+                            .map(|t| i64::try_from(t.unix_millis()).unwrap_or(i64::MAX)),
                         f.after,
                         limit
                     ],
@@ -668,19 +768,23 @@ impl History for SqliteStore {
         let id = run_id.to_string();
         self.read(move |conn, path| {
             let ctx = || format!("reading the history of run {id:?} in {path}");
-            let next: Option<i64> = conn
-                .prepare_cached("SELECT next FROM runs WHERE run_id = ?1")
+            let found: Option<i64> = conn
+                .prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")
                 .and_then(|mut st| st.query_row([&id], |r| r.get(0)).optional())
                 .map_err(|e| map_err(e, &ctx()))?;
-            let Some(next) = next else { return Ok(None) };
+            if found.is_none() {
+                return Ok(None);
+            }
+            // Every row is history: those below the head's `next`, and the
+            // progress rows after it (a rewritten run keeps none above).
             let mut st = conn
                 .prepare_cached(
                     "SELECT idx, name, update_json, attempt, started_at, finished_at FROM steps
-                     WHERE run_id = ?1 AND idx < ?2 ORDER BY idx",
+                     WHERE run_id = ?1 ORDER BY idx",
                 )
                 .map_err(|e| map_err(e, &ctx()))?;
             let rows = st
-                .query_map(params![id, next], |r| {
+                .query_map(params![id], |r| {
                     Ok((
                         r.get::<_, i64>(0)?,
                         r.get::<_, String>(1)?,

@@ -90,6 +90,17 @@ const MIGRATIONS: &[&str] = &[
         finished_at, duration_ms FROM steps ORDER BY run_id, idx;
     DROP TABLE steps;
     ALTER TABLE steps_clustered RENAME TO steps;",
+    // 5: a step whose save leaves the run's head as it was (same status,
+    // workflow and head document) is recorded by its history row alone, so
+    // that an ordinary checkpoint writes one b-tree page, not two. Rows at or
+    // above the head's `next` are such steps: each carries the version, the
+    // time and the writer number of its save, and the last of them is the
+    // run's progress. The next save that rewrites the head takes them into
+    // it. Rows written before this migration lie below `next` and keep NULL
+    // here.
+    "ALTER TABLE steps ADD COLUMN version INTEGER;
+     ALTER TABLE steps ADD COLUMN saved_at INTEGER;
+     ALTER TABLE steps ADD COLUMN writer TEXT;",
 ];
 
 /// The schema version this build writes.

@@ -15,13 +15,16 @@ use tokio::sync::oneshot;
 use crate::error::{commit_outcome_unknown, map_err};
 
 /// What is known of a run's record after a save or load, as of its
-/// version: the toolkit's sizes, and the stored status and workflow name (a
-/// save that keeps both need not touch them, or the indexes over them).
+/// version: the toolkit's sizes, and the stored status, workflow name and
+/// head document (a save that keeps the labels need not touch them or the
+/// indexes over them; one that keeps the document too need not write the
+/// head at all).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Acct {
     pub known: Known,
     pub status: &'static str,
     pub workflow: std::sync::Arc<str>,
+    pub doc: std::sync::Arc<str>,
 }
 
 /// The head of a run: the columns that `list` filters and sorts on, and one
@@ -42,6 +45,16 @@ pub(crate) enum Body {
     /// Append one step's update to the deltas since the snapshot; `same_labels`
     /// says the status and workflow name are unchanged.
     Delta { step: StepRow, same_labels: bool },
+    /// Record one step by its history row alone: the head (status, workflow
+    /// name and document) is as stored at the expected version, whose sizes
+    /// are given. The row carries the new version and the save's time.
+    Step {
+        step: StepRow,
+        snapshot_bytes: u64,
+        delta_bytes: u64,
+        /// The save's writer number, as the head document writes it.
+        writer: String,
+    },
     /// Rewrite the snapshot with the full state (and record a step, if any).
     Snapshot {
         state: String,
@@ -410,13 +423,47 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
         known: Known::new(version, next, snapshot_bytes, delta_bytes),
         status: h.status,
         workflow: std::sync::Arc::<str>::from(h.workflow.as_str()),
+        doc: std::sync::Arc::<str>::from(h.doc.as_str()),
     };
     // Sizes the statement returns are only the delta budget's bookkeeping:
     // one that does not read back (a damaged row) counts as none, so that
     // the next save writes a snapshot, and never fails this batch.
     let size = |v: i64| u64::try_from(v).unwrap_or(0);
     let own_next = usize::try_from(h.next).unwrap_or(usize::MAX);
+    // A save that writes the head takes the run's progress rows into it
+    // first, so that the head's own version and `next` are the run's.
+    if expected.is_some() && !matches!(job.body, Body::Step { .. }) {
+        absorb(conn, &job.run_id).map_err(|e| map_err(e, &ctx("updating the head of")))?;
+    }
     let saved = match &job.body {
+        Body::Step {
+            step,
+            snapshot_bytes,
+            delta_bytes,
+            writer,
+        } => {
+            let added = match expected {
+                Some(expected) => insert_progress(
+                    conn,
+                    &job.run_id,
+                    step,
+                    version,
+                    h.updated_at,
+                    writer,
+                    expected,
+                )
+                .map_err(|e| map_err(e, &ctx("recording a step of")))?,
+                None => 0,
+            };
+            if added == 0 {
+                return Err(conflict(conn, job, path));
+            }
+            acct(
+                own_next,
+                *snapshot_bytes,
+                delta_bytes + step.update.len() as u64,
+            )
+        }
         Body::Head => {
             // The stored steps (and so `next`) stay; everything else of the
             // head, the workflow's name included, is written.
@@ -560,10 +607,77 @@ fn sizes_of(
         .optional()
 }
 
-/// The version of run `run_id` as stored (`None`: absent).
+/// The version of run `run_id` as stored (`None`: absent): its last
+/// progress row's, if it has any, or its head's.
 fn stored_version(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<i64>> {
-    conn.prepare_cached("SELECT version FROM runs WHERE run_id = ?1")
-        .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
+    conn.prepare_cached(
+        "SELECT coalesce((SELECT s.version FROM steps s WHERE s.run_id = r.run_id AND s.idx >= r.next
+                          ORDER BY s.idx DESC LIMIT 1), r.version)
+         FROM runs r WHERE r.run_id = ?1",
+    )
+    .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
+}
+
+/// Takes run `run_id`'s progress rows (history rows at or above the head's
+/// `next`, recorded without rewriting the head) into its head: their last
+/// one's version, time, writer number and index, their updates' size. What
+/// the run is does
+/// not change, only where it is written, so a save that goes on to conflict
+/// may leave this done. Rows that lack their version or time are left, for
+/// a load to report.
+fn absorb(conn: &Connection, run_id: &str) -> rusqlite::Result<usize> {
+    conn.prepare_cached(
+        "UPDATE runs SET next = p.idx + 1, version = p.version, updated_at = p.saved_at,
+            head = json_set(head, '$.writer', p.writer),
+            delta_bytes = delta_bytes + (SELECT coalesce(sum(length(CAST(s.update_json AS BLOB))), 0)
+                                         FROM steps s WHERE s.run_id = ?1 AND s.idx >= runs.next)
+         FROM (SELECT idx, version, saved_at, writer FROM steps WHERE run_id = ?1
+               ORDER BY idx DESC LIMIT 1) AS p
+         WHERE runs.run_id = ?1 AND p.idx >= runs.next
+           AND p.version IS NOT NULL AND p.saved_at IS NOT NULL AND p.writer IS NOT NULL
+           AND json_valid(head)",
+    )?
+    .execute([run_id])
+}
+
+/// Records step `s` of run `run_id` by its row alone, at version `version`
+/// with the save's time and writer number (as the head document writes it),
+/// if the run is at version `expected` and the step is its next: the head's
+/// own `next` and version when the run has no progress rows, else the last
+/// progress row's. Returns 0 on a conflict, writing nothing.
+fn insert_progress(
+    conn: &Connection,
+    run_id: &str,
+    s: &StepRow,
+    version: u64,
+    saved_at: i64,
+    writer: &str,
+    expected: u64,
+) -> rusqlite::Result<usize> {
+    let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    conn.prepare_cached(
+        "INSERT INTO steps (run_id, idx, name, update_json, attempt, started_at, finished_at,
+            duration_ms, version, saved_at, writer)
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?12 FROM runs r
+         WHERE r.run_id = ?1 AND r.next <= ?2
+           AND NOT EXISTS (SELECT 1 FROM steps WHERE run_id = ?1 AND idx >= ?2)
+           AND ?11 = CASE WHEN r.next = ?2 THEN r.version
+                          ELSE (SELECT version FROM steps WHERE run_id = ?1 AND idx = ?2 - 1) END",
+    )?
+    .execute(params![
+        run_id,
+        to_i64(s.index as u64),
+        s.name,
+        s.update,
+        s.attempt,
+        to_i64(s.started_at),
+        to_i64(s.finished_at),
+        to_i64(s.finished_at.saturating_sub(s.started_at)),
+        to_i64(version),
+        saved_at,
+        to_i64(expected),
+        writer,
+    ])
 }
 
 /// The conflict error for a save that matched no row, with the version found.
@@ -605,6 +719,7 @@ fn apply_rewrite(
     path: &str,
 ) -> Result<bool, StoreError> {
     let ctx = format!("rewriting the history of run {run_id:?} in {path}");
+    absorb(conn, run_id).map_err(|e| map_err(e, &ctx))?;
     // Rows from `snapshot_next` on are merged into the state by a load: they
     // are not history yet (the next save without a step snapshots them).
     let found: Option<(i64, i64)> = conn

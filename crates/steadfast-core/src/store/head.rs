@@ -118,6 +118,37 @@ pub fn encode_head(cp: &Checkpoint) -> Result<String, StoreError> {
     )
 }
 
+/// Splits a head document as [`encode_head`] writes it around its writer
+/// number: the text before the sixteen hex digits, the digits, and the text
+/// after them. Two heads that differ in nothing but their writer split into
+/// equal outer parts, which is how a store sees that a save leaves a head as
+/// it was. `None` for a text not in that shape.
+///
+/// ```
+/// use steadfast_core::store::head::{around_writer, encode_head};
+/// use steadfast_core::{Checkpoint, Timestamp};
+///
+/// let mut cp = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+/// cp.writer = 7;
+/// let a = encode_head(&cp)?;
+/// cp.writer = 8;
+/// let b = encode_head(&cp)?;
+/// let (x, y) = (around_writer(&a).unwrap(), around_writer(&b).unwrap());
+/// assert_eq!((x.0, x.2), (y.0, y.2));
+/// assert_eq!(x.1, "0000000000000007");
+/// # Ok::<(), steadfast_core::StoreError>(())
+/// ```
+pub fn around_writer(doc: &str) -> Option<(&str, &str, &str)> {
+    // `format` and `attempts` (numbers) come first: the first such key is the
+    // head's own, and a key inside a string value would be escaped.
+    const KEY: &str = "\"writer\":\"";
+    let at = doc.find(KEY)? + KEY.len();
+    let digits = doc.get(at..at + 16)?;
+    let rest = doc.get(at + 16..)?;
+    (digits.bytes().all(|b| b.is_ascii_hexdigit()) && rest.starts_with('"'))
+        .then(|| (&doc[..at], digits, rest))
+}
+
 /// Reads a head document written by [`encode_head`] into `cp`; the error
 /// says what is wrong and where (line and column), for a
 /// [`StoreError::Corrupt`].

@@ -1,0 +1,277 @@
+//! Steps recorded by their history row alone (schema 5): an ordinary
+//! checkpoint writes one page, and everything that reads or rewrites a run
+//! sees the progress those rows carry.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde_json::json;
+use steadfast_core::store::{ListFilter, SaveRequest};
+use steadfast_core::{
+    update, Checkpoint, Event, RunStatus, Runner, Step, StepRecord, Store, StoreErrorKind,
+    StoreExt as _, Timestamp, Workflow,
+};
+use steadfast_sqlite::SqliteStore;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Steps `s0`..`s{n-1}`; step `i` sets `s<i>` to `i`.
+fn steps(n: usize) -> Workflow {
+    let mut b = Workflow::builder("w");
+    for i in 0..n {
+        b = b.push(Step::new(format!("s{i}"), move |_, _| async move {
+            update(json!({ format!("s{i}"): i }))
+        }));
+    }
+    b.build().expect("a valid workflow")
+}
+
+fn wal(db: &Path) -> PathBuf {
+    let mut p = db.as_os_str().to_owned();
+    p.push("-wal");
+    PathBuf::from(p)
+}
+
+/// The WAL's frames so far (4 KiB pages, a 24-byte header each).
+fn frames(db: &Path) -> u64 {
+    let size = std::fs::metadata(wal(db)).map(|m| m.len()).unwrap_or(0);
+    size.saturating_sub(32) / (4096 + 24)
+}
+
+#[tokio::test]
+async fn an_ordinary_step_writes_one_page() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open(&db)?;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&seen);
+    let path = db.clone();
+    Runner::new(&store)
+        .observer(move |e| {
+            if let Event::Started { .. } = e {
+                sink.lock().expect("frames").push(frames(&path));
+            }
+        })
+        .run("r", &steps(8))
+        .await?;
+    let at_start = seen.lock().expect("frames").clone();
+    // Between the starts of steps i and i + 1 lies step i's save. The first
+    // creates the run (its head and the index entries over it); the ones
+    // after it only add a history row.
+    let per_save: Vec<u64> = at_start.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(per_save.len(), 7, "{at_start:?}");
+    assert!(
+        per_save[0] >= 2,
+        "the first save writes the head too: {per_save:?}"
+    );
+    assert_eq!(
+        &per_save[1..],
+        &[1; 6],
+        "an ordinary step is one page: {per_save:?}"
+    );
+    Ok(())
+}
+
+/// A run of `n` completed steps `s0`.. saved one by one through `store`,
+/// each save recording its step and leaving the head as it was.
+async fn saved_steps(
+    store: &dyn Store,
+    run_id: &str,
+    n: usize,
+) -> Result<(Checkpoint, u64), Box<dyn std::error::Error>> {
+    let at = Timestamp::from_unix_millis(1_700_000_000_000);
+    let mut cp = Checkpoint::new(run_id, "w", at);
+    cp.status = RunStatus::Running;
+    let mut version = None;
+    for i in 0..n {
+        let up = json!({ format!("s{i}"): i });
+        let up = up.as_object().cloned().unwrap_or_default();
+        cp.state.extend(up.clone());
+        cp.completed.push(format!("s{i}"));
+        cp.next = i + 1;
+        cp.updated_at = Timestamp::from_unix_millis(1_700_000_000_000 + i as u64 + 1);
+        // As the engine does: a new writer number with every save, which
+        // tells it whether a save with an unknown outcome landed.
+        cp.writer = u64::MAX - i as u64;
+        let rec = StepRecord::new(i, &format!("s{i}"), up, 1, at, at);
+        version = Some(
+            store
+                .save(SaveRequest::new(&cp, version).with_step(&rec))
+                .await?,
+        );
+    }
+    Ok((cp, version.unwrap_or(0)))
+}
+
+#[tokio::test]
+async fn another_handle_sees_the_progress_of_rows_alone() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let a = SqliteStore::open(&db)?;
+    let (cp, version) = saved_steps(&a, "r", 6).await?;
+    // A second handle knows nothing of the run but what the file says.
+    let b = SqliteStore::open(&db)?;
+    let loaded = b.load("r").await?.ok_or("the run is gone")?;
+    assert_eq!(loaded.version, version);
+    assert_eq!(loaded.next, 6);
+    assert_eq!(loaded.state, cp.state);
+    assert_eq!(loaded.completed, cp.completed);
+    assert_eq!(loaded.updated_at, cp.updated_at);
+    assert_eq!(loaded.writer, cp.writer, "the last save's writer number");
+    let listed = b.list(&ListFilter::default()).await?;
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].next, listed[0].version), (6, version));
+    assert_eq!(listed[0].updated_at, cp.updated_at);
+    // The time filter sees the last step's time, not the head's.
+    let older = ListFilter::new().updated_before(Timestamp::from_unix_millis(1_700_000_000_006));
+    assert!(
+        b.list(&older).await?.is_empty(),
+        "the run was saved at ...006"
+    );
+    let history = b.history("r").await?.ok_or("no history")?;
+    assert_eq!(history.len(), 6);
+    // A stale save is a conflict and writes nothing: one from a handle that
+    // loaded the run before its last step (and so would record by row alone
+    // too), and one a version behind with no knowledge of the run.
+    let (mut behind, v_behind) = saved_steps(&a, "q", 5).await?;
+    let c = SqliteStore::open(&db)?;
+    assert_eq!(c.load("q").await?.map(|q| q.version), Some(v_behind));
+    let ahead = a.load("q").await?.ok_or("q is gone")?;
+    let at = ahead.created_at;
+    let mut next = ahead.clone();
+    next.completed.push("s5".into());
+    next.next = 6;
+    let rec = StepRecord::new(5, "s5", Default::default(), 1, at, at);
+    let v_ahead = a
+        .save(SaveRequest::new(&next, Some(v_behind)).with_step(&rec))
+        .await?;
+    behind.completed.push("other".into());
+    behind.next = 6;
+    let rec = StepRecord::new(5, "other", Default::default(), 1, at, at);
+    for (who, store) in [
+        ("a handle that knew the run", &c),
+        ("a fresh handle", &SqliteStore::open(&db)?),
+    ] {
+        let err = store
+            .save(SaveRequest::new(&behind, Some(v_behind)).with_step(&rec))
+            .await
+            .expect_err("a save at an old version");
+        assert_eq!(err.kind(), StoreErrorKind::Conflict, "{who}: {err}");
+        assert!(
+            err.to_string().contains(&v_ahead.to_string()),
+            "{who}: the version found: {err}"
+        );
+    }
+    let q = b.load("q").await?.ok_or("q is gone")?;
+    assert_eq!(
+        (q.version, q.completed.last().map(String::as_str)),
+        (v_ahead, Some("s5"))
+    );
+    assert_eq!(a.load("r").await?.map(|c| c.version), Some(version));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_head_write_takes_the_progress_in() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open(&db)?;
+    let (mut cp, version) = saved_steps(&store, "r", 5).await?;
+    // A head-only save (as a lease renewal makes) keeps every step.
+    cp.attempts = 3;
+    let version = store
+        .save(SaveRequest::new(&cp, Some(version)).head_only())
+        .await?;
+    let other = SqliteStore::open(&db)?;
+    let loaded = other.load("r").await?.ok_or("the run is gone")?;
+    assert_eq!(
+        (loaded.next, loaded.version, loaded.attempts),
+        (5, version, 3)
+    );
+    assert_eq!(loaded.state, cp.state);
+    // The head's own columns now say so too.
+    let conn = rusqlite::Connection::open(&db)?;
+    let (next, stored): (i64, i64) = conn.query_row(
+        "SELECT next, version FROM runs WHERE run_id = 'r'",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    assert_eq!((next, stored), (5, version as i64));
+    // Deleting at the run's version works; at an older one it conflicts.
+    let (_, v2) = saved_steps(&store, "q", 4).await?;
+    let err = store
+        .delete_if("q", v2 - 1)
+        .await
+        .expect_err("an old version");
+    assert_eq!(err.kind(), StoreErrorKind::Conflict, "{err}");
+    assert!(store.delete_if("q", v2).await?);
+    assert!(store.load("q").await?.is_none());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_completed_run_resumes_to_nothing_and_a_rewind_cuts_progress_rows() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open(&db)?;
+    let (mut cp, version) = saved_steps(&store, "r", 6).await?;
+    // A save without a step that goes back to step 2 (a rewind) writes a
+    // snapshot and drops the later rows, progress rows included.
+    cp.next = 2;
+    cp.completed.truncate(2);
+    cp.state.retain(|k, _| k == "s0" || k == "s1");
+    let version = store.save(SaveRequest::new(&cp, Some(version))).await?;
+    let other = SqliteStore::open(&db)?;
+    let loaded = other.load("r").await?.ok_or("the run is gone")?;
+    assert_eq!((loaded.next, loaded.version), (2, version));
+    assert_eq!(loaded.state, cp.state);
+    assert_eq!(other.history("r").await?.map(|h| h.len()), Some(2));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_progress_row_without_its_version_is_corrupt() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open(&db)?;
+    saved_steps(&store, "r", 4).await?;
+    drop(store);
+    let conn = rusqlite::Connection::open(&db)?;
+    let changed = conn.execute(
+        "UPDATE steps SET version = NULL WHERE run_id = 'r' AND idx = 3",
+        [],
+    )?;
+    assert_eq!(changed, 1);
+    drop(conn);
+    let store = SqliteStore::open(&db)?;
+    let err = store.load("r").await.expect_err("a damaged progress row");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    assert!(err.to_string().contains("steps[3]"), "names the row: {err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_engine_resumes_after_progress_rows_from_another_process_view() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open(&db)?;
+    saved_steps(&store, "r", 3).await?;
+    drop(store);
+    // A fresh handle runs the rest of a five-step workflow whose first three
+    // steps are recorded by rows alone: they are skipped, not run again.
+    let store = SqliteStore::open(&db)?;
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let mut b = Workflow::builder("w");
+    for i in 0..5 {
+        let ran = Arc::clone(&ran);
+        b = b.push(Step::new(format!("s{i}"), move |_, _| {
+            ran.lock().expect("ran").push(i);
+            async move { update(json!({ format!("s{i}"): i })) }
+        }));
+    }
+    let out = steadfast_core::run("r", &b.build()?, &store).await?;
+    assert_eq!(*ran.lock().expect("ran"), vec![3, 4]);
+    let state = out.completed().ok_or("not completed")?;
+    assert_eq!(state.len(), 5);
+    Ok(())
+}
