@@ -207,12 +207,15 @@ async fn measure_here(args: &Args) -> Res<()> {
         remove_db(&path);
         // The same count for the engine's own saves.
         let (store, path) = fresh(&args.dir, &format!("bd-w1-frames-{rep}"))?;
+        let store: Arc<dyn Store> = Arc::new(store);
         let before = wal_frames(&path)?;
-        run_many(Arc::new(store) as Arc<dyn Store>, "run", 20, 1).await?;
+        run_many(Arc::clone(&store), "run", 20, 1).await?;
+        // Read before the store closes (closing checkpoints the log away).
         push(
             "w1_wal_frames_per_commit",
             (wal_frames(&path)? - before) / (20 * STEPS) as f64,
         );
+        drop(store);
         remove_db(&path);
         if let Some(ram) = &ram {
             let (store, path) = fresh(ram, &format!("bd-ram-{rep}"))?;

@@ -87,11 +87,23 @@ impl Drop for Turn {
 /// Whether the locked `file` is still the file at `path` (not removed or
 /// replaced meanwhile, which would split the queue in two).
 fn still_there(file: &File, path: &Path) -> bool {
+    identity(file).is_some_and(|id| at_path(id, path))
+}
+
+/// A file's device and inode.
+type Identity = (u64, u64);
+
+/// The identity of an open file (which never changes while it is open).
+fn identity(file: &File) -> Option<Identity> {
     use std::os::unix::fs::MetadataExt;
-    match (file.metadata(), std::fs::symlink_metadata(path)) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino() && a.nlink() > 0,
-        _ => false,
-    }
+    file.metadata().ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Whether the file with identity `id` is the one at `path` (so it is not
+/// removed, replaced or moved away): one look at the path.
+fn at_path(id: Identity, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| (m.dev(), m.ino()) == id)
 }
 
 /// The write queue of one database: its sidecar file, kept open between
@@ -101,7 +113,8 @@ fn still_there(file: &File, path: &Path) -> bool {
 /// once would share its lock.
 pub(crate) struct WriteQueue {
     path: PathBuf,
-    kept: Mutex<Option<Arc<File>>>,
+    /// The kept file and its identity.
+    kept: Mutex<Option<(Arc<File>, Identity)>>,
 }
 
 impl WriteQueue {
@@ -118,15 +131,22 @@ impl WriteQueue {
     /// waiting path opens the file that is there now).
     pub(crate) fn try_turn(&self) -> Result<Option<Turn>, Refused> {
         let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        let file = match &*kept {
-            Some(file) => Arc::clone(file),
-            None => Arc::clone(kept.insert(Arc::new(open_queue(&self.path)?))),
+        let (file, id) = match &*kept {
+            Some((file, id)) => (Arc::clone(file), *id),
+            None => {
+                let file = open_queue(&self.path)?;
+                let id = identity(&file).ok_or_else(|| {
+                    Refused::Io(std::io::Error::other("the queue file cannot be looked at"))
+                })?;
+                let (file, id) = kept.insert((Arc::new(file), id));
+                (Arc::clone(file), *id)
+            }
         };
         match file.try_lock() {
             Ok(()) => {
                 // The file removed, replaced or moved away since it was
                 // opened: the queue is on the file at the path now.
-                if still_there(&file, &self.path) {
+                if at_path(id, &self.path) {
                     return Ok(Some(Turn::held(file, Duration::ZERO)));
                 }
                 let _ = file.unlock();
