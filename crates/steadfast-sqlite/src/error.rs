@@ -14,6 +14,10 @@ pub(crate) fn map_err(e: rusqlite::Error, context: &str) -> StoreError {
             }
             _ => StoreErrorKind::Unavailable,
         },
+        // A stored value of another type than the schema's, or out of range.
+        rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..) => StoreErrorKind::Corrupt,
         _ => StoreErrorKind::Unavailable,
     };
     if kind == StoreErrorKind::Corrupt {

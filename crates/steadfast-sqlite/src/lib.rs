@@ -39,6 +39,7 @@
 //! ```
 
 mod error;
+mod progress;
 mod schema;
 mod wait;
 mod writer;
@@ -484,6 +485,10 @@ struct Loaded {
 
 fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded>, StoreError> {
     let ctx = || format!("loading run {run_id:?} from {path}");
+    // One read transaction: the head and the history rows as of one commit.
+    let _snapshot = conn
+        .unchecked_transaction()
+        .map_err(|e| map_err(e, &ctx()))?;
     let row: Option<RecordRow> = conn
         .prepare_cached(
             "SELECT workflow, status, next, version, created_at, updated_at, head,
@@ -513,33 +518,33 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
     let Some(mut row) = row else {
         return Ok(None);
     };
-    // The deltas since the snapshot, the progress rows (at or above the
-    // head's `next`) among them.
-    let mut st = conn
-        .prepare_cached(
-            "SELECT idx, name, update_json, version, saved_at, writer FROM steps
-             WHERE run_id = ?1 AND idx >= ?2 ORDER BY idx",
-        )
-        .map_err(|e| map_err(e, &ctx()))?;
-    let rows = st
-        .query_map(params![run_id, row.snapshot_next], |r| {
-            Ok(DeltaRow {
-                delta: (r.get(0)?, r.get(1)?, r.get(2)?),
-                version: r.get(3)?,
-                saved_at: r.get(4)?,
-                writer: r.get(5)?,
-            })
-        })
-        .map_err(|e| map_err(e, &ctx()))?;
-    let mut deltas = Vec::new();
-    for r in rows {
-        deltas.push(r.map_err(|e| map_err(e, &ctx()))?);
-    }
     let locate = locate(path, run_id);
     let place = Place::new(run_id, &locate);
-    let writer = take_progress(&place, &mut row, &deltas)?;
+    // Steps recorded by their rows alone say where the run is now.
+    let rows = progress::read_rows(conn, run_id, row.next).map_err(|e| map_err(e, &ctx()))?;
+    let progress = progress::check(&place, row.next, row.version, &rows)?;
+    let writer = progress.as_ref().map(progress::Progress::writer_bits);
+    if let Some(p) = &progress {
+        row.next = p.next;
+        row.version = p.version;
+        row.updated_at = p.saved_at;
+        row.delta_bytes = row.delta_bytes.saturating_add(p.bytes);
+    }
+    let mut st = conn
+        .prepare_cached("SELECT idx, name, update_json FROM steps WHERE run_id = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx")
+        .map_err(|e| map_err(e, &ctx()))?;
+    let mut rows = st
+        .query(params![run_id, row.snapshot_next, row.next])
+        .map_err(|e| map_err(e, &ctx()))?;
+    let deltas = std::iter::from_fn(|| match rows.next() {
+        Ok(Some(r)) => Some(
+            (|| Ok::<_, rusqlite::Error>((r.get(0)?, r.get(1)?, r.get(2)?)))()
+                .map_err(|e| map_err(e, &ctx())),
+        ),
+        Ok(None) => None,
+        Err(e) => Some(Err(map_err(e, &ctx()))),
+    });
     let doc: std::sync::Arc<str> = row.head.as_str().into();
-    let deltas = deltas.into_iter().map(|d| Ok(d.delta));
     let (mut cp, known) = rebuild(&place, row, deltas)?;
     if let Some(writer) = writer {
         cp.writer = writer;
@@ -551,61 +556,6 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
         doc,
     };
     Ok(Some(Loaded { cp, acct }))
-}
-
-/// A history row as a load reads it: the delta, and what a progress row
-/// also carries.
-struct DeltaRow {
-    delta: steadfast_core::store::rows::Delta,
-    version: Option<i64>,
-    saved_at: Option<i64>,
-    writer: Option<String>,
-}
-
-/// Applies a run's progress rows (its history rows at or above the head's
-/// `next`, each recorded with the version, time and writer number of its
-/// save) to its head row as read: the last one's version, time and index,
-/// their updates' size. Returns the last one's writer number. A progress
-/// row without its version, time or writer, or whose version does not
-/// rise, is corruption.
-fn take_progress(
-    place: &Place<'_>,
-    row: &mut RecordRow,
-    deltas: &[DeltaRow],
-) -> Result<Option<u64>, StoreError> {
-    let head_next = row.next;
-    let mut last_writer = None;
-    for d in deltas.iter().filter(|d| d.delta.0 >= head_next) {
-        let (idx, _, update) = &d.delta;
-        let (Some(version), Some(saved_at), Some(writer)) = (d.version, d.saved_at, &d.writer)
-        else {
-            return Err(place.corrupt(
-                &format!("steps[{idx}]"),
-                format!("step {idx} lies at or after the head's next ({head_next}) but lacks the version, time or writer of its save"),
-            ));
-        };
-        let writer = u64::from_str_radix(writer, 16).map_err(|_| {
-            place.corrupt(
-                &format!("steps[{idx}].writer"),
-                format!("{writer:?} is not a writer number"),
-            )
-        })?;
-        last_writer = Some(writer);
-        if version <= row.version {
-            return Err(place.corrupt(
-                &format!("steps[{idx}].version"),
-                format!(
-                    "{version} does not follow the run's version {}",
-                    row.version
-                ),
-            ));
-        }
-        row.version = version;
-        row.updated_at = saved_at;
-        row.next = idx.saturating_add(1);
-        row.delta_bytes = row.delta_bytes.saturating_add(update.len() as i64);
-    }
-    Ok(last_writer)
 }
 
 #[async_trait]
@@ -647,7 +597,9 @@ impl Store for SqliteStore {
             // (new with every save): the step's row alone records it, with
             // that number (a delta plan means the stored version is the one
             // known).
-            (Plan::Delta { step }, Some(a)) if same_labels => {
+            (Plan::Delta { step }, Some(a))
+                if same_labels && req.new_version() == a.known.version.saturating_add(1) =>
+            {
                 match (around_writer(&a.doc), around_writer(&doc)) {
                     (Some((before, _, after)), Some((b, writer, f)))
                         if (before, after) == (b, f) =>
@@ -706,9 +658,12 @@ impl Store for SqliteStore {
             let mut st = conn
                 .prepare_cached(
                     // A run's last progress row, if any, says how far it is.
-                    "SELECT r.run_id, r.workflow, r.status, coalesce(p.idx + 1, r.next),
-                            coalesce(p.version, r.version), r.created_at,
-                            coalesce(p.saved_at, r.updated_at) AS saved
+                    // (A damaged one reads NULL, which is reported corrupt.)
+                    "SELECT r.run_id, r.workflow, r.status,
+                            CASE WHEN p.idx IS NULL THEN r.next ELSE p.idx + 1 END,
+                            CASE WHEN p.idx IS NULL THEN r.version ELSE p.version END,
+                            r.created_at,
+                            CASE WHEN p.idx IS NULL THEN r.updated_at ELSE p.saved_at END AS saved
                      FROM runs r LEFT JOIN steps p ON p.run_id = r.run_id
                          AND p.idx = (SELECT max(idx) FROM steps WHERE run_id = r.run_id)
                          AND p.idx >= r.next
@@ -768,6 +723,9 @@ impl History for SqliteStore {
         let id = run_id.to_string();
         self.read(move |conn, path| {
             let ctx = || format!("reading the history of run {id:?} in {path}");
+            let _snapshot = conn
+                .unchecked_transaction()
+                .map_err(|e| map_err(e, &ctx()))?;
             let found: Option<i64> = conn
                 .prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")
                 .and_then(|mut st| st.query_row([&id], |r| r.get(0)).optional())

@@ -433,7 +433,7 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
     // A save that writes the head takes the run's progress rows into it
     // first, so that the head's own version and `next` are the run's.
     if expected.is_some() && !matches!(job.body, Body::Step { .. }) {
-        absorb(conn, &job.run_id).map_err(|e| map_err(e, &ctx("updating the head of")))?;
+        crate::progress::absorb(conn, &job.run_id, path)?;
     }
     let saved = match &job.body {
         Body::Step {
@@ -618,28 +618,6 @@ fn stored_version(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<i6
     .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
 }
 
-/// Takes run `run_id`'s progress rows (history rows at or above the head's
-/// `next`, recorded without rewriting the head) into its head: their last
-/// one's version, time, writer number and index, their updates' size. What
-/// the run is does
-/// not change, only where it is written, so a save that goes on to conflict
-/// may leave this done. Rows that lack their version or time are left, for
-/// a load to report.
-fn absorb(conn: &Connection, run_id: &str) -> rusqlite::Result<usize> {
-    conn.prepare_cached(
-        "UPDATE runs SET next = p.idx + 1, version = p.version, updated_at = p.saved_at,
-            head = json_set(head, '$.writer', p.writer),
-            delta_bytes = delta_bytes + (SELECT coalesce(sum(length(CAST(s.update_json AS BLOB))), 0)
-                                         FROM steps s WHERE s.run_id = ?1 AND s.idx >= runs.next)
-         FROM (SELECT idx, version, saved_at, writer FROM steps WHERE run_id = ?1
-               ORDER BY idx DESC LIMIT 1) AS p
-         WHERE runs.run_id = ?1 AND p.idx >= runs.next
-           AND p.version IS NOT NULL AND p.saved_at IS NOT NULL AND p.writer IS NOT NULL
-           AND json_valid(head)",
-    )?
-    .execute([run_id])
-}
-
 /// Records step `s` of run `run_id` by its row alone, at version `version`
 /// with the save's time and writer number (as the head document writes it),
 /// if the run is at version `expected` and the step is its next: the head's
@@ -719,7 +697,7 @@ fn apply_rewrite(
     path: &str,
 ) -> Result<bool, StoreError> {
     let ctx = format!("rewriting the history of run {run_id:?} in {path}");
-    absorb(conn, run_id).map_err(|e| map_err(e, &ctx))?;
+    crate::progress::absorb(conn, run_id, path)?;
     // Rows from `snapshot_next` on are merged into the state by a load: they
     // are not history yet (the next save without a step snapshots them).
     let found: Option<(i64, i64)> = conn
@@ -762,7 +740,9 @@ fn apply_delete(
 ) -> Result<bool, StoreError> {
     let ctx = format!("deleting run {run_id:?} in {path}");
     if let Some(expected) = expected {
-        // Checked before anything is deleted: a conflict leaves no trace.
+        // Checked before anything is deleted: a conflict leaves no trace
+        // (and damaged progress rows are reported, not deleted unseen).
+        crate::progress::absorb(conn, run_id, path)?;
         let found = stored_version(conn, run_id).map_err(|e| map_err(e, &ctx))?;
         let Some(found) = found else { return Ok(false) };
         expect_version(run_id, expected, u64::try_from(found).ok())?;

@@ -275,3 +275,186 @@ async fn the_engine_resumes_after_progress_rows_from_another_process_view() -> T
     assert_eq!(state.len(), 5);
     Ok(())
 }
+
+#[test]
+fn a_load_sees_one_commit_while_heads_and_rows_are_written() -> TestResult {
+    // Many commits make a torn read likely: on a RAM disk where there is one.
+    let dir = match std::path::Path::new("/dev/shm").is_dir() {
+        true => tempfile::tempdir_in("/dev/shm")?,
+        false => tempfile::tempdir()?,
+    };
+    let db = dir.path().join("runs.db");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let writer = SqliteStore::open(&db)?;
+    let (mut cp, mut version) = rt.block_on(saved_steps(&writer, "r", 1))?;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (db, done) = (db.clone(), Arc::clone(&done));
+        std::thread::spawn(move || -> Result<usize, String> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            let store = SqliteStore::open(&db).map_err(|e| e.to_string())?;
+            let mut loads = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let cp = rt
+                    .block_on(store.load("r"))
+                    .map_err(|e| e.to_string())?
+                    .ok_or("the run is gone")?;
+                // Each head write records its version in `attempts`; a step
+                // recorded by its row alone follows it. One commit's view has
+                // the run at that head's version or one step after it.
+                let lag = cp.version.saturating_sub(u64::from(cp.attempts));
+                if cp.attempts != 0 && lag > 1 {
+                    return Err(format!(
+                        "a torn read: version {} with the head of version {}",
+                        cp.version, cp.attempts
+                    ));
+                }
+                loads += 1;
+            }
+            Ok(loads)
+        })
+    };
+    rt.block_on(async {
+        for i in 1..2000 {
+            // A head-only save (as a lease renewal), then a step by its row.
+            cp.attempts = u32::try_from(version + 1)?;
+            version = writer
+                .save(SaveRequest::new(&cp, Some(version)).head_only())
+                .await?;
+            // One key, so that the state (and a load) stays small.
+            let up = json!({ "n": i });
+            let up = up.as_object().cloned().unwrap_or_default();
+            cp.state.extend(up.clone());
+            cp.completed.push(format!("s{i}"));
+            cp.next = i + 1;
+            let rec = StepRecord::new(i, &format!("s{i}"), up, 1, cp.created_at, cp.created_at);
+            version = writer
+                .save(SaveRequest::new(&cp, Some(version)).with_step(&rec))
+                .await?;
+        }
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })?;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let loads = reader.join().map_err(|_| "the reader panicked")??;
+    assert!(loads > 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_process_of_an_older_build_cannot_write_the_head_over_progress_rows() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open(&db)?;
+    let (_, version) = saved_steps(&store, "r", 4).await?;
+    // What a schema-4 build does for its next step: it reads the head alone
+    // (version and next as the head last wrote them) and updates it.
+    let conn = rusqlite::Connection::open(&db)?;
+    let (next, head_version): (i64, i64) = conn.query_row(
+        "SELECT next, version FROM runs WHERE run_id = 'r'",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    assert!(head_version < version as i64, "the head lags its rows");
+    let err = conn
+        .execute(
+            "UPDATE runs SET next = ?1, version = ?2 WHERE run_id = 'r' AND version = ?3",
+            rusqlite::params![next + 1, head_version + 1, head_version],
+        )
+        .expect_err("the stale head write");
+    assert!(err.to_string().contains("newer build"), "{err}");
+    drop(conn);
+    let loaded = store.load("r").await?.ok_or("the run is gone")?;
+    assert_eq!((loaded.version, loaded.next), (version, 4));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_damaged_progress_row_is_reported_by_every_path_and_nothing_is_written() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open(&db)?;
+    let (cp, version) = saved_steps(&store, "r", 5).await?;
+    drop(store);
+    let conn = rusqlite::Connection::open(&db)?;
+    // A row in the middle of the progress rows loses its version.
+    assert_eq!(
+        conn.execute(
+            "UPDATE steps SET version = NULL WHERE run_id = 'r' AND idx = 2",
+            []
+        )?,
+        1
+    );
+    let before: Vec<(i64, Option<i64>)> = conn
+        .prepare("SELECT idx, version FROM steps WHERE run_id = 'r' ORDER BY idx")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    let head = |conn: &rusqlite::Connection| -> rusqlite::Result<(i64, i64, String)> {
+        conn.query_row(
+            "SELECT next, version, head FROM runs WHERE run_id = 'r'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+    };
+    let head_before = head(&conn)?;
+    let store = SqliteStore::open(&db)?;
+    let err = store.load("r").await.expect_err("load");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "load: {err}");
+    // A head write at the version the run had reached takes the rows in
+    // first: it finds the damage and writes nothing.
+    let err = store
+        .save(SaveRequest::new(&cp, Some(version)).head_only())
+        .await
+        .expect_err("head-only save");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "save: {err}");
+    assert!(err.to_string().contains("steps[2]"), "names the row: {err}");
+    let err = store.delete_if("r", version).await.expect_err("delete_if");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "delete_if: {err}");
+    let after: Vec<(i64, Option<i64>)> = conn
+        .prepare("SELECT idx, version FROM steps WHERE run_id = 'r' ORDER BY idx")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<_, _>>()?;
+    assert_eq!(after, before, "the history is as it was");
+    assert_eq!(head(&conn)?, head_before, "the head is as it was");
+    // The last row damaged: a list reports it too, not the head's values.
+    conn.execute(
+        "UPDATE steps SET version = NULL WHERE run_id = 'r' AND idx = 4",
+        [],
+    )?;
+    let err = store.list(&ListFilter::new()).await.expect_err("list");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "list: {err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_imported_step_at_an_unrising_version_loads_back() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open(&db)?;
+    let (mut cp, version) = saved_steps(&store, "r", 3).await?;
+    let up = json!({"s3": 3});
+    let up = up.as_object().cloned().unwrap_or_default();
+    cp.state.extend(up.clone());
+    cp.completed.push("s3".into());
+    cp.next = 4;
+    let rec = StepRecord::new(3, "s3", up, 1, cp.created_at, cp.created_at);
+    // An import writes the version it carries, here the one it replaces.
+    let written = store
+        .save(
+            SaveRequest::new(&cp, Some(version))
+                .with_step(&rec)
+                .writing_version(version),
+        )
+        .await?;
+    assert_eq!(written, version);
+    let other = SqliteStore::open(&db)?;
+    let loaded = other.load("r").await?.ok_or("the run is gone")?;
+    assert_eq!((loaded.version, loaded.next), (version, 4));
+    assert_eq!(loaded.state, cp.state);
+    Ok(())
+}
