@@ -413,6 +413,36 @@ impl SqliteStore {
         }
     }
 
+    /// Whether run `run_id` is certainly absent, by one point query on an
+    /// idle pooled connection that must not wait for anything (SQLite's
+    /// handler for a busy file is off for it). `false` when that cannot be
+    /// told at once, for the full load to find out.
+    fn absent_at_once(&self, run_id: &str) -> bool {
+        let Some(conn) = self
+            .shared
+            .readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+        else {
+            return false;
+        };
+        let absent = conn.busy_timeout(Duration::ZERO).is_ok()
+            && conn
+                .prepare_cached("SELECT 1 FROM runs WHERE run_id = ?1")
+                .and_then(|mut st| st.exists([run_id]))
+                .is_ok_and(|found| !found);
+        // A connection whose patience cannot be given back is not pooled.
+        if conn.busy_timeout(self.shared.opts.busy_timeout).is_ok() {
+            self.shared
+                .readers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(conn);
+        }
+        absent
+    }
+
     /// Runs `f` on a read connection from the pool, off the async executor.
     async fn read<T: Send + 'static>(
         &self,
@@ -567,6 +597,12 @@ impl Store for SqliteStore {
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        // A run that is not there (the engine looks before every new run)
+        // is answered here, without a hand-off to a blocking thread.
+        if self.absent_at_once(run_id) {
+            self.shared.accts.set(run_id, None);
+            return Ok(None);
+        }
         let id = run_id.to_string();
         let loaded = self
             .read(move |conn, path| load_run(conn, path, &id))
