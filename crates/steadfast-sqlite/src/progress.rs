@@ -161,3 +161,74 @@ pub(crate) fn read_rows(conn: &Connection, run_id: &str, from: i64) -> rusqlite:
     })?;
     rows.collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{check, Row};
+    use proptest::prelude::*;
+    use steadfast_core::store::rows::Place;
+    use steadfast_core::StoreErrorKind;
+
+    /// A row as the test makes it: a step of the index (0: the next one;
+    /// more: a gap), a step of the version (0 or less: not rising), and
+    /// fields that may be missing or malformed.
+    fn row() -> impl Strategy<Value = (i64, i64, bool, Option<i64>, Option<String>, i64)> {
+        (
+            prop_oneof![8 => Just(0i64), 1 => 1i64..3],
+            prop_oneof![8 => 1i64..4, 1 => -2i64..1],
+            prop_oneof![9 => Just(true), 1 => Just(false)],
+            prop_oneof![8 => any::<i64>().prop_map(Some), 1 => Just(None)],
+            prop_oneof![
+                8 => any::<u64>().prop_map(|w| Some(format!("{w:016x}"))),
+                1 => Just(None),
+                1 => "[0-9a-zA-Z\"]{0,20}".prop_map(Some),
+            ],
+            0i64..10_000,
+        )
+    }
+
+    proptest! {
+        /// `check` accepts exactly the rows that follow the head without a
+        /// gap, each complete, versions rising above the head's, and then
+        /// says where they leave the run; anything else is `Corrupt`.
+        #[test]
+        fn progress_rows_are_accepted_exactly_when_whole(
+            head_next in 0i64..1000,
+            head_version in 0i64..1000,
+            made in prop::collection::vec(row(), 0..8),
+        ) {
+            let mut rows = Vec::new();
+            let (mut idx, mut version) = (head_next, head_version);
+            let mut whole = true;
+            for (gap, rise, has_version, saved_at, writer, bytes) in made {
+                idx += gap;
+                version += rise;
+                let writer_ok = writer
+                    .as_ref()
+                    .is_some_and(|w| w.len() == 16 && w.bytes().all(|b| b.is_ascii_hexdigit()));
+                whole &= gap == 0 && rise > 0 && has_version && saved_at.is_some() && writer_ok;
+                let version = has_version.then_some(version);
+                rows.push(Row { idx, version, saved_at, writer, bytes });
+                idx += 1;
+            }
+            let locate = |c: &str| format!("test.db runs[\"r\"].{c}");
+            let got = check(&Place::new("r", &locate), head_next, head_version, &rows);
+            match (got, rows.last()) {
+                (Ok(None), None) => {}
+                (Ok(Some(p)), Some(last)) => {
+                    prop_assert!(whole, "damaged rows were accepted");
+                    prop_assert_eq!(p.next, head_next + rows.len() as i64);
+                    prop_assert_eq!(Some(p.version), last.version);
+                    prop_assert_eq!(Some(p.saved_at), last.saved_at);
+                    prop_assert_eq!(Some(&p.writer), last.writer.as_ref());
+                    prop_assert_eq!(p.bytes, rows.iter().map(|r| r.bytes).sum::<i64>());
+                }
+                (Err(e), Some(_)) => {
+                    prop_assert!(!whole, "whole rows were refused: {}", e);
+                    prop_assert_eq!(e.kind(), StoreErrorKind::Corrupt);
+                }
+                (other, _) => prop_assert!(false, "unexpected {:?}", other.map(|p| p.is_some())),
+            }
+        }
+    }
+}
