@@ -11,6 +11,7 @@ import asyncio
 import datetime as dt
 import math
 import re
+import threading
 import time
 
 import pytest
@@ -931,3 +932,54 @@ async def test_more_runs_at_once_than_the_runtime_has_blocking_threads(memory_st
     runs = asyncio.gather(*(crowd.run_async(f"c{i:03}", memory_store, i) for i in range(700)))
     outcomes = await asyncio.wait_for(runs, 60)
     assert [o.value for o in outcomes] == list(range(700))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["durable", "listed"])
+async def test_a_sync_step_runs_off_the_loop_and_beside_other_runs(memory_store, kind):
+    """A sync step function runs on a thread of the engine's, never on the
+    event loop's: the loop goes on ticking while it blocks, and the sync
+    steps of runs started together overlap."""
+    spans = []
+
+    def slow(n):
+        start = time.monotonic()
+        time.sleep(0.2)
+        spans.append((start, time.monotonic(), threading.get_ident()))
+        return n
+
+    if kind == "durable":
+
+        @steadfast.durable("blocking")
+        async def blocking(ctx, n):
+            return await ctx.step("slow", lambda: slow(n))
+
+        def start(i):
+            return blocking.run_async(f"b{i}", memory_store, i)
+
+    else:
+        wf = steadfast.Workflow("blocking")
+        wf.step("slow", lambda ctx, state: {"n": slow(1)})
+
+        def start(i):
+            return steadfast.run_async(f"b{i}", wf, memory_store)
+
+    ticks = []
+
+    async def ticker():
+        while True:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.01)
+
+    loop_thread = threading.get_ident()
+    t = asyncio.create_task(ticker())
+    try:
+        await asyncio.wait_for(asyncio.gather(*(start(i) for i in range(4))), 30)
+    finally:
+        t.cancel()
+    assert len(spans) == 4
+    assert all(thread != loop_thread for _, _, thread in spans), "a step ran on the loop's thread"
+    first_end = min(end for _, end, _ in spans)
+    assert sum(1 for s, _, _ in spans if s < first_end) >= 2, f"the steps ran one after another: {spans}"
+    during = [x for x in ticks if spans[0][0] < x < spans[0][1]]
+    assert len(during) >= 3, "the loop stood still while a step blocked"
