@@ -1,7 +1,6 @@
 //! Calling Python step functions from the engine: sync functions on a blocking
-//! thread (or, when nothing else waits in their task, on the runtime worker
-//! that calls them), coroutines on the caller's asyncio loop, cancelled when
-//! the engine gives up on them (a timeout).
+//! thread, coroutines on the caller's asyncio loop, cancelled when the engine
+//! gives up on them (a timeout).
 
 use std::sync::{Arc, Mutex};
 
@@ -22,24 +21,6 @@ pub struct Caller {
     /// The last exception each step raised, by step name: the cause of the
     /// `StepFailed` that ends its attempts.
     pub causes: Arc<std::sync::Mutex<std::collections::HashMap<String, PyErr>>>,
-    /// Whether a lone call may run its function on the runtime worker that
-    /// calls it (see [`Alone`]): not under a lease, whose renewals wait in
-    /// the same task as the step.
-    pub in_place: bool,
-}
-
-/// Whether a call is the only thing its task waits for, with no deadline on
-/// it: then a sync function may run on the calling runtime worker (handed
-/// off by `block_in_place`) instead of a blocking thread, which spares two
-/// thread crossings. A step with a timeout is not alone (the timeout must
-/// be able to give up on it while it runs), nor is a branch of `parallel`
-/// (the others run in the same task).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Alone {
-    /// Alone in its task, no deadline.
-    Yes,
-    /// Something else waits in its task, or a deadline may stop it.
-    No,
 }
 
 impl Caller {
@@ -49,14 +30,7 @@ impl Caller {
             event_loop: Arc::new(event_loop),
             invoke: Arc::new(invoke),
             causes: Arc::default(),
-            in_place: false,
         }
-    }
-
-    /// Lets lone calls run sync functions in place (a run without a lease).
-    pub fn in_place(mut self, yes: bool) -> Self {
-        self.in_place = yes;
-        self
     }
 
     /// Sets the Python exception a failed step raised as the `__cause__`
@@ -136,17 +110,11 @@ impl Caller {
     /// Calls `f` with the arguments `args` makes, waits for its value (on the
     /// loop if it is a coroutine) and converts it to JSON; a Python exception
     /// becomes a step error (see [`step_error`]).
-    pub async fn call<A>(
-        &self,
-        step: &str,
-        alone: Alone,
-        f: Arc<Py<PyAny>>,
-        args: A,
-    ) -> Result<Value, StepError>
+    pub async fn call<A>(&self, step: &str, f: Arc<Py<PyAny>>, args: A) -> Result<Value, StepError>
     where
         A: for<'py> FnOnce(Python<'py>) -> PyResult<Vec<Py<PyAny>>> + Send + 'static,
     {
-        self.call_raw(alone, f, args).await.map_err(|e| match e {
+        self.call_raw(f, args).await.map_err(|e| match e {
             CallError::Raised(e) => {
                 // Counted for `drain`: a runtime thread in Python.
                 let _inside = crate::pending::InPython::enter();
@@ -168,16 +136,11 @@ impl Caller {
 
     /// Like [`call`](Self::call), keeping the Python exception as it is.
     ///
-    /// A sync function runs on a blocking thread, or in place when the call
-    /// is [`Alone`] and the caller allows it. An async one only starts there:
-    /// its coroutine runs on the loop, and its end, on the loop's thread,
-    /// converts the value and wakes this call, so no thread waits for it.
-    pub async fn call_raw<A>(
-        &self,
-        alone: Alone,
-        f: Arc<Py<PyAny>>,
-        args: A,
-    ) -> Result<Value, CallError>
+    /// A sync function runs on a blocking thread. An async one only starts
+    /// there: its coroutine runs on the loop, and its end, on the loop's
+    /// thread, converts the value and wakes this call, so no thread waits
+    /// for it.
+    pub async fn call_raw<A>(&self, f: Arc<Py<PyAny>>, args: A) -> Result<Value, CallError>
     where
         A: for<'py> FnOnce(Python<'py>) -> PyResult<Vec<Py<PyAny>>> + Send + 'static,
     {
@@ -185,7 +148,7 @@ impl Caller {
         let guard = CancelOnDrop(Arc::clone(&slot));
         let (tx, rx) = tokio::sync::oneshot::channel::<Result<Value, CallError>>();
         let me = self.clone();
-        let call = move || {
+        let handle = tokio::task::spawn_blocking(move || {
             let _inside = crate::pending::InPython::enter();
             Python::attach(|py| -> Result<Option<Value>, CallError> {
                 let raised = CallError::Raised;
@@ -227,22 +190,8 @@ impl Caller {
                     .map_err(raised)?;
                 Ok(None)
             })
-        };
-        // In place only on a worker of a multi-threaded runtime, where
-        // `block_in_place` hands the worker's other tasks to another thread.
-        let multi = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        let called = if alone == Alone::Yes && self.in_place && multi {
-            let out = tokio::task::block_in_place(call);
-            // A task stopped while its function ran (a ctx call the function
-            // did not await, abandoned when it returned) stops here, before
-            // the value is used, as at the await of a blocking thread.
-            tokio::task::yield_now().await;
-            Ok(out)
-        } else {
-            tokio::task::spawn_blocking(call).await
-        };
-        let out = match called {
+        });
+        let out = match handle.await {
             Ok(Ok(Some(value))) => Ok(value),
             Ok(Ok(None)) => rx.await.unwrap_or_else(|_| {
                 Err(CallError::Thread(

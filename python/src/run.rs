@@ -11,7 +11,7 @@ use steadfast::{
     StepOptions, Store, Suspension, Workflow,
 };
 
-use crate::call::{Alone, CallError, Caller};
+use crate::call::{CallError, Caller};
 use crate::convert::to_py;
 use crate::errors::{err, InvalidInput};
 use crate::pending::{spawn, Finish, Pending};
@@ -135,19 +135,12 @@ fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow
                 };
                 let func = Arc::new(func);
                 let caller = caller.clone();
-                // A listed step runs alone in its run's task unless a
-                // timeout may have to give up on it.
-                let alone = if spec.timeout.is_none() {
-                    Alone::Yes
-                } else {
-                    Alone::No
-                };
                 let mut step = Step::new(spec.name.clone(), move |ctx, state| {
                     let (func, caller) = (Arc::clone(&func), caller.clone());
                     let step_name = ctx.step().to_string();
                     async move {
                         let out = caller
-                            .call(&step_name, alone, func, move |py| {
+                            .call(&step_name, func, move |py| {
                                 let c = PyStepCtx {
                                     run_id: ctx.run_id().to_string(),
                                     step: ctx.step().to_string(),
@@ -313,11 +306,11 @@ pub fn run_workflow<'py>(
     wait_for_timers: bool,
     lease: Option<f64>,
 ) -> PyResult<Pending> {
-    let opts = RunOpts::new(accept_changed, wait_for_timers, lease)?;
-    let caller = Caller::new(event_loop, invoke).in_place(opts.lease.is_none());
+    let caller = Caller::new(event_loop, invoke);
     let wf = build(&name, steps, &caller)?;
     let input = input_arg(input)?;
     let store = Arc::clone(&store.inner);
+    let opts = RunOpts::new(accept_changed, wait_for_timers, lease)?;
     Ok(spawn(async move {
         if let Some(input) = input {
             if let Err(e) = start_if_new(&store, &run_id, |s| {
@@ -458,17 +451,11 @@ impl PyDurableCtx {
         let opts = options(&name, retries, backoff, max_backoff, timeout)?;
         let (ctx, caller, func) = (self.ctx.clone(), self.caller.clone(), Arc::new(func));
         let step = name.clone();
-        // Each context call has a task of its own.
-        let alone = if timeout.is_none() {
-            Alone::Yes
-        } else {
-            Alone::No
-        };
         self.awaitable(async move {
             ctx.step_with(name, opts, move || {
                 let (caller, func) = (caller.clone(), Arc::clone(&func));
                 let step = step.clone();
-                async move { caller.call(&step, alone, func, |_| Ok(vec![])).await }
+                async move { caller.call(&step, func, |_| Ok(vec![])).await }
             })
             .await
         })
@@ -483,7 +470,7 @@ impl PyDurableCtx {
                 let func = Arc::new(func);
                 let step = name.clone();
                 (name, async move {
-                    caller.call(&step, Alone::No, func, |_| Ok(vec![])).await
+                    caller.call(&step, func, |_| Ok(vec![])).await
                 })
             });
             ctx.parallel(futs).await.map(Value::Array)
@@ -571,11 +558,11 @@ pub fn run_durable<'py>(
     wait_for_timers: bool,
     lease: Option<f64>,
 ) -> PyResult<Pending> {
-    let opts = RunOpts::new(accept_changed, wait_for_timers, lease)?;
-    let caller = Caller::new(event_loop, invoke).in_place(opts.lease.is_none());
+    let caller = Caller::new(event_loop, invoke);
     let outer = caller.clone();
     let input = input_arg(input)?;
     let store = Arc::clone(&store.inner);
+    let opts = RunOpts::new(accept_changed, wait_for_timers, lease)?;
     let raised = Arc::new(Mutex::new(Raised::default()));
     Ok(spawn(async move {
         if let Some(input) = input {
@@ -601,9 +588,7 @@ pub fn run_durable<'py>(
                 async move {
                     let raised = Arc::clone(&c.raised);
                     let res = caller
-                        .call_raw(Alone::No, body, move |py| {
-                            Ok(vec![Py::new(py, c)?.into_any()])
-                        })
+                        .call_raw(body, move |py| Ok(vec![Py::new(py, c)?.into_any()]))
                         .await;
                     let (stopped, unfinished) = {
                         let mut r = raised.lock().unwrap_or_else(|p| p.into_inner());
