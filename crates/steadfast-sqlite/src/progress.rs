@@ -80,6 +80,12 @@ pub(crate) fn check<'r>(
                 format!("{version} does not follow version {after}"),
             ));
         }
+        if saved_at < 0 {
+            return Err(place.corrupt(
+                &format!("{at}.saved_at"),
+                format!("{saved_at} is before 1970"),
+            ));
+        }
         if writer.len() != 16 || !writer.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(place.corrupt(
                 &format!("{at}.writer"),
@@ -129,8 +135,11 @@ pub(crate) fn absorb(conn: &Connection, run_id: &str, path: &str) -> Result<(), 
         return Ok(());
     };
     conn.prepare_cached(
+        // A head that is not JSON keeps its text (the head write that
+        // follows replaces it, as it would without progress rows).
         "UPDATE runs SET next = ?2, version = ?3, updated_at = ?4,
-             head = json_set(head, '$.writer', ?5), delta_bytes = delta_bytes + ?6
+             head = CASE WHEN json_valid(head) THEN json_set(head, '$.writer', ?5) ELSE head END,
+             delta_bytes = delta_bytes + ?6
          WHERE run_id = ?1",
     )
     .and_then(|mut st| {
@@ -177,7 +186,7 @@ mod tests {
             prop_oneof![8 => Just(0i64), 1 => 1i64..3],
             prop_oneof![8 => 1i64..4, 1 => -2i64..1],
             prop_oneof![9 => Just(true), 1 => Just(false)],
-            prop_oneof![8 => any::<i64>().prop_map(Some), 1 => Just(None)],
+            prop_oneof![8 => (0..i64::MAX).prop_map(Some), 1 => (i64::MIN..0).prop_map(Some), 1 => Just(None)],
             prop_oneof![
                 8 => any::<u64>().prop_map(|w| Some(format!("{w:016x}"))),
                 1 => Just(None),
@@ -206,7 +215,11 @@ mod tests {
                 let writer_ok = writer
                     .as_ref()
                     .is_some_and(|w| w.len() == 16 && w.bytes().all(|b| b.is_ascii_hexdigit()));
-                whole &= gap == 0 && rise > 0 && has_version && saved_at.is_some() && writer_ok;
+                whole &= gap == 0
+                    && rise > 0
+                    && has_version
+                    && saved_at.is_some_and(|t| t >= 0)
+                    && writer_ok;
                 let version = has_version.then_some(version);
                 rows.push(Row { idx, version, saved_at, writer, bytes });
                 idx += 1;

@@ -99,11 +99,12 @@ const MIGRATIONS: &[&str] = &[
     // it. Rows written before this migration lie below `next` and keep NULL
     // here. A process of an older build still running on the file would
     // read the head alone and write over such rows: the trigger refuses its
-    // head writes (this build takes the rows in first, so never trips it).
+    // head writes, which all set the version (this build takes the rows in
+    // first, so never trips it).
     "ALTER TABLE steps ADD COLUMN version INTEGER;
      ALTER TABLE steps ADD COLUMN saved_at INTEGER;
      ALTER TABLE steps ADD COLUMN writer TEXT;
-     CREATE TRIGGER runs_behind_progress BEFORE UPDATE ON runs
+     CREATE TRIGGER runs_behind_progress BEFORE UPDATE OF version ON runs
      WHEN NEW.version < (SELECT max(version) FROM steps WHERE run_id = OLD.run_id AND idx >= OLD.next)
      BEGIN
          SELECT RAISE(ABORT, 'this run has steps recorded by a newer build of Steadfast (schema 5): upgrade this process');

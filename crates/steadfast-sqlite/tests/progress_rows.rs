@@ -374,6 +374,13 @@ async fn a_process_of_an_older_build_cannot_write_the_head_over_progress_rows() 
     Ok(())
 }
 
+/// Run `r`'s history rows: their indexes and versions (as stored, of any type).
+fn versions(conn: &rusqlite::Connection) -> rusqlite::Result<Vec<(i64, rusqlite::types::Value)>> {
+    conn.prepare("SELECT idx, version FROM steps WHERE run_id = 'r' ORDER BY idx")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect()
+}
+
 #[tokio::test]
 async fn a_damaged_progress_row_is_reported_by_every_path_and_nothing_is_written() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -390,10 +397,7 @@ async fn a_damaged_progress_row_is_reported_by_every_path_and_nothing_is_written
         )?,
         1
     );
-    let before: Vec<(i64, Option<i64>)> = conn
-        .prepare("SELECT idx, version FROM steps WHERE run_id = 'r' ORDER BY idx")?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<Result<_, _>>()?;
+    let before = versions(&conn)?;
     let head = |conn: &rusqlite::Connection| -> rusqlite::Result<(i64, i64, String)> {
         conn.query_row(
             "SELECT next, version, head FROM runs WHERE run_id = 'r'",
@@ -415,11 +419,7 @@ async fn a_damaged_progress_row_is_reported_by_every_path_and_nothing_is_written
     assert!(err.to_string().contains("steps[2]"), "names the row: {err}");
     let err = store.delete_if("r", version).await.expect_err("delete_if");
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "delete_if: {err}");
-    let after: Vec<(i64, Option<i64>)> = conn
-        .prepare("SELECT idx, version FROM steps WHERE run_id = 'r' ORDER BY idx")?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<Result<_, _>>()?;
-    assert_eq!(after, before, "the history is as it was");
+    assert_eq!(versions(&conn)?, before, "the history is as it was");
     assert_eq!(head(&conn)?, head_before, "the head is as it was");
     // The last row damaged: a list reports it too, not the head's values.
     conn.execute(
@@ -455,6 +455,87 @@ async fn an_imported_step_at_an_unrising_version_loads_back() -> TestResult {
     let other = SqliteStore::open(&db)?;
     let loaded = other.load("r").await?.ok_or("the run is gone")?;
     assert_eq!((loaded.version, loaded.next), (version, 4));
+    assert_eq!(loaded.state, cp.state);
+    Ok(())
+}
+
+#[tokio::test]
+async fn hostile_values_in_a_progress_row_are_corrupt_not_a_panic() -> TestResult {
+    // Each damage to the last progress row, planted by another program.
+    let damages = [
+        ("a time before the epoch", "saved_at = -5"),
+        ("a writer that is not UTF-8", "writer = X'FFFE'"),
+        ("a writer of a megabyte", "writer = hex(zeroblob(500000))"),
+        ("a writer that is a number", "writer = 7"),
+        (
+            "a version far below the head's",
+            "version = -9223372036854775808",
+        ),
+        ("a version of another type", "version = 'seven'"),
+    ];
+    for (what, set) in damages {
+        let dir = tempfile::tempdir()?;
+        let db = dir.path().join("runs.db");
+        let store = SqliteStore::open(&db)?;
+        let (cp, version) = saved_steps(&store, "r", 4).await?;
+        drop(store);
+        let conn = rusqlite::Connection::open(&db)?;
+        let changed = conn.execute(
+            &format!("UPDATE steps SET {set} WHERE run_id = 'r' AND idx = 3"),
+            [],
+        )?;
+        assert_eq!(changed, 1, "{what}");
+        let before = versions(&conn)?;
+        let store = SqliteStore::open(&db)?;
+        let err = store.load("r").await.expect_err(what);
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{what}: load: {err}");
+        let err = store.list(&ListFilter::new()).await;
+        if let Err(e) = &err {
+            assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{what}: list: {e}");
+        }
+        let saved = store
+            .save(SaveRequest::new(&cp, Some(version)).head_only())
+            .await;
+        let err = saved.expect_err(what);
+        assert!(
+            matches!(
+                err.kind(),
+                StoreErrorKind::Corrupt | StoreErrorKind::Conflict
+            ),
+            "{what}: save: {err}"
+        );
+        assert_eq!(versions(&conn)?, before, "{what}: the history is as it was");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_head_that_is_not_json_is_replaced_by_the_next_head_write_with_its_progress_kept(
+) -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open(&db)?;
+    let (mut cp, version) = saved_steps(&store, "r", 4).await?;
+    drop(store);
+    let conn = rusqlite::Connection::open(&db)?;
+    conn.execute(
+        "UPDATE runs SET head = '{\"format\": tru' WHERE run_id = 'r'",
+        [],
+    )?;
+    let store = SqliteStore::open(&db)?;
+    let err = store.load("r").await.expect_err("a damaged head");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    // A head write at the run's version (as a repair from a known record
+    // makes) replaces the head and keeps every step.
+    cp.attempts = 2;
+    let written = store
+        .save(SaveRequest::new(&cp, Some(version)).head_only())
+        .await?;
+    let loaded = store.load("r").await?.ok_or("the run is gone")?;
+    assert_eq!(
+        (loaded.version, loaded.next, loaded.attempts),
+        (written, 4, 2)
+    );
     assert_eq!(loaded.state, cp.state);
     Ok(())
 }
