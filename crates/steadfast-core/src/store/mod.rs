@@ -4,6 +4,7 @@
 //! of a state).
 
 pub mod backend;
+pub mod blob;
 pub mod group;
 pub mod head;
 pub mod image;

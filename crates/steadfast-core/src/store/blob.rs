@@ -1,0 +1,469 @@
+//! Large values by reference: the rules every store with blobs shares.
+//!
+//! A top-level value of a state or of a step's update whose JSON text is
+//! longer than a store's threshold is written once, as a *blob* named by the
+//! SHA-256 of that text, and the record holds a small reference in its place:
+//!
+//! ```json
+//! {"$blob": "sha256:<64 hex digits>", "bytes": 1048576}
+//! ```
+//!
+//! A store writes a blob in the same transaction as (or, where there are no
+//! transactions, durably before) the first record that refers to it, and the
+//! same content is stored once however many steps and runs refer to it. On
+//! the way out the store puts the value back ([`resolve_object`]): callers
+//! never see a reference.
+//!
+//! A value of the caller's that looks like a reference (a top-level object
+//! with a `$blob` member) is stored *escaped*, as
+//! `{"$blob": "literal", "value": …}`, and given back as it was; so every
+//! top-level object with a `$blob` member in a stored record is one of these
+//! two shapes, and anything else there is [`StoreError::Corrupt`].
+//!
+//! ```
+//! use serde_json::{json, Map, Value};
+//! use steadfast_core::store::blob::{encode_object, resolve_object, Blob, BlobHash};
+//! use steadfast_core::store::rows::Place;
+//!
+//! let big = "x".repeat(100);
+//! let state: Map<String, Value> = json!({"doc": big, "n": 1}).as_object().unwrap().clone();
+//! let mut blobs = Vec::new();
+//! let text = encode_object(&state, 64, "r1", "state", &mut blobs)?;
+//! assert_eq!(blobs.len(), 1);
+//! assert!(text.contains("\"$blob\":\"sha256:"));
+//!
+//! // Reading it back: the store looks each reference up by its hash.
+//! let mut stored: Map<String, Value> = serde_json::from_str(&text).unwrap();
+//! let locate = |c: &str| format!("runs[\"r1\"].{c}");
+//! let place = Place::new("r1", &locate);
+//! resolve_object(&mut stored, &place, "snapshot", &mut |h: &BlobHash| {
+//!     Ok(blobs.iter().find(|b| b.hash == *h).map(|b: &Blob| b.text.clone().into_bytes()))
+//! })?;
+//! assert_eq!(stored, state);
+//! # Ok::<(), steadfast_core::StoreError>(())
+//! ```
+
+use std::fmt;
+
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::store::rows::Place;
+use crate::StoreError;
+
+/// The threshold above which a value is stored as a blob by default: 64 KiB
+/// of JSON text.
+pub const DEFAULT_BLOB_THRESHOLD: u64 = 64 << 10;
+
+/// The smallest threshold a store takes: below it a reference would cost
+/// about as much as the value.
+pub const MIN_BLOB_THRESHOLD: u64 = 256;
+
+/// The largest value a blob holds: 1 GiB of JSON text.
+pub const MAX_BLOB_BYTES: u64 = 1 << 30;
+
+/// The member that marks a reference (or an escaped value).
+pub const MARK: &str = "$blob";
+
+/// The mark's value on an escaped value of the caller's.
+const LITERAL: &str = "literal";
+
+/// The SHA-256 of a blob's content, which names it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlobHash([u8; 32]);
+
+impl BlobHash {
+    /// The hash of `content`.
+    pub fn of(content: &[u8]) -> Self {
+        BlobHash(Sha256::digest(content).into())
+    }
+
+    /// The 32 bytes of the hash.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// A hash from its 32 bytes (`None` for any other length).
+    pub fn from_slice(bytes: &[u8]) -> Option<Self> {
+        bytes.try_into().ok().map(BlobHash)
+    }
+
+    /// A hash from its text form, `sha256:` and 64 lowercase hex digits.
+    pub fn parse(text: &str) -> Option<Self> {
+        let hex = text.strip_prefix("sha256:")?;
+        if hex.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in hex.as_bytes().chunks(2).enumerate() {
+            let digit = |b: u8| match b {
+                b'0'..=b'9' => Some(b - b'0'),
+                b'a'..=b'f' => Some(b - b'a' + 10),
+                _ => None,
+            };
+            out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+        }
+        Some(BlobHash(out))
+    }
+}
+
+impl fmt::Display for BlobHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("sha256:")?;
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for BlobHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// A value to be stored once, under the hash of its JSON text.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Blob {
+    /// The SHA-256 of `text`.
+    pub hash: BlobHash,
+    /// The value, as JSON text.
+    pub text: String,
+}
+
+impl fmt::Debug for Blob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Blob")
+            .field("hash", &self.hash)
+            .field("bytes", &self.text.len())
+            .finish()
+    }
+}
+
+/// Checks a threshold given to a store: at least [`MIN_BLOB_THRESHOLD`] and
+/// at most [`MAX_BLOB_BYTES`].
+pub fn check_threshold(bytes: u64) -> Result<u64, StoreError> {
+    if (MIN_BLOB_THRESHOLD..=MAX_BLOB_BYTES).contains(&bytes) {
+        Ok(bytes)
+    } else {
+        Err(StoreError::InvalidInput(format!(
+            "a blob threshold of {bytes} bytes is out of range: give {MIN_BLOB_THRESHOLD} bytes to 1 GiB"
+        )))
+    }
+}
+
+/// Whether a caller's value needs escaping: an object with a `$blob` member.
+fn looks_like_mark(v: &Value) -> bool {
+    matches!(v, Value::Object(m) if m.contains_key(MARK))
+}
+
+fn encode<T: serde::Serialize>(v: &T, run_id: &str, what: &str) -> Result<String, StoreError> {
+    crate::store::head::encode_json(v, run_id, what)
+}
+
+/// Writes `map` as a JSON object, each top-level value whose text is longer
+/// than `threshold` bytes replaced by a reference and pushed to `blobs`
+/// (once per content), each value of the caller's that looks like a
+/// reference escaped. A value over [`MAX_BLOB_BYTES`] is refused
+/// ([`StoreError::TooLarge`]), naming it; nothing is written.
+pub fn encode_object(
+    map: &Map<String, Value>,
+    threshold: u64,
+    run_id: &str,
+    what: &str,
+    blobs: &mut Vec<Blob>,
+) -> Result<String, StoreError> {
+    let mut out = String::with_capacity(64);
+    out.push('{');
+    for (i, (key, value)) in map.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&encode(key, run_id, what)?);
+        out.push(':');
+        let text = encode(value, run_id, what)?;
+        let bytes = text.len() as u64;
+        if bytes > threshold {
+            if bytes > MAX_BLOB_BYTES {
+                return Err(StoreError::TooLarge {
+                    run_id: run_id.to_string(),
+                    what: "value",
+                    size: bytes,
+                    limit: MAX_BLOB_BYTES,
+                });
+            }
+            let hash = BlobHash::of(text.as_bytes());
+            out.push_str(&format!("{{\"{MARK}\":\"{hash}\",\"bytes\":{bytes}}}"));
+            if !blobs.iter().any(|b| b.hash == hash) {
+                blobs.push(Blob { hash, text });
+            }
+        } else if looks_like_mark(value) {
+            out.push_str(&format!("{{\"{MARK}\":\"{LITERAL}\",\"value\":{text}}}"));
+        } else {
+            out.push_str(&text);
+        }
+    }
+    out.push('}');
+    Ok(out)
+}
+
+/// What a stored top-level value is.
+enum Stored<'a> {
+    /// A value as it was given.
+    Plain,
+    /// An escaped value of the caller's.
+    Literal,
+    /// A reference.
+    Ref(BlobHash, u64),
+    /// An object with a `$blob` member of neither shape.
+    Malformed(&'a str),
+}
+
+fn classify(v: &Value) -> Stored<'_> {
+    let Value::Object(m) = v else {
+        return Stored::Plain;
+    };
+    let Some(mark) = m.get(MARK) else {
+        return Stored::Plain;
+    };
+    match mark.as_str() {
+        Some(LITERAL) if m.len() == 2 && m.contains_key("value") => Stored::Literal,
+        Some(LITERAL) => {
+            Stored::Malformed("an escaped value must have exactly `$blob` and `value`")
+        }
+        Some(text) => match (
+            BlobHash::parse(text),
+            m.get("bytes").and_then(Value::as_u64),
+        ) {
+            (Some(hash), Some(bytes)) if m.len() == 2 && bytes <= MAX_BLOB_BYTES => {
+                Stored::Ref(hash, bytes)
+            }
+            (None, _) => Stored::Malformed("`$blob` is neither \"literal\" nor a sha256: hash"),
+            _ => Stored::Malformed(
+                "a reference must have exactly `$blob` and `bytes` (at most 1 GiB)",
+            ),
+        },
+        None => Stored::Malformed("`$blob` is not a string"),
+    }
+}
+
+/// The blobs a stored object (a snapshot's or an update's text) refers to,
+/// each once. A malformed reference is [`StoreError::Corrupt`] at `column`.
+pub fn refs_in(text: &str, place: &Place<'_>, column: &str) -> Result<Vec<BlobHash>, StoreError> {
+    // Most records hold no reference: no need to parse them.
+    if !text.contains(MARK) {
+        return Ok(Vec::new());
+    }
+    let map: Map<String, Value> = serde_json::from_str(text)
+        .map_err(|e| place.corrupt(column, format!("not a JSON object: {e}")))?;
+    let mut out = Vec::new();
+    for (key, value) in &map {
+        match classify(value) {
+            Stored::Ref(hash, _) if !out.contains(&hash) => out.push(hash),
+            Stored::Malformed(why) => {
+                return Err(place.corrupt(&format!("{column}.{key}"), why));
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Puts back every value of a stored object: a reference is replaced by the
+/// blob `fetch` finds for its hash (its content as stored), an escaped value
+/// by the value. A blob that is missing, of another length than its
+/// reference says, whose content does not hash to its name or is not JSON is
+/// [`StoreError::Corrupt`] at `column`, as is a malformed reference.
+pub fn resolve_object(
+    map: &mut Map<String, Value>,
+    place: &Place<'_>,
+    column: &str,
+    fetch: &mut dyn FnMut(&BlobHash) -> Result<Option<Vec<u8>>, StoreError>,
+) -> Result<(), StoreError> {
+    for (key, value) in map.iter_mut() {
+        let at = || format!("{column}.{key}");
+        match classify(value) {
+            Stored::Plain => {}
+            Stored::Literal => {
+                if let Value::Object(m) = value {
+                    let inner = m.remove("value").unwrap_or(Value::Null);
+                    *value = inner;
+                }
+            }
+            Stored::Malformed(why) => return Err(place.corrupt(&at(), why)),
+            Stored::Ref(hash, bytes) => {
+                let Some(content) = fetch(&hash)? else {
+                    return Err(place.corrupt(
+                        &at(),
+                        format!("refers to blob {hash}, which is not in the store"),
+                    ));
+                };
+                *value = open(&content, hash, bytes).map_err(|why| place.corrupt(&at(), why))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A blob's value from its stored content, checked against its reference.
+fn open(content: &[u8], hash: BlobHash, bytes: u64) -> Result<Value, String> {
+    if content.len() as u64 != bytes {
+        return Err(format!(
+            "blob {hash} holds {} bytes where its reference says {bytes}",
+            content.len()
+        ));
+    }
+    if BlobHash::of(content) != hash {
+        return Err(format!("blob {hash} does not hash to its name (damaged)"));
+    }
+    serde_json::from_slice(content).map_err(|e| format!("blob {hash} is not JSON: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StoreErrorKind;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    fn round_trip(
+        map: &Map<String, Value>,
+        threshold: u64,
+    ) -> (String, Vec<Blob>, Map<String, Value>) {
+        let mut blobs = Vec::new();
+        let text = encode_object(map, threshold, "r", "state", &mut blobs).unwrap();
+        let mut back: Map<String, Value> = serde_json::from_str(&text).unwrap();
+        let locate = |c: &str| c.to_string();
+        let place = Place::new("r", &locate);
+        resolve_object(&mut back, &place, "snapshot", &mut |h| {
+            Ok(blobs
+                .iter()
+                .find(|b| b.hash == *h)
+                .map(|b| b.text.clone().into_bytes()))
+        })
+        .unwrap();
+        (text, blobs, back)
+    }
+
+    #[test]
+    fn a_big_value_goes_to_a_blob_once_and_comes_back() {
+        let doc = "d".repeat(1000);
+        let map = obj(json!({"a": doc, "b": doc, "small": 1}));
+        let (text, blobs, back) = round_trip(&map, 256);
+        assert_eq!(blobs.len(), 1, "the same content is one blob");
+        assert_eq!(back, map);
+        assert!(text.len() < 300, "{text}");
+        assert_eq!(blobs[0].hash, BlobHash::of(blobs[0].text.as_bytes()));
+        assert_eq!(
+            refs_in(&text, &Place::new("r", &|c: &str| c.into()), "s").unwrap(),
+            vec![blobs[0].hash]
+        );
+    }
+
+    #[test]
+    fn a_value_that_looks_like_a_reference_is_escaped_and_given_back() {
+        let fake = json!({"$blob": "sha256:00", "bytes": 3});
+        let map = obj(json!({"x": fake, "y": {"$blob": "literal", "value": 1}}));
+        let (text, blobs, back) = round_trip(&map, 1 << 20);
+        assert!(blobs.is_empty());
+        assert_eq!(back, map);
+        assert!(text.contains("\"literal\""));
+    }
+
+    #[test]
+    fn damage_is_corrupt_with_its_place() {
+        let doc = "d".repeat(1000);
+        let map = obj(json!({"doc": doc}));
+        let mut blobs = Vec::new();
+        let text = encode_object(&map, 256, "r", "state", &mut blobs).unwrap();
+        let locate = |c: &str| format!("db runs[\"r\"].{c}");
+        let place = Place::new("r", &locate);
+        let cases: Vec<(&str, Option<Vec<u8>>)> = vec![
+            ("missing", None),
+            ("shorter", Some(blobs[0].text.as_bytes()[1..].to_vec())),
+            (
+                "changed",
+                Some(blobs[0].text.replace('d', "e").into_bytes()),
+            ),
+        ];
+        for (name, content) in cases {
+            let mut back: Map<String, Value> = serde_json::from_str(&text).unwrap();
+            let err = resolve_object(&mut back, &place, "snapshot", &mut |_| Ok(content.clone()))
+                .unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{name}: {err}");
+            assert!(err.to_string().contains("snapshot.doc"), "{name}: {err}");
+        }
+        for bad in [
+            json!({"$blob": 1}),
+            json!({"$blob": "sha256:zz", "bytes": 1}),
+            json!({"$blob": "literal"}),
+            json!({"$blob": blobs[0].hash.to_string()}),
+            json!({"$blob": blobs[0].hash.to_string(), "bytes": 1, "more": 2}),
+        ] {
+            let mut back = obj(json!({ "v": bad }));
+            let err = resolve_object(&mut back, &place, "snapshot", &mut |_| Ok(None)).unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{bad}: {err}");
+            let text = serde_json::to_string(&obj(json!({ "v": bad }))).unwrap();
+            assert!(refs_in(&text, &place, "s").is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn too_large_and_out_of_range() {
+        assert!(check_threshold(MIN_BLOB_THRESHOLD - 1).is_err());
+        assert!(check_threshold(MAX_BLOB_BYTES + 1).is_err());
+        assert_eq!(
+            check_threshold(DEFAULT_BLOB_THRESHOLD).unwrap(),
+            DEFAULT_BLOB_THRESHOLD
+        );
+        assert!(BlobHash::parse("sha256:ABCD").is_none());
+        let h = BlobHash::of(b"x");
+        assert_eq!(BlobHash::parse(&h.to_string()), Some(h));
+        assert_eq!(BlobHash::from_slice(h.as_bytes()), Some(h));
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<i64>().prop_map(Value::from),
+            "[a-z$]{0,40}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map(
+                    prop_oneof![
+                        Just("$blob".to_string()),
+                        Just("value".to_string()),
+                        "[a-z]{1,3}"
+                    ],
+                    inner,
+                    0..4
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Whatever the caller's values (references look-alikes included)
+        /// and wherever the threshold, what comes back is what went in.
+        #[test]
+        fn any_object_round_trips(
+            entries in prop::collection::btree_map("[a-z$]{1,4}", value(), 0..6),
+            threshold in 0u64..200,
+        ) {
+            let map: Map<String, Value> = entries.into_iter().collect();
+            let (_, blobs, back) = round_trip(&map, threshold);
+            prop_assert_eq!(back, map);
+            for b in &blobs {
+                prop_assert!(b.text.len() as u64 > threshold);
+            }
+        }
+    }
+}
