@@ -428,16 +428,19 @@ pub async fn interleaved_savers_keep_versions_gap_free(ts: TestStore) -> CheckRe
     Ok(())
 }
 
-/// A state over the limit is refused with `TooLarge`, and the stored record stays.
+/// A state over the limit is refused with `TooLarge`, and the stored record
+/// stays. (The state is many small values: a store with blobs stores a large
+/// value by reference, and the limit bounds the record.)
 pub async fn oversize_state_is_refused_and_prior_record_intact(ts: TestStore) -> CheckResult {
     let cp = checkpoint("r", "flow", json!({"small": "x"}));
     let v = save(&*ts.store, &cp, None).await?;
     let before = ts.store.load("r").await?;
-    let big = checkpoint(
-        "r",
-        "flow",
-        json!({"big": "x".repeat(STATE_LIMIT as usize + 1)}),
-    );
+    let many = || {
+        let value = "x".repeat(100);
+        let n = STATE_LIMIT as usize / 100 + 1;
+        Value::Object((0..n).map(|i| (format!("k{i}"), json!(value))).collect())
+    };
+    let big = checkpoint("r", "flow", many());
     let r = save(&*ts.store, &big, Some(v)).await;
     ensure!(
         matches!(&r, Err(e) if e.kind() == StoreErrorKind::TooLarge),
@@ -447,20 +450,91 @@ pub async fn oversize_state_is_refused_and_prior_record_intact(ts: TestStore) ->
         ts.store.load("r").await? == before,
         "the refused save changed the record"
     );
-    let fresh = save(
-        &*ts.store,
-        &checkpoint(
-            "new",
-            "flow",
-            json!({"big": "x".repeat(STATE_LIMIT as usize + 1)}),
-        ),
-        None,
-    )
-    .await;
+    let fresh = save(&*ts.store, &checkpoint("new", "flow", many()), None).await;
     ensure!(fresh.is_err(), "oversize fresh save was accepted");
     ensure!(
         ts.store.load("new").await?.is_none(),
         "the refused fresh save created the run"
+    );
+    Ok(())
+}
+
+/// Large values (stored once by reference in a store with blobs), the same
+/// value under several keys and in several runs, and values of the caller's
+/// that look like references all load back exactly, in the state and in the
+/// history, through a fresh save, a step's delta and a rewind.
+pub async fn large_values_and_lookalikes_load_back_equal(ts: TestStore) -> CheckResult {
+    let doc = "d".repeat(8 * 1024);
+    let other = "e".repeat(8 * 1024);
+    let lookalikes = json!({
+        "fake": {"$blob": format!("sha256:{}", "0".repeat(64)), "bytes": 3},
+        "lit": {"$blob": "literal", "value": [1]},
+        "odd": {"$blob": 1},
+        "nested": {"a": {"$blob": "literal"}},
+    });
+    let mut first = json!({"doc": doc, "copy": doc, "n": 1});
+    if let (Value::Object(f), Value::Object(l)) = (&mut first, lookalikes) {
+        f.extend(l);
+    }
+    let history = ts.store.capabilities().history.is_some();
+    for run_id in ["big-1", "big-2"] {
+        let mut cp = checkpoint(run_id, "flow", first.clone());
+        cp.completed = vec!["a".into()];
+        cp.next = 1;
+        let a = record(0, "a", first.clone(), 1);
+        let v1 = ts
+            .store
+            .save(SaveRequest::new(&cp, None).with_step(&a))
+            .await?;
+        let b_update = json!({"doc2": other, "fake": {"$blob": "x"}, "doc": doc});
+        let b = record(1, "b", b_update.clone(), 1);
+        if let Value::Object(u) = &b_update {
+            cp.state.extend(u.clone());
+        }
+        cp.completed.push("b".into());
+        cp.next = 2;
+        let v2 = ts
+            .store
+            .save(SaveRequest::new(&cp, Some(v1)).with_step(&b))
+            .await?;
+        cp.version = v2;
+        let loaded = ts.store.load(run_id).await?;
+        ensure!(
+            loaded.as_ref() == Some(&cp),
+            "run {run_id} loaded back differently: {:?}",
+            loaded.map(|l| l.state.keys().cloned().collect::<Vec<_>>())
+        );
+        if history {
+            let h = ts.store.history(run_id).await?.ok_or("no history")?;
+            ensure!(h == vec![a.clone(), b], "run {run_id}: the history differs");
+        }
+        if run_id == "big-2" && history {
+            // A rewind drops the second step; the first still loads.
+            cp.next = 1;
+            cp.completed.truncate(1);
+            cp.state = match first.clone() {
+                Value::Object(m) => m,
+                _ => State::new(),
+            };
+            cp.version = ts.store.save(SaveRequest::new(&cp, Some(v2))).await?;
+            ensure!(
+                ts.store.load(run_id).await?.as_ref() == Some(&cp),
+                "a rewound run loaded back differently"
+            );
+            let h = ts.store.history(run_id).await?.ok_or("no history")?;
+            ensure!(h == vec![a], "the rewound history differs");
+        }
+    }
+    // Deleting one run leaves the other whole.
+    ensure!(ts.store.delete("big-1").await?, "delete found nothing");
+    let left = ts
+        .store
+        .load("big-2")
+        .await?
+        .ok_or("the other run vanished")?;
+    ensure!(
+        left.state.get("doc") == Some(&json!(doc)),
+        "deleting a run that shared a value damaged the other"
     );
     Ok(())
 }

@@ -222,6 +222,7 @@ macro_rules! store_conformance {
             a_half_built_run_is_left_alone_by_retention,
             wrappers_keep_every_capability,
             concurrent_starts_of_one_id_agree,
+            large_values_and_lookalikes_load_back_equal,
         );
     };
 }

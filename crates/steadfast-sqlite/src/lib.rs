@@ -38,6 +38,7 @@
 //! # }).unwrap();
 //! ```
 
+mod blobs;
 mod error;
 mod progress;
 mod schema;
@@ -51,8 +52,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use steadfast_core::store::blob::{resolve_object, BlobHash};
 use steadfast_core::store::head::around_writer;
-use steadfast_core::store::plan::{plan_save, Plan};
+use steadfast_core::store::plan::{plan_save_with_blobs, Plan};
 use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow, SummaryRow};
 use steadfast_core::store::{encode_head, Rewrite, RunCache, SaveRequest};
 use steadfast_core::{Capabilities, History};
@@ -68,6 +70,8 @@ pub use rusqlite;
 /// Default limit of one run's state: 64 MiB.
 pub const DEFAULT_MAX_STATE_BYTES: u64 = 64 << 20;
 
+pub use steadfast_core::store::blob::DEFAULT_BLOB_THRESHOLD;
+
 /// Default wait for another process's write lock: 10 seconds.
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -80,6 +84,11 @@ pub struct SqliteOptions {
     /// How long a writer waits for the write lock while no one commits (a
     /// writer waits as long as others commit, up to [`MAX_WRITE_WAIT`]).
     pub busy_timeout: Duration,
+    /// Values (top-level values of a state or of a step's update) whose
+    /// JSON text is longer than this many bytes are stored once each, as
+    /// blobs named by their SHA-256, and referred to from the records
+    /// (default [`DEFAULT_BLOB_THRESHOLD`]; `?blob_threshold=` in a URL).
+    pub blob_threshold: u64,
     /// Whether opening may create a missing database (and its directory).
     /// Without it, a missing store is [`StoreError::NotFound`], for commands
     /// that only read.
@@ -105,6 +114,7 @@ impl Default for SqliteOptions {
         SqliteOptions {
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
+            blob_threshold: DEFAULT_BLOB_THRESHOLD,
             create: true,
             #[cfg(feature = "mutants")]
             mutants: Mutants::default(),
@@ -126,6 +136,12 @@ impl SqliteOptions {
     /// Sets whether opening may create a missing database.
     pub fn create(mut self, yes: bool) -> Self {
         self.create = yes;
+        self
+    }
+    /// Sets the size above which a value is stored as a blob (checked when
+    /// the store opens: 256 bytes to 1 GiB).
+    pub fn blob_threshold(mut self, bytes: u64) -> Self {
+        self.blob_threshold = bytes;
         self
     }
 }
@@ -288,6 +304,7 @@ impl SqliteStore {
 
     /// Opens the database at `path` with `opts`.
     pub fn open_with(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<Self, StoreError> {
+        steadfast_core::store::blob::check_threshold(opts.blob_threshold)?;
         let path = prepare_file(path.as_ref(), opts.create)?;
         let display = path.display().to_string();
         // Look before changing anything, on a connection that cannot write
@@ -486,9 +503,26 @@ pub const URL_SCHEMES: &[&str] = &["sqlite"];
 
 /// Opens the database that a `sqlite:` URL names (`rest` is what follows
 /// the scheme), creating it only when `create` is set.
+///
+/// What follows a `?` sets options: `blob_threshold=SIZE` (bytes, or with
+/// `KiB`, `MiB` or `GiB`), the size above which a value is stored as a blob.
 pub fn open_url(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+    let (rest, query) = match rest.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (rest, None),
+    };
     let path = steadfast_core::local::url_path(rest)?;
-    let opts = SqliteOptions::default().create(create);
+    let mut opts = SqliteOptions::default().create(create);
+    for pair in query.into_iter().flat_map(|q| q.split('&')) {
+        match pair.split_once('=') {
+            Some(("blob_threshold", size)) => {
+                opts.blob_threshold = steadfast_core::store::blob::parse_size(size)?;
+            }
+            _ => return Err(StoreError::InvalidInput(format!(
+                "sqlite URL parameter {pair:?} is not known; the one taken is blob_threshold=SIZE"
+            ))),
+        }
+    }
     Ok(Arc::new(SqliteStore::open_with(path, opts)?))
 }
 
@@ -501,6 +535,15 @@ pub const BACKEND: steadfast_core::store::backend::Backend =
         "the embedded default: one machine, many runs, no server",
         |_, rest, create| Box::pin(std::future::ready(open_url(rest, create))),
     );
+
+/// The stored text of blob `hash`, for a load's references.
+fn fetch_blob(
+    conn: &Connection,
+    hash: &BlobHash,
+    path: &str,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    blobs::fetch(conn, hash).map_err(|e| map_err(e, &format!("reading blob {hash} in {path}")))
+}
 
 /// How messages name a column of run `run_id` in the database at `path`.
 fn locate(path: &str, run_id: &str) -> impl Fn(&str) -> String + Sync {
@@ -576,6 +619,11 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
     });
     let doc: std::sync::Arc<str> = row.head.as_str().into();
     let (mut cp, known) = rebuild(&place, row, deltas)?;
+    drop(rows);
+    drop(st);
+    resolve_object(&mut cp.state, &place, "state", &mut |h| {
+        fetch_blob(conn, h, path)
+    })?;
     if let Some(writer) = writer {
         cp.writer = writer;
     }
@@ -616,10 +664,11 @@ impl Store for SqliteStore {
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         let cp = req.checkpoint;
         let acct = self.shared.accts.get(&cp.run_id);
-        let plan = plan_save(
+        let (plan, blobs) = plan_save_with_blobs(
             &req,
             acct.as_ref().map(|a| &a.known),
             self.shared.opts.max_state_bytes,
+            self.shared.opts.blob_threshold,
         )?;
         let doc = encode_head(cp)?;
         // The status and workflow name as stored: the row's labels (and the
@@ -679,6 +728,7 @@ impl Store for SqliteStore {
             version: req.new_version(),
             head,
             body,
+            blobs,
             reply: tx,
         })))
         .await;
@@ -795,10 +845,15 @@ impl History for SqliteStore {
             for row in rows {
                 let (idx, name, update, attempt, started, finished) =
                     row.map_err(|e| map_err(e, &ctx()))?;
-                out.push(
-                    HistoryRow::new(idx, name, update, attempt, started, finished)
-                        .record(&place)?,
-                );
+                let mut record = HistoryRow::new(idx, name, update, attempt, started, finished)
+                    .record(&place)?;
+                resolve_object(
+                    &mut record.update,
+                    &place,
+                    &format!("steps[{idx}].update_json"),
+                    &mut |h| fetch_blob(conn, h, path),
+                )?;
+                out.push(record);
             }
             Ok(Some(out))
         })
@@ -811,11 +866,13 @@ impl History for SqliteStore {
         rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
         let (tx, rx) = oneshot::channel();
+        let (rows, blobs) = rewrite.rows_with_blobs(run_id, self.shared.opts.blob_threshold)?;
         self.submit(Job::Rewrite {
             run_id: run_id.to_string(),
             expected,
-            rows: rewrite.rows(run_id)?,
+            rows,
             delete_below: rewrite.delete_below().map(|i| i as i64),
+            blobs,
             reply: tx,
         })
         .await;

@@ -109,7 +109,31 @@ const MIGRATIONS: &[&str] = &[
      BEGIN
          SELECT RAISE(ABORT, 'this run has steps recorded by a newer build of Steadfast (schema 5): upgrade this process');
      END;",
+    // 6: blobs, large values stored once by the SHA-256 of their text (see
+    // `blobs`), and which runs refer to them. Values stored before that look
+    // like references are escaped by `blobs::escape_stored` in the same
+    // transaction.
+    "CREATE TABLE blobs (
+        hash   BLOB PRIMARY KEY NOT NULL,
+        bytes  INTEGER NOT NULL,
+        chunks INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE blob_chunks (
+        hash BLOB NOT NULL,
+        n    INTEGER NOT NULL,
+        body BLOB NOT NULL,
+        PRIMARY KEY (hash, n)
+    );
+    CREATE TABLE blob_refs (
+        run_id TEXT NOT NULL,
+        hash   BLOB NOT NULL,
+        PRIMARY KEY (run_id, hash)
+    ) WITHOUT ROWID;
+    CREATE INDEX blob_refs_by_hash ON blob_refs (hash);",
 ];
+
+/// The first schema with blobs.
+const BLOBS_SCHEMA: i64 = 6;
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -204,6 +228,9 @@ fn apply_migrations(tx: &Connection, path: &str) -> Result<(), StoreError> {
     for (n, sql) in pending(&format!("database {path}"), current, MIGRATIONS)? {
         tx.execute_batch(sql)
             .map_err(|e| map_err(e, &format!("applying migration {n} to {path}")))?;
+    }
+    if current > 0 && current < BLOBS_SCHEMA {
+        crate::blobs::escape_stored(tx, path)?;
     }
     if current < SCHEMA_VERSION {
         tx.pragma_update(None, "user_version", SCHEMA_VERSION)

@@ -6,6 +6,7 @@
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use rusqlite::{params, Connection, OptionalExtension};
+use steadfast_core::store::blob::Blob;
 use steadfast_core::store::group::Queue;
 use steadfast_core::store::plan::{expect_version, Known, StepRow};
 use steadfast_core::store::rows::{no_row_to_fold, still_merged};
@@ -70,6 +71,8 @@ pub(crate) struct SaveJob {
     pub version: u64,
     pub head: Head,
     pub body: Body,
+    /// The blobs the record refers to (written with it, each once).
+    pub blobs: Vec<Blob>,
     pub reply: oneshot::Sender<Result<Acct, StoreError>>,
 }
 
@@ -89,6 +92,8 @@ pub(crate) enum Job {
         rows: Vec<(i64, String)>,
         /// Also delete the rows below this index (a fold).
         delete_below: Option<i64>,
+        /// The blobs the new rows refer to.
+        blobs: Vec<Blob>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
     },
     /// Reads durability settings back from the live write connection.
@@ -345,6 +350,7 @@ fn commit_batch(
                 expected,
                 rows,
                 delete_below,
+                blobs,
                 reply,
             } => {
                 // In a savepoint: whatever goes wrong fails this member
@@ -353,7 +359,7 @@ fn commit_batch(
                     .execute_batch("SAVEPOINT rewrite")
                     .map_err(|e| map_err(e, &format!("rewriting the history of run {run_id:?}")))
                     .and_then(|()| {
-                        apply_rewrite(conn, &run_id, expected, &rows, delete_below, path)
+                        apply_rewrite(conn, &run_id, expected, &rows, delete_below, &blobs, path)
                     });
                 let closed = match &result {
                     Ok(_) => conn.execute_batch("RELEASE rewrite"),
@@ -435,6 +441,7 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
     if expected.is_some() && !matches!(job.body, Body::Step { .. }) {
         crate::progress::absorb(conn, &job.run_id, path)?;
     }
+    let mut trimmed = false;
     let saved = match &job.body {
         Body::Step {
             step,
@@ -583,9 +590,11 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
             if expected.is_some() {
                 // A fresh run has no history; a rewritten one keeps only the
                 // steps below its `next`.
-                conn.prepare_cached("DELETE FROM steps WHERE run_id = ?1 AND idx >= ?2")
+                trimmed = conn
+                    .prepare_cached("DELETE FROM steps WHERE run_id = ?1 AND idx >= ?2")
                     .and_then(|mut st| st.execute(params![job.run_id, h.next]))
-                    .map_err(|e| map_err(e, &ctx("trimming the history of")))?;
+                    .map_err(|e| map_err(e, &ctx("trimming the history of")))?
+                    > 0;
             }
             if let Some(step) = step.as_ref().filter(|s| s.index < own_next) {
                 insert_step(conn, &job.run_id, step)
@@ -594,6 +603,14 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
             acct(own_next, state.len() as u64, 0)
         }
     };
+    // After the record's own write, which checked its version: a conflict
+    // has written nothing.
+    crate::blobs::write(conn, &job.run_id, &job.blobs)
+        .map_err(|e| map_err(e, &ctx("storing the large values of")))?;
+    if trimmed {
+        // A rewind dropped history rows: their references go with them.
+        crate::blobs::recount(conn, &job.run_id, path)?;
+    }
     Ok(saved)
 }
 
@@ -694,6 +711,7 @@ fn apply_rewrite(
     expected: u64,
     rows: &[(i64, String)],
     delete_below: Option<i64>,
+    blobs: &[Blob],
     path: &str,
 ) -> Result<bool, StoreError> {
     let ctx = format!("rewriting the history of run {run_id:?} in {path}");
@@ -729,6 +747,9 @@ fn apply_rewrite(
             .and_then(|mut st| st.execute(params![run_id, below]))
             .map_err(|e| map_err(e, &ctx))?;
     }
+    crate::blobs::write(conn, run_id, blobs).map_err(|e| map_err(e, &ctx))?;
+    // The rows replaced may have been the last to refer to some blobs.
+    crate::blobs::recount(conn, run_id, path)?;
     Ok(true)
 }
 
@@ -747,6 +768,7 @@ fn apply_delete(
         let Some(found) = found else { return Ok(false) };
         expect_version(run_id, expected, u64::try_from(found).ok())?;
     }
+    crate::blobs::release(conn, run_id).map_err(|e| map_err(e, &ctx))?;
     conn.prepare_cached("DELETE FROM steps WHERE run_id = ?1")
         .and_then(|mut st| st.execute([run_id]))
         .map_err(|e| map_err(e, &ctx))?;

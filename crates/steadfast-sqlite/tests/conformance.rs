@@ -7,7 +7,10 @@ use steadfast_sqlite::{SqliteOptions, SqliteStore};
 
 fn make(cfg: Config) -> TestStore {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let opts = SqliteOptions::default().max_state_bytes(cfg.state_limit);
+    // A low blob threshold, so that every check also goes through blobs.
+    let opts = SqliteOptions::default()
+        .max_state_bytes(cfg.state_limit)
+        .blob_threshold(1024);
     let store = SqliteStore::open_with(dir.path().join("runs.db"), opts).expect("open");
     TestStore::with_guard(store, dir)
 }

@@ -48,7 +48,7 @@ use std::fmt;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::store::rows::Place;
+use crate::store::place::Place;
 use crate::StoreError;
 
 /// The threshold above which a value is stored as a blob by default: 64 KiB
@@ -153,6 +153,29 @@ pub fn check_threshold(bytes: u64) -> Result<u64, StoreError> {
     }
 }
 
+/// A size as a store URL gives it: bytes, or a number with `KiB`, `MiB` or
+/// `GiB` (`64KiB`), checked as a threshold ([`check_threshold`]).
+pub fn parse_size(text: &str) -> Result<u64, StoreError> {
+    let bad = || {
+        StoreError::InvalidInput(format!(
+            "{text:?} is not a size: give bytes, or a number with KiB, MiB or GiB (64KiB)"
+        ))
+    };
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, ""),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let scale: u64 = match unit {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    check_threshold(n.checked_mul(scale).ok_or_else(bad)?)
+}
+
 /// Whether a caller's value needs escaping: an object with a `$blob` member.
 fn looks_like_mark(v: &Value) -> bool {
     matches!(v, Value::Object(m) if m.contains_key(MARK))
@@ -207,6 +230,36 @@ pub fn encode_object(
     out.push('}');
     Ok(out)
 }
+
+/// `text` (a stored object written before this store had blobs) with each
+/// top-level value that looks like a reference escaped, so that it reads
+/// back as it was written; `None` when nothing needs escaping (or the text
+/// is not a JSON object, which a load reports as it always did).
+pub fn escape_lookalikes(text: &str) -> Option<String> {
+    if !text.contains(MARK) {
+        return None;
+    }
+    let mut map: Map<String, Value> = serde_json::from_str(text).ok()?;
+    let mut changed = false;
+    for value in map.values_mut() {
+        if looks_like_mark(value) {
+            let inner = std::mem::take(value);
+            let mut wrapped = Map::new();
+            wrapped.insert(MARK.to_string(), Value::from(LITERAL));
+            wrapped.insert("value".to_string(), inner);
+            *value = Value::Object(wrapped);
+            changed = true;
+        }
+    }
+    if !changed {
+        return None;
+    }
+    serde_json::to_string(&map).ok()
+}
+
+/// How a store finds a blob's stored content by its hash (`None`: not
+/// stored), for [`resolve_object`].
+pub type Fetch<'a> = dyn FnMut(&BlobHash) -> Result<Option<Vec<u8>>, StoreError> + 'a;
 
 /// What a stored top-level value is.
 enum Stored<'a> {
@@ -279,7 +332,7 @@ pub fn resolve_object(
     map: &mut Map<String, Value>,
     place: &Place<'_>,
     column: &str,
-    fetch: &mut dyn FnMut(&BlobHash) -> Result<Option<Vec<u8>>, StoreError>,
+    fetch: &mut Fetch<'_>,
 ) -> Result<(), StoreError> {
     for (key, value) in map.iter_mut() {
         let at = || format!("{column}.{key}");
@@ -414,6 +467,21 @@ mod tests {
     }
 
     #[test]
+    fn values_stored_before_blobs_are_escaped_once() {
+        let old = r#"{"a":{"$blob":"x"},"b":1,"c":{"$blob":"literal","value":2}}"#;
+        let escaped = escape_lookalikes(old).unwrap();
+        let mut back: Map<String, Value> = serde_json::from_str(&escaped).unwrap();
+        let locate = |c: &str| c.to_string();
+        resolve_object(&mut back, &Place::new("r", &locate), "s", &mut |_| Ok(None)).unwrap();
+        assert_eq!(
+            back,
+            serde_json::from_str::<Map<String, Value>>(old).unwrap()
+        );
+        assert_eq!(escape_lookalikes(r#"{"a":{"b":{"$blob":1}}}"#), None);
+        assert_eq!(escape_lookalikes("not json $blob"), None);
+    }
+
+    #[test]
     fn too_large_and_out_of_range() {
         assert!(check_threshold(MIN_BLOB_THRESHOLD - 1).is_err());
         assert!(check_threshold(MAX_BLOB_BYTES + 1).is_err());
@@ -422,6 +490,20 @@ mod tests {
             DEFAULT_BLOB_THRESHOLD
         );
         assert!(BlobHash::parse("sha256:ABCD").is_none());
+        assert_eq!(parse_size("64KiB").unwrap(), 64 << 10);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        for bad in [
+            "",
+            "KiB",
+            "64kb",
+            "-1",
+            "2GiB",
+            "10",
+            "99999999999999999999GiB",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
         let h = BlobHash::of(b"x");
         assert_eq!(BlobHash::parse(&h.to_string()), Some(h));
         assert_eq!(BlobHash::from_slice(h.as_bytes()), Some(h));

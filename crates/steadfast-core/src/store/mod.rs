@@ -11,6 +11,7 @@ pub mod image;
 pub mod layout;
 pub mod local;
 pub mod memory;
+pub mod place;
 pub mod plan;
 pub mod rows;
 #[cfg(feature = "tls")]
@@ -403,6 +404,10 @@ pub trait History: Send + Sync {
     ) -> Result<(), StoreError>;
 }
 
+/// History rows as [`Rewrite::rows_with_blobs`] gives them: each record's
+/// index and update text, and the blobs those refer to.
+pub type RowsAndBlobs = (Vec<(i64, String)>, Vec<blob::Blob>);
+
 /// A history rewrite or fold, checked before any store sees it: the records
 /// whose updates replace the stored rows' (names, attempts and times stay)
 /// and, for a fold, the rows below the first record's index deleted. Made
@@ -467,6 +472,29 @@ impl<'a> Rewrite<'a> {
     /// For a fold, the index below which rows are deleted.
     pub fn delete_below(&self) -> Option<usize> {
         self.records.first().filter(|_| self.fold).map(|r| r.index)
+    }
+
+    /// [`rows`](Self::rows) for a store with blobs: each update's values
+    /// over `threshold` bytes as references, their blobs returned beside
+    /// (each content once), values that look like references escaped (see
+    /// [`blob`]).
+    pub fn rows_with_blobs(
+        &self,
+        run_id: &str,
+        threshold: u64,
+    ) -> Result<RowsAndBlobs, StoreError> {
+        let mut blobs = Vec::new();
+        let rows = self
+            .records
+            .iter()
+            .map(|r| {
+                Ok((
+                    to_i64(run_id, "step index", r.index as u64)?,
+                    blob::encode_object(&r.update, threshold, run_id, "step's update", &mut blobs)?,
+                ))
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok((rows, blobs))
     }
 
     /// Each record's index (as SQL keeps it) and update as JSON text.

@@ -5,6 +5,7 @@
 
 use crate::record::checkpoint::StepRecord;
 use crate::record::error::StoreError;
+use crate::store::blob::{encode_object, Blob};
 use crate::store::{
     check_head, check_size, check_state, encode_json, state_size, RunCache, SaveRequest,
 };
@@ -68,10 +69,26 @@ pub struct StepRow {
 impl StepRow {
     /// The row of `step` of run `run_id`.
     pub fn of(step: &StepRecord, run_id: &str) -> Result<Self, StoreError> {
+        Self::encoded(step, run_id, None)
+    }
+
+    /// The row of `step`, its update's large values as blobs when
+    /// `blobs` gives a threshold (see [`plan_save_with_blobs`]).
+    fn encoded(
+        step: &StepRecord,
+        run_id: &str,
+        blobs: Option<(u64, &mut Vec<Blob>)>,
+    ) -> Result<Self, StoreError> {
+        let update = match blobs {
+            Some((threshold, out)) => {
+                encode_object(&step.update, threshold, run_id, "step's update", out)?
+            }
+            None => encode_json(&step.update, run_id, "step's update")?,
+        };
         Ok(StepRow {
             index: step.index,
             name: step.name.clone(),
-            update: encode_json(&step.update, run_id, "step's update")?,
+            update,
             attempt: step.attempt,
             started_at: step.started_at.unix_millis(),
             finished_at: step.finished_at.unix_millis(),
@@ -159,6 +176,34 @@ pub fn plan_save(
     known: Option<&Known>,
     limit: u64,
 ) -> Result<Plan, StoreError> {
+    plan(req, known, limit, None)
+}
+
+/// [`plan_save`] for a store with blobs ([`crate::store::blob`]): each
+/// top-level value of the state or of the step's update whose text is longer
+/// than `threshold` bytes is written as a reference, and its blob returned
+/// beside the plan (each content once), for the store to write in the same
+/// transaction as the record; values that look like references are
+/// escaped. `limit` bounds the record as written (references in place of
+/// the blobs); a value over [`MAX_BLOB_BYTES`](crate::store::blob::MAX_BLOB_BYTES)
+/// is refused.
+pub fn plan_save_with_blobs(
+    req: &SaveRequest<'_>,
+    known: Option<&Known>,
+    limit: u64,
+    threshold: u64,
+) -> Result<(Plan, Vec<Blob>), StoreError> {
+    let mut blobs = Vec::new();
+    let plan = plan(req, known, limit, Some((threshold, &mut blobs)))?;
+    Ok((plan, blobs))
+}
+
+fn plan(
+    req: &SaveRequest<'_>,
+    known: Option<&Known>,
+    limit: u64,
+    mut blobs: Option<(u64, &mut Vec<Blob>)>,
+) -> Result<Plan, StoreError> {
     let cp = req.checkpoint;
     let run_id = &cp.run_id;
     check_head(cp)?;
@@ -170,25 +215,48 @@ pub fn plan_save(
     }
     if let (Some(step), Some(k)) = (req.step, known) {
         if Some(k.version) == req.expected && step.index == k.next && cp.next == k.next + 1 {
-            let row = StepRow::of(step, run_id)?;
+            let mark = blobs.as_ref().map_or(0, |(_, b)| b.len());
+            let row = StepRow::encoded(step, run_id, blobs.as_mut().map(|(t, b)| (*t, &mut **b)))?;
             let budget = k.snapshot_bytes.max(MIN_DELTA_BUDGET);
+            let inline = k.snapshot_bytes + k.delta_bytes + row.update.len() as u64;
             if k.delta_bytes + row.update.len() as u64 <= budget {
                 check_state(run_id, "update", &step.update)?;
-                // The snapshot and the deltas bound the state's size.
-                if k.snapshot_bytes + k.delta_bytes + row.update.len() as u64 > limit {
-                    check_size(run_id, "state", state_size(&cp.state), limit)?;
+                // The snapshot and the deltas bound the state's size. With
+                // blobs the record holds references: past the limit, the
+                // snapshot below (written with references) says its size.
+                match blobs {
+                    None if inline > limit => {
+                        check_size(run_id, "state", state_size(&cp.state), limit)?;
+                        return Ok(Plan::Delta { step: row });
+                    }
+                    Some(_) if inline > limit => {}
+                    _ => return Ok(Plan::Delta { step: row }),
                 }
-                return Ok(Plan::Delta { step: row });
+            }
+            // Not a delta after all: the snapshot writes its own blobs.
+            if let Some((_, b)) = blobs.as_mut() {
+                b.truncate(mark);
             }
         }
     }
     check_state(run_id, "state", &cp.state)?;
-    let state = encode_json(&cp.state, run_id, "state")?;
+    let state = match blobs.as_mut() {
+        Some((threshold, out)) => encode_object(&cp.state, *threshold, run_id, "state", out)?,
+        None => encode_json(&cp.state, run_id, "state")?,
+    };
     check_size(run_id, "state", state.len() as u64, limit)?;
+    let step = match req.step {
+        Some(s) => Some(StepRow::encoded(
+            s,
+            run_id,
+            blobs.as_mut().map(|(t, b)| (*t, &mut **b)),
+        )?),
+        None => None,
+    };
     Ok(Plan::Snapshot {
         state,
         completed: encode_json(&cp.completed, run_id, "list of steps")?,
-        step: req.step.map(|s| StepRow::of(s, run_id)).transpose()?,
+        step,
     })
 }
 
