@@ -74,7 +74,15 @@ fn seed_test(scheme: &str, test: &str) -> Result<(), Box<dyn std::error::Error>>
 
 const TORTURE_STEPS: usize = 12;
 
-fn torture_workflow(log: &Path) -> Workflow {
+/// The large value `k` of the torture with large values: 100 KB of JSON text,
+/// over the default blob threshold, the same in every run that uses it.
+fn doc(k: usize) -> String {
+    format!("{k}-").repeat(50_000)
+}
+
+/// `big`: each step also returns one of three large values (so that runs and
+/// steps share them).
+fn torture_workflow(log: &Path, big: bool) -> Workflow {
     let mut b = Workflow::builder("torture");
     for i in 0..TORTURE_STEPS {
         let log = log.to_path_buf();
@@ -97,6 +105,11 @@ fn torture_workflow(log: &Path) -> Workflow {
                         .open(&log)?
                         .write_all(line.as_bytes())?;
                     tokio::time::sleep(Duration::from_micros(fastrand::u64(0..3000))).await;
+                    if big {
+                        return update(
+                            json!({ format!("s{i}"): i, format!("doc{}", i % 3): doc(i % 3) }),
+                        );
+                    }
                     update(json!({ format!("s{i}"): i }))
                 }
             })
@@ -132,19 +145,35 @@ fn sigkill_at_random_moments_never_reruns_or_skips_a_saved_step_on_sqlite() -> T
     )
 }
 
+/// The same with large values stored as blobs: a kill at any moment leaves
+/// no record referring to a blob that is not there.
+#[test]
+fn sigkill_at_random_moments_with_large_values_on_sqlite() -> TestResult {
+    torture_with(
+        "sqlite",
+        "sigkill_at_random_moments_with_large_values_on_sqlite",
+        true,
+    )
+}
+
 /// Runs are killed with SIGKILL at random moments and restarted until they finish.
 /// Every step runs, in order; a step runs again at most once per kill; no step
 /// sees a state without its predecessor's update; the store opens cleanly.
 fn torture(scheme: &str, test: &str) -> TestResult {
+    torture_with(scheme, test, false)
+}
+
+fn torture_with(scheme: &str, test: &str, big: bool) -> TestResult {
     if role().as_deref() == Some("torture") {
         let store = open(&child_store_url());
         let run_id = std::env::var("STEADFAST_TEST_RUN")?;
         let log = std::env::var("STEADFAST_TEST_LOG")?;
-        runtime().block_on(run(&run_id, &torture_workflow(Path::new(&log)), &*store))?;
+        let wf = torture_workflow(Path::new(&log), big);
+        runtime().block_on(run(&run_id, &wf, &*store))?;
         std::process::exit(0);
     }
 
-    let min_kills = count_from_env("STEADFAST_TEST_KILLS", 60);
+    let min_kills = count_from_env("STEADFAST_TEST_KILLS", if big { 40 } else { 60 });
     let dir = tempfile::tempdir()?;
     let (url, _schema) = fresh_store_url(scheme, dir.path());
     let log = dir.path().join("steps.log");
@@ -225,7 +254,17 @@ fn torture(scheme: &str, test: &str) -> TestResult {
             (RunStatus::Completed, TORTURE_STEPS),
             "{run_id}"
         );
-        assert_eq!(cp.state.len(), TORTURE_STEPS);
+        if big {
+            for k in 0..3 {
+                assert!(
+                    cp.state.get(&format!("doc{k}")) == Some(&json!(doc(k))),
+                    "{run_id}: large value doc{k} did not load back whole"
+                );
+            }
+            assert_eq!(cp.state.len(), TORTURE_STEPS + 3);
+        } else {
+            assert_eq!(cp.state.len(), TORTURE_STEPS);
+        }
     }
     let leftovers: Vec<_> = std::fs::read_dir(dir.path())?
         .filter_map(|e| e.ok())

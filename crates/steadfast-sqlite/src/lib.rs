@@ -518,9 +518,11 @@ pub fn open_url(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> 
             Some(("blob_threshold", size)) => {
                 opts.blob_threshold = steadfast_core::store::blob::parse_size(size)?;
             }
-            _ => return Err(StoreError::InvalidInput(format!(
+            _ => {
+                return Err(StoreError::InvalidInput(format!(
                 "sqlite URL parameter {pair:?} is not known; the one taken is blob_threshold=SIZE"
-            ))),
+            )))
+            }
         }
     }
     Ok(Arc::new(SqliteStore::open_with(path, opts)?))

@@ -1,0 +1,236 @@
+//! Large values by reference on SQLite (schema 6): stored once across steps
+//! and runs, freed when no run refers to them, damage reported with its
+//! place, values stored before blobs read back as written.
+
+use std::path::Path;
+
+use rusqlite::Connection;
+use serde_json::{json, Value};
+use steadfast_core::{
+    ops, run, update, Step, Store, StoreErrorKind, StoreExt as _, SystemClock, Workflow,
+};
+use steadfast_sqlite::{SqliteOptions, SqliteStore};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A large value, the same for the same `k`: about `kb` KB of JSON text.
+fn doc(k: usize, kb: usize) -> String {
+    format!("{k:04}").repeat(kb * 256)
+}
+
+/// Steps `s0`..`s{n-1}`; step `i` returns the shared document `i % 2` (an
+/// agent rereading it) and a document of its own.
+fn agent(n: usize, run: usize) -> Workflow {
+    let mut b = Workflow::builder("agent");
+    for i in 0..n {
+        b = b.push(Step::new(format!("s{i}"), move |_, _| async move {
+            update(json!({
+                format!("shared{}", i % 2): doc(i % 2, 100),
+                format!("own{i}"): doc(1000 + run * 100 + i, 20),
+                "i": i,
+            }))
+        }));
+    }
+    b.build().expect("a valid workflow")
+}
+
+/// (blobs, bytes of their chunks, references) in the database.
+fn counts(db: &Path) -> Result<(i64, i64, i64), rusqlite::Error> {
+    let conn = Connection::open(db)?;
+    conn.query_row(
+        "SELECT (SELECT count(*) FROM blobs), (SELECT coalesce(sum(length(body)), 0) FROM blob_chunks),
+                (SELECT count(*) FROM blob_refs)",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )
+}
+
+fn open(db: &Path) -> Result<SqliteStore, steadfast_core::StoreError> {
+    SqliteStore::open_with(db, SqliteOptions::default().blob_threshold(16 << 10))
+}
+
+#[tokio::test]
+async fn a_value_is_stored_once_across_steps_and_runs_and_freed_with_its_last_run() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = open(&db)?;
+    for r in 0..3 {
+        run(&format!("r{r}"), &agent(4, r), &store).await?;
+    }
+    // Two shared documents, and one of its own per step and run.
+    let (blobs, bytes, refs) = counts(&db)?;
+    assert_eq!(blobs, 2 + 3 * 4);
+    let unique = 2 * (doc(0, 100).len() + 2) + 12 * (doc(1000, 20).len() + 2);
+    assert_eq!(bytes as usize, unique, "every content once");
+    assert_eq!(refs, 3 * (2 + 4));
+    // Every step's row holds references, not the values.
+    let conn = Connection::open(&db)?;
+    let longest: i64 = conn.query_row("SELECT max(length(update_json)) FROM steps", [], |r| {
+        r.get(0)
+    })?;
+    assert!(longest < 1000, "a history row holds {longest} bytes");
+
+    // Loads and history see the values.
+    let cp = store.load("r1").await?.expect("stored");
+    assert_eq!(cp.state["shared0"], json!(doc(0, 100)));
+    assert_eq!(cp.state["own3"], json!(doc(1000 + 100 + 3, 20)));
+    let history = store.history("r1").await?.expect("stored");
+    assert_eq!(history[2].update["shared0"], json!(doc(0, 100)));
+    assert_eq!(history[2].update["own2"], json!(doc(1000 + 100 + 2, 20)));
+
+    // A run's own values go with it; the shared ones stay while a run refers
+    // to them.
+    assert!(store.delete("r0").await?);
+    assert_eq!(counts(&db)?.0, 2 + 2 * 4);
+    assert!(store.delete("r1").await?);
+    assert_eq!(counts(&db)?.0, 2 + 4);
+    assert_eq!(
+        store.load("r2").await?.expect("stored").state["shared1"],
+        json!(doc(1, 100))
+    );
+    assert!(store.delete("r2").await?);
+    assert_eq!(counts(&db)?, (0, 0, 0), "nothing left behind");
+    Ok(())
+}
+
+#[tokio::test]
+async fn prune_and_rewind_free_the_values_only_dropped_rows_held() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = open(&db)?;
+    run("r", &agent(6, 0), &store).await?;
+    let before = counts(&db)?.0;
+    assert_eq!(before, 2 + 6);
+    // Rewinding to s4 drops the rows of s4 and s5: their own values go (the
+    // state no longer has them either).
+    ops::rewind(&store, "r", "s4", "test", &SystemClock).await?;
+    assert_eq!(counts(&db)?.0, 2 + 4);
+    // Folding into s2 keeps every value the state still has: the fold row
+    // carries the merged updates.
+    ops::prune(&store, "r", 1, "test", &SystemClock).await?;
+    let cp = store.load("r").await?.expect("stored");
+    for i in 0..4 {
+        assert_eq!(cp.state[&format!("own{i}")], json!(doc(1000 + i, 20)));
+    }
+    assert_eq!(counts(&db)?.0, 2 + 4);
+    // Running it on brings s4 and s5 back, with their values.
+    run("r", &agent(6, 0), &store).await?;
+    assert_eq!(counts(&db)?.0, 2 + 6);
+    Ok(())
+}
+
+/// Runs `sql` on the database behind the store's back.
+fn tamper(db: &Path, sql: &str) -> Result<(), rusqlite::Error> {
+    Connection::open(db)?.execute_batch(sql)
+}
+
+#[tokio::test]
+async fn a_damaged_or_missing_blob_is_corrupt_with_its_place() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = open(&db)?;
+    run("r", &agent(2, 0), &store).await?;
+    drop(store);
+    // One byte changed: the content no longer hashes to its name.
+    tamper(
+        &db,
+        "UPDATE blob_chunks SET body = CAST('\"x' || substr(CAST(body AS TEXT), 3) AS BLOB)
+         WHERE rowid = (SELECT min(rowid) FROM blob_chunks)",
+    )?;
+    let store = open(&db)?;
+    let err = store.load("r").await.expect_err("a damaged blob loaded");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    assert!(err.to_string().contains("runs[\"r\"]"), "{err}");
+    drop(store);
+    // A blob gone altogether.
+    tamper(&db, "DELETE FROM blob_chunks; DELETE FROM blobs;")?;
+    let store = open(&db)?;
+    let err = store.load("r").await.expect_err("a missing blob loaded");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    assert!(err.to_string().contains("not in the store"), "{err}");
+    let err = store
+        .history("r")
+        .await
+        .expect_err("history of a missing blob");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn values_stored_before_blobs_that_look_like_references_read_back() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = open(&db)?;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"plain": 1})) })
+        .build()?;
+    run("r", &wf, &store).await?;
+    drop(store);
+    // As a build before schema 6 would have written them: not escaped.
+    let fake = json!({"$blob": format!("sha256:{}", "0".repeat(64)), "bytes": 3});
+    let text = serde_json::to_string(&json!({"plain": 1, "fake": fake}))?;
+    let conn = Connection::open(&db)?;
+    conn.execute_batch(
+        "DROP TABLE blob_refs; DROP TABLE blob_chunks; DROP TABLE blobs; PRAGMA user_version = 5;",
+    )?;
+    conn.execute("UPDATE steps SET update_json = ?1", [&text])?;
+    conn.execute("UPDATE runs SET snapshot = ?1", [&text])?;
+    drop(conn);
+    let store = open(&db)?;
+    let cp = store.load("r").await?.expect("stored");
+    assert_eq!(cp.state["fake"], fake);
+    assert_eq!(
+        store.history("r").await?.expect("stored")[0].update["fake"],
+        fake
+    );
+    let version: i64 = Connection::open(&db)?.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    assert_eq!(version, steadfast_sqlite::SCHEMA_VERSION);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_value_larger_than_a_chunk_round_trips() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open(&db)?;
+    let big = "z".repeat(17 << 20);
+    let value = big.clone();
+    let wf = Workflow::builder("w")
+        .step("a", move |_, _| {
+            let value = value.clone();
+            async move { update(json!({ "big": value })) }
+        })
+        .build()?;
+    run("r", &wf, &store).await?;
+    let chunks: i64 =
+        Connection::open(&db)?.query_row("SELECT count(*) FROM blob_chunks", [], |r| r.get(0))?;
+    assert_eq!(chunks, 2, "17 MiB in chunks of 16 MiB");
+    let cp = store.load("r").await?.expect("stored");
+    assert_eq!(cp.state["big"], Value::String(big));
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_threshold_is_set_in_the_url_and_checked() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let url = format!("{}?blob_threshold=1KiB", db.display());
+    let store = steadfast_sqlite::open_url(&url, true)?;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"v": "x".repeat(2000)})) })
+        .build()?;
+    run("r", &wf, &*store).await?;
+    assert_eq!(counts(&db)?.0, 1, "a 2 KB value is a blob at 1 KiB");
+    for bad in [
+        "?blob_threshold=1",
+        "?blob_threshold=2GiB",
+        "?blob_threshold=lots",
+        "?blobs=1",
+    ] {
+        let Err(err) = steadfast_sqlite::open_url(&format!("{}{bad}", db.display()), true) else {
+            panic!("{bad} was taken");
+        };
+        assert_eq!(err.kind(), StoreErrorKind::InvalidInput, "{bad}: {err}");
+    }
+    Ok(())
+}
