@@ -269,10 +269,35 @@ fn step_json(r: &StepRecord) -> Value {
            "duration_ms": r.finished_at.unix_millis().saturating_sub(r.started_at.unix_millis())})
 }
 
-/// `show`.
-pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, stuck: Option<&Stuck>, json: bool) {
+/// A size in bytes for people: `512 B`, `1.5 KiB`, `20.0 MiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
+}
+
+/// `show`; `usage` is what the run stores, on a store with blobs.
+pub fn show(
+    cp: &Checkpoint,
+    history: Option<&[StepRecord]>,
+    stuck: Option<&Stuck>,
+    usage: Option<&steadfast::Usage>,
+    json: bool,
+) {
     if json {
-        out!("{}", show_json(cp, history, stuck));
+        let mut v = show_json(cp, history, stuck);
+        if let Some(u) = usage {
+            v["stored"] = json!(u);
+        }
+        out!("{v}");
         return;
     }
     out!("run       {}", clean(&cp.run_id));
@@ -280,6 +305,20 @@ pub fn show(cp: &Checkpoint, history: Option<&[StepRecord]>, stuck: Option<&Stuc
     out!("status    {}", cp.status);
     out!("next      step {}", cp.next);
     out!("updated   {}", cp.updated_at);
+    if let Some(u) = usage {
+        let shared = if u.shared_bytes > 0 {
+            format!(", {} of them shared with other runs", bytes(u.shared_bytes))
+        } else {
+            String::new()
+        };
+        out!(
+            "stored    {} ({} in the record, {} in {} blob(s){shared})",
+            bytes(u.record_bytes.saturating_add(u.blob_bytes)),
+            bytes(u.record_bytes),
+            bytes(u.blob_bytes),
+            u.blobs
+        );
+    }
     match &cp.wait {
         Some(Wait::Gate {
             step,

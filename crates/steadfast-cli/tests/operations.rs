@@ -252,6 +252,47 @@ fn gc_deletes_finished_runs_only_and_reports_progress() -> TestResult {
 }
 
 #[test]
+fn show_says_what_a_run_stores_and_gc_what_it_freed_of_large_values() -> TestResult {
+    let env = Env::new();
+    // A step that prints a 100 KB document: over the 64 KiB threshold.
+    let f = env.flow(
+        "f.toml",
+        "name = \"w\"\n[[step]]\nname = \"read\"\n\
+         run = \"printf '{\\\"doc\\\":\\\"'; head -c 100000 /dev/zero | tr '\\\\000' x; printf '\\\"}'\"\n",
+    );
+    let f = f.to_str().ok_or("path")?;
+    for id in ["r1", "r2"] {
+        let out = env.run(&["run", f, "--run-id", id]);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+    }
+    let shown = env.show("r1");
+    assert_eq!(shown["state"]["doc"].as_str().map(str::len), Some(100_000));
+    let stored = &shown["stored"];
+    let doc_bytes = 100_002;
+    assert_eq!(stored["blobs"], 1, "{shown}");
+    assert_eq!(stored["blob_bytes"], doc_bytes, "{shown}");
+    assert_eq!(
+        stored["shared_bytes"], doc_bytes,
+        "r2 holds the same document"
+    );
+    assert!(stored["record_bytes"].as_u64().ok_or("record_bytes")? < 10_000);
+    let text = env.run(&["show", "r1"]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("shared with other runs"),
+        "{}",
+        String::from_utf8_lossy(&text.stdout)
+    );
+    // Deleting one run frees nothing: the other still refers to it.
+    assert_eq!(code(&env.run(&["delete", "r2"])), 0);
+    assert_eq!(env.show("r1")["stored"]["shared_bytes"], 0);
+    let out = env.run(&["gc", "--older-than", "0s", "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(json_of(&out)["blob_bytes_freed"], doc_bytes);
+    assert!(stderr(&out).contains("freed 97.7 KiB"), "{}", stderr(&out));
+    Ok(())
+}
+
+#[test]
 fn runs_stuck_labels_each_cause() -> TestResult {
     let env = Env::new();
     let f = env.flow(

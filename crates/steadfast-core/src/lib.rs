@@ -64,7 +64,8 @@ pub use record::outcome::{Event, Outcome, Suspension};
 pub use record::state::{merge, State, Update, MAX_VALUE_DEPTH};
 pub use store::memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
 pub use store::{
-    Capabilities, DueRequest, History, ListFilter, RunSummary, Schedule, Store, StoreExt,
+    BlobTotals, Blobs, Capabilities, DueRequest, History, ListFilter, RunSummary, Schedule, Store,
+    StoreExt, Usage,
 };
 
 /// Re-exported so that stores and tests name the same versions.

@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use rusqlite::{params, Connection, OptionalExtension};
 use steadfast_core::store::blob::{refs_in, Blob, BlobHash};
 use steadfast_core::store::rows::Place;
-use steadfast_core::StoreError;
+use steadfast_core::{BlobTotals, StoreError, Usage};
 
 use crate::error::map_err;
 
@@ -162,6 +162,43 @@ fn free_unreferenced<'h>(
         }
     }
     Ok(())
+}
+
+/// What run `run_id` stores (`None`: absent). Inside a read transaction.
+pub(crate) fn usage(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<Usage>> {
+    let record: Option<i64> = conn
+        .prepare_cached(
+            "SELECT length(CAST(head AS BLOB)) + length(CAST(snapshot AS BLOB))
+                    + length(CAST(snapshot_completed AS BLOB))
+                    + (SELECT coalesce(sum(length(CAST(update_json AS BLOB)) + length(CAST(name AS BLOB))), 0)
+                       FROM steps WHERE run_id = ?1)
+             FROM runs WHERE run_id = ?1",
+        )?
+        .query_row([run_id], |r| r.get(0))
+        .optional()?;
+    let Some(record) = record else {
+        return Ok(None);
+    };
+    let (blobs, bytes, shared): (i64, i64, i64) = conn
+        .prepare_cached(
+            "SELECT count(*), coalesce(sum(b.bytes), 0),
+                    coalesce(sum(CASE WHEN EXISTS (SELECT 1 FROM blob_refs o
+                                                   WHERE o.hash = r.hash AND o.run_id != r.run_id)
+                                      THEN b.bytes ELSE 0 END), 0)
+             FROM blob_refs r JOIN blobs b ON b.hash = r.hash WHERE r.run_id = ?1",
+        )?
+        .query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+    let n = |v: i64| u64::try_from(v).unwrap_or(0);
+    Ok(Some(Usage::new(n(record), n(blobs), n(bytes), n(shared))))
+}
+
+/// The store's blobs in all.
+pub(crate) fn totals(conn: &Connection) -> rusqlite::Result<BlobTotals> {
+    let (blobs, bytes): (i64, i64) = conn
+        .prepare_cached("SELECT count(*), coalesce(sum(bytes), 0) FROM blobs")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let n = |v: i64| u64::try_from(v).unwrap_or(0);
+    Ok(BlobTotals::new(n(blobs), n(bytes)))
 }
 
 /// Inside the migration to schema 6: escapes the values stored before it

@@ -57,7 +57,7 @@ use steadfast_core::store::head::around_writer;
 use steadfast_core::store::plan::{plan_save_with_blobs, Plan};
 use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow, SummaryRow};
 use steadfast_core::store::{encode_head, Rewrite, RunCache, SaveRequest};
-use steadfast_core::{Capabilities, History};
+use steadfast_core::{BlobTotals, Blobs, Capabilities, History, Usage};
 use steadfast_core::{Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError};
 use tokio::sync::oneshot;
 
@@ -644,6 +644,7 @@ impl Store for SqliteStore {
         Capabilities::none()
             .history(self)
             .max_state_bytes(self.shared.opts.max_state_bytes)
+            .blobs(self)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -802,6 +803,28 @@ impl Store for SqliteStore {
 
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         self.delete_at(run_id, Some(version)).await
+    }
+}
+
+#[async_trait]
+impl Blobs for SqliteStore {
+    async fn usage(&self, run_id: &str) -> Result<Option<Usage>, StoreError> {
+        let id = run_id.to_string();
+        self.read(move |conn, path| {
+            let ctx = || format!("measuring run {id:?} in {path}");
+            let _snapshot = conn
+                .unchecked_transaction()
+                .map_err(|e| map_err(e, &ctx()))?;
+            blobs::usage(conn, &id).map_err(|e| map_err(e, &ctx()))
+        })
+        .await
+    }
+
+    async fn blob_totals(&self) -> Result<BlobTotals, StoreError> {
+        self.read(|conn, path| {
+            blobs::totals(conn).map_err(|e| map_err(e, &format!("measuring the blobs of {path}")))
+        })
+        .await
     }
 }
 

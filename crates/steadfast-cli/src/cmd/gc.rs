@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use steadfast::retention::{collect, Retention};
 use steadfast::RunStatus;
+use steadfast::StoreExt as _;
 
 use super::{usage, Ctx, Failure};
 use crate::args::exit;
@@ -60,6 +61,9 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
         "deleted"
     };
     let dry = args.dry_run;
+    // What the store's blobs weigh before and after: the bytes freed with
+    // the runs (less what concurrent writers stored meanwhile).
+    let blobs_before = ctx.raw.blob_totals().await?;
     // The raw store: retention reads heads only, which sealed runs keep
     // readable without the key.
     let report = collect(&*ctx.raw, &policy, now, |r| {
@@ -81,12 +85,17 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
     } else {
         report.deleted
     };
+    let freed = match (blobs_before, ctx.raw.blob_totals().await?) {
+        (Some(before), Some(after)) => Some(before.bytes.saturating_sub(after.bytes)),
+        _ => None,
+    };
     if args.json {
         output::out!(
             "{}",
             serde_json::json!({"matched": report.matched, "deleted": report.deleted,
                                "changed": report.changed, "batches": report.batches,
-                               "building": report.building, "dry_run": args.dry_run})
+                               "building": report.building, "dry_run": args.dry_run,
+                               "blob_bytes_freed": freed})
         );
     }
     output::note(format_args!(
@@ -96,6 +105,12 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
                 .saturating_sub(args.older_than.as_millis().min(u64::MAX as u128) as u64)
         )
     ));
+    if let Some(freed) = freed.filter(|_| !args.dry_run) {
+        output::note(format_args!(
+            "gc: freed {} of large values no run refers to any more",
+            output::bytes(freed)
+        ));
+    }
     if report.building > 0 {
         output::note(format_args!(
             "gc: left {} run(s) alone that a fork, a copy or an import is writing (or left unfinished)",

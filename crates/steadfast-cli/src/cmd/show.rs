@@ -51,6 +51,17 @@ pub async fn run(args: ShowArgs, ctx: &Ctx) -> Result<i32, Failure> {
     };
     let wf = flows.iter().find(|w| w.name() == cp.workflow);
     let stuck = steadfast::stuck::diagnose(&cp, ctx.clock().now(), args.stuck_after, wf);
-    output::show(&cp, history.as_deref(), stuck.as_ref(), args.json);
+    let usage = ctx
+        .store
+        .usage(id)
+        .await
+        .with_context(|| format!("measuring what run {id:?} stores"))?;
+    output::show(
+        &cp,
+        history.as_deref(),
+        stuck.as_ref(),
+        usage.as_ref(),
+        args.json,
+    );
     Ok(exit::OK)
 }

@@ -316,6 +316,9 @@ pub struct Capabilities<'a> {
     /// save within it). What [`transfer`](crate::transfer) checks a record
     /// against before it replaces anything.
     pub max_state_bytes: Option<u64>,
+    /// Large values stored once, by reference, and what they weigh
+    /// ([`Blobs`]).
+    pub blobs: Option<&'a dyn Blobs>,
 }
 
 impl std::fmt::Debug for Capabilities<'_> {
@@ -349,6 +352,11 @@ impl<'a> Capabilities<'a> {
         self.max_state_bytes = Some(bytes);
         self
     }
+    /// With blobs.
+    pub fn blobs(mut self, b: &'a dyn Blobs) -> Self {
+        self.blobs = Some(b);
+        self
+    }
     /// The names of the capabilities present, in a fixed order: what a
     /// wrapper must keep.
     pub fn names(&self) -> Vec<&'static str> {
@@ -357,10 +365,68 @@ impl<'a> Capabilities<'a> {
             ("schedule", self.schedule.is_some()),
             ("clock", self.clock.is_some()),
             ("max_state_bytes", self.max_state_bytes.is_some()),
+            ("blobs", self.blobs.is_some()),
         ]
         .into_iter()
         .filter_map(|(n, on)| on.then_some(n))
         .collect()
+    }
+}
+
+/// Large values stored once, by reference ([`blob`]): a capability of a
+/// [`Store`] ([`Capabilities::blobs`]) that says what a run stores and what
+/// the store's blobs weigh, for `steadfast show` and `steadfast gc`.
+#[async_trait]
+pub trait Blobs: Send + Sync {
+    /// What run `run_id` stores (`None`: an absent run).
+    async fn usage(&self, run_id: &str) -> Result<Option<Usage>, StoreError>;
+
+    /// The store's blobs in all.
+    async fn blob_totals(&self) -> Result<BlobTotals, StoreError>;
+}
+
+/// What one run stores, in bytes ([`Blobs::usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct Usage {
+    /// Its record: the head, the state as stored (references in place of
+    /// large values) and the history rows.
+    pub record_bytes: u64,
+    /// The blobs it refers to.
+    pub blobs: u64,
+    /// Their size.
+    pub blob_bytes: u64,
+    /// The part of `blob_bytes` that other runs refer to as well (stored
+    /// once for all of them).
+    pub shared_bytes: u64,
+}
+
+impl Usage {
+    /// A usage from its parts.
+    pub fn new(record_bytes: u64, blobs: u64, blob_bytes: u64, shared_bytes: u64) -> Self {
+        Usage {
+            record_bytes,
+            blobs,
+            blob_bytes,
+            shared_bytes,
+        }
+    }
+}
+
+/// A store's blobs in all ([`Blobs::blob_totals`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct BlobTotals {
+    /// How many.
+    pub blobs: u64,
+    /// Their size in bytes.
+    pub bytes: u64,
+}
+
+impl BlobTotals {
+    /// Totals from their parts.
+    pub fn new(blobs: u64, bytes: u64) -> Self {
+        BlobTotals { blobs, bytes }
     }
 }
 
@@ -596,6 +662,22 @@ pub trait StoreExt: Store {
     /// if it has one.
     fn max_state_bytes(&self) -> Option<u64> {
         self.capabilities().max_state_bytes
+    }
+
+    /// [`Blobs::usage`], or `Ok(None)` for a store without blobs.
+    async fn usage(&self, run_id: &str) -> Result<Option<Usage>, StoreError> {
+        match self.capabilities().blobs {
+            Some(b) => b.usage(run_id).await,
+            None => Ok(None),
+        }
+    }
+
+    /// [`Blobs::blob_totals`], or `Ok(None)` for a store without blobs.
+    async fn blob_totals(&self) -> Result<Option<BlobTotals>, StoreError> {
+        match self.capabilities().blobs {
+            Some(b) => b.blob_totals().await.map(Some),
+            None => Ok(None),
+        }
     }
 }
 
