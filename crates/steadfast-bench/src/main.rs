@@ -25,6 +25,7 @@
 mod baseline;
 mod breakdown;
 mod cosmos;
+mod large;
 mod ops;
 mod pg;
 mod syncs;

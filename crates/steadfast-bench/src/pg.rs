@@ -74,6 +74,27 @@ pub fn drop_schema(url: &str) {
     .join();
 }
 
+/// The bytes the relations of the schema `url` names take on the server
+/// (tables, their TOAST and indexes).
+pub async fn schema_bytes(url: &str) -> Res<u64> {
+    let schema = url
+        .split(['?', '&'])
+        .find_map(|p| p.strip_prefix("schema="))
+        .ok_or("the URL names no schema")?
+        .to_string();
+    let base = server().ok_or("no server")?;
+    let client = connect(&base).await?;
+    let row = client
+        .query_one(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relkind = 'r'",
+            &[&schema],
+        )
+        .await?;
+    Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+}
+
 async fn connect(url: &str) -> Res<tokio_postgres::Client> {
     // The driver knows `sslmode=disable`, `prefer` and `require`; with no TLS
     // connector, `prefer` falls back to plain TCP and `require` fails.

@@ -114,6 +114,9 @@ pub async fn all(kind: &str, args: &Args) -> Res<()> {
     if args.wants("W5") {
         w5(kind, args).await?;
     }
+    if args.wants("W7") {
+        crate::large::w7(kind, args).await?;
+    }
     if args.wants("gc") && !kind.ends_with("-sealed") {
         crate::ops::gc(kind, args).await?;
     }

@@ -107,16 +107,22 @@ pub async fn a_refused_replacement_leaves_the_run_as_it_was(ts: TestStore) -> Ch
     );
 
     // 3. A state over the store's limit: at the end, or only after one
-    // step (a later one overwrites the big value with a small one).
-    let big = "x".repeat(STATE_LIMIT as usize + 1);
+    // step (a later one overwrites the big values with small ones). Many
+    // small values: a store with blobs keeps a large one by reference, and
+    // its limit bounds the record.
+    let keys = STATE_LIMIT as usize / 100 + 1;
+    let many = |v: &str| -> serde_json::Map<String, Value> {
+        (0..keys).map(|k| (format!("big{k}"), json!(v))).collect()
+    };
+    let big = "x".repeat(100);
     let mut at_end = record_of("w", 2, |i| json!({ format!("k{i}"): i })).await?;
-    at_end.run.state.insert("big".into(), json!(big));
+    at_end.run.state.extend(many(&big));
     at_end.run.version = 50;
     // From a store that keeps no history: one save writes it.
     at_end.history = None;
     let mut midway = record_of("w", 3, |i| match i {
-        1 => json!({ "big": big }),
-        2 => json!({ "big": "small" }),
+        1 => Value::Object(many(&big)),
+        2 => Value::Object(many("small")),
         _ => json!({ "k": i }),
     })
     .await?;

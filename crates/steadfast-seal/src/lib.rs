@@ -62,7 +62,7 @@ use serde_json::Value;
 use steadfast_core::store::{
     check_head, check_size, check_state, history_of, state_size, Rewrite, RunCache, SaveRequest,
 };
-use steadfast_core::{Capabilities, DueRequest, History, Schedule};
+use steadfast_core::{Blobs, Capabilities, DueRequest, History, Schedule};
 use steadfast_core::{
     Checkpoint, Clock, ListFilter, RunSummary, State, StepRecord, Store, StoreError,
     StoreErrorKind, StoreExt, SystemClock, Update,
@@ -922,6 +922,28 @@ impl SealedStore {
     }
 }
 
+/// The blobs of the store underneath (sealed values are stored there, each
+/// once), for `show` and `gc`.
+#[async_trait]
+impl Blobs for SealedStore {
+    async fn usage(&self, run_id: &str) -> Result<Option<steadfast_core::Usage>, StoreError> {
+        self.inner.usage(run_id).await
+    }
+
+    async fn blob_totals(&self) -> Result<steadfast_core::BlobTotals, StoreError> {
+        Ok(self.inner.blob_totals().await?.unwrap_or_default())
+    }
+
+    /// With a limit of its own on the plain state, every value counts in
+    /// full (the limit is checked before anything is sealed or stored).
+    fn threshold(&self) -> u64 {
+        match (self.max_state_bytes, self.inner.blob_threshold()) {
+            (None, Some(t)) => t,
+            _ => u64::MAX,
+        }
+    }
+}
+
 #[async_trait]
 impl Store for SealedStore {
     fn capabilities(&self) -> Capabilities<'_> {
@@ -935,6 +957,8 @@ impl Store for SealedStore {
         // Its own limit on the plain state, else the inner store's, which
         // limits the sealed state (larger): a further limit within that.
         caps.max_state_bytes = self.max_state_bytes.or(caps.max_state_bytes);
+        // The inner store's blobs, with the threshold its own limit counts.
+        caps.blobs = caps.blobs.map(|_| self as &dyn Blobs);
         caps
     }
 

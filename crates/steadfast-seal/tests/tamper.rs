@@ -475,7 +475,7 @@ async fn a_sqlite_run_set_back_a_step_by_sql_is_detected() -> TestResult {
     )?;
     if snap == 3 {
         conn.execute(
-            "UPDATE runs SET snapshot = '{}', snapshot_completed = '[]', snapshot_next = 0 WHERE run_id = 'r'",
+            "UPDATE runs SET snapshot = '{}', snapshot_steps = '[]', snapshot_next = 0 WHERE run_id = 'r'",
             [],
         )?;
     }

@@ -53,10 +53,15 @@ pub(crate) fn write(conn: &Connection, run_id: &str, blobs: &[Blob]) -> rusqlite
     Ok(())
 }
 
-/// The stored text of blob `hash` (`None`: not stored). Chunks missing or
-/// out of place give a text of another length, which the caller's check of
-/// the reference reports.
-pub(crate) fn fetch(conn: &Connection, hash: &BlobHash) -> rusqlite::Result<Option<Vec<u8>>> {
+/// The stored text of blob `hash` (`None`: not stored), read up to just
+/// past `expect` bytes (what the reference says). Chunks missing, out of
+/// place or too many give a text of another length, which the caller's
+/// check of the reference reports.
+pub(crate) fn fetch(
+    conn: &Connection,
+    hash: &BlobHash,
+    expect: u64,
+) -> rusqlite::Result<Option<Vec<u8>>> {
     let key = &hash.as_bytes()[..];
     let head: Option<(i64, i64)> = conn
         .prepare_cached("SELECT bytes, chunks FROM blobs WHERE hash = ?1")?
@@ -65,8 +70,9 @@ pub(crate) fn fetch(conn: &Connection, hash: &BlobHash) -> rusqlite::Result<Opti
     let Some((bytes, _)) = head else {
         return Ok(None);
     };
-    // A damaged size is only a hint: the reference's own check follows.
-    let mut out = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0).min(1 << 30));
+    // The stored size is only a hint: the reference's own check follows.
+    let expect = usize::try_from(expect).unwrap_or(usize::MAX);
+    let mut out = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0).min(expect));
     let mut st = conn.prepare_cached("SELECT body FROM blob_chunks WHERE hash = ?1 ORDER BY n")?;
     let mut rows = st.query([key])?;
     while let Some(row) = rows.next()? {
@@ -75,6 +81,9 @@ pub(crate) fn fetch(conn: &Connection, hash: &BlobHash) -> rusqlite::Result<Opti
                 out.extend_from_slice(b)
             }
             _ => return Ok(Some(Vec::new())),
+        }
+        if out.len() > expect {
+            break;
         }
     }
     Ok(Some(out))
@@ -138,6 +147,12 @@ pub(crate) fn recount(conn: &Connection, run_id: &str, path: &str) -> Result<(),
     free_unreferenced(conn, dropped.iter()).map_err(map)
 }
 
+/// Whether run `run_id` refers to any blob.
+pub(crate) fn holds_any(conn: &Connection, run_id: &str) -> rusqlite::Result<bool> {
+    conn.prepare_cached("SELECT 1 FROM blob_refs WHERE run_id = ?1 LIMIT 1")?
+        .exists([run_id])
+}
+
 /// The hashes run `run_id` refers to.
 fn held_by(conn: &Connection, run_id: &str) -> rusqlite::Result<Vec<Vec<u8>>> {
     conn.prepare_cached("SELECT hash FROM blob_refs WHERE run_id = ?1")?
@@ -169,7 +184,7 @@ pub(crate) fn usage(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<
     let record: Option<i64> = conn
         .prepare_cached(
             "SELECT length(CAST(head AS BLOB)) + length(CAST(snapshot AS BLOB))
-                    + length(CAST(snapshot_completed AS BLOB))
+                    + length(CAST(snapshot_steps AS BLOB))
                     + (SELECT coalesce(sum(length(CAST(update_json AS BLOB)) + length(CAST(name AS BLOB))), 0)
                        FROM steps WHERE run_id = ?1)
              FROM runs WHERE run_id = ?1",

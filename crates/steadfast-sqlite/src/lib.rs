@@ -542,9 +542,11 @@ pub const BACKEND: steadfast_core::store::backend::Backend =
 fn fetch_blob(
     conn: &Connection,
     hash: &BlobHash,
+    bytes: u64,
     path: &str,
 ) -> Result<Option<Vec<u8>>, StoreError> {
-    blobs::fetch(conn, hash).map_err(|e| map_err(e, &format!("reading blob {hash} in {path}")))
+    blobs::fetch(conn, hash, bytes)
+        .map_err(|e| map_err(e, &format!("reading blob {hash} in {path}")))
 }
 
 /// How messages name a column of run `run_id` in the database at `path`.
@@ -567,7 +569,7 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
     let row: Option<RecordRow> = conn
         .prepare_cached(
             "SELECT workflow, status, next, version, created_at, updated_at, head,
-                    snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes
+                    snapshot, snapshot_steps, snapshot_next, snapshot_bytes, delta_bytes
              FROM runs WHERE run_id = ?1",
         )
         .and_then(|mut st| {
@@ -623,8 +625,8 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
     let (mut cp, known) = rebuild(&place, row, deltas)?;
     drop(rows);
     drop(st);
-    resolve_object(&mut cp.state, &place, "state", &mut |h| {
-        fetch_blob(conn, h, path)
+    resolve_object(&mut cp.state, &place, "state", &mut |h, n| {
+        fetch_blob(conn, h, n, path)
     })?;
     if let Some(writer) = writer {
         cp.writer = writer;
@@ -820,6 +822,10 @@ impl Blobs for SqliteStore {
         .await
     }
 
+    fn threshold(&self) -> u64 {
+        self.shared.opts.blob_threshold
+    }
+
     async fn blob_totals(&self) -> Result<BlobTotals, StoreError> {
         self.read(|conn, path| {
             blobs::totals(conn).map_err(|e| map_err(e, &format!("measuring the blobs of {path}")))
@@ -876,7 +882,7 @@ impl History for SqliteStore {
                     &mut record.update,
                     &place,
                     &format!("steps[{idx}].update_json"),
-                    &mut |h| fetch_blob(conn, h, path),
+                    &mut |h, n| fetch_blob(conn, h, n, path),
                 )?;
                 out.push(record);
             }
@@ -936,6 +942,10 @@ pub fn decode_record_for_fuzzing(
         delta_bytes: 0,
     };
     let locate = locate("fuzz.db", run_id);
+    let place = Place::new(run_id, &locate);
     let deltas = deltas.into_iter().map(Ok);
-    rebuild(&Place::new(run_id, &locate), row, deltas).map(|(cp, _)| cp)
+    let (mut cp, _) = rebuild(&place, row, deltas)?;
+    // As a load does, with no blob stored.
+    resolve_object(&mut cp.state, &place, "state", &mut |_, _| Ok(None))?;
+    Ok(cp)
 }

@@ -112,8 +112,11 @@ const MIGRATIONS: &[&str] = &[
     // 6: blobs, large values stored once by the SHA-256 of their text (see
     // `blobs`), and which runs refer to them. Values stored before that look
     // like references are escaped by `blobs::escape_stored` in the same
-    // transaction.
-    "CREATE TABLE blobs (
+    // transaction. A process of an older build still running on the file
+    // would read references as the values themselves: the renamed column
+    // makes its loads and snapshot writes fail ("no such column") instead.
+    "ALTER TABLE runs RENAME COLUMN snapshot_completed TO snapshot_steps;
+    CREATE TABLE blobs (
         hash   BLOB PRIMARY KEY NOT NULL,
         bytes  INTEGER NOT NULL,
         chunks INTEGER NOT NULL

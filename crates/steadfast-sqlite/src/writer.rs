@@ -553,13 +553,13 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
         } => {
             let sql = if expected.is_none() {
                 "INSERT INTO runs (run_id, workflow, status, next, version, created_at, updated_at,
-                    head, snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes)
+                    head, snapshot, snapshot_steps, snapshot_next, snapshot_bytes, delta_bytes)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?4, ?11, 0)
                  ON CONFLICT (run_id) DO NOTHING"
             } else {
                 "UPDATE runs SET workflow = ?2, status = ?3, next = ?4, version = ?5,
                     created_at = ?6, updated_at = ?7, head = ?8, snapshot = ?9,
-                    snapshot_completed = ?10, snapshot_next = ?4, snapshot_bytes = ?11, delta_bytes = 0
+                    snapshot_steps = ?10, snapshot_next = ?4, snapshot_bytes = ?11, delta_bytes = 0
                  WHERE run_id = ?1 AND version = ?12"
             };
             let changed = conn
@@ -607,8 +607,13 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
     // has written nothing.
     crate::blobs::write(conn, &job.run_id, &job.blobs)
         .map_err(|e| map_err(e, &ctx("storing the large values of")))?;
-    if trimmed {
-        // A rewind dropped history rows: their references go with them.
+    // A rewind dropped history rows, or a new snapshot replaced one that
+    // may have been the last to refer to some blobs: count again.
+    let replaced = matches!(job.body, Body::Snapshot { .. })
+        && expected.is_some()
+        && crate::blobs::holds_any(conn, &job.run_id)
+            .map_err(|e| map_err(e, &ctx("counting the blobs of")))?;
+    if trimmed || replaced {
         crate::blobs::recount(conn, &job.run_id, path)?;
     }
     Ok(saved)

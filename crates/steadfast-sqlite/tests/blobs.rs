@@ -171,7 +171,9 @@ async fn values_stored_before_blobs_that_look_like_references_read_back() -> Tes
     let text = serde_json::to_string(&json!({"plain": 1, "fake": fake}))?;
     let conn = Connection::open(&db)?;
     conn.execute_batch(
-        "DROP TABLE blob_refs; DROP TABLE blob_chunks; DROP TABLE blobs; PRAGMA user_version = 5;",
+        "DROP TABLE blob_refs; DROP TABLE blob_chunks; DROP TABLE blobs;
+         ALTER TABLE runs RENAME COLUMN snapshot_steps TO snapshot_completed;
+         PRAGMA user_version = 5;",
     )?;
     conn.execute("UPDATE steps SET update_json = ?1", [&text])?;
     conn.execute("UPDATE runs SET snapshot = ?1", [&text])?;
@@ -183,8 +185,13 @@ async fn values_stored_before_blobs_that_look_like_references_read_back() -> Tes
         store.history("r").await?.expect("stored")[0].update["fake"],
         fake
     );
-    let version: i64 = Connection::open(&db)?.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let conn = Connection::open(&db)?;
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     assert_eq!(version, steadfast_sqlite::SCHEMA_VERSION);
+    // A process of the older build still on the file cannot load a run
+    // (and so never mistakes a reference for its value).
+    let old_load = conn.prepare("SELECT snapshot, snapshot_completed FROM runs WHERE run_id = 'r'");
+    assert!(old_load.is_err(), "an older build's load still prepares");
     Ok(())
 }
 
@@ -232,5 +239,50 @@ async fn the_threshold_is_set_in_the_url_and_checked() -> TestResult {
         };
         assert_eq!(err.kind(), StoreErrorKind::InvalidInput, "{bad}: {err}");
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_snapshot_that_drops_a_value_frees_it() -> TestResult {
+    use steadfast_core::store::SaveRequest;
+    use steadfast_core::{Checkpoint, Timestamp};
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = open(&db)?;
+    // A run that starts with a large input and no step yet.
+    let mut cp = Checkpoint::new("r", "w", Timestamp::from_unix_millis(1));
+    cp.state.insert("input".into(), json!(doc(5, 100)));
+    let v = store.save(SaveRequest::new(&cp, None)).await?;
+    assert_eq!(counts(&db)?.0, 1);
+    // A save of the whole state without it (a rekey's, a replacement's).
+    cp.state.clear();
+    cp.state.insert("small".into(), json!(1));
+    store.save(SaveRequest::new(&cp, Some(v))).await?;
+    assert_eq!(counts(&db)?, (0, 0, 0), "the dropped value is freed");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_state_of_large_values_over_the_record_limit_moves_between_stores() -> TestResult {
+    use steadfast_core::transfer::{export_run, put_run, Put};
+    let dir = tempfile::tempdir()?;
+    // 64 KiB for the record; three values of about 30 KB each, as blobs.
+    let opts = || {
+        SqliteOptions::default()
+            .max_state_bytes(64 << 10)
+            .blob_threshold(16 << 10)
+    };
+    let a = SqliteStore::open_with(dir.path().join("a.db"), opts())?;
+    let b = SqliteStore::open_with(dir.path().join("b.db"), opts())?;
+    let wf = Workflow::builder("w")
+        .step("s0", |_, _| async { update(json!({"d0": doc(0, 30)})) })
+        .step("s1", |_, _| async { update(json!({"d1": doc(1, 30)})) })
+        .step("s2", |_, _| async { update(json!({"d2": doc(2, 30)})) })
+        .build()?;
+    run("r", &wf, &a).await?;
+    let record = export_run(&a, "r").await?.expect("stored");
+    assert!(matches!(put_run(&b, &record).await?, Put::Written));
+    assert_eq!(b.load("r").await?, a.load("r").await?);
+    assert_eq!(b.history("r").await?, a.history("r").await?);
     Ok(())
 }

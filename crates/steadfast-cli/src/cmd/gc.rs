@@ -86,7 +86,9 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
         report.deleted
     };
     let freed = match (blobs_before, ctx.raw.blob_totals().await?) {
-        (Some(before), Some(after)) => Some(before.bytes.saturating_sub(after.bytes)),
+        (Some(before), Some(after)) if !args.dry_run => {
+            Some(before.bytes.saturating_sub(after.bytes))
+        }
         _ => None,
     };
     if args.json {
@@ -105,7 +107,7 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
                 .saturating_sub(args.older_than.as_millis().min(u64::MAX as u128) as u64)
         )
     ));
-    if let Some(freed) = freed.filter(|_| !args.dry_run) {
+    if let Some(freed) = freed {
         output::note(format_args!(
             "gc: freed {} of large values no run refers to any more",
             output::bytes(freed)

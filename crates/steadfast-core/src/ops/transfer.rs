@@ -353,7 +353,7 @@ pub async fn put_run_with<S: Store + ?Sized>(
 ) -> Result<Put, Error> {
     let id = record.run.run_id.as_str();
     crate::validate_run_id(id)?;
-    check_writable(record, store.max_state_bytes())?;
+    check_writable(record, store.max_state_bytes(), store.blob_threshold())?;
     let mut tries = 0;
     loop {
         match put_once(store, record, opts).await {
@@ -375,7 +375,15 @@ pub async fn put_run_with<S: Store + ?Sized>(
 /// history row's update, the state, decisions' data), and the size of its
 /// state after each step as [`put_run_with`] writes them, against `limit`
 /// (none: not checked).
-pub fn check_writable(record: &Exported, limit: Option<u64>) -> Result<(), Error> {
+///
+/// `blob_threshold`: the store keeps values longer than this as blobs
+/// ([`Blobs::threshold`](crate::store::Blobs::threshold)), so they count
+/// as references towards the limit.
+pub fn check_writable(
+    record: &Exported,
+    limit: Option<u64>,
+    blob_threshold: Option<u64>,
+) -> Result<(), Error> {
     let run = &record.run;
     let id = run.run_id.as_str();
     let refuse = |reason: String| Error::InvalidInput {
@@ -427,7 +435,10 @@ pub fn check_writable(record: &Exported, limit: Option<u64>) -> Result<(), Error
     };
     // The state as each save writes it: what the run started with, then
     // each step's update merged in order, then the record's own.
-    let mut sizes = Sizes::default();
+    let mut sizes = Sizes {
+        blob_threshold,
+        ..Sizes::default()
+    };
     let written: std::collections::HashSet<&str> = history
         .iter()
         .flat_map(|r| r.update.keys().map(String::as_str))
@@ -450,7 +461,10 @@ pub fn check_writable(record: &Exported, limit: Option<u64>) -> Result<(), Error
             ));
         }
     }
-    let last = crate::store::state_size(&run.state);
+    let last = match blob_threshold {
+        Some(t) => crate::store::blob::stored_size(&run.state, t),
+        None => crate::store::state_size(&run.state),
+    };
     if last > limit {
         return Err(too_large(last, "its state".into()));
     }
@@ -463,13 +477,19 @@ pub fn check_writable(record: &Exported, limit: Option<u64>) -> Result<(), Error
 struct Sizes<'a> {
     entries: std::collections::HashMap<&'a str, u64>,
     sum: u64,
+    /// Values longer count as a blob's reference.
+    blob_threshold: Option<u64>,
 }
 
 impl<'a> Sizes<'a> {
     fn set(&mut self, key: &'a str, value: &Value) {
         use crate::store::json_size;
         // `"k":v`, as the entry stands in its map.
-        let size = json_size(key) + 1 + json_size(value);
+        let value = match self.blob_threshold {
+            Some(t) => crate::store::blob::stored_value_size(value, t),
+            None => json_size(value),
+        };
+        let size = json_size(key) + 1 + value;
         if let Some(old) = self.entries.insert(key, size) {
             self.sum -= old;
         }
@@ -531,7 +551,7 @@ async fn put_once<S: Store + ?Sized>(
         Err(e) => return Err(e),
     };
     // And it must be writable as it is, should it have to be put back.
-    if let Err(e) = check_writable(&old, store.max_state_bytes()) {
+    if let Err(e) = check_writable(&old, store.max_state_bytes(), store.blob_threshold()) {
         return Err(Error::InvalidInput {
             what: format!("the import of run {id:?}"),
             reason: format!(

@@ -36,7 +36,7 @@
 //! let mut stored: Map<String, Value> = serde_json::from_str(&text).unwrap();
 //! let locate = |c: &str| format!("runs[\"r1\"].{c}");
 //! let place = Place::new("r1", &locate);
-//! resolve_object(&mut stored, &place, "snapshot", &mut |h: &BlobHash| {
+//! resolve_object(&mut stored, &place, "snapshot", &mut |h: &BlobHash, _| {
 //!     Ok(blobs.iter().find(|b| b.hash == *h).map(|b: &Blob| b.text.clone().into_bytes()))
 //! })?;
 //! assert_eq!(stored, state);
@@ -176,6 +176,37 @@ pub fn parse_size(text: &str) -> Result<u64, StoreError> {
     check_threshold(n.checked_mul(scale).ok_or_else(bad)?)
 }
 
+/// The size of a reference as [`encode_object`] writes it (a blob of
+/// `bytes` bytes): `{"$blob":"sha256:<64>","bytes":N}`.
+fn reference_size(bytes: u64) -> u64 {
+    let digits = bytes.checked_ilog10().unwrap_or(0) as u64 + 1;
+    // {"$blob":"sha256: (17) + 64 + ","bytes": (10) + digits + } (1)
+    17 + 64 + 10 + digits + 1
+}
+
+/// The size of `value` as a store with blobs at `threshold` writes it in a
+/// record: its JSON text, or a reference when that is longer than the
+/// threshold (an escaped look-alike counts as its text; the escape adds
+/// a few bytes a limit need not count).
+pub fn stored_value_size(value: &Value, threshold: u64) -> u64 {
+    let size = crate::store::json_size(value);
+    if size > threshold {
+        reference_size(size)
+    } else {
+        size
+    }
+}
+
+/// The size of the object `map` as a store with blobs at `threshold`
+/// writes it in a record ([`stored_value_size`] for each value).
+pub fn stored_size(map: &Map<String, Value>, threshold: u64) -> u64 {
+    let entries: u64 = map
+        .iter()
+        .map(|(k, v)| crate::store::json_size(k) + 1 + stored_value_size(v, threshold))
+        .sum();
+    2 + entries + (map.len() as u64).saturating_sub(1)
+}
+
 /// Whether a caller's value needs escaping: an object with a `$blob` member.
 fn looks_like_mark(v: &Value) -> bool {
     matches!(v, Value::Object(m) if m.contains_key(MARK))
@@ -216,11 +247,17 @@ pub fn encode_object(
                     limit: MAX_BLOB_BYTES,
                 });
             }
-            let hash = BlobHash::of(text.as_bytes());
+            // The same content twice in one save (a state and the update
+            // that set it) is hashed and kept once.
+            let hash = match blobs.iter().find(|b| b.text == text) {
+                Some(b) => b.hash,
+                None => {
+                    let hash = BlobHash::of(text.as_bytes());
+                    blobs.push(Blob { hash, text });
+                    hash
+                }
+            };
             out.push_str(&format!("{{\"{MARK}\":\"{hash}\",\"bytes\":{bytes}}}"));
-            if !blobs.iter().any(|b| b.hash == hash) {
-                blobs.push(Blob { hash, text });
-            }
         } else if looks_like_mark(value) {
             out.push_str(&format!("{{\"{MARK}\":\"{LITERAL}\",\"value\":{text}}}"));
         } else {
@@ -258,8 +295,10 @@ pub fn escape_lookalikes(text: &str) -> Option<String> {
 }
 
 /// How a store finds a blob's stored content by its hash (`None`: not
-/// stored), for [`resolve_object`].
-pub type Fetch<'a> = dyn FnMut(&BlobHash) -> Result<Option<Vec<u8>>, StoreError> + 'a;
+/// stored), for [`resolve_object`]; the second argument is the size the
+/// reference gives, past which a store may stop reading (the check that
+/// follows refuses any other size).
+pub type Fetch<'a> = dyn FnMut(&BlobHash, u64) -> Result<Option<Vec<u8>>, StoreError> + 'a;
 
 /// What a stored top-level value is.
 enum Stored<'a> {
@@ -315,7 +354,7 @@ pub fn refs_in(text: &str, place: &Place<'_>, column: &str) -> Result<Vec<BlobHa
         match classify(value) {
             Stored::Ref(hash, _) if !out.contains(&hash) => out.push(hash),
             Stored::Malformed(why) => {
-                return Err(place.corrupt(&format!("{column}.{key}"), why));
+                return Err(place.corrupt(&format!("{column}[{key:?}]"), why));
             }
             _ => {}
         }
@@ -335,7 +374,7 @@ pub fn resolve_object(
     fetch: &mut Fetch<'_>,
 ) -> Result<(), StoreError> {
     for (key, value) in map.iter_mut() {
-        let at = || format!("{column}.{key}");
+        let at = || format!("{column}[{key:?}]");
         match classify(value) {
             Stored::Plain => {}
             Stored::Literal => {
@@ -346,7 +385,7 @@ pub fn resolve_object(
             }
             Stored::Malformed(why) => return Err(place.corrupt(&at(), why)),
             Stored::Ref(hash, bytes) => {
-                let Some(content) = fetch(&hash)? else {
+                let Some(content) = fetch(&hash, bytes)? else {
                     return Err(place.corrupt(
                         &at(),
                         format!("refers to blob {hash}, which is not in the store"),
@@ -393,7 +432,7 @@ mod tests {
         let mut back: Map<String, Value> = serde_json::from_str(&text).unwrap();
         let locate = |c: &str| c.to_string();
         let place = Place::new("r", &locate);
-        resolve_object(&mut back, &place, "snapshot", &mut |h| {
+        resolve_object(&mut back, &place, "snapshot", &mut |h, _| {
             Ok(blobs
                 .iter()
                 .find(|b| b.hash == *h)
@@ -446,10 +485,15 @@ mod tests {
         ];
         for (name, content) in cases {
             let mut back: Map<String, Value> = serde_json::from_str(&text).unwrap();
-            let err = resolve_object(&mut back, &place, "snapshot", &mut |_| Ok(content.clone()))
-                .unwrap_err();
+            let err = resolve_object(&mut back, &place, "snapshot", &mut |_, _| {
+                Ok(content.clone())
+            })
+            .unwrap_err();
             assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{name}: {err}");
-            assert!(err.to_string().contains("snapshot.doc"), "{name}: {err}");
+            assert!(
+                err.to_string().contains("snapshot[\"doc\"]"),
+                "{name}: {err}"
+            );
         }
         for bad in [
             json!({"$blob": 1}),
@@ -459,7 +503,8 @@ mod tests {
             json!({"$blob": blobs[0].hash.to_string(), "bytes": 1, "more": 2}),
         ] {
             let mut back = obj(json!({ "v": bad }));
-            let err = resolve_object(&mut back, &place, "snapshot", &mut |_| Ok(None)).unwrap_err();
+            let err =
+                resolve_object(&mut back, &place, "snapshot", &mut |_, _| Ok(None)).unwrap_err();
             assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{bad}: {err}");
             let text = serde_json::to_string(&obj(json!({ "v": bad }))).unwrap();
             assert!(refs_in(&text, &place, "s").is_err(), "{bad}");
@@ -472,13 +517,26 @@ mod tests {
         let escaped = escape_lookalikes(old).unwrap();
         let mut back: Map<String, Value> = serde_json::from_str(&escaped).unwrap();
         let locate = |c: &str| c.to_string();
-        resolve_object(&mut back, &Place::new("r", &locate), "s", &mut |_| Ok(None)).unwrap();
+        resolve_object(&mut back, &Place::new("r", &locate), "s", &mut |_, _| {
+            Ok(None)
+        })
+        .unwrap();
         assert_eq!(
             back,
             serde_json::from_str::<Map<String, Value>>(old).unwrap()
         );
         assert_eq!(escape_lookalikes(r#"{"a":{"b":{"$blob":1}}}"#), None);
         assert_eq!(escape_lookalikes("not json $blob"), None);
+    }
+
+    #[test]
+    fn stored_sizes_are_the_texts_written() {
+        for n in [300usize, 999, 1000, 123_456] {
+            let map = obj(json!({"doc": "d".repeat(n), "small": [1, 2]}));
+            let mut blobs = Vec::new();
+            let text = encode_object(&map, 256, "r", "state", &mut blobs).unwrap();
+            assert_eq!(stored_size(&map, 256), text.len() as u64, "{text}");
+        }
     }
 
     #[test]

@@ -383,6 +383,11 @@ pub trait Blobs: Send + Sync {
 
     /// The store's blobs in all.
     async fn blob_totals(&self) -> Result<BlobTotals, StoreError>;
+
+    /// Values whose JSON text is longer than this many bytes are kept as
+    /// blobs (and count as their references towards
+    /// [`Capabilities::max_state_bytes`]).
+    fn threshold(&self) -> u64;
 }
 
 /// What one run stores, in bytes ([`Blobs::usage`]).
@@ -670,6 +675,11 @@ pub trait StoreExt: Store {
             Some(b) => b.usage(run_id).await,
             None => Ok(None),
         }
+    }
+
+    /// [`Blobs::threshold`], or `None` for a store without blobs.
+    fn blob_threshold(&self) -> Option<u64> {
+        self.capabilities().blobs.map(|b| b.threshold())
     }
 
     /// [`Blobs::blob_totals`], or `Ok(None)` for a store without blobs.

@@ -1,0 +1,170 @@
+//! W7 of WORKLOAD.md, large values: 100 runs of 10 steps, each step
+//! returning a 1 MiB value, half of them the value an earlier step of the
+//! same run returned (an agent rereading a document). Reports the bytes the
+//! store holds afterwards against the bytes of unique content, µs per step
+//! against a raw write of the same bytes plus fsync in the same run, and the
+//! process's peak memory during the runs.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::json;
+use steadfast::{open_store, run, update, RetryPolicy, Step, Workflow};
+
+use crate::baseline::{remove_db, round};
+use crate::workloads::{fresh_url, Res, STEPS};
+use crate::{durability, emit, median, Args};
+
+/// The size of one value's JSON text, quotes included: 1 MiB.
+const VALUE_BYTES: usize = 1 << 20;
+
+/// Text of `len` characters that does not compress (so that a store that
+/// compresses, such as PostgreSQL's TOAST, is measured on what it keeps).
+fn noise(seed: u64, len: usize) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        for shift in (0..60).step_by(6) {
+            if out.len() < len {
+                out.push(ALPHABET[((x >> shift) & 63) as usize]);
+            }
+        }
+    }
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Document `k` of run `run`: a JSON string of [`VALUE_BYTES`] bytes.
+fn document(run: usize, k: usize) -> String {
+    noise((run as u64) << 8 | k as u64, VALUE_BYTES - 2)
+}
+
+/// Run `run`'s workflow: step `i` returns document `i % 5` under a key of
+/// its own, so steps 5 to 9 reread what steps 0 to 4 read. The documents
+/// are made before the run (a step only hands over the value it has, as a
+/// model's or a tool's answer), so the time is the checkpoints'.
+fn workflow(run: usize) -> Workflow {
+    let docs: Arc<Vec<String>> = Arc::new((0..5).map(|k| document(run, k)).collect());
+    let mut b = Workflow::builder("w7");
+    for i in 0..STEPS {
+        let docs = Arc::clone(&docs);
+        b = b.push(
+            Step::new(format!("s{i}"), move |_, _| {
+                let value = docs[i % 5].clone();
+                async move { update(json!({ format!("doc{i}"): value })) }
+            })
+            .retry(RetryPolicy::none()),
+        );
+    }
+    b.build().expect("a valid workflow")
+}
+
+/// The process's peak resident memory (VmHWM) in bytes.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Resets the peak to what is resident now (Linux: `5` to `clear_refs`).
+fn reset_peak() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Microseconds per write of `bytes` bytes to a file plus its fsync
+/// (median of `n`), on the disk under `dir`.
+fn raw_write(dir: &Path, bytes: usize, n: usize) -> Res<f64> {
+    let path = dir.join("w7-raw.bin");
+    let body = noise(7, bytes).into_bytes();
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(false)
+            .open(&path)?;
+        use std::io::Seek;
+        // A different place each time, as a store appends.
+        f.seek(std::io::SeekFrom::Start(((i % 64) * bytes) as u64))?;
+        let t = Instant::now();
+        f.write_all(&body)?;
+        f.sync_all()?;
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let _ = std::fs::remove_file(&path);
+    Ok(median(samples))
+}
+
+/// The bytes a store keeps: the files of an SQLite database, or the
+/// relations of a PostgreSQL schema.
+async fn stored_bytes(kind: &str, url: &str) -> Res<u64> {
+    match kind {
+        "sqlite" => {
+            let path = url.trim_start_matches("sqlite:");
+            let path = path.split('?').next().unwrap_or(path);
+            let mut total = 0;
+            for suffix in ["", "-wal"] {
+                total += std::fs::metadata(format!("{path}{suffix}")).map_or(0, |m| m.len());
+            }
+            Ok(total)
+        }
+        "postgres" => crate::pg::schema_bytes(url).await,
+        other => Err(format!("W7 does not measure {other}").into()),
+    }
+}
+
+/// W7 on `kind` (SQLite and PostgreSQL).
+pub async fn w7(kind: &str, args: &Args) -> Res<()> {
+    if !matches!(kind, "sqlite" | "postgres") {
+        return Ok(());
+    }
+    let runs = if args.quick { 4 } else { 100 };
+    let mut per_step = Vec::new();
+    let mut raw = Vec::new();
+    let mut stored = Vec::new();
+    let mut peaks = Vec::new();
+    for rep in 0..args.reps() {
+        let url = fresh_url(kind, &args.dir, &format!("w7-{rep}"));
+        let store = open_store(&url).await?;
+        reset_peak();
+        let mut took = 0.0;
+        for r in 0..runs {
+            let wf = workflow(r);
+            let t = Instant::now();
+            run(&format!("w7-{r}"), &wf, &*store).await?;
+            took += t.elapsed().as_secs_f64();
+        }
+        per_step.push(took * 1e6 / (runs * STEPS) as f64);
+        peaks.push(peak_rss().unwrap_or(0) as f64);
+        drop(store);
+        stored.push(stored_bytes(kind, &url).await? as f64);
+        if kind == "sqlite" {
+            remove_db(Path::new(url.trim_start_matches("sqlite:")));
+        } else {
+            crate::pg::drop_schema(&url);
+        }
+        raw.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
+    }
+    let unique = (runs * 5 * VALUE_BYTES) as f64;
+    let (us, raw_us, bytes) = (median(per_step), median(raw), median(stored));
+    emit(
+        "steadfast",
+        kind,
+        "W7",
+        durability(kind),
+        json!({"runs": runs, "steps": STEPS, "value_bytes": VALUE_BYTES,
+               "us_per_step": round(us), "raw_write_fsync_us": round(raw_us),
+               "us_per_step_over_raw": round(us / raw_us * 100.0) / 100.0,
+               "stored_bytes": bytes as u64, "unique_bytes": unique as u64,
+               "stored_over_unique": round(bytes / unique * 100.0) / 100.0,
+               "peak_rss_bytes": median(peaks) as u64,
+               "notes": "step i returns document i % 5 of its run (1 MiB each, incompressible); raw = write 1 MiB + fsync, median of 100 per repetition; stored = the database's files (SQLite) or the schema's relations (PostgreSQL) after the runs; medians of the repetitions"}),
+    );
+    Ok(())
+}
