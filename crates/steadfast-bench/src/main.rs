@@ -61,7 +61,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "W1,W2,W3,W4,W5,physical,raw-sqlite,ratios"
+        default_value = "W1,W2,W3,W4,W5,W7,physical,raw-sqlite,ratios"
     )]
     pub workloads: Vec<String>,
     /// Where the stores are written (the disk measured is the one under it).
