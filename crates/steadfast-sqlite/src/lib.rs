@@ -52,7 +52,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use steadfast_core::store::blob::{resolve_object, BlobHash};
+use steadfast_core::store::blob::{resolve_object, BlobHash, Resolver};
 use steadfast_core::store::head::around_writer;
 use steadfast_core::store::plan::{plan_save_with_blobs, Plan};
 use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow, SummaryRow};
@@ -873,16 +873,18 @@ impl History for SqliteStore {
             let locate = locate(path, &id);
             let place = Place::new(&id, &locate);
             let mut out = Vec::new();
+            // Steps that reread one document open its blob once.
+            let mut fetch = |h: &BlobHash, n: u64| fetch_blob(conn, h, n, path);
+            let mut resolver = Resolver::new(&mut fetch);
             for row in rows {
                 let (idx, name, update, attempt, started, finished) =
                     row.map_err(|e| map_err(e, &ctx()))?;
                 let mut record = HistoryRow::new(idx, name, update, attempt, started, finished)
                     .record(&place)?;
-                resolve_object(
+                resolver.resolve(
                     &mut record.update,
                     &place,
                     &format!("steps[{idx}].update_json"),
-                    &mut |h, n| fetch_blob(conn, h, n, path),
                 )?;
                 out.push(record);
             }

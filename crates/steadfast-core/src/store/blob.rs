@@ -362,6 +362,66 @@ pub fn refs_in(text: &str, place: &Place<'_>, column: &str) -> Result<Vec<BlobHa
     Ok(out)
 }
 
+/// Resolves the references of many stored objects (a run's history rows)
+/// and opens each blob once: a value read again is a copy of the one
+/// already opened and checked.
+pub struct Resolver<'f> {
+    fetch: &'f mut Fetch<'f>,
+    /// Each blob opened so far: its size and value.
+    opened: std::collections::HashMap<BlobHash, (u64, Value)>,
+}
+
+impl<'f> Resolver<'f> {
+    /// A resolver that finds blobs with `fetch`.
+    pub fn new(fetch: &'f mut Fetch<'f>) -> Self {
+        Resolver {
+            fetch,
+            opened: std::collections::HashMap::new(),
+        }
+    }
+
+    /// [`resolve_object`], with the blobs opened before kept.
+    pub fn resolve(
+        &mut self,
+        map: &mut Map<String, Value>,
+        place: &Place<'_>,
+        column: &str,
+    ) -> Result<(), StoreError> {
+        let mut found = Vec::new();
+        {
+            let opened = &self.opened;
+            let fetch = &mut *self.fetch;
+            resolve_with(
+                map,
+                place,
+                column,
+                &mut |hash, bytes| match opened.get(hash) {
+                    // A reference of another size is checked against the
+                    // content again (and found wrong).
+                    Some((n, v)) if *n == bytes => Ok(Opened::Value(v.clone())),
+                    _ => Ok(match fetch(hash, bytes)? {
+                        Some(content) => Opened::Content(content),
+                        None => Opened::Missing,
+                    }),
+                },
+                &mut |hash, bytes, v| found.push((hash, (bytes, v.clone()))),
+            )?;
+        }
+        self.opened.extend(found);
+        Ok(())
+    }
+}
+
+/// What a lookup of a blob gave.
+enum Opened {
+    /// Its value, opened and checked before.
+    Value(Value),
+    /// Its content as stored, to check.
+    Content(Vec<u8>),
+    /// Nothing.
+    Missing,
+}
+
 /// Puts back every value of a stored object: a reference is replaced by the
 /// blob `fetch` finds for its hash (its content as stored), an escaped value
 /// by the value. A blob that is missing, of another length than its
@@ -372,6 +432,29 @@ pub fn resolve_object(
     place: &Place<'_>,
     column: &str,
     fetch: &mut Fetch<'_>,
+) -> Result<(), StoreError> {
+    resolve_with(
+        map,
+        place,
+        column,
+        &mut |hash, bytes| {
+            Ok(match fetch(hash, bytes)? {
+                Some(content) => Opened::Content(content),
+                None => Opened::Missing,
+            })
+        },
+        &mut |_, _, _| {},
+    )
+}
+
+type Lookup<'a> = dyn FnMut(&BlobHash, u64) -> Result<Opened, StoreError> + 'a;
+
+fn resolve_with(
+    map: &mut Map<String, Value>,
+    place: &Place<'_>,
+    column: &str,
+    lookup: &mut Lookup<'_>,
+    opened: &mut dyn FnMut(BlobHash, u64, &Value),
 ) -> Result<(), StoreError> {
     for (key, value) in map.iter_mut() {
         let at = || format!("{column}[{key:?}]");
@@ -384,15 +467,20 @@ pub fn resolve_object(
                 }
             }
             Stored::Malformed(why) => return Err(place.corrupt(&at(), why)),
-            Stored::Ref(hash, bytes) => {
-                let Some(content) = fetch(&hash, bytes)? else {
+            Stored::Ref(hash, bytes) => match lookup(&hash, bytes)? {
+                Opened::Missing => {
                     return Err(place.corrupt(
                         &at(),
                         format!("refers to blob {hash}, which is not in the store"),
-                    ));
-                };
-                *value = open(&content, hash, bytes).map_err(|why| place.corrupt(&at(), why))?;
-            }
+                    ))
+                }
+                Opened::Value(v) => *value = v,
+                Opened::Content(content) => {
+                    *value =
+                        open(&content, hash, bytes).map_err(|why| place.corrupt(&at(), why))?;
+                    opened(hash, bytes, value);
+                }
+            },
         }
     }
     Ok(())
@@ -537,6 +625,35 @@ mod tests {
             let text = encode_object(&map, 256, "r", "state", &mut blobs).unwrap();
             assert_eq!(stored_size(&map, 256), text.len() as u64, "{text}");
         }
+    }
+
+    #[test]
+    fn a_resolver_opens_each_blob_once() {
+        let doc = "d".repeat(1000);
+        let map = obj(json!({"doc": doc}));
+        let mut blobs = Vec::new();
+        let text = encode_object(&map, 256, "r", "state", &mut blobs).unwrap();
+        let mut fetched = 0;
+        let mut fetch = |h: &BlobHash, _: u64| {
+            fetched += 1;
+            Ok(blobs
+                .iter()
+                .find(|b| b.hash == *h)
+                .map(|b| b.text.clone().into_bytes()))
+        };
+        let locate = |c: &str| c.to_string();
+        let place = Place::new("r", &locate);
+        let mut resolver = Resolver::new(&mut fetch);
+        for _ in 0..3 {
+            let mut row: Map<String, Value> = serde_json::from_str(&text).unwrap();
+            resolver.resolve(&mut row, &place, "u").unwrap();
+            assert_eq!(row, map);
+        }
+        // A reference to the same blob with another size is still refused.
+        let mut wrong = obj(json!({"doc": {"$blob": blobs[0].hash.to_string(), "bytes": 5}}));
+        assert!(resolver.resolve(&mut wrong, &place, "u").is_err());
+        drop(resolver);
+        assert_eq!(fetched, 2, "opened once, then once for the wrong size");
     }
 
     #[test]
