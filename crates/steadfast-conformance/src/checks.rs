@@ -539,6 +539,80 @@ pub async fn large_values_and_lookalikes_load_back_equal(ts: TestStore) -> Check
     Ok(())
 }
 
+/// Runs that hold the same large values are saved and deleted at once by
+/// many tasks (a store with blobs shares them, and frees one only when no
+/// run refers to it): every run left loads back whole, in its state and its
+/// history, and every deleted one is gone.
+pub async fn shared_large_values_survive_concurrent_saves_and_deletes(
+    ts: TestStore,
+) -> CheckResult {
+    let docs: Arc<Vec<String>> =
+        Arc::new((0..3).map(|k| format!("{k}").repeat(6 * 1024)).collect());
+    let mut tasks = tokio::task::JoinSet::new();
+    for task in 0..6usize {
+        let store = Arc::clone(&ts.store);
+        let docs = Arc::clone(&docs);
+        tasks.spawn(async move {
+            let mut kept = Vec::new();
+            for i in 0..8usize {
+                let run_id = format!("share-{task}-{i}");
+                let doc = docs[(task + i) % 3].clone();
+                let mut cp = checkpoint(&run_id, "flow", json!({ "doc": doc }));
+                cp.completed = vec!["read".into()];
+                cp.next = 1;
+                let step = record(0, "read", json!({ "doc": doc }), 1);
+                let v = store
+                    .save(SaveRequest::new(&cp, None).with_step(&step))
+                    .await?;
+                // Every other run goes again at once: the last reference to
+                // a value, or one of many.
+                if i % 2 == 1 {
+                    ensure!(
+                        store.delete_if(&run_id, v).await?,
+                        "{run_id} was not there to delete"
+                    );
+                } else {
+                    kept.push((run_id, (task + i) % 3));
+                }
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(kept)
+        });
+    }
+    let mut kept = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        kept.extend(done??);
+    }
+    let history = ts.store.capabilities().history.is_some();
+    for (run_id, k) in &kept {
+        let cp = ts
+            .store
+            .load(run_id)
+            .await?
+            .ok_or(format!("{run_id} vanished"))?;
+        ensure!(
+            cp.state.get("doc") == Some(&json!(docs[*k])),
+            "{run_id} lost its value"
+        );
+        if history {
+            let h = ts.store.history(run_id).await?.ok_or("no history")?;
+            ensure!(
+                h.first().and_then(|r| r.update.get("doc")) == Some(&json!(docs[*k])),
+                "{run_id}'s history lost its value"
+            );
+        }
+    }
+    for task in 0..6 {
+        for i in (1..8).step_by(2) {
+            let run_id = format!("share-{task}-{i}");
+            ensure!(
+                ts.store.load(&run_id).await?.is_none(),
+                "{run_id} came back"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Arbitrary JSON values, control characters, extreme numbers and nesting
 /// included: the values the property checks feed to a store.
 pub fn json_value() -> impl Strategy<Value = Value> {

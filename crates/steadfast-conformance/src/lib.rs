@@ -223,6 +223,7 @@ macro_rules! store_conformance {
             wrappers_keep_every_capability,
             concurrent_starts_of_one_id_agree,
             large_values_and_lookalikes_load_back_equal,
+            shared_large_values_survive_concurrent_saves_and_deletes,
         );
     };
 }
