@@ -934,13 +934,11 @@ impl Blobs for SealedStore {
         Ok(self.inner.blob_totals().await?.unwrap_or_default())
     }
 
-    /// With a limit of its own on the plain state, every value counts in
-    /// full (the limit is checked before anything is sealed or stored).
+    /// Every plain value counts in full: the store underneath applies its
+    /// threshold to sealed values, which are larger and not known before
+    /// they are sealed, and this store's own limit is on the plain state.
     fn threshold(&self) -> u64 {
-        match (self.max_state_bytes, self.inner.blob_threshold()) {
-            (None, Some(t)) => t,
-            _ => u64::MAX,
-        }
+        u64::MAX
     }
 }
 

@@ -78,12 +78,15 @@ pub(crate) fn fetch(
     while let Some(row) = rows.next()? {
         match row.get_ref(0)? {
             rusqlite::types::ValueRef::Blob(b) | rusqlite::types::ValueRef::Text(b) => {
+                if out.len().saturating_add(b.len()) > expect {
+                    // Longer than the reference says: a byte more is
+                    // enough for its check to refuse it.
+                    out.push(0);
+                    break;
+                }
                 out.extend_from_slice(b)
             }
             _ => return Ok(Some(Vec::new())),
-        }
-        if out.len() > expect {
-            break;
         }
     }
     Ok(Some(out))
@@ -100,39 +103,16 @@ pub(crate) fn release(conn: &Connection, run_id: &str) -> rusqlite::Result<()> {
 
 /// Makes run `run_id`'s references those its rows (its snapshot and its
 /// history) hold, after a rewrite, and removes the blobs no run refers to
-/// any more. A malformed reference in a row is `Corrupt`, and nothing is
-/// changed. Inside the write transaction.
+/// any more. A row that does not read (a malformed reference, a damaged
+/// value) leaves every reference as it is, with a warning: nothing is freed
+/// on a guess, and the write goes on (a load reports the damage where it
+/// reads that row). Inside the write transaction.
 pub(crate) fn recount(conn: &Connection, run_id: &str, path: &str) -> Result<(), StoreError> {
     let ctx = || format!("counting the blobs of run {run_id:?} in {path}");
     let map = |e| map_err(e, &ctx());
-    let locate = crate::locate(path, run_id);
-    let place = Place::new(run_id, &locate);
-    let mut wanted = BTreeSet::new();
-    let snapshot: Option<String> = conn
-        .prepare_cached("SELECT snapshot FROM runs WHERE run_id = ?1")
-        .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
-        .map_err(map)?;
-    if let Some(text) = snapshot {
-        wanted.extend(refs_in(&text, &place, "snapshot")?);
-    }
-    let mut st = conn
-        .prepare_cached(
-            "SELECT idx, update_json FROM steps WHERE run_id = ?1 AND instr(update_json, '\"$blob\"') > 0",
-        )
-        .map_err(map)?;
-    let rows = st
-        .query_map([run_id], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
-        })
-        .map_err(map)?;
-    for row in rows {
-        let (idx, text) = row.map_err(map)?;
-        wanted.extend(refs_in(
-            &text,
-            &place,
-            &format!("steps[{idx}].update_json"),
-        )?);
-    }
+    let Some(wanted) = referred(conn, run_id, path) else {
+        return Ok(());
+    };
     let held = held_by(conn, run_id).map_err(map)?;
     let dropped: Vec<Vec<u8>> = held
         .into_iter()
@@ -145,6 +125,47 @@ pub(crate) fn recount(conn: &Connection, run_id: &str, path: &str) -> Result<(),
         del.execute(params![run_id, hash]).map_err(map)?;
     }
     free_unreferenced(conn, dropped.iter()).map_err(map)
+}
+
+/// The blobs run `run_id`'s rows refer to, or `None` (with a warning) when
+/// a row does not read.
+fn referred(conn: &Connection, run_id: &str, path: &str) -> Option<BTreeSet<BlobHash>> {
+    let locate = crate::locate(path, run_id);
+    let place = Place::new(run_id, &locate);
+    let damaged = |e: &dyn std::fmt::Display| {
+        tracing::warn!(run_id, error = %e, "blob references kept: a row of the run does not read");
+    };
+    let read = || -> Result<BTreeSet<BlobHash>, StoreError> {
+        let map = |e| map_err(e, &format!("reading run {run_id:?} in {path}"));
+        let mut wanted = BTreeSet::new();
+        let snapshot: Option<String> = conn
+            .prepare_cached("SELECT snapshot FROM runs WHERE run_id = ?1")
+            .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
+            .map_err(map)?;
+        if let Some(text) = snapshot {
+            wanted.extend(refs_in(&text, &place, "snapshot")?);
+        }
+        let mut st = conn
+            .prepare_cached(
+                "SELECT idx, update_json FROM steps WHERE run_id = ?1 AND instr(update_json, '\"$blob\"') > 0",
+            )
+            .map_err(map)?;
+        let rows = st
+            .query_map([run_id], |r| {
+                Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+            })
+            .map_err(map)?;
+        for row in rows {
+            let (idx, text) = row.map_err(map)?;
+            wanted.extend(refs_in(
+                &text,
+                &place,
+                &format!("steps[{idx}].update_json"),
+            )?);
+        }
+        Ok(wanted)
+    };
+    read().map_err(|e| damaged(&e)).ok()
 }
 
 /// Whether run `run_id` refers to any blob.

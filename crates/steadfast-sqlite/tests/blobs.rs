@@ -286,3 +286,28 @@ async fn a_state_of_large_values_over_the_record_limit_moves_between_stores() ->
     assert_eq!(b.history("r").await?, a.history("r").await?);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_damaged_old_row_keeps_every_reference_and_saves_go_on() -> TestResult {
+    use steadfast_core::store::SaveRequest;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = open(&db)?;
+    run("r", &agent(2, 0), &store).await?;
+    drop(store);
+    let before = counts(&db)?;
+    // Step 0's row lies below the snapshot: a load does not read it.
+    tamper(&db, "UPDATE steps SET update_json = '{\"x\":{\"$blob\":1}}' WHERE idx = 0")?;
+    let store = open(&db)?;
+    let mut cp = store.load("r").await?.expect("stored");
+    cp.state.insert("more".into(), json!(1));
+    // A snapshot (nothing is known of the record yet): it counts the run's
+    // references again, meets the damaged row, and keeps them all.
+    store.save(SaveRequest::new(&cp, Some(cp.version))).await?;
+    assert_eq!(counts(&db)?, before);
+    // The longer of two chunks than its reference says is refused too.
+    tamper(&db, "UPDATE blob_chunks SET body = body || CAST('xx' AS BLOB)")?;
+    let err = store.load("r").await.expect_err("a longer blob loaded");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    Ok(())
+}

@@ -185,13 +185,16 @@ fn reference_size(bytes: u64) -> u64 {
 }
 
 /// The size of `value` as a store with blobs at `threshold` writes it in a
-/// record: its JSON text, or a reference when that is longer than the
-/// threshold (an escaped look-alike counts as its text; the escape adds
-/// a few bytes a limit need not count).
+/// record: its JSON text (an escaped look-alike with its escape), or a
+/// reference when that is longer than the threshold. A value over
+/// [`MAX_BLOB_BYTES`], which no store takes, counts in full.
 pub fn stored_value_size(value: &Value, threshold: u64) -> u64 {
     let size = crate::store::json_size(value);
-    if size > threshold {
+    if size > threshold && size <= MAX_BLOB_BYTES {
         reference_size(size)
+    } else if looks_like_mark(value) {
+        // {"$blob":"literal","value": and }
+        size + 28
     } else {
         size
     }
@@ -620,7 +623,7 @@ mod tests {
     #[test]
     fn stored_sizes_are_the_texts_written() {
         for n in [300usize, 999, 1000, 123_456] {
-            let map = obj(json!({"doc": "d".repeat(n), "small": [1, 2]}));
+            let map = obj(json!({"doc": "d".repeat(n), "small": [1, 2], "like": {"$blob": 1}}));
             let mut blobs = Vec::new();
             let text = encode_object(&map, 256, "r", "state", &mut blobs).unwrap();
             assert_eq!(stored_size(&map, 256), text.len() as u64, "{text}");
