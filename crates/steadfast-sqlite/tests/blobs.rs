@@ -297,7 +297,10 @@ async fn a_damaged_old_row_keeps_every_reference_and_saves_go_on() -> TestResult
     drop(store);
     let before = counts(&db)?;
     // Step 0's row lies below the snapshot: a load does not read it.
-    tamper(&db, "UPDATE steps SET update_json = '{\"x\":{\"$blob\":1}}' WHERE idx = 0")?;
+    tamper(
+        &db,
+        "UPDATE steps SET update_json = '{\"x\":{\"$blob\":1}}' WHERE idx = 0",
+    )?;
     let store = open(&db)?;
     let mut cp = store.load("r").await?.expect("stored");
     cp.state.insert("more".into(), json!(1));
@@ -306,7 +309,10 @@ async fn a_damaged_old_row_keeps_every_reference_and_saves_go_on() -> TestResult
     store.save(SaveRequest::new(&cp, Some(cp.version))).await?;
     assert_eq!(counts(&db)?, before);
     // The longer of two chunks than its reference says is refused too.
-    tamper(&db, "UPDATE blob_chunks SET body = body || CAST('xx' AS BLOB)")?;
+    tamper(
+        &db,
+        "UPDATE blob_chunks SET body = body || CAST('xx' AS BLOB)",
+    )?;
     let err = store.load("r").await.expect_err("a longer blob loaded");
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
     Ok(())
