@@ -441,7 +441,6 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
     if expected.is_some() && !matches!(job.body, Body::Step { .. }) {
         crate::progress::absorb(conn, &job.run_id, path)?;
     }
-    let mut trimmed = false;
     let saved = match &job.body {
         Body::Step {
             step,
@@ -590,11 +589,9 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
             if expected.is_some() {
                 // A fresh run has no history; a rewritten one keeps only the
                 // steps below its `next`.
-                trimmed = conn
-                    .prepare_cached("DELETE FROM steps WHERE run_id = ?1 AND idx >= ?2")
+                conn.prepare_cached("DELETE FROM steps WHERE run_id = ?1 AND idx >= ?2")
                     .and_then(|mut st| st.execute(params![job.run_id, h.next]))
-                    .map_err(|e| map_err(e, &ctx("trimming the history of")))?
-                    > 0;
+                    .map_err(|e| map_err(e, &ctx("trimming the history of")))?;
             }
             if let Some(step) = step.as_ref().filter(|s| s.index < own_next) {
                 insert_step(conn, &job.run_id, step)
@@ -607,13 +604,14 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
     // has written nothing.
     crate::blobs::write(conn, &job.run_id, &job.blobs)
         .map_err(|e| map_err(e, &ctx("storing the large values of")))?;
-    // A rewind dropped history rows, or a new snapshot replaced one that
-    // may have been the last to refer to some blobs: count again.
+    // A new snapshot of a stored run (a rewind's included, which drops
+    // history rows) may have replaced the last reference to some blobs:
+    // count again, if the run refers to any.
     let replaced = matches!(job.body, Body::Snapshot { .. })
         && expected.is_some()
         && crate::blobs::holds_any(conn, &job.run_id)
             .map_err(|e| map_err(e, &ctx("counting the blobs of")))?;
-    if trimmed || replaced {
+    if replaced {
         crate::blobs::recount(conn, &job.run_id, path)?;
     }
     Ok(saved)

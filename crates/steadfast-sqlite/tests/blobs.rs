@@ -49,11 +49,19 @@ fn open(db: &Path) -> Result<SqliteStore, steadfast_core::StoreError> {
     SqliteStore::open_with(db, SqliteOptions::default().blob_threshold(16 << 10))
 }
 
-#[tokio::test]
-async fn a_value_is_stored_once_across_steps_and_runs_and_freed_with_its_last_run() -> TestResult {
+/// A store of its own (threshold 16 KiB) in a fresh directory, kept while
+/// the directory lives.
+fn fresh(
+) -> Result<(tempfile::TempDir, std::path::PathBuf, SqliteStore), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("runs.db");
     let store = open(&db)?;
+    Ok((dir, db, store))
+}
+
+#[tokio::test]
+async fn a_value_is_stored_once_across_steps_and_runs_and_freed_with_its_last_run() -> TestResult {
+    let (_dir, db, store) = fresh()?;
     for r in 0..3 {
         run(&format!("r{r}"), &agent(4, r), &store).await?;
     }
@@ -95,9 +103,7 @@ async fn a_value_is_stored_once_across_steps_and_runs_and_freed_with_its_last_ru
 
 #[tokio::test]
 async fn prune_and_rewind_free_the_values_only_dropped_rows_held() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let db = dir.path().join("runs.db");
-    let store = open(&db)?;
+    let (_dir, db, store) = fresh()?;
     run("r", &agent(6, 0), &store).await?;
     let before = counts(&db)?.0;
     assert_eq!(before, 2 + 6);
@@ -126,9 +132,7 @@ fn tamper(db: &Path, sql: &str) -> Result<(), rusqlite::Error> {
 
 #[tokio::test]
 async fn a_damaged_or_missing_blob_is_corrupt_with_its_place() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let db = dir.path().join("runs.db");
-    let store = open(&db)?;
+    let (_dir, db, store) = fresh()?;
     run("r", &agent(2, 0), &store).await?;
     drop(store);
     // One byte changed: the content no longer hashes to its name.
@@ -158,9 +162,7 @@ async fn a_damaged_or_missing_blob_is_corrupt_with_its_place() -> TestResult {
 
 #[tokio::test]
 async fn values_stored_before_blobs_that_look_like_references_read_back() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let db = dir.path().join("runs.db");
-    let store = open(&db)?;
+    let (_dir, db, store) = fresh()?;
     let wf = Workflow::builder("w")
         .step("a", |_, _| async { update(json!({"plain": 1})) })
         .build()?;
@@ -233,6 +235,10 @@ async fn the_threshold_is_set_in_the_url_and_checked() -> TestResult {
         "?blob_threshold=2GiB",
         "?blob_threshold=lots",
         "?blobs=1",
+        "?",
+        "?blob_threshold=",
+        "?blob_threshold=64KiB&",
+        "?blob_threshold=-1",
     ] {
         let Err(err) = steadfast_sqlite::open_url(&format!("{}{bad}", db.display()), true) else {
             panic!("{bad} was taken");
@@ -246,9 +252,7 @@ async fn the_threshold_is_set_in_the_url_and_checked() -> TestResult {
 async fn a_snapshot_that_drops_a_value_frees_it() -> TestResult {
     use steadfast_core::store::SaveRequest;
     use steadfast_core::{Checkpoint, Timestamp};
-    let dir = tempfile::tempdir()?;
-    let db = dir.path().join("runs.db");
-    let store = open(&db)?;
+    let (_dir, db, store) = fresh()?;
     // A run that starts with a large input and no step yet.
     let mut cp = Checkpoint::new("r", "w", Timestamp::from_unix_millis(1));
     cp.state.insert("input".into(), json!(doc(5, 100)));
@@ -290,9 +294,7 @@ async fn a_state_of_large_values_over_the_record_limit_moves_between_stores() ->
 #[tokio::test]
 async fn a_damaged_old_row_keeps_every_reference_and_saves_go_on() -> TestResult {
     use steadfast_core::store::SaveRequest;
-    let dir = tempfile::tempdir()?;
-    let db = dir.path().join("runs.db");
-    let store = open(&db)?;
+    let (_dir, db, store) = fresh()?;
     run("r", &agent(2, 0), &store).await?;
     drop(store);
     let before = counts(&db)?;
