@@ -610,6 +610,27 @@ pub async fn shared_large_values_survive_concurrent_saves_and_deletes(
             );
         }
     }
+    if let Some(blobs) = ts.store.capabilities().blobs {
+        // Stored once: three contents, whatever the number of runs (a
+        // store that seals values first has as many as it sealed).
+        let totals = blobs.blob_totals().await?;
+        if blobs.threshold() < 6 * 1024 {
+            ensure!(
+                totals.blobs == 3,
+                "{} blobs stored for 3 contents: {totals:?}",
+                totals.blobs
+            );
+        }
+        // Freed when the last run that refers to them goes.
+        for (run_id, _) in &kept {
+            ensure!(ts.store.delete(run_id).await?, "{run_id} was not there");
+        }
+        let left = blobs.blob_totals().await?;
+        ensure!(
+            left.blobs == 0 && left.bytes == 0,
+            "blobs left after every run was deleted: {left:?}"
+        );
+    }
     Ok(())
 }
 

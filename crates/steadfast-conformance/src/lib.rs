@@ -33,6 +33,7 @@
 
 pub mod checks;
 mod faulty;
+pub mod fixtures;
 mod ops_checks;
 mod replace_checks;
 

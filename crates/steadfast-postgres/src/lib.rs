@@ -35,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 
+mod blobs;
 mod error;
 mod schema;
 mod url;
@@ -46,12 +47,13 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
-use steadfast_core::store::plan::{conflict, expect_version, plan_save, Known, Plan};
+use steadfast_core::store::blob::{refs_of, BlobHash, Resolver};
+use steadfast_core::store::plan::{conflict, expect_version, plan_save_with_blobs, Known, Plan};
 use steadfast_core::store::rows::{
     no_row_to_fold, rebuild, still_merged, to_i64, HistoryRow, Place, RecordRow, SummaryRow,
 };
 use steadfast_core::store::{encode_head, DueRequest, Rewrite, RunCache, SaveRequest};
-use steadfast_core::{Capabilities, History, Schedule};
+use steadfast_core::{BlobTotals, Blobs, Capabilities, History, Schedule, Usage};
 use steadfast_core::{
     Checkpoint, Clock, ListFilter, RunStatus, RunSummary, StepRecord, Store, StoreError,
     StoreErrorKind, SystemClock, Timestamp,
@@ -65,6 +67,8 @@ use crate::writer::{SaveJob, StepRow, Writer};
 /// The client crates, re-exported so that users of [`PgStore::connection`]
 /// name the same versions.
 pub use {deadpool_postgres, tokio_postgres};
+
+pub use steadfast_core::store::blob::DEFAULT_BLOB_THRESHOLD;
 
 /// Default limit of one run's state: 64 MiB.
 pub const DEFAULT_MAX_STATE_BYTES: u64 = 64 << 20;
@@ -86,6 +90,11 @@ pub struct PgOptions {
     /// Whether connecting may create the schema. Without it, a missing
     /// schema is [`StoreError::NotFound`], for commands that only read.
     pub create: bool,
+    /// The size (JSON text, bytes) above which a value is stored once as a
+    /// blob named by its SHA-256 and referred to from the records (default
+    /// [`DEFAULT_BLOB_THRESHOLD`]; `?blob_threshold=SIZE` in a URL, which
+    /// wins over this).
+    pub blob_threshold: u64,
 }
 
 impl Default for PgOptions {
@@ -94,6 +103,7 @@ impl Default for PgOptions {
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
             pool_size: DEFAULT_POOL_SIZE,
             create: true,
+            blob_threshold: DEFAULT_BLOB_THRESHOLD,
         }
     }
 }
@@ -112,6 +122,12 @@ impl PgOptions {
     /// Sets whether connecting may create the schema.
     pub fn create(mut self, yes: bool) -> Self {
         self.create = yes;
+        self
+    }
+    /// Sets the size above which a value is stored as a blob (checked when
+    /// the store connects: 256 bytes to 1 GiB).
+    pub fn blob_threshold(mut self, bytes: u64) -> Self {
+        self.blob_threshold = bytes;
         self
     }
 }
@@ -184,7 +200,7 @@ impl Sql {
             insert: text(
                 "WITH h AS (
                     INSERT INTO {s}.runs (run_id, workflow, status, next, version, created_at, updated_at, head,
-                        snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes, wake_at)
+                        snapshot, snapshot_steps, snapshot_next, snapshot_bytes, delta_bytes, wake_at)
                     SELECT $1, $3, $4, $5, $20, $6, $7, $8, $10, $11, $5, $12, 0, $9
                     WHERE $2::bigint IS NULL AND $13::bigint = 0
                     ON CONFLICT (run_id) DO NOTHING
@@ -198,7 +214,7 @@ impl Sql {
                         version = $20, created_at = $6, updated_at = $7, head = $8, wake_at = $9,
                         claimed_by = NULL, claimed_until = NULL,
                         snapshot = COALESCE($10, snapshot),
-                        snapshot_completed = COALESCE($11, snapshot_completed),
+                        snapshot_steps = COALESCE($11, snapshot_steps),
                         snapshot_next = CASE WHEN $10::text IS NULL THEN snapshot_next ELSE $5 END,
                         snapshot_bytes = COALESCE($12, snapshot_bytes),
                         delta_bytes = CASE WHEN $10::text IS NULL THEN delta_bytes + $13 ELSE 0 END
@@ -209,7 +225,7 @@ impl Sql {
             ),
             load: text(
                 "SELECT workflow, status, next, version, created_at, updated_at, head,
-                        snapshot, snapshot_completed, snapshot_next, snapshot_bytes, delta_bytes,
+                        snapshot, snapshot_steps, snapshot_next, snapshot_bytes, delta_bytes,
                         ARRAY(SELECT s.idx FROM {s}.steps s WHERE s.run_id = r.run_id
                               AND s.idx >= r.snapshot_next AND s.idx < r.next ORDER BY s.idx),
                         ARRAY(SELECT s.name FROM {s}.steps s WHERE s.run_id = r.run_id
@@ -229,17 +245,22 @@ impl Sql {
                    AND ($3::bigint IS NULL OR updated_at < $3) AND ($4::text IS NULL OR run_id > $4)
                  ORDER BY run_id LIMIT $5",
             ),
+            // The run's references go with it; the blobs they were the last
+            // to refer to go next, in the same transaction (`blobs::free`).
             delete: text(
                 "WITH d AS (DELETE FROM {s}.runs WHERE run_id = $1 RETURNING run_id),
-                      s AS (DELETE FROM {s}.steps WHERE run_id = $1)
-                 SELECT count(*) FROM d",
+                      s AS (DELETE FROM {s}.steps WHERE run_id = $1),
+                      b AS (DELETE FROM {s}.blob_refs WHERE run_id = $1 RETURNING hash)
+                 SELECT (SELECT count(*) FROM d), ARRAY(SELECT hash FROM b)",
             ),
             // The version the statement's snapshot saw comes back too, to
             // tell a conflict from an absent run.
             delete_if: text(
                 "WITH d AS (DELETE FROM {s}.runs WHERE run_id = $1 AND version = $2 RETURNING run_id),
-                      s AS (DELETE FROM {s}.steps WHERE run_id IN (SELECT run_id FROM d))
-                 SELECT (SELECT count(*) FROM d), (SELECT version FROM {s}.runs WHERE run_id = $1)",
+                      s AS (DELETE FROM {s}.steps WHERE run_id IN (SELECT run_id FROM d)),
+                      b AS (DELETE FROM {s}.blob_refs WHERE run_id IN (SELECT run_id FROM d) RETURNING hash)
+                 SELECT (SELECT count(*) FROM d), (SELECT version FROM {s}.runs WHERE run_id = $1),
+                        ARRAY(SELECT hash FROM b)",
             ),
             // The server's clock decides what is due; a reservation lapses
             // by itself after the hold.
@@ -323,8 +344,12 @@ impl PgStore {
     /// if missing (when `opts.create`), and migrates it to this build's
     /// version. A schema with other tables and no Steadfast marker, or from a
     /// newer build, is refused and left as it was.
-    pub async fn connect_with(url: &str, opts: PgOptions) -> Result<Self, StoreError> {
+    pub async fn connect_with(url: &str, mut opts: PgOptions) -> Result<Self, StoreError> {
         let parsed = url::parse(url)?;
+        if let Some(t) = parsed.blob_threshold {
+            opts.blob_threshold = t;
+        }
+        steadfast_core::store::blob::check_threshold(opts.blob_threshold)?;
         let tls = url::connector(&parsed.tls)?;
         let mgr = Manager::from_config(
             parsed.config.clone(),
@@ -629,6 +654,105 @@ impl PgStore {
         let deltas = deltas.map(|((idx, name), text)| Ok((idx, name, text)));
         rebuild(&Place::new(run_id, &locate), record, deltas)
     }
+
+    /// A run's row as a checkpoint, its values put back: when its state
+    /// refers to blobs, the row is read again with them in one read-only
+    /// `REPEATABLE READ` transaction, so that a rewrite or a delete
+    /// committed between two reads cannot take a blob from under the load.
+    async fn load_row(
+        &self,
+        client: &mut deadpool_postgres::Object,
+        run_id: &str,
+        row: &tokio_postgres::Row,
+    ) -> Result<Option<(Checkpoint, Known)>, StoreError> {
+        let (mut cp, known) = self.decode(run_id, row)?;
+        let locate = locate(&self.shared, run_id);
+        let place = Place::new(run_id, &locate);
+        if refs_of(&cp.state).is_empty() {
+            // Escaped values only, if any.
+            steadfast_core::store::blob::resolve_object(
+                &mut cp.state,
+                &place,
+                "state",
+                &mut |_, _| Ok(None),
+            )?;
+            return Ok(Some((cp, known)));
+        }
+        let ctx = || format!("loading run {run_id:?} from {}", self.shared.display);
+        let tx = self.read_snapshot(client, &ctx).await?;
+        let stmt = tx
+            .prepare_cached(&self.shared.sql.load)
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        let Some(row) = tx
+            .query_opt(&stmt, &[&run_id])
+            .await
+            .map_err(|e| map_err(e, &ctx()))?
+        else {
+            return Ok(None);
+        };
+        let (mut cp, known) = self.decode(run_id, &row)?;
+        let q = self.quoted_schema();
+        let mut got = blobs::fetch_all(tx.client(), &q, &refs_of(&cp.state), &ctx()).await?;
+        tx.commit().await.map_err(|e| map_err(e, &ctx()))?;
+        let mut fetch = |h: &BlobHash, _: u64| Ok(got.remove(h).flatten());
+        Resolver::new(&mut fetch).resolve(&mut cp.state, &place, "state")?;
+        Ok(Some((cp, known)))
+    }
+
+    /// A read-only transaction that sees one snapshot throughout.
+    async fn read_snapshot<'c>(
+        &self,
+        client: &'c mut deadpool_postgres::Object,
+        ctx: &(dyn Fn() -> String + Sync),
+    ) -> Result<deadpool_postgres::Transaction<'c>, StoreError> {
+        client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(|e| map_err(e, &ctx()))
+    }
+
+    /// Deletes run `run_id` (only at `version`, when given) with its
+    /// references, and the blobs they were the last to refer to, in one
+    /// transaction. Returns the statement's row: whether the run was
+    /// deleted and, for `delete_if`, the version it found.
+    async fn delete_with_blobs(
+        &self,
+        run_id: &str,
+        version: Option<i64>,
+    ) -> Result<tokio_postgres::Row, StoreError> {
+        let ctx = || format!("deleting run {run_id:?} from {}", self.shared.display);
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(|e| map_err(e, &ctx()))?;
+        let row = match version {
+            None => {
+                let stmt = tx
+                    .prepare_cached(&self.shared.sql.delete)
+                    .await
+                    .map_err(|e| map_err(e, &ctx()))?;
+                tx.query_one(&stmt, &[&run_id]).await
+            }
+            Some(v) => {
+                let stmt = tx
+                    .prepare_cached(&self.shared.sql.delete_if)
+                    .await
+                    .map_err(|e| map_err(e, &ctx()))?;
+                tx.query_one(&stmt, &[&run_id, &v]).await
+            }
+        }
+        .map_err(|e| map_err(e, &ctx()))?;
+        let released: Vec<Vec<u8>> = row.get(row.len() - 1);
+        blobs::free(tx.client(), &self.quoted_schema(), released)
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        tx.commit()
+            .await
+            .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
+        Ok(row)
+    }
 }
 
 #[async_trait]
@@ -640,10 +764,11 @@ impl Store for PgStore {
             .schedule(self)
             .clock(clock)
             .max_state_bytes(self.shared.opts.max_state_bytes)
+            .blobs(self)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
-        let client = self.client().await?;
+        let mut client = self.client().await?;
         let ctx = || format!("loading run {run_id:?} from {}", self.shared.display);
         let stmt = client
             .prepare_cached(&self.shared.sql.load)
@@ -653,12 +778,15 @@ impl Store for PgStore {
             .query_opt(&stmt, &[&run_id])
             .await
             .map_err(|e| map_err(e, &ctx()))?;
+        let loaded = match row {
+            Some(row) => self.load_row(&mut client, run_id, &row).await?,
+            None => None,
+        };
         drop(client);
-        let Some(row) = row else {
+        let Some((cp, acct)) = loaded else {
             self.shared.accts.set(run_id, None);
             return Ok(None);
         };
-        let (cp, acct) = self.decode(run_id, &row)?;
         self.shared.accts.set(run_id, Some(acct));
         Ok(Some(cp))
     }
@@ -666,11 +794,15 @@ impl Store for PgStore {
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         let cp = req.checkpoint;
         let run_id = &cp.run_id;
-        let plan = plan_save(
+        let (plan, blobs) = plan_save_with_blobs(
             &req,
             self.shared.accts.get(run_id).as_ref(),
             self.shared.opts.max_state_bytes,
+            self.shared.opts.blob_threshold,
         )?;
+        // A new snapshot of a stored run (a rewind's included) may replace
+        // the last reference to some blobs: its transaction counts again.
+        let recount = matches!(plan, Plan::Snapshot { .. }) && req.expected.is_some();
         let (next, snapshot, delta_bytes, step) = match plan {
             Plan::Head => (None, None, 0, None),
             Plan::Delta { step } => (
@@ -715,6 +847,9 @@ impl Store for PgStore {
                 delta_bytes,
                 step,
                 notify,
+                blobs,
+                recount,
+                deadlocks: 0,
                 reply: tx,
             },
         )
@@ -754,32 +889,17 @@ impl Store for PgStore {
     }
 
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
-        let client = self.client().await?;
-        let ctx = || format!("deleting run {run_id:?} from {}", self.shared.display);
-        let stmt = client
-            .prepare_cached(&self.shared.sql.delete)
-            .await
-            .map_err(|e| map_err(e, &ctx()))?;
         self.shared.accts.set(run_id, None);
-        let row = client
-            .query_one(&stmt, &[&run_id])
-            .await
-            .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
+        let row = self.delete_with_blobs(run_id, None).await?;
         Ok(row.get::<_, i64>(0) > 0)
     }
 
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
-        let client = self.client().await?;
         let ctx = || format!("deleting run {run_id:?} from {}", self.shared.display);
-        let stmt = client
-            .prepare_cached(&self.shared.sql.delete_if)
-            .await
-            .map_err(|e| map_err(e, &ctx()))?;
         self.shared.accts.set(run_id, None);
-        let row = client
-            .query_one(&stmt, &[&run_id, &to_i64(run_id, "version", version)?])
-            .await
-            .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
+        let row = self
+            .delete_with_blobs(run_id, Some(to_i64(run_id, "version", version)?))
+            .await?;
         if row.get::<_, i64>(0) > 0 {
             return Ok(true);
         }
@@ -787,7 +907,9 @@ impl Store for PgStore {
         // look again before calling it a conflict.
         let found = match row.get::<_, Option<i64>>(1) {
             None => None,
-            Some(_) => client
+            Some(_) => self
+                .client()
+                .await?
                 .query_opt(&self.shared.sql.version, &[&run_id])
                 .await
                 .map_err(|e| map_err(e, &ctx()))?
@@ -803,7 +925,7 @@ impl Store for PgStore {
 #[async_trait]
 impl History for PgStore {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        let client = self.client().await?;
+        let mut client = self.client().await?;
         let ctx = || {
             format!(
                 "reading the history of run {run_id:?} in {}",
@@ -823,26 +945,52 @@ impl History for PgStore {
         }
         let locate = locate(&self.shared, run_id);
         let place = Place::new(run_id, &locate);
-        let mut out = Vec::new();
-        for r in &rows {
-            let Some(idx) = r.get::<_, Option<i64>>(0) else {
-                continue;
-            };
-            let row = HistoryRow::new(idx, r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
-            out.push(row.record(&place)?);
+        let marked = rows.iter().any(|r| {
+            r.get::<_, Option<&str>>(2)
+                .is_some_and(|t| t.contains(steadfast_core::store::blob::MARK))
+        });
+        if !marked {
+            return history_records(&rows, &place).map(Some);
+        }
+        // Rows that refer to blobs (or escape values): read again with the
+        // blobs in one snapshot, and open each blob once.
+        let tx = self.read_snapshot(&mut client, &ctx).await?;
+        let rows = tx
+            .query(&stmt, &[&run_id])
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        if rows.is_empty() {
+            return Ok(None);
+        }
+        let mut out = history_records(&rows, &place)?;
+        let mut wanted = Vec::new();
+        for record in &out {
+            wanted.extend(refs_of(&record.update));
+        }
+        let q = self.quoted_schema();
+        let mut got = blobs::fetch_all(tx.client(), &q, &wanted, &ctx()).await?;
+        tx.commit().await.map_err(|e| map_err(e, &ctx()))?;
+        let mut fetch = |h: &BlobHash, _: u64| Ok(got.remove(h).flatten());
+        let mut resolver = Resolver::new(&mut fetch);
+        for record in &mut out {
+            let column = format!("steps[{}].update_json", record.index);
+            resolver.resolve(&mut record.update, &place, &column)?;
         }
         Ok(Some(out))
     }
-    /// Applies `rewrite` in one statement guarded by the version.
+    /// Applies `rewrite` in one statement guarded by the version, then
+    /// stores the blobs its rows refer to and counts the run's references
+    /// again, in one transaction.
     async fn rewrite(
         &self,
         run_id: &str,
         expected: u64,
         rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
-        let (idx, texts): (Vec<i64>, Vec<String>) = rewrite.rows(run_id)?.into_iter().unzip();
+        let (rows, new_blobs) = rewrite.rows_with_blobs(run_id, self.shared.opts.blob_threshold)?;
+        let (idx, texts): (Vec<i64>, Vec<String>) = rows.into_iter().unzip();
         let delete_below = rewrite.delete_below().map(|i| i as i64);
-        let client = self.client().await?;
+        let mut client = self.client().await?;
         let ctx = || {
             format!(
                 "rewriting the history of run {run_id:?} in {}",
@@ -866,7 +1014,8 @@ impl History for PgStore {
                           AND EXISTS (SELECT 1 FROM {q}.steps f WHERE f.run_id = $1 AND f.idx = $5::bigint))
              SELECT (SELECT version FROM r), (SELECT next FROM r), (SELECT count(*) FROM u)"
         );
-        let row = client
+        let tx = client.transaction().await.map_err(|e| map_err(e, &ctx()))?;
+        let row = tx
             .query_one(
                 &sql,
                 &[
@@ -878,7 +1027,7 @@ impl History for PgStore {
                 ],
             )
             .await
-            .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
+            .map_err(|e| map_err(e, &ctx()))?;
         let version: Option<i64> = row.get(0);
         let next: Option<i64> = row.get(1);
         expect_version(
@@ -893,7 +1042,50 @@ impl History for PgStore {
         if let Some(below) = delete_below.filter(|_| row.get::<_, i64>(2) == 0) {
             return Err(no_row_to_fold(run_id, u64::try_from(below).unwrap_or(0)));
         }
-        Ok(())
+        // The rows replaced or folded away may have been the last to refer
+        // to some blobs.
+        let q = self.quoted_schema();
+        let locate = locate(&self.shared, run_id);
+        blobs::write(tx.client(), &q, run_id, &new_blobs)
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        blobs::recount(tx.client(), &q, run_id, &Place::new(run_id, &locate))
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        tx.commit()
+            .await
+            .map_err(|e| write_error(map_err(e, &ctx()), run_id))
+    }
+}
+
+#[async_trait]
+impl Blobs for PgStore {
+    async fn usage(&self, run_id: &str) -> Result<Option<Usage>, StoreError> {
+        let client = self.client().await?;
+        blobs::usage(&client, &self.quoted_schema(), run_id)
+            .await
+            .map_err(|e| {
+                map_err(
+                    e,
+                    &format!("measuring run {run_id:?} in {}", self.shared.display),
+                )
+            })
+    }
+
+    fn threshold(&self) -> u64 {
+        self.shared.opts.blob_threshold
+    }
+
+    async fn blob_totals(&self) -> Result<BlobTotals, StoreError> {
+        let client = self.client().await?;
+        blobs::totals(&client, &self.quoted_schema())
+            .await
+            .map_err(|e| {
+                map_err(
+                    e,
+                    &format!("measuring the blobs of {}", self.shared.display),
+                )
+            })
     }
 }
 
@@ -922,6 +1114,22 @@ impl Schedule for PgStore {
         self.ensure_listener();
         let _ = tokio::time::timeout(timeout, self.shared.wake.notified()).await;
     }
+}
+
+/// The history rows of a run as records, their values as stored.
+fn history_records(
+    rows: &[tokio_postgres::Row],
+    place: &Place<'_>,
+) -> Result<Vec<StepRecord>, StoreError> {
+    let mut out = Vec::new();
+    for r in rows {
+        let Some(idx) = r.get::<_, Option<i64>>(0) else {
+            continue;
+        };
+        let row = HistoryRow::new(idx, r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+        out.push(row.record(place)?);
+    }
+    Ok(out)
 }
 
 impl PgStore {

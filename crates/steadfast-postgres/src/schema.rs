@@ -64,7 +64,38 @@ const MIGRATIONS: &[&str] = &[
         finished_at bigint NOT NULL,
         PRIMARY KEY (run_id, idx)
     );",
+    // 2: blobs, large values stored once by the SHA-256 of their text (see
+    // `blobs`): one row per content, its text in chunks of at most 16 MiB
+    // (a `bytea` value stays far from the server's 1 GB limit of one value,
+    // and no chunk is held twice in memory on its way), and which runs
+    // refer to which blobs. The foreign keys make a reference to a missing
+    // blob impossible, whatever a writer does. Values stored before that
+    // look like references are escaped (`blobs::escape_stored`) in the same
+    // transaction. A process of an older build still running would read
+    // references as the values themselves: the renamed column makes its
+    // loads and snapshot writes fail ("column does not exist") instead.
+    "ALTER TABLE {s}.runs RENAME COLUMN snapshot_completed TO snapshot_steps;
+    CREATE TABLE {s}.blobs (
+        hash   bytea PRIMARY KEY,
+        bytes  bigint NOT NULL,
+        chunks integer NOT NULL
+    );
+    CREATE TABLE {s}.blob_chunks (
+        hash bytea NOT NULL REFERENCES {s}.blobs (hash) ON DELETE CASCADE,
+        n    integer NOT NULL,
+        body bytea NOT NULL,
+        PRIMARY KEY (hash, n)
+    );
+    CREATE TABLE {s}.blob_refs (
+        run_id text COLLATE \"C\" NOT NULL,
+        hash   bytea NOT NULL REFERENCES {s}.blobs (hash),
+        PRIMARY KEY (run_id, hash)
+    );
+    CREATE INDEX blob_refs_by_hash ON {s}.blob_refs (hash);",
 ];
+
+/// The first schema with blobs.
+const BLOBS_SCHEMA: i64 = 2;
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -158,6 +189,9 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Sto
         tx.batch_execute(&sql.replace("{s}", &q))
             .await
             .map_err(|e| map_err(e, &ctx(&format!("applying migration {n}"))))?;
+    }
+    if current > 0 && current < BLOBS_SCHEMA {
+        crate::blobs::escape_stored(&tx, &q, schema).await?;
     }
     if current < SCHEMA_VERSION {
         tx.execute(

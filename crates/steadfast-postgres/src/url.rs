@@ -1,7 +1,8 @@
 //! Store URLs (`postgres://…`, `postgresql://…`) and TLS through rustls.
 //!
 //! The URL is libpq's, with Steadfast's own parameters taken out before the
-//! driver sees it: `schema` (default `steadfast`), and `sslmode` and
+//! driver sees it: `schema` (default `steadfast`), `blob_threshold` (the
+//! size above which a value is stored once as a blob), and `sslmode` and
 //! `sslrootcert`, which are handled here because the driver knows only
 //! `disable`, `prefer` and `require`.
 
@@ -20,6 +21,8 @@ pub const DEFAULT_SCHEMA: &str = "steadfast";
 pub(crate) struct Parsed {
     pub config: tokio_postgres::Config,
     pub schema: String,
+    /// `blob_threshold=SIZE`, checked.
+    pub blob_threshold: Option<u64>,
     pub tls: Tls,
     /// The URL without its password, for messages.
     pub display: String,
@@ -48,6 +51,7 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, StoreError> {
     let mut schema = DEFAULT_SCHEMA.to_string();
     let mut mode = "prefer".to_string();
     let mut root_cert = None;
+    let mut blob_threshold = None;
     let mut rest = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -55,6 +59,9 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, StoreError> {
             "schema" => schema = v.to_string(),
             "sslmode" => mode = v.to_string(),
             "sslrootcert" => root_cert = Some(v.to_string()),
+            "blob_threshold" => {
+                blob_threshold = Some(steadfast_core::store::blob::parse_size(v)?);
+            }
             "options" => {
                 return Err(bad(
                     "the `options` parameter is not taken (settings such as search_path would not survive a connection pooler); use ?schema=NAME".into(),
@@ -103,6 +110,7 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, StoreError> {
     Ok(Parsed {
         config,
         schema,
+        blob_threshold,
         tls,
         display,
     })
@@ -202,6 +210,9 @@ mod tests {
         let d = parse("postgresql://127.0.0.1/test")?;
         assert_eq!(d.schema, DEFAULT_SCHEMA);
         assert_eq!(d.tls, Tls::Unverified);
+        assert_eq!(d.blob_threshold, None);
+        let b = parse("postgres://h/db?blob_threshold=1MiB&schema=s2")?;
+        assert_eq!((b.blob_threshold, b.schema.as_str()), (Some(1 << 20), "s2"));
         let v = parse("postgres://h/db?sslmode=verify-full&sslrootcert=/x.pem")?;
         assert_eq!(
             v.tls,
@@ -220,6 +231,9 @@ mod tests {
             ("postgres://h/db?sslmode=sometimes", "sslmode"),
             ("postgres://h/db?options=-csearch_path%3Dx", "options"),
             ("postgres://h:notaport/db", "store URL"),
+            ("postgres://h/db?blob_threshold=12", "out of range"),
+            ("postgres://h/db?blob_threshold=2GiB", "out of range"),
+            ("postgres://h/db?blob_threshold=1MB", "not a size"),
         ] {
             let e = parse(url).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(e.contains(says), "{url}: {e}");

@@ -10,6 +10,7 @@ use steadfast_core::{StoreError, StoreErrorKind};
 use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 
+use steadfast_core::store::blob::Blob;
 use steadfast_core::store::group::Queue;
 use steadfast_core::store::plan::Known;
 use steadfast_core::store::rows::Place;
@@ -66,8 +67,28 @@ pub(crate) struct SaveJob {
     pub step: Option<StepRow>,
     /// Whether workers should hear of this save (a run started or decided).
     pub notify: bool,
+    /// How many times the server broke a deadlock of this save's batch.
+    pub deadlocks: usize,
+    /// The blobs the record refers to (written with it, each once).
+    pub blobs: Vec<Blob>,
+    /// Whether the save replaces the run's snapshot (its references are
+    /// counted again, in its transaction).
+    pub recount: bool,
     pub reply: oneshot::Sender<Result<Known, StoreError>>,
 }
+
+impl SaveJob {
+    /// Whether the save does more than its one statement: blobs to store,
+    /// references to count. It never commits alone.
+    fn touches_blobs(&self) -> bool {
+        !self.blobs.is_empty() || self.recount
+    }
+}
+
+/// How many times a batch whose transaction the server ended to break a
+/// deadlock (two writers taking up and freeing the same blobs in opposite
+/// order) is tried again before its saves fail.
+const DEADLOCK_TRIES: usize = 3;
 
 /// How long a leader waits, after a shared commit, for the callers it
 /// acknowledged to queue their next saves.
@@ -277,7 +298,7 @@ async fn commit(
         }
     };
     let notify = batch.iter().any(|j| j.notify);
-    if batch.len() == 1 && !notify {
+    if batch.len() == 1 && !notify && !batch.iter().any(SaveJob::touches_blobs) {
         // One save alone needs no BEGIN/COMMIT: its statement is its own
         // transaction, one round trip and one WAL flush.
         let Some(job) = batch.into_iter().next() else {
@@ -333,18 +354,29 @@ async fn commit(
     };
     let (began, mut results, pinged): (_, Vec<Member>, _) = tokio::join!(begin, members, ping);
     drop(all_params);
-    let first_error = began
+    let mut first_error = began
         .err()
         .or_else(|| {
             let i = results.iter().position(|r| r.is_err())?;
             results.remove(i).err()
         })
         .or(pinged.err());
+    if first_error.is_none() {
+        first_error = blob_work(shared, &client, &batch, &results).await.err();
+    }
     if let Some(e) = first_error {
+        let deadlock = e.code() == Some(&tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED);
         // Closing the connection (dropping `client`) rolls the transaction
         // back; nothing was committed, since COMMIT was never sent.
         let lost = client.is_closed() || e.code().is_none();
         drop(client);
+        if deadlock && batch.len() == 1 && batch[0].deadlocks + 1 < DEADLOCK_TRIES {
+            // Rolled back by the server: nothing of it was written.
+            let mut batch = batch;
+            batch[0].deadlocks += 1;
+            Box::pin(commit(shared, conn, batch)).await;
+            return;
+        }
         if lost || batch.len() == 1 {
             fail_all(batch, &map_err(e, &format!("saving to {}", shared.display)));
             return;
@@ -405,6 +437,31 @@ async fn commit(
         let reply = answer(shared, &job, None).await;
         let _ = job.reply.send(reply);
     }
+}
+
+/// Inside the batch's transaction, after every member's statement: stores
+/// the blobs of each member whose version check passed, and counts again
+/// the references of those that replaced a snapshot. A conflicting member
+/// wrote nothing, and stores nothing.
+async fn blob_work(
+    shared: &Shared,
+    client: &tokio_postgres::Client,
+    batch: &[SaveJob],
+    results: &[Member],
+) -> Result<(), tokio_postgres::Error> {
+    let q = crate::schema::quote(&shared.schema);
+    for (job, result) in batch.iter().zip(results) {
+        if !job.touches_blobs() || !matches!(result, Ok(Some(_))) {
+            continue;
+        }
+        crate::blobs::write(client, &q, &job.run_id, &job.blobs).await?;
+        if job.recount {
+            let locate = crate::locate(shared, &job.run_id);
+            crate::blobs::recount(client, &q, &job.run_id, &Place::new(&job.run_id, &locate))
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 /// What a committed member's statement returned means: the new bookkeeping,

@@ -8,8 +8,10 @@ use steadfast_conformance::{
 use steadfast_postgres::PgOptions;
 
 async fn make(cfg: Config) -> TestStore {
+    // A small threshold, so that the checks' large values are blobs.
     let opts = PgOptions::default()
         .max_state_bytes(cfg.state_limit)
+        .blob_threshold(1024)
         .pool_size(4);
     let (store, guard) = support::fresh_store(opts).await;
     TestStore::with_guard(store, guard)
@@ -27,6 +29,7 @@ mod sealed {
     async fn make(cfg: Config) -> TestStore {
         let opts = PgOptions::default()
             .max_state_bytes(cfg.state_limit * 2)
+            .blob_threshold(1024)
             .pool_size(4);
         let (store, guard) = support::fresh_store(opts).await;
         let keys =

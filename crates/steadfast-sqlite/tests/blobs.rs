@@ -7,32 +7,13 @@ use std::path::Path;
 use rusqlite::Connection;
 use serde_json::{json, Value};
 use steadfast_core::{
-    ops, run, update, Step, Store, StoreErrorKind, StoreExt as _, SystemClock, Workflow,
+    ops, run, update, Store, StoreErrorKind, StoreExt as _, SystemClock, Workflow,
 };
 use steadfast_sqlite::{SqliteOptions, SqliteStore};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-/// A large value, the same for the same `k`: about `kb` KB of JSON text.
-fn doc(k: usize, kb: usize) -> String {
-    format!("{k:04}").repeat(kb * 256)
-}
-
-/// Steps `s0`..`s{n-1}`; step `i` returns the shared document `i % 2` (an
-/// agent rereading it) and a document of its own.
-fn agent(n: usize, run: usize) -> Workflow {
-    let mut b = Workflow::builder("agent");
-    for i in 0..n {
-        b = b.push(Step::new(format!("s{i}"), move |_, _| async move {
-            update(json!({
-                format!("shared{}", i % 2): doc(i % 2, 100),
-                format!("own{i}"): doc(1000 + run * 100 + i, 20),
-                "i": i,
-            }))
-        }));
-    }
-    b.build().expect("a valid workflow")
-}
+use steadfast_conformance::fixtures::{doc, rereading_agent as agent};
 
 /// (blobs, bytes of their chunks, references) in the database.
 fn counts(db: &Path) -> Result<(i64, i64, i64), rusqlite::Error> {

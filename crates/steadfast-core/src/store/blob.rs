@@ -365,6 +365,22 @@ pub fn refs_in(text: &str, place: &Place<'_>, column: &str) -> Result<Vec<BlobHa
     Ok(out)
 }
 
+/// The well-formed references among the top-level values of a decoded
+/// stored object, each once, with the size each gives: what a store that
+/// reads asynchronously fetches before [`Resolver::resolve`] (malformed
+/// ones are left for it to report).
+pub fn refs_of(map: &Map<String, Value>) -> Vec<(BlobHash, u64)> {
+    let mut out: Vec<(BlobHash, u64)> = Vec::new();
+    for value in map.values() {
+        if let Stored::Ref(hash, bytes) = classify(value) {
+            if !out.iter().any(|(h, n)| *h == hash && *n == bytes) {
+                out.push((hash, bytes));
+            }
+        }
+    }
+    out
+}
+
 /// Resolves the references of many stored objects (a run's history rows)
 /// and opens each blob once: a value read again is a copy of the one
 /// already opened and checked.
@@ -390,28 +406,36 @@ impl<'f> Resolver<'f> {
         place: &Place<'_>,
         column: &str,
     ) -> Result<(), StoreError> {
-        let mut found = Vec::new();
-        {
-            let opened = &self.opened;
-            let fetch = &mut *self.fetch;
-            resolve_with(
-                map,
-                place,
-                column,
-                &mut |hash, bytes| match opened.get(hash) {
-                    // A reference of another size is checked against the
-                    // content again (and found wrong).
-                    Some((n, v)) if *n == bytes => Ok(Opened::Value(v.clone())),
-                    _ => Ok(match fetch(hash, bytes)? {
+        // A value opened earlier in this same object counts as opened too
+        // (a state that holds one document under two keys).
+        let opened = std::cell::RefCell::new(std::mem::take(&mut self.opened));
+        let fetch = &mut *self.fetch;
+        let result = resolve_with(
+            map,
+            place,
+            column,
+            &mut |hash, bytes| {
+                let known = opened
+                    .borrow()
+                    .get(hash)
+                    .filter(|(n, _)| *n == bytes)
+                    .map(|(_, v)| v.clone());
+                // A reference of another size is checked against the content
+                // again (and found wrong).
+                Ok(match known {
+                    Some(v) => Opened::Value(v),
+                    None => match fetch(hash, bytes)? {
                         Some(content) => Opened::Content(content),
                         None => Opened::Missing,
-                    }),
-                },
-                &mut |hash, bytes, v| found.push((hash, (bytes, v.clone()))),
-            )?;
-        }
-        self.opened.extend(found);
-        Ok(())
+                    },
+                })
+            },
+            &mut |hash, bytes, v| {
+                opened.borrow_mut().insert(hash, (bytes, v.clone()));
+            },
+        );
+        self.opened = opened.into_inner();
+        result
     }
 }
 
@@ -633,9 +657,12 @@ mod tests {
     #[test]
     fn a_resolver_opens_each_blob_once() {
         let doc = "d".repeat(1000);
-        let map = obj(json!({"doc": doc}));
+        // One document under two keys of one object, and again in each row.
+        let map = obj(json!({"doc": doc, "copy": doc, "n": 1}));
         let mut blobs = Vec::new();
         let text = encode_object(&map, 256, "r", "state", &mut blobs).unwrap();
+        let stored: Map<String, Value> = serde_json::from_str(&text).unwrap();
+        assert_eq!(refs_of(&stored), vec![(blobs[0].hash, 1002)]);
         let mut fetched = 0;
         let mut fetch = |h: &BlobHash, _: u64| {
             fetched += 1;

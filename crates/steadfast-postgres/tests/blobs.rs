@@ -1,0 +1,322 @@
+//! Large values by reference on PostgreSQL (schema 2): stored once across
+//! steps and runs, freed when no run refers to them (also with writers in
+//! other processes' connections at work on the same content), damage
+//! reported with its place, values stored before blobs read back as
+//! written.
+
+mod support;
+
+use serde_json::{json, Value};
+use steadfast_core::store::SaveRequest;
+use steadfast_core::{
+    ops, run, update, Checkpoint, Store, StoreErrorKind, StoreExt as _, SystemClock, Timestamp,
+    Workflow,
+};
+use steadfast_postgres::{PgOptions, PgStore};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+use steadfast_conformance::fixtures::{doc, rereading_agent as agent};
+
+/// A store with a threshold of 16 KiB in a fresh schema.
+async fn fresh() -> (PgStore, support::DropSchema) {
+    support::fresh_store(PgOptions::default().blob_threshold(16 << 10)).await
+}
+
+/// (blobs, bytes of their chunks, references) in the store's schema.
+async fn counts(store: &PgStore) -> Result<(i64, i64, i64), Box<dyn std::error::Error>> {
+    let q = store.quoted_schema();
+    let client = store.connection().await?;
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM {q}.blobs),
+                        (SELECT coalesce(sum(octet_length(body)), 0)::bigint FROM {q}.blob_chunks),
+                        (SELECT count(*) FROM {q}.blob_refs)"
+            ),
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1), row.get(2)))
+}
+
+/// Runs `sql` (`{q}` is the schema) behind the store's back.
+async fn tamper(store: &PgStore, sql: &str) -> TestResult {
+    let client = store.connection().await?;
+    client
+        .batch_execute(&sql.replace("{q}", &store.quoted_schema()))
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_value_is_stored_once_across_steps_and_runs_and_freed_with_its_last_run() -> TestResult {
+    let (store, _g) = fresh().await;
+    for r in 0..3 {
+        run(&format!("r{r}"), &agent(4, r), &store).await?;
+    }
+    // Two shared documents, and one of its own per step and run.
+    let (blobs, bytes, refs) = counts(&store).await?;
+    assert_eq!(blobs, 2 + 3 * 4);
+    let unique = 2 * (doc(0, 100).len() + 2) + 12 * (doc(1000, 20).len() + 2);
+    assert_eq!(bytes as usize, unique, "every content once");
+    assert_eq!(refs, 3 * (2 + 4));
+    let totals = store.blob_totals().await?.expect("a store with blobs");
+    assert_eq!((totals.blobs, totals.bytes), (14, unique as u64));
+    // Every step's row holds references, not the values.
+    let q = store.quoted_schema();
+    let longest: i32 = store
+        .connection()
+        .await?
+        .query_one(
+            &format!("SELECT max(octet_length(update_json)) FROM {q}.steps"),
+            &[],
+        )
+        .await?
+        .get(0);
+    assert!(longest < 1000, "a history row holds {longest} bytes");
+    // What one run stores, and how much of it others share.
+    let usage = store.usage("r1").await?.expect("stored");
+    assert_eq!(usage.blobs, 6);
+    assert_eq!(usage.shared_bytes, 2 * (doc(0, 100).len() as u64 + 2));
+
+    // Loads and history see the values.
+    let cp = store.load("r1").await?.expect("stored");
+    assert_eq!(cp.state["shared0"], json!(doc(0, 100)));
+    assert_eq!(cp.state["own3"], json!(doc(1000 + 100 + 3, 20)));
+    let history = store.history("r1").await?.expect("stored");
+    assert_eq!(history[2].update["shared0"], json!(doc(0, 100)));
+    assert_eq!(history[2].update["own2"], json!(doc(1000 + 100 + 2, 20)));
+
+    // A run's own values go with it; the shared ones stay while a run refers
+    // to them.
+    assert!(store.delete("r0").await?);
+    assert_eq!(counts(&store).await?.0, 2 + 2 * 4);
+    let v = store.load("r1").await?.expect("stored").version;
+    assert!(store.delete_if("r1", v).await?);
+    assert_eq!(counts(&store).await?.0, 2 + 4);
+    assert_eq!(
+        store.load("r2").await?.expect("stored").state["shared1"],
+        json!(doc(1, 100))
+    );
+    assert!(store.delete("r2").await?);
+    assert_eq!(counts(&store).await?, (0, 0, 0), "nothing left behind");
+    Ok(())
+}
+
+#[tokio::test]
+async fn prune_and_rewind_free_the_values_only_dropped_rows_held() -> TestResult {
+    let (store, _g) = fresh().await;
+    run("r", &agent(6, 0), &store).await?;
+    assert_eq!(counts(&store).await?.0, 2 + 6);
+    // Rewinding to s4 drops s4 and s5: their own values go (the state no
+    // longer has them either).
+    ops::rewind(&store, "r", "s4", "test", &SystemClock).await?;
+    assert_eq!(counts(&store).await?.0, 2 + 4);
+    // Folding into s2 keeps every value the state still has.
+    ops::prune(&store, "r", 1, "test", &SystemClock).await?;
+    let cp = store.load("r").await?.expect("stored");
+    for i in 0..4 {
+        assert_eq!(cp.state[&format!("own{i}")], json!(doc(1000 + i, 20)));
+    }
+    assert_eq!(counts(&store).await?.0, 2 + 4);
+    // Running it on brings s4 and s5 back, with their values.
+    run("r", &agent(6, 0), &store).await?;
+    assert_eq!(counts(&store).await?.0, 2 + 6);
+    let history = store.history("r").await?.expect("stored");
+    assert_eq!(
+        history.last().map(|r| &r.update["own5"]),
+        Some(&json!(doc(1005, 20)))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_damaged_or_missing_blob_is_corrupt_with_its_place() -> TestResult {
+    let (store, _g) = fresh().await;
+    run("r", &agent(2, 0), &store).await?;
+    // One byte changed: the content no longer hashes to its name.
+    tamper(
+        &store,
+        "UPDATE {q}.blob_chunks SET body = overlay(body placing '\\x78'::bytea from 3)
+         WHERE hash = (SELECT hash FROM {q}.blob_chunks ORDER BY hash LIMIT 1)",
+    )
+    .await?;
+    let err = store.load("r").await.expect_err("a damaged blob loaded");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    assert!(err.to_string().contains("runs[\"r\"]"), "{err}");
+    // A blob gone altogether (the foreign keys set aside, as damage would).
+    tamper(
+        &store,
+        "ALTER TABLE {q}.blob_refs DROP CONSTRAINT blob_refs_hash_fkey;
+         DELETE FROM {q}.blobs;",
+    )
+    .await?;
+    let err = store.load("r").await.expect_err("a missing blob loaded");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    assert!(err.to_string().contains("not in the store"), "{err}");
+    let err = store
+        .history("r")
+        .await
+        .expect_err("history of a missing blob");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn values_stored_before_blobs_that_look_like_references_read_back() -> TestResult {
+    let (store, guard) = fresh().await;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"plain": 1})) })
+        .build()?;
+    run("r", &wf, &store).await?;
+    // As a build before schema 2 would have written them: not escaped.
+    let fake = json!({"$blob": format!("sha256:{}", "0".repeat(64)), "bytes": 3});
+    let text = serde_json::to_string(&json!({"plain": 1, "fake": fake}))?;
+    tamper(
+        &store,
+        &format!(
+            "DROP TABLE {{q}}.blob_refs; DROP TABLE {{q}}.blob_chunks; DROP TABLE {{q}}.blobs;
+             ALTER TABLE {{q}}.runs RENAME COLUMN snapshot_steps TO snapshot_completed;
+             UPDATE {{q}}.meta SET value = 1 WHERE key = 'schema_version';
+             UPDATE {{q}}.steps SET update_json = '{text}';
+             UPDATE {{q}}.runs SET snapshot = '{text}';"
+        ),
+    )
+    .await?;
+    let url = support::url_with_schema(&guard.0);
+    let store = PgStore::connect(&url).await?;
+    let cp = store.load("r").await?.expect("stored");
+    assert_eq!(cp.state["fake"], fake);
+    assert_eq!(
+        store.history("r").await?.expect("stored")[0].update["fake"],
+        fake
+    );
+    // A process of the older build still running cannot load a run (and so
+    // never mistakes a reference for its value).
+    let q = store.quoted_schema();
+    let old = store
+        .connection()
+        .await?
+        .query(&format!("SELECT snapshot_completed FROM {q}.runs"), &[])
+        .await;
+    assert!(old.is_err(), "an older build's load still runs");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_value_larger_than_a_chunk_round_trips() -> TestResult {
+    let (store, _g) = support::fresh_store(PgOptions::default()).await;
+    let big = "z".repeat(17 << 20);
+    let value = big.clone();
+    let wf = Workflow::builder("w")
+        .step("a", move |_, _| {
+            let value = value.clone();
+            async move { update(json!({ "big": value })) }
+        })
+        .build()?;
+    run("r", &wf, &store).await?;
+    let q = store.quoted_schema();
+    let chunks: i64 = store
+        .connection()
+        .await?
+        .query_one(&format!("SELECT count(*) FROM {q}.blob_chunks"), &[])
+        .await?
+        .get(0);
+    assert_eq!(chunks, 2, "17 MiB in chunks of 16 MiB");
+    let cp = store.load("r").await?.expect("stored");
+    assert_eq!(cp.state["big"], Value::String(big));
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_threshold_is_set_in_the_url_and_checked() -> TestResult {
+    let schema = support::fresh_schema();
+    let _g = support::DropSchema(schema.clone());
+    let url = format!("{}&blob_threshold=1KiB", support::url_with_schema(&schema));
+    let store = PgStore::connect(&url).await?;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"v": "x".repeat(2000)})) })
+        .build()?;
+    run("r", &wf, &store).await?;
+    assert_eq!(
+        counts(&store).await?.0,
+        1,
+        "a 2 KB value is a blob at 1 KiB"
+    );
+    let err = PgStore::connect_with(
+        &support::url_with_schema(&schema),
+        PgOptions::default().blob_threshold(10),
+    )
+    .await
+    .expect_err("a threshold of 10 bytes");
+    assert_eq!(err.kind(), StoreErrorKind::InvalidInput, "{err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_snapshot_that_drops_a_value_frees_it() -> TestResult {
+    let (store, _g) = fresh().await;
+    // A run that starts with a large input and no step yet.
+    let mut cp = Checkpoint::new("r", "w", Timestamp::from_unix_millis(1));
+    cp.state.insert("input".into(), json!(doc(5, 100)));
+    let v = store.save(SaveRequest::new(&cp, None)).await?;
+    assert_eq!(counts(&store).await?.0, 1);
+    // A save of the whole state without it (a rekey's, a replacement's).
+    cp.state.clear();
+    cp.state.insert("small".into(), json!(1));
+    store.save(SaveRequest::new(&cp, Some(v))).await?;
+    assert_eq!(
+        counts(&store).await?,
+        (0, 0, 0),
+        "the dropped value is freed"
+    );
+    Ok(())
+}
+
+/// Writers on two handles (two pools: as two processes would) take up and
+/// drop the same contents at once: every run left loads whole, and once
+/// every run is gone no blob is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_on_two_handles_share_and_free_the_same_values_safely() -> TestResult {
+    let (a, guard) = fresh().await;
+    let b = PgStore::connect_with(
+        &support::url_with_schema(&guard.0),
+        PgOptions::default().blob_threshold(16 << 10),
+    )
+    .await?;
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..8usize {
+        let store = if t % 2 == 0 { a.clone() } else { b.clone() };
+        tasks.spawn(async move {
+            let mut kept = Vec::new();
+            for i in 0..12usize {
+                let run_id = format!("r{t}-{i}");
+                let k = (t + i) % 2;
+                let mut cp = Checkpoint::new(&run_id, "w", Timestamp::from_unix_millis(1));
+                cp.state.insert("doc".into(), json!(doc(k, 40)));
+                let v = store.save(SaveRequest::new(&cp, None)).await?;
+                if i % 3 == 0 {
+                    kept.push((run_id, k));
+                } else {
+                    assert!(store.delete_if(&run_id, v).await?);
+                }
+            }
+            Ok::<_, steadfast_core::StoreError>(kept)
+        });
+    }
+    let mut kept = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        kept.extend(done??);
+    }
+    for (run_id, k) in &kept {
+        let cp = b.load(run_id).await?.expect("kept");
+        assert_eq!(cp.state["doc"], json!(doc(*k, 40)), "{run_id}");
+    }
+    assert_eq!(counts(&a).await?.0, 2, "two contents, stored once each");
+    for (run_id, _) in &kept {
+        assert!(a.delete(run_id).await?);
+    }
+    assert_eq!(counts(&a).await?, (0, 0, 0), "nothing left behind");
+    Ok(())
+}
