@@ -167,6 +167,30 @@ fn power_loss_at_any_point_keeps_every_acknowledged_step() {
     }
 }
 
+/// The same with every state's padding stored as a blob beside the file:
+/// no crash leaves a record that refers to a blob the disk lost.
+#[test]
+fn power_loss_at_any_point_keeps_every_acknowledged_step_with_blobs() {
+    for steps in [1, 3] {
+        let opts = FileStoreOptions::default().blob_threshold(256);
+        match enumerate_crashes(steps, opts) {
+            Ok(n) => assert!(n > steps * 10, "{steps} steps: only {n} crash images"),
+            Err(e) => panic!("{steps} steps: {e}"),
+        }
+    }
+}
+
+#[test]
+fn control_without_blob_directory_fsync_power_loss_loses_a_blob() {
+    let mut opts = FileStoreOptions::default().blob_threshold(256);
+    opts.mutants.no_blob_dir_fsync = true;
+    let r = enumerate_crashes(3, opts);
+    assert!(
+        r.as_ref().is_err_and(|e| e.contains("not in the store")),
+        "the crash enumeration did not notice a missing blob directory fsync: {r:?}"
+    );
+}
+
 #[test]
 fn control_without_file_fsync_power_loss_corrupts_the_store() {
     let mut opts = FileStoreOptions::default();

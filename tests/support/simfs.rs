@@ -199,7 +199,7 @@ impl SimFs {
             .map(|&ino| g.disk.inodes[ino].live.clone())
     }
 
-    /// The names visible in the (single) directory.
+    /// The paths of every file visible.
     pub fn names(&self) -> Vec<PathBuf> {
         self.inner
             .lock()
@@ -290,10 +290,33 @@ impl Fs for SimFs {
         Ok(())
     }
 
-    fn sync_dir(&self, _dir: &Path) -> io::Result<()> {
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        // The changes of that directory become durable, in order; those of
+        // others (the blob directory beside the store's) stay pending.
         let mut g = self.begin(Some(Op::SyncDir))?;
-        g.disk.durable = g.disk.live.clone();
-        g.disk.pending.clear();
+        let pending = std::mem::take(&mut g.disk.pending);
+        for op in pending {
+            let path = match &op {
+                DirOp::Link(p, _) | DirOp::Unlink(p) => p.clone(),
+            };
+            if path.parent() != Some(dir) {
+                g.disk.pending.push(op);
+                continue;
+            }
+            match op {
+                DirOp::Link(p, ino) => {
+                    g.disk.durable.insert(p, ino);
+                }
+                DirOp::Unlink(p) => {
+                    g.disk.durable.remove(&p);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn create_dir(&self, _path: &Path) -> io::Result<()> {
+        // Directories are implicit in the paths of this disk.
         Ok(())
     }
 

@@ -54,6 +54,15 @@ pub trait Fs: Send + Sync + 'static {
     /// Takes an exclusive lock on `path` (created with mode 0600 if missing) that
     /// other processes respect, waiting at most `timeout` (then `TimedOut`).
     fn lock(&self, path: &Path, timeout: Duration) -> io::Result<LockGuard>;
+    /// Creates a directory with mode 0700 (the blob directory beside the
+    /// store file); one that exists already is no error.
+    fn create_dir(&self, path: &Path) -> io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        match fs::DirBuilder::new().mode(0o700).create(path) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            other => other,
+        }
+    }
 }
 
 /// The operating system's file system.

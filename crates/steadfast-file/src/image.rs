@@ -1,7 +1,10 @@
 //! The file's layout: `{"format": 1, "runs": {run_id: checkpoint, ...}}`, or,
 //! once a run has per-step history, `{"format": 2, "runs": {...}, "history":
-//! {run_id: [step record, ...], ...}}`; and its strict decoder. Anything it
-//! cannot account for is `Corrupt`, with a location.
+//! {run_id: [step record, ...], ...}}`, or, once a value is stored as a blob
+//! (or a value that looks like a reference is escaped), format 3, the same
+//! layout whose values may be references (`{"$blob": "sha256:…", "bytes":
+//! N}`, the blob in the directory beside the file); and its strict decoder.
+//! Anything it cannot account for is `Corrupt`, with a location.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -12,10 +15,12 @@ use serde::{Deserialize, Deserializer, Serialize};
 use steadfast_core::store::image::RunImage;
 use steadfast_core::{Checkpoint, StepRecord, StoreError};
 
-/// The newest version of the file layout this build writes and reads: 2,
-/// which adds per-step history. A file without history is written as
-/// version 1, which older builds read.
-pub const FILE_FORMAT: u32 = 2;
+/// The newest version of the file layout this build writes and reads: 3,
+/// whose values may refer to blobs. A file without history is written as
+/// version 1 and one without references or escaped values as version 2,
+/// which older builds read; they refuse version 3, and so never take a
+/// reference for the value it stands for.
+pub const FILE_FORMAT: u32 = 3;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -63,10 +68,13 @@ impl Image {
     /// Pretty JSON without a trailing newline, so that no strict prefix of a
     /// written file is itself valid JSON: a torn file can never decode.
     pub(crate) fn encode(&mut self, path: &Path) -> Result<Vec<u8>, StoreError> {
-        self.format = if self.history.is_empty() {
+        let marked = self.with(|data| Ok(data.holds_marks())).unwrap_or(true);
+        self.format = if marked {
+            FILE_FORMAT
+        } else if self.history.is_empty() {
             1
         } else {
-            FILE_FORMAT
+            2
         };
         serde_json::to_vec_pretty(self).map_err(|e| {
             StoreError::backend(
@@ -124,6 +132,15 @@ impl Image {
             }
             steadfast_core::validate_run_id(key).map_err(|e| corrupt(at(), e.to_string()))?;
             cp.check().map_err(|reason| corrupt(at(), reason))?;
+        }
+        let mut image = image;
+        if image.format < 3 {
+            // Written before blobs: a value that looks like a reference is
+            // the caller's own, and reads back as written.
+            image.with(|data| {
+                data.escape_lookalikes();
+                Ok(())
+            })?;
         }
         if image.format < 2 && !image.history.is_empty() {
             return Err(corrupt(

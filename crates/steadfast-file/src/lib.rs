@@ -8,6 +8,15 @@
 //! kill and a power loss. Readers need no lock: a rename is atomic, so they see
 //! the old file or the new one.
 //!
+//! A value larger than the blob threshold (default 64 KiB,
+//! `file:PATH?blob_threshold=SIZE`) is stored once, as a file named by the
+//! SHA-256 of its text in the directory `PATH.blobs` beside the file, and the
+//! file holds a reference to it. A blob is written to a temp file, `fsync`ed,
+//! renamed into place and its directory `fsync`ed before the store file that
+//! refers to it is renamed into place; a blob no run refers to any more is
+//! removed after the store file without it is durable. So a crash at any
+//! point leaves no reference to a missing blob.
+//!
 //! Each save rewrites every run, so its cost grows with the file: this store is
 //! for small deployments, tests and inspection. It keeps each run's per-step
 //! history beside the runs (so rewind, fork and prune work here too), which
@@ -43,9 +52,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use steadfast_core::store::blob::{Blob, BlobHash, Resolver};
 use steadfast_core::store::image::Write;
+use steadfast_core::store::rows::Place;
 use steadfast_core::store::{check_size, Rewrite, SaveRequest};
-use steadfast_core::{Capabilities, History};
+use steadfast_core::{BlobTotals, Blobs, Capabilities, History, Usage};
 use steadfast_core::{Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError};
 
 pub use crate::fs::{Fs, LockGuard, OsFs, WriteError};
@@ -58,6 +69,11 @@ pub const DEFAULT_MAX_FILE_BYTES: u64 = 64 << 20;
 
 /// Default limit of one run's state: 16 MiB.
 pub const DEFAULT_MAX_STATE_BYTES: u64 = 16 << 20;
+
+pub use steadfast_core::store::blob::DEFAULT_BLOB_THRESHOLD;
+
+/// The prefix of a blob being written.
+const BLOB_TMP: &str = ".tmp-";
 
 /// Default lock wait: 10 seconds.
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -76,6 +92,10 @@ pub struct FileStoreOptions {
     /// created by the first save). Without it, a missing store is
     /// [`StoreError::NotFound`], for commands that only read.
     pub create: bool,
+    /// The size (JSON text, bytes) above which a value is stored once as a
+    /// blob file beside the store file (default [`DEFAULT_BLOB_THRESHOLD`];
+    /// `?blob_threshold=SIZE` in a URL).
+    pub blob_threshold: u64,
     /// Test-only switches that break guarantees on purpose.
     #[cfg(feature = "mutants")]
     #[doc(hidden)]
@@ -89,6 +109,7 @@ impl Default for FileStoreOptions {
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             create: true,
+            blob_threshold: DEFAULT_BLOB_THRESHOLD,
             #[cfg(feature = "mutants")]
             mutants: Mutants::default(),
         }
@@ -116,6 +137,12 @@ impl FileStoreOptions {
         self.create = yes;
         self
     }
+    /// Sets the size above which a value is stored as a blob (checked when
+    /// the store opens: 256 bytes to 1 GiB).
+    pub fn blob_threshold(mut self, bytes: u64) -> Self {
+        self.blob_threshold = bytes;
+        self
+    }
 }
 
 /// Deliberate defects, settable only with the `mutants` feature, so that the
@@ -127,6 +154,9 @@ pub struct Mutants {
     pub no_file_fsync: bool,
     /// Skip the `fsync` of the directory after the rename.
     pub no_dir_fsync: bool,
+    /// Skip the `fsync` of the blob directory before the store file that
+    /// refers to new blobs is renamed into place.
+    pub no_blob_dir_fsync: bool,
     /// Take no lock at all.
     pub no_lock: bool,
     /// Lock the data file instead of the sidecar.
@@ -151,6 +181,8 @@ struct Inner<F> {
     fs: F,
     path: PathBuf,
     dir: PathBuf,
+    /// `PATH.blobs`: one file per blob, named by its hash.
+    blob_dir: PathBuf,
     lock_path: PathBuf,
     tmp_prefix: String,
     opts: FileStoreOptions,
@@ -191,9 +223,28 @@ pub const URL_SCHEMES: &[&str] = &["file"];
 
 /// Opens the store that a `file:` URL names (`rest` is what follows the
 /// scheme), creating its directory only when `create` is set.
+///
+/// What follows a `?` sets options: `blob_threshold=SIZE` (bytes, or with
+/// `KiB`, `MiB` or `GiB`), the size above which a value is stored as a blob.
 pub fn open_url(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
+    let (rest, query) = match rest.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (rest, None),
+    };
     let path = steadfast_core::local::url_path(rest)?;
-    let opts = FileStoreOptions::default().create(create);
+    let mut opts = FileStoreOptions::default().create(create);
+    for pair in query.into_iter().flat_map(|q| q.split('&')) {
+        match pair.split_once('=') {
+            Some(("blob_threshold", size)) => {
+                opts.blob_threshold = steadfast_core::store::blob::parse_size(size)?;
+            }
+            _ => {
+                return Err(StoreError::InvalidInput(format!(
+                    "file URL parameter {pair:?} is not known; the one taken is blob_threshold=SIZE"
+                )))
+            }
+        }
+    }
     Ok(Arc::new(FileStore::open_with(OsFs, path, opts)?))
 }
 
@@ -214,6 +265,7 @@ impl<F: Fs> FileStore<F> {
         path: impl AsRef<Path>,
         opts: FileStoreOptions,
     ) -> Result<Self, StoreError> {
+        steadfast_core::store::blob::check_threshold(opts.blob_threshold)?;
         let given = path.as_ref();
         given.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
             StoreError::InvalidInput(format!(
@@ -239,10 +291,13 @@ impl<F: Fs> FileStore<F> {
         };
         let mut lock_name = path.clone().into_os_string();
         lock_name.push(".lock");
+        let mut blob_name = path.clone().into_os_string();
+        blob_name.push(".blobs");
         let store = FileStore {
             inner: Arc::new(Inner {
                 fs,
                 lock_path: PathBuf::from(lock_name),
+                blob_dir: PathBuf::from(blob_name),
                 tmp_prefix: format!(".{file_name}.tmp-"),
                 path,
                 dir,
@@ -367,6 +422,15 @@ impl<F: Fs> Inner<F> {
                 }
             }
         }
+        // Blob temps are made under the lock too.
+        if let Ok(names) = self.fs.list_dir(&self.blob_dir) {
+            for name in names.iter().filter(|n| n.starts_with(BLOB_TMP)) {
+                let p = self.blob_dir.join(name);
+                if let Err(e) = self.fs.remove_file(&p) {
+                    tracing::warn!(path = %p.display(), error = %e, "could not remove a leftover temp file")
+                }
+            }
+        }
         if removed > 0 {
             tracing::info!(removed, dir = %self.dir.display(), "removed leftover temp files");
             self.fs.sync_dir(&self.dir).map_err(|e| {
@@ -387,9 +451,13 @@ impl<F: Fs> Inner<F> {
 
     /// Read, change and durably replace the file under both locks. `change` sees
     /// the decoded image and returns `Ok(false)` when there is nothing to write.
+    /// `blobs` (those the change refers to) are made durable before the file
+    /// that refers to them; blobs no run refers to any more are removed once
+    /// the file without them is.
     fn update<T>(
         &self,
         run_id: &str,
+        blobs: &[Blob],
         change: impl FnOnce(&mut Image) -> Result<(bool, T), StoreError>,
     ) -> Result<T, StoreError> {
         self.check_poisoned()?;
@@ -411,8 +479,165 @@ impl<F: Fs> Inner<F> {
         if let Some(d) = self.opts.mutants.pause_before_rename {
             std::thread::sleep(d);
         }
+        self.write_blobs(blobs)?;
         self.replace(run_id, &bytes)?;
+        self.sweep_blobs(&mut image);
         Ok(out)
+    }
+
+    /// Writes each of `blobs` not stored yet: a temp file, `fsync`ed, renamed
+    /// to its hash, then the blob directory `fsync`ed (and, when it was just
+    /// made, the store's directory). A failed `fsync` poisons the handle.
+    fn write_blobs(&self, blobs: &[Blob]) -> Result<(), StoreError> {
+        if blobs.is_empty() {
+            return Ok(());
+        }
+        let dir = &self.blob_dir;
+        let io = |what: &str, e| StoreError::io(format!("{what} {}", dir.display()), e);
+        let present: std::collections::HashSet<String> = match self.fs.list_dir(dir) {
+            Ok(names) => names.into_iter().collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.fs
+                    .create_dir(dir)
+                    .map_err(|e| io("creating the blob directory", e))?;
+                // Its entry durable before any file refers into it.
+                self.fs.sync_dir(&self.dir).map_err(|e| {
+                    self.poisoned.store(true, Ordering::SeqCst);
+                    StoreError::io(format!("syncing directory {}", self.dir.display()), e)
+                })?;
+                Default::default()
+            }
+            Err(e) => return Err(io("listing", e)),
+        };
+        let mut wrote = false;
+        for blob in blobs {
+            let name = blob.hash.hex();
+            if present.contains(&name) {
+                continue;
+            }
+            let tmp = dir.join(format!(
+                "{BLOB_TMP}{}-{:016x}",
+                std::process::id(),
+                fastrand::u64(..)
+            ));
+            let sync_file = !self.mutant(|m| m.no_file_fsync);
+            if let Err(e) = self.fs.write_new(&tmp, blob.text.as_bytes(), sync_file) {
+                let _ = self.fs.remove_file(&tmp);
+                return Err(match e {
+                    WriteError::Write(e) => StoreError::io(format!("writing {}", tmp.display()), e),
+                    WriteError::Sync(e) => {
+                        self.poisoned.store(true, Ordering::SeqCst);
+                        StoreError::io(format!("syncing {}", tmp.display()), e)
+                    }
+                });
+            }
+            let path = dir.join(&name);
+            if let Err(e) = self.fs.rename(&tmp, &path) {
+                let _ = self.fs.remove_file(&tmp);
+                return Err(StoreError::io(
+                    format!("renaming {} over {}", tmp.display(), path.display()),
+                    e,
+                ));
+            }
+            wrote = true;
+        }
+        if wrote && !self.mutant(|m| m.no_blob_dir_fsync) {
+            self.fs.sync_dir(dir).map_err(|e| {
+                self.poisoned.store(true, Ordering::SeqCst);
+                io("syncing", e)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Removes the blobs no record or history row of `image` (the file just
+    /// made durable) refers to, and leftover temps. Under the lock, after the
+    /// rename: a crash before a removal leaves a blob no one needs, never a
+    /// reference to a missing one. A removal that fails is left for the
+    /// next write.
+    fn sweep_blobs(&self, image: &mut Image) {
+        let Ok(names) = self.fs.list_dir(&self.blob_dir) else {
+            return;
+        };
+        if names.is_empty() {
+            return;
+        }
+        let Ok(wanted) = image.with(|data| {
+            Ok(data
+                .all_refs()
+                .keys()
+                .map(BlobHash::hex)
+                .collect::<std::collections::HashSet<_>>())
+        }) else {
+            return;
+        };
+        for name in names {
+            let ours = name.starts_with(BLOB_TMP) || BlobHash::parse_hex(&name).is_some();
+            if ours && !wanted.contains(&name) {
+                let p = self.blob_dir.join(&name);
+                if let Err(e) = self.fs.remove_file(&p) {
+                    tracing::warn!(path = %p.display(), error = %e, "could not remove a blob no run refers to");
+                }
+            }
+        }
+    }
+
+    /// The stored text of blob `hash`, read up to `expect` bytes (what its
+    /// reference says); `None` when there is no such file.
+    fn fetch(&self, hash: &BlobHash, expect: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let path = self.blob_dir.join(hash.hex());
+        match self.fs.read(&path, expect) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => Err(StoreError::Corrupt {
+                location: path.display().to_string(),
+                reason: format!("blob {hash} is longer than the {expect} bytes its reference says"),
+            }),
+            Err(e) => Err(StoreError::io(format!("reading {}", path.display()), e)),
+        }
+    }
+
+    /// Run `run_id`'s record with its values put back, or its history rows
+    /// (`history`): read, then its blobs. A blob removed between the two (by
+    /// a writer that changed or deleted the run meanwhile) sends it back to
+    /// read the file again; damage that stays is reported.
+    fn read_resolved<T: PartialEq + Clone>(
+        &self,
+        run_id: &str,
+        take: impl Fn(&mut Image) -> Option<T>,
+        marked: impl Fn(&T) -> bool,
+        resolve: impl Fn(&mut T, &Place<'_>, &mut Resolver<'_>) -> Result<(), StoreError>,
+    ) -> Result<Option<T>, StoreError> {
+        let at = format!("{} run {run_id:?}", self.path.display());
+        let locate = move |column: &str| format!("{at} {column}");
+        let place = Place::new(run_id, &locate);
+        let mut failed: Option<(T, StoreError)> = None;
+        for _ in 0..3 {
+            let mut image = self.read_image()?;
+            let Some(mut value) = take(&mut image) else {
+                return Ok(None);
+            };
+            if !marked(&value) {
+                return Ok(Some(value));
+            }
+            if let Some((before, e)) = failed.take() {
+                if before == value {
+                    return Err(e);
+                }
+            }
+            let stored = value.clone();
+            let mut fetch = |h: &BlobHash, n: u64| self.fetch(h, n);
+            let mut resolver = Resolver::new(&mut fetch);
+            if let Err(e) = resolve(&mut value, &place, &mut resolver) {
+                failed = Some((stored, e));
+                continue;
+            }
+            return Ok(Some(value));
+        }
+        match failed {
+            Some((_, e)) => Err(e),
+            None => Ok(None),
+        }
     }
 
     fn replace(&self, run_id: &str, bytes: &[u8]) -> Result<(), StoreError> {
@@ -470,12 +695,18 @@ impl<F: Fs> Store for FileStore<F> {
         Capabilities::none()
             .history(self)
             .max_state_bytes(self.inner.opts.max_state_bytes)
+            .blobs(self)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
         let run_id = run_id.to_string();
         self.blocking(None, move |inner| {
-            Ok(inner.read_image()?.runs.remove(&run_id))
+            inner.read_resolved(
+                &run_id,
+                |image| image.runs.remove(&run_id),
+                |cp| steadfast_core::store::blob::holds_marks(&cp.state),
+                |cp, place, resolver| resolver.resolve(&mut cp.state, place, "state"),
+            )
         })
         .await
     }
@@ -483,10 +714,14 @@ impl<F: Fs> Store for FileStore<F> {
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         // Checked before the lock: a value the parser would refuse must not
         // be written, or the whole file (every run in it) would stop loading.
-        let write = Write::checked(&req, self.inner.opts.max_state_bytes)?;
+        let (write, blobs) = Write::checked_with_blobs(
+            &req,
+            self.inner.opts.max_state_bytes,
+            self.inner.opts.blob_threshold,
+        )?;
         let run_id = write.run_id().to_string();
         self.blocking(Some(&run_id.clone()), move |inner| {
-            inner.update(&run_id, move |image| {
+            inner.update(&run_id, &blobs, move |image| {
                 image.with(|data| data.save(write)).map(|v| (true, v))
             })
         })
@@ -506,7 +741,7 @@ impl<F: Fs> Store for FileStore<F> {
         let run_id = run_id.to_string();
         let writes = run_id.clone();
         self.blocking(Some(&writes), move |inner| {
-            inner.update(&run_id, |image| {
+            inner.update(&run_id, &[], |image| {
                 let existed = image.with(|data| Ok(data.delete(&run_id)))?;
                 Ok((existed, existed))
             })
@@ -518,7 +753,7 @@ impl<F: Fs> Store for FileStore<F> {
         let run_id = run_id.to_string();
         let writes = run_id.clone();
         self.blocking(Some(&writes), move |inner| {
-            inner.update(&run_id, |image| {
+            inner.update(&run_id, &[], |image| {
                 let existed = image.with(|data| data.delete_if(&run_id, version))?;
                 Ok((existed, existed))
             })
@@ -532,8 +767,21 @@ impl<F: Fs> History for FileStore<F> {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
         let run_id = run_id.to_string();
         self.blocking(None, move |inner| {
-            let mut image = inner.read_image()?;
-            image.with(|data| Ok(data.history(&run_id)))
+            inner.read_resolved(
+                &run_id,
+                |image| image.with(|data| Ok(data.history(&run_id))).ok().flatten(),
+                |rows| {
+                    rows.iter()
+                        .any(|r| steadfast_core::store::blob::holds_marks(&r.update))
+                },
+                |rows, place, resolver| {
+                    for r in rows.iter_mut() {
+                        let column = format!("history[{}].update", r.index);
+                        resolver.resolve(&mut r.update, place, &column)?;
+                    }
+                    Ok(())
+                },
+            )
         })
         .await
     }
@@ -544,10 +792,22 @@ impl<F: Fs> History for FileStore<F> {
         rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
         let (run_id, writes) = (run_id.to_string(), run_id.to_string());
-        let (records, fold) = (rewrite.records().to_vec(), rewrite.is_fold());
+        let fold = rewrite.is_fold();
+        // The rows as the file keeps them: large values as references.
+        let mut blobs = Vec::new();
+        let mut records = rewrite.records().to_vec();
+        for r in &mut records {
+            r.update = steadfast_core::store::blob::encode_map(
+                &r.update,
+                self.inner.opts.blob_threshold,
+                &run_id,
+                "step's update",
+                &mut blobs,
+            )?;
+        }
         // The checked rewrite again, as records this thread owns.
         self.blocking(Some(&writes), move |inner| {
-            inner.update(&run_id, |image| {
+            inner.update(&run_id, &blobs, |image| {
                 image.with(|data| {
                     let rewrite = match records.first() {
                         Some(first) if fold => Rewrite::fold(&run_id, first)?,
@@ -556,6 +816,55 @@ impl<F: Fs> History for FileStore<F> {
                     data.rewrite(&run_id, expected, rewrite)
                 })?;
                 Ok((true, ()))
+            })
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl<F: Fs> Blobs for FileStore<F> {
+    async fn usage(&self, run_id: &str) -> Result<Option<Usage>, StoreError> {
+        let run_id = run_id.to_string();
+        self.blocking(None, move |inner| {
+            let mut image = inner.read_image()?;
+            image.with(|data| {
+                let Some(cp) = data.runs.get(&run_id) else {
+                    return Ok(None);
+                };
+                let record = steadfast_core::store::json_size(cp)
+                    + data
+                        .history
+                        .get(&run_id)
+                        .map_or(0, steadfast_core::store::json_size);
+                let all = data.all_refs();
+                let (mut blobs, mut bytes, mut shared) = (0, 0, 0);
+                for (hash, n) in data.refs_of_run(&run_id) {
+                    blobs += 1;
+                    bytes += n;
+                    if all.get(&hash).is_some_and(|(_, runs)| runs.len() > 1) {
+                        shared += n;
+                    }
+                }
+                Ok(Some(Usage::new(record, blobs, bytes, shared)))
+            })
+        })
+        .await
+    }
+
+    fn threshold(&self) -> u64 {
+        self.inner.opts.blob_threshold
+    }
+
+    async fn blob_totals(&self) -> Result<BlobTotals, StoreError> {
+        self.blocking(None, move |inner| {
+            let mut image = inner.read_image()?;
+            image.with(|data| {
+                let all = data.all_refs();
+                Ok(BlobTotals::new(
+                    all.len() as u64,
+                    all.values().map(|(n, _)| n).sum(),
+                ))
             })
         })
         .await

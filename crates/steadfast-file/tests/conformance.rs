@@ -7,7 +7,10 @@ use steadfast_file::{FileStore, FileStoreOptions, OsFs};
 
 fn make(cfg: Config) -> TestStore {
     let dir = tempfile::tempdir().expect("a temp dir");
-    let opts = FileStoreOptions::default().max_state_bytes(cfg.state_limit);
+    // A small threshold, so that the checks' large values are blobs.
+    let opts = FileStoreOptions::default()
+        .max_state_bytes(cfg.state_limit)
+        .blob_threshold(1024);
     let store = FileStore::open_with(OsFs, dir.path().join("runs.json"), opts).expect("open");
     TestStore::with_guard(store, dir)
 }

@@ -88,6 +88,16 @@ impl BlobHash {
         bytes.try_into().ok().map(BlobHash)
     }
 
+    /// The 64 lowercase hex digits of the hash (a name for a file).
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// A hash from its 64 lowercase hex digits.
+    pub fn parse_hex(hex: &str) -> Option<Self> {
+        Self::parse(&format!("sha256:{hex}"))
+    }
+
     /// A hash from its text form, `sha256:` and 64 lowercase hex digits.
     pub fn parse(text: &str) -> Option<Self> {
         let hex = text.strip_prefix("sha256:")?;
@@ -280,6 +290,15 @@ pub fn escape_lookalikes(text: &str) -> Option<String> {
         return None;
     }
     let mut map: Map<String, Value> = serde_json::from_str(text).ok()?;
+    if !escape_lookalikes_in(&mut map) {
+        return None;
+    }
+    serde_json::to_string(&map).ok()
+}
+
+/// [`escape_lookalikes`] on a decoded object: escapes in place each
+/// top-level value that looks like a reference; whether any did.
+pub fn escape_lookalikes_in(map: &mut Map<String, Value>) -> bool {
     let mut changed = false;
     for value in map.values_mut() {
         if looks_like_mark(value) {
@@ -291,10 +310,31 @@ pub fn escape_lookalikes(text: &str) -> Option<String> {
             changed = true;
         }
     }
-    if !changed {
-        return None;
-    }
-    serde_json::to_string(&map).ok()
+    changed
+}
+
+/// Whether a stored object holds a reference or an escaped value (any
+/// top-level value with a `$blob` member).
+pub fn holds_marks(map: &Map<String, Value>) -> bool {
+    map.values().any(looks_like_mark)
+}
+
+/// [`encode_object`], decoded again: the object as a store with blobs
+/// keeps it, for a store that holds records as values (references are
+/// small, so the text parsed back is too).
+pub fn encode_map(
+    map: &Map<String, Value>,
+    threshold: u64,
+    run_id: &str,
+    what: &str,
+    blobs: &mut Vec<Blob>,
+) -> Result<Map<String, Value>, StoreError> {
+    let text = encode_object(map, threshold, run_id, what, blobs)?;
+    serde_json::from_str(&text).map_err(|e| {
+        StoreError::InvalidInput(format!(
+            "run {run_id:?}: the {what} does not read back as written: {e}"
+        ))
+    })
 }
 
 /// How a store finds a blob's stored content by its hash (`None`: not

@@ -10,9 +10,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::record::checkpoint::{Checkpoint, StepRecord};
 use crate::record::error::StoreError;
+use crate::store::blob::{self, Blob, BlobHash};
 use crate::store::plan::{expect_version, head_only_of_absent};
 use crate::store::rows::no_row_to_fold;
-use crate::store::{check_head, check_state, check_whole_state, merge_head, ListFilter};
+use crate::store::{
+    check_head, check_size, check_state, check_whole_state, merge_head, ListFilter,
+};
 use crate::store::{Rewrite, RunSummary, SaveRequest};
 
 /// Every run's record, and the history rows of the runs that have any.
@@ -40,6 +43,50 @@ impl Write {
     /// head-only save of an absent run, the state within `limit` bytes with
     /// values that load back, the step's update) and takes what it writes.
     pub fn checked(req: &SaveRequest<'_>, limit: u64) -> Result<Self, StoreError> {
+        Self::checked_as(req, |cp| check_whole_state(&cp.run_id, &cp.state, limit))
+    }
+
+    /// [`checked`](Self::checked) for a store with blobs at `threshold`:
+    /// the state's size as stored within `limit`, and the record's state and
+    /// the step's update in their stored form (each value over the
+    /// threshold a reference, values that look like one escaped), with the
+    /// blobs they refer to, each content once.
+    pub fn checked_with_blobs(
+        req: &SaveRequest<'_>,
+        limit: u64,
+        threshold: u64,
+    ) -> Result<(Self, Vec<Blob>), StoreError> {
+        let mut write = Self::checked_as(req, |cp| {
+            check_size(
+                &cp.run_id,
+                "state",
+                blob::stored_size(&cp.state, threshold),
+                limit,
+            )?;
+            check_state(&cp.run_id, "state", &cp.state)
+        })?;
+        let mut blobs = Vec::new();
+        let run_id = write.record.run_id.clone();
+        if !write.head_only {
+            write.record.state =
+                blob::encode_map(&write.record.state, threshold, &run_id, "state", &mut blobs)?;
+        }
+        if let Some(step) = &mut write.step {
+            step.update = blob::encode_map(
+                &step.update,
+                threshold,
+                &run_id,
+                "step's update",
+                &mut blobs,
+            )?;
+        }
+        Ok((write, blobs))
+    }
+
+    fn checked_as(
+        req: &SaveRequest<'_>,
+        check_whole: impl FnOnce(&Checkpoint) -> Result<(), StoreError>,
+    ) -> Result<Self, StoreError> {
         let cp = req.checkpoint;
         check_head(cp)?;
         if req.head_only && req.expected.is_none() {
@@ -52,7 +99,7 @@ impl Write {
                 &mut Checkpoint::new(&cp.run_id, &cp.workflow, cp.created_at),
             )
         } else {
-            check_whole_state(&cp.run_id, &cp.state, limit)?;
+            check_whole(cp)?;
             if let Some(s) = req.step {
                 check_state(&cp.run_id, "step's update", &s.update)?;
             }
@@ -154,6 +201,62 @@ impl RunImage {
         }
         if rows.is_empty() {
             self.history.remove(&cp.run_id);
+        }
+    }
+
+    /// The blobs run `run_id`'s record and history rows refer to, each
+    /// once, with the size each reference gives.
+    pub fn refs_of_run(&self, run_id: &str) -> Vec<(BlobHash, u64)> {
+        let mut out: Vec<(BlobHash, u64)> = Vec::new();
+        let mut add = |found: Vec<(BlobHash, u64)>| {
+            for r in found {
+                if !out.contains(&r) {
+                    out.push(r);
+                }
+            }
+        };
+        if let Some(cp) = self.runs.get(run_id) {
+            add(blob::refs_of(&cp.state));
+        }
+        for row in self.history.get(run_id).into_iter().flatten() {
+            add(blob::refs_of(&row.update));
+        }
+        out
+    }
+
+    /// Every blob a record or a history row refers to, with the runs that
+    /// refer to it and its size.
+    pub fn all_refs(&self) -> BTreeMap<BlobHash, (u64, Vec<&str>)> {
+        let mut out: BTreeMap<BlobHash, (u64, Vec<&str>)> = BTreeMap::new();
+        for run_id in self.runs.keys() {
+            for (hash, bytes) in self.refs_of_run(run_id) {
+                let entry = out.entry(hash).or_insert((bytes, Vec::new()));
+                entry.1.push(run_id);
+            }
+        }
+        out
+    }
+
+    /// Whether any record or history row holds a reference or an escaped
+    /// value.
+    pub fn holds_marks(&self) -> bool {
+        self.runs.values().any(|cp| blob::holds_marks(&cp.state))
+            || self
+                .history
+                .values()
+                .flatten()
+                .any(|r| blob::holds_marks(&r.update))
+    }
+
+    /// Escapes, in every record and history row, the values that look like
+    /// references: for records written before the store had blobs, so that
+    /// they read back as written.
+    pub fn escape_lookalikes(&mut self) {
+        for cp in self.runs.values_mut() {
+            blob::escape_lookalikes_in(&mut cp.state);
+        }
+        for row in self.history.values_mut().flatten() {
+            blob::escape_lookalikes_in(&mut row.update);
         }
     }
 

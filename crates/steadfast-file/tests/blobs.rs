@@ -1,0 +1,246 @@
+//! Large values by reference on the file store (format 3): one file per
+//! content in `PATH.blobs`, removed when no run refers to it, damage
+//! reported with its place, files written before blobs read back as
+//! written.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use steadfast_conformance::fixtures::{doc, rereading_agent as agent};
+use steadfast_core::{
+    ops, run, update, Store, StoreErrorKind, StoreExt as _, SystemClock, Workflow,
+};
+use steadfast_file::{FileStore, FileStoreOptions, OsFs};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A store (threshold 16 KiB) in a fresh directory, kept while it lives.
+fn fresh() -> Result<(tempfile::TempDir, PathBuf, FileStore), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    let store = open(&path)?;
+    Ok((dir, path, store))
+}
+
+fn open(path: &Path) -> Result<FileStore, steadfast_core::StoreError> {
+    FileStore::open_with(
+        OsFs,
+        path,
+        FileStoreOptions::default().blob_threshold(16 << 10),
+    )
+}
+
+/// The blob files beside the store file: (how many, their bytes).
+fn blob_files(path: &Path) -> (usize, u64) {
+    let dir = PathBuf::from(format!("{}.blobs", path.display()));
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return (0, 0);
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.metadata().ok())
+        .fold((0, 0), |(n, b), m| (n + 1, b + m.len()))
+}
+
+#[tokio::test]
+async fn a_value_is_stored_once_across_steps_and_runs_and_freed_with_its_last_run() -> TestResult {
+    let (_dir, path, store) = fresh()?;
+    for r in 0..3 {
+        run(&format!("r{r}"), &agent(4, r), &store).await?;
+    }
+    let unique = 2 * (doc(0, 100).len() + 2) + 12 * (doc(1000, 20).len() + 2);
+    assert_eq!(
+        blob_files(&path),
+        (2 + 3 * 4, unique as u64),
+        "every content once"
+    );
+    let totals = store.blob_totals().await?.expect("a store with blobs");
+    assert_eq!((totals.blobs, totals.bytes), (14, unique as u64));
+    // The store file holds references, not the values.
+    let file = std::fs::metadata(&path)?.len();
+    assert!(file < 64 << 10, "the store file holds {file} bytes");
+    let usage = store.usage("r1").await?.expect("stored");
+    assert_eq!(usage.blobs, 6);
+    assert_eq!(usage.shared_bytes, 2 * (doc(0, 100).len() as u64 + 2));
+
+    let cp = store.load("r1").await?.expect("stored");
+    assert_eq!(cp.state["shared0"], json!(doc(0, 100)));
+    assert_eq!(cp.state["own3"], json!(doc(1000 + 100 + 3, 20)));
+    let history = store.history("r1").await?.expect("stored");
+    assert_eq!(history[2].update["shared0"], json!(doc(0, 100)));
+    assert_eq!(history[2].update["own2"], json!(doc(1000 + 100 + 2, 20)));
+
+    assert!(store.delete("r0").await?);
+    assert_eq!(blob_files(&path).0, 2 + 2 * 4);
+    assert!(store.delete("r1").await?);
+    assert_eq!(blob_files(&path).0, 2 + 4);
+    assert_eq!(
+        store.load("r2").await?.expect("stored").state["shared1"],
+        json!(doc(1, 100))
+    );
+    assert!(store.delete("r2").await?);
+    assert_eq!(blob_files(&path), (0, 0), "nothing left behind");
+    Ok(())
+}
+
+#[tokio::test]
+async fn prune_and_rewind_free_the_values_only_dropped_rows_held() -> TestResult {
+    let (_dir, path, store) = fresh()?;
+    run("r", &agent(6, 0), &store).await?;
+    assert_eq!(blob_files(&path).0, 2 + 6);
+    ops::rewind(&store, "r", "s4", "test", &SystemClock).await?;
+    assert_eq!(blob_files(&path).0, 2 + 4);
+    ops::prune(&store, "r", 1, "test", &SystemClock).await?;
+    let cp = store.load("r").await?.expect("stored");
+    for i in 0..4 {
+        assert_eq!(cp.state[&format!("own{i}")], json!(doc(1000 + i, 20)));
+    }
+    assert_eq!(blob_files(&path).0, 2 + 4);
+    run("r", &agent(6, 0), &store).await?;
+    assert_eq!(blob_files(&path).0, 2 + 6);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_damaged_or_missing_blob_is_corrupt_with_its_place() -> TestResult {
+    let (_dir, path, store) = fresh()?;
+    run("r", &agent(2, 0), &store).await?;
+    let blobs = PathBuf::from(format!("{}.blobs", path.display()));
+    let first = std::fs::read_dir(&blobs)?
+        .next()
+        .ok_or("no blob file")??
+        .path();
+    let mut bytes = std::fs::read(&first)?;
+    bytes[3] ^= 1;
+    std::fs::write(&first, &bytes)?;
+    let err = store.load("r").await.expect_err("a damaged blob loaded");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    assert!(err.to_string().contains("run \"r\""), "{err}");
+    // A blob file longer than its reference says is refused without being
+    // read whole.
+    bytes.extend_from_slice(&[b' '; 4096]);
+    std::fs::write(&first, &bytes)?;
+    let err = store.load("r").await.expect_err("a longer blob loaded");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    std::fs::remove_dir_all(&blobs)?;
+    let err = store.load("r").await.expect_err("a missing blob loaded");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    assert!(err.to_string().contains("not in the store"), "{err}");
+    let err = store
+        .history("r")
+        .await
+        .expect_err("history of a missing blob");
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_file_written_before_blobs_reads_back_and_older_builds_refuse_the_new_one() -> TestResult
+{
+    let (_dir, path, store) = fresh()?;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"plain": 1})) })
+        .build()?;
+    run("r", &wf, &store).await?;
+    // As a build before blobs wrote it: format 2, a value that looks like
+    // a reference, not escaped.
+    let mut file: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    assert_eq!(
+        file["format"],
+        json!(2),
+        "no blobs: still readable by older builds"
+    );
+    let fake = json!({"$blob": format!("sha256:{}", "0".repeat(64)), "bytes": 3});
+    file["runs"]["r"]["state"]["fake"] = fake.clone();
+    file["history"]["r"][0]["update"]["fake"] = fake.clone();
+    std::fs::write(&path, serde_json::to_vec_pretty(&file)?)?;
+    let cp = store.load("r").await?.expect("stored");
+    assert_eq!(cp.state["fake"], fake);
+    assert_eq!(
+        store.history("r").await?.expect("stored")[0].update["fake"],
+        fake
+    );
+    // Written again, with the value escaped: format 3, which older builds
+    // refuse rather than take an escape or a reference for a value.
+    run("r2", &wf, &store).await?;
+    let file: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    assert_eq!(file["format"], json!(3));
+    assert_eq!(store.load("r").await?.expect("stored").state["fake"], fake);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_value_over_the_record_limits_round_trips_as_a_blob() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    // Defaults: 16 MiB for a state, 64 MiB for the file.
+    let store = FileStore::open(&path)?;
+    let big = "z".repeat(17 << 20);
+    let value = big.clone();
+    let wf = Workflow::builder("w")
+        .step("a", move |_, _| {
+            let value = value.clone();
+            async move { update(json!({ "big": value })) }
+        })
+        .step("b", |_, _| async { update(json!({"after": 1})) })
+        .build()?;
+    run("r", &wf, &store).await?;
+    let cp = store.load("r").await?.expect("stored");
+    assert_eq!(cp.state["big"], Value::String(big));
+    assert_eq!(
+        blob_files(&path).0,
+        1,
+        "stored once, for the state and the step"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_threshold_is_set_in_the_url_and_checked() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    let url = format!("{}?blob_threshold=1KiB", path.display());
+    let store = steadfast_file::open_url(&url, true)?;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"v": "x".repeat(2000)})) })
+        .build()?;
+    run("r", &wf, &*store).await?;
+    assert_eq!(blob_files(&path).0, 1, "a 2 KB value is a blob at 1 KiB");
+    for bad in ["?blob_threshold=1", "?blob_threshold=2GiB", "?blobs=1", "?"] {
+        let Err(err) = steadfast_file::open_url(&format!("{}{bad}", path.display()), true) else {
+            panic!("{bad} was taken");
+        };
+        assert_eq!(err.kind(), StoreErrorKind::InvalidInput, "{bad}: {err}");
+    }
+    Ok(())
+}
+
+/// A reader in another handle (another process, as far as the file is
+/// concerned) meets a run being rewritten and deleted: it sees the run
+/// whole or not at all, never a blob missing under a record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_racing_a_writer_never_sees_a_missing_blob() -> TestResult {
+    let (_dir, path, writer) = fresh()?;
+    let reader = open(&path)?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&stop);
+    let reads = tokio::spawn(async move {
+        let mut seen = 0;
+        while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Some(cp) = reader.load("r").await? {
+                assert_eq!(cp.state["shared0"], json!(doc(0, 100)));
+                seen += 1;
+            }
+        }
+        Ok::<_, steadfast_core::StoreError>(seen)
+    });
+    for round in 0..20 {
+        run("r", &agent(2, round), &writer).await?;
+        assert!(writer.delete("r").await?);
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let seen = reads.await??;
+    eprintln!("the reader saw the run {seen} times");
+    assert!(seen > 0, "the reader never met the run");
+    Ok(())
+}
