@@ -47,6 +47,24 @@ pub(crate) fn map_err(e: tokio_postgres::Error, context: &str) -> StoreError {
     StoreError::backend(kind, format!("{context}: {detail}"))
 }
 
+/// Maps the error of a write that met another writer of the same large
+/// value: the server broke a deadlock (`40P01`), or a blob was removed under
+/// a writer each time it looked (`23503`, refused by the foreign key). The
+/// transaction was rolled back and nothing of it was written: unavailable,
+/// to be tried again, never a version conflict or a refused value. Any other
+/// error as [`map_err`] maps it.
+pub(crate) fn race_is_transient(e: tokio_postgres::Error, context: &str) -> StoreError {
+    match e.code().map(SqlState::code) {
+        Some(code @ ("40P01" | "23503")) => StoreError::backend(
+            StoreErrorKind::Unavailable,
+            format!(
+                "{context}: another writer of the same large value was in the way ({code}); nothing was written, try again"
+            ),
+        ),
+        _ => map_err(e, context),
+    }
+}
+
 /// Maps a pool error (no connection could be had).
 pub(crate) fn pool_err(e: deadpool_postgres::PoolError, context: &str) -> StoreError {
     match e {

@@ -182,6 +182,7 @@ pub(crate) struct Sql {
     list: String,
     delete: String,
     delete_if: String,
+    delete_rows: String,
     claim: String,
     version: String,
 }
@@ -245,22 +246,26 @@ impl Sql {
                    AND ($3::bigint IS NULL OR updated_at < $3) AND ($4::text IS NULL OR run_id > $4)
                  ORDER BY run_id LIMIT $5",
             ),
-            // The run's references go with it; the blobs they were the last
-            // to refer to go next, in the same transaction (`blobs::free`).
+            // The run's row first: once it is deleted, every writer of the
+            // run has committed or waits, and `delete_rows`, a statement of
+            // its own (so with a snapshot taken after that), sees all the
+            // rows and references they wrote.
             delete: text(
-                "WITH d AS (DELETE FROM {s}.runs WHERE run_id = $1 RETURNING run_id),
-                      s AS (DELETE FROM {s}.steps WHERE run_id = $1),
-                      b AS (DELETE FROM {s}.blob_refs WHERE run_id = $1 RETURNING hash)
-                 SELECT (SELECT count(*) FROM d), ARRAY(SELECT hash FROM b)",
+                "WITH d AS (DELETE FROM {s}.runs WHERE run_id = $1 RETURNING run_id)
+                 SELECT count(*) FROM d",
             ),
             // The version the statement's snapshot saw comes back too, to
             // tell a conflict from an absent run.
             delete_if: text(
-                "WITH d AS (DELETE FROM {s}.runs WHERE run_id = $1 AND version = $2 RETURNING run_id),
-                      s AS (DELETE FROM {s}.steps WHERE run_id IN (SELECT run_id FROM d)),
-                      b AS (DELETE FROM {s}.blob_refs WHERE run_id IN (SELECT run_id FROM d) RETURNING hash)
-                 SELECT (SELECT count(*) FROM d), (SELECT version FROM {s}.runs WHERE run_id = $1),
-                        ARRAY(SELECT hash FROM b)",
+                "WITH d AS (DELETE FROM {s}.runs WHERE run_id = $1 AND version = $2 RETURNING run_id)
+                 SELECT (SELECT count(*) FROM d), (SELECT version FROM {s}.runs WHERE run_id = $1)",
+            ),
+            // The history and references of a run just deleted; the blobs
+            // they were the last to refer to go next (`blobs::free`).
+            delete_rows: text(
+                "WITH s AS (DELETE FROM {s}.steps WHERE run_id = $1),
+                      b AS (DELETE FROM {s}.blob_refs WHERE run_id = $1 RETURNING hash)
+                 SELECT ARRAY(SELECT hash FROM b)",
             ),
             // The server's clock decides what is due; a reservation lapses
             // by itself after the hold.
@@ -744,10 +749,20 @@ impl PgStore {
             }
         }
         .map_err(|e| map_err(e, &ctx()))?;
-        let released: Vec<Vec<u8>> = row.get(row.len() - 1);
-        blobs::free(tx.client(), &self.quoted_schema(), released)
-            .await
-            .map_err(|e| map_err(e, &ctx()))?;
+        if row.get::<_, i64>(0) > 0 {
+            let stmt = tx
+                .prepare_cached(&self.shared.sql.delete_rows)
+                .await
+                .map_err(|e| map_err(e, &ctx()))?;
+            let released: Vec<Vec<u8>> = tx
+                .query_one(&stmt, &[&run_id])
+                .await
+                .map_err(|e| map_err(e, &ctx()))?
+                .get(0);
+            blobs::free(tx.client(), &self.quoted_schema(), released)
+                .await
+                .map_err(|e| error::race_is_transient(e, &ctx()))?;
+        }
         tx.commit()
             .await
             .map_err(|e| write_error(map_err(e, &ctx()), run_id))?;
@@ -1048,10 +1063,10 @@ impl History for PgStore {
         let locate = locate(&self.shared, run_id);
         blobs::write(tx.client(), &q, run_id, &new_blobs)
             .await
-            .map_err(|e| map_err(e, &ctx()))?;
+            .map_err(|e| error::race_is_transient(e, &ctx()))?;
         blobs::recount(tx.client(), &q, run_id, &Place::new(run_id, &locate))
             .await
-            .map_err(|e| map_err(e, &ctx()))?;
+            .map_err(|e| error::race_is_transient(e, &ctx()))?;
         tx.commit()
             .await
             .map_err(|e| write_error(map_err(e, &ctx()), run_id))

@@ -60,7 +60,13 @@ pub(crate) fn parse(url: &str) -> Result<Parsed, StoreError> {
             "sslmode" => mode = v.to_string(),
             "sslrootcert" => root_cert = Some(v.to_string()),
             "blob_threshold" => {
-                blob_threshold = Some(steadfast_core::store::blob::parse_size(v)?);
+                blob_threshold = Some(
+                    steadfast_core::store::blob::parse_size(v)
+                        .map_err(|e| match e {
+                            StoreError::InvalidInput(why) => bad(format!("blob_threshold: {why}")),
+                            other => other,
+                        })?,
+                );
             }
             "options" => {
                 return Err(bad(

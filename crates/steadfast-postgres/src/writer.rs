@@ -378,7 +378,11 @@ async fn commit(
             return;
         }
         if lost || batch.len() == 1 {
-            fail_all(batch, &map_err(e, &format!("saving to {}", shared.display)));
+            let ctx = match &batch[..] {
+                [job] => format!("saving run {:?} to {}", job.run_id, shared.display),
+                _ => format!("saving to {}", shared.display),
+            };
+            fail_all(batch, &crate::error::race_is_transient(e, &ctx));
             return;
         }
         // One member's statement failed and took the transaction with it:

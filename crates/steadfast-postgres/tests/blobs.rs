@@ -320,3 +320,47 @@ async fn writers_on_two_handles_share_and_free_the_same_values_safely() -> TestR
     assert_eq!(counts(&a).await?, (0, 0, 0), "nothing left behind");
     Ok(())
 }
+
+/// A delete that meets saves of the same run in flight (another handle
+/// adding large values to it) leaves no reference and no blob behind: the
+/// run's rows and references are deleted after its row, as of a snapshot
+/// that sees every save that got to it first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_racing_saves_of_the_run_leaves_nothing_behind() -> TestResult {
+    let (a, guard) = fresh().await;
+    let b = PgStore::connect_with(
+        &support::url_with_schema(&guard.0),
+        PgOptions::default().blob_threshold(16 << 10),
+    )
+    .await?;
+    for round in 0..30usize {
+        let run_id = format!("r{round}");
+        let mut cp = Checkpoint::new(&run_id, "w", Timestamp::from_unix_millis(1));
+        cp.state.insert("doc".into(), json!(doc(round, 20)));
+        let first = a.save(SaveRequest::new(&cp, None)).await?;
+        let saver = {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let mut version = first;
+                for i in 0..6usize {
+                    cp.state
+                        .insert(format!("d{i}"), json!(doc(10_000 + round * 10 + i, 20)));
+                    match a.save(SaveRequest::new(&cp, Some(version))).await {
+                        Ok(v) => version = v,
+                        // Deleted under it: the save changed nothing.
+                        Err(e) if e.kind() == StoreErrorKind::Conflict => return,
+                        Err(e) => panic!("save {i} of {}: {e}", cp.run_id),
+                    }
+                }
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_micros((round as u64 % 6) * 400)).await;
+        b.delete(&run_id).await?;
+        saver.await?;
+        // Whatever the saver managed after the delete is a run of its own:
+        // none, since every save after it conflicts.
+        assert!(b.load(&run_id).await?.is_none(), "{run_id} came back");
+    }
+    assert_eq!(counts(&a).await?, (0, 0, 0), "references or blobs left behind");
+    Ok(())
+}

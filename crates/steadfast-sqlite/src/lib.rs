@@ -507,23 +507,11 @@ pub const URL_SCHEMES: &[&str] = &["sqlite"];
 /// What follows a `?` sets options: `blob_threshold=SIZE` (bytes, or with
 /// `KiB`, `MiB` or `GiB`), the size above which a value is stored as a blob.
 pub fn open_url(rest: &str, create: bool) -> Result<Arc<dyn Store>, StoreError> {
-    let (rest, query) = match rest.split_once('?') {
-        Some((path, query)) => (path, Some(query)),
-        None => (rest, None),
-    };
+    let (rest, threshold) = steadfast_core::store::blob::split_url_options("sqlite", rest)?;
     let path = steadfast_core::local::url_path(rest)?;
     let mut opts = SqliteOptions::default().create(create);
-    for pair in query.into_iter().flat_map(|q| q.split('&')) {
-        match pair.split_once('=') {
-            Some(("blob_threshold", size)) => {
-                opts.blob_threshold = steadfast_core::store::blob::parse_size(size)?;
-            }
-            _ => {
-                return Err(StoreError::InvalidInput(format!(
-                "sqlite URL parameter {pair:?} is not known; the one taken is blob_threshold=SIZE"
-            )))
-            }
-        }
+    if let Some(t) = threshold {
+        opts.blob_threshold = t;
     }
     Ok(Arc::new(SqliteStore::open_with(path, opts)?))
 }

@@ -194,6 +194,37 @@ fn reference_size(bytes: u64) -> u64 {
     17 + 64 + 10 + digits + 1
 }
 
+/// A local store's URL split at its `?`: the path, and the blob threshold
+/// its query sets (`blob_threshold=SIZE`, the one option such URLs take;
+/// anything else is refused, naming `store`).
+pub fn split_url_options<'u>(
+    store: &str,
+    rest: &'u str,
+) -> Result<(&'u str, Option<u64>), StoreError> {
+    let Some((path, query)) = rest.split_once('?') else {
+        return Ok((rest, None));
+    };
+    let mut threshold = None;
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("blob_threshold", size)) => {
+                threshold = Some(parse_size(size).map_err(|e| match e {
+                    StoreError::InvalidInput(why) => StoreError::InvalidInput(format!(
+                        "{store} URL parameter blob_threshold: {why}"
+                    )),
+                    other => other,
+                })?)
+            }
+            _ => {
+                return Err(StoreError::InvalidInput(format!(
+                "{store} URL parameter {pair:?} is not known; the one taken is blob_threshold=SIZE"
+            )))
+            }
+        }
+    }
+    Ok((path, threshold))
+}
+
 /// The size of `value` as a store with blobs at `threshold` writes it in a
 /// record: its JSON text (an escaped look-alike with its escape), or a
 /// reference when that is longer than the threshold. A value over
