@@ -142,6 +142,8 @@ struct Inner {
     record: bool,
     fail: Option<(Op, usize)>,
     calls: BTreeMap<&'static str, usize>,
+    /// Directories made with `create_dir`.
+    dirs: std::collections::BTreeSet<PathBuf>,
 }
 
 /// The simulated file system. Clones share one disk.
@@ -315,8 +317,10 @@ impl Fs for SimFs {
         Ok(())
     }
 
-    fn create_dir(&self, _path: &Path) -> io::Result<()> {
-        // Directories are implicit in the paths of this disk.
+    fn create_dir(&self, path: &Path) -> io::Result<()> {
+        // Directories are otherwise implicit in the paths of this disk: one
+        // made here lists (empty) from now on.
+        self.inner.lock().unwrap().dirs.insert(path.to_path_buf());
         Ok(())
     }
 
@@ -332,12 +336,19 @@ impl Fs for SimFs {
 
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
         let g = self.inner.lock().unwrap();
-        Ok(g.disk
+        let names: Vec<String> = g
+            .disk
             .live
             .keys()
             .filter(|p| p.parent() == Some(dir))
             .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .collect())
+            .collect();
+        // The store's own directory always exists; another only once made
+        // or holding a file.
+        if names.is_empty() && dir != Path::new("/sim") && !g.dirs.contains(dir) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        Ok(names)
     }
 
     fn lock(&self, _path: &Path, _timeout: Duration) -> io::Result<LockGuard> {

@@ -403,6 +403,64 @@ fn rewind_fork_and_prune_work_on_the_file_store() -> TestResult {
     Ok(())
 }
 
+/// Two runs whose steps read the same 200 KB document: the export carries
+/// it once, the import puts it back into both, and an export whose blob
+/// line is gone is refused at the run that refers to it.
+#[test]
+fn export_carries_a_large_value_once_and_import_refuses_a_dangling_one() -> TestResult {
+    const READER: &str = r#"name = "reader"
+
+[[step]]
+name = "read"
+run = "printf '{\"doc\": \"'; head -c 200000 /dev/zero | tr '\\0' d; printf '\"}'"
+"#;
+    let env = Env::new();
+    let f = env.flow("f.toml", READER);
+    let f = f.to_str().ok_or("path")?;
+    for id in ["r1", "r2"] {
+        let out = env.run(&["run", f, "--run-id", id]);
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+    }
+    let export = env.run(&["export"]);
+    assert_eq!(code(&export), 0, "{}", stderr(&export));
+    let text = String::from_utf8(export.stdout)?;
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "one blob line and two runs");
+    assert!(
+        text.len() < 260_000,
+        "the document went out more than once: {}",
+        text.len()
+    );
+    let other = Env::new();
+    let file = other.path().join("runs.jsonl");
+    std::fs::write(&file, &text)?;
+    let out = other.run(&["import", file.to_str().ok_or("path")?]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let doc = "d".repeat(200_000);
+    for id in ["r1", "r2"] {
+        assert_eq!(other.show(id)["state"]["doc"], json!(doc), "run {id}");
+    }
+    assert_eq!(String::from_utf8(other.run(&["export"]).stdout)?, text);
+    // The blob line left out: refused at the first run, nothing written.
+    let fresh = Env::new();
+    let file = fresh.path().join("dangling.jsonl");
+    std::fs::write(&file, format!("{}\n{}\n", lines[1], lines[2]))?;
+    let out = fresh.run(&["import", file.to_str().ok_or("path")?]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("line 1"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("does not carry it"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        code(&fresh.run(&["show", "r1"])),
+        2,
+        "a dangling run was written"
+    );
+    Ok(())
+}
+
 #[test]
 fn export_import_and_copy_round_trip_and_refuse_damaged_lines() -> TestResult {
     let env = Env::new();
@@ -461,8 +519,8 @@ fn export_import_and_copy_round_trip_and_refuse_damaged_lines() -> TestResult {
             "line 2",
         ),
         (
-            format!("{}\n", lines[0].replace("\"format\":1", "\"format\":2")),
-            "format 2",
+            format!("{}\n", lines[0].replace("\"format\":1", "\"format\":3")),
+            "format 3",
         ),
         ("not json\n".to_string(), "line 1"),
     ];

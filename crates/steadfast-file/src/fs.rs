@@ -55,7 +55,9 @@ pub trait Fs: Send + Sync + 'static {
     /// other processes respect, waiting at most `timeout` (then `TimedOut`).
     fn lock(&self, path: &Path, timeout: Duration) -> io::Result<LockGuard>;
     /// Creates a directory with mode 0700 (the blob directory beside the
-    /// store file); one that exists already is no error.
+    /// store file); one that exists already is no error. The default makes
+    /// it on the operating system's file system: a simulated one overrides
+    /// it.
     fn create_dir(&self, path: &Path) -> io::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
         match fs::DirBuilder::new().mode(0o700).create(path) {
@@ -75,6 +77,9 @@ impl Fs for OsFs {
         let mut lock = file.clone().into_os_string();
         lock.push(".lock");
         steadfast_core::local::check_private_file(Path::new(&lock))?;
+        let mut blobs = file.clone().into_os_string();
+        blobs.push(".blobs");
+        steadfast_core::local::check_private_subdir(Path::new(&blobs))?;
         Ok(file)
     }
 

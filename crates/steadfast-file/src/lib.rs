@@ -410,7 +410,9 @@ impl<F: Fs> Inner<F> {
                 }
             }
         }
-        // Blob temps are made under the lock too.
+        // Blob temps are made under the lock too. A blob directory made by
+        // a writer that died before it synced the store's directory gets
+        // its entry synced now, before anything else refers into it.
         if let Ok(names) = self.fs.list_dir(&self.blob_dir) {
             for name in names.iter().filter(|n| n.starts_with(BLOB_TMP)) {
                 let p = self.blob_dir.join(name);
@@ -418,6 +420,9 @@ impl<F: Fs> Inner<F> {
                     tracing::warn!(path = %p.display(), error = %e, "could not remove a leftover temp file")
                 }
             }
+            self.fs.sync_dir(&self.dir).map_err(|e| {
+                StoreError::io(format!("syncing directory {}", self.dir.display()), e)
+            })?;
         }
         if removed > 0 {
             tracing::info!(removed, dir = %self.dir.display(), "removed leftover temp files");
@@ -497,7 +502,6 @@ impl<F: Fs> Inner<F> {
             }
             Err(e) => return Err(io("listing", e)),
         };
-        let mut wrote = false;
         for blob in blobs {
             let name = blob.hash.hex();
             if present.contains(&name) {
@@ -527,9 +531,11 @@ impl<F: Fs> Inner<F> {
                     e,
                 ));
             }
-            wrote = true;
         }
-        if wrote && !self.mutant(|m| m.no_blob_dir_fsync) {
+        // Also when every blob was there already: a name another writer
+        // renamed into place is not durable until someone syncs the
+        // directory (that writer may have died, or failed, before it did).
+        if !self.mutant(|m| m.no_blob_dir_fsync) {
             self.fs.sync_dir(dir).map_err(|e| {
                 self.poisoned.store(true, Ordering::SeqCst);
                 io("syncing", e)
@@ -588,8 +594,9 @@ impl<F: Fs> Inner<F> {
     /// Run `run_id`'s record with its values put back, or its history rows
     /// (`history`): read, then its blobs. A blob removed between the two (by
     /// a writer that changed or deleted the run meanwhile) sends it back to
-    /// read the file again; damage that stays is reported.
-    fn read_resolved<T: PartialEq + Clone>(
+    /// read the file again, the last time under the writers' lock, so that
+    /// what it then reports is the store's state, not a race.
+    fn read_resolved<T>(
         &self,
         run_id: &str,
         take: impl Fn(&mut Image) -> Option<T>,
@@ -599,8 +606,9 @@ impl<F: Fs> Inner<F> {
         let at = format!("{} run {run_id:?}", self.path.display());
         let locate = move |column: &str| format!("{at} {column}");
         let place = Place::new(run_id, &locate);
-        let mut failed: Option<(T, StoreError)> = None;
-        for _ in 0..3 {
+        const TRIES: usize = 3;
+        for attempt in 1..=TRIES {
+            let _lock = if attempt == TRIES { self.lock()? } else { None };
             let mut image = self.read_image()?;
             let Some(mut value) = take(&mut image) else {
                 return Ok(None);
@@ -608,24 +616,15 @@ impl<F: Fs> Inner<F> {
             if !marked(&value) {
                 return Ok(Some(value));
             }
-            if let Some((before, e)) = failed.take() {
-                if before == value {
-                    return Err(e);
-                }
-            }
-            let stored = value.clone();
             let mut fetch = |h: &BlobHash, n: u64| self.fetch(h, n);
             let mut resolver = Resolver::new(&mut fetch);
-            if let Err(e) = resolve(&mut value, &place, &mut resolver) {
-                failed = Some((stored, e));
-                continue;
+            match resolve(&mut value, &place, &mut resolver) {
+                Ok(()) => return Ok(Some(value)),
+                Err(e) if attempt == TRIES => return Err(e),
+                Err(_) => continue,
             }
-            return Ok(Some(value));
         }
-        match failed {
-            Some((_, e)) => Err(e),
-            None => Ok(None),
-        }
+        Ok(None)
     }
 
     fn replace(&self, run_id: &str, bytes: &[u8]) -> Result<(), StoreError> {

@@ -361,6 +361,10 @@ async fn a_delete_racing_saves_of_the_run_leaves_nothing_behind() -> TestResult 
         // none, since every save after it conflicts.
         assert!(b.load(&run_id).await?.is_none(), "{run_id} came back");
     }
-    assert_eq!(counts(&a).await?, (0, 0, 0), "references or blobs left behind");
+    assert_eq!(
+        counts(&a).await?,
+        (0, 0, 0),
+        "references or blobs left behind"
+    );
     Ok(())
 }

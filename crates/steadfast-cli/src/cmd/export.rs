@@ -1,9 +1,10 @@
-//! `steadfast export [--run ID…]`: runs as JSON Lines on stdout.
+//! `steadfast export [--run ID…]`: runs as JSON Lines on stdout, each large
+//! value once (see `steadfast::transfer`).
 
 use std::io::Write;
 
 use anyhow::Context;
-use steadfast::transfer::{encode_line, export_run};
+use steadfast::transfer::{export_run, ExportWriter};
 use steadfast::ListFilter;
 
 use super::{no_such_run, usage, Ctx, Failure};
@@ -39,8 +40,24 @@ pub async fn run(args: ExportArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut written = 0u64;
-    let mut put = |line: String| -> Result<(), Failure> {
-        writeln!(out, "{line}").context("writing the export")?;
+    let mut writer = ExportWriter::new();
+    let mut put = |record: &steadfast::transfer::Exported| -> Result<(), Failure> {
+        let mut failed = None;
+        writer
+            .write(record, &mut |line| {
+                if let Err(e) = writeln!(out, "{line}") {
+                    failed = Some(e);
+                    return Err(steadfast::Error::InvalidInput {
+                        what: "the export".into(),
+                        reason: "it could not be written".into(),
+                    });
+                }
+                Ok(())
+            })
+            .map_err(|e| match failed.take() {
+                Some(io) => Failure::from(anyhow::Error::new(io).context("writing the export")),
+                None => Failure::from(e),
+            })?;
         written += 1;
         if written.is_multiple_of(1000) {
             output::note(format_args!("export: {written} run(s)"));
@@ -53,7 +70,7 @@ pub async fn run(args: ExportArgs, ctx: &Ctx) -> Result<i32, Failure> {
             let record = export_run(&**store, id)
                 .await?
                 .ok_or_else(|| no_such_run(id, ctx))?;
-            put(encode_line(&record)?)?;
+            put(&record)?;
         }
     } else {
         let mut filter = ListFilter::new().limit(500);
@@ -65,11 +82,12 @@ pub async fn run(args: ExportArgs, ctx: &Ctx) -> Result<i32, Failure> {
             for summary in &page {
                 // Deleted since it was listed: not exported.
                 if let Some(record) = export_run(&**store, &summary.run_id).await? {
-                    put(encode_line(&record)?)?;
+                    put(&record)?;
                 }
             }
         }
     }
+    drop(put);
     out.flush().context("writing the export")?;
     output::note(format_args!("export: {written} run(s) written"));
     Ok(exit::OK)

@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 
 use anyhow::Context;
-use steadfast::transfer::{decode_line, put_runs_with, Put, PutOptions, MAX_LINE_BYTES};
+use steadfast::transfer::{put_runs_with, ImportReader, Put, PutOptions, MAX_LINE_BYTES};
 
 use super::{usage, Ctx, Failure};
 use crate::args::exit;
@@ -47,6 +47,7 @@ pub async fn run(args: ImportArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let mut batch: Vec<steadfast::transfer::Exported> = Vec::new();
     let mut batch_bytes = 0usize;
     let mut counts = Counts::default();
+    let mut blobs = ImportReader::new();
     loop {
         let line = read_line(&mut reader, lineno + 1);
         let line = match line {
@@ -62,8 +63,12 @@ pub async fn run(args: ImportArgs, ctx: &Ctx) -> Result<i32, Failure> {
         if text.trim().is_empty() {
             continue;
         }
-        let record = match decode_line(&text, lineno) {
-            Ok(r) => r,
+        // A blob's parts count towards the batch's memory as the runs that
+        // hold its value do.
+        batch_bytes += text.len();
+        let record = match blobs.line(&text, lineno) {
+            Ok(Some(r)) => r,
+            Ok(None) => continue,
             Err(e) => {
                 flush(ctx, &opts, &mut batch, &mut counts).await?;
                 return Err(usage(e.to_string()));
@@ -74,7 +79,6 @@ pub async fn run(args: ImportArgs, ctx: &Ctx) -> Result<i32, Failure> {
             flush(ctx, &opts, &mut batch, &mut counts).await?;
             batch_bytes = 0;
         }
-        batch_bytes += text.len();
         batch.push(record);
         if batch.len() >= IN_FLIGHT || batch_bytes >= MAX_LINE_BYTES {
             flush(ctx, &opts, &mut batch, &mut counts).await?;
@@ -86,6 +90,7 @@ pub async fn run(args: ImportArgs, ctx: &Ctx) -> Result<i32, Failure> {
         }
     }
     flush(ctx, &opts, &mut batch, &mut counts).await?;
+    blobs.finish().map_err(|e| usage(e.to_string()))?;
     let Counts {
         written,
         replaced,

@@ -21,6 +21,27 @@
 //! imports as such: its seal covers its run id and version, which
 //! [`put_run`] keeps.
 //!
+//! # Large values (version 2)
+//!
+//! [`ExportWriter`] carries each large value (a top-level value of a state
+//! or of a step's update whose JSON text is over [`EXPORT_BLOB_THRESHOLD`])
+//! once per export, however many runs and steps hold it: the value's text
+//! goes out first as blob lines, in parts of at most 8 MiB,
+//!
+//! ```text
+//! {"format":2,"blob":"sha256:<64 hex digits>","bytes":N,"at":OFFSET,"text":"<part>"}
+//! ```
+//!
+//! and the runs that hold it follow as lines of format 2, whose record is
+//! as in version 1 but for those values: a reference
+//! `{"$blob":"sha256:…","bytes":N}` in their place (and a value of the
+//! caller's that looks like one escaped as `{"$blob":"literal","value":…}`).
+//! A run with no large value is written as version 1, which older builds
+//! read. [`ImportReader`] reads both: it checks each blob against its hash
+//! once whole, and refuses a run line that refers to a blob the export has
+//! not carried before it (nothing of that run is written). The blobs read
+//! are kept until the import ends.
+//!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! use serde_json::json;
@@ -55,6 +76,17 @@ pub const EXPORT_FORMAT: u32 = 1;
 /// The largest version an imported run may carry: 2^53, the largest
 /// integer every store (Cosmos DB's JSON numbers included) keeps exactly.
 pub const MAX_VERSION: u64 = 1 << 53;
+
+/// The version of the layout of a run line that refers to blobs, and of a
+/// blob line ([`ExportWriter`]).
+pub const EXPORT_FORMAT_BLOBS: u32 = 2;
+
+/// The size above which an export carries a value once, as a blob: 64 KiB.
+pub const EXPORT_BLOB_THRESHOLD: u64 = crate::store::blob::DEFAULT_BLOB_THRESHOLD;
+
+/// The largest part of a blob's text in one line: 8 MiB, so that escaped
+/// (at most six bytes for one) it stays within [`MAX_LINE_BYTES`].
+const BLOB_PART: usize = 8 << 20;
 
 /// The longest line [`decode_line`] takes: 64 MiB.
 pub const MAX_LINE_BYTES: usize = 64 << 20;
@@ -140,23 +172,40 @@ pub fn line_for_fuzzing(record: Value) -> String {
 /// format, its checksum and that the run is one a store would take: a valid
 /// run id, a consistent record (version at least 1, `next` matching the
 /// completed steps), history rows below `next` with the names the record
-/// gives them, in order.
+/// gives them, in order. It reads version 1; an export with large values
+/// carried once (version 2) is read by [`ImportReader`].
 pub fn decode_line(line: &str, lineno: usize) -> Result<Exported, Error> {
-    let bad = |reason: String| Error::InvalidInput {
+    decode_run_line(line, lineno, EXPORT_FORMAT)
+}
+
+/// How an error names line `lineno` of an export.
+fn bad_line(lineno: usize) -> impl Fn(String) -> Error {
+    move |reason| Error::InvalidInput {
         what: format!("line {lineno} of the export"),
         reason,
-    };
+    }
+}
+
+/// Refuses a line over [`MAX_LINE_BYTES`].
+fn check_length(line: &str, lineno: usize) -> Result<(), Error> {
     if line.len() > MAX_LINE_BYTES {
-        return Err(bad(format!(
+        return Err(bad_line(lineno)(format!(
             "it is {} bytes, over the limit of {MAX_LINE_BYTES}",
             line.len()
         )));
     }
+    Ok(())
+}
+
+/// [`decode_line`] for a run line of version `format`.
+fn decode_run_line(line: &str, lineno: usize, format: u32) -> Result<Exported, Error> {
+    let bad = bad_line(lineno);
+    check_length(line, lineno)?;
     let parsed: RawLine =
         serde_json::from_str(line).map_err(|e| bad(format!("not an export line: {e}")))?;
-    if parsed.format != EXPORT_FORMAT {
+    if parsed.format != format {
         return Err(bad(format!(
-            "format {} is not understood by this build (it reads {EXPORT_FORMAT})",
+            "format {} is not understood here (this reads {format})",
             parsed.format
         )));
     }
@@ -216,6 +265,249 @@ pub fn decode_line(line: &str, lineno: usize) -> Result<Exported, Error> {
         }
     }
     Ok(record)
+}
+
+/// Writes runs as export lines, each large value once per export (see
+/// [the module](self)).
+#[derive(Debug, Default)]
+pub struct ExportWriter {
+    /// The blobs written so far.
+    sent: std::collections::HashSet<crate::store::blob::BlobHash>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BlobLine {
+    format: u32,
+    blob: String,
+    bytes: u64,
+    at: u64,
+    text: String,
+}
+
+impl ExportWriter {
+    /// A writer that has written nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Hands `put` the lines of `record`, one at a time (without their
+    /// newlines): the blob lines of the large values it holds that no
+    /// earlier run of this export held, then the run's line.
+    pub fn write(
+        &mut self,
+        record: &Exported,
+        put: &mut dyn FnMut(&str) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        use crate::store::blob::encode_map;
+        let id = record.run.run_id.as_str();
+        let invalid = |e: StoreError| Error::InvalidInput {
+            what: format!("the export of run {id:?}"),
+            reason: e.to_string(),
+        };
+        let mut blobs = Vec::new();
+        let mut run = record.run.clone();
+        run.state = encode_map(&run.state, EXPORT_BLOB_THRESHOLD, id, "state", &mut blobs)
+            .map_err(invalid)?;
+        let mut history = record.history.clone();
+        for row in history.iter_mut().flatten() {
+            row.update = encode_map(
+                &row.update,
+                EXPORT_BLOB_THRESHOLD,
+                id,
+                "step's update",
+                &mut blobs,
+            )
+            .map_err(invalid)?;
+        }
+        if blobs.is_empty() {
+            return put(&encode_line(record)?);
+        }
+        for blob in &blobs {
+            if !self.sent.insert(blob.hash) {
+                continue;
+            }
+            let text = blob.text.as_str();
+            let mut at = 0;
+            while at < text.len() {
+                let mut end = (at + BLOB_PART).min(text.len());
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let line = BlobLine {
+                    format: EXPORT_FORMAT_BLOBS,
+                    blob: blob.hash.to_string(),
+                    bytes: text.len() as u64,
+                    at: at as u64,
+                    text: text[at..end].to_string(),
+                };
+                put(
+                    &serde_json::to_string(&line).map_err(|e| Error::InvalidInput {
+                        what: format!("the export of run {id:?}"),
+                        reason: e.to_string(),
+                    })?,
+                )?;
+                at = end;
+            }
+        }
+        let value =
+            serde_json::to_value(Exported { run, history }).map_err(|e| Error::InvalidInput {
+                what: format!("the export of run {id:?}"),
+                reason: e.to_string(),
+            })?;
+        let line = Line {
+            format: EXPORT_FORMAT_BLOBS,
+            sha256: digest(&value),
+            record: value,
+        };
+        put(
+            &serde_json::to_string(&line).map_err(|e| Error::InvalidInput {
+                what: format!("the export of run {id:?}"),
+                reason: e.to_string(),
+            })?,
+        )
+    }
+}
+
+/// Reads export lines of either version, keeping the blobs they carry to
+/// put the large values back into the runs that follow (see
+/// [the module](self)).
+#[derive(Debug, Default)]
+pub struct ImportReader {
+    /// Blobs read whole and checked, by hash.
+    blobs: std::collections::HashMap<crate::store::blob::BlobHash, Vec<u8>>,
+    /// The blob being read: its hash, its size, its text so far, and the
+    /// line it started on.
+    partial: Option<(crate::store::blob::BlobHash, u64, Vec<u8>, usize)>,
+}
+
+#[derive(Deserialize)]
+struct Peek {
+    format: Option<u32>,
+    blob: Option<serde::de::IgnoredAny>,
+}
+
+impl ImportReader {
+    /// A reader that has read nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads line `lineno` (1-based, for messages): a run, its large values
+    /// put back, or `None` for a part of a blob. A run that refers to a
+    /// blob the export has not carried whole before it is refused, naming
+    /// the blob, as is a blob whose text does not match its hash or whose
+    /// parts do not follow each other.
+    pub fn line(&mut self, line: &str, lineno: usize) -> Result<Option<Exported>, Error> {
+        use crate::store::blob::{BlobHash, Resolver, MAX_BLOB_BYTES};
+        let bad = bad_line(lineno);
+        check_length(line, lineno)?;
+        let peek: Peek =
+            serde_json::from_str(line).map_err(|e| bad(format!("not an export line: {e}")))?;
+        if peek.blob.is_some() {
+            let part: BlobLine =
+                serde_json::from_str(line).map_err(|e| bad(format!("not a blob line: {e}")))?;
+            if part.format != EXPORT_FORMAT_BLOBS {
+                return Err(bad(format!(
+                    "a blob line of format {} is not understood by this build",
+                    part.format
+                )));
+            }
+            let hash = BlobHash::parse(&part.blob)
+                .ok_or_else(|| bad(format!("{:?} is not a blob's name", part.blob)))?;
+            if part.bytes > MAX_BLOB_BYTES {
+                return Err(bad(format!(
+                    "blob {hash} of {} bytes is over the largest value a store takes ({MAX_BLOB_BYTES})",
+                    part.bytes
+                )));
+            }
+            let (h, bytes, mut text, from) = match self.partial.take() {
+                None if part.at == 0 => (hash, part.bytes, Vec::new(), lineno),
+                Some(p) if p.0 == hash && p.1 == part.bytes => p,
+                Some((other, _, _, from)) => {
+                    return Err(bad(format!(
+                        "blob {other}, begun on line {from}, ends before its last part"
+                    )))
+                }
+                None => {
+                    return Err(bad(format!(
+                        "a part of blob {hash} at offset {} comes without the parts before it",
+                        part.at
+                    )))
+                }
+            };
+            if part.at != text.len() as u64 {
+                return Err(bad(format!(
+                    "a part of blob {h} at offset {} follows {} bytes of it",
+                    part.at,
+                    text.len()
+                )));
+            }
+            text.extend_from_slice(part.text.as_bytes());
+            if text.len() as u64 > bytes {
+                return Err(bad(format!("blob {h} is longer than its {bytes} bytes")));
+            }
+            if text.len() as u64 == bytes {
+                if BlobHash::of(&text) != h {
+                    return Err(bad(format!(
+                        "blob {h} (lines {from} to {lineno}) does not match its hash: damaged"
+                    )));
+                }
+                self.blobs.insert(h, text);
+            } else {
+                self.partial = Some((h, bytes, text, from));
+            }
+            return Ok(None);
+        }
+        if let Some((h, _, _, from)) = &self.partial {
+            return Err(bad(format!(
+                "blob {h}, begun on line {from}, ends before its last part"
+            )));
+        }
+        if peek.format != Some(EXPORT_FORMAT_BLOBS) {
+            return decode_line(line, lineno).map(Some);
+        }
+        let mut record = decode_run_line(line, lineno, EXPORT_FORMAT_BLOBS)?;
+        let id = record.run.run_id.clone();
+        let locate = |column: &str| format!("line {lineno} of the export, run {id:?}, {column}");
+        let place = crate::store::rows::Place::new(&id, &locate);
+        let blobs = &self.blobs;
+        let mut fetch = |h: &BlobHash, _: u64| Ok(blobs.get(h).cloned());
+        let mut resolver = Resolver::new(&mut fetch);
+        let refused = |e: StoreError| {
+            match e {
+            StoreError::Corrupt { location, reason } => Error::InvalidInput {
+                what: location,
+                reason: format!("{reason} (the export does not carry it before this line); nothing of the run was written"),
+            },
+            other => store_error(&id, "reading the import", other),
+        }
+        };
+        resolver
+            .resolve(&mut record.run.state, &place, "state")
+            .map_err(refused)?;
+        for row in record.history.iter_mut().flatten() {
+            let column = format!("history[{}].update", row.index);
+            resolver
+                .resolve(&mut row.update, &place, &column)
+                .map_err(refused)?;
+        }
+        Ok(Some(record))
+    }
+
+    /// Checks that the export did not end in the middle of a blob.
+    pub fn finish(&self) -> Result<(), Error> {
+        match &self.partial {
+            None => Ok(()),
+            Some((h, bytes, text, from)) => Err(Error::InvalidInput {
+                what: "the export".into(),
+                reason: format!(
+                    "it ends inside blob {h}, begun on line {from}: {} of its {bytes} bytes",
+                    text.len()
+                ),
+            }),
+        }
+    }
 }
 
 /// The export line of run `run_id` of `store`, or `None` if it is absent. A
@@ -887,5 +1179,117 @@ mod tests {
         );
         let err = decode_line(&crafted, 1).unwrap_err().to_string();
         assert!(err.contains("checksum"), "{err}");
+    }
+
+    /// A run with `doc` in its state and in its one history row.
+    fn run_with(id: &str, doc: &Value) -> Exported {
+        let mut cp = Checkpoint::new(id, "wf", crate::Timestamp::EPOCH);
+        cp.state.insert("doc".into(), doc.clone());
+        cp.state
+            .insert("odd".into(), serde_json::json!({"$blob": "literal"}));
+        cp.completed = vec!["a".into()];
+        cp.next = 1;
+        cp.version = 1;
+        let mut update = crate::State::new();
+        update.insert("doc".into(), doc.clone());
+        let row = StepRecord::new(
+            0,
+            "a",
+            update,
+            1,
+            crate::Timestamp::EPOCH,
+            crate::Timestamp::EPOCH,
+        );
+        Exported::new(cp, Some(vec![row]))
+    }
+
+    fn write_all(records: &[Exported]) -> Vec<String> {
+        let mut writer = ExportWriter::new();
+        let mut lines = Vec::new();
+        for r in records {
+            writer
+                .write(r, &mut |l| {
+                    lines.push(l.to_string());
+                    Ok(())
+                })
+                .unwrap();
+        }
+        lines
+    }
+
+    fn read_all(lines: &[String]) -> Result<Vec<Exported>, Error> {
+        let mut reader = ImportReader::new();
+        let mut out = Vec::new();
+        for (i, l) in lines.iter().enumerate() {
+            if let Some(r) = reader.line(l, i + 1)? {
+                out.push(r);
+            }
+        }
+        reader.finish()?;
+        Ok(out)
+    }
+
+    #[test]
+    fn a_large_value_goes_out_once_and_comes_back_in_every_run() {
+        let doc = Value::String("d".repeat(100 << 10));
+        let small = run_with("s", &serde_json::json!(1));
+        let records = vec![run_with("a", &doc), run_with("b", &doc), small.clone()];
+        let lines = write_all(&records);
+        // One blob line, two runs that refer to it, one plain run.
+        assert_eq!(
+            lines.len(),
+            4,
+            "{:?}",
+            lines.iter().map(|l| l.len()).collect::<Vec<_>>()
+        );
+        assert!(lines[0].contains("\"blob\""));
+        let total: usize = lines.iter().map(String::len).sum();
+        assert!(
+            total < 110 << 10,
+            "the value went out more than once: {total} bytes"
+        );
+        // A run without large values is a line older builds read.
+        assert_eq!(decode_line(&lines[3], 4).unwrap(), small);
+        assert_eq!(read_all(&lines).unwrap(), records);
+    }
+
+    #[test]
+    fn a_blob_over_one_line_is_split_and_checked() {
+        // Quotes are escaped on their way out: the parts stay within a line.
+        let doc = Value::String("\"".repeat(5 << 20));
+        let records = vec![run_with("a", &doc)];
+        let lines = write_all(&records);
+        assert_eq!(lines.len(), 3, "two parts and the run");
+        assert!(lines.iter().all(|l| l.len() <= MAX_LINE_BYTES));
+        assert_eq!(read_all(&lines).unwrap(), records);
+        // Parts out of order, a part missing, the export cut short.
+        let swapped = vec![lines[1].clone(), lines[0].clone(), lines[2].clone()];
+        let err = read_all(&swapped).unwrap_err().to_string();
+        assert!(
+            err.contains("line 1") && err.contains("without the parts before it"),
+            "{err}"
+        );
+        let err = read_all(&[lines[0].clone(), lines[2].clone()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ends before its last part"), "{err}");
+        let err = read_all(&lines[..1]).unwrap_err().to_string();
+        assert!(err.contains("ends inside blob"), "{err}");
+    }
+
+    #[test]
+    fn a_dangling_or_damaged_blob_is_refused_with_its_line() {
+        let doc = Value::String("d".repeat(100 << 10));
+        let lines = write_all(&[run_with("a", &doc)]);
+        // The blob left out: the run that refers to it is refused.
+        let err = read_all(&lines[1..]).unwrap_err().to_string();
+        assert!(err.contains("line 1") && err.contains("run \"a\""), "{err}");
+        assert!(err.contains("does not carry it"), "{err}");
+        // One character changed in the blob's text.
+        let damaged = vec![lines[0].replacen("ddd", "dxd", 1), lines[1].clone()];
+        let err = read_all(&damaged).unwrap_err().to_string();
+        assert!(err.contains("does not match its hash"), "{err}");
+        // A format 2 line is not taken by the reader of format 1 alone.
+        assert!(decode_line(&lines[1], 2).is_err());
     }
 }

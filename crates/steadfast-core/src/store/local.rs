@@ -354,6 +354,24 @@ fn create_private_dir(dir: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Checks a directory a store keeps beside its file (the file store's
+/// blobs) if it exists: a directory, not a symbolic link, this user's, not
+/// writable by group or others.
+pub fn check_private_subdir(dir: &Path) -> Result<(), StoreError> {
+    let meta = match fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StoreError::io(format!("inspecting {}", dir.display()), e)),
+    };
+    if meta.file_type().is_symlink() {
+        return Err(StoreError::InvalidInput(format!(
+            "{} is a symbolic link where the store's directory of large values belongs; remove it",
+            dir.display()
+        )));
+    }
+    check_private_dir(dir)
+}
+
 fn check_private_dir(dir: &Path) -> Result<(), StoreError> {
     let meta = fs::metadata(dir)
         .map_err(|e| StoreError::io(format!("inspecting {}", dir.display()), e))?;
