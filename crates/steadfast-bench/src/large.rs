@@ -13,7 +13,7 @@ use std::time::Instant;
 use serde_json::json;
 use steadfast::{open_store, run, update, RetryPolicy, Step, Workflow};
 
-use crate::baseline::{remove_db, round};
+use crate::baseline::round;
 use crate::workloads::{fresh_url, Res, STEPS};
 use crate::{durability, emit, median, Args};
 
@@ -101,8 +101,8 @@ fn raw_write(dir: &Path, bytes: usize, n: usize) -> Res<f64> {
     Ok(median(samples))
 }
 
-/// The bytes a store keeps: the files of an SQLite database, or the
-/// relations of a PostgreSQL schema.
+/// The bytes a store keeps: the files of an SQLite database, the relations
+/// of a PostgreSQL schema, or the file store's file and its blob files.
 async fn stored_bytes(kind: &str, url: &str) -> Res<u64> {
     match kind {
         "sqlite" => {
@@ -115,13 +115,23 @@ async fn stored_bytes(kind: &str, url: &str) -> Res<u64> {
             Ok(total)
         }
         "postgres" => crate::pg::schema_bytes(url).await,
+        "file" => {
+            let path = url.trim_start_matches("file:");
+            let mut total = std::fs::metadata(path).map_or(0, |m| m.len());
+            if let Ok(entries) = std::fs::read_dir(format!("{path}.blobs")) {
+                for e in entries.flatten() {
+                    total += e.metadata().map_or(0, |m| m.len());
+                }
+            }
+            Ok(total)
+        }
         other => Err(format!("W7 does not measure {other}").into()),
     }
 }
 
-/// W7 on `kind` (SQLite and PostgreSQL).
+/// W7 on `kind` (SQLite, PostgreSQL and the file store).
 pub async fn w7(kind: &str, args: &Args) -> Res<()> {
-    if !matches!(kind, "sqlite" | "postgres") {
+    if !matches!(kind, "sqlite" | "postgres" | "file") {
         return Ok(());
     }
     let runs = if args.quick { 4 } else { 100 };
@@ -144,11 +154,7 @@ pub async fn w7(kind: &str, args: &Args) -> Res<()> {
         peaks.push(peak_rss().unwrap_or(0) as f64);
         drop(store);
         stored.push(stored_bytes(kind, &url).await? as f64);
-        if kind == "sqlite" {
-            remove_db(Path::new(url.trim_start_matches("sqlite:")));
-        } else {
-            crate::pg::drop_schema(&url);
-        }
+        crate::workloads::cleanup(kind, &url);
         raw.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
     }
     let unique = (runs * 5 * VALUE_BYTES) as f64;
@@ -164,7 +170,7 @@ pub async fn w7(kind: &str, args: &Args) -> Res<()> {
                "stored_bytes": bytes as u64, "unique_bytes": unique as u64,
                "stored_over_unique": round(bytes / unique * 100.0) / 100.0,
                "peak_rss_bytes": median(peaks) as u64,
-               "notes": "step i returns document i % 5 of its run (1 MiB each, incompressible); raw = write 1 MiB + fsync, median of 100 per repetition; stored = the database's files (SQLite) or the schema's relations (PostgreSQL) after the runs; medians of the repetitions"}),
+               "notes": "step i returns document i % 5 of its run (1 MiB each, incompressible); raw = write 1 MiB + fsync, median of 100 per repetition; stored = the database's files (SQLite), the schema's relations (PostgreSQL) or the file and its blob files (file) after the runs; medians of the repetitions"}),
     );
     Ok(())
 }

@@ -43,6 +43,7 @@ pub fn fresh_url(kind: &str, dir: &Path, tag: &str) -> String {
         "file" => {
             let p = dir.join(format!("{tag}.json"));
             let _ = std::fs::remove_file(&p);
+            let _ = std::fs::remove_dir_all(format!("{}.blobs", p.display()));
             format!("file:{}", p.display())
         }
         "sqlite" | "sqlite-sealed" => {
@@ -339,12 +340,13 @@ async fn w3(kind: &str, args: &Args) -> Res<()> {
     Ok(())
 }
 
-fn cleanup(kind: &str, url: &str) {
+pub fn cleanup(kind: &str, url: &str) {
     match kind {
         "file" => {
             let p = url.trim_start_matches("file:");
             let _ = std::fs::remove_file(p);
             let _ = std::fs::remove_file(format!("{p}.lock"));
+            let _ = std::fs::remove_dir_all(format!("{p}.blobs"));
         }
         "sqlite" => remove_db(Path::new(url.trim_start_matches("sqlite:"))),
         "postgres" => crate::pg::drop_schema(url),
