@@ -15,6 +15,16 @@
 //!   history item; a 412 or 409 is a conflict that changes nothing. Chunks
 //!   are written before the batch that refers to them: a crash between the
 //!   two leaves only chunks nothing refers to, which are never read.
+//! - **Large values.** A value of a state or of a step's update whose JSON
+//!   text is over the blob threshold (64 KiB by default,
+//!   `?blob_threshold=SIZE`) is a blob: items in the run's partition, named
+//!   by the run's generation and the SHA-256 of the text, written (and
+//!   checked for) before the batch that first refers to them, so a step
+//!   that returns a document the run holds already writes only a reference.
+//!   Blobs live in the run's partition because a transactional batch (and
+//!   so a count of who refers to a blob) never spans two partitions: the
+//!   same content is stored once per run, not once per container, and goes
+//!   with the run.
 //! - **Keys.** The master key comes from `$STEADFAST_COSMOS_KEY`, or from the
 //!   file named by `?keyfile=PATH`; never from the URL itself, and it never
 //!   appears in a message.
@@ -31,15 +41,14 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use reqwest::Method;
 use serde_json::{json, Value};
+use steadfast_core::store::blob::{refs_of, Blob, BlobHash, Resolver};
 use steadfast_core::store::plan::{
-    conflict, expect_version, head_only_of_absent, plan_save, Known, Plan,
+    conflict, expect_version, head_only_of_absent, plan_save_with_blobs, Known, Plan,
 };
 use steadfast_core::store::rows::{
     no_row_to_fold, rebuild, still_merged, Fields, HistoryRow, Place, RecordRow,
 };
-use steadfast_core::store::{
-    check_head, encode_head, encode_json, DueRequest, Rewrite, RunCache, SaveRequest,
-};
+use steadfast_core::store::{check_head, encode_head, DueRequest, Rewrite, RunCache, SaveRequest};
 use steadfast_core::{Capabilities, History, Schedule};
 use steadfast_core::{
     Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError, StoreErrorKind,
@@ -79,6 +88,10 @@ pub struct CosmosOptions {
     pub max_state_bytes: u64,
     /// Whether opening may create the database and the container.
     pub create: bool,
+    /// The size (JSON text, bytes) above which a value is stored once per
+    /// run as a blob (default 64 KiB; `?blob_threshold=SIZE` in a URL,
+    /// which wins over this).
+    pub blob_threshold: u64,
 }
 
 impl Default for CosmosOptions {
@@ -86,6 +99,7 @@ impl Default for CosmosOptions {
         CosmosOptions {
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
             create: true,
+            blob_threshold: steadfast_core::store::blob::DEFAULT_BLOB_THRESHOLD,
         }
     }
 }
@@ -99,6 +113,12 @@ impl CosmosOptions {
     /// Sets whether opening may create the database and container.
     pub fn create(mut self, yes: bool) -> Self {
         self.create = yes;
+        self
+    }
+    /// Sets the size above which a value is stored as a blob (checked when
+    /// the store opens: 256 bytes to 1 GiB).
+    pub fn blob_threshold(mut self, bytes: u64) -> Self {
+        self.blob_threshold = bytes;
         self
     }
 }
@@ -176,6 +196,7 @@ struct Parsed {
     coll: String,
     keyfile: Option<String>,
     cafile: Option<String>,
+    blob_threshold: Option<u64>,
 }
 
 fn parse_url(url: &str) -> Result<Parsed, StoreError> {
@@ -228,11 +249,18 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
             )));
         }
     }
-    let (mut keyfile, mut cafile) = (None, None);
+    let (mut keyfile, mut cafile, mut blob_threshold) = (None, None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("keyfile", v)) if !v.is_empty() => keyfile = Some(v.to_string()),
             Some(("cafile", v)) if !v.is_empty() => cafile = Some(v.to_string()),
+            Some(("blob_threshold", v)) => {
+                let size = steadfast_core::store::blob::parse_size(v).map_err(|e| match e {
+                    StoreError::InvalidInput(why) => bad(&format!("blob_threshold: {why}")),
+                    other => other,
+                })?;
+                blob_threshold = Some(size);
+            }
             Some(("key", _)) => {
                 return Err(bad(
                     "the key never goes in the URL; use $STEADFAST_COSMOS_KEY or ?keyfile=PATH",
@@ -253,6 +281,7 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
         coll: coll.to_string(),
         keyfile,
         cafile,
+        blob_threshold,
     })
 }
 
@@ -304,11 +333,20 @@ fn chunk_id(key: &str, tag: &str, n: usize) -> String {
     format!("c~{key}~{tag}~{n}")
 }
 
+/// Part `n` of a blob of run `key`'s generation `gen`.
+fn blob_id(key: &str, gen: &str, hash: &BlobHash, n: usize) -> String {
+    format!("b~{key}~{gen}~{}~{n}", hash.hex())
+}
+
 impl CosmosStore {
     /// Opens the container a `cosmos://` URL names, creating the database
     /// and the container (partitioned by `/pk`) when `opts.create` allows.
-    pub async fn open_with(url: &str, opts: CosmosOptions) -> Result<Self, StoreError> {
+    pub async fn open_with(url: &str, mut opts: CosmosOptions) -> Result<Self, StoreError> {
         let p = parse_url(url)?;
+        if let Some(t) = p.blob_threshold {
+            opts.blob_threshold = t;
+        }
+        steadfast_core::store::blob::check_threshold(opts.blob_threshold)?;
         let key = read_key(p.keyfile.as_deref())?;
         let tls = steadfast_core::store::tls::verified(p.cafile.as_deref(), "cafile")?;
         let base = format!("https://{}:{}", p.host, p.port);
@@ -643,30 +681,7 @@ impl CosmosStore {
                 end -= 1;
             }
             let item = json!({ "id": chunk_id(key, tag, n), "pk": key, "gen": gen, "kind": "chunk", "data": &text[start..end] });
-            let body = serde_json::to_vec(&item).unwrap_or_default();
-            let what = format!(
-                "writing a chunk of run {run_id:?} to {}",
-                self.shared.display
-            );
-            let a = self
-                .post_docs(
-                    Some(key),
-                    vec![
-                        ("content-type", "application/json".into()),
-                        ("x-ms-documentdb-is-upsert", "True".into()),
-                    ],
-                    body,
-                )
-                .await
-                .map_err(|f| failure_error(f, &what, run_id, false))?;
-            if !matches!(a.status.as_u16(), 200 | 201) {
-                // A chunk nothing refers to yet: its failure is definite.
-                let e = answer_error(&a, &what, run_id, false);
-                return Err(match e.kind() {
-                    StoreErrorKind::OutcomeUnknown => StoreError::unavailable(e.to_string()),
-                    _ => e,
-                });
-            }
+            self.upsert_item(key, run_id, item, "a chunk").await?;
             n += 1;
             start = end;
         }
@@ -694,6 +709,164 @@ impl CosmosStore {
             text.push_str(data);
         }
         Ok(text)
+    }
+
+    /// Writes each of `blobs` that run `key`'s generation `gen` does not
+    /// hold yet: its parts after the first, then the first (which says how
+    /// many there are), so that a blob whose first part is there is whole.
+    /// Before the batch that refers to them: a crash between leaves only
+    /// items nothing refers to, which go with the run.
+    async fn write_blobs(
+        &self,
+        key: &str,
+        gen: &str,
+        run_id: &str,
+        blobs: &[Blob],
+    ) -> Result<(), StoreError> {
+        for blob in blobs {
+            let first = blob_id(key, gen, &blob.hash, 0);
+            let held = self.read_item(key, &first, run_id).await?;
+            let bytes = blob.text.len() as u64;
+            if held.is_some_and(|h| h.get("bytes").and_then(Value::as_u64) == Some(bytes)) {
+                continue;
+            }
+            let text = blob.text.as_str();
+            let mut parts = Vec::new();
+            let mut start = 0;
+            while start < text.len() {
+                let mut end = (start + CHUNK).min(text.len());
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                parts.push(&text[start..end]);
+                start = end;
+            }
+            for (n, part) in parts.iter().enumerate().rev() {
+                let mut item = json!({
+                    "id": blob_id(key, gen, &blob.hash, n), "pk": key, "gen": gen,
+                    "kind": "blob", "hash": blob.hash.hex(), "n": n, "data": part,
+                });
+                if n == 0 {
+                    item["parts"] = json!(parts.len());
+                    item["bytes"] = json!(bytes);
+                }
+                self.upsert_item(key, run_id, item, "a large value").await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Upserts one item of run `run_id` that nothing refers to yet: its
+    /// failure is definite.
+    async fn upsert_item(
+        &self,
+        key: &str,
+        run_id: &str,
+        item: Value,
+        what: &str,
+    ) -> Result<(), StoreError> {
+        let body = serde_json::to_vec(&item).unwrap_or_default();
+        let what = format!(
+            "writing {what} of run {run_id:?} to {}",
+            self.shared.display
+        );
+        let a = self
+            .post_docs(
+                Some(key),
+                vec![
+                    ("content-type", "application/json".into()),
+                    ("x-ms-documentdb-is-upsert", "True".into()),
+                ],
+                body,
+            )
+            .await
+            .map_err(|f| failure_error(f, &what, run_id, false))?;
+        if !matches!(a.status.as_u16(), 200 | 201) {
+            let e = answer_error(&a, &what, run_id, false);
+            return Err(match e.kind() {
+                StoreErrorKind::OutcomeUnknown => StoreError::unavailable(e.to_string()),
+                _ => e,
+            });
+        }
+        Ok(())
+    }
+
+    /// The stored text of blob `hash` of run `key`'s generation `gen`
+    /// (`None`: not there), which its reference says is `expect` bytes.
+    async fn fetch_blob(
+        &self,
+        key: &str,
+        gen: &str,
+        run_id: &str,
+        hash: &BlobHash,
+        expect: u64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let first = blob_id(key, gen, hash, 0);
+        let Some(head) = self.read_item(key, &first, run_id).await? else {
+            return Ok(None);
+        };
+        let num = |f: &str| head.get(f).and_then(Value::as_u64);
+        let (Some(parts), Some(bytes)) = (num("parts"), num("bytes")) else {
+            return Err(self.corrupt(run_id, &first, "a blob without its size"));
+        };
+        if bytes != expect {
+            return Err(self.corrupt(
+                run_id,
+                &first,
+                format!("blob {hash} holds {bytes} bytes where its reference says {expect}"),
+            ));
+        }
+        let mut out = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
+        for n in 0..usize::try_from(parts).unwrap_or(usize::MAX) {
+            let id = blob_id(key, gen, hash, n);
+            let item = if n == 0 {
+                head.clone()
+            } else {
+                self.read_item(key, &id, run_id)
+                    .await?
+                    .ok_or_else(|| self.corrupt(run_id, &id, "a part of a blob is missing"))?
+            };
+            let data = item
+                .get("data")
+                .and_then(Value::as_str)
+                .ok_or_else(|| self.corrupt(run_id, &id, "a part of a blob without data"))?;
+            if out.len() + data.len() > usize::try_from(expect).unwrap_or(usize::MAX) {
+                return Err(self.corrupt(run_id, &id, "a blob longer than its size"));
+            }
+            out.extend_from_slice(data.as_bytes());
+        }
+        Ok(Some(out))
+    }
+
+    /// Puts back the large values of `objects` (a state, history updates),
+    /// each blob read once.
+    async fn resolve_all(
+        &self,
+        key: &str,
+        gen: &str,
+        run_id: &str,
+        objects: Vec<(&mut serde_json::Map<String, Value>, String)>,
+        place: &Place<'_>,
+    ) -> Result<(), StoreError> {
+        let mut wanted: Vec<(BlobHash, u64)> = Vec::new();
+        for (map, _) in &objects {
+            for r in refs_of(map) {
+                if !wanted.iter().any(|w| w.0 == r.0) {
+                    wanted.push(r);
+                }
+            }
+        }
+        let mut got = std::collections::HashMap::new();
+        for (hash, bytes) in wanted {
+            let text = self.fetch_blob(key, gen, run_id, &hash, bytes).await?;
+            got.insert(hash, text);
+        }
+        let mut fetch = |h: &BlobHash, _: u64| Ok(got.remove(h).flatten());
+        let mut resolver = Resolver::new(&mut fetch);
+        for (map, column) in objects {
+            resolver.resolve(map, place, &column)?;
+        }
+        Ok(())
     }
 
     /// A text stored inline or in chunks: `(field, tag field, count field)`.
@@ -811,7 +984,16 @@ impl CosmosStore {
             snapshot_bytes: int("snapshot_bytes")?,
             delta_bytes: int("delta_bytes")?,
         };
-        let (cp, _) = rebuild(&place, record, deltas)?;
+        let (mut cp, _) = rebuild(&place, record, deltas)?;
+        let hplace = Place::new(run_id, &head_place);
+        self.resolve_all(
+            &key,
+            &gen,
+            run_id,
+            vec![(&mut cp.state, "state".to_string())],
+            &hplace,
+        )
+        .await?;
         Ok(Some((cp, self.acct_of(run_id, &head)?)))
     }
 
@@ -1097,7 +1279,10 @@ impl Store for CosmosStore {
             .as_ref()
             .filter(|a| !a.etag.is_empty())
             .map(|a| Known::new(a.version, a.next, a.snapshot_bytes, a.delta_bytes));
-        match plan_save(&req, known.as_ref(), limit)? {
+        let (plan, blobs) =
+            plan_save_with_blobs(&req, known.as_ref(), limit, self.shared.opts.blob_threshold)?;
+        self.write_blobs(&key, &gen, run_id, &blobs).await?;
+        match plan {
             Plan::Head => {
                 // Keep the stored state, steps and snapshot as they are.
                 let stored = stored_head.ok_or_else(|| conflict(run_id, req.expected, None))?;
@@ -1365,6 +1550,18 @@ impl History for CosmosStore {
             out.push(row.record(&place)?);
         }
         out.sort_by_key(|s| s.index);
+        let locate = |column: &str| format!("{} run {run_id:?} {column}", self.shared.display);
+        let place = Place::new(run_id, &locate);
+        let gen = gen.to_string();
+        let objects = out
+            .iter_mut()
+            .map(|r| {
+                let column = format!("history[{}].update", r.index);
+                (&mut r.update, column)
+            })
+            .collect();
+        self.resolve_all(&key, &gen, run_id, objects, &place)
+            .await?;
         Ok(Some(out))
     }
     /// Replaces history items' updates (and, for a fold, deletes the items
@@ -1425,7 +1622,15 @@ impl History for CosmosStore {
             for f in ["update", "update_chunks", "update_chunks_tag"] {
                 item.remove(f);
             }
-            let text = encode_json(&r.update, run_id, "step's update")?;
+            let mut blobs = Vec::new();
+            let text = steadfast_core::store::blob::encode_object(
+                &r.update,
+                self.shared.opts.blob_threshold,
+                run_id,
+                "step's update",
+                &mut blobs,
+            )?;
+            self.write_blobs(&key, &gen, run_id, &blobs).await?;
             let size = text.len().min(INLINE_MAX) + 512;
             self.put_text(&key, &gen, run_id, &mut item, "update", text)
                 .await?;

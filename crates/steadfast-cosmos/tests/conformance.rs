@@ -18,7 +18,11 @@ async fn make(cfg: Config) -> TestStore {
     };
     let db = support::TestDb::new(&server);
     let store = db
-        .store(CosmosOptions::default().max_state_bytes(cfg.state_limit))
+        .store(
+            CosmosOptions::default()
+                .max_state_bytes(cfg.state_limit)
+                .blob_threshold(1024),
+        )
         .await;
     TestStore::with_guard(store, db)
 }
@@ -43,7 +47,11 @@ mod sealed {
         };
         let db = support::TestDb::new(&server);
         let store = db
-            .store(CosmosOptions::default().max_state_bytes(cfg.state_limit * 2))
+            .store(
+                CosmosOptions::default()
+                    .max_state_bytes(cfg.state_limit * 2)
+                    .blob_threshold(1024),
+            )
             .await;
         let sealed = steadfast_seal::SealedStore::new(std::sync::Arc::new(store), keys)
             .max_state_bytes(cfg.state_limit);

@@ -553,3 +553,66 @@ fn a_stale_batch_leaves_the_partition_exactly_as_it_was() -> TestResult {
         Ok(())
     })
 }
+
+/// A run whose steps all return one 300 KB document writes it once: the
+/// steps after the first write only a reference (one read to see that the
+/// blob is there, where a new document writes its parts). Loads, history
+/// and a rewind give the values back.
+#[tokio::test]
+async fn a_value_a_run_returns_again_is_written_once() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    let store = db
+        .store(CosmosOptions::default().blob_threshold(64 << 10))
+        .await;
+    let doc = |k: usize| format!("{k:04}").repeat(75_000);
+    let flow = |same: bool| {
+        let mut b = Workflow::builder("reader");
+        for i in 0..6usize {
+            b = b.push(Step::new(format!("s{i}"), move |_, _| async move {
+                let k = if same { 0 } else { i };
+                update(json!({ format!("d{i}"): doc(k) }))
+            }));
+        }
+        b.build().expect("a valid workflow")
+    };
+    let requests = |s: &CosmosStore| s.request_charge().1;
+    let before = requests(&store);
+    run("same", &flow(true), &store).await?;
+    let same = requests(&store) - before;
+    let before = requests(&store);
+    run("distinct", &flow(false), &store).await?;
+    let distinct = requests(&store) - before;
+    assert!(
+        same + 10 <= distinct,
+        "one document six times took {same} requests, six documents {distinct}"
+    );
+    let cp = store.load("same").await?.ok_or("stored")?;
+    for i in 0..6 {
+        assert_eq!(cp.state[&format!("d{i}")], json!(doc(0)));
+    }
+    let h = store.history("distinct").await?.ok_or("stored")?;
+    assert_eq!(h[4].update["d4"], json!(doc(4)));
+    steadfast_core::ops::rewind(
+        &store,
+        "distinct",
+        "s3",
+        "test",
+        &steadfast_core::SystemClock,
+    )
+    .await?;
+    let cp = store.load("distinct").await?.ok_or("stored")?;
+    assert_eq!(cp.state["d2"], json!(doc(2)));
+    assert!(cp.state.get("d3").is_none());
+    assert!(store.delete("same").await?);
+    let err = CosmosStore::open_with(
+        &format!("{}&blob_threshold=10", db.url),
+        CosmosOptions::default(),
+    )
+    .await
+    .expect_err("a threshold of 10 bytes");
+    assert_eq!(err.kind(), StoreErrorKind::InvalidInput, "{err}");
+    Ok(())
+}

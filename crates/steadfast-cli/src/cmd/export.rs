@@ -87,7 +87,6 @@ pub async fn run(args: ExportArgs, ctx: &Ctx) -> Result<i32, Failure> {
             }
         }
     }
-    drop(put);
     out.flush().context("writing the export")?;
     output::note(format_args!("export: {written} run(s) written"));
     Ok(exit::OK)
