@@ -317,7 +317,9 @@ fn finding_6_devices_are_refused_without_reading_them() -> TestResult {
 }
 
 /// Finding 7: a checkpoint that cannot be saved (the state outgrew the store)
-/// leaves the run `failed` with the cause and no lease, not `running`.
+/// leaves the run `failed` with the cause and no lease, not `running`. The
+/// values stay inline (a threshold of 1 GiB), so that the record itself
+/// outgrows the file store's 16 MiB.
 #[test]
 fn finding_7_a_failed_save_is_recorded_as_a_failure() -> TestResult {
     let env = Env::new();
@@ -332,7 +334,7 @@ fn finding_7_a_failed_save_is_recorded_as_a_failure() -> TestResult {
     );
     let out = with_store(
         &env,
-        "file:f.json",
+        "file:f.json?blob_threshold=1GiB",
         &["run", flow.to_str().unwrap(), "--run-id", "r"],
     );
     assert_eq!(code(&out), 1, "{}", stderr(&out));
