@@ -1,9 +1,18 @@
 //! JSON values between Python and Rust, checked on the way in: what cannot be
 //! stored and read back unchanged is refused with the path where it sits.
+//!
+//! `bytes` are stored as `{"$py": "bytes", "base64": "…"}` (standard
+//! alphabet, padded), and a dict of the caller's that has a `"$py"` key as
+//! `{"$py": "dict", "items": {…}}`, so that both read back as they were
+//! given. Other languages see those objects as they are stored.
 
+use base64::Engine as _;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use serde_json::{Map, Number, Value};
+
+/// The key that marks a value this module encodes.
+pub(crate) const MARK: &str = "$py";
 
 /// How deep a Python value may nest before it is refused: the stores' own
 /// limit, so that the walk stays shallow on any thread's stack.
@@ -37,10 +46,11 @@ pub fn shorten(path: &str) -> String {
     format!("{head}…{tail}")
 }
 
-/// Converts a Python value (None, bool, int, float, str, list, tuple, dict with
-/// str keys) to JSON. An error names the path (`$.a[2]`) and what is wrong:
-/// another type, a non-string key, a NaN or infinite float, an int beyond 64
-/// bits. Tuples become lists.
+/// Converts a Python value (None, bool, int, float, str, bytes, list, tuple,
+/// dict with str keys) to JSON. An error names the path (`$.a[2]`) and what
+/// is wrong: another type, a non-string key, a NaN or infinite float, an int
+/// beyond 64 bits. Tuples become lists; bytes and dicts with a `"$py"` key
+/// are marked (see the module).
 pub fn to_json(v: &Bound<'_, PyAny>) -> Result<Value, Unstorable> {
     let mut path = String::from("$");
     walk(v, &mut path, 0).map_err(|reason| {
@@ -90,6 +100,13 @@ fn walk(v: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<Value, 
             .map(Value::String)
             .map_err(|e| format!("at {path}: the string is not valid Unicode text: {e}"));
     }
+    if let Ok(b) = v.cast::<PyBytes>() {
+        let mut m = Map::new();
+        m.insert(MARK.into(), Value::from("bytes"));
+        let text = base64::engine::general_purpose::STANDARD.encode(b.as_bytes());
+        m.insert("base64".into(), Value::String(text));
+        return Ok(Value::Object(m));
+    }
     if let Ok(d) = v.cast::<PyDict>() {
         let mut map = Map::new();
         for (k, item) in d.iter() {
@@ -110,6 +127,13 @@ fn walk(v: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<Value, 
             path.truncate(len);
             map.insert(key, value);
         }
+        if map.contains_key(MARK) {
+            // The caller's own key: kept apart from the marks.
+            let mut wrapped = Map::new();
+            wrapped.insert(MARK.into(), Value::from("dict"));
+            wrapped.insert("items".into(), Value::Object(map));
+            return Ok(Value::Object(wrapped));
+        }
         return Ok(Value::Object(map));
     }
     if v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>() {
@@ -124,7 +148,7 @@ fn walk(v: &Bound<'_, PyAny>, path: &mut String, depth: usize) -> Result<Value, 
         return Ok(Value::Array(items));
     }
     Err(format!(
-        "at {path}: {} is not a JSON value (use None, bool, int, float, str, list or dict)",
+        "at {path}: {} is not a JSON value (use None, bool, int, float, str, bytes, list or dict)",
         type_name(v)
     ))
 }
@@ -143,7 +167,27 @@ fn type_name(v: &Bound<'_, PyAny>) -> String {
     format!("{} {name}", if vowel { "an" } else { "a" })
 }
 
-/// Converts JSON to Python: objects become dicts, arrays lists.
+/// What a stored object marked with `"$py"` stands for, if it is one of
+/// the two shapes this module writes.
+enum Marked<'a> {
+    Bytes(&'a str),
+    Dict(&'a Map<String, Value>),
+}
+
+fn marked(map: &Map<String, Value>) -> Option<Marked<'_>> {
+    if map.len() != 2 {
+        return None;
+    }
+    match map.get(MARK)?.as_str()? {
+        "bytes" => map.get("base64")?.as_str().map(Marked::Bytes),
+        "dict" => map.get("items")?.as_object().map(Marked::Dict),
+        _ => None,
+    }
+}
+
+/// Converts JSON to Python: objects become dicts, arrays lists, and the
+/// marked objects this module writes bytes and dicts again. An object
+/// marked otherwise (written by another program) stays a dict.
 pub fn to_py(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
     Ok(match v {
         Value::Null => py.None(),
@@ -170,6 +214,20 @@ pub fn to_py(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
             list.into_any().unbind()
         }
         Value::Object(map) => {
+            let map = match marked(map) {
+                Some(Marked::Bytes(text)) => {
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(text)
+                        .map_err(|e| {
+                            pyo3::exceptions::PyValueError::new_err(format!(
+                                "a stored bytes value is not base64: {e}"
+                            ))
+                        })?;
+                    return Ok(PyBytes::new(py, &bytes).into_any().unbind());
+                }
+                Some(Marked::Dict(items)) => items,
+                None => map,
+            };
             let dict = PyDict::new(py);
             for (k, item) in map {
                 dict.set_item(k, to_py(py, item)?)?;

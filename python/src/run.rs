@@ -155,13 +155,14 @@ fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow
                         match out {
                             Value::Null => Ok(Default::default()),
                             Value::Object(map) => {
-                                match map
-                                    .keys()
-                                    .find(|k| steadfast::RESERVED_KEYS.contains(&k.as_str()))
-                                {
+                                match map.keys().find(|k| {
+                                    steadfast::RESERVED_KEYS.contains(&k.as_str())
+                                        || k.as_str() == crate::convert::MARK
+                                }) {
                                     Some(k) => Err(StepError::invalid_value(
                                         format!("$.{k}"),
-                                        "the key is the engine's own; rename it".to_string(),
+                                        "the key is the engine's own (or marks bytes in Python's values); rename it"
+                                            .to_string(),
                                     )),
                                     None => Ok(map),
                                 }
@@ -433,6 +434,17 @@ fn options(
     Ok(o)
 }
 
+/// Refuses a step name that would be a state key marking bytes (`$py`, see
+/// `convert`).
+fn mark_free(name: &str) -> PyResult<()> {
+    if name == crate::convert::MARK {
+        return Err(crate::errors::InvalidInput::new_err(format!(
+            "step name {name:?} is the key that marks bytes in Python's values; rename the step"
+        )));
+    }
+    Ok(())
+}
+
 #[pymethods]
 impl PyDurableCtx {
     /// Runs `func` (no arguments, sync or async) as the step `name`, or
@@ -448,6 +460,7 @@ impl PyDurableCtx {
         max_backoff: Option<f64>,
         timeout: Option<f64>,
     ) -> PyResult<Pending> {
+        mark_free(&name)?;
         let opts = options(&name, retries, backoff, max_backoff, timeout)?;
         let (ctx, caller, func) = (self.ctx.clone(), self.caller.clone(), Arc::new(func));
         let step = name.clone();
@@ -463,6 +476,9 @@ impl PyDurableCtx {
 
     /// Runs several steps at once: `branches` is a list of (name, func).
     fn parallel(&self, branches: Vec<(String, Py<PyAny>)>) -> PyResult<Pending> {
+        for (name, _) in &branches {
+            mark_free(name)?;
+        }
         let (ctx, caller) = (self.ctx.clone(), self.caller.clone());
         self.awaitable(async move {
             let futs = branches.into_iter().map(|(name, func)| {
