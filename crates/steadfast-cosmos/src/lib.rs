@@ -338,6 +338,12 @@ fn blob_id(key: &str, gen: &str, hash: &BlobHash, n: usize) -> String {
     format!("b~{key}~{gen}~{}~{n}", hash.hex())
 }
 
+/// The small item that says a blob is whole: how many parts, how many
+/// bytes. Written after every part, read to see whether the blob is there.
+fn manifest_id(key: &str, gen: &str, hash: &BlobHash) -> String {
+    format!("b~{key}~{gen}~{}~m", hash.hex())
+}
+
 impl CosmosStore {
     /// Opens the container a `cosmos://` URL names, creating the database
     /// and the container (partitioned by `/pk`) when `opts.create` allows.
@@ -712,10 +718,11 @@ impl CosmosStore {
     }
 
     /// Writes each of `blobs` that run `key`'s generation `gen` does not
-    /// hold yet: its parts after the first, then the first (which says how
-    /// many there are), so that a blob whose first part is there is whole.
-    /// Before the batch that refers to them: a crash between leaves only
-    /// items nothing refers to, which go with the run.
+    /// hold yet: its parts, then its manifest (how many parts and bytes), so
+    /// that a blob whose manifest is there is whole; looking costs a point
+    /// read of the small manifest. Before the batch that refers to them: a
+    /// crash between leaves only items nothing refers to, which go with the
+    /// run.
     async fn write_blobs(
         &self,
         key: &str,
@@ -724,8 +731,8 @@ impl CosmosStore {
         blobs: &[Blob],
     ) -> Result<(), StoreError> {
         for blob in blobs {
-            let first = blob_id(key, gen, &blob.hash, 0);
-            let held = self.read_item(key, &first, run_id).await?;
+            let manifest = manifest_id(key, gen, &blob.hash);
+            let held = self.read_item(key, &manifest, run_id).await?;
             let bytes = blob.text.len() as u64;
             if held.is_some_and(|h| h.get("bytes").and_then(Value::as_u64) == Some(bytes)) {
                 continue;
@@ -741,17 +748,20 @@ impl CosmosStore {
                 parts.push(&text[start..end]);
                 start = end;
             }
-            for (n, part) in parts.iter().enumerate().rev() {
-                let mut item = json!({
+            for (n, part) in parts.iter().enumerate() {
+                let item = json!({
                     "id": blob_id(key, gen, &blob.hash, n), "pk": key, "gen": gen,
                     "kind": "blob", "hash": blob.hash.hex(), "n": n, "data": part,
                 });
-                if n == 0 {
-                    item["parts"] = json!(parts.len());
-                    item["bytes"] = json!(bytes);
-                }
-                self.upsert_item(key, run_id, item, "a large value").await?;
+                self.upsert_item(key, run_id, item, "a part of a large value")
+                    .await?;
             }
+            let item = json!({
+                "id": manifest, "pk": key, "gen": gen, "kind": "blob_manifest",
+                "hash": blob.hash.hex(), "parts": parts.len(), "bytes": bytes,
+            });
+            self.upsert_item(key, run_id, item, "a large value's manifest")
+                .await?;
         }
         Ok(())
     }
@@ -801,31 +811,28 @@ impl CosmosStore {
         hash: &BlobHash,
         expect: u64,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        let first = blob_id(key, gen, hash, 0);
-        let Some(head) = self.read_item(key, &first, run_id).await? else {
+        let manifest = manifest_id(key, gen, hash);
+        let Some(head) = self.read_item(key, &manifest, run_id).await? else {
             return Ok(None);
         };
         let num = |f: &str| head.get(f).and_then(Value::as_u64);
         let (Some(parts), Some(bytes)) = (num("parts"), num("bytes")) else {
-            return Err(self.corrupt(run_id, &first, "a blob without its size"));
+            return Err(self.corrupt(run_id, &manifest, "a blob without its size"));
         };
         if bytes != expect {
             return Err(self.corrupt(
                 run_id,
-                &first,
+                &manifest,
                 format!("blob {hash} holds {bytes} bytes where its reference says {expect}"),
             ));
         }
         let mut out = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
         for n in 0..usize::try_from(parts).unwrap_or(usize::MAX) {
             let id = blob_id(key, gen, hash, n);
-            let item = if n == 0 {
-                head.clone()
-            } else {
-                self.read_item(key, &id, run_id)
-                    .await?
-                    .ok_or_else(|| self.corrupt(run_id, &id, "a part of a blob is missing"))?
-            };
+            let item = self
+                .read_item(key, &id, run_id)
+                .await?
+                .ok_or_else(|| self.corrupt(run_id, &id, "a part of a blob is missing"))?;
             let data = item
                 .get("data")
                 .and_then(Value::as_str)
@@ -1203,6 +1210,7 @@ impl Store for CosmosStore {
             .history(self)
             .schedule(self)
             .max_state_bytes(self.shared.opts.max_state_bytes)
+            .blobs(self)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -1720,6 +1728,69 @@ impl History for CosmosStore {
             }
         }
         Ok(())
+    }
+}
+
+#[async_trait]
+impl steadfast_core::Blobs for CosmosStore {
+    /// Its head and history items' JSON, and its generation's blobs (none
+    /// shared: they live in the run's partition).
+    async fn usage(&self, run_id: &str) -> Result<Option<steadfast_core::Usage>, StoreError> {
+        let key = encode_run_id(run_id);
+        let hid = head_id(&key);
+        let Some(head) = self.read_item(&key, &hid, run_id).await? else {
+            return Ok(None);
+        };
+        let gen = head
+            .get("gen")
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.corrupt(run_id, &hid, "the head has no generation"))?;
+        let items = self
+            .query_partition(
+                &key,
+                run_id,
+                "SELECT * FROM c WHERE c.pk = @pk AND c.gen = @gen AND (c.kind = 'step' OR c.kind = 'blob_manifest')",
+                json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}]),
+            )
+            .await?;
+        let size = |v: &Value| serde_json::to_vec(v).map_or(0, |t| t.len() as u64);
+        let mut record = size(&head);
+        let (mut blobs, mut bytes) = (0, 0);
+        for item in &items {
+            if item.get("kind").and_then(Value::as_str) == Some("blob_manifest") {
+                blobs += 1;
+                bytes += item.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+            } else {
+                record += size(item);
+            }
+        }
+        Ok(Some(steadfast_core::Usage::new(record, blobs, bytes, 0)))
+    }
+
+    /// Every manifest in the container (a cross-partition query): blobs
+    /// of runs deleted half-way and of lost creates included.
+    async fn blob_totals(&self) -> Result<steadfast_core::BlobTotals, StoreError> {
+        let items = self
+            .query(
+                None,
+                "",
+                "SELECT c.bytes FROM c WHERE c.kind = 'blob_manifest'",
+                json!([]),
+            )
+            .await?;
+        let bytes = items
+            .iter()
+            .filter_map(|i| i.get("bytes").and_then(Value::as_u64))
+            .sum();
+        Ok(steadfast_core::BlobTotals::new(items.len() as u64, bytes))
+    }
+
+    fn threshold(&self) -> u64 {
+        self.shared.opts.blob_threshold
+    }
+
+    fn shared_across_runs(&self) -> bool {
+        false
     }
 }
 

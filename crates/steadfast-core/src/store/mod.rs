@@ -388,6 +388,13 @@ pub trait Blobs: Send + Sync {
     /// blobs (and count as their references towards
     /// [`Capabilities::max_state_bytes`]).
     fn threshold(&self) -> u64;
+
+    /// Whether one content is stored once for every run that holds it
+    /// (`false`: once per run, as on Cosmos DB, whose blobs live in their
+    /// run's partition).
+    fn shared_across_runs(&self) -> bool {
+        true
+    }
 }
 
 /// What one run stores, in bytes ([`Blobs::usage`]).
