@@ -42,12 +42,16 @@ fn export_of(store: &str, id: &str) -> String {
 
 /// The issue's own case: a run waiting at a gate in a file store, and a
 /// copy from SQLite of a run with the same id whose 18 MB state is over the
-/// file store's 16 MiB limit. The copy fails, says nothing was written, and
-/// the waiting run is there as it was, and still completes.
+/// file store's 16 MiB limit (its values kept inline there: a threshold of
+/// 1 GiB). The copy fails, says nothing was written, and the waiting run is
+/// there as it was, and still completes.
 #[test]
 fn a_copy_that_cannot_be_written_leaves_the_waiting_run_as_it_was() -> TestResult {
     let env = Env::new();
-    let file = format!("file:{}", env.path().join("runs.json").display());
+    let file = format!(
+        "file:{}?blob_threshold=1GiB",
+        env.path().join("runs.json").display()
+    );
     let sqlite = format!("sqlite:{}", env.path().join("big.db").display());
     let gated = env.flow("gated.toml", GATED);
     let gated = gated.to_str().ok_or("path")?;
