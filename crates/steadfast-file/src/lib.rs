@@ -512,25 +512,7 @@ impl<F: Fs> Inner<F> {
                 std::process::id(),
                 fastrand::u64(..)
             ));
-            let sync_file = !self.mutant(|m| m.no_file_fsync);
-            if let Err(e) = self.fs.write_new(&tmp, blob.text.as_bytes(), sync_file) {
-                let _ = self.fs.remove_file(&tmp);
-                return Err(match e {
-                    WriteError::Write(e) => StoreError::io(format!("writing {}", tmp.display()), e),
-                    WriteError::Sync(e) => {
-                        self.poisoned.store(true, Ordering::SeqCst);
-                        StoreError::io(format!("syncing {}", tmp.display()), e)
-                    }
-                });
-            }
-            let path = dir.join(&name);
-            if let Err(e) = self.fs.rename(&tmp, &path) {
-                let _ = self.fs.remove_file(&tmp);
-                return Err(StoreError::io(
-                    format!("renaming {} over {}", tmp.display(), path.display()),
-                    e,
-                ));
-            }
+            self.put_in_place(&tmp, &dir.join(&name), blob.text.as_bytes())?;
         }
         // Also when every blob was there already: a name another writer
         // renamed into place is not durable until someone syncs the
@@ -627,6 +609,36 @@ impl<F: Fs> Inner<F> {
         Ok(None)
     }
 
+    /// Writes `bytes` to the new file `tmp`, `fsync`s it and renames it to
+    /// `to` (the store file, or a blob); on a failure the temp is removed. A
+    /// failed `fsync` poisons the handle: the kernel may have dropped the
+    /// pages and will not say so again. The directory is not synced here.
+    fn put_in_place(&self, tmp: &Path, to: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+        let sync_file = !self.mutant(|m| m.no_file_fsync);
+        let written = match self.fs.write_new(tmp, bytes, sync_file) {
+            Err(WriteError::Write(_)) if self.mutant(|m| m.ignore_write_errors) => Ok(()),
+            other => other,
+        };
+        if let Err(e) = written {
+            let _ = self.fs.remove_file(tmp);
+            return Err(match e {
+                WriteError::Write(e) => StoreError::io(format!("writing {}", tmp.display()), e),
+                WriteError::Sync(e) => {
+                    self.poisoned.store(true, Ordering::SeqCst);
+                    StoreError::io(format!("syncing {}", tmp.display()), e)
+                }
+            });
+        }
+        if let Err(e) = self.fs.rename(tmp, to) {
+            let _ = self.fs.remove_file(tmp);
+            return Err(StoreError::io(
+                format!("renaming {} over {}", tmp.display(), to.display()),
+                e,
+            ));
+        }
+        Ok(())
+    }
+
     fn replace(&self, run_id: &str, bytes: &[u8]) -> Result<(), StoreError> {
         let tmp = self.dir.join(format!(
             "{}{}-{:016x}",
@@ -634,31 +646,8 @@ impl<F: Fs> Inner<F> {
             std::process::id(),
             fastrand::u64(..)
         ));
-        let sync_file = !self.mutant(|m| m.no_file_fsync);
         let sync_dir = !self.mutant(|m| m.no_dir_fsync);
-        let written = match self.fs.write_new(&tmp, bytes, sync_file) {
-            Err(WriteError::Write(_)) if self.mutant(|m| m.ignore_write_errors) => Ok(()),
-            other => other,
-        };
-        if let Err(e) = written {
-            let _ = self.fs.remove_file(&tmp);
-            return Err(match e {
-                WriteError::Write(e) => StoreError::io(format!("writing {}", tmp.display()), e),
-                WriteError::Sync(e) => {
-                    // The kernel may have dropped the pages and will not say so
-                    // again: refuse to go on as if nothing happened.
-                    self.poisoned.store(true, Ordering::SeqCst);
-                    StoreError::io(format!("syncing {}", tmp.display()), e)
-                }
-            });
-        }
-        if let Err(e) = self.fs.rename(&tmp, &self.path) {
-            let _ = self.fs.remove_file(&tmp);
-            return Err(StoreError::io(
-                format!("renaming {} over {}", tmp.display(), self.path.display()),
-                e,
-            ));
-        }
+        self.put_in_place(&tmp, &self.path, bytes)?;
         if sync_dir {
             if let Err(e) = self.fs.sync_dir(&self.dir) {
                 // The new file is visible but may not survive a power loss.

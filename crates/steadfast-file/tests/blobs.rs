@@ -244,3 +244,43 @@ async fn a_reader_racing_a_writer_never_sees_a_missing_blob() -> TestResult {
     assert!(seen > 0, "the reader never met the run");
     Ok(())
 }
+
+/// Planted things where blobs belong: a symbolic link in place of the blob
+/// directory is refused when the store opens (nothing is written through
+/// it); a directory in place of a blob file makes the load an error that
+/// names it, never a hang or a panic, and the record stays readable once
+/// the blob is back.
+#[tokio::test]
+async fn planted_links_and_directories_where_blobs_belong_are_refused() -> TestResult {
+    let (dir, path, store) = fresh()?;
+    run("r", &agent(1, 0), &store).await?;
+    let blobs = PathBuf::from(format!("{}.blobs", path.display()));
+    // A directory under a blob's name.
+    let victim = std::fs::read_dir(&blobs)?
+        .next()
+        .ok_or("no blob file")??
+        .path();
+    let saved = std::fs::read(&victim)?;
+    std::fs::remove_file(&victim)?;
+    std::fs::create_dir(&victim)?;
+    let err = store
+        .load("r")
+        .await
+        .expect_err("a directory read as a blob");
+    assert!(
+        err.to_string().contains(&victim.display().to_string()),
+        "{err}"
+    );
+    std::fs::remove_dir(&victim)?;
+    std::fs::write(&victim, &saved)?;
+    assert!(store.load("r").await?.is_some());
+    drop(store);
+    // The blob directory replaced by a link to another directory.
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::rename(&blobs, &elsewhere)?;
+    std::os::unix::fs::symlink(&elsewhere, &blobs)?;
+    let err = open(&path).expect_err("a linked blob directory was taken");
+    assert_eq!(err.kind(), StoreErrorKind::InvalidInput, "{err}");
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    Ok(())
+}

@@ -940,6 +940,13 @@ impl Blobs for SealedStore {
     fn threshold(&self) -> u64 {
         u64::MAX
     }
+
+    fn shared_across_runs(&self) -> bool {
+        self.inner
+            .capabilities()
+            .blobs
+            .is_none_or(|b| b.shared_across_runs())
+    }
 }
 
 #[async_trait]

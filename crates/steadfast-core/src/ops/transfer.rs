@@ -1291,5 +1291,36 @@ mod tests {
         assert!(err.contains("does not match its hash"), "{err}");
         // A format 2 line is not taken by the reader of format 1 alone.
         assert!(decode_line(&lines[1], 2).is_err());
+        // Crafted blob lines: a size past 1 GiB, a name that is not a hash,
+        // an offset far past the start, a field too many.
+        let hash = format!("sha256:{}", "a".repeat(64));
+        for (line, says) in [
+            (
+                format!(
+                    r#"{{"format":2,"blob":"{hash}","bytes":1099511627776,"at":0,"text":"x"}}"#
+                ),
+                "over the largest value",
+            ),
+            (
+                r#"{"format":2,"blob":"sha256:xyz","bytes":1,"at":0,"text":"x"}"#.to_string(),
+                "not a blob's name",
+            ),
+            (
+                format!(
+                    r#"{{"format":2,"blob":"{hash}","bytes":9,"at":18446744073709551615,"text":"x"}}"#
+                ),
+                "without the parts before it",
+            ),
+            (
+                format!(r#"{{"format":2,"blob":"{hash}","bytes":1,"at":0,"text":"x","more":1}}"#),
+                "not a blob line",
+            ),
+        ] {
+            let err = read_all(&[line]).unwrap_err().to_string();
+            assert!(
+                err.contains("line 1") && err.contains(says),
+                "{says}: {err}"
+            );
+        }
     }
 }
