@@ -1,9 +1,26 @@
 #!/usr/bin/env python3
 """Benchmark LangGraph checkpointers on a real (model-free) StateGraph.
 
-The graph is ten nodes in a line.  Each node appends a ~100-byte item to a
-list channel and bumps two counters, so a finished run's state is about
-1 KB.  Every invocation runs on its own thread id.
+Workloads (``--workload``, default small).  Both graphs are ten nodes in a
+line, and every invocation runs on its own thread id.
+
+  small  Each node appends a ~100-byte item to a list channel and bumps two
+         counters, so a finished run's state is about 1 KB.  1000
+         invocations unless ``--invocations`` says otherwise.
+  large  The large values of W7 in WORKLOAD.md (an agent rereading a
+         document).  Each node overwrites a ``doc: str`` channel with a
+         1 MiB document (``--doc-bytes``) and bumps a counter.  Node i for
+         even i returns a new document; node i+1 returns that same document
+         again, so half the values repeat one an earlier node of the same
+         invocation returned, and an invocation makes five distinct
+         documents.  A document is random text drawn from 64 characters,
+         which does not compress (so PostgreSQL's TOAST is measured on what
+         it keeps), seeded by the invocation's number and the document's, so
+         every saver gets the same documents.  An invocation's documents are
+         made before it starts and that time is left out, as W7 does.  W7's
+         steps each add a key of their own and reread five steps later;
+         here there is one channel, as a LangGraph agent keeps its current
+         document.  20 invocations unless ``--invocations`` says otherwise.
 
 Savers (``--only``, comma separated, default all):
 
@@ -39,6 +56,10 @@ stored (counted afterwards with ``saver.list`` per thread), the median time
 of one invocation, total time / checkpoints, and the database size after the
 run (SQLite: main file + ``-wal`` file; PostgreSQL: ``pg_total_relation_size``
 summed over the tables of the saver's schema, indexes and TOAST included).
+The large workload adds two columns: unique_bytes, the bytes of the distinct
+documents the run made (invocations * 5 * document size), and
+stored_per_unique, the database size over unique_bytes (n/a where nothing is
+stored on disk, as with stock-memory).
 
 Each SQLite run gets a fresh file in a temporary directory.  Each PostgreSQL
 run gets its own schema, dropped first (and dropped again afterwards unless
@@ -48,14 +69,18 @@ Example:
 
   python bench/langgraph_bench.py --invocations 1000 \\
       --pg postgres://postgres@127.0.0.1:5432/test --json results.json
+  python bench/langgraph_bench.py --workload large \\
+      --only stock-sqlite,steadfast-sqlite --durability fsync
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import operator
 import platform
+import random
 import shlex
 import shutil
 import sqlite3
@@ -70,7 +95,14 @@ from typing import Annotated, Any, Callable, TypedDict
 
 SAVERS = ["stock-memory", "stock-sqlite", "stock-postgres", "steadfast-sqlite", "steadfast-postgres"]
 DURABILITIES = ["default", "fsync"]
+WORKLOADS = ["small", "large"]
+DEFAULT_INVOCATIONS = {"small": 1000, "large": 20}
 NODES = 10
+DOCS = NODES // 2  # distinct documents per invocation of the large workload
+DOC_BYTES = 1 << 20
+# Steadfast keeps a value longer than this apart, as a blob named by its
+# hash; a document this size or smaller would measure something else.
+BLOB_THRESHOLD = 64 * 1024
 SCHEMA_PREFIX = "lgbench_"
 
 
@@ -112,6 +144,80 @@ def build_graph():
         g.add_edge(a, b)
     g.add_edge(names[-1], END)
     return g
+
+
+class LargeState(TypedDict):
+    doc: str
+    visits: int
+
+
+def document(invocation: int, k: int, size: int) -> str:
+    """Document ``k`` of invocation ``invocation``: ``size`` characters of
+    random text drawn from 64 (URL-safe base64), the same for the same
+    arguments."""
+    rng = random.Random(f"{invocation}/{k}")
+    return base64.urlsafe_b64encode(rng.randbytes(size * 3 // 4 + 3))[:size].decode("ascii")
+
+
+def _large_node(i: int, docs: list[str]) -> Callable[[LargeState], dict]:
+    def run(state: LargeState) -> dict:
+        # Node i and node i+1 (i even) hand over the same document, as a
+        # model's or a tool's answer: it is made before the invocation.
+        return {"doc": docs[i // 2], "visits": state["visits"] + 1}
+
+    run.__name__ = f"n{i}"
+    return run
+
+
+def build_large_graph(docs: list[str]):
+    from langgraph.graph import END, START, StateGraph
+
+    g = StateGraph(LargeState)
+    names = [f"n{i}" for i in range(NODES)]
+    for i, name in enumerate(names):
+        g.add_node(name, _large_node(i, docs))
+    g.add_edge(START, names[0])
+    for a, b in zip(names, names[1:]):
+        g.add_edge(a, b)
+    g.add_edge(names[-1], END)
+    return g
+
+
+@dataclass
+class Workload:
+    graph: Any  # an uncompiled StateGraph
+    inputs: Callable[[int], dict]  # invocation number -> the graph's input
+    check: Callable[[dict], bool]  # is this the state a finished run ends in
+    unique_bytes: int  # the bytes of distinct documents the run makes
+
+
+def small_workload(args) -> Workload:
+    return Workload(
+        graph=build_graph(),
+        inputs=lambda i: {"items": [], "visits": 0, "chars": 0},
+        check=lambda last: last["visits"] == NODES,
+        unique_bytes=0,
+    )
+
+
+def large_workload(args) -> Workload:
+    # The documents of the invocation under way; the nodes read them from
+    # here, so that they are not an input the savers store as well.
+    docs: list[str] = []
+
+    def inputs(i: int) -> dict:
+        docs[:] = [document(i, k, args.doc_bytes) for k in range(DOCS)]
+        return {"doc": "", "visits": 0}
+
+    return Workload(
+        graph=build_large_graph(docs),
+        inputs=inputs,
+        check=lambda last: last["visits"] == NODES and last["doc"] == docs[-1],
+        unique_bytes=args.invocations * DOCS * args.doc_bytes,
+    )
+
+
+WORKLOAD_BUILDERS = {"small": small_workload, "large": large_workload}
 
 
 # --------------------------------------------------------------------------
@@ -305,33 +411,44 @@ class Result:
     state_bytes: int
     skipped: str | None = None
     extra: dict = field(default_factory=dict)
+    unique_bytes: int = 0  # large workload only
+    stored_per_unique: float | None = None  # None where nothing is on disk
 
 
 def run_one(name: str, durability: str, tmp: Path, args) -> Result:
     opened = OPENERS[name](durability, tmp, args)
     try:
-        graph = build_graph().compile(checkpointer=opened.saver)
+        work = WORKLOAD_BUILDERS[args.workload](args)
+        graph = work.graph.compile(checkpointer=opened.saver)
         prefix = f"{name}-{durability}-"
         invoke_kwargs = {}
         if args.graph_durability != "langgraph-default":
             invoke_kwargs["durability"] = args.graph_durability
         times: list[float] = []
         last = None
+        making = 0.0  # making the inputs (the large workload's documents)
         start = time.perf_counter()
         for i in range(args.invocations):
             cfg = {"configurable": {"thread_id": f"{prefix}{i}"}}
+            m0 = time.perf_counter()
+            inputs = work.inputs(i)
             t0 = time.perf_counter()
-            last = graph.invoke({"items": [], "visits": 0, "chars": 0}, cfg, **invoke_kwargs)
+            making += t0 - m0
+            last = graph.invoke(inputs, cfg, **invoke_kwargs)
             times.append(time.perf_counter() - t0)
-        total = time.perf_counter() - start
+        total = time.perf_counter() - start - making
         size, size_parts = opened.size()
 
         checkpoints = 0
         for i in range(args.invocations):
             cfg = {"configurable": {"thread_id": f"{prefix}{i}"}}
             checkpoints += sum(1 for _ in opened.saver.list(cfg))
-        if last is None or last["visits"] != NODES:
-            raise RuntimeError(f"{name}: the graph did not run all {NODES} nodes: {last}")
+        if last is None or not work.check(last):
+            shown = {
+                k: (f"<{len(v)} characters>" if isinstance(v, str) else v)
+                for k, v in (last or {}).items()
+            }
+            raise RuntimeError(f"{name}: the graph did not run all {NODES} nodes: {shown}")
         state_bytes = len(json.dumps(last).encode())
     finally:
         opened.close()
@@ -347,6 +464,8 @@ def run_one(name: str, durability: str, tmp: Path, args) -> Result:
         db_bytes=size,
         state_bytes=state_bytes,
         extra={"size_breakdown": size_parts},
+        unique_bytes=work.unique_bytes,
+        stored_per_unique=(size / work.unique_bytes) if size and work.unique_bytes else None,
     )
 
 
@@ -365,21 +484,29 @@ def _size_cell(r: Result) -> str:
     return _human_bytes(r.db_bytes)
 
 
-def markdown(results: list[Result]) -> str:
+def markdown(results: list[Result], workload: str = "small") -> str:
     head = (
         "| saver | durability | settings | invocations | checkpoints | total s "
         "| median ms/invocation | ms/checkpoint | DB size |"
     )
-    lines = [head, "|" + "---|" * 9]
+    columns = 9
+    if workload == "large":
+        head += " unique_bytes | stored_per_unique |"
+        columns += 2
+    lines = [head, "|" + "---|" * columns]
     for r in results:
         if r.skipped:
-            lines.append(f"| {r.saver} | {r.durability} | skipped: {r.skipped} | | | | | | |")
+            lines.append(f"| {r.saver} | {r.durability} | skipped: {r.skipped} |" + " |" * (columns - 3))
             continue
-        lines.append(
+        line = (
             f"| {r.saver} | {r.durability} | {r.settings} | {r.invocations} "
             f"| {r.checkpoints} | {r.total_s:.2f} | {r.median_invocation_ms:.2f} "
             f"| {r.per_checkpoint_ms:.3f} | {_size_cell(r)} |"
         )
+        if workload == "large":
+            ratio = "n/a" if r.stored_per_unique is None else f"{r.stored_per_unique:.2f}"
+            line += f" {_human_bytes(r.unique_bytes)} | {ratio} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -406,7 +533,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__.split("\n\n", 1)[1],
     )
-    p.add_argument("--invocations", type=int, default=1000, help="graph runs per saver (default 1000)")
+    p.add_argument("--workload", default="small", choices=WORKLOADS, help="small: ~1 KB of state per run; large: W7's 1 MiB documents (default small)")
+    p.add_argument("--invocations", type=int, help="graph runs per saver (default 1000 for small, 20 for large)")
+    p.add_argument("--doc-bytes", type=int, default=DOC_BYTES, help=f"size of one document of the large workload, more than {BLOB_THRESHOLD} (default {DOC_BYTES})")
     p.add_argument("--only", default=",".join(SAVERS), help=f"savers to run, comma separated (default all: {','.join(SAVERS)})")
     p.add_argument("--durability", default=",".join(DURABILITIES), help="durability settings, comma separated (default: default,fsync)")
     p.add_argument("--pg", help="PostgreSQL URL for the postgres savers, e.g. postgres://postgres@127.0.0.1:5432/test")
@@ -428,8 +557,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [d for d in args.durabilities if d not in DURABILITIES]
     if bad:
         p.error(f"unknown durability setting(s) {bad}; choose from {DURABILITIES}")
+    if args.invocations is None:
+        args.invocations = DEFAULT_INVOCATIONS[args.workload]
     if args.invocations < 1:
         p.error("--invocations must be at least 1")
+    if args.doc_bytes <= BLOB_THRESHOLD:
+        p.error(f"--doc-bytes must be more than {BLOB_THRESHOLD} (64 KiB), the size above which Steadfast keeps a value as a blob")
+    if args.doc_bytes != DOC_BYTES and args.workload != "large":
+        p.error("--doc-bytes is for --workload large")
     return args
 
 
@@ -451,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: `{command}`\n")
     versions = _versions()
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    if args.workload == "large":
+        print(f"workload: large, {args.doc_bytes}-character documents")
     print(f"LangGraph invoke durability: {args.graph_durability}\n", flush=True)
 
     results: list[Result] = []
@@ -478,11 +615,14 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     print()
-    print(markdown(results))
+    print(markdown(results, args.workload))
     done = [r for r in results if not r.skipped]
     if done:
         print(f"\nstate after one run: {done[0].state_bytes} bytes as JSON; "
               f"{NODES} nodes per run")
+        if args.workload == "large":
+            print(f"documents: {DOCS} distinct per run, {args.doc_bytes} characters each, "
+                  f"each returned by two nodes in a row")
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -490,7 +630,9 @@ def main(argv: list[str] | None = None) -> int:
                     "command": command,
                     "versions": versions,
                     "graph_durability": args.graph_durability,
+                    "workload": args.workload,
                     "nodes": NODES,
+                    **({"doc_bytes": args.doc_bytes} if args.workload == "large" else {}),
                     "results": [asdict(r) for r in results],
                 },
                 indent=2,

@@ -24,7 +24,25 @@ fn row_to_py(py: Python<'_>, r: Row) -> PyResult<Py<PyAny>> {
                     .map(|t| t.into_any().unbind())
             })
             .collect::<PyResult<_>>()?;
-    let t = (r.0, r.1, r.2, r.3, r.4, PyBytes::new(py, &r.5), r.6, writes);
+    let channels: Vec<Py<PyAny>> =
+        r.8.into_iter()
+            .map(|c| {
+                (c.0, c.1, PyBytes::new(py, &c.2))
+                    .into_pyobject(py)
+                    .map(|t| t.into_any().unbind())
+            })
+            .collect::<PyResult<_>>()?;
+    let t = (
+        r.0,
+        r.1,
+        r.2,
+        r.3,
+        r.4,
+        PyBytes::new(py, &r.5),
+        r.6,
+        writes,
+        channels,
+    );
     Ok(t.into_pyobject(py)?.into_any().unbind())
 }
 
@@ -44,9 +62,18 @@ impl GraphStore {
         Ok(GraphStore { inner })
     }
 
+    /// The size in bytes above which a value is kept as a blob, once per
+    /// thread (`?blob_threshold=SIZE` in the URL; 64 KiB by default).
+    #[getter]
+    fn blob_threshold(&self) -> u64 {
+        self.inner.blob_threshold()
+    }
+
     /// Saves a checkpoint (replacing one with the same id), taking or
-    /// renewing the thread's lease in the same transaction.
-    #[pyo3(signature = (thread_id, ns, checkpoint_id, parent_id, r#type, blob, metadata, run_id))]
+    /// renewing the thread's lease in the same transaction. `channels` are
+    /// its large channel values `(channel, type, bytes)`, left out of
+    /// `blob` and stored once per thread.
+    #[pyo3(signature = (thread_id, ns, checkpoint_id, parent_id, r#type, blob, metadata, run_id, channels=Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn put(
         &self,
@@ -59,6 +86,7 @@ impl GraphStore {
         blob: Vec<u8>,
         metadata: String,
         run_id: Option<String>,
+        channels: Vec<(String, String, Vec<u8>)>,
     ) -> PyResult<()> {
         py.detach(|| {
             self.inner.put(
@@ -70,6 +98,7 @@ impl GraphStore {
                 blob,
                 metadata,
                 run_id,
+                channels,
             )
         })
         .map_err(graph_err)

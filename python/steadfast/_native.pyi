@@ -71,10 +71,13 @@ class DurableContext:
     def numbered(self, base: str) -> str: ...
 
 _Write = Tuple[str, str, str, bytes]
-_Row = Tuple[str, str, str, Optional[str], str, bytes, str, List[_Write]]
+_Channel = Tuple[str, str, bytes]
+_Row = Tuple[str, str, str, Optional[str], str, bytes, str, List[_Write], List[_Channel]]
 
 class GraphStore:
     def __init__(self, url: str, lease_seconds: float = ..., encrypt: bool = ...) -> None: ...
+    @property
+    def blob_threshold(self) -> int: ...
     def put(
         self,
         thread_id: str,
@@ -85,6 +88,7 @@ class GraphStore:
         blob: bytes,
         metadata: str,
         run_id: Optional[str],
+        channels: Sequence[_Channel] = ...,
     ) -> None: ...
     def put_writes(
         self,

@@ -52,10 +52,37 @@ PRUNE_STRATEGIES: tuple[str, ...] = ("keep_latest", "delete")
 
 _T = TypeVar("_T")
 
+# A large channel value kept apart from its checkpoint: (channel, type, bytes).
+_Channel = tuple[str, str, bytes]
+
 # What GraphStore.get and GraphStore.list return for one checkpoint:
-# (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata_json, writes),
-# writes being (task_id, channel, type, blob) in (task_path, task_id, idx) order.
-_Row = tuple[str, str, str, Optional[str], str, bytes, str, list[tuple[str, str, str, bytes]]]
+# (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata_json, writes,
+# channels), writes being (task_id, channel, type, blob) in (task_path,
+# task_id, idx) order, channels the large channel values left out of blob.
+_Row = tuple[
+    str,
+    str,
+    str,
+    Optional[str],
+    str,
+    bytes,
+    str,
+    list[tuple[str, str, str, bytes]],
+    list[_Channel],
+]
+
+
+def _surely_small(value: Any, threshold: int) -> bool:
+    """Whether `value` serializes to no more than `threshold` bytes, known
+    without serializing it: None, booleans, numbers, and strings and bytes
+    short enough that even four bytes a character and a header fit."""
+    if value is None or isinstance(value, (bool, float)):
+        return True
+    if isinstance(value, int):
+        return value.bit_length() <= 64
+    if isinstance(value, (str, bytes)):
+        return 4 * len(value) + 16 <= threshold
+    return False
 
 
 def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
@@ -125,6 +152,7 @@ class SteadfastSaver(BaseCheckpointSaver[str]):
     ) -> None:
         super().__init__(serde=serde)
         self._store = GraphStore(url, lease_seconds, encrypt)
+        self._threshold: int = self._store.blob_threshold
         # A saver dropped without close() (a notebook cell run again, one
         # saver per request) gives up its threads when it is collected, so
         # that the next saver need not wait for its leases to run out.
@@ -200,7 +228,8 @@ class SteadfastSaver(BaseCheckpointSaver[str]):
         """
         thread_id, ns = _thread_and_ns(config)
         parent_id = config["configurable"].get("checkpoint_id")
-        type_, blob = self.serde.dumps_typed(checkpoint)
+        kept, large = self._split_channels(checkpoint)
+        type_, blob = self.serde.dumps_typed(kept)
         saved = get_serializable_checkpoint_metadata(config, metadata)
         # Lone surrogates cannot cross into Rust as UTF-8: drop them.
         metadata_json = (
@@ -216,6 +245,7 @@ class SteadfastSaver(BaseCheckpointSaver[str]):
             blob,
             metadata_json,
             None if run_id is None else str(run_id),
+            large,
         )
         self._note_lease(thread_id)
         return _config(thread_id, ns, checkpoint["id"])
@@ -489,15 +519,44 @@ class SteadfastSaver(BaseCheckpointSaver[str]):
         )
         return [self._tuple(row) for row in rows]
 
+    def _split_channels(self, checkpoint: Checkpoint) -> tuple[Checkpoint, list[_Channel]]:
+        """The checkpoint without its large channel values, and those values.
+
+        A channel value whose serialized bytes are longer than the store's
+        blob threshold is stored apart, once per thread however many
+        checkpoints carry it unchanged; the rest stay in the checkpoint.
+        """
+        values = checkpoint.get("channel_values") or {}
+        threshold = self._threshold
+        small: dict[str, Any] = {}
+        large: list[_Channel] = []
+        for channel, value in values.items():
+            if _surely_small(value, threshold):
+                small[channel] = value
+                continue
+            type_, data = self.serde.dumps_typed(value)
+            if len(data) > threshold:
+                large.append((channel, type_, data))
+            else:
+                small[channel] = value
+        if not large:
+            return checkpoint, large
+        return {**checkpoint, "channel_values": small}, large
+
     def _tuple(self, row: _Row) -> CheckpointTuple:
-        thread_id, ns, checkpoint_id, parent_id, type_, blob, metadata_json, writes = row
+        thread_id, ns, checkpoint_id, parent_id, type_, blob, metadata_json, writes, large = row
         pending: list[PendingWrite] = [
             (task_id, channel, self.serde.loads_typed((w_type, w_blob)))
             for task_id, channel, w_type, w_blob in writes
         ]
+        checkpoint = self.serde.loads_typed((type_, blob))
+        if large:
+            values = checkpoint.setdefault("channel_values", {})
+            for channel, c_type, c_blob in large:
+                values[channel] = self.serde.loads_typed((c_type, c_blob))
         return CheckpointTuple(
             config=_config(thread_id, ns, checkpoint_id),
-            checkpoint=self.serde.loads_typed((type_, blob)),
+            checkpoint=checkpoint,
             metadata=json.loads(metadata_json) if metadata_json else {},
             parent_config=_config(thread_id, ns, parent_id) if parent_id else None,
             pending_writes=pending,

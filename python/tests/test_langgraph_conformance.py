@@ -97,10 +97,17 @@ def assert_conforms(report: CapabilityReport) -> None:
     assert level == "FULL"
 
 
+# The smallest blob threshold a store takes: with it, most channel values
+# and writes of the suite go through the blob tables.
+SMALL_BLOBS = "blob_threshold=256"
+
+
+@pytest.mark.parametrize("blobs", ["", SMALL_BLOBS])
 def test_sqlite_store_passes_langgraph_conformance(
-    tmp_path: Path, report_file: Path | None
+    tmp_path: Path, report_file: Path | None, blobs: str
 ) -> None:
-    report = run_suite("SteadfastSaver (sqlite)", f"sqlite:{tmp_path / 'graph.db'}", report_file)
+    url = f"sqlite:{tmp_path / 'graph.db'}" + (f"?{blobs}" if blobs else "")
+    report = run_suite(f"SteadfastSaver (sqlite{', ' + blobs if blobs else ''})", url, report_file)
     assert_conforms(report)
 
 
@@ -113,7 +120,10 @@ def test_encrypted_sqlite_store_passes_langgraph_conformance(
 ) -> None:
     monkeypatch.setenv("STEADFAST_ENCRYPTION_KEY", TEST_KEY)
     report = run_suite(
-        "SteadfastSaver (sqlite, encrypted)", f"sqlite:{tmp_path / 'graph.db'}", report_file, encrypt=True
+        "SteadfastSaver (sqlite, encrypted, blob_threshold=256)",
+        f"sqlite:{tmp_path / 'graph.db'}?{SMALL_BLOBS}",
+        report_file,
+        encrypt=True,
     )
     assert_conforms(report)
 
@@ -149,6 +159,10 @@ def pg_url() -> Iterator[str]:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
-def test_postgres_store_passes_langgraph_conformance(pg_url: str, report_file: Path | None) -> None:
-    report = run_suite("SteadfastSaver (postgres)", pg_url, report_file)
+@pytest.mark.parametrize("blobs", ["", SMALL_BLOBS])
+def test_postgres_store_passes_langgraph_conformance(
+    pg_url: str, report_file: Path | None, blobs: str
+) -> None:
+    url = f"{pg_url}&{blobs}" if blobs else pg_url
+    report = run_suite(f"SteadfastSaver (postgres{', ' + blobs if blobs else ''})", url, report_file)
     assert_conforms(report)

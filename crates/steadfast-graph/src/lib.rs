@@ -14,7 +14,7 @@
 //! them from a thread, not from inside an async task. The Python package's
 //! `SteadfastSaver` binds this store.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -25,6 +25,9 @@ use steadfast::postgres::{tokio_postgres, PgStore};
 use steadfast::{Clock, Lease, Owner, StoreError, Timestamp};
 
 use steadfast::StoreErrorKind;
+
+mod blobs;
+use blobs::{Blob, ChannelBlob};
 
 /// What a graph store call can fail with; each names what and where.
 #[derive(Debug, thiserror::Error)]
@@ -77,14 +80,18 @@ fn block<F: std::future::Future>(fut: F) -> F::Output {
 }
 
 /// The table layout this build writes; a store marked newer is refused.
-const GRAPH_FORMAT: i64 = 2;
+/// Format 3 added the blob tables: a build of format 2 would read a
+/// checkpoint without its large channel values.
+const GRAPH_FORMAT: i64 = 3;
 /// The largest checkpoint or write blob accepted (SQLite's own limit is 1 GB).
 const MAX_BLOB_BYTES: usize = 256 << 20;
 /// Metadata keys of LangGraph's delta channels, whose state needs the older
 /// checkpoints: pruning to the latest would lose it.
 const DELTA_KEYS: [&str; 2] = ["counters_since_delta_snapshot", "delta_writes_versioned"];
 
-/// One checkpoint as returned to Python.
+/// One checkpoint as returned to Python: thread, namespace, id, parent,
+/// type, blob, metadata, pending writes, and the large channel values kept
+/// apart from the blob ([`Channel`]), in channel order.
 pub type Row = (
     String,
     String,
@@ -94,12 +101,26 @@ pub type Row = (
     Vec<u8>,
     String,
     Vec<Write>,
+    Vec<Channel>,
 );
+/// A large channel value of a checkpoint, stored once per thread: channel,
+/// type, bytes (as the saver serialized it).
+pub type Channel = (String, String, Vec<u8>);
 /// One pending write: task id, channel, type, blob, (task path, index) for order.
 pub type Write = (String, String, String, Vec<u8>, String, i64);
 
-/// Pending writes as columns (index, channel, type, blob), for `unnest`.
-type WriteColumns<'a> = (Vec<i64>, Vec<&'a str>, Vec<&'a str>, Vec<&'a [u8]>);
+/// Pending writes as columns (index, channel, type, blob, blob name), for
+/// `unnest`.
+type WriteColumns<'a> = (
+    Vec<i64>,
+    Vec<&'a str>,
+    Vec<&'a str>,
+    Vec<&'a [u8]>,
+    Vec<Option<&'a [u8]>>,
+);
+/// A pending write on its way in: index, channel, type, bytes kept inline,
+/// and the blob that holds a large value instead.
+type PgWrite = (i64, String, String, Vec<u8>, Option<Blob>);
 
 /// Who writes: this process and a number that tells savers in it apart.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -155,6 +176,8 @@ pub struct GraphStore {
     mine: Mutex<HashMap<String, i64>>,
     /// With encryption: every blob is sealed bound to its row.
     keys: Option<steadfast::seal::Keyring>,
+    /// Values longer than this (in bytes, as stored) are kept as blobs.
+    threshold: u64,
 }
 
 /// What a checkpoint's seal binds: where the row is and what it holds.
@@ -185,6 +208,18 @@ fn write_context(
         id.as_bytes().to_vec(),
         task.as_bytes().to_vec(),
         idx.to_string().into_bytes(),
+        channel.as_bytes().to_vec(),
+        ty.as_bytes().to_vec(),
+    ]
+}
+
+/// What the seal of a checkpoint's large channel value binds.
+fn channel_context(thread: &str, ns: &str, id: &str, channel: &str, ty: &str) -> Vec<Vec<u8>> {
+    vec![
+        b"channel".to_vec(),
+        thread.as_bytes().to_vec(),
+        ns.as_bytes().to_vec(),
+        id.as_bytes().to_vec(),
         channel.as_bytes().to_vec(),
         ty.as_bytes().to_vec(),
     ]
@@ -526,6 +561,21 @@ fn open_sqlite(url: &str) -> Result<Backend> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate);
     let tx = tx.map_err(|e| sql_err(&at, e))?;
     tx.execute_batch(SQLITE_SCHEMA)
+        .and_then(|()| tx.execute_batch(blobs::SQLITE_TABLES))
+        .map_err(|e| sql_err(&at, e))?;
+    // Format 3: a write's large value is a blob it names.
+    let has_hash: bool = tx
+        .query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('graph_writes') WHERE name = 'blob_hash'",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| sql_err(&at, e))?;
+    if !has_hash {
+        tx.execute_batch("ALTER TABLE graph_writes ADD COLUMN blob_hash BLOB;")
+            .map_err(|e| sql_err(&at, e))?;
+    }
+    tx.execute_batch(blobs::SQLITE_WRITES_INDEX)
         .map_err(|e| sql_err(&at, e))?;
     let has_local: bool = tx
         .query_row(
@@ -586,8 +636,9 @@ async fn open_pg(url: &str) -> Result<Backend> {
     // Two savers creating the tables at once would race on the catalog.
     client
         .batch_execute(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('steadfast graph tables')); {} COMMIT;",
-            pg_schema(&s)
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('steadfast graph tables')); {} {} COMMIT;",
+            pg_schema(&s),
+            blobs::pg_tables(&s)
         ))
         .await
         .map_err(|e| pg_err(&format!("creating the graph tables in {at}"), e))?;
@@ -786,6 +837,29 @@ impl GraphStore {
         occupied(target, n)
     }
 
+    /// Locks the two threads of a copy in name order (so that two copies
+    /// between the same threads cannot deadlock): the source's lease row
+    /// for share, so that no write, prune or delete of the source changes
+    /// its rows and blobs between the copy's statements; the target as
+    /// [`target_free_pg`](Self::target_free_pg) does.
+    async fn lock_source_and_target_pg(
+        &self,
+        tx: &steadfast::postgres::deadpool_postgres::Transaction<'_>,
+        s: &str,
+        source: &str,
+        target: &str,
+        ctx: &str,
+    ) -> Result<()> {
+        let lock_source = format!("SELECT 1 FROM {s}.graph_threads WHERE thread_id = $1 FOR SHARE");
+        if source < target {
+            pquery(tx, ctx, &lock_source, &[&source]).await?;
+            self.target_free_pg(tx, s, target, ctx).await
+        } else {
+            self.target_free_pg(tx, s, target, ctx).await?;
+            pquery(tx, ctx, &lock_source, &[&source]).await.map(drop)
+        }
+    }
+
     /// Refuses when another live saver holds `thread` (for deletes and
     /// copies, which take no lease of their own).
     fn not_held_sqlite(
@@ -885,34 +959,217 @@ impl GraphStore {
     }
 }
 
+/// The pending writes of one checkpoint (SQLite), large values read from
+/// their blobs and checked.
 fn read_writes_sqlite(
     c: &Connection,
     at: &str,
     thread: &str,
     ns: &str,
     id: &str,
+    seen: &mut HashSet<blobs::Hash>,
 ) -> Result<Vec<Write>> {
     let mut st = c
         .prepare_cached(
-            "SELECT task_id, channel, type, blob, task_path, idx FROM graph_writes
-             WHERE thread_id = ?1 AND ns = ?2 AND checkpoint_id = ?3",
+            "SELECT w.task_id, w.channel, w.type, w.blob, w.task_path, w.idx, w.blob_hash, b.data
+             FROM graph_writes w LEFT JOIN graph_blobs b
+               ON b.thread_id = w.thread_id AND b.hash = w.blob_hash
+             WHERE w.thread_id = ?1 AND w.ns = ?2 AND w.checkpoint_id = ?3",
         )
         .map_err(|e| sql_err(at, e))?;
-    let mut w = st
+    type Raw = (Write, Option<Vec<u8>>, Option<Vec<u8>>);
+    let raw = st
         .query_map(params![thread, ns, id], |r| {
             Ok((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                r.get(3)?,
-                r.get(4)?,
-                r.get(5)?,
+                (
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ),
+                r.get(6)?,
+                r.get(7)?,
             ))
         })
-        .and_then(|rows| rows.collect::<Result<Vec<Write>, _>>())
+        .and_then(|rows| rows.collect::<Result<Vec<Raw>, _>>())
         .map_err(|e| sql_err(at, e))?;
+    let mut w = raw
+        .into_iter()
+        .map(|(mut w, hash, data)| {
+            if let Some(hash) = hash {
+                let place = write_place(thread, id, &w);
+                w.3 = blobs::checked(&place, &hash, data, seen)?;
+            }
+            Ok(w)
+        })
+        .collect::<Result<Vec<Write>>>()?;
     sort_writes(&mut w);
     Ok(w)
+}
+
+/// Where a pending write is, for errors.
+fn write_place(thread: &str, checkpoint: &str, w: &Write) -> String {
+    format!(
+        "write {} of task {:?} to checkpoint {checkpoint:?} of thread {thread:?}",
+        w.5, w.0
+    )
+}
+
+/// Where a checkpoint's large channel value is, for errors.
+fn channel_place(thread: &str, checkpoint: &str, channel: &str) -> String {
+    format!("channel {channel:?} of checkpoint {checkpoint:?} of thread {thread:?}")
+}
+
+/// The large channel values of one checkpoint (SQLite), read and checked.
+fn read_channels_sqlite(
+    c: &Connection,
+    at: &str,
+    thread: &str,
+    ns: &str,
+    id: &str,
+    seen: &mut HashSet<blobs::Hash>,
+) -> Result<Vec<Channel>> {
+    let mut st = c
+        .prepare_cached(blobs::SQLITE_READ_CHANNELS)
+        .map_err(|e| sql_err(at, e))?;
+    type Raw = (String, String, Vec<u8>, Option<Vec<u8>>);
+    let raw = st
+        .query_map(params![thread, ns, id], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .and_then(|rows| rows.collect::<Result<Vec<Raw>, _>>())
+        .map_err(|e| sql_err(at, e))?;
+    raw.into_iter()
+        .map(|(channel, ty, hash, data)| {
+            let place = channel_place(thread, id, &channel);
+            let data = blobs::checked(&place, &hash, data, seen)?;
+            Ok((channel, ty, data))
+        })
+        .collect()
+}
+
+/// Stores the blobs of a thread it lacks (SQLite, in the caller's
+/// transaction, under the thread's lease).
+fn put_blobs_sqlite<'b>(
+    tx: &rusqlite::Transaction<'_>,
+    at: &str,
+    thread: &str,
+    blobs: impl IntoIterator<Item = &'b Blob>,
+) -> Result<()> {
+    for b in blobs {
+        let have: bool = tx
+            .prepare_cached(
+                "SELECT count(*) > 0 FROM graph_blobs WHERE thread_id = ?1 AND hash = ?2",
+            )
+            .and_then(|mut st| st.query_row(params![thread, &b.hash[..]], |r| r.get(0)))
+            .map_err(|e| sql_err(at, e))?;
+        if !have {
+            tx.prepare_cached(blobs::SQLITE_PUT_BLOB)
+                .and_then(|mut st| st.execute(params![thread, &b.hash[..], b.data]))
+                .map_err(|e| sql_err(at, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the large channel values a checkpoint refers to (SQLite, in
+/// the transaction that saves it), sweeping blobs left without references.
+fn put_channels_sqlite(
+    tx: &rusqlite::Transaction<'_>,
+    at: &str,
+    thread: &str,
+    ns: &str,
+    id: &str,
+    channels: &[ChannelBlob],
+) -> Result<()> {
+    let dropped = tx
+        .prepare_cached(
+            "DELETE FROM graph_channels WHERE thread_id = ?1 AND ns = ?2 AND checkpoint_id = ?3",
+        )
+        .and_then(|mut st| st.execute(params![thread, ns, id]))
+        .map_err(|e| sql_err(at, e))?;
+    put_blobs_sqlite(tx, at, thread, channels.iter().map(|c| &c.blob))?;
+    for c in channels {
+        tx.prepare_cached(
+            "INSERT INTO graph_channels (thread_id, ns, checkpoint_id, channel, type, hash)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .and_then(|mut st| {
+            st.execute(params![
+                thread,
+                ns,
+                id,
+                c.channel,
+                c.r#type,
+                &c.blob.hash[..]
+            ])
+        })
+        .map_err(|e| sql_err(at, e))?;
+    }
+    if dropped > 0 {
+        sweep_sqlite(tx, at, thread)?;
+    }
+    Ok(())
+}
+
+/// Deletes the blobs of `thread` nothing refers to any more (SQLite).
+fn sweep_sqlite(tx: &rusqlite::Transaction<'_>, at: &str, thread: &str) -> Result<()> {
+    tx.prepare_cached(blobs::SQLITE_SWEEP)
+        .and_then(|mut st| st.execute([thread]))
+        .map(drop)
+        .map_err(|e| sql_err(at, e))
+}
+
+/// Stores the blobs of a thread it lacks (PostgreSQL, in the caller's
+/// transaction, under the thread's lease); each goes in a statement of its
+/// own, so that many large values never make one message over the
+/// protocol's limit.
+async fn put_blobs_pg<'b>(
+    tx: &steadfast::postgres::deadpool_postgres::Transaction<'_>,
+    s: &str,
+    ctx: &str,
+    thread: &str,
+    blobs: impl IntoIterator<Item = &'b Blob>,
+) -> Result<()> {
+    let mut wanted: Vec<&Blob> = blobs.into_iter().collect();
+    wanted.sort_by_key(|b| b.hash);
+    wanted.dedup_by_key(|b| b.hash);
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<&[u8]> = wanted.iter().map(|b| &b.hash[..]).collect();
+    let have: HashSet<Vec<u8>> = pquery(
+        tx,
+        ctx,
+        &format!("SELECT hash FROM {s}.graph_blobs WHERE thread_id = $1 AND hash = ANY($2)"),
+        &[&thread, &names],
+    )
+    .await?
+    .iter()
+    .map(|r| r.get(0))
+    .collect();
+    let insert = format!(
+        "INSERT INTO {s}.graph_blobs (thread_id, hash, data) VALUES ($1, $2, $3)
+         ON CONFLICT (thread_id, hash) DO NOTHING"
+    );
+    for b in wanted.into_iter().filter(|b| !have.contains(&b.hash[..])) {
+        pexec(tx, ctx, &insert, &[&thread, &&b.hash[..], &b.data]).await?;
+    }
+    Ok(())
+}
+
+/// Deletes the blobs of `threads` nothing refers to any more (PostgreSQL).
+async fn sweep_pg(
+    tx: &steadfast::postgres::deadpool_postgres::Transaction<'_>,
+    s: &str,
+    ctx: &str,
+    threads: &[String],
+) -> Result<()> {
+    pexec(tx, ctx, &blobs::pg_sweep(s), &[&threads])
+        .await
+        .map(drop)
 }
 
 type Head = (
@@ -949,8 +1206,8 @@ fn head_pg(r: &tokio_postgres::Row) -> Head {
     )
 }
 
-fn with_writes(h: Head, w: Vec<Write>) -> Row {
-    (h.0, h.1, h.2, h.3, h.4, h.5, h.6, w)
+fn with_writes(h: Head, w: Vec<Write>, channels: Vec<Channel>) -> Row {
+    (h.0, h.1, h.2, h.3, h.4, h.5, h.6, w, channels)
 }
 
 const COLS: &str = "thread_id, ns, checkpoint_id, parent_id, type, blob, metadata";
@@ -977,11 +1234,23 @@ impl GraphStore {
         steadfast::limits::LEASE
             .check("lease_seconds", lease)
             .map_err(GraphError::InvalidInput)?;
-        let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let (backend, threshold) = if url.starts_with("postgres://")
+            || url.starts_with("postgresql://")
+        {
             let owned = url.to_string();
-            block(async move { open_pg(&owned).await })?
-        } else if url.starts_with("sqlite:") || url == "memory:" {
-            open_sqlite(url)?
+            let backend = block(async move { open_pg(&owned).await })?;
+            let threshold = match &backend {
+                Backend::Pg { store } => store.blob_threshold(),
+                Backend::Sqlite { .. } => unreachable!("open_pg opens PostgreSQL"),
+            };
+            (backend, threshold)
+        } else if url.starts_with("sqlite:") || url == "memory:" || url.starts_with("memory:?") {
+            let (base, threshold) = steadfast::store::blob::split_url_options("graph store", url)
+                .map_err(|e| store_err(&e))?;
+            (
+                open_sqlite(base)?,
+                threshold.unwrap_or(steadfast::store::blob::DEFAULT_BLOB_THRESHOLD),
+            )
         } else {
             return Err(store_err(&StoreError::Unsupported(format!(
                 "graph store URL {}: expected sqlite:PATH, postgres://… or memory:",
@@ -997,7 +1266,16 @@ impl GraphStore {
             lease_ms: lease.as_millis().min(i64::MAX as u128) as i64,
             mine: Mutex::new(HashMap::new()),
             keys,
+            threshold,
         })
+    }
+
+    /// The size in bytes above which a value is kept as a blob, once per
+    /// thread: a pending write's value here, a checkpoint's channel value
+    /// by the saver's choice (`?blob_threshold=SIZE` in the URL, 64 KiB by
+    /// default).
+    pub fn blob_threshold(&self) -> u64 {
+        self.threshold
     }
 
     /// Saves a checkpoint (replacing one with the same id), taking or
@@ -1013,6 +1291,7 @@ impl GraphStore {
         blob: Vec<u8>,
         metadata: String,
         run_id: Option<String>,
+        channels: Vec<Channel>,
     ) -> Result<()> {
         self.check_process()?;
         check_blob("the checkpoint", &blob)?;
@@ -1020,6 +1299,7 @@ impl GraphStore {
             &checkpoint_context(&thread_id, &ns, &checkpoint_id, &r#type),
             blob,
         )?;
+        let channels = self.channel_blobs(&thread_id, &ns, &checkpoint_id, channels)?;
         serde_json::from_str::<serde_json::Map<String, Value>>(&metadata).map_err(|e| {
             GraphError::InvalidInput(format!(
                 "the metadata of checkpoint {checkpoint_id:?} is not a JSON object: {e}; nothing was written"
@@ -1040,6 +1320,7 @@ impl GraphStore {
                     params![thread_id, ns, checkpoint_id, parent_id, r#type, blob, metadata, run_id],
                 )
                 .map_err(|e| sql_err(at, e))?;
+                put_channels_sqlite(&tx, at, &thread_id, &ns, &checkpoint_id, &channels)?;
                 tx.commit().map_err(|e| sql_err(at, e))?;
                 self.took(&thread_id, generation);
                 Ok(())
@@ -1061,12 +1342,38 @@ impl GraphStore {
                 );
                 let row: [&(dyn tokio_postgres::types::ToSql + Sync); 8] =
                     [&thread_id, &ns, &checkpoint_id, &parent_id, &r#type, &blob, &metadata, &run_id];
-                let (lease, saved) = tokio::join!(
+                // A checkpoint saved again drops the references it had.
+                let drop_refs = format!(
+                    "DELETE FROM {s}.graph_channels WHERE thread_id = $1 AND ns = $2 AND checkpoint_id = $3"
+                );
+                let key: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&thread_id, &ns, &checkpoint_id];
+                let (lease, saved, dropped) = tokio::join!(
                     self.lease_pg(&tx, &s, &thread_id, Some(head)),
-                    pexec(&tx, &ctx, &sql, &row)
+                    pexec(&tx, &ctx, &sql, &row),
+                    pexec(&tx, &ctx, &drop_refs, &key)
                 );
                 let generation = lease?;
                 saved?;
+                let dropped = dropped?;
+                if !channels.is_empty() {
+                    put_blobs_pg(&tx, &s, &ctx, &thread_id, channels.iter().map(|c| &c.blob)).await?;
+                    let names: Vec<&str> = channels.iter().map(|c| c.channel.as_str()).collect();
+                    let types: Vec<&str> = channels.iter().map(|c| c.r#type.as_str()).collect();
+                    let hashes: Vec<&[u8]> = channels.iter().map(|c| &c.blob.hash[..]).collect();
+                    pexec(&tx, &ctx,
+                        &format!(
+                            "INSERT INTO {s}.graph_channels (thread_id, ns, checkpoint_id, channel, type, hash)
+                             SELECT $1, $2, $3, c.channel, c.type, c.hash
+                             FROM unnest($4::text[], $5::text[], $6::bytea[]) AS c(channel, type, hash)"
+                        ),
+                        &[&thread_id, &ns, &checkpoint_id, &names, &types, &hashes],
+                    )
+                    .await?;
+                }
+                if dropped > 0 {
+                    sweep_pg(&tx, &s, &ctx, std::slice::from_ref(&thread_id)).await?;
+                }
                 commit(tx, &ctx).await?;
                 self.took(&thread_id, generation);
                 Ok(())
@@ -1103,10 +1410,14 @@ impl GraphStore {
                     &channel,
                     &ty,
                 );
-                Ok((idx, channel, ty, self.seal(&ctx, blob)?))
+                let (inline, large) = self.write_blob(self.seal(&ctx, blob)?);
+                Ok((idx, channel, ty, inline, large))
             })
             .collect::<Result<Vec<_>>>()?;
-        const INSERT: &str = "INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)";
+        // Rows replaced may have held a blob, and a write kept once leaves
+        // the blob just stored for it without a reference: sweep after.
+        let sweep = writes.iter().any(|w| w.0 < 0 || w.4.is_some());
+        const INSERT: &str = "INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path, blob_hash)";
         match &self.backend {
             Backend::Sqlite { .. } => self.sqlite(|c, at| {
                 let tx = c
@@ -1115,29 +1426,37 @@ impl GraphStore {
                 let what = format!("writes to checkpoint {checkpoint_id:?}");
                 let generation =
                     self.lease_sqlite(&tx, at, &thread_id, (&ns, Some(&checkpoint_id), &what))?;
-                for (idx, channel, ty, blob) in &writes {
+                for (idx, channel, ty, blob, large) in &writes {
                     let verb = if *idx < 0 {
                         "INSERT OR REPLACE"
                     } else {
                         "INSERT OR IGNORE"
                     };
-                    tx.prepare_cached(&format!(
-                        "{verb} {INSERT} VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
-                    ))
-                    .and_then(|mut st| {
-                        st.execute(params![
-                            thread_id,
-                            ns,
-                            checkpoint_id,
-                            task_id,
-                            idx,
-                            channel,
-                            ty,
-                            blob,
-                            task_path
-                        ])
-                    })
-                    .map_err(|e| sql_err(at, e))?;
+                    let written = tx
+                        .prepare_cached(&format!(
+                            "{verb} {INSERT} VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+                        ))
+                        .and_then(|mut st| {
+                            st.execute(params![
+                                thread_id,
+                                ns,
+                                checkpoint_id,
+                                task_id,
+                                idx,
+                                channel,
+                                ty,
+                                blob,
+                                task_path,
+                                large.as_ref().map(|b| &b.hash[..])
+                            ])
+                        })
+                        .map_err(|e| sql_err(at, e))?;
+                    if written > 0 {
+                        put_blobs_sqlite(&tx, at, &thread_id, large)?;
+                    }
+                }
+                if writes.iter().any(|w| w.0 < 0) {
+                    sweep_sqlite(&tx, at, &thread_id)?;
                 }
                 tx.commit().map_err(|e| sql_err(at, e))?;
                 self.took(&thread_id, generation);
@@ -1157,23 +1476,28 @@ impl GraphStore {
                 let (replace, once): (Vec<_>, Vec<_>) = writes.iter().partition(|w| w.0 < 0);
                 let statement = |conflict: &str| {
                     format!(
-                        "INSERT INTO {s}.graph_writes (thread_id, ns, checkpoint_id, task_id, task_path, idx, channel, type, blob)
-                         SELECT $1, $2, $3, $4, $5, w.idx, w.channel, w.type, w.blob
-                         FROM unnest($6::bigint[], $7::text[], $8::text[], $9::bytea[]) AS w(idx, channel, type, blob)
+                        "INSERT INTO {s}.graph_writes (thread_id, ns, checkpoint_id, task_id, task_path, idx, channel, type, blob, blob_hash)
+                         SELECT $1, $2, $3, $4, $5, w.idx, w.channel, w.type, w.blob, w.blob_hash
+                         FROM unnest($6::bigint[], $7::text[], $8::text[], $9::bytea[], $10::bytea[])
+                           AS w(idx, channel, type, blob, blob_hash)
                          ON CONFLICT (thread_id, ns, checkpoint_id, task_id, idx) {conflict}"
                     )
                 };
-                fn columns<'a>(ws: &[&'a (i64, String, String, Vec<u8>)]) -> WriteColumns<'a> {
+                fn columns<'a>(ws: &[&'a PgWrite]) -> WriteColumns<'a> {
                     (
                         ws.iter().map(|w| w.0).collect::<Vec<i64>>(),
                         ws.iter().map(|w| w.1.as_str()).collect::<Vec<&str>>(),
                         ws.iter().map(|w| w.2.as_str()).collect::<Vec<&str>>(),
                         ws.iter().map(|w| w.3.as_slice()).collect::<Vec<&[u8]>>(),
+                        ws.iter()
+                            .map(|w| w.4.as_ref().map(|b| &b.hash[..]))
+                            .collect::<Vec<Option<&[u8]>>>(),
                     )
                 }
                 let (r, o) = (columns(&replace), columns(&once));
                 let replace_sql = statement(
-                    "DO UPDATE SET channel = excluded.channel, type = excluded.type, blob = excluded.blob, task_path = excluded.task_path",
+                    "DO UPDATE SET channel = excluded.channel, type = excluded.type, blob = excluded.blob,
+                       task_path = excluded.task_path, blob_hash = excluded.blob_hash",
                 );
                 let once_sql = statement("DO NOTHING");
                 let head = (
@@ -1202,6 +1526,7 @@ impl GraphStore {
                                 &r.1,
                                 &r.2,
                                 &r.3,
+                                &r.4,
                             ],
                         )
                         .await
@@ -1224,6 +1549,7 @@ impl GraphStore {
                                 &o.1,
                                 &o.2,
                                 &o.3,
+                                &o.4,
                             ],
                         )
                         .await
@@ -1232,6 +1558,17 @@ impl GraphStore {
                 let generation = lease?;
                 replaced?;
                 kept?;
+                put_blobs_pg(
+                    &tx,
+                    &s,
+                    &ctx,
+                    &thread_id,
+                    writes.iter().filter_map(|w| w.4.as_ref()),
+                )
+                .await?;
+                if sweep {
+                    sweep_pg(&tx, &s, &ctx, std::slice::from_ref(&thread_id)).await?;
+                }
                 commit(tx, &ctx).await?;
                 self.took(&thread_id, generation);
                 Ok(())
@@ -1337,16 +1674,19 @@ impl GraphStore {
                 let mut threads: Vec<&String> = doomed.iter().map(|d| &d.0).collect();
                 threads.sort();
                 threads.dedup();
-                for t in threads {
+                for t in &threads {
                     self.not_held_sqlite(&tx, at, t)?;
                 }
                 for (t, ns, id) in &doomed {
-                    for table in ["graph_checkpoints", "graph_writes"] {
+                    for table in ["graph_checkpoints", "graph_writes", "graph_channels"] {
                         tx.execute(&format!("DELETE FROM {table} WHERE thread_id = ?1 AND ns = ?2 AND checkpoint_id = ?3"),
                             params![t, ns, id],
                         )
                         .map_err(|e| sql_err(at, e))?;
                     }
+                }
+                for t in threads {
+                    sweep_sqlite(&tx, at, t)?;
                 }
                 tx.commit().map_err(|e| sql_err(at, e))
             }),
@@ -1362,21 +1702,23 @@ impl GraphStore {
                         &[&run_ids],
                     )
                     .await?;
-                for t in threads {
-                    let t: String = t.get(0);
-                    self.lease_pg(&tx, &s, &t, None).await?;
+                let threads: Vec<String> = threads.iter().map(|t| t.get(0)).collect();
+                for t in &threads {
+                    self.lease_pg(&tx, &s, t, None).await?;
                 }
-                pexec(
-                    &tx,
-                    ctx,
-                    &format!(
-                        "DELETE FROM {s}.graph_writes w USING {s}.graph_checkpoints c
-                         WHERE c.run_id = ANY($1) AND w.thread_id = c.thread_id AND w.ns = c.ns
-                           AND w.checkpoint_id = c.checkpoint_id"
-                    ),
-                    &[&run_ids],
-                )
-                .await?;
+                for table in ["graph_writes", "graph_channels"] {
+                    pexec(
+                        &tx,
+                        ctx,
+                        &format!(
+                            "DELETE FROM {s}.{table} w USING {s}.graph_checkpoints c
+                             WHERE c.run_id = ANY($1) AND w.thread_id = c.thread_id AND w.ns = c.ns
+                               AND w.checkpoint_id = c.checkpoint_id"
+                        ),
+                        &[&run_ids],
+                    )
+                    .await?;
+                }
                 pexec(
                     &tx,
                     ctx,
@@ -1384,6 +1726,7 @@ impl GraphStore {
                     &[&run_ids],
                 )
                 .await?;
+                sweep_pg(&tx, &s, ctx, &threads).await?;
                 commit(tx, ctx).await
             }),
         }
@@ -1414,11 +1757,19 @@ impl GraphStore {
                     params![source, target],
                 )
                 .map_err(|e| sql_err(at, e))?;
-                tx.execute("INSERT OR REPLACE INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
-                     SELECT ?2, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
+                tx.execute("INSERT OR REPLACE INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path, blob_hash)
+                     SELECT ?2, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path, blob_hash
                      FROM graph_writes WHERE thread_id = ?1",
                     params![source, target],
                 )
+                .and_then(|_| tx.execute("INSERT INTO graph_channels (thread_id, ns, checkpoint_id, channel, type, hash)
+                     SELECT ?2, ns, checkpoint_id, channel, type, hash FROM graph_channels WHERE thread_id = ?1",
+                    params![source, target],
+                ))
+                .and_then(|_| tx.execute("INSERT OR IGNORE INTO graph_blobs (thread_id, hash, data)
+                     SELECT ?2, hash, data FROM graph_blobs WHERE thread_id = ?1",
+                    params![source, target],
+                ))
                 .map_err(|e| sql_err(at, e))?;
                 tx.commit().map_err(|e| sql_err(at, e))
             }),
@@ -1427,7 +1778,7 @@ impl GraphStore {
                 let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = format!("copying thread {source:?} to {target:?}");
                 let tx = begin(&mut client, &ctx).await?;
-                self.target_free_pg(&tx, &s, &target, &ctx).await?;
+                self.lock_source_and_target_pg(&tx, &s, &source, &target, &ctx).await?;
                 pexec(
                     &tx,
                     &ctx,
@@ -1443,9 +1794,31 @@ impl GraphStore {
                     &tx,
                     &ctx,
                     &format!(
-                        "INSERT INTO {s}.graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
-                         SELECT $2, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path
+                        "INSERT INTO {s}.graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path, blob_hash)
+                         SELECT $2, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path, blob_hash
                          FROM {s}.graph_writes WHERE thread_id = $1
+                         ON CONFLICT DO NOTHING"
+                    ),
+                    &[&source, &target],
+                )
+                .await?;
+                pexec(
+                    &tx,
+                    &ctx,
+                    &format!(
+                        "INSERT INTO {s}.graph_channels (thread_id, ns, checkpoint_id, channel, type, hash)
+                         SELECT $2, ns, checkpoint_id, channel, type, hash
+                         FROM {s}.graph_channels WHERE thread_id = $1"
+                    ),
+                    &[&source, &target],
+                )
+                .await?;
+                pexec(
+                    &tx,
+                    &ctx,
+                    &format!(
+                        "INSERT INTO {s}.graph_blobs (thread_id, hash, data)
+                         SELECT $2, hash, data FROM {s}.graph_blobs WHERE thread_id = $1
                          ON CONFLICT DO NOTHING"
                     ),
                     &[&source, &target],
@@ -1495,7 +1868,7 @@ impl GraphStore {
                     }
                 }
                 for t in &thread_ids {
-                    for table in ["graph_checkpoints", "graph_writes"] {
+                    for table in ["graph_checkpoints", "graph_writes", "graph_channels"] {
                         tx.execute(&format!(
                                 "DELETE FROM {table} WHERE thread_id = ?1 AND NOT EXISTS (
                                    SELECT 1 FROM (SELECT ns, max(checkpoint_id) AS latest FROM graph_checkpoints
@@ -1511,6 +1884,7 @@ impl GraphStore {
                         [t],
                     )
                     .map_err(|e| sql_err(at, e))?;
+                    sweep_sqlite(&tx, at, t)?;
                 }
                 tx.commit().map_err(|e| sql_err(at, e))
             }),
@@ -1537,7 +1911,7 @@ impl GraphStore {
                     "SELECT thread_id, ns, max(checkpoint_id) AS latest FROM {s}.graph_checkpoints
                      WHERE thread_id = ANY($1) GROUP BY thread_id, ns"
                 );
-                for table in ["graph_writes", "graph_checkpoints"] {
+                for table in ["graph_writes", "graph_channels", "graph_checkpoints"] {
                     pexec(
                         &tx,
                         ctx,
@@ -1557,6 +1931,7 @@ impl GraphStore {
                     &[&sorted],
                 )
                 .await?;
+                sweep_pg(&tx, &s, ctx, &sorted).await?;
                 commit(tx, ctx).await
             }),
         }
@@ -1619,7 +1994,7 @@ impl GraphStore {
                     self.not_held_sqlite(&tx, at, t)?;
                 }
                 for t in &threads {
-                    for table in ["graph_checkpoints", "graph_writes"] {
+                    for table in ["graph_checkpoints", "graph_writes", "graph_channels", "graph_blobs"] {
                         tx.execute(&format!("DELETE FROM {table} WHERE thread_id = ?1"), [t])
                             .map_err(|e| sql_err(at, e))?;
                     }
@@ -1642,7 +2017,7 @@ impl GraphStore {
                     for t in &sorted {
                         self.lease_pg(&tx, &s, t, None).await?;
                     }
-                    for table in ["graph_writes", "graph_checkpoints"] {
+                    for table in ["graph_writes", "graph_checkpoints", "graph_channels", "graph_blobs"] {
                         pexec(
                             &tx,
                             ctx,
@@ -1684,14 +2059,55 @@ impl GraphStore {
         let place = format!("checkpoint {:?} of thread {:?}", r.2, r.0);
         r.5 = self.open_blob(&place, &checkpoint_context(&r.0, &r.1, &r.2, &r.4), r.5)?;
         for w in &mut r.7 {
-            let place = format!(
-                "write {} of task {:?} to checkpoint {:?} of thread {:?}",
-                w.5, w.0, r.2, r.0
-            );
+            let place = write_place(&r.0, &r.2, w);
             let ctx = write_context(&r.0, &r.1, &r.2, &w.0, w.5, &w.1, &w.2);
             w.3 = self.open_blob(&place, &ctx, std::mem::take(&mut w.3))?;
         }
+        for ch in &mut r.8 {
+            let place = channel_place(&r.0, &r.2, &ch.0);
+            let ctx = channel_context(&r.0, &r.1, &r.2, &ch.0, &ch.1);
+            ch.2 = self.open_blob(&place, &ctx, std::mem::take(&mut ch.2))?;
+        }
         Ok(r)
+    }
+
+    /// A checkpoint's large channel values on their way in: checked,
+    /// sealed (with encryption) and named.
+    fn channel_blobs(
+        &self,
+        thread: &str,
+        ns: &str,
+        id: &str,
+        channels: Vec<Channel>,
+    ) -> Result<Vec<ChannelBlob>> {
+        let mut seen = HashSet::new();
+        channels
+            .into_iter()
+            .map(|(channel, ty, data)| {
+                if !seen.insert(channel.clone()) {
+                    return Err(GraphError::InvalidInput(format!(
+                        "checkpoint {id:?}: channel {channel:?} is given twice; nothing was written"
+                    )));
+                }
+                check_blob(&format!("the value of channel {channel:?}"), &data)?;
+                let data = self.seal(&channel_context(thread, ns, id, &channel, &ty), data)?;
+                Ok(ChannelBlob {
+                    channel,
+                    r#type: ty,
+                    blob: Blob::new(data),
+                })
+            })
+            .collect()
+    }
+
+    /// A pending write's stored form: its bytes inline, or (over the
+    /// threshold) empty, with the blob it refers to.
+    fn write_blob(&self, data: Vec<u8>) -> (Vec<u8>, Option<Blob>) {
+        if data.len() as u64 > self.threshold {
+            (Vec::new(), Some(Blob::new(data)))
+        } else {
+            (data, None)
+        }
     }
 
     fn seal(&self, context: &[Vec<u8>], plain: Vec<u8>) -> Result<Vec<u8>> {
@@ -1737,16 +2153,19 @@ impl GraphStore {
             let mut writes = Vec::with_capacity(r.7.len());
             for w in &r.7 {
                 let ctx = write_context(target, &r.1, &r.2, &w.0, w.5, &w.1, &w.2);
+                let (inline, large) = self.write_blob(self.seal(&ctx, w.3.clone())?);
                 writes.push((
                     w.0.clone(),
                     w.4.clone(),
                     w.5,
                     w.1.clone(),
                     w.2.clone(),
-                    self.seal(&ctx, w.3.clone())?,
+                    inline,
+                    large,
                 ));
             }
-            copied.push((r.1, r.2, r.3, r.4, blob, r.6, writes));
+            let channels = self.channel_blobs(target, &r.1, &r.2, r.8)?;
+            copied.push((r.1, r.2, r.3, r.4, blob, r.6, writes, channels));
         }
         match &self.backend {
             Backend::Sqlite { .. } => self.sqlite(|c, at| {
@@ -1754,7 +2173,7 @@ impl GraphStore {
                     .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
                     .map_err(|e| sql_err(at, e))?;
                 self.target_free_sqlite(&tx, at, target)?;
-                for (ns, id, parent, ty, blob, meta, writes) in &copied {
+                for (ns, id, parent, ty, blob, meta, writes, channels) in &copied {
                     let run_id = run_id_of(meta);
                     tx.execute(
                         "INSERT INTO graph_checkpoints (thread_id, ns, checkpoint_id, parent_id, type, blob, metadata, run_id)
@@ -1762,14 +2181,16 @@ impl GraphStore {
                         params![target, ns, id, parent, ty, blob, meta, run_id],
                     )
                     .map_err(|e| sql_err(at, e))?;
-                    for (task, path, idx, channel, ty, blob) in writes {
+                    for (task, path, idx, channel, ty, blob, large) in writes {
                         tx.execute(
-                            "INSERT OR REPLACE INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
-                            params![target, ns, id, task, idx, channel, ty, blob, path],
+                            "INSERT OR REPLACE INTO graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path, blob_hash)
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                            params![target, ns, id, task, idx, channel, ty, blob, path, large.as_ref().map(|b| &b.hash[..])],
                         )
                         .map_err(|e| sql_err(at, e))?;
+                        put_blobs_sqlite(&tx, at, target, large)?;
                     }
+                    put_channels_sqlite(&tx, at, target, ns, id, channels)?;
                 }
                 tx.commit().map_err(|e| sql_err(at, e))
             }),
@@ -1779,7 +2200,7 @@ impl GraphStore {
                 let ctx = format!("copying thread {source:?} to {target:?}");
                 let tx = begin(&mut client, &ctx).await?;
                 self.target_free_pg(&tx, &s, target, &ctx).await?;
-                for (ns, id, parent, ty, blob, meta, writes) in &copied {
+                for (ns, id, parent, ty, blob, meta, writes, channels) in &copied {
                     let run_id = run_id_of(meta);
                     pexec(
                         &tx,
@@ -1791,15 +2212,29 @@ impl GraphStore {
                         &[&target, ns, id, parent, ty, blob, meta, &run_id],
                     )
                     .await?;
-                    for (task, path, idx, channel, ty, blob) in writes {
+                    for (task, path, idx, channel, ty, blob, large) in writes {
                         pexec(
                             &tx,
                             &ctx,
                             &format!(
-                                "INSERT INTO {s}.graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path)
-                                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING"
+                                "INSERT INTO {s}.graph_writes (thread_id, ns, checkpoint_id, task_id, idx, channel, type, blob, task_path, blob_hash)
+                                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT DO NOTHING"
                             ),
-                            &[&target, ns, id, task, idx, channel, ty, blob, path],
+                            &[&target, ns, id, task, idx, channel, ty, blob, path, &large.as_ref().map(|b| &b.hash[..])],
+                        )
+                        .await?;
+                        put_blobs_pg(&tx, &s, &ctx, target, large).await?;
+                    }
+                    put_blobs_pg(&tx, &s, &ctx, target, channels.iter().map(|c| &c.blob)).await?;
+                    for c in channels {
+                        pexec(
+                            &tx,
+                            &ctx,
+                            &format!(
+                                "INSERT INTO {s}.graph_channels (thread_id, ns, checkpoint_id, channel, type, hash)
+                                 VALUES ($1, $2, $3, $4, $5, $6)"
+                            ),
+                            &[&target, ns, id, &c.channel, &c.r#type, &&c.blob.hash[..]],
                         )
                         .await?;
                     }
@@ -1835,11 +2270,13 @@ impl GraphStore {
                     }
                 }
                 drop(rows);
+                let mut seen = HashSet::new();
                 heads
                     .into_iter()
                     .map(|h| {
-                        let w = read_writes_sqlite(c, at, &h.0, &h.1, &h.2)?;
-                        Ok(with_writes(h, w))
+                        let w = read_writes_sqlite(c, at, &h.0, &h.1, &h.2, &mut seen)?;
+                        let ch = read_channels_sqlite(c, at, &h.0, &h.1, &h.2, &mut seen)?;
+                        Ok(with_writes(h, w, ch))
                     })
                     .collect()
             }),
@@ -1866,32 +2303,53 @@ impl GraphStore {
                 let threads: Vec<&str> = heads.iter().map(|h| h.0.as_str()).collect();
                 let namespaces: Vec<&str> = heads.iter().map(|h| h.1.as_str()).collect();
                 let ids: Vec<&str> = heads.iter().map(|h| h.2.as_str()).collect();
-                let writes = pquery(&client, ctx,
-                        &format!(
-                            "SELECT thread_id, ns, checkpoint_id, task_id, channel, type, blob, task_path, idx
-                             FROM {s}.graph_writes
-                             WHERE (thread_id, ns, checkpoint_id) IN (
-                               SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))"
-                        ),
-                        &[&threads, &namespaces, &ids],
-                    )
-                    .await?;
-                let mut by_key: std::collections::HashMap<(String, String, String), Vec<Write>> =
-                    Default::default();
-                for w in writes {
-                    by_key
-                        .entry((w.get(0), w.get(1), w.get(2)))
+                let writes_sql = format!(
+                    "SELECT w.thread_id, w.ns, w.checkpoint_id, w.task_id, w.channel, w.type, w.blob,
+                       w.task_path, w.idx, w.blob_hash, b.data
+                     FROM {s}.graph_writes w LEFT JOIN {s}.graph_blobs b
+                       ON b.thread_id = w.thread_id AND b.hash = w.blob_hash
+                     WHERE (w.thread_id, w.ns, w.checkpoint_id) IN (
+                       SELECT * FROM unnest($1::text[], $2::text[], $3::text[]))"
+                );
+                let channels_sql = blobs::pg_read_channels(&s);
+                let keys: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&threads, &namespaces, &ids];
+                let (writes, channels) = tokio::join!(
+                    pquery(&client, ctx, &writes_sql, &keys),
+                    pquery(&client, ctx, &channels_sql, &keys)
+                );
+                let mut seen = HashSet::new();
+                type Key = (String, String, String);
+                let mut by_key: HashMap<Key, Vec<Write>> = HashMap::new();
+                for r in writes? {
+                    let key: Key = (r.get(0), r.get(1), r.get(2));
+                    let mut w: Write = (r.get(3), r.get(4), r.get(5), r.get(6), r.get(7), r.get(8));
+                    if let Some(hash) = r.get::<_, Option<Vec<u8>>>(9) {
+                        let place = write_place(&key.0, &key.2, &w);
+                        w.3 = blobs::checked(&place, &hash, r.get(10), &mut seen)?;
+                    }
+                    by_key.entry(key).or_default().push(w);
+                }
+                let mut channels_of: HashMap<Key, Vec<Channel>> = HashMap::new();
+                for r in channels? {
+                    let key: Key = (r.get(0), r.get(1), r.get(2));
+                    let channel: String = r.get(3);
+                    let hash: Vec<u8> = r.get(5);
+                    let place = channel_place(&key.0, &key.2, &channel);
+                    let data = blobs::checked(&place, &hash, r.get(6), &mut seen)?;
+                    channels_of
+                        .entry(key)
                         .or_default()
-                        .push((w.get(3), w.get(4), w.get(5), w.get(6), w.get(7), w.get(8)));
+                        .push((channel, r.get(4), data));
                 }
                 Ok(heads
                     .into_iter()
                     .map(|h| {
-                        let mut w = by_key
-                            .remove(&(h.0.clone(), h.1.clone(), h.2.clone()))
-                            .unwrap_or_default();
+                        let key = (h.0.clone(), h.1.clone(), h.2.clone());
+                        let mut w = by_key.remove(&key).unwrap_or_default();
                         sort_writes(&mut w);
-                        with_writes(h, w)
+                        let ch = channels_of.remove(&key).unwrap_or_default();
+                        with_writes(h, w, ch)
                     })
                     .collect())
             }),

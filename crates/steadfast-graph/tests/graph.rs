@@ -95,6 +95,7 @@ fn put(
         blob.to_vec(),
         meta(run),
         Some(run.into()),
+        Vec::new(),
     )
 }
 
@@ -316,16 +317,16 @@ fn older_table_formats_are_upgraded_and_newer_ones_refused() -> TestResult {
         [],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
-    assert_eq!(format, 2);
+    assert_eq!(format, 3);
     assert!(local.is_some_and(|l| l > 0), "{local:?}");
-    conn.execute_batch("UPDATE graph_meta SET value = 3")?;
+    conn.execute_batch("UPDATE graph_meta SET value = 4")?;
     let err = GraphStore::open(&url, LEASE, false).err().ok_or("opened")?;
     assert!(
-        err.to_string().contains("(table format) has version 3"),
+        err.to_string().contains("(table format) has version 4"),
         "{err}"
     );
     let format: i64 = conn.query_row("SELECT value FROM graph_meta", [], |r| r.get(0))?;
-    assert_eq!(format, 3);
+    assert_eq!(format, 4);
     Ok(())
 }
 
@@ -343,9 +344,225 @@ fn a_newer_table_format_is_refused_on_every_store() -> TestResult {
             None => "graph_meta".to_string(),
         };
         // exec() names the thread table `{t}`; the meta table is named here.
-        exec(url, schema, &format!("UPDATE {meta} SET value = 3"))?;
+        exec(url, schema, &format!("UPDATE {meta} SET value = 4"))?;
         let err = GraphStore::open(url, LEASE, false).err().ok_or("opened")?;
-        assert!(err.to_string().contains("has version 3"), "{url}: {err}");
+        assert!(err.to_string().contains("has version 4"), "{url}: {err}");
+        Ok(())
+    })
+}
+
+/// `url` with a blob threshold of 1 KiB, whatever its kind.
+fn small_blobs(url: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}blob_threshold=1KiB")
+}
+
+/// The single number `sql` returns on the store at `url`; `{s}.` before a
+/// table name becomes the test schema on PostgreSQL.
+fn count(url: &str, schema: Option<&str>, sql: &str) -> Result<i64, Box<dyn std::error::Error>> {
+    match schema {
+        None => {
+            let path = url.trim_start_matches("sqlite:");
+            let path = path.split('?').next().unwrap_or(path);
+            let conn = rusqlite::Connection::open(path)?;
+            Ok(conn.query_row(&sql.replace("{s}.", ""), [], |r| r.get(0))?)
+        }
+        Some(schema) => {
+            let base = url.split("schema=").next().unwrap_or(url);
+            let base = base.trim_end_matches(['?', '&']).to_string();
+            let sql = sql.replace("{s}.", &format!("\"{schema}\"."));
+            let n = tokio::runtime::Runtime::new()?.block_on(async move {
+                let (client, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls).await?;
+                tokio::spawn(conn);
+                client
+                    .query_one(&sql, &[])
+                    .await
+                    .map(|r| r.get::<_, i64>(0))
+            })?;
+            Ok(n)
+        }
+    }
+}
+
+/// Saves checkpoint `id` of thread `thread`, a child of `parent`, for run
+/// `run`, with large channel values `channels` (channel, bytes).
+fn put_large(
+    s: &GraphStore,
+    thread: &str,
+    id: &str,
+    parent: Option<&str>,
+    run: &str,
+    channels: &[(&str, &[u8])],
+) -> Result<(), GraphError> {
+    s.put(
+        thread.into(),
+        "".into(),
+        id.into(),
+        parent.map(String::from),
+        "json".into(),
+        b"{}".to_vec(),
+        meta(run),
+        Some(run.into()),
+        channels
+            .iter()
+            .map(|(c, d)| (c.to_string(), "bytes".to_string(), d.to_vec()))
+            .collect(),
+    )
+}
+
+/// A checkpoint's large channel values and a pending write's large value
+/// are stored once per thread however many checkpoints carry them, read
+/// back as they were, copied with their thread, and freed when the last
+/// checkpoint or write that refers to them goes (a replaced checkpoint, a
+/// replaced special write, prune, delete_for_runs, delete_thread).
+#[test]
+fn large_values_are_stored_once_per_thread_and_freed_with_their_last_reference() -> TestResult {
+    on_every_store(|url, schema| {
+        let url = small_blobs(url);
+        let a = GraphStore::open(&url, LEASE, false)?;
+        assert_eq!(a.blob_threshold(), 1024, "{url}");
+        let doc = vec![b'd'; 4096];
+        let other = vec![b'o'; 3000];
+        let out = vec![b'w'; 2048];
+        let blobs = |thread: &str| -> Result<i64, Box<dyn std::error::Error>> {
+            count(
+                &url,
+                schema,
+                &format!("SELECT count(*) FROM {{s}}.graph_blobs WHERE thread_id = '{thread}'"),
+            )
+        };
+        let memory = url.starts_with("memory:");
+        let expect = |thread: &str, n: i64| -> TestResult {
+            if !memory {
+                assert_eq!(blobs(thread)?, n, "{url}: blobs of thread {thread}");
+            }
+            Ok(())
+        };
+        put_large(&a, "t", "c1", None, "r1", &[("doc", &doc)])?;
+        put_large(
+            &a,
+            "t",
+            "c2",
+            Some("c1"),
+            "r2",
+            &[("doc", &doc), ("more", &other)],
+        )?;
+        a.put_writes(
+            "t".into(),
+            "".into(),
+            "c2".into(),
+            "task".into(),
+            "".into(),
+            vec![
+                (0, "out".into(), "bytes".into(), out.clone()),
+                (1, "small".into(), "json".into(), b"1".to_vec()),
+                (2, "again".into(), "bytes".into(), doc.clone()),
+            ],
+        )?;
+        // doc (twice in checkpoints, once in a write), other, out.
+        expect("t", 3)?;
+        let c2 = a.get("t".into(), "".into(), None)?.ok_or("no c2")?;
+        assert_eq!(c2.2, "c2");
+        let channels: Vec<(&str, &[u8])> =
+            c2.8.iter()
+                .map(|c| (c.0.as_str(), c.2.as_slice()))
+                .collect();
+        assert_eq!(channels, [("doc", &doc[..]), ("more", &other[..])], "{url}");
+        let writes: Vec<(&str, &[u8])> =
+            c2.7.iter()
+                .map(|w| (w.1.as_str(), w.3.as_slice()))
+                .collect();
+        assert_eq!(
+            writes,
+            [("out", &out[..]), ("small", &b"1"[..]), ("again", &doc[..])],
+            "{url}"
+        );
+        let listed = a.list(Some("t".into()), None, None, None, None, None)?;
+        assert_eq!(listed.len(), 2);
+        assert_eq!(
+            listed[1].8,
+            vec![("doc".to_string(), "bytes".to_string(), doc.clone())]
+        );
+
+        // A copy reads the same and holds blobs of its own.
+        a.copy_thread("t".into(), "t2".into())?;
+        let copied = a.get("t2".into(), "".into(), None)?.ok_or("no copy")?;
+        assert_eq!(
+            (copied.7.clone(), copied.8.clone()),
+            (c2.7.clone(), c2.8.clone())
+        );
+        expect("t2", 3)?;
+
+        // Saving c2 again without `more` frees it; a special write replaced
+        // by a small one frees its blob.
+        put_large(&a, "t", "c2", Some("c1"), "r2", &[("doc", &doc)])?;
+        expect("t", 2)?;
+        let special = vec![b's'; 5000];
+        for value in [special.clone(), b"0".to_vec()] {
+            a.put_writes(
+                "t".into(),
+                "".into(),
+                "c2".into(),
+                "task".into(),
+                "".into(),
+                vec![(-1, "__error__".into(), "bytes".into(), value)],
+            )?;
+        }
+        expect("t", 2)?;
+
+        // Prune keeps c2, which still refers to doc; deleting r2's
+        // checkpoints leaves the thread without blobs.
+        a.prune(vec!["t".into()], true)?;
+        expect("t", 2)?;
+        // The copy's c2 is r2's too: its c1 keeps doc.
+        a.delete_for_runs(vec!["r2".into()])?;
+        expect("t", 0)?;
+        expect("t2", 1)?;
+        let left = a
+            .get("t2".into(), "".into(), None)?
+            .ok_or("no c1 in the copy")?;
+        assert_eq!((left.2.as_str(), left.8[0].2.len()), ("c1", doc.len()));
+        a.delete_thread("t2".into())?;
+        expect("t2", 0)?;
+        Ok(())
+    })
+}
+
+/// A blob changed or missing under a checkpoint is an error naming the
+/// channel or write, never a wrong value.
+#[test]
+fn a_changed_or_missing_blob_is_corrupt() -> TestResult {
+    on_every_store(|url, schema| {
+        if url.starts_with("memory:") {
+            return Ok(());
+        }
+        let url = small_blobs(url);
+        let a = GraphStore::open(&url, LEASE, false)?;
+        put_large(&a, "t", "c1", None, "r1", &[("doc", &[b'x'; 2000])])?;
+        let table = match schema {
+            Some(schema) => format!("\"{schema}\".graph_blobs"),
+            None => "graph_blobs".to_string(),
+        };
+        let exec_url = url.split('?').next().map(String::from).unwrap_or_default();
+        let exec_url = if schema.is_some() {
+            url.clone()
+        } else {
+            exec_url
+        };
+        let changed = match schema {
+            Some(_) => format!("UPDATE {table} SET data = decode('79', 'hex') || data"),
+            None => format!("UPDATE {table} SET data = CAST(x'79' || data AS BLOB)"),
+        };
+        exec(&exec_url, schema, &changed)?;
+        let err = a.get("t".into(), "".into(), None).err().ok_or("read")?;
+        let text = err.to_string();
+        assert!(
+            text.contains("channel \"doc\"") && text.contains("does not hash to its name"),
+            "{url}: {text}"
+        );
+        exec(&exec_url, schema, &format!("DELETE FROM {table}"))?;
+        let err = a.get("t".into(), "".into(), None).err().ok_or("read")?;
+        assert!(err.to_string().contains("not in the store"), "{url}: {err}");
         Ok(())
     })
 }

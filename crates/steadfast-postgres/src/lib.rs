@@ -447,6 +447,13 @@ impl PgStore {
         map_err(e, context)
     }
 
+    /// The size above which a value is stored as a blob (`?blob_threshold=`
+    /// in the URL, [`PgOptions::blob_threshold`]); tables of the caller's
+    /// in the same schema may keep their own large values by it.
+    pub fn blob_threshold(&self) -> u64 {
+        self.shared.opts.blob_threshold
+    }
+
     /// The schema the store lives in.
     pub fn schema(&self) -> &str {
         &self.shared.schema
