@@ -48,8 +48,11 @@ impl std::fmt::Display for FlowError {
 
 impl std::error::Error for FlowError {}
 
-/// The largest step output accepted by default: 16 MiB.
-pub const DEFAULT_OUTPUT_LIMIT: usize = 16 << 20;
+/// The largest step output accepted: a value as large as a store takes
+/// (1 GiB of JSON text, kept as a blob) and a MiB for the object around it.
+/// Past 1 MiB, stdout is spooled to an unnamed temporary file as it comes.
+pub const DEFAULT_OUTPUT_LIMIT: usize =
+    (steadfast::store::blob::MAX_BLOB_BYTES as usize) + (1 << 20);
 
 /// Reads, checks and builds the workflow of the flow file at `path`.
 pub fn load(path: &Path) -> Result<Workflow, FlowError> {

@@ -292,6 +292,40 @@ fn show_says_what_a_run_stores_and_gc_what_it_freed_of_large_values() -> TestRes
     Ok(())
 }
 
+/// A step may print more than fits in memory comfortably twice: past 1 MiB
+/// its stdout goes to a temporary file and is read from there, with the
+/// same checks as output in memory. A 20 MB document (over the old 16 MiB
+/// limit) is taken and stored once as a blob; 2 MB that are not JSON fail
+/// the step with the same message as in memory.
+#[test]
+fn a_step_prints_a_value_larger_than_16_mib_and_it_is_stored_as_a_blob() -> TestResult {
+    let env = Env::new();
+    let f = env.flow(
+        "big.toml",
+        "name = \"big\"\n[[step]]\nname = \"read\"\n\
+         run = \"printf '{\\\"doc\\\":\\\"'; head -c 20000000 /dev/zero | tr '\\\\000' x; printf '\\\", \\\"n\\\": 1.5}'\"\n\
+         [[step]]\nname = \"bad\"\nrun = \"head -c 2000000 /dev/zero | tr '\\\\000' x\"\n",
+    );
+    let f = f.to_str().ok_or("path")?;
+    let out = env.run(&["run", f, "--run-id", "big"]);
+    assert_eq!(code(&out), 1, "the second step fails: {}", stderr(&out));
+    let shown = env.show("big");
+    assert_eq!(shown["next"], 1, "{}", shown["error"]);
+    assert_eq!(
+        shown["state"]["doc"].as_str().map(str::len),
+        Some(20_000_000)
+    );
+    assert_eq!(shown["state"]["n"], 1.5);
+    assert_eq!(shown["stored"]["blobs"], 1, "{}", shown["stored"]);
+    let why = shown["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("stdout is not JSON that can be stored")
+            && why.contains("it starts with \"xxxx"),
+        "{why}"
+    );
+    Ok(())
+}
+
 #[test]
 fn runs_stuck_labels_each_cause() -> TestResult {
     let env = Env::new();
