@@ -5,6 +5,7 @@
 #
 #   scripts/torture.sh [KILLS] [STORE...]      default: 2000 kills; file sqlite postgres cosmos
 #   SEED=N scripts/torture.sh ...              replay a printed seed
+#   LARGE=1 scripts/torture.sh ...             steps also print 100 KB documents (blobs)
 #
 # postgres needs $STEADFAST_TEST_PG; cosmos needs $STEADFAST_TEST_COSMOS,
 # $STEADFAST_TEST_COSMOS_CA and $STEADFAST_COSMOS_KEY (ci/cosmos/start.sh
@@ -18,6 +19,6 @@ stores=("$@")
 cargo build -q --release -p steadfast-cli -p steadfast-bench
 status=0
 for s in "${stores[@]}"; do
-  target/release/torture --store "$s" --kills "$kills" ${SEED:+--seed "$SEED"} | grep -v '^torture: [0-9]* kills' || status=1
+  target/release/torture --store "$s" --kills "$kills" ${SEED:+--seed "$SEED"} ${LARGE:+--large} | grep -v '^torture: [0-9]* kills' || status=1
 done
 exit $status

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo build --release -p steadfast-cli -p steadfast-bench
-//! target/release/torture --store sqlite --kills 2000 [--seed N] [--runs 8] [--steps 6]
+//! target/release/torture --store sqlite --kills 2000 [--seed N] [--runs 8] [--steps 6] [--large]
 //! ```
 //!
 //! Stores: `file`, `sqlite` (a fresh temporary directory), `postgres`
@@ -46,10 +46,18 @@ struct Args {
     /// inside steps as well as between them).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     step_ms: u64,
+    /// Each step also prints one of three 100 KB documents (the same in
+    /// every run), stored once as blobs: kills land in saves that write
+    /// and share blobs, and the check reads each document back whole.
+    #[arg(long)]
+    large: bool,
     /// The `steadfast` binary (default: beside this one).
     #[arg(long)]
     bin: Option<PathBuf>,
 }
+
+/// The size of each document of `--large`: over the default blob threshold.
+const DOC_BYTES: usize = 100_000;
 
 fn store_url(kind: &str, dir: &Path, seed: u64) -> Result<String, String> {
     let env = |k: &str| std::env::var(k).map_err(|_| format!("{kind} needs ${k}"));
@@ -115,8 +123,17 @@ fn main() {
     let log = dir.path().join("log");
     let mut flow = String::from("name = \"torture\"\n");
     for i in 0..steps {
+        // The update: `{"sI": I}`, or with --large `{"sI": I, "docK": "KKK…"}`.
+        let update = if args.large {
+            let k = i % 3;
+            format!(
+                r#"printf '{{\"s{i}\": {i}, \"doc{k}\": \"'; head -c {DOC_BYTES} /dev/zero | tr '\\000' {k}; printf '\"}}'"#
+            )
+        } else {
+            format!(r#"echo '{{\"s{i}\": {i}}}'"#)
+        };
         flow.push_str(&format!(
-            "[[step]]\nname = \"s{i}\"\nrun = \"echo \\\"$STEADFAST_RUN_ID {i}\\\" >> {log}; sleep {secs}; echo '{{\\\"s{i}\\\": {i}}}'\"\n",
+            "[[step]]\nname = \"s{i}\"\nrun = \"echo \\\"$STEADFAST_RUN_ID {i}\\\" >> {log}; sleep {secs}; {update}\"\n",
             log = log.display(),
             secs = args.step_ms as f64 / 1000.0
         ));
@@ -226,7 +243,7 @@ fn main() {
         dir.path(),
         &url,
         &ids,
-        steps,
+        (steps, args.large),
         &log,
         &kills_per_run,
         worker_kills,
@@ -278,7 +295,7 @@ fn check(
     dir: &Path,
     url: &str,
     ids: &[String],
-    steps: usize,
+    (steps, large): (usize, bool),
     log: &Path,
     kills: &HashMap<String, u32>,
     worker_kills: u32,
@@ -305,6 +322,15 @@ fn check(
         for i in 0..steps {
             if v["state"][format!("s{i}")] != i {
                 out.push(format!("run {id}: state lacks s{i}: {}", v["state"]));
+            }
+        }
+        for k in (0..steps.min(3)).filter(|_| large) {
+            let doc = v["state"][format!("doc{k}")].as_str().unwrap_or_default();
+            if doc.len() != DOC_BYTES || doc.bytes().any(|b| b != b'0' + k as u8) {
+                out.push(format!(
+                    "run {id}: doc{k} did not read back whole ({} bytes)",
+                    doc.len()
+                ));
             }
         }
         let execs = per_run.get(id.as_str()).cloned().unwrap_or_default();
