@@ -307,10 +307,15 @@ fn torture_with(scheme: &str, test: &str, big: bool) -> TestResult {
             .collect();
         blobs.sort();
         let mut wanted: Vec<String> = (0..3)
-            .map(|k| steadfast::store::blob::BlobHash::of(json!(doc(k)).to_string().as_bytes()).hex())
+            .map(|k| {
+                steadfast::store::blob::BlobHash::of(json!(doc(k)).to_string().as_bytes()).hex()
+            })
             .collect();
         wanted.sort();
-        assert_eq!(blobs, wanted, "the blob directory holds the three documents only");
+        assert_eq!(
+            blobs, wanted,
+            "the blob directory holds the three documents only"
+        );
     }
     eprintln!(
         "{total_kills} kills over {} runs: {kills_per_run:?}",

@@ -135,6 +135,13 @@ class SteadfastSaver(BaseCheckpointSaver[str]):
             process or another) writing to the thread within that time gets
             `steadfast.Held`.
 
+    A channel value whose serialized bytes are longer than the store's blob
+    threshold (64 KiB; `?blob_threshold=SIZE` in the URL), and a pending
+    write as long, is stored once per thread however many checkpoints carry
+    it, and read back whole (with encryption each checkpoint keeps its own
+    sealed copy). Deleting or pruning the last checkpoint that refers to
+    such a value frees it.
+
     Checkpoint versions are strings that sort in write order, as with the
     SQLite and PostgreSQL savers shipped with LangGraph. The synchronous
     methods block; the `a`-prefixed ones run the same work in the event
@@ -551,9 +558,14 @@ class SteadfastSaver(BaseCheckpointSaver[str]):
         ]
         checkpoint = self.serde.loads_typed((type_, blob))
         if large:
-            values = checkpoint.setdefault("channel_values", {})
+            values = dict(checkpoint.get("channel_values") or {})
             for channel, c_type, c_blob in large:
                 values[channel] = self.serde.loads_typed((c_type, c_blob))
+            # Back in the order of the channels' versions, as they were put.
+            order = {name: i for i, name in enumerate(checkpoint.get("channel_versions") or {})}
+            checkpoint["channel_values"] = dict(
+                sorted(values.items(), key=lambda kv: order.get(kv[0], len(order)))
+            )
         return CheckpointTuple(
             config=_config(thread_id, ns, checkpoint_id),
             checkpoint=checkpoint,

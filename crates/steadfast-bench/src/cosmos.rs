@@ -16,13 +16,20 @@ use crate::{emit, median, Args};
 /// The environment variable naming the server.
 pub const ENV: &str = "STEADFAST_BENCH_COSMOS";
 
-/// W1 and W2, with the request charge per checkpoint the server reported.
+/// W1 and W2, with the request charge per checkpoint the server reported,
+/// and W7 when asked for.
 pub async fn measure(args: &Args) -> Res<()> {
     let Some(base) = std::env::var(ENV).ok().filter(|u| !u.is_empty()) else {
         eprintln!("cosmos: skipped; set {ENV} to cosmos://HOST:PORT?keyfile=PATH[&cafile=PATH] to measure it");
         return Ok(());
     };
     let (host, query) = base.split_once('?').unwrap_or((base.as_str(), ""));
+    if args.wants("W7") {
+        w7(host, query, args).await?;
+    }
+    if !args.wants("W1") && !args.wants("W2") {
+        return Ok(());
+    }
     let runs = if args.quick { 10 } else { 200 };
     for concurrency in [1usize, 16] {
         let mut per_step = Vec::new();
@@ -51,6 +58,64 @@ pub async fn measure(args: &Args) -> Res<()> {
                    "notes": "protocol overhead against the local test server, not Azure figures; RU as the server reports them (it charges 1 per request)"}),
         );
     }
+    Ok(())
+}
+
+/// W7 (see `large.rs`) on the server: 100 runs of 10 steps of 1 MiB
+/// values. What is stored is the store's own count (each run's record and
+/// the blob items it holds, which on Cosmos DB are once per run), as the
+/// server does not say what it keeps.
+async fn w7(host: &str, query: &str, args: &Args) -> Res<()> {
+    use crate::large::{peak_rss, raw_write, reset_peak, workflow, VALUE_BYTES};
+    use steadfast::StoreExt;
+    let runs = if args.quick { 4 } else { 100 };
+    let (mut per_step, mut raw, mut stored, mut peaks, mut charge) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for rep in 0..args.reps() {
+        let url = format!("{host}/bench{:08x}/w7r{rep}?{query}", fastrand_u32());
+        let store = CosmosStore::open_with(&url, CosmosOptions::default()).await?;
+        reset_peak();
+        let before = store.request_charge().0;
+        let mut took = 0.0;
+        for r in 0..runs {
+            let wf = workflow(r);
+            let t = std::time::Instant::now();
+            steadfast::run(&format!("w7-{r}"), &wf, &store).await?;
+            took += t.elapsed().as_secs_f64();
+        }
+        charge.push((store.request_charge().0 - before) / (runs * STEPS) as f64);
+        per_step.push(took * 1e6 / (runs * STEPS) as f64);
+        peaks.push(peak_rss().unwrap_or(0) as f64);
+        let blobs = store
+            .capabilities()
+            .blobs
+            .ok_or("the Cosmos DB store keeps no blobs")?;
+        let mut bytes = 0u64;
+        for r in 0..runs {
+            if let Some(u) = blobs.usage(&format!("w7-{r}")).await? {
+                bytes += u.record_bytes + u.blob_bytes;
+            }
+        }
+        stored.push(bytes as f64);
+        store.drop_database().await?;
+        raw.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
+    }
+    let unique = (runs * 5 * VALUE_BYTES) as f64;
+    let (us, raw_us, bytes) = (median(per_step), median(raw), median(stored));
+    emit(
+        "steadfast",
+        "cosmos",
+        "W7",
+        "one transactional batch per checkpoint, blob items written before it (local protocol server, in memory)",
+        json!({"runs": runs, "steps": STEPS, "value_bytes": VALUE_BYTES,
+               "us_per_step": round(us), "raw_write_fsync_us": round(raw_us),
+               "us_per_step_over_raw": round(us / raw_us * 100.0) / 100.0,
+               "stored_bytes": bytes as u64, "unique_bytes": unique as u64,
+               "stored_over_unique": round(bytes / unique * 100.0) / 100.0,
+               "peak_rss_bytes": median(peaks) as u64,
+               "ru_per_step": round(median(charge)),
+               "notes": "step i returns document i % 5 of its run (1 MiB each, incompressible); protocol overhead against the local test server, not Azure figures; raw = write 1 MiB + fsync to the local disk, median of 100; stored = the store's count of each run's record and blob items (the server does not say what it keeps); medians of the repetitions"}),
+    );
     Ok(())
 }
 

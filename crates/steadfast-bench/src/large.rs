@@ -18,7 +18,7 @@ use crate::workloads::{fresh_url, Res, STEPS};
 use crate::{durability, emit, median, Args};
 
 /// The size of one value's JSON text, quotes included: 1 MiB.
-const VALUE_BYTES: usize = 1 << 20;
+pub(crate) const VALUE_BYTES: usize = 1 << 20;
 
 /// Text of `len` characters that does not compress (so that a store that
 /// compresses, such as PostgreSQL's TOAST, is measured on what it keeps).
@@ -48,7 +48,7 @@ fn document(run: usize, k: usize) -> String {
 /// its own, so steps 5 to 9 reread what steps 0 to 4 read. The documents
 /// are made before the run (a step only hands over the value it has, as a
 /// model's or a tool's answer), so the time is the checkpoints'.
-fn workflow(run: usize) -> Workflow {
+pub(crate) fn workflow(run: usize) -> Workflow {
     let docs: Arc<Vec<String>> = Arc::new((0..5).map(|k| document(run, k)).collect());
     let mut b = Workflow::builder("w7");
     for i in 0..STEPS {
@@ -65,7 +65,7 @@ fn workflow(run: usize) -> Workflow {
 }
 
 /// The process's peak resident memory (VmHWM) in bytes.
-fn peak_rss() -> Option<u64> {
+pub(crate) fn peak_rss() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -73,13 +73,13 @@ fn peak_rss() -> Option<u64> {
 }
 
 /// Resets the peak to what is resident now (Linux: `5` to `clear_refs`).
-fn reset_peak() {
+pub(crate) fn reset_peak() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 /// Microseconds per write of `bytes` bytes to a file plus its fsync
 /// (median of `n`), on the disk under `dir`.
-fn raw_write(dir: &Path, bytes: usize, n: usize) -> Res<f64> {
+pub(crate) fn raw_write(dir: &Path, bytes: usize, n: usize) -> Res<f64> {
     let path = dir.join("w7-raw.bin");
     let body = noise(7, bytes).into_bytes();
     let mut samples = Vec::with_capacity(n);

@@ -7,7 +7,7 @@
 //! refers to its channel values in `graph_channels` (channel, type, hash); a
 //! write refers to its value by `graph_writes.blob_hash`, its `blob` left
 //! empty. A graph that carries one unchanged 1 MiB channel through fifty
-//! checkpoints therefore stores it once per thread.
+//! checkpoints therefore stores it once per thread (without encryption).
 //!
 //! Blobs are shared within a thread (all its namespaces), not between
 //! threads: every statement that adds or drops a thread's references runs
@@ -18,7 +18,18 @@
 //! more; deleting a thread deletes its blobs.
 //!
 //! Reading checks each blob against its name: a reference whose blob is
-//! missing, or whose bytes do not hash to it, is `Corrupt`.
+//! missing, or whose bytes do not hash to it, is `Corrupt`; so is a
+//! checkpoint whose stored type (`blobs/N/TYPE`) counts other than the
+//! references found, or a write whose type (`blob/TYPE`) and reference
+//! disagree. Builds without blobs fail on those types instead of reading a
+//! checkpoint without its large values.
+//!
+//! With encryption a blob holds the sealed value, bound to its checkpoint
+//! and channel (or write) under a fresh nonce, so two checkpoints that carry
+//! one value store two sealed copies: nothing is shared, as for runs
+//! (`docs/security.md` says why). Reads happen in one snapshot (a read
+//! transaction on SQLite, `REPEATABLE READ` on PostgreSQL), so a checkpoint
+//! is never read without references a concurrent delete just dropped.
 
 use std::collections::HashSet;
 
@@ -57,21 +68,100 @@ pub(crate) struct ChannelBlob {
     pub blob: Blob,
 }
 
+/// Before the saver's type of a checkpoint that keeps large channel values
+/// apart: `blobs/N/TYPE`, N their number. A build without blobs fails to
+/// load such a checkpoint (an unknown type) rather than read it without
+/// them, and a reader that finds fewer or more references knows.
+const CHECKPOINT_MARK: &str = "blobs/";
+/// Before the saver's type of a pending write whose value is a blob.
+const WRITE_MARK: &str = "blob/";
+
+/// Refuses a type the marks above would be confused with.
+pub(crate) fn check_type(what: &str, ty: &str) -> Result<()> {
+    if ty.starts_with(WRITE_MARK) || ty.starts_with(CHECKPOINT_MARK) {
+        return Err(GraphError::InvalidInput(format!(
+            "{what}: a serialization type may not begin with {WRITE_MARK:?} or {CHECKPOINT_MARK:?} (got {ty:?}); nothing was written"
+        )));
+    }
+    Ok(())
+}
+
+/// The type a checkpoint is stored under, with `n` large channel values.
+pub(crate) fn checkpoint_type(ty: &str, n: usize) -> String {
+    if n == 0 {
+        ty.to_string()
+    } else {
+        format!("{CHECKPOINT_MARK}{n}/{ty}")
+    }
+}
+
+/// A stored checkpoint type read back: the saver's type and how many large
+/// channel values the checkpoint refers to.
+pub(crate) fn read_checkpoint_type(place: &str, stored: &str) -> Result<(String, usize)> {
+    let Some(rest) = stored.strip_prefix(CHECKPOINT_MARK) else {
+        return Ok((stored.to_string(), 0));
+    };
+    match rest.split_once('/').map(|(n, ty)| (n.parse::<usize>(), ty)) {
+        Some((Ok(n), ty)) if n > 0 => Ok((ty.to_string(), n)),
+        _ => Err(corrupt(place, format!("has the malformed type {stored:?}"))),
+    }
+}
+
+/// The type a pending write is stored under.
+pub(crate) fn write_type(ty: &str, large: bool) -> String {
+    if large {
+        format!("{WRITE_MARK}{ty}")
+    } else {
+        ty.to_string()
+    }
+}
+
+/// A stored write type read back, checked against whether the row names a
+/// blob.
+pub(crate) fn read_write_type(place: &str, stored: &str, has_blob: bool) -> Result<String> {
+    match (stored.strip_prefix(WRITE_MARK), has_blob) {
+        (Some(ty), true) => Ok(ty.to_string()),
+        (None, false) => Ok(stored.to_string()),
+        (Some(_), false) => Err(corrupt(
+            place,
+            format!("has type {stored:?}, of a large value, but names no blob"),
+        )),
+        (None, true) => Err(corrupt(
+            place,
+            format!("names a blob, but its type {stored:?} is not that of a large value"),
+        )),
+    }
+}
+
+/// Checks that a checkpoint has the large channel values its type counts.
+pub(crate) fn check_channel_count(place: &str, want: usize, found: usize) -> Result<()> {
+    if want == found {
+        return Ok(());
+    }
+    Err(corrupt(
+        place,
+        format!("refers to {want} large channel value(s), but {found} are stored"),
+    ))
+}
+
+fn corrupt(place: &str, reason: String) -> GraphError {
+    store_err(&StoreError::Corrupt {
+        location: place.to_string(),
+        reason,
+    })
+}
+
 /// Checks what a read found for a reference: the blob must exist and hash
-/// to its name. `seen` holds the names already checked in this read (the
-/// same blob met again is the same row, so it is hashed once).
+/// to its name. `seen` holds the blobs (thread and name) already checked in
+/// this read: the same one met again is the same row, so it is hashed once.
 pub(crate) fn checked(
     place: &str,
+    thread: &str,
     hash: &[u8],
     data: Option<Vec<u8>>,
-    seen: &mut HashSet<Hash>,
+    seen: &mut HashSet<(String, Hash)>,
 ) -> Result<Vec<u8>> {
-    let corrupt = |reason: String| -> GraphError {
-        store_err(&StoreError::Corrupt {
-            location: place.to_string(),
-            reason,
-        })
-    };
+    let corrupt = |reason: String| corrupt(place, reason);
     let Ok(name) = <Hash>::try_from(hash) else {
         return Err(corrupt(format!(
             "refers to a blob by a name of {} bytes, not a SHA-256",
@@ -84,7 +174,8 @@ pub(crate) fn checked(
             BlobHash::from_slice(&name).map_or_else(String::new, |h| h.to_string())
         )));
     };
-    if !seen.contains(&name) {
+    let key = (thread.to_string(), name);
+    if !seen.contains(&key) {
         if hash_of(&data) != name {
             return Err(corrupt(format!(
                 "blob {} does not hash to its name: its {} bytes were changed",
@@ -92,7 +183,7 @@ pub(crate) fn checked(
                 data.len()
             )));
         }
-        seen.insert(name);
+        seen.insert(key);
     }
     Ok(data)
 }

@@ -633,17 +633,21 @@ async fn open_pg(url: &str) -> Result<Backend> {
             check_format(&at, row.get(0))?;
         }
     }
-    // Two savers creating the tables at once would race on the catalog.
-    client
-        .batch_execute(&format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('steadfast graph tables')); {} {} COMMIT;",
-            pg_schema(&s),
-            blobs::pg_tables(&s)
-        ))
-        .await
-        .map_err(|e| pg_err(&format!("creating the graph tables in {at}"), e))?;
+    // Two savers creating the tables at once would race on the catalog; the
+    // format is raised in the same transaction, so that no saver of an
+    // older build opens tables changed under it without being refused.
+    let mut client = client;
+    let making = format!("creating the graph tables in {at}");
+    let tx = begin(&mut client, &making).await?;
+    tx.batch_execute(&format!(
+        "SELECT pg_advisory_xact_lock(hashtext('steadfast graph tables')); {} {}",
+        pg_schema(&s),
+        blobs::pg_tables(&s)
+    ))
+    .await
+    .map_err(|e| pg_err(&making, e))?;
     let row = pquery_one(
-        &client,
+        &tx,
         &format!("reading the graph table format in {at}"),
         &format!(
             "INSERT INTO {s}.graph_meta (key, value) VALUES ('format', $1)
@@ -653,6 +657,7 @@ async fn open_pg(url: &str) -> Result<Backend> {
     )
     .await?;
     check_format(&at, row.get(0))?;
+    commit(tx, &making).await?;
     drop(client);
     Ok(Backend::Pg { store })
 }
@@ -967,7 +972,7 @@ fn read_writes_sqlite(
     thread: &str,
     ns: &str,
     id: &str,
-    seen: &mut HashSet<blobs::Hash>,
+    seen: &mut HashSet<(String, blobs::Hash)>,
 ) -> Result<Vec<Write>> {
     let mut st = c
         .prepare_cached(
@@ -997,15 +1002,27 @@ fn read_writes_sqlite(
         .map_err(|e| sql_err(at, e))?;
     let mut w = raw
         .into_iter()
-        .map(|(mut w, hash, data)| {
-            if let Some(hash) = hash {
-                let place = write_place(thread, id, &w);
-                w.3 = blobs::checked(&place, &hash, data, seen)?;
-            }
-            Ok(w)
-        })
+        .map(|(w, hash, data)| resolve_write(thread, id, w, hash, data, seen))
         .collect::<Result<Vec<Write>>>()?;
     sort_writes(&mut w);
+    Ok(w)
+}
+
+/// A pending write as read: its stored type checked against whether it
+/// names a blob, and the blob's bytes (checked) in place of its own.
+fn resolve_write(
+    thread: &str,
+    checkpoint: &str,
+    mut w: Write,
+    hash: Option<Vec<u8>>,
+    data: Option<Vec<u8>>,
+    seen: &mut HashSet<(String, blobs::Hash)>,
+) -> Result<Write> {
+    let place = write_place(thread, checkpoint, &w);
+    w.2 = blobs::read_write_type(&place, &w.2, hash.is_some())?;
+    if let Some(hash) = hash {
+        w.3 = blobs::checked(&place, thread, &hash, data, seen)?;
+    }
     Ok(w)
 }
 
@@ -1029,7 +1046,7 @@ fn read_channels_sqlite(
     thread: &str,
     ns: &str,
     id: &str,
-    seen: &mut HashSet<blobs::Hash>,
+    seen: &mut HashSet<(String, blobs::Hash)>,
 ) -> Result<Vec<Channel>> {
     let mut st = c
         .prepare_cached(blobs::SQLITE_READ_CHANNELS)
@@ -1044,7 +1061,7 @@ fn read_channels_sqlite(
     raw.into_iter()
         .map(|(channel, ty, hash, data)| {
             let place = channel_place(thread, id, &channel);
-            let data = blobs::checked(&place, &hash, data, seen)?;
+            let data = blobs::checked(&place, thread, &hash, data, seen)?;
             Ok((channel, ty, data))
         })
         .collect()
@@ -1206,8 +1223,13 @@ fn head_pg(r: &tokio_postgres::Row) -> Head {
     )
 }
 
-fn with_writes(h: Head, w: Vec<Write>, channels: Vec<Channel>) -> Row {
-    (h.0, h.1, h.2, h.3, h.4, h.5, h.6, w, channels)
+/// A checkpoint row with its writes and large channel values, its stored
+/// type read back and checked against the values found.
+fn assemble(h: Head, w: Vec<Write>, channels: Vec<Channel>) -> Result<Row> {
+    let place = format!("checkpoint {:?} of thread {:?}", h.2, h.0);
+    let (ty, want) = blobs::read_checkpoint_type(&place, &h.4)?;
+    blobs::check_channel_count(&place, want, channels.len())?;
+    Ok((h.0, h.1, h.2, h.3, ty, h.5, h.6, w, channels))
 }
 
 const COLS: &str = "thread_id, ns, checkpoint_id, parent_id, type, blob, metadata";
@@ -1295,11 +1317,13 @@ impl GraphStore {
     ) -> Result<()> {
         self.check_process()?;
         check_blob("the checkpoint", &blob)?;
+        blobs::check_type(&format!("checkpoint {checkpoint_id:?}"), &r#type)?;
         let blob = self.seal(
             &checkpoint_context(&thread_id, &ns, &checkpoint_id, &r#type),
             blob,
         )?;
         let channels = self.channel_blobs(&thread_id, &ns, &checkpoint_id, channels)?;
+        let r#type = blobs::checkpoint_type(&r#type, channels.len());
         serde_json::from_str::<serde_json::Map<String, Value>>(&metadata).map_err(|e| {
             GraphError::InvalidInput(format!(
                 "the metadata of checkpoint {checkpoint_id:?} is not a JSON object: {e}; nothing was written"
@@ -1348,7 +1372,10 @@ impl GraphStore {
                 );
                 let key: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
                     [&thread_id, &ns, &checkpoint_id];
+                // Biased: the lease's statement always goes out first, so
+                // that the thread's row is locked before any other.
                 let (lease, saved, dropped) = tokio::join!(
+                    biased;
                     self.lease_pg(&tx, &s, &thread_id, Some(head)),
                     pexec(&tx, &ctx, &sql, &row),
                     pexec(&tx, &ctx, &drop_refs, &key)
@@ -1410,7 +1437,9 @@ impl GraphStore {
                     &channel,
                     &ty,
                 );
+                blobs::check_type(&format!("the write to channel {channel:?}"), &ty)?;
                 let (inline, large) = self.write_blob(self.seal(&ctx, blob)?);
+                let ty = blobs::write_type(&ty, large.is_some());
                 Ok((idx, channel, ty, inline, large))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -1507,6 +1536,7 @@ impl GraphStore {
                     None,
                 );
                 let (lease, replaced, kept) = tokio::join!(
+                    biased;
                     self.lease_pg(&tx, &s, &thread_id, Some(head)),
                     async {
                         if replace.is_empty() {
@@ -1706,24 +1736,29 @@ impl GraphStore {
                 for t in &threads {
                     self.lease_pg(&tx, &s, t, None).await?;
                 }
+                // Only the threads locked above: a thread whose first
+                // checkpoint of these runs landed since is left alone.
                 for table in ["graph_writes", "graph_channels"] {
                     pexec(
                         &tx,
                         ctx,
                         &format!(
                             "DELETE FROM {s}.{table} w USING {s}.graph_checkpoints c
-                             WHERE c.run_id = ANY($1) AND w.thread_id = c.thread_id AND w.ns = c.ns
+                             WHERE c.run_id = ANY($1) AND c.thread_id = ANY($2)
+                               AND w.thread_id = c.thread_id AND w.ns = c.ns
                                AND w.checkpoint_id = c.checkpoint_id"
                         ),
-                        &[&run_ids],
+                        &[&run_ids, &threads],
                     )
                     .await?;
                 }
                 pexec(
                     &tx,
                     ctx,
-                    &format!("DELETE FROM {s}.graph_checkpoints WHERE run_id = ANY($1)"),
-                    &[&run_ids],
+                    &format!(
+                        "DELETE FROM {s}.graph_checkpoints WHERE run_id = ANY($1) AND thread_id = ANY($2)"
+                    ),
+                    &[&run_ids, &threads],
                 )
                 .await?;
                 sweep_pg(&tx, &s, ctx, &threads).await?;
@@ -1771,6 +1806,9 @@ impl GraphStore {
                     params![source, target],
                 ))
                 .map_err(|e| sql_err(at, e))?;
+                // Writes the target had without checkpoints may have been
+                // replaced, and the source's blobs may not all be wanted.
+                sweep_sqlite(&tx, at, &target)?;
                 tx.commit().map_err(|e| sql_err(at, e))
             }),
             Backend::Pg { store } => block(async {
@@ -1824,6 +1862,7 @@ impl GraphStore {
                     &[&source, &target],
                 )
                 .await?;
+                sweep_pg(&tx, &s, &ctx, std::slice::from_ref(&target)).await?;
                 commit(tx, &ctx).await
             }),
         }
@@ -2090,6 +2129,7 @@ impl GraphStore {
                     )));
                 }
                 check_blob(&format!("the value of channel {channel:?}"), &data)?;
+                blobs::check_type(&format!("the value of channel {channel:?}"), &ty)?;
                 let data = self.seal(&channel_context(thread, ns, id, &channel, &ty), data)?;
                 Ok(ChannelBlob {
                     channel,
@@ -2159,13 +2199,14 @@ impl GraphStore {
                     w.4.clone(),
                     w.5,
                     w.1.clone(),
-                    w.2.clone(),
+                    blobs::write_type(&w.2, large.is_some()),
                     inline,
                     large,
                 ));
             }
             let channels = self.channel_blobs(target, &r.1, &r.2, r.8)?;
-            copied.push((r.1, r.2, r.3, r.4, blob, r.6, writes, channels));
+            let ty = blobs::checkpoint_type(&r.4, channels.len());
+            copied.push((r.1, r.2, r.3, ty, blob, r.6, writes, channels));
         }
         match &self.backend {
             Backend::Sqlite { .. } => self.sqlite(|c, at| {
@@ -2192,6 +2233,7 @@ impl GraphStore {
                     }
                     put_channels_sqlite(&tx, at, target, ns, id, channels)?;
                 }
+                sweep_sqlite(&tx, at, target)?;
                 tx.commit().map_err(|e| sql_err(at, e))
             }),
             Backend::Pg { store } => block(async {
@@ -2239,6 +2281,7 @@ impl GraphStore {
                         .await?;
                     }
                 }
+                sweep_pg(&tx, &s, &ctx, &[target.to_string()]).await?;
                 commit(tx, &ctx).await
             }),
         }
@@ -2256,6 +2299,9 @@ impl GraphStore {
         let sql_limit = if q.filter.is_some() { None } else { q.limit };
         match &self.backend {
             Backend::Sqlite { .. } => self.sqlite(|c, at| {
+                // One read transaction: the checkpoints, their writes and
+                // their blobs from one snapshot.
+                let c = c.transaction().map_err(|e| sql_err(at, e))?;
                 let (rest, values) = q.sql(sql_limit, |i| format!("?{i}"));
                 let sql = format!("SELECT {COLS} FROM graph_checkpoints {rest}");
                 let args: Vec<&dyn rusqlite::ToSql> =
@@ -2270,20 +2316,31 @@ impl GraphStore {
                     }
                 }
                 drop(rows);
+                drop(st);
                 let mut seen = HashSet::new();
-                heads
+                let read = heads
                     .into_iter()
                     .map(|h| {
-                        let w = read_writes_sqlite(c, at, &h.0, &h.1, &h.2, &mut seen)?;
-                        let ch = read_channels_sqlite(c, at, &h.0, &h.1, &h.2, &mut seen)?;
-                        Ok(with_writes(h, w, ch))
+                        let w = read_writes_sqlite(&c, at, &h.0, &h.1, &h.2, &mut seen)?;
+                        let ch = read_channels_sqlite(&c, at, &h.0, &h.1, &h.2, &mut seen)?;
+                        assemble(h, w, ch)
                     })
-                    .collect()
+                    .collect::<Result<Vec<Row>>>()?;
+                c.commit().map_err(|e| sql_err(at, e))?;
+                Ok(read)
             }),
             Backend::Pg { store } => block(async {
                 let s = store.quoted_schema();
-                let client = store.connection().await.map_err(|e| store_err(&e))?;
+                let mut client = store.connection().await.map_err(|e| store_err(&e))?;
                 let ctx = "reading checkpoints";
+                // One snapshot for the checkpoints, their writes and blobs.
+                let client = client
+                    .build_transaction()
+                    .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                    .read_only(true)
+                    .start()
+                    .await
+                    .map_err(|e| pg_err(ctx, e))?;
                 let (rest, values) = q.sql(sql_limit, |i| format!("${i}"));
                 let sql = format!("SELECT {COLS} FROM {s}.graph_checkpoints {rest}");
                 let args: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = values
@@ -2323,11 +2380,8 @@ impl GraphStore {
                 let mut by_key: HashMap<Key, Vec<Write>> = HashMap::new();
                 for r in writes? {
                     let key: Key = (r.get(0), r.get(1), r.get(2));
-                    let mut w: Write = (r.get(3), r.get(4), r.get(5), r.get(6), r.get(7), r.get(8));
-                    if let Some(hash) = r.get::<_, Option<Vec<u8>>>(9) {
-                        let place = write_place(&key.0, &key.2, &w);
-                        w.3 = blobs::checked(&place, &hash, r.get(10), &mut seen)?;
-                    }
+                    let w: Write = (r.get(3), r.get(4), r.get(5), r.get(6), r.get(7), r.get(8));
+                    let w = resolve_write(&key.0, &key.2, w, r.get(9), r.get(10), &mut seen)?;
                     by_key.entry(key).or_default().push(w);
                 }
                 let mut channels_of: HashMap<Key, Vec<Channel>> = HashMap::new();
@@ -2336,22 +2390,24 @@ impl GraphStore {
                     let channel: String = r.get(3);
                     let hash: Vec<u8> = r.get(5);
                     let place = channel_place(&key.0, &key.2, &channel);
-                    let data = blobs::checked(&place, &hash, r.get(6), &mut seen)?;
+                    let data = blobs::checked(&place, &key.0, &hash, r.get(6), &mut seen)?;
                     channels_of
                         .entry(key)
                         .or_default()
                         .push((channel, r.get(4), data));
                 }
-                Ok(heads
+                let read = heads
                     .into_iter()
                     .map(|h| {
                         let key = (h.0.clone(), h.1.clone(), h.2.clone());
                         let mut w = by_key.remove(&key).unwrap_or_default();
                         sort_writes(&mut w);
                         let ch = channels_of.remove(&key).unwrap_or_default();
-                        with_writes(h, w, ch)
+                        assemble(h, w, ch)
                     })
-                    .collect())
+                    .collect::<Result<Vec<Row>>>()?;
+                commit(client, ctx).await?;
+                Ok(read)
             }),
         }
     }

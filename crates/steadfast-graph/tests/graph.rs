@@ -484,6 +484,20 @@ fn large_values_are_stored_once_per_thread_and_freed_with_their_last_reference()
             vec![("doc".to_string(), "bytes".to_string(), doc.clone())]
         );
 
+        // A write kept once keeps its first value: the second's blob is
+        // not left behind.
+        a.put_writes(
+            "t".into(),
+            "".into(),
+            "c2".into(),
+            "task".into(),
+            "".into(),
+            vec![(0, "out".into(), "bytes".into(), vec![b'z'; 5000])],
+        )?;
+        expect("t", 3)?;
+        let again = a.get("t".into(), "".into(), None)?.ok_or("no c2")?;
+        assert_eq!(again.7[0].3, out, "{url}: the first value stays");
+
         // A copy reads the same and holds blobs of its own.
         a.copy_thread("t".into(), "t2".into())?;
         let copied = a.get("t2".into(), "".into(), None)?.ok_or("no copy")?;
@@ -497,6 +511,8 @@ fn large_values_are_stored_once_per_thread_and_freed_with_their_last_reference()
         // by a small one frees its blob.
         put_large(&a, "t", "c2", Some("c1"), "r2", &[("doc", &doc)])?;
         expect("t", 2)?;
+        let resaved = a.get("t".into(), "".into(), None)?.ok_or("no c2")?;
+        assert_eq!((resaved.4.as_str(), resaved.8.len()), ("json", 1), "{url}");
         let special = vec![b's'; 5000];
         for value in [special.clone(), b"0".to_vec()] {
             a.put_writes(
@@ -563,6 +579,128 @@ fn a_changed_or_missing_blob_is_corrupt() -> TestResult {
         exec(&exec_url, schema, &format!("DELETE FROM {table}"))?;
         let err = a.get("t".into(), "".into(), None).err().ok_or("read")?;
         assert!(err.to_string().contains("not in the store"), "{url}: {err}");
+
+        // A reference gone: the checkpoint's type still counts it.
+        let channels = table.replace("graph_blobs", "graph_channels");
+        exec(&exec_url, schema, &format!("DELETE FROM {channels}"))?;
+        let err = a.get("t".into(), "".into(), None).err().ok_or("read")?;
+        assert!(
+            err.to_string()
+                .contains("refers to 1 large channel value(s), but 0 are stored"),
+            "{url}: {err}"
+        );
+
+        // A large write's blob changed, in a copy only: found when every
+        // thread is listed, though the source's same blob is sound.
+        a.delete_thread("t".into())?;
+        a.put_writes(
+            "w".into(),
+            "".into(),
+            "c1".into(),
+            "task".into(),
+            "".into(),
+            vec![(0, "out".into(), "bytes".into(), vec![b'o'; 3000])],
+        )?;
+        put_large(&a, "w", "c1", None, "r1", &[])?;
+        a.copy_thread("w".into(), "w2".into())?;
+        let only_copy = match schema {
+            Some(_) => format!(
+                "UPDATE {table} SET data = decode('79', 'hex') || data WHERE thread_id = 'w2'"
+            ),
+            None => format!(
+                "UPDATE {table} SET data = CAST(x'79' || data AS BLOB) WHERE thread_id = 'w2'"
+            ),
+        };
+        exec(&exec_url, schema, &only_copy)?;
+        assert_eq!(
+            a.get("w".into(), "".into(), None)?.ok_or("w")?.7[0].3.len(),
+            3000
+        );
+        let err = a
+            .list(None, None, None, None, None, None)
+            .err()
+            .ok_or("listed")?;
+        let text = err.to_string();
+        assert!(
+            text.contains("write 0 of task \"task\"")
+                && text.contains("thread \"w2\"")
+                && text.contains("does not hash to its name"),
+            "{url}: {text}"
+        );
+
+        // Types the stored marks would be confused with are refused.
+        for ty in ["blob/x", "blobs/1/x"] {
+            let err = a
+                .put_writes(
+                    "w".into(),
+                    "".into(),
+                    "c1".into(),
+                    "task".into(),
+                    "".into(),
+                    vec![(1, "c".into(), ty.into(), b"1".to_vec())],
+                )
+                .err()
+                .ok_or("taken")?;
+            assert!(err.to_string().contains("may not begin with"), "{err}");
+        }
         Ok(())
     })
+}
+
+/// A store of format 2 that has checkpoints and writes is brought to 3 in
+/// place: its rows read as before, and large values can be added.
+#[test]
+fn format_2_tables_with_rows_are_upgraded_to_blobs() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("v2.db");
+    {
+        let conn = rusqlite::Connection::open(&path)?;
+        conn.execute_batch(
+            "CREATE TABLE graph_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+             INSERT INTO graph_meta VALUES ('format', 2);
+             CREATE TABLE graph_checkpoints (
+               thread_id TEXT NOT NULL, ns TEXT NOT NULL, checkpoint_id TEXT NOT NULL,
+               parent_id TEXT, type TEXT NOT NULL, blob BLOB NOT NULL, metadata TEXT NOT NULL, run_id TEXT,
+               PRIMARY KEY (thread_id, ns, checkpoint_id));
+             CREATE TABLE graph_writes (
+               thread_id TEXT NOT NULL, ns TEXT NOT NULL, checkpoint_id TEXT NOT NULL, task_id TEXT NOT NULL,
+               idx INTEGER NOT NULL, channel TEXT NOT NULL, type TEXT NOT NULL, blob BLOB NOT NULL,
+               task_path TEXT NOT NULL, PRIMARY KEY (thread_id, ns, checkpoint_id, task_id, idx));
+             CREATE TABLE graph_threads (thread_id TEXT PRIMARY KEY, holder TEXT NOT NULL,
+               until_ms INTEGER NOT NULL, generation INTEGER NOT NULL, local_until_ms INTEGER,
+               local_generation INTEGER) WITHOUT ROWID;
+             INSERT INTO graph_checkpoints VALUES ('t', '', 'c1', NULL, 'json', x'7b7d', '{}', 'r1');
+             INSERT INTO graph_writes VALUES ('t', '', 'c1', 'task', 0, 'ch', 'json', x'31', '');",
+        )?;
+    }
+    let url = format!("sqlite:{}?blob_threshold=1KiB", path.display());
+    let a = GraphStore::open(&url, LEASE, false)?;
+    let old = a
+        .get("t".into(), "".into(), None)?
+        .ok_or("the old checkpoint")?;
+    assert_eq!((old.4.as_str(), old.5.as_slice()), ("json", &b"{}"[..]));
+    assert_eq!(
+        (old.7[0].2.as_str(), old.7[0].3.as_slice()),
+        ("json", &b"1"[..])
+    );
+    put_large(&a, "t", "c2", Some("c1"), "r1", &[("doc", &[b'd'; 2000])])?;
+    assert_eq!(
+        a.get("t".into(), "".into(), None)?.ok_or("c2")?.8[0]
+            .2
+            .len(),
+        2000
+    );
+    let conn = rusqlite::Connection::open(&path)?;
+    let format: i64 = conn.query_row("SELECT value FROM graph_meta", [], |r| r.get(0))?;
+    assert_eq!(format, 3);
+    let stored_type: String = conn.query_row(
+        "SELECT type FROM graph_checkpoints WHERE checkpoint_id = 'c2'",
+        [],
+        |r| r.get(0),
+    )?;
+    assert_eq!(
+        stored_type, "blobs/1/json",
+        "a build without blobs cannot load it"
+    );
+    Ok(())
 }
