@@ -67,7 +67,7 @@ pub async fn measure(args: &Args) -> Res<()> {
 /// server does not say what it keeps.
 async fn w7(host: &str, query: &str, args: &Args) -> Res<()> {
     use crate::large::{peak_rss, raw_write, reset_peak, workflow, VALUE_BYTES};
-    use steadfast::StoreExt;
+    use steadfast::Store;
     let runs = if args.quick { 4 } else { 100 };
     let (mut per_step, mut raw, mut stored, mut peaks, mut charge) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
