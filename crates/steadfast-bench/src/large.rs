@@ -101,6 +101,23 @@ pub(crate) fn raw_write(dir: &Path, bytes: usize, n: usize) -> Res<f64> {
     Ok(median(samples))
 }
 
+/// Microseconds (median of `n`) to write one value of [`VALUE_BYTES`] as
+/// JSON text and to hash that text with SHA-256: the work every save of a
+/// new large value does before its write, whatever the store.
+pub(crate) fn encode_and_hash(n: usize) -> (f64, f64) {
+    let value = serde_json::Value::String(noise(11, VALUE_BYTES - 2));
+    let (mut encode, mut hash) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        let t = Instant::now();
+        let text = serde_json::to_string(&value).unwrap_or_default();
+        encode.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        std::hint::black_box(steadfast::store::blob::BlobHash::of(text.as_bytes()));
+        hash.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    (median(encode), median(hash))
+}
+
 /// The bytes a store keeps: the files of an SQLite database, the relations
 /// of a PostgreSQL schema, or the file store's file and its blob files.
 async fn stored_bytes(kind: &str, url: &str) -> Res<u64> {
@@ -159,6 +176,7 @@ pub async fn w7(kind: &str, args: &Args) -> Res<()> {
     }
     let unique = (runs * 5 * VALUE_BYTES) as f64;
     let (us, raw_us, bytes) = (median(per_step), median(raw), median(stored));
+    let (encode_us, hash_us) = encode_and_hash(20);
     emit(
         "steadfast",
         kind,
@@ -167,10 +185,12 @@ pub async fn w7(kind: &str, args: &Args) -> Res<()> {
         json!({"runs": runs, "steps": STEPS, "value_bytes": VALUE_BYTES,
                "us_per_step": round(us), "raw_write_fsync_us": round(raw_us),
                "us_per_step_over_raw": round(us / raw_us * 100.0) / 100.0,
+               "encode_us": round(encode_us), "sha256_us": round(hash_us),
+               "floor_over_raw": round((raw_us + encode_us + hash_us) / raw_us * 100.0) / 100.0,
                "stored_bytes": bytes as u64, "unique_bytes": unique as u64,
                "stored_over_unique": round(bytes / unique * 100.0) / 100.0,
                "peak_rss_bytes": median(peaks) as u64,
-               "notes": "step i returns document i % 5 of its run (1 MiB each, incompressible); raw = write 1 MiB + fsync, median of 100 per repetition; stored = the database's files (SQLite), the schema's relations (PostgreSQL) or the file and its blob files (file) after the runs; medians of the repetitions"}),
+               "notes": "step i returns document i % 5 of its run (1 MiB each, incompressible); raw = write 1 MiB + fsync, median of 100 per repetition; encode and sha256 = writing one such value as JSON text and hashing it (medians of 20), the work a save of a new large value does besides the write, so floor_over_raw = (raw + encode + sha256) / raw; stored = the database's files (SQLite), the schema's relations (PostgreSQL) or the file and its blob files (file) after the runs; medians of the repetitions"}),
     );
     Ok(())
 }
