@@ -189,27 +189,17 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
             tail_note(&tail)
         )));
     }
-    let parsed = match out.into_output().await {
-        Output::Complete(bytes) => parse_update(&bytes),
-        Output::Spooled(file) => {
-            tokio::task::spawn_blocking(move || parse_spooled_update(file, SPOOL_READ))
-                .await
-                .unwrap_or_else(|e| Err(format!("reading stdout: {e}")))
-        }
+    let out = match out.into_output() {
+        Output::Complete(bytes) => bytes,
         Output::TooLong => {
             return Err(StepError::terminal(format!(
                 "`{}` printed more than {} bytes on stdout (the limit)",
                 spec.run, limit
             )))
         }
-        Output::Lost(e) => {
-            return Err(StepError::retryable(format!(
-                "`{}`: its stdout could not be kept in a temporary file: {e}",
-                spec.run
-            )))
-        }
     };
-    parsed.map_err(|e| StepError::terminal(format!("`{}`: {e}{}", spec.run, tail_note(&tail))))
+    parse_update(&out)
+        .map_err(|e| StepError::terminal(format!("`{}`: {e}{}", spec.run, tail_note(&tail))))
 }
 
 fn tail_note(tail: &str) -> String {
@@ -271,56 +261,30 @@ pub fn parse_json_exact(text: &str) -> Result<Value, String> {
 /// Checks every number literal of valid JSON `text`: each must come back
 /// from a 64-bit integer or a double as the same number.
 fn check_numbers(text: &str) -> Result<(), String> {
-    let mut scan = NumberScan::default();
-    scan.feed(text.as_bytes())?;
-    scan.finish()
-}
-
-/// The number check of [`check_numbers`] over JSON text that comes in
-/// pieces (a spooled stdout read a buffer at a time).
-#[derive(Default)]
-struct NumberScan {
-    /// Inside a string, and whether the last byte was a backslash.
-    string: Option<bool>,
-    /// The number literal being read.
-    number: String,
-}
-
-impl NumberScan {
-    fn feed(&mut self, bytes: &[u8]) -> Result<(), String> {
-        for &b in bytes {
-            if let Some(escaped) = self.string {
-                self.string = match (escaped, b) {
-                    (true, _) => Some(false),
-                    (false, b'\\') => Some(true),
-                    (false, b'"') => None,
-                    (false, _) => Some(false),
-                };
-                continue;
-            }
-            if !self.number.is_empty() {
-                if matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E') {
-                    self.number.push(char::from(b));
-                    continue;
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
                 }
-                check_number(&std::mem::take(&mut self.number))?;
+                i += 1;
             }
-            match b {
-                b'"' => self.string = Some(false),
-                b'-' | b'0'..=b'9' => self.number.push(char::from(b)),
-                _ => {}
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < bytes.len()
+                    && matches!(bytes[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                {
+                    i += 1;
+                }
+                check_number(&text[start..i])?;
             }
-        }
-        Ok(())
-    }
-
-    fn finish(&mut self) -> Result<(), String> {
-        if self.number.is_empty() {
-            Ok(())
-        } else {
-            check_number(&std::mem::take(&mut self.number))
+            _ => i += 1,
         }
     }
+    Ok(())
 }
 
 fn check_number(literal: &str) -> Result<(), String> {
@@ -371,7 +335,12 @@ fn decimal(literal: &str) -> Option<(bool, String, i128)> {
     if digits.is_empty() {
         return None;
     }
-    let exp: i128 = exp.parse::<i128>().unwrap_or(i128::MAX / 2);
+    // Bounded so that the arithmetic below cannot overflow: an exponent
+    // this far out is nothing a double keeps, whatever its exact value.
+    let exp: i128 = exp
+        .parse::<i128>()
+        .unwrap_or(i128::MAX / 2)
+        .clamp(i128::MIN / 2, i128::MAX / 2);
     let mut power = exp - frac.len() as i128;
     while digits.ends_with('0') {
         digits.pop();
@@ -391,42 +360,24 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-/// A step's stdout as read.
 enum Output {
-    /// All of it, in memory.
     Complete(Vec<u8>),
-    /// All of it, in an unnamed temporary file (rewound by the reader).
-    Spooled(std::fs::File),
-    /// More than the limit.
     TooLong,
-    /// It could not be kept: writing the temporary file failed.
-    Lost(std::io::Error),
 }
-
-/// Stdout up to this size is kept in memory; a longer one goes to an
-/// unnamed temporary file as it comes, so that a step's large value is held
-/// in memory once (as the update), not twice (as bytes and as the update).
-const SPOOL_AT: usize = 1 << 20;
 
 /// A step's stdout: everything up to `limit` bytes, and whether it went past.
 struct Limited {
     kept: Vec<u8>,
-    spool: Option<tokio::fs::File>,
-    len: usize,
     limit: usize,
     over: bool,
-    lost: Option<std::io::Error>,
 }
 
 impl Limited {
     fn new(limit: usize) -> Self {
         Limited {
             kept: Vec::new(),
-            spool: None,
-            len: 0,
             limit,
             over: false,
-            lost: None,
         }
     }
 
@@ -438,157 +389,23 @@ impl Limited {
             match r.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if self.over || self.lost.is_some() {
-                        continue;
-                    }
-                    if self.len + n > self.limit {
+                    if self.kept.len() + n > self.limit {
                         self.over = true;
                         self.kept = Vec::new();
-                        self.spool = None;
-                        continue;
-                    }
-                    self.len += n;
-                    if let Err(e) = self.keep(&buf[..n]).await {
-                        self.lost = Some(e);
-                        self.kept = Vec::new();
-                        self.spool = None;
+                    } else if !self.over {
+                        self.kept.extend_from_slice(&buf[..n]);
                     }
                 }
             }
         }
     }
 
-    async fn keep(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        if self.spool.is_none() && self.kept.len() + bytes.len() > SPOOL_AT {
-            let mut file = tokio::fs::File::from_std(tempfile::tempfile()?);
-            file.write_all(&std::mem::take(&mut self.kept)).await?;
-            self.spool = Some(file);
-        }
-        match &mut self.spool {
-            Some(file) => file.write_all(bytes).await,
-            None => {
-                self.kept.extend_from_slice(bytes);
-                Ok(())
-            }
-        }
-    }
-
-    async fn into_output(self) -> Output {
+    fn into_output(self) -> Output {
         if self.over {
-            return Output::TooLong;
-        }
-        if let Some(e) = self.lost {
-            return Output::Lost(e);
-        }
-        match self.spool {
-            None => Output::Complete(self.kept),
-            Some(mut file) => match file.flush().await {
-                Ok(()) => Output::Spooled(file.into_std().await),
-                Err(e) => Output::Lost(e),
-            },
-        }
-    }
-}
-
-/// How much of a spooled stdout is read at a time.
-const SPOOL_READ: usize = 256 * 1024;
-
-/// Reads a spooled stdout (the whole of `file`) as its update, as
-/// [`parse_update`] reads one in memory, with the same result: a pass that
-/// checks it is UTF-8 and that its numbers are kept exactly, reading
-/// `read_size` bytes at a time (at least 4), then one that parses it;
-/// neither holds the text whole.
-pub fn parse_spooled_update(mut file: std::fs::File, read_size: usize) -> Result<Update, String> {
-    use std::io::{Read, Seek};
-    let io = |e: std::io::Error| format!("reading stdout back from its temporary file: {e}");
-    file.rewind().map_err(io)?;
-    let mut scan = NumberScan::default();
-    let mut numbers = Ok(());
-    // A character's bytes cut by the end of a read wait for the next.
-    let mut buf = vec![0u8; read_size.max(4) + 3];
-    // Bytes of a character cut by the end of a read, and how far in the
-    // text the buffer starts.
-    let mut carry = 0;
-    let mut offset = 0usize;
-    let mut start = Vec::new();
-    let mut blank = true;
-    let read_size = read_size.max(4);
-    loop {
-        let n = file.read(&mut buf[carry..carry + read_size]).map_err(io)?;
-        let end = carry + n;
-        if n == 0 && carry > 0 {
-            return Err(format!(
-                "stdout is not UTF-8 (an invalid byte at offset {offset})"
-            ));
-        }
-        if end == 0 {
-            break;
-        }
-        let valid = match std::str::from_utf8(&buf[..end]) {
-            Ok(_) => end,
-            Err(e) if e.error_len().is_none() && n > 0 => e.valid_up_to(),
-            Err(e) => {
-                return Err(format!(
-                    "stdout is not UTF-8 (an invalid byte at offset {})",
-                    offset + e.valid_up_to()
-                ))
-            }
-        };
-        let text = &buf[..valid];
-        blank &= text.iter().all(u8::is_ascii_whitespace);
-        if start.len() < 480 {
-            start.extend_from_slice(&text[..text.len().min(480 - start.len())]);
-        }
-        // A number that would be rounded is reported only if the text is
-        // JSON at all, as in memory.
-        if numbers.is_ok() {
-            numbers = scan.feed(text);
-        }
-        buf.copy_within(valid..end, 0);
-        carry = end - valid;
-        offset += valid;
-        if n == 0 {
-            break;
-        }
-    }
-    if blank {
-        return Ok(Update::new());
-    }
-    if numbers.is_ok() {
-        numbers = scan.finish();
-    }
-    let quote = || {
-        let text = String::from_utf8_lossy(&start);
-        let text = if offset > start.len() {
-            text.trim_start()
+            Output::TooLong
         } else {
-            text.trim()
-        };
-        let head: String = text.chars().take(120).collect();
-        if text.chars().count() > 120 || offset > start.len() {
-            format!("{head}...")
-        } else {
-            head
+            Output::Complete(self.kept)
         }
-    };
-    file.rewind().map_err(io)?;
-    let reader = std::io::BufReader::with_capacity(1 << 20, file);
-    match serde_json::from_reader::<_, Value>(reader) {
-        Ok(_) if numbers.is_err() => Err(format!(
-            "stdout is not JSON that can be stored ({}); it starts with {:?}",
-            numbers.err().unwrap_or_default(),
-            quote()
-        )),
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(other) => Err(format!(
-            "stdout must be one JSON object (or nothing), got {}: {:?}",
-            kind(&other),
-            quote()
-        )),
-        Err(e) => Err(format!(
-            "stdout is not JSON that can be stored ({e}); it starts with {:?}",
-            quote()
-        )),
     }
 }
 

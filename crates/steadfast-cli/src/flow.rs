@@ -50,7 +50,6 @@ impl std::error::Error for FlowError {}
 
 /// The largest step output accepted: a value as large as a store takes
 /// (1 GiB of JSON text, kept as a blob) and a MiB for the object around it.
-/// Past 1 MiB, stdout is spooled to an unnamed temporary file as it comes.
 pub const DEFAULT_OUTPUT_LIMIT: usize =
     (steadfast::store::blob::MAX_BLOB_BYTES as usize) + (1 << 20);
 

@@ -292,11 +292,9 @@ fn show_says_what_a_run_stores_and_gc_what_it_freed_of_large_values() -> TestRes
     Ok(())
 }
 
-/// A step may print more than fits in memory comfortably twice: past 1 MiB
-/// its stdout goes to a temporary file and is read from there, with the
-/// same checks as output in memory. A 20 MB document (over the old 16 MiB
-/// limit) is taken and stored once as a blob; 2 MB that are not JSON fail
-/// the step with the same message as in memory.
+/// A step may print more than the old limit of 16 MiB: a 20 MB document is
+/// taken and stored once as a blob; 2 MB that are not JSON fail the step
+/// with the start of what it printed.
 #[test]
 fn a_step_prints_a_value_larger_than_16_mib_and_it_is_stored_as_a_blob() -> TestResult {
     let env = Env::new();
