@@ -1727,7 +1727,132 @@ impl History for CosmosStore {
                 tracing::warn!(run_id, item = %id, error = %e, "an old chunk of a rewritten row could not be removed");
             }
         }
+        // Blobs that only replaced, folded or rewound rows held. Leaving
+        // them is safe, so a failure is only logged.
+        let fence = Fence {
+            hid: &hid,
+            pk: &pk,
+            body: &head_body,
+            expected,
+        };
+        match self
+            .sweep_blobs(&key, &gen, run_id, &head, fence, etag)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(run_id, blobs = n, "freed blobs no row refers to"),
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "blobs the rewritten history no longer refers to are left until the next prune or the run's deletion")
+            }
+        }
         Ok(())
+    }
+}
+
+/// The head as a rewrite left it, to lead (If-Match) each batch that
+/// follows: a save of the run meanwhile makes the batch fail whole.
+struct Fence<'a> {
+    hid: &'a str,
+    pk: &'a str,
+    body: &'a Value,
+    expected: u64,
+}
+
+impl CosmosStore {
+    /// Deletes the blobs of run `key`'s generation `gen` that neither the
+    /// head's snapshot nor a history row (an item below the head's `next`;
+    /// those above it are not read) refers to, in batches each led by the
+    /// head as last written (`etag`). A save that refers to such a blob
+    /// again (it saw the manifest before it went) leads its own batch with
+    /// an older ETag than the sweep's and fails; one that committed first
+    /// makes the sweep's batch fail. Returns how many blobs went.
+    async fn sweep_blobs(
+        &self,
+        key: &str,
+        gen: &str,
+        run_id: &str,
+        head: &Value,
+        fence: Fence<'_>,
+        mut etag: String,
+    ) -> Result<usize, StoreError> {
+        let params = json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}]);
+        let manifests = self
+            .query_partition(
+                key,
+                run_id,
+                "SELECT c.hash, c.parts FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'blob_manifest'",
+                params.clone(),
+            )
+            .await?;
+        if manifests.is_empty() {
+            return Ok(0);
+        }
+        let head_place = self.head_place(run_id);
+        let place = Place::new(run_id, &head_place);
+        let next = Fields::new(&place, head).index("next")?;
+        let mut held = std::collections::HashSet::new();
+        let snapshot = self
+            .text_of(key, run_id, head, "snapshot", fence.hid)
+            .await?;
+        held.extend(steadfast_core::store::blob::refs_in(
+            &snapshot, &place, "state",
+        )?);
+        let rows = self
+            .query_partition(
+                key,
+                run_id,
+                "SELECT * FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'step'",
+                params,
+            )
+            .await?;
+        for row in &rows {
+            let idx = row.get("idx").and_then(Value::as_u64).unwrap_or(u64::MAX);
+            if idx >= next as u64 {
+                continue;
+            }
+            let id = row.get("id").and_then(Value::as_str).unwrap_or_default();
+            let text = self.text_of(key, run_id, row, "update", id).await?;
+            held.extend(steadfast_core::store::blob::refs_in(
+                &text, &place, "update",
+            )?);
+        }
+        // Each unreferenced blob's manifest first (without it the blob is
+        // not there for a save), then its parts.
+        let mut doomed = Vec::new();
+        let mut freed = 0;
+        for m in &manifests {
+            let Some(hash) = m
+                .get("hash")
+                .and_then(Value::as_str)
+                .and_then(BlobHash::parse_hex)
+            else {
+                continue;
+            };
+            if held.contains(&hash) {
+                continue;
+            }
+            freed += 1;
+            doomed.push(manifest_id(key, gen, &hash));
+            let parts = m.get("parts").and_then(Value::as_u64).unwrap_or(0) as usize;
+            doomed.extend((0..parts).map(|n| blob_id(key, gen, &hash, n)));
+        }
+        for ids in doomed.chunks(99) {
+            let mut ops = vec![json!({
+                "operationType": "Replace", "id": fence.hid, "partitionKey": fence.pk,
+                "ifMatch": etag, "resourceBody": fence.body
+            })];
+            ops.extend(ids.iter().map(
+                |id| json!({ "operationType": "Delete", "id": id, "partitionKey": fence.pk }),
+            ));
+            let results = self
+                .head_batch(key, run_id, Some(fence.expected), ops)
+                .await?;
+            etag = match results[0].get("eTag").and_then(Value::as_str) {
+                Some(e) => e.to_string(),
+                None => return Ok(freed),
+            };
+        }
+        Ok(freed)
     }
 }
 

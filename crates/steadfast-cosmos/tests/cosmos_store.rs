@@ -616,3 +616,53 @@ async fn a_value_a_run_returns_again_is_written_once() -> TestResult {
     assert_eq!(err.kind(), StoreErrorKind::InvalidInput, "{err}");
     Ok(())
 }
+
+/// A prune frees the blobs that only dropped rows held: those the rows it
+/// folded away referred to, and those of rows a rewind left above the
+/// run's `next` (a rewind alone keeps them, as a save writes no more than
+/// the head and its row). Running on writes them again.
+#[tokio::test]
+async fn prune_frees_the_blobs_only_dropped_rows_held() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    let store = db
+        .store(CosmosOptions::default().blob_threshold(16 << 10))
+        .await;
+    let agent = steadfast_conformance::fixtures::rereading_agent;
+    let blobs = |s: &CosmosStore| {
+        let s = s.clone();
+        async move {
+            let b = s.capabilities().blobs.ok_or("no blobs")?;
+            let u = b.usage("r").await?.ok_or("no run")?;
+            Ok::<u64, Box<dyn std::error::Error>>(u.blobs)
+        }
+    };
+    run("r", &agent(6, 0), &store).await?;
+    // Two shared documents and one of each step's own.
+    assert_eq!(blobs(&store).await?, 2 + 6);
+    steadfast_core::ops::rewind(&store, "r", "s4", "test", &steadfast_core::SystemClock).await?;
+    assert_eq!(blobs(&store).await?, 2 + 6, "a rewind alone frees nothing");
+    steadfast_core::ops::prune(&store, "r", 1, "test", &steadfast_core::SystemClock).await?;
+    assert_eq!(
+        blobs(&store).await?,
+        2 + 4,
+        "s4's and s5's own documents went"
+    );
+    let cp = store.load("r").await?.ok_or("stored")?;
+    for i in 0..4 {
+        assert_eq!(
+            cp.state[&format!("own{i}")],
+            json!(steadfast_conformance::fixtures::doc(1000 + i, 20))
+        );
+    }
+    run("r", &agent(6, 0), &store).await?;
+    assert_eq!(blobs(&store).await?, 2 + 6);
+    let history = store.history("r").await?.ok_or("stored")?;
+    assert_eq!(
+        history.last().map(|r| &r.update["own5"]),
+        Some(&json!(steadfast_conformance::fixtures::doc(1005, 20)))
+    );
+    Ok(())
+}
