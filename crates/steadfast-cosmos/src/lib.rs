@@ -1214,7 +1214,7 @@ impl Store for CosmosStore {
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
-        let loaded = self.load_full(run_id).await?;
+        let loaded = settled(|| self.load_full(run_id)).await?;
         self.shared
             .accts
             .set(run_id, loaded.as_ref().map(|l| l.1.clone()));
@@ -1500,78 +1500,35 @@ impl Schedule for CosmosStore {
     }
 }
 
+/// How many times a read that met a missing item is made again.
+const READ_AGAIN: usize = 2;
+
+/// Runs `read` again (up to [`READ_AGAIN`] times) when it finds the run
+/// damaged: a read is not one snapshot, so a prune that freed a blob, or a
+/// rewrite that removed an old chunk, between the read of a head or row and
+/// the read of what it referred to looks like a missing item, and the next
+/// read starts from the head the prune wrote. Damage that stays is
+/// reported as it was found.
+async fn settled<T, F, Fut>(read: F) -> Result<T, StoreError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut again = 0;
+    loop {
+        match read().await {
+            Err(e) if e.kind() == StoreErrorKind::Corrupt && again < READ_AGAIN => again += 1,
+            other => return other,
+        }
+    }
+}
+
 #[async_trait]
 impl History for CosmosStore {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        let key = encode_run_id(run_id);
-        let hid = head_id(&key);
-        let Some(head) = self.read_item(&key, &hid, run_id).await? else {
-            return Ok(None);
-        };
-        let next = head.get("next").and_then(Value::as_u64).unwrap_or(0);
-        let gen = head
-            .get("gen")
-            .and_then(Value::as_str)
-            .ok_or_else(|| self.corrupt(run_id, &hid, "the head has no generation"))?;
-        let steps = self
-            .query_partition(
-                &key,
-                run_id,
-                "SELECT * FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'step' AND c.idx < @b",
-                json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}, {"name": "@b", "value": next}]),
-            )
-            .await?;
-        let mut out = Vec::new();
-        // A fold's row is marked: rows below it that a fold cut short left
-        // behind are not history any more.
-        let folded = steps
-            .iter()
-            .filter(|i| i.get("folded").and_then(Value::as_bool) == Some(true))
-            .filter_map(|i| i.get("idx").and_then(Value::as_u64))
-            .max()
-            .unwrap_or(0) as usize;
-        for item in steps {
-            let Some(idx) = item.get("idx").and_then(Value::as_i64) else {
-                return Err(self.corrupt(run_id, "steps", "a step item has no index"));
-            };
-            if idx < folded as i64 {
-                continue;
-            }
-            let sid = step_id(&key, gen, usize::try_from(idx).unwrap_or(0));
-            let locate = |_: &str| format!("{} run {run_id:?} item {sid}", self.shared.display);
-            let place = Place::new(run_id, &locate);
-            let text = self.text_of(&key, run_id, &item, "update", &sid).await?;
-            let n = |f: &str| {
-                item.get(f)
-                    .and_then(Value::as_i64)
-                    .ok_or_else(|| place.corrupt(f, format!("{f} is missing or not a number")))
-            };
-            let name = item.get("name").and_then(Value::as_str).unwrap_or_default();
-            let row = HistoryRow::new(
-                idx,
-                name.to_string(),
-                text,
-                n("attempt")?,
-                n("started_at")?,
-                n("finished_at")?,
-            );
-            out.push(row.record(&place)?);
-        }
-        out.sort_by_key(|s| s.index);
-        let locate = |column: &str| format!("{} run {run_id:?} {column}", self.shared.display);
-        let place = Place::new(run_id, &locate);
-        let gen = gen.to_string();
-        let objects = out
-            .iter_mut()
-            .map(|r| {
-                let column = format!("history[{}].update", r.index);
-                (&mut r.update, column)
-            })
-            .collect();
-        self.resolve_all(&key, &gen, run_id, objects, &place)
-            .await?;
-        Ok(Some(out))
+        settled(|| self.history_once(run_id)).await
     }
+
     /// Replaces history items' updates (and, for a fold, deletes the items
     /// below the one replaced), guarded by the run's version: transactional
     /// batches that each replace the head as last seen (`If-Match`) and up to
@@ -1727,7 +1684,294 @@ impl History for CosmosStore {
                 tracing::warn!(run_id, item = %id, error = %e, "an old chunk of a rewritten row could not be removed");
             }
         }
+        // Blobs that only replaced, folded or rewound rows held. Leaving
+        // them is safe, so a failure is only logged.
+        let fence = Fence {
+            hid: &hid,
+            pk: &pk,
+            body: &head_body,
+            expected,
+        };
+        match self
+            .sweep_blobs(&key, &gen, run_id, &head, fence, etag)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(run_id, blobs = n, "freed blobs no row refers to"),
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "blobs the rewritten history no longer refers to are left until the next prune or the run's deletion")
+            }
+        }
         Ok(())
+    }
+}
+
+impl CosmosStore {
+    /// One read of a run's history (see [`settled`]).
+    async fn history_once(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        let key = encode_run_id(run_id);
+
+        let hid = head_id(&key);
+        let Some(head) = self.read_item(&key, &hid, run_id).await? else {
+            return Ok(None);
+        };
+        let next = head.get("next").and_then(Value::as_u64).unwrap_or(0);
+        let gen = head
+            .get("gen")
+            .and_then(Value::as_str)
+            .ok_or_else(|| self.corrupt(run_id, &hid, "the head has no generation"))?;
+        let steps = self
+            .query_partition(
+                &key,
+                run_id,
+                "SELECT * FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'step' AND c.idx < @b",
+                json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}, {"name": "@b", "value": next}]),
+            )
+            .await?;
+        let mut out = Vec::new();
+        // A fold's row is marked: rows below it that a fold cut short left
+        // behind are not history any more.
+        let folded = steps
+            .iter()
+            .filter(|i| i.get("folded").and_then(Value::as_bool) == Some(true))
+            .filter_map(|i| i.get("idx").and_then(Value::as_u64))
+            .max()
+            .unwrap_or(0) as usize;
+        for item in steps {
+            let Some(idx) = item.get("idx").and_then(Value::as_i64) else {
+                return Err(self.corrupt(run_id, "steps", "a step item has no index"));
+            };
+            if idx < folded as i64 {
+                continue;
+            }
+            let sid = step_id(&key, gen, usize::try_from(idx).unwrap_or(0));
+            let locate = |_: &str| format!("{} run {run_id:?} item {sid}", self.shared.display);
+            let place = Place::new(run_id, &locate);
+            let text = self.text_of(&key, run_id, &item, "update", &sid).await?;
+            let n = |f: &str| {
+                item.get(f)
+                    .and_then(Value::as_i64)
+                    .ok_or_else(|| place.corrupt(f, format!("{f} is missing or not a number")))
+            };
+            let name = item.get("name").and_then(Value::as_str).unwrap_or_default();
+            let row = HistoryRow::new(
+                idx,
+                name.to_string(),
+                text,
+                n("attempt")?,
+                n("started_at")?,
+                n("finished_at")?,
+            );
+            out.push(row.record(&place)?);
+        }
+        out.sort_by_key(|s| s.index);
+        let locate = |column: &str| format!("{} run {run_id:?} {column}", self.shared.display);
+        let place = Place::new(run_id, &locate);
+        let gen = gen.to_string();
+        let objects = out
+            .iter_mut()
+            .map(|r| {
+                let column = format!("history[{}].update", r.index);
+                (&mut r.update, column)
+            })
+            .collect();
+        self.resolve_all(&key, &gen, run_id, objects, &place)
+            .await?;
+        Ok(Some(out))
+    }
+}
+
+/// The head as a rewrite left it, to lead (If-Match) each batch that
+/// follows: a save of the run meanwhile makes the batch fail whole.
+struct Fence<'a> {
+    hid: &'a str,
+    pk: &'a str,
+    body: &'a Value,
+    expected: u64,
+}
+
+impl CosmosStore {
+    /// Deletes the blobs of run `key`'s generation `gen` that neither the
+    /// head's snapshot nor a history row (an item below the head's `next`;
+    /// those above it are not read) refers to, in batches each led by the
+    /// head as last written (`etag`). A save that refers to such a blob
+    /// again (it saw the manifest before it went) leads its own batch with
+    /// an older ETag than the sweep's and fails; one that committed first
+    /// makes the sweep's batch fail. Returns how many blobs went.
+    async fn sweep_blobs(
+        &self,
+        key: &str,
+        gen: &str,
+        run_id: &str,
+        head: &Value,
+        fence: Fence<'_>,
+        mut etag: String,
+    ) -> Result<usize, StoreError> {
+        let manifests = self
+            .query_partition(
+                key,
+                run_id,
+                "SELECT c.hash, c.parts FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'blob_manifest'",
+                json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}]),
+            )
+            .await?;
+        if manifests.is_empty() {
+            return Ok(0);
+        }
+        let head_place = self.head_place(run_id);
+        let place = Place::new(run_id, &head_place);
+        let next = Fields::new(&place, head).index("next")?;
+        let mut held = std::collections::HashSet::new();
+        let snapshot = self
+            .text_of(key, run_id, head, "snapshot", fence.hid)
+            .await?;
+        held.extend(steadfast_core::store::blob::refs_in(
+            &snapshot, &place, "state",
+        )?);
+        // History rows only: a row at or above `next` is never read (the
+        // head and the row that raises `next` to pass it go in one batch).
+        let rows = self
+            .query_partition(
+                key,
+                run_id,
+                "SELECT * FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'step' AND c.idx < @next",
+                json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}, {"name": "@next", "value": next}]),
+            )
+            .await?;
+        for row in &rows {
+            let id = row.get("id").and_then(Value::as_str).unwrap_or_default();
+            let text = self.text_of(key, run_id, row, "update", id).await?;
+            held.extend(steadfast_core::store::blob::refs_in(
+                &text, &place, "update",
+            )?);
+        }
+        let doomed: Vec<Vec<String>> = manifests
+            .iter()
+            .filter_map(|m| {
+                let hash = m
+                    .get("hash")
+                    .and_then(Value::as_str)
+                    .and_then(BlobHash::parse_hex)?;
+                let parts = m.get("parts").and_then(Value::as_u64)? as usize;
+                (!held.contains(&hash)).then(|| {
+                    std::iter::once(manifest_id(key, gen, &hash))
+                        .chain((0..parts).map(|n| blob_id(key, gen, &hash, n)))
+                        .collect()
+                })
+            })
+            .collect();
+        let mut freed = 0;
+        for batch in whole_blob_batches(doomed, SWEEP_BATCH - 1) {
+            let mut ops = vec![json!({
+                "operationType": "Replace", "id": fence.hid, "partitionKey": fence.pk,
+                "ifMatch": etag, "resourceBody": fence.body
+            })];
+            let blobs = batch.len();
+            ops.extend(batch.iter().flatten().map(
+                |id| json!({ "operationType": "Delete", "id": id, "partitionKey": fence.pk }),
+            ));
+            let results = self
+                .head_batch(key, run_id, Some(fence.expected), ops)
+                .await?;
+            freed += blobs;
+            etag = match results[0].get("eTag").and_then(Value::as_str) {
+                Some(e) => e.to_string(),
+                None => break,
+            };
+        }
+        Ok(freed)
+    }
+}
+
+/// The most operations a transactional batch takes.
+const SWEEP_BATCH: usize = 100;
+
+/// Groups blobs to delete (each its manifest's id, then its parts') into
+/// batches of at most `room` items, each blob whole in one batch: deleted
+/// all at once, a blob is never left with a manifest over missing parts
+/// (a save that writes it again meanwhile writes every part and then the
+/// manifest, after the batch or not at all). A blob of more items than
+/// `room` (over 24 MiB) is left to go with its run.
+fn whole_blob_batches(blobs: Vec<Vec<String>>, room: usize) -> Vec<Vec<Vec<String>>> {
+    let mut batches: Vec<Vec<Vec<String>>> = Vec::new();
+    let mut used = 0;
+    for blob in blobs.into_iter().filter(|b| b.len() <= room) {
+        if batches.is_empty() || used + blob.len() > room {
+            batches.push(Vec::new());
+            used = 0;
+        }
+        used += blob.len();
+        batches.last_mut().expect("a batch").push(blob);
+    }
+    batches
+}
+
+#[cfg(test)]
+mod sweep_tests {
+    use super::{settled, whole_blob_batches, READ_AGAIN};
+    use steadfast_core::{StoreError, StoreErrorKind};
+
+    /// A read that finds the run damaged `bad` times, then whole.
+    fn outcome(bad: usize) -> Result<(usize, usize), StoreError> {
+        let calls = std::cell::Cell::new(0);
+        let read = || {
+            let n = calls.get();
+            calls.set(n + 1);
+            async move {
+                if n < bad {
+                    Err(StoreError::Corrupt {
+                        location: "item".into(),
+                        reason: "a part of a blob is missing".into(),
+                    })
+                } else {
+                    Ok(n)
+                }
+            }
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        rt.block_on(settled(read)).map(|v| (v, calls.get()))
+    }
+
+    #[test]
+    fn a_read_that_meets_a_freed_item_is_made_again_and_damage_that_stays_is_reported() {
+        assert_eq!(outcome(0).ok(), Some((0, 1)));
+        assert_eq!(outcome(READ_AGAIN).ok(), Some((READ_AGAIN, READ_AGAIN + 1)));
+        let err = outcome(READ_AGAIN + 1).expect_err("damage that stays");
+        assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+    }
+
+    fn blob(name: &str, parts: usize) -> Vec<String> {
+        std::iter::once(format!("{name}m"))
+            .chain((0..parts).map(|n| format!("{name}{n}")))
+            .collect()
+    }
+
+    #[test]
+    fn a_blob_is_never_split_between_batches_and_one_too_large_is_left() {
+        let blobs = vec![
+            blob("a", 50),
+            blob("b", 50),
+            blob("c", 98),
+            blob("d", 99),
+            blob("e", 3),
+        ];
+        let batches = whole_blob_batches(blobs, 99);
+        let names: Vec<Vec<&str>> = batches
+            .iter()
+            .map(|b| b.iter().map(|ids| ids[0].as_str()).collect())
+            .collect();
+        assert_eq!(names, [vec!["am"], vec!["bm"], vec!["cm"], vec!["em"]]);
+        for b in &batches {
+            assert!(b.iter().map(Vec::len).sum::<usize>() <= 99);
+        }
+        let small: Vec<Vec<String>> = (0..40).map(|i| blob(&format!("s{i}-"), 4)).collect();
+        let batches = whole_blob_batches(small, 99);
+        assert_eq!(
+            batches.iter().map(Vec::len).collect::<Vec<_>>(),
+            [19, 19, 2]
+        );
     }
 }
 
