@@ -1214,7 +1214,7 @@ impl Store for CosmosStore {
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
-        let loaded = settled(|| self.load_full(run_id)).await?;
+        let loaded = settled(|| self.load_full(run_id), || self.head_etag(run_id)).await?;
         self.shared
             .accts
             .set(run_id, loaded.as_ref().map(|l| l.1.clone()));
@@ -1504,29 +1504,52 @@ impl Schedule for CosmosStore {
 const READ_AGAIN: usize = 2;
 
 /// Runs `read` again (up to [`READ_AGAIN`] times) when it finds the run
-/// damaged: a read is not one snapshot, so a prune that freed a blob, or a
-/// rewrite that removed an old chunk, between the read of a head or row and
-/// the read of what it referred to looks like a missing item, and the next
-/// read starts from the head the prune wrote. Damage that stays is
-/// reported as it was found.
-async fn settled<T, F, Fut>(read: F) -> Result<T, StoreError>
+/// damaged and the run's head has changed since: a read is not one
+/// snapshot, so a prune that freed a blob, or a rewrite that removed an old
+/// chunk, between the read of a head or row and the read of what it
+/// referred to looks like a missing item, and the next read starts from
+/// the head the prune wrote. `head` gives the head's ETag now; the first
+/// failure is always read again, a later one only when the ETag moved
+/// since the failure before. Damage that stays is reported as found.
+async fn settled<T, F, Fut, H, HFut>(read: F, head: H) -> Result<T, StoreError>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
+    H: Fn() -> HFut,
+    HFut: std::future::Future<Output = Option<String>>,
 {
     let mut again = 0;
+    let mut seen: Option<Option<String>> = None;
     loop {
         match read().await {
-            Err(e) if e.kind() == StoreErrorKind::Corrupt && again < READ_AGAIN => again += 1,
+            Err(e) if e.kind() == StoreErrorKind::Corrupt && again < READ_AGAIN => {
+                let now = head().await;
+                if seen.as_ref().is_some_and(|before| *before == now) {
+                    return Err(e);
+                }
+                seen = Some(now);
+                again += 1;
+            }
             other => return other,
         }
+    }
+}
+
+impl CosmosStore {
+    /// The ETag of run `run_id`'s head now (`None`: gone or unreadable).
+    async fn head_etag(&self, run_id: &str) -> Option<String> {
+        let key = encode_run_id(run_id);
+        let head = self.read_item(&key, &head_id(&key), run_id).await.ok()??;
+        head.get("_etag")
+            .and_then(Value::as_str)
+            .map(str::to_string)
     }
 }
 
 #[async_trait]
 impl History for CosmosStore {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        settled(|| self.history_once(run_id)).await
+        settled(|| self.history_once(run_id), || self.head_etag(run_id)).await
     }
 
     /// Replaces history items' updates (and, for a fold, deletes the items
@@ -1911,9 +1934,14 @@ mod sweep_tests {
     use super::{settled, whole_blob_batches, READ_AGAIN};
     use steadfast_core::{StoreError, StoreErrorKind};
 
-    /// A read that finds the run damaged `bad` times, then whole.
-    fn outcome(bad: usize) -> Result<(usize, usize), StoreError> {
+    /// A read that finds the run damaged `bad` times, then whole; the
+    /// head's ETag moves between reads when `moving`.
+    fn outcome(bad: usize, moving: bool) -> Result<(usize, usize), StoreError> {
         let calls = std::cell::Cell::new(0);
+        let head = || {
+            let tag = if moving { calls.get() } else { 0 };
+            async move { Some(format!("etag-{tag}")) }
+        };
         let read = || {
             let n = calls.get();
             calls.set(n + 1);
@@ -1931,15 +1959,22 @@ mod sweep_tests {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("a runtime");
-        rt.block_on(settled(read)).map(|v| (v, calls.get()))
+        rt.block_on(settled(read, head)).map(|v| (v, calls.get()))
     }
 
     #[test]
     fn a_read_that_meets_a_freed_item_is_made_again_and_damage_that_stays_is_reported() {
-        assert_eq!(outcome(0).ok(), Some((0, 1)));
-        assert_eq!(outcome(READ_AGAIN).ok(), Some((READ_AGAIN, READ_AGAIN + 1)));
-        let err = outcome(READ_AGAIN + 1).expect_err("damage that stays");
+        assert_eq!(outcome(0, true).ok(), Some((0, 1)));
+        // A head that moves between reads: read again, up to the limit.
+        assert_eq!(
+            outcome(READ_AGAIN, true).ok(),
+            Some((READ_AGAIN, READ_AGAIN + 1))
+        );
+        let err = outcome(READ_AGAIN + 1, true).expect_err("damage that stays");
         assert_eq!(err.kind(), StoreErrorKind::Corrupt);
+        // A head that stays: one more read only, then the damage.
+        assert_eq!(outcome(1, false).ok(), Some((1, 2)));
+        assert!(outcome(2, false).is_err());
     }
 
     fn blob(name: &str, parts: usize) -> Vec<String> {
