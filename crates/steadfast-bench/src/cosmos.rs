@@ -66,7 +66,7 @@ pub async fn measure(args: &Args) -> Res<()> {
 /// the blob items it holds, which on Cosmos DB are once per run), as the
 /// server does not say what it keeps.
 async fn w7(host: &str, query: &str, args: &Args) -> Res<()> {
-    use crate::large::{encode_and_hash, peak_rss, raw_write, reset_peak, workflow, VALUE_BYTES};
+    use crate::large::{peak_rss, raw_write, reset_peak, w7_figures, workflow, VALUE_BYTES};
     use steadfast::Store;
     let runs = if args.quick { 4 } else { 100 };
     let (mut per_step, mut raw, mut stored, mut peaks, mut charge) =
@@ -100,23 +100,15 @@ async fn w7(host: &str, query: &str, args: &Args) -> Res<()> {
         store.drop_database().await?;
         raw.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
     }
-    let unique = (runs * 5 * VALUE_BYTES) as f64;
-    let (us, raw_us, bytes) = (median(per_step), median(raw), median(stored));
-    let (encode_us, hash_us) = encode_and_hash(20);
+    let mut figures = w7_figures(runs, &per_step, &raw, &stored, &peaks);
+    figures.insert("ru_per_step".into(), json!(round(median(charge))));
+    figures.insert("notes".into(), json!("step i returns document i % 5 of its run (1 MiB each, incompressible); protocol overhead against the local test server, not Azure figures; raw = write 1 MiB + fsync to the local disk, median of 100; stored = the store's count of each run's record and blob items (the server does not say what it keeps); medians of the repetitions"));
     emit(
         "steadfast",
         "cosmos",
         "W7",
         "one transactional batch per checkpoint, blob items written before it (local protocol server, in memory)",
-        json!({"runs": runs, "steps": STEPS, "value_bytes": VALUE_BYTES,
-               "us_per_step": round(us), "raw_write_fsync_us": round(raw_us),
-               "us_per_step_over_raw": round(us / raw_us * 100.0) / 100.0,
-               "encode_us": round(encode_us), "sha256_us": round(hash_us),
-               "stored_bytes": bytes as u64, "unique_bytes": unique as u64,
-               "stored_over_unique": round(bytes / unique * 100.0) / 100.0,
-               "peak_rss_bytes": median(peaks) as u64,
-               "ru_per_step": round(median(charge)),
-               "notes": "step i returns document i % 5 of its run (1 MiB each, incompressible); protocol overhead against the local test server, not Azure figures; raw = write 1 MiB + fsync to the local disk, median of 100; stored = the store's count of each run's record and blob items (the server does not say what it keeps); medians of the repetitions"}),
+        serde_json::Value::Object(figures),
     );
     Ok(())
 }

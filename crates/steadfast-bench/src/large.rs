@@ -118,6 +118,37 @@ pub(crate) fn encode_and_hash(n: usize) -> (f64, f64) {
     (median(encode), median(hash))
 }
 
+/// What every store's W7 reports, from the samples of its repetitions
+/// (µs per step, raw write + fsync µs, bytes stored, peak memory) and
+/// the floor measured now.
+pub(crate) fn w7_figures(
+    runs: usize,
+    per_step: &[f64],
+    raw: &[f64],
+    stored: &[f64],
+    peaks: &[f64],
+) -> serde_json::Map<String, serde_json::Value> {
+    let unique = (runs * 5 * VALUE_BYTES) as f64;
+    let (us, raw_us, bytes) = (
+        median(per_step.to_vec()),
+        median(raw.to_vec()),
+        median(stored.to_vec()),
+    );
+    let (encode_us, hash_us) = encode_and_hash(20);
+    let figures = json!({"runs": runs, "steps": STEPS, "value_bytes": VALUE_BYTES,
+        "us_per_step": round(us), "raw_write_fsync_us": round(raw_us),
+        "us_per_step_over_raw": round(us / raw_us * 100.0) / 100.0,
+        "encode_us": round(encode_us), "sha256_us": round(hash_us),
+        "floor_over_raw": round((raw_us + encode_us + hash_us) / raw_us * 100.0) / 100.0,
+        "stored_bytes": bytes as u64, "unique_bytes": unique as u64,
+        "stored_over_unique": round(bytes / unique * 100.0) / 100.0,
+        "peak_rss_bytes": median(peaks.to_vec()) as u64});
+    match figures {
+        serde_json::Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    }
+}
+
 /// The bytes a store keeps: the files of an SQLite database, the relations
 /// of a PostgreSQL schema, or the file store's file and its blob files.
 async fn stored_bytes(kind: &str, url: &str) -> Res<u64> {
@@ -174,23 +205,14 @@ pub async fn w7(kind: &str, args: &Args) -> Res<()> {
         crate::workloads::cleanup(kind, &url);
         raw.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
     }
-    let unique = (runs * 5 * VALUE_BYTES) as f64;
-    let (us, raw_us, bytes) = (median(per_step), median(raw), median(stored));
-    let (encode_us, hash_us) = encode_and_hash(20);
+    let mut figures = w7_figures(runs, &per_step, &raw, &stored, &peaks);
+    figures.insert("notes".into(), json!("step i returns document i % 5 of its run (1 MiB each, incompressible); raw = write 1 MiB + fsync, median of 100 per repetition; encode and sha256 = writing one such value as JSON text and hashing it (medians of 20), the work a save of a new large value does besides the write, so floor_over_raw = (raw + encode + sha256) / raw; stored = the database's files (SQLite), the schema's relations (PostgreSQL) or the file and its blob files (file) after the runs; medians of the repetitions"));
     emit(
         "steadfast",
         kind,
         "W7",
         durability(kind),
-        json!({"runs": runs, "steps": STEPS, "value_bytes": VALUE_BYTES,
-               "us_per_step": round(us), "raw_write_fsync_us": round(raw_us),
-               "us_per_step_over_raw": round(us / raw_us * 100.0) / 100.0,
-               "encode_us": round(encode_us), "sha256_us": round(hash_us),
-               "floor_over_raw": round((raw_us + encode_us + hash_us) / raw_us * 100.0) / 100.0,
-               "stored_bytes": bytes as u64, "unique_bytes": unique as u64,
-               "stored_over_unique": round(bytes / unique * 100.0) / 100.0,
-               "peak_rss_bytes": median(peaks) as u64,
-               "notes": "step i returns document i % 5 of its run (1 MiB each, incompressible); raw = write 1 MiB + fsync, median of 100 per repetition; encode and sha256 = writing one such value as JSON text and hashing it (medians of 20), the work a save of a new large value does besides the write, so floor_over_raw = (raw + encode + sha256) / raw; stored = the database's files (SQLite), the schema's relations (PostgreSQL) or the file and its blob files (file) after the runs; medians of the repetitions"}),
+        serde_json::Value::Object(figures),
     );
     Ok(())
 }

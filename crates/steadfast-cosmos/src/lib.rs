@@ -1730,19 +1730,32 @@ impl History for CosmosStore {
 }
 
 impl CosmosStore {
-    /// One read of a run's history (see [`settled`]).
-    async fn history_once(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        let key = encode_run_id(run_id);
-
-        let hid = head_id(&key);
-        let Some(head) = self.read_item(&key, &hid, run_id).await? else {
+    /// Run `key`'s head and its generation, `None` when the run is absent.
+    async fn head_and_gen(
+        &self,
+        key: &str,
+        run_id: &str,
+    ) -> Result<Option<(Value, String)>, StoreError> {
+        let hid = head_id(key);
+        let Some(head) = self.read_item(key, &hid, run_id).await? else {
             return Ok(None);
         };
-        let next = head.get("next").and_then(Value::as_u64).unwrap_or(0);
         let gen = head
             .get("gen")
             .and_then(Value::as_str)
-            .ok_or_else(|| self.corrupt(run_id, &hid, "the head has no generation"))?;
+            .ok_or_else(|| self.corrupt(run_id, &hid, "the head has no generation"))?
+            .to_string();
+        Ok(Some((head, gen)))
+    }
+
+    /// One read of a run's history (see [`settled`]).
+    async fn history_once(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
+        let key = encode_run_id(run_id);
+        let Some((head, gen)) = self.head_and_gen(&key, run_id).await? else {
+            return Ok(None);
+        };
+        let gen = gen.as_str();
+        let next = head.get("next").and_then(Value::as_u64).unwrap_or(0);
         let steps = self
             .query_partition(
                 &key,
@@ -2016,14 +2029,9 @@ impl steadfast_core::Blobs for CosmosStore {
     /// shared: they live in the run's partition).
     async fn usage(&self, run_id: &str) -> Result<Option<steadfast_core::Usage>, StoreError> {
         let key = encode_run_id(run_id);
-        let hid = head_id(&key);
-        let Some(head) = self.read_item(&key, &hid, run_id).await? else {
+        let Some((head, gen)) = self.head_and_gen(&key, run_id).await? else {
             return Ok(None);
         };
-        let gen = head
-            .get("gen")
-            .and_then(Value::as_str)
-            .ok_or_else(|| self.corrupt(run_id, &hid, "the head has no generation"))?;
         let items = self
             .query_partition(
                 &key,

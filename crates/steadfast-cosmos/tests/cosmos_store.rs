@@ -617,19 +617,26 @@ async fn a_value_a_run_returns_again_is_written_once() -> TestResult {
     Ok(())
 }
 
+/// A fresh database's store that keeps values over `threshold` bytes as
+/// blobs, with the database (dropped with it); `None` without a server.
+async fn with_blobs_over(threshold: u64) -> Option<(support::TestDb, CosmosStore)> {
+    let server = support::server()?;
+    let db = support::TestDb::new(&server);
+    let store = db
+        .store(CosmosOptions::default().blob_threshold(threshold))
+        .await;
+    Some((db, store))
+}
+
 /// A prune frees the blobs that only dropped rows held: those the rows it
 /// folded away referred to, and those of rows a rewind left above the
 /// run's `next` (a rewind alone keeps them, as a save writes no more than
 /// the head and its row). Running on writes them again.
 #[tokio::test]
 async fn prune_frees_the_blobs_only_dropped_rows_held() -> TestResult {
-    let Some(server) = support::server() else {
+    let Some((_db, store)) = with_blobs_over(16 << 10).await else {
         return Ok(());
     };
-    let db = support::TestDb::new(&server);
-    let store = db
-        .store(CosmosOptions::default().blob_threshold(16 << 10))
-        .await;
     let agent = steadfast_conformance::fixtures::rereading_agent;
     let blobs = |s: &CosmosStore| {
         let s = s.clone();
@@ -672,13 +679,9 @@ async fn prune_frees_the_blobs_only_dropped_rows_held() -> TestResult {
 /// a freed blob reads the run again from the head the prune wrote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_racing_prunes_that_free_blobs_see_whole_runs() -> TestResult {
-    let Some(server) = support::server() else {
+    let Some((_db, store)) = with_blobs_over(16 << 10).await else {
         return Ok(());
     };
-    let db = support::TestDb::new(&server);
-    let store = db
-        .store(CosmosOptions::default().blob_threshold(16 << 10))
-        .await;
     let agent = steadfast_conformance::fixtures::rereading_agent;
     run("r", &agent(6, 0), &store).await?;
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -36,7 +36,7 @@ use std::collections::HashSet;
 use steadfast::store::blob::BlobHash;
 use steadfast::StoreError;
 
-use crate::{store_err, GraphError, Result};
+use crate::error::{store_err, GraphError, Result};
 
 /// A blob's name: the SHA-256 of its bytes.
 pub(crate) type Hash = [u8; 32];

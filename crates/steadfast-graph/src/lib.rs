@@ -24,45 +24,11 @@ use serde_json::Value;
 use steadfast::postgres::{tokio_postgres, PgStore};
 use steadfast::{Clock, Lease, Owner, StoreError, Timestamp};
 
-use steadfast::StoreErrorKind;
-
 mod blobs;
+mod error;
 use blobs::{Blob, ChannelBlob};
-
-/// What a graph store call can fail with; each names what and where.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum GraphError {
-    /// Another live saver holds the thread (or wrote it after this saver's
-    /// lease ran out): nothing was written.
-    #[error("{0}")]
-    Held(String),
-    /// An argument that cannot be used: nothing was written.
-    #[error("{0}")]
-    InvalidInput(String),
-    /// Something this store cannot do.
-    #[error("{0}")]
-    Unsupported(String),
-    /// The store failed, with the portable kind of its error.
-    #[error("{message}")]
-    Store {
-        /// The kind (conflict, corrupt, unavailable, ...).
-        kind: StoreErrorKind,
-        /// What went wrong, with its causes.
-        message: String,
-    },
-}
-
-/// The result of a graph store call.
-pub type Result<T, E = GraphError> = std::result::Result<T, E>;
-
-/// A store error as a [`GraphError`], its kind kept.
-fn store_err(e: &StoreError) -> GraphError {
-    GraphError::Store {
-        kind: e.kind(),
-        message: steadfast::error_chain(e),
-    }
-}
+use error::store_err;
+pub use error::{GraphError, Result};
 
 /// Runs `fut` to its end on the crate's runtime (PostgreSQL's connections
 /// live there).
@@ -564,33 +530,24 @@ fn open_sqlite(url: &str) -> Result<Backend> {
         .and_then(|()| tx.execute_batch(blobs::SQLITE_TABLES))
         .map_err(|e| sql_err(&at, e))?;
     // Format 3: a write's large value is a blob it names.
-    let has_hash: bool = tx
-        .query_row(
-            "SELECT count(*) > 0 FROM pragma_table_info('graph_writes') WHERE name = 'blob_hash'",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(|e| sql_err(&at, e))?;
-    if !has_hash {
-        tx.execute_batch("ALTER TABLE graph_writes ADD COLUMN blob_hash BLOB;")
-            .map_err(|e| sql_err(&at, e))?;
-    }
-    tx.execute_batch(blobs::SQLITE_WRITES_INDEX)
-        .map_err(|e| sql_err(&at, e))?;
-    let has_local: bool = tx
-        .query_row(
-            "SELECT count(*) > 0 FROM pragma_table_info('graph_threads') WHERE name = 'local_generation'",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(|e| sql_err(&at, e))?;
-    if !has_local {
-        tx.execute_batch(
+    add_columns(
+        &tx,
+        "graph_writes",
+        "blob_hash",
+        "ALTER TABLE graph_writes ADD COLUMN blob_hash BLOB;",
+    )
+    .and_then(|()| tx.execute_batch(blobs::SQLITE_WRITES_INDEX))
+    // Format 2: the boot-clock deadline.
+    .and_then(|()| {
+        add_columns(
+            &tx,
+            "graph_threads",
+            "local_generation",
             "ALTER TABLE graph_threads ADD COLUMN local_until_ms INTEGER;
              ALTER TABLE graph_threads ADD COLUMN local_generation INTEGER;",
         )
-        .map_err(|e| sql_err(&at, e))?;
-    }
+    })
+    .map_err(|e| sql_err(&at, e))?;
     let format: i64 = tx
         .query_row(
             "INSERT INTO graph_meta (key, value) VALUES ('format', ?1)
@@ -605,6 +562,26 @@ fn open_sqlite(url: &str) -> Result<Backend> {
         conn: Mutex::new(conn),
         at,
     })
+}
+
+/// Runs `alter` (which adds `column`, and any others of its format) unless
+/// `table` has `column` already.
+fn add_columns(
+    tx: &rusqlite::Transaction<'_>,
+    table: &str,
+    column: &str,
+    alter: &str,
+) -> rusqlite::Result<()> {
+    let has: bool = tx.query_row(
+        "SELECT count(*) > 0 FROM pragma_table_info(?1) WHERE name = ?2",
+        params![table, column],
+        |r| r.get(0),
+    )?;
+    if has {
+        Ok(())
+    } else {
+        tx.execute_batch(alter)
+    }
 }
 
 fn check_format(at: &str, format: i64) -> Result<()> {

@@ -196,10 +196,26 @@ fn bad_urls_and_leases_are_refused_with_what_is_wrong() {
     for (url, says) in [
         ("ftp://x", "expected sqlite:PATH"),
         ("sqlite:", "expected sqlite:PATH"),
+        ("sqlite:?blob_threshold=1KiB", "expected sqlite:PATH"),
+        // Blob thresholds: empty, below 256 bytes, negative, past 1 GiB,
+        // overflowing, of an unknown unit; options that are not known.
+        ("memory:?blob_threshold=", "blob_threshold"),
+        ("memory:?blob_threshold=12", "blob_threshold"),
+        ("memory:?blob_threshold=-1", "blob_threshold"),
+        ("memory:?blob_threshold=2GiB", "blob_threshold"),
+        (
+            "memory:?blob_threshold=99999999999999999999GiB",
+            "blob_threshold",
+        ),
+        ("memory:?blob_threshold=1TB", "blob_threshold"),
+        ("memory:?schema=x", "not known"),
+        ("memory:?", "not known"),
     ] {
         let err = GraphStore::open(url, LEASE, false).err().expect("refused");
         assert!(err.to_string().contains(says), "{url}: {err}");
     }
+    let big = GraphStore::open("memory:?blob_threshold=1GiB", LEASE, false).expect("1 GiB");
+    assert_eq!(big.blob_threshold(), 1 << 30);
     let err = GraphStore::open("memory:", Duration::from_millis(1), false)
         .err()
         .expect("refused");
@@ -384,6 +400,27 @@ fn count(url: &str, schema: Option<&str>, sql: &str) -> Result<i64, Box<dyn std:
     }
 }
 
+/// Saves the pending writes `(index, channel, type, bytes)` of task "task"
+/// to checkpoint `id` of thread `thread` (namespace "").
+fn put_task_writes(
+    s: &GraphStore,
+    thread: &str,
+    id: &str,
+    writes: &[(i64, &str, &str, &[u8])],
+) -> Result<(), GraphError> {
+    s.put_writes(
+        thread.into(),
+        "".into(),
+        id.into(),
+        "task".into(),
+        "".into(),
+        writes
+            .iter()
+            .map(|(i, c, t, d)| (*i, c.to_string(), t.to_string(), d.to_vec()))
+            .collect(),
+    )
+}
+
 /// Saves checkpoint `id` of thread `thread`, a child of `parent`, for run
 /// `run`, with large channel values `channels` (channel, bytes).
 fn put_large(
@@ -447,16 +484,14 @@ fn large_values_are_stored_once_per_thread_and_freed_with_their_last_reference()
             "r2",
             &[("doc", &doc), ("more", &other)],
         )?;
-        a.put_writes(
-            "t".into(),
-            "".into(),
-            "c2".into(),
-            "task".into(),
-            "".into(),
-            vec![
-                (0, "out".into(), "bytes".into(), out.clone()),
-                (1, "small".into(), "json".into(), b"1".to_vec()),
-                (2, "again".into(), "bytes".into(), doc.clone()),
+        put_task_writes(
+            &a,
+            "t",
+            "c2",
+            &[
+                (0, "out", "bytes", &out),
+                (1, "small", "json", b"1"),
+                (2, "again", "bytes", &doc),
             ],
         )?;
         // doc (twice in checkpoints, once in a write), other, out.
@@ -486,14 +521,7 @@ fn large_values_are_stored_once_per_thread_and_freed_with_their_last_reference()
 
         // A write kept once keeps its first value: the second's blob is
         // not left behind.
-        a.put_writes(
-            "t".into(),
-            "".into(),
-            "c2".into(),
-            "task".into(),
-            "".into(),
-            vec![(0, "out".into(), "bytes".into(), vec![b'z'; 5000])],
-        )?;
+        put_task_writes(&a, "t", "c2", &[(0, "out", "bytes", &[b'z'; 5000])])?;
         expect("t", 3)?;
         let again = a.get("t".into(), "".into(), None)?.ok_or("no c2")?;
         assert_eq!(again.7[0].3, out, "{url}: the first value stays");
@@ -515,14 +543,7 @@ fn large_values_are_stored_once_per_thread_and_freed_with_their_last_reference()
         assert_eq!((resaved.4.as_str(), resaved.8.len()), ("json", 1), "{url}");
         let special = vec![b's'; 5000];
         for value in [special.clone(), b"0".to_vec()] {
-            a.put_writes(
-                "t".into(),
-                "".into(),
-                "c2".into(),
-                "task".into(),
-                "".into(),
-                vec![(-1, "__error__".into(), "bytes".into(), value)],
-            )?;
+            put_task_writes(&a, "t", "c2", &[(-1, "__error__", "bytes", &value)])?;
         }
         expect("t", 2)?;
 
@@ -593,14 +614,7 @@ fn a_changed_or_missing_blob_is_corrupt() -> TestResult {
         // A large write's blob changed, in a copy only: found when every
         // thread is listed, though the source's same blob is sound.
         a.delete_thread("t".into())?;
-        a.put_writes(
-            "w".into(),
-            "".into(),
-            "c1".into(),
-            "task".into(),
-            "".into(),
-            vec![(0, "out".into(), "bytes".into(), vec![b'o'; 3000])],
-        )?;
+        put_task_writes(&a, "w", "c1", &[(0, "out", "bytes", &[b'o'; 3000])])?;
         put_large(&a, "w", "c1", None, "r1", &[])?;
         a.copy_thread("w".into(), "w2".into())?;
         let only_copy = match schema {
@@ -630,15 +644,7 @@ fn a_changed_or_missing_blob_is_corrupt() -> TestResult {
 
         // Types the stored marks would be confused with are refused.
         for ty in ["blob/x", "blobs/1/x"] {
-            let err = a
-                .put_writes(
-                    "w".into(),
-                    "".into(),
-                    "c1".into(),
-                    "task".into(),
-                    "".into(),
-                    vec![(1, "c".into(), ty.into(), b"1".to_vec())],
-                )
+            let err = put_task_writes(&a, "w", "c1", &[(1, "c", ty, b"1")])
                 .err()
                 .ok_or("taken")?;
             assert!(err.to_string().contains("may not begin with"), "{err}");
