@@ -148,7 +148,7 @@ impl Caller {
         let guard = CancelOnDrop(Arc::clone(&slot));
         let (tx, rx) = tokio::sync::oneshot::channel::<Result<Value, CallError>>();
         let me = self.clone();
-        let handle = tokio::task::spawn_blocking(move || {
+        let work = move || {
             let _inside = crate::pending::InPython::enter();
             Python::attach(|py| -> Result<Option<Value>, CallError> {
                 let raised = CallError::Raised;
@@ -190,8 +190,24 @@ impl Caller {
                     .map_err(raised)?;
                 Ok(None)
             })
-        });
-        let out = match handle.await {
+        };
+        // In an operation's first poll on a blocking thread, the function
+        // runs right here; otherwise on a blocking thread of its own.
+        let called = match crate::pending::inline() {
+            Some(stop) => {
+                let got = work();
+                if stop.is_stopped() && matches!(got, Ok(Some(_))) {
+                    // Stopped while the function ran (its caller cancelled,
+                    // or the durable function returned without awaiting
+                    // it): its value must not go on to be recorded. The
+                    // operation is dropped at its next await, this one.
+                    std::future::pending::<()>().await;
+                }
+                Ok(got)
+            }
+            None => tokio::task::spawn_blocking(work).await,
+        };
+        let out = match called {
             Ok(Ok(Some(value))) => Ok(value),
             Ok(Ok(None)) => rx.await.unwrap_or_else(|_| {
                 Err(CallError::Thread(

@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -186,7 +186,65 @@ impl Drop for Finished {
 pub struct Pending {
     rx: Mutex<Option<mpsc::Receiver<Finish>>>,
     watch: Arc<Mutex<Watch>>,
-    abort: tokio::task::AbortHandle,
+    abort: Abort,
+}
+
+/// Stops an operation at its next await point: its runtime task is
+/// aborted, and an operation still in its first poll on a blocking thread
+/// (see [`spawn_first_here`]) is stopped as soon as that poll ends.
+#[derive(Clone, Default)]
+pub struct Abort {
+    inner: Arc<AbortInner>,
+}
+
+#[derive(Default)]
+struct AbortInner {
+    cancelled: AtomicBool,
+    task: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Abort {
+    /// Stops the operation.
+    pub fn abort(&self) {
+        self.inner.cancelled.store(true, Ordering::SeqCst);
+        let task = self.inner.task.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(h) = task.as_ref() {
+            h.abort();
+        }
+    }
+
+    /// Whether the operation was stopped; for a step function that ran on a
+    /// blocking thread in the operation's first poll, checked before its
+    /// value goes on to be recorded.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// Hands the operation's runtime task over; aborts it at once when the
+    /// operation was stopped before.
+    fn set_task(&self, h: tokio::task::AbortHandle) {
+        let mut task = self.inner.task.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_stopped() {
+            h.abort();
+        }
+        *task = Some(h);
+    }
+}
+
+/// A new operation's two ends: where its result goes, and what Python holds.
+fn channel(abort: Abort) -> (Finished, Pending) {
+    let (tx, rx) = mpsc::channel();
+    let watch = Arc::new(Mutex::new(Watch::default()));
+    let finished = Finished {
+        tx: Some(tx),
+        watch: Arc::clone(&watch),
+    };
+    let pending = Pending {
+        rx: Mutex::new(Some(rx)),
+        watch,
+        abort,
+    };
+    (finished, pending)
 }
 
 /// Starts `fut` on the runtime.
@@ -194,26 +252,81 @@ pub fn spawn<F>(fut: F) -> Pending
 where
     F: Future<Output = Finish> + Send + 'static,
 {
-    let (tx, rx) = mpsc::channel();
-    let watch = Arc::new(Mutex::new(Watch::default()));
-    let finished = Finished {
-        tx: Some(tx),
-        watch: Arc::clone(&watch),
-    };
+    let (finished, pending) = channel(Abort::default());
     let handle = rt().spawn(async move {
         let finished = finished;
         finished.send(fut.await);
     });
-    Pending {
-        rx: Mutex::new(Some(rx)),
-        watch,
-        abort: handle.abort_handle(),
+    pending.abort.set_task(handle.abort_handle());
+    pending
+}
+
+thread_local! {
+    /// Set while [`spawn_first_here`] polls an operation on a blocking
+    /// thread: the operation's stop flag. A step function called then runs
+    /// on this thread (see [`inline`]).
+    static INLINE: std::cell::RefCell<Option<Abort>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The stop flag of the operation being polled on this blocking thread by
+/// [`spawn_first_here`], taken so that only the first call into Python of
+/// that poll runs here; `None` elsewhere.
+pub fn inline() -> Option<Abort> {
+    INLINE.with(|i| i.borrow_mut().take())
+}
+
+/// Clears [`INLINE`] when the poll ends, a panic included.
+struct InlineGuard;
+
+impl Drop for InlineGuard {
+    fn drop(&mut self) {
+        INLINE.with(|i| i.borrow_mut().take());
     }
 }
 
+/// Starts `fut` on a blocking thread and polls it there once, with a step
+/// function it calls first run on that same thread ([`inline`]): a sync
+/// step and its checkpoint then cost one hand-off from the caller and one
+/// back, not a trip through the runtime's workers each. Whatever the
+/// operation still waits for after that poll, it waits for as a runtime
+/// task.
+pub fn spawn_first_here<F>(fut: F) -> Pending
+where
+    F: Future<Output = Finish> + Send + 'static,
+{
+    let (finished, pending) = channel(Abort::default());
+    let abort = pending.abort.clone();
+    // The blocking task is not aborted: it looks at the stop flag itself.
+    drop(rt().spawn_blocking(move || {
+        if abort.is_stopped() {
+            return; // dropping `finished` reports the cancellation
+        }
+        let mut fut = Box::pin(fut);
+        let polled = {
+            let _guard = InlineGuard;
+            INLINE.with(|i| *i.borrow_mut() = Some(abort.clone()));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            fut.as_mut().poll(&mut cx)
+        };
+        match polled {
+            std::task::Poll::Ready(finish) => finished.send(finish),
+            // The task polls it again at once, and so registers the wakers
+            // the noop one stood in for.
+            std::task::Poll::Pending => {
+                let handle = rt().spawn(async move {
+                    let finished = finished;
+                    finished.send(fut.await);
+                });
+                abort.set_task(handle.abort_handle());
+            }
+        }
+    }));
+    pending
+}
+
 impl Pending {
-    /// A handle that stops the operation.
-    pub fn abort_handle(&self) -> tokio::task::AbortHandle {
+    /// What stops the operation.
+    pub fn abort_handle(&self) -> Abort {
         self.abort.clone()
     }
 }

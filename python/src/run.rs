@@ -14,7 +14,7 @@ use steadfast::{
 use crate::call::{CallError, Caller};
 use crate::convert::to_py;
 use crate::errors::{err, InvalidInput};
-use crate::pending::{spawn, Finish, Pending};
+use crate::pending::{spawn, spawn_first_here, Finish, Pending};
 use crate::store::{json_arg, PyStore};
 
 /// A duration in seconds from Python, checked: finite, not negative, in range.
@@ -348,7 +348,7 @@ struct Raised {
     closed: bool,
     /// Context calls still running, by number, to stop if the function
     /// returns without awaiting them.
-    running: HashMap<u64, tokio::task::AbortHandle>,
+    running: HashMap<u64, crate::pending::Abort>,
 }
 
 /// The context of a durable function in Python.
@@ -375,6 +375,18 @@ impl PyDurableCtx {
     where
         F: std::future::Future<Output = Result<Value, Error>> + Send + 'static,
     {
+        self.awaitable_by(fut, spawn)
+    }
+
+    /// Like [`awaitable`](Self::awaitable), started by `start`.
+    fn awaitable_by<F>(
+        &self,
+        fut: F,
+        start: fn(std::pin::Pin<Box<dyn std::future::Future<Output = Finish> + Send>>) -> Pending,
+    ) -> PyResult<Pending>
+    where
+        F: std::future::Future<Output = Result<Value, Error>> + Send + 'static,
+    {
         let raised = Arc::clone(&self.raised);
         let caller = self.caller.clone();
         let mut r = self.raised.lock().unwrap_or_else(|p| p.into_inner());
@@ -394,7 +406,7 @@ impl PyDurableCtx {
         r.next += 1;
         let id = r.next;
         let mark = Arc::clone(&self.raised);
-        let pending = spawn(async move {
+        let pending = start(Box::pin(async move {
             let out = fut.await;
             {
                 let mut r = mark.lock().unwrap_or_else(|p| p.into_inner());
@@ -407,7 +419,7 @@ impl PyDurableCtx {
                 Ok(v) => to_py(py, &v),
                 Err(e) => Err(raise(py, &raised, &caller, e)),
             }) as Finish
-        });
+        }));
         r.running.insert(id, pending.abort_handle());
         Ok(pending)
     }
@@ -464,14 +476,26 @@ impl PyDurableCtx {
         let opts = options(&name, retries, backoff, max_backoff, timeout)?;
         let (ctx, caller, func) = (self.ctx.clone(), self.caller.clone(), Arc::new(func));
         let step = name.clone();
-        self.awaitable(async move {
-            ctx.step_with(name, opts, move || {
-                let (caller, func) = (caller.clone(), Arc::clone(&func));
-                let step = step.clone();
-                async move { caller.call(&step, func, |_| Ok(vec![])).await }
-            })
-            .await
-        })
+        // A step without a timeout starts on a blocking thread that calls a
+        // sync function itself and records its value (see
+        // `spawn_first_here`); one with a timeout needs its function on a
+        // thread of its own, so that the engine can give up on it.
+        let start = if timeout.is_none() {
+            spawn_first_here
+        } else {
+            spawn
+        };
+        self.awaitable_by(
+            async move {
+                ctx.step_with(name, opts, move || {
+                    let (caller, func) = (caller.clone(), Arc::clone(&func));
+                    let step = step.clone();
+                    async move { caller.call(&step, func, |_| Ok(vec![])).await }
+                })
+                .await
+            },
+            start,
+        )
     }
 
     /// Runs several steps at once: `branches` is a list of (name, func).
@@ -558,7 +582,8 @@ fn on_timeout_arg(name: &str, s: Option<&str>) -> PyResult<OnTimeout> {
 }
 
 /// Starts or resumes a durable function; an awaitable of the outcome tuple.
-/// `body(ctx)` returns the function's coroutine.
+/// `body(ctx)` returns the function's coroutine, made on the blocking
+/// thread that starts the run (see `spawn_first_here`).
 #[pyfunction]
 #[pyo3(signature = (event_loop, invoke, run_id, name, body, store, input=None, accept_changed=false, wait_for_timers=false, lease=None))]
 #[allow(clippy::too_many_arguments)]
@@ -580,7 +605,7 @@ pub fn run_durable<'py>(
     let store = Arc::clone(&store.inner);
     let opts = RunOpts::new(accept_changed, wait_for_timers, lease)?;
     let raised = Arc::new(Mutex::new(Raised::default()));
-    Ok(spawn(async move {
+    Ok(spawn_first_here(async move {
         if let Some(input) = input {
             if let Err(e) = start_if_new(&store, &run_id, |s| {
                 steadfast::start(s, &name, &run_id, input, true)
