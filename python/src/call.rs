@@ -196,11 +196,13 @@ impl Caller {
         let called = match crate::pending::inline() {
             Some(stop) => {
                 let got = work();
-                if stop.is_stopped() && matches!(got, Ok(Some(_))) {
+                if stop.is_stopped() {
                     // Stopped while the function ran (its caller cancelled,
                     // or the durable function returned without awaiting
-                    // it): its value must not go on to be recorded. The
-                    // operation is dropped at its next await, this one.
+                    // it): neither its value nor its failure may go on to
+                    // be recorded. The operation is dropped at its next
+                    // await, this one (a coroutine it scheduled is
+                    // cancelled then).
                     std::future::pending::<()>().await;
                 }
                 Ok(got)

@@ -247,12 +247,23 @@ fn channel(abort: Abort) -> (Finished, Pending) {
     (finished, pending)
 }
 
+/// An operation's future, boxed.
+pub type Op = std::pin::Pin<Box<dyn Future<Output = Finish> + Send>>;
+
+/// A way to start an operation, stopped by the [`Abort`] it is given.
+pub type Start = fn(Abort, Op) -> Pending;
+
 /// Starts `fut` on the runtime.
 pub fn spawn<F>(fut: F) -> Pending
 where
     F: Future<Output = Finish> + Send + 'static,
 {
-    let (finished, pending) = channel(Abort::default());
+    spawn_as(Abort::default(), Box::pin(fut))
+}
+
+/// Starts `fut` on the runtime, stopped by `abort`.
+pub fn spawn_as(abort: Abort, fut: Op) -> Pending {
+    let (finished, pending) = channel(abort);
     let handle = rt().spawn(async move {
         let finished = finished;
         finished.send(fut.await);
@@ -290,18 +301,14 @@ impl Drop for InlineGuard {
 /// back, not a trip through the runtime's workers each. Whatever the
 /// operation still waits for after that poll, it waits for as a runtime
 /// task.
-pub fn spawn_first_here<F>(fut: F) -> Pending
-where
-    F: Future<Output = Finish> + Send + 'static,
-{
-    let (finished, pending) = channel(Abort::default());
-    let abort = pending.abort.clone();
+pub fn spawn_first_here(abort: Abort, fut: Op) -> Pending {
+    let (finished, pending) = channel(abort.clone());
     // The blocking task is not aborted: it looks at the stop flag itself.
     drop(rt().spawn_blocking(move || {
         if abort.is_stopped() {
             return; // dropping `finished` reports the cancellation
         }
-        let mut fut = Box::pin(fut);
+        let mut fut = fut;
         let polled = {
             let _guard = InlineGuard;
             INLINE.with(|i| *i.borrow_mut() = Some(abort.clone()));
@@ -324,11 +331,34 @@ where
     pending
 }
 
-impl Pending {
-    /// What stops the operation.
-    pub fn abort_handle(&self) -> Abort {
-        self.abort.clone()
+/// Polls `fut` once on the calling thread, the event loop's, with the
+/// interpreter's lock released and the first call into Python made here
+/// ([`inline`]); whatever it waits for after that it waits for as a runtime
+/// task. For an async step: its coroutine is scheduled on the loop without a
+/// trip through other threads, and a step recorded before (a resume) is
+/// answered at once. Only for operations that reach no store write before
+/// that call, so that the loop does not wait for a disk.
+pub fn start_here(py: Python<'_>, abort: Abort, fut: Op) -> Pending {
+    let (finished, pending) = channel(abort.clone());
+    let mut fut = fut;
+    let polled = py.detach(|| {
+        let _runtime = rt().enter();
+        let _guard = InlineGuard;
+        INLINE.with(|i| *i.borrow_mut() = Some(abort.clone()));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        fut.as_mut().poll(&mut cx)
+    });
+    match polled {
+        std::task::Poll::Ready(finish) => finished.send(finish),
+        std::task::Poll::Pending => {
+            let handle = rt().spawn(async move {
+                let finished = finished;
+                finished.send(fut.await);
+            });
+            abort.set_task(handle.abort_handle());
+        }
     }
+    pending
 }
 
 #[pymethods]
@@ -342,7 +372,7 @@ impl Pending {
             .unwrap_or_else(|p| p.into_inner())
             .take()
             .ok_or_else(|| {
-                pyo3::exceptions::PyRuntimeError::new_err("this result was already taken")
+                pyo3::exceptions::PyRuntimeError::new_err("this result is already awaited")
             })?;
         // A notified result is there already: take it without giving the
         // GIL up and waiting to have it back.
@@ -357,6 +387,11 @@ impl Pending {
                 "the operation was cancelled before it finished",
             )),
         }
+    }
+
+    /// Whether the result is there: then `wait` returns without blocking.
+    fn done(&self) -> bool {
+        self.watch.lock().unwrap_or_else(|p| p.into_inner()).done
     }
 
     /// Has `notifier` told (with `token`) when the result is there; at once

@@ -14,7 +14,7 @@ use steadfast::{
 use crate::call::{CallError, Caller};
 use crate::convert::to_py;
 use crate::errors::{err, InvalidInput};
-use crate::pending::{spawn, spawn_first_here, Finish, Pending};
+use crate::pending::{spawn, spawn_first_here, start_here, Finish, Pending};
 use crate::store::{json_arg, PyStore};
 
 /// A duration in seconds from Python, checked: finite, not negative, in range.
@@ -357,6 +357,8 @@ pub struct PyDurableCtx {
     ctx: DurableCtx<'static, Arc<dyn Store>>,
     caller: Caller,
     raised: Arc<Mutex<Raised>>,
+    /// Whether the run is leased (its lease renewed while steps run).
+    leased: bool,
 }
 
 /// The Python exception for `e`, tagged so that it maps back to `e`.
@@ -375,15 +377,11 @@ impl PyDurableCtx {
     where
         F: std::future::Future<Output = Result<Value, Error>> + Send + 'static,
     {
-        self.awaitable_by(fut, spawn)
+        self.awaitable_by(fut, crate::pending::spawn_as)
     }
 
     /// Like [`awaitable`](Self::awaitable), started by `start`.
-    fn awaitable_by<F>(
-        &self,
-        fut: F,
-        start: fn(std::pin::Pin<Box<dyn std::future::Future<Output = Finish> + Send>>) -> Pending,
-    ) -> PyResult<Pending>
+    fn awaitable_by<F>(&self, fut: F, start: crate::pending::Start) -> PyResult<Pending>
     where
         F: std::future::Future<Output = Result<Value, Error>> + Send + 'static,
     {
@@ -405,22 +403,29 @@ impl PyDurableCtx {
         }
         r.next += 1;
         let id = r.next;
+        // Counted as running before it starts, and the lock let go: an
+        // operation may finish within `start`, on this thread.
+        let abort = crate::pending::Abort::default();
+        r.running.insert(id, abort.clone());
+        drop(r);
         let mark = Arc::clone(&self.raised);
-        let pending = start(Box::pin(async move {
-            let out = fut.await;
-            {
-                let mut r = mark.lock().unwrap_or_else(|p| p.into_inner());
-                r.running.remove(&id);
-                if let Err(Error::Suspended(s)) = &out {
-                    r.stopped.get_or_insert_with(|| s.clone());
+        let pending = start(
+            abort,
+            Box::pin(async move {
+                let out = fut.await;
+                {
+                    let mut r = mark.lock().unwrap_or_else(|p| p.into_inner());
+                    r.running.remove(&id);
+                    if let Err(Error::Suspended(s)) = &out {
+                        r.stopped.get_or_insert_with(|| s.clone());
+                    }
                 }
-            }
-            Box::new(move |py: Python<'_>| match out {
-                Ok(v) => to_py(py, &v),
-                Err(e) => Err(raise(py, &raised, &caller, e)),
-            }) as Finish
-        }));
-        r.running.insert(id, pending.abort_handle());
+                Box::new(move |py: Python<'_>| match out {
+                    Ok(v) => to_py(py, &v),
+                    Err(e) => Err(raise(py, &raised, &caller, e)),
+                }) as Finish
+            }),
+        );
         Ok(pending)
     }
 }
@@ -461,7 +466,10 @@ fn mark_free(name: &str) -> PyResult<()> {
 impl PyDurableCtx {
     /// Runs `func` (no arguments, sync or async) as the step `name`, or
     /// returns its recorded output on a resume.
-    #[pyo3(signature = (name, func, retries=None, backoff=None, max_backoff=None, timeout=None))]
+    ///
+    /// `on_loop`: `func` is a coroutine function, and this is called on the
+    /// event loop's thread.
+    #[pyo3(signature = (name, func, retries=None, backoff=None, max_backoff=None, timeout=None, on_loop=false))]
     #[allow(clippy::too_many_arguments)]
     fn step(
         &self,
@@ -471,6 +479,7 @@ impl PyDurableCtx {
         backoff: Option<f64>,
         max_backoff: Option<f64>,
         timeout: Option<f64>,
+        on_loop: bool,
     ) -> PyResult<Pending> {
         mark_free(&name)?;
         let opts = options(&name, retries, backoff, max_backoff, timeout)?;
@@ -478,12 +487,17 @@ impl PyDurableCtx {
         let step = name.clone();
         // A step without a timeout starts on a blocking thread that calls a
         // sync function itself and records its value (see
-        // `spawn_first_here`); one with a timeout needs its function on a
-        // thread of its own, so that the engine can give up on it.
-        let start = if timeout.is_none() {
-            spawn_first_here
-        } else {
-            spawn
+        // `spawn_first_here`), or, for a coroutine function, on the loop's
+        // thread, which schedules the coroutine right there (`start_here`);
+        // one with a timeout needs its function on a thread of its own, so
+        // that the engine can give up on it, and so does a leased run's.
+        // A leased run's lease is renewed while a step waits: not while its
+        // function holds the thread that would renew it.
+        let start: crate::pending::Start = match (timeout, on_loop) {
+            (Some(_), _) => crate::pending::spawn_as,
+            (None, false) if self.leased => crate::pending::spawn_as,
+            (None, false) => spawn_first_here,
+            (None, true) => |abort, fut| Python::attach(|py| start_here(py, abort, fut)),
         };
         self.awaitable_by(
             async move {
@@ -605,26 +619,30 @@ pub fn run_durable<'py>(
     let store = Arc::clone(&store.inner);
     let opts = RunOpts::new(accept_changed, wait_for_timers, lease)?;
     let raised = Arc::new(Mutex::new(Raised::default()));
-    Ok(spawn_first_here(async move {
-        if let Some(input) = input {
-            if let Err(e) = start_if_new(&store, &run_id, |s| {
-                steadfast::start(s, &name, &run_id, input, true)
-            })
-            .await
-            {
-                return finish_err(e);
+    Ok(spawn_first_here(
+        crate::pending::Abort::default(),
+        Box::pin(async move {
+            if let Some(input) = input {
+                if let Err(e) = start_if_new(&store, &run_id, |s| {
+                    steadfast::start(s, &name, &run_id, input, true)
+                })
+                .await
+                {
+                    return finish_err(e);
+                }
             }
-        }
-        let r2 = Arc::clone(&raised);
-        let body = Arc::new(body);
-        let (workflow_name, result_run) = (name.clone(), run_id.clone());
-        let guard = LeaseGuard::new(&store, &run_id, opts.lease.is_some());
-        let out = runner(&store, opts)
+            let r2 = Arc::clone(&raised);
+            let body = Arc::new(body);
+            let (workflow_name, result_run) = (name.clone(), run_id.clone());
+            let leased = opts.lease.is_some();
+            let guard = LeaseGuard::new(&store, &run_id, leased);
+            let out = runner(&store, opts)
             .durable(&run_id, &name, move |ctx| {
                 let c = PyDurableCtx {
                     ctx,
                     caller: caller.clone(),
                     raised: Arc::clone(&r2),
+                    leased,
                 };
                 async move {
                     let raised = Arc::clone(&c.raised);
@@ -655,13 +673,14 @@ pub fn run_durable<'py>(
                 }
             })
             .await;
-        guard.finish(&out).await;
-        let own = raised.lock().unwrap_or_else(|p| p.into_inner()).own.take();
-        Box::new(move |py: Python<'_>| match out {
-            Ok(o) => outcome_tuple(py, o),
-            Err(e) => Err(own.unwrap_or_else(|| outer.with_cause(py, err(&e), &e))),
-        }) as Finish
-    }))
+            guard.finish(&out).await;
+            let own = raised.lock().unwrap_or_else(|p| p.into_inner()).own.take();
+            Box::new(move |py: Python<'_>| match out {
+                Ok(o) => outcome_tuple(py, o),
+                Err(e) => Err(own.unwrap_or_else(|| outer.with_cause(py, err(&e), &e))),
+            }) as Finish
+        }),
+    ))
 }
 
 /// Gives this process's lease on a run up when a leased call ends without

@@ -179,6 +179,8 @@ async def _wait(pending: Any) -> Any:
     An awaiting task that is cancelled (or a coroutine closed) stops the
     operation.
     """
+    if pending.done():
+        return pending.wait()  # finished on this thread: no wake-up to wait for
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
     notifier = _notifier(loop)
@@ -378,7 +380,8 @@ class DurableContext:
         saved before this returns; on a resume, returns the saved value without
         calling ``fn``. Options as for :meth:`Workflow.step`.
         """
-        return await _wait(self._native.step(name, fn, retries, backoff, max_backoff, timeout))
+        on_loop = inspect.iscoroutinefunction(fn)
+        return await _wait(self._native.step(name, fn, retries, backoff, max_backoff, timeout, on_loop))
 
     async def parallel(self, branches: Union[Sequence[Tuple[str, Callable[[], Any]]], Dict[str, Callable[[], Any]]]) -> List[JSON]:
         """Runs several steps at once and returns their values in order.

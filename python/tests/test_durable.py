@@ -657,6 +657,25 @@ def test_a_leased_call_that_fails_releases_its_lease(store):
     assert steadfast.show(store, "r1").get("lease") is None, "the lease of a failed call is released"
 
 
+def test_a_leased_run_is_renewed_while_a_sync_step_runs(store):
+    """A step that runs longer than the lease keeps it: the engine renews
+    it while the function runs on its own thread."""
+    seen = []
+
+    @steadfast.durable("renewed")
+    async def f(ctx):
+        def slow():
+            seen.append(steadfast.show(store, "r1")["lease"]["until"])
+            time.sleep(1.0)
+            seen.append(steadfast.show(store, "r1")["lease"]["until"])
+            return 1
+
+        return await ctx.step("slow", slow)
+
+    assert f.run("r1", store, lease=0.3).value == 1
+    assert seen[1] > seen[0], f"the lease was not renewed while the step ran: {seen}"
+
+
 @pytest.mark.asyncio
 async def test_a_cancelled_leased_call_gives_its_lease_up(store):
     @steadfast.durable("cancel-leased")

@@ -117,6 +117,27 @@ def test_a_ctx_call_not_awaited_is_refused_not_recorded(tmp_path) -> None:
     assert "notify" not in record["completed"]
 
 
+def test_a_ctx_call_not_awaited_that_fails_is_not_recorded(tmp_path) -> None:
+    store = steadfast.open_store(f"sqlite:{tmp_path}/runs.db")
+
+    def late_failure():
+        time.sleep(0.5)
+        raise steadfast.TerminalError("a late failure")
+
+    @steadfast.durable("straggler-fails")
+    async def f(ctx):
+        await ctx.step("a", lambda: 1)
+        asyncio.ensure_future(ctx.step("notify", late_failure))
+        return "done"
+
+    with pytest.raises(steadfast.InvalidWorkflow, match="await every ctx call"):
+        f.run("r", store)
+    time.sleep(0.7)
+    record = steadfast.show(store, "r")
+    assert record["status"] != "failed"
+    assert "a late failure" not in repr(record), record
+
+
 @pytest.mark.asyncio
 async def test_many_runs_wait_at_once() -> None:
     store = steadfast.open_store("memory:")
