@@ -295,6 +295,31 @@ impl Drop for InlineGuard {
     }
 }
 
+/// Polls `fut` once on this thread with a waker that does nothing, the
+/// first call into Python it makes run here ([`inline`]).
+fn poll_once(abort: &Abort, fut: &mut Op) -> std::task::Poll<Finish> {
+    let _guard = InlineGuard;
+    INLINE.with(|i| *i.borrow_mut() = Some(abort.clone()));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    fut.as_mut().poll(&mut cx)
+}
+
+/// After [`poll_once`]: the result sent, or the operation handed to a
+/// runtime task, which polls it again at once and so registers the wakers
+/// the noop one stood in for.
+fn finish_or_spawn(abort: &Abort, fut: Op, finished: Finished, polled: std::task::Poll<Finish>) {
+    match polled {
+        std::task::Poll::Ready(finish) => finished.send(finish),
+        std::task::Poll::Pending => {
+            let handle = rt().spawn(async move {
+                let finished = finished;
+                finished.send(fut.await);
+            });
+            abort.set_task(handle.abort_handle());
+        }
+    }
+}
+
 /// Starts `fut` on a blocking thread and polls it there once, with a step
 /// function it calls first run on that same thread ([`inline`]): a sync
 /// step and its checkpoint then cost one hand-off from the caller and one
@@ -309,24 +334,8 @@ pub fn spawn_first_here(abort: Abort, fut: Op) -> Pending {
             return; // dropping `finished` reports the cancellation
         }
         let mut fut = fut;
-        let polled = {
-            let _guard = InlineGuard;
-            INLINE.with(|i| *i.borrow_mut() = Some(abort.clone()));
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            fut.as_mut().poll(&mut cx)
-        };
-        match polled {
-            std::task::Poll::Ready(finish) => finished.send(finish),
-            // The task polls it again at once, and so registers the wakers
-            // the noop one stood in for.
-            std::task::Poll::Pending => {
-                let handle = rt().spawn(async move {
-                    let finished = finished;
-                    finished.send(fut.await);
-                });
-                abort.set_task(handle.abort_handle());
-            }
-        }
+        let polled = poll_once(&abort, &mut fut);
+        finish_or_spawn(&abort, fut, finished, polled);
     }));
     pending
 }
@@ -336,28 +345,17 @@ pub fn spawn_first_here(abort: Abort, fut: Op) -> Pending {
 /// ([`inline`]); whatever it waits for after that it waits for as a runtime
 /// task. For an async step: its coroutine is scheduled on the loop without a
 /// trip through other threads, and a step recorded before (a resume) is
-/// answered at once. Only for operations that reach no store write before
-/// that call, so that the loop does not wait for a disk.
+/// answered at once. Only for operations that write nothing to the store
+/// before that call (a step of a run without a lease, whose start renews
+/// nothing), so that the loop does not wait for a disk.
 pub fn start_here(py: Python<'_>, abort: Abort, fut: Op) -> Pending {
     let (finished, pending) = channel(abort.clone());
     let mut fut = fut;
     let polled = py.detach(|| {
         let _runtime = rt().enter();
-        let _guard = InlineGuard;
-        INLINE.with(|i| *i.borrow_mut() = Some(abort.clone()));
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        fut.as_mut().poll(&mut cx)
+        poll_once(&abort, &mut fut)
     });
-    match polled {
-        std::task::Poll::Ready(finish) => finished.send(finish),
-        std::task::Poll::Pending => {
-            let handle = rt().spawn(async move {
-                let finished = finished;
-                finished.send(fut.await);
-            });
-            abort.set_task(handle.abort_handle());
-        }
-    }
+    finish_or_spawn(&abort, fut, finished, polled);
     pending
 }
 

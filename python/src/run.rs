@@ -493,11 +493,12 @@ impl PyDurableCtx {
         // that the engine can give up on it, and so does a leased run's.
         // A leased run's lease is renewed while a step waits: not while its
         // function holds the thread that would renew it.
-        let start: crate::pending::Start = match (timeout, on_loop) {
-            (Some(_), _) => crate::pending::spawn_as,
-            (None, false) if self.leased => crate::pending::spawn_as,
-            (None, false) => spawn_first_here,
-            (None, true) => |abort, fut| Python::attach(|py| start_here(py, abort, fut)),
+        // (A leased run's async step starts on a blocking thread: its start
+        // may renew the lease, a write the loop should not wait for.)
+        let start: crate::pending::Start = match (timeout, on_loop, self.leased) {
+            (Some(_), _, _) | (None, false, true) => crate::pending::spawn_as,
+            (None, false, false) | (None, true, true) => spawn_first_here,
+            (None, true, false) => |abort, fut| Python::attach(|py| start_here(py, abort, fut)),
         };
         self.awaitable_by(
             async move {
