@@ -194,9 +194,9 @@ impl Caller {
         // In an operation's first poll on a blocking thread, the function
         // runs right here; otherwise on a blocking thread of its own.
         let called = match crate::pending::inline() {
-            Some(stop) => {
+            Some(here) => {
                 let got = work();
-                if stop.is_stopped() {
+                if here.stop.is_stopped() {
                     // Stopped while the function ran (its caller cancelled,
                     // or the durable function returned without awaiting
                     // it): neither its value nor its failure may go on to
@@ -204,6 +204,12 @@ impl Caller {
                     // await, this one (a coroutine it scheduled is
                     // cancelled then).
                     std::future::pending::<()>().await;
+                }
+                if here.on_loop && !matches!(got, Ok(None)) {
+                    // A value or a failure at once, on the event loop's
+                    // thread: recording it is a store write, for the
+                    // runtime to make, not the loop.
+                    tokio::task::yield_now().await;
                 }
                 Ok(got)
             }

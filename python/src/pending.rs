@@ -276,13 +276,22 @@ thread_local! {
     /// Set while [`spawn_first_here`] polls an operation on a blocking
     /// thread: the operation's stop flag. A step function called then runs
     /// on this thread (see [`inline`]).
-    static INLINE: std::cell::RefCell<Option<Abort>> = const { std::cell::RefCell::new(None) };
+    static INLINE: std::cell::RefCell<Option<Inline>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A first poll's leave to call into Python on its own thread.
+pub struct Inline {
+    /// The operation's stop flag.
+    pub stop: Abort,
+    /// Whether the thread is the event loop's, which must not wait for a
+    /// store: whatever follows the call is then left to the runtime.
+    pub on_loop: bool,
 }
 
 /// The stop flag of the operation being polled on this blocking thread by
 /// [`spawn_first_here`], taken so that only the first call into Python of
 /// that poll runs here; `None` elsewhere.
-pub fn inline() -> Option<Abort> {
+pub fn inline() -> Option<Inline> {
     INLINE.with(|i| i.borrow_mut().take())
 }
 
@@ -297,9 +306,13 @@ impl Drop for InlineGuard {
 
 /// Polls `fut` once on this thread with a waker that does nothing, the
 /// first call into Python it makes run here ([`inline`]).
-fn poll_once(abort: &Abort, fut: &mut Op) -> std::task::Poll<Finish> {
+fn poll_once(abort: &Abort, fut: &mut Op, on_loop: bool) -> std::task::Poll<Finish> {
     let _guard = InlineGuard;
-    INLINE.with(|i| *i.borrow_mut() = Some(abort.clone()));
+    let here = Inline {
+        stop: abort.clone(),
+        on_loop,
+    };
+    INLINE.with(|i| *i.borrow_mut() = Some(here));
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     fut.as_mut().poll(&mut cx)
 }
@@ -334,7 +347,7 @@ pub fn spawn_first_here(abort: Abort, fut: Op) -> Pending {
             return; // dropping `finished` reports the cancellation
         }
         let mut fut = fut;
-        let polled = poll_once(&abort, &mut fut);
+        let polled = poll_once(&abort, &mut fut, false);
         finish_or_spawn(&abort, fut, finished, polled);
     }));
     pending
@@ -347,13 +360,17 @@ pub fn spawn_first_here(abort: Abort, fut: Op) -> Pending {
 /// trip through other threads, and a step recorded before (a resume) is
 /// answered at once. Only for operations that write nothing to the store
 /// before that call (a step of a run without a lease, whose start renews
-/// nothing), so that the loop does not wait for a disk.
+/// nothing); what follows the call (recording a value or a failure) is left
+/// to the runtime, so that the loop does not wait for a disk.
 pub fn start_here(py: Python<'_>, abort: Abort, fut: Op) -> Pending {
     let (finished, pending) = channel(abort.clone());
+    if abort.is_stopped() {
+        return pending; // `finished` dropped: reported as cancelled
+    }
     let mut fut = fut;
     let polled = py.detach(|| {
         let _runtime = rt().enter();
-        poll_once(&abort, &mut fut)
+        poll_once(&abort, &mut fut, true)
     });
     finish_or_spawn(&abort, fut, finished, polled);
     pending

@@ -180,7 +180,10 @@ async def _wait(pending: Any) -> Any:
     operation.
     """
     if pending.done():
-        return pending.wait()  # finished on this thread: no wake-up to wait for
+        # Finished on this thread (a step recorded before): no wake-up to wait
+        # for, but other tasks still get their turn, as after any await.
+        await asyncio.sleep(0)
+        return pending.wait()
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
     notifier = _notifier(loop)

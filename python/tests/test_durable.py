@@ -440,6 +440,25 @@ def test_a_failed_step_caught_by_the_function_lets_it_go_on(store):
     assert steadfast.show(store, "r1")["status"] == "completed"
 
 
+def test_an_async_step_whose_call_fails_at_once_is_recorded_and_retried(store):
+    """A coroutine function called wrongly raises before any coroutine
+    exists: the failure is recorded (off the loop) and retried, like any
+    step's."""
+
+    async def needs_an_argument(x):
+        return x
+
+    @steadfast.durable("fails-at-once")
+    async def fails(ctx):
+        return await ctx.step("s", needs_an_argument, retries=1, backoff=0)
+
+    with pytest.raises(steadfast.StepFailed, match="TypeError"):
+        fails.run("r1", store)
+    record = steadfast.show(store, "r1")
+    assert record["status"] == "failed"
+    assert record["attempts"] == 2, record
+
+
 def test_step_failures_propagate_as_step_failed(store):
     @steadfast.durable("fails")
     async def fails(ctx):
