@@ -263,19 +263,15 @@ where
 
 /// Starts `fut` on the runtime, stopped by `abort`.
 pub fn spawn_as(abort: Abort, fut: Op) -> Pending {
-    let (finished, pending) = channel(abort);
-    let handle = rt().spawn(async move {
-        let finished = finished;
-        finished.send(fut.await);
-    });
-    pending.abort.set_task(handle.abort_handle());
+    let (finished, pending) = channel(abort.clone());
+    finish_or_spawn(&abort, fut, finished, std::task::Poll::Pending);
     pending
 }
 
 thread_local! {
-    /// Set while [`spawn_first_here`] polls an operation on a blocking
-    /// thread: the operation's stop flag. A step function called then runs
-    /// on this thread (see [`inline`]).
+    /// Set while [`spawn_first_here`] or [`start_here`] polls an operation
+    /// for the first time: a step function called then runs on this thread
+    /// (see [`inline`]).
     static INLINE: std::cell::RefCell<Option<Inline>> = const { std::cell::RefCell::new(None) };
 }
 
@@ -288,9 +284,9 @@ pub struct Inline {
     pub on_loop: bool,
 }
 
-/// The stop flag of the operation being polled on this blocking thread by
-/// [`spawn_first_here`], taken so that only the first call into Python of
-/// that poll runs here; `None` elsewhere.
+/// The leave of the operation in its first poll on this thread
+/// ([`poll_once`]), taken so that only the first call into Python of that
+/// poll runs here; `None` elsewhere.
 pub fn inline() -> Option<Inline> {
     INLINE.with(|i| i.borrow_mut().take())
 }
@@ -317,9 +313,9 @@ fn poll_once(abort: &Abort, fut: &mut Op, on_loop: bool) -> std::task::Poll<Fini
     fut.as_mut().poll(&mut cx)
 }
 
-/// After [`poll_once`]: the result sent, or the operation handed to a
-/// runtime task, which polls it again at once and so registers the wakers
-/// the noop one stood in for.
+/// After [`poll_once`] (or in place of it): the result sent, or the
+/// operation handed to a runtime task, which polls it (again) at once and so
+/// registers the wakers a noop one stood in for.
 fn finish_or_spawn(abort: &Abort, fut: Op, finished: Finished, polled: std::task::Poll<Finish>) {
     match polled {
         std::task::Poll::Ready(finish) => finished.send(finish),

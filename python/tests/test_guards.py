@@ -100,40 +100,35 @@ def test_steps_after_a_swallowed_gate_do_not_run(tmp_path) -> None:
     assert paid == [1]
 
 
-def test_a_ctx_call_not_awaited_is_refused_not_recorded(tmp_path) -> None:
+def _run_leaving_a_straggler(tmp_path, name, straggler):
+    """Runs a durable function that starts `straggler` as a step without
+    awaiting it; returns the run's record once the straggler has ended."""
     store = steadfast.open_store(f"sqlite:{tmp_path}/runs.db")
 
-    @steadfast.durable("straggler")
+    @steadfast.durable(name)
     async def f(ctx):
         await ctx.step("a", lambda: 1)
-        asyncio.ensure_future(ctx.step("notify", lambda: time.sleep(0.5) or 2))
+        asyncio.ensure_future(ctx.step("notify", straggler))
         return "done"
 
     with pytest.raises(steadfast.InvalidWorkflow, match="await every ctx call"):
         f.run("r", store)
     time.sleep(0.7)
-    record = steadfast.show(store, "r")
+    return steadfast.show(store, "r")
+
+
+def test_a_ctx_call_not_awaited_is_refused_not_recorded(tmp_path) -> None:
+    record = _run_leaving_a_straggler(tmp_path, "straggler", lambda: time.sleep(0.5) or 2)
     assert record["status"] != "completed"
     assert "notify" not in record["completed"]
 
 
 def test_a_ctx_call_not_awaited_that_fails_is_not_recorded(tmp_path) -> None:
-    store = steadfast.open_store(f"sqlite:{tmp_path}/runs.db")
-
     def late_failure():
         time.sleep(0.5)
         raise steadfast.TerminalError("a late failure")
 
-    @steadfast.durable("straggler-fails")
-    async def f(ctx):
-        await ctx.step("a", lambda: 1)
-        asyncio.ensure_future(ctx.step("notify", late_failure))
-        return "done"
-
-    with pytest.raises(steadfast.InvalidWorkflow, match="await every ctx call"):
-        f.run("r", store)
-    time.sleep(0.7)
-    record = steadfast.show(store, "r")
+    record = _run_leaving_a_straggler(tmp_path, "straggler-fails", late_failure)
     assert record["status"] != "failed"
     assert "a late failure" not in repr(record), record
 
