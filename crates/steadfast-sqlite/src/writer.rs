@@ -643,6 +643,12 @@ fn stored_version(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<i6
 /// if the run is at version `expected` and the step is its next: the head's
 /// own `next` and version when the run has no progress rows, else the last
 /// progress row's. Returns 0 on a conflict, writing nothing.
+///
+/// Two point reads and a plain insert, inside the write transaction that
+/// holds SQLite's write lock, so no one writes between them. (One
+/// `INSERT … SELECT` that read the history it inserted into made SQLite copy
+/// the selected row to a scratch table first: it cost more than both reads
+/// and the insert.)
 fn insert_progress(
     conn: &Connection,
     run_id: &str,
@@ -653,18 +659,21 @@ fn insert_progress(
     expected: u64,
 ) -> rusqlite::Result<usize> {
     let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    let idx = to_i64(s.index as u64);
+    let Some(at) = position(conn, run_id)? else {
+        return Ok(0);
+    };
+    if at != (idx, Some(to_i64(expected))) {
+        return Ok(0);
+    }
     conn.prepare_cached(
         "INSERT INTO steps (run_id, idx, name, update_json, attempt, started_at, finished_at,
             duration_ms, version, saved_at, writer)
-         SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?12 FROM runs r
-         WHERE r.run_id = ?1 AND r.next <= ?2
-           AND NOT EXISTS (SELECT 1 FROM steps WHERE run_id = ?1 AND idx >= ?2)
-           AND ?11 = CASE WHEN r.next = ?2 THEN r.version
-                          ELSE (SELECT version FROM steps WHERE run_id = ?1 AND idx = ?2 - 1) END",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     )?
     .execute(params![
         run_id,
-        to_i64(s.index as u64),
+        idx,
         s.name,
         s.update,
         s.attempt,
@@ -673,9 +682,33 @@ fn insert_progress(
         to_i64(s.finished_at.saturating_sub(s.started_at)),
         to_i64(version),
         saved_at,
-        to_i64(expected),
         writer,
     ])
+}
+
+/// Where run `run_id` is as stored (`None`: absent): the index of its next
+/// step and its version; after its last progress row if it has any (a
+/// history row at or after the head's `next`), else the head's own. A
+/// progress row without a version (damaged) gives `None` as the version,
+/// which no save expects.
+fn position(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<(i64, Option<i64>)>> {
+    let head: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT next, version FROM runs WHERE run_id = ?1")?
+        .query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((next, head_version)) = head else {
+        return Ok(None);
+    };
+    let last: Option<(i64, Option<i64>)> = conn
+        .prepare_cached(
+            "SELECT idx, version FROM steps WHERE run_id = ?1 ORDER BY idx DESC LIMIT 1",
+        )?
+        .query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    Ok(Some(match last {
+        Some((idx, version)) if idx >= next => (idx.saturating_add(1), version),
+        _ => (next, Some(head_version)),
+    }))
 }
 
 /// The conflict error for a save that matched no row, with the version found.
