@@ -337,6 +337,7 @@ impl SqliteStore {
         let writer = Arc::new(Writer {
             queue: Default::default(),
             conn: Mutex::new(conn),
+            positions: Default::default(),
             path: display.clone(),
             longest_wait_us: Default::default(),
             stall: opts.busy_timeout,

@@ -131,10 +131,77 @@ fn breaks<T>(result: &Result<T, StoreError>) -> Option<String> {
 /// acknowledged to queue again.
 const GATHER: std::time::Duration = std::time::Duration::from_micros(100);
 
+/// How many runs [`Positions`] remembers before it starts over.
+const MAX_POSITIONS: usize = 4096;
+
+/// Where runs are (the index of their next step, their version) as this
+/// write connection left them, so that recording a step need not read it
+/// back. Valid only while no other connection has committed to the
+/// database: `PRAGMA data_version`, read in each write transaction, tells,
+/// and any change empties it. A batch that fails empties it too (what its
+/// members set was rolled back). Without an entry, a save reads the run's
+/// position from the database.
+#[derive(Default)]
+pub(crate) struct Positions {
+    /// The connection's `data_version` when the entries were set; `None`:
+    /// not known, so no entry is used.
+    data_version: Option<i64>,
+    runs: std::collections::HashMap<String, (i64, i64)>,
+}
+
+impl Positions {
+    /// Inside a write transaction: keeps the entries only if no other
+    /// connection has committed since they were set.
+    fn check(&mut self, conn: &Connection) {
+        let now = conn
+            .prepare_cached("PRAGMA data_version")
+            .and_then(|mut st| st.query_row([], |r| r.get::<_, i64>(0)));
+        match now {
+            Ok(v) if self.data_version == Some(v) => {}
+            Ok(v) => {
+                self.runs.clear();
+                self.data_version = Some(v);
+            }
+            Err(_) => self.forget_all(),
+        }
+    }
+
+    pub(crate) fn forget_all(&mut self) {
+        self.runs.clear();
+        self.data_version = None;
+    }
+
+    fn get(&self, run_id: &str) -> Option<(i64, Option<i64>)> {
+        self.data_version?;
+        self.runs.get(run_id).map(|&(next, v)| (next, Some(v)))
+    }
+
+    fn set(&mut self, run_id: &str, next: i64, version: i64) {
+        if self.data_version.is_none() {
+            return;
+        }
+        if let Some(entry) = self.runs.get_mut(run_id) {
+            *entry = (next, version);
+            return;
+        }
+        if self.runs.len() >= MAX_POSITIONS {
+            self.runs.clear();
+        }
+        self.runs.insert(run_id.to_string(), (next, version));
+    }
+
+    fn forget(&mut self, run_id: &str) {
+        self.runs.remove(run_id);
+    }
+}
+
 /// Saves waiting for a commit, and the connection that commits them.
 pub(crate) struct Writer {
     pub queue: Queue<Job>,
     pub conn: Mutex<Connection>,
+    /// Where the runs this connection recorded last are; used only under
+    /// `conn`'s lock.
+    pub positions: Mutex<Positions>,
     pub path: String,
     /// The longest wait for the write lock, in microseconds.
     pub longest_wait_us: std::sync::atomic::AtomicU64,
@@ -157,10 +224,20 @@ impl Writer {
                 // callers saw their replies dropped. Start clean.
                 let c = p.into_inner();
                 let _ = c.execute_batch("ROLLBACK");
+                self.positions_now().forget_all();
                 self.conn.clear_poison();
                 Some(c)
             }
         }
+    }
+
+    /// The positions cache (taken only under the connection's lock).
+    fn positions_now(&self) -> MutexGuard<'_, Positions> {
+        self.positions.lock().unwrap_or_else(|p| {
+            let mut g = p.into_inner();
+            g.forget_all();
+            g
+        })
     }
 
     /// Commits queued jobs until none is left. Blocking.
@@ -329,10 +406,12 @@ fn commit_batch(
     // leaves no trace and fails that member only. A write that fails after
     // that would leave a member half applied: the whole batch is rolled back.
     let mut broken = None;
+    let mut positions = writer.positions_now();
+    positions.check(conn);
     for job in writes {
         let (run_id, reply) = match job {
             Job::Save(save) => {
-                let result = apply_save(conn, &save, path);
+                let result = apply_save(conn, &save, path, &mut positions);
                 broken = broken.or_else(|| breaks(&result));
                 (save.run_id, answer(save.reply, result))
             }
@@ -341,6 +420,7 @@ fn commit_batch(
                 expected,
                 reply,
             } => {
+                positions.forget(&run_id);
                 let result = apply_delete(conn, &run_id, expected, path);
                 broken = broken.or_else(|| breaks(&result));
                 (run_id, answer(reply, result))
@@ -353,6 +433,7 @@ fn commit_batch(
                 blobs,
                 reply,
             } => {
+                positions.forget(&run_id);
                 // In a savepoint: whatever goes wrong fails this member
                 // alone and leaves nothing of it, not the batch.
                 let result = conn
@@ -374,6 +455,10 @@ fn commit_batch(
         };
         replies.push((run_id, reply));
     }
+    if broken.is_some() {
+        // Rolled back below: what this batch set is not so.
+        positions.forget_all();
+    }
     let failure = match broken {
         Some(first) => {
             let _ = conn.execute_batch("ROLLBACK");
@@ -383,12 +468,14 @@ fn commit_batch(
             ))
         }
         None => run_cached(conn, "COMMIT").err().map(|e| {
+            positions.forget_all();
             let unknown = commit_outcome_unknown(&e);
             let message = format!("committing to {path}: {e}");
             let _ = conn.execute_batch("ROLLBACK");
             (unknown, message)
         }),
     };
+    drop(positions);
     // Members that failed on their own keep their own error; the others share
     // the batch's fate.
     for (run_id, reply) in replies {
@@ -420,7 +507,12 @@ fn fail(job: Job, err: &StoreError) {
 
 /// Applies one save. The version check is part of each write statement, so a
 /// conflict writes nothing.
-fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, StoreError> {
+fn apply_save(
+    conn: &Connection,
+    job: &SaveJob,
+    path: &str,
+    positions: &mut Positions,
+) -> Result<Acct, StoreError> {
     let ctx = |what: &str| format!("{what} run {:?} in {path}", job.run_id);
     let version = job.version;
     let expected = job.expected;
@@ -438,8 +530,12 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
     let own_next = usize::try_from(h.next).unwrap_or(usize::MAX);
     // A save that writes the head takes the run's progress rows into it
     // first, so that the head's own version and `next` are the run's.
-    if expected.is_some() && !matches!(job.body, Body::Step { .. }) {
-        crate::progress::absorb(conn, &job.run_id, path)?;
+    if !matches!(job.body, Body::Step { .. }) {
+        // Set again below once written.
+        positions.forget(&job.run_id);
+        if expected.is_some() {
+            crate::progress::absorb(conn, &job.run_id, path)?;
+        }
     }
     let saved = match &job.body {
         Body::Step {
@@ -451,6 +547,7 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
             let added = match expected {
                 Some(expected) => insert_progress(
                     conn,
+                    positions,
                     &job.run_id,
                     step,
                     version,
@@ -604,6 +701,15 @@ fn apply_save(conn: &Connection, job: &SaveJob, path: &str) -> Result<Acct, Stor
     // has written nothing.
     crate::blobs::write(conn, &job.run_id, &job.blobs)
         .map_err(|e| map_err(e, &ctx("storing the large values of")))?;
+    // Where the run now is: after a history row (set by `insert_progress`),
+    // or at the head's `next`, which a step or snapshot save wrote with no
+    // history row at or after it (a lone head write keeps the stored
+    // `next`: it is read again when needed).
+    if matches!(job.body, Body::Delta { .. } | Body::Snapshot { .. }) {
+        if let Ok(v) = i64::try_from(version) {
+            positions.set(&job.run_id, h.next, v);
+        }
+    }
     // A new snapshot of a stored run (a rewind's included, which drops
     // history rows) may have replaced the last reference to some blobs:
     // count again, if the run refers to any.
@@ -644,13 +750,17 @@ fn stored_version(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<i6
 /// own `next` and version when the run has no progress rows, else the last
 /// progress row's. Returns 0 on a conflict, writing nothing.
 ///
-/// Two point reads and a plain insert, inside the write transaction that
-/// holds SQLite's write lock, so no one writes between them. (One
+/// Where the run is comes from `positions` when this connection wrote it
+/// last and no other has committed since, else from two point reads; then a
+/// plain insert. All inside the write transaction that holds SQLite's write
+/// lock, so no one writes between the look and the insert. (One
 /// `INSERT … SELECT` that read the history it inserted into made SQLite copy
 /// the selected row to a scratch table first: it cost more than both reads
 /// and the insert.)
+#[allow(clippy::too_many_arguments)]
 fn insert_progress(
     conn: &Connection,
+    positions: &mut Positions,
     run_id: &str,
     s: &StepRow,
     version: u64,
@@ -660,30 +770,35 @@ fn insert_progress(
 ) -> rusqlite::Result<usize> {
     let to_i64 = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     let idx = to_i64(s.index as u64);
-    let Some(at) = position(conn, run_id)? else {
-        return Ok(0);
+    let at = match positions.get(run_id) {
+        Some(at) => Some(at),
+        None => position(conn, run_id)?,
     };
-    if at != (idx, Some(to_i64(expected))) {
+    if at != Some((idx, Some(to_i64(expected)))) {
+        positions.forget(run_id);
         return Ok(0);
     }
-    conn.prepare_cached(
-        "INSERT INTO steps (run_id, idx, name, update_json, attempt, started_at, finished_at,
+    let added = conn
+        .prepare_cached(
+            "INSERT INTO steps (run_id, idx, name, update_json, attempt, started_at, finished_at,
             duration_ms, version, saved_at, writer)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-    )?
-    .execute(params![
-        run_id,
-        idx,
-        s.name,
-        s.update,
-        s.attempt,
-        to_i64(s.started_at),
-        to_i64(s.finished_at),
-        to_i64(s.finished_at.saturating_sub(s.started_at)),
-        to_i64(version),
-        saved_at,
-        writer,
-    ])
+        )?
+        .execute(params![
+            run_id,
+            idx,
+            s.name,
+            s.update,
+            s.attempt,
+            to_i64(s.started_at),
+            to_i64(s.finished_at),
+            to_i64(s.finished_at.saturating_sub(s.started_at)),
+            to_i64(version),
+            saved_at,
+            writer,
+        ])?;
+    positions.set(run_id, idx.saturating_add(1), to_i64(version));
+    Ok(added)
 }
 
 /// Where run `run_id` is as stored (`None`: absent): the index of its next

@@ -171,6 +171,48 @@ async fn another_handle_sees_the_progress_of_rows_alone() -> TestResult {
     Ok(())
 }
 
+/// A handle remembers where the runs it recorded are, so that its next step
+/// need not read that back; a write by another handle in between must make
+/// it look again, or a stale save would pass its version check.
+#[tokio::test]
+async fn a_handle_sees_another_handles_write_between_two_of_its_steps() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let a = SqliteStore::open(&db)?;
+    let (mut cp, version) = saved_steps(&a, "r", 3).await?;
+    // Another handle (another process, for SQLite) renews the run's lease:
+    // a head write, which takes in the rows and moves the version on.
+    let b = SqliteStore::open(&db)?;
+    let mut theirs = b.load("r").await?.ok_or("the run is gone")?;
+    theirs.attempts = 2;
+    let moved = b
+        .save(SaveRequest::new(&theirs, Some(version)).head_only())
+        .await?;
+    assert!(moved > version);
+    // The first handle's next step, at the version it last wrote, is stale.
+    let at = Timestamp::from_unix_millis(1_700_000_000_000);
+    let up = json!({ "s3": 3 }).as_object().cloned().unwrap_or_default();
+    cp.state.extend(up.clone());
+    cp.completed.push("s3".into());
+    cp.next = 4;
+    let rec = StepRecord::new(3, "s3", up, 1, at, at);
+    let err = a
+        .save(SaveRequest::new(&cp, Some(version)).with_step(&rec))
+        .await
+        .expect_err("a save at a version another handle moved on from");
+    assert_eq!(err.kind(), StoreErrorKind::Conflict, "{err}");
+    let fresh = SqliteStore::open(&db)?;
+    assert_eq!(fresh.history("r").await?.map(|h| h.len()), Some(3));
+    // At the version as it now is, the step is recorded.
+    cp.attempts = 2;
+    let now = a
+        .save(SaveRequest::new(&cp, Some(moved)).with_step(&rec))
+        .await?;
+    let loaded = fresh.load("r").await?.ok_or("the run is gone")?;
+    assert_eq!((loaded.next, loaded.version), (4, now));
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_head_write_takes_the_progress_in() -> TestResult {
     let dir = tempfile::tempdir()?;
