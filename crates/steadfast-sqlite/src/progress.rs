@@ -52,10 +52,13 @@ pub(crate) fn check<'r>(
     head_version: i64,
     rows: impl IntoIterator<Item = &'r Row>,
 ) -> Result<Option<Progress>, StoreError> {
-    let mut last: Option<Progress> = None;
+    // The last row so far, its writer borrowed (copied once, at the end).
+    let mut last: Option<(Progress, &'r str)> = None;
     for row in rows {
-        let at = format!("steps[{}]", row.idx);
-        let expect = last.as_ref().map_or(head_next, |p| p.next);
+        // Named only when something is wrong (this runs for every row of
+        // every load and head write).
+        let at = || format!("steps[{}]", row.idx);
+        let expect = last.as_ref().map_or(head_next, |(p, _)| p.next);
         if row.idx != expect {
             return Err(place.corrupt(
                 "steps",
@@ -66,53 +69,71 @@ pub(crate) fn check<'r>(
             (row.version, row.saved_at, row.writer.as_ref())
         else {
             return Err(place.corrupt(
-                &at,
+                &at(),
                 format!(
                     "step {} lies at or after the head's next ({head_next}) but lacks the version, time or writer of its save",
                     row.idx
                 ),
             ));
         };
-        let after = last.as_ref().map_or(head_version, |p| p.version);
+        let after = last.as_ref().map_or(head_version, |(p, _)| p.version);
         if version <= after {
             return Err(place.corrupt(
-                &format!("{at}.version"),
+                &format!("{}.version", at()),
                 format!("{version} does not follow version {after}"),
             ));
         }
         if saved_at < 0 {
             return Err(place.corrupt(
-                &format!("{at}.saved_at"),
+                &format!("{}.saved_at", at()),
                 format!("{saved_at} is before 1970"),
             ));
         }
         if writer.len() != 16 || !writer.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(place.corrupt(
-                &format!("{at}.writer"),
+                &format!("{}.writer", at()),
                 format!("{writer:?} is not a writer number"),
             ));
         }
-        last = Some(Progress {
-            next: row.idx.saturating_add(1),
-            version,
-            saved_at,
-            writer: writer.clone(),
-            bytes: last
-                .as_ref()
-                .map_or(0, |p| p.bytes)
-                .saturating_add(row.bytes),
-        });
+        let bytes = last
+            .as_ref()
+            .map_or(0, |(p, _)| p.bytes)
+            .saturating_add(row.bytes);
+        last = Some((
+            Progress {
+                next: row.idx.saturating_add(1),
+                version,
+                saved_at,
+                writer: String::new(),
+                bytes,
+            },
+            writer.as_str(),
+        ));
     }
-    Ok(last)
+    Ok(last.map(|(p, writer)| Progress {
+        writer: writer.to_string(),
+        ..p
+    }))
 }
 
-/// Inside the write transaction: takes run `run_id`'s progress rows into its
-/// head (their last one's version, time, writer number and index, their
-/// updates' size), so that the head's own columns say where the run is. What
-/// the run is does not change, only where it is written, so a save that goes
-/// on to conflict may leave this done. Damaged rows are `Corrupt`, and nothing
-/// is written.
-pub(crate) fn absorb(conn: &Connection, run_id: &str, path: &str) -> Result<(), StoreError> {
+/// A run whose progress rows lie ahead of its head's own columns.
+pub(crate) struct Ahead {
+    /// The head's own `next` and version, as its row stores them.
+    pub head_next: i64,
+    pub head_version: i64,
+    /// Where its rows leave it.
+    pub progress: Progress,
+}
+
+/// Inside the write transaction: reads and checks run `run_id`'s progress
+/// rows (`None`: the run is absent or has none). Damaged rows are `Corrupt`.
+/// Writes nothing: a head write that follows takes them in itself (see
+/// `writer::apply_save`), or [`absorb`] does.
+pub(crate) fn ahead(
+    conn: &Connection,
+    run_id: &str,
+    path: &str,
+) -> Result<Option<Ahead>, StoreError> {
     let ctx = || format!("reading the progress of run {run_id:?} in {path}");
     let map = |e| crate::error::map_err(e, &ctx());
     let head: Option<(i64, i64)> = conn
@@ -124,14 +145,29 @@ pub(crate) fn absorb(conn: &Connection, run_id: &str, path: &str) -> Result<(), 
         })
         .map_err(map)?;
     let Some((head_next, head_version)) = head else {
-        return Ok(());
+        return Ok(None);
     };
     let rows = read_rows(conn, run_id, head_next).map_err(map)?;
     if rows.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let locate = crate::locate(path, run_id);
-    let Some(p) = check(&Place::new(run_id, &locate), head_next, head_version, &rows)? else {
+    let progress = check(&Place::new(run_id, &locate), head_next, head_version, &rows)?;
+    Ok(progress.map(|progress| Ahead {
+        head_next,
+        head_version,
+        progress,
+    }))
+}
+
+/// Inside the write transaction: takes run `run_id`'s progress rows into its
+/// head (their last one's version, time, writer number and index, their
+/// updates' size), so that the head's own columns say where the run is. What
+/// the run is does not change, only where it is written, so a save that goes
+/// on to conflict may leave this done. Damaged rows are `Corrupt`, and nothing
+/// is written.
+pub(crate) fn absorb(conn: &Connection, run_id: &str, path: &str) -> Result<(), StoreError> {
+    let Some(Ahead { progress: p, .. }) = ahead(conn, run_id, path)? else {
         return Ok(());
     };
     conn.prepare_cached(

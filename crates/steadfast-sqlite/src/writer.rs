@@ -505,6 +505,16 @@ fn fail(job: Job, err: &StoreError) {
     }
 }
 
+/// A head write that takes a run's progress rows in (see `apply_save`).
+struct Fold {
+    /// The head's own `next` and version, as its row stores them.
+    head_next: i64,
+    head_version: i64,
+    /// Where the rows leave the run, and their updates' size.
+    next: i64,
+    bytes: i64,
+}
+
 /// Applies one save. The version check is part of each write statement, so a
 /// conflict writes nothing.
 fn apply_save(
@@ -528,15 +538,44 @@ fn apply_save(
     // the next save writes a snapshot, and never fails this batch.
     let size = |v: i64| u64::try_from(v).unwrap_or(0);
     let own_next = usize::try_from(h.next).unwrap_or(usize::MAX);
-    // A save that writes the head takes the run's progress rows into it
-    // first, so that the head's own version and `next` are the run's.
+    // A save that writes the head takes the run's progress rows into it, in
+    // its own statement: the save's expectation is checked against where
+    // the rows leave the run, the statement's version check against the
+    // head's own columns (which no one can change in between: this
+    // transaction holds the write lock), and the rows' `next` and sizes go
+    // into the head it writes.
+    let mut fold: Option<Fold> = None;
     if !matches!(job.body, Body::Step { .. }) {
         // Set again below once written.
         positions.forget(&job.run_id);
-        if expected.is_some() {
-            crate::progress::absorb(conn, &job.run_id, path)?;
+        if let Some(expected) = expected {
+            if let Some(a) = crate::progress::ahead(conn, &job.run_id, path)? {
+                let p = &a.progress;
+                if u64::try_from(p.version).ok() != Some(expected) {
+                    return Err(conflict(conn, job, path));
+                }
+                if i64::try_from(version).is_ok_and(|v| v > p.version) {
+                    fold = Some(Fold {
+                        head_next: a.head_next,
+                        head_version: a.head_version,
+                        next: p.next,
+                        bytes: p.bytes,
+                    });
+                } else {
+                    // A version that does not rise above the rows' (an
+                    // import's) would trip the trigger that keeps older
+                    // builds off them: take them in first.
+                    crate::progress::absorb(conn, &job.run_id, path)?;
+                }
+            }
         }
     }
+    // What the statement's version check compares with.
+    let cas: Option<i64> = match (&fold, expected) {
+        (Some(f), _) => Some(f.head_version),
+        (None, Some(e)) => Some(i64::try_from(e).map_err(|_| conflict(conn, job, path))?),
+        (None, None) => None,
+    };
     let saved = match &job.body {
         Body::Step {
             step,
@@ -573,7 +612,8 @@ fn apply_save(
             let row: Option<(i64, i64, i64)> = conn
                 .prepare_cached(
                     "UPDATE runs SET workflow = ?2, status = ?3, version = ?4, created_at = ?5,
-                        updated_at = ?6, head = ?7
+                        updated_at = ?6, head = ?7, next = coalesce(?9, next),
+                        delta_bytes = delta_bytes + ?10
                      WHERE run_id = ?1 AND version = ?8
                      RETURNING snapshot_bytes, delta_bytes, next",
                 )
@@ -587,7 +627,9 @@ fn apply_save(
                             h.created_at,
                             h.updated_at,
                             h.doc,
-                            expected,
+                            cas,
+                            fold.as_ref().map(|f| f.next),
+                            fold.as_ref().map_or(0, |f| f.bytes),
                         ],
                         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
                     )
@@ -604,6 +646,14 @@ fn apply_save(
             )
         }
         Body::Delta { step, same_labels } => {
+            // The head's stored `next` is checked; with rows ahead of it,
+            // where they leave the run must be this step.
+            let step_at = i64::try_from(step.index).unwrap_or(i64::MAX);
+            let head_next = match &fold {
+                Some(f) if f.next != step_at => return Err(conflict(conn, job, path)),
+                Some(f) => f.head_next,
+                None => step_at,
+            };
             let sql = if *same_labels {
                 "UPDATE runs SET next = ?4, version = ?5, updated_at = ?6, head = ?7,
                     delta_bytes = delta_bytes + ?8
@@ -628,9 +678,10 @@ fn apply_save(
                             version,
                             h.updated_at,
                             h.doc,
-                            step.update.len() as i64,
-                            expected,
-                            step.index as i64,
+                            (step.update.len() as i64)
+                                .saturating_add(fold.as_ref().map_or(0, |f| f.bytes)),
+                            cas,
+                            head_next,
                         ],
                     )
                 })
@@ -673,7 +724,7 @@ fn apply_save(
                         state,
                         completed,
                         state.len() as i64,
-                        expected,
+                        cas,
                     ];
                     // The INSERT has no ?12; SQLite refuses unused parameters.
                     let n = if expected.is_none() { 11 } else { 12 };

@@ -213,6 +213,87 @@ async fn a_handle_sees_another_handles_write_between_two_of_its_steps() -> TestR
     Ok(())
 }
 
+/// A head write checks its expectation against where the progress rows
+/// leave the run, not against the head's own (older) columns: a save at
+/// the version of the run's first save, or of any row but the last, is
+/// stale, and writes nothing.
+#[tokio::test]
+async fn a_head_write_at_a_version_the_rows_moved_on_from_conflicts() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open(&db)?;
+    let (mut cp, version) = saved_steps(&store, "r", 5).await?;
+    let conn = rusqlite::Connection::open(&db)?;
+    let head_version: i64 =
+        conn.query_row("SELECT version FROM runs WHERE run_id = 'r'", [], |r| {
+            r.get(0)
+        })?;
+    assert!((head_version as u64) < version, "the rows carry the run on");
+    let head_row = |conn: &rusqlite::Connection| {
+        conn.query_row(
+            "SELECT next, version, updated_at, delta_bytes, head FROM runs WHERE run_id = 'r'",
+            [],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, String>(4)?,
+                ))
+            },
+        )
+    };
+    let before = (versions(&conn)?, head_row(&conn)?);
+    cp.attempts = 4;
+    for stale in [head_version as u64, version - 1] {
+        // A lease renewal, a rewind (a snapshot) and a step with a status
+        // change (a delta) alike.
+        let rec = StepRecord::new(
+            5,
+            "s5",
+            serde_json::Map::new(),
+            1,
+            cp.updated_at,
+            cp.updated_at,
+        );
+        let mut done = cp.clone();
+        done.next = 6;
+        done.completed.push("s5".into());
+        done.status = RunStatus::Completed;
+        for (what, req) in [
+            (
+                "a head write",
+                SaveRequest::new(&cp, Some(stale)).head_only(),
+            ),
+            ("a snapshot", SaveRequest::new(&cp, Some(stale))),
+            (
+                "a step with a status change",
+                SaveRequest::new(&done, Some(stale)).with_step(&rec),
+            ),
+        ] {
+            let err = store.save(req).await.expect_err(what);
+            assert_eq!(
+                err.kind(),
+                StoreErrorKind::Conflict,
+                "{what} at {stale}: {err}"
+            );
+        }
+    }
+    assert_eq!(
+        (versions(&conn)?, head_row(&conn)?),
+        before,
+        "a stale save wrote something"
+    );
+    let fresh = SqliteStore::open(&db)?;
+    let loaded = fresh.load("r").await?.ok_or("the run is gone")?;
+    assert_eq!(
+        (loaded.next, loaded.version, loaded.attempts),
+        (5, version, 0)
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_head_write_takes_the_progress_in() -> TestResult {
     let dir = tempfile::tempdir()?;
