@@ -192,7 +192,7 @@ pub(crate) fn absorb(conn: &Connection, run_id: &str, path: &str) -> Result<(), 
 /// The rows of run `run_id` at or after `from`, in index order.
 pub(crate) fn read_rows(conn: &Connection, run_id: &str, from: i64) -> rusqlite::Result<Vec<Row>> {
     let mut st = conn.prepare_cached(
-        "SELECT idx, version, saved_at, writer, length(CAST(update_json AS BLOB)) FROM steps
+        "SELECT idx, version, saved_at, writer, octet_length(update_json) FROM steps
          WHERE run_id = ?1 AND idx >= ?2 ORDER BY idx",
     )?;
     let rows = st.query_map(params![run_id, from], |r| {

@@ -225,6 +225,7 @@ impl Writer {
                 let c = p.into_inner();
                 let _ = c.execute_batch("ROLLBACK");
                 self.positions_now().forget_all();
+                self.positions.clear_poison();
                 self.conn.clear_poison();
                 Some(c)
             }
@@ -408,7 +409,15 @@ fn commit_batch(
     let mut broken = None;
     let mut positions = writer.positions_now();
     positions.check(conn);
+    // Members after one that broke the batch are not applied: it is rolled
+    // back (SQLite may have rolled it back already, on a full disk or an I/O
+    // error, and would commit each later statement on its own).
+    let mut skipped = Vec::new();
     for job in writes {
+        if broken.is_some() {
+            skipped.push(job);
+            continue;
+        }
         let (run_id, reply) = match job {
             Job::Save(save) => {
                 let result = apply_save(conn, &save, path, &mut positions);
@@ -476,6 +485,12 @@ fn commit_batch(
         }),
     };
     drop(positions);
+    if let Some((_, message)) = &failure {
+        let err = StoreError::unavailable(message.clone());
+        for job in skipped {
+            fail(job, &err);
+        }
+    }
     // Members that failed on their own keep their own error; the others share
     // the batch's fate.
     for (run_id, reply) in replies {
@@ -515,8 +530,10 @@ struct Fold {
     bytes: i64,
 }
 
-/// Applies one save. The version check is part of each write statement, so a
-/// conflict writes nothing.
+/// Applies one save. Its version is checked before anything is written
+/// (by the write statement's own condition, or, for a step recorded by its
+/// history row alone, against where the run is), so a conflict writes
+/// nothing.
 fn apply_save(
     conn: &Connection,
     job: &SaveJob,
@@ -753,10 +770,15 @@ fn apply_save(
     crate::blobs::write(conn, &job.run_id, &job.blobs)
         .map_err(|e| map_err(e, &ctx("storing the large values of")))?;
     // Where the run now is: after a history row (set by `insert_progress`),
-    // or at the head's `next`, which a step or snapshot save wrote with no
+    // or at the head's `next`, which a delta or snapshot save wrote with no
     // history row at or after it (a lone head write keeps the stored
     // `next`: it is read again when needed).
-    if matches!(job.body, Body::Delta { .. } | Body::Snapshot { .. }) {
+    // A new run's snapshot is not remembered: a save of a run that is not
+    // there does not look for history rows left under its id (damage from
+    // outside), which the next step's look then finds.
+    if matches!(job.body, Body::Delta { .. })
+        || matches!(job.body, Body::Snapshot { .. }) && expected.is_some()
+    {
         if let Ok(v) = i64::try_from(version) {
             positions.set(&job.run_id, h.next, v);
         }

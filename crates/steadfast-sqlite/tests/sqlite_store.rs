@@ -192,6 +192,56 @@ async fn a_conflicting_member_fails_alone_in_a_shared_batch() -> TestResult {
     Ok(())
 }
 
+/// A member whose write fails for a reason other than a conflict breaks its
+/// batch: the batch is rolled back and every member gets an error, and no
+/// member after it is applied. Here the failure (a trigger of the user's)
+/// rolls the whole transaction back itself, as SQLite does on a full disk:
+/// a member applied after it would commit on its own while told it failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_breaks_its_batch_leaves_no_member_applied() -> TestResult {
+    use std::sync::Arc;
+    use steadfast_core::store::SaveRequest;
+    use steadfast_core::{Checkpoint, Timestamp};
+
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = Arc::new(SqliteStore::open(&db)?);
+    rusqlite::Connection::open(&db)?.execute_batch(
+        "CREATE TRIGGER boom BEFORE INSERT ON runs WHEN NEW.run_id LIKE 'boom-%'
+         BEGIN SELECT RAISE(ROLLBACK, 'refused by the test'); END;",
+    )?;
+    let cp = |id: &str| Checkpoint::new(id, "w", Timestamp::from_unix_millis(0));
+    let mut tasks = Vec::new();
+    for i in 0..300 {
+        let store = Arc::clone(&store);
+        let id = if i % 100 == 50 {
+            format!("boom-{i}")
+        } else {
+            format!("good-{i}")
+        };
+        tasks.push(tokio::spawn(async move {
+            let r = store.save(SaveRequest::new(&cp(&id), None)).await;
+            (id, r.map_err(|e| e.to_string()))
+        }));
+    }
+    let (mut refused, mut shared) = (0, 0);
+    for t in tasks {
+        let (id, r) = t.await?;
+        let there = store.load(&id).await?.is_some();
+        match r {
+            Ok(_) => assert!(there, "{id} was acknowledged but is not there"),
+            Err(e) => {
+                refused += 1;
+                shared += usize::from(id.starts_with("good-"));
+                assert!(!there, "{id} was refused ({e}) but is there");
+            }
+        }
+    }
+    assert!(refused >= 3, "every boom run is refused: {refused}");
+    assert!(shared > 0, "no good run shared a batch with a boom run");
+    Ok(())
+}
+
 fn bytes_and_mode(path: &std::path::Path) -> Result<(Vec<u8>, String), Box<dyn std::error::Error>> {
     let bytes = std::fs::read(path)?;
     let conn = rusqlite::Connection::open(path)?;

@@ -142,7 +142,13 @@ pub fn around_writer(doc: &str) -> Option<(&str, &str, &str)> {
     // `format` and `attempts` (numbers) come first: the first such key is the
     // head's own, and a key inside a string value would be escaped.
     const KEY: &str = "\"writer\":\"";
-    let at = doc.find(KEY)? + KEY.len();
+    // A plain scan: the key lies a few bytes in, where setting up a
+    // substring searcher (`str::find`) would cost more than the search.
+    let at = doc
+        .as_bytes()
+        .windows(KEY.len())
+        .position(|w| w == KEY.as_bytes())?
+        + KEY.len();
     let digits = doc.get(at..at + 16)?;
     let rest = doc.get(at + 16..)?;
     (digits.bytes().all(|b| b.is_ascii_hexdigit()) && rest.starts_with('"'))
