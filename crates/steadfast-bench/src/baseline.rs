@@ -98,11 +98,21 @@ pub fn raw_sqlite(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 /// not change, and a commit with nothing to write does not sync, which would
 /// make the baseline faster than the disk.
 pub fn upserts(conn: &rusqlite::Connection, n: usize) -> rusqlite::Result<()> {
+    upserts_with(conn, n, || {})
+}
+
+/// [`upserts`], calling `before` ahead of each one (work between commits).
+pub fn upserts_with(
+    conn: &rusqlite::Connection,
+    n: usize,
+    mut before: impl FnMut(),
+) -> rusqlite::Result<()> {
     conn.execute_batch("CREATE TABLE IF NOT EXISTS kv (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")?;
     let mut stmt = conn.prepare(
         "INSERT INTO kv (k, v) VALUES (?1, ?2) ON CONFLICT (k) DO UPDATE SET v = excluded.v",
     )?;
     for i in 0..n {
+        before();
         // Autocommit: one transaction, one WAL sync, per statement.
         stmt.execute(rusqlite::params![(i % 1000) as i64, format!("{i:0>200}")])?;
     }

@@ -157,6 +157,29 @@ fn raw(path: &Path, n: usize) -> Res<(f64, f64)> {
     Ok((us, frames))
 }
 
+/// Microseconds per raw upsert at `path`, each after `spin_us` of CPU work
+/// (a busy loop on the clock): what the disk's sync costs when the CPU was
+/// busy, not idle, just before it, as a W1 step's is.
+fn raw_busy(path: &Path, n: usize, spin_us: f64) -> Res<f64> {
+    remove_db(path);
+    let conn = rusqlite::Connection::open(path)?;
+    conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0))?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    crate::baseline::upserts(&conn, 100)?;
+    let spin = std::time::Duration::from_secs_f64(spin_us.max(0.0) / 1e6);
+    let t = Instant::now();
+    crate::baseline::upserts_with(&conn, n, || {
+        let t = Instant::now();
+        while t.elapsed() < spin {
+            std::hint::spin_loop();
+        }
+    })?;
+    let us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    drop(conn);
+    remove_db(path);
+    Ok(us)
+}
+
 /// The breakdown, on a worker of the runtime (a spawned task), where the
 /// engine runs and where `block_in_place` hands the worker's other tasks to
 /// another thread.
@@ -224,10 +247,8 @@ async fn measure_here(args: &Args) -> Res<()> {
             remove_db(&path);
             let (store, path) = fresh(ram, &format!("bd-ram-w1-{rep}"))?;
             let wall = run_many(Arc::new(store) as Arc<dyn Store>, "run", runs, 1).await?;
-            push(
-                "w1_ram_us_per_step",
-                wall.as_secs_f64() * 1e6 / (runs * STEPS) as f64,
-            );
+            let w1_ram = wall.as_secs_f64() * 1e6 / (runs * STEPS) as f64;
+            push("w1_ram_us_per_step", w1_ram);
             remove_db(&path);
             let (store, path) = fresh(ram, &format!("bd-ram-load-{rep}"))?;
             push("load_missing_ram_us", loads(&store, runs).await?);
@@ -235,6 +256,15 @@ async fn measure_here(args: &Args) -> Res<()> {
             remove_db(&path);
             let (us, _) = raw(&ram.join("bd-raw.db"), upserts)?;
             push("raw_upsert_ram_us", us);
+            // The raw upsert on the disk again, with the CPU time a W1 step
+            // spends beyond it (both measured on the RAM disk just now)
+            // spent before each commit.
+            let spin = w1_ram - us;
+            push("raw_upsert_busy_spin_us", spin);
+            push(
+                "raw_upsert_busy_us",
+                raw_busy(&args.dir.join("bd-raw-busy.db"), upserts, spin)?,
+            );
         }
         push("plan_us", plans(runs)?);
         push("hand_off_us", hand_off(runs * STEPS).await);
@@ -272,8 +302,14 @@ async fn measure_here(args: &Args) -> Res<()> {
         json!(round(get("save_ram_us") - get("plan_us"))),
     );
     fields.insert(
+        "raw_upsert_busy_sync_extra_us".into(),
+        json!(round(
+            get("raw_upsert_busy_us") - get("raw_upsert_busy_spin_us") - get("raw_upsert_us")
+        )),
+    );
+    fields.insert(
         "notes".into(),
-        json!("engine = W1 step - save (engine_ram: both on a RAM disk); disk = save on disk - save on a RAM disk; queue_statements_wal = save on a RAM disk - plan; medians"),
+        json!("engine = W1 step - save (engine_ram: both on a RAM disk); disk = save on disk - save on a RAM disk; queue_statements_wal = save on a RAM disk - plan; raw_upsert_busy = the raw upsert with raw_upsert_busy_spin (W1's CPU beyond the upsert's) of busy CPU before each commit, and raw_upsert_busy_sync_extra what that adds beyond the spin itself; medians"),
     );
     emit(
         "steadfast",

@@ -151,9 +151,10 @@ pub async fn measure(args: &Args) -> Res<()> {
         out
     };
     let durability = "commit per batch (synchronous_commit=on, fsync=on)";
-    let reps = if args.quick { 1 } else { args.reps().max(5) };
-    let upserts = if args.quick { 200 } else { 10_000 };
-    let runs = if args.quick { 20 } else { 1000 };
+    // Many short alternations, as for SQLite (`workloads::ratios`).
+    let reps = if args.quick { 1 } else { args.reps().max(15) };
+    let upserts = if args.quick { 200 } else { 3_000 };
+    let runs = if args.quick { 20 } else { 300 };
     let steps = (runs * STEPS) as f64;
     let (mut raw, mut w1, mut w2, mut s1, mut s2) = (vec![], vec![], vec![], vec![], vec![]);
     for rep in 0..reps {
@@ -186,6 +187,8 @@ pub async fn measure(args: &Args) -> Res<()> {
                "w1_within_1_1x_raw": w1 / raw <= 1.1, "w2_at_least_6900_steps_per_s": w2_steps_per_s >= 6900.0,
                "notes": format!("raw upsert, W1 and W2 interleaved in each repetition; medians; plain TCP on both unless the URL asks for TLS; {}", settings.join(", "))}),
     );
+    // W2 over processes: the workload's own 1000 runs.
+    let runs = if args.quick { 20 } else { 1000 };
     for procs in [1usize, 2, 4] {
         let mut walls = Vec::new();
         for rep in 0..args.reps() {

@@ -488,10 +488,18 @@ pub fn child(role: &str, args: &Args) -> Res<()> {
 /// alike. The targets: W1 within 1.25x a raw upsert, the durable function
 /// within 1.1x W1, and W2 at least 5x W1's throughput.
 pub async fn ratios(args: &Args) -> Res<()> {
-    let reps = if args.quick { 1 } else { args.reps().max(5) };
-    let upserts = if args.quick { 200 } else { 10_000 };
-    let syncs = if args.quick { 50 } else { 1_000 };
-    let runs = runs_for("sqlite", args);
+    // Many short alternations rather than a few long ones: a shared disk
+    // slows down for seconds at a time, and a median over 15 rounds of about
+    // 3 seconds each is less at the mercy of one slow spell than one over 5
+    // rounds of 10 seconds (the same work in all).
+    let reps = if args.quick { 1 } else { args.reps().max(15) };
+    let upserts = if args.quick { 200 } else { 3_000 };
+    let syncs = if args.quick { 50 } else { 300 };
+    let runs = if args.quick {
+        runs_for("sqlite", args)
+    } else {
+        300
+    };
     let mut samples: [Vec<f64>; 5] = Default::default();
     for rep in 0..reps {
         samples[0].push(crate::baseline::sync_200b(&args.dir, syncs, false)?);
