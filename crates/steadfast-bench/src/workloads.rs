@@ -491,7 +491,7 @@ pub async fn ratios(args: &Args) -> Res<()> {
     // Many short alternations rather than a few long ones: a shared disk
     // slows down for seconds at a time, and a median over 15 rounds of about
     // 3 seconds each is less at the mercy of one slow spell than one over 5
-    // rounds of 10 seconds (the same work in all).
+    // rounds of 10 seconds (about the same work in all).
     let reps = if args.quick { 1 } else { args.reps().max(15) };
     let upserts = if args.quick { 200 } else { 3_000 };
     let syncs = if args.quick { 50 } else { 300 };
