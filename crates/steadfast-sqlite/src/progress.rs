@@ -136,15 +136,7 @@ pub(crate) fn ahead(
 ) -> Result<Option<Ahead>, StoreError> {
     let ctx = || format!("reading the progress of run {run_id:?} in {path}");
     let map = |e| crate::error::map_err(e, &ctx());
-    let head: Option<(i64, i64)> = conn
-        .prepare_cached("SELECT next, version FROM runs WHERE run_id = ?1")
-        .and_then(|mut st| {
-            use rusqlite::OptionalExtension;
-            st.query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()
-        })
-        .map_err(map)?;
-    let Some((head_next, head_version)) = head else {
+    let Some((head_next, head_version)) = head_at(conn, run_id).map_err(map)? else {
         return Ok(None);
     };
     let rows = read_rows(conn, run_id, head_next).map_err(map)?;
@@ -187,6 +179,15 @@ pub(crate) fn absorb(conn: &Connection, run_id: &str, path: &str) -> Result<(), 
         crate::error::map_err(e, &format!("updating the head of run {run_id:?} in {path}"))
     })?;
     Ok(())
+}
+
+/// The `next` and version the head of run `run_id` stores in its own
+/// columns (`None`: the run is absent); its progress rows may lie beyond.
+pub(crate) fn head_at(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<(i64, i64)>> {
+    use rusqlite::OptionalExtension;
+    conn.prepare_cached("SELECT next, version FROM runs WHERE run_id = ?1")?
+        .query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()
 }
 
 /// The rows of run `run_id` at or after `from`, in index order.

@@ -880,11 +880,7 @@ fn insert_progress(
 /// progress row without a version (damaged) gives `None` as the version,
 /// which no save expects.
 fn position(conn: &Connection, run_id: &str) -> rusqlite::Result<Option<(i64, Option<i64>)>> {
-    let head: Option<(i64, i64)> = conn
-        .prepare_cached("SELECT next, version FROM runs WHERE run_id = ?1")?
-        .query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
-    let Some((next, head_version)) = head else {
+    let Some((next, head_version)) = crate::progress::head_at(conn, run_id)? else {
         return Ok(None);
     };
     let last: Option<(i64, Option<i64>)> = conn
