@@ -28,10 +28,14 @@
 //! that keeps no history does not expand them and says why
 //! in its docs.
 //!
+//! [`events_conformance!`] covers the `Events` capability (each run's event
+//! log); a store that keeps no events does not expand it.
+//!
 //! The crate also ships [`FaultyStore`], a wrapper that fails or loses writes
 //! from the N-th save on, for crash tests at the store boundary.
 
 pub mod checks;
+mod events_checks;
 mod faulty;
 pub mod fixtures;
 mod ops_checks;
@@ -254,6 +258,21 @@ macro_rules! history_rewrite_conformance {
         $crate::__checks!($make;
             history_rewrite_is_guarded_by_the_version,
             prune_keeps_load_resume_rewind_and_fork_correct,
+        );
+    };
+}
+
+/// The checks of [`Events`](steadfast_core::Events) (each run's event log,
+/// and the steps that emit into it), for stores that keep one.
+#[macro_export]
+macro_rules! events_conformance {
+    ($make:expr) => {
+        $crate::__checks!($make;
+            events_are_numbered_per_run_and_read_back_equal,
+            concurrent_appends_get_gap_free_numbers,
+            bad_appends_are_refused_and_write_nothing,
+            events_are_deleted_with_their_run,
+            emitted_events_land_with_their_step,
         );
     };
 }

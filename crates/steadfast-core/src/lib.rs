@@ -33,7 +33,7 @@ mod record;
 pub mod store;
 
 pub use engine::metrics;
-pub use ops::{retention, stuck, transfer, worker};
+pub use ops::{retention, stuck, transfer, watch, worker};
 pub use record::limits;
 pub use store::local;
 
@@ -60,11 +60,12 @@ pub use record::ids::{
     check_step_name, idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES,
 };
 pub use record::keys::{INPUT_KEY, RESERVED_KEYS, RESULT_KEY, START_KEY};
+pub use record::events::{NewEvent, RunEvent};
 pub use record::outcome::{Event, Outcome, Suspension};
 pub use record::state::{merge, State, Update, MAX_VALUE_DEPTH};
 pub use store::memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
 pub use store::{
-    BlobTotals, Blobs, Capabilities, DueRequest, History, ListFilter, RunSummary, Schedule, Store,
+    BlobTotals, Blobs, Capabilities, DueRequest, Events, History, ListFilter, RunSummary, Schedule, Store,
     StoreExt, Usage,
 };
 

@@ -2,15 +2,29 @@
 
 use std::sync::Arc;
 
+use crate::engine::emit::Sink;
+use crate::record::error::{Error, StoreError};
 use crate::record::ids::idempotency_key;
 
 /// What a step knows about itself while it runs.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct StepCtx {
     run_id: Arc<str>,
     step: Arc<str>,
     index: usize,
     attempt: u32,
+    sink: Option<Arc<Sink>>,
+}
+
+impl std::fmt::Debug for StepCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepCtx")
+            .field("run_id", &self.run_id)
+            .field("step", &self.step)
+            .field("index", &self.index)
+            .field("attempt", &self.attempt)
+            .finish_non_exhaustive()
+    }
 }
 
 tokio::task_local! {
@@ -53,6 +67,71 @@ impl StepCtx {
             step: step.into(),
             index,
             attempt,
+            sink: None,
+        }
+    }
+
+    /// The same context with `sink` taking what the step emits.
+    pub(crate) fn with_sink(mut self, sink: Arc<Sink>) -> Self {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// Emits `value` while the step runs: it lands in the run's event log
+    /// (numbered, with this step, this attempt and the time), where
+    /// `steadfast watch` and [`Watch`](crate::watch::Watch) show it as it
+    /// happens. Events are written in batches, at most
+    /// [`FLUSH_EVERY`](crate::watch::FLUSH_EVERY) after they are emitted
+    /// and all of them before the step's checkpoint; a crash loses only
+    /// those of an unfinished step emitted since its last batch.
+    ///
+    /// Errors: a value that cannot be stored (not JSON, nested deeper than
+    /// [`MAX_VALUE_DEPTH`](crate::MAX_VALUE_DEPTH), over
+    /// [`MAX_EVENT_BYTES`](crate::store::MAX_EVENT_BYTES) as JSON), a store
+    /// that keeps no events, a context made outside a run
+    /// ([`StepCtx::new`]), or a log that refused an earlier batch of this
+    /// step. A step may ignore them: events are its running commentary,
+    /// its update is its result.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use serde_json::json;
+    /// use steadfast_core::{durable, store::Events, MemoryStore, StepCtx, StepError};
+    /// let store = MemoryStore::new();
+    /// durable("r", &store, "agent", |ctx| async move {
+    ///     ctx.step("answer", || async {
+    ///         let step = StepCtx::current().expect("inside a step");
+    ///         for token in ["Hel", "lo"] {
+    ///             step.emit(json!({ "token": token })).expect("emitted");
+    ///         }
+    ///         Ok::<_, StepError>("Hello".to_string())
+    ///     })
+    ///     .await
+    /// })
+    /// .await?;
+    /// let log = store.read_events("r", 0, 10).await?;
+    /// assert_eq!(log.len(), 2);
+    /// assert_eq!((log[1].seq, &log[1].value), (2, &json!({ "token": "lo" })));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn emit(&self, value: impl serde::Serialize) -> Result<(), Error> {
+        let value = serde_json::to_value(value).map_err(|e| Error::InvalidInput {
+            what: format!(
+                "an event emitted by step {:?} of run {:?}",
+                self.step, self.run_id
+            ),
+            reason: format!("it is not JSON: {e}"),
+        })?;
+        match &self.sink {
+            Some(sink) => sink.emit(value),
+            None => Err(Error::Store {
+                run_id: self.run_id.to_string(),
+                op: format!("emitting an event from step {:?}", self.step),
+                source: StoreError::Unsupported(
+                    "the store keeps no events (or the step runs outside a run)".into(),
+                ),
+            }),
         }
     }
 

@@ -17,6 +17,7 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use crate::engine::ctx::StepCtx;
+use crate::engine::emit::{pump, Sink};
 use crate::engine::session::{Session, Timer};
 use crate::engine::workflow::{RetryPolicy, Step};
 use crate::engine::{store_error, Runner};
@@ -710,7 +711,21 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 }
                 (s.cp.run_id.clone(), index, attempt, lent)
             };
-            let ctx = StepCtx::new(&run_id, name, index, attempt);
+            // What the step emits goes to the store's event log, if it
+            // keeps one.
+            let log = runner.store.capabilities().events;
+            let sink = log.map(|_| {
+                Arc::new(Sink::new(
+                    run_id.as_str().into(),
+                    name.into(),
+                    attempt,
+                    Arc::clone(&runner.clock),
+                ))
+            });
+            let ctx = match &sink {
+                Some(sink) => StepCtx::new(&run_id, name, index, attempt).with_sink(Arc::clone(sink)),
+                None => StepCtx::new(&run_id, name, index, attempt),
+            };
             let span = tracing::info_span!(
                 "steadfast.step",
                 run_id = %run_id,
@@ -738,10 +753,21 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     },
                 }
             };
-            let result = self
-                .with_renewals(ctx.scope(timed))
+            let scoped = ctx.scope(timed);
+            let stepped = async {
+                match (log, sink.as_deref()) {
+                    (Some(log), Some(sink)) => pump(log, sink, scoped).await,
+                    _ => (scoped.await, Ok(())),
+                }
+            };
+            let (result, logged) = match self
+                .with_renewals(stepped)
                 .instrument(span.clone())
-                .await;
+                .await
+            {
+                Ok((r, logged)) => (Ok(r), logged),
+                Err(e) => (Err(e), Ok(())),
+            };
             span.record("duration_ms", timer.elapsed().as_millis() as u64);
             if result.is_err() {
                 // Cut off: cancelled, or fenced out by another owner.
@@ -752,6 +778,12 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 s.cp.state = Arc::try_unwrap(lent).unwrap_or_else(|kept| (*kept).clone());
             }
             let result = result.map_err(Branch::Engine)?.and_then(&finish);
+            if let (Ok(_), Err(e)) = (&result, logged) {
+                // Its events did not all land: its checkpoint must not
+                // either (a resume runs the step again).
+                span.record("outcome", "unsaved");
+                return Err(Branch::Engine(e));
+            }
             let finished = runner.now();
             let err = match result {
                 Ok((value, update)) => {

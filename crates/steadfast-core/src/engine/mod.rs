@@ -5,6 +5,7 @@
 pub mod ctx;
 pub mod decide;
 pub mod durable;
+pub(crate) mod emit;
 pub mod metrics;
 pub mod process;
 pub mod run;

@@ -28,6 +28,7 @@
 pub mod retention;
 pub mod stuck;
 pub mod transfer;
+pub mod watch;
 pub mod worker;
 
 use std::collections::HashSet;

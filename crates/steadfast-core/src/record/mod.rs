@@ -10,3 +10,4 @@ pub mod keys;
 pub mod limits;
 pub mod outcome;
 pub mod state;
+pub mod events;

@@ -1,7 +1,7 @@
 //! The toolkit's in-memory image of a store: every run's record and its
 //! per-step history in two ordered maps, with the whole contract of a save,
 //! a delete, a history rewrite and a fold applied to them. The memory store
-//! keeps one in a mutex; the file store reads one from its file, changes it
+//! keeps one (with each run's event log) in a mutex; the file store reads one from its file, changes it
 //! and writes it back.
 
 use std::collections::BTreeMap;
@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::record::checkpoint::{Checkpoint, StepRecord};
 use crate::record::error::StoreError;
+use crate::record::events::{check_events, NewEvent, RunEvent};
 use crate::store::blob::{self, Blob, BlobHash};
 use crate::store::plan::{expect_version, head_only_of_absent};
 use crate::store::rows::no_row_to_fold;
@@ -26,6 +27,9 @@ pub struct RunImage {
     pub runs: BTreeMap<String, Checkpoint>,
     /// History rows by run id, in index order (runs without rows absent).
     pub history: BTreeMap<String, Vec<StepRecord>>,
+    /// Event logs by run id, in order (runs without events absent).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub events: BTreeMap<String, Vec<RunEvent>>,
 }
 
 /// A save taken out of its [`SaveRequest`], checked and owned, to apply to
@@ -132,7 +136,11 @@ impl RunImage {
         runs: BTreeMap<String, Checkpoint>,
         history: BTreeMap<String, Vec<StepRecord>>,
     ) -> Self {
-        RunImage { runs, history }
+        RunImage {
+            runs,
+            history,
+            events: BTreeMap::new(),
+        }
     }
 
     /// The records and the rows.
@@ -260,9 +268,10 @@ impl RunImage {
         }
     }
 
-    /// Deletes a run with its history; whether it existed.
+    /// Deletes a run with its history and its events; whether it existed.
     pub fn delete(&mut self, run_id: &str) -> bool {
         self.history.remove(run_id);
+        self.events.remove(run_id);
         self.runs.remove(run_id).is_some()
     }
 
@@ -288,6 +297,29 @@ impl RunImage {
             .take(filter.limit.unwrap_or(usize::MAX))
             .map(RunSummary::from)
             .collect()
+    }
+
+    /// Appends events to a run's log ([`Events::append_events`]): checked
+    /// first, numbered after the last; returns the last number.
+    pub fn append_events(&mut self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
+        check_events(run_id, events)?;
+        let log = self.events.entry(run_id.to_string()).or_default();
+        let mut seq = log.last().map_or(0, |e| e.seq);
+        for e in events {
+            seq += 1;
+            log.push(e.clone().numbered(seq));
+        }
+        Ok(seq)
+    }
+
+    /// A run's events numbered above `after`, at most `limit`
+    /// ([`Events::read_events`]).
+    pub fn read_events(&self, run_id: &str, after: u64, limit: usize) -> Vec<RunEvent> {
+        let Some(log) = self.events.get(run_id) else {
+            return Vec::new();
+        };
+        let from = log.partition_point(|e| e.seq <= after);
+        log[from..].iter().take(limit).cloned().collect()
     }
 
     /// A run's history rows (none for an absent run).

@@ -7,7 +7,10 @@ use async_trait::async_trait;
 use crate::record::checkpoint::{Checkpoint, StepRecord};
 use crate::record::error::StoreError;
 use crate::store::image::{RunImage, Write};
-use crate::store::{Capabilities, History, ListFilter, Rewrite, RunSummary, SaveRequest, Store};
+use crate::record::events::{NewEvent, RunEvent};
+use crate::store::{
+    Capabilities, Events, History, ListFilter, Rewrite, RunSummary, SaveRequest, Store,
+};
 
 /// The default state size limit of [`MemoryStore`]: 64 MiB.
 pub const DEFAULT_MEMORY_STATE_LIMIT: u64 = 64 << 20;
@@ -62,6 +65,7 @@ impl Store for MemoryStore {
         Capabilities::none()
             .history(self)
             .max_state_bytes(self.state_limit)
+            .events(self)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -85,6 +89,22 @@ impl Store for MemoryStore {
 
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         self.image().delete_if(run_id, version)
+    }
+}
+
+#[async_trait]
+impl Events for MemoryStore {
+    async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
+        self.image().append_events(run_id, events)
+    }
+
+    async fn read_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        Ok(self.image().read_events(run_id, after, limit))
     }
 }
 

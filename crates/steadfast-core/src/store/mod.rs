@@ -26,6 +26,8 @@ use crate::record::clock::{Clock, Timestamp};
 use crate::record::error::StoreError;
 use crate::record::state::State;
 pub use crate::record::state::{check_update, ValueProblem};
+pub use crate::record::events::{check_events, MAX_EVENTS_PER_APPEND, MAX_EVENT_BYTES};
+use crate::record::events::{NewEvent, RunEvent};
 pub use crate::store::head::{decode_head, encode_head, encode_json, to_i64, RunCache};
 
 /// One compare-and-swap write of a run's checkpoint.
@@ -297,7 +299,7 @@ pub trait Store: Send + Sync {
 /// let store = MemoryStore::new();
 /// let caps = store.capabilities();
 /// assert!(caps.history.is_some() && caps.schedule.is_none());
-/// assert_eq!(caps.names(), ["history", "max_state_bytes"]);
+/// assert_eq!(caps.names(), ["history", "max_state_bytes", "events"]);
 /// assert!(Capabilities::none().names().is_empty());
 /// ```
 #[derive(Clone, Default)]
@@ -319,6 +321,8 @@ pub struct Capabilities<'a> {
     /// Large values stored once, by reference, and what they weigh
     /// ([`Blobs`]).
     pub blobs: Option<&'a dyn Blobs>,
+    /// Each run's log of the values its steps emitted ([`Events`]).
+    pub events: Option<&'a dyn Events>,
 }
 
 impl std::fmt::Debug for Capabilities<'_> {
@@ -357,6 +361,11 @@ impl<'a> Capabilities<'a> {
         self.blobs = Some(b);
         self
     }
+    /// With event logs.
+    pub fn events(mut self, e: &'a dyn Events) -> Self {
+        self.events = Some(e);
+        self
+    }
     /// The names of the capabilities present, in a fixed order: what a
     /// wrapper must keep.
     pub fn names(&self) -> Vec<&'static str> {
@@ -366,11 +375,43 @@ impl<'a> Capabilities<'a> {
             ("clock", self.clock.is_some()),
             ("max_state_bytes", self.max_state_bytes.is_some()),
             ("blobs", self.blobs.is_some()),
+            ("events", self.events.is_some()),
         ]
         .into_iter()
         .filter_map(|(n, on)| on.then_some(n))
         .collect()
     }
+}
+
+/// Each run's event log: the values its steps emitted while they ran
+/// ([`StepCtx::emit`](crate::StepCtx::emit)), numbered 1, 2, 3… per run. A
+/// capability of a [`Store`] ([`Capabilities::events`]).
+///
+/// - [`Store::delete`] and [`Store::delete_if`] MUST remove a run's events
+///   with the run (in the same write where the store can).
+/// - Events MAY be appended under a run id before the run's first save (a
+///   new run's first step emits before its checkpoint exists).
+#[async_trait]
+pub trait Events: Send + Sync {
+    /// Appends `events` to run `run_id`'s log after its last event, numbered
+    /// consecutively, and returns the number of the last one appended.
+    ///
+    /// - MUST check the events with [`check_events`] and write nothing when
+    ///   they fail it.
+    /// - MUST write all of them or none, durably as a save is.
+    /// - MUST give concurrent appends to one run disjoint runs of numbers
+    ///   with no gap between them: the log of a run is 1, 2, 3… whoever
+    ///   appended.
+    async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError>;
+
+    /// Run `run_id`'s events numbered above `after`, in order, at most
+    /// `limit` of them (empty for a run with none, or an absent one).
+    async fn read_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError>;
 }
 
 /// Large values stored once, by reference ([`blob`]): a capability of a

@@ -1,0 +1,173 @@
+//! What a running step emits: a buffer per step execution, written to the
+//! run's event log in batches while the step runs and once more before its
+//! checkpoint is saved.
+//!
+//! A batch is written [`FLUSH_EVERY`] after the first event waiting in the
+//! buffer, or at once when [`FLUSH_AT`] events are waiting, and the rest when
+//! the step returns (before its checkpoint, so that a completed step's
+//! events are all in the log). A crash loses at most the events of a step
+//! that had not finished, emitted since its last batch.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::record::clock::Clock;
+use crate::record::error::{Error, StoreError};
+use crate::record::events::{check_events, NewEvent, MAX_EVENTS_PER_APPEND};
+use crate::store::Events;
+
+/// How long an emitted event waits in its step's buffer at most while the
+/// step runs: 100 ms.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
+
+/// How many waiting events make a batch be written at once.
+pub const FLUSH_AT: usize = 256;
+
+/// One execution of one step's buffer of emitted events.
+pub(crate) struct Sink {
+    run_id: Arc<str>,
+    step: Arc<str>,
+    attempt: u32,
+    clock: Arc<dyn Clock>,
+    inner: Mutex<Buffer>,
+    wake: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Buffer {
+    events: Vec<NewEvent>,
+    /// Whether this execution has emitted before (its first event is
+    /// marked as the first).
+    emitted: bool,
+    /// Why the log refused a batch: later emits report it.
+    failed: Option<String>,
+}
+
+impl Sink {
+    pub(crate) fn new(
+        run_id: Arc<str>,
+        step: Arc<str>,
+        attempt: u32,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Sink {
+            run_id,
+            step,
+            attempt,
+            clock,
+            inner: Mutex::new(Buffer::default()),
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn buffer(&self) -> std::sync::MutexGuard<'_, Buffer> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Checks `value` and puts it in the buffer.
+    pub(crate) fn emit(&self, value: serde_json::Value) -> Result<(), Error> {
+        let mut event = NewEvent::new(&*self.step, self.attempt, self.clock.now(), value);
+        check_events(&self.run_id, std::slice::from_ref(&event)).map_err(|e| {
+            Error::InvalidInput {
+                what: format!(
+                    "an event emitted by step {:?} of run {:?}",
+                    self.step, self.run_id
+                ),
+                reason: match e {
+                    StoreError::InvalidInput(r) => r,
+                    other => other.to_string(),
+                },
+            }
+        })?;
+        let mut b = self.buffer();
+        if let Some(why) = &b.failed {
+            return Err(Error::Store {
+                run_id: self.run_id.to_string(),
+                op: format!("recording events of step {:?}", self.step),
+                source: StoreError::unavailable(why.clone()),
+            });
+        }
+        event.first = !b.emitted;
+        b.emitted = true;
+        b.events.push(event);
+        let n = b.events.len();
+        drop(b);
+        if n == 1 || n == FLUSH_AT {
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Writes what waits in the buffer, in batches; the first refusal is
+    /// kept (later emits report it) and returned.
+    async fn flush(&self, log: &dyn Events) -> Result<(), Error> {
+        loop {
+            let batch: Vec<NewEvent> = {
+                let mut b = self.buffer();
+                if b.failed.is_some() || b.events.is_empty() {
+                    return Ok(());
+                }
+                let n = b.events.len().min(MAX_EVENTS_PER_APPEND);
+                b.events.drain(..n).collect()
+            };
+            if let Err(e) = log.append_events(&self.run_id, &batch).await {
+                self.buffer().failed = Some(e.to_string());
+                return Err(Error::Store {
+                    run_id: self.run_id.to_string(),
+                    op: format!("recording events of step {:?}", self.step),
+                    source: e,
+                });
+            }
+        }
+    }
+}
+
+/// Runs `fut`, the step, while writing what it emits into `sink` to `log`
+/// in batches; then writes the rest. A refused batch is the step's
+/// outcome's error when the step itself succeeded: its checkpoint must not
+/// land without its events.
+pub(crate) async fn pump<R>(
+    log: &dyn Events,
+    sink: &Sink,
+    fut: impl Future<Output = R>,
+) -> (R, Result<(), Error>) {
+    tokio::pin!(fut);
+    let mut failed = Ok(());
+    let out = loop {
+        tokio::select! {
+            biased;
+            r = &mut fut => break r,
+            _ = sink.wake.notified() => {}
+        }
+        // Events wait: a batch after FLUSH_EVERY, or sooner when many.
+        let due = tokio::time::sleep(FLUSH_EVERY);
+        tokio::pin!(due);
+        let finished = loop {
+            tokio::select! {
+                biased;
+                r = &mut fut => break Some(r),
+                _ = &mut due => break None,
+                _ = sink.wake.notified() => {
+                    if sink.buffer().events.len() >= FLUSH_AT {
+                        break None;
+                    }
+                }
+            }
+        };
+        if let Some(r) = finished {
+            break r;
+        }
+        if let Err(e) = sink.flush(log).await {
+            if failed.is_ok() {
+                failed = Err(e);
+            }
+        }
+    };
+    if let Err(e) = sink.flush(log).await {
+        if failed.is_ok() {
+            failed = Err(e);
+        }
+    }
+    (out, failed)
+}
