@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use steadfast_core::store::{SaveRequest, MAX_EVENTS_PER_APPEND, MAX_EVENT_BYTES};
-use steadfast_core::{
-    durable, Checkpoint, Events, NewEvent, StepCtx, StepError, Store, Timestamp,
-};
+use steadfast_core::{durable, Checkpoint, Events, NewEvent, StepCtx, StepError, Store, Timestamp};
 
 use crate::{CheckResult, TestStore};
 
@@ -41,10 +39,21 @@ fn log(ts: &TestStore) -> Result<&dyn Events, Box<dyn std::error::Error + Send +
 /// any point, in pages; runs are kept apart.
 pub async fn events_are_numbered_per_run_and_read_back_equal(ts: TestStore) -> CheckResult {
     let log = log(&ts)?;
-    let mut first = ev("plan", 1, json!({"token": "Hel", "n": 1.5, "deep": [[{"ok": null}]]}));
+    let mut first = ev(
+        "plan",
+        1,
+        json!({"token": "Hel", "n": 1.5, "deep": [[{"ok": null}]]}),
+    );
     first.first = true;
-    let batch = vec![first, ev("plan", 1, json!("lo")), ev("tool/é", 2, json!([1, 2]))];
-    ensure!(log.append_events("r", &batch).await? == 3, "the first append's last number is not 3");
+    let batch = vec![
+        first,
+        ev("plan", 1, json!("lo")),
+        ev("tool/é", 2, json!([1, 2])),
+    ];
+    ensure!(
+        log.append_events("r", &batch).await? == 3,
+        "the first append's last number is not 3"
+    );
     ensure!(
         log.append_events("r", &batch[1..]).await? == 5,
         "the second append's last number is not 5"
@@ -67,12 +76,28 @@ pub async fn events_are_numbered_per_run_and_read_back_equal(ts: TestStore) -> C
             got.seq
         );
     }
-    let tail: Vec<u64> = log.read_events("r", 3, 100).await?.iter().map(|e| e.seq).collect();
+    let tail: Vec<u64> = log
+        .read_events("r", 3, 100)
+        .await?
+        .iter()
+        .map(|e| e.seq)
+        .collect();
     ensure!(tail == [4, 5], "read after 3: {tail:?}");
-    let page: Vec<u64> = log.read_events("r", 1, 2).await?.iter().map(|e| e.seq).collect();
+    let page: Vec<u64> = log
+        .read_events("r", 1, 2)
+        .await?
+        .iter()
+        .map(|e| e.seq)
+        .collect();
     ensure!(page == [2, 3], "read after 1, two at most: {page:?}");
-    ensure!(log.read_events("r", 5, 100).await?.is_empty(), "events after the last");
-    ensure!(log.read_events("absent", 0, 100).await?.is_empty(), "events of an absent run");
+    ensure!(
+        log.read_events("r", 5, 100).await?.is_empty(),
+        "events after the last"
+    );
+    ensure!(
+        log.read_events("absent", 0, 100).await?.is_empty(),
+        "events of an absent run"
+    );
     let other = log.read_events("r 2/other", 0, 100).await?;
     ensure!(
         other.len() == 1 && other[0].value == batch[0].value,
@@ -139,12 +164,17 @@ pub async fn bad_appends_are_refused_and_write_nothing(ts: TestStore) -> CheckRe
     for _ in 0..200 {
         deep = json!([deep]);
     }
-    let many: Vec<NewEvent> = (0..=MAX_EVENTS_PER_APPEND).map(|_| ev("s", 1, json!(1))).collect();
+    let many: Vec<NewEvent> = (0..=MAX_EVENTS_PER_APPEND)
+        .map(|_| ev("s", 1, json!(1)))
+        .collect();
     let bad: Vec<(&str, Vec<NewEvent>)> = vec![
         ("no events", vec![]),
         ("too many events", many),
         ("an empty step name", vec![ev("", 1, json!(1))]),
-        ("a step name with a control character", vec![ev("a\u{1}", 1, json!(1))]),
+        (
+            "a step name with a control character",
+            vec![ev("a\u{1}", 1, json!(1))],
+        ),
         ("attempt 0", vec![ev("s", 0, json!(1))]),
         (
             "a value over the limit",
@@ -244,14 +274,20 @@ pub async fn emitted_events_land_with_their_step(ts: TestStore) -> CheckResult {
     })
     .await?;
     let shown = format!("{out:?}");
-    ensure!(out.completed() == Some(1), "the run did not complete: {shown}");
+    ensure!(
+        out.completed() == Some(1),
+        "the run did not complete: {shown}"
+    );
     let all = log(&ts)?.read_events("emitter", 0, 1000).await?;
     ensure!(all.len() == 602, "{} events in the log, not 602", all.len());
     let seqs: BTreeSet<u64> = all.iter().map(|e| e.seq).collect();
     ensure!(seqs == (1..=602).collect(), "the numbers have a gap");
     for (i, e) in all[..600].iter().enumerate() {
         ensure!(
-            e.step == "burst" && e.attempt == 1 && e.value == json!({"i": i}) && e.first == (i == 0),
+            e.step == "burst"
+                && e.attempt == 1
+                && e.value == json!({"i": i})
+                && e.first == (i == 0),
             "event {} is {e:?}",
             e.seq
         );

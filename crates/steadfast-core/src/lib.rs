@@ -56,17 +56,17 @@ pub use record::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use record::error::{
     error_chain, BoxError, Error, Removal, StepError, StoreError, StoreErrorKind,
 };
+pub use record::events::{NewEvent, RunEvent};
 pub use record::ids::{
     check_step_name, idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES,
 };
 pub use record::keys::{INPUT_KEY, RESERVED_KEYS, RESULT_KEY, START_KEY};
-pub use record::events::{NewEvent, RunEvent};
 pub use record::outcome::{Event, Outcome, Suspension};
 pub use record::state::{merge, State, Update, MAX_VALUE_DEPTH};
 pub use store::memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
 pub use store::{
-    BlobTotals, Blobs, Capabilities, DueRequest, Events, History, ListFilter, RunSummary, Schedule, Store,
-    StoreExt, Usage,
+    BlobTotals, Blobs, Capabilities, DueRequest, Events, History, ListFilter, RunSummary, Schedule,
+    Store, StoreExt, Usage,
 };
 
 /// Re-exported so that stores and tests name the same versions.

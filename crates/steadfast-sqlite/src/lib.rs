@@ -53,11 +53,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use steadfast_core::store::blob::{resolve_object, BlobHash, Resolver};
+use steadfast_core::store::check_events;
 use steadfast_core::store::head::around_writer;
 use steadfast_core::store::plan::{plan_save_with_blobs, Plan};
 use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow, SummaryRow};
 use steadfast_core::store::{encode_head, Rewrite, RunCache, SaveRequest};
-use steadfast_core::{BlobTotals, Blobs, Capabilities, History, Usage};
+use steadfast_core::{BlobTotals, Blobs, Capabilities, Events, History, NewEvent, RunEvent, Usage};
 use steadfast_core::{Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError};
 use tokio::sync::oneshot;
 
@@ -636,6 +637,7 @@ impl Store for SqliteStore {
             .history(self)
             .max_state_bytes(self.shared.opts.max_state_bytes)
             .blobs(self)
+            .events(self)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -794,6 +796,86 @@ impl Store for SqliteStore {
 
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         self.delete_at(run_id, Some(version)).await
+    }
+}
+
+#[async_trait]
+impl Events for SqliteStore {
+    /// Appends in the writer's next transaction, shared with other runs'
+    /// saves (group commit).
+    async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
+        steadfast_core::validate_run_id(run_id)
+            .map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+        let texts = check_events(run_id, events)?;
+        let (tx, rx) = oneshot::channel();
+        self.submit(Job::Events {
+            run_id: run_id.to_string(),
+            events: events.iter().cloned().zip(texts).collect(),
+            reply: tx,
+        })
+        .await;
+        rx.await.map_err(|_| self.writer_gone_for(run_id))?
+    }
+
+    async fn read_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        let id = run_id.to_string();
+        let after = i64::try_from(after).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.read(move |conn, path| {
+            let ctx = || format!("reading the events of run {id:?} in {path}");
+            let mut st = conn
+                .prepare_cached(
+                    "SELECT seq, step, attempt, at, first, value FROM events \
+                     WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+                )
+                .map_err(|e| map_err(e, &ctx()))?;
+            let rows = st
+                .query_map(rusqlite::params![id, after, limit], |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, bool>(4)?,
+                        r.get::<_, String>(5)?,
+                    ))
+                })
+                .map_err(|e| map_err(e, &ctx()))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (seq, step, attempt, at, first, text) = row.map_err(|e| map_err(e, &ctx()))?;
+                let corrupt = |reason: String| StoreError::Corrupt {
+                    location: format!("{path}, events of run {id:?}, event {seq}"),
+                    reason,
+                };
+                let value = serde_json::from_str(&text)
+                    .map_err(|e| corrupt(format!("its value is not JSON: {e}")))?;
+                let (Ok(seq), Ok(attempt), Ok(at)) = (
+                    u64::try_from(seq),
+                    u32::try_from(attempt),
+                    u64::try_from(at),
+                ) else {
+                    return Err(corrupt(
+                        "its number, attempt or time is out of range".into(),
+                    ));
+                };
+                let mut event = NewEvent::new(
+                    step,
+                    attempt,
+                    steadfast_core::Timestamp::from_unix_millis(at),
+                    value,
+                );
+                event.first = first;
+                out.push(event.numbered(seq));
+            }
+            Ok(out)
+        })
+        .await
     }
 }
 

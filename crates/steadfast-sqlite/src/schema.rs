@@ -133,6 +133,23 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (run_id, hash)
     ) WITHOUT ROWID;
     CREATE INDEX blob_refs_by_hash ON blob_refs (hash);",
+    // 7: each run's event log (what its steps emitted), numbered per run.
+    // A run's events go with it: the writer deletes them with the run, and
+    // so does the trigger when a process of an older build deletes one.
+    "CREATE TABLE events (
+        run_id  TEXT NOT NULL,
+        seq     INTEGER NOT NULL,
+        step    TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        at      INTEGER NOT NULL,
+        first   INTEGER NOT NULL,
+        value   TEXT NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TRIGGER events_go_with_their_run AFTER DELETE ON runs
+    BEGIN
+        DELETE FROM events WHERE run_id = OLD.run_id;
+    END;",
 ];
 
 /// The first schema with blobs.

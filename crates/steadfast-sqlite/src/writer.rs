@@ -10,7 +10,7 @@ use steadfast_core::store::blob::Blob;
 use steadfast_core::store::group::Queue;
 use steadfast_core::store::plan::{expect_version, Known, StepRow};
 use steadfast_core::store::rows::{no_row_to_fold, still_merged};
-use steadfast_core::StoreError;
+use steadfast_core::{NewEvent, StoreError};
 use tokio::sync::oneshot;
 
 use crate::error::{commit_outcome_unknown, map_err};
@@ -95,6 +95,13 @@ pub(crate) enum Job {
         /// The blobs the new rows refer to.
         blobs: Vec<Blob>,
         reply: oneshot::Sender<Result<bool, StoreError>>,
+    },
+    /// Appends events (checked, with their values' JSON text) to a run's
+    /// log.
+    Events {
+        run_id: String,
+        events: Vec<(NewEvent, String)>,
+        reply: oneshot::Sender<Result<u64, StoreError>>,
     },
     /// Reads durability settings back from the live write connection.
     Settings {
@@ -460,6 +467,15 @@ fn commit_batch(
                 }
                 (run_id, answer(reply, result))
             }
+            Job::Events {
+                run_id,
+                events,
+                reply,
+            } => {
+                let result = apply_events(conn, &run_id, &events, path);
+                broken = broken.or_else(|| breaks(&result));
+                (run_id, answer(reply, result))
+            }
             Job::Settings { .. } => unreachable!("settings jobs were answered above"),
         };
         replies.push((run_id, reply));
@@ -516,6 +532,7 @@ fn fail(job: Job, err: &StoreError) {
     match job {
         Job::Save(s) => drop(s.reply.send(Err(copy()))),
         Job::Delete { reply, .. } | Job::Rewrite { reply, .. } => drop(reply.send(Err(copy()))),
+        Job::Events { reply, .. } => drop(reply.send(Err(copy()))),
         Job::Settings { reply } => drop(reply.send(Err(copy()))),
     }
 }
@@ -973,6 +990,42 @@ fn apply_rewrite(
     Ok(true)
 }
 
+/// Appends checked events after the run's last; returns the last number.
+fn apply_events(
+    conn: &Connection,
+    run_id: &str,
+    events: &[(NewEvent, String)],
+    path: &str,
+) -> Result<u64, StoreError> {
+    let ctx = || format!("appending events to run {run_id:?} in {path}");
+    let last: i64 = conn
+        .prepare_cached("SELECT coalesce(max(seq), 0) FROM events WHERE run_id = ?1")
+        .and_then(|mut st| st.query_row([run_id], |r| r.get(0)))
+        .map_err(|e| map_err(e, &ctx()))?;
+    let mut seq = last;
+    let mut insert = conn
+        .prepare_cached(
+            "INSERT INTO events (run_id, seq, step, attempt, at, first, value) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )
+        .map_err(|e| map_err(e, &ctx()))?;
+    for (e, text) in events {
+        seq += 1;
+        insert
+            .execute(params![
+                run_id,
+                seq,
+                e.step,
+                e.attempt,
+                steadfast_core::store::to_i64(run_id, "an event's time", e.at.unix_millis())?,
+                e.first,
+                text
+            ])
+            .map_err(|err| map_err(err, &ctx()))?;
+    }
+    Ok(seq as u64)
+}
+
 fn apply_delete(
     conn: &Connection,
     run_id: &str,
@@ -989,6 +1042,10 @@ fn apply_delete(
         expect_version(run_id, expected, u64::try_from(found).ok())?;
     }
     crate::blobs::release(conn, run_id).map_err(|e| map_err(e, &ctx))?;
+    // Events may be there without the run (emitted before its first save).
+    conn.prepare_cached("DELETE FROM events WHERE run_id = ?1")
+        .and_then(|mut st| st.execute([run_id]))
+        .map_err(|e| map_err(e, &ctx))?;
     conn.prepare_cached("DELETE FROM steps WHERE run_id = ?1")
         .and_then(|mut st| st.execute([run_id]))
         .map_err(|e| map_err(e, &ctx))?;

@@ -1,7 +1,8 @@
 //! The store conformance suite on `SqliteStore`.
 
 use steadfast_conformance::{
-    history_conformance, history_rewrite_conformance, store_conformance, Config, TestStore,
+    events_conformance, history_conformance, history_rewrite_conformance, store_conformance,
+    Config, TestStore,
 };
 use steadfast_sqlite::{SqliteOptions, SqliteStore};
 
@@ -18,3 +19,4 @@ fn make(cfg: Config) -> TestStore {
 store_conformance!(make);
 history_conformance!(make);
 history_rewrite_conformance!(make);
+events_conformance!(make);

@@ -723,7 +723,9 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 ))
             });
             let ctx = match &sink {
-                Some(sink) => StepCtx::new(&run_id, name, index, attempt).with_sink(Arc::clone(sink)),
+                Some(sink) => {
+                    StepCtx::new(&run_id, name, index, attempt).with_sink(Arc::clone(sink))
+                }
                 None => StepCtx::new(&run_id, name, index, attempt),
             };
             let span = tracing::info_span!(
@@ -760,10 +762,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     _ => (scoped.await, Ok(())),
                 }
             };
-            let (result, logged) = match self
-                .with_renewals(stepped)
-                .instrument(span.clone())
-                .await
+            let (result, logged) = match self.with_renewals(stepped).instrument(span.clone()).await
             {
                 Ok((r, logged)) => (Ok(r), logged),
                 Err(e) => (Err(e), Ok(())),

@@ -358,12 +358,10 @@ impl<'s> Watch<'s> {
             (RunStatus::Waiting, Some(Wait::Gate { step, .. })) => {
                 Some(WatchItem::Waiting { gate: step.clone() })
             }
-            (RunStatus::Sleeping, Some(Wait::Timer { step, until })) => {
-                Some(WatchItem::Sleeping {
-                    step: step.clone(),
-                    until: *until,
-                })
-            }
+            (RunStatus::Sleeping, Some(Wait::Timer { step, until })) => Some(WatchItem::Sleeping {
+                step: step.clone(),
+                until: *until,
+            }),
             (status @ (RunStatus::Failed | RunStatus::Rejected | RunStatus::Cancelled), _) => {
                 Some(WatchItem::Ended { status })
             }

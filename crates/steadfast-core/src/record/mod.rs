@@ -5,9 +5,9 @@
 pub mod checkpoint;
 pub mod clock;
 pub mod error;
+pub mod events;
 pub mod ids;
 pub mod keys;
 pub mod limits;
 pub mod outcome;
 pub mod state;
-pub mod events;

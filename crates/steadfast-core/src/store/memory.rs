@@ -6,8 +6,8 @@ use async_trait::async_trait;
 
 use crate::record::checkpoint::{Checkpoint, StepRecord};
 use crate::record::error::StoreError;
-use crate::store::image::{RunImage, Write};
 use crate::record::events::{NewEvent, RunEvent};
+use crate::store::image::{RunImage, Write};
 use crate::store::{
     Capabilities, Events, History, ListFilter, Rewrite, RunSummary, SaveRequest, Store,
 };

@@ -24,10 +24,10 @@ use async_trait::async_trait;
 use crate::record::checkpoint::{Checkpoint, RunStatus, StepRecord};
 use crate::record::clock::{Clock, Timestamp};
 use crate::record::error::StoreError;
-use crate::record::state::State;
-pub use crate::record::state::{check_update, ValueProblem};
 pub use crate::record::events::{check_events, MAX_EVENTS_PER_APPEND, MAX_EVENT_BYTES};
 use crate::record::events::{NewEvent, RunEvent};
+use crate::record::state::State;
+pub use crate::record::state::{check_update, ValueProblem};
 pub use crate::store::head::{decode_head, encode_head, encode_json, to_i64, RunCache};
 
 /// One compare-and-swap write of a run's checkpoint.
