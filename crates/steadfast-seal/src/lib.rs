@@ -62,7 +62,9 @@ use serde_json::Value;
 use steadfast_core::store::{
     check_head, check_size, check_state, history_of, state_size, Rewrite, RunCache, SaveRequest,
 };
-use steadfast_core::{Blobs, Capabilities, DueRequest, History, Schedule};
+use steadfast_core::{
+    Blobs, Capabilities, DueRequest, Events, History, NewEvent, RunEvent, Schedule,
+};
 use steadfast_core::{
     Checkpoint, Clock, ListFilter, RunSummary, State, StepRecord, Store, StoreError,
     StoreErrorKind, StoreExt, SystemClock, Update,
@@ -84,6 +86,7 @@ enum Purpose {
     State,
     Gate,
     Head,
+    Event,
 }
 
 impl Purpose {
@@ -93,6 +96,7 @@ impl Purpose {
             Purpose::State => "state",
             Purpose::Gate => "gate",
             Purpose::Head => "head",
+            Purpose::Event => "event",
         }
     }
 }
@@ -394,6 +398,39 @@ impl RefuseSealed {
     }
 }
 
+#[async_trait]
+impl Events for RefuseSealed {
+    async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
+        inner_events(&*self.inner)?
+            .append_events(run_id, events)
+            .await
+    }
+
+    async fn read_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        let events = inner_events(&*self.inner)?
+            .read_events(run_id, after, limit)
+            .await?;
+        if events.iter().any(|e| is_sealed(&e.value)) {
+            return Err(Self::refused(run_id));
+        }
+        Ok(events)
+    }
+}
+
+/// The event log of the store a wrapper wraps (declared: the wrapper
+/// declares one only then).
+fn inner_events(inner: &dyn Store) -> Result<&dyn Events, StoreError> {
+    inner
+        .capabilities()
+        .events
+        .ok_or_else(|| StoreError::Unsupported("the store keeps no event log".into()))
+}
+
 /// Whether anything in `cp` was written by a [`SealedStore`].
 pub fn is_sealed_record(cp: &Checkpoint) -> bool {
     cp.seal.is_some()
@@ -415,6 +452,8 @@ impl Store for RefuseSealed {
         // worker from finding the others.
         caps.history = caps.history.map(|_| self as &dyn History);
         caps.schedule = Some(self as &dyn Schedule);
+        // Its own event log: sealed events are refused on their way out.
+        caps.events = caps.events.map(|_| self as &dyn Events);
         caps
     }
 
@@ -950,6 +989,66 @@ impl Blobs for SealedStore {
 }
 
 #[async_trait]
+impl Events for SealedStore {
+    /// Checks the plain events, then seals each value for its run, step and
+    /// attempt: the store below sees sealed strings (whose size, larger
+    /// than the plain value's, its own limit applies to).
+    async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
+        steadfast_core::store::check_events(run_id, events)?;
+        let s = self.sealer(run_id);
+        let sealed = events
+            .iter()
+            .map(|e| {
+                let plain = serde_json::to_vec(&e.value).map_err(|err| {
+                    StoreError::InvalidInput(format!("run {run_id:?}: an event's value: {err}"))
+                })?;
+                let mut out = e.clone();
+                out.value = Value::String(s.seal(
+                    Purpose::Event,
+                    &e.step,
+                    u64::from(e.attempt),
+                    &plain,
+                    b"",
+                )?);
+                Ok(out)
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        inner_events(&*self.inner)?
+            .append_events(run_id, &sealed)
+            .await
+    }
+
+    async fn read_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        let s = self.sealer(run_id);
+        inner_events(&*self.inner)?
+            .read_events(run_id, after, limit)
+            .await?
+            .into_iter()
+            .map(|mut e| {
+                let place = format!("event {}", e.seq);
+                let text = e
+                    .value
+                    .as_str()
+                    .ok_or_else(|| s.corrupt(&place, "is not a sealed value"))?;
+                let (plain, ctx) = s.open(&place, Purpose::Event, &e.step, text, b"")?;
+                if ctx != u64::from(e.attempt) {
+                    return Err(s.corrupt(&place, "was sealed for another attempt of its step"));
+                }
+                e.value = serde_json::from_slice(&plain).map_err(|err| {
+                    s.corrupt(&place, format!("opens to bytes that are not JSON: {err}"))
+                })?;
+                Ok(e)
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
 impl Store for SealedStore {
     fn capabilities(&self) -> Capabilities<'_> {
         let mut caps = self.inner.capabilities();
@@ -964,6 +1063,9 @@ impl Store for SealedStore {
         caps.max_state_bytes = self.max_state_bytes.or(caps.max_state_bytes);
         // The inner store's blobs, with the threshold its own limit counts.
         caps.blobs = caps.blobs.map(|_| self as &dyn Blobs);
+        // Its own event log: each value sealed for its run, step and
+        // attempt on the way in, opened on the way out.
+        caps.events = caps.events.map(|_| self as &dyn Events);
         caps
     }
 

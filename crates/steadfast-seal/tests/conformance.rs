@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use steadfast_conformance::{
-    history_conformance, history_rewrite_conformance, store_conformance, Config, TestStore,
+    events_conformance, history_conformance, history_rewrite_conformance, store_conformance,
+    Config, TestStore,
 };
 use steadfast_core::MemoryStore;
 use steadfast_seal::{Keyring, SealedStore};
@@ -28,6 +29,7 @@ mod memory {
     store_conformance!(make);
     history_conformance!(make);
     history_rewrite_conformance!(make);
+    events_conformance!(make);
 }
 
 mod sqlite {
@@ -42,6 +44,7 @@ mod sqlite {
     store_conformance!(make);
     history_conformance!(make);
     history_rewrite_conformance!(make);
+    events_conformance!(make);
 }
 
 mod file {

@@ -658,3 +658,50 @@ async fn one_sealed_run_never_stops_a_worker_without_the_key() -> TestResult {
     assert_eq!(report.completed, 1, "{report:?}");
     Ok(())
 }
+
+/// Emitted events are sealed at rest, open through the store with the key,
+/// are refused without it, and do not open when moved to another step.
+#[tokio::test]
+async fn events_are_sealed_and_bound_to_their_step() -> TestResult {
+    use steadfast_core::{Events, NewEvent, Timestamp};
+    let raw = Arc::new(MemoryStore::new());
+    let sealed = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    let log = sealed.capabilities().events.expect("an event log");
+    let at = Timestamp::from_unix_millis(1);
+    let events = [
+        NewEvent::new("think", 1, at, json!({"token": "the-secret-plan"})),
+        NewEvent::new("act", 1, at, json!("call the tool")),
+    ];
+    assert_eq!(log.append_events("r", &events).await?, 2);
+    let stored = raw.read_events("r", 0, 10).await?;
+    for e in &stored {
+        assert!(is_sealed(&e.value), "stored in clear: {:?}", e.value);
+        assert!(!e.value.to_string().contains("secret"), "{:?}", e.value);
+    }
+    let opened = log.read_events("r", 0, 10).await?;
+    assert_eq!(opened[0].value, json!({"token": "the-secret-plan"}));
+    assert_eq!(opened[1].value, json!("call the tool"));
+    // Without a key: refused, not shown as strings.
+    let keyless = steadfast_seal::RefuseSealed::new(raw.clone());
+    let err = keyless
+        .capabilities()
+        .events
+        .expect("an event log")
+        .read_events("r", 0, 10)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("encrypted"), "{err}");
+    // The first event's sealed value moved under the other step's name.
+    let mut moved = stored[0].clone();
+    moved.step = "act".into();
+    let copy = MemoryStore::new();
+    let mut forged = NewEvent::new(moved.step, moved.attempt, moved.at, moved.value);
+    forged.first = moved.first;
+    copy.append_events("r", &[forged]).await?;
+    let err = SealedStore::new(Arc::new(copy), keys(&format!("k1:{K1}")))
+        .read_events("r", 0, 10)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    Ok(())
+}

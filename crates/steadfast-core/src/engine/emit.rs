@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use crate::record::clock::Clock;
 use crate::record::error::{Error, StoreError};
-use crate::record::events::{check_events, NewEvent, MAX_EVENTS_PER_APPEND};
+use crate::record::events::{check_events, NewEvent, MAX_EVENTS_PER_APPEND, MAX_EVENT_BYTES};
 use crate::store::Events;
 
 /// How long an emitted event waits in its step's buffer at most while the
@@ -68,7 +68,7 @@ impl Sink {
     /// Checks `value` and puts it in the buffer.
     pub(crate) fn emit(&self, value: serde_json::Value) -> Result<(), Error> {
         let mut event = NewEvent::new(&*self.step, self.attempt, self.clock.now(), value);
-        check_events(&self.run_id, std::slice::from_ref(&event)).map_err(|e| {
+        let texts = check_events(&self.run_id, std::slice::from_ref(&event)).map_err(|e| {
             Error::InvalidInput {
                 what: format!(
                     "an event emitted by step {:?} of run {:?}",
@@ -80,6 +80,18 @@ impl Sink {
                 },
             }
         })?;
+        let size = texts.first().map_or(0, |t| t.len() as u64);
+        if size > MAX_EVENT_BYTES {
+            return Err(Error::InvalidInput {
+                what: format!(
+                    "an event emitted by step {:?} of run {:?}",
+                    self.step, self.run_id
+                ),
+                reason: format!(
+                    "it is {size} bytes as JSON, over the limit of {MAX_EVENT_BYTES}; return large values in the step's update instead"
+                ),
+            });
+        }
         let mut b = self.buffer();
         if let Some(why) = &b.failed {
             return Err(Error::Store {

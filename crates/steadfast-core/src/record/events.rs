@@ -13,10 +13,15 @@ use serde_json::Value;
 use crate::record::clock::Timestamp;
 use crate::record::error::StoreError;
 
-/// The largest event value, serialized, in bytes: 64 KiB. A larger output
-/// belongs in the step's update, where large values are stored once by
-/// reference.
+/// The largest value a step may emit, serialized, in bytes: 64 KiB. A
+/// larger output belongs in the step's update, where large values are
+/// stored once by reference.
 pub const MAX_EVENT_BYTES: u64 = 64 * 1024;
+
+/// The largest event value a store takes, as stored, in bytes: 128 KiB,
+/// twice what a step may emit, which leaves room for an encrypting wrapper's
+/// envelope around an emitted value.
+pub const MAX_STORED_EVENT_BYTES: u64 = 2 * MAX_EVENT_BYTES;
 
 /// The most events one append takes: an emitting step's buffer is written
 /// in batches of at most this many.
@@ -91,7 +96,7 @@ pub struct RunEvent {
 /// appends: at least one and at most [`MAX_EVENTS_PER_APPEND`], each step
 /// name a name, each attempt from 1, each value within
 /// [`MAX_VALUE_DEPTH`](crate::MAX_VALUE_DEPTH) with finite numbers and at
-/// most [`MAX_EVENT_BYTES`] serialized. Returns each value's JSON text, for
+/// most [`MAX_STORED_EVENT_BYTES`] serialized. Returns each value's JSON text, for
 /// stores that keep it as text.
 ///
 /// ```
@@ -99,7 +104,7 @@ pub struct RunEvent {
 /// use steadfast_core::{store::check_events, NewEvent, Timestamp};
 /// let ok = NewEvent::new("plan", 1, Timestamp::EPOCH, json!({"token": "Hel"}));
 /// assert_eq!(check_events("r", &[ok]).unwrap(), [r#"{"token":"Hel"}"#]);
-/// let big = NewEvent::new("plan", 1, Timestamp::EPOCH, json!("x".repeat(70_000)));
+/// let big = NewEvent::new("plan", 1, Timestamp::EPOCH, json!("x".repeat(140_000)));
 /// assert!(check_events("r", &[big]).is_err());
 /// ```
 pub fn check_events(run_id: &str, events: &[NewEvent]) -> Result<Vec<String>, StoreError> {
@@ -136,12 +141,12 @@ pub fn check_events(run_id: &str, events: &[NewEvent]) -> Result<Vec<String>, St
                 e.step
             ))
         })?;
-        if text.len() as u64 > MAX_EVENT_BYTES {
+        if text.len() as u64 > MAX_STORED_EVENT_BYTES {
             return Err(StoreError::TooLarge {
                 run_id: run_id.to_string(),
                 what: "event value",
                 size: text.len() as u64,
-                limit: MAX_EVENT_BYTES,
+                limit: MAX_STORED_EVENT_BYTES,
             });
         }
         texts.push(text);

@@ -24,7 +24,9 @@ use async_trait::async_trait;
 use crate::record::checkpoint::{Checkpoint, RunStatus, StepRecord};
 use crate::record::clock::{Clock, Timestamp};
 use crate::record::error::StoreError;
-pub use crate::record::events::{check_events, MAX_EVENTS_PER_APPEND, MAX_EVENT_BYTES};
+pub use crate::record::events::{
+    check_events, MAX_EVENTS_PER_APPEND, MAX_EVENT_BYTES, MAX_STORED_EVENT_BYTES,
+};
 use crate::record::events::{NewEvent, RunEvent};
 use crate::record::state::State;
 pub use crate::record::state::{check_update, ValueProblem};
