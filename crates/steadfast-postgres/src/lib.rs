@@ -48,12 +48,15 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
 use steadfast_core::store::blob::{refs_of, BlobHash, Resolver};
+use steadfast_core::store::check_events;
 use steadfast_core::store::plan::{conflict, expect_version, plan_save_with_blobs, Known, Plan};
 use steadfast_core::store::rows::{
     no_row_to_fold, rebuild, still_merged, to_i64, HistoryRow, Place, RecordRow, SummaryRow,
 };
 use steadfast_core::store::{encode_head, DueRequest, Rewrite, RunCache, SaveRequest};
-use steadfast_core::{BlobTotals, Blobs, Capabilities, History, Schedule, Usage};
+use steadfast_core::{
+    BlobTotals, Blobs, Capabilities, Events, History, NewEvent, RunEvent, Schedule, Usage,
+};
 use steadfast_core::{
     Checkpoint, Clock, ListFilter, RunStatus, RunSummary, StepRecord, Store, StoreError,
     StoreErrorKind, SystemClock, Timestamp,
@@ -185,6 +188,8 @@ pub(crate) struct Sql {
     delete_rows: String,
     claim: String,
     version: String,
+    events_append: String,
+    events_read: String,
 }
 
 impl Sql {
@@ -264,8 +269,27 @@ impl Sql {
             // they were the last to refer to go next (`blobs::free`).
             delete_rows: text(
                 "WITH s AS (DELETE FROM {s}.steps WHERE run_id = $1),
+                      e AS (DELETE FROM {s}.events WHERE run_id = $1),
                       b AS (DELETE FROM {s}.blob_refs WHERE run_id = $1 RETURNING hash)
                  SELECT ARRAY(SELECT hash FROM b)",
+            ),
+            // Numbered after the run's last event: two appends that race
+            // read the same last number, and the second to commit fails on
+            // the primary key and is tried again (`append_events`).
+            // Watchers listening on the channel `$8` are told.
+            events_append: text(
+                "WITH last AS (SELECT coalesce(max(seq), 0) AS n FROM {s}.events WHERE run_id = $1),
+                      ins AS (
+                        INSERT INTO {s}.events (run_id, seq, step, attempt, at, first, value)
+                        SELECT $1, last.n + e.ord, e.step, e.attempt, e.at, e.first, e.value
+                        FROM last, unnest($2::text[], $3::integer[], $4::bigint[], $5::boolean[], $6::text[])
+                             WITH ORDINALITY AS e(step, attempt, at, first, value, ord)
+                        RETURNING seq)
+                 SELECT (SELECT max(seq) FROM ins), pg_notify($7, $1)",
+            ),
+            events_read: text(
+                "SELECT seq, step, attempt, at, first, value FROM {s}.events
+                 WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
             ),
             // The server's clock decides what is due; a reservation lapses
             // by itself after the hold.
@@ -787,6 +811,7 @@ impl Store for PgStore {
             .clock(clock)
             .max_state_bytes(self.shared.opts.max_state_bytes)
             .blobs(self)
+            .events(self)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -941,6 +966,133 @@ impl Store for PgStore {
             None => Ok(false),
             Some(found) => Err(conflict(run_id, Some(version), u64::try_from(found).ok())),
         }
+    }
+}
+
+/// How many times an append that lost a race for its numbers is tried
+/// again before the conflict is returned.
+const EVENT_APPEND_TRIES: usize = 64;
+
+#[async_trait]
+impl Events for PgStore {
+    /// One statement, which also tells the watchers that listen on the
+    /// channel `<schema>.events` (at commit) the run's id.
+    async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
+        steadfast_core::validate_run_id(run_id)
+            .map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+        let texts = check_events(run_id, events)?;
+        let ctx = || {
+            format!(
+                "appending events to run {run_id:?} in {}",
+                self.shared.display
+            )
+        };
+        let steps: Vec<&str> = events.iter().map(|e| e.step.as_str()).collect();
+        let attempts: Vec<i32> = events
+            .iter()
+            .map(|e| i32::try_from(e.attempt).unwrap_or(i32::MAX))
+            .collect();
+        let ats = events
+            .iter()
+            .map(|e| to_i64(run_id, "an event's time", e.at.unix_millis()))
+            .collect::<Result<Vec<i64>, _>>()?;
+        let firsts: Vec<bool> = events.iter().map(|e| e.first).collect();
+        let channel = self.events_channel();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let client = self.client().await?;
+            let stmt = client
+                .prepare_cached(&self.shared.sql.events_append)
+                .await
+                .map_err(|e| map_err(e, &ctx()))?;
+            match client
+                .query_one(
+                    &stmt,
+                    &[&run_id, &steps, &attempts, &ats, &firsts, &texts, &channel],
+                )
+                .await
+            {
+                Ok(row) => {
+                    let last: Option<i64> = row.get(0);
+                    return last.and_then(|n| u64::try_from(n).ok()).ok_or_else(|| {
+                        StoreError::unavailable(format!("{}: no number came back", ctx()))
+                    });
+                }
+                Err(e) => {
+                    let err = map_err(e, &ctx());
+                    if err.kind() != StoreErrorKind::Conflict || tries >= EVENT_APPEND_TRIES {
+                        return Err(write_error(err, run_id));
+                    }
+                    // Another append took these numbers first.
+                    tokio::time::sleep(Duration::from_micros(fastrand::u64(100..2_000))).await;
+                }
+            }
+        }
+    }
+
+    async fn read_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        let ctx = || {
+            format!(
+                "reading the events of run {run_id:?} in {}",
+                self.shared.display
+            )
+        };
+        let client = self.client().await?;
+        let stmt = client
+            .prepare_cached(&self.shared.sql.events_read)
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        let after = i64::try_from(after).unwrap_or(i64::MAX);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client
+            .query(&stmt, &[&run_id, &after, &limit])
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        rows.iter()
+            .map(|r| {
+                let seq: i64 = r.get(0);
+                let corrupt = |reason: String| StoreError::Corrupt {
+                    location: format!(
+                        "{}, events of run {run_id:?}, event {seq}",
+                        self.shared.display
+                    ),
+                    reason,
+                };
+                let text: String = r.get(5);
+                let value = serde_json::from_str(&text)
+                    .map_err(|e| corrupt(format!("its value is not JSON: {e}")))?;
+                let (Ok(seq), Ok(attempt), Ok(at)) = (
+                    u64::try_from(seq),
+                    u32::try_from(r.get::<_, i32>(2)),
+                    u64::try_from(r.get::<_, i64>(3)),
+                ) else {
+                    return Err(corrupt(
+                        "its number, attempt or time is out of range".into(),
+                    ));
+                };
+                let mut event = NewEvent::new(
+                    r.get::<_, String>(1),
+                    attempt,
+                    steadfast_core::Timestamp::from_unix_millis(at),
+                    value,
+                );
+                event.first = r.get(4);
+                Ok(event.numbered(seq))
+            })
+            .collect()
+    }
+}
+
+impl PgStore {
+    /// The channel appends notify: `<schema>.events`.
+    fn events_channel(&self) -> String {
+        format!("{}.events", self.shared.schema)
     }
 }
 

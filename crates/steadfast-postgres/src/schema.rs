@@ -92,6 +92,18 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (run_id, hash)
     );
     CREATE INDEX blob_refs_by_hash ON {s}.blob_refs (hash);",
+    // 3: each run's event log (what its steps emitted), numbered per run;
+    // deleted with the run's history.
+    "CREATE TABLE {s}.events (
+        run_id  text COLLATE \"C\" NOT NULL,
+        seq     bigint NOT NULL,
+        step    text NOT NULL,
+        attempt integer NOT NULL,
+        at      bigint NOT NULL,
+        first   boolean NOT NULL,
+        value   text NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    );",
 ];
 
 /// The first schema with blobs.
