@@ -45,6 +45,8 @@ pub enum Command {
     Show(cmd::show::ShowArgs),
     /// The per-step records of a run, updates included.
     History(cmd::history::HistoryArgs),
+    /// A run's events and steps as they happen, until it ends or stops.
+    Watch(cmd::watch::WatchArgs),
     /// Approve the gate a run waits at.
     Approve(cmd::approve::ApproveArgs),
     /// Reject the gate a run waits at, ending the run.

@@ -13,6 +13,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use command_fds::{CommandFdExt, FdMapping};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -87,13 +88,30 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = cmd.spawn().map_err(|e| {
+    // Events: the command writes them as lines to file descriptor 3.
+    let (events, events_in) = std::io::pipe().map_err(|e| {
+        StepError::retryable(format!(
+            "cannot make the events pipe of `{}`: {e}",
+            spec.run
+        ))
+    })?;
+    cmd.fd_mappings(vec![FdMapping {
+        parent_fd: std::os::fd::OwnedFd::from(events_in),
+        child_fd: EVENTS_FD,
+    }])
+    .map_err(|e| StepError::terminal(format!("cannot give `{}` its events pipe: {e}", spec.run)))?;
+    let spawned = cmd.spawn();
+    // The command holds our copy of the pipe's writing end, which would keep
+    // the pipe from ending: the child has its own now.
+    drop(cmd);
+    let mut child = spawned.map_err(|e| {
         StepError::retryable(format!(
             "cannot start `{}` in {}: {e}",
             spec.run,
             spec.workdir.display()
         ))
     })?;
+    let events_read = read_events(events, ctx.clone());
     let mut guard = GroupGuard(child.id().map(|id| Pid::from_raw(id as i32)));
 
     let input = serde_json::to_vec(&*state).map_err(|e| StepError::terminal(e.to_string()))?;
@@ -169,6 +187,14 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
     if let Some(pgid) = guard.0.take() {
         let _ = killpg(pgid, Signal::SIGKILL);
     }
+    // The events it wrote go into the log before its checkpoint: read to
+    // the pipe's end (as briefly bounded as its other pipes).
+    if tokio::time::timeout(PIPE_DRAIN, events_read).await.is_err() {
+        crate::output::note(format_args!(
+            "  note  step {}: a process it started outside its process group still holds file descriptor 3 open; events it writes later are not recorded",
+            ctx.step()
+        ));
+    }
     let status =
         status.map_err(|e| StepError::retryable(format!("waiting for `{}`: {e}", spec.run)))?;
     let tail = err.text();
@@ -200,6 +226,63 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
     };
     parse_update(&out)
         .map_err(|e| StepError::terminal(format!("`{}`: {e}{}", spec.run, tail_note(&tail))))
+}
+
+/// The file descriptor a command step writes its events to.
+pub const EVENTS_FD: i32 = 3;
+
+/// Reads a step's events pipe on a thread of its own: each line is one
+/// event, its JSON value (a line that is not JSON is emitted as a string,
+/// so nothing written is lost). Empty lines are skipped; a line longer than
+/// an event may be is reported on stderr and skipped. Resolves at the
+/// pipe's end.
+fn read_events(pipe: std::io::PipeReader, ctx: StepCtx) -> tokio::sync::oneshot::Receiver<()> {
+    let (done, ended) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let limit = steadfast::store::MAX_EVENT_BYTES as usize;
+        let mut reader = std::io::BufReader::new(pipe);
+        let mut line = Vec::new();
+        let mut refused = false;
+        loop {
+            line.clear();
+            // At most one byte over the limit is kept; the rest of a long
+            // line is read and dropped.
+            let read =
+                std::io::Read::take(&mut reader, limit as u64 + 1).read_until(b'\n', &mut line);
+            match read {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if line.len() > limit && line.last() != Some(&b'\n') {
+                let mut rest = Vec::new();
+                let _ = reader.read_until(b'\n', &mut rest);
+                crate::output::note(format_args!(
+                    "  note  step {}: an event line on file descriptor 3 is longer than {limit} bytes; it was skipped",
+                    ctx.step()
+                ));
+                continue;
+            }
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim();
+            if text.is_empty() {
+                continue;
+            }
+            let value = parse_json_exact(text).unwrap_or_else(|_| Value::String(text.to_string()));
+            if let Err(e) = ctx.emit(value) {
+                if !refused {
+                    crate::output::note(format_args!(
+                        "  note  step {}: an event it wrote was not recorded: {}",
+                        ctx.step(),
+                        steadfast::error_chain(&e)
+                    ));
+                }
+                refused = true;
+            }
+        }
+        let _ = done.send(());
+    });
+    ended
 }
 
 fn tail_note(tail: &str) -> String {

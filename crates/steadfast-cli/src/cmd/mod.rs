@@ -20,6 +20,7 @@ pub mod runs;
 pub mod serve;
 pub mod show;
 pub mod start;
+pub mod watch;
 pub mod worker;
 
 use std::sync::Arc;
