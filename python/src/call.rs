@@ -11,7 +11,8 @@ use steadfast::StepError;
 use crate::convert::to_json;
 
 /// What the engine needs to call into Python: the running asyncio loop and
-/// the package's `_invoke(loop, fn, *args)` helper, which calls `fn` and, when
+/// the package's `_invoke(loop, step, fn, *args)` helper, which calls `fn`
+/// (with `step` the current step, or None) and, when
 /// it returns an awaitable, schedules it on the loop and hands back a
 /// `concurrent.futures.Future`.
 #[derive(Clone)]
@@ -144,6 +145,10 @@ impl Caller {
     where
         A: for<'py> FnOnce(Python<'py>) -> PyResult<Vec<Py<PyAny>>> + Send + 'static,
     {
+        // The step being run, if this is a step's function: `_invoke` makes
+        // it the current one while the function (or its coroutine) runs, for
+        // `DurableContext.emit`.
+        let current = steadfast::StepCtx::current();
         let slot = Arc::new(Mutex::new(None));
         let guard = CancelOnDrop(Arc::clone(&slot));
         let (tx, rx) = tokio::sync::oneshot::channel::<Result<Value, CallError>>();
@@ -152,7 +157,14 @@ impl Caller {
             let _inside = crate::pending::InPython::enter();
             Python::attach(|py| -> Result<Option<Value>, CallError> {
                 let raised = CallError::Raised;
-                let mut all: Vec<Py<PyAny>> = vec![me.event_loop.clone_ref(py), f.clone_ref(py)];
+                let step = match &current {
+                    Some(ctx) => Py::new(py, crate::run::PyStepCtx::of(ctx))
+                        .map_err(raised)?
+                        .into_any(),
+                    None => py.None(),
+                };
+                let mut all: Vec<Py<PyAny>> =
+                    vec![me.event_loop.clone_ref(py), step, f.clone_ref(py)];
                 all.extend(args(py).map_err(raised)?);
                 let tuple = pyo3::types::PyTuple::new(py, all).map_err(raised)?;
                 let got = me.invoke.bind(py).call1(tuple).map_err(raised)?;

@@ -9,6 +9,7 @@ mod graph;
 mod pending;
 mod run;
 mod store;
+mod watch;
 
 use pyo3::prelude::*;
 
@@ -22,6 +23,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<graph::GraphStore>()?;
     m.add_class::<pending::Pending>()?;
     m.add_class::<pending::Notifier>()?;
+    m.add_class::<watch::PyWatch>()?;
+    m.add_function(wrap_pyfunction!(watch::watch, m)?)?;
     m.add_function(wrap_pyfunction!(pending::drain, m)?)?;
     m.add_function(wrap_pyfunction!(store::open_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::approve, m)?)?;

@@ -110,10 +110,40 @@ pub struct PyStepCtx {
     /// external services so that a repeat is a no-op.
     #[pyo3(get)]
     idempotency_key: String,
+    /// The engine's context of the step, which takes what it emits.
+    inner: steadfast::StepCtx,
+}
+
+impl PyStepCtx {
+    /// The Python view of `ctx`.
+    pub fn of(ctx: &steadfast::StepCtx) -> Self {
+        PyStepCtx {
+            run_id: ctx.run_id().to_string(),
+            step: ctx.step().to_string(),
+            index: ctx.index(),
+            attempt: ctx.attempt(),
+            idempotency_key: ctx.idempotency_key(),
+            inner: ctx.clone(),
+        }
+    }
 }
 
 #[pymethods]
 impl PyStepCtx {
+    /// Emits `value` (JSON-like) into the run's event log while the step
+    /// runs; see `steadfast watch`.
+    fn emit(&self, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let value = crate::convert::to_json(value).map_err(|u| {
+            crate::errors::InvalidInput::new_err(format!(
+                "an event emitted by step {:?}: the value at {}: {}",
+                self.step,
+                crate::convert::shorten(&u.path),
+                u.reason
+            ))
+        })?;
+        self.inner.emit(value).map_err(|e| crate::errors::err(&e))
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "StepContext(run_id={:?}, step={:?}, index={}, attempt={})",
@@ -141,13 +171,7 @@ fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow
                     async move {
                         let out = caller
                             .call(&step_name, func, move |py| {
-                                let c = PyStepCtx {
-                                    run_id: ctx.run_id().to_string(),
-                                    step: ctx.step().to_string(),
-                                    index: ctx.index(),
-                                    attempt: ctx.attempt(),
-                                    idempotency_key: ctx.idempotency_key(),
-                                };
+                                let c = PyStepCtx::of(&ctx);
                                 let state = to_py(py, &Value::Object((*state).clone()))?;
                                 Ok(vec![Py::new(py, c)?.into_any(), state])
                             })

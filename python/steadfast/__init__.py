@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import datetime as _dt
 import functools
 import inspect
@@ -201,20 +202,35 @@ async def _wait(pending: Any) -> Any:
             pending.cancel()
 
 
-def _invoke(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> Tuple[bool, Any]:
-    """Calls ``fn``; an awaitable it returns is scheduled on ``loop``.
+#: The step whose function runs now (in this thread, or this task), for
+#: :meth:`DurableContext.emit`.
+_CURRENT_STEP: "contextvars.ContextVar[Optional[StepContext]]" = contextvars.ContextVar(
+    "steadfast_current_step", default=None
+)
+
+
+def _invoke(
+    loop: asyncio.AbstractEventLoop, step: Optional[StepContext], fn: Callable[..., Any], *args: Any
+) -> Tuple[bool, Any]:
+    """Calls ``fn`` with ``step`` as the current step; an awaitable it returns
+    is scheduled on ``loop``, in a task that keeps ``step`` current.
 
     Returns ``(True, concurrent.futures.Future)`` for an awaitable and
     ``(False, value)`` otherwise. Called by the engine from a worker thread.
     """
-    result = fn(*args)
-    if inspect.isawaitable(result):
+    token = _CURRENT_STEP.set(step)
+    try:
+        result = fn(*args)
+        if inspect.isawaitable(result):
 
-        async def wait() -> Any:
-            return await result
+            async def wait() -> Any:
+                return await result
 
-        return True, asyncio.run_coroutine_threadsafe(wait(), loop)
-    return False, result
+            # The task copies this context, the current step included.
+            return True, asyncio.run_coroutine_threadsafe(wait(), loop)
+        return False, result
+    finally:
+        _CURRENT_STEP.reset(token)
 
 
 @dataclass(frozen=True)
@@ -423,6 +439,21 @@ class DurableContext:
         """``base``, then ``base#2``, ``base#3``…: distinct names for steps in a loop."""
         return self._native.numbered(base)
 
+    def emit(self, value: JSON) -> None:
+        """Emits ``value`` into the run's event log from inside a step's
+        function (sync or async): a model's tokens, a tool's progress.
+        ``steadfast watch`` and :func:`watch` show events as they happen.
+
+        Events are written in batches (within 100 ms, and all of them before
+        the step's checkpoint). Raises :class:`InvalidInput` for a value that
+        cannot be stored or a call outside a step's function, and
+        :class:`StoreError` when the store keeps no events.
+        """
+        step = _CURRENT_STEP.get()
+        if step is None:
+            raise InvalidInput("ctx.emit is called outside a step: call it inside the function given to ctx.step")
+        step.emit(value)
+
 
 class Durable:
     """A durable function, made by :func:`durable`."""
@@ -585,6 +616,42 @@ def history(store: Store, run_id: str) -> List[Dict[str, JSON]]:
     return _native.history(store, run_id)
 
 
+class Watch:
+    """What :func:`watch` returns: an async iterator of a run's items as
+    ``steadfast watch --json`` prints them, each a dict with a ``kind``:
+    ``"event"`` (``seq``, ``step``, ``attempt``, ``at``, ``value``),
+    ``"started"``, ``"superseded"``, ``"done"``, ``"failed"``, and last
+    ``"waiting"``, ``"sleeping"``, ``"completed"`` or ``"ended"``. The
+    iteration ends when the run ends or stops.
+    """
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    def __aiter__(self) -> "Watch":
+        return self
+
+    async def __anext__(self) -> Dict[str, JSON]:
+        item = await _wait(self._native.next())
+        if item is None:
+            raise StopAsyncIteration
+        return item
+
+
+def watch(store: Store, run_id: str, *, after: int = 0, poll: float = 0.05) -> Watch:
+    """Watches run ``run_id`` as it works, from any process::
+
+        async for item in steadfast.watch(store, "run-1"):
+            if item["kind"] == "event":
+                print(item["seq"], item["value"])
+
+    ``after`` skips the events numbered up to it (the last ``seq`` seen, to
+    go on after a reconnect); ``poll`` is how often the store is looked at,
+    in seconds (0.001 to 60). A run that does not exist yet is waited for.
+    """
+    return Watch(_native.watch(store, run_id, after, poll))
+
+
 def runs(
     store: Store,
     *,
@@ -631,5 +698,7 @@ __all__ = [
     "runs",
     "show",
     "start",
+    "watch",
+    "Watch",
     *_error_names,
 ]

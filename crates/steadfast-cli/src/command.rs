@@ -255,8 +255,20 @@ fn read_events(pipe: std::io::PipeReader, ctx: StepCtx) -> tokio::sync::oneshot:
                 Ok(_) => {}
             }
             if line.len() > limit && line.last() != Some(&b'\n') {
-                let mut rest = Vec::new();
-                let _ = reader.read_until(b'\n', &mut rest);
+                // The rest of the line, dropped as it comes.
+                loop {
+                    let (used, ended) = match reader.fill_buf() {
+                        Ok([]) | Err(_) => break,
+                        Ok(buf) => match buf.iter().position(|b| *b == b'\n') {
+                            Some(at) => (at + 1, true),
+                            None => (buf.len(), false),
+                        },
+                    };
+                    reader.consume(used);
+                    if ended {
+                        break;
+                    }
+                }
                 crate::output::note(format_args!(
                     "  note  step {}: an event line on file descriptor 3 is longer than {limit} bytes; it was skipped",
                     ctx.step()

@@ -66,8 +66,7 @@ pub fn main() -> i32 {
 }
 
 async fn dispatch(cli: Cli) -> Result<i32, Failure> {
-    // Only `run`, `start`, `worker`, `import` and `watch` (which waits for a
-    // run that may not exist yet) may create a store; the other commands work on runs that
+    // Only `run`, `start`, `worker` and `import` may create a store; the other commands work on runs that
     // exist, and say so when the store itself does not.
     // The keys first: a key that cannot be read is a usage error, before
     // the store is opened (or created).
@@ -84,11 +83,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
     }
     let create = matches!(
         cli.command,
-        Command::Run(_)
-            | Command::Start(_)
-            | Command::Worker(_)
-            | Command::Import(_)
-            | Command::Watch(_)
+        Command::Run(_) | Command::Start(_) | Command::Worker(_) | Command::Import(_)
     );
     // The library's one opening policy: sealed with keys, sealed records
     // refused without.

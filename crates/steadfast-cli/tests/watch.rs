@@ -60,7 +60,15 @@ fn watchers_before_during_and_after_a_run_see_the_same_events() -> TestResult {
             emitter(300, 20, 0.02)
         ),
     );
-    // Before: the watcher makes the store and waits for the run.
+    // Before: the store exists (another run made it), the run does not.
+    let other = env.flow(
+        "other.toml",
+        "name = \"other\"\n\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n",
+    );
+    assert_eq!(
+        code(&env.run(&["run", other.to_str().unwrap(), "--run-id", "other"])),
+        0
+    );
     let before = spawn_watch(&env, "r");
     std::thread::sleep(Duration::from_millis(300));
     let run = env

@@ -190,6 +190,7 @@ pub(crate) struct Sql {
     version: String,
     events_append: String,
     events_read: String,
+    delete_events: String,
 }
 
 impl Sql {
@@ -276,7 +277,7 @@ impl Sql {
             // Numbered after the run's last event: two appends that race
             // read the same last number, and the second to commit fails on
             // the primary key and is tried again (`append_events`).
-            // Watchers listening on the channel `$8` are told.
+            // Watchers listening on the schema's channel (`$7`) are told.
             events_append: text(
                 "WITH last AS (SELECT coalesce(max(seq), 0) AS n FROM {s}.events WHERE run_id = $1),
                       ins AS (
@@ -285,8 +286,9 @@ impl Sql {
                         FROM last, unnest($2::text[], $3::integer[], $4::bigint[], $5::boolean[], $6::text[])
                              WITH ORDINALITY AS e(step, attempt, at, first, value, ord)
                         RETURNING seq)
-                 SELECT (SELECT max(seq) FROM ins), pg_notify($7, $1)",
+                 SELECT (SELECT max(seq) FROM ins), pg_notify($7, 'events')",
             ),
+            delete_events: text("DELETE FROM {s}.events WHERE run_id = $1"),
             events_read: text(
                 "SELECT seq, step, attempt, at, first, value FROM {s}.events
                  WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
@@ -323,6 +325,8 @@ pub(crate) struct Shared {
     opts: PgOptions,
     clock: Arc<DbClock>,
     wake: Arc<Notify>,
+    /// Woken (all waiters) when events were appended to some run.
+    events_wake: Arc<Notify>,
     listener: Mutex<Option<tokio::task::AbortHandle>>,
     listen: (
         tokio_postgres::Config,
@@ -436,6 +440,7 @@ impl PgStore {
                     anchor: Mutex::new((SystemClock.now().unix_millis() as i64, Instant::now())),
                 }),
                 wake: Arc::new(Notify::new()),
+                events_wake: Arc::new(Notify::new()),
                 listener: Mutex::new(None),
                 listen: (parsed.config, tls),
             }),
@@ -576,17 +581,23 @@ impl PgStore {
         }
         let (config, tls) = self.shared.listen.clone();
         let wake = Arc::clone(&self.shared.wake);
+        let events_wake = Arc::clone(&self.shared.events_wake);
         let channel = self.shared.schema.clone();
         let task = tokio::spawn(async move {
             loop {
                 if let Ok((client, mut conn)) = config.connect(tls.clone()).await {
                     let wake2 = Arc::clone(&wake);
+                    let events2 = Arc::clone(&events_wake);
                     let driver = tokio::spawn(async move {
                         let mut messages =
                             futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
                         while let Some(Ok(msg)) = messages.next().await {
-                            if let tokio_postgres::AsyncMessage::Notification(_) = msg {
-                                wake2.notify_one();
+                            if let tokio_postgres::AsyncMessage::Notification(n) = msg {
+                                if n.payload() == EVENTS_PAYLOAD {
+                                    events2.notify_waiters();
+                                } else {
+                                    wake2.notify_one();
+                                }
                             }
                         }
                     });
@@ -596,6 +607,7 @@ impl PgStore {
                         .is_ok()
                     {
                         wake.notify_one();
+                        events_wake.notify_waiters();
                         let _ = driver.await;
                     } else {
                         driver.abort();
@@ -780,6 +792,17 @@ impl PgStore {
             }
         }
         .map_err(|e| map_err(e, &ctx()))?;
+        if row.get::<_, i64>(0) == 0 && version.is_none() {
+            // Events may be there without the run (emitted before its first
+            // save): they go too.
+            let stmt = tx
+                .prepare_cached(&self.shared.sql.delete_events)
+                .await
+                .map_err(|e| map_err(e, &ctx()))?;
+            tx.execute(&stmt, &[&run_id])
+                .await
+                .map_err(|e| map_err(e, &ctx()))?;
+        }
         if row.get::<_, i64>(0) > 0 {
             let stmt = tx
                 .prepare_cached(&self.shared.sql.delete_rows)
@@ -976,7 +999,7 @@ const EVENT_APPEND_TRIES: usize = 64;
 #[async_trait]
 impl Events for PgStore {
     /// One statement, which also tells the watchers that listen on the
-    /// channel `<schema>.events` (at commit) the run's id.
+    /// schema's channel (at commit).
     async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
         steadfast_core::validate_run_id(run_id)
             .map_err(|e| StoreError::InvalidInput(e.to_string()))?;
@@ -1029,6 +1052,13 @@ impl Events for PgStore {
                 }
             }
         }
+    }
+
+    /// Woken by the notification of any append in the schema (LISTEN on a
+    /// connection of its own), or after `timeout`.
+    async fn wait_for_events(&self, _run_id: &str, timeout: Duration) {
+        self.ensure_listener();
+        let _ = tokio::time::timeout(timeout, self.shared.events_wake.notified()).await;
     }
 
     async fn read_events(
@@ -1089,10 +1119,14 @@ impl Events for PgStore {
     }
 }
 
+/// The payload of an append's notification on the schema's channel (the
+/// workers' wake-ups say `work`).
+const EVENTS_PAYLOAD: &str = "events";
+
 impl PgStore {
-    /// The channel appends notify: `<schema>.events`.
+    /// The channel appends notify: the schema's, as for workers.
     fn events_channel(&self) -> String {
-        format!("{}.events", self.shared.schema)
+        self.shared.schema.clone()
     }
 }
 

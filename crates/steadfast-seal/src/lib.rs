@@ -420,6 +420,13 @@ impl Events for RefuseSealed {
         }
         Ok(events)
     }
+
+    async fn wait_for_events(&self, run_id: &str, timeout: std::time::Duration) {
+        // Declared only when the store below keeps events.
+        if let Some(log) = self.inner.capabilities().events {
+            log.wait_for_events(run_id, timeout).await;
+        }
+    }
 }
 
 /// The event log of the store a wrapper wraps (declared: the wrapper
@@ -990,8 +997,11 @@ impl Blobs for SealedStore {
 
 #[async_trait]
 impl Events for SealedStore {
-    /// Checks the plain events, then seals each value for its run, step and
-    /// attempt: the store below sees sealed strings (whose size, larger
+    /// Checks the plain events, then seals each value for its run, step,
+    /// attempt, time and mark of an execution's first event (not its
+    /// number, which the store below gives it: events of one execution can
+    /// be reordered among themselves by someone who can write the store):
+    /// the store below sees sealed strings (whose size, larger
     /// than the plain value's, its own limit applies to).
     async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
         steadfast_core::store::check_events(run_id, events)?;
@@ -1008,7 +1018,7 @@ impl Events for SealedStore {
                     &e.step,
                     u64::from(e.attempt),
                     &plain,
-                    b"",
+                    &event_material(e.at, e.first),
                 )?);
                 Ok(out)
             })
@@ -1035,7 +1045,13 @@ impl Events for SealedStore {
                     .value
                     .as_str()
                     .ok_or_else(|| s.corrupt(&place, "is not a sealed value"))?;
-                let (plain, ctx) = s.open(&place, Purpose::Event, &e.step, text, b"")?;
+                let (plain, ctx) = s.open(
+                    &place,
+                    Purpose::Event,
+                    &e.step,
+                    text,
+                    &event_material(e.at, e.first),
+                )?;
                 if ctx != u64::from(e.attempt) {
                     return Err(s.corrupt(&place, "was sealed for another attempt of its step"));
                 }
@@ -1046,6 +1062,20 @@ impl Events for SealedStore {
             })
             .collect()
     }
+
+    async fn wait_for_events(&self, run_id: &str, timeout: std::time::Duration) {
+        // Declared only when the store below keeps events.
+        if let Some(log) = self.inner.capabilities().events {
+            log.wait_for_events(run_id, timeout).await;
+        }
+    }
+}
+
+/// What an event's seal binds besides its run, step and attempt: its time
+/// and whether it opens an execution (its number is given by the store
+/// below, after it was sealed).
+fn event_material(at: steadfast_core::Timestamp, first: bool) -> Vec<u8> {
+    format!("{}:{}", at.unix_millis(), u8::from(first)).into_bytes()
 }
 
 #[async_trait]

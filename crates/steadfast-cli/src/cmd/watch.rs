@@ -13,7 +13,8 @@ use crate::output::{clean, out};
 /// Arguments of `watch`.
 #[derive(clap::Args, Debug)]
 pub struct WatchArgs {
-    /// The run's id (a run that does not exist yet is waited for).
+    /// The run's id (a run that does not exist yet in the store is waited
+    /// for).
     pub id: String,
     /// Print only the events numbered above SEQ (the last one seen before).
     #[arg(long, value_name = "SEQ", default_value_t = 0)]
@@ -57,7 +58,7 @@ pub async fn run(args: WatchArgs, ctx: &Ctx) -> Result<i32, Failure> {
             WatchItem::Ended {
                 status: RunStatus::Cancelled,
             } => exit::CANCELLED,
-            WatchItem::Ended { .. } => exit::FAILED,
+            WatchItem::Ended { .. } | WatchItem::Gone => exit::FAILED,
             _ => code,
         };
         if args.json {
@@ -100,6 +101,7 @@ fn line(item: &WatchItem) -> String {
         WatchItem::Sleeping { step, until } => format!("sleeping    at {step} until {until}"),
         WatchItem::Completed => "completed".into(),
         WatchItem::Ended { status } => format!("ended       {status}"),
+        WatchItem::Gone => "gone        the run was deleted while it was watched".into(),
         other => format!("{other:?}"),
     }
 }

@@ -71,6 +71,11 @@ impl StepCtx {
         }
     }
 
+    /// The run's id and the step's name, shared.
+    pub(crate) fn names(&self) -> (Arc<str>, Arc<str>) {
+        (Arc::clone(&self.run_id), Arc::clone(&self.step))
+    }
+
     /// The same context with `sink` taking what the step emits.
     pub(crate) fn with_sink(mut self, sink: Arc<Sink>) -> Self {
         self.sink = Some(sink);

@@ -714,19 +714,12 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             // What the step emits goes to the store's event log, if it
             // keeps one.
             let log = runner.store.capabilities().events;
-            let sink = log.map(|_| {
-                Arc::new(Sink::new(
-                    run_id.as_str().into(),
-                    name.into(),
-                    attempt,
-                    Arc::clone(&runner.clock),
-                ))
-            });
+            let ctx = StepCtx::new(&run_id, name, index, attempt);
+            let sink =
+                log.map(|_| Arc::new(Sink::new(ctx.names(), attempt, Arc::clone(&runner.clock))));
             let ctx = match &sink {
-                Some(sink) => {
-                    StepCtx::new(&run_id, name, index, attempt).with_sink(Arc::clone(sink))
-                }
-                None => StepCtx::new(&run_id, name, index, attempt),
+                Some(sink) => ctx.with_sink(Arc::clone(sink)),
+                None => ctx,
             };
             let span = tracing::info_span!(
                 "steadfast.step",
@@ -759,14 +752,10 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             let stepped = async {
                 match (log, sink.as_deref()) {
                     (Some(log), Some(sink)) => pump(log, sink, scoped).await,
-                    _ => (scoped.await, Ok(())),
+                    _ => scoped.await,
                 }
             };
-            let (result, logged) = match self.with_renewals(stepped).instrument(span.clone()).await
-            {
-                Ok((r, logged)) => (Ok(r), logged),
-                Err(e) => (Err(e), Ok(())),
-            };
+            let result = self.with_renewals(stepped).instrument(span.clone()).await;
             span.record("duration_ms", timer.elapsed().as_millis() as u64);
             if result.is_err() {
                 // Cut off: cancelled, or fenced out by another owner.
@@ -777,12 +766,6 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 s.cp.state = Arc::try_unwrap(lent).unwrap_or_else(|kept| (*kept).clone());
             }
             let result = result.map_err(Branch::Engine)?.and_then(&finish);
-            if let (Ok(_), Err(e)) = (&result, logged) {
-                // Its events did not all land: its checkpoint must not
-                // either (a resume runs the step again).
-                span.record("outcome", "unsaved");
-                return Err(Branch::Engine(e));
-            }
             let finished = runner.now();
             let err = match result {
                 Ok((value, update)) => {

@@ -42,12 +42,20 @@ struct Buffer {
     emitted: bool,
     /// Why the log refused a batch: later emits report it.
     failed: Option<String>,
+    /// The step has returned and its events were written: later emits
+    /// (from a thread or task that outlived it) are refused, not lost
+    /// unseen.
+    closed: bool,
 }
 
+/// The most events a step's buffer holds while they wait to be written: an
+/// emit beyond it is refused (the store is slower than the step emits).
+pub const MAX_BUFFERED: usize = 16 * FLUSH_AT * 4;
+
 impl Sink {
+    /// The buffer of attempt `attempt` of step `step` of run `run_id`.
     pub(crate) fn new(
-        run_id: Arc<str>,
-        step: Arc<str>,
+        (run_id, step): (Arc<str>, Arc<str>),
         attempt: u32,
         clock: Arc<dyn Clock>,
     ) -> Self {
@@ -93,19 +101,30 @@ impl Sink {
             });
         }
         let mut b = self.buffer();
+        let refused = |why: String| Error::Store {
+            run_id: self.run_id.to_string(),
+            op: format!("recording events of step {:?}", self.step),
+            source: StoreError::unavailable(why),
+        };
         if let Some(why) = &b.failed {
-            return Err(Error::Store {
-                run_id: self.run_id.to_string(),
-                op: format!("recording events of step {:?}", self.step),
-                source: StoreError::unavailable(why.clone()),
-            });
+            return Err(refused(why.clone()));
+        }
+        if b.closed {
+            return Err(refused(
+                "the step has returned (its events were written with its checkpoint)".into(),
+            ));
+        }
+        if b.events.len() >= MAX_BUFFERED {
+            return Err(refused(format!(
+                "{MAX_BUFFERED} events wait to be written already: the step emits faster than the store writes"
+            )));
         }
         event.first = !b.emitted;
         b.emitted = true;
         b.events.push(event);
         let n = b.events.len();
         drop(b);
-        if n == 1 || n == FLUSH_AT {
+        if n == 1 || n >= FLUSH_AT {
             self.wake.notify_one();
         }
         Ok(())
@@ -136,16 +155,13 @@ impl Sink {
 }
 
 /// Runs `fut`, the step, while writing what it emits into `sink` to `log`
-/// in batches; then writes the rest. A refused batch is the step's
-/// outcome's error when the step itself succeeded: its checkpoint must not
-/// land without its events.
-pub(crate) async fn pump<R>(
-    log: &dyn Events,
-    sink: &Sink,
-    fut: impl Future<Output = R>,
-) -> (R, Result<(), Error>) {
+/// in batches; then writes the rest and closes the sink. A batch the log
+/// refused is reported on the log of traces (`tracing`), and the step's
+/// later emits get the error: events are the step's running commentary, so
+/// a step that succeeded is recorded even when its events were not (running
+/// it again would repeat its side effects).
+pub(crate) async fn pump<R>(log: &dyn Events, sink: &Sink, fut: impl Future<Output = R>) -> R {
     tokio::pin!(fut);
-    let mut failed = Ok(());
     let out = loop {
         tokio::select! {
             biased;
@@ -156,30 +172,35 @@ pub(crate) async fn pump<R>(
         let due = tokio::time::sleep(FLUSH_EVERY);
         tokio::pin!(due);
         let finished = loop {
+            if sink.buffer().events.len() >= FLUSH_AT {
+                break None;
+            }
             tokio::select! {
                 biased;
                 r = &mut fut => break Some(r),
                 _ = &mut due => break None,
-                _ = sink.wake.notified() => {
-                    if sink.buffer().events.len() >= FLUSH_AT {
-                        break None;
-                    }
-                }
+                _ = sink.wake.notified() => {}
             }
         };
         if let Some(r) = finished {
             break r;
         }
-        if let Err(e) = sink.flush(log).await {
-            if failed.is_ok() {
-                failed = Err(e);
-            }
-        }
+        sink.flush_or_note(log).await;
     };
-    if let Err(e) = sink.flush(log).await {
-        if failed.is_ok() {
-            failed = Err(e);
+    sink.flush_or_note(log).await;
+    sink.buffer().closed = true;
+    out
+}
+
+impl Sink {
+    async fn flush_or_note(&self, log: &dyn Events) {
+        if let Err(e) = self.flush(log).await {
+            tracing::warn!(
+                run_id = %self.run_id,
+                step = %self.step,
+                error = %crate::record::error::error_chain(&e),
+                "events emitted by a step were not recorded"
+            );
         }
     }
-    (out, failed)
 }

@@ -34,6 +34,7 @@
 //! ```
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -122,6 +123,9 @@ pub enum WatchItem {
         /// Its status.
         status: RunStatus,
     },
+    /// The run was deleted (or deleted and started again under its id)
+    /// while it was watched.
+    Gone,
 }
 
 impl WatchItem {
@@ -137,6 +141,7 @@ impl WatchItem {
             WatchItem::Sleeping { .. } => "sleeping",
             WatchItem::Completed => "completed",
             WatchItem::Ended { .. } => "ended",
+            WatchItem::Gone => "gone",
         }
     }
 
@@ -148,6 +153,7 @@ impl WatchItem {
                 | WatchItem::Sleeping { .. }
                 | WatchItem::Completed
                 | WatchItem::Ended { .. }
+                | WatchItem::Gone
         )
     }
 }
@@ -164,23 +170,59 @@ struct Seen {
 /// A run watched from its record and its event log (see the
 /// [module](self)).
 pub struct Watch<'s> {
-    store: &'s dyn Store,
+    store: Source<'s>,
     run_id: String,
     after: u64,
     poll: Duration,
     queue: VecDeque<WatchItem>,
     seen: Seen,
-    /// Per step: the attempt of its last execution seen and the number of
-    /// its last event.
-    steps: HashMap<String, (u32, u64)>,
+    /// Per step: the attempt of its last execution seen, and the number
+    /// and time of its last event.
+    steps: HashMap<String, (u32, u64, Timestamp)>,
+    /// When the run watched was created (it is another run if this
+    /// changes).
+    created: Option<Timestamp>,
+    /// The attempt and start of the steps whose records were read (to tell
+    /// whether the events seen of a step are of the execution that
+    /// completed it).
+    records: HashMap<usize, (u32, Timestamp)>,
     ended: bool,
     looked: bool,
+    /// The last look read a full page of events: look again at once.
+    more: bool,
+}
+
+/// The store a watch reads: borrowed, or shared with it.
+enum Source<'s> {
+    Borrowed(&'s dyn Store),
+    Shared(Arc<dyn Store>),
+}
+
+impl Source<'_> {
+    fn get(&self) -> &dyn Store {
+        match self {
+            Source::Borrowed(s) => *s,
+            Source::Shared(s) => &**s,
+        }
+    }
+}
+
+impl Watch<'static> {
+    /// [`Watch::new`] on a store it shares (for a watch that outlives the
+    /// caller's borrow: kept in a task, or in another language's object).
+    pub fn shared(store: Arc<dyn Store>, run_id: &str) -> Self {
+        Self::with_source(Source::Shared(store), run_id)
+    }
 }
 
 impl<'s> Watch<'s> {
     /// A watch of run `run_id` from its first event. A run that does not
     /// exist yet is waited for.
     pub fn new(store: &'s dyn Store, run_id: &str) -> Self {
+        Self::with_source(Source::Borrowed(store), run_id)
+    }
+
+    fn with_source(store: Source<'s>, run_id: &str) -> Self {
         Watch {
             store,
             run_id: run_id.to_string(),
@@ -189,8 +231,11 @@ impl<'s> Watch<'s> {
             queue: VecDeque::new(),
             seen: Seen::default(),
             steps: HashMap::new(),
+            created: None,
+            records: HashMap::new(),
             ended: false,
             looked: false,
+            more: false,
         }
     }
 
@@ -238,8 +283,11 @@ impl<'s> Watch<'s> {
             if self.ended {
                 return Ok(None);
             }
-            if self.looked {
-                tokio::time::sleep(self.poll).await;
+            if self.looked && !self.more {
+                match self.store.get().capabilities().events {
+                    Some(log) => log.wait_for_events(&self.run_id, self.poll).await,
+                    None => tokio::time::sleep(self.poll).await,
+                }
             }
             self.look().await?;
             self.looked = true;
@@ -259,34 +307,72 @@ impl<'s> Watch<'s> {
     /// what the record says.
     async fn look(&mut self) -> Result<(), Error> {
         crate::record::ids::validate_run_id(&self.run_id)?;
-        let log = self.store.capabilities().events.ok_or_else(|| {
-            self.store_err(
-                "watching",
-                StoreError::Unsupported("the store keeps no event log".into()),
-            )
-        })?;
-        let cp = self
-            .store
-            .load(&self.run_id)
-            .await
-            .map_err(|e| self.store_err("watching (its record)", e))?;
-        loop {
+        let (cp, page) = {
+            let store = self.store.get();
+            let log = store.capabilities().events.ok_or_else(|| {
+                self.store_err(
+                    "watching",
+                    StoreError::Unsupported("the store keeps no event log".into()),
+                )
+            })?;
+            let cp = store
+                .load(&self.run_id)
+                .await
+                .map_err(|e| self.store_err("watching (its record)", e))?;
             let page = log
                 .read_events(&self.run_id, self.after, PAGE)
                 .await
                 .map_err(|e| self.store_err("watching (its events)", e))?;
-            let full = page.len() == PAGE;
-            for event in page {
-                self.event(cp.as_ref(), event);
+            // Steps done since the last look whose events were seen (or are
+            // in this page): their records tell whether those events are of
+            // the execution that completed them.
+            let needed = cp.as_ref().is_some_and(|cp| {
+                (self.seen.done..cp.next.min(cp.completed.len())).any(|i| {
+                    let name = &cp.completed[i];
+                    !self.records.contains_key(&i)
+                        && (self.steps.contains_key(name) || page.iter().any(|e| e.step == *name))
+                })
+            });
+            let history = match (needed, store.capabilities().history) {
+                (true, Some(h)) => h
+                    .history(&self.run_id)
+                    .await
+                    .map_err(|e| self.store_err("watching (its history)", e))?,
+                _ => None,
+            };
+            for r in history.into_iter().flatten() {
+                self.records.insert(r.index, (r.attempt, r.started_at));
             }
-            if !full {
-                break;
+            (cp, page)
+        };
+        match (&cp, self.created) {
+            (None, Some(_)) => {
+                self.gone();
+                return Ok(());
             }
+            (Some(cp), Some(created)) if cp.created_at != created => {
+                self.gone();
+                return Ok(());
+            }
+            (Some(cp), None) => self.created = Some(cp.created_at),
+            _ => {}
         }
-        if let Some(cp) = &cp {
+        // A full page: more events wait, read at once; what the record says
+        // comes after the last of them.
+        self.more = page.len() == PAGE;
+        for event in page {
+            self.event(cp.as_ref(), event);
+        }
+        if let (Some(cp), false) = (&cp, self.more) {
             self.record(cp);
         }
         Ok(())
+    }
+
+    /// The run watched is no more.
+    fn gone(&mut self) {
+        self.queue.push_back(WatchItem::Gone);
+        self.ended = true;
     }
 
     fn event(&mut self, cp: Option<&Checkpoint>, event: RunEvent) {
@@ -302,9 +388,9 @@ impl<'s> Watch<'s> {
         let last = self.steps.get(&event.step).copied();
         let new_execution = match last {
             None => true,
-            Some((attempt, _)) => event.first || event.attempt != attempt,
+            Some((attempt, _, _)) => event.first || event.attempt != attempt,
         };
-        if let (true, Some((_, through))) = (new_execution, last) {
+        if let (true, Some((_, through, _))) = (new_execution, last) {
             self.queue.push_back(WatchItem::Superseded {
                 step: event.step.clone(),
                 through,
@@ -317,7 +403,7 @@ impl<'s> Watch<'s> {
             });
         }
         self.steps
-            .insert(event.step.clone(), (event.attempt, event.seq));
+            .insert(event.step.clone(), (event.attempt, event.seq, event.at));
         self.after = event.seq;
         self.queue.push_back(WatchItem::Event { event });
     }
@@ -326,6 +412,21 @@ impl<'s> Watch<'s> {
     fn done_through(&mut self, cp: &Checkpoint, at: usize) {
         while self.seen.done < at.min(cp.completed.len()) {
             let index = self.seen.done;
+            let name = &cp.completed[index];
+            // Events of the step from before the execution that completed
+            // it (a run again after a crash that emitted nothing, or a retry
+            // that did not): superseded.
+            if let (Some(&(attempt, through, last_at)), Some(&(done_attempt, started))) =
+                (self.steps.get(name), self.records.get(&index))
+            {
+                if done_attempt > attempt || last_at < started {
+                    self.queue.push_back(WatchItem::Superseded {
+                        step: name.clone(),
+                        through,
+                    });
+                    self.steps.remove(name);
+                }
+            }
             self.queue.push_back(WatchItem::Done {
                 index,
                 step: cp.completed[index].clone(),
@@ -338,6 +439,7 @@ impl<'s> Watch<'s> {
         if cp.next < self.seen.done {
             // Rewound: report from where it now stands.
             self.seen.done = cp.next;
+            self.records.retain(|i, _| *i < cp.next);
         }
         self.done_through(cp, cp.next);
         if let Some(f) = &cp.error {

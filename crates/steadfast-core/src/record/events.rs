@@ -93,8 +93,9 @@ pub struct RunEvent {
 }
 
 /// Checks events on their way into a store, as every store must before it
-/// appends: at least one and at most [`MAX_EVENTS_PER_APPEND`], each step
-/// name a name, each attempt from 1, each value within
+/// appends: a valid run id, at least one and at most
+/// [`MAX_EVENTS_PER_APPEND`] events, each step name a name, each attempt
+/// from 1 to `i32::MAX`, each value within
 /// [`MAX_VALUE_DEPTH`](crate::MAX_VALUE_DEPTH) with finite numbers and at
 /// most [`MAX_STORED_EVENT_BYTES`] serialized. Returns each value's JSON text, for
 /// stores that keep it as text.
@@ -114,6 +115,8 @@ pub fn check_events(run_id: &str, events: &[NewEvent]) -> Result<Vec<String>, St
             events.len()
         )));
     }
+    crate::record::ids::validate_run_id(run_id)
+        .map_err(|e| StoreError::InvalidInput(format!("{e}; nothing was written")))?;
     let mut texts = Vec::with_capacity(events.len());
     for (i, e) in events.iter().enumerate() {
         crate::record::ids::check_step_name(&e.step).map_err(|reason| {
@@ -121,10 +124,12 @@ pub fn check_events(run_id: &str, events: &[NewEvent]) -> Result<Vec<String>, St
                 "run {run_id:?}: event {i} of the append: its step name: {reason}; nothing was written"
             ))
         })?;
-        if e.attempt == 0 {
+        if e.attempt == 0 || e.attempt > i32::MAX as u32 {
             return Err(StoreError::InvalidInput(format!(
-                "run {run_id:?}: event {i} of the append (step {:?}): attempts count from 1; nothing was written",
-                e.step
+                "run {run_id:?}: event {i} of the append (step {:?}): attempt {} is outside 1 to {}; nothing was written",
+                e.step,
+                e.attempt,
+                i32::MAX
             )));
         }
         crate::record::state::check_entries(std::iter::once(("value", &e.value))).map_err(

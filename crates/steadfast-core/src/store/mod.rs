@@ -414,6 +414,16 @@ pub trait Events: Send + Sync {
         after: u64,
         limit: usize,
     ) -> Result<Vec<RunEvent>, StoreError>;
+
+    /// Waits until events may have been appended to run `run_id` (at most
+    /// `timeout`): a watcher's pause between looks. By default it waits the
+    /// whole `timeout` (polling); a store that can be told of appends (the
+    /// PostgreSQL store listens for them) returns sooner. It MAY return
+    /// early without new events; a wrapper SHOULD forward it.
+    async fn wait_for_events(&self, run_id: &str, timeout: std::time::Duration) {
+        let _ = run_id;
+        tokio::time::sleep(timeout).await;
+    }
 }
 
 /// Large values stored once, by reference ([`blob`]): a capability of a
