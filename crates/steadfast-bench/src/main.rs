@@ -11,6 +11,9 @@
 //! cargo run --release -p steadfast-bench -- --workloads breakdown
 //!                                  # where a W1 checkpoint's time goes on SQLite
 //! STEADFAST_BENCH_PG=postgres://postgres@127.0.0.1:5432/test \
+//!   cargo run --release -p steadfast-bench -- --workloads events --stores sqlite,postgres
+//!                  # events per second with a watcher, emit-to-watch latency
+//! STEADFAST_BENCH_PG=postgres://postgres@127.0.0.1:5432/test \
 //!   cargo run --release -p steadfast-bench -- --workloads ratios --stores postgres
 //!                                                      # the PostgreSQL targets
 //! STEADFAST_BENCH_COSMOS='cosmos://127.0.0.1:18081?keyfile=K&cafile=C' \
@@ -25,6 +28,7 @@
 mod baseline;
 mod breakdown;
 mod cosmos;
+mod events;
 mod large;
 mod ops;
 mod pg;
@@ -61,7 +65,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "W1,W2,W3,W4,W5,W7,physical,raw-sqlite,ratios"
+        default_value = "W1,W2,W3,W4,W5,W7,physical,raw-sqlite,ratios,events"
     )]
     pub workloads: Vec<String>,
     /// Where the stores are written (the disk measured is the one under it).
@@ -160,6 +164,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if args.stores.iter().any(|s| s == "cosmos") {
         rt.block_on(cosmos::measure(&args))?;
+    }
+    if args.wants("events") {
+        for store in &args.stores {
+            match store.as_str() {
+                "memory" | "sqlite" => rt.block_on(events::measure(store, &args))?,
+                "postgres" if pg::server().is_some() => {
+                    rt.block_on(events::measure(store, &args))?
+                }
+                _ => {}
+            }
+        }
     }
     let wants_pg = args.stores.iter().any(|s| s == "postgres");
     if wants_pg && args.wants("ratios") {

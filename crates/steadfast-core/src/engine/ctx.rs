@@ -13,8 +13,17 @@ pub struct StepCtx {
     step: Arc<str>,
     index: usize,
     attempt: u32,
-    sink: Option<Arc<Sink>>,
+    sink: Option<SinkRef>,
 }
+
+/// The step's event buffer, shared. A panic while a value is put in it
+/// leaves it whole (its lock is taken back from poisoning), so a context
+/// stays unwind safe as it was before it carried one.
+#[derive(Clone)]
+struct SinkRef(Arc<Sink>);
+
+impl std::panic::UnwindSafe for SinkRef {}
+impl std::panic::RefUnwindSafe for SinkRef {}
 
 impl std::fmt::Debug for StepCtx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -78,7 +87,7 @@ impl StepCtx {
 
     /// The same context with `sink` taking what the step emits.
     pub(crate) fn with_sink(mut self, sink: Arc<Sink>) -> Self {
-        self.sink = Some(sink);
+        self.sink = Some(SinkRef(sink));
         self
     }
 
@@ -129,7 +138,7 @@ impl StepCtx {
             reason: format!("it is not JSON: {e}"),
         })?;
         match &self.sink {
-            Some(sink) => sink.emit(value),
+            Some(sink) => sink.0.emit(value),
             None => Err(Error::Store {
                 run_id: self.run_id.to_string(),
                 op: format!("emitting an event from step {:?}", self.step),

@@ -37,6 +37,8 @@ pub(crate) struct Sink {
 #[derive(Default)]
 struct Buffer {
     events: Vec<NewEvent>,
+    /// The size of their values' JSON.
+    bytes: u64,
     /// Whether this execution has emitted before (its first event is
     /// marked as the first).
     emitted: bool,
@@ -48,9 +50,10 @@ struct Buffer {
     closed: bool,
 }
 
-/// The most events a step's buffer holds while they wait to be written: an
-/// emit beyond it is refused (the store is slower than the step emits).
-pub const MAX_BUFFERED: usize = 16 * FLUSH_AT * 4;
+/// The most a step's buffer holds while its events wait to be written, in
+/// bytes of their values' JSON: 32 MiB (a step that emits in a loop without
+/// awaiting, or faster than the store writes, is refused beyond it).
+pub const MAX_BUFFERED_BYTES: u64 = 32 << 20;
 
 impl Sink {
     /// The buffer of attempt `attempt` of step `step` of run `run_id`.
@@ -114,11 +117,13 @@ impl Sink {
                 "the step has returned (its events were written with its checkpoint)".into(),
             ));
         }
-        if b.events.len() >= MAX_BUFFERED {
+        if b.bytes + size > MAX_BUFFERED_BYTES {
             return Err(refused(format!(
-                "{MAX_BUFFERED} events wait to be written already: the step emits faster than the store writes"
+                "{} bytes of events wait to be written already (the limit is {MAX_BUFFERED_BYTES}): the step emits faster than the store writes, or without awaiting",
+                b.bytes
             )));
         }
+        b.bytes += size;
         event.first = !b.emitted;
         b.emitted = true;
         b.events.push(event);
@@ -140,7 +145,11 @@ impl Sink {
                     return Ok(());
                 }
                 let n = b.events.len().min(MAX_EVENTS_PER_APPEND);
-                b.events.drain(..n).collect()
+                let batch: Vec<NewEvent> = b.events.drain(..n).collect();
+                if b.events.is_empty() {
+                    b.bytes = 0;
+                }
+                batch
             };
             if let Err(e) = log.append_events(&self.run_id, &batch).await {
                 self.buffer().failed = Some(e.to_string());
