@@ -947,3 +947,102 @@ fn a_corrupt_record_is_an_error_naming_the_run_never_an_empty_list() {
         "the readable run keeps its forms"
     );
 }
+
+/// A run page shows the run's events as they happen, over Server-Sent
+/// Events; when the server goes away and comes back, the browser reconnects
+/// with the last event's number and the list goes on without a gap or a
+/// repeat.
+#[test]
+fn a_run_page_streams_events_and_continues_after_a_reconnect() {
+    let Some((chromium, driver)) = tools() else {
+        return;
+    };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let env = Env::new();
+    let flow = env.flow(
+        "flow.toml",
+        r#"name = "streamer"
+
+[[step]]
+name = "talk"
+run = '''python3 -c 'import os, time
+for i in range(40):
+    os.write(3, (chr(123) + "\"i\": %d" % i + chr(125) + "\n").encode())
+    time.sleep(0.1)
+print("{}")' '''
+
+[[step]]
+name = "check"
+gate = true
+"#,
+    );
+    let mut run = env
+        .cmd(&["run", flow.to_str().unwrap(), "--run-id", "live"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the run");
+    // The page needs the run: it exists once its first step has begun.
+    let start = Instant::now();
+    while env.run(&["show", "live"]).status.code() != Some(0) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the run never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let server = serve(&env, &addr, None);
+    let rt = runtime();
+    rt.block_on(async {
+        let b = browser(&chromium, &driver).await;
+        let c = &b.client;
+        c.goto(&format!("{}/runs/live", server.base)).await.expect("open the run page");
+        wait_text(c, "#events-state", |t| t == "live").await;
+        let count = || async {
+            c.execute("return document.querySelectorAll('#event-list li.event').length;", vec![])
+                .await
+                .expect("count")
+                .as_u64()
+                .unwrap_or(0)
+        };
+        let start = Instant::now();
+        while count().await < 8 {
+            assert!(start.elapsed() < Duration::from_secs(20), "no events arrived");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The server goes away mid-stream and comes back on the same port.
+        drop(server);
+        let before = count().await;
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let _again = serve(&env, &addr, None);
+        wait_text(c, "#events-state", |t| t == "waiting").await;
+        let lines: Vec<String> = c
+            .execute(
+                "return Array.from(document.querySelectorAll('#event-list li.event')).map(function (l) { return l.textContent; });",
+                vec![],
+            )
+            .await
+            .expect("the lines")
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|v| v.as_str().unwrap_or_default().to_string())
+            .collect();
+        let seqs: Vec<u64> = lines
+            .iter()
+            .map(|l| l[1..].split(' ').next().unwrap().parse().expect("#N"))
+            .collect();
+        assert_eq!(seqs, (1..=40).collect::<Vec<u64>>(), "{lines:?}");
+        assert!(
+            before < 40,
+            "the server went away after every event had arrived ({before}): no reconnect was tested"
+        );
+        assert!(lines[39].ends_with(r#"{"i":39}"#), "{}", lines[39]);
+        assert_nothing_ran(c, "the run page with events").await;
+        screenshot(c, "events.png").await;
+        c.clone().close().await.expect("close the browser");
+    });
+    assert_eq!(run.wait().expect("the run ends").code(), Some(4));
+}

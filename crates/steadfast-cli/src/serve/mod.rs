@@ -150,6 +150,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/runs", get(runs_page))
         .route("/runs/{id}", get(run_page))
         .route("/inbox", get(inbox_page))
+        .route("/runs/{id}/events", get(run_events))
         .route("/runs/{id}/approve", post(approve))
         .route("/runs/{id}/reject", post(reject))
         .route("/runs/{id}/cancel", post(cancel))
@@ -489,6 +490,72 @@ async fn run_page(State(app): Shared, Path(id): Path<String>) -> Result<Response
         .into_string(),
     )
     .into_response())
+}
+
+/// How long a browser waits before it reconnects to a stream that broke.
+const EVENTS_RETRY: Duration = Duration::from_millis(500);
+
+/// A run's events and steps as Server-Sent Events, until it ends or stops.
+/// Each emitted event carries its number as its `id`, so a browser that
+/// reconnects (it sends the last one as `Last-Event-ID`) goes on after it;
+/// the other items are named by their kind (`done`, `completed`…), their
+/// data the JSON `steadfast watch --json` prints.
+async fn run_events(
+    State(app): Shared,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, PageError> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    steadfast::validate_run_id(&id).map_err(|e| PageError::engine(format!("run {id:?}"), &e))?;
+    let after = match headers.get("last-event-id").map(|v| v.to_str()) {
+        None => 0,
+        Some(Ok(text)) => text.trim().parse::<u64>().map_err(|_| PageError {
+            status: StatusCode::BAD_REQUEST,
+            title: "Bad Last-Event-ID".into(),
+            detail: format!("{text:?} is not an event number"),
+        })?,
+        Some(Err(_)) => {
+            return Err(PageError {
+                status: StatusCode::BAD_REQUEST,
+                title: "Bad Last-Event-ID".into(),
+                detail: "the header is not text".into(),
+            })
+        }
+    };
+    if app.store.capabilities().events.is_none() {
+        return Err(PageError {
+            status: StatusCode::NOT_FOUND,
+            title: "No events".into(),
+            detail: "this store keeps no event log".into(),
+        });
+    }
+    let watch = steadfast::watch::Watch::shared(Arc::clone(&app.store), &id).after(after);
+    let first = Event::default().retry(EVENTS_RETRY).comment("watching");
+    let items = futures_util::stream::unfold(Some(watch), |state| async move {
+        let mut watch = state?;
+        let event = match watch.next().await {
+            Ok(Some(item)) => {
+                let data = serde_json::to_string(&item).unwrap_or_else(|_| "{}".into());
+                let event = Event::default().event(item.kind()).data(data);
+                match &item {
+                    steadfast::watch::WatchItem::Event { event: e } => event.id(e.seq.to_string()),
+                    _ => event,
+                }
+            }
+            Ok(None) => return None,
+            Err(e) => {
+                // Said once, then the stream ends (the browser tries again).
+                let data = serde_json::json!({ "error": steadfast::error_chain(&e) }).to_string();
+                return Some((Ok(Event::default().event("error").data(data)), None));
+            }
+        };
+        Some((Ok::<_, std::convert::Infallible>(event), Some(watch)))
+    });
+    let stream =
+        futures_util::StreamExt::chain(futures_util::stream::once(async move { Ok(first) }), items);
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }
 
 /// A run waiting at a gate, for the inbox.

@@ -31,6 +31,19 @@ fn query(text: &str) -> String {
 }
 
 fn layout(title: &str, store: &str, here: &str, refresh: bool, body: Markup) -> Markup {
+    layout_with(title, store, here, refresh, body, None)
+}
+
+/// [`layout`], with a run's live events under the page when `events` names
+/// their stream: outside the part that refreshes, so that what arrived stays.
+fn layout_with(
+    title: &str,
+    store: &str,
+    here: &str,
+    refresh: bool,
+    body: Markup,
+    events: Option<&str>,
+) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -49,6 +62,12 @@ fn layout(title: &str, store: &str, here: &str, refresh: bool, body: Markup) -> 
                     span.store { (store) }
                 }
                 main #content { (body) }
+                @if let Some(src) = events {
+                    section #events data-src=(src) {
+                        h2 { "Events " span #events-state.muted { "connecting" } }
+                        ol #event-list {}
+                    }
+                }
             }
         }
     }
@@ -344,7 +363,8 @@ pub(crate) fn run(
     now: Timestamp,
 ) -> Markup {
     let state = Value::Object(cp.state.clone());
-    layout(
+    let events = format!("/runs/{}/events", seg(&cp.run_id));
+    layout_with(
         &cp.run_id,
         store,
         "runs",
@@ -445,6 +465,7 @@ pub(crate) fn run(
             }
             (operations(csrf, cp))
         },
+        Some(&events),
     )
 }
 

@@ -44,3 +44,69 @@ var every = Number(document.body.getAttribute("data-refresh") || "0");
 if (every > 0) {
   window.setInterval(refresh, every * 1000);
 }
+
+// A run's events as they happen (Server-Sent Events). The browser reconnects
+// by itself after a break and says the last event it got (Last-Event-ID), so
+// the list goes on where it stopped; the stream ends with the run's ending
+// or stop, and then the page stops listening.
+(function () {
+  var box = document.getElementById("events");
+  var list = document.getElementById("event-list");
+  var state = document.getElementById("events-state");
+  if (!box || !list || !window.EventSource) { return; }
+  var source = new EventSource(box.getAttribute("data-src"));
+  var shown = {};
+  function add(kind, text, key) {
+    if (key !== undefined) {
+      if (shown[key]) { return; }
+      shown[key] = true;
+    }
+    var li = document.createElement("li");
+    li.className = kind;
+    li.textContent = text;
+    list.appendChild(li);
+  }
+  function data(ev) {
+    try { return JSON.parse(ev.data); } catch (e) { return {}; }
+  }
+  source.addEventListener("open", function () { state.textContent = "live"; });
+  source.addEventListener("error", function () {
+    if (source.readyState !== EventSource.CLOSED) { state.textContent = "reconnecting"; }
+  });
+  source.addEventListener("event", function (ev) {
+    var d = data(ev);
+    // Not deduplicated: the server sends each event once, after a
+    // reconnect too.
+    add("event", "#" + d.seq + " " + d.step + " (attempt " + d.attempt + ") " + JSON.stringify(d.value));
+  });
+  source.addEventListener("started", function (ev) {
+    var d = data(ev);
+    add("started", "started " + d.step + " (attempt " + d.attempt + ")");
+  });
+  source.addEventListener("superseded", function (ev) {
+    var d = data(ev);
+    add("superseded", "superseded: the events of " + d.step + " through #" + d.through + " are of an execution that did not finish", "s" + d.step + d.through);
+  });
+  source.addEventListener("done", function (ev) {
+    var d = data(ev);
+    add("done", "done " + d.step + " (step " + d.index + ")", "d" + d.index);
+  });
+  source.addEventListener("failed", function (ev) {
+    var d = data(ev);
+    add("failed", "failed " + d.step + " (attempt " + d.attempt + "): " + d.error + (d.retrying ? "; it will be tried again" : ""), "f" + d.index + "." + d.attempt);
+  });
+  ["waiting", "sleeping", "completed", "ended", "gone"].forEach(function (kind) {
+    source.addEventListener(kind, function (ev) {
+      var d = data(ev);
+      var text = kind === "waiting" ? "waiting at gate " + d.gate
+        : kind === "sleeping" ? "sleeping at " + d.step + " until " + d.until
+        : kind === "ended" ? "ended " + d.status
+        : kind === "gone" ? "the run was deleted" : "completed";
+      add(kind, text, "end");
+      source.close();
+      state.textContent = kind;
+      // The run's page above shows the ending now, not at its next refresh.
+      refresh();
+    });
+  });
+}());
