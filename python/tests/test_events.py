@@ -1,6 +1,5 @@
 """Events: ``ctx.emit`` from durable functions' steps (sync and async) and
-from listed steps, and ``steadfast.watch`` over them, on every store that
-keeps an event log (the file store keeps none, and says so)."""
+from listed steps, and ``steadfast.watch`` over them, on every store."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ def watch_all(store, run_id, **kw):
     return asyncio.run(collect())
 
 
-def test_durable_steps_emit_and_a_watch_sees_them(store, store_url):
+def test_durable_steps_emit_and_a_watch_sees_them(store):
     @steadfast.durable("talker")
     async def talker(ctx):
         def think():
@@ -35,11 +34,6 @@ def test_durable_steps_emit_and_a_watch_sees_them(store, store_url):
         await ctx.step("act", act)
         return said
 
-    if store_url.startswith("file:"):
-        with pytest.raises(steadfast.StepFailed) as info:
-            talker.run("r", store)
-        assert "keeps no events" in str(info.value.__cause__)
-        return
     assert talker.run("r", store).value == "Hello"
     items = watch_all(store, "r")
     events = [(i["seq"], i["step"], i["attempt"], i["value"]) for i in items if i["kind"] == "event"]
@@ -55,7 +49,7 @@ def test_durable_steps_emit_and_a_watch_sees_them(store, store_url):
     assert [i["seq"] for i in watch_all(store, "r", after=2) if i["kind"] == "event"] == [3]
 
 
-def test_a_listed_step_emits_through_its_context(store, store_url):
+def test_a_listed_step_emits_through_its_context(store):
     wf = steadfast.Workflow("listed")
 
     @wf.step("work")
@@ -63,18 +57,12 @@ def test_a_listed_step_emits_through_its_context(store, store_url):
         ctx.emit({"progress": 0.5})
         return {"done": True}
 
-    if store_url.startswith("file:"):
-        with pytest.raises(steadfast.StepFailed):
-            steadfast.run("r", wf, store)
-        return
     assert steadfast.run("r", wf, store).completed
     items = watch_all(store, "r")
     assert [i["value"] for i in items if i["kind"] == "event"] == [{"progress": 0.5}]
 
 
-def test_emit_outside_a_step_and_bad_values_are_refused(store, store_url):
-    if store_url.startswith("file:"):
-        pytest.skip("the file store keeps no events (shown by the tests above)")
+def test_emit_outside_a_step_and_bad_values_are_refused(store):
     seen = {}
 
     @steadfast.durable("bad")
@@ -98,9 +86,7 @@ def test_emit_outside_a_step_and_bad_values_are_refused(store, store_url):
     assert [i for i in watch_all(store, "r") if i["kind"] == "event"] == []
 
 
-def test_a_watch_attached_before_the_run_follows_it(store, store_url):
-    if store_url.startswith("file:"):
-        pytest.skip("the file store keeps no events")
+def test_a_watch_attached_before_the_run_follows_it(store):
 
     @steadfast.durable("slow")
     async def slow(ctx):

@@ -3,7 +3,8 @@
 //! {run_id: [step record, ...], ...}}`, or, once a value is stored as a blob
 //! (or a value that looks like a reference is escaped), format 3, the same
 //! layout whose values may be references (`{"$blob": "sha256:…", "bytes":
-//! N}`, the blob in the directory beside the file); and its strict decoder.
+//! N}`, the blob in the directory beside the file); format 4 adds `"events":
+//! {run_id: [event, ...]}`, each run's event log; and its strict decoder.
 //! Anything it cannot account for is `Corrupt`, with a location.
 
 use std::collections::BTreeMap;
@@ -13,14 +14,15 @@ use std::path::Path;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use steadfast_core::store::image::RunImage;
-use steadfast_core::{Checkpoint, StepRecord, StoreError};
+use steadfast_core::{Checkpoint, NewEvent, RunEvent, StepRecord, StoreError};
 
-/// The newest version of the file layout this build writes and reads: 3,
-/// whose values may refer to blobs. A file without history is written as
-/// version 1 and one without references or escaped values as version 2,
-/// which older builds read; they refuse version 3, and so never take a
-/// reference for the value it stands for.
-pub const FILE_FORMAT: u32 = 3;
+/// The newest version of the file layout this build writes and reads: 4,
+/// which holds event logs. A file without history is written as version 1,
+/// one without references or escaped values as version 2, one without
+/// events as version 3 (whose values may refer to blobs), which older
+/// builds read; they refuse version 3 and 4, and so never take a reference
+/// for the value it stands for, nor drop a run's events.
+pub const FILE_FORMAT: u32 = 4;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -35,6 +37,13 @@ pub(crate) struct Image {
         deserialize_with = "unique_history"
     )]
     pub(crate) history: BTreeMap<String, Vec<StepRecord>>,
+    /// Each run's event log, in order, for runs that have one.
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "unique_events"
+    )]
+    pub(crate) events: BTreeMap<String, Vec<RunEvent>>,
 }
 
 #[derive(Deserialize)]
@@ -48,6 +57,7 @@ impl Image {
             format: 1,
             runs: BTreeMap::new(),
             history: BTreeMap::new(),
+            events: BTreeMap::new(),
         }
     }
 
@@ -60,7 +70,9 @@ impl Image {
             std::mem::take(&mut self.runs),
             std::mem::take(&mut self.history),
         );
+        data.events = std::mem::take(&mut self.events);
         let out = change(&mut data);
+        self.events = std::mem::take(&mut data.events);
         (self.runs, self.history) = data.into_parts();
         out
     }
@@ -69,8 +81,10 @@ impl Image {
     /// written file is itself valid JSON: a torn file can never decode.
     pub(crate) fn encode(&mut self, path: &Path) -> Result<Vec<u8>, StoreError> {
         let marked = self.with(|data| Ok(data.holds_marks())).unwrap_or(true);
-        self.format = if marked {
+        self.format = if !self.events.is_empty() {
             FILE_FORMAT
+        } else if marked {
+            3
         } else if self.history.is_empty() {
             1
         } else {
@@ -167,8 +181,69 @@ impl Image {
                 last = Some(r.index);
             }
         }
+        if image.format < 4 && !image.events.is_empty() {
+            return Err(corrupt(
+                path.display().to_string(),
+                format!("a file of format {} has no events", image.format),
+            ));
+        }
+        for (key, log) in &image.events {
+            let at = || format!("{} events of run {key:?}", path.display());
+            steadfast_core::validate_run_id(key).map_err(|e| corrupt(at(), e.to_string()))?;
+            for (i, e) in log.iter().enumerate() {
+                if e.seq != i as u64 + 1 {
+                    return Err(corrupt(
+                        at(),
+                        format!(
+                            "event {} is numbered {} (a log is numbered 1, 2, 3…)",
+                            i + 1,
+                            e.seq
+                        ),
+                    ));
+                }
+            }
+            for chunk in log.chunks(steadfast_core::store::MAX_EVENTS_PER_APPEND) {
+                let events: Vec<NewEvent> = chunk
+                    .iter()
+                    .map(|e| {
+                        let mut n = NewEvent::new(e.step.clone(), e.attempt, e.at, e.value.clone());
+                        n.first = e.first;
+                        n
+                    })
+                    .collect();
+                steadfast_core::store::check_events(key, &events)
+                    .map_err(|e| corrupt(at(), e.to_string()))?;
+            }
+        }
         Ok(image)
     }
+}
+
+/// A map of event logs that refuses a run named twice.
+fn unique_events<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, Vec<RunEvent>>, D::Error> {
+    struct Unique;
+    impl<'de> Visitor<'de> for Unique {
+        type Value = BTreeMap<String, Vec<RunEvent>>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a map of run ids to events")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if out.contains_key(&key) {
+                    return Err(de::Error::custom(format_args!(
+                        "the events of run {key:?} appear twice"
+                    )));
+                }
+                let log = map.next_value::<Vec<RunEvent>>()?;
+                out.insert(key, log);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Unique)
 }
 
 /// A map that refuses duplicate keys instead of keeping the last one silently.

@@ -56,7 +56,7 @@ use steadfast_core::store::blob::{Blob, BlobHash, Resolver};
 use steadfast_core::store::image::Write;
 use steadfast_core::store::rows::Place;
 use steadfast_core::store::{check_size, Rewrite, SaveRequest};
-use steadfast_core::{BlobTotals, Blobs, Capabilities, History, Usage};
+use steadfast_core::{BlobTotals, Blobs, Capabilities, Events, History, NewEvent, RunEvent, Usage};
 use steadfast_core::{Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError};
 
 pub use crate::fs::{Fs, LockGuard, OsFs, WriteError};
@@ -672,6 +672,7 @@ impl<F: Fs> Store for FileStore<F> {
             .history(self)
             .max_state_bytes(self.inner.opts.max_state_bytes)
             .blobs(self)
+            .events(self)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -718,8 +719,11 @@ impl<F: Fs> Store for FileStore<F> {
         let writes = run_id.clone();
         self.blocking(Some(&writes), move |inner| {
             inner.update(&run_id, &[], |image| {
+                // Events may be there without the run (emitted before its
+                // first save): they go too.
+                let logged = image.events.contains_key(&run_id);
                 let existed = image.with(|data| Ok(data.delete(&run_id)))?;
-                Ok((existed, existed))
+                Ok((existed || logged, existed))
             })
         })
         .await
@@ -733,6 +737,41 @@ impl<F: Fs> Store for FileStore<F> {
                 let existed = image.with(|data| data.delete_if(&run_id, version))?;
                 Ok((existed, existed))
             })
+        })
+        .await
+    }
+}
+
+/// Each append rewrites the file, as a save does (fsync of the file and its
+/// directory): emitting steps make the file store's slowness twice felt,
+/// which batching (at most one append per 100 ms per step) keeps small.
+#[async_trait]
+impl<F: Fs> Events for FileStore<F> {
+    async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
+        // Checked before the lock, as a save is: a value the parser would
+        // refuse must never reach the file.
+        steadfast_core::store::check_events(run_id, events)?;
+        let (run_id, events) = (run_id.to_string(), events.to_vec());
+        self.blocking(Some(&run_id.clone()), move |inner| {
+            inner.update(&run_id, &[], |image| {
+                image
+                    .with(|data| data.append_events(&run_id, &events))
+                    .map(|last| (true, last))
+            })
+        })
+        .await
+    }
+
+    async fn read_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        let run_id = run_id.to_string();
+        self.blocking(None, move |inner| {
+            let mut image = inner.read_image()?;
+            image.with(|data| Ok(data.read_events(&run_id, after, limit)))
         })
         .await
     }

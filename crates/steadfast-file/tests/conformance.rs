@@ -1,7 +1,8 @@
 //! The store conformance suite on `FileStore`.
 
 use steadfast_conformance::{
-    history_conformance, history_rewrite_conformance, store_conformance, Config, TestStore,
+    events_conformance, history_conformance, history_rewrite_conformance, store_conformance,
+    Config, TestStore,
 };
 use steadfast_file::{FileStore, FileStoreOptions, OsFs};
 
@@ -18,3 +19,4 @@ fn make(cfg: Config) -> TestStore {
 store_conformance!(make);
 history_conformance!(make);
 history_rewrite_conformance!(make);
+events_conformance!(make);

@@ -59,6 +59,7 @@ mod file {
     store_conformance!(make);
     history_conformance!(make);
     history_rewrite_conformance!(make);
+    events_conformance!(make);
 }
 
 /// The sealing wrapper and the one that refuses sealed records keep every
