@@ -299,7 +299,7 @@ impl RunImage {
             .collect()
     }
 
-    /// Appends events to a run's log ([`Events::append_events`]): checked
+    /// Appends events to a run's log ([`Events::append_events`](crate::store::Events::append_events)): checked
     /// first, numbered after the last; returns the last number.
     pub fn append_events(&mut self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
         check_events(run_id, events)?;
@@ -313,7 +313,7 @@ impl RunImage {
     }
 
     /// A run's events numbered above `after`, at most `limit`
-    /// ([`Events::read_events`]).
+    /// ([`Events::read_events`](crate::store::Events::read_events)).
     pub fn read_events(&self, run_id: &str, after: u64, limit: usize) -> Vec<RunEvent> {
         let Some(log) = self.events.get(run_id) else {
             return Vec::new();
