@@ -1016,7 +1016,7 @@ gate = true
         drop(server);
         let before = count().await;
         tokio::time::sleep(Duration::from_millis(800)).await;
-        let _again = serve(&env, &addr, None);
+        let again = serve(&env, &addr, None);
         wait_text(c, "#events-state", |t| t == "waiting").await;
         let lines: Vec<String> = c
             .execute(
@@ -1043,6 +1043,25 @@ gate = true
         assert_nothing_ran(c, "the run page with events").await;
         screenshot(c, "events.png").await;
         c.clone().close().await.expect("close the browser");
+
+        // What the browser sent on reconnecting, by hand: the events after
+        // the number given, the execution not announced again, and the
+        // stream's end.
+        let (status, body) = http(
+            &again.base,
+            "GET",
+            "/runs/live/events",
+            &[("Last-Event-ID", "38")],
+            "",
+        );
+        assert_eq!(status, 200, "{body}");
+        let ids: Vec<&str> = body.lines().filter(|l| l.starts_with("id:")).collect();
+        assert_eq!(ids, ["id: 39", "id: 40"], "{body}");
+        assert!(!body.contains("event: started"), "{body}");
+        assert!(body.contains("event: waiting"), "{body}");
+        // No stream for a run there is not.
+        let (status, body) = http(&again.base, "GET", "/runs/nope/events", &[], "");
+        assert_eq!(status, 404, "{body}");
     });
     assert_eq!(run.wait().expect("the run ends").code(), Some(4));
 }

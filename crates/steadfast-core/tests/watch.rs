@@ -13,7 +13,15 @@ use steadfast_core::{
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 async fn kinds(store: &dyn Store, run_id: &str) -> Result<Vec<String>, steadfast_core::Error> {
-    let mut w = Watch::new(store, run_id);
+    kinds_after(store, run_id, 0).await
+}
+
+async fn kinds_after(
+    store: &dyn Store,
+    run_id: &str,
+    after: u64,
+) -> Result<Vec<String>, steadfast_core::Error> {
+    let mut w = Watch::new(store, run_id).after(after);
     let mut out = Vec::new();
     while let Some(item) = w.next().await? {
         out.push(match &item {
@@ -54,6 +62,58 @@ async fn events_of_an_execution_that_did_not_finish_are_superseded() -> TestResu
     assert_eq!(
         kinds(&store, "r").await?,
         ["started", "event", "done", "completed"]
+    );
+    Ok(())
+}
+
+/// A watch that goes on after an event number (a reconnect) knows the
+/// executions of the events before it: it neither reports a running one as
+/// started again nor misses that a later one superseded it.
+#[tokio::test]
+async fn a_watch_resumed_after_a_number_knows_what_came_before() -> TestResult {
+    let crashed = || {
+        (1..=3)
+            .map(|i| {
+                let mut e = NewEvent::new("s", 1, Timestamp::from_unix_millis(1_000 + i), json!(i));
+                e.first = i == 1;
+                e
+            })
+            .collect::<Vec<_>>()
+    };
+    // The execution that completes the step emits nothing: the crashed
+    // one's events, all seen before the reconnect, are superseded.
+    let store = MemoryStore::new();
+    store.append_events("r", &crashed()).await?;
+    durable("r", &store, "w", |ctx| async move {
+        ctx.step("s", || async { Ok::<_, StepError>(1) }).await
+    })
+    .await?;
+    assert_eq!(
+        kinds_after(&store, "r", 3).await?,
+        ["superseded#3", "done", "completed"]
+    );
+    // Reconnected in the middle of the crashed execution, which the
+    // completing one then supersedes: no second `started` for the first.
+    let store = MemoryStore::new();
+    store.append_events("r", &crashed()).await?;
+    durable("r", &store, "w", |ctx| async move {
+        ctx.step("s", || async {
+            StepCtx::current().unwrap().emit(json!("again"))?;
+            Ok::<_, StepError>(1)
+        })
+        .await
+    })
+    .await?;
+    assert_eq!(
+        kinds_after(&store, "r", 2).await?,
+        [
+            "event",
+            "superseded#3",
+            "started",
+            "event",
+            "done",
+            "completed"
+        ]
     );
     Ok(())
 }

@@ -742,9 +742,17 @@ impl<F: Fs> Store for FileStore<F> {
     }
 }
 
+/// The part of the file's limit the event logs may fill, as a divisor: a
+/// quarter ([`FileStoreOptions::max_file_bytes`] / 4). Beyond it appends are
+/// refused, so that chatty steps never leave the runs' checkpoints without
+/// room.
+pub const EVENTS_SHARE: u64 = 4;
+
 /// Each append rewrites the file, as a save does (fsync of the file and its
 /// directory): emitting steps make the file store's slowness twice felt,
-/// which batching (at most one append per 100 ms per step) keeps small.
+/// which batching (at most one append per 100 ms per step) keeps small. The
+/// event logs together may fill at most a quarter of the file's limit
+/// ([`EVENTS_SHARE`]); delete or prune finished runs to make room.
 #[async_trait]
 impl<F: Fs> Events for FileStore<F> {
     async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
@@ -753,10 +761,22 @@ impl<F: Fs> Events for FileStore<F> {
         steadfast_core::store::check_events(run_id, events)?;
         let (run_id, events) = (run_id.to_string(), events.to_vec());
         self.blocking(Some(&run_id.clone()), move |inner| {
+            let room = inner.opts.max_file_bytes / EVENTS_SHARE;
             inner.update(&run_id, &[], |image| {
-                image
-                    .with(|data| data.append_events(&run_id, &events))
-                    .map(|last| (true, last))
+                let last = image.with(|data| data.append_events(&run_id, &events))?;
+                // (Encoding cannot fail here; the file's encoding would
+                // report it.)
+                let used = serde_json::to_vec(&image.events).map_or(0, |v| v.len() as u64);
+                if used > room {
+                    return Err(StoreError::backend(
+                        steadfast_core::StoreErrorKind::TooLarge,
+                        format!(
+                            "the event logs would take {used} bytes of the store file, over a quarter of its limit ({room} of {} bytes); delete or prune finished runs, or raise FileStoreOptions::max_file_bytes",
+                            inner.opts.max_file_bytes
+                        ),
+                    ));
+                }
+                Ok((true, last))
             })
         })
         .await

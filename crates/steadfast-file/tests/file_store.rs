@@ -141,3 +141,48 @@ async fn a_file_past_its_limit_is_not_read() -> Result<(), Box<dyn std::error::E
     assert_eq!(std::fs::metadata(&path)?.len(), 4096, "left alone");
     Ok(())
 }
+
+/// Event logs fill at most a quarter of the file's limit: appends beyond it
+/// are refused, and checkpoints still have room.
+#[tokio::test]
+async fn events_never_crowd_checkpoints_out_of_the_file() -> TestResult {
+    use steadfast_core::{Events, NewEvent};
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    let limit = 20_000;
+    let store = FileStore::open_with(
+        OsFs,
+        &path,
+        FileStoreOptions::default().max_file_bytes(limit),
+    )?;
+    store.save(SaveRequest::new(&cp("a"), None)).await?;
+    let event = || {
+        NewEvent::new(
+            "s",
+            1,
+            Timestamp::from_unix_millis(1),
+            json!("x".repeat(200)),
+        )
+    };
+    let mut appended = 0;
+    let err = loop {
+        match store.append_events("a", &[event()]).await {
+            Ok(_) => appended += 1,
+            Err(e) => break e,
+        }
+        assert!(appended < 1_000, "appends were never refused");
+    };
+    assert_eq!(err.kind(), StoreErrorKind::TooLarge, "{err}");
+    assert!(err.to_string().contains("event logs"), "{err}");
+    assert!(appended > 0, "not one event fitted");
+    // The events kept are all readable, and the refused one was not kept.
+    assert_eq!(store.read_events("a", 0, 10_000).await?.len(), appended);
+    // A quarter at most is events: runs still fit in the rest.
+    assert!(std::fs::read(&path)?.len() as u64 <= limit / 2);
+    for n in 0..10 {
+        store
+            .save(SaveRequest::new(&cp(&format!("run-{n}")), None))
+            .await?;
+    }
+    Ok(())
+}

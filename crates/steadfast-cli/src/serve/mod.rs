@@ -53,12 +53,18 @@ pub(crate) struct App {
     stuck_after: Duration,
     /// The store's URL without its password, shown in the header.
     url: String,
+    /// One permit per open event stream (at most [`MAX_STREAMS`]).
+    streams: Arc<tokio::sync::Semaphore>,
 }
 
 type Shared = State<Arc<App>>;
 
 /// The most connections served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 256;
+
+/// The most event streams open at once (each holds a connection and polls
+/// the store); more are answered 503 and the browser tries again later.
+const MAX_STREAMS: usize = 64;
 
 /// The server's bounds.
 #[derive(Clone, Copy, Debug)]
@@ -90,6 +96,7 @@ pub async fn serve(
         port: bound.port(),
         stuck_after,
         url: ctx.url.clone(),
+        streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
     });
     crate::output::note(format_args!(
         "serving {} on http://{bound}/{}",
@@ -529,10 +536,21 @@ async fn run_events(
             detail: "this store keeps no event log".into(),
         });
     }
+    // A stream is opened only for a run there is (a watch would wait for
+    // any id), and only so many at once.
+    load(&app, &id).await?;
+    let permit = Arc::clone(&app.streams).try_acquire_owned().map_err(|_| {
+        PageError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Too many event streams",
+            format!("{MAX_STREAMS} event streams are open; try again later"),
+        )
+    })?;
     let watch = steadfast::watch::Watch::shared(Arc::clone(&app.store), &id).after(after);
     let first = Event::default().retry(EVENTS_RETRY).comment("watching");
-    let items = futures_util::stream::unfold(Some(watch), |state| async move {
-        let mut watch = state?;
+    // The permit lives as long as the stream.
+    let items = futures_util::stream::unfold(Some((watch, permit)), |state| async move {
+        let (mut watch, permit) = state?;
         let event = match watch.next().await {
             Ok(Some(item)) => {
                 let data = serde_json::to_string(&item).unwrap_or_else(|_| "{}".into());
@@ -544,12 +562,16 @@ async fn run_events(
             }
             Ok(None) => return None,
             Err(e) => {
-                // Said once, then the stream ends (the browser tries again).
+                // Said once, then the stream ends. Named apart from the
+                // browser's own `error` (a broken connection).
                 let data = serde_json::json!({ "error": steadfast::error_chain(&e) }).to_string();
-                return Some((Ok(Event::default().event("error").data(data)), None));
+                return Some((Ok(Event::default().event("watch-error").data(data)), None));
             }
         };
-        Some((Ok::<_, std::convert::Infallible>(event), Some(watch)))
+        Some((
+            Ok::<_, std::convert::Infallible>(event),
+            Some((watch, permit)),
+        ))
     });
     let stream =
         futures_util::StreamExt::chain(futures_util::stream::once(async move { Ok(first) }), items);
@@ -963,6 +985,7 @@ mod tests {
             port: 7878,
             stuck_after: Duration::from_secs(60),
             url: "memory:".into(),
+            streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
         })
     }
 

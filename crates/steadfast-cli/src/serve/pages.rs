@@ -14,6 +14,10 @@ const REFRESH_SECS: u32 = 3;
 /// unreserved ones percent-encoded, so that `/`, `?`, `#` and quotes in an id
 /// stay in the segment.
 pub(crate) fn seg(text: &str) -> String {
+    // `.` and `..` alone would be taken as "this" and "the parent" folder.
+    if text == "." || text == ".." {
+        return "%2E".repeat(text.len());
+    }
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
@@ -35,14 +39,15 @@ fn layout(title: &str, store: &str, here: &str, refresh: bool, body: Markup) -> 
 }
 
 /// [`layout`], with a run's live events under the page when `events` names
-/// their stream: outside the part that refreshes, so that what arrived stays.
+/// their stream and the run's status as the page shows it: outside the part
+/// that refreshes, so that what arrived stays.
 fn layout_with(
     title: &str,
     store: &str,
     here: &str,
     refresh: bool,
     body: Markup,
-    events: Option<&str>,
+    events: Option<(&str, RunStatus)>,
 ) -> Markup {
     html! {
         (DOCTYPE)
@@ -62,8 +67,8 @@ fn layout_with(
                     span.store { (store) }
                 }
                 main #content { (body) }
-                @if let Some(src) = events {
-                    section #events data-src=(src) {
+                @if let Some((src, status)) = events {
+                    section #events data-src=(src) data-status=(status) {
                         h2 { "Events " span #events-state.muted { "connecting" } }
                         ol #event-list {}
                     }
@@ -465,7 +470,7 @@ pub(crate) fn run(
             }
             (operations(csrf, cp))
         },
-        Some(&events),
+        Some((&events, cp.status)),
     )
 }
 
@@ -550,6 +555,7 @@ mod tests {
             let e = seg(&s);
             prop_assert!(e.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~%".contains(&b)));
             prop_assert_eq!(decode(&e), s.as_bytes());
+            prop_assert!(e != "." && e != "..", "{e:?} is a dot segment");
         }
 
         /// Tag-shaped text in a run's id, workflow, state and error never

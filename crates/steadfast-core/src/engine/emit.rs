@@ -36,8 +36,9 @@ pub(crate) struct Sink {
 
 #[derive(Default)]
 struct Buffer {
-    events: Vec<NewEvent>,
-    /// The size of their values' JSON.
+    /// The events waiting, each with the size of its value's JSON.
+    events: Vec<(NewEvent, u64)>,
+    /// The sum of those sizes.
     bytes: u64,
     /// Whether this execution has emitted before (its first event is
     /// marked as the first).
@@ -126,7 +127,7 @@ impl Sink {
         b.bytes += size;
         event.first = !b.emitted;
         b.emitted = true;
-        b.events.push(event);
+        b.events.push((event, size));
         let n = b.events.len();
         drop(b);
         if n == 1 || n >= FLUSH_AT {
@@ -136,23 +137,35 @@ impl Sink {
     }
 
     /// Writes what waits in the buffer, in batches; the first refusal is
-    /// kept (later emits report it) and returned.
-    async fn flush(&self, log: &dyn Events) -> Result<(), Error> {
+    /// kept (later emits report it) and returned. With `close`, the buffer
+    /// is closed when it is found empty, under the same lock, so that an
+    /// emit racing with the step's end is either written or refused, never
+    /// accepted and dropped.
+    async fn flush(&self, log: &dyn Events, close: bool) -> Result<(), Error> {
         loop {
             let batch: Vec<NewEvent> = {
                 let mut b = self.buffer();
                 if b.failed.is_some() || b.events.is_empty() {
+                    b.closed |= close;
                     return Ok(());
                 }
                 let n = b.events.len().min(MAX_EVENTS_PER_APPEND);
-                let batch: Vec<NewEvent> = b.events.drain(..n).collect();
-                if b.events.is_empty() {
-                    b.bytes = 0;
-                }
+                let mut freed = 0;
+                let batch: Vec<NewEvent> = b
+                    .events
+                    .drain(..n)
+                    .map(|(event, size)| {
+                        freed += size;
+                        event
+                    })
+                    .collect();
+                b.bytes -= freed;
                 batch
             };
             if let Err(e) = log.append_events(&self.run_id, &batch).await {
-                self.buffer().failed = Some(e.to_string());
+                let mut b = self.buffer();
+                b.failed = Some(e.to_string());
+                b.closed |= close;
                 return Err(Error::Store {
                     run_id: self.run_id.to_string(),
                     op: format!("recording events of step {:?}", self.step),
@@ -194,16 +207,15 @@ pub(crate) async fn pump<R>(log: &dyn Events, sink: &Sink, fut: impl Future<Outp
         if let Some(r) = finished {
             break r;
         }
-        sink.flush_or_note(log).await;
+        sink.flush_or_note(log, false).await;
     };
-    sink.flush_or_note(log).await;
-    sink.buffer().closed = true;
+    sink.flush_or_note(log, true).await;
     out
 }
 
 impl Sink {
-    async fn flush_or_note(&self, log: &dyn Events) {
-        if let Err(e) = self.flush(log).await {
+    async fn flush_or_note(&self, log: &dyn Events, close: bool) {
+        if let Err(e) = self.flush(log, close).await {
             tracing::warn!(
                 run_id = %self.run_id,
                 step = %self.step,

@@ -1,5 +1,6 @@
 //! Watching a run as it works: the events its steps emit, and the steps it
-//! completes, fails and stops at, from any process, until it ends or stops.
+//! completes, fails and stops at, from any process, until it ends, stops or
+//! is deleted.
 //!
 //! A [`Watch`] polls the store: the run's record, then its event log after
 //! the last event it reported. Emitted events come from the log, in order,
@@ -188,6 +189,9 @@ pub struct Watch<'s> {
     records: HashMap<usize, (u32, Timestamp)>,
     ended: bool,
     looked: bool,
+    /// The events up to `after` given at the start were read (to know each
+    /// step's execution as a watcher that saw them did).
+    primed: bool,
     /// The last look read a full page of events: look again at once.
     more: bool,
 }
@@ -235,6 +239,7 @@ impl<'s> Watch<'s> {
             records: HashMap::new(),
             ended: false,
             looked: false,
+            primed: false,
             more: false,
         }
     }
@@ -271,7 +276,8 @@ impl<'s> Watch<'s> {
     }
 
     /// The next item, waiting for it as long as the run goes on; `None`
-    /// once the run has ended or stopped (after its last item).
+    /// once the run has ended, stopped or been deleted (after its last item:
+    /// `completed`, `ended`, `waiting`, `sleeping` or `gone`).
     ///
     /// Errors: a run id that is not one, a store without an event log
     /// ([`StoreError::Unsupported`]), a store that fails.
@@ -307,6 +313,10 @@ impl<'s> Watch<'s> {
     /// what the record says.
     async fn look(&mut self) -> Result<(), Error> {
         crate::record::ids::validate_run_id(&self.run_id)?;
+        if !self.primed {
+            self.prime().await?;
+            self.primed = true;
+        }
         let (cp, page) = {
             let store = self.store.get();
             let log = store.capabilities().events.ok_or_else(|| {
@@ -366,6 +376,41 @@ impl<'s> Watch<'s> {
         if let (Some(cp), false) = (&cp, self.more) {
             self.record(cp);
         }
+        Ok(())
+    }
+
+    /// A watch that goes on after event `after` learns, from the events up
+    /// to it, which execution of each step emitted last: so that it neither
+    /// reports a running execution as started again nor misses that a later
+    /// one superseded it.
+    async fn prime(&mut self) -> Result<(), Error> {
+        let mut steps = HashMap::new();
+        let mut from = 0;
+        while from < self.after {
+            let page = {
+                let store = self.store.get();
+                let Some(log) = store.capabilities().events else {
+                    return Ok(());
+                };
+                log.read_events(&self.run_id, from, PAGE)
+                    .await
+                    .map_err(|e| self.store_err("watching (its earlier events)", e))?
+            };
+            let full = page.len() == PAGE;
+            let mut past = false;
+            for e in page {
+                if e.seq > self.after {
+                    past = true;
+                    break;
+                }
+                from = e.seq;
+                steps.insert(e.step, (e.attempt, e.seq, e.at));
+            }
+            if !full || past {
+                break;
+            }
+        }
+        self.steps = steps;
         Ok(())
     }
 

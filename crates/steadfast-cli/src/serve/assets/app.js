@@ -73,6 +73,14 @@ if (every > 0) {
   source.addEventListener("error", function () {
     if (source.readyState !== EventSource.CLOSED) { state.textContent = "reconnecting"; }
   });
+  // The server could not watch the run (the store failed, the run cannot
+  // be read): it says why once and ends the stream.
+  source.addEventListener("watch-error", function (ev) {
+    var d = data(ev);
+    add("failed", "cannot watch: " + d.error);
+    source.close();
+    state.textContent = "stopped";
+  });
   source.addEventListener("event", function (ev) {
     var d = data(ev);
     // Not deduplicated: the server sends each event once, after a
@@ -85,7 +93,7 @@ if (every > 0) {
   });
   source.addEventListener("superseded", function (ev) {
     var d = data(ev);
-    add("superseded", "superseded: the events of " + d.step + " through #" + d.through + " are of an execution that did not finish", "s" + d.step + d.through);
+    add("superseded", "superseded: the events of " + d.step + " through #" + d.through + " are of an execution that did not finish", JSON.stringify(["s", d.step, d.through]));
   });
   source.addEventListener("done", function (ev) {
     var d = data(ev);
@@ -105,8 +113,10 @@ if (every > 0) {
       add(kind, text, "end");
       source.close();
       state.textContent = kind;
-      // The run's page above shows the ending now, not at its next refresh.
-      refresh();
+      // The run's page above shows the ending now, not at its next refresh
+      // (unless it showed it already: a form being filled stays put).
+      var ending = kind === "ended" ? d.status : kind;
+      if (ending !== box.getAttribute("data-status")) { refresh(); }
     });
   });
 }());
