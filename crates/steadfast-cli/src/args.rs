@@ -49,6 +49,8 @@ pub enum Command {
     Watch(cmd::watch::WatchArgs),
     /// Approve the gate a run waits at.
     Approve(cmd::approve::ApproveArgs),
+    /// Send a named message to a run: a wait for it takes it.
+    Signal(cmd::signal::SignalArgs),
     /// Reject the gate a run waits at, ending the run.
     Reject(cmd::reject::RejectArgs),
     /// Delete a run.

@@ -1,5 +1,5 @@
 //! Flow files: TOML with a name and `[[step]]` tables, each a shell command, a
-//! gate or a durable timer. Everything is checked before anything runs; an
+//! gate, a durable timer or a wait for a signal. Everything is checked before anything runs; an
 //! error names the file, the line and what is wrong.
 
 use std::collections::{BTreeMap, HashSet};
@@ -28,6 +28,7 @@ struct StepSpec {
     run: Option<Spanned<String>>,
     gate: Option<Spanned<bool>>,
     sleep: Option<Spanned<String>>,
+    wait: Option<Spanned<String>>,
     timeout: Option<Spanned<String>>,
     retries: Option<Spanned<u32>>,
     backoff: Option<Spanned<String>>,
@@ -134,11 +135,16 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
             spec.run.is_some(),
             spec.gate.is_some(),
             spec.sleep.is_some(),
+            spec.wait.is_some(),
         ];
         match kinds.iter().filter(|k| **k).count() {
-            0 => return Err(step_at("needs one of run, gate or sleep".into())),
+            0 => return Err(step_at("needs one of run, gate, sleep or wait".into())),
             1 => {}
-            _ => return Err(step_at("has more than one of run, gate and sleep".into())),
+            _ => {
+                return Err(step_at(
+                    "has more than one of run, gate, sleep and wait".into(),
+                ))
+            }
         }
         let duration = |field: &Option<Spanned<String>>,
                         key: &str,
@@ -156,7 +162,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
                 }
             }
         };
-        let timeout_range = if spec.gate.is_some() {
+        let timeout_range = if spec.gate.is_some() || spec.wait.is_some() {
             limits::GATE_TIMEOUT
         } else {
             limits::STEP_TIMEOUT
@@ -233,11 +239,24 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
                 Some(t) => Step::gate(step_name.as_str()).gate_timeout(t, on_timeout),
                 None => Step::gate(step_name.as_str()),
             }
+        } else if let Some(wait) = &spec.wait {
+            only_for(spec.on_timeout.is_some(), "on_timeout", "gate")?;
+            if let Err(e) = steadfast::check_step_name(wait.get_ref()) {
+                return Err(at(
+                    wait.span().start,
+                    format!("wait = {:?}: the signal's name: {e}", wait.get_ref()),
+                ));
+            }
+            let step = Step::wait_for(step_name.as_str(), wait.get_ref().as_str());
+            match timeout {
+                Some(t) => step.signal_timeout(t),
+                None => step,
+            }
         } else {
             only_for(
                 spec.timeout.is_some() || spec.on_timeout.is_some(),
                 "timeout and on_timeout",
-                "run and gate",
+                "run, gate and wait",
             )?;
             let d = duration(&spec.sleep, "sleep", limits::SLEEP)?.unwrap_or_default();
             Step::sleep(step_name.as_str(), d)

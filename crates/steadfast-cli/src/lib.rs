@@ -113,6 +113,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Command::Watch(args) => cmd::watch::run(args, &ctx).await,
         Command::Approve(args) => cmd::approve::run(args, &ctx).await,
         Command::Reject(args) => cmd::reject::run(args, &ctx).await,
+        Command::Signal(args) => cmd::signal::run(args, &ctx).await,
         Command::Delete(args) => cmd::delete::run(args, &ctx).await,
         Command::Cancel(args) => cmd::cancel::run(args, &ctx).await,
         Command::Retry(args) => cmd::retry::run(args, &ctx).await,

@@ -336,6 +336,27 @@ pub fn show(
             out!("waiting   at gate {} since {since}{t}", clean(step));
         }
         Some(Wait::Timer { step, until }) => out!("sleeping  at {} until {until}", clean(step)),
+        Some(Wait::Signal {
+            step,
+            signal,
+            since,
+            timeout_at,
+            arrived,
+        }) => {
+            let t = timeout_at
+                .map(|t| format!(", gives up at {t}"))
+                .unwrap_or_default();
+            let arrived = if *arrived {
+                " (it was sent: run it again to take it)"
+            } else {
+                ""
+            };
+            out!(
+                "waiting   at {} for signal {} since {since}{t}{arrived}",
+                clean(step),
+                clean(signal)
+            );
+        }
         Some(_) | None => {}
     }
     if let Some(l) = &cp.lease {

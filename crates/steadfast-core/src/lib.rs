@@ -42,6 +42,7 @@ pub use engine::decide::{approve, default_decider, reject};
 pub use engine::durable::{durable, DurableCtx, StepOptions};
 pub use engine::process::{current_owner, holder_is_running, local_deadline};
 pub use engine::run::run;
+pub use engine::signal::signal;
 pub use engine::typed::{TypedWorkflow, TypedWorkflowBuilder};
 pub use engine::workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
 pub use engine::{lease_holds, Runner, DEFAULT_CANCEL_GRACE};
@@ -62,6 +63,7 @@ pub use record::ids::{
 };
 pub use record::keys::{INPUT_KEY, RESERVED_KEYS, RESULT_KEY, START_KEY};
 pub use record::outcome::{Event, Outcome, Suspension};
+pub use record::signal::{Signal, SIGNALS_KEY, SIGNAL_STEP};
 pub use record::state::{merge, State, Update, MAX_VALUE_DEPTH};
 pub use store::memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
 pub use store::{

@@ -19,6 +19,7 @@ pub mod run;
 pub mod runs;
 pub mod serve;
 pub mod show;
+pub mod signal;
 pub mod start;
 pub mod watch;
 pub mod worker;

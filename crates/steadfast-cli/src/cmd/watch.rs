@@ -51,7 +51,9 @@ pub async fn run(args: WatchArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let mut code = exit::OK;
     while let Some(item) = watch.next().await.map_err(anyhow::Error::new)? {
         code = match &item {
-            WatchItem::Waiting { .. } | WatchItem::Sleeping { .. } => exit::WAITING,
+            WatchItem::Waiting { .. }
+            | WatchItem::WaitingForSignal { .. }
+            | WatchItem::Sleeping { .. } => exit::WAITING,
             WatchItem::Ended {
                 status: RunStatus::Rejected,
             } => exit::REJECTED,
@@ -98,6 +100,13 @@ fn line(item: &WatchItem) -> String {
             if *retrying { "; it will be tried again" } else { "" }
         ),
         WatchItem::Waiting { gate } => format!("waiting     at gate {gate}"),
+        WatchItem::Signal { signal } => format!(
+            "#{:<10} signal {} from {} {}",
+            signal.seq, signal.name, signal.by, signal.data
+        ),
+        WatchItem::WaitingForSignal { step, signal } => {
+            format!("waiting     at {step} for signal {signal}")
+        }
         WatchItem::Sleeping { step, until } => format!("sleeping    at {step} until {until}"),
         WatchItem::Completed => "completed".into(),
         WatchItem::Ended { status } => format!("ended       {status}"),

@@ -557,6 +557,9 @@ async fn run_events(
                 let event = Event::default().event(item.kind()).data(data);
                 match &item {
                     steadfast::watch::WatchItem::Event { event: e } => event.id(e.seq.to_string()),
+                    steadfast::watch::WatchItem::Signal { signal } => {
+                        event.id(signal.seq.to_string())
+                    }
                     _ => event,
                 }
             }

@@ -401,6 +401,14 @@ pub(crate) fn run(
                 Some(Wait::Timer { step, until }) => {
                     div.box { "Sleeping at " (step) " until " (until.to_string()) }
                 }
+                Some(Wait::Signal { step, signal, since, timeout_at, arrived }) => {
+                    div.box {
+                        strong { "Waiting at " (step) " for signal " (signal) } " since " (since.to_string())
+                        @if let Some(t) = timeout_at { " (gives up at " (t.to_string()) ")" }
+                        @if *arrived { "; it was sent, and the run takes it when it runs next" }
+                        p.muted { "Send it with " code { "steadfast signal " (cp.run_id) " " (signal) " --data JSON" } }
+                    }
+                }
                 _ => {}
             }
             @if let Some(f) = &cp.error {

@@ -1125,6 +1125,86 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         Ok((!value.is_null()).then_some(value))
     }
 
+    /// Waits for a signal named `signal` ([`signal`](crate::signal) sends
+    /// one): the oldest one no earlier wait of the run took, or one sent
+    /// later. Without one the run stops ([`Outcome::Waiting`] at this step)
+    /// and holds no process; running it again after the signal was sent (a
+    /// worker does so at once) goes on. Each signal is taken by one wait.
+    /// Returns the signal, or `None` when `timeout` passed first (counted
+    /// from when the run first reached the wait).
+    ///
+    /// The step is named after the signal ([`numbered`](Self::numbered):
+    /// `signal`, then `signal#2` for the second wait of one call); the
+    /// delivery (name, data, who sent it, when, its number) is its recorded
+    /// value, in the state under that name.
+    pub async fn wait_for(
+        &self,
+        signal: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Option<crate::record::signal::Signal>, Error> {
+        self.check_user_name(signal)?;
+        if let Some(t) = timeout {
+            self.check_duration(
+                signal,
+                crate::record::limits::GATE_TIMEOUT.check("signal timeout", t),
+            )?;
+        }
+        let name = self.numbered(signal);
+        let mut s = self.shared.session.lock().await;
+        let s = &mut *s;
+        let value = match self.replay(s, &name)? {
+            Some(value) => value,
+            None => {
+                // Boxed: the wait's future is large, and a function's future
+                // holds one per wait in its body.
+                Box::pin(self.pass_signal(s, &name, signal, timeout)).await?;
+                s.cp.state.get(&name).cloned().unwrap_or(Value::Null)
+            }
+        };
+        if value.is_null() {
+            return Ok(None);
+        }
+        serde_json::from_value(value)
+            .map(Some)
+            .map_err(|e| Error::InvalidInput {
+                what: format!("the recorded delivery of step {name:?}"),
+                reason: format!("it is not a signal: {e}"),
+            })
+    }
+
+    /// One listed wait for a signal.
+    pub(crate) async fn listed_signal(
+        &self,
+        step: &Step,
+        signal: &str,
+        timeout: Option<Duration>,
+    ) -> Result<(), Error> {
+        let mut s = self.shared.session.lock().await;
+        self.pass_signal(&mut s, step.name(), signal, timeout).await
+    }
+
+    /// A wait for a signal at the live end of the record: passes when it
+    /// takes one (or times out), or stops the run with [`Error::Suspended`].
+    async fn pass_signal(
+        &self,
+        s: &mut Session,
+        name: &str,
+        signal: &str,
+        timeout: Option<Duration>,
+    ) -> Result<(), Error> {
+        let total = s.total;
+        match s
+            .wait_signal(self.runner(), name, signal, timeout, total)
+            .await?
+        {
+            Some(outcome) => Err(Error::Suspended(outcome)),
+            None => {
+                s.cursor = s.cp.next;
+                Ok(())
+            }
+        }
+    }
+
     /// A durable timer: the first call records when it wakes and stops the run
     /// ([`Outcome::Sleeping`]) unless the runner waits for timers; a call after
     /// the wake-up time goes on. A crash does not restart the timer.

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod process;
 pub mod run;
 pub mod session;
+pub mod signal;
 pub mod typed;
 pub mod workflow;
 

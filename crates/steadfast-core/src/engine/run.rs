@@ -141,6 +141,9 @@ impl<S: Store + ?Sized> Runner<'_, S> {
                     on_timeout,
                 } => ctx.listed_gate(step, *timeout, *on_timeout).await,
                 StepKind::Sleep(d) => ctx.listed_sleep(step, *d).await,
+                StepKind::Signal { signal, timeout } => {
+                    ctx.listed_signal(step, signal, *timeout).await
+                }
             };
             match done {
                 Ok(()) => {}

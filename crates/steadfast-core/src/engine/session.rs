@@ -378,6 +378,97 @@ impl Session {
         }
     }
 
+    /// A wait for signal `signal` at step `name`: takes the oldest signal of
+    /// that name no earlier wait took (recording the delivery as the step's
+    /// update), records `null` once `timeout` has passed since the wait
+    /// began, or saves the wait and stops the run. After saving the wait it
+    /// looks again: a signal sent meanwhile marks the run due.
+    pub(crate) async fn wait_signal<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+        name: &str,
+        signal: &str,
+        timeout: Option<Duration>,
+        total: usize,
+    ) -> Result<Option<Suspension>, Error> {
+        use crate::record::signal::{taken, SIGNALS_KEY};
+        let now = r.clock.now();
+        let (since, mut timeout_at) = match &self.cp.wait {
+            Some(Wait::Signal {
+                step,
+                since,
+                timeout_at,
+                ..
+            }) if step == name => (Some(*since), *timeout_at),
+            _ => (None, None),
+        };
+        // Never longer than the timeout from now (a clock set back since).
+        if let Some(t) = timeout {
+            let latest = now.saturating_add(t);
+            timeout_at = Some(timeout_at.map_or(latest, |at| at.min(latest)));
+        }
+        let op = |what: &str| format!("{what} for signal {signal:?} at {name}");
+        let log = r.store.capabilities().events.ok_or_else(|| {
+            store_error(
+                &self.cp.run_id,
+                &op("the wait"),
+                StoreError::Unsupported(
+                    "the store keeps no event log, where signals are kept".into(),
+                ),
+            )
+        })?;
+        let found = crate::engine::signal::next_signal(log, &self.cp, signal)
+            .await
+            .map_err(|e| store_error(&self.cp.run_id, &op("reading the signals"), e))?;
+        let delivery = match (found, timeout_at) {
+            (Some(s), _) => {
+                let mut all = taken(&self.cp.state);
+                all.push(s.seq);
+                Some((s.delivery(), Some(all)))
+            }
+            (None, Some(at)) if now >= at && since.is_some() => {
+                Some((serde_json::Value::Null, None))
+            }
+            _ => None,
+        };
+        if let Some((value, all)) = delivery {
+            let mut update = Update::new();
+            update.insert(name.to_string(), value);
+            if let Some(all) = all {
+                update.insert(SIGNALS_KEY.to_string(), serde_json::json!(all));
+            }
+            let record = StepRecord::new(self.cp.next, name, update, 1, since.unwrap_or(now), now);
+            self.complete(r, record, total).await?;
+            return Ok(None);
+        }
+        self.cp.wait = Some(Wait::Signal {
+            step: name.to_string(),
+            signal: signal.to_string(),
+            since: since.unwrap_or(now),
+            timeout_at,
+            arrived: false,
+        });
+        self.cp.status = RunStatus::Waiting;
+        self.cp.lease = None;
+        self.cp.updated_at = now;
+        self.save(r, None)
+            .await
+            .map_err(|e| store_error(&self.cp.run_id, &op("save of the wait"), e))?;
+        // A signal sent between the look and the save found the run not yet
+        // waiting: mark it due, as its sender would have.
+        let late = crate::engine::signal::next_signal(log, &self.cp, signal).await;
+        if let Ok(Some(_)) = late {
+            if let Err(e) =
+                crate::engine::signal::wake(&*r.store, &self.cp.run_id, signal, &*r.clock).await
+            {
+                tracing::warn!(run_id = %self.cp.run_id, error = %e, "a signal that came as the run began to wait did not mark it due; run it again to take it");
+            }
+        }
+        Ok(Some(Suspension::Waiting {
+            gate: name.to_string(),
+        }))
+    }
+
     /// A durable timer: records the wake-up time once, then passes when it has
     /// come, sleeps until it (with `wait_for_timers`), or stops the run.
     pub(crate) async fn sleep<S: Store + ?Sized>(

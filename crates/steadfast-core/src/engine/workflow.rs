@@ -208,6 +208,11 @@ pub(crate) enum StepKind {
     },
     /// Waits until a durable timer fires.
     Sleep(Duration),
+    /// Waits for a signal; after `timeout`, records `null` and goes on.
+    Signal {
+        signal: String,
+        timeout: Option<Duration>,
+    },
 }
 
 impl Step {
@@ -263,6 +268,40 @@ impl Step {
         }
     }
 
+    /// A wait for signal `signal` ([`signal`](crate::signal) sends one): the
+    /// run takes the oldest one no earlier wait took, or stops with
+    /// [`Outcome::Waiting`](crate::Outcome::Waiting) at this step until one
+    /// is sent. The delivery (name, data, who sent it, when, its number) is
+    /// merged into the state under the step's name.
+    ///
+    /// ```
+    /// use steadfast_core::Step;
+    /// let answer = Step::wait_for("answer", "reply");
+    /// assert_eq!(answer.name(), "answer");
+    /// ```
+    pub fn wait_for(name: impl Into<String>, signal: impl Into<String>) -> Self {
+        Step {
+            name: name.into(),
+            kind: StepKind::Signal {
+                signal: signal.into(),
+                timeout: None,
+            },
+            retry: RetryPolicy::none(),
+            timeout: None,
+        }
+    }
+
+    /// For a wait for a signal: give up `after` the run reached it, with
+    /// `null` under the step's name. No effect on other steps. `after` must
+    /// lie in [`limits::GATE_TIMEOUT`](crate::record::limits::GATE_TIMEOUT),
+    /// checked when the workflow is built.
+    pub fn signal_timeout(mut self, after: Duration) -> Self {
+        if let StepKind::Signal { timeout, .. } = &mut self.kind {
+            *timeout = Some(after);
+        }
+        self
+    }
+
     /// For a gate: decide `on_timeout` when no decision came within `after`
     /// of the run reaching it. No effect on other steps. `after` must lie in
     /// [`limits::GATE_TIMEOUT`](crate::record::limits::GATE_TIMEOUT), checked when the
@@ -292,6 +331,14 @@ impl Step {
             } => GATE_TIMEOUT.check("gate timeout", *t).map(drop),
             StepKind::Gate { timeout: None, .. } => Ok(()),
             StepKind::Sleep(d) => SLEEP.check("sleep", *d).map(drop),
+            StepKind::Signal { signal, timeout: t } => {
+                crate::record::ids::check_step_name(signal)
+                    .map_err(|r| format!("the signal it waits for: {r}"))?;
+                match t {
+                    Some(t) => GATE_TIMEOUT.check("signal timeout", *t).map(drop),
+                    None => Ok(()),
+                }
+            }
         }
     }
 

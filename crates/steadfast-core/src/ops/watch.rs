@@ -45,6 +45,7 @@ use crate::record::checkpoint::{Checkpoint, RunStatus, Wait};
 use crate::record::clock::Timestamp;
 use crate::record::error::{Error, StoreError};
 use crate::record::events::RunEvent;
+use crate::record::signal::Signal;
 use crate::store::Store;
 
 /// How often a watcher looks at the store by default: 50 ms.
@@ -110,6 +111,19 @@ pub enum WatchItem {
         /// The gate.
         gate: String,
     },
+    /// A signal was sent to the run (it is kept until a wait takes it).
+    Signal {
+        /// The signal as the log holds it.
+        #[serde(flatten)]
+        signal: Signal,
+    },
+    /// The run stopped at a wait for a signal: it goes on after one is sent.
+    WaitingForSignal {
+        /// The wait's step.
+        step: String,
+        /// The signal's name.
+        signal: String,
+    },
     /// The run stopped at a durable timer.
     Sleeping {
         /// The timer's step.
@@ -139,6 +153,8 @@ impl WatchItem {
             WatchItem::Done { .. } => "done",
             WatchItem::Failed { .. } => "failed",
             WatchItem::Waiting { .. } => "waiting",
+            WatchItem::Signal { .. } => "signal",
+            WatchItem::WaitingForSignal { .. } => "waiting_for_signal",
             WatchItem::Sleeping { .. } => "sleeping",
             WatchItem::Completed => "completed",
             WatchItem::Ended { .. } => "ended",
@@ -151,6 +167,7 @@ impl WatchItem {
         matches!(
             self,
             WatchItem::Waiting { .. }
+                | WatchItem::WaitingForSignal { .. }
                 | WatchItem::Sleeping { .. }
                 | WatchItem::Completed
                 | WatchItem::Ended { .. }
@@ -424,6 +441,11 @@ impl<'s> Watch<'s> {
         if event.seq <= self.after {
             return;
         }
+        if let Some(signal) = Signal::from_event(&event) {
+            self.after = event.seq;
+            self.queue.push_back(WatchItem::Signal { signal });
+            return;
+        }
         // A step done before this event's step began is reported first.
         if let Some(cp) = cp {
             if let Some(at) = cp.completed.iter().position(|s| *s == event.step) {
@@ -504,6 +526,12 @@ impl<'s> Watch<'s> {
             (RunStatus::Completed, _) => Some(WatchItem::Completed),
             (RunStatus::Waiting, Some(Wait::Gate { step, .. })) => {
                 Some(WatchItem::Waiting { gate: step.clone() })
+            }
+            (RunStatus::Waiting, Some(Wait::Signal { step, signal, .. })) => {
+                Some(WatchItem::WaitingForSignal {
+                    step: step.clone(),
+                    signal: signal.clone(),
+                })
             }
             (RunStatus::Sleeping, Some(Wait::Timer { step, until })) => Some(WatchItem::Sleeping {
                 step: step.clone(),

@@ -511,13 +511,29 @@ pub enum Wait {
         /// When it wakes.
         until: Timestamp,
     },
+    /// At a wait for a signal.
+    Signal {
+        /// The wait step's name.
+        step: String,
+        /// The signal's name.
+        signal: String,
+        /// Since when.
+        since: Timestamp,
+        /// When the wait gives up (the step then records `null`), if ever.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_at: Option<Timestamp>,
+        /// A signal of the name was sent since the wait began: the run is
+        /// due (the next run of it takes the signal).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        arrived: bool,
+    },
 }
 
 impl Wait {
     /// The step the run waits at.
     pub fn step(&self) -> &str {
         match self {
-            Wait::Gate { step, .. } | Wait::Timer { step, .. } => step,
+            Wait::Gate { step, .. } | Wait::Timer { step, .. } | Wait::Signal { step, .. } => step,
         }
     }
 }
@@ -732,6 +748,17 @@ impl Checkpoint {
                         .any(|d| d.gate == *step && d.waited_since == Some(*since));
                     if decided {
                         // Due at once, whatever the decider's clock said.
+                        Some(Timestamp::EPOCH)
+                    } else {
+                        *timeout_at
+                    }
+                }
+                Some(Wait::Signal {
+                    arrived,
+                    timeout_at,
+                    ..
+                }) => {
+                    if *arrived {
                         Some(Timestamp::EPOCH)
                     } else {
                         *timeout_at

@@ -10,4 +10,5 @@ pub mod ids;
 pub mod keys;
 pub mod limits;
 pub mod outcome;
+pub mod signal;
 pub mod state;

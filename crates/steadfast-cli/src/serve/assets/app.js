@@ -87,6 +87,10 @@ if (every > 0) {
     // reconnect too.
     add("event", "#" + d.seq + " " + d.step + " (attempt " + d.attempt + ") " + JSON.stringify(d.value));
   });
+  source.addEventListener("signal", function (ev) {
+    var d = data(ev);
+    add("event", "#" + d.seq + " signal " + d.signal + " from " + d.by + " " + JSON.stringify(d.data));
+  });
   source.addEventListener("started", function (ev) {
     var d = data(ev);
     add("started", "started " + d.step + " (attempt " + d.attempt + ")");
@@ -103,10 +107,11 @@ if (every > 0) {
     var d = data(ev);
     add("failed", "failed " + d.step + " (attempt " + d.attempt + "): " + d.error + (d.retrying ? "; it will be tried again" : ""), "f" + d.index + "." + d.attempt);
   });
-  ["waiting", "sleeping", "completed", "ended", "gone"].forEach(function (kind) {
+  ["waiting", "waiting_for_signal", "sleeping", "completed", "ended", "gone"].forEach(function (kind) {
     source.addEventListener(kind, function (ev) {
       var d = data(ev);
       var text = kind === "waiting" ? "waiting at gate " + d.gate
+        : kind === "waiting_for_signal" ? "waiting at " + d.step + " for signal " + d.signal
         : kind === "sleeping" ? "sleeping at " + d.step + " until " + d.until
         : kind === "ended" ? "ended " + d.status
         : kind === "gone" ? "the run was deleted" : "completed";
@@ -115,7 +120,7 @@ if (every > 0) {
       state.textContent = kind;
       // The run's page above shows the ending now, not at its next refresh
       // (unless it showed it already: a form being filled stays put).
-      var ending = kind === "ended" ? d.status : kind;
+      var ending = kind === "ended" ? d.status : kind === "waiting_for_signal" ? "waiting" : kind;
       if (ending !== box.getAttribute("data-status")) { refresh(); }
     });
   });

@@ -1,0 +1,247 @@
+//! Signals: a named message sent to a run is kept until a wait for its name
+//! takes it; each wait takes one, once, whenever it was sent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use steadfast_core::{
+    durable, signal, DurableCtx, Error, History, ManualClock, MemoryStore, Outcome, Runner, Step,
+    Store, SystemClock, Timestamp, Wait, Workflow, SIGNALS_KEY,
+};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Four waits for `go`; the first signal is sent while a step runs (before
+/// the first wait), two while the run waits, one after a run that found
+/// nothing.
+async fn four_waits(
+    ctx: DurableCtx<'static, MemoryStore>,
+    store: MemoryStore,
+) -> Result<Vec<Value>, Error> {
+    ctx.step("a", move || {
+        let store = store.clone();
+        async move {
+            // Boxed: kept off the step's frame, which a debug build makes
+            // large.
+            Box::pin(signal(
+                &store,
+                "r",
+                "go",
+                Some(json!(1)),
+                "during",
+                &SystemClock,
+            ))
+            .await?;
+            Ok::<_, Error>(0)
+        }
+    })
+    .await?;
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let s = ctx.wait_for("go", None).await?.expect("no timeout was set");
+        got.push(json!({"data": s.data, "by": s.by}));
+    }
+    Ok(got)
+}
+
+#[tokio::test]
+async fn each_wait_takes_one_signal_once_whenever_it_was_sent() -> TestResult {
+    let store = MemoryStore::new();
+    let call = || {
+        let s = store.clone();
+        durable("r", &store, "w", move |ctx| four_waits(ctx, s))
+    };
+    // The signal sent during step a is taken by the first wait; the second
+    // finds none and the run stops there.
+    let out = call().await?;
+    assert_eq!(
+        out,
+        Outcome::Waiting {
+            gate: "go#2".into()
+        }
+    );
+    let cp = store.load("r").await?.expect("the run");
+    assert!(
+        matches!(&cp.wait, Some(Wait::Signal { step, arrived: false, .. }) if step == "go#2"),
+        "{:?}",
+        cp.wait
+    );
+    assert_eq!(cp.runnable_at(), None, "nothing was sent for this wait");
+    // Twice while it waits: the run is due at once.
+    signal(&store, "r", "go", Some(json!(2)), "ada", &SystemClock).await?;
+    signal(&store, "r", "go", Some(json!(3)), "bob", &SystemClock).await?;
+    let cp = store.load("r").await?.expect("the run");
+    assert!(
+        matches!(&cp.wait, Some(Wait::Signal { arrived: true, .. })),
+        "{:?}",
+        cp.wait
+    );
+    assert_eq!(cp.runnable_at(), Some(Timestamp::EPOCH));
+    // A signal of another name wakes nothing and is taken by nothing here.
+    signal(&store, "r", "other", None, "eve", &SystemClock).await?;
+    // The next call takes 2 and 3 with the second and third waits, and
+    // stops at the fourth; a call with nothing new stops there again.
+    assert_eq!(
+        call().await?,
+        Outcome::Waiting {
+            gate: "go#4".into()
+        }
+    );
+    assert_eq!(
+        call().await?,
+        Outcome::Waiting {
+            gate: "go#4".into()
+        }
+    );
+    // After: the fourth wait takes it.
+    signal(&store, "r", "go", Some(json!(4)), "cy", &SystemClock).await?;
+    let got = call().await?.completed().expect("completed");
+    assert_eq!(
+        got,
+        [
+            json!({"data": 1, "by": "during"}),
+            json!({"data": 2, "by": "ada"}),
+            json!({"data": 3, "by": "bob"}),
+            json!({"data": 4, "by": "cy"}),
+        ]
+    );
+    // Each delivery is in the history with its sender, and each signal's
+    // number is taken once.
+    let hist = store.history("r").await?.expect("history");
+    let senders: Vec<&str> = hist
+        .iter()
+        .filter(|r| r.name.starts_with("go"))
+        .map(|r| r.update[&r.name]["by"].as_str().unwrap())
+        .collect();
+    assert_eq!(senders, ["during", "ada", "bob", "cy"]);
+    let cp = store.load("r").await?.expect("the run");
+    let taken = cp.state[SIGNALS_KEY].as_array().expect("a list").clone();
+    let mut unique = taken.clone();
+    unique.dedup();
+    assert_eq!((taken.len(), unique.len()), (4, 4), "{taken:?}");
+    // A completed run takes no more signals.
+    let err = signal(&store, "r", "go", None, "late", &SystemClock)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("has ended"), "{err}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_signal_needs_a_run_a_name_and_data_within_bounds() -> TestResult {
+    let store = MemoryStore::new();
+    let err = signal(&store, "nope", "go", None, "ada", &SystemClock)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NoSuchRun { .. }), "{err}");
+    let wf = Workflow::builder("w")
+        .push(Step::wait_for("answer", "reply"))
+        .build()?;
+    assert!(matches!(
+        steadfast_core::run("r", &wf, &store).await?,
+        Outcome::Waiting { .. }
+    ));
+    for (name, by, data) in [
+        ("", "ada", None),
+        ("go", "", None),
+        ("go", "ada", Some(json!("x".repeat(70_000)))),
+    ] {
+        let err = signal(&store, "r", name, data, by, &SystemClock)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+        assert!(err.to_string().contains("nothing was sent"), "{err}");
+    }
+    assert!(
+        steadfast_core::Events::read_events(&store, "r", 0, 10)
+            .await?
+            .is_empty(),
+        "a refused signal was kept"
+    );
+    // A listed wait takes it; the delivery is in the state under the step.
+    signal(
+        &store,
+        "r",
+        "reply",
+        Some(json!({"ok": true})),
+        "ada",
+        &SystemClock,
+    )
+    .await?;
+    let state = steadfast_core::run("r", &wf, &store)
+        .await?
+        .completed()
+        .expect("completed");
+    assert_eq!(state["answer"]["data"], json!({"ok": true}));
+    assert_eq!(state["answer"]["signal"], json!("reply"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_wait_gives_up_after_its_timeout() -> TestResult {
+    let store = MemoryStore::new();
+    let clock = Arc::new(ManualClock::new(Timestamp::from_unix_millis(1_000_000)));
+    let call = || async {
+        Runner::new(&store)
+            .clock(clock.clone())
+            .durable("r", "w", |ctx| async move {
+                let s = ctx.wait_for("go", Some(Duration::from_secs(3600))).await?;
+                Ok::<_, Error>(s.map(|s| s.data))
+            })
+            .await
+    };
+    assert!(matches!(call().await?, Outcome::Waiting { .. }));
+    let cp = store.load("r").await?.expect("the run");
+    assert_eq!(
+        cp.runnable_at(),
+        Some(Timestamp::from_unix_millis(1_000_000 + 3_600_000)),
+        "a worker wakes it when it gives up"
+    );
+    clock.advance(Duration::from_secs(1800));
+    assert!(matches!(call().await?, Outcome::Waiting { .. }));
+    clock.advance(Duration::from_secs(1801));
+    assert_eq!(call().await?, Outcome::Completed(None));
+    Ok(())
+}
+
+/// A signal sent at the moment the run begins to wait is never lost: the
+/// run takes it, or it stands at its wait marked due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_racing_with_the_wait_is_never_lost() -> TestResult {
+    for round in 0..100 {
+        let store = MemoryStore::new();
+        let id = format!("r{round}");
+        let wf = Workflow::builder("w")
+            .step("a", |_, _| async { steadfast_core::update(json!({})) })
+            .push(Step::wait_for("answer", "go"))
+            .build()?;
+        let run = {
+            let (store, wf, id) = (store.clone(), wf.clone(), id.clone());
+            tokio::spawn(async move { steadfast_core::run(&id, &wf, &store).await })
+        };
+        // Send as soon as the run is there.
+        while store.load(&id).await?.is_none() {
+            tokio::task::yield_now().await;
+        }
+        signal(&store, &id, "go", Some(json!(round)), "racer", &SystemClock).await?;
+        match run.await?? {
+            Outcome::Completed(state) => assert_eq!(state["answer"]["data"], json!(round)),
+            Outcome::Waiting { .. } => {
+                let cp = store.load(&id).await?.expect("the run");
+                assert_eq!(
+                    cp.runnable_at(),
+                    Some(Timestamp::EPOCH),
+                    "round {round}: the run waits with its signal sent but is not due"
+                );
+                let state = steadfast_core::run(&id, &wf, &store)
+                    .await?
+                    .completed()
+                    .expect("completed");
+                assert_eq!(state["answer"]["data"], json!(round));
+            }
+            other => panic!("round {round}: {other:?}"),
+        }
+    }
+    Ok(())
+}
