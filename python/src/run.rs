@@ -89,6 +89,7 @@ pub struct StepSpec {
     timeout: Option<f64>,
     on_timeout: Option<String>,
     seconds: Option<f64>,
+    signal: Option<String>,
 }
 
 /// The step context a listed step function gets.
@@ -216,6 +217,20 @@ fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow
                 let what = format!("gate {:?}: timeout", spec.name);
                 if let Some(t) = opt_ranged(&what, spec.timeout, limits::GATE_TIMEOUT)? {
                     step = step.gate_timeout(t, on);
+                }
+                step
+            }
+            "wait" => {
+                let Some(signal) = spec.signal.clone() else {
+                    return Err(InvalidInput::new_err(format!(
+                        "wait {:?} names no signal",
+                        spec.name
+                    )));
+                };
+                let mut step = Step::wait_for(spec.name.clone(), signal);
+                let what = format!("wait {:?}: timeout", spec.name);
+                if let Some(t) = opt_ranged(&what, spec.timeout, limits::GATE_TIMEOUT)? {
+                    step = step.signal_timeout(t);
                 }
                 step
             }
@@ -575,6 +590,23 @@ impl PyDurableCtx {
             ctx.gate_with(&name, t, on)
                 .await
                 .map(|v| v.unwrap_or(Value::Null))
+        })
+    }
+
+    /// Waits for signal `name`: its delivery (signal, data, by, at, seq),
+    /// or None when `timeout` seconds passed first.
+    #[pyo3(signature = (name, timeout=None))]
+    fn wait_for(&self, name: String, timeout: Option<f64>) -> PyResult<Pending> {
+        let t = opt_ranged(
+            &format!("wait for {name:?}: timeout"),
+            timeout,
+            limits::GATE_TIMEOUT,
+        )?;
+        let ctx = self.ctx.clone();
+        self.awaitable(async move {
+            ctx.wait_for(&name, t)
+                .await
+                .map(|s| s.map_or(Value::Null, |s| s.delivery()))
         })
     }
 

@@ -101,6 +101,33 @@ pub fn approve(
     serde_to_py(py, &cp)
 }
 
+/// Sends signal `name` to run `run_id`, as `steadfast signal` does; returns
+/// its number in the run's event log.
+#[pyfunction]
+#[pyo3(signature = (store, run_id, name, data=None, by=None))]
+pub fn signal(
+    py: Python<'_>,
+    store: &PyStore,
+    run_id: &str,
+    name: &str,
+    data: Option<&Bound<'_, PyAny>>,
+    by: Option<&str>,
+) -> PyResult<u64> {
+    let data = match data {
+        Some(d) if !d.is_none() => Some(json_arg(&format!("the data of signal {name:?}"), d)?),
+        _ => None,
+    };
+    let by = by
+        .map(String::from)
+        .unwrap_or_else(steadfast::default_decider);
+    let s = Arc::clone(&store.inner);
+    let (run_id, name) = (run_id.to_string(), name.to_string());
+    block(py, async move {
+        steadfast::signal(&*s, &run_id, &name, data, &by, &SystemClock).await
+    })
+    .map_err(|e| err(&e))
+}
+
 /// Rejects gate `gate` of waiting run `run_id`: the run ends as rejected.
 #[pyfunction]
 #[pyo3(signature = (store, run_id, gate, reason=None, by=None))]

@@ -238,7 +238,8 @@ class Outcome:
     """How a call to :func:`run` ended.
 
     ``status`` is one of ``"completed"``, ``"waiting"`` (at a gate: approve or
-    reject it, then run again), ``"sleeping"`` (at a durable timer: run again
+    reject it, then run again; or at a wait for a signal: send it, then run
+    again; ``gate`` names the step), ``"sleeping"`` (at a durable timer: run again
     after ``until``) and ``"rejected"`` (a gate was rejected; the run is over).
     """
 
@@ -317,7 +318,7 @@ class Workflow:
                 f"invalid workflow {self.name!r}: step name {name!r}: names starting with '__' are reserved"
             )
         spec: Dict[str, Any] = dict.fromkeys(
-            ("func", "retries", "backoff", "max_backoff", "timeout", "on_timeout", "seconds")
+            ("func", "retries", "backoff", "max_backoff", "timeout", "on_timeout", "seconds", "signal")
         )
         spec.update(options, kind=kind, name=name)
         self._steps.append(spec)
@@ -361,6 +362,19 @@ class Workflow:
     def sleep(self, name: str, seconds: float) -> "Workflow":
         """Adds a durable timer: the run stops until ``seconds`` have passed; a crash does not restart it."""
         self._add("sleep", name, seconds=seconds)
+        return self
+
+    def wait(self, name: str, signal: str, *, timeout: Optional[float] = None) -> "Workflow":
+        """Adds a wait for signal ``signal`` (sent with :func:`signal`): the run
+        takes the oldest one no earlier wait took, or stops until one is sent.
+
+        The delivery (``signal``, ``data``, ``by``, ``at``, ``seq``) is merged
+        into the state under the step's name; with ``timeout`` (seconds), None
+        is when none came in time.
+        """
+        if not isinstance(signal, str):
+            raise TypeError(f"wait {name!r}: a signal's name is a str, not {type(signal).__name__}")
+        self._add("wait", name, timeout=timeout, signal=signal)
         return self
 
     @property
@@ -414,6 +428,17 @@ class DurableContext:
     async def gate(self, name: str, *, timeout: Optional[float] = None, on_timeout: str = "reject") -> JSON:
         """Waits at gate ``name``; returns the approval's data (None without data)."""
         return await _wait(self._native.gate(name, timeout, on_timeout))
+
+    async def wait_for(self, name: str, timeout: Optional[float] = None) -> Optional[Dict[str, JSON]]:
+        """Waits for signal ``name`` (sent with :func:`signal`): the oldest one
+        no earlier wait of the run took, or one sent later. Without one the run
+        stops (status ``waiting``) and holds no process; running it again after
+        the signal was sent goes on. Returns the delivery, a dict with
+        ``signal``, ``data``, ``by``, ``at`` and ``seq``; None when ``timeout``
+        seconds passed first. The step is named ``name`` (``name#2`` for a
+        second wait in one call).
+        """
+        return await _wait(self._native.wait_for(name, timeout))
 
     async def sleep(self, name: str, seconds: float) -> None:
         """A durable timer: the run stops and resumes once ``seconds`` have passed."""
@@ -591,6 +616,19 @@ def _sync(coro: Awaitable[Outcome]) -> Outcome:
     raise RuntimeError("steadfast.run was called inside a running event loop; use `await steadfast.run_async(...)`")
 
 
+def signal(store: Store, run_id: str, name: str, data: JSON = None, *, by: Optional[str] = None) -> int:
+    """Sends signal ``name`` carrying ``data`` to run ``run_id`` (as
+    ``steadfast signal``); returns its number in the run's event log.
+
+    It is kept until a wait for ``name`` takes it: at once when the run waits
+    for it now (the run is due: run it again, or a worker does), else at the
+    run's next wait of that name. Each wait takes one signal, once. Raises
+    :class:`NoSuchRun`, :class:`InvalidInput` (an ended run, a bad name or
+    data) or :class:`StoreError`.
+    """
+    return _native.signal(store, run_id, name, data, by)
+
+
 def approve(store: Store, run_id: str, gate: str, data: JSON = None, *, by: Optional[str] = None) -> Dict[str, JSON]:
     """Approves gate ``gate`` of waiting run ``run_id`` (as ``steadfast approve``); returns the saved record.
 
@@ -620,9 +658,10 @@ class Watch:
     """What :func:`watch` returns: an async iterator of a run's items as
     ``steadfast watch --json`` prints them, each a dict with a ``kind``:
     ``"event"`` (``seq``, ``step``, ``attempt``, ``at``, ``value``),
-    ``"started"``, ``"superseded"``, ``"done"``, ``"failed"``, and last
-    ``"waiting"``, ``"sleeping"``, ``"completed"`` or ``"ended"``. The
-    iteration ends when the run ends or stops.
+    ``"started"``, ``"superseded"``, ``"done"``, ``"failed"``, ``"signal"``
+    (``seq``, ``signal``, ``data``, ``by``, ``at``), and last ``"waiting"``,
+    ``"waiting_for_signal"``, ``"sleeping"``, ``"completed"``, ``"ended"`` or
+    ``"gone"``. The iteration ends when the run ends or stops.
     """
 
     def __init__(self, native: Any) -> None:
@@ -689,6 +728,7 @@ __all__ = [
     "Store",
     "Workflow",
     "approve",
+    "signal",
     "durable",
     "history",
     "open_store",

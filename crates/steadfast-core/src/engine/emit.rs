@@ -79,6 +79,13 @@ impl Sink {
 
     /// Checks `value` and puts it in the buffer.
     pub(crate) fn emit(&self, value: serde_json::Value) -> Result<(), Error> {
+        if &*self.step == crate::record::signal::SIGNAL_STEP {
+            // Its events would be read as signals sent to the run.
+            return Err(Error::InvalidInput {
+                what: format!("an event emitted by step {:?} of run {:?}", self.step, self.run_id),
+                reason: "that step name is where the run's signals are recorded; rename the step to emit".into(),
+            });
+        }
         let mut event = NewEvent::new(&*self.step, self.attempt, self.clock.now(), value);
         let texts = check_events(&self.run_id, std::slice::from_ref(&event)).map_err(|e| {
             Error::InvalidInput {

@@ -1,0 +1,180 @@
+//! `steadfast signal` and flow files' `wait` steps: a signal sent before,
+//! during and after a wait, and twice, is taken once per wait; a worker
+//! takes a run up again as soon as what it waits for is sent.
+
+mod support;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{code, stderr, Env, TestResult};
+
+const FLOW: &str = r#"name = "asker"
+
+[[step]]
+name = "work"
+run = "sleep 1; echo '{}'"
+
+[[step]]
+name = "first"
+wait = "go"
+
+[[step]]
+name = "second"
+wait = "go"
+timeout = "1h"
+
+[[step]]
+name = "use"
+run = "echo '{\"used\": true}'"
+"#;
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what} never happened"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn each_wait_takes_one_signal_sent_before_during_or_after_it() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow("flow.toml", FLOW);
+    let flow = flow.to_str().unwrap();
+    let run = env
+        .cmd(&["run", flow, "--run-id", "r"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    // Before the first wait, while `work` runs.
+    wait_for("the run", || code(&env.run(&["show", "r"])) == 0);
+    let sent = env.run(&["signal", "r", "go", "--data", "1", "--by", "ada", "--json"]);
+    assert_eq!(code(&sent), 0, "{}", stderr(&sent));
+    let sent: Value = serde_json::from_slice(&sent.stdout)?;
+    assert_eq!(sent["signal"], "go");
+    // The first wait took it; the second found none and the run stopped.
+    let out = run.wait_with_output()?;
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let show = env.run(&["show", "r"]);
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        text.contains("waiting   at second for signal \"go\"")
+            || text.contains("at second for signal go"),
+        "{text}"
+    );
+    // Twice while it waits, then the run goes on: the second wait takes the
+    // older, the newer stays unread.
+    for (data, by) in [("2", "bob"), ("3", "cy")] {
+        let sent = env.run(&["signal", "r", "go", "--data", data, "--by", by]);
+        assert_eq!(code(&sent), 0, "{}", stderr(&sent));
+    }
+    let again = env.run(&["run", flow, "--run-id", "r"]);
+    assert_eq!(code(&again), 0, "{}", stderr(&again));
+    let state = &env.show("r")["state"];
+    assert_eq!(
+        (&state["first"]["data"], &state["first"]["by"]),
+        (&Value::from(1), &Value::from("ada"))
+    );
+    assert_eq!(
+        (&state["second"]["data"], &state["second"]["by"]),
+        (&Value::from(2), &Value::from("bob"))
+    );
+    assert_eq!(state["used"], true);
+    // The deliveries are in the history, with their senders.
+    let hist = env.run(&["history", "r", "--json"]);
+    assert_eq!(code(&hist), 0, "{}", stderr(&hist));
+    let hist = String::from_utf8_lossy(&hist.stdout).to_string();
+    assert!(
+        hist.contains("\"ada\"") && hist.contains("\"bob\""),
+        "{hist}"
+    );
+    assert!(
+        !hist.contains("\"cy\""),
+        "the third signal was taken: {hist}"
+    );
+    // A watch shows the three signals.
+    let watch = env.run(&["watch", "r", "--json"]);
+    let signals = String::from_utf8_lossy(&watch.stdout)
+        .lines()
+        .filter(|l| l.contains("\"kind\":\"signal\""))
+        .count();
+    assert_eq!(signals, 3);
+    // An ended run, a run there is not, bad data: refused, nothing sent.
+    for (args, says) in [
+        (vec!["signal", "r", "go"], "has ended"),
+        (vec!["signal", "nope", "go"], "no run"),
+        (vec!["signal", "r", "go", "--data", "{bad"], "--data"),
+        (vec!["signal", "r", "", "--data", "1"], "name"),
+    ] {
+        let out = env.run(&args);
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
+    Ok(())
+}
+
+#[test]
+fn a_flow_wait_is_checked_when_the_file_is_read() {
+    let env = Env::new();
+    for (text, says) in [
+        ("[[step]]\nname = \"w\"\nwait = \"\"\n", "signal's name"),
+        (
+            "[[step]]\nname = \"w\"\nwait = \"go\"\ngate = true\n",
+            "more than one",
+        ),
+        (
+            "[[step]]\nname = \"w\"\nwait = \"go\"\non_timeout = \"approve\"\n",
+            "on_timeout",
+        ),
+        (
+            "[[step]]\nname = \"w\"\nwait = \"go\"\ntimeout = \"forever\"\n",
+            "not a duration",
+        ),
+    ] {
+        let flow = env.flow("bad.toml", &format!("name = \"bad\"\n\n{text}"));
+        let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "b"]);
+        assert_eq!(code(&out), 2, "{text}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{text}: {}", stderr(&out));
+    }
+}
+
+/// A worker takes a run that waits for a signal up again as soon as it is
+/// sent; the wait holds no process meanwhile.
+#[test]
+fn a_worker_goes_on_when_the_signal_comes() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow(
+        "flow.toml",
+        "name = \"asker\"\n\n[[step]]\nname = \"answer\"\nwait = \"reply\"\n\n[[step]]\nname = \"after\"\nrun = \"echo '{\\\"after\\\": 1}'\"\n",
+    );
+    let flow = flow.to_str().unwrap();
+    let started = env.run(&["start", flow, "--run-id", "w1"]);
+    assert_eq!(code(&started), 0, "{}", stderr(&started));
+    let mut worker = env
+        .cmd(&["worker", flow, "--poll", "50ms"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    wait_for("the wait", || env.show("w1")["status"] == "waiting");
+    let sent = env.run(&["signal", "w1", "reply", "--data", "{\"ok\": true}"]);
+    assert_eq!(code(&sent), 0, "{}", stderr(&sent));
+    wait_for("the worker's run", || {
+        env.show("w1")["status"] == "completed"
+    });
+    let _ = worker.kill();
+    let _ = worker.wait();
+    let state = &env.show("w1")["state"];
+    assert_eq!(state["answer"]["data"]["ok"], true);
+    assert_eq!(state["after"], 1);
+    Ok(())
+}
