@@ -129,7 +129,7 @@ fn corpus(valid: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
         ("array", b"[]".to_vec()),
         ("empty object", b"{}".to_vec()),
         ("no runs", br#"{"format":1}"#.to_vec()),
-        ("future format", br#"{"format":4,"runs":{}}"#.to_vec()),
+        ("future format", br#"{"format":5,"runs":{}}"#.to_vec()),
         (
             "history in a format-1 file",
             br#"{"format":1,"runs":{},"history":{"r":[]}}"#.to_vec(),

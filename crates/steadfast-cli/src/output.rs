@@ -342,6 +342,7 @@ pub fn show(
             since,
             timeout_at,
             arrived,
+            ..
         }) => {
             let t = timeout_at
                 .map(|t| format!(", gives up at {t}"))

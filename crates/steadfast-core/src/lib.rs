@@ -42,7 +42,7 @@ pub use engine::decide::{approve, default_decider, reject};
 pub use engine::durable::{durable, DurableCtx, StepOptions};
 pub use engine::process::{current_owner, holder_is_running, local_deadline};
 pub use engine::run::run;
-pub use engine::signal::signal;
+pub use engine::signal::{signal, SIGNAL_RECHECK};
 pub use engine::typed::{TypedWorkflow, TypedWorkflowBuilder};
 pub use engine::workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
 pub use engine::{lease_holds, Runner, DEFAULT_CANCEL_GRACE};

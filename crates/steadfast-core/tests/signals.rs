@@ -67,7 +67,13 @@ async fn each_wait_takes_one_signal_once_whenever_it_was_sent() -> TestResult {
         "{:?}",
         cp.wait
     );
-    assert_eq!(cp.runnable_at(), None, "nothing was sent for this wait");
+    // Nothing was sent for this wait: a worker only looks again at its
+    // recheck time.
+    let recheck = cp.runnable_at().expect("a recheck time");
+    assert!(
+        recheck > Timestamp::EPOCH && recheck > cp.updated_at,
+        "{recheck}"
+    );
     // Twice while it waits: the run is due at once.
     signal(&store, "r", "go", Some(json!(2)), "ada", &SystemClock).await?;
     signal(&store, "r", "go", Some(json!(3)), "bob", &SystemClock).await?;
@@ -115,11 +121,20 @@ async fn each_wait_takes_one_signal_once_whenever_it_was_sent() -> TestResult {
         .map(|r| r.update[&r.name]["by"].as_str().unwrap())
         .collect();
     assert_eq!(senders, ["during", "ada", "bob", "cy"]);
+    let ids: std::collections::HashSet<&str> = hist
+        .iter()
+        .filter(|r| r.name.starts_with("go"))
+        .map(|r| r.update[&r.name]["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 4, "a signal was taken twice: {ids:?}");
     let cp = store.load("r").await?.expect("the run");
-    let taken = cp.state[SIGNALS_KEY].as_array().expect("a list").clone();
-    let mut unique = taken.clone();
-    unique.dedup();
-    assert_eq!((taken.len(), unique.len()), (4, 4), "{taken:?}");
+    assert_eq!(
+        cp.state[SIGNALS_KEY]["go"]["seq"],
+        hist.iter()
+            .rfind(|r| r.name.starts_with("go"))
+            .unwrap()
+            .update["go#4"]["seq"]
+    );
     // A completed run takes no more signals.
     let err = signal(&store, "r", "go", None, "late", &SystemClock)
         .await
@@ -195,8 +210,8 @@ async fn a_wait_gives_up_after_its_timeout() -> TestResult {
     let cp = store.load("r").await?.expect("the run");
     assert_eq!(
         cp.runnable_at(),
-        Some(Timestamp::from_unix_millis(1_000_000 + 3_600_000)),
-        "a worker wakes it when it gives up"
+        Some(Timestamp::from_unix_millis(1_000_000).saturating_add(steadfast_core::SIGNAL_RECHECK)),
+        "a worker looks again at the recheck time, before it gives up"
     );
     clock.advance(Duration::from_secs(1800));
     assert!(matches!(call().await?, Outcome::Waiting { .. }));
@@ -243,5 +258,83 @@ async fn a_signal_racing_with_the_wait_is_never_lost() -> TestResult {
             other => panic!("round {round}: {other:?}"),
         }
     }
+    Ok(())
+}
+
+/// A forked run's log starts empty: signals sent to the fork are taken by
+/// its waits, although the state it was forked with names signals of the
+/// original's log.
+#[tokio::test]
+async fn a_forked_run_takes_the_signals_sent_to_it() -> TestResult {
+    let store = MemoryStore::new();
+    let wf = Workflow::builder("w")
+        .push(Step::wait_for("first", "go"))
+        .step("mid", |_, _| async {
+            steadfast_core::update(json!({"mid": 1}))
+        })
+        .push(Step::wait_for("second", "go"))
+        .build()?;
+    signal_after_start(&store, &wf, "orig").await?;
+    signal(&store, "orig", "go", Some(json!("a")), "ada", &SystemClock).await?;
+    assert!(matches!(
+        steadfast_core::run("orig", &wf, &store).await?,
+        Outcome::Waiting { .. }
+    ));
+    steadfast_core::ops::fork(&store, "orig", "mid", "copy", "ops", &SystemClock).await?;
+    assert!(matches!(
+        steadfast_core::run("copy", &wf, &store).await?,
+        Outcome::Waiting { .. }
+    ));
+    signal(&store, "copy", "go", Some(json!("b")), "bob", &SystemClock).await?;
+    let state = steadfast_core::run("copy", &wf, &store)
+        .await?
+        .completed()
+        .expect("completed");
+    assert_eq!(state["first"]["data"], json!("a"));
+    assert_eq!(state["second"]["data"], json!("b"));
+    Ok(())
+}
+
+async fn signal_after_start(store: &MemoryStore, wf: &Workflow, id: &str) -> TestResult {
+    assert!(matches!(
+        steadfast_core::run(id, wf, store).await?,
+        Outcome::Waiting { .. }
+    ));
+    Ok(())
+}
+
+/// The engine's keys are its own: a listed step cannot write them, and a
+/// gate or wait cannot be named after them.
+#[tokio::test]
+async fn a_listed_step_cannot_write_the_signal_record() -> TestResult {
+    let store = MemoryStore::new();
+    let wf = Workflow::builder("w")
+        .step("forger", |_, _| async {
+            steadfast_core::update(json!({ SIGNALS_KEY: {} }))
+        })
+        .build()?;
+    let err = steadfast_core::run("r", &wf, &store).await.unwrap_err();
+    assert!(err.to_string().contains("step 0"), "{err}");
+    for name in [SIGNALS_KEY, "__signal", "__start"] {
+        let err = Workflow::builder("w")
+            .push(Step::wait_for(name, "go"))
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("keeps for itself"), "{err}");
+    }
+    Ok(())
+}
+
+/// A failed run can be retried, so it takes signals.
+#[tokio::test]
+async fn a_failed_run_takes_signals() -> TestResult {
+    let store = MemoryStore::new();
+    let wf = Workflow::builder("w")
+        .step("boom", |_, _| async {
+            Err(steadfast_core::StepError::terminal("no"))
+        })
+        .build()?;
+    assert!(steadfast_core::run("r", &wf, &store).await.is_err());
+    signal(&store, "r", "go", None, "ada", &SystemClock).await?;
     Ok(())
 }

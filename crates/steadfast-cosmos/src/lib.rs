@@ -49,7 +49,7 @@ use steadfast_core::store::rows::{
     no_row_to_fold, rebuild, still_merged, Fields, HistoryRow, Place, RecordRow,
 };
 use steadfast_core::store::{check_head, encode_head, DueRequest, Rewrite, RunCache, SaveRequest};
-use steadfast_core::{Capabilities, History, Schedule};
+use steadfast_core::{Capabilities, Events, History, NewEvent, RunEvent, Schedule, Timestamp};
 use steadfast_core::{
     Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError, StoreErrorKind,
 };
@@ -1103,6 +1103,226 @@ impl CosmosStore {
     }
 }
 
+/// The item that numbers run `key`'s event log: its generation and its last
+/// number.
+fn log_id(key: &str) -> String {
+    format!("l~{key}")
+}
+
+/// Event `seq` of generation `lgen` of run `key`'s log.
+fn event_id(key: &str, lgen: &str, seq: u64) -> String {
+    format!("e~{key}~{lgen}~{seq:012}")
+}
+
+/// The most events one append writes on Cosmos DB: a transactional batch
+/// takes 100 operations, one of which moves the log's number on.
+pub const MAX_EVENTS_PER_BATCH: usize = SWEEP_BATCH - 1;
+
+/// The most bytes of event values one append writes: a transactional
+/// batch's request is at most 2 MB, and each item carries its fields too.
+pub const MAX_EVENT_BATCH_BYTES: u64 = 1_500_000;
+
+impl CosmosStore {
+    /// Run `run_id`'s log item (its generation, last number and ETag), if
+    /// it has one.
+    async fn read_log(
+        &self,
+        key: &str,
+        run_id: &str,
+    ) -> Result<Option<(String, u64, String)>, StoreError> {
+        let id = log_id(key);
+        let Some(item) = self.read_item(key, &id, run_id).await? else {
+            return Ok(None);
+        };
+        let field = |f: &str| item.get(f);
+        match (
+            field("lgen").and_then(Value::as_str),
+            field("last").and_then(Value::as_u64),
+            field("_etag").and_then(Value::as_str),
+        ) {
+            (Some(g), Some(last), Some(etag)) => Ok(Some((g.to_string(), last, etag.to_string()))),
+            _ => Err(self.corrupt(
+                run_id,
+                &id,
+                "the event log's item lacks its generation, last number or ETag",
+            )),
+        }
+    }
+
+    /// Deletes run `key`'s event log: its log item first (the log is then
+    /// empty, and a new one starts at 1 under another generation), then
+    /// its events, as far as it can (what is left is never read).
+    async fn delete_log(&self, key: &str, run_id: &str) -> Result<(), StoreError> {
+        self.delete_item(key, &log_id(key), run_id, None).await?;
+        let items = self
+            .query_partition(
+                key,
+                run_id,
+                "SELECT c.id FROM c WHERE c.pk = @pk AND c.kind = 'event'",
+                json!([{"name": "@pk", "value": key}]),
+            )
+            .await;
+        match items {
+            Ok(items) => {
+                for id in items
+                    .iter()
+                    .filter_map(|i| i.get("id").and_then(Value::as_str))
+                {
+                    if let Err(e) = self.delete_item(key, id, run_id, None).await {
+                        tracing::warn!(run_id, item = %id, error = %e, "the run's events are deleted; an item of them could not be removed");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "the run's events are deleted; their items could not be listed for removal")
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Each append is one transactional batch in the run's partition: the log
+/// item moved on (created, or replaced under its ETag) and one item per
+/// event, so an append is written whole or not at all, and two racing
+/// appends cannot take the same numbers (the loser's batch fails on the
+/// ETag and is tried again). An append takes at most 99 events and 1.5 MB
+/// of values ([`Events::append_bounds`]).
+#[async_trait]
+impl Events for CosmosStore {
+    async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
+        let texts = steadfast_core::store::check_events(run_id, events)?;
+        let bytes: u64 = texts.iter().map(|t| t.len() as u64).sum();
+        if events.len() > MAX_EVENTS_PER_BATCH || bytes > MAX_EVENT_BATCH_BYTES {
+            return Err(StoreError::InvalidInput(format!(
+                "run {run_id:?}: an append to a Cosmos DB store takes at most {MAX_EVENTS_PER_BATCH} events and {MAX_EVENT_BATCH_BYTES} bytes of values, not {} and {bytes}; nothing was written",
+                events.len()
+            )));
+        }
+        let key = encode_run_id(run_id);
+        let pk = format!("[\"{key}\"]");
+        let mut last_error = None;
+        for attempt in 0..64u32 {
+            if attempt > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(fastrand::u64(
+                    1..=(2 + u64::from(attempt.min(6)) * 5),
+                )))
+                .await;
+            }
+            let (lgen, last, log_op) = match self.read_log(&key, run_id).await? {
+                Some((lgen, last, etag)) => {
+                    let body = json!({"id": log_id(&key), "pk": key, "kind": "evlog", "run_id": run_id, "lgen": lgen, "last": last + events.len() as u64});
+                    let op = json!({"operationType": "Replace", "id": log_id(&key), "partitionKey": pk, "ifMatch": etag, "resourceBody": body});
+                    (lgen, last, op)
+                }
+                None => {
+                    let lgen = format!("{:016x}", fastrand::u64(..));
+                    let body = json!({"id": log_id(&key), "pk": key, "kind": "evlog", "run_id": run_id, "lgen": lgen, "last": events.len() as u64});
+                    let op = json!({"operationType": "Create", "partitionKey": pk, "resourceBody": body});
+                    (lgen, 0, op)
+                }
+            };
+            let mut ops = vec![log_op];
+            for (i, e) in events.iter().enumerate() {
+                let seq = last + 1 + i as u64;
+                ops.push(
+                    json!({"operationType": "Create", "partitionKey": pk, "resourceBody": {
+                        "id": event_id(&key, &lgen, seq), "pk": key, "kind": "event", "lgen": lgen,
+                        "seq": seq, "step": e.step, "attempt": e.attempt, "at": e.at.unix_millis(),
+                        "value": e.value, "first": e.first,
+                    }}),
+                );
+            }
+            match self.head_batch(&key, run_id, None, ops).await {
+                Ok(_) => return Ok(last + events.len() as u64),
+                Err(e) if e.kind() == StoreErrorKind::Conflict => last_error = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::unavailable(format!(
+            "appending events to run {run_id:?} in {}: other appends kept taking the numbers first ({})",
+            self.shared.display,
+            last_error.map(|e| e.to_string()).unwrap_or_default()
+        )))
+    }
+
+    async fn read_events(
+        &self,
+        run_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<RunEvent>, StoreError> {
+        let key = encode_run_id(run_id);
+        let Some((lgen, last, _)) = self.read_log(&key, run_id).await? else {
+            return Ok(Vec::new());
+        };
+        let upto = last.min(after.saturating_add(limit as u64));
+        if upto <= after {
+            return Ok(Vec::new());
+        }
+        let items = self
+            .query_partition(
+                &key,
+                run_id,
+                "SELECT * FROM c WHERE c.pk = @pk AND c.kind = 'event' AND c.lgen = @g AND c.seq > @a AND c.seq <= @b",
+                json!([{"name": "@pk", "value": key}, {"name": "@g", "value": lgen}, {"name": "@a", "value": after}, {"name": "@b", "value": upto}]),
+            )
+            .await?;
+        let mut out = Vec::with_capacity(items.len());
+        for item in &items {
+            let id = item.get("id").and_then(Value::as_str).unwrap_or("an event");
+            let bad = |what: &str| {
+                self.corrupt(
+                    run_id,
+                    id,
+                    format!("the event's {what} is missing or not valid"),
+                )
+            };
+            let seq = item
+                .get("seq")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| bad("seq"))?;
+            let step = item
+                .get("step")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("step"))?;
+            let attempt = item
+                .get("attempt")
+                .and_then(Value::as_u64)
+                .and_then(|a| u32::try_from(a).ok())
+                .ok_or_else(|| bad("attempt"))?;
+            let at = item
+                .get("at")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| bad("time"))?;
+            let value = item.get("value").cloned().ok_or_else(|| bad("value"))?;
+            let first = item.get("first").and_then(Value::as_bool).unwrap_or(false);
+            let mut e = NewEvent::new(step, attempt, Timestamp::from_unix_millis(at), value);
+            e.first = first;
+            // What the store would refuse to append is refused on the way
+            // out too: a changed item is corrupt, not passed on.
+            steadfast_core::store::check_events(run_id, std::slice::from_ref(&e))
+                .map_err(|err| self.corrupt(run_id, id, err))?;
+            out.push(e.numbered(seq));
+        }
+        out.sort_by_key(|e| e.seq);
+        // Numbers without a gap from `after`: a reader that lags stops at
+        // the first one it has not got yet.
+        let mut expect = after + 1;
+        out.retain(|e| {
+            let keep = e.seq == expect;
+            if keep {
+                expect += 1;
+            }
+            keep
+        });
+        Ok(out)
+    }
+
+    fn append_bounds(&self) -> (usize, u64) {
+        (MAX_EVENTS_PER_BATCH, MAX_EVENT_BATCH_BYTES)
+    }
+}
+
 /// The status code a batch answered for operation `i` (0 if none).
 fn op_status(results: &[Value], i: usize) -> u64 {
     results
@@ -1149,6 +1369,11 @@ impl CosmosStore {
         let mut gen = None;
         for _ in 0..5 {
             let Some(head) = self.read_item(&key, &hid, run_id).await? else {
+                if expected.is_none() {
+                    // A log left by a step that wrote after its run was
+                    // deleted goes too.
+                    self.delete_log(&key, run_id).await?;
+                }
                 return Ok(false);
             };
             let etag = head
@@ -1173,6 +1398,10 @@ impl CosmosStore {
                 self.shared.display
             )));
         };
+        // Its event log: the log item first, so the log reads empty.
+        if let Err(e) = self.delete_log(&key, run_id).await {
+            tracing::warn!(run_id, error = %e, "the run is deleted; its event log could not be removed");
+        }
         // Then this generation's other items. What is left of them after a
         // failure here is never read (a run created again gets a new
         // generation), so the delete stands and the failure is only logged.
@@ -1209,6 +1438,7 @@ impl Store for CosmosStore {
         Capabilities::none()
             .history(self)
             .schedule(self)
+            .events(self)
             .max_state_bytes(self.shared.opts.max_state_bytes)
             .blobs(self)
     }

@@ -4,7 +4,8 @@
 mod support;
 
 use steadfast_conformance::{
-    history_conformance, history_rewrite_conformance, store_conformance, Config, TestStore,
+    events_conformance, history_conformance, history_rewrite_conformance, store_conformance,
+    Config, TestStore,
 };
 use steadfast_cosmos::CosmosOptions;
 
@@ -30,6 +31,7 @@ async fn make(cfg: Config) -> TestStore {
 store_conformance!(make);
 history_conformance!(make);
 history_rewrite_conformance!(make);
+events_conformance!(make);
 
 /// The same suite through the encryption seal: sealing changes nothing the
 /// store promises.
@@ -61,4 +63,5 @@ mod sealed {
     store_conformance!(make);
     history_conformance!(make);
     history_rewrite_conformance!(make);
+    events_conformance!(make);
 }

@@ -427,6 +427,13 @@ impl Events for RefuseSealed {
             log.wait_for_events(run_id, timeout).await;
         }
     }
+
+    fn append_bounds(&self) -> (usize, u64) {
+        self.inner.capabilities().events.map_or(
+            (steadfast_core::store::MAX_EVENTS_PER_APPEND, u64::MAX),
+            |l| l.append_bounds(),
+        )
+    }
 }
 
 /// The event log of the store a wrapper wraps (declared: the wrapper
@@ -1068,6 +1075,19 @@ impl Events for SealedStore {
         if let Some(log) = self.inner.capabilities().events {
             log.wait_for_events(run_id, timeout).await;
         }
+    }
+
+    /// The store below's, in plain bytes: a sealed value is its plain
+    /// JSON's base64 (a third more) and an envelope.
+    fn append_bounds(&self) -> (usize, u64) {
+        let (n, bytes) = self.inner.capabilities().events.map_or(
+            (steadfast_core::store::MAX_EVENTS_PER_APPEND, u64::MAX),
+            |l| l.append_bounds(),
+        );
+        if bytes == u64::MAX {
+            return (n, bytes);
+        }
+        (n, (bytes / 4 * 3).saturating_sub(n as u64 * 256))
     }
 }
 

@@ -67,13 +67,32 @@ pub async fn run(args: RunArgs, ctx: &Ctx) -> Result<i32, Failure> {
             Ok(exit::OK)
         }
         Outcome::Waiting { gate } => {
-            output::note(format_args!(
-                "run {run_id:?} waits at gate {gate:?}: steadfast approve {} {}  (or reject)",
-                output::shell_quote(run_id),
-                output::shell_quote(&gate)
-            ));
+            // A wait for a signal stops the run as a gate does; say which.
+            let signal = match ctx.store.load(run_id).await {
+                Ok(Some(cp)) => match cp.wait {
+                    Some(steadfast::Wait::Signal { signal, .. }) => Some(signal),
+                    _ => None,
+                },
+                _ => None,
+            };
+            match &signal {
+                Some(signal) => output::note(format_args!(
+                    "run {run_id:?} waits at {gate:?} for signal {signal:?}: steadfast signal {} {} --data JSON",
+                    output::shell_quote(run_id),
+                    output::shell_quote(signal)
+                )),
+                None => output::note(format_args!(
+                    "run {run_id:?} waits at gate {gate:?}: steadfast approve {} {}  (or reject)",
+                    output::shell_quote(run_id),
+                    output::shell_quote(&gate)
+                )),
+            }
             if json {
-                output::out!("{}", json!({"status": "waiting", "gate": gate}));
+                let mut out = json!({"status": "waiting", "gate": gate});
+                if let Some(signal) = signal {
+                    out["signal"] = json!(signal);
+                }
+                output::out!("{}", out);
             }
             Ok(exit::WAITING)
         }

@@ -609,7 +609,14 @@ async fn inbox(app: &App) -> Result<Inbox, PageError> {
     let total = all.len();
     let mut out = Vec::new();
     let mut unreadable = Vec::new();
-    for r in all.into_iter().take(INBOX) {
+    // Runs waiting for a signal are waiting too, but not at a gate: they are
+    // passed over (loaded, as a run's summary does not say what it waits
+    // at), so that they never hide the gates behind them.
+    let mut signals = 0;
+    for r in all.into_iter() {
+        if out.len() + unreadable.len() >= INBOX {
+            break;
+        }
         // One run that cannot be read (sealed without keys, corrupt) is
         // named on the page; the others are still shown.
         let cp = match app.store.load(&r.run_id).await {
@@ -620,15 +627,18 @@ async fn inbox(app: &App) -> Result<Inbox, PageError> {
                 continue;
             }
         };
-        if let Some(steadfast::Wait::Gate { step, since, .. }) = &cp.wait {
-            let (gate, since) = (step.clone(), *since);
-            out.push(Waiting { cp, gate, since });
+        match &cp.wait {
+            Some(steadfast::Wait::Gate { step, since, .. }) => {
+                let (gate, since) = (step.clone(), *since);
+                out.push(Waiting { cp, gate, since });
+            }
+            _ => signals += 1,
         }
     }
     out.sort_by(|a, b| (a.since, &a.cp.run_id).cmp(&(b.since, &b.cp.run_id)));
     Ok(Inbox {
         items: out,
-        total,
+        total: total.saturating_sub(signals),
         unreadable,
     })
 }

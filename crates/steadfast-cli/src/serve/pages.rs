@@ -401,7 +401,7 @@ pub(crate) fn run(
                 Some(Wait::Timer { step, until }) => {
                     div.box { "Sleeping at " (step) " until " (until.to_string()) }
                 }
-                Some(Wait::Signal { step, signal, since, timeout_at, arrived }) => {
+                Some(Wait::Signal { step, signal, since, timeout_at, arrived, .. }) => {
                     div.box {
                         strong { "Waiting at " (step) " for signal " (signal) } " since " (since.to_string())
                         @if let Some(t) = timeout_at { " (gives up at " (t.to_string()) ")" }

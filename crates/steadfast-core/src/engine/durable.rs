@@ -410,9 +410,20 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         self.attempts(
             how,
             |ctx, state| step.call_untimed(ctx, state.unwrap_or_default()),
-            |update: Update| match crate::record::state::check_update(&update) {
-                Ok(()) => Ok(((), update)),
-                Err(p) => Err(StepError::invalid_value(p.path, p.reason)),
+            |update: Update| {
+                if let Some(k) = crate::record::keys::RESERVED_KEYS
+                    .iter()
+                    .find(|k| update.contains_key(**k))
+                {
+                    return Err(StepError::invalid_value(
+                        format!("$.{k}"),
+                        "the key is the engine's own; rename it".to_string(),
+                    ));
+                }
+                match crate::record::state::check_update(&update) {
+                    Ok(()) => Ok(((), update)),
+                    Err(p) => Err(StepError::invalid_value(p.path, p.reason)),
+                }
             },
         )
         .await

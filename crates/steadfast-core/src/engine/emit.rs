@@ -156,7 +156,17 @@ impl Sink {
                     b.closed |= close;
                     return Ok(());
                 }
-                let n = b.events.len().min(MAX_EVENTS_PER_APPEND);
+                // As many as the log takes in one append (one at least).
+                let (most, budget) = log.append_bounds();
+                let mut n = 0;
+                let mut bytes = 0u64;
+                for (_, size) in b.events.iter().take(most.clamp(1, MAX_EVENTS_PER_APPEND)) {
+                    if n > 0 && bytes.saturating_add(*size) > budget {
+                        break;
+                    }
+                    bytes = bytes.saturating_add(*size);
+                    n += 1;
+                }
                 let mut freed = 0;
                 let batch: Vec<NewEvent> = b
                     .events

@@ -391,7 +391,7 @@ impl Session {
         timeout: Option<Duration>,
         total: usize,
     ) -> Result<Option<Suspension>, Error> {
-        use crate::record::signal::{taken, SIGNALS_KEY};
+        use crate::record::signal::{taking, SIGNALS_KEY};
         let now = r.clock.now();
         let (since, mut timeout_at) = match &self.cp.wait {
             Some(Wait::Signal {
@@ -421,11 +421,7 @@ impl Session {
             .await
             .map_err(|e| store_error(&self.cp.run_id, &op("reading the signals"), e))?;
         let delivery = match (found, timeout_at) {
-            (Some(s), _) => {
-                let mut all = taken(&self.cp.state);
-                all.push(s.seq);
-                Some((s.delivery(), Some(all)))
-            }
+            (Some(s), _) => Some((s.delivery(), Some(taking(&self.cp.state, &s)))),
             (None, Some(at)) if now >= at && since.is_some() => {
                 Some((serde_json::Value::Null, None))
             }
@@ -435,7 +431,7 @@ impl Session {
             let mut update = Update::new();
             update.insert(name.to_string(), value);
             if let Some(all) = all {
-                update.insert(SIGNALS_KEY.to_string(), serde_json::json!(all));
+                update.insert(SIGNALS_KEY.to_string(), all);
             }
             let record = StepRecord::new(self.cp.next, name, update, 1, since.unwrap_or(now), now);
             self.complete(r, record, total).await?;
@@ -447,6 +443,7 @@ impl Session {
             since: since.unwrap_or(now),
             timeout_at,
             arrived: false,
+            recheck_at: Some(now.saturating_add(crate::engine::signal::SIGNAL_RECHECK)),
         });
         self.cp.status = RunStatus::Waiting;
         self.cp.lease = None;
@@ -456,8 +453,14 @@ impl Session {
             .map_err(|e| store_error(&self.cp.run_id, &op("save of the wait"), e))?;
         // A signal sent between the look and the save found the run not yet
         // waiting: mark it due, as its sender would have.
-        let late = crate::engine::signal::next_signal(log, &self.cp, signal).await;
-        if let Ok(Some(_)) = late {
+        let late = match crate::engine::signal::next_signal(log, &self.cp, signal).await {
+            Ok(found) => found.is_some(),
+            Err(e) => {
+                tracing::warn!(run_id = %self.cp.run_id, error = %e, "after saving a wait, the signals could not be read again; a worker looks again at the wait's recheck time");
+                false
+            }
+        };
+        if late {
             if let Err(e) =
                 crate::engine::signal::wake(&*r.store, &self.cp.run_id, signal, &*r.clock).await
             {

@@ -13,7 +13,7 @@ use crate::record::checkpoint::{Checkpoint, RunStatus, Wait};
 use crate::record::clock::Clock;
 use crate::record::error::{Error, StoreError, StoreErrorKind};
 use crate::record::events::MAX_EVENT_BYTES;
-use crate::record::signal::{taken, Signal};
+use crate::record::signal::{last_taken, Signal};
 use crate::store::{Events, SaveRequest, Store};
 
 /// How many events a wait reads from the log at a time, looking for its
@@ -26,7 +26,14 @@ const PAGE: usize = 1000;
 /// signal is taken by one wait; two sent before a wait are taken by it and
 /// the next. Returns the signal's number in the log.
 ///
-/// Errors: a run that does not exist ([`Error::NoSuchRun`]) or has ended,
+/// A signal is recorded before the run is marked due: a sender that dies
+/// between the two leaves the run to find it at its next look (a waiting
+/// run looks again every [`SIGNAL_RECHECK`]). A failure to mark it is only
+/// logged, and the call returns the signal's number: sending again would
+/// send a second signal.
+///
+/// Errors: a run that does not exist ([`Error::NoSuchRun`]), is completed,
+/// rejected or cancelled (a failed run may be retried, and takes signals),
 /// a name or sender that is not a name (1 to 200 bytes, no control
 /// characters), data deeper than [`MAX_VALUE_DEPTH`](crate::MAX_VALUE_DEPTH),
 /// with a number that is not finite or over 64 KiB as JSON (all
@@ -73,8 +80,14 @@ pub async fn signal<S: Store + ?Sized>(
     crate::record::ids::check_step_name(by)
         .map_err(|r| refuse(format!("the name of who sends it: {r}")))?;
     let data = data.unwrap_or(Value::Null);
-    crate::record::state::check_entries(std::iter::once(("data", &data)))
+    // Checked at the depth it is stored at, inside the event's value.
+    let nested = serde_json::json!({ "data": data });
+    crate::record::state::check_entries(std::iter::once(("signal", &nested)))
         .map_err(|p| refuse(format!("the data at `{}`: {}", p.path, p.reason)))?;
+    let data = match nested {
+        Value::Object(mut m) => m.remove("data").unwrap_or(Value::Null),
+        _ => Value::Null,
+    };
     let size = serde_json::to_string(&data).map_or(0, |t| t.len() as u64);
     if size > MAX_EVENT_BYTES {
         return Err(refuse(format!(
@@ -106,21 +119,33 @@ pub async fn signal<S: Store + ?Sized>(
         .append_events(run_id, &[Signal::event(name, data, by, clock.now())])
         .await
         .map_err(|e| store_err("recording", e))?;
-    wake(store, run_id, name, clock)
-        .await
-        .map_err(|e| store_err("marking the waiting run due after sending", e))?;
+    if let Err(e) = wake(store, run_id, name, clock).await {
+        tracing::warn!(
+            run_id,
+            signal = name,
+            seq,
+            error = %e,
+            "the signal is recorded, but the run waiting for it was not marked due; it takes it at its next look"
+        );
+    }
     Ok(seq)
 }
+
+/// How long a run waiting for a signal stands before a worker looks again
+/// for one (in case a sender died between recording a signal and marking
+/// the run due): 10 minutes.
+pub const SIGNAL_RECHECK: std::time::Duration = std::time::Duration::from_secs(600);
 
 fn ended(cp: &Checkpoint) -> bool {
     matches!(
         cp.status,
-        RunStatus::Completed | RunStatus::Failed | RunStatus::Rejected | RunStatus::Cancelled
+        RunStatus::Completed | RunStatus::Rejected | RunStatus::Cancelled
     )
 }
 
-/// Marks run `run_id` due when it waits for signal `name` (compare-and-swap;
-/// a run that moved on needs nothing).
+/// Marks run `run_id` due when it waits for signal `name` and no process
+/// holds it (compare-and-swap; a run that moved on needs nothing, and a
+/// holder looks at the log itself: writing its record would fence it out).
 pub(crate) async fn wake<S: Store + ?Sized>(
     store: &S,
     run_id: &str,
@@ -131,12 +156,13 @@ pub(crate) async fn wake<S: Store + ?Sized>(
         let Some(mut cp) = store.load(run_id).await? else {
             return Ok(());
         };
-        match (&mut cp.status, &mut cp.wait) {
+        match (&mut cp.status, &mut cp.wait, &cp.lease) {
             (
                 RunStatus::Waiting,
                 Some(Wait::Signal {
                     signal, arrived, ..
                 }),
+                None,
             ) if signal == name && !*arrived => *arrived = true,
             _ => return Ok(()),
         }
@@ -148,29 +174,62 @@ pub(crate) async fn wake<S: Store + ?Sized>(
             Err(e) => return Err(e),
         }
     }
-    // Others kept writing the run: it is not standing at its wait, or
-    // someone else marked it.
-    Ok(())
+    Err(StoreError::unavailable(format!(
+        "run {run_id:?} kept changing while it was marked due for signal {name:?}"
+    )))
 }
 
-/// The oldest signal named `name` in the log of `cp`'s run that no wait of
-/// the run took.
+/// The oldest signal named `name` in the log of `cp`'s run after the last
+/// one of that name its waits took (found by its id: where it was, or
+/// anywhere in the log; a log that no longer holds it, as a copied or
+/// forked run's new log, starts the search over).
 pub(crate) async fn next_signal(
     log: &dyn Events,
     cp: &Checkpoint,
     name: &str,
 ) -> Result<Option<Signal>, StoreError> {
-    let taken = taken(&cp.state);
-    let mut after = 0;
+    let run_id = &cp.run_id;
+    let last = last_taken(&cp.state, name);
+    let start = match &last {
+        None => 0,
+        Some((id, seq)) => {
+            let there = log
+                .read_events(run_id, seq.saturating_sub(1), 1)
+                .await?
+                .first()
+                .and_then(Signal::from_event)
+                .is_some_and(|s| s.id == *id);
+            if there {
+                *seq
+            } else {
+                find(log, run_id, 0, |s| s.id == *id)
+                    .await?
+                    .map_or(0, |s| s.seq)
+            }
+        }
+    };
+    let last_id = last.map(|(id, _)| id);
+    find(log, run_id, start, |s| {
+        s.name == name && Some(&s.id) != last_id.as_ref()
+    })
+    .await
+}
+
+/// The first signal after event `after` of run `run_id`'s log that `wanted`
+/// picks.
+async fn find(
+    log: &dyn Events,
+    run_id: &str,
+    mut after: u64,
+    wanted: impl Fn(&Signal) -> bool,
+) -> Result<Option<Signal>, StoreError> {
     loop {
-        let page = log.read_events(&cp.run_id, after, PAGE).await?;
+        let page = log.read_events(run_id, after, PAGE).await?;
         let full = page.len() == PAGE;
         for e in &page {
             after = e.seq;
-            if let Some(s) = Signal::from_event(e) {
-                if s.name == name && !taken.contains(&s.seq) {
-                    return Ok(Some(s));
-                }
+            if let Some(s) = Signal::from_event(e).filter(|s| wanted(s)) {
+                return Ok(Some(s));
             }
         }
         if !full {

@@ -473,6 +473,16 @@ impl Workflow {
         for (i, step) in steps.iter().enumerate() {
             check_step_name(&step.name)
                 .map_err(|r| invalid(format!("step {i} has an invalid name: {r}")))?;
+            // A gate's or a wait's name is a state key, and a step's events
+            // under the signals' step would read as signals.
+            if crate::record::keys::RESERVED_KEYS.contains(&step.name.as_str())
+                || step.name == crate::record::signal::SIGNAL_STEP
+            {
+                return Err(invalid(format!(
+                    "step {i} is named {:?}, a name the engine keeps for itself",
+                    step.name
+                )));
+            }
             if !seen.insert(step.name.as_str()) {
                 return Err(invalid(format!(
                     "step {i} is named {:?}, like an earlier step; step names must be unique",

@@ -526,6 +526,10 @@ pub enum Wait {
         /// due (the next run of it takes the signal).
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         arrived: bool,
+        /// When a worker looks again for a signal all the same (one whose
+        /// sender died before marking the run due).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        recheck_at: Option<Timestamp>,
     },
 }
 
@@ -756,12 +760,16 @@ impl Checkpoint {
                 Some(Wait::Signal {
                     arrived,
                     timeout_at,
+                    recheck_at,
                     ..
                 }) => {
                     if *arrived {
                         Some(Timestamp::EPOCH)
                     } else {
-                        *timeout_at
+                        match (*timeout_at, *recheck_at) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        }
                     }
                 }
                 _ => Some(self.updated_at),

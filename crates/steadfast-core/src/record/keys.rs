@@ -13,9 +13,13 @@ pub const INPUT_KEY: &str = "__input";
 /// The state key under which a durable function's result is saved.
 pub const RESULT_KEY: &str = "__result";
 
+/// The state key under which a run's waits record, per signal name, the
+/// last signal they took ([`signal`](crate::signal)).
+pub const SIGNALS_KEY: &str = "__signals";
+
 /// Every state key the engine writes itself.
 ///
 /// ```
 /// assert!(steadfast_core::RESERVED_KEYS.contains(&"__start"));
 /// ```
-pub const RESERVED_KEYS: [&str; 3] = [START_KEY, INPUT_KEY, RESULT_KEY];
+pub const RESERVED_KEYS: [&str; 4] = [START_KEY, INPUT_KEY, RESULT_KEY, SIGNALS_KEY];

@@ -2,26 +2,26 @@
 //!
 //! A signal is kept in its run's event log (an event of the reserved step
 //! [`SIGNAL_STEP`]), so that sending one never writes the run's record while
-//! a process holds it. A wait for the name (a durable function's
-//! `wait_for`, a flow file's `wait` step) takes the oldest signal of that
-//! name no earlier wait took, and records it as its step's update: the
-//! delivery (name, data, sender, time, number) under the step's name, and
-//! the number among those taken under [`SIGNALS_KEY`]. Taking it is part of
-//! the wait step's checkpoint, so each signal is delivered to one wait, once.
+//! a process holds it. Each carries a random id. A wait for a name (a
+//! durable function's `wait_for`, a flow file's `wait` step) takes the
+//! oldest signal of that name after the last one the run's waits took, and
+//! records it as its step's update: the delivery (name, data, sender, time,
+//! number, id) under the step's name, and, under [`SIGNALS_KEY`], the id
+//! and number of the last signal taken per name. Taking it is part of the
+//! wait step's checkpoint, so each signal is delivered to one wait, once.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::record::clock::Timestamp;
 use crate::record::events::{NewEvent, RunEvent};
+pub use crate::record::keys::SIGNALS_KEY;
 use crate::record::state::State;
 
 /// The step name a signal is recorded under in the event log. Steps cannot
-/// take it: names starting with `__` are the engine's.
+/// take it: durable functions' names starting with `__` are the engine's,
+/// and a listed workflow refuses it.
 pub const SIGNAL_STEP: &str = "__signal";
-
-/// The state key listing the numbers of the signals the run's waits took.
-pub const SIGNALS_KEY: &str = "__signals";
 
 /// A signal as its run's log holds it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -38,17 +38,22 @@ pub struct Signal {
     pub by: String,
     /// When it was sent.
     pub at: Timestamp,
+    /// A random id given when it was sent: it names the signal whatever
+    /// number a log gives it.
+    #[serde(default)]
+    pub id: String,
 }
 
 impl Signal {
     /// The event that records a signal `name` carrying `data`, sent by `by`
-    /// at `at`.
+    /// at `at`, under a new random id.
     pub fn event(name: &str, data: Value, by: &str, at: Timestamp) -> NewEvent {
+        let id = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
         let mut e = NewEvent::new(
             SIGNAL_STEP,
             1,
             at,
-            json!({ "signal": name, "data": data, "by": by }),
+            json!({ "signal": name, "data": data, "by": by, "id": id }),
         );
         e.first = true;
         e
@@ -66,6 +71,11 @@ impl Signal {
             data: v.get("data").cloned().unwrap_or(Value::Null),
             by: v.get("by")?.as_str()?.to_string(),
             at: e.at,
+            id: v
+                .get("id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
         })
     }
 
@@ -75,14 +85,29 @@ impl Signal {
     }
 }
 
-/// The numbers of the signals the run's waits have taken, as its state
-/// lists them.
-pub fn taken(state: &State) -> Vec<u64> {
-    state
+/// The last signal named `name` the run's waits took, as its state records
+/// it: its id and its number in the log then.
+pub fn last_taken(state: &State, name: &str) -> Option<(String, u64)> {
+    let entry = state.get(SIGNALS_KEY)?.get(name)?;
+    Some((
+        entry.get("id")?.as_str()?.to_string(),
+        entry.get("seq")?.as_u64()?,
+    ))
+}
+
+/// The value of [`SIGNALS_KEY`] once `taken` is the last signal of its name
+/// taken.
+pub fn taking(state: &State, taken: &Signal) -> Value {
+    let mut all = state
         .get(SIGNALS_KEY)
-        .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_u64).collect())
-        .unwrap_or_default()
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    all.insert(
+        taken.name.clone(),
+        json!({ "id": taken.id, "seq": taken.seq }),
+    );
+    Value::Object(all)
 }
 
 #[cfg(test)]
@@ -98,10 +123,33 @@ mod tests {
             (s.seq, s.name.as_str(), &s.data, s.by.as_str(), s.at),
             (7, "go", &json!({"n": 1}), "ada", at)
         );
+        assert_eq!(s.id.len(), 32);
+        assert_ne!(
+            Signal::from_event(&Signal::event("go", Value::Null, "ada", at).numbered(1))
+                .unwrap()
+                .id,
+            s.id,
+            "two signals share an id"
+        );
         assert_eq!(s.delivery()["signal"], json!("go"));
         // An event of another step is not a signal, whatever it holds.
         let mut other = e.clone();
         other.step = "s".into();
         assert!(Signal::from_event(&other).is_none());
+    }
+
+    #[test]
+    fn the_last_signal_taken_is_kept_per_name() {
+        let at = Timestamp::from_unix_millis(5);
+        let mut state = State::new();
+        assert_eq!(last_taken(&state, "go"), None);
+        let go =
+            Signal::from_event(&Signal::event("go", Value::Null, "a", at).numbered(3)).unwrap();
+        state.insert(SIGNALS_KEY.into(), taking(&state, &go));
+        let stop =
+            Signal::from_event(&Signal::event("stop", Value::Null, "a", at).numbered(4)).unwrap();
+        state.insert(SIGNALS_KEY.into(), taking(&state, &stop));
+        assert_eq!(last_taken(&state, "go"), Some((go.id.clone(), 3)));
+        assert_eq!(last_taken(&state, "stop"), Some((stop.id.clone(), 4)));
     }
 }

@@ -424,6 +424,17 @@ pub trait Events: Send + Sync {
         let _ = run_id;
         tokio::time::sleep(timeout).await;
     }
+
+    /// The most one append takes: events, and bytes of their values' JSON
+    /// as given to [`append_events`](Self::append_events). By default
+    /// [`MAX_EVENTS_PER_APPEND`](crate::record::events::MAX_EVENTS_PER_APPEND)
+    /// and no byte bound; a store whose appends are bounded by its service
+    /// (Cosmos DB's transactional batches) says less, and an emitting
+    /// step's batches keep within it. A wrapper that changes the values'
+    /// size SHOULD scale it.
+    fn append_bounds(&self) -> (usize, u64) {
+        (crate::record::events::MAX_EVENTS_PER_APPEND, u64::MAX)
+    }
 }
 
 /// Large values stored once, by reference ([`blob`]): a capability of a
