@@ -53,6 +53,16 @@ pub enum Stuck {
         /// How long ago the timeout passed.
         ago: Duration,
     },
+    /// It waits for a signal that was sent, or whose wait timed out, and
+    /// no worker or run has taken it up since.
+    SignalNotTaken {
+        /// The wait's step.
+        step: String,
+        /// The signal's name.
+        signal: String,
+        /// How long it has been due.
+        ago: Duration,
+    },
     /// Its record was written by other code than the workflow given: a
     /// run would refuse to resume it ([`Error::WorkflowChanged`](crate::Error::WorkflowChanged)).
     WorkflowChanged {
@@ -86,6 +96,7 @@ impl Stuck {
             Stuck::Interrupted { .. } => "interrupted",
             Stuck::RetriesExhausted { .. } => "retries-exhausted",
             Stuck::GateOverdue { .. } => "gate-overdue",
+            Stuck::SignalNotTaken { .. } => "signal-not-taken",
             Stuck::WorkflowChanged { .. } => "workflow-changed",
             Stuck::SleepingPastTime { .. } => "sleeping-past-time",
             Stuck::PendingNoWorker { .. } => "pending-no-worker",
@@ -121,6 +132,11 @@ impl std::fmt::Display for Stuck {
             Stuck::GateOverdue { gate, ago: d } => write!(
                 f,
                 "gate {gate:?} timed out {} ago and no worker applied the timeout; approve, reject, or start a worker",
+                ago(d)
+            ),
+            Stuck::SignalNotTaken { step, signal, ago: d } => write!(
+                f,
+                "the wait at {step:?} for signal {signal:?} has been due for {} and nothing took it up; run it again, or start a worker",
                 ago(d)
             ),
             Stuck::WorkflowChanged { at, stored, given } => write!(
@@ -247,6 +263,26 @@ pub fn diagnose(
                 gate: step.clone(),
                 ago,
             }),
+            Some(Wait::Signal {
+                step,
+                signal,
+                arrived,
+                timeout_at,
+                ..
+            }) => {
+                // Due since it was marked (its last save), or since its
+                // timeout passed.
+                let due = match (*arrived, timeout_at) {
+                    (true, _) => Some(cp.updated_at),
+                    (false, Some(at)) => Some(*at),
+                    (false, None) => None,
+                };
+                due.and_then(late).map(|ago| Stuck::SignalNotTaken {
+                    step: step.clone(),
+                    signal: signal.clone(),
+                    ago,
+                })
+            }
             _ => None,
         },
         _ => None,
@@ -352,6 +388,26 @@ mod tests {
             on_timeout: OnTimeout::Reject,
         });
         assert_eq!(label(&cp, now), None);
+
+        // A wait for a signal: stuck once a sent signal or its timeout has
+        // been due a while; waiting for one not sent yet is not stuck.
+        let signal_wait = |arrived, timeout_at| Wait::Signal {
+            step: "answer".into(),
+            signal: "reply".into(),
+            since: at(1_000),
+            timeout_at,
+            arrived,
+            recheck_at: None,
+        };
+        let mut cp = run(RunStatus::Waiting, at(1_000));
+        cp.wait = Some(signal_wait(false, None));
+        assert_eq!(label(&cp, now), None);
+        cp.wait = Some(signal_wait(true, None));
+        assert_eq!(label(&cp, now), Some("signal-not-taken"));
+        cp.updated_at = at(9_990);
+        assert_eq!(label(&cp, now), None, "marked only just");
+        cp.wait = Some(signal_wait(false, Some(at(2_000))));
+        assert_eq!(label(&cp, now), Some("signal-not-taken"));
 
         // A timer that fired long ago, unless a live holder sleeps through it.
         let mut cp = run(RunStatus::Sleeping, at(1_000));

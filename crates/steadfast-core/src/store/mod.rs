@@ -427,7 +427,7 @@ pub trait Events: Send + Sync {
 
     /// The most one append takes: events, and bytes of their values' JSON
     /// as given to [`append_events`](Self::append_events). By default
-    /// [`MAX_EVENTS_PER_APPEND`](crate::record::events::MAX_EVENTS_PER_APPEND)
+    /// [`MAX_EVENTS_PER_APPEND`]
     /// and no byte bound; a store whose appends are bounded by its service
     /// (Cosmos DB's transactional batches) says less, and an emitting
     /// step's batches keep within it. A wrapper that changes the values'
