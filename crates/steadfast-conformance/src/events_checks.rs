@@ -44,7 +44,9 @@ pub async fn events_are_numbered_per_run_and_read_back_equal(ts: TestStore) -> C
     let mut first = ev(
         "plan",
         1,
-        json!({"token": "Hel", "n": 1.5, "deep": [[{"ok": null}]]}),
+        // Numbers as they went in: a 64-bit integer no double holds, and a
+        // float that equals an integer.
+        json!({"token": "Hel", "n": 1.5, "big": u64::MAX, "neg": i64::MIN, "one": 1.0, "deep": [[{"ok": null}]]}),
     );
     first.first = true;
     let batch = vec![

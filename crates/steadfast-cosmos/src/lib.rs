@@ -1118,9 +1118,13 @@ fn event_id(key: &str, lgen: &str, seq: u64) -> String {
 /// takes 100 operations, one of which moves the log's number on.
 pub const MAX_EVENTS_PER_BATCH: usize = SWEEP_BATCH - 1;
 
-/// The most bytes of event values one append writes: a transactional
-/// batch's request is at most 2 MB, and each item carries its fields too.
-pub const MAX_EVENT_BATCH_BYTES: u64 = 1_500_000;
+/// The most bytes of event values (their JSON text) one append writes: a
+/// transactional batch's request is at most 2 MB, each value is kept as a
+/// JSON string (escaping can double it), and each item carries its fields.
+pub const MAX_EVENT_BATCH_BYTES: u64 = 800_000;
+
+/// The most a batch of events may weigh as sent, values escaped.
+const MAX_EVENT_BATCH_REQUEST: u64 = 1_900_000;
 
 impl CosmosStore {
     /// Run `run_id`'s log item (its generation, last number and ETag), if
@@ -1149,17 +1153,37 @@ impl CosmosStore {
         }
     }
 
-    /// Deletes run `key`'s event log: its log item first (the log is then
-    /// empty, and a new one starts at 1 under another generation), then
-    /// its events, as far as it can (what is left is never read).
+    /// Deletes run `key`'s event log: its log item first, as it was read
+    /// (the log is then empty, and a new one starts at 1 under another
+    /// generation), then that generation's events, as far as it can (what
+    /// is left is never read). A log a racing append created meanwhile is
+    /// another generation, and left alone.
     async fn delete_log(&self, key: &str, run_id: &str) -> Result<(), StoreError> {
-        self.delete_item(key, &log_id(key), run_id, None).await?;
+        let mut gone = None;
+        for _ in 0..5 {
+            let Some((lgen, _, etag)) = self.read_log(key, run_id).await? else {
+                return Ok(());
+            };
+            if self
+                .delete_item(key, &log_id(key), run_id, Some(&etag))
+                .await?
+            {
+                gone = Some(lgen);
+                break;
+            }
+        }
+        let Some(lgen) = gone else {
+            return Err(StoreError::unavailable(format!(
+                "deleting the event log of run {run_id:?} from {}: it kept changing",
+                self.shared.display
+            )));
+        };
         let items = self
             .query_partition(
                 key,
                 run_id,
-                "SELECT c.id FROM c WHERE c.pk = @pk AND c.kind = 'event'",
-                json!([{"name": "@pk", "value": key}]),
+                "SELECT c.id FROM c WHERE c.pk = @pk AND c.kind = 'event' AND c.lgen = @g",
+                json!([{"name": "@pk", "value": key}, {"name": "@g", "value": lgen}]),
             )
             .await;
         match items {
@@ -1185,14 +1209,22 @@ impl CosmosStore {
 /// item moved on (created, or replaced under its ETag) and one item per
 /// event, so an append is written whole or not at all, and two racing
 /// appends cannot take the same numbers (the loser's batch fails on the
-/// ETag and is tried again). An append takes at most 99 events and 1.5 MB
-/// of values ([`Events::append_bounds`]).
+/// ETag and is tried again). An append takes at most 99 events and 800 KB
+/// of values ([`Events::append_bounds`]). Values are kept as JSON text, so
+/// that numbers come back exactly as they went in.
 #[async_trait]
 impl Events for CosmosStore {
     async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
         let texts = steadfast_core::store::check_events(run_id, events)?;
         let bytes: u64 = texts.iter().map(|t| t.len() as u64).sum();
-        if events.len() > MAX_EVENTS_PER_BATCH || bytes > MAX_EVENT_BATCH_BYTES {
+        let sent: u64 = texts
+            .iter()
+            .map(|t| serde_json::to_string(t).map_or(u64::MAX, |s| s.len() as u64))
+            .fold(0, u64::saturating_add);
+        if events.len() > MAX_EVENTS_PER_BATCH
+            || bytes > MAX_EVENT_BATCH_BYTES
+            || sent > MAX_EVENT_BATCH_REQUEST
+        {
             return Err(StoreError::InvalidInput(format!(
                 "run {run_id:?}: an append to a Cosmos DB store takes at most {MAX_EVENTS_PER_BATCH} events and {MAX_EVENT_BATCH_BYTES} bytes of values, not {} and {bytes}; nothing was written",
                 events.len()
@@ -1208,7 +1240,16 @@ impl Events for CosmosStore {
                 )))
                 .await;
             }
-            let (lgen, last, log_op) = match self.read_log(&key, run_id).await? {
+            let read = match self.read_log(&key, run_id).await {
+                Ok(read) => read,
+                // A read is safe to try again.
+                Err(e) if e.kind() == StoreErrorKind::Unavailable => {
+                    last_error = Some(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let (lgen, last, log_op) = match read {
                 Some((lgen, last, etag)) => {
                     let body = json!({"id": log_id(&key), "pk": key, "kind": "evlog", "run_id": run_id, "lgen": lgen, "last": last + events.len() as u64});
                     let op = json!({"operationType": "Replace", "id": log_id(&key), "partitionKey": pk, "ifMatch": etag, "resourceBody": body});
@@ -1228,7 +1269,8 @@ impl Events for CosmosStore {
                     json!({"operationType": "Create", "partitionKey": pk, "resourceBody": {
                         "id": event_id(&key, &lgen, seq), "pk": key, "kind": "event", "lgen": lgen,
                         "seq": seq, "step": e.step, "attempt": e.attempt, "at": e.at.unix_millis(),
-                        "value": e.value, "first": e.first,
+                        // As JSON text: Cosmos keeps numbers as doubles.
+                        "text": texts[i], "first": e.first,
                     }}),
                 );
             }
@@ -1294,7 +1336,11 @@ impl Events for CosmosStore {
                 .get("at")
                 .and_then(Value::as_u64)
                 .ok_or_else(|| bad("time"))?;
-            let value = item.get("value").cloned().ok_or_else(|| bad("value"))?;
+            let value: Value = item
+                .get("text")
+                .and_then(Value::as_str)
+                .and_then(|t| serde_json::from_str(t).ok())
+                .ok_or_else(|| bad("value"))?;
             let first = item.get("first").and_then(Value::as_bool).unwrap_or(false);
             let mut e = NewEvent::new(step, attempt, Timestamp::from_unix_millis(at), value);
             e.first = first;
@@ -1305,16 +1351,21 @@ impl Events for CosmosStore {
             out.push(e.numbered(seq));
         }
         out.sort_by_key(|e| e.seq);
-        // Numbers without a gap from `after`: a reader that lags stops at
-        // the first one it has not got yet.
-        let mut expect = after + 1;
-        out.retain(|e| {
-            let keep = e.seq == expect;
-            if keep {
-                expect += 1;
-            }
-            keep
-        });
+        // Every number from `after` up to the log's last: an append is one
+        // atomic batch in the partition the log item was read from, so a
+        // missing one is damage, not lag.
+        if out.iter().zip(after + 1..).any(|(e, want)| e.seq != want)
+            || out.len() as u64 != upto - after
+        {
+            return Err(self.corrupt(
+                run_id,
+                &log_id(&key),
+                format!(
+                    "events {} to {upto} are not all there, once each",
+                    after + 1
+                ),
+            ));
+        }
         Ok(out)
     }
 
@@ -1398,10 +1449,14 @@ impl CosmosStore {
                 self.shared.display
             )));
         };
-        // Its event log: the log item first, so the log reads empty.
-        if let Err(e) = self.delete_log(&key, run_id).await {
-            tracing::warn!(run_id, error = %e, "the run is deleted; its event log could not be removed");
-        }
+        // Its event log: the log item first, so the log reads empty. A log
+        // left behind would be read by a run created again under the id:
+        // say so (deleting again removes it).
+        self.delete_log(&key, run_id).await.map_err(|e| {
+            StoreError::unavailable(format!(
+                "run {run_id:?} was deleted, but not its event log ({e}); delete it again"
+            ))
+        })?;
         // Then this generation's other items. What is left of them after a
         // failure here is never read (a run created again gets a new
         // generation), so the delete stands and the failure is only logged.

@@ -410,16 +410,11 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         self.attempts(
             how,
             |ctx, state| step.call_untimed(ctx, state.unwrap_or_default()),
-            |update: Update| {
-                if let Some(k) = crate::record::keys::RESERVED_KEYS
-                    .iter()
-                    .find(|k| update.contains_key(**k))
-                {
-                    return Err(StepError::invalid_value(
-                        format!("$.{k}"),
-                        "the key is the engine's own; rename it".to_string(),
-                    ));
-                }
+            |mut update: Update| {
+                // The engine's own keys are not a step's to change: a step
+                // that echoes its state (a `jq` filter over stdin) gives
+                // them back, and they are dropped.
+                update.retain(|k, _| !crate::record::keys::RESERVED_KEYS.contains(&k.as_str()));
                 match crate::record::state::check_update(&update) {
                     Ok(()) => Ok(((), update)),
                     Err(p) => Err(StepError::invalid_value(p.path, p.reason)),

@@ -181,8 +181,9 @@ pub(crate) async fn wake<S: Store + ?Sized>(
 
 /// The oldest signal named `name` in the log of `cp`'s run after the last
 /// one of that name its waits took (found by its id: where it was, or
-/// anywhere in the log; a log that no longer holds it, as a copied or
-/// forked run's new log, starts the search over).
+/// anywhere in the log). A log that no longer holds it (a copied or forked
+/// run's new one) is searched from its start for signals sent no earlier
+/// than the last one taken.
 pub(crate) async fn next_signal(
     log: &dyn Events,
     cp: &Checkpoint,
@@ -190,9 +191,10 @@ pub(crate) async fn next_signal(
 ) -> Result<Option<Signal>, StoreError> {
     let run_id = &cp.run_id;
     let last = last_taken(&cp.state, name);
+    let mut since = None;
     let start = match &last {
         None => 0,
-        Some((id, seq)) => {
+        Some((id, seq, at)) => {
             let there = log
                 .read_events(run_id, seq.saturating_sub(1), 1)
                 .await?
@@ -202,15 +204,19 @@ pub(crate) async fn next_signal(
             if there {
                 *seq
             } else {
-                find(log, run_id, 0, |s| s.id == *id)
-                    .await?
-                    .map_or(0, |s| s.seq)
+                match find(log, run_id, 0, |s| s.id == *id).await? {
+                    Some(s) => s.seq,
+                    None => {
+                        since = Some(*at);
+                        0
+                    }
+                }
             }
         }
     };
-    let last_id = last.map(|(id, _)| id);
+    let last_id = last.map(|(id, _, _)| id);
     find(log, run_id, start, |s| {
-        s.name == name && Some(&s.id) != last_id.as_ref()
+        s.name == name && Some(&s.id) != last_id.as_ref() && since.is_none_or(|at| s.at >= at)
     })
     .await
 }

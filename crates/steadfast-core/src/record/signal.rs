@@ -86,12 +86,13 @@ impl Signal {
 }
 
 /// The last signal named `name` the run's waits took, as its state records
-/// it: its id and its number in the log then.
-pub fn last_taken(state: &State, name: &str) -> Option<(String, u64)> {
+/// it: its id, its number in the log then, and when it was sent.
+pub fn last_taken(state: &State, name: &str) -> Option<(String, u64, Timestamp)> {
     let entry = state.get(SIGNALS_KEY)?.get(name)?;
     Some((
         entry.get("id")?.as_str()?.to_string(),
         entry.get("seq")?.as_u64()?,
+        Timestamp::from_unix_millis(entry.get("at")?.as_u64()?),
     ))
 }
 
@@ -105,7 +106,7 @@ pub fn taking(state: &State, taken: &Signal) -> Value {
         .unwrap_or_default();
     all.insert(
         taken.name.clone(),
-        json!({ "id": taken.id, "seq": taken.seq }),
+        json!({ "id": taken.id, "seq": taken.seq, "at": taken.at.unix_millis() }),
     );
     Value::Object(all)
 }
@@ -149,7 +150,7 @@ mod tests {
         let stop =
             Signal::from_event(&Signal::event("stop", Value::Null, "a", at).numbered(4)).unwrap();
         state.insert(SIGNALS_KEY.into(), taking(&state, &stop));
-        assert_eq!(last_taken(&state, "go"), Some((go.id.clone(), 3)));
-        assert_eq!(last_taken(&state, "stop"), Some((stop.id.clone(), 4)));
+        assert_eq!(last_taken(&state, "go"), Some((go.id.clone(), 3, at)));
+        assert_eq!(last_taken(&state, "stop"), Some((stop.id.clone(), 4, at)));
     }
 }
