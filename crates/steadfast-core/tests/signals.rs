@@ -349,3 +349,106 @@ async fn a_failed_run_takes_signals() -> TestResult {
     signal(&store, "r", "go", None, "ada", &SystemClock).await?;
     Ok(())
 }
+
+mod model {
+    //! Any sequence of sends and runs: each wait takes the oldest signal of
+    //! its name not taken yet, each signal is taken at most once, and a run
+    //! stops exactly when its next wait has none, as a queue per name says.
+
+    use std::collections::{HashMap, VecDeque};
+
+    use proptest::prelude::*;
+    use serde_json::json;
+    use steadfast_core::{durable, signal, MemoryStore, Outcome, SystemClock};
+
+    /// The names the waits ask for, in order.
+    const WAITS: [&str; 6] = ["a", "b", "a", "a", "b", "a"];
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Send(usize),
+        Run,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![(0..2usize).prop_map(Op::Send), Just(Op::Run)]
+    }
+
+    async fn call(store: &MemoryStore) -> Outcome<Vec<u64>> {
+        durable("r", store, "w", |ctx| async move {
+            let mut got = Vec::new();
+            for name in WAITS {
+                let s = ctx.wait_for(name, None).await?.expect("no timeout");
+                got.push(s.data.as_u64().expect("a number"));
+            }
+            Ok::<_, steadfast_core::Error>(got)
+        })
+        .await
+        .expect("the run")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+        #[test]
+        fn waits_take_signals_as_a_queue_per_name(ops in proptest::collection::vec(op(), 1..24)) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let store = MemoryStore::new();
+                // The run exists (stopped at its first wait) before any send.
+                let first = call(&store).await;
+                let stopped = matches!(first, Outcome::Waiting { .. });
+                prop_assert!(stopped, "the first call did not stop at its wait");
+                let mut queues: HashMap<&str, VecDeque<u64>> = HashMap::new();
+                let (mut next, mut sent, mut taken) = (0usize, 0u64, Vec::new());
+                let mut done = false;
+                for op in ops {
+                    match op {
+                        Op::Send(n) => {
+                            let name = ["a", "b"][n];
+                            let out = signal(&store, "r", name, Some(json!(sent + 1)), "p", &SystemClock).await;
+                            if done {
+                                // A completed run takes no more.
+                                prop_assert!(out.is_err(), "a completed run took a signal");
+                                continue;
+                            }
+                            out.expect("send");
+                            sent += 1;
+                            queues.entry(name).or_default().push_back(sent);
+                        }
+                        Op::Run => {
+                            // The model: waits go on while their name has one.
+                            while next < WAITS.len() {
+                                match queues.entry(WAITS[next]).or_default().pop_front() {
+                                    Some(v) => {
+                                        taken.push(v);
+                                        next += 1;
+                                    }
+                                    None => break,
+                                }
+                            }
+                            match call(&store).await {
+                                Outcome::Completed(got) => {
+                                    prop_assert_eq!(next, WAITS.len());
+                                    prop_assert_eq!(&got, &taken);
+                                    done = true;
+                                }
+                                Outcome::Waiting { gate } => {
+                                    prop_assert!(next < WAITS.len());
+                                    let want = if next == 0 {
+                                        WAITS[0].to_string()
+                                    } else {
+                                        let n = WAITS[..=next].iter().filter(|w| **w == WAITS[next]).count();
+                                        if n == 1 { WAITS[next].to_string() } else { format!("{}#{n}", WAITS[next]) }
+                                    };
+                                    prop_assert_eq!(gate, want);
+                                }
+                                other => prop_assert!(false, "{other:?}"),
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+        }
+    }
+}
