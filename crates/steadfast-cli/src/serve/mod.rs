@@ -613,10 +613,12 @@ async fn inbox(app: &App) -> Result<Inbox, PageError> {
     // passed over (loaded, as a run's summary does not say what it waits
     // at), so that they never hide the gates behind them.
     let mut signals = 0;
+    let mut looked = 0;
     for r in all.into_iter() {
         if out.len() + unreadable.len() >= INBOX {
             break;
         }
+        looked += 1;
         // One run that cannot be read (sealed without keys, corrupt) is
         // named on the page; the others are still shown.
         let cp = match app.store.load(&r.run_id).await {
@@ -639,6 +641,8 @@ async fn inbox(app: &App) -> Result<Inbox, PageError> {
     Ok(Inbox {
         items: out,
         total: total.saturating_sub(signals),
+        // Runs not looked at may wait for signals rather than at gates.
+        exact: looked == total,
         unreadable,
     })
 }
@@ -647,6 +651,9 @@ async fn inbox(app: &App) -> Result<Inbox, PageError> {
 pub(crate) struct Inbox {
     pub(crate) items: Vec<Waiting>,
     pub(crate) total: usize,
+    /// Whether `total` is the count (else at most it: some waiting runs
+    /// were not looked at).
+    pub(crate) exact: bool,
     /// Runs that could not be read, with why.
     pub(crate) unreadable: Vec<(String, String)>,
 }
@@ -1026,5 +1033,53 @@ mod tests {
         let err = history(&app, "gone").await.expect_err("no such run");
         assert_eq!(err.status, StatusCode::NOT_FOUND);
         assert!(matches!(history(&app, "r1").await, Ok(Some(records)) if records.len() == 1));
+    }
+}
+
+#[cfg(test)]
+mod inbox_tests {
+    use super::*;
+    use steadfast::{MemoryStore, Step, Workflow};
+
+    /// Runs waiting for signals, however many and however old, never hide
+    /// the gates behind them, nor count as waiting at a gate.
+    #[tokio::test]
+    async fn signal_waits_do_not_hide_gates() {
+        let store = Arc::new(MemoryStore::new());
+        let waits = Workflow::builder("asker")
+            .push(Step::wait_for("answer", "reply"))
+            .build()
+            .expect("workflow");
+        let gates = Workflow::builder("reviewed")
+            .push(Step::gate("review"))
+            .build()
+            .expect("workflow");
+        for i in 0..(INBOX + 10) {
+            steadfast::run(&format!("a{i:03}"), &waits, &*store)
+                .await
+                .expect("run");
+        }
+        for i in 0..2 {
+            steadfast::run(&format!("z{i}"), &gates, &*store)
+                .await
+                .expect("run");
+        }
+        let app = App {
+            store,
+            clock: Arc::new(steadfast::SystemClock),
+            csrf: "c".repeat(32),
+            token: None,
+            session: "s".repeat(32),
+            port: 7878,
+            stuck_after: Duration::from_secs(60),
+            url: "memory:".into(),
+            streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
+        };
+        let inbox = inbox(&app)
+            .await
+            .unwrap_or_else(|e| panic!("{} {}", e.title, e.detail));
+        let shown: Vec<&str> = inbox.items.iter().map(|w| w.cp.run_id.as_str()).collect();
+        assert_eq!(shown, ["z0", "z1"]);
+        assert_eq!((inbox.total, inbox.exact), (2, true));
     }
 }

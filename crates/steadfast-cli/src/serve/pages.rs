@@ -493,6 +493,7 @@ pub(crate) fn inbox(store: &str, csrf: &str, inbox: &super::Inbox) -> Markup {
         html! {
             h1 { "Inbox" }
             p.muted {
+                @if !inbox.exact { "up to " }
                 (total) " run(s) waiting at a gate"
                 @if total > items.len() { "; the oldest " (items.len()) " are shown" }
                 "."
