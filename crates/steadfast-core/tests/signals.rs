@@ -452,3 +452,38 @@ mod model {
         }
     }
 }
+
+/// A wait begun while another step of the same call runs is refused: the
+/// run would stand at the wait, holding no lease, with that step running.
+#[tokio::test]
+async fn a_wait_beside_a_running_step_is_refused() -> TestResult {
+    let store = MemoryStore::new();
+    let out = durable("r", &store, "w", |ctx| async move {
+        let slow = ctx.step("slow", || async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok::<_, Error>(1)
+        });
+        let wait = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            ctx.wait_for("go", None).await
+        };
+        let (stepped, waited) = tokio::join!(slow, wait);
+        stepped?;
+        match waited {
+            Err(Error::InvalidWorkflow { reason, .. }) => Ok::<_, Error>(reason),
+            other => panic!("the wait beside a step was not refused: {other:?}"),
+        }
+    })
+    .await?;
+    let reason = out.completed().expect("completed");
+    assert!(reason.contains("still under way"), "{reason}");
+    // Once the step is done, a wait is fine.
+    let store = MemoryStore::new();
+    let out = durable("r", &store, "w", |ctx| async move {
+        ctx.step("first", || async { Ok::<_, Error>(1) }).await?;
+        ctx.wait_for("go", None).await
+    })
+    .await?;
+    assert!(matches!(out, Outcome::Waiting { .. }));
+    Ok(())
+}

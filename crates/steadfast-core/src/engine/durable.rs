@@ -133,6 +133,25 @@ struct Shared<'s, S: Store + ?Sized> {
     runner: Runner<'s, S>,
     session: tokio::sync::Mutex<Session>,
     counters: std::sync::Mutex<HashMap<String, u32>>,
+    /// Steps of this call under way (from their first attempt to their
+    /// saved outcome): a wait that stops the run must not begin beside one.
+    running: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a step under way for as long as it lives.
+struct Underway<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> Underway<'a> {
+    fn new(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Underway(count)
+    }
+}
+
+impl Drop for Underway<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// What a durable function's code uses to make steps. Cheap to clone.
@@ -309,6 +328,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                 runner,
                 session: tokio::sync::Mutex::new(session),
                 counters: std::sync::Mutex::new(HashMap::new()),
+                running: std::sync::atomic::AtomicUsize::new(0),
             }),
         };
         let result = f(ctx.clone()).await;
@@ -451,6 +471,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         timeout: Option<Duration>,
         on_timeout: OnTimeout,
     ) -> Result<(), Error> {
+        self.alone(s, step.name())?;
         let total = s.total;
         match s
             .gate(self.runner(), step, timeout, on_timeout, total)
@@ -498,6 +519,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 runner,
                 session: tokio::sync::Mutex::new(session),
                 counters: std::sync::Mutex::new(HashMap::new()),
+                running: std::sync::atomic::AtomicUsize::new(0),
             }),
         }
     }
@@ -685,6 +707,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     {
         let runner = self.runner();
         let name = how.name;
+        let _underway = Underway::new(&self.shared.running);
         if how.branch.is_none() {
             // The attempts counted so far belong to another step (a durable
             // function that went on after a failure): this one starts afresh.
@@ -1189,6 +1212,26 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         self.pass_signal(&mut s, step.name(), signal, timeout).await
     }
 
+    /// Refuses a wait (a gate, a wait for a signal) that would stop the run
+    /// while other steps of this call are under way: the run would stand at
+    /// the wait, holding no lease, with those steps still running, and a
+    /// worker could take it up and run them a second time.
+    fn alone(&self, s: &Session, name: &str) -> Result<(), Error> {
+        let n = self
+            .shared
+            .running
+            .load(std::sync::atomic::Ordering::SeqCst);
+        if n == 0 {
+            return Ok(());
+        }
+        Err(Error::InvalidWorkflow {
+            workflow: s.cp.workflow.clone(),
+            reason: format!(
+                "the wait {name:?} began while {n} step(s) of the same call were still under way; await them before waiting (a wait stops the run, and must not stand beside a running step)"
+            ),
+        })
+    }
+
     /// A wait for a signal at the live end of the record: passes when it
     /// takes one (or times out), or stops the run with [`Error::Suspended`].
     async fn pass_signal(
@@ -1198,6 +1241,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         signal: &str,
         timeout: Option<Duration>,
     ) -> Result<(), Error> {
+        self.alone(s, name)?;
         let total = s.total;
         match s
             .wait_signal(self.runner(), name, signal, timeout, total)
