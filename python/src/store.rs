@@ -73,6 +73,18 @@ pub fn json_arg(what: &str, v: &Bound<'_, PyAny>) -> PyResult<Value> {
         .map_err(|reason| InvalidInput::new_err(format!("{what}: {reason}; nothing was written")))
 }
 
+/// An optional value as JSON (`None` and Python's None are no value).
+fn opt_json_arg(what: &str, v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Value>> {
+    v.filter(|d| !d.is_none())
+        .map(|d| json_arg(what, d))
+        .transpose()
+}
+
+/// Who decides or sends: the name given, else the login name.
+fn decider(by: Option<&str>) -> String {
+    by.map_or_else(steadfast::default_decider, String::from)
+}
+
 /// Records an approval of gate `gate` of waiting run `run_id`, as
 /// `steadfast approve` does.
 #[pyfunction]
@@ -85,13 +97,8 @@ pub fn approve(
     data: Option<&Bound<'_, PyAny>>,
     by: Option<&str>,
 ) -> PyResult<Py<PyAny>> {
-    let data = match data {
-        Some(d) if !d.is_none() => Some(json_arg(&format!("the data approving gate {gate:?}"), d)?),
-        _ => None,
-    };
-    let by = by
-        .map(String::from)
-        .unwrap_or_else(steadfast::default_decider);
+    let data = opt_json_arg(&format!("the data approving gate {gate:?}"), data)?;
+    let by = decider(by);
     let s = Arc::clone(&store.inner);
     let (run_id, gate) = (run_id.to_string(), gate.to_string());
     let cp = block(py, async move {
@@ -113,13 +120,8 @@ pub fn signal(
     data: Option<&Bound<'_, PyAny>>,
     by: Option<&str>,
 ) -> PyResult<u64> {
-    let data = match data {
-        Some(d) if !d.is_none() => Some(json_arg(&format!("the data of signal {name:?}"), d)?),
-        _ => None,
-    };
-    let by = by
-        .map(String::from)
-        .unwrap_or_else(steadfast::default_decider);
+    let data = opt_json_arg(&format!("the data of signal {name:?}"), data)?;
+    let by = decider(by);
     let s = Arc::clone(&store.inner);
     let (run_id, name) = (run_id.to_string(), name.to_string());
     block(py, async move {
@@ -139,9 +141,7 @@ pub fn reject(
     reason: Option<String>,
     by: Option<&str>,
 ) -> PyResult<Py<PyAny>> {
-    let by = by
-        .map(String::from)
-        .unwrap_or_else(steadfast::default_decider);
+    let by = decider(by);
     let s = Arc::clone(&store.inner);
     let (run_id, gate) = (run_id.to_string(), gate.to_string());
     let cp = block(py, async move {

@@ -422,18 +422,28 @@ impl Events for RefuseSealed {
     }
 
     async fn wait_for_events(&self, run_id: &str, timeout: std::time::Duration) {
-        // Declared only when the store below keeps events.
-        if let Some(log) = self.inner.capabilities().events {
-            log.wait_for_events(run_id, timeout).await;
-        }
+        inner_wait(&*self.inner, run_id, timeout).await;
     }
 
     fn append_bounds(&self) -> (usize, u64) {
-        self.inner.capabilities().events.map_or(
-            (steadfast_core::store::MAX_EVENTS_PER_APPEND, u64::MAX),
-            |l| l.append_bounds(),
-        )
+        inner_bounds(&*self.inner)
     }
+}
+
+/// A watcher's pause as the store below makes it (a wrapper declares an
+/// event log only when the store below keeps one).
+async fn inner_wait(inner: &dyn Store, run_id: &str, timeout: std::time::Duration) {
+    if let Some(log) = inner.capabilities().events {
+        log.wait_for_events(run_id, timeout).await;
+    }
+}
+
+/// How much one append to the store below takes.
+fn inner_bounds(inner: &dyn Store) -> (usize, u64) {
+    inner.capabilities().events.map_or(
+        (steadfast_core::store::MAX_EVENTS_PER_APPEND, u64::MAX),
+        |l| l.append_bounds(),
+    )
 }
 
 /// The event log of the store a wrapper wraps (declared: the wrapper
@@ -1071,19 +1081,13 @@ impl Events for SealedStore {
     }
 
     async fn wait_for_events(&self, run_id: &str, timeout: std::time::Duration) {
-        // Declared only when the store below keeps events.
-        if let Some(log) = self.inner.capabilities().events {
-            log.wait_for_events(run_id, timeout).await;
-        }
+        inner_wait(&*self.inner, run_id, timeout).await;
     }
 
     /// The store below's, in plain bytes: a sealed value is its plain
     /// JSON's base64 (a third more) and an envelope.
     fn append_bounds(&self) -> (usize, u64) {
-        let (n, bytes) = self.inner.capabilities().events.map_or(
-            (steadfast_core::store::MAX_EVENTS_PER_APPEND, u64::MAX),
-            |l| l.append_bounds(),
-        );
+        let (n, bytes) = inner_bounds(&*self.inner);
         if bytes == u64::MAX {
             return (n, bytes);
         }

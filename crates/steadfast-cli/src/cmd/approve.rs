@@ -1,8 +1,8 @@
 //! `steadfast approve ID GATE`: record an approval at the gate a run waits at.
 
-use super::{usage, Ctx, Failure};
+use super::{Ctx, Failure};
 use crate::args::exit;
-use crate::{command, output};
+use crate::output;
 
 /// Arguments of `approve`.
 #[derive(clap::Args, Debug)]
@@ -21,13 +21,7 @@ pub struct ApproveArgs {
 
 /// Saves the approval; the next `run` goes on past the gate.
 pub async fn run(args: ApproveArgs, ctx: &Ctx) -> Result<i32, Failure> {
-    let data = match args.data {
-        None => None,
-        Some(text) => Some(
-            command::parse_json_exact(&text)
-                .map_err(|e| usage(format!("--data is not JSON that can be stored: {e}")))?,
-        ),
-    };
+    let data = super::data_arg(args.data.as_deref())?;
     let (id, gate) = (args.id, args.gate);
     let by = args.by.unwrap_or_else(steadfast::default_decider);
     steadfast::approve(&*ctx.store, &id, &gate, data, &by, &*ctx.clock()).await?;

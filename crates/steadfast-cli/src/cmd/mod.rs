@@ -70,6 +70,16 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
     }
 }
 
+/// A `--data JSON` argument, parsed exactly (a usage error when it is not
+/// JSON that can be stored).
+pub fn data_arg(text: Option<&str>) -> Result<Option<serde_json::Value>, Failure> {
+    text.map(|t| {
+        crate::command::parse_json_exact(t)
+            .map_err(|e| usage(format!("--data is not JSON that can be stored: {e}")))
+    })
+    .transpose()
+}
+
 /// A usage error (exit code 2) with `msg`.
 pub fn usage(msg: String) -> Failure {
     Failure {

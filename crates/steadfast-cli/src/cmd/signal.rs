@@ -1,9 +1,9 @@
 //! `steadfast signal ID NAME`: send a named message to a run.
 
-use super::{usage, Ctx, Failure};
+use super::{Ctx, Failure};
 use crate::args::exit;
+use crate::output;
 use crate::output::out;
-use crate::{command, output};
 
 /// Arguments of `signal`.
 #[derive(clap::Args, Debug)]
@@ -27,13 +27,7 @@ pub struct SignalArgs {
 /// or a worker at once, goes on), and a run not yet waiting keeps it for its
 /// next wait of that name.
 pub async fn run(args: SignalArgs, ctx: &Ctx) -> Result<i32, Failure> {
-    let data = match args.data {
-        None => None,
-        Some(text) => Some(
-            command::parse_json_exact(&text)
-                .map_err(|e| usage(format!("--data is not JSON that can be stored: {e}")))?,
-        ),
-    };
+    let data = super::data_arg(args.data.as_deref())?;
     let (id, name) = (args.id, args.name);
     let by = args.by.unwrap_or_else(steadfast::default_decider);
     let seq = steadfast::signal(&*ctx.store, &id, &name, data, &by, &*ctx.clock()).await?;

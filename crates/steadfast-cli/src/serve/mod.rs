@@ -996,7 +996,13 @@ mod tests {
             .build()
             .expect("workflow");
         steadfast::run("r1", &wf, &*store).await.expect("run");
-        Arc::new(App {
+        Arc::new(bare_app(store))
+    }
+
+    /// The server's state over `store`, as `serve` makes it, with fixed
+    /// tokens.
+    pub(super) fn bare_app(store: Arc<dyn Store>) -> App {
+        App {
             store,
             clock: Arc::new(steadfast::SystemClock),
             csrf: "c".repeat(32),
@@ -1006,7 +1012,7 @@ mod tests {
             stuck_after: Duration::from_secs(60),
             url: "memory:".into(),
             streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
-        })
+        }
     }
 
     #[tokio::test]
@@ -1064,17 +1070,7 @@ mod inbox_tests {
                 .await
                 .expect("run");
         }
-        let app = App {
-            store,
-            clock: Arc::new(steadfast::SystemClock),
-            csrf: "c".repeat(32),
-            token: None,
-            session: "s".repeat(32),
-            port: 7878,
-            stuck_after: Duration::from_secs(60),
-            url: "memory:".into(),
-            streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
-        };
+        let app = super::tests::bare_app(store);
         let inbox = inbox(&app)
             .await
             .unwrap_or_else(|e| panic!("{} {}", e.title, e.detail));
