@@ -77,3 +77,35 @@ def test_bad_signals_are_refused_before_anything_is_sent(store):
         steadfast.Workflow("w").wait("answer", 3)
     # Nothing was kept: the wait still finds none.
     assert steadfast.run("b", wf, store).waiting
+
+
+def test_hostile_waits_and_signals_are_refused(store):
+    wf = steadfast.Workflow("w").wait("answer", "reply")
+    assert steadfast.run("h", wf, store).waiting
+    for name in ["x" * 201, "a\x07b"]:
+        with pytest.raises(steadfast.InvalidInput):
+            steadfast.signal(store, "h", name)
+    with pytest.raises(TypeError):
+        steadfast.signal(store, "h", 5)
+    with pytest.raises(steadfast.InvalidInput):
+        steadfast.signal(store, "h", "reply", "x" * 70_000)
+    deep = []
+    for _ in range(300):
+        deep = [deep]
+    with pytest.raises((steadfast.InvalidInput, ValueError)):
+        steadfast.signal(store, "h", "reply", deep)
+    for timeout in [-1.0, float("nan"), float("inf"), 10.0**12]:
+        with pytest.raises(steadfast.InvalidInput):
+            steadfast.run("b", steadfast.Workflow("bad").wait("answer", "reply", timeout=timeout), store)
+
+        def make(t):
+            @steadfast.durable("patient")
+            async def patient(ctx):
+                return await ctx.wait_for("reply", timeout=t)
+
+            return patient
+
+        with pytest.raises(steadfast.InvalidInput):
+            make(timeout).run(f"d{timeout}", store)
+    # Nothing refused was kept: the wait still finds none.
+    assert steadfast.run("h", wf, store).waiting

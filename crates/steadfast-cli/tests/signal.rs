@@ -178,3 +178,119 @@ fn a_worker_goes_on_when_the_signal_comes() -> TestResult {
     assert_eq!(state["after"], 1);
     Ok(())
 }
+
+/// Hostile values for every input `signal` and `wait` take: each is a clear
+/// usage error, and nothing is sent.
+#[test]
+fn hostile_signals_are_refused_and_send_nothing() -> TestResult {
+    use std::os::unix::ffi::OsStrExt;
+    let env = Env::new();
+    let flow = env.flow(
+        "flow.toml",
+        "name = \"asker\"\n\n[[step]]\nname = \"answer\"\nwait = \"go\"\n",
+    );
+    let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    let long = "n".repeat(201);
+    let mut deep = String::new();
+    for _ in 0..300 {
+        deep.push('[');
+    }
+    for _ in 0..300 {
+        deep.push(']');
+    }
+    let huge = format!("\"{}\"", "x".repeat(70_000));
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["signal", "r", &long], "name"),
+        (vec!["signal", "r", "a\u{7}b"], "name"),
+        (vec!["signal", "r", "go", "--by", ""], "sends"),
+        (vec!["signal", "r", "go", "--by", &long], "sends"),
+        (vec!["signal", "r", "go", "--data", ""], "--data"),
+        (vec!["signal", "r", "go", "--data", "1e999"], "--data"),
+        (vec!["signal", "r", "go", "--data", &deep], "data"),
+        (vec!["signal", "r", "go", "--data", &huge], "bytes"),
+        (vec!["signal", "a\nb", "go"], "run id"),
+        (vec!["signal", "", "go"], "run id"),
+        (vec!["watch", "r", "--from", "18446744073709551616"], "from"),
+        (vec!["watch", "r", "--from", "-1"], ""),
+    ];
+    for (args, says) in cases {
+        let out = env.run(&args);
+        let shown: Vec<String> = args.iter().map(|a| a.chars().take(40).collect()).collect();
+        assert_eq!(code(&out), 2, "{shown:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{shown:?}: {}", stderr(&out));
+    }
+    // A name that is not UTF-8.
+    let out = env
+        .cmd(&["signal", "r"])
+        .arg(std::ffi::OsStr::from_bytes(b"g\xffo"))
+        .output()?;
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    // Nothing was sent: the run still waits, and a watch shows no signal.
+    let watch = env.run(&["watch", "r", "--json"]);
+    assert_eq!(code(&watch), 4, "{}", stderr(&watch));
+    assert!(
+        !String::from_utf8_lossy(&watch.stdout).contains("\"kind\":\"signal\""),
+        "a refused signal was kept"
+    );
+    // Flow files: a timeout that is negative, or beyond a year.
+    for (timeout, says) in [("-1s", "not a duration"), ("1000y", "timeout")] {
+        let bad = env.flow(
+            "bad.toml",
+            &format!("name = \"bad\"\n\n[[step]]\nname = \"w\"\nwait = \"go\"\ntimeout = \"{timeout}\"\n"),
+        );
+        let out = env.run(&["run", bad.to_str().unwrap(), "--run-id", "b"]);
+        assert_eq!(code(&out), 2, "{timeout}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{timeout}: {}", stderr(&out));
+    }
+    Ok(())
+}
+
+/// Signals sent by several processes at the same moment each get a number
+/// of their own, and the waits take them in that order, each once.
+#[test]
+fn signals_sent_at_the_same_moment_are_each_taken_once() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow(
+        "flow.toml",
+        "name = \"asker\"\n\n[[step]]\nname = \"w1\"\nwait = \"go\"\n\n[[step]]\nname = \"w2\"\nwait = \"go\"\n\n[[step]]\nname = \"w3\"\nwait = \"go\"\n",
+    );
+    let flow = flow.to_str().unwrap();
+    assert_eq!(code(&env.run(&["run", flow, "--run-id", "r"])), 4);
+    let senders: Vec<_> = (1..=6)
+        .map(|i| {
+            env.cmd(&["signal", "r", "go", "--data", &i.to_string(), "--json"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start a sender")
+        })
+        .collect();
+    let mut sent: Vec<(u64, u64)> = Vec::new();
+    for (i, s) in senders.into_iter().enumerate() {
+        let out = s.wait_with_output()?;
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let v: Value = serde_json::from_slice(&out.stdout)?;
+        sent.push((v["seq"].as_u64().expect("seq"), i as u64 + 1));
+    }
+    sent.sort();
+    let seqs: Vec<u64> = sent.iter().map(|s| s.0).collect();
+    assert_eq!(
+        seqs,
+        (1..=6).collect::<Vec<u64>>(),
+        "numbers of the racing sends"
+    );
+    let out = env.run(&["run", flow, "--run-id", "r"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let state = &env.show("r")["state"];
+    let taken: Vec<u64> = ["w1", "w2", "w3"]
+        .iter()
+        .map(|w| state[*w]["data"].as_u64().expect("data"))
+        .collect();
+    let first_three: Vec<u64> = sent.iter().take(3).map(|s| s.1).collect();
+    assert_eq!(
+        taken, first_three,
+        "the waits took the oldest three, in order"
+    );
+    Ok(())
+}
