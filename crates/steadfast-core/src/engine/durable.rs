@@ -29,6 +29,9 @@ use crate::record::outcome::{rejected, Event, Outcome};
 use crate::record::state::Update;
 use crate::store::Store;
 
+mod child;
+pub use child::{ChildOptions, ChildSpec, MAX_CHILDREN};
+
 /// Step names starting with this are the context's own (`now`, `random`, the
 /// result): user steps may not use it.
 const RESERVED: &str = "__";
@@ -286,6 +289,14 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
         let (mut cp, expected) = match loaded {
             None => (Checkpoint::new(run_id, workflow, runner.now()), None),
             Some(cp) => {
+                let cp =
+                    match crate::engine::family::orphaned(runner.store_ref(), &cp, &*runner.clock)
+                        .await
+                        .map_err(|e| store_error(run_id, "look at the parent", e))?
+                    {
+                        Some(cancelled) => cancelled,
+                        None => cp,
+                    };
                 let v = cp.version;
                 (cp, Some(v))
             }

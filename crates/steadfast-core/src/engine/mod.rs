@@ -6,6 +6,7 @@ pub mod ctx;
 pub mod decide;
 pub mod durable;
 pub(crate) mod emit;
+pub mod family;
 pub mod metrics;
 pub mod process;
 pub mod run;

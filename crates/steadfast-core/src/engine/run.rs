@@ -10,6 +10,7 @@ use crate::record::error::Error;
 use crate::record::ids::validate_run_id;
 use crate::record::outcome::{rejected, Event, Outcome};
 use crate::store::Store;
+use serde_json::Value;
 use tracing::Instrument;
 
 /// Starts or resumes run `run_id` of `workflow` on `store` with default options.
@@ -83,6 +84,20 @@ impl<S: Store + ?Sized> Runner<'_, S> {
                 (cp, None, false)
             }
             Some(cp) => {
+                let cp = match crate::engine::family::orphaned(self.store_ref(), &cp, &*self.clock)
+                    .await
+                    .map_err(|e| store_error(run_id, "look at the parent", e))?
+                {
+                    Some(cancelled) => cancelled,
+                    None => cp,
+                };
+                let cp = match listed_input(cp) {
+                    Ok(cp) => cp,
+                    Err(refused) => {
+                        let (cp, e) = *refused;
+                        return Err(self.refuse_input(cp, workflow, e).await);
+                    }
+                };
                 let version = cp.version;
                 let (names, name) = (cp.completed.clone(), cp.workflow.clone());
                 let cp = self.verify(cp, workflow)?;
@@ -108,6 +123,30 @@ impl<S: Store + ?Sized> Runner<'_, S> {
             Err(e) => Err(self.explain_conflict(run_id, created_at, e).await),
             done => done,
         }
+    }
+
+    /// Records pending run `cp` as failed at its first step for input `e`
+    /// it cannot start with (so that a parent waiting for it hears of it),
+    /// and returns `e`.
+    async fn refuse_input(&self, mut cp: Checkpoint, workflow: &Workflow, e: Error) -> Error {
+        let now = self.now();
+        let first = workflow.steps().first().map_or("", |s| s.name());
+        cp.status = RunStatus::Failed;
+        cp.updated_at = now;
+        cp.error = Some(crate::record::checkpoint::StepFailure::new(
+            0,
+            first,
+            e.to_string(),
+            1,
+            true,
+            now,
+        ));
+        let expected = cp.version;
+        let mut session = Session::new(cp, Some(expected), workflow.steps().len(), 0);
+        if let Err(err) = session.save(self, None).await {
+            tracing::warn!(run_id = %session.cp.run_id, error = %err, "could not record that the run's input does not fit its workflow");
+        }
+        e
     }
 
     /// Runs the steps from `cp.next` on.
@@ -144,6 +183,7 @@ impl<S: Store + ?Sized> Runner<'_, S> {
                 StepKind::Signal { signal, timeout } => {
                     ctx.listed_signal(step, signal, *timeout).await
                 }
+                StepKind::Child { workflow } => ctx.listed_child(step, workflow).await,
             };
             match done {
                 Ok(()) => {}
@@ -153,6 +193,46 @@ impl<S: Store + ?Sized> Runner<'_, S> {
         }
         Ok(Outcome::Completed(ctx.into_state().await))
     }
+}
+
+/// A run started with its input whole under [`INPUT_KEY`] (a child run,
+/// which its parent starts without knowing its kind) taken up by a listed
+/// workflow: the input, a JSON object, becomes the first state, as
+/// [`start`](crate::start) makes it. Another input fails with
+/// [`Error::InvalidInput`].
+fn listed_input(mut cp: Checkpoint) -> Result<Checkpoint, Box<(Checkpoint, Error)>> {
+    use crate::record::keys::{INPUT_KEY, RESERVED_KEYS, START_KEY};
+    if cp.next > 0 || cp.status != RunStatus::Pending || !cp.state.contains_key(INPUT_KEY) {
+        return Ok(cp);
+    }
+    let input = cp.state.remove(INPUT_KEY).unwrap_or(Value::Null);
+    let map = match input {
+        Value::Object(map) => map,
+        Value::Null => serde_json::Map::new(),
+        other => {
+            let e = Error::InvalidInput {
+                what: format!("the input of run {:?}", cp.run_id),
+                reason: format!(
+                    "a listed workflow's input must be a JSON object, not {}",
+                    crate::engine::workflow::json_kind(&other)
+                ),
+            };
+            return Err(Box::new((cp, e)));
+        }
+    };
+    if let Some(k) = RESERVED_KEYS.iter().find(|k| map.contains_key(**k)) {
+        let e = Error::InvalidInput {
+            what: format!("the input of run {:?}", cp.run_id),
+            reason: format!("the key {k:?} is the engine's; rename it"),
+        };
+        return Err(Box::new((cp, e)));
+    }
+    if !map.is_empty() {
+        cp.state
+            .insert(START_KEY.into(), Value::Object(map.clone()));
+    }
+    cp.state.extend(map);
+    Ok(cp)
 }
 
 fn run_id_of(s: &Session) -> &str {

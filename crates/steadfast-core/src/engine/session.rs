@@ -38,6 +38,10 @@ pub(crate) struct Session {
     /// crash, a kill, a lease that ran out): the first step this call runs
     /// may have run before. Counted once, in [`metrics`](crate::metrics).
     pub(crate) interrupted: bool,
+    /// Since when the run's failed child runs have a fresh retry budget:
+    /// the run's failure, when this call resumes a failed run, or its last
+    /// retry by hand (see [`DurableCtx::children`](crate::DurableCtx::children)).
+    pub(crate) fresh_since: Option<Timestamp>,
 }
 
 impl Session {
@@ -59,8 +63,23 @@ impl Session {
         let interrupted = cp.version > 0
             && cp.status == RunStatus::Running
             && cp.audit.last().is_none_or(|a| a.at != cp.updated_at);
+        let fresh_since = if cp.status == RunStatus::Failed {
+            Some(cp.updated_at)
+        } else {
+            cp.audit
+                .iter()
+                .rev()
+                .find(|a| {
+                    matches!(
+                        a.action,
+                        crate::record::checkpoint::AuditAction::Retry { .. }
+                    )
+                })
+                .map(|a| a.at)
+        };
         Session {
             interrupted,
+            fresh_since,
             cp,
             expected,
             total,
@@ -599,6 +618,7 @@ impl Session {
             Ok(v) => {
                 self.cp.version = v;
                 self.expected = Some(v);
+                crate::engine::family::ended_child(&*r.store, &self.cp, &*r.clock).await;
                 return Ok(());
             }
             Err(e) => e,
@@ -618,6 +638,7 @@ impl Session {
                 tracing::info!(run_id = %self.cp.run_id, version = new_version, "save reported an error but had landed");
                 self.cp.version = new_version;
                 self.expected = Some(new_version);
+                crate::engine::family::ended_child(&*r.store, &self.cp, &*r.clock).await;
                 Ok(())
             }
             Ok(stored) if stored.as_ref().map(|s| s.version) == self.expected => Err(err),

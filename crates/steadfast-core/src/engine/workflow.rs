@@ -213,6 +213,8 @@ pub(crate) enum StepKind {
         signal: String,
         timeout: Option<Duration>,
     },
+    /// Runs a workflow as a child run and waits for its result.
+    Child { workflow: String },
 }
 
 impl Step {
@@ -291,6 +293,33 @@ impl Step {
         }
     }
 
+    /// A child step: starts a run of `workflow` (by the name a worker's
+    /// [`Registry`](crate::Registry) knows it by) as a child of this run,
+    /// with this run's state (without the engine's keys) as its input, and
+    /// waits for it without holding a process; its result is merged into
+    /// the state under the step's name. See
+    /// [`DurableCtx::children`](crate::DurableCtx::children) for the child's
+    /// id, the wait, failures and cancelling. The step's
+    /// [`retry`](Step::retry) policy says how often a failed child is
+    /// retried (once, by default: a child's own steps retry as its
+    /// workflow says).
+    ///
+    /// ```
+    /// use steadfast_core::Step;
+    /// let review = Step::child("review", "review-draft");
+    /// assert_eq!(review.name(), "review");
+    /// ```
+    pub fn child(name: impl Into<String>, workflow: impl Into<String>) -> Self {
+        Step {
+            name: name.into(),
+            kind: StepKind::Child {
+                workflow: workflow.into(),
+            },
+            retry: RetryPolicy::none(),
+            timeout: None,
+        }
+    }
+
     /// For a wait for a signal: give up `after` the run reached it, with
     /// `null` under the step's name. No effect on other steps. `after` must
     /// lie in [`limits::GATE_TIMEOUT`](crate::record::limits::GATE_TIMEOUT),
@@ -331,6 +360,11 @@ impl Step {
             } => GATE_TIMEOUT.check("gate timeout", *t).map(drop),
             StepKind::Gate { timeout: None, .. } => Ok(()),
             StepKind::Sleep(d) => SLEEP.check("sleep", *d).map(drop),
+            StepKind::Child { workflow } => {
+                crate::record::ids::check_step_name(workflow)
+                    .map_err(|r| format!("the workflow of its child run: {r}"))?;
+                self.retry.check()
+            }
             StepKind::Signal { signal, timeout: t } => {
                 crate::record::ids::check_step_name(signal)
                     .map_err(|r| format!("the signal it waits for: {r}"))?;

@@ -77,33 +77,18 @@ pub async fn cancel<S: Store + ?Sized>(
             });
         }
     }
-    modify(store, run_id, "cancel", clock, |cp, now| {
-        if matches!(
-            cp.status,
-            RunStatus::Completed | RunStatus::Rejected | RunStatus::Cancelled
-        ) {
-            return Err(refused(
-                run_id,
-                "cancel",
-                format!("it is already {}", cp.status),
-            ));
-        }
-        let was = cp.status;
-        cp.status = RunStatus::Cancelled;
-        // The lease stays: its holder may still be finishing a step (within
-        // its grace period), and a rewind or fork waits until it is gone.
-        cp.wait = None;
-        cp.push_audit(AuditEntry::new(
-            AuditAction::Cancel {
-                was,
-                reason: reason.clone(),
-            },
-            by,
-            now,
-        ));
-        Ok(())
+    let mut running = Vec::new();
+    let cp = modify(store, run_id, "cancel", clock, |cp, now| {
+        running = match &cp.wait {
+            Some(crate::record::checkpoint::Wait::Children { runs, .. }) => runs.clone(),
+            _ => Vec::new(),
+        };
+        cp.mark_cancelled(reason.clone(), by, now)
+            .map_err(|why| refused(run_id, "cancel", why))
     })
-    .await
+    .await?;
+    crate::engine::family::cancelled(store, &cp, running, clock).await;
+    Ok(cp)
 }
 
 /// Retries failed run `run_id`: clears its error and the attempts its
@@ -118,29 +103,8 @@ pub async fn retry<S: Store + ?Sized>(
 ) -> Result<Checkpoint, Error> {
     check_operator(run_id, "retry", by)?;
     modify(store, run_id, "retry", clock, |cp, now| {
-        if cp.status != RunStatus::Failed {
-            return Err(refused(
-                run_id,
-                "retry",
-                format!("it is {}, and only a failed run is retried", cp.status),
-            ));
-        }
-        let (index, step, error) = match &cp.error {
-            Some(e) => (e.index, e.step.clone(), e.message.clone()),
-            None => (cp.next, String::new(), String::new()),
-        };
-        let action = AuditAction::Retry {
-            index,
-            step,
-            attempts: cp.attempts,
-            error: crate::record::limits::cut_middle(error, 1024),
-        };
-        cp.status = RunStatus::Running;
-        cp.error = None;
-        cp.attempts = 0;
-        cp.lease = None;
-        cp.push_audit(AuditEntry::new(action, by, now));
-        Ok(())
+        cp.mark_retried(by, now)
+            .map_err(|why| refused(run_id, "retry", why))
     })
     .await
 }

@@ -531,13 +531,33 @@ pub enum Wait {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         recheck_at: Option<Timestamp>,
     },
+    /// At child runs ([`DurableCtx::children`](crate::DurableCtx::children)),
+    /// for their outcomes.
+    Children {
+        /// The first child step of the group whose result is not recorded.
+        step: String,
+        /// The child runs under way, by id.
+        runs: Vec<String>,
+        /// Since when.
+        since: Timestamp,
+        /// One of them ended since the wait began: the run is due.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        arrived: bool,
+        /// When a worker looks at the children all the same (one whose
+        /// process died between its end and marking this run due).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        recheck_at: Option<Timestamp>,
+    },
 }
 
 impl Wait {
     /// The step the run waits at.
     pub fn step(&self) -> &str {
         match self {
-            Wait::Gate { step, .. } | Wait::Timer { step, .. } | Wait::Signal { step, .. } => step,
+            Wait::Gate { step, .. }
+            | Wait::Timer { step, .. }
+            | Wait::Signal { step, .. }
+            | Wait::Children { step, .. } => step,
         }
     }
 }
@@ -626,6 +646,61 @@ impl Checkpoint {
             audit: Vec::new(),
             origin: None,
         }
+    }
+
+    /// Cancels the run as `by` at `now`: status cancelled, no wait, an
+    /// audit entry; the lease stays (its holder may be finishing a step).
+    /// Refused, with the reason, when the run has ended otherwise.
+    pub(crate) fn mark_cancelled(
+        &mut self,
+        reason: Option<String>,
+        by: &str,
+        now: Timestamp,
+    ) -> Result<(), String> {
+        if matches!(
+            self.status,
+            RunStatus::Completed | RunStatus::Rejected | RunStatus::Cancelled
+        ) {
+            return Err(format!("it is already {}", self.status));
+        }
+        let was = self.status;
+        self.status = RunStatus::Cancelled;
+        self.wait = None;
+        self.push_audit(AuditEntry::new(
+            AuditAction::Cancel { was, reason },
+            by,
+            now,
+        ));
+        Ok(())
+    }
+
+    /// Retries the failed run as `by` at `now`: its error and the attempts
+    /// its failed step used are cleared, so that the next call tries that
+    /// step again with its whole budget; an audit entry says what was
+    /// cleared. Refused, with the reason, unless the run failed.
+    pub(crate) fn mark_retried(&mut self, by: &str, now: Timestamp) -> Result<(), String> {
+        if self.status != RunStatus::Failed {
+            return Err(format!(
+                "it is {}, and only a failed run is retried",
+                self.status
+            ));
+        }
+        let (index, step, error) = match &self.error {
+            Some(e) => (e.index, e.step.clone(), e.message.clone()),
+            None => (self.next, String::new(), String::new()),
+        };
+        let action = AuditAction::Retry {
+            index,
+            step,
+            attempts: self.attempts,
+            error: crate::record::limits::cut_middle(error, 1024),
+        };
+        self.status = RunStatus::Running;
+        self.error = None;
+        self.attempts = 0;
+        self.lease = None;
+        self.push_audit(AuditEntry::new(action, by, now));
+        Ok(())
     }
 
     /// Appends an audit entry, dropping the oldest beyond
@@ -755,6 +830,17 @@ impl Checkpoint {
                         Some(Timestamp::EPOCH)
                     } else {
                         *timeout_at
+                    }
+                }
+                Some(Wait::Children {
+                    arrived,
+                    recheck_at,
+                    ..
+                }) => {
+                    if *arrived {
+                        Some(Timestamp::EPOCH)
+                    } else {
+                        *recheck_at
                     }
                 }
                 Some(Wait::Signal {

@@ -17,9 +17,24 @@ pub const RESULT_KEY: &str = "__result";
 /// last signal they took ([`signal`](crate::signal)).
 pub const SIGNALS_KEY: &str = "__signals";
 
+/// The state key under which a child run keeps its parent: `{"run": ID,
+/// "step": NAME}` ([`DurableCtx::child`](crate::DurableCtx::child)).
+pub const PARENT_KEY: &str = "__parent";
+
+/// The state key under which a parent run keeps, per child step, the id of
+/// the child run whose result the step recorded.
+pub const CHILDREN_KEY: &str = "__children";
+
 /// Every state key the engine writes itself.
 ///
 /// ```
 /// assert!(steadfast_core::RESERVED_KEYS.contains(&"__start"));
 /// ```
-pub const RESERVED_KEYS: [&str; 4] = [START_KEY, INPUT_KEY, RESULT_KEY, SIGNALS_KEY];
+pub const RESERVED_KEYS: [&str; 6] = [
+    START_KEY,
+    INPUT_KEY,
+    RESULT_KEY,
+    SIGNALS_KEY,
+    PARENT_KEY,
+    CHILDREN_KEY,
+];

@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod clock;
 pub mod error;
 pub mod events;
+pub mod family;
 pub mod ids;
 pub mod keys;
 pub mod limits;
