@@ -1,5 +1,5 @@
 //! Flow files: TOML with a name and `[[step]]` tables, each a shell command, a
-//! gate, a durable timer or a wait for a signal. Everything is checked before anything runs; an
+//! gate, a durable timer, a wait for a signal or a child run of another flow. Everything is checked before anything runs; an
 //! error names the file, the line and what is wrong.
 
 use std::collections::{BTreeMap, HashSet};
@@ -29,6 +29,7 @@ struct StepSpec {
     gate: Option<Spanned<bool>>,
     sleep: Option<Spanned<String>>,
     wait: Option<Spanned<String>>,
+    child: Option<Spanned<String>>,
     timeout: Option<Spanned<String>>,
     retries: Option<Spanned<u32>>,
     backoff: Option<Spanned<String>>,
@@ -56,6 +57,42 @@ pub const DEFAULT_OUTPUT_LIMIT: usize =
 
 /// Reads, checks and builds the workflow of the flow file at `path`.
 pub fn load(path: &Path) -> Result<Workflow, FlowError> {
+    load_with_children(path).map(|(wf, _)| wf)
+}
+
+/// The flow at `path` and every flow its `child` steps name, and theirs:
+/// the flow first, each file once. Two files of one name are refused.
+pub fn load_family(path: &Path) -> Result<Vec<Workflow>, FlowError> {
+    let mut out: Vec<(std::path::PathBuf, Workflow)> = Vec::new();
+    let mut todo = vec![path.to_path_buf()];
+    while let Some(p) = todo.pop() {
+        let key = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
+        if out.iter().any(|(k, _)| *k == key) {
+            continue;
+        }
+        let (wf, children) = load_with_children(&p)?;
+        if let Some((other, _)) = out.iter().find(|(_, w)| w.name() == wf.name()) {
+            return Err(FlowError(format!(
+                "{}: flow {:?} is also the name of {}; a flow's children need names of their own",
+                p.display(),
+                wf.name(),
+                other.display()
+            )));
+        }
+        if out.len() >= 1000 {
+            return Err(FlowError(format!(
+                "{}: more than 1000 flow files are reached through child steps",
+                path.display()
+            )));
+        }
+        out.push((key, wf));
+        todo.extend(children.into_iter().rev());
+    }
+    Ok(out.into_iter().map(|(_, wf)| wf).collect())
+}
+
+/// The text of the flow file at `path`, read with its checks.
+fn read_flow(path: &Path) -> Result<String, FlowError> {
     use std::io::Read;
     let fail = |what: String| FlowError(format!("{}: {what}", path.display()));
     let file =
@@ -80,12 +117,37 @@ pub fn load(path: &Path) -> Result<Workflow, FlowError> {
             e.utf8_error().valid_up_to()
         ))
     })?;
-    parse(&text, path)
+    Ok(text)
+}
+
+/// The flow at `path` and the paths of the flows its child steps run.
+fn load_with_children(path: &Path) -> Result<(Workflow, Vec<std::path::PathBuf>), FlowError> {
+    let text = read_flow(path)?;
+    parse_with_children(&text, path)
+}
+
+/// The name of the flow file at `path`, which a child step runs.
+fn flow_name(path: &Path) -> Result<String, FlowError> {
+    #[derive(Deserialize)]
+    struct Named {
+        name: String,
+    }
+    let text = read_flow(path)?;
+    let named: Named = toml::from_str(&text)
+        .map_err(|e| FlowError(format!("{}: {}", path.display(), e.message())))?;
+    Ok(named.name.trim().to_string())
 }
 
 /// Checks and builds a workflow from flow-file text; `path` names it in errors
 /// and anchors relative working directories.
 pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
+    parse_with_children(text, path).map(|(wf, _)| wf)
+}
+
+fn parse_with_children(
+    text: &str,
+    path: &Path,
+) -> Result<(Workflow, Vec<std::path::PathBuf>), FlowError> {
     let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
     let at = |offset: usize, what: String| {
         FlowError(format!("{}:{}: {what}", path.display(), line_of(offset)))
@@ -110,6 +172,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
     let base = flow_dir(path);
     let mut seen = HashSet::new();
     let mut steps = Vec::new();
+    let mut children = Vec::new();
     for (i, spanned) in flow.step.iter().enumerate() {
         let spec = spanned.get_ref();
         let step_at = |what: String| {
@@ -136,13 +199,18 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
             spec.gate.is_some(),
             spec.sleep.is_some(),
             spec.wait.is_some(),
+            spec.child.is_some(),
         ];
         match kinds.iter().filter(|k| **k).count() {
-            0 => return Err(step_at("needs one of run, gate, sleep or wait".into())),
+            0 => {
+                return Err(step_at(
+                    "needs one of run, gate, sleep, wait or child".into(),
+                ))
+            }
             1 => {}
             _ => {
                 return Err(step_at(
-                    "has more than one of run, gate, sleep and wait".into(),
+                    "has more than one of run, gate, sleep, wait and child".into(),
                 ))
             }
         }
@@ -170,18 +238,27 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
         let timeout = duration(&spec.timeout, "timeout", timeout_range)?;
         let only_for = |field: bool, key: &str, kind: &str| -> Result<(), FlowError> {
             if field {
-                Err(step_at(format!("{key} applies only to {kind} steps")))
+                let verb = if key.contains(" and ") {
+                    "apply"
+                } else {
+                    "applies"
+                };
+                Err(step_at(format!("{key} {verb} only to {kind} steps")))
             } else {
                 Ok(())
             }
         };
         if spec.run.is_none() {
             // Options of command steps, on a gate or a timer.
-            only_for(
-                spec.retries.is_some() || spec.backoff.is_some(),
-                "retries and backoff",
-                "run",
-            )?;
+            if spec.child.is_some() {
+                only_for(spec.backoff.is_some(), "backoff", "run")?;
+            } else {
+                only_for(
+                    spec.retries.is_some() || spec.backoff.is_some(),
+                    "retries and backoff",
+                    "run",
+                )?;
+            }
             only_for(
                 spec.workdir.is_some() || spec.env.is_some(),
                 "workdir and env",
@@ -239,6 +316,32 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
                 Some(t) => Step::gate(step_name.as_str()).gate_timeout(t, on_timeout),
                 None => Step::gate(step_name.as_str()),
             }
+        } else if let Some(child) = &spec.child {
+            only_for(
+                spec.timeout.is_some() || spec.on_timeout.is_some(),
+                "timeout and on_timeout",
+                "run, gate and wait",
+            )?;
+            let file = base.join(child.get_ref());
+            let name = flow_name(&file).map_err(|e| {
+                at(
+                    child.span().start,
+                    format!("child = {:?}: {}", child.get_ref(), e.0),
+                )
+            })?;
+            if let Err(e) = steadfast::check_step_name(&name) {
+                return Err(at(
+                    child.span().start,
+                    format!("child = {:?}: its flow's name: {e}", child.get_ref()),
+                ));
+            }
+            // Retries of a child step retry its child run when it fails;
+            // without them, its failure fails this step at once.
+            let retries = spec.retries.as_ref().map_or(0, |r| *r.get_ref());
+            let policy = RetryPolicy::from_options(Some(i64::from(retries)), None, None)
+                .map_err(|e| at(spec.retries.as_ref().map_or(0, |r| r.span().start), e))?;
+            children.push(file);
+            Step::child(step_name.as_str(), name).retry(policy)
         } else if let Some(wait) = &spec.wait {
             only_for(spec.on_timeout.is_some(), "on_timeout", "gate")?;
             if let Err(e) = steadfast::check_step_name(wait.get_ref()) {
@@ -263,7 +366,9 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
         };
         steps.push(step);
     }
-    Workflow::new(name, steps).map_err(|e| FlowError(format!("{}: {e}", path.display())))
+    let wf =
+        Workflow::new(name, steps).map_err(|e| FlowError(format!("{}: {e}", path.display())))?;
+    Ok((wf, children))
 }
 
 /// Where a flow file's relative paths point: its directory.

@@ -231,6 +231,8 @@ pub fn show_json(cp: &Checkpoint, history: Option<&[StepRecord]>, stuck: Option<
         "error": cp.error, "wait": cp.wait, "lease": cp.lease, "decisions": cp.decisions,
         "audit": cp.audit.iter().map(audit_json).collect::<Vec<_>>(),
         "stuck": stuck_json(stuck),
+        "parent": steadfast::ParentLink::of(&cp.state),
+        "children": steadfast::children_of(cp),
     })
 }
 
@@ -358,7 +360,32 @@ pub fn show(
                 clean(signal)
             );
         }
+        Some(Wait::Children {
+            step,
+            runs,
+            since,
+            arrived,
+            ..
+        }) => {
+            let arrived = if *arrived {
+                " (one ended: run it again to take it)"
+            } else {
+                ""
+            };
+            out!(
+                "waiting   at {} for {} child run(s) since {since}{arrived}",
+                clean(step),
+                runs.len()
+            );
+        }
         Some(_) | None => {}
+    }
+    if let Some(p) = steadfast::ParentLink::of(&cp.state) {
+        out!("parent    {} (step {})", clean(&p.run), clean(&p.step));
+    }
+    for c in steadfast::children_of(cp) {
+        let how = if c.recorded { "done" } else { "under way" };
+        out!("child     {}: {} ({how})", clean(&c.step), clean(&c.run));
     }
     if let Some(l) = &cp.lease {
         let gone = match steadfast::holder_is_running(&l.owner) {

@@ -61,7 +61,7 @@ pub use record::error::{
     error_chain, BoxError, Error, Removal, StepError, StoreError, StoreErrorKind,
 };
 pub use record::events::{NewEvent, RunEvent};
-pub use record::family::{child_id, child_result, ParentLink};
+pub use record::family::{child_id, child_result, children_of, ChildRef, ParentLink};
 pub use record::ids::{
     check_step_name, idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES,
 };

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use steadfast::{current_owner, Clock, Outcome, Runner, SystemClock};
+use steadfast::{current_owner, Clock, Outcome, RunStatus, Runner, SystemClock, Workflow};
 
 use super::{Ctx, Failure};
 use crate::args::exit;
@@ -42,12 +42,9 @@ pub(crate) fn parse_lease(text: &str) -> Result<Duration, String> {
     steadfast::limits::LEASE.check("the lease", d)
 }
 
-/// Runs the flow; the exit code says how the run stopped.
-pub async fn run(args: RunArgs, ctx: &Ctx) -> Result<i32, Failure> {
-    let workflow = flow::load(&args.flow)?;
-    let run_id = args.run_id.as_str();
-    steadfast::validate_run_id(run_id)?;
-    let runner = Runner::new(&*ctx.store)
+/// The runner for run `run_id` with the command's options.
+fn runner_for<'a>(args: &RunArgs, ctx: &'a Ctx, run_id: &str) -> Runner<'a, dyn steadfast::Store> {
+    Runner::new(&*ctx.store)
         .lease(current_owner(), args.lease)
         .wait_for_timers(args.wait)
         .accept_changed_workflow(args.accept_changed_workflow)
@@ -56,9 +53,79 @@ pub async fn run(args: RunArgs, ctx: &Ctx) -> Result<i32, Failure> {
             let run_id = run_id.to_string();
             move |old| command::stop_steps_of(&old.owner, &run_id)
         })
-        .observer(output::progress);
+        .observer(output::progress)
+}
+
+/// Runs `run_id` of `workflow`; while it waits for child runs of flows in
+/// `family`, runs those children here (one after another, each the same
+/// way) and then the run again, until it ends or waits for something else
+/// (a child at a gate, a signal or a timer, or a child of another flow,
+/// which a worker runs).
+async fn drive(
+    args: &RunArgs,
+    ctx: &Ctx,
+    run_id: &str,
+    workflow: &Workflow,
+    family: &[Workflow],
+    depth: usize,
+) -> Result<Outcome, steadfast::Error> {
+    loop {
+        let out = runner_for(args, ctx, run_id).run(run_id, workflow).await?;
+        if !matches!(out, Outcome::Waiting { .. }) || depth >= 64 {
+            return Ok(out);
+        }
+        let runs = match ctx.store.load(run_id).await {
+            Ok(Some(cp)) => match cp.wait {
+                Some(steadfast::Wait::Children { runs, .. }) => runs,
+                _ => return Ok(out),
+            },
+            _ => return Ok(out),
+        };
+        let mut moved = false;
+        for child in &runs {
+            let Ok(Some(cp)) = ctx.store.load(child).await else {
+                continue;
+            };
+            let Some(wf) = family.iter().find(|w| w.name() == cp.workflow) else {
+                continue;
+            };
+            if matches!(
+                cp.status,
+                RunStatus::Completed
+                    | RunStatus::Failed
+                    | RunStatus::Rejected
+                    | RunStatus::Cancelled
+            ) {
+                moved = true;
+                continue;
+            }
+            match Box::pin(drive(args, ctx, child, wf, family, depth + 1)).await {
+                Ok(Outcome::Completed(_)) => moved = true,
+                Ok(_) => {}
+                Err(e) => {
+                    output::note(format_args!(
+                        "child run {child:?} failed: {}",
+                        output::clean(&steadfast::error_chain(&e))
+                    ));
+                    moved = true;
+                }
+            }
+        }
+        if !moved {
+            return Ok(out);
+        }
+    }
+}
+
+/// Runs the flow; the exit code says how the run stopped.
+pub async fn run(args: RunArgs, ctx: &Ctx) -> Result<i32, Failure> {
+    let family = flow::load_family(&args.flow)?;
+    let workflow = &family[0];
+    let run_id = args.run_id.as_str();
+    steadfast::validate_run_id(run_id)?;
+    let outcome = drive(&args, ctx, run_id, workflow, &family, 0).await?;
     let json = args.json;
-    match runner.run(run_id, &workflow).await? {
+    match outcome {
         Outcome::Completed(state) => {
             if json {
                 output::out!("{}", Value::Object(state));
@@ -67,14 +134,30 @@ pub async fn run(args: RunArgs, ctx: &Ctx) -> Result<i32, Failure> {
             Ok(exit::OK)
         }
         Outcome::Waiting { gate } => {
-            // A wait for a signal stops the run as a gate does; say which.
-            let signal = match ctx.store.load(run_id).await {
-                Ok(Some(cp)) => match cp.wait {
-                    Some(steadfast::Wait::Signal { signal, .. }) => Some(signal),
-                    _ => None,
-                },
+            // A wait for a signal or for child runs stops the run as a
+            // gate does; say which.
+            let wait = match ctx.store.load(run_id).await {
+                Ok(Some(cp)) => cp.wait,
                 _ => None,
             };
+            let signal = match &wait {
+                Some(steadfast::Wait::Signal { signal, .. }) => Some(signal.clone()),
+                _ => None,
+            };
+            if let Some(steadfast::Wait::Children { runs, .. }) = &wait {
+                output::note(format_args!(
+                    "run {run_id:?} waits at {gate:?} for {} child run(s) that wait themselves (steadfast show {} lists them)",
+                    runs.len(),
+                    output::shell_quote(run_id)
+                ));
+                if json {
+                    output::out!(
+                        "{}",
+                        json!({"status": "waiting", "gate": gate, "children": runs})
+                    );
+                }
+                return Ok(exit::WAITING);
+            }
             match &signal {
                 Some(signal) => output::note(format_args!(
                     "run {run_id:?} waits at {gate:?} for signal {signal:?}: steadfast signal {} {} --data JSON",

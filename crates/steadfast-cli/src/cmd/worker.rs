@@ -63,16 +63,20 @@ pub(crate) fn parse_grace(text: &str) -> Result<Duration, String> {
 /// Runs until a signal asks it to stop; exit 0 after a clean shutdown.
 pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let mut registry = Registry::new();
+    // Each flow with the flows its child steps run: a worker runs a
+    // flow's children too.
+    let mut given = std::collections::HashSet::new();
     for path in &args.flows {
-        let wf = flow::load(path)?;
-        if registry.contains(wf.name()) {
-            return Err(usage(format!(
-                "{}: another flow file given is also named {:?}",
-                path.display(),
-                wf.name()
-            )));
+        for (i, wf) in flow::load_family(path)?.into_iter().enumerate() {
+            if i == 0 && !given.insert(wf.name().to_string()) {
+                return Err(usage(format!(
+                    "{}: another flow file given is also named {:?}",
+                    path.display(),
+                    wf.name()
+                )));
+            }
+            registry = registry.workflow(wf);
         }
-        registry = registry.workflow(wf);
     }
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;

@@ -389,6 +389,24 @@ pub(crate) fn run(
                 @if let Some(s) = stuck {
                     dt { "Stuck" } dd.stuck { (s.to_string()) }
                 }
+                @if let Some(p) = steadfast::ParentLink::of(&cp.state) {
+                    dt { "Parent" } dd { a.parent href={ "/runs/" (seg(&p.run)) } { (p.run) } " (step " (p.step) ")" }
+                }
+                @let children = steadfast::children_of(cp);
+                @if !children.is_empty() {
+                    dt { "Children" }
+                    dd {
+                        ul.children {
+                            @for c in &children {
+                                li {
+                                    a.child href={ "/runs/" (seg(&c.run)) } { (c.run) }
+                                    @if !c.step.is_empty() { " (step " (c.step) ")" }
+                                    @if c.recorded { " done" } @else { " under way" }
+                                }
+                            }
+                        }
+                    }
+                }
             }
             @match &cp.wait {
                 Some(Wait::Gate { step, since, timeout_at, .. }) => {
@@ -407,6 +425,12 @@ pub(crate) fn run(
                         @if let Some(t) = timeout_at { " (gives up at " (t.to_string()) ")" }
                         @if *arrived { "; it was sent, and the run takes it when it runs next" }
                         p.muted { "Send it with " code { "steadfast signal " (cp.run_id) " " (signal) " --data JSON" } }
+                    }
+                }
+                Some(Wait::Children { step, runs, since, arrived, .. }) => {
+                    div.box {
+                        strong { "Waiting at " (step) " for " (runs.len()) " child run(s)" } " since " (since.to_string())
+                        @if *arrived { "; one ended, and the run takes its result when it runs next" }
                     }
                 }
                 _ => {}
@@ -596,5 +620,38 @@ mod tests {
             .0;
             prop_assert!(!listed.contains(&tag), "{tag} appears as markup in the list");
         }
+    }
+
+    /// A parent's page links its children, done and under way, and says
+    /// what it waits for; a child's page links its parent.
+    #[test]
+    fn run_pages_link_parents_and_children() {
+        let now = Timestamp::from_unix_millis(1_800_000_000_000);
+        let mut cp = Checkpoint::new("p/1", "writer", now);
+        cp.status = RunStatus::Waiting;
+        cp.state.insert(
+            steadfast::CHILDREN_KEY.into(),
+            serde_json::json!({"a": steadfast::child_id("p/1", "a")}),
+        );
+        cp.wait = Some(Wait::Children {
+            step: "b".into(),
+            runs: vec![steadfast::child_id("p/1", "b")],
+            since: now,
+            arrived: false,
+            recheck_at: None,
+        });
+        let page = run("store", "csrf", &cp, Some(&[]), None, now).0;
+        assert!(page.contains("href=\"/runs/p%2F1~a\""), "{page}");
+        assert!(page.contains("href=\"/runs/p%2F1~b\""), "{page}");
+        assert!(page.contains("Waiting at b for 1 child run(s)"), "{page}");
+        assert!(page.contains(" (step b) under way"), "{page}");
+        let mut child = Checkpoint::new("p/1~a", "researcher", now);
+        child.state.insert(
+            steadfast::PARENT_KEY.into(),
+            steadfast::ParentLink::new("p/1", "a").to_value(),
+        );
+        let page = run("store", "csrf", &child, Some(&[]), None, now).0;
+        assert!(page.contains("href=\"/runs/p%2F1\""), "{page}");
+        assert!(page.contains("(step a)"), "{page}");
     }
 }

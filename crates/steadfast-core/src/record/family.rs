@@ -122,6 +122,56 @@ pub fn child_failure(cp: &Checkpoint) -> String {
     format!("child run {:?} ({}) {why}", cp.run_id, cp.workflow)
 }
 
+/// One child run of a parent, as the parent's record names it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ChildRef {
+    /// The parent's step that started it.
+    pub step: String,
+    /// The child run's id.
+    pub run: String,
+    /// Whether its result is recorded in the parent (else it is under way).
+    pub recorded: bool,
+}
+
+/// The children run `cp` names: those whose results its steps recorded
+/// (under [`CHILDREN_KEY`]), then those its wait lists as under way.
+pub fn children_of(cp: &Checkpoint) -> Vec<ChildRef> {
+    let mut out: Vec<ChildRef> = match cp.state.get(CHILDREN_KEY) {
+        Some(Value::Object(m)) => m
+            .iter()
+            .filter_map(|(step, run)| {
+                Some(ChildRef {
+                    step: step.clone(),
+                    run: run.as_str()?.to_string(),
+                    recorded: true,
+                })
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    if let Some(crate::record::checkpoint::Wait::Children { runs, .. }) = &cp.wait {
+        for run in runs {
+            if out.iter().any(|c| c.run == *run) {
+                continue;
+            }
+            // The step is the id's tail after the parent's id and `~`
+            // (unknown for an id shortened by a hash).
+            let step = run
+                .strip_prefix(&format!("{}~", cp.run_id))
+                .filter(|s| child_id(&cp.run_id, s) == *run)
+                .unwrap_or("")
+                .to_string();
+            out.push(ChildRef {
+                step,
+                run: run.clone(),
+                recorded: false,
+            });
+        }
+    }
+    out
+}
+
 /// The name under which the engine writes a child's audit entries (a
 /// retry by its parent, a cancel because its parent was cancelled).
 pub const PARENT_AUDITOR: &str = "parent run";

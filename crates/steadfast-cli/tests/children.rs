@@ -1,0 +1,227 @@
+//! Flow files' `child` steps: `run` runs a flow's children and then the
+//! flow on; `show` and `show --json` link parent and children; a worker
+//! runs a flow's children; cancelling a parent cancels its children; bad
+//! child steps are refused with the file, the line and what is wrong.
+
+mod support;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::{code, stderr, Env, TestResult};
+
+const PARENT: &str = r#"name = "writer"
+
+[[step]]
+name = "plan"
+run = "echo '{\"topic\": \"tides\"}'"
+
+[[step]]
+name = "research"
+child = "researcher.toml"
+
+[[step]]
+name = "write"
+run = "echo '{\"written\": true}'"
+"#;
+
+const CHILD: &str = r#"name = "researcher"
+
+[[step]]
+name = "read"
+run = "echo '{\"notes\": \"tides follow the moon\"}'"
+"#;
+
+const GATED_CHILD: &str = r#"name = "researcher"
+
+[[step]]
+name = "read"
+run = "echo '{\"notes\": \"tides follow the moon\"}'"
+
+[[step]]
+name = "check"
+gate = true
+"#;
+
+/// A child process killed and reaped when dropped.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what} never happened"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn run_runs_a_flows_child_and_show_links_them() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow("writer.toml", PARENT);
+    env.flow("researcher.toml", CHILD);
+    let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "w", "--json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let state: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(
+        state["research"],
+        json!({"topic": "tides", "notes": "tides follow the moon"}),
+        "the child got the parent's state and gave back its own"
+    );
+    assert_eq!(state["written"], json!(true));
+    let shown = env.run(&["show", "w"]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        text.contains("child     research: w~research (done)"),
+        "{text}"
+    );
+    let shown = env.run(&["show", "w~research"]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains("parent    w (step research)"), "{text}");
+    assert!(text.contains("status    completed"), "{text}");
+    let v = env.show("w");
+    assert_eq!(
+        v["children"],
+        json!([{"step": "research", "run": "w~research", "recorded": true}])
+    );
+    assert_eq!(
+        env.show("w~research")["parent"],
+        json!({"run": "w", "step": "research"})
+    );
+    // Run again: nothing runs again.
+    let again = env.run(&["run", flow.to_str().unwrap(), "--run-id", "w"]);
+    assert_eq!(code(&again), 0, "{}", stderr(&again));
+    Ok(())
+}
+
+#[test]
+fn a_parent_waits_for_a_child_at_a_gate_and_cancel_reaches_the_child() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow("writer.toml", PARENT);
+    env.flow("researcher.toml", GATED_CHILD);
+    let flow = flow.to_str().unwrap();
+    let out = env.run(&["run", flow, "--run-id", "w", "--json"]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    let said: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(said["status"], "waiting");
+    assert_eq!(said["children"], json!(["w~research"]));
+    assert!(stderr(&out).contains("child run(s)"), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&env.run(&["show", "w"]).stdout).to_string();
+    assert!(
+        text.contains("waiting   at research for 1 child run(s)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("child     research: w~research (under way)"),
+        "{text}"
+    );
+    // Approve the child's gate, and `run` finishes both.
+    let ok = env.run(&["approve", "w~research", "check", "--by", "ada"]);
+    assert_eq!(code(&ok), 0, "{}", stderr(&ok));
+    let out = env.run(&["run", flow, "--run-id", "w"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(env.show("w")["status"], "completed");
+
+    // Another run, cancelled while its child waits: the child is cancelled.
+    let out = env.run(&["run", flow, "--run-id", "v"]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    let cancelled = env.run(&["cancel", "v", "--by", "ada"]);
+    assert_eq!(code(&cancelled), 0, "{}", stderr(&cancelled));
+    assert_eq!(env.show("v~research")["status"], "cancelled");
+    let audit = &env.show("v~research")["audit"][0];
+    assert!(audit.to_string().contains("its parent run"), "{audit}");
+    Ok(())
+}
+
+#[test]
+fn a_worker_runs_a_flows_children() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow("writer.toml", PARENT);
+    env.flow("researcher.toml", CHILD);
+    let flow = flow.to_str().unwrap();
+    let started = env.run(&["start", flow, "--run-id", "s"]);
+    assert_eq!(code(&started), 0, "{}", stderr(&started));
+    let mut worker = Reaped(
+        env.cmd(&["worker", flow, "--poll", "50ms"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    wait_for("the parent to complete", || {
+        env.show("s")["status"] == "completed"
+    });
+    assert_eq!(env.show("s~research")["status"], "completed");
+    worker.0.kill()?;
+    Ok(())
+}
+
+#[test]
+fn bad_child_steps_are_refused_with_where_and_what() -> TestResult {
+    let env = Env::new();
+    env.flow("researcher.toml", CHILD);
+    let cases = [
+        ("child = \"missing.toml\"", "child = \"missing.toml\": "),
+        ("child = \"researcher.toml\"\ntimeout = \"1m\"", "timeout"),
+        (
+            "child = \"researcher.toml\"\nbackoff = \"1s\"",
+            "backoff applies only to run steps",
+        ),
+        (
+            "child = \"researcher.toml\"\nrun = \"true\"",
+            "more than one of run, gate, sleep, wait and child",
+        ),
+        (
+            "child = \"researcher.toml\"\nenv = { A = \"1\" }",
+            "workdir and env apply only to run steps",
+        ),
+    ];
+    for (step, says) in cases {
+        let text = format!("name = \"bad\"\n\n[[step]]\nname = \"x\"\n{step}\n");
+        let flow = env.flow("bad.toml", &text);
+        let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "b"]);
+        assert_eq!(code(&out), 2, "{step}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{step}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("bad.toml:"),
+            "{step}: {}",
+            stderr(&out)
+        );
+    }
+    // A flow whose child has the parent's name.
+    let same = env.flow(
+        "same.toml",
+        "name = \"researcher\"\n\n[[step]]\nname = \"x\"\nchild = \"researcher.toml\"\n",
+    );
+    let out = env.run(&["run", same.to_str().unwrap(), "--run-id", "b"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("names of their own"),
+        "{}",
+        stderr(&out)
+    );
+    // A flow that is its own child loads (a run of it would nest without
+    // end, each child waiting for its own), and nothing was stored by the
+    // refusals above.
+    let own = env.flow(
+        "own.toml",
+        "name = \"own\"\n\n[[step]]\nname = \"x\"\nchild = \"own.toml\"\n",
+    );
+    let out = env.run(&["start", own.to_str().unwrap(), "--run-id", "o"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_ne!(
+        code(&env.run(&["show", "b"])),
+        0,
+        "a refused flow stored a run"
+    );
+    Ok(())
+}
