@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use steadfast::ops::cancel;
+use steadfast::StoreExt as _;
 use steadfast::{
     child_id, durable, start, update, ChildOptions, ChildSpec, DurableCtx, Error, ListFilter,
     Outcome, Registry, RetryPolicy, RunStatus, Step, StepError, Store, SystemClock, Wait, Worker,
@@ -164,19 +165,22 @@ fn a_worker_runs_a_parent_and_its_children_to_the_end() -> TestResult {
                 json!(["A", "B", "C", "D", "E"]),
                 "{kind}"
             );
+            let history = store.history("p").await?;
+            let listed = steadfast::children_of(&cp, history.as_deref());
+            assert_eq!(listed.len(), WORDS.len(), "{kind}: {listed:?}");
             for w in WORDS {
                 let id = child_id("p", &format!("do-{w}"));
-                assert_eq!(
-                    cp.state["__children"][format!("do-{w}")],
-                    json!(id),
-                    "{kind}"
+                assert!(
+                    listed
+                        .iter()
+                        .any(|c| c.run == id && c.step == format!("do-{w}") && c.recorded),
+                    "{kind}: {listed:?}"
                 );
                 let child = store.load(&id).await?.expect("the child is stored");
                 assert_eq!(child.status, RunStatus::Completed, "{kind}");
-                assert_eq!(
-                    child.state["__parent"],
-                    json!({"run": "p", "step": format!("do-{w}")})
-                );
+                let link = steadfast::ParentLink::of(&child.state).expect("a parent");
+                assert_eq!((link.run.as_str(), link.step), ("p", format!("do-{w}")));
+                assert_eq!(link.created, cp.created_at);
                 assert_eq!(
                     counts.lock().unwrap()[*w],
                     1,
@@ -281,6 +285,20 @@ fn listed_parents_and_listed_children() -> TestResult {
                     update(json!({"notes": format!("notes on {topic}")}))
                 })],
             )?;
+            // Run by hand, without leases: the child's input, made its
+            // first state, is saved whole on every store.
+            assert!(matches!(
+                steadfast::run("h", &parent, &*store).await?,
+                Outcome::Waiting { .. }
+            ));
+            let child = steadfast::run(&child_id("h", "research"), &inner, &*store).await?;
+            assert!(child.completed().is_some(), "{kind}");
+            let done = steadfast::run("h", &parent, &*store).await?;
+            assert_eq!(
+                done.completed().expect("completed")["research"],
+                json!({"topic": "tides", "notes": "notes on tides"}),
+                "{kind}"
+            );
             let registry = Registry::new().workflow(parent).workflow(inner);
             assert!(start(&*store, "outer", "o", json!({}), false).await?);
             let (stop, worker) = background(
@@ -498,6 +516,11 @@ fn bad_children_are_refused_with_a_clear_error() -> TestResult {
                 "at_once",
             ),
             (
+                one("x", "w", json!(1)),
+                ChildOptions::new().retry(RetryPolicy::new(33)),
+                "at most 32 times",
+            ),
+            (
                 (0..1001)
                     .map(|i| ChildSpec::new(format!("c{i}"), "w", json!(i)))
                     .collect(),
@@ -570,6 +593,108 @@ fn bad_children_are_refused_with_a_clear_error() -> TestResult {
                 .contains("must be a JSON object"),
             "{err}"
         );
+        Ok(())
+    })
+}
+
+/// Two child calls awaited together are refused (the first wait stopped
+/// the run; waits run one at a time): `children` starts several.
+#[test]
+fn two_child_calls_at_once_are_refused() -> TestResult {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = support::open("memory:");
+        let err = durable("j", &store, "joined", |ctx| async move {
+            let (a, b) = tokio::join!(
+                ctx.child::<Value>("a", "w", json!(1)),
+                ctx.child::<Value>("b", "w", json!(2))
+            );
+            // The second wait is refused; the first stopped the run.
+            if let Err(e @ Error::InvalidWorkflow { .. }) = b {
+                return Err(e);
+            }
+            Ok::<_, Error>((a?, b?))
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(err, Error::InvalidWorkflow { .. }), "{err:?}");
+        assert!(err.to_string().contains("DurableCtx::children"), "{err}");
+        // Only the first child was started; the run waits for it alone.
+        let cp = store.load("j").await?.unwrap();
+        match &cp.wait {
+            Some(Wait::Children { runs, .. }) => assert_eq!(runs.len(), 1, "{runs:?}"),
+            other => panic!("{other:?}"),
+        }
+        Ok(())
+    })
+}
+
+/// A rejected child marks its parent due and fails the parent's step; a
+/// parent deleted and made again under the same id does not take the old
+/// one's child; a child result too deep to keep fails the step for good.
+#[test]
+fn rejected_stale_and_oversized_children() -> TestResult {
+    rt().block_on(async {
+        let store: Arc<dyn Store> = support::open("memory:");
+        let gated = |ctx: Ctx| async move {
+            ctx.gate("check").await?;
+            Ok::<_, Error>(json!("ok"))
+        };
+        let parent = |ctx: Ctx| async move { ctx.child::<Value>("g", "gated", json!(null)).await };
+        durable("p", &store, "parent", parent).await?;
+        let id = child_id("p", "g");
+        assert!(matches!(
+            durable(&id, &store, "gated", gated).await?,
+            Outcome::Waiting { .. }
+        ));
+        steadfast::reject(
+            &*store,
+            &id,
+            "check",
+            Some("no".into()),
+            "ada",
+            &SystemClock,
+        )
+        .await?;
+        let cp = store.load("p").await?.unwrap();
+        assert!(
+            matches!(cp.wait, Some(Wait::Children { arrived: true, .. })),
+            "{:?}",
+            cp.wait
+        );
+        let err = durable("p", &store, "parent", parent).await.unwrap_err();
+        assert!(
+            steadfast::error_chain(&err)
+                .to_string()
+                .contains("rejected at gate \"check\": no"),
+            "{err}"
+        );
+
+        // Made again under the same id (in a later millisecond: a parent is
+        // told apart by when it was created): the old child is not this
+        // run's.
+        store.delete("p").await?;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let err = durable("p", &store, "parent", parent).await.unwrap_err();
+        let text = steadfast::error_chain(&err).to_string();
+        assert!(text.contains("child of an earlier run"), "{text}");
+
+        // A listed child's state, as deep as a state may be, is one level
+        // too deep once it sits under the parent's step name.
+        let deep = (0..steadfast::MAX_VALUE_DEPTH - 1).fold(json!(1), |v, _| json!([v]));
+        let listed = Workflow::new(
+            "deep",
+            vec![Step::new("s", move |_, _| {
+                let deep = deep.clone();
+                async move { update(json!({ "k": deep })) }
+            })],
+        )?;
+        let parent = |ctx: Ctx| async move { ctx.child::<Value>("g", "deep", json!({})).await };
+        durable("d", &store, "parent", parent).await?;
+        let done = steadfast::run(&child_id("d", "g"), &listed, &*store).await?;
+        assert!(done.completed().is_some(), "the child keeps its own state");
+        let err = durable("d", &store, "parent", parent).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidValue { .. }), "{err:?}");
+        assert_eq!(store.load("d").await?.unwrap().status, RunStatus::Failed);
         Ok(())
     })
 }

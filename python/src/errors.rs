@@ -193,7 +193,7 @@ pub fn err(e: &Error) -> PyErr {
         Error::Cancelled { .. } => Cancelled::new_err(msg),
         Error::Suspended(s) => Suspended::new_err(match s {
             steadfast::Suspension::Waiting { gate } => format!(
-                "the run stopped at {gate:?} to wait (for a decision at a gate, or for a signal); let this propagate"
+                "the run stopped at {gate:?} to wait (for a decision at a gate, a signal or child runs); let this propagate"
             ),
             steadfast::Suspension::Sleeping { until } => {
                 format!("the run stopped at a durable timer until {until}; let this propagate")

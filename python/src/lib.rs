@@ -29,6 +29,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::open_store, m)?)?;
     m.add_function(wrap_pyfunction!(store::approve, m)?)?;
     m.add_function(wrap_pyfunction!(store::signal, m)?)?;
+    m.add_function(wrap_pyfunction!(store::child_id, m)?)?;
     m.add_function(wrap_pyfunction!(store::reject, m)?)?;
     m.add_function(wrap_pyfunction!(store::show, m)?)?;
     m.add_function(wrap_pyfunction!(store::history, m)?)?;

@@ -90,6 +90,7 @@ pub struct StepSpec {
     on_timeout: Option<String>,
     seconds: Option<f64>,
     signal: Option<String>,
+    workflow: Option<String>,
 }
 
 /// The step context a listed step function gets.
@@ -231,6 +232,19 @@ fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow
                 let what = format!("wait {:?}: timeout", spec.name);
                 if let Some(t) = opt_ranged(&what, spec.timeout, limits::GATE_TIMEOUT)? {
                     step = step.signal_timeout(t);
+                }
+                step
+            }
+            "child" => {
+                let Some(workflow) = spec.workflow.clone() else {
+                    return Err(InvalidInput::new_err(format!(
+                        "child {:?} names no workflow",
+                        spec.name
+                    )));
+                };
+                let mut step = Step::child(spec.name.clone(), workflow);
+                if let Some(p) = policy(&spec.name, spec.retries, None, None)? {
+                    step = step.retry(p);
                 }
                 step
             }
@@ -607,6 +621,46 @@ impl PyDurableCtx {
             ctx.wait_for(&name, t)
                 .await
                 .map(|s| s.map_or(Value::Null, |s| s.delivery()))
+        })
+    }
+
+    /// Starts child runs and waits for their results: `children` is a list
+    /// of (name, workflow, input); at most `at_once` are under way at a
+    /// time, and a failed one is tried up to `retries` more times.
+    #[pyo3(signature = (children, at_once=None, retries=None))]
+    fn children(
+        &self,
+        children: Vec<(String, String, Option<Bound<'_, PyAny>>)>,
+        at_once: Option<usize>,
+        retries: Option<i64>,
+    ) -> PyResult<Pending> {
+        let mut specs = Vec::with_capacity(children.len());
+        for (name, workflow, input) in &children {
+            mark_free(name)?;
+            let input = input
+                .as_ref()
+                .filter(|v| !v.is_none())
+                .map(|v| json_arg(&format!("the input of child {name:?}"), v))
+                .transpose()?
+                .unwrap_or(Value::Null);
+            specs.push(steadfast::ChildSpec::new(
+                name.clone(),
+                workflow.clone(),
+                input,
+            ));
+        }
+        let mut options = steadfast::ChildOptions::new();
+        if let Some(n) = at_once {
+            options = options.at_once(n);
+        }
+        if let Some(p) = policy("children", retries, None, None)? {
+            options = options.retry(p);
+        }
+        let ctx = self.ctx.clone();
+        self.awaitable(async move {
+            ctx.children::<Value>(specs, options)
+                .await
+                .map(Value::Array)
         })
     }
 

@@ -108,6 +108,12 @@ pub fn approve(
     serde_to_py(py, &cp)
 }
 
+/// The id of the child run that step `step` of run `parent` starts.
+#[pyfunction]
+pub fn child_id(parent: &str, step: &str) -> String {
+    steadfast::child_id(parent, step)
+}
+
 /// Sends signal `name` to run `run_id`, as `steadfast signal` does; returns
 /// its number in the run's event log.
 #[pyfunction]

@@ -318,7 +318,7 @@ class Workflow:
                 f"invalid workflow {self.name!r}: step name {name!r}: names starting with '__' are reserved"
             )
         spec: Dict[str, Any] = dict.fromkeys(
-            ("func", "retries", "backoff", "max_backoff", "timeout", "on_timeout", "seconds", "signal")
+            ("func", "retries", "backoff", "max_backoff", "timeout", "on_timeout", "seconds", "signal", "workflow")
         )
         spec.update(options, kind=kind, name=name)
         self._steps.append(spec)
@@ -375,6 +375,19 @@ class Workflow:
         if not isinstance(signal, str):
             raise TypeError(f"wait {name!r}: a signal's name is a str, not {type(signal).__name__}")
         self._add("wait", name, timeout=timeout, signal=signal)
+        return self
+
+    def child(self, name: str, workflow: str, *, retries: Optional[int] = None) -> "Workflow":
+        """Adds a child step: a run of ``workflow`` (another workflow's name)
+        started as a child of this run, with this run's state as its input;
+        the run waits for it without holding a process, and the child's
+        result (its final state, or a durable function's value) is merged
+        into the state under the step's name. A failed child fails the step,
+        after ``retries`` more tries of the child.
+        """
+        if not isinstance(workflow, str):
+            raise TypeError(f"child {name!r}: a workflow's name is a str, not {type(workflow).__name__}")
+        self._add("child", name, workflow=workflow, retries=retries)
         return self
 
     @property
@@ -439,6 +452,35 @@ class DurableContext:
         second wait in one call).
         """
         return await _wait(self._native.wait_for(name, timeout))
+
+    async def child(self, name: str, workflow: str, input: JSON = None, *, retries: Optional[int] = None) -> JSON:
+        """Runs ``workflow`` as a child run of this one, with ``input``, and
+        returns its result; see :meth:`children`."""
+        out = await self.children([(name, workflow, input)], retries=retries)
+        return out[0]
+
+    async def children(
+        self,
+        children: Sequence[Tuple[str, str, JSON]],
+        *,
+        at_once: Optional[int] = None,
+        retries: Optional[int] = None,
+    ) -> List[JSON]:
+        """Starts child runs and returns their results, in the order given.
+
+        ``children`` is a list of ``(step name, workflow, input)``. Each child
+        is a run of its own, with the id :func:`child_id` ``(this run, step
+        name)``, recorded for whoever runs that workflow (a worker, or a
+        call of it with that id). While any is under way the run stops
+        (status ``waiting``) and holds no process; a child's end marks it due.
+        At most ``at_once`` (default 10) are under way at a time. Each result
+        is recorded as a step of this run, so a resume never runs a child
+        again. A child that fails, is rejected or is cancelled fails the step
+        (:class:`StepFailed`), after ``retries`` more tries of it; cancelling
+        this run cancels its children under way.
+        """
+        items = [(n, w, i) for (n, w, i) in children]
+        return await _wait(self._native.children(items, at_once, retries))
 
     async def sleep(self, name: str, seconds: float) -> None:
         """A durable timer: the run stops and resumes once ``seconds`` have passed."""
@@ -614,6 +656,12 @@ def _sync(coro: Awaitable[Outcome]) -> Outcome:
         return asyncio.run(coro)  # type: ignore[arg-type]
     coro.close()  # type: ignore[attr-defined]
     raise RuntimeError("steadfast.run was called inside a running event loop; use `await steadfast.run_async(...)`")
+
+
+def child_id(parent: str, step: str) -> str:
+    """The id of the child run that step ``step`` of run ``parent`` starts
+    (``PARENT~STEP``, shortened with a hash when longer than a run id may be)."""
+    return _native.child_id(parent, step)
 
 
 def signal(store: Store, run_id: str, name: str, data: JSON = None, *, by: Optional[str] = None) -> int:

@@ -232,7 +232,7 @@ pub fn show_json(cp: &Checkpoint, history: Option<&[StepRecord]>, stuck: Option<
         "audit": cp.audit.iter().map(audit_json).collect::<Vec<_>>(),
         "stuck": stuck_json(stuck),
         "parent": steadfast::ParentLink::of(&cp.state),
-        "children": steadfast::children_of(cp),
+        "children": steadfast::children_of(cp, history),
     })
 }
 
@@ -383,7 +383,7 @@ pub fn show(
     if let Some(p) = steadfast::ParentLink::of(&cp.state) {
         out!("parent    {} (step {})", clean(&p.run), clean(&p.step));
     }
-    for c in steadfast::children_of(cp) {
+    for c in steadfast::children_of(cp, history) {
         let how = if c.recorded { "done" } else { "under way" };
         out!("child     {}: {} ({how})", clean(&c.step), clean(&c.run));
     }

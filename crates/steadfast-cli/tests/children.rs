@@ -94,10 +94,12 @@ fn run_runs_a_flows_child_and_show_links_them() -> TestResult {
         v["children"],
         json!([{"step": "research", "run": "w~research", "recorded": true}])
     );
+    let parent = env.show("w~research")["parent"].clone();
     assert_eq!(
-        env.show("w~research")["parent"],
-        json!({"run": "w", "step": "research"})
+        (&parent["run"], &parent["step"]),
+        (&json!("w"), &json!("research"))
     );
+    assert_eq!(parent["created"], env.show("w")["created_at"]);
     // Run again: nothing runs again.
     let again = env.run(&["run", flow.to_str().unwrap(), "--run-id", "w"]);
     assert_eq!(code(&again), 0, "{}", stderr(&again));
@@ -123,6 +125,13 @@ fn a_parent_waits_for_a_child_at_a_gate_and_cancel_reaches_the_child() -> TestRe
     );
     assert!(
         text.contains("child     research: w~research (under way)"),
+        "{text}"
+    );
+    let watched = env.run(&["watch", "w"]);
+    assert_eq!(code(&watched), 4, "{}", stderr(&watched));
+    let text = String::from_utf8_lossy(&watched.stdout).to_string();
+    assert!(
+        text.contains("waiting     at research for 1 child run(s)"),
         "{text}"
     );
     // Approve the child's gate, and `run` finishes both.

@@ -42,7 +42,7 @@ pub use engine::decide::{approve, default_decider, reject};
 pub use engine::durable::{
     durable, ChildOptions, ChildSpec, DurableCtx, StepOptions, MAX_CHILDREN,
 };
-pub use engine::family::CHILDREN_RECHECK;
+pub use engine::family::{CHILDREN_RECHECK, MAX_CHILD_ATTEMPTS};
 pub use engine::process::{current_owner, holder_is_running, local_deadline};
 pub use engine::run::run;
 pub use engine::signal::{signal, SIGNAL_RECHECK};
@@ -65,7 +65,7 @@ pub use record::family::{child_id, child_result, children_of, ChildRef, ParentLi
 pub use record::ids::{
     check_step_name, idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES,
 };
-pub use record::keys::{CHILDREN_KEY, INPUT_KEY, PARENT_KEY, RESERVED_KEYS, RESULT_KEY, START_KEY};
+pub use record::keys::{CHILD_KEY, INPUT_KEY, PARENT_KEY, RESERVED_KEYS, RESULT_KEY, START_KEY};
 pub use record::outcome::{Event, Outcome, Suspension};
 pub use record::signal::{Signal, SIGNALS_KEY, SIGNAL_STEP};
 pub use record::state::{merge, State, Update, MAX_VALUE_DEPTH};

@@ -53,6 +53,7 @@ pub async fn run(args: WatchArgs, ctx: &Ctx) -> Result<i32, Failure> {
         code = match &item {
             WatchItem::Waiting { .. }
             | WatchItem::WaitingForSignal { .. }
+            | WatchItem::WaitingForChildren { .. }
             | WatchItem::Sleeping { .. } => exit::WAITING,
             WatchItem::Ended {
                 status: RunStatus::Rejected,
@@ -106,6 +107,9 @@ fn line(item: &WatchItem) -> String {
         ),
         WatchItem::WaitingForSignal { step, signal } => {
             format!("waiting     at {step} for signal {signal}")
+        }
+        WatchItem::WaitingForChildren { step, runs } => {
+            format!("waiting     at {step} for {} child run(s)", runs.len())
         }
         WatchItem::Sleeping { step, until } => format!("sleeping    at {step} until {until}"),
         WatchItem::Completed => "completed".into(),

@@ -392,7 +392,7 @@ pub(crate) fn run(
                 @if let Some(p) = steadfast::ParentLink::of(&cp.state) {
                     dt { "Parent" } dd { a.parent href={ "/runs/" (seg(&p.run)) } { (p.run) } " (step " (p.step) ")" }
                 }
-                @let children = steadfast::children_of(cp);
+                @let children = steadfast::children_of(cp, hist);
                 @if !children.is_empty() {
                     dt { "Children" }
                     dd {
@@ -629,10 +629,15 @@ mod tests {
         let now = Timestamp::from_unix_millis(1_800_000_000_000);
         let mut cp = Checkpoint::new("p/1", "writer", now);
         cp.status = RunStatus::Waiting;
-        cp.state.insert(
-            steadfast::CHILDREN_KEY.into(),
-            serde_json::json!({"a": steadfast::child_id("p/1", "a")}),
+        cp.completed.push("a".into());
+        cp.next = 1;
+        let mut update = steadfast::Update::new();
+        update.insert("a".into(), serde_json::json!("result"));
+        update.insert(
+            steadfast::CHILD_KEY.into(),
+            serde_json::json!(steadfast::child_id("p/1", "a")),
         );
+        let records = [StepRecord::new(0, "a", update, 1, now, now)];
         cp.wait = Some(Wait::Children {
             step: "b".into(),
             runs: vec![steadfast::child_id("p/1", "b")],
@@ -640,7 +645,7 @@ mod tests {
             arrived: false,
             recheck_at: None,
         });
-        let page = run("store", "csrf", &cp, Some(&[]), None, now).0;
+        let page = run("store", "csrf", &cp, Some(&records), None, now).0;
         assert!(page.contains("href=\"/runs/p%2F1~a\""), "{page}");
         assert!(page.contains("href=\"/runs/p%2F1~b\""), "{page}");
         assert!(page.contains("Waiting at b for 1 child run(s)"), "{page}");
@@ -648,7 +653,7 @@ mod tests {
         let mut child = Checkpoint::new("p/1~a", "researcher", now);
         child.state.insert(
             steadfast::PARENT_KEY.into(),
-            steadfast::ParentLink::new("p/1", "a").to_value(),
+            steadfast::ParentLink::new("p/1", "a", now).to_value(),
         );
         let page = run("store", "csrf", &child, Some(&[]), None, now).0;
         assert!(page.contains("href=\"/runs/p%2F1\""), "{page}");

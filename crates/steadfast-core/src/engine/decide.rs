@@ -158,6 +158,8 @@ async fn decide<S: Store + ?Sized>(
         match store.save(SaveRequest::new(&cp, Some(cp.version))).await {
             Ok(v) => {
                 cp.version = v;
+                // A rejection ends the run: its parent, if any, hears of it.
+                crate::engine::family::ended_child(store, &cp, clock).await;
                 return Ok(cp);
             }
             Err(e) if e.kind() == StoreErrorKind::Conflict => contended = Some(e),

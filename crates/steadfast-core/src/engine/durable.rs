@@ -139,6 +139,9 @@ struct Shared<'s, S: Store + ?Sized> {
     /// Steps of this call under way (from their first attempt to their
     /// saved outcome): a wait that stops the run must not begin beside one.
     running: std::sync::atomic::AtomicUsize,
+    /// A wait of this call stopped the run: no other wait may begin (it
+    /// would save a wait of its own over the first).
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// Counts a step under way for as long as it lives.
@@ -340,6 +343,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                 session: tokio::sync::Mutex::new(session),
                 counters: std::sync::Mutex::new(HashMap::new()),
                 running: std::sync::atomic::AtomicUsize::new(0),
+                stopped: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         let result = f(ctx.clone()).await;
@@ -488,7 +492,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             .gate(self.runner(), step, timeout, on_timeout, total)
             .await?
         {
-            Some(outcome) => Err(Error::Suspended(outcome)),
+            Some(outcome) => Err(self.stop(outcome)),
             None => {
                 s.cursor = s.cp.next;
                 Ok(())
@@ -531,6 +535,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 session: tokio::sync::Mutex::new(session),
                 counters: std::sync::Mutex::new(HashMap::new()),
                 running: std::sync::atomic::AtomicUsize::new(0),
+                stopped: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -1228,6 +1233,18 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     /// the wait, holding no lease, with those steps still running, and a
     /// worker could take it up and run them a second time.
     fn alone(&self, s: &Session, name: &str) -> Result<(), Error> {
+        if self
+            .shared
+            .stopped
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(Error::InvalidWorkflow {
+                workflow: s.cp.workflow.clone(),
+                reason: format!(
+                    "the wait {name:?} began after another wait of the same call had stopped the run (waits run one at a time; wait for several child runs with DurableCtx::children)"
+                ),
+            });
+        }
         let n = self
             .shared
             .running
@@ -1241,6 +1258,15 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 "the wait {name:?} began while {n} step(s) of the same call were still under way; await them before waiting (a wait stops the run, and must not stand beside a running step)"
             ),
         })
+    }
+
+    /// The error that stops the run at a wait, noted so that no other wait
+    /// of this call begins.
+    fn stop(&self, outcome: crate::record::outcome::Suspension) -> Error {
+        self.shared
+            .stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Error::Suspended(outcome)
     }
 
     /// A wait for a signal at the live end of the record: passes when it
@@ -1258,7 +1284,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             .wait_signal(self.runner(), name, signal, timeout, total)
             .await?
         {
-            Some(outcome) => Err(Error::Suspended(outcome)),
+            Some(outcome) => Err(self.stop(outcome)),
             None => {
                 s.cursor = s.cp.next;
                 Ok(())

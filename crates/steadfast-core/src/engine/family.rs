@@ -65,8 +65,9 @@ async fn swap<S: Store + ?Sized>(store: &S, cp: &mut Checkpoint) -> Result<(), S
 
 /// Retries failed child `id` for its parent: cleared as
 /// [`retry`](crate::ops::retry) does, by [`PARENT_AUDITOR`], so that a
-/// worker takes it again. Returns `false` when the child is no longer
-/// failed (someone retried it first).
+/// worker takes it again. Returns `false` when the child is not failed any
+/// more (someone retried it first), or a process holds it (someone runs it
+/// by hand): either way it is under way.
 pub(crate) async fn retry_child<S: Store + ?Sized>(
     store: &S,
     id: &str,
@@ -76,6 +77,9 @@ pub(crate) async fn retry_child<S: Store + ?Sized>(
         let Some(mut cp) = store.load(id).await? else {
             return Ok(false);
         };
+        if cp.lease.as_ref().is_some_and(|l| l.until > now) {
+            return Ok(false);
+        }
         if cp.mark_retried(PARENT_AUDITOR, now).is_err() {
             return Ok(false);
         }
@@ -91,21 +95,71 @@ pub(crate) async fn retry_child<S: Store + ?Sized>(
     )))
 }
 
-/// The retries `cp`'s parent made of it since the parent's own last retry
-/// by hand at `since` (a parent retried by hand gives its children a
-/// fresh budget).
-pub(crate) fn parent_retries(cp: &Checkpoint, since: Option<Timestamp>) -> u32 {
-    cp.audit
-        .iter()
-        .filter(|a| {
-            a.by == PARENT_AUDITOR
-                && matches!(
-                    a.action,
-                    crate::record::checkpoint::AuditAction::Retry { .. }
-                )
-                && since.is_none_or(|t| a.at >= t)
-        })
-        .count() as u32
+/// How many times in a row `cp`'s parent retried it: its parent's retries
+/// since its last retry by anyone else (a person retrying the child, or its
+/// parent, gives it a fresh budget). Counted in its audit, which keeps the
+/// last [`MAX_AUDIT_ENTRIES`](crate::MAX_AUDIT_ENTRIES) entries: a parent's
+/// retries are at most [`MAX_CHILD_ATTEMPTS`] - 1.
+pub(crate) fn parent_retries(cp: &Checkpoint) -> u32 {
+    let mut n = 0;
+    for a in cp.audit.iter().rev() {
+        if !matches!(
+            a.action,
+            crate::record::checkpoint::AuditAction::Retry { .. }
+        ) {
+            continue;
+        }
+        if a.by != PARENT_AUDITOR {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
+/// The most attempts a parent makes of one child: 32 (its retries are
+/// counted in the child's audit, which keeps 64 entries).
+pub const MAX_CHILD_ATTEMPTS: u32 = 32;
+
+/// After failed run `cp` was retried by `by`: if the step that failed
+/// started a child that failed, the child is retried too (a fresh budget,
+/// by `by`), so that the run's next call waits for it again instead of
+/// failing at once. Best effort: logged when it cannot be done.
+pub(crate) async fn retried<S: Store + ?Sized>(
+    store: &S,
+    cp: &Checkpoint,
+    step: &str,
+    by: &str,
+    clock: &dyn Clock,
+) {
+    let id = crate::record::family::child_id(&cp.run_id, step);
+    let result = async {
+        for _ in 0..10 {
+            let Some(mut child) = store.load(&id).await? else {
+                return Ok(());
+            };
+            let ours = ParentLink::of(&child.state).is_some_and(|l| {
+                l.run == cp.run_id && l.step == step && l.created == cp.created_at
+            });
+            let now = clock.now();
+            if !ours || child.mark_retried(by, now).is_err() {
+                return Ok(());
+            }
+            child.updated_at = now;
+            match swap(store, &mut child).await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == StoreErrorKind::Conflict => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::unavailable(format!(
+            "child run {id:?} kept changing while it was retried"
+        )))
+    }
+    .await;
+    if let Err(e) = result {
+        tracing::warn!(run_id = %cp.run_id, child = %id, error = %e, "the run was retried, but its failed child was not; retry the child too");
+    }
 }
 
 /// Marks `parent` due when it waits for child `child` and no process holds
@@ -167,9 +221,9 @@ pub(crate) async fn cancelled<S: Store + ?Sized>(
     clock: &dyn Clock,
 ) {
     ended_child(store, cp, clock).await;
-    let mut todo: Vec<(String, String)> = running
+    let mut todo: Vec<(String, (String, Timestamp))> = running
         .into_iter()
-        .map(|c| (c, cp.run_id.clone()))
+        .map(|c| (c, (cp.run_id.clone(), cp.created_at)))
         .collect();
     let mut done = 0usize;
     while let Some((id, parent)) = todo.pop() {
@@ -179,44 +233,48 @@ pub(crate) async fn cancelled<S: Store + ?Sized>(
             return;
         }
         match cancel_child(store, &id, &parent, clock).await {
-            Ok(more) => todo.extend(more.into_iter().map(|c| (c, id.clone()))),
+            Ok(Some((more, created))) => {
+                todo.extend(more.into_iter().map(|c| (c, (id.clone(), created))))
+            }
+            Ok(None) => {}
             Err(e) => {
-                tracing::warn!(run_id = %id, parent = %parent, error = %e, "could not cancel a child of a cancelled run; it cancels itself when it runs next")
+                tracing::warn!(run_id = %id, parent = %parent.0, error = %e, "could not cancel a child of a cancelled run; it cancels itself when it runs next")
             }
         }
     }
 }
 
-/// Cancels child `id` of `parent` (only if it is that parent's), returning
-/// the children it had under way.
+/// Cancels child `id` of `parent` (its id and creation time; only if it is
+/// that parent's child), returning the children it had under way and its
+/// own creation time, or `None` when it was not cancelled now.
 async fn cancel_child<S: Store + ?Sized>(
     store: &S,
     id: &str,
-    parent: &str,
+    parent: &(String, Timestamp),
     clock: &dyn Clock,
-) -> Result<Vec<String>, StoreError> {
+) -> Result<Option<(Vec<String>, Timestamp)>, StoreError> {
     for _ in 0..10 {
         let Some(mut cp) = store.load(id).await? else {
-            return Ok(Vec::new());
+            return Ok(None);
         };
-        if ParentLink::of(&cp.state).is_none_or(|l| l.run != parent) {
-            return Ok(Vec::new());
+        if ParentLink::of(&cp.state).is_none_or(|l| l.run != parent.0 || l.created != parent.1) {
+            return Ok(None);
         }
         let running = match &cp.wait {
             Some(Wait::Children { runs, .. }) => runs.clone(),
             _ => Vec::new(),
         };
         let now = clock.now();
-        let reason = format!("its parent run {parent:?} was cancelled");
+        let reason = format!("its parent run {:?} was cancelled", parent.0);
         if cp
             .mark_cancelled(Some(reason), PARENT_AUDITOR, now)
             .is_err()
         {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         cp.updated_at = now;
         match swap(store, &mut cp).await {
-            Ok(()) => return Ok(running),
+            Ok(()) => return Ok(Some((running, cp.created_at))),
             Err(e) if e.kind() == StoreErrorKind::Conflict => continue,
             Err(e) => return Err(e),
         }
@@ -243,10 +301,14 @@ pub(crate) async fn orphaned<S: Store + ?Sized>(
     let Some(parent) = store.load(&link.run).await? else {
         return Ok(None);
     };
-    if parent.status != RunStatus::Cancelled {
+    if parent.status != RunStatus::Cancelled || parent.created_at != link.created {
         return Ok(None);
     }
-    let running = cancel_child(store, &cp.run_id, &link.run, clock).await?;
+    let Some((running, _)) =
+        cancel_child(store, &cp.run_id, &(link.run.clone(), link.created), clock).await?
+    else {
+        return Ok(None);
+    };
     let now = store.load(&cp.run_id).await?;
     if let Some(cancelled_cp) = &now {
         cancelled(store, cancelled_cp, running, clock).await;

@@ -91,6 +91,10 @@ impl<S: Store + ?Sized> Runner<'_, S> {
                     Some(cancelled) => cancelled,
                     None => cp,
                 };
+                let version = cp.version;
+                let (names, name) = (cp.completed.clone(), cp.workflow.clone());
+                let cp = self.verify(cp, workflow)?;
+                let had_input = cp.state.contains_key(crate::record::keys::INPUT_KEY);
                 let cp = match listed_input(cp) {
                     Ok(cp) => cp,
                     Err(refused) => {
@@ -98,10 +102,9 @@ impl<S: Store + ?Sized> Runner<'_, S> {
                         return Err(self.refuse_input(cp, workflow, e).await);
                     }
                 };
-                let version = cp.version;
-                let (names, name) = (cp.completed.clone(), cp.workflow.clone());
-                let cp = self.verify(cp, workflow)?;
-                let relabelled = cp.completed != names || cp.workflow != name;
+                // An input made the first state is saved whole, as new names are.
+                let converted = had_input && !cp.state.contains_key(crate::record::keys::INPUT_KEY);
+                let relabelled = cp.completed != names || cp.workflow != name || converted;
                 (cp, Some(version), relabelled)
             }
         };
@@ -128,12 +131,14 @@ impl<S: Store + ?Sized> Runner<'_, S> {
     /// Records pending run `cp` as failed at its first step for input `e`
     /// it cannot start with (so that a parent waiting for it hears of it),
     /// and returns `e`.
-    async fn refuse_input(&self, mut cp: Checkpoint, workflow: &Workflow, e: Error) -> Error {
+    async fn refuse_input(&self, cp: Checkpoint, workflow: &Workflow, e: Error) -> Error {
         let now = self.now();
         let first = workflow.steps().first().map_or("", |s| s.name());
-        cp.status = RunStatus::Failed;
-        cp.updated_at = now;
-        cp.error = Some(crate::record::checkpoint::StepFailure::new(
+        let expected = cp.version;
+        let mut session = Session::new(cp, Some(expected), workflow.steps().len(), 0);
+        session.cp.status = RunStatus::Failed;
+        session.cp.updated_at = now;
+        session.cp.error = Some(crate::record::checkpoint::StepFailure::new(
             0,
             first,
             e.to_string(),
@@ -141,8 +146,6 @@ impl<S: Store + ?Sized> Runner<'_, S> {
             true,
             now,
         ));
-        let expected = cp.version;
-        let mut session = Session::new(cp, Some(expected), workflow.steps().len(), 0);
         if let Err(err) = session.save(self, None).await {
             tracing::warn!(run_id = %session.cp.run_id, error = %err, "could not record that the run's input does not fit its workflow");
         }
@@ -164,9 +167,10 @@ impl<S: Store + ?Sized> Runner<'_, S> {
         let mut session = Session::new(cp, expected, total, start);
         session.claim(self).await?;
         if relabelled && self.lease.is_none() {
-            // The new names are saved whole before a step appends to them
-            // (a claim's save does it when leases are on): stores that keep
-            // deltas would otherwise keep the old names.
+            // The new names (or a child's input made its state) are saved
+            // whole before a step appends to them (a claim's save does it
+            // when leases are on): stores that keep deltas would otherwise
+            // keep the old record.
             session.save(self, None).await.map_err(|e| {
                 store_error(run_id_of(&session), "save of the relabelled record", e)
             })?;
@@ -195,38 +199,45 @@ impl<S: Store + ?Sized> Runner<'_, S> {
     }
 }
 
-/// A run started with its input whole under [`INPUT_KEY`] (a child run,
-/// which its parent starts without knowing its kind) taken up by a listed
-/// workflow: the input, a JSON object, becomes the first state, as
-/// [`start`](crate::start) makes it. Another input fails with
-/// [`Error::InvalidInput`].
+/// A run started with its input whole under `__input` (a child run, which
+/// its parent starts without knowing its kind) taken up by a listed
+/// workflow before its first step: the input, a JSON object, becomes the
+/// first state, as [`start`](crate::start) makes it. Another input fails
+/// with [`Error::InvalidInput`], and the run keeps it as it was.
 fn listed_input(mut cp: Checkpoint) -> Result<Checkpoint, Box<(Checkpoint, Error)>> {
     use crate::record::keys::{INPUT_KEY, RESERVED_KEYS, START_KEY};
-    if cp.next > 0 || cp.status != RunStatus::Pending || !cp.state.contains_key(INPUT_KEY) {
+    if cp.next > 0
+        || matches!(
+            cp.status,
+            RunStatus::Completed | RunStatus::Rejected | RunStatus::Cancelled
+        )
+    {
         return Ok(cp);
     }
-    let input = cp.state.remove(INPUT_KEY).unwrap_or(Value::Null);
-    let map = match input {
-        Value::Object(map) => map,
-        Value::Null => serde_json::Map::new(),
-        other => {
-            let e = Error::InvalidInput {
-                what: format!("the input of run {:?}", cp.run_id),
-                reason: format!(
-                    "a listed workflow's input must be a JSON object, not {}",
-                    crate::engine::workflow::json_kind(&other)
-                ),
-            };
-            return Err(Box::new((cp, e)));
-        }
+    let refuse = |reason: String| Error::InvalidInput {
+        what: format!("the input of run {:?}", cp.run_id),
+        reason,
     };
-    if let Some(k) = RESERVED_KEYS.iter().find(|k| map.contains_key(**k)) {
-        let e = Error::InvalidInput {
-            what: format!("the input of run {:?}", cp.run_id),
-            reason: format!("the key {k:?} is the engine's; rename it"),
-        };
+    let problem = match cp.state.get(INPUT_KEY) {
+        None => return Ok(cp),
+        Some(Value::Object(map)) => RESERVED_KEYS
+            .iter()
+            .find(|k| map.contains_key(**k))
+            .map(|k| refuse(format!("the key {k:?} is the engine's; rename it"))),
+        Some(Value::Null) => None,
+        Some(other) => Some(refuse(format!(
+            "a listed workflow's input must be a JSON object, not {}",
+            crate::engine::workflow::json_kind(other)
+        ))),
+    };
+    if let Some(e) = problem {
+        // Kept as it was, for whoever looks at the failed run.
         return Err(Box::new((cp, e)));
     }
+    let map = match cp.state.remove(INPUT_KEY) {
+        Some(Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
     if !map.is_empty() {
         cp.state
             .insert(START_KEY.into(), Value::Object(map.clone()));

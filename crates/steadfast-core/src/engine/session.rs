@@ -38,10 +38,9 @@ pub(crate) struct Session {
     /// crash, a kill, a lease that ran out): the first step this call runs
     /// may have run before. Counted once, in [`metrics`](crate::metrics).
     pub(crate) interrupted: bool,
-    /// Since when the run's failed child runs have a fresh retry budget:
-    /// the run's failure, when this call resumes a failed run, or its last
-    /// retry by hand (see [`DurableCtx::children`](crate::DurableCtx::children)).
-    pub(crate) fresh_since: Option<Timestamp>,
+    /// The run's status as last loaded or saved: a save that ends the run
+    /// (from a status that had not) marks its parent due, if it is a child.
+    saved_status: RunStatus,
 }
 
 impl Session {
@@ -63,23 +62,9 @@ impl Session {
         let interrupted = cp.version > 0
             && cp.status == RunStatus::Running
             && cp.audit.last().is_none_or(|a| a.at != cp.updated_at);
-        let fresh_since = if cp.status == RunStatus::Failed {
-            Some(cp.updated_at)
-        } else {
-            cp.audit
-                .iter()
-                .rev()
-                .find(|a| {
-                    matches!(
-                        a.action,
-                        crate::record::checkpoint::AuditAction::Retry { .. }
-                    )
-                })
-                .map(|a| a.at)
-        };
         Session {
             interrupted,
-            fresh_since,
+            saved_status: cp.status,
             cp,
             expected,
             total,
@@ -589,6 +574,14 @@ impl Session {
         self.save_request(r, step, false).await
     }
 
+    /// After a save landed: a run it ended marks its parent due.
+    async fn saved<S: Store + ?Sized>(&mut self, r: &Runner<'_, S>) {
+        let was = std::mem::replace(&mut self.saved_status, self.cp.status);
+        if !crate::record::family::ended(was) && crate::record::family::ended(self.cp.status) {
+            crate::engine::family::ended_child(&*r.store, &self.cp, &*r.clock).await;
+        }
+    }
+
     /// [`save`](Session::save), saying whether only the head changed.
     async fn save_request<S: Store + ?Sized>(
         &mut self,
@@ -618,7 +611,7 @@ impl Session {
             Ok(v) => {
                 self.cp.version = v;
                 self.expected = Some(v);
-                crate::engine::family::ended_child(&*r.store, &self.cp, &*r.clock).await;
+                self.saved(r).await;
                 return Ok(());
             }
             Err(e) => e,
@@ -638,7 +631,7 @@ impl Session {
                 tracing::info!(run_id = %self.cp.run_id, version = new_version, "save reported an error but had landed");
                 self.cp.version = new_version;
                 self.expected = Some(new_version);
-                crate::engine::family::ended_child(&*r.store, &self.cp, &*r.clock).await;
+                self.saved(r).await;
                 Ok(())
             }
             Ok(stored) if stored.as_ref().map(|s| s.version) == self.expected => Err(err),

@@ -93,7 +93,8 @@ pub async fn cancel<S: Store + ?Sized>(
 
 /// Retries failed run `run_id`: clears its error and the attempts its
 /// failed step used, so that the next `run` or worker tries that step again
-/// with its whole retry budget. Only a [`RunStatus::Failed`] run can be
+/// with its whole retry budget. When that step's child run failed, the
+/// child is retried too. Only a [`RunStatus::Failed`] run can be
 /// retried ([`Error::InvalidInput`] otherwise).
 pub async fn retry<S: Store + ?Sized>(
     store: &S,
@@ -102,11 +103,17 @@ pub async fn retry<S: Store + ?Sized>(
     clock: &dyn Clock,
 ) -> Result<Checkpoint, Error> {
     check_operator(run_id, "retry", by)?;
-    modify(store, run_id, "retry", clock, |cp, now| {
+    let mut failed_step = None;
+    let cp = modify(store, run_id, "retry", clock, |cp, now| {
+        failed_step = cp.error.as_ref().map(|e| e.step.clone());
         cp.mark_retried(by, now)
             .map_err(|why| refused(run_id, "retry", why))
     })
-    .await
+    .await?;
+    if let Some(step) = failed_step {
+        crate::engine::family::retried(store, &cp, &step, by, clock).await;
+    }
+    Ok(cp)
 }
 
 /// Rewinds run `run_id` so that step `to` (a completed step's name, or its

@@ -124,6 +124,13 @@ pub enum WatchItem {
         /// The signal's name.
         signal: String,
     },
+    /// The run stopped waiting for child runs: it goes on as they end.
+    WaitingForChildren {
+        /// The first child step whose result is not recorded.
+        step: String,
+        /// The child runs under way.
+        runs: Vec<String>,
+    },
     /// The run stopped at a durable timer.
     Sleeping {
         /// The timer's step.
@@ -155,6 +162,7 @@ impl WatchItem {
             WatchItem::Waiting { .. } => "waiting",
             WatchItem::Signal { .. } => "signal",
             WatchItem::WaitingForSignal { .. } => "waiting_for_signal",
+            WatchItem::WaitingForChildren { .. } => "waiting_for_children",
             WatchItem::Sleeping { .. } => "sleeping",
             WatchItem::Completed => "completed",
             WatchItem::Ended { .. } => "ended",
@@ -168,6 +176,7 @@ impl WatchItem {
             self,
             WatchItem::Waiting { .. }
                 | WatchItem::WaitingForSignal { .. }
+                | WatchItem::WaitingForChildren { .. }
                 | WatchItem::Sleeping { .. }
                 | WatchItem::Completed
                 | WatchItem::Ended { .. }
@@ -531,6 +540,12 @@ impl<'s> Watch<'s> {
                 Some(WatchItem::WaitingForSignal {
                     step: step.clone(),
                     signal: signal.clone(),
+                })
+            }
+            (RunStatus::Waiting, Some(Wait::Children { step, runs, .. })) => {
+                Some(WatchItem::WaitingForChildren {
+                    step: step.clone(),
+                    runs: runs.clone(),
                 })
             }
             (RunStatus::Sleeping, Some(Wait::Timer { step, until })) => Some(WatchItem::Sleeping {

@@ -3,8 +3,9 @@
 //!
 //! A child's id is made from its parent's id and the step's name, so the
 //! parent finds the same child on every call. The child keeps its parent
-//! under [`PARENT_KEY`] in its state; the parent keeps, with each child
-//! step's record, the child's id under [`CHILDREN_KEY`]. A child's result
+//! (its id, its step, and when the parent was created, which tells a run
+//! of the same id made later apart) under [`PARENT_KEY`] in its state; each
+//! child step's record keeps the child's id under [`CHILD_KEY`]. A child's result
 //! is what its run returned: a durable function's value, or a listed
 //! workflow's final state without the engine's keys.
 
@@ -12,8 +13,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::record::checkpoint::{Checkpoint, RunStatus};
-pub use crate::record::keys::{CHILDREN_KEY, PARENT_KEY};
+use crate::record::checkpoint::{Checkpoint, RunStatus, StepRecord};
+use crate::record::clock::Timestamp;
+pub use crate::record::keys::{CHILD_KEY, PARENT_KEY};
 use crate::record::keys::{RESERVED_KEYS, RESULT_KEY};
 use crate::record::state::State;
 
@@ -25,14 +27,18 @@ pub struct ParentLink {
     pub run: String,
     /// The parent's step that started the child.
     pub step: String,
+    /// When the parent run was created: a run made later under the same
+    /// id (after a delete) is another parent.
+    pub created: Timestamp,
 }
 
 impl ParentLink {
-    /// The link to step `step` of run `run`.
-    pub fn new(run: &str, step: &str) -> Self {
+    /// The link to step `step` of run `run`, created at `created`.
+    pub fn new(run: &str, step: &str, created: Timestamp) -> Self {
         ParentLink {
             run: run.to_string(),
             step: step.to_string(),
+            created,
         }
     }
 
@@ -43,7 +49,7 @@ impl ParentLink {
 
     /// The link as the child's state keeps it.
     pub fn to_value(&self) -> Value {
-        serde_json::json!({ "run": self.run, "step": self.step })
+        serde_json::to_value(self).unwrap_or(Value::Null)
     }
 }
 
@@ -135,20 +141,35 @@ pub struct ChildRef {
 }
 
 /// The children run `cp` names: those whose results its steps recorded
-/// (under [`CHILDREN_KEY`]), then those its wait lists as under way.
-pub fn children_of(cp: &Checkpoint) -> Vec<ChildRef> {
-    let mut out: Vec<ChildRef> = match cp.state.get(CHILDREN_KEY) {
-        Some(Value::Object(m)) => m
+/// (each record's [`CHILD_KEY`], from its per-step `history` when the store
+/// keeps one, else the last one in the state), then those its wait lists as
+/// under way.
+pub fn children_of(cp: &Checkpoint, history: Option<&[StepRecord]>) -> Vec<ChildRef> {
+    let recorded = |step: &str, run: Option<&Value>| {
+        Some(ChildRef {
+            step: step.to_string(),
+            run: run?.as_str()?.to_string(),
+            recorded: true,
+        })
+    };
+    let mut out: Vec<ChildRef> = match history {
+        Some(h) => h
             .iter()
-            .filter_map(|(step, run)| {
-                Some(ChildRef {
-                    step: step.clone(),
-                    run: run.as_str()?.to_string(),
-                    recorded: true,
-                })
-            })
+            .filter(|r| r.index < cp.next)
+            .filter_map(|r| recorded(&r.name, r.update.get(CHILD_KEY)))
             .collect(),
-        _ => Vec::new(),
+        None => cp
+            .completed
+            .iter()
+            .rev()
+            .find_map(|step| {
+                let run = cp.state.get(CHILD_KEY)?;
+                (run.as_str() == Some(child_id(&cp.run_id, step).as_str()))
+                    .then(|| recorded(step, Some(run)))
+                    .flatten()
+            })
+            .into_iter()
+            .collect(),
     };
     if let Some(crate::record::checkpoint::Wait::Children { runs, .. }) = &cp.wait {
         for run in runs {

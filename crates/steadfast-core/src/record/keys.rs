@@ -21,9 +21,10 @@ pub const SIGNALS_KEY: &str = "__signals";
 /// "step": NAME}` ([`DurableCtx::child`](crate::DurableCtx::child)).
 pub const PARENT_KEY: &str = "__parent";
 
-/// The state key under which a parent run keeps, per child step, the id of
-/// the child run whose result the step recorded.
-pub const CHILDREN_KEY: &str = "__children";
+/// The state key under which a parent's child step records the id of the
+/// child run whose result it took (each step's record keeps its own; the
+/// state keeps the last).
+pub const CHILD_KEY: &str = "__child";
 
 /// Every state key the engine writes itself.
 ///
@@ -36,5 +37,5 @@ pub const RESERVED_KEYS: [&str; 6] = [
     RESULT_KEY,
     SIGNALS_KEY,
     PARENT_KEY,
-    CHILDREN_KEY,
+    CHILD_KEY,
 ];

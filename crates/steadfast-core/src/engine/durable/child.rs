@@ -9,15 +9,15 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::DurableCtx;
-use crate::engine::family::{parent_retries, retry_child, start_child, CHILDREN_RECHECK};
+use crate::engine::family::{
+    parent_retries, retry_child, start_child, CHILDREN_RECHECK, MAX_CHILD_ATTEMPTS,
+};
 use crate::engine::session::Session;
 use crate::engine::store_error;
 use crate::engine::workflow::{RetryPolicy, Step};
 use crate::record::checkpoint::{RunStatus, StepRecord, Wait};
 use crate::record::error::{Error, StepError};
-use crate::record::family::{
-    child_failure, child_id, child_result, ended, ParentLink, CHILDREN_KEY,
-};
+use crate::record::family::{child_failure, child_id, child_result, ended, ParentLink, CHILD_KEY};
 use crate::record::outcome::{Event, Suspension};
 use crate::record::state::Update;
 use crate::store::Store;
@@ -89,10 +89,11 @@ impl ChildOptions {
     }
 
     /// A failed child is retried (its run resumed at the step that failed)
-    /// while `policy` allows attempts; then the parent's step fails. The
-    /// policy's delays do not apply: a child is retried when its parent
-    /// next looks at it. A child that was rejected or cancelled is not
-    /// retried.
+    /// while `policy` allows attempts (at most
+    /// [`MAX_CHILD_ATTEMPTS`](crate::MAX_CHILD_ATTEMPTS)); then the parent's
+    /// step fails. The policy's delays do not apply: a child is retried when
+    /// its parent next looks at it. A child whose step failed for good (a
+    /// terminal error), or that was rejected or cancelled, is not retried.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
         self
@@ -103,6 +104,12 @@ impl ChildOptions {
             return Err(format!(
                 "at_once is {}; it must lie in 1..={MAX_CHILDREN}",
                 self.at_once
+            ));
+        }
+        if self.retry.max_attempts() > MAX_CHILD_ATTEMPTS {
+            return Err(format!(
+                "the retry policy allows {} attempts; a child is tried at most {MAX_CHILD_ATTEMPTS} times",
+                self.retry.max_attempts()
             ));
         }
         self.retry.check()
@@ -297,16 +304,17 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             self.diverged(s, Some(&first))?;
         }
         self.alone(s, &first)?;
-        s.renew_if_due(runner).await?;
         let parent = s.cp.run_id.clone();
+        let created = s.cp.created_at;
         let store = &*runner.store;
         let mut running: Vec<String> = Vec::new();
         for (spec, input) in specs.iter().zip(inputs) {
             if values.contains_key(&spec.name) {
                 continue;
             }
+            s.renew_if_due(runner).await?;
             let id = child_id(&parent, &spec.name);
-            let link = ParentLink::new(&parent, &spec.name);
+            let link = ParentLink::new(&parent, &spec.name, created);
             let op = |what: &str| format!("{what} of child run {id:?} (step {:?})", spec.name);
             let found = store
                 .load(&id)
@@ -314,7 +322,9 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 .map_err(|e| store_error(&parent, &op("load"), e))?;
             let child = match found {
                 Some(child) => child,
-                None if running.len() >= options.at_once => continue,
+                // Children start in the order given: once one cannot
+                // start yet, none after it has started.
+                None if running.len() >= options.at_once => break,
                 None => {
                     let started =
                         start_child(store, &id, &spec.workflow, input, &link, runner.now())
@@ -343,28 +353,27 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     spec.workflow,
                     child.workflow,
                     match ParentLink::of(&child.state) {
+                        Some(l) if l.run == parent && l.step == spec.name => {
+                            format!(", child of an earlier run {parent:?} created at {}", l.created)
+                        }
                         Some(l) => format!(", child of step {:?} of run {:?}", l.step, l.run),
                         None => String::new(),
                     }
                 ));
                 return Err(self.give_up(s, &spec.name, 1, err).await);
             }
+            let attempt = parent_retries(&child).saturating_add(1);
             match child.status {
                 RunStatus::Completed => {
                     let value = child_result(&child);
-                    let attempt = parent_retries(&child, None).saturating_add(1);
                     self.record_child(s, &spec.name, &id, value.clone(), attempt, &child)
                         .await?;
                     values.insert(spec.name.clone(), value);
                 }
                 RunStatus::Failed => {
-                    let since = s.fresh_since;
-                    let failed_at = child.error.as_ref().map_or(child.updated_at, |e| e.at);
-                    let fresh = since.is_some_and(|t| failed_at <= t);
-                    let attempt = parent_retries(&child, since).saturating_add(1);
                     let terminal = child.error.as_ref().is_some_and(|e| e.terminal);
                     let message = child_failure(&child);
-                    if !fresh && (terminal || attempt >= options.retry.max_attempts()) {
+                    if terminal || attempt >= options.retry.max_attempts() {
                         let err = StepError::terminal(message);
                         return Err(self.give_up(s, &spec.name, attempt, err).await);
                     }
@@ -382,7 +391,6 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     running.push(id);
                 }
                 RunStatus::Rejected | RunStatus::Cancelled => {
-                    let attempt = parent_retries(&child, None).saturating_add(1);
                     let err = StepError::terminal(child_failure(&child));
                     return Err(self.give_up(s, &spec.name, attempt, err).await);
                 }
@@ -410,21 +418,16 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         child: &crate::record::checkpoint::Checkpoint,
     ) -> Result<(), Error> {
         let runner = self.runner();
-        let mut ids = match s.cp.state.get(CHILDREN_KEY) {
-            Some(Value::Object(m)) => m.clone(),
-            _ => serde_json::Map::new(),
-        };
-        ids.insert(name.to_string(), Value::from(id));
         let mut update = Update::new();
         update.insert(name.to_string(), value);
-        update.insert(CHILDREN_KEY.to_string(), Value::Object(ids));
-        crate::record::state::check_update(&update).map_err(|p| Error::InvalidValue {
-            run_id: s.cp.run_id.clone(),
-            index: s.cp.next,
-            step: name.to_string(),
-            path: p.path,
-            reason: format!("the result of child run {id:?}: {}", p.reason),
-        })?;
+        update.insert(CHILD_KEY.to_string(), Value::from(id));
+        if let Err(p) = crate::record::state::check_update(&update) {
+            let err = StepError::invalid_value(
+                p.path,
+                format!("the result of child run {id:?}: {}", p.reason),
+            );
+            return Err(self.give_up(s, name, attempt, err).await);
+        }
         let index = s.cp.next;
         let now = runner.now();
         let record = StepRecord::new(index, name, update, attempt, child.created_at, now);
@@ -511,7 +514,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 }
             }
         }
-        Err(Error::Suspended(Suspension::Waiting { gate: first }))
+        Err(self.stop(Suspension::Waiting { gate: first }))
     }
 }
 
