@@ -708,7 +708,8 @@ class Watch:
     ``"event"`` (``seq``, ``step``, ``attempt``, ``at``, ``value``),
     ``"started"``, ``"superseded"``, ``"done"``, ``"failed"``, ``"signal"``
     (``seq``, ``signal``, ``data``, ``by``, ``at``), and last ``"waiting"``,
-    ``"waiting_for_signal"``, ``"sleeping"``, ``"completed"``, ``"ended"`` or
+    ``"waiting_for_signal"``, ``"waiting_for_children"``, ``"sleeping"``,
+    ``"completed"``, ``"ended"`` or
     ``"gone"``. The iteration ends when the run ends or stops.
     """
 
