@@ -34,6 +34,9 @@ fn stores() -> Vec<Kind> {
     let dir = tempfile::tempdir().expect("a temp dir");
     let sqlite = support::open(&support::store_url("sqlite", dir.path()));
     out.push(("sqlite", sqlite, Box::new(dir)));
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let file = support::open(&support::store_url("file", dir.path()));
+    out.push(("file", file, Box::new(dir)));
     let pg = PgSchema::new();
     out.push(("postgres", support::open(&pg.url), Box::new(pg)));
     out

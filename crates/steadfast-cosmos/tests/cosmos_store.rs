@@ -444,6 +444,87 @@ fn a_worker_runs_started_runs() -> TestResult {
     })
 }
 
+/// Child runs on Cosmos DB: a worker runs a parent and its three children
+/// (at most two at once) to the end, each child once; cancelling a parent
+/// that waits for its children cancels them.
+#[test]
+fn a_worker_runs_a_parent_and_its_children() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    rt().block_on(async {
+        let db = support::TestDb::new(&server);
+        let store: Arc<dyn Store> = Arc::new(db.store(CosmosOptions::default()).await);
+        let ran = Arc::new(Mutex::new(Vec::<String>::new()));
+        let ran2 = Arc::clone(&ran);
+        let registry = steadfast_core::Registry::new()
+            .durable("parent", |ctx| async move {
+                let specs =
+                    ["a", "b", "c"].map(|w| steadfast_core::ChildSpec::new(w, "child", json!(w)));
+                let opts = steadfast_core::ChildOptions::new().at_once(2);
+                ctx.children::<String>(specs, opts).await
+            })
+            .durable("child", move |ctx| {
+                let ran = Arc::clone(&ran2);
+                async move {
+                    let word = ctx.input().await.unwrap_or_default();
+                    let word = word.as_str().unwrap_or("").to_string();
+                    ctx.step("up", move || {
+                        let (ran, word) = (Arc::clone(&ran), word.clone());
+                        async move {
+                            ran.lock().unwrap().push(word.clone());
+                            Ok::<_, steadfast_core::StepError>(word.to_uppercase())
+                        }
+                    })
+                    .await
+                }
+            });
+        steadfast_core::start(&*store, "parent", "p", json!(null), true).await?;
+        let (tx, mut rx) = tokio::sync::watch::channel(false);
+        let worker = tokio::spawn(
+            steadfast_core::Worker::new(Arc::clone(&store), registry)
+                .concurrency(3)
+                .poll(Duration::from_millis(50))
+                .run(async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                }),
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let cp = loop {
+            let cp = store.load("p").await?.expect("the parent");
+            if cp.status == RunStatus::Completed {
+                break cp;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the parent did not finish: {cp:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        tx.send(true)?;
+        worker.await??;
+        assert_eq!(cp.state["__result"], json!(["A", "B", "C"]));
+        let mut ran = ran.lock().unwrap().clone();
+        ran.sort();
+        assert_eq!(ran, ["a", "b", "c"], "each child once");
+
+        // Without a worker: the parent waits, and a cancel reaches its children.
+        let parent = |ctx: steadfast_core::DurableCtx<'static, Arc<dyn Store>>| async move {
+            ctx.child::<serde_json::Value>("only", "child", json!("x"))
+                .await
+        };
+        steadfast_core::durable("q", &store, "parent", parent).await?;
+        steadfast_core::ops::cancel(&*store, "q", None, "ada", &steadfast_core::SystemClock)
+            .await?;
+        let child = store
+            .load(&steadfast_core::child_id("q", "only"))
+            .await?
+            .expect("the child");
+        assert_eq!(child.status, RunStatus::Cancelled);
+        Ok(())
+    })
+}
+
 /// Every item of the database, as `(id, etag)`, sorted: the partition's
 /// exact contents. (The test server checks no signature.)
 async fn all_items(
