@@ -621,6 +621,24 @@ fn two_child_calls_at_once_are_refused() -> TestResult {
         .unwrap_err();
         assert!(matches!(err, Error::InvalidWorkflow { .. }), "{err:?}");
         assert!(err.to_string().contains("DurableCtx::children"), "{err}");
+        // A timer awaited beside a child is refused the same way.
+        let err = durable("k", &store, "joined", |ctx| async move {
+            let (a, b) = tokio::join!(
+                ctx.child::<Value>("a", "w", json!(1)),
+                ctx.sleep("nap", Duration::from_secs(3600))
+            );
+            if let Err(e @ Error::InvalidWorkflow { .. }) = b {
+                return Err(e);
+            }
+            Ok::<_, Error>((a?, b?))
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(err, Error::InvalidWorkflow { .. }), "{err:?}");
+        assert!(matches!(
+            store.load("k").await?.unwrap().wait,
+            Some(Wait::Children { .. })
+        ));
         // Only the first child was started; the run waits for it alone.
         let cp = store.load("j").await?.unwrap();
         match &cp.wait {

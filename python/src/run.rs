@@ -631,7 +631,7 @@ impl PyDurableCtx {
     fn children(
         &self,
         children: Vec<(String, String, Option<Bound<'_, PyAny>>)>,
-        at_once: Option<usize>,
+        at_once: Option<i64>,
         retries: Option<i64>,
     ) -> PyResult<Pending> {
         let mut specs = Vec::with_capacity(children.len());
@@ -651,9 +651,17 @@ impl PyDurableCtx {
         }
         let mut options = steadfast::ChildOptions::new();
         if let Some(n) = at_once {
+            let most = steadfast::MAX_CHILDREN;
+            let n = usize::try_from(n)
+                .ok()
+                .filter(|n| (1..=most).contains(n))
+                .ok_or_else(|| {
+                    InvalidInput::new_err(format!("at_once is {n}; it must lie in 1..={most}"))
+                })?;
             options = options.at_once(n);
         }
-        if let Some(p) = policy("children", retries, None, None)? {
+        let first = children.first().map_or("children", |c| c.0.as_str());
+        if let Some(p) = policy(first, retries, None, None)? {
             options = options.retry(p);
         }
         let ctx = self.ctx.clone();

@@ -111,7 +111,9 @@ def test_a_listed_child_step_and_a_failed_child(store):
     [
         ([("__x", "w", 1)], {}, steadfast.InvalidWorkflow, "reserved"),
         ([("x", "", 1)], {}, steadfast.InvalidWorkflow, "empty"),
-        ([("x", "w", 1)], {"at_once": 0}, steadfast.InvalidWorkflow, "at_once"),
+        ([("x", "w", 1)], {"at_once": 0}, steadfast.InvalidInput, "at_once"),
+        ([("x", "w", 1)], {"at_once": -1}, steadfast.InvalidInput, "at_once"),
+        ([("x", "w", 1)], {"retries": 40}, steadfast.InvalidWorkflow, "at most 32"),
         ([("x", "w", math.nan)], {}, steadfast.InvalidInput, "input of child"),
         ([("x", "w", {"k": math.inf})], {}, steadfast.InvalidInput, "input of child"),
         ([("x", "w", 1)], {"retries": -1}, steadfast.InvalidInput, "retries"),

@@ -3,7 +3,7 @@
 //! error names the file, the line and what is wrong.
 
 use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -61,17 +61,20 @@ pub fn load(path: &Path) -> Result<Workflow, FlowError> {
 }
 
 /// The flow at `path` and every flow its `child` steps name, and theirs:
-/// the flow first, each file once. Two files of one name are refused.
-pub fn load_family(path: &Path) -> Result<Vec<Workflow>, FlowError> {
-    let mut out: Vec<(std::path::PathBuf, Workflow)> = Vec::new();
+/// the flow first, each file once, with the file's canonical path. Two
+/// files of one name are refused, and so are flows that start each other
+/// (a cycle nests child runs without end).
+pub fn load_family(path: &Path) -> Result<Vec<(PathBuf, Workflow)>, FlowError> {
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let mut out: Vec<(PathBuf, Workflow, Vec<(PathBuf, usize)>)> = Vec::new();
     let mut todo = vec![path.to_path_buf()];
     while let Some(p) = todo.pop() {
-        let key = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
-        if out.iter().any(|(k, _)| *k == key) {
+        let key = canonical(&p);
+        if out.iter().any(|(k, _, _)| *k == key) {
             continue;
         }
         let (wf, children) = load_with_children(&p)?;
-        if let Some((other, _)) = out.iter().find(|(_, w)| w.name() == wf.name()) {
+        if let Some((other, _, _)) = out.iter().find(|(_, w, _)| w.name() == wf.name()) {
             return Err(FlowError(format!(
                 "{}: flow {:?} is also the name of {}; a flow's children need names of their own",
                 p.display(),
@@ -85,10 +88,47 @@ pub fn load_family(path: &Path) -> Result<Vec<Workflow>, FlowError> {
                 path.display()
             )));
         }
-        out.push((key, wf));
-        todo.extend(children.into_iter().rev());
+        todo.extend(children.iter().rev().map(|(c, _)| c.clone()));
+        let edges = children
+            .into_iter()
+            .map(|(c, line)| (canonical(&c), line))
+            .collect();
+        out.push((key, wf, edges));
     }
-    Ok(out.into_iter().map(|(_, wf)| wf).collect())
+    // A depth-first walk: an edge back to a flow still on the path closes
+    // a cycle.
+    let index = |k: &Path| out.iter().position(|(o, _, _)| o == k);
+    let mut state = vec![0u8; out.len()]; // 0 new, 1 on the path, 2 done
+    let mut stack: Vec<(usize, usize)> = vec![(0, 0)];
+    state[0] = 1;
+    while let Some(&(at, next)) = stack.last() {
+        let edges = &out[at].2;
+        if next == edges.len() {
+            state[at] = 2;
+            stack.pop();
+            continue;
+        }
+        if let Some(top) = stack.last_mut() {
+            top.1 += 1;
+        }
+        let (to, line) = &edges[next];
+        let Some(to) = index(to) else { continue };
+        match state[to] {
+            0 => {
+                state[to] = 1;
+                stack.push((to, 0));
+            }
+            1 => {
+                return Err(FlowError(format!(
+                    "{}:{line}: this child step runs {}, which leads back to this flow: flows that start each other would nest child runs without end",
+                    out[at].0.display(),
+                    out[to].0.display()
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(out.into_iter().map(|(k, wf, _)| (k, wf)).collect())
 }
 
 /// The text of the flow file at `path`, read with its checks.
@@ -120,8 +160,9 @@ fn read_flow(path: &Path) -> Result<String, FlowError> {
     Ok(text)
 }
 
-/// The flow at `path` and the paths of the flows its child steps run.
-fn load_with_children(path: &Path) -> Result<(Workflow, Vec<std::path::PathBuf>), FlowError> {
+/// The flow at `path` and the paths of the flows its child steps run, each
+/// with the line of its step.
+fn load_with_children(path: &Path) -> Result<(Workflow, Vec<(PathBuf, usize)>), FlowError> {
     let text = read_flow(path)?;
     parse_with_children(&text, path)
 }
@@ -133,8 +174,18 @@ fn flow_name(path: &Path) -> Result<String, FlowError> {
         name: String,
     }
     let text = read_flow(path)?;
-    let named: Named = toml::from_str(&text)
-        .map_err(|e| FlowError(format!("{}: {}", path.display(), e.message())))?;
+    let named: Named = toml::from_str(&text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|s| {
+                format!(
+                    ":{}",
+                    text[..s.start.min(text.len())].matches('\n').count() + 1
+                )
+            })
+            .unwrap_or_default();
+        FlowError(format!("{}{line}: {}", path.display(), e.message()))
+    })?;
     Ok(named.name.trim().to_string())
 }
 
@@ -147,7 +198,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
 fn parse_with_children(
     text: &str,
     path: &Path,
-) -> Result<(Workflow, Vec<std::path::PathBuf>), FlowError> {
+) -> Result<(Workflow, Vec<(PathBuf, usize)>), FlowError> {
     let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
     let at = |offset: usize, what: String| {
         FlowError(format!("{}:{}: {what}", path.display(), line_of(offset)))
@@ -338,9 +389,17 @@ fn parse_with_children(
             // Retries of a child step retry its child run when it fails;
             // without them, its failure fails this step at once.
             let retries = spec.retries.as_ref().map_or(0, |r| *r.get_ref());
+            let retries_at = spec.retries.as_ref().map_or(0, |r| r.span().start);
+            let most = steadfast::MAX_CHILD_ATTEMPTS;
+            if retries >= most {
+                return Err(at(
+                    retries_at,
+                    format!("retries = {retries}: a child is tried at most {most} times, so at most {} retries", most - 1),
+                ));
+            }
             let policy = RetryPolicy::from_options(Some(i64::from(retries)), None, None)
-                .map_err(|e| at(spec.retries.as_ref().map_or(0, |r| r.span().start), e))?;
-            children.push(file);
+                .map_err(|e| at(retries_at, e))?;
+            children.push((file, line_of(child.span().start)));
             Step::child(step_name.as_str(), name).retry(policy)
         } else if let Some(wait) = &spec.wait {
             only_for(spec.on_timeout.is_some(), "on_timeout", "gate")?;

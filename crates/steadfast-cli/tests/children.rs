@@ -218,15 +218,64 @@ fn bad_child_steps_are_refused_with_where_and_what() -> TestResult {
         "{}",
         stderr(&out)
     );
-    // A flow that is its own child loads (a run of it would nest without
-    // end, each child waiting for its own), and nothing was stored by the
-    // refusals above.
+    // Flows that start each other are refused by run, start and worker,
+    // naming the step that closes the cycle.
     let own = env.flow(
         "own.toml",
         "name = \"own\"\n\n[[step]]\nname = \"x\"\nchild = \"own.toml\"\n",
     );
-    let out = env.run(&["start", own.to_str().unwrap(), "--run-id", "o"]);
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    env.flow(
+        "ping.toml",
+        "name = \"ping\"\n\n[[step]]\nname = \"x\"\nchild = \"pong.toml\"\n",
+    );
+    env.flow(
+        "pong.toml",
+        "name = \"pong\"\n\n[[step]]\nname = \"y\"\nrun = \"echo {}\"\n\n[[step]]\nname = \"x\"\nchild = \"ping.toml\"\n",
+    );
+    let ping = env.path().join("ping.toml");
+    for (cmd, flow) in [
+        ("run", &own),
+        ("start", &own),
+        ("run", &ping),
+        ("start", &ping),
+    ] {
+        let out = env.run(&[cmd, flow.to_str().unwrap(), "--run-id", "o"]);
+        assert_eq!(code(&out), 2, "{cmd} {flow:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("leads back to this flow"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let out = env.run(&["run", ping.to_str().unwrap(), "--run-id", "o"]);
+    assert!(
+        stderr(&out).contains("pong.toml:9:"),
+        "the closing step's line: {}",
+        stderr(&out)
+    );
+    let out = env.run(&["worker", own.to_str().unwrap()]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    // A child file that is not TOML is named with its line.
+    env.flow("broken.toml", "name = \"broken\"\n[[step]\n");
+    let bad = env.flow(
+        "bad.toml",
+        "name = \"bad\"\n\n[[step]]\nname = \"x\"\nchild = \"broken.toml\"\n",
+    );
+    let out = env.run(&["run", bad.to_str().unwrap(), "--run-id", "o"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("broken.toml:2:"), "{}", stderr(&out));
+    // Retries beyond what a child may have are refused at their line.
+    let many = env.flow(
+        "many.toml",
+        "name = \"many\"\n\n[[step]]\nname = \"x\"\nchild = \"researcher.toml\"\nretries = 40\n",
+    );
+    let out = env.run(&["run", many.to_str().unwrap(), "--run-id", "o"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("many.toml:6: retries = 40"),
+        "{}",
+        stderr(&out)
+    );
     assert_ne!(
         code(&env.run(&["show", "b"])),
         0,

@@ -69,6 +69,12 @@ async fn drive(
     family: &[Workflow],
     depth: usize,
 ) -> Result<Outcome, steadfast::Error> {
+    let ended = |s: RunStatus| {
+        matches!(
+            s,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Rejected | RunStatus::Cancelled
+        )
+    };
     loop {
         let out = runner_for(args, ctx, run_id).run(run_id, workflow).await?;
         if !matches!(out, Outcome::Waiting { .. }) || depth >= 64 {
@@ -81,6 +87,9 @@ async fn drive(
             },
             _ => return Ok(out),
         };
+        // Only a child that ended in this round can move the parent on: one
+        // that had ended before is one the parent could not take yet (held
+        // by someone).
         let mut moved = false;
         for child in &runs {
             let Ok(Some(cp)) = ctx.store.load(child).await else {
@@ -89,14 +98,7 @@ async fn drive(
             let Some(wf) = family.iter().find(|w| w.name() == cp.workflow) else {
                 continue;
             };
-            if matches!(
-                cp.status,
-                RunStatus::Completed
-                    | RunStatus::Failed
-                    | RunStatus::Rejected
-                    | RunStatus::Cancelled
-            ) {
-                moved = true;
+            if ended(cp.status) {
                 continue;
             }
             match Box::pin(drive(args, ctx, child, wf, family, depth + 1)).await {
@@ -104,10 +106,13 @@ async fn drive(
                 Ok(_) => {}
                 Err(e) => {
                     output::note(format_args!(
-                        "child run {child:?} failed: {}",
+                        "child run {child:?}: {}",
                         output::clean(&steadfast::error_chain(&e))
                     ));
-                    moved = true;
+                    moved |= matches!(
+                        ctx.store.load(child).await,
+                        Ok(Some(cp)) if ended(cp.status)
+                    );
                 }
             }
         }
@@ -119,7 +124,10 @@ async fn drive(
 
 /// Runs the flow; the exit code says how the run stopped.
 pub async fn run(args: RunArgs, ctx: &Ctx) -> Result<i32, Failure> {
-    let family = flow::load_family(&args.flow)?;
+    let family: Vec<Workflow> = flow::load_family(&args.flow)?
+        .into_iter()
+        .map(|(_, wf)| wf)
+        .collect();
     let workflow = &family[0];
     let run_id = args.run_id.as_str();
     steadfast::validate_run_id(run_id)?;

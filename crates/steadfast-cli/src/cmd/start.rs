@@ -25,7 +25,12 @@ pub struct StartArgs {
 /// Records the run as pending; exit 0 whether it is new or already there
 /// as started the same way, 2 when it is there started otherwise.
 pub async fn run(args: StartArgs, ctx: &Ctx) -> Result<i32, Failure> {
-    let workflow = flow::load(&args.flow)?;
+    // The flows its child steps run are checked too (a worker loads them).
+    let workflow = flow::load_family(&args.flow)?
+        .into_iter()
+        .next()
+        .map(|(_, wf)| wf)
+        .ok_or_else(|| flow::FlowError(format!("{}: no flow", args.flow.display())))?;
     let input = match &args.input {
         Some(text) => {
             command::parse_json_exact(text).map_err(|e| usage(format!("--input: {e}")))?

@@ -64,17 +64,23 @@ pub(crate) fn parse_grace(text: &str) -> Result<Duration, String> {
 pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
     let mut registry = Registry::new();
     // Each flow with the flows its child steps run: a worker runs a
-    // flow's children too.
-    let mut given = std::collections::HashSet::new();
+    // flow's children too. One name, one file.
+    let mut files: std::collections::HashMap<String, PathBuf> = Default::default();
     for path in &args.flows {
-        for (i, wf) in flow::load_family(path)?.into_iter().enumerate() {
-            if i == 0 && !given.insert(wf.name().to_string()) {
-                return Err(usage(format!(
-                    "{}: another flow file given is also named {:?}",
-                    path.display(),
-                    wf.name()
-                )));
+        for (file, wf) in flow::load_family(path)? {
+            match files.get(wf.name()) {
+                Some(had) if *had == file => continue,
+                Some(had) => {
+                    return Err(usage(format!(
+                        "{}: another flow file ({}), given or reached through child steps, is also named {:?}",
+                        file.display(),
+                        had.display(),
+                        wf.name()
+                    )))
+                }
+                None => {}
             }
+            files.insert(wf.name().to_string(), file);
             registry = registry.workflow(wf);
         }
     }

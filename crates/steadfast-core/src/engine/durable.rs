@@ -511,9 +511,10 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     ) -> Result<(), Error> {
         let runner = self.runner();
         let s = &mut *guard;
+        self.not_stopped(s, step.name())?;
         let total = s.total;
         match s.sleep(runner, step, duration, total).await? {
-            Timer::Stop(suspension) => return Err(Error::Suspended(suspension)),
+            Timer::Stop(suspension) => return Err(self.stop(suspension)),
             Timer::Passed => {}
             Timer::Wait { set, left } => {
                 drop(guard);
@@ -1233,18 +1234,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     /// the wait, holding no lease, with those steps still running, and a
     /// worker could take it up and run them a second time.
     fn alone(&self, s: &Session, name: &str) -> Result<(), Error> {
-        if self
-            .shared
-            .stopped
-            .load(std::sync::atomic::Ordering::SeqCst)
-        {
-            return Err(Error::InvalidWorkflow {
-                workflow: s.cp.workflow.clone(),
-                reason: format!(
-                    "the wait {name:?} began after another wait of the same call had stopped the run (waits run one at a time; wait for several child runs with DurableCtx::children)"
-                ),
-            });
-        }
+        self.not_stopped(s, name)?;
         let n = self
             .shared
             .running
@@ -1258,6 +1248,25 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 "the wait {name:?} began while {n} step(s) of the same call were still under way; await them before waiting (a wait stops the run, and must not stand beside a running step)"
             ),
         })
+    }
+
+    /// Refuses a wait (a gate, a timer, a wait for a signal or for child
+    /// runs) begun after another wait of this call stopped the run: it
+    /// would save its wait over the first.
+    fn not_stopped(&self, s: &Session, name: &str) -> Result<(), Error> {
+        if self
+            .shared
+            .stopped
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(Error::InvalidWorkflow {
+                workflow: s.cp.workflow.clone(),
+                reason: format!(
+                    "the wait {name:?} began after another wait of the same call had stopped the run (waits run one at a time; wait for several child runs with DurableCtx::children)"
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// The error that stops the run at a wait, noted so that no other wait

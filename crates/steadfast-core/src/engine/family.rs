@@ -257,7 +257,13 @@ async fn cancel_child<S: Store + ?Sized>(
         let Some(mut cp) = store.load(id).await? else {
             return Ok(None);
         };
-        if ParentLink::of(&cp.state).is_none_or(|l| l.run != parent.0 || l.created != parent.1) {
+        // Only the child itself: a fork or copy of it keeps its link.
+        let ours = ParentLink::of(&cp.state).is_some_and(|l| {
+            l.run == parent.0
+                && l.created == parent.1
+                && cp.run_id == crate::record::family::child_id(&l.run, &l.step)
+        });
+        if !ours {
             return Ok(None);
         }
         let running = match &cp.wait {
@@ -295,7 +301,7 @@ pub(crate) async fn orphaned<S: Store + ?Sized>(
     let Some(link) = ParentLink::of(&cp.state) else {
         return Ok(None);
     };
-    if ended(cp.status) {
+    if ended(cp.status) || cp.run_id != crate::record::family::child_id(&link.run, &link.step) {
         return Ok(None);
     }
     let Some(parent) = store.load(&link.run).await? else {

@@ -300,9 +300,10 @@ impl Step {
     /// the state under the step's name. See
     /// [`DurableCtx::children`](crate::DurableCtx::children) for the child's
     /// id, the wait, failures and cancelling. The step's
-    /// [`retry`](Step::retry) policy says how often a failed child is
-    /// retried (once, by default: a child's own steps retry as its
-    /// workflow says).
+    /// [`retry`](Step::retry) policy says how many attempts a failed child
+    /// gets, at most [`MAX_CHILD_ATTEMPTS`](crate::MAX_CHILD_ATTEMPTS) (one
+    /// by default, so no retry: a child's own steps retry as its workflow
+    /// says).
     ///
     /// ```
     /// use steadfast_core::Step;
@@ -363,6 +364,13 @@ impl Step {
             StepKind::Child { workflow } => {
                 crate::record::ids::check_step_name(workflow)
                     .map_err(|r| format!("the workflow of its child run: {r}"))?;
+                let most = crate::engine::family::MAX_CHILD_ATTEMPTS;
+                if self.retry.max_attempts() > most {
+                    return Err(format!(
+                        "its retry policy allows {} attempts; a child is tried at most {most} times",
+                        self.retry.max_attempts()
+                    ));
+                }
                 self.retry.check()
             }
             StepKind::Signal { signal, timeout: t } => {

@@ -223,11 +223,11 @@ mod tests {
     fn results_leave_the_engines_keys_out() {
         let mut cp = Checkpoint::new("c", "wf", crate::record::clock::Timestamp::EPOCH);
         cp.state.insert("rows".into(), Value::from(3));
-        cp.state
-            .insert(PARENT_KEY.into(), ParentLink::new("p", "s").to_value());
+        let link = ParentLink::new("p", "s", Timestamp::from_unix_millis(7));
+        cp.state.insert(PARENT_KEY.into(), link.to_value());
         assert_eq!(child_result(&cp), serde_json::json!({"rows": 3}));
         cp.state.insert(RESULT_KEY.into(), Value::from("done"));
         assert_eq!(child_result(&cp), Value::from("done"));
-        assert_eq!(ParentLink::of(&cp.state), Some(ParentLink::new("p", "s")));
+        assert_eq!(ParentLink::of(&cp.state), Some(link));
     }
 }

@@ -18,7 +18,7 @@ pub const RESULT_KEY: &str = "__result";
 pub const SIGNALS_KEY: &str = "__signals";
 
 /// The state key under which a child run keeps its parent: `{"run": ID,
-/// "step": NAME}` ([`DurableCtx::child`](crate::DurableCtx::child)).
+/// "step": NAME, "created": TIME}` ([`DurableCtx::child`](crate::DurableCtx::child)).
 pub const PARENT_KEY: &str = "__parent";
 
 /// The state key under which a parent's child step records the id of the
