@@ -66,7 +66,7 @@ pub fn load(path: &Path) -> Result<Workflow, FlowError> {
 /// (a cycle nests child runs without end).
 pub fn load_family(path: &Path) -> Result<Vec<(PathBuf, Workflow)>, FlowError> {
     let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-    let mut out: Vec<(PathBuf, Workflow, Vec<(PathBuf, usize)>)> = Vec::new();
+    let mut out: Vec<(PathBuf, Workflow, Vec<ChildFile>)> = Vec::new();
     let mut todo = vec![path.to_path_buf()];
     while let Some(p) = todo.pop() {
         let key = canonical(&p);
@@ -160,9 +160,12 @@ fn read_flow(path: &Path) -> Result<String, FlowError> {
     Ok(text)
 }
 
+/// A flow file a child step runs, and the line of that step.
+type ChildFile = (PathBuf, usize);
+
 /// The flow at `path` and the paths of the flows its child steps run, each
 /// with the line of its step.
-fn load_with_children(path: &Path) -> Result<(Workflow, Vec<(PathBuf, usize)>), FlowError> {
+fn load_with_children(path: &Path) -> Result<(Workflow, Vec<ChildFile>), FlowError> {
     let text = read_flow(path)?;
     parse_with_children(&text, path)
 }
@@ -195,10 +198,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Workflow, FlowError> {
     parse_with_children(text, path).map(|(wf, _)| wf)
 }
 
-fn parse_with_children(
-    text: &str,
-    path: &Path,
-) -> Result<(Workflow, Vec<(PathBuf, usize)>), FlowError> {
+fn parse_with_children(text: &str, path: &Path) -> Result<(Workflow, Vec<ChildFile>), FlowError> {
     let line_of = |offset: usize| text[..offset.min(text.len())].matches('\n').count() + 1;
     let at = |offset: usize, what: String| {
         FlowError(format!("{}:{}: {what}", path.display(), line_of(offset)))
