@@ -180,14 +180,15 @@ fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow
                             .await?;
                         match out {
                             Value::Null => Ok(Default::default()),
+                            // The engine's own keys are dropped by the run
+                            // loop (a step that returns its state with a
+                            // change gives them back); the key that marks
+                            // bytes is Python's, and refused here.
                             Value::Object(map) => {
-                                match map.keys().find(|k| {
-                                    steadfast::RESERVED_KEYS.contains(&k.as_str())
-                                        || k.as_str() == crate::convert::MARK
-                                }) {
+                                match map.keys().find(|k| k.as_str() == crate::convert::MARK) {
                                     Some(k) => Err(StepError::invalid_value(
                                         format!("$.{k}"),
-                                        "the key is the engine's own (or marks bytes in Python's values); rename it"
+                                        "the key marks bytes in Python's values; rename it"
                                             .to_string(),
                                     )),
                                     None => Ok(map),

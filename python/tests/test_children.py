@@ -67,7 +67,10 @@ def test_a_listed_child_step_and_a_failed_child(store):
 
     @inner.step("read")
     def read(ctx, state):
-        return {"notes": "about " + state["topic"]}
+        # Its state with a change: the engine's keys in it (`__parent`) are
+        # dropped, not refused.
+        assert state["__parent"]["run"] == "o"
+        return {**state, "notes": "about " + state["topic"]}
 
     outer = steadfast.Workflow("outer")
 

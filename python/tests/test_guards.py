@@ -154,9 +154,11 @@ def test_listed_steps_cannot_take_or_write_the_engine_s_names() -> None:
     wf = steadfast.Workflow("w")
     with pytest.raises(steadfast.InvalidWorkflow, match="reserved"):
         wf.step("__x", lambda ctx, state: {})
-    wf.step("clobber", lambda ctx, state: {"__start": "mine"}, retries=0)
-    with pytest.raises(steadfast.InvalidValue, match="__start"):
-        steadfast.run("r", wf, store, {"a": 1})
+    # A step that returns the engine's keys (its state with a change, say)
+    # does not change them: they are dropped, as for every listed step.
+    wf.step("clobber", lambda ctx, state: {**state, "__start": "mine", "b": 2}, retries=0)
+    out = steadfast.run("r", wf, store, {"a": 1})
+    assert out.completed and out.value["b"] == 2
     assert steadfast.show(store, "r")["state"]["__start"] == {"a": 1}
 
 

@@ -115,7 +115,7 @@ fn malformed_and_invalid_flow_files_exit_2_naming_file_and_line() -> TestResult 
         ("unknown key", "name = \"x\"\n[[step]]\nname = \"a\"\nrun = \"true\"\nretry = 3\n", "retry"),
         ("duplicate", "name = \"x\"\n[[step]]\nname = \"a\"\nrun = \"true\"\n[[step]]\nname = \"a\"\nrun = \"true\"\n", "used twice"),
         ("empty name", "name = \"x\"\n[[step]]\nname = \"\"\nrun = \"true\"\n", "empty name"),
-        ("no kind", "name = \"x\"\n[[step]]\nname = \"a\"\n", "needs one of run, gate, sleep or wait"),
+        ("no kind", "name = \"x\"\n[[step]]\nname = \"a\"\n", "needs one of run, gate, sleep, wait or child"),
         ("two kinds", "name = \"x\"\n[[step]]\nname = \"a\"\nrun = \"true\"\ngate = true\n", "more than one"),
         ("bad duration", "name = \"x\"\n[[step]]\nname = \"a\"\nrun = \"true\"\ntimeout = \"soon\"\n", ":5:"),
         ("on_timeout alone", "name = \"x\"\n[[step]]\nname = \"g\"\ngate = true\non_timeout = \"approve\"\n", "needs a timeout"),
