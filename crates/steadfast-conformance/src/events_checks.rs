@@ -314,3 +314,124 @@ pub async fn emitted_events_land_with_their_step(ts: TestStore) -> CheckResult {
     );
     Ok(())
 }
+
+/// The lines of an export of `ids` from `store`, written as the CLI does.
+async fn export_lines(
+    store: &dyn Store,
+    ids: &[&str],
+) -> Result<Vec<String>, steadfast_core::Error> {
+    let mut writer = steadfast_core::transfer::ExportWriter::new();
+    let mut lines = Vec::new();
+    for id in ids {
+        let record = steadfast_core::transfer::export_run(store, id)
+            .await?
+            .expect("the run to export is there");
+        writer.write(&record, &mut |line| {
+            lines.push(line.to_string());
+            Ok(())
+        })?;
+    }
+    Ok(lines)
+}
+
+/// Imports `lines` into `store`, as the CLI does.
+async fn import_lines(
+    store: &dyn Store,
+    lines: &[String],
+) -> Result<Vec<steadfast_core::transfer::Put>, steadfast_core::Error> {
+    let mut reader = steadfast_core::transfer::ImportReader::new();
+    let mut puts = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if let Some(record) = reader.line(line, i + 1)? {
+            puts.push(steadfast_core::transfer::put_run(store, &record).await?);
+        }
+    }
+    reader.finish()?;
+    Ok(puts)
+}
+
+/// A run's event log travels with it through export and import: every
+/// event back under its own number, step, attempt, time and mark (more
+/// than one event line of them), a signal sent before the export taken
+/// once after the import, an import again changing nothing, and a newer
+/// version replacing the log whole.
+pub async fn a_run_travels_with_its_events(ts: TestStore) -> CheckResult {
+    use steadfast_core::transfer::Put;
+    let store = Arc::clone(&ts.store);
+    let body = |ctx: steadfast_core::DurableCtx<'static, Arc<dyn Store>>| async move {
+        ctx.step("burst", || async {
+            let step = StepCtx::current().expect("inside a step");
+            for i in 0..1500 {
+                step.emit(json!({"i": i})).expect("emitted");
+            }
+            Ok::<_, StepError>(1500)
+        })
+        .await?;
+        let got = ctx.wait_for("go", None).await?;
+        Ok::<_, steadfast_core::Error>(got.map(|s| s.data))
+    };
+    let out = durable("travel", &store, "agent", body).await?;
+    ensure!(
+        out.completed().is_none(),
+        "the run did not stop at its wait"
+    );
+    let clock = steadfast_core::SystemClock;
+    steadfast_core::signal(&*store, "travel", "go", Some(json!(1)), "tester", &clock).await?;
+    steadfast_core::signal(&*store, "travel", "go", Some(json!(2)), "tester", &clock).await?;
+    let before = log(&ts)?.read_events("travel", 0, 5000).await?;
+    ensure!(
+        before.len() == 1502,
+        "{} events before the export",
+        before.len()
+    );
+    let waiting = export_lines(&*store, &["travel"]).await?;
+    ensure!(
+        waiting.len() >= 3,
+        "1,500 events and a run in {} lines",
+        waiting.len()
+    );
+    ensure!(store.delete("travel").await?, "the run was not deleted");
+    ensure!(
+        import_lines(&*store, &waiting).await? == [Put::Written],
+        "the import did not write the run"
+    );
+    let after = log(&ts)?.read_events("travel", 0, 5000).await?;
+    ensure!(after == before, "the log came back different");
+    // The signal sent before the export is taken once, after the import.
+    let out = durable("travel", &store, "agent", body).await?;
+    ensure!(
+        out.completed() == Some(Some(json!(1))),
+        "the resumed run did not take the first signal"
+    );
+    ensure!(
+        import_lines(&*store, &waiting).await?
+            == [Put::Kept {
+                version: store.load("travel").await?.map_or(0, |c| c.version)
+            }],
+        "an import of an older version did not keep the newer run"
+    );
+    ensure!(
+        log(&ts)?.read_events("travel", 0, 5000).await?.len() == 1502,
+        "an import that kept the run changed its log"
+    );
+    // A newer version replaces an older one, log and all.
+    let done = export_lines(&*store, &["travel"]).await?;
+    store.delete("travel").await?;
+    import_lines(&*store, &waiting).await?;
+    log(&ts)?
+        .append_events("travel", &[ev("stray", 1, json!("only in the older copy"))])
+        .await?;
+    ensure!(
+        matches!(
+            import_lines(&*store, &done).await?[..],
+            [Put::Replaced { .. }]
+        ),
+        "the newer export did not replace the older run"
+    );
+    ensure!(
+        log(&ts)?.read_events("travel", 0, 5000).await? == before,
+        "the replaced run's log is not the newer export's"
+    );
+    store.delete("travel").await?;
+    Ok(())
+}

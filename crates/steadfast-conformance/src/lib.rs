@@ -273,6 +273,7 @@ macro_rules! events_conformance {
             bad_appends_are_refused_and_write_nothing,
             events_are_deleted_with_their_run,
             emitted_events_land_with_their_step,
+            a_run_travels_with_its_events,
         );
     };
 }

@@ -42,6 +42,26 @@
 //! not carried before it (nothing of that run is written). The blobs read
 //! are kept until the import ends.
 //!
+//! # Event logs (version 3)
+//!
+//! A run's event log (what its steps emitted, and the signals sent to it)
+//! travels with it. [`ExportWriter`] writes a run that has events as event
+//! lines, each at most [`EVENTS_PER_LINE`] events and about 8 MiB,
+//!
+//! ```text
+//! {"format":3,"events":"<run id>","sha256":"<64 hex digits>","items":[{"seq":1,…},…]}
+//! ```
+//!
+//! (`sha256` over `items` as written), numbered from 1 with no gap, followed
+//! by the run's line of format 3: as version 2 (large values may be
+//! references), its record holding one more key, `"events": N`, the number
+//! of its last event. [`ImportReader`] refuses a run line whose events did
+//! not all come before it, and events without their run. Builds that read
+//! only versions 1 and 2 refuse a line of version 3, so an older build never
+//! imports a run without its events. [`put_run`] appends the events while the
+//! run is still marked as being built, so a run never appears complete
+//! without them.
+//!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 //! use serde_json::json;
@@ -67,6 +87,7 @@ use sha2::{Digest, Sha256};
 use crate::engine::store_error;
 use crate::record::checkpoint::{Checkpoint, StepRecord, COPIER, COPY_MARK};
 use crate::record::error::{Error, StoreError, StoreErrorKind};
+use crate::record::events::{NewEvent, RunEvent};
 use crate::store::StoreExt as _;
 use crate::store::{ListFilter, SaveRequest, Store};
 
@@ -84,6 +105,13 @@ pub const EXPORT_FORMAT_BLOBS: u32 = 2;
 /// The size above which an export carries a value once, as a blob: 64 KiB.
 pub const EXPORT_BLOB_THRESHOLD: u64 = crate::store::blob::DEFAULT_BLOB_THRESHOLD;
 
+/// The version of the layout of a run line that carries an event log, and
+/// of an event line ([`ExportWriter`]).
+pub const EXPORT_FORMAT_EVENTS: u32 = 3;
+
+/// The most events one event line of an export holds.
+pub const EVENTS_PER_LINE: usize = 1000;
+
 /// The largest part of a blob's text in one line: 8 MiB, so that escaped
 /// (at most six bytes for one) it stays within [`MAX_LINE_BYTES`].
 const BLOB_PART: usize = 8 << 20;
@@ -99,12 +127,26 @@ pub struct Exported {
     pub run: Checkpoint,
     /// Its per-step records, if the store it came from keeps them.
     pub history: Option<Vec<StepRecord>>,
+    /// Its event log, whole, numbered from 1 (empty: none). Written as
+    /// event lines of its own ([the module](self)), not in the run's line.
+    #[serde(skip)]
+    pub events: Vec<RunEvent>,
 }
 
 impl Exported {
-    /// A run and its history.
+    /// A run and its history, with no events.
     pub fn new(run: Checkpoint, history: Option<Vec<StepRecord>>) -> Self {
-        Exported { run, history }
+        Exported {
+            run,
+            history,
+            events: Vec::new(),
+        }
+    }
+
+    /// The same, with `events` as its event log.
+    pub fn with_events(mut self, events: Vec<RunEvent>) -> Self {
+        self.events = events;
+        self
     }
 }
 
@@ -139,7 +181,18 @@ fn text_digest(bytes: &[u8]) -> String {
 }
 
 /// Encodes one run as a line of the export format (without its newline).
+/// A run with events takes more than one line: it is refused here, and
+/// [`ExportWriter`] writes it.
 pub fn encode_line(record: &Exported) -> Result<String, Error> {
+    if !record.events.is_empty() {
+        return Err(Error::InvalidInput {
+            what: format!("the export of run {:?}", record.run.run_id),
+            reason: format!(
+                "it has {} events, which one line of format {EXPORT_FORMAT} cannot carry: write it with ExportWriter",
+                record.events.len()
+            ),
+        });
+    }
     let value = serde_json::to_value(record).map_err(|e| Error::InvalidInput {
         what: format!("the export of run {:?}", record.run.run_id),
         reason: e.to_string(),
@@ -175,7 +228,7 @@ pub fn line_for_fuzzing(record: Value) -> String {
 /// gives them, in order. It reads version 1; an export with large values
 /// carried once (version 2) is read by [`ImportReader`].
 pub fn decode_line(line: &str, lineno: usize) -> Result<Exported, Error> {
-    decode_run_line(line, lineno, EXPORT_FORMAT)
+    decode_run_line(line, lineno, EXPORT_FORMAT).map(|(record, _)| record)
 }
 
 /// How an error names line `lineno` of an export.
@@ -197,8 +250,14 @@ fn check_length(line: &str, lineno: usize) -> Result<(), Error> {
     Ok(())
 }
 
-/// [`decode_line`] for a run line of version `format`.
-fn decode_run_line(line: &str, lineno: usize, format: u32) -> Result<Exported, Error> {
+/// [`decode_line`] for a run line of version `format`; with the number of
+/// its last event for version 3 ([`EXPORT_FORMAT_EVENTS`]), which must say
+/// it.
+fn decode_run_line(
+    line: &str,
+    lineno: usize,
+    format: u32,
+) -> Result<(Exported, Option<u64>), Error> {
     let bad = bad_line(lineno);
     check_length(line, lineno)?;
     let parsed: RawLine =
@@ -220,6 +279,18 @@ fn decode_run_line(line: &str, lineno: usize, format: u32) -> Result<Exported, E
             "its checksum does not match its record: the line was changed or damaged".into(),
         ));
     }
+    let events = if format == EXPORT_FORMAT_EVENTS {
+        match value.get("events").and_then(Value::as_u64) {
+            Some(n) if n >= 1 => Some(n),
+            _ => {
+                return Err(bad(
+                    "a run line of format 3 must give the number of its last event (`events`, 1 or more)".into(),
+                ))
+            }
+        }
+    } else {
+        None
+    };
     let mut de = serde_json::Deserializer::from_str(text);
     let mut record: Exported = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let inner = e.inner().to_string();
@@ -264,7 +335,7 @@ fn decode_run_line(line: &str, lineno: usize, format: u32) -> Result<Exported, E
             )));
         }
     }
-    Ok(record)
+    Ok((record, events))
 }
 
 /// Writes runs as export lines, each large value once per export (see
@@ -320,7 +391,7 @@ impl ExportWriter {
             )
             .map_err(invalid)?;
         }
-        if blobs.is_empty() {
+        if blobs.is_empty() && record.events.is_empty() {
             return put(&encode_line(record)?);
         }
         for blob in &blobs {
@@ -350,13 +421,23 @@ impl ExportWriter {
                 at = end;
             }
         }
-        let value =
-            serde_json::to_value(Exported { run, history }).map_err(|e| Error::InvalidInput {
+        let format = match record.events.last() {
+            None => EXPORT_FORMAT_BLOBS,
+            Some(_) => {
+                write_event_lines(id, &record.events, put)?;
+                EXPORT_FORMAT_EVENTS
+            }
+        };
+        let mut value =
+            serde_json::to_value(Exported::new(run, history)).map_err(|e| Error::InvalidInput {
                 what: format!("the export of run {id:?}"),
                 reason: e.to_string(),
             })?;
+        if let (Some(last), Value::Object(map)) = (record.events.last(), &mut value) {
+            map.insert("events".into(), last.seq.into());
+        }
         let line = Line {
-            format: EXPORT_FORMAT_BLOBS,
+            format,
             sha256: digest(&value),
             record: value,
         };
@@ -369,7 +450,96 @@ impl ExportWriter {
     }
 }
 
-/// Reads export lines of either version, keeping the blobs they carry to
+/// The most bytes of event values (as JSON) one run's log may carry in an
+/// export: 1 GiB, as much as one value may hold.
+pub const MAX_EXPORT_EVENT_BYTES: u64 = 1 << 30;
+
+/// An event line as written: its items' text is what its checksum covers.
+#[derive(Serialize)]
+#[serde(deny_unknown_fields)]
+struct EventLine<'a> {
+    format: u32,
+    events: &'a str,
+    sha256: String,
+    items: &'a serde_json::value::RawValue,
+}
+
+/// An event line as read.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEventLine<'a> {
+    format: u32,
+    events: String,
+    sha256: String,
+    #[serde(borrow)]
+    items: &'a serde_json::value::RawValue,
+}
+
+/// Hands `put` run `id`'s events as event lines, checking that they are
+/// numbered 1, 2, 3… and within [`MAX_EXPORT_EVENT_BYTES`].
+fn write_event_lines(
+    id: &str,
+    events: &[RunEvent],
+    put: &mut dyn FnMut(&str) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let refuse = |reason: String| Error::InvalidInput {
+        what: format!("the export of run {id:?}"),
+        reason,
+    };
+    let mut total = 0u64;
+    let mut items: Vec<String> = Vec::new();
+    let mut size = 0usize;
+    let mut flush = |items: &mut Vec<String>| -> Result<(), Error> {
+        let text = format!("[{}]", items.join(","));
+        items.clear();
+        let raw =
+            serde_json::value::RawValue::from_string(text).map_err(|e| refuse(e.to_string()))?;
+        let line = EventLine {
+            format: EXPORT_FORMAT_EVENTS,
+            events: id,
+            sha256: text_digest(raw.get().as_bytes()),
+            items: &raw,
+        };
+        put(&serde_json::to_string(&line).map_err(|e| refuse(e.to_string()))?)
+    };
+    for (i, event) in events.iter().enumerate() {
+        if event.seq != i as u64 + 1 {
+            return Err(refuse(format!(
+                "its event log has event {} where {} was due: an export carries a log whole, numbered from 1",
+                event.seq,
+                i + 1
+            )));
+        }
+        let text = serde_json::to_string(event).map_err(|e| refuse(e.to_string()))?;
+        total += text.len() as u64;
+        if total > MAX_EXPORT_EVENT_BYTES {
+            return Err(refuse(format!(
+                "its event log is over {MAX_EXPORT_EVENT_BYTES} bytes, the most an export carries for one run"
+            )));
+        }
+        if !items.is_empty() && (items.len() == EVENTS_PER_LINE || size + text.len() > BLOB_PART) {
+            flush(&mut items)?;
+            size = 0;
+        }
+        size += text.len() + 1;
+        items.push(text);
+    }
+    if !items.is_empty() {
+        flush(&mut items)?;
+    }
+    Ok(())
+}
+
+/// Events read for the run whose line is still to come.
+#[derive(Debug)]
+struct PendingEvents {
+    run: String,
+    items: Vec<RunEvent>,
+    bytes: u64,
+    from: usize,
+}
+
+/// Reads export lines of any version, keeping the blobs they carry to
 /// put the large values back into the runs that follow (see
 /// [the module](self)).
 #[derive(Debug, Default)]
@@ -379,12 +549,15 @@ pub struct ImportReader {
     /// The blob being read: its hash, its size, its text so far, and the
     /// line it started on.
     partial: Option<(crate::store::blob::BlobHash, u64, Vec<u8>, usize)>,
+    /// The events read for the next run line.
+    events: Option<PendingEvents>,
 }
 
 #[derive(Deserialize)]
 struct Peek {
     format: Option<u32>,
     blob: Option<serde::de::IgnoredAny>,
+    events: Option<serde::de::IgnoredAny>,
 }
 
 impl ImportReader {
@@ -464,11 +637,48 @@ impl ImportReader {
                 "blob {h}, begun on line {from}, ends before its last part"
             )));
         }
-        if peek.format != Some(EXPORT_FORMAT_BLOBS) {
-            return decode_line(line, lineno).map(Some);
+        if peek.events.is_some() {
+            self.event_line(line, lineno)?;
+            return Ok(None);
         }
-        let mut record = decode_run_line(line, lineno, EXPORT_FORMAT_BLOBS)?;
+        let (mut record, last_event) = match peek.format {
+            Some(f @ (EXPORT_FORMAT_BLOBS | EXPORT_FORMAT_EVENTS)) => {
+                decode_run_line(line, lineno, f)?
+            }
+            _ => (decode_line(line, lineno)?, None),
+        };
         let id = record.run.run_id.clone();
+        let pending = self.events.take();
+        match (pending, last_event) {
+            (None, None) => {}
+            (Some(p), _) if p.run != id => {
+                return Err(bad(format!(
+                    "the events of run {:?} (from line {}) are followed by the line of run {id:?}, not of their own run",
+                    p.run, p.from
+                )))
+            }
+            (Some(p), Some(n)) if p.items.len() as u64 == n => record.events = p.items,
+            (Some(p), Some(n)) => {
+                return Err(bad(format!(
+                    "run {id:?} has {n} events, and the export carries {} of them before its line; nothing of the run was written",
+                    p.items.len()
+                )))
+            }
+            (Some(p), None) => {
+                return Err(bad(format!(
+                    "the events of run {id:?} (from line {}) are followed by a line of the run that does not count them",
+                    p.from
+                )))
+            }
+            (None, Some(n)) => {
+                return Err(bad(format!(
+                    "run {id:?} has {n} events, and the export does not carry them before its line; nothing of the run was written"
+                )))
+            }
+        }
+        if peek.format == Some(EXPORT_FORMAT) || peek.format.is_none() {
+            return Ok(Some(record));
+        }
         let locate = |column: &str| format!("line {lineno} of the export, run {id:?}, {column}");
         let place = crate::store::rows::Place::new(&id, &locate);
         let blobs = &self.blobs;
@@ -495,8 +705,83 @@ impl ImportReader {
         Ok(Some(record))
     }
 
-    /// Checks that the export did not end in the middle of a blob.
+    /// Reads an event line: checked whole, then kept for its run's line.
+    fn event_line(&mut self, line: &str, lineno: usize) -> Result<(), Error> {
+        let bad = bad_line(lineno);
+        let parsed: RawEventLine =
+            serde_json::from_str(line).map_err(|e| bad(format!("not an event line: {e}")))?;
+        if parsed.format != EXPORT_FORMAT_EVENTS {
+            return Err(bad(format!(
+                "an event line of format {} is not understood by this build",
+                parsed.format
+            )));
+        }
+        let id = parsed.events;
+        crate::validate_run_id(&id).map_err(|e| bad(e.to_string()))?;
+        if text_digest(parsed.items.get().as_bytes()) != parsed.sha256 {
+            return Err(bad(format!(
+                "the checksum of run {id:?}'s events does not match them: the line was changed or damaged"
+            )));
+        }
+        let items: Vec<RunEvent> = serde_json::from_str(parsed.items.get())
+            .map_err(|e| bad(format!("run {id:?}'s events: {e}")))?;
+        if items.is_empty() || items.len() > EVENTS_PER_LINE {
+            return Err(bad(format!(
+                "an event line holds 1 to {EVENTS_PER_LINE} events, not {}",
+                items.len()
+            )));
+        }
+        let mut pending = match self.events.take() {
+            None => PendingEvents {
+                run: id.clone(),
+                items: Vec::new(),
+                bytes: 0,
+                from: lineno,
+            },
+            Some(p) if p.run == id => p,
+            Some(p) => {
+                return Err(bad(format!(
+                    "the events of run {:?} (from line {}) are followed by events of run {id:?}, not by their run's line",
+                    p.run, p.from
+                )))
+            }
+        };
+        let news: Vec<NewEvent> = items.iter().map(RunEvent::unnumbered).collect();
+        let texts = crate::store::check_events(&id, &news).map_err(|e| bad(e.to_string()))?;
+        for (event, text) in items.iter().zip(&texts) {
+            let due = pending.items.len() as u64 + 1;
+            if event.seq != due {
+                return Err(bad(format!(
+                    "run {id:?}'s event {} comes where event {due} was due: an event line is missing, repeated or out of order",
+                    event.seq
+                )));
+            }
+            pending.bytes += text.len() as u64;
+            if pending.bytes > MAX_EXPORT_EVENT_BYTES {
+                return Err(bad(format!(
+                    "run {id:?}'s events are over {MAX_EXPORT_EVENT_BYTES} bytes, the most an import takes for one run"
+                )));
+            }
+            pending.items.push(event.clone());
+        }
+        self.events = Some(pending);
+        Ok(())
+    }
+
+    /// Checks that the export did not end in the middle of a blob, or with
+    /// events whose run's line never came.
     pub fn finish(&self) -> Result<(), Error> {
+        if let Some(p) = &self.events {
+            return Err(Error::InvalidInput {
+                what: "the export".into(),
+                reason: format!(
+                    "it ends with {} events of run {:?} (from line {}) and no line of the run",
+                    p.items.len(),
+                    p.run,
+                    p.from
+                ),
+            });
+        }
         match &self.partial {
             None => Ok(()),
             Some((h, bytes, text, from)) => Err(Error::InvalidInput {
@@ -556,7 +841,92 @@ pub async fn export_run<S: Store + ?Sized>(
             ));
         }
     }
-    Ok(Some(Exported { run, history }))
+    let events = read_log(store, run_id).await?;
+    Ok(Some(Exported::new(run, history).with_events(events)))
+}
+
+/// Run `run_id`'s whole event log (empty on a store without one), read
+/// after its record, so that every signal the record took is in it.
+async fn read_log<S: Store + ?Sized>(store: &S, run_id: &str) -> Result<Vec<RunEvent>, Error> {
+    let Some(log) = store.capabilities().events else {
+        return Ok(Vec::new());
+    };
+    let mut events: Vec<RunEvent> = Vec::new();
+    loop {
+        let page = log
+            .read_events(run_id, events.len() as u64, EVENTS_PER_LINE)
+            .await
+            .map_err(|e| store_error(run_id, "reading the event log for export", e))?;
+        let got = page.len();
+        for event in page {
+            if event.seq != events.len() as u64 + 1 {
+                return Err(store_error(
+                    run_id,
+                    "reading the event log for export",
+                    StoreError::Corrupt {
+                        location: format!("the event log of run {run_id:?}"),
+                        reason: format!("event {} follows event {}", event.seq, events.len()),
+                    },
+                ));
+            }
+            events.push(event);
+        }
+        if got < EVENTS_PER_LINE {
+            return Ok(events);
+        }
+    }
+}
+
+/// Appends `events` (a log whole, numbered from 1) to run `id`'s log here,
+/// in appends the store takes, checking that they land under their own
+/// numbers (the log was empty).
+async fn append_log<S: Store + ?Sized>(
+    store: &S,
+    id: &str,
+    events: &[RunEvent],
+) -> Result<(), Error> {
+    let Some(log) = store.capabilities().events else {
+        return Err(Error::InvalidInput {
+            what: format!("the import of run {id:?}"),
+            reason: format!(
+                "it has {} events and this store keeps no event log",
+                events.len()
+            ),
+        });
+    };
+    let (most, bytes) = log.append_bounds();
+    let most = most.clamp(1, crate::record::events::MAX_EVENTS_PER_APPEND);
+    let mut at = 0;
+    while at < events.len() {
+        let mut batch = Vec::new();
+        let mut size = 0u64;
+        while at + batch.len() < events.len() && batch.len() < most {
+            let e = &events[at + batch.len()];
+            let len = crate::store::json_size(&e.value);
+            if !batch.is_empty() && size + len > bytes {
+                break;
+            }
+            size += len;
+            batch.push(e.unnumbered());
+        }
+        let last = log
+            .append_events(id, &batch)
+            .await
+            .map_err(|e| store_error(id, "import of the event log", e))?;
+        at += batch.len();
+        if last != at as u64 {
+            return Err(store_error(
+                id,
+                "import of the event log",
+                StoreError::Conflict {
+                    run_id: id.to_string(),
+                    expected: Some(at as u64),
+                    found: Some(last),
+                },
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What [`put_run`] did.
@@ -646,6 +1016,15 @@ pub async fn put_run_with<S: Store + ?Sized>(
     let id = record.run.run_id.as_str();
     crate::validate_run_id(id)?;
     check_writable(record, store.max_state_bytes(), store.blob_threshold())?;
+    if !record.events.is_empty() && store.capabilities().events.is_none() {
+        return Err(Error::InvalidInput {
+            what: format!("the import of run {id:?}"),
+            reason: format!(
+                "it has {} events and this store keeps no event log; nothing was written",
+                record.events.len()
+            ),
+        });
+    }
     let mut tries = 0;
     loop {
         match put_once(store, record, opts).await {
@@ -713,6 +1092,22 @@ pub fn check_writable(
     };
     crate::store::check_head(run).map_err(as_input)?;
     crate::store::check_state(id, "the state", &run.state).map_err(as_input)?;
+    for (i, e) in record.events.iter().enumerate() {
+        if e.seq != i as u64 + 1 {
+            return Err(refuse(format!(
+                "its event log has event {} where {} was due (a log is carried whole, numbered from 1)",
+                e.seq,
+                i + 1
+            )));
+        }
+    }
+    for chunk in record
+        .events
+        .chunks(crate::record::events::MAX_EVENTS_PER_APPEND)
+    {
+        let news: Vec<NewEvent> = chunk.iter().map(RunEvent::unnumbered).collect();
+        crate::store::check_events(id, &news).map_err(as_input)?;
+    }
     for r in history {
         crate::store::check_state(id, &format!("step {}'s update", r.index), &r.update)
             .map_err(as_input)?;
@@ -1018,6 +1413,24 @@ async fn write_record<S: Store + ?Sized>(store: &S, record: &Exported) -> Result
             last = Some((v, cp.writer));
         }
     }
+    if !record.events.is_empty() {
+        // The log is written while the run is marked as being built, so
+        // that it never stands complete without its events.
+        if last.is_none() {
+            let now = crate::engine::Runner::new(store).now();
+            let mut cp = run.clone();
+            cp.lease = None;
+            cp.mark_building(COPY_MARK.into(), COPIER, now);
+            cp.writer = fastrand::u64(1..);
+            let v = save_known(store, SaveRequest::new(&cp, None))
+                .await
+                .map_err(|e| fail(store_error(id, "import of the record", e), last))?;
+            last = Some((v, cp.writer));
+        }
+        append_log(store, id, &record.events)
+            .await
+            .map_err(|e| fail(e, last))?;
+    }
     let req = SaveRequest::new(run, last.map(|(v, _)| v)).writing_version(run.version);
     save_known(store, req)
         .await
@@ -1322,5 +1735,122 @@ mod tests {
                 "{says}: {err}"
             );
         }
+    }
+
+    /// `n` events of run `id`'s step `a`, numbered from 1.
+    fn events(n: usize) -> Vec<RunEvent> {
+        (0..n)
+            .map(|i| {
+                let mut e = NewEvent::new(
+                    "a",
+                    1 + (i / 1000) as u32,
+                    crate::Timestamp::from_unix_millis(1_700_000_000_000 + i as u64),
+                    serde_json::json!({"i": i, "big": u64::MAX}),
+                );
+                e.first = i % 1000 == 0;
+                e.numbered(i as u64 + 1)
+            })
+            .collect()
+    }
+
+    /// A run with events goes out as event lines and a line of format 3,
+    /// and comes back equal, beside runs without events and large values.
+    #[test]
+    fn a_runs_events_go_out_in_lines_of_their_own_and_come_back_whole() {
+        let doc = Value::String("d".repeat(100 << 10));
+        let with = run_with("e", &doc).with_events(events(2500));
+        let without = run_with("plain", &serde_json::json!(1));
+        let lines = write_all(&[with.clone(), without.clone()]);
+        let formats: Vec<u64> = lines
+            .iter()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["format"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        // The blob, three event lines, the run; then the plain run.
+        assert_eq!(formats, [2, 3, 3, 3, 3, 1], "{formats:?}");
+        assert_eq!(read_all(&lines).unwrap(), [with.clone(), without]);
+        // An older reader (format 1 only) refuses the run line, and says
+        // why, rather than import the run without its events.
+        let err = decode_line(&lines[4], 5).unwrap_err().to_string();
+        assert!(err.contains("format 3 is not understood"), "{err}");
+        // One line cannot carry the events.
+        let err = encode_line(&with).unwrap_err().to_string();
+        assert!(err.contains("ExportWriter"), "{err}");
+    }
+
+    /// Event lines lost, repeated, reordered, changed, of another run or
+    /// without their run are each refused with the line and what is wrong.
+    #[test]
+    fn damaged_event_lines_are_refused() {
+        let with = run_with("e", &serde_json::json!(1)).with_events(events(2500));
+        let other = run_with("f", &serde_json::json!(1)).with_events(events(3));
+        let lines = write_all(&[with, other]);
+        assert_eq!(lines.len(), 6);
+        let drop = |i: usize| -> Vec<String> {
+            let mut l = lines.clone();
+            l.remove(i);
+            l
+        };
+        let swap = |i: usize, j: usize| -> Vec<String> {
+            let mut l = lines.clone();
+            l.swap(i, j);
+            l
+        };
+        let mut repeated = lines.clone();
+        repeated.insert(1, lines[0].clone());
+        let mut changed = lines.clone();
+        changed[1] = changed[1].replace("\"i\":1000", "\"i\":1001");
+        assert_ne!(changed[1], lines[1]);
+        let mut foreign = lines.clone();
+        foreign[1] = lines[4].clone();
+        let mut seq_changed = lines.clone();
+        seq_changed[5] = lines[5].replace("\"events\":3", "\"events\":2");
+        assert_ne!(seq_changed[5], lines[5]);
+        for (case, lines, says) in [
+            ("second line lost", drop(1), "where event 1001 was due"),
+            ("last event line lost", drop(2), "carries 2000 of them"),
+            ("a line twice", repeated, "where event 1001 was due"),
+            ("out of order", swap(0, 1), "where event 1 was due"),
+            ("changed", changed, "checksum"),
+            ("another run's events", foreign, "not by their run's line"),
+            ("the run's count changed", seq_changed, "checksum"),
+            ("the run's line lost", drop(3), "not by their run's line"),
+            ("another run's line", swap(3, 5), "not of their own run"),
+            ("the events lost", drop(4), "does not carry them"),
+            ("the last run's line lost", drop(5), "no line of the run"),
+        ] {
+            let err = read_all(&lines).unwrap_err().to_string();
+            assert!(err.contains(says), "{case}: {err}");
+            assert!(err.contains("line"), "{case}: {err}");
+        }
+        // A run line of format 3 whose count is missing.
+        let mut v: Value = serde_json::from_str(&lines[5]).unwrap();
+        v["record"].as_object_mut().unwrap().remove("events");
+        v["sha256"] = digest(&v["record"]).into();
+        let mut l = lines.clone();
+        l[5] = v.to_string();
+        let err = read_all(&l).unwrap_err().to_string();
+        assert!(err.contains("number of its last event"), "{err}");
+    }
+
+    /// What an import would refuse is refused before anything is written:
+    /// a log not numbered from 1, an event no store takes.
+    #[test]
+    fn bad_logs_are_refused_before_writing() {
+        let mut gap = run_with("e", &serde_json::json!(1)).with_events(events(3));
+        gap.events.remove(1);
+        let err = check_writable(&gap, None, None).unwrap_err().to_string();
+        assert!(err.contains("event 3 where 2 was due"), "{err}");
+        let mut bad = run_with("e", &serde_json::json!(1)).with_events(events(3));
+        bad.events[2].attempt = 0;
+        let err = check_writable(&bad, None, None).unwrap_err().to_string();
+        assert!(err.contains("attempt 0"), "{err}");
+        // And the writer will not write such a log either.
+        let mut writer = ExportWriter::new();
+        let err = writer.write(&gap, &mut |_| Ok(())).unwrap_err().to_string();
+        assert!(err.contains("numbered from 1"), "{err}");
     }
 }

@@ -92,6 +92,20 @@ pub struct RunEvent {
     pub first: bool,
 }
 
+impl RunEvent {
+    /// The event as it was appended, without its number: to append it to
+    /// another store's log (an import).
+    pub fn unnumbered(&self) -> NewEvent {
+        NewEvent {
+            step: self.step.clone(),
+            attempt: self.attempt,
+            at: self.at,
+            value: self.value.clone(),
+            first: self.first,
+        }
+    }
+}
+
 /// Checks events on their way into a store, as every store must before it
 /// appends: a valid run id, at least one and at most
 /// [`MAX_EVENTS_PER_APPEND`] events, each step name a name, each attempt
