@@ -294,3 +294,65 @@ fn signals_sent_at_the_same_moment_are_each_taken_once() -> TestResult {
     );
     Ok(())
 }
+
+/// A run waiting for a signal, its events and the signal sent to it move to
+/// another store with `export` and `import`: the same events there, and the
+/// wait takes the signal once when the run is resumed there.
+#[test]
+fn a_waiting_runs_events_and_signal_move_with_export_and_import() -> TestResult {
+    const EMITS: &str = r#"name = "mover"
+
+[[step]]
+name = "talk"
+run = "for i in 1 2 3; do echo \"{\\\"i\\\": $i}\" >&3; done; echo '{}'"
+
+[[step]]
+name = "ask"
+wait = "go"
+
+[[step]]
+name = "use"
+run = "echo '{\"used\": true}'"
+"#;
+    let env = Env::new();
+    let flow = env.flow("flow.toml", EMITS);
+    let flow = flow.to_str().unwrap();
+    let out = env.run(&["run", flow, "--run-id", "m"]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    let sent = env.run(&["signal", "m", "go", "--data", "{\"ok\": 1}", "--by", "ada"]);
+    assert_eq!(code(&sent), 0, "{}", stderr(&sent));
+    let events = |e: &Env| -> Vec<Value> {
+        let out = e.run(&["watch", "m", "--json"]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["kind"] == "event" || v["kind"] == "signal")
+            .collect()
+    };
+    let before = events(&env);
+    assert_eq!(before.len(), 4, "{before:?}");
+    let export = env.run(&["export"]);
+    assert_eq!(code(&export), 0, "{}", stderr(&export));
+    let text = String::from_utf8(export.stdout)?;
+    assert!(text.contains("\"format\":3"), "{text}");
+
+    let other = Env::new();
+    let file = other.path().join("runs.jsonl");
+    std::fs::write(&file, &text)?;
+    let out = other.run(&["import", file.to_str().unwrap()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(events(&other), before);
+    // Resumed there, the wait takes the signal sent before the export.
+    let out = other.run(&["run", flow, "--run-id", "m"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let show: Value = serde_json::from_slice(&other.run(&["show", "m", "--json"]).stdout)?;
+    assert_eq!(show["status"], "completed", "{show}");
+    assert_eq!(show["state"]["used"], true, "{show}");
+    let history = other.run(&["history", "m"]);
+    let text = String::from_utf8_lossy(&history.stdout);
+    assert!(
+        text.contains("ada"),
+        "the delivery names its sender: {text}"
+    );
+    Ok(())
+}

@@ -1853,4 +1853,51 @@ mod tests {
         let err = writer.write(&gap, &mut |_| Ok(())).unwrap_err().to_string();
         assert!(err.contains("numbered from 1"), "{err}");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Whatever is done to an export's lines (a line lost, repeated,
+        /// moved, cut short or with a byte changed), what an import reads is
+        /// either refused or a run exactly as exported: never a run with
+        /// part of its log, or another run's.
+        #[test]
+        fn a_damaged_export_never_reads_as_a_different_run(
+            what in 0u8..5,
+            at in 0usize..64,
+            to in 0usize..64,
+            cut in 0usize..4096,
+        ) {
+            let runs = [
+                run_with("e", &serde_json::json!(1)).with_events(events(2100)),
+                run_with("f", &serde_json::json!(2)).with_events(events(5)),
+                run_with("g", &Value::String("d".repeat(100 << 10))),
+            ];
+            let mut lines = write_all(&runs);
+            let n = lines.len();
+            let (i, j) = (at % n, to % n);
+            match what {
+                0 => { lines.remove(i); }
+                1 => { let l = lines[i].clone(); lines.insert(j, l); }
+                2 => { let l = lines.remove(i); lines.insert(j.min(n - 1), l); }
+                3 => { let l = &mut lines[i]; let c = cut % l.len(); l.truncate(c); }
+                _ => {
+                    let mut bytes = std::mem::take(&mut lines[i]).into_bytes();
+                    let c = cut % bytes.len();
+                    bytes[c] = if bytes[c] == b'7' { b'8' } else { b'7' };
+                    lines[i] = String::from_utf8_lossy(&bytes).into_owned();
+                }
+            }
+            let mut reader = ImportReader::new();
+            for (k, line) in lines.iter().enumerate() {
+                match reader.line(line, k + 1) {
+                    Ok(Some(got)) => {
+                        let want = runs.iter().find(|r| r.run.run_id == got.run.run_id);
+                        proptest::prop_assert_eq!(Some(&got), want);
+                    }
+                    Ok(None) => {}
+                    Err(_) => break,
+                }
+            }
+        }
+    }
 }
