@@ -551,8 +551,8 @@ fn export_import_and_copy_round_trip_and_refuse_damaged_lines() -> TestResult {
             "line 2",
         ),
         (
-            format!("{}\n", lines[0].replace("\"format\":1", "\"format\":3")),
-            "format 3",
+            format!("{}\n", lines[0].replace("\"format\":1", "\"format\":9")),
+            "format 9",
         ),
         ("not json\n".to_string(), "line 1"),
     ];
