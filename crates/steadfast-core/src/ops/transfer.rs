@@ -52,15 +52,20 @@
 //! {"format":3,"events":"<run id>","sha256":"<64 hex digits>","items":[{"seq":1,…},…]}
 //! ```
 //!
-//! (`sha256` over `items` as written), numbered from 1 with no gap, followed
-//! by the run's line of format 3: as version 2 (large values may be
-//! references), its record holding one more key, `"events": N`, the number
-//! of its last event. [`ImportReader`] refuses a run line whose events did
-//! not all come before it, and events without their run. Builds that read
-//! only versions 1 and 2 refuse a line of version 3, so an older build never
-//! imports a run without its events. [`put_run`] appends the events while the
-//! run is still marked as being built, so a run never appears complete
-//! without them.
+//! (`sha256` over the run id, a newline and `items` as written, so that a
+//! line cannot be moved to another run), numbered from 1 with no gap,
+//! followed by the run's line of format 3: as version 2 (large values may
+//! be references), its record holding one more key,
+//! `"events": {"last": N, "sha256": H}`: the number of its last event and
+//! the SHA-256 of its event lines' checksums in order, so that the lines
+//! cannot be dropped, swapped or taken from another export. [`ImportReader`]
+//! refuses a run line whose events did not all come before it, events
+//! without their run, and `events` in a line of an older format. Builds that
+//! read only versions 1 and 2 refuse a line of version 3, so an older build
+//! never imports a run without its events. [`put_run`] appends the events
+//! while the run is still marked as being built, checks that the run is
+//! still its own and that its log holds just those events, and only then
+//! writes the record, so a run never appears complete without them.
 //!
 //! ```
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
@@ -250,14 +255,58 @@ fn check_length(line: &str, lineno: usize) -> Result<(), Error> {
     Ok(())
 }
 
-/// [`decode_line`] for a run line of version `format`; with the number of
-/// its last event for version 3 ([`EXPORT_FORMAT_EVENTS`]), which must say
+/// What a run line of version 3 says of its event lines: the number of its
+/// last event, and the checksum of the lines' checksums in order.
+struct LogSeal {
+    last: u64,
+    chain: String,
+}
+
+/// The checksum of an event line: over its run id and its items' text, so
+/// that the line cannot be moved to another run.
+fn event_digest(run_id: &str, items: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(run_id.as_bytes());
+    h.update(b"\n");
+    h.update(items.as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The checksum of a run's event lines as a whole: over each line's
+/// checksum, in order.
+#[derive(Clone, Debug, Default)]
+struct Chain(Sha256);
+
+impl Chain {
+    fn add(&mut self, line_digest: &str) {
+        self.0.update(line_digest.as_bytes());
+    }
+
+    fn hex(&self) -> String {
+        self.0
+            .clone()
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+/// What one event weighs towards [`MAX_EXPORT_EVENT_BYTES`]: its value's
+/// JSON, its step's name, and 128 bytes for the rest of it as held in
+/// memory.
+fn weight(e: &RunEvent) -> u64 {
+    crate::store::json_size(&e.value) + e.step.len() as u64 + 128
+}
+
+/// [`decode_line`] for a run line of version `format`; with what it says of
+/// its event lines for version 3 ([`EXPORT_FORMAT_EVENTS`]), which must say
 /// it.
 fn decode_run_line(
     line: &str,
     lineno: usize,
     format: u32,
-) -> Result<(Exported, Option<u64>), Error> {
+) -> Result<(Exported, Option<LogSeal>), Error> {
     let bad = bad_line(lineno);
     check_length(line, lineno)?;
     let parsed: RawLine =
@@ -279,17 +328,31 @@ fn decode_run_line(
             "its checksum does not match its record: the line was changed or damaged".into(),
         ));
     }
-    let events = if format == EXPORT_FORMAT_EVENTS {
-        match value.get("events").and_then(Value::as_u64) {
-            Some(n) if n >= 1 => Some(n),
-            _ => {
-                return Err(bad(
-                    "a run line of format 3 must give the number of its last event (`events`, 1 or more)".into(),
-                ))
+    let events = match (format, value.get("events")) {
+        (EXPORT_FORMAT_EVENTS, Some(e)) => {
+            let last = e.get("last").and_then(Value::as_u64).filter(|n| *n >= 1);
+            let chain = e.get("sha256").and_then(Value::as_str);
+            match (last, chain, e.as_object().map(|o| o.len())) {
+                (Some(last), Some(chain), Some(2)) => Some(LogSeal {
+                    last,
+                    chain: chain.to_string(),
+                }),
+                _ => return Err(bad(
+                    "its `events` must be {\"last\": N, \"sha256\": …}: the number of its last event (1 or more) and the checksum of its event lines".into(),
+                )),
             }
         }
-    } else {
-        None
+        (EXPORT_FORMAT_EVENTS, None) => {
+            return Err(bad(
+                "a run line of format 3 must give its events (`events`: the number of its last event and the checksum of its event lines)".into(),
+            ))
+        }
+        (_, Some(_)) => {
+            return Err(bad(format!(
+                "a run line of format {format} cannot carry events (`events` is for format 3): the line was changed"
+            )))
+        }
+        (_, None) => None,
     };
     let mut de = serde_json::Deserializer::from_str(text);
     let mut record: Exported = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -421,20 +484,25 @@ impl ExportWriter {
                 at = end;
             }
         }
-        let format = match record.events.last() {
-            None => EXPORT_FORMAT_BLOBS,
-            Some(_) => {
-                write_event_lines(id, &record.events, put)?;
-                EXPORT_FORMAT_EVENTS
-            }
+        let (format, chain) = match record.events.last() {
+            None => (EXPORT_FORMAT_BLOBS, None),
+            Some(_) => (
+                EXPORT_FORMAT_EVENTS,
+                Some(write_event_lines(id, &record.events, put)?),
+            ),
         };
         let mut value =
             serde_json::to_value(Exported::new(run, history)).map_err(|e| Error::InvalidInput {
                 what: format!("the export of run {id:?}"),
                 reason: e.to_string(),
             })?;
-        if let (Some(last), Value::Object(map)) = (record.events.last(), &mut value) {
-            map.insert("events".into(), last.seq.into());
+        if let (Some(last), Some(chain), Value::Object(map)) =
+            (record.events.last(), chain, &mut value)
+        {
+            map.insert(
+                "events".into(),
+                serde_json::json!({"last": last.seq, "sha256": chain}),
+            );
         }
         let line = Line {
             format,
@@ -450,11 +518,12 @@ impl ExportWriter {
     }
 }
 
-/// The most bytes of event values (as JSON) one run's log may carry in an
-/// export: 1 GiB, as much as one value may hold.
+/// The most one run's event log may weigh in an export: 1 GiB, counting
+/// each event's value as JSON, its step's name and 128 bytes more (so at
+/// most about 8 million events).
 pub const MAX_EXPORT_EVENT_BYTES: u64 = 1 << 30;
 
-/// An event line as written: its items' text is what its checksum covers.
+/// An event line as written: its checksum covers its run id and its items.
 #[derive(Serialize)]
 #[serde(deny_unknown_fields)]
 struct EventLine<'a> {
@@ -476,12 +545,13 @@ struct RawEventLine<'a> {
 }
 
 /// Hands `put` run `id`'s events as event lines, checking that they are
-/// numbered 1, 2, 3… and within [`MAX_EXPORT_EVENT_BYTES`].
+/// numbered 1, 2, 3… and within [`MAX_EXPORT_EVENT_BYTES`]; returns the
+/// checksum of the lines as a whole, for the run's line.
 fn write_event_lines(
     id: &str,
     events: &[RunEvent],
     put: &mut dyn FnMut(&str) -> Result<(), Error>,
-) -> Result<(), Error> {
+) -> Result<String, Error> {
     let refuse = |reason: String| Error::InvalidInput {
         what: format!("the export of run {id:?}"),
         reason,
@@ -489,6 +559,7 @@ fn write_event_lines(
     let mut total = 0u64;
     let mut items: Vec<String> = Vec::new();
     let mut size = 0usize;
+    let mut chain = Chain::default();
     let mut flush = |items: &mut Vec<String>| -> Result<(), Error> {
         let text = format!("[{}]", items.join(","));
         items.clear();
@@ -497,9 +568,10 @@ fn write_event_lines(
         let line = EventLine {
             format: EXPORT_FORMAT_EVENTS,
             events: id,
-            sha256: text_digest(raw.get().as_bytes()),
+            sha256: event_digest(id, raw.get()),
             items: &raw,
         };
+        chain.add(&line.sha256);
         put(&serde_json::to_string(&line).map_err(|e| refuse(e.to_string()))?)
     };
     for (i, event) in events.iter().enumerate() {
@@ -511,7 +583,7 @@ fn write_event_lines(
             )));
         }
         let text = serde_json::to_string(event).map_err(|e| refuse(e.to_string()))?;
-        total += text.len() as u64;
+        total += weight(event);
         if total > MAX_EXPORT_EVENT_BYTES {
             return Err(refuse(format!(
                 "its event log is over {MAX_EXPORT_EVENT_BYTES} bytes, the most an export carries for one run"
@@ -527,7 +599,7 @@ fn write_event_lines(
     if !items.is_empty() {
         flush(&mut items)?;
     }
-    Ok(())
+    Ok(chain.hex())
 }
 
 /// Events read for the run whose line is still to come.
@@ -537,6 +609,7 @@ struct PendingEvents {
     items: Vec<RunEvent>,
     bytes: u64,
     from: usize,
+    chain: Chain,
 }
 
 /// Reads export lines of any version, keeping the blobs they carry to
@@ -657,22 +730,30 @@ impl ImportReader {
                     p.run, p.from
                 )))
             }
-            (Some(p), Some(n)) if p.items.len() as u64 == n => record.events = p.items,
-            (Some(p), Some(n)) => {
+            (Some(p), Some(seal)) if p.items.len() as u64 != seal.last => {
                 return Err(bad(format!(
-                    "run {id:?} has {n} events, and the export carries {} of them before its line; nothing of the run was written",
+                    "run {id:?} has {} events, and the export carries {} of them before its line; nothing of the run was written",
+                    seal.last,
                     p.items.len()
                 )))
             }
+            (Some(p), Some(seal)) if p.chain.hex() != seal.chain => {
+                return Err(bad(format!(
+                    "the event lines before run {id:?}'s line (from line {}) are not the ones exported with it; nothing of the run was written",
+                    p.from
+                )))
+            }
+            (Some(p), Some(_)) => record.events = p.items,
             (Some(p), None) => {
                 return Err(bad(format!(
                     "the events of run {id:?} (from line {}) are followed by a line of the run that does not count them",
                     p.from
                 )))
             }
-            (None, Some(n)) => {
+            (None, Some(seal)) => {
                 return Err(bad(format!(
-                    "run {id:?} has {n} events, and the export does not carry them before its line; nothing of the run was written"
+                    "run {id:?} has {} events, and the export does not carry them before its line; nothing of the run was written",
+                    seal.last
                 )))
             }
         }
@@ -718,9 +799,9 @@ impl ImportReader {
         }
         let id = parsed.events;
         crate::validate_run_id(&id).map_err(|e| bad(e.to_string()))?;
-        if text_digest(parsed.items.get().as_bytes()) != parsed.sha256 {
+        if event_digest(&id, parsed.items.get()) != parsed.sha256 {
             return Err(bad(format!(
-                "the checksum of run {id:?}'s events does not match them: the line was changed or damaged"
+                "the checksum of run {id:?}'s events does not match them and their run: the line was changed or damaged"
             )));
         }
         let items: Vec<RunEvent> = serde_json::from_str(parsed.items.get())
@@ -737,6 +818,7 @@ impl ImportReader {
                 items: Vec::new(),
                 bytes: 0,
                 from: lineno,
+                chain: Chain::default(),
             },
             Some(p) if p.run == id => p,
             Some(p) => {
@@ -747,8 +829,9 @@ impl ImportReader {
             }
         };
         let news: Vec<NewEvent> = items.iter().map(RunEvent::unnumbered).collect();
-        let texts = crate::store::check_events(&id, &news).map_err(|e| bad(e.to_string()))?;
-        for (event, text) in items.iter().zip(&texts) {
+        crate::store::check_events(&id, &news).map_err(|e| bad(e.to_string()))?;
+        pending.chain.add(&parsed.sha256);
+        for event in &items {
             let due = pending.items.len() as u64 + 1;
             if event.seq != due {
                 return Err(bad(format!(
@@ -756,7 +839,7 @@ impl ImportReader {
                     event.seq
                 )));
             }
-            pending.bytes += text.len() as u64;
+            pending.bytes += weight(event);
             if pending.bytes > MAX_EXPORT_EVENT_BYTES {
                 return Err(bad(format!(
                     "run {id:?}'s events are over {MAX_EXPORT_EVENT_BYTES} bytes, the most an import takes for one run"
@@ -830,18 +913,22 @@ pub async fn export_run<S: Store + ?Sized>(
     // A save between the two reads: the history is read again with the run.
     if let Some(h) = &history {
         if !crate::ops::history_is_whole(&run, h) {
-            return Err(store_error(
-                run_id,
-                "export",
-                StoreError::Conflict {
-                    run_id: run_id.to_string(),
-                    expected: Some(run.version),
-                    found: None,
-                },
-            ));
+            return Err(conflict_in(run_id, "export", Some(run.version), None));
         }
     }
     let events = read_log(store, run_id).await?;
+    if !events.is_empty() {
+        // The log belongs to the run read: not to one deleted and made
+        // again under its id between the reads.
+        let again = store
+            .load(run_id)
+            .await
+            .map_err(|e| store_error(run_id, "load for export", e))?;
+        if again.as_ref().map(|c| (c.version, c.writer)) != Some((run.version, run.writer)) {
+            let found = again.map(|c| c.version);
+            return Err(conflict_in(run_id, "export", Some(run.version), found));
+        }
+    }
     Ok(Some(Exported::new(run, history).with_events(events)))
 }
 
@@ -852,6 +939,7 @@ async fn read_log<S: Store + ?Sized>(store: &S, run_id: &str) -> Result<Vec<RunE
         return Ok(Vec::new());
     };
     let mut events: Vec<RunEvent> = Vec::new();
+    let mut weight_so_far = 0u64;
     loop {
         let page = log
             .read_events(run_id, events.len() as u64, EVENTS_PER_LINE)
@@ -868,6 +956,16 @@ async fn read_log<S: Store + ?Sized>(store: &S, run_id: &str) -> Result<Vec<RunE
                         reason: format!("event {} follows event {}", event.seq, events.len()),
                     },
                 ));
+            }
+            weight_so_far += weight(&event);
+            if weight_so_far > MAX_EXPORT_EVENT_BYTES {
+                return Err(Error::InvalidInput {
+                    what: format!("the export of run {run_id:?}"),
+                    reason: format!(
+                        "its event log is over {MAX_EXPORT_EVENT_BYTES} bytes (at event {}), the most an export or a copy carries for one run",
+                        event.seq
+                    ),
+                });
             }
             events.push(event);
         }
@@ -915,18 +1013,26 @@ async fn append_log<S: Store + ?Sized>(
             .map_err(|e| store_error(id, "import of the event log", e))?;
         at += batch.len();
         if last != at as u64 {
-            return Err(store_error(
-                id,
-                "import of the event log",
-                StoreError::Conflict {
-                    run_id: id.to_string(),
-                    expected: Some(at as u64),
-                    found: Some(last),
-                },
-            ));
+            return Err(log_not_ours(id, at as u64, last));
         }
     }
     Ok(())
+}
+
+/// The error for a log that holds other events than the import wrote:
+/// not a conflict (which would say another writer owns the run now), so
+/// that a replacement puts the run it replaced back.
+fn log_not_ours(id: &str, want: u64, found: u64) -> Error {
+    store_error(
+        id,
+        "import of the event log",
+        StoreError::Corrupt {
+            location: format!("the event log of run {id:?} here"),
+            reason: format!(
+                "it holds {found} events where the import wrote {want}: something else appended to it meanwhile; import again"
+            ),
+        },
+    )
 }
 
 /// What [`put_run`] did.
@@ -1345,13 +1451,19 @@ async fn restore<S: Store + ?Sized>(store: &S, old: &Exported, failed: Unwritten
 }
 
 fn conflict(id: &str, expected: u64) -> Error {
+    conflict_in(id, "import", Some(expected), None)
+}
+
+/// A conflict met by `what` on run `id`: it was at `expected`, and is now
+/// at `found`.
+fn conflict_in(id: &str, what: &str, expected: Option<u64>, found: Option<u64>) -> Error {
     store_error(
         id,
-        "import",
+        what,
         StoreError::Conflict {
             run_id: id.to_string(),
-            expected: Some(expected),
-            found: None,
+            expected,
+            found,
         },
     )
 }
@@ -1430,6 +1542,32 @@ async fn write_record<S: Store + ?Sized>(store: &S, record: &Exported) -> Result
         append_log(store, id, &record.events)
             .await
             .map_err(|e| fail(e, last))?;
+        // Still ours, and its log only what this import wrote: another
+        // import of the run may have replaced the unfinished one meanwhile.
+        let now = store.load(id).await.map_err(|e| {
+            fail(
+                store_error(id, "load before the import's last save", e),
+                last,
+            )
+        })?;
+        if now.as_ref().map(|c| (c.version, c.writer)) != last {
+            let (expected, found) = (last.map(|(v, _)| v), now.map(|c| c.version));
+            return Err(fail(conflict_in(id, "import", expected, found), last));
+        }
+        let n = record.events.len() as u64;
+        let tail = store
+            .capabilities()
+            .events
+            .map(|log| log.read_events(id, n - 1, 2));
+        if let Some(tail) = tail {
+            let tail = tail
+                .await
+                .map_err(|e| fail(store_error(id, "reading back the imported log", e), last))?;
+            if tail.len() != 1 || tail[0].seq != n {
+                let found = tail.last().map_or(n - 1, |e| e.seq);
+                return Err(fail(log_not_ours(id, n, found), last));
+            }
+        }
     }
     let req = SaveRequest::new(run, last.map(|(v, _)| v)).writing_version(run.version);
     save_known(store, req)
@@ -1807,7 +1945,7 @@ mod tests {
         let mut foreign = lines.clone();
         foreign[1] = lines[4].clone();
         let mut seq_changed = lines.clone();
-        seq_changed[5] = lines[5].replace("\"events\":3", "\"events\":2");
+        seq_changed[5] = lines[5].replace("\"last\":3", "\"last\":2");
         assert_ne!(seq_changed[5], lines[5]);
         for (case, lines, says) in [
             ("second line lost", drop(1), "where event 1001 was due"),
@@ -1834,6 +1972,39 @@ mod tests {
         l[5] = v.to_string();
         let err = read_all(&l).unwrap_err().to_string();
         assert!(err.contains("number of its last event"), "{err}");
+        // Made to look older (format 2, outside the checksum) without its
+        // event line: refused, not read as a run without events.
+        let l = vec![lines[5].replace("\"format\":3", "\"format\":2")];
+        let err = read_all(&l).unwrap_err().to_string();
+        assert!(err.contains("cannot carry events"), "{err}");
+    }
+
+    /// An event line is bound to its run and to the run line it was
+    /// exported with: relabelled for another run, or spliced from another
+    /// export of the same run with as many events, it is refused.
+    #[test]
+    fn event_lines_cannot_move_to_another_run_or_export() {
+        let a = run_with("e", &serde_json::json!(1)).with_events(events(3));
+        let mut other_log = events(3);
+        other_log[1].value = serde_json::json!("another log");
+        let b = run_with("e", &serde_json::json!(1)).with_events(other_log);
+        let f = run_with("f", &serde_json::json!(1)).with_events(events(3));
+        let (la, lb, lf) = (write_all(&[a]), write_all(&[b]), write_all(&[f]));
+        assert_eq!((la.len(), lb.len(), lf.len()), (2, 2, 2));
+        // f's events relabelled as e's, before e's line.
+        let relabelled = lf[0].replace("\"events\":\"f\"", "\"events\":\"e\"");
+        assert_ne!(relabelled, lf[0]);
+        let err = read_all(&[relabelled, la[1].clone()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not match them and their run"), "{err}");
+        // Another export's events of the same run and count.
+        let err = read_all(&[lb[0].clone(), la[1].clone()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not the ones exported with it"), "{err}");
+        // Each export alone reads back.
+        assert_eq!(read_all(&lb).unwrap()[0].events[1].value, "another log");
     }
 
     /// What an import would refuse is refused before anything is written:
@@ -1854,6 +2025,97 @@ mod tests {
         assert!(err.contains("numbered from 1"), "{err}");
     }
 
+    /// A memory store whose event log gets one stray event beside the
+    /// next append once armed, as if something else appended meanwhile.
+    struct Meddler {
+        inner: crate::MemoryStore,
+        armed: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for Meddler {
+        async fn load(&self, id: &str) -> Result<Option<Checkpoint>, StoreError> {
+            self.inner.load(id).await
+        }
+        async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+            self.inner.save(req).await
+        }
+        async fn list(&self, f: &ListFilter) -> Result<Vec<crate::RunSummary>, StoreError> {
+            self.inner.list(f).await
+        }
+        async fn delete(&self, id: &str) -> Result<bool, StoreError> {
+            self.inner.delete(id).await
+        }
+        async fn delete_if(&self, id: &str, v: u64) -> Result<bool, StoreError> {
+            self.inner.delete_if(id, v).await
+        }
+        fn capabilities(&self) -> crate::store::Capabilities<'_> {
+            let mut c = self.inner.capabilities();
+            c.events = Some(self);
+            c
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl crate::store::Events for Meddler {
+        async fn append_events(&self, id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
+            let log = self.inner.capabilities().events.expect("a log");
+            if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                log.append_events(id, &events[..1]).await?;
+            }
+            log.append_events(id, events).await
+        }
+        async fn read_events(
+            &self,
+            id: &str,
+            after: u64,
+            limit: usize,
+        ) -> Result<Vec<RunEvent>, StoreError> {
+            let log = self.inner.capabilities().events.expect("a log");
+            log.read_events(id, after, limit).await
+        }
+    }
+
+    /// A replacement whose log meets events it did not write fails, and
+    /// puts the run it replaced back with its own log, no stray event; a
+    /// clean replacement takes the newer log whole.
+    #[test]
+    fn a_replacement_that_meets_a_stray_event_puts_the_old_run_back_with_its_log() {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let store = Meddler {
+                    inner: crate::MemoryStore::new(),
+                    armed: false.into(),
+                };
+                async fn log(s: &Meddler) -> Vec<RunEvent> {
+                    let log = s.inner.capabilities().events.unwrap();
+                    log.read_events("r", 0, 100).await.unwrap()
+                }
+                let old = run_with("r", &serde_json::json!(1)).with_events(events(3));
+                let mut new = run_with("r", &serde_json::json!(2)).with_events(events(5));
+                new.run.version = 5;
+                assert_eq!(put_run(&store, &old).await.unwrap(), Put::Written);
+                assert_eq!(log(&store).await, old.events);
+                store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+                let err = put_run(&store, &new).await.unwrap_err();
+                let err = crate::record::error::chain(&err);
+                assert!(err.contains("something else appended"), "{err}");
+                assert!(err.contains("was put back"), "{err}");
+                let back = store.load("r").await.unwrap().unwrap();
+                assert_eq!(back.version, old.run.version);
+                assert_eq!(back.state, old.run.state);
+                assert_eq!(log(&store).await, old.events);
+                assert!(matches!(
+                    put_run(&store, &new).await.unwrap(),
+                    Put::Replaced { was: 1 }
+                ));
+                assert_eq!(log(&store).await, new.events);
+            });
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
         /// Whatever is done to an export's lines (a line lost, repeated,
@@ -1862,14 +2124,22 @@ mod tests {
         /// part of its log, or another run's.
         #[test]
         fn a_damaged_export_never_reads_as_a_different_run(
-            what in 0u8..5,
+            what in 0u8..6,
             at in 0usize..64,
             to in 0usize..64,
             cut in 0usize..4096,
         ) {
             let runs = [
                 run_with("e", &serde_json::json!(1)).with_events(events(2100)),
-                run_with("f", &serde_json::json!(2)).with_events(events(5)),
+                run_with("f", &serde_json::json!(2)).with_events(
+                    events(5)
+                        .into_iter()
+                        .map(|mut e| {
+                            e.value = serde_json::json!({"of": "f", "seq": e.seq});
+                            e
+                        })
+                        .collect(),
+                ),
                 run_with("g", &Value::String("d".repeat(100 << 10))),
             ];
             let mut lines = write_all(&runs);
@@ -1880,6 +2150,15 @@ mod tests {
                 1 => { let l = lines[i].clone(); lines.insert(j, l); }
                 2 => { let l = lines.remove(i); lines.insert(j.min(n - 1), l); }
                 3 => { let l = &mut lines[i]; let c = cut % l.len(); l.truncate(c); }
+                4 => {
+                    // Relabelled for the other run that has events.
+                    let l = &mut lines[i];
+                    *l = if l.contains("\"events\":\"e\"") {
+                        l.replace("\"events\":\"e\"", "\"events\":\"f\"")
+                    } else {
+                        l.replace("\"events\":\"f\"", "\"events\":\"e\"")
+                    };
+                }
                 _ => {
                     let mut bytes = std::mem::take(&mut lines[i]).into_bytes();
                     let c = cut % bytes.len();
