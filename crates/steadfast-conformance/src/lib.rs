@@ -64,12 +64,117 @@ pub use faulty::{Fault, FaultyStore};
 pub fn keeps_capabilities(inner: &dyn Store, wrapped: &dyn Store) -> Result<(), String> {
     let (had, has) = (inner.capabilities().names(), wrapped.capabilities().names());
     let lost: Vec<&str> = had.iter().filter(|n| !has.contains(n)).copied().collect();
-    if lost.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
+    if !lost.is_empty() {
+        return Err(format!(
             "the wrapper lost {lost:?} of the wrapped store's capabilities {had:?} (it declares {has:?})"
-        ))
+        ));
+    }
+    // What it declares, it must not declare larger than the store below
+    // takes: a wrapper that forgets a defaulted method promises the default.
+    let (below, above) = (inner.capabilities(), wrapped.capabilities());
+    if let (Some(b), Some(a)) = (below.max_state_bytes, above.max_state_bytes) {
+        if a > b {
+            return Err(format!(
+                "the wrapper takes states of {a} bytes, more than the wrapped store's {b}"
+            ));
+        }
+    }
+    if let (Some(b), Some(a)) = (below.events, above.events) {
+        let (b, a) = (b.append_bounds(), a.append_bounds());
+        if a.0 > b.0 || a.1 > b.1 {
+            return Err(format!(
+                "the wrapper's appends take up to {} events and {} bytes, more than the wrapped store's {} and {}: it must pass append_bounds on",
+                a.0, a.1, b.0, b.1
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A store that declares smaller appends than the one it wraps takes
+/// ([`Events::append_bounds`](steadfast_core::Events::append_bounds)), and
+/// forwards everything else: the store below a wrapper under test, to
+/// check with [`keeps_capabilities`] that the wrapper passes its bounds on
+/// (as a Cosmos DB store's would be).
+#[derive(Debug)]
+pub struct Bounded<S> {
+    inner: S,
+    bounds: (usize, u64),
+}
+
+impl<S: Store> Bounded<S> {
+    /// `inner`, declaring appends of at most `bounds` (events, bytes).
+    pub fn new(inner: S, bounds: (usize, u64)) -> Self {
+        Bounded { inner, bounds }
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Store for Bounded<S> {
+    async fn load(
+        &self,
+        id: &str,
+    ) -> Result<Option<steadfast_core::Checkpoint>, steadfast_core::StoreError> {
+        self.inner.load(id).await
+    }
+    async fn save(
+        &self,
+        req: steadfast_core::store::SaveRequest<'_>,
+    ) -> Result<u64, steadfast_core::StoreError> {
+        self.inner.save(req).await
+    }
+    async fn list(
+        &self,
+        f: &steadfast_core::ListFilter,
+    ) -> Result<Vec<steadfast_core::RunSummary>, steadfast_core::StoreError> {
+        self.inner.list(f).await
+    }
+    async fn delete(&self, id: &str) -> Result<bool, steadfast_core::StoreError> {
+        self.inner.delete(id).await
+    }
+    async fn delete_if(&self, id: &str, v: u64) -> Result<bool, steadfast_core::StoreError> {
+        self.inner.delete_if(id, v).await
+    }
+    fn capabilities(&self) -> steadfast_core::Capabilities<'_> {
+        let mut c = self.inner.capabilities();
+        if c.events.is_some() {
+            c.events = Some(self);
+        }
+        c
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> steadfast_core::Events for Bounded<S> {
+    async fn append_events(
+        &self,
+        id: &str,
+        events: &[steadfast_core::NewEvent],
+    ) -> Result<u64, steadfast_core::StoreError> {
+        let log = self.inner.capabilities().events.ok_or_else(|| {
+            steadfast_core::StoreError::backend(
+                steadfast_core::StoreErrorKind::Unsupported,
+                "no event log",
+            )
+        })?;
+        log.append_events(id, events).await
+    }
+    async fn read_events(
+        &self,
+        id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<steadfast_core::RunEvent>, steadfast_core::StoreError> {
+        let log = self.inner.capabilities().events.ok_or_else(|| {
+            steadfast_core::StoreError::backend(
+                steadfast_core::StoreErrorKind::Unsupported,
+                "no event log",
+            )
+        })?;
+        log.read_events(id, after, limit).await
+    }
+    fn append_bounds(&self) -> (usize, u64) {
+        self.bounds
     }
 }
 use steadfast_core::Store;
@@ -317,6 +422,65 @@ mod tests {
         async fn delete_if(&self, id: &str, v: u64) -> Result<bool, StoreError> {
             self.0.delete_if(id, v).await
         }
+    }
+
+    /// A wrapper that forwards the event log but not its bounds.
+    struct Unbounded(Bounded<MemoryStore>);
+
+    #[async_trait::async_trait]
+    impl Store for Unbounded {
+        async fn load(&self, id: &str) -> Result<Option<Checkpoint>, StoreError> {
+            self.0.load(id).await
+        }
+        async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+            self.0.save(req).await
+        }
+        async fn list(&self, f: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
+            self.0.list(f).await
+        }
+        async fn delete(&self, id: &str) -> Result<bool, StoreError> {
+            self.0.delete(id).await
+        }
+        async fn delete_if(&self, id: &str, v: u64) -> Result<bool, StoreError> {
+            self.0.delete_if(id, v).await
+        }
+        fn capabilities(&self) -> steadfast_core::Capabilities<'_> {
+            let mut c = self.0.capabilities();
+            c.events = Some(self);
+            c
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl steadfast_core::Events for Unbounded {
+        async fn append_events(
+            &self,
+            id: &str,
+            events: &[steadfast_core::NewEvent],
+        ) -> Result<u64, StoreError> {
+            self.0.append_events(id, events).await
+        }
+        async fn read_events(
+            &self,
+            id: &str,
+            after: u64,
+            limit: usize,
+        ) -> Result<Vec<steadfast_core::RunEvent>, StoreError> {
+            self.0.read_events(id, after, limit).await
+        }
+    }
+
+    /// The negative control for defaulted methods: a wrapper that forgets
+    /// to pass the store's append bounds on is caught.
+    #[test]
+    fn a_wrapper_that_forgets_the_append_bounds_is_caught() {
+        let inner = Bounded::new(MemoryStore::new(), (99, 800_000));
+        let err = keeps_capabilities(
+            &inner,
+            &Unbounded(Bounded::new(MemoryStore::new(), (99, 800_000))),
+        )
+        .unwrap_err();
+        assert!(err.contains("append_bounds"), "{err}");
     }
 
     /// The negative control: a wrapper that drops capabilities is caught.

@@ -81,6 +81,12 @@ mod capabilities {
     #[test]
     fn on_memory_sqlite_and_file() {
         both(Arc::new(MemoryStore::new()));
+        // Below them, a store whose appends are bounded (as Cosmos DB's
+        // are): the wrappers pass the bounds on.
+        both(Arc::new(steadfast_conformance::Bounded::new(
+            MemoryStore::new(),
+            (99, 800_000),
+        )));
         let dir = tempfile::tempdir().expect("a temp dir");
         both(Arc::new(
             steadfast_sqlite::SqliteStore::open(dir.path().join("runs.db")).expect("open"),
