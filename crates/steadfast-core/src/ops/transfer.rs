@@ -179,10 +179,21 @@ fn digest(record: &Value) -> String {
 }
 
 fn text_digest(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(bytes))
+}
+
+/// Bytes as lowercase hex.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The first event of `events` not numbered as a whole log's would be
+/// (1, 2, 3…): its number and the one due there.
+fn misnumbered(events: &[RunEvent]) -> Option<(u64, u64)> {
+    (1u64..)
+        .zip(events)
+        .find(|(due, e)| e.seq != *due)
+        .map(|(due, e)| (e.seq, due))
 }
 
 /// Encodes one run as a line of the export format (without its newline).
@@ -269,7 +280,7 @@ fn event_digest(run_id: &str, items: &str) -> String {
     h.update(run_id.as_bytes());
     h.update(b"\n");
     h.update(items.as_bytes());
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex(&h.finalize())
 }
 
 /// The checksum of a run's event lines as a whole: over each line's
@@ -283,12 +294,7 @@ impl Chain {
     }
 
     fn hex(&self) -> String {
-        self.0
-            .clone()
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        hex(&self.0.clone().finalize())
     }
 }
 
@@ -574,14 +580,12 @@ fn write_event_lines(
         chain.add(&line.sha256);
         put(&serde_json::to_string(&line).map_err(|e| refuse(e.to_string()))?)
     };
-    for (i, event) in events.iter().enumerate() {
-        if event.seq != i as u64 + 1 {
-            return Err(refuse(format!(
-                "its event log has event {} where {} was due: an export carries a log whole, numbered from 1",
-                event.seq,
-                i + 1
-            )));
-        }
+    if let Some((found, due)) = misnumbered(events) {
+        return Err(refuse(format!(
+            "its event log has event {found} where {due} was due: an export carries a log whole, numbered from 1"
+        )));
+    }
+    for event in events {
         let text = serde_json::to_string(event).map_err(|e| refuse(e.to_string()))?;
         total += weight(event);
         if total > MAX_EXPORT_EVENT_BYTES {
@@ -1198,14 +1202,10 @@ pub fn check_writable(
     };
     crate::store::check_head(run).map_err(as_input)?;
     crate::store::check_state(id, "the state", &run.state).map_err(as_input)?;
-    for (i, e) in record.events.iter().enumerate() {
-        if e.seq != i as u64 + 1 {
-            return Err(refuse(format!(
-                "its event log has event {} where {} was due (a log is carried whole, numbered from 1)",
-                e.seq,
-                i + 1
-            )));
-        }
+    if let Some((found, due)) = misnumbered(&record.events) {
+        return Err(refuse(format!(
+            "its event log has event {found} where {due} was due (a log is carried whole, numbered from 1)"
+        )));
     }
     for chunk in record
         .events
