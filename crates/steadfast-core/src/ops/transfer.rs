@@ -2025,6 +2025,94 @@ mod tests {
         assert!(err.contains("numbered from 1"), "{err}");
     }
 
+    /// Hostile event lines, each with a good checksum so that the check
+    /// behind it is reached: no events, a bad or empty run id, a number 0
+    /// or past 64 bits, attempt 0, an empty step name, a value nested past
+    /// the limit or over the size limit, a time that is no time, a field
+    /// of the wrong type, too many events: each a clear error naming the
+    /// line, never a panic.
+    #[test]
+    fn hostile_event_lines_are_clear_errors() {
+        let line = |run: &str, items: &str| {
+            format!(
+                r#"{{"format":3,"events":{},"sha256":"{}","items":{items}}}"#,
+                serde_json::json!(run),
+                event_digest(run, items)
+            )
+        };
+        let ev = |fields: &str| {
+            format!(
+                r#"[{{"step":"a","attempt":1,"at":"2026-01-01T00:00:00Z","value":1,{fields}}}]"#
+            )
+        };
+        let deep = format!("{}1{}", "[".repeat(120), "]".repeat(120));
+        let many = format!(
+            "[{}]",
+            (1..=1001)
+                .map(|i| format!(
+                    r#"{{"seq":{i},"step":"a","attempt":1,"at":"2026-01-01T00:00:00Z","value":1}}"#
+                ))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let cases: Vec<(String, &str)> = vec![
+            (line("e", "[]"), "1 to 1000 events"),
+            (line("", &ev(r#""seq":1"#)), "line 4"),
+            (line("../x", &ev(r#""seq":1"#)), "line 4"),
+            (line("e", &ev(r#""seq":0"#)), "where event 1 was due"),
+            (line("e", &ev(r#""seq":18446744073709551616"#)), "line 4"),
+            (line("e", &ev(r#""seq":-1"#)), "line 4"),
+            (line("e", &ev(r#""seq":1,"first":"yes""#)), "line 4"),
+            (
+                line(
+                    "e",
+                    &ev(r#""seq":1"#).replace(r#""attempt":1"#, r#""attempt":0"#),
+                ),
+                "attempt 0",
+            ),
+            (
+                line(
+                    "e",
+                    &ev(r#""seq":1"#).replace(r#""step":"a""#, r#""step":"""#),
+                ),
+                "step name",
+            ),
+            (
+                line(
+                    "e",
+                    &ev(r#""seq":1"#).replace(r#""value":1"#, &format!(r#""value":{deep}"#)),
+                ),
+                "line 4",
+            ),
+            (
+                line(
+                    "e",
+                    &ev(r#""seq":1"#).replace(
+                        r#""value":1"#,
+                        &format!(r#""value":"{}""#, "x".repeat(200_000)),
+                    ),
+                ),
+                "event value",
+            ),
+            (
+                line(
+                    "e",
+                    &ev(r#""seq":1"#).replace("2026-01-01T00:00:00Z", "tomorrow"),
+                ),
+                "line 4",
+            ),
+            (line("e", &many), "1 to 1000 events"),
+        ];
+        let good = write_all(&[run_with("g", &serde_json::json!(1))]);
+        for (bad, says) in cases {
+            // Three good lines first, so that the error names line 4.
+            let lines = [good[0].clone(), good[0].clone(), good[0].clone(), bad];
+            let err = read_all(&lines).unwrap_err().to_string();
+            assert!(err.contains("line 4"), "{says}: {err}");
+            assert!(err.contains(says), "{says}: {err}");
+        }
+    }
+
     /// A memory store whose event log gets one stray event beside the
     /// next append once armed, as if something else appended meanwhile.
     struct Meddler {
