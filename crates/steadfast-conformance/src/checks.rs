@@ -8,8 +8,8 @@ use proptest::test_runner::{Config as PropConfig, TestCaseError, TestRunner};
 use serde_json::{json, Map, Value};
 use steadfast_core::store::SaveRequest;
 use steadfast_core::{
-    Checkpoint, Decision, Lease, ListFilter, OnTimeout, Owner, RunStatus, State, StepFailure,
-    StepRecord, Store, StoreError, StoreErrorKind, Timestamp, Wait,
+    Checkpoint, Decision, Lease, ListFilter, OnTimeout, Owner, RunStatus, Spend, State,
+    StepFailure, StepRecord, Store, StoreError, StoreErrorKind, Timestamp, Wait,
 };
 
 use crate::{CheckResult, TestStore, STATE_LIMIT};
@@ -917,6 +917,89 @@ pub async fn head_only_saves_keep_the_stored_state(ts: TestStore) -> CheckResult
         "a head-only save of an absent run: {fresh:?}"
     );
     ensure!(store.load("absent").await?.is_none(), "it left a record");
+    Ok(())
+}
+
+/// A run's spend record (what its steps spent, its budgets) loads back
+/// exactly after a whole save and after a head-only save, amounts with
+/// fractions and large whole numbers alike; a record with an amount that
+/// could not be read back (not finite, negative) or a bad name is refused
+/// and leaves nothing.
+pub async fn spend_records_load_back_exactly(ts: TestStore) -> CheckResult {
+    let store = &*ts.store;
+    let mut cp = checkpoint("spender", "flow", json!({"kept": 1}));
+    let mut spend = Spend::default();
+    spend.charge(&[("usd".to_string(), 0.1)].into())?;
+    spend.charge(
+        &[
+            ("usd".to_string(), 0.2),
+            ("tokens".to_string(), 9_007_199_254_740_991.0 / 10.0),
+        ]
+        .into(),
+    )?;
+    spend.budget.insert("usd".into(), 5.0);
+    spend.budget.insert("tokens".into(), 1e15);
+    cp.spend = Some(spend);
+    let v1 = save(store, &cp, None).await?;
+    let loaded = store.load("spender").await?.ok_or("the run is gone")?;
+    ensure!(loaded.spend == cp.spend, "after a save: {:?}", loaded.spend);
+    let mut head = cp.clone();
+    head.version = v1;
+    head.state = State::new();
+    head.spend
+        .as_mut()
+        .ok_or("spend")?
+        .charge(&[("usd".to_string(), 1.5)].into())?;
+    let v2 = store
+        .save(SaveRequest::new(&head, Some(v1)).head_only())
+        .await?;
+    let loaded = store.load("spender").await?.ok_or("the run is gone")?;
+    ensure!(
+        loaded.spend == head.spend,
+        "after a head-only save: {:?}",
+        loaded.spend
+    );
+    ensure!(
+        loaded.version == v2 && loaded.state == cp.state,
+        "the head-only save broke the record"
+    );
+    for (name, amount) in [
+        ("usd", f64::NAN),
+        ("usd", f64::INFINITY),
+        ("usd", -1.0),
+        ("bad name", 1.0),
+    ] {
+        let mut bad = head.clone();
+        bad.spend
+            .as_mut()
+            .ok_or("spend")?
+            .spent
+            .insert(name.into(), amount);
+        let r = store
+            .save(SaveRequest::new(&bad, Some(v2)).head_only())
+            .await;
+        ensure!(
+            matches!(&r, Err(e) if e.kind() == StoreErrorKind::InvalidInput),
+            "{name:?} = {amount}: expected InvalidInput, got {r:?}"
+        );
+        let mut fresh = bad.clone();
+        fresh.run_id = "bad-spender".into();
+        fresh.version = 0;
+        let r = save(store, &fresh, None).await;
+        ensure!(
+            matches!(&r, Err(e) if e.kind() == StoreErrorKind::InvalidInput),
+            "a new run with {name:?} = {amount}: expected InvalidInput, got {r:?}"
+        );
+        ensure!(
+            store.load("bad-spender").await?.is_none(),
+            "a refused save left a record"
+        );
+    }
+    let loaded = store.load("spender").await?.ok_or("the run is gone")?;
+    ensure!(
+        loaded.version == v2 && loaded.spend == head.spend,
+        "a refused save changed the run"
+    );
     Ok(())
 }
 

@@ -37,7 +37,7 @@ pub use ops::{retention, stuck, transfer, watch, worker};
 pub use record::limits;
 pub use store::local;
 
-pub use engine::ctx::StepCtx;
+pub use engine::ctx::{Charge, StepCtx};
 pub use engine::decide::{approve, default_decider, reject};
 pub use engine::durable::{
     durable, ChildOptions, ChildSpec, DurableCtx, StepOptions, MAX_CHILDREN,
@@ -68,6 +68,10 @@ pub use record::ids::{
 pub use record::keys::{CHILD_KEY, INPUT_KEY, PARENT_KEY, RESERVED_KEYS, RESULT_KEY, START_KEY};
 pub use record::outcome::{Event, Outcome, Suspension};
 pub use record::signal::{Signal, SIGNALS_KEY, SIGNAL_STEP};
+pub use record::spend::{
+    amounts_of, check_spend_name, parse_amounts, Spend, BUDGET_GATE, MAX_SPEND_AMOUNT,
+    MAX_SPEND_NAMES, SPEND_KEY,
+};
 pub use record::state::{merge, State, Update, MAX_VALUE_DEPTH};
 pub use store::memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
 pub use store::{

@@ -4,6 +4,7 @@ use crate::record::checkpoint::{Checkpoint, Decision, RunStatus, Wait};
 use crate::record::clock::Clock;
 use crate::record::error::{Error, StoreError, StoreErrorKind};
 use crate::record::limits::MAX_REASON_BYTES;
+use crate::record::spend::{amounts_of, BUDGET_GATE};
 use crate::store::{SaveRequest, Store};
 
 /// Approves gate `gate` of waiting run `run_id`: records who, when and the
@@ -51,7 +52,22 @@ pub async fn approve<S: Store + ?Sized>(
             ),
         })?;
     }
-    decide(store, run_id, gate, clock, |cp, now| {
+    let budget = |cp: &Checkpoint| -> Result<(), Error> {
+        // The budget gate takes amounts to add: refused before they are
+        // written, not when the run reads them.
+        let (Some(d), true) = (&data, gate == BUDGET_GATE && has_budget(cp)) else {
+            return Ok(());
+        };
+        amounts_of(d)
+            .map(drop)
+            .map_err(|reason| Error::InvalidInput {
+                what: format!("the data approving the budget of run {run_id:?}"),
+                reason: format!(
+                    "{reason} (it gives amounts to add, like {{\"usd\": 10}}); nothing was written"
+                ),
+            })
+    };
+    decide(store, run_id, gate, clock, budget, |cp, now| {
         cp.decisions
             .push(Decision::approve(gate, by, now, data.clone()));
     })
@@ -92,15 +108,22 @@ pub async fn reject<S: Store + ?Sized>(
             });
         }
     }
-    decide(store, run_id, gate, clock, |cp, now| {
-        cp.decisions
-            .push(Decision::reject(gate, by, now, reason.clone()));
-        cp.status = RunStatus::Rejected;
-        cp.wait = None;
-        // The run has ended: no one holds it any more. A holder that claimed
-        // it meanwhile (and died, or is resuming) is fenced by the version.
-        cp.lease = None;
-    })
+    decide(
+        store,
+        run_id,
+        gate,
+        clock,
+        |_| Ok(()),
+        |cp, now| {
+            cp.decisions
+                .push(Decision::reject(gate, by, now, reason.clone()));
+            cp.status = RunStatus::Rejected;
+            cp.wait = None;
+            // The run has ended: no one holds it any more. A holder that claimed
+            // it meanwhile (and died, or is resuming) is fenced by the version.
+            cp.lease = None;
+        },
+    )
     .await
 }
 
@@ -109,6 +132,7 @@ async fn decide<S: Store + ?Sized>(
     run_id: &str,
     gate: &str,
     clock: &dyn Clock,
+    check: impl Fn(&Checkpoint) -> Result<(), Error>,
     apply: impl Fn(&mut Checkpoint, crate::Timestamp),
 ) -> Result<Checkpoint, Error> {
     crate::validate_run_id(run_id)?;
@@ -144,6 +168,7 @@ async fn decide<S: Store + ?Sized>(
                 detail,
             });
         }
+        check(&cp)?;
         let now = clock.now();
         let since = match &cp.wait {
             Some(Wait::Gate { since, .. }) => Some(*since),
@@ -186,4 +211,9 @@ pub fn default_decider() -> String {
         .filter_map(|v| std::env::var(v).ok())
         .find(|name| crate::record::ids::check_step_name(name).is_ok())
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// Whether the run has budgets (its `budget` gate is then the engine's).
+fn has_budget(cp: &Checkpoint) -> bool {
+    cp.spend.as_ref().is_some_and(|s| !s.budget.is_empty())
 }

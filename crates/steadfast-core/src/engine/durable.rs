@@ -19,6 +19,7 @@ use tracing::Instrument;
 use crate::engine::ctx::StepCtx;
 use crate::engine::emit::{pump, Sink};
 use crate::engine::session::{Session, Timer};
+use crate::engine::spend::SpendLine;
 use crate::engine::workflow::{RetryPolicy, Step};
 use crate::engine::{store_error, Runner};
 use crate::record::checkpoint::{Checkpoint, OnTimeout, RunStatus, StepFailure, StepRecord};
@@ -304,6 +305,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
                 (cp, Some(v))
             }
         };
+        runner.give_budget(&mut cp, None);
         if cp.workflow != workflow {
             if !runner.accepts_changed_workflow() {
                 return Err(Error::WorkflowChanged {
@@ -444,7 +446,20 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         };
         self.attempts(
             how,
-            |ctx, state| step.call_untimed(ctx, state.unwrap_or_default()),
+            |ctx, state| {
+                let state = state.unwrap_or_default();
+                let before = state.get(crate::record::spend::SPEND_KEY).cloned();
+                let call = step.call_untimed(ctx.clone(), state);
+                async move {
+                    let mut update = call.await?;
+                    // A step reports its spend in its update (a flow step
+                    // in its output): charged with its checkpoint.
+                    let amounts = crate::engine::spend::reported(&mut update, before.as_ref())
+                        .map_err(|r| StepError::invalid_value("", r))?;
+                    ctx.charge_later(&amounts);
+                    Ok(update)
+                }
+            },
             |mut update: Update| {
                 // The engine's own keys are not a step's to change: a step
                 // that echoes its state (a `jq` filter over stdin) gives
@@ -729,6 +744,19 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             // The attempts counted so far belong to another step (a durable
             // function that went on after a failure): this one starts afresh.
             let mut s = self.shared.session.lock().await;
+            // A run over its budget stops before its next step; a step
+            // running beside this one (joined futures) is let finish, and
+            // the next step alone stops it.
+            if self
+                .shared
+                .running
+                .load(std::sync::atomic::Ordering::SeqCst)
+                == 1
+            {
+                if let Some(stop) = s.budget_stop(runner).await.map_err(Branch::Engine)? {
+                    return Err(Branch::Engine(self.stop(stop)));
+                }
+            }
             if s.budget_step.as_deref() != Some(name) {
                 if s.budget_step.is_some() {
                     s.used = 0;
@@ -760,7 +788,9 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             // What the step emits goes to the store's event log, if it
             // keeps one.
             let log = runner.store.capabilities().events;
-            let ctx = StepCtx::new(&run_id, name, index, attempt);
+            let (line, mut reports) = SpendLine::new();
+            let line = Arc::new(line);
+            let ctx = StepCtx::new(&run_id, name, index, attempt).with_spend(Arc::clone(&line));
             let sink =
                 log.map(|_| Arc::new(Sink::new(ctx.names(), attempt, Arc::clone(&runner.clock))));
             let ctx = match &sink {
@@ -795,11 +825,30 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 }
             };
             let scoped = ctx.scope(timed);
-            let stepped = async {
+            let pumped = async {
                 match (log, sink.as_deref()) {
                     (Some(log), Some(sink)) => pump(log, sink, scoped).await,
                     _ => scoped.await,
                 }
+            };
+            // Spend reports are saved as they come, and those left when the
+            // attempt returns before its end is recorded.
+            let stepped = async {
+                tokio::pin!(pumped);
+                let out = loop {
+                    tokio::select! {
+                        biased;
+                        r = &mut pumped => break r,
+                        Some(report) = reports.recv() => {
+                            crate::engine::budget::serve(runner, &self.shared.session, &line, report).await;
+                        }
+                    }
+                };
+                reports.close();
+                while let Ok(report) = reports.try_recv() {
+                    crate::engine::budget::serve(runner, &self.shared.session, &line, report).await;
+                }
+                out
             };
             let result = self.with_renewals(stepped).instrument(span.clone()).await;
             span.record("duration_ms", timer.elapsed().as_millis() as u64);
@@ -814,10 +863,13 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             let result = result.map_err(Branch::Engine)?.and_then(&finish);
             let finished = runner.now();
             let err = match result {
-                Ok((value, update)) => {
+                Ok((value, mut update)) => {
                     let mut s = self.shared.session.lock().await;
                     let s = &mut *s;
                     let at = s.cp.next;
+                    let (spend_before, unsaved, whole) =
+                        crate::engine::budget::charge_ending(&mut s.cp, &line);
+                    crate::engine::spend::record_in(&mut update, at, name, whole);
                     let record = StepRecord::new(at, name, update, attempt, started, finished);
                     let total = s.total;
                     let saved = if how.branch.is_some() {
@@ -832,6 +884,8 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                             .map_err(Branch::Engine)
                     };
                     if let Err(e) = saved {
+                        s.cp.spend = spend_before;
+                        line.put_back(unsaved);
                         span.record("outcome", "unsaved");
                         return Err(e);
                     }
@@ -850,6 +904,12 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 }
                 Err(err) => err,
             };
+            {
+                // A failed attempt is charged for what it reported, with the
+                // record of its failure (a branch's, with its group's).
+                let mut s = self.shared.session.lock().await;
+                let _ = crate::engine::budget::charge_ending(&mut s.cp, &line);
+            }
             crate::engine::metrics::step_failed();
             if how.branch.is_some() {
                 span.record("outcome", "failed");
@@ -1043,6 +1103,18 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             }
             if recorded.len() < branches.len() {
                 s.renew_if_due(self.runner()).await?;
+                // A run over its budget stops before the group starts (one
+                // beside other running steps is let go on: see `attempts`).
+                if self
+                    .shared
+                    .running
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                    == 0
+                {
+                    if let Some(stop) = s.budget_stop(self.runner()).await? {
+                        return Err(self.stop(stop));
+                    }
+                }
             }
             if s.cursor < s.cp.next && recorded.len() < branches.len() {
                 let first_missing = branches

@@ -2,6 +2,7 @@
 //! runner, its options and store, the judgement of leases, and the errors a
 //! run returns. The operations on a run's record are the session's.
 
+pub(crate) mod budget;
 pub mod ctx;
 pub mod decide;
 pub mod durable;
@@ -12,6 +13,7 @@ pub mod process;
 pub mod run;
 pub mod session;
 pub mod signal;
+pub(crate) mod spend;
 pub mod typed;
 pub mod workflow;
 
@@ -46,6 +48,7 @@ pub struct Runner<'s, S: Store + ?Sized> {
     pub(crate) wait_for_timers: bool,
     pub(crate) takeover: Option<TakeoverHook>,
     pub(crate) cancel_grace: Duration,
+    pub(crate) budget: Option<std::collections::BTreeMap<String, f64>>,
     #[cfg(feature = "mutants")]
     pub(crate) mutant_skip_reload_after_unknown: bool,
     #[cfg(feature = "mutants")]
@@ -91,6 +94,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             wait_for_timers: false,
             takeover: None,
             cancel_grace: DEFAULT_CANCEL_GRACE,
+            budget: None,
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: false,
             #[cfg(feature = "mutants")]
@@ -109,6 +113,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             wait_for_timers: self.wait_for_timers,
             takeover: self.takeover.clone(),
             cancel_grace: self.cancel_grace,
+            budget: self.budget.clone(),
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: self.mutant_skip_reload_after_unknown,
             #[cfg(feature = "mutants")]
@@ -140,7 +145,63 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                     reason,
                 })?;
         }
+        if let Some(budget) = &self.budget {
+            crate::record::spend::Spend::with_budget(budget.clone())
+                .check()
+                .map_err(|reason| Error::InvalidInput {
+                    what: "the runner's budget".into(),
+                    reason,
+                })?;
+        }
         Ok(())
+    }
+
+    /// Records `budget` with a run that has no budget yet (a new run, or
+    /// one started without): its steps' spend
+    /// ([`StepCtx::spend`](crate::StepCtx::spend)) may reach these amounts;
+    /// past one, the run stops at its [`budget`](crate::BUDGET_GATE) gate
+    /// before its next step. A run keeps the budget it has: raise it by
+    /// approving the gate. It takes the place of a workflow's
+    /// [`budget`](crate::Workflow::with_budget).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use serde_json::json;
+    /// use steadfast_core::{approve, update, MemoryStore, Outcome, Runner, StepCtx, SystemClock, Workflow};
+    ///
+    /// let wf = Workflow::builder("agent")
+    ///     .step("ask", |ctx: StepCtx, _| async move {
+    ///         let _ = ctx.spend("usd", 3.0).expect("in range");
+    ///         update(json!({"asked": true}))
+    ///     })
+    ///     .step("write", |_, _| async { update(json!({"written": true})) })
+    ///     .build()?;
+    /// let store = MemoryStore::new();
+    /// let runner = Runner::new(&store).budget([("usd".to_string(), 2.0)].into());
+    /// assert_eq!(runner.run("r", &wf).await?, Outcome::Waiting { gate: "budget".into() });
+    /// approve(&store, "r", "budget", Some(json!({"usd": 5})), "ada", &SystemClock).await?;
+    /// assert!(runner.run("r", &wf).await?.completed().is_some());
+    /// # Ok::<(), steadfast_core::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn budget(mut self, budget: std::collections::BTreeMap<String, f64>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Records the budget a run starts with, when it has none yet: the
+    /// runner's, else `workflow`'s.
+    pub(crate) fn give_budget(
+        &self,
+        cp: &mut Checkpoint,
+        workflow: Option<&std::collections::BTreeMap<String, f64>>,
+    ) {
+        let given = self.budget.as_ref().or(workflow).filter(|b| !b.is_empty());
+        let Some(given) = given else { return };
+        let spend = cp.spend.get_or_insert_with(Default::default);
+        if spend.budget.is_empty() {
+            spend.budget = given.clone();
+        }
     }
 
     /// A lease for this runner's owner from now, on both clocks.

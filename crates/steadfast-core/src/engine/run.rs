@@ -108,6 +108,8 @@ impl<S: Store + ?Sized> Runner<'_, S> {
                 (cp, Some(version), relabelled)
             }
         };
+        let mut cp = cp;
+        self.give_budget(&mut cp, Some(workflow.budget()));
         if cp.status == RunStatus::Cancelled {
             return Err(crate::record::error::cancelled(&cp));
         }

@@ -279,6 +279,16 @@ impl Session {
     ) -> Result<Option<Suspension>, Error> {
         let now = r.clock.now();
         let name = step.name();
+        if name == crate::record::spend::BUDGET_GATE
+            && self.cp.spend.as_ref().is_some_and(|s| !s.budget.is_empty())
+        {
+            return Err(Error::InvalidWorkflow {
+                workflow: self.cp.workflow.clone(),
+                reason: format!(
+                    "a gate is named {name:?} in a run with a budget, whose own gate has that name; rename it"
+                ),
+            });
+        }
         let since = match &self.cp.wait {
             Some(Wait::Gate { step, since, .. }) if step == name => Some(*since),
             _ => None,
@@ -572,6 +582,15 @@ impl Session {
         step: Option<&StepRecord>,
     ) -> Result<(), StoreError> {
         self.save_request(r, step, false).await
+    }
+
+    /// A save of the head alone (lease, status, wait, spend): the store
+    /// keeps the state it has, which may be lent out to a running step.
+    pub(crate) async fn save_head<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+    ) -> Result<(), StoreError> {
+        self.save_request(r, None, true).await
     }
 
     /// After a save landed: a run it ended marks its parent due.

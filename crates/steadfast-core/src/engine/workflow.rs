@@ -1,7 +1,7 @@
 //! Workflows: a name and an ordered list of named steps, each with its retry
 //! policy and timeout.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -487,6 +487,7 @@ pub(crate) fn json_kind(v: &serde_json::Value) -> &'static str {
 pub struct Workflow {
     name: String,
     steps: Vec<Step>,
+    budget: BTreeMap<String, f64>,
 }
 
 impl Workflow {
@@ -495,6 +496,7 @@ impl Workflow {
         WorkflowBuilder {
             name: name.into(),
             steps: Vec::new(),
+            budget: BTreeMap::new(),
         }
     }
 
@@ -534,7 +536,45 @@ impl Workflow {
             step.check_durations()
                 .map_err(|r| invalid(format!("step {i} ({}): {r}", step.name)))?;
         }
-        Ok(Workflow { name, steps })
+        Ok(Workflow {
+            name,
+            steps,
+            budget: BTreeMap::new(),
+        })
+    }
+
+    /// The same workflow with budgets for its runs (`{"tokens": 200000.0,
+    /// "usd": 5.0}`): a run started without budgets of its own records
+    /// these, and stops at its [`budget`](crate::BUDGET_GATE) gate when its
+    /// steps' spend passes one ([`StepCtx::spend`]). Refused for names or
+    /// amounts out of range, and for a workflow with a step named `budget`
+    /// (the gate's name).
+    pub fn with_budget(mut self, budget: BTreeMap<String, f64>) -> Result<Self, Error> {
+        let invalid = |reason: String| Error::InvalidWorkflow {
+            workflow: self.name.clone(),
+            reason,
+        };
+        crate::record::spend::Spend::with_budget(budget.clone())
+            .check()
+            .map_err(|r| invalid(format!("its budget: {r}")))?;
+        if !budget.is_empty()
+            && self
+                .step_names()
+                .any(|n| n == crate::record::spend::BUDGET_GATE)
+        {
+            return Err(invalid(format!(
+                "a step is named {:?}, the name of the gate a run over its budget stops at; rename it",
+                crate::record::spend::BUDGET_GATE
+            )));
+        }
+        self.budget = budget;
+        Ok(self)
+    }
+
+    /// The budgets its runs start with, if they have none of their own
+    /// ([`with_budget`](Self::with_budget)).
+    pub fn budget(&self) -> &BTreeMap<String, f64> {
+        &self.budget
     }
 
     /// The workflow's name, stored with every run.
@@ -559,6 +599,7 @@ impl Workflow {
 pub struct WorkflowBuilder {
     name: String,
     steps: Vec<Step>,
+    budget: BTreeMap<String, f64>,
 }
 
 impl WorkflowBuilder {
@@ -579,6 +620,23 @@ impl WorkflowBuilder {
 
     /// Checks the names and returns the workflow.
     pub fn build(self) -> Result<Workflow, Error> {
-        Workflow::new(self.name, self.steps)
+        Workflow::new(self.name, self.steps)?.with_budget(self.budget)
+    }
+
+    /// A budget for the workflow's runs: at most `amount` of `what`
+    /// ([`Workflow::with_budget`]; checked by [`build`](Self::build)).
+    ///
+    /// ```
+    /// use steadfast_core::{update, Workflow};
+    /// let wf = Workflow::builder("agent")
+    ///     .budget("usd", 5.0)
+    ///     .step("ask", |_, _| async { update(serde_json::json!({})) })
+    ///     .build()?;
+    /// assert_eq!(wf.budget()["usd"], 5.0);
+    /// # Ok::<(), steadfast_core::Error>(())
+    /// ```
+    pub fn budget(mut self, what: &str, amount: f64) -> Self {
+        self.budget.insert(what.to_string(), amount);
+        self
     }
 }

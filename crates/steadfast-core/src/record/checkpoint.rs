@@ -179,6 +179,11 @@ pub struct Checkpoint {
     /// is refused before any step has run. Records written before it
     /// existed, and durable functions, have none, and are taken to match.
     pub origin: Option<Origin>,
+    /// What the run's steps spent and its budgets
+    /// ([`StepCtx::spend`](crate::StepCtx::spend)); none until either is
+    /// set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spend: Option<crate::record::spend::Spend>,
 }
 
 /// What a listed run was started with: a fingerprint of its step names
@@ -645,6 +650,7 @@ impl Checkpoint {
             seal: None,
             audit: Vec::new(),
             origin: None,
+            spend: None,
         }
     }
 
@@ -882,6 +888,11 @@ impl Checkpoint {
                 self.next,
                 self.completed.len()
             ));
+        }
+        if let Some(spend) = &self.spend {
+            spend
+                .check()
+                .map_err(|r| format!("its spend record: {r}"))?;
         }
         Ok(())
     }

@@ -31,11 +31,12 @@ pub const CHILD_KEY: &str = "__child";
 /// ```
 /// assert!(steadfast_core::RESERVED_KEYS.contains(&"__start"));
 /// ```
-pub const RESERVED_KEYS: [&str; 6] = [
+pub const RESERVED_KEYS: [&str; 7] = [
     START_KEY,
     INPUT_KEY,
     RESULT_KEY,
     SIGNALS_KEY,
     PARENT_KEY,
     CHILD_KEY,
+    crate::record::spend::SPEND_KEY,
 ];

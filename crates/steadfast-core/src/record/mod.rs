@@ -12,4 +12,5 @@ pub mod keys;
 pub mod limits;
 pub mod outcome;
 pub mod signal;
+pub mod spend;
 pub mod state;

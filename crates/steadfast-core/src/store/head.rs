@@ -10,6 +10,7 @@ use crate::record::checkpoint::{
     AuditEntry, Checkpoint, Decision, Lease, Origin, RunStatus, StepFailure, Wait,
 };
 use crate::record::error::StoreError;
+use crate::record::spend::Spend;
 
 /// The head document, as written.
 #[derive(serde::Serialize)]
@@ -35,6 +36,8 @@ struct HeadOut<'a> {
     audit: &'a [AuditEntry],
     #[serde(skip_serializing_if = "Option::is_none")]
     origin: Option<&'a Origin>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    spend: Option<&'a Spend>,
 }
 
 /// The head document, as read back (absent fields take their defaults).
@@ -59,6 +62,8 @@ struct HeadIn {
     audit: Vec<AuditEntry>,
     #[serde(default)]
     origin: Option<Origin>,
+    #[serde(default)]
+    spend: Option<Spend>,
 }
 
 fn fixed_hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
@@ -112,6 +117,7 @@ pub fn encode_head(cp: &Checkpoint) -> Result<String, StoreError> {
             seal: cp.seal.as_deref(),
             audit: &cp.audit,
             origin: cp.origin.as_ref(),
+            spend: cp.spend.as_ref(),
         },
         &cp.run_id,
         "head",
@@ -171,6 +177,7 @@ pub fn decode_head(text: &str, cp: &mut Checkpoint) -> Result<(), String> {
     cp.seal = head.seal;
     cp.audit = head.audit;
     cp.origin = head.origin;
+    cp.spend = head.spend;
     Ok(())
 }
 

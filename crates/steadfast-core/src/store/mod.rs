@@ -972,6 +972,7 @@ pub fn merge_head(cp: &Checkpoint, stored: &mut Checkpoint) -> Checkpoint {
         seal: cp.seal.clone(),
         audit: cp.audit.clone(),
         origin: cp.origin.clone(),
+        spend: cp.spend.clone(),
     }
 }
 
