@@ -19,6 +19,8 @@ struct FlowFile {
     name: Spanned<String>,
     #[serde(default)]
     step: Vec<Spanned<StepSpec>>,
+    /// Budgets of the flow's runs: `[budget]` with `usd = 5`, `tokens = 200000`.
+    budget: Option<Spanned<BTreeMap<String, f64>>>,
 }
 
 #[derive(Deserialize)]
@@ -425,8 +427,13 @@ fn parse_with_children(text: &str, path: &Path) -> Result<(Workflow, Vec<ChildFi
         };
         steps.push(step);
     }
-    let wf =
+    let mut wf =
         Workflow::new(name, steps).map_err(|e| FlowError(format!("{}: {e}", path.display())))?;
+    if let Some(budget) = &flow.budget {
+        wf = wf
+            .with_budget(budget.get_ref().clone())
+            .map_err(|e| at(budget.span().start, format!("[budget]: {e}")))?;
+    }
     Ok((wf, children))
 }
 

@@ -1702,7 +1702,7 @@ impl Store for CosmosStore {
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
         let mut query = String::from(
-            "SELECT c.run_id, c.workflow, c.status, c.next, c.version, c.created_at, c.updated_at FROM c WHERE c.kind = 'head'",
+            "SELECT c.run_id, c.workflow, c.status, c.next, c.version, c.created_at, c.updated_at, c.head FROM c WHERE c.kind = 'head'",
         );
         let mut params = Vec::new();
         if let Some(s) = filter.status {
@@ -1759,7 +1759,7 @@ impl Schedule for CosmosStore {
             .query(
                 None,
                 "",
-                "SELECT c.run_id, c.workflow, c.status, c.next, c.version, c.created_at, c.updated_at, c.wake_at \
+                "SELECT c.run_id, c.workflow, c.status, c.next, c.version, c.created_at, c.updated_at, c.head, c.wake_at \
                  FROM c WHERE c.kind = 'head' AND c.wake_at <= @now AND ARRAY_CONTAINS(@workflows, c.workflow)",
                 json!([
                     {"name": "@now", "value": due.now.unix_millis()},

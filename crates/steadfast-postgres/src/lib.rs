@@ -247,7 +247,7 @@ impl Sql {
                  WHERE r.run_id = $1 ORDER BY s.idx",
             ),
             list: text(
-                "SELECT run_id, workflow, status, next, version, created_at, updated_at FROM {s}.runs
+                "SELECT run_id, workflow, status, next, version, created_at, updated_at, head FROM {s}.runs
                  WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR workflow = $2)
                    AND ($3::bigint IS NULL OR updated_at < $3) AND ($4::text IS NULL OR run_id > $4)
                  ORDER BY run_id LIMIT $5",
@@ -308,7 +308,7 @@ impl Sql {
                  UPDATE {s}.runs r SET claimed_by = $2,
                      claimed_until = (extract(epoch FROM statement_timestamp()) * 1000)::bigint + $4
                  FROM due WHERE r.run_id = due.run_id
-                 RETURNING r.run_id, r.workflow, r.status, r.next, r.version, r.created_at, r.updated_at",
+                 RETURNING r.run_id, r.workflow, r.status, r.next, r.version, r.created_at, r.updated_at, r.head",
             ),
             version: text("SELECT version FROM {s}.runs WHERE run_id = $1"),
         }
@@ -1352,6 +1352,7 @@ impl PgStore {
             version: r.get(4),
             created_at: r.get(5),
             updated_at: r.get(6),
+            head: r.get(7),
         };
         row.summary(&Place::new(&run_id, &locate))
     }

@@ -299,8 +299,9 @@ impl Sealer<'_> {
     }
 
     /// What the head seal covers, besides the run id: the workflow, status,
-    /// wait, decisions (their data sealed), last error, attempts, lease and
-    /// the state's seal (which covers the step count and every value).
+    /// wait, decisions (their data sealed), last error, attempts, lease,
+    /// spend and the state's seal (which covers the step count and every
+    /// value).
     fn head_material(cp: &Checkpoint, state_tag: &str) -> Vec<u8> {
         let audit = json_bytes(&cp.audit);
         let mut parts: Vec<&[u8]> = vec![cp.workflow.as_bytes(), cp.status.as_str().as_bytes()];
@@ -328,6 +329,13 @@ impl Sealer<'_> {
         let origin = json_bytes(&cp.origin);
         if cp.origin.is_some() {
             parts.push(&origin);
+        }
+        // The spend record too (a budget raised or a spend lowered in the
+        // store would let a run past its budget), when there is one.
+        let spend = json_bytes(&cp.spend);
+        if cp.spend.is_some() {
+            parts.push(b"spend");
+            parts.push(&spend);
         }
         aad(&parts)
     }
@@ -748,6 +756,7 @@ impl SealedStore {
         out.decisions = cp.decisions.clone();
         out.audit = cp.audit.clone();
         out.origin = cp.origin.clone();
+        out.spend = cp.spend.clone();
         for (i, d) in out.decisions.iter_mut().enumerate() {
             if let Some(data) = &d.data {
                 let plain = serde_json::to_vec(data).map_err(|e| {

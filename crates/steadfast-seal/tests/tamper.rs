@@ -705,3 +705,51 @@ async fn events_are_sealed_and_bound_to_their_step() -> TestResult {
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
     Ok(())
 }
+
+#[tokio::test]
+async fn a_budget_raised_or_a_spend_lowered_without_the_key_is_detected() -> TestResult {
+    let raw = Arc::new(MemoryStore::new());
+    let store = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    let wf = Workflow::builder("w")
+        .budget("usd", 1.0)
+        .step("ask", |ctx: steadfast_core::StepCtx, _| async move {
+            let _ = ctx
+                .spend("usd", 2.0)
+                .map_err(steadfast_core::StepError::terminal)?;
+            update(json!({}))
+        })
+        .step("ship", |_, _| async { update(json!({"shipped": true})) })
+        .build()?;
+    for change in 0..3 {
+        let id = format!("r{change}");
+        let out = run(&id, &wf, &store).await?;
+        assert_eq!(
+            out,
+            steadfast_core::Outcome::Waiting {
+                gate: "budget".into()
+            }
+        );
+        assert!(store.load(&id).await.is_ok());
+        let mut cp = raw.load(&id).await?.unwrap();
+        let spend = cp.spend.as_mut().unwrap();
+        match change {
+            0 => {
+                spend.budget.insert("usd".into(), 100.0);
+            }
+            1 => {
+                spend.spent.insert("usd".into(), 0.5);
+            }
+            _ => cp.spend = None,
+        }
+        // Written at the version it had, so that only the spend differs
+        // from what was sealed.
+        raw.save(SaveRequest::new(&cp, Some(cp.version)).writing_version(cp.version))
+            .await?;
+        corrupt_about(store.load(&id).await.unwrap_err(), &id);
+        assert!(
+            run(&id, &wf, &store).await.is_err(),
+            "change {change} passed"
+        );
+    }
+    Ok(())
+}

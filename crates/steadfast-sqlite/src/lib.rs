@@ -745,7 +745,8 @@ impl Store for SqliteStore {
                             CASE WHEN p.idx IS NULL THEN r.next ELSE p.idx + 1 END,
                             CASE WHEN p.idx IS NULL THEN r.version ELSE p.version END,
                             r.created_at,
-                            CASE WHEN p.idx IS NULL THEN r.updated_at ELSE p.saved_at END AS saved
+                            CASE WHEN p.idx IS NULL THEN r.updated_at ELSE p.saved_at END AS saved,
+                            r.head
                      FROM runs r LEFT JOIN steps p ON p.run_id = r.run_id
                          AND p.idx = (SELECT max(idx) FROM steps WHERE run_id = r.run_id)
                          AND p.idx >= r.next
@@ -774,6 +775,7 @@ impl Store for SqliteStore {
                             version: r.get(4)?,
                             created_at: r.get(5)?,
                             updated_at: r.get(6)?,
+                            head: r.get(7)?,
                         })
                     },
                 )

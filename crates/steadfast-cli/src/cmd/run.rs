@@ -34,6 +34,23 @@ pub struct RunArgs {
     /// go on before its process group is killed (0 to 1h).
     #[arg(long, default_value = "10s", value_parser = super::worker::parse_grace)]
     pub cancel_grace: Duration,
+    /// Budgets for a new run (`tokens=200000,usd=5`): past one, the run
+    /// stops at its `budget` gate before its next step. It takes the place
+    /// of the flow's `[budget]`; a run keeps the budget it started with.
+    #[arg(long, value_parser = parse_budget)]
+    pub budget: Option<Budget>,
+}
+
+/// Budgets given on the command line.
+pub type Budget = std::collections::BTreeMap<String, f64>;
+
+/// Parses `--budget NAME=AMOUNT,...`.
+pub(crate) fn parse_budget(text: &str) -> Result<Budget, String> {
+    let b = steadfast::parse_amounts(text)?;
+    if b.is_empty() {
+        return Err("give at least one NAME=AMOUNT".into());
+    }
+    Ok(b)
 }
 
 /// Parses `--lease`: a duration within [`steadfast::limits::LEASE`].
@@ -44,7 +61,13 @@ pub(crate) fn parse_lease(text: &str) -> Result<Duration, String> {
 
 /// The runner for run `run_id` with the command's options.
 fn runner_for<'a>(args: &RunArgs, ctx: &'a Ctx, run_id: &str) -> Runner<'a, dyn steadfast::Store> {
-    Runner::new(&*ctx.store)
+    let runner = Runner::new(&*ctx.store);
+    // The budget given is the named run's; its children have their flows'.
+    let runner = match &args.budget {
+        Some(b) if run_id == args.run_id => runner.budget(b.clone()),
+        _ => runner,
+    };
+    runner
         .lease(current_owner(), args.lease)
         .wait_for_timers(args.wait)
         .accept_changed_workflow(args.accept_changed_workflow)

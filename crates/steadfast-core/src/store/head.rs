@@ -181,6 +181,21 @@ pub fn decode_head(text: &str, cp: &mut Checkpoint) -> Result<(), String> {
     Ok(())
 }
 
+/// The spend record of a head document, read alone (for a run's summary).
+pub(crate) fn spend_of(text: &str) -> Result<Option<Spend>, String> {
+    #[derive(serde::Deserialize)]
+    struct SpendOnly {
+        #[serde(default)]
+        spend: Option<Spend>,
+    }
+    let head: SpendOnly = serde_json::from_str(text)
+        .map_err(|e| format!("{e} (line {}, column {})", e.line(), e.column()))?;
+    if let Some(s) = &head.spend {
+        s.check().map_err(|r| format!("its spend record: {r}"))?;
+    }
+    Ok(head.spend)
+}
+
 /// Encodes `v` as JSON text, or says which run's `what` could not be
 /// encoded (nothing is written then).
 pub fn encode_json<T: serde::Serialize>(

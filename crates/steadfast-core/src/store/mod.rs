@@ -177,7 +177,7 @@ impl ListFilter {
 /// One line of [`Store::list`]: a run's head without its state. As JSON
 /// (`runs --json`, the web API, Python's `runs`), its fields by name, times
 /// in RFC 3339.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct RunSummary {
     /// The run.
@@ -194,6 +194,9 @@ pub struct RunSummary {
     pub created_at: Timestamp,
     /// When it was last saved.
     pub updated_at: Timestamp,
+    /// What it spent and its budgets, if either.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spend: Option<crate::record::spend::Spend>,
 }
 
 impl From<&Checkpoint> for RunSummary {
@@ -206,6 +209,7 @@ impl From<&Checkpoint> for RunSummary {
             version: cp.version,
             created_at: cp.created_at,
             updated_at: cp.updated_at,
+            spend: cp.spend.clone(),
         }
     }
 }

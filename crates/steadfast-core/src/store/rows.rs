@@ -73,6 +73,11 @@ impl<'a> Fields<'a> {
             version: to_stored(self.count("version")?),
             created_at: to_stored(self.count("created_at")?),
             updated_at: to_stored(self.count("updated_at")?),
+            head: self
+                .doc
+                .get("head")
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string),
         }
         .summary(self.place)
     }
@@ -100,6 +105,9 @@ pub struct SummaryRow {
     pub created_at: i64,
     /// When it was last saved, in milliseconds.
     pub updated_at: i64,
+    /// The head document ([`encode_head`](crate::store::encode_head)),
+    /// for the spend it records; `None` shows none.
+    pub head: Option<String>,
 }
 
 impl SummaryRow {
@@ -115,6 +123,9 @@ impl SummaryRow {
         cp.next = place.index("next", self.next)?;
         cp.version = place.count("version", self.version)?;
         cp.updated_at = place.millis("updated_at", self.updated_at)?;
+        if let Some(head) = &self.head {
+            cp.spend = crate::store::head::spend_of(head).map_err(|r| place.corrupt("head", r))?;
+        }
         Ok(RunSummary::from(&cp))
     }
 }
@@ -390,6 +401,7 @@ mod tests {
             version: 2,
             created_at: 5,
             updated_at: 6,
+            head: None,
         };
         let s = row("waiting", 3).summary(&p).unwrap();
         assert_eq!((s.next, s.version, s.status), (3, 2, RunStatus::Waiting));
