@@ -233,6 +233,7 @@ pub fn show_json(cp: &Checkpoint, history: Option<&[StepRecord]>, stuck: Option<
         "stuck": stuck_json(stuck),
         "parent": steadfast::ParentLink::of(&cp.state),
         "children": steadfast::children_of(cp, history),
+        "spend": cp.spend,
     })
 }
 
@@ -269,6 +270,38 @@ fn step_json(r: &StepRecord) -> Value {
     json!({"index": r.index, "name": r.name, "attempt": r.attempt, "started_at": r.started_at,
            "finished_at": r.finished_at,
            "duration_ms": r.finished_at.unix_millis().saturating_sub(r.started_at.unix_millis())})
+}
+
+/// What a run spent, for people: `tokens 1234 of 200000, usd 0.62 of 5`
+/// (a name with a budget but no spend shows 0), `OVER` after a name past
+/// its budget.
+pub fn spend_text(s: &steadfast::Spend) -> String {
+    let names: std::collections::BTreeSet<&String> =
+        s.spent.keys().chain(s.budget.keys()).collect();
+    names
+        .into_iter()
+        .map(|name| {
+            let spent = s.spent.get(name).copied().unwrap_or(0.0);
+            match s.budget.get(name) {
+                Some(limit) if spent > *limit => {
+                    format!("{name} {} of {} OVER", amount(spent), amount(*limit))
+                }
+                Some(limit) => format!("{name} {} of {}", amount(spent), amount(*limit)),
+                None => format!("{name} {}", amount(spent)),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// An amount: whole numbers without a point, others to six significant
+/// places at most (sums of fractions such as 0.1 + 0.2 show as 0.3).
+pub fn amount(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        return format!("{v:.0}");
+    }
+    let text = format!("{v:.6}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// A size in bytes for people: `512 B`, `1.5 KiB`, `20.0 MiB`.
@@ -379,6 +412,9 @@ pub fn show(
             );
         }
         Some(_) | None => {}
+    }
+    if let Some(spend) = cp.spend.as_ref().filter(|s| !s.is_empty()) {
+        out!("spent     {}", spend_text(spend));
     }
     if let Some(p) = steadfast::ParentLink::of(&cp.state) {
         out!("parent    {} (step {})", clean(&p.run), clean(&p.step));

@@ -431,3 +431,33 @@ async fn a_durable_function_stops_at_the_budget_before_its_next_step() -> TestRe
     assert_eq!(spent(&store, "r", "tokens").await, 1800.0);
     Ok(())
 }
+
+#[tokio::test]
+async fn metrics_count_spend_per_workflow() -> TestResult {
+    let store = MemoryStore::new();
+    let wf = Workflow::builder("metrics-spender \"quoted\"")
+        .step("a", |_, _| async {
+            update(json!({"__spend": {"usd": 0.5}}))
+        })
+        .step("b", |ctx: StepCtx, _| async move {
+            ctx.spend("usd", 0.25)
+                .map_err(StepError::terminal)?
+                .saved()
+                .await
+                .map_err(StepError::terminal)?;
+            update(json!({}))
+        })
+        .build()?;
+    Runner::new(&store).run("r", &wf).await?;
+    let m = steadfast_core::metrics::snapshot();
+    let key = ("metrics-spender \"quoted\"".to_string(), "usd".to_string());
+    assert_eq!(m.spend.get(&key), Some(&0.75));
+    let text = m.prometheus();
+    assert!(
+        text.contains(
+            "steadfast_spend_total{workflow=\"metrics-spender \\\"quoted\\\"\",name=\"usd\"} 0.75"
+        ),
+        "{text}"
+    );
+    Ok(())
+}

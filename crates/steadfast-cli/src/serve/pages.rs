@@ -155,7 +155,7 @@ pub(crate) fn runs(
                 p.muted { "No runs match." }
             } @else {
                 table {
-                    thead { tr { th { "Run" } th { "Workflow" } th { "Status" } th { "Steps done" } th { "Updated" } th { "Stuck" } } }
+                    thead { tr { th { "Run" } th { "Workflow" } th { "Status" } th { "Steps done" } th { "Updated" } th { "Spent" } th { "Stuck" } } }
                     tbody {
                         @for (r, s) in rows {
                             tr {
@@ -164,6 +164,7 @@ pub(crate) fn runs(
                                 td { (badge(r.status)) }
                                 td { (r.next) }
                                 td { (r.updated_at.to_string()) }
+                                td.spend { (r.spend.as_ref().map(crate::output::spend_text).unwrap_or_default()) }
                                 td { (stuck_label(s.as_ref())) }
                             }
                         }
@@ -388,6 +389,9 @@ pub(crate) fn run(
                 }
                 @if let Some(s) = stuck {
                     dt { "Stuck" } dd.stuck { (s.to_string()) }
+                }
+                @if let Some(sp) = cp.spend.as_ref().filter(|sp| !sp.is_empty()) {
+                    dt { "Spent" } dd.spend { (crate::output::spend_text(sp)) }
                 }
                 @if let Some(p) = steadfast::ParentLink::of(&cp.state) {
                     dt { "Parent" } dd { a.parent href={ "/runs/" (seg(&p.run)) } { (p.run) } " (step " (p.step) ")" }

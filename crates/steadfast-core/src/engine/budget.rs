@@ -45,6 +45,7 @@ pub(crate) async fn serve<S: Store + ?Sized>(
         }
         Ok(()) => match s.save_head(r).await {
             Ok(()) => {
+                crate::engine::metrics::spent(&s.cp.workflow, &report.amounts);
                 let mut t = line.tally();
                 for (k, v) in &report.amounts {
                     *t.saved.entry(k.clone()).or_insert(0.0) += v;
@@ -76,6 +77,7 @@ pub(crate) fn charge_ending(
         if let Err(reason) = cp.spend.get_or_insert_with(Spend::default).charge(&unsaved) {
             tracing::warn!(run_id = %cp.run_id, %reason, "a step's spend could not be charged");
             cp.spend = before.clone();
+            return (before, BTreeMap::new(), whole);
         }
     }
     (before, unsaved, whole)

@@ -889,6 +889,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                         span.record("outcome", "unsaved");
                         return Err(e);
                     }
+                    crate::engine::metrics::spent(&s.cp.workflow, &unsaved);
                     span.record("outcome", "completed");
                     crate::engine::metrics::step_completed();
                     s.cursor = s.cp.next;
@@ -908,7 +909,8 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 // A failed attempt is charged for what it reported, with the
                 // record of its failure (a branch's, with its group's).
                 let mut s = self.shared.session.lock().await;
-                let _ = crate::engine::budget::charge_ending(&mut s.cp, &line);
+                let (_, unsaved, _) = crate::engine::budget::charge_ending(&mut s.cp, &line);
+                crate::engine::metrics::spent(&s.cp.workflow, &unsaved);
             }
             crate::engine::metrics::step_failed();
             if how.branch.is_some() {

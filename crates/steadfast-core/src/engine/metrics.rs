@@ -9,8 +9,10 @@
 //! assert!(m.prometheus().contains("steadfast_steps_executed_total"));
 //! ```
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// The upper bounds of the save-latency buckets, in milliseconds.
@@ -45,9 +47,16 @@ static C: Counters = Counters {
     buckets: [ZERO; SAVE_BUCKETS_MS.len() + 1],
 };
 
+/// The most (workflow, name) pairs of spend the counters keep; charges of
+/// further pairs are counted under the workflow `other`.
+pub const MAX_SPEND_SERIES: usize = 1000;
+
+/// Spend charged by this process's run loops, per workflow and name.
+static SPEND: Mutex<BTreeMap<(String, String), f64>> = Mutex::new(BTreeMap::new());
+
 /// What the counters read at one moment. Counts only grow, from the start
 /// of the process.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct Metrics {
     /// Step attempts started (a retry counts again).
@@ -74,6 +83,10 @@ pub struct Metrics {
     /// Saves that took at most each bound of [`SAVE_BUCKETS_MS`] (not
     /// cumulative), then those that took longer.
     pub save_buckets: Vec<u64>,
+    /// Spend charged to runs by this process, per (workflow, name): what
+    /// steps reported with [`StepCtx::spend`](crate::StepCtx::spend) or in
+    /// their updates, at most [`MAX_SPEND_SERIES`] pairs.
+    pub spend: BTreeMap<(String, String), f64>,
 }
 
 /// The counters now.
@@ -89,6 +102,7 @@ pub fn snapshot() -> Metrics {
         save_errors: C.save_errors.load(Relaxed),
         save_micros: C.save_micros.load(Relaxed),
         save_buckets: C.buckets.iter().map(|b| b.load(Relaxed)).collect(),
+        spend: SPEND.lock().unwrap_or_else(|p| p.into_inner()).clone(),
     }
 }
 
@@ -155,7 +169,41 @@ impl Metrics {
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
         let _ = writeln!(out, "{name}_sum {}", self.save_micros as f64 / 1e6);
         let _ = writeln!(out, "{name}_count {}", self.saves);
+        if !self.spend.is_empty() {
+            let name = "steadfast_spend_total";
+            let _ = writeln!(
+                out,
+                "# HELP {name} Spend steps reported, charged to runs by this process.\n# TYPE {name} counter"
+            );
+            for ((workflow, what), v) in &self.spend {
+                let _ = writeln!(
+                    out,
+                    "{name}{{workflow=\"{}\",name=\"{}\"}} {v}",
+                    label(workflow),
+                    label(what)
+                );
+            }
+        }
         out
+    }
+}
+
+/// A label value in the text format: backslash, quote and newline escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Books `amounts` charged to a run of `workflow`.
+pub(crate) fn spent(workflow: &str, amounts: &BTreeMap<String, f64>) {
+    let mut m = SPEND.lock().unwrap_or_else(|p| p.into_inner());
+    for (what, v) in amounts {
+        let mut key = (workflow.to_string(), what.clone());
+        if !m.contains_key(&key) && m.len() >= MAX_SPEND_SERIES {
+            key.0 = "other".into();
+        }
+        *m.entry(key).or_insert(0.0) += v;
     }
 }
 
