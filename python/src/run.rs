@@ -146,6 +146,30 @@ impl PyStepCtx {
         self.inner.emit(value).map_err(|e| crate::errors::err(&e))
     }
 
+    /// Reports that this attempt spent `amount` of `what`: added to the
+    /// run's spend and saved in its record as the step goes on (at the
+    /// latest with its checkpoint); past a budget, the run stops at its
+    /// `budget` gate before its next step.
+    fn spend(&self, what: &str, amount: &Bound<'_, PyAny>) -> PyResult<()> {
+        use pyo3::types::{PyBool, PyFloat, PyInt};
+        if amount.is_instance_of::<PyBool>()
+            || !(amount.is_instance_of::<PyInt>() || amount.is_instance_of::<PyFloat>())
+        {
+            return Err(InvalidInput::new_err(format!(
+                "ctx.spend({what:?}, ...): the amount is not a number"
+            )));
+        }
+        let amount: f64 = amount.extract()?;
+        // Not waited for: the step's function may run in the very poll that
+        // saves the report (its first poll on a blocking thread).
+        drop(
+            self.inner
+                .spend(what, amount)
+                .map_err(|e| crate::errors::err(&e))?,
+        );
+        Ok(())
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "StepContext(run_id={:?}, step={:?}, index={}, attempt={})",
@@ -285,20 +309,33 @@ fn input_arg(input: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Value>> {
 }
 
 /// Options of one run call.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct RunOpts {
     accept_changed: bool,
     wait_for_timers: bool,
+    /// Budgets of a run that has none yet.
+    budget: Option<std::collections::BTreeMap<String, f64>>,
     /// The run's lease, as `steadfast run --lease` takes it: another process
     /// running the same run meanwhile gets `Held`. None: no lease.
     lease: Option<Duration>,
 }
 
 impl RunOpts {
-    fn new(accept_changed: bool, wait_for_timers: bool, lease: Option<f64>) -> PyResult<Self> {
+    fn new(
+        accept_changed: bool,
+        wait_for_timers: bool,
+        lease: Option<f64>,
+        budget: Option<std::collections::BTreeMap<String, f64>>,
+    ) -> PyResult<Self> {
+        if let Some(b) = &budget {
+            steadfast::Spend::with_budget(b.clone())
+                .check()
+                .map_err(|r| InvalidInput::new_err(format!("the budget: {r}")))?;
+        }
         Ok(RunOpts {
             accept_changed,
             wait_for_timers,
+            budget,
             lease: opt_ranged("the lease", lease, limits::LEASE)?,
         })
     }
@@ -308,6 +345,10 @@ fn runner<'s>(store: &'s Arc<dyn Store>, o: RunOpts) -> Runner<'s, Arc<dyn Store
     let r = Runner::new(store)
         .accept_changed_workflow(o.accept_changed)
         .wait_for_timers(o.wait_for_timers);
+    let r = match o.budget {
+        Some(b) => r.budget(b),
+        None => r,
+    };
     match o.lease {
         Some(ttl) => r.lease(steadfast::current_owner(), ttl),
         None => r,
@@ -347,7 +388,7 @@ fn outcome_tuple(py: Python<'_>, o: Outcome<Value>) -> PyResult<Py<PyAny>> {
 
 /// Starts or resumes a listed workflow; an awaitable of the outcome tuple.
 #[pyfunction]
-#[pyo3(signature = (event_loop, invoke, run_id, name, steps, store, input=None, accept_changed=false, wait_for_timers=false, lease=None))]
+#[pyo3(signature = (event_loop, invoke, run_id, name, steps, store, input=None, accept_changed=false, wait_for_timers=false, lease=None, budget=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn run_workflow<'py>(
     event_loop: Py<PyAny>,
@@ -360,12 +401,13 @@ pub fn run_workflow<'py>(
     accept_changed: bool,
     wait_for_timers: bool,
     lease: Option<f64>,
+    budget: Option<std::collections::BTreeMap<String, f64>>,
 ) -> PyResult<Pending> {
     let caller = Caller::new(event_loop, invoke);
     let wf = build(&name, steps, &caller)?;
     let input = input_arg(input)?;
     let store = Arc::clone(&store.inner);
-    let opts = RunOpts::new(accept_changed, wait_for_timers, lease)?;
+    let opts = RunOpts::new(accept_changed, wait_for_timers, lease, budget)?;
     Ok(spawn(async move {
         if let Some(input) = input {
             if let Err(e) = start_if_new(&store, &run_id, |s| {
@@ -719,7 +761,7 @@ fn on_timeout_arg(name: &str, s: Option<&str>) -> PyResult<OnTimeout> {
 /// `body(ctx)` returns the function's coroutine, made on the blocking
 /// thread that starts the run (see `spawn_first_here`).
 #[pyfunction]
-#[pyo3(signature = (event_loop, invoke, run_id, name, body, store, input=None, accept_changed=false, wait_for_timers=false, lease=None))]
+#[pyo3(signature = (event_loop, invoke, run_id, name, body, store, input=None, accept_changed=false, wait_for_timers=false, lease=None, budget=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn run_durable<'py>(
     event_loop: Py<PyAny>,
@@ -732,12 +774,13 @@ pub fn run_durable<'py>(
     accept_changed: bool,
     wait_for_timers: bool,
     lease: Option<f64>,
+    budget: Option<std::collections::BTreeMap<String, f64>>,
 ) -> PyResult<Pending> {
     let caller = Caller::new(event_loop, invoke);
     let outer = caller.clone();
     let input = input_arg(input)?;
     let store = Arc::clone(&store.inner);
-    let opts = RunOpts::new(accept_changed, wait_for_timers, lease)?;
+    let opts = RunOpts::new(accept_changed, wait_for_timers, lease, budget)?;
     let raised = Arc::new(Mutex::new(Raised::default()));
     Ok(spawn_first_here(
         crate::pending::Abort::default(),

@@ -521,6 +521,19 @@ class DurableContext:
             raise InvalidInput("ctx.emit is called outside a step: call it inside the function given to ctx.step")
         step.emit(value)
 
+    def spend(self, what: str, amount: float) -> None:
+        """Reports, from inside a step's function, that this attempt spent
+        ``amount`` of ``what`` (``"tokens"``, ``"usd"``): see
+        :meth:`StepContext.spend`. Raises :class:`InvalidInput` for a name or
+        amount out of range or a call outside a step's function.
+        """
+        step = _CURRENT_STEP.get()
+        if step is None:
+            raise InvalidInput("ctx.spend is called outside a step: call it inside the function given to ctx.step")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+            raise InvalidInput(f"ctx.spend: the amount {amount!r} is not a number")
+        step.spend(what, float(amount))
+
 
 class Durable:
     """A durable function, made by :func:`durable`."""
@@ -539,6 +552,7 @@ class Durable:
     async def run_async(
         self, run_id: str, store: Store, input: JSON = None, *, accept_changed: bool = False,
         wait_for_timers: bool = False, lease: Optional[float] = None,
+        budget: Optional[Dict[str, float]] = None,
     ) -> Outcome:
         """Starts or resumes run ``run_id``; see :func:`run_async`."""
         loop = asyncio.get_running_loop()
@@ -556,7 +570,8 @@ class Durable:
 
         t = await _wait(
             _native.run_durable(
-                loop, _invoke, run_id, self.name, body, store, input, accept_changed, wait_for_timers, lease
+                loop, _invoke, run_id, self.name, body, store, input, accept_changed, wait_for_timers, lease,
+                _budget(budget),
             )
         )
         return _outcome(t)
@@ -591,6 +606,7 @@ async def run_async(
     accept_changed: bool = False,
     wait_for_timers: bool = False,
     lease: Optional[float] = None,
+    budget: Optional[Dict[str, float]] = None,
 ) -> Outcome:
     """Starts or resumes run ``run_id`` of ``workflow`` on ``store``.
 
@@ -610,10 +626,18 @@ async def run_async(
     lease (the default, as in the Rust library) two processes on one run both
     run steps and the slower one fails with :class:`Conflict` at its next
     checkpoint: nothing is lost, but a step may run twice.
+
+    ``budget`` (``{"tokens": 200000, "usd": 5}``) is recorded with a run
+    that has none yet: once the spend its steps report with
+    :meth:`StepContext.spend` (or :meth:`DurableContext.spend`) passes one,
+    the run stops at its ``budget`` gate before its next step (a waiting
+    outcome, gate ``"budget"``) until :func:`approve` grants more
+    (``data={"usd": 10}`` adds 10) or :func:`reject` ends it.
     """
     if isinstance(workflow, Durable):
         return await workflow.run_async(
-            run_id, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers, lease=lease
+            run_id, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers, lease=lease,
+            budget=budget,
         )
     if not isinstance(workflow, Workflow):
         raise TypeError(f"run: expected a Workflow or a durable function, not {type(workflow).__name__}")
@@ -621,7 +645,7 @@ async def run_async(
     t = await _wait(
         _native.run_workflow(
             loop, _invoke, run_id, workflow.name, workflow._steps, store, input, accept_changed, wait_for_timers,
-            lease,
+            lease, _budget(budget),
         )
     )
     return _outcome(t)
@@ -636,6 +660,7 @@ def run(
     accept_changed: bool = False,
     wait_for_timers: bool = False,
     lease: Optional[float] = None,
+    budget: Optional[Dict[str, float]] = None,
 ) -> Outcome:
     """Starts or resumes a run and waits for it: :func:`run_async` on an event loop of its own.
 
@@ -644,9 +669,23 @@ def run(
     return _sync(
         run_async(
             run_id, workflow, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers,
-            lease=lease,
+            lease=lease, budget=budget,
         )
     )
+
+
+def _budget(budget: Optional[Dict[str, float]]) -> Optional[Dict[str, float]]:
+    """A budget as the engine takes it: names and floats (a bool is no amount)."""
+    if budget is None:
+        return None
+    if not isinstance(budget, dict):
+        raise InvalidInput(f"the budget is a dict of names and amounts, not {type(budget).__name__}")
+    out: Dict[str, float] = {}
+    for name, amount in budget.items():
+        if not isinstance(name, str) or isinstance(amount, bool) or not isinstance(amount, (int, float)):
+            raise InvalidInput(f"the budget: {name!r}: {amount!r} is not a name and a number")
+        out[name] = float(amount)
+    return out
 
 
 def _sync(coro: Awaitable[Outcome]) -> Outcome:

@@ -1,0 +1,106 @@
+"""Spend and budgets from Python, on every store: ``ctx.spend`` in sync and
+async step functions of listed workflows and durable functions, charged once
+per completed step; a run past its budget stops at its ``budget`` gate."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import steadfast
+
+
+def test_listed_and_durable_steps_report_spend_once(store):
+    wf = steadfast.Workflow("agent")
+    calls = []
+
+    @wf.step("ask")
+    def ask(ctx, state):
+        calls.append("ask")
+        ctx.spend("tokens", 1200)
+        ctx.spend("usd", 0.02)
+        return {"answer": 42}
+
+    @wf.step("tool")
+    async def tool(ctx, state):
+        calls.append("tool")
+        await asyncio.sleep(0)
+        ctx.spend("tokens", 300)
+        return {"tool": True}
+
+    out = steadfast.run("r", wf, store)
+    assert out.completed, out
+    spend = steadfast.show(store, "r")["spend"]
+    assert spend["spent"] == {"tokens": 1500.0, "usd": 0.02}
+    # Replayed: nothing runs, nothing is charged again.
+    assert steadfast.run("r", wf, store).completed
+    assert calls == ["ask", "tool"]
+    assert steadfast.show(store, "r")["spend"] == spend
+    history = steadfast.history(store, "r")
+    assert history[0]["update"]["__spend"]["spent"] == {"tokens": 1200.0, "usd": 0.02}
+    summary = [r for r in steadfast.runs(store) if r["run_id"] == "r"][0]
+    assert summary["spend"]["spent"]["tokens"] == 1500.0
+
+    @steadfast.durable("loop")
+    async def loop(ctx):
+        total = 0
+        for i in range(3):
+
+            def call(i=i):
+                ctx.spend("tokens", 100 * (i + 1))
+                return i
+
+            total += await ctx.step(ctx.numbered("call"), call)
+        return total
+
+    assert loop.run("d", store).value == 3
+    assert steadfast.show(store, "d")["spend"]["spent"] == {"tokens": 600.0}
+
+
+def test_a_budget_stops_the_run_until_approved_or_rejected(store):
+    wf = steadfast.Workflow("spender")
+    ran = []
+    for name in ["a", "b", "c"]:
+
+        @wf.step(name)
+        def step(ctx, state, name=name):
+            ran.append(name)
+            ctx.spend("usd", 1)
+            return {name: True}
+
+    out = steadfast.run("r", wf, store, budget={"usd": 1.5})
+    assert out.waiting and out.gate == "budget", out
+    assert ran == ["a", "b"]
+    with pytest.raises(steadfast.InvalidInput):
+        steadfast.approve(store, "r", "budget", {"usd": "more"})
+    steadfast.approve(store, "r", "budget", {"usd": 5}, by="ada")
+    assert steadfast.run("r", wf, store).completed
+    assert ran == ["a", "b", "c"]
+    spend = steadfast.show(store, "r")["spend"]
+    assert spend == {"spent": {"usd": 3.0}, "budget": {"usd": 6.5}}
+
+    out = steadfast.run("x", wf, store, budget={"usd": 0.5})
+    assert out.waiting and out.gate == "budget"
+    steadfast.reject(store, "x", "budget", "too dear")
+    assert steadfast.run("x", wf, store).rejected
+
+
+def test_bad_spend_and_budgets_are_refused(memory_store):
+    wf = steadfast.Workflow("bad")
+    seen = []
+
+    @wf.step("s")
+    def s(ctx, state):
+        for what, amount in [("usd", -1), ("usd", float("nan")), ("", 1), ("a b", 1), ("usd", True)]:
+            with pytest.raises(steadfast.InvalidInput):
+                ctx.spend(what, amount)
+            seen.append(what)
+        return {}
+
+    assert steadfast.run("r", wf, memory_store).completed
+    assert len(seen) == 5
+    assert steadfast.show(memory_store, "r").get("spend") is None
+    for budget in [{"usd": -1}, {"usd": "1"}, {"": 1}, ["usd"], {"usd": float("inf")}]:
+        with pytest.raises(steadfast.InvalidInput):
+            steadfast.run("b", wf, memory_store, budget=budget)
