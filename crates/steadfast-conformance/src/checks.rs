@@ -1205,3 +1205,150 @@ pub async fn history_rewrite_is_guarded_by_the_version(ts: TestStore) -> CheckRe
     );
     Ok(())
 }
+
+/// Shared documents are compare-and-swap like runs: a fresh write expects
+/// none, each write bumps the version by one, a stale write or delete
+/// changes nothing; listing by prefix is in key order; documents are not
+/// runs; a key or value the store could not read back is refused and
+/// leaves nothing; concurrent writers lose no update.
+pub async fn documents_are_compare_and_swap(ts: TestStore) -> CheckResult {
+    let store = &*ts.store;
+    let docs = steadfast_core::store::documents_of(store)?;
+    ensure!(
+        docs.get_document("limit:a").await?.is_none(),
+        "a document before any write"
+    );
+    let v1 = docs
+        .put_document("limit:a", &json!({"size": 2}), None)
+        .await?;
+    ensure!(v1 == 1, "first version {v1}");
+    let again = docs
+        .put_document("limit:a", &json!({"size": 3}), None)
+        .await;
+    ensure!(is_conflict(&again), "a second fresh write: {again:?}");
+    let v2 = docs
+        .put_document(
+            "limit:a",
+            &json!({"size": 3, "held": [{"run": "r"}]}),
+            Some(1),
+        )
+        .await?;
+    ensure!(v2 == 2, "second version {v2}");
+    let stale = docs
+        .put_document("limit:a", &json!({"size": 9}), Some(1))
+        .await;
+    ensure!(is_conflict(&stale), "a stale write: {stale:?}");
+    let got = docs
+        .get_document("limit:a")
+        .await?
+        .ok_or("the document is gone")?;
+    ensure!(
+        got.version == 2 && got.value == json!({"size": 3, "held": [{"run": "r"}]}),
+        "read back {got:?}"
+    );
+    for key in ["limit:c", "limit:b", "limiter", "other:a", "limit:\u{e9}"] {
+        docs.put_document(
+            key,
+            &json!({"k": key, "n": 12345678901234567_u64, "f": 0.1}),
+            None,
+        )
+        .await?;
+    }
+    let listed: Vec<String> = docs
+        .list_documents("limit:")
+        .await?
+        .into_iter()
+        .map(|d| d.key)
+        .collect();
+    ensure!(
+        listed == ["limit:a", "limit:b", "limit:c", "limit:\u{e9}"],
+        "listed {listed:?}"
+    );
+    let b = docs.get_document("limit:b").await?.ok_or("limit:b")?;
+    ensure!(
+        b.value == json!({"k": "limit:b", "n": 12345678901234567_u64, "f": 0.1}),
+        "numbers changed: {:?}",
+        b.value
+    );
+    ensure!(
+        store.list(&ListFilter::new()).await?.is_empty(),
+        "documents listed as runs"
+    );
+    ensure!(
+        store.load("limit:a").await?.is_none(),
+        "a document loaded as a run"
+    );
+    for (key, value) in [
+        ("", json!({})),
+        ("bad\u{7}key", json!({})),
+        (&"k".repeat(201)[..], json!({})),
+        ("limit:bad", json!([1])),
+        ("limit:bad", json!({"deep": deep(200)})),
+        ("limit:bad", json!({"big": "x".repeat(300 * 1024)})),
+    ] {
+        let r = docs.put_document(key, &value, None).await;
+        ensure!(
+            matches!(&r, Err(e) if matches!(e.kind(), StoreErrorKind::InvalidInput | StoreErrorKind::TooLarge)),
+            "{key:?}: expected a refusal, got {r:?}"
+        );
+    }
+    ensure!(
+        docs.get_document("limit:bad").await?.is_none(),
+        "a refused write left a document"
+    );
+    ensure!(!docs.delete_document("limit:a", 1).await?, "a stale delete");
+    ensure!(
+        docs.get_document("limit:a").await?.is_some(),
+        "a stale delete removed it"
+    );
+    ensure!(
+        docs.delete_document("limit:a", 2).await?,
+        "a delete at the version"
+    );
+    ensure!(
+        docs.get_document("limit:a").await?.is_none(),
+        "deleted, still there"
+    );
+    ensure!(
+        !docs.delete_document("limit:a", 2).await?,
+        "a delete of nothing"
+    );
+
+    // Eight writers add one each, twenty times, by read and compare-and-swap.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let store = Arc::clone(&ts.store);
+        tasks.push(tokio::spawn(async move {
+            let docs = steadfast_core::store::documents_of(&*store).map_err(|e| e.to_string())?;
+            for _ in 0..20 {
+                loop {
+                    let cur = docs
+                        .get_document("counter")
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let (n, v) = cur.map_or((0, None), |d| {
+                        (d.value["n"].as_u64().unwrap_or(0), Some(d.version))
+                    });
+                    match docs.put_document("counter", &json!({"n": n + 1}), v).await {
+                        Ok(_) => break,
+                        Err(e) if e.kind() == StoreErrorKind::Conflict => continue,
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+            }
+            Ok::<(), String>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let counter = docs
+        .get_document("counter")
+        .await?
+        .ok_or("the counter is gone")?;
+    ensure!(
+        counter.value == json!({"n": 160}) && counter.version == 160,
+        "lost updates: {counter:?}"
+    );
+    Ok(())
+}

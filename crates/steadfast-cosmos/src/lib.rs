@@ -49,7 +49,9 @@ use steadfast_core::store::rows::{
     no_row_to_fold, rebuild, still_merged, Fields, HistoryRow, Place, RecordRow,
 };
 use steadfast_core::store::{check_head, encode_head, DueRequest, Rewrite, RunCache, SaveRequest};
-use steadfast_core::{Capabilities, Events, History, NewEvent, RunEvent, Schedule, Timestamp};
+use steadfast_core::{
+    Capabilities, Document, Documents, Events, History, NewEvent, RunEvent, Schedule, Timestamp,
+};
 use steadfast_core::{
     Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError, StoreErrorKind,
 };
@@ -1205,6 +1207,158 @@ impl CosmosStore {
     }
 }
 
+/// The partition of document `key`: `d~` and the key encoded as a run id
+/// is (an encoded run id has no `~` of its own, so no run shares it).
+fn doc_partition(key: &str) -> String {
+    format!("d~{}", encode_run_id(key))
+}
+
+/// Each document is one item, `doc`, in a partition of its own; a write
+/// replaces it under its ETag.
+#[async_trait]
+impl Documents for CosmosStore {
+    async fn get_document(&self, key: &str) -> Result<Option<Document>, StoreError> {
+        let item = self.read_item(&doc_partition(key), "doc", key).await?;
+        item.map(|v| self.document_of(key, &v).map(|(d, _)| d))
+            .transpose()
+    }
+
+    async fn put_document(
+        &self,
+        key: &str,
+        value: &Value,
+        expected: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        steadfast_core::store::check_document(key, value)?;
+        // Kept as JSON text, so that numbers come back exact.
+        let text = steadfast_core::store::encode_json(value, key, "document")?;
+        let pk = doc_partition(key);
+        let version = expected.map_or(1, |v| v + 1);
+        let item = json!({
+            "id": "doc", "pk": pk, "kind": "document", "key": key,
+            "value": text, "version": version,
+        });
+        let body = serde_json::to_vec(&item).unwrap_or_default();
+        let what = format!("writing document {key:?} to {}", self.shared.display);
+        let conflict = |found: Option<u64>| StoreError::Conflict {
+            run_id: key.to_string(),
+            expected,
+            found,
+        };
+        let a = match expected {
+            None => self
+                .post_docs(
+                    Some(&pk),
+                    vec![("content-type", "application/json".into())],
+                    body,
+                )
+                .await
+                .map_err(|f| failure_error(f, &what, key, true))?,
+            Some(v) => {
+                let Some(stored) = self.read_item(&pk, "doc", key).await? else {
+                    return Err(conflict(None));
+                };
+                let (doc, etag) = self.document_of(key, &stored)?;
+                if doc.version != v {
+                    return Err(conflict(Some(doc.version)));
+                }
+                let c = &self.shared.client;
+                let link = format!("{}/docs/doc", c.coll_link());
+                c.send(
+                    Method::PUT,
+                    "docs",
+                    &link,
+                    &link,
+                    &[
+                        Self::pk_header(&pk),
+                        ("content-type", "application/json".into()),
+                        ("if-match", etag),
+                    ],
+                    Some(body),
+                )
+                .await
+                .map_err(|f| failure_error(f, &what, key, true))?
+            }
+        };
+        match a.status.as_u16() {
+            200 | 201 => Ok(version),
+            409 | 412 => {
+                let found = self
+                    .get_document(key)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|d| d.version);
+                Err(conflict(found))
+            }
+            _ => Err(answer_error(&a, &what, key, true)),
+        }
+    }
+
+    async fn list_documents(&self, prefix: &str) -> Result<Vec<Document>, StoreError> {
+        let items = self
+            .query(
+                None,
+                prefix,
+                "SELECT * FROM c WHERE c.kind = 'document'",
+                json!([]),
+            )
+            .await?;
+        let mut out = Vec::new();
+        for item in &items {
+            let key = item.get("key").and_then(Value::as_str).unwrap_or_default();
+            if key.starts_with(prefix) {
+                out.push(self.document_of(key, item)?.0);
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    async fn delete_document(&self, key: &str, expected: u64) -> Result<bool, StoreError> {
+        let pk = doc_partition(key);
+        let Some(stored) = self.read_item(&pk, "doc", key).await? else {
+            return Ok(false);
+        };
+        let (doc, etag) = self.document_of(key, &stored)?;
+        if doc.version != expected {
+            return Ok(false);
+        }
+        self.delete_item(&pk, "doc", key, Some(&etag)).await
+    }
+}
+
+impl CosmosStore {
+    /// A document item read back, with its ETag: a key, value or version
+    /// that a write would not have made is corrupt.
+    fn document_of(&self, key: &str, item: &Value) -> Result<(Document, String), StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt {
+            location: format!("{} document {key:?}", self.shared.display),
+            reason,
+        };
+        if item.get("key").and_then(Value::as_str) != Some(key) {
+            return Err(corrupt("the item names another key".into()));
+        }
+        let text = item
+            .get("value")
+            .and_then(Value::as_str)
+            .ok_or_else(|| corrupt("no value text".into()))?;
+        let value: Value = serde_json::from_str(text).map_err(|e| corrupt(e.to_string()))?;
+        steadfast_core::store::check_document(key, &value).map_err(|e| corrupt(e.to_string()))?;
+        let version = item
+            .get("version")
+            .and_then(Value::as_u64)
+            .filter(|v| *v > 0)
+            .ok_or_else(|| corrupt("no version".into()))?;
+        let etag = item
+            .get("_etag")
+            .and_then(Value::as_str)
+            .ok_or_else(|| corrupt("no ETag".into()))?
+            .to_string();
+        Ok((Document::new(key, value, version), etag))
+    }
+}
+
 /// Each append is one transactional batch in the run's partition: the log
 /// item moved on (created, or replaced under its ETag) and one item per
 /// event, so an append is written whole or not at all, and two racing
@@ -1494,6 +1648,7 @@ impl Store for CosmosStore {
             .history(self)
             .schedule(self)
             .events(self)
+            .documents(self)
             .max_state_bytes(self.shared.opts.max_state_bytes)
             .blobs(self)
     }

@@ -4,7 +4,9 @@
 //! (or a value that looks like a reference is escaped), format 3, the same
 //! layout whose values may be references (`{"$blob": "sha256:…", "bytes":
 //! N}`, the blob in the directory beside the file); format 4 adds `"events":
-//! {run_id: [event, ...]}`, each run's event log; and its strict decoder.
+//! {run_id: [event, ...]}`, each run's event log; format 5 adds
+//! `"documents": {key: {"value": {...}, "version": N}}`, the shared
+//! documents; and its strict decoder.
 //! Anything it cannot account for is `Corrupt`, with a location.
 
 use std::collections::BTreeMap;
@@ -13,16 +15,18 @@ use std::path::Path;
 
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
-use steadfast_core::store::image::RunImage;
+use steadfast_core::store::image::{RunImage, StoredDocument};
 use steadfast_core::{Checkpoint, NewEvent, RunEvent, StepRecord, StoreError};
 
-/// The newest version of the file layout this build writes and reads: 4,
-/// which holds event logs. A file without history is written as version 1,
-/// one without references or escaped values as version 2, one without
-/// events as version 3 (whose values may refer to blobs), which older
-/// builds read; they refuse version 3 and 4, and so never take a reference
-/// for the value it stands for, nor drop a run's events.
-pub const FILE_FORMAT: u32 = 4;
+/// The newest version of the file layout this build writes and reads: 5,
+/// which holds shared documents (concurrency limits, rate buckets). A file
+/// without history is written as version 1, one without references or
+/// escaped values as version 2, one without events as version 3 (whose
+/// values may refer to blobs), one without documents as version 4, which
+/// older builds read; they refuse the versions after theirs, and so never
+/// take a reference for the value it stands for, nor drop a run's events
+/// or a limit's holders.
+pub const FILE_FORMAT: u32 = 5;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -44,6 +48,9 @@ pub(crate) struct Image {
         deserialize_with = "unique_events"
     )]
     pub(crate) events: BTreeMap<String, Vec<RunEvent>>,
+    /// Shared documents by key (format 5).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) documents: BTreeMap<String, StoredDocument>,
 }
 
 #[derive(Deserialize)]
@@ -58,6 +65,7 @@ impl Image {
             runs: BTreeMap::new(),
             history: BTreeMap::new(),
             events: BTreeMap::new(),
+            documents: BTreeMap::new(),
         }
     }
 
@@ -71,8 +79,10 @@ impl Image {
             std::mem::take(&mut self.history),
         );
         data.events = std::mem::take(&mut self.events);
+        data.documents = std::mem::take(&mut self.documents);
         let out = change(&mut data);
         self.events = std::mem::take(&mut data.events);
+        self.documents = std::mem::take(&mut data.documents);
         (self.runs, self.history) = data.into_parts();
         out
     }
@@ -81,8 +91,10 @@ impl Image {
     /// written file is itself valid JSON: a torn file can never decode.
     pub(crate) fn encode(&mut self, path: &Path) -> Result<Vec<u8>, StoreError> {
         let marked = self.with(|data| Ok(data.holds_marks())).unwrap_or(true);
-        self.format = if !self.events.is_empty() {
+        self.format = if !self.documents.is_empty() {
             FILE_FORMAT
+        } else if !self.events.is_empty() {
+            4
         } else if marked {
             3
         } else if self.history.is_empty() {
@@ -186,6 +198,20 @@ impl Image {
                 path.display().to_string(),
                 format!("a file of format {} has no events", image.format),
             ));
+        }
+        if image.format < 5 && !image.documents.is_empty() {
+            return Err(corrupt(
+                path.display().to_string(),
+                format!("a file of format {} has no documents", image.format),
+            ));
+        }
+        for (key, doc) in &image.documents {
+            let at = || format!("{} document {key:?}", path.display());
+            steadfast_core::store::check_document(key, &doc.value)
+                .map_err(|e| corrupt(at(), e.to_string()))?;
+            if doc.version == 0 {
+                return Err(corrupt(at(), "version 0 is never stored".into()));
+            }
         }
         for (key, log) in &image.events {
             let at = || format!("{} events of run {key:?}", path.display());

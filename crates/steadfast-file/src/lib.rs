@@ -56,7 +56,10 @@ use steadfast_core::store::blob::{Blob, BlobHash, Resolver};
 use steadfast_core::store::image::Write;
 use steadfast_core::store::rows::Place;
 use steadfast_core::store::{check_size, Rewrite, SaveRequest};
-use steadfast_core::{BlobTotals, Blobs, Capabilities, Events, History, NewEvent, RunEvent, Usage};
+use steadfast_core::{
+    BlobTotals, Blobs, Capabilities, Document, Documents, Events, History, NewEvent, RunEvent,
+    Usage,
+};
 use steadfast_core::{Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError};
 
 pub use crate::fs::{Fs, LockGuard, OsFs, WriteError};
@@ -673,6 +676,7 @@ impl<F: Fs> Store for FileStore<F> {
             .max_state_bytes(self.inner.opts.max_state_bytes)
             .blobs(self)
             .events(self)
+            .documents(self)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -753,6 +757,57 @@ pub const EVENTS_SHARE: u64 = 4;
 /// which batching (at most one append per 100 ms per step) keeps small. The
 /// event logs together may fill at most a quarter of the file's limit
 /// ([`EVENTS_SHARE`]); delete or prune finished runs to make room.
+/// Each write rewrites the file, as a save does.
+#[async_trait]
+impl<F: Fs> Documents for FileStore<F> {
+    async fn get_document(&self, key: &str) -> Result<Option<Document>, StoreError> {
+        let key = key.to_string();
+        self.blocking(None, move |inner| {
+            let mut image = inner.read_image()?;
+            image.with(|data| Ok(data.get_document(&key)))
+        })
+        .await
+    }
+
+    async fn put_document(
+        &self,
+        key: &str,
+        value: &serde_json::Value,
+        expected: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        // Checked before the lock, as a save is.
+        steadfast_core::store::check_document(key, value)?;
+        let (key, value) = (key.to_string(), value.clone());
+        self.blocking(Some(&key.clone()), move |inner| {
+            inner.update(&key.clone(), &[], |image| {
+                let v = image.with(|data| data.put_document(&key, &value, expected))?;
+                Ok((true, v))
+            })
+        })
+        .await
+    }
+
+    async fn list_documents(&self, prefix: &str) -> Result<Vec<Document>, StoreError> {
+        let prefix = prefix.to_string();
+        self.blocking(None, move |inner| {
+            let mut image = inner.read_image()?;
+            image.with(|data| Ok(data.list_documents(&prefix)))
+        })
+        .await
+    }
+
+    async fn delete_document(&self, key: &str, expected: u64) -> Result<bool, StoreError> {
+        let key = key.to_string();
+        self.blocking(Some(&key.clone()), move |inner| {
+            inner.update(&key.clone(), &[], |image| {
+                let gone = image.with(|data| Ok(data.delete_document(&key, expected)))?;
+                Ok((gone, gone))
+            })
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl<F: Fs> Events for FileStore<F> {
     async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {

@@ -55,7 +55,8 @@ use steadfast_core::store::rows::{
 };
 use steadfast_core::store::{encode_head, DueRequest, Rewrite, RunCache, SaveRequest};
 use steadfast_core::{
-    BlobTotals, Blobs, Capabilities, Events, History, NewEvent, RunEvent, Schedule, Usage,
+    BlobTotals, Blobs, Capabilities, Document, Documents, Events, History, NewEvent, RunEvent,
+    Schedule, Usage,
 };
 use steadfast_core::{
     Checkpoint, Clock, ListFilter, RunStatus, RunSummary, StepRecord, Store, StoreError,
@@ -835,6 +836,7 @@ impl Store for PgStore {
             .max_state_bytes(self.shared.opts.max_state_bytes)
             .blobs(self)
             .events(self)
+            .documents(self)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -995,6 +997,133 @@ impl Store for PgStore {
 /// How many times an append that lost a race for its numbers is tried
 /// again before the conflict is returned.
 const EVENT_APPEND_TRIES: usize = 64;
+
+/// Each write is one statement, committed as a save is.
+#[async_trait]
+impl Documents for PgStore {
+    async fn get_document(&self, key: &str) -> Result<Option<Document>, StoreError> {
+        let ctx = || format!("reading document {key:?} in {}", self.shared.display);
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                &format!(
+                    "SELECT value, version FROM {}.documents WHERE key = $1",
+                    self.schema_q()
+                ),
+                &[&key],
+            )
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        row.map(|r| self.document_of(key, r.get(0), r.get(1)))
+            .transpose()
+    }
+
+    async fn put_document(
+        &self,
+        key: &str,
+        value: &serde_json::Value,
+        expected: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        steadfast_core::store::check_document(key, value)?;
+        let text = steadfast_core::store::encode_json(value, key, "document")?;
+        let ctx = || format!("writing document {key:?} in {}", self.shared.display);
+        let s = &self.schema_q();
+        let client = self.client().await?;
+        let n = match expected {
+            None => client
+                .execute(
+                    &format!("INSERT INTO {s}.documents (key, value, version) VALUES ($1, $2, 1) ON CONFLICT (key) DO NOTHING"),
+                    &[&key, &text],
+                )
+                .await,
+            Some(v) => {
+                let v = i64::try_from(v).unwrap_or(i64::MAX - 1);
+                client
+                    .execute(
+                        &format!("UPDATE {s}.documents SET value = $2, version = $3 + 1 WHERE key = $1 AND version = $3"),
+                        &[&key, &text, &v],
+                    )
+                    .await
+            }
+        }
+        .map_err(|e| map_err(e, &ctx()))?;
+        if n == 0 {
+            let found: Option<i64> = client
+                .query_opt(
+                    &format!("SELECT version FROM {s}.documents WHERE key = $1"),
+                    &[&key],
+                )
+                .await
+                .map_err(|e| map_err(e, &ctx()))?
+                .map(|r| r.get(0));
+            return Err(StoreError::Conflict {
+                run_id: key.to_string(),
+                expected,
+                found: found.and_then(|v| u64::try_from(v).ok()),
+            });
+        }
+        Ok(expected.map_or(1, |v| v + 1))
+    }
+
+    async fn list_documents(&self, prefix: &str) -> Result<Vec<Document>, StoreError> {
+        let ctx = || format!("listing documents in {}", self.shared.display);
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT key, value, version FROM {}.documents WHERE starts_with(key, $1) ORDER BY key",
+                    self.schema_q()
+                ),
+                &[&prefix],
+            )
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        rows.iter()
+            .map(|r| self.document_of(r.get::<_, &str>(0), r.get(1), r.get(2)))
+            .collect()
+    }
+
+    async fn delete_document(&self, key: &str, expected: u64) -> Result<bool, StoreError> {
+        let ctx = || format!("deleting document {key:?} in {}", self.shared.display);
+        let client = self.client().await?;
+        let v = i64::try_from(expected).unwrap_or(i64::MAX);
+        let n = client
+            .execute(
+                &format!(
+                    "DELETE FROM {}.documents WHERE key = $1 AND version = $2",
+                    self.schema_q()
+                ),
+                &[&key, &v],
+            )
+            .await
+            .map_err(|e| map_err(e, &ctx()))?;
+        Ok(n > 0)
+    }
+}
+
+impl PgStore {
+    /// The schema's name, quoted for SQL.
+    fn schema_q(&self) -> String {
+        crate::schema::quote(&self.shared.schema)
+    }
+
+    /// A document row read back: a value that is not a JSON object a write
+    /// would take, or a version below 1, is corrupt.
+    fn document_of(&self, key: &str, text: String, version: i64) -> Result<Document, StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt {
+            location: format!("{} documents[{key:?}]", self.shared.display),
+            reason,
+        };
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| corrupt(e.to_string()))?;
+        steadfast_core::store::check_document(key, &value).map_err(|e| corrupt(e.to_string()))?;
+        let version = u64::try_from(version)
+            .ok()
+            .filter(|v| *v > 0)
+            .ok_or_else(|| corrupt(format!("version {version}")))?;
+        Ok(Document::new(key, value, version))
+    }
+}
 
 #[async_trait]
 impl Events for PgStore {

@@ -104,6 +104,14 @@ const MIGRATIONS: &[&str] = &[
         value   text NOT NULL,
         PRIMARY KEY (run_id, seq)
     );",
+    // 4: documents shared by every process on the store (concurrency
+    // limits, rate buckets), each a JSON object with a version for
+    // compare-and-swap.
+    "CREATE TABLE {s}.documents (
+        key     text COLLATE \"C\" PRIMARY KEY,
+        value   text NOT NULL,
+        version bigint NOT NULL
+    );",
 ];
 
 /// The first schema with blobs.

@@ -58,7 +58,10 @@ use steadfast_core::store::head::around_writer;
 use steadfast_core::store::plan::{plan_save_with_blobs, Plan};
 use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow, SummaryRow};
 use steadfast_core::store::{encode_head, Rewrite, RunCache, SaveRequest};
-use steadfast_core::{BlobTotals, Blobs, Capabilities, Events, History, NewEvent, RunEvent, Usage};
+use steadfast_core::{
+    BlobTotals, Blobs, Capabilities, Document, Documents, Events, History, NewEvent, RunEvent,
+    Usage,
+};
 use steadfast_core::{Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError};
 use tokio::sync::oneshot;
 
@@ -638,6 +641,7 @@ impl Store for SqliteStore {
             .max_state_bytes(self.shared.opts.max_state_bytes)
             .blobs(self)
             .events(self)
+            .documents(self)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -799,6 +803,106 @@ impl Store for SqliteStore {
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         self.delete_at(run_id, Some(version)).await
     }
+}
+
+/// Writes go through the writer's next transaction, as saves do.
+#[async_trait]
+impl Documents for SqliteStore {
+    async fn get_document(&self, key: &str) -> Result<Option<Document>, StoreError> {
+        let k = key.to_string();
+        self.read(move |conn, path| {
+            let ctx = || format!("reading document {k:?} in {path}");
+            let row: Option<(String, i64)> = conn
+                .prepare_cached("SELECT value, version FROM documents WHERE key = ?1")
+                .and_then(|mut st| {
+                    st.query_row([&k], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .optional()
+                })
+                .map_err(|e| map_err(e, &ctx()))?;
+            row.map(|(text, version)| document_of(&k, &text, version, path))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn put_document(
+        &self,
+        key: &str,
+        value: &serde_json::Value,
+        expected: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        steadfast_core::store::check_document(key, value)?;
+        let text = steadfast_core::store::encode_json(value, key, "document")?;
+        let (tx, rx) = oneshot::channel();
+        self.submit(Job::Document {
+            key: key.to_string(),
+            value: Some(text),
+            expected,
+            reply: tx,
+        })
+        .await;
+        rx.await.map_err(|_| self.writer_gone_for(key))?
+    }
+
+    async fn list_documents(&self, prefix: &str) -> Result<Vec<Document>, StoreError> {
+        let p = prefix.to_string();
+        self.read(move |conn, path| {
+            let ctx = || format!("listing documents in {path}");
+            let mut st = conn
+                .prepare_cached(
+                    "SELECT key, value, version FROM documents WHERE key >= ?1 ORDER BY key",
+                )
+                .map_err(|e| map_err(e, &ctx()))?;
+            let rows = st
+                .query_map([&p], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })
+                .map_err(|e| map_err(e, &ctx()))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (key, text, version) = row.map_err(|e| map_err(e, &ctx()))?;
+                if !key.starts_with(&p) {
+                    break;
+                }
+                out.push(document_of(&key, &text, version, path)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn delete_document(&self, key: &str, expected: u64) -> Result<bool, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.submit(Job::Document {
+            key: key.to_string(),
+            value: None,
+            expected: Some(expected),
+            reply: tx,
+        })
+        .await;
+        Ok(rx.await.map_err(|_| self.writer_gone_for(key))?? > 0)
+    }
+}
+
+/// A document row read back: a value that is not a JSON object a write
+/// would take, or a version below 1, is corrupt.
+fn document_of(key: &str, text: &str, version: i64, path: &str) -> Result<Document, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        location: format!("{path} documents[{key:?}]"),
+        reason,
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| corrupt(e.to_string()))?;
+    steadfast_core::store::check_document(key, &value).map_err(|e| corrupt(e.to_string()))?;
+    let version = u64::try_from(version)
+        .ok()
+        .filter(|v| *v > 0)
+        .ok_or_else(|| corrupt(format!("version {version}")))?;
+    Ok(Document::new(key, value, version))
 }
 
 #[async_trait]

@@ -150,6 +150,14 @@ const MIGRATIONS: &[&str] = &[
     BEGIN
         DELETE FROM events WHERE run_id = OLD.run_id;
     END;",
+    // 8: documents shared by every process on the store (concurrency
+    // limits, rate buckets), each a JSON object with a version for
+    // compare-and-swap.
+    "CREATE TABLE documents (
+        key     TEXT PRIMARY KEY NOT NULL,
+        value   TEXT NOT NULL,
+        version INTEGER NOT NULL
+    ) WITHOUT ROWID;",
 ];
 
 /// The first schema with blobs.

@@ -103,6 +103,14 @@ pub(crate) enum Job {
         events: Vec<(NewEvent, String)>,
         reply: oneshot::Sender<Result<u64, StoreError>>,
     },
+    /// Writes a shared document (`value` JSON text) at `expected`, or
+    /// deletes it at that version (`value` none).
+    Document {
+        key: String,
+        value: Option<String>,
+        expected: Option<u64>,
+        reply: oneshot::Sender<Result<u64, StoreError>>,
+    },
     /// Reads durability settings back from the live write connection.
     Settings {
         reply: oneshot::Sender<Result<crate::Settings, StoreError>>,
@@ -476,6 +484,16 @@ fn commit_batch(
                 broken = broken.or_else(|| breaks(&result));
                 (run_id, answer(reply, result))
             }
+            Job::Document {
+                key,
+                value,
+                expected,
+                reply,
+            } => {
+                let result = apply_document(conn, &key, value.as_deref(), expected, path);
+                broken = broken.or_else(|| breaks(&result));
+                (key, answer(reply, result))
+            }
             Job::Settings { .. } => unreachable!("settings jobs were answered above"),
         };
         replies.push((run_id, reply));
@@ -533,6 +551,7 @@ fn fail(job: Job, err: &StoreError) {
         Job::Save(s) => drop(s.reply.send(Err(copy()))),
         Job::Delete { reply, .. } | Job::Rewrite { reply, .. } => drop(reply.send(Err(copy()))),
         Job::Events { reply, .. } => drop(reply.send(Err(copy()))),
+        Job::Document { reply, .. } => drop(reply.send(Err(copy()))),
         Job::Settings { reply } => drop(reply.send(Err(copy()))),
     }
 }
@@ -1024,6 +1043,53 @@ fn apply_events(
             .map_err(|err| map_err(err, &ctx()))?;
     }
     Ok(seq as u64)
+}
+
+/// Writes document `key` as `value` (deletes it when `None`) if its version
+/// is `expected`; returns the new version (a delete: 1 when it deleted, 0
+/// when nothing was at that version). A write at another version is a
+/// conflict and writes nothing.
+fn apply_document(
+    conn: &Connection,
+    key: &str,
+    value: Option<&str>,
+    expected: Option<u64>,
+    path: &str,
+) -> Result<u64, StoreError> {
+    let ctx = || format!("writing document {key:?} in {path}");
+    let expected_i = expected.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+    let Some(value) = value else {
+        let n = conn
+            .prepare_cached("DELETE FROM documents WHERE key = ?1 AND version = ?2")
+            .and_then(|mut st| st.execute(params![key, expected_i]))
+            .map_err(|e| map_err(e, &ctx()))?;
+        return Ok(n as u64);
+    };
+    let n = match expected_i {
+        None => conn
+            .prepare_cached(
+                "INSERT INTO documents (key, value, version) VALUES (?1, ?2, 1)                  ON CONFLICT (key) DO NOTHING",
+            )
+            .and_then(|mut st| st.execute(params![key, value])),
+        Some(v) => conn
+            .prepare_cached(
+                "UPDATE documents SET value = ?2, version = ?3 WHERE key = ?1 AND version = ?3 - 1",
+            )
+            .and_then(|mut st| st.execute(params![key, value, v + 1])),
+    }
+    .map_err(|e| map_err(e, &ctx()))?;
+    if n == 0 {
+        let found: Option<i64> = conn
+            .prepare_cached("SELECT version FROM documents WHERE key = ?1")
+            .and_then(|mut st| st.query_row([key], |r| r.get(0)).optional())
+            .map_err(|e| map_err(e, &ctx()))?;
+        return Err(StoreError::Conflict {
+            run_id: key.to_string(),
+            expected,
+            found: found.and_then(|v| u64::try_from(v).ok()),
+        });
+    }
+    Ok(expected.map_or(1, |v| v + 1))
 }
 
 fn apply_delete(

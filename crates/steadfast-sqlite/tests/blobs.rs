@@ -154,7 +154,7 @@ async fn values_stored_before_blobs_that_look_like_references_read_back() -> Tes
     let text = serde_json::to_string(&json!({"plain": 1, "fake": fake}))?;
     let conn = Connection::open(&db)?;
     conn.execute_batch(
-        "DROP TRIGGER events_go_with_their_run; DROP TABLE events;
+        "DROP TABLE documents; DROP TRIGGER events_go_with_their_run; DROP TABLE events;
          DROP TABLE blob_refs; DROP TABLE blob_chunks; DROP TABLE blobs;
          ALTER TABLE runs RENAME COLUMN snapshot_steps TO snapshot_completed;
          PRAGMA user_version = 5;",

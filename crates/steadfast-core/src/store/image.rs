@@ -30,6 +30,20 @@ pub struct RunImage {
     /// Event logs by run id, in order (runs without events absent).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub events: BTreeMap<String, Vec<RunEvent>>,
+    /// Shared documents by key ([`Documents`](crate::store::Documents)).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub documents: BTreeMap<String, StoredDocument>,
+}
+
+/// A shared document as an image keeps it: its value and version.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct StoredDocument {
+    /// Its value, a JSON object.
+    pub value: serde_json::Value,
+    /// Its version.
+    pub version: u64,
 }
 
 /// A save taken out of its [`SaveRequest`], checked and owned, to apply to
@@ -140,6 +154,7 @@ impl RunImage {
             runs,
             history,
             events: BTreeMap::new(),
+            documents: BTreeMap::new(),
         }
     }
 
@@ -310,6 +325,59 @@ impl RunImage {
             log.push(e.clone().numbered(seq));
         }
         Ok(seq)
+    }
+
+    /// The document under `key` ([`Documents::get_document`](crate::store::Documents::get_document)).
+    pub fn get_document(&self, key: &str) -> Option<crate::store::Document> {
+        self.documents
+            .get(key)
+            .map(|d| crate::store::Document::new(key, d.value.clone(), d.version))
+    }
+
+    /// Writes a document by compare-and-swap on its version
+    /// ([`Documents::put_document`](crate::store::Documents::put_document)):
+    /// checked first; a conflict changes nothing.
+    pub fn put_document(
+        &mut self,
+        key: &str,
+        value: &serde_json::Value,
+        expected: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        crate::store::check_document(key, value)?;
+        let found = self.documents.get(key).map(|d| d.version);
+        if found != expected {
+            return Err(StoreError::Conflict {
+                run_id: key.to_string(),
+                expected,
+                found,
+            });
+        }
+        let version = expected.map_or(1, |v| v + 1);
+        self.documents.insert(
+            key.to_string(),
+            StoredDocument {
+                value: value.clone(),
+                version,
+            },
+        );
+        Ok(version)
+    }
+
+    /// The documents whose keys start with `prefix`, in key order.
+    pub fn list_documents(&self, prefix: &str) -> Vec<crate::store::Document> {
+        self.documents
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, d)| crate::store::Document::new(k.as_str(), d.value.clone(), d.version))
+            .collect()
+    }
+
+    /// Deletes the document under `key` at version `expected`.
+    pub fn delete_document(&mut self, key: &str, expected: u64) -> bool {
+        if self.documents.get(key).map(|d| d.version) != Some(expected) {
+            return false;
+        }
+        self.documents.remove(key).is_some()
     }
 
     /// A run's events numbered above `after`, at most `limit`

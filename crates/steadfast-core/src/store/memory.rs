@@ -9,7 +9,8 @@ use crate::record::error::StoreError;
 use crate::record::events::{NewEvent, RunEvent};
 use crate::store::image::{RunImage, Write};
 use crate::store::{
-    Capabilities, Events, History, ListFilter, Rewrite, RunSummary, SaveRequest, Store,
+    Capabilities, Document, Documents, Events, History, ListFilter, Rewrite, RunSummary,
+    SaveRequest, Store,
 };
 
 /// The default state size limit of [`MemoryStore`]: 64 MiB.
@@ -66,6 +67,7 @@ impl Store for MemoryStore {
             .history(self)
             .max_state_bytes(self.state_limit)
             .events(self)
+            .documents(self)
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
@@ -105,6 +107,30 @@ impl Events for MemoryStore {
         limit: usize,
     ) -> Result<Vec<RunEvent>, StoreError> {
         Ok(self.image().read_events(run_id, after, limit))
+    }
+}
+
+#[async_trait]
+impl Documents for MemoryStore {
+    async fn get_document(&self, key: &str) -> Result<Option<Document>, StoreError> {
+        Ok(self.image().get_document(key))
+    }
+
+    async fn put_document(
+        &self,
+        key: &str,
+        value: &serde_json::Value,
+        expected: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        self.image().put_document(key, value, expected)
+    }
+
+    async fn list_documents(&self, prefix: &str) -> Result<Vec<Document>, StoreError> {
+        Ok(self.image().list_documents(prefix))
+    }
+
+    async fn delete_document(&self, key: &str, expected: u64) -> Result<bool, StoreError> {
+        Ok(self.image().delete_document(key, expected))
     }
 }
 

@@ -329,6 +329,10 @@ pub struct Capabilities<'a> {
     pub blobs: Option<&'a dyn Blobs>,
     /// Each run's log of the values its steps emitted ([`Events`]).
     pub events: Option<&'a dyn Events>,
+    /// Small documents shared by every process on the store, each under a
+    /// key with a compare-and-swap version ([`Documents`]): concurrency
+    /// limits and rate buckets.
+    pub documents: Option<&'a dyn Documents>,
 }
 
 impl std::fmt::Debug for Capabilities<'_> {
@@ -372,6 +376,11 @@ impl<'a> Capabilities<'a> {
         self.events = Some(e);
         self
     }
+    /// With shared documents.
+    pub fn documents(mut self, d: &'a dyn Documents) -> Self {
+        self.documents = Some(d);
+        self
+    }
     /// The names of the capabilities present, in a fixed order: what a
     /// wrapper must keep.
     pub fn names(&self) -> Vec<&'static str> {
@@ -382,6 +391,7 @@ impl<'a> Capabilities<'a> {
             ("max_state_bytes", self.max_state_bytes.is_some()),
             ("blobs", self.blobs.is_some()),
             ("events", self.events.is_some()),
+            ("documents", self.documents.is_some()),
         ]
         .into_iter()
         .filter_map(|(n, on)| on.then_some(n))
@@ -439,6 +449,114 @@ pub trait Events: Send + Sync {
     fn append_bounds(&self) -> (usize, u64) {
         (crate::record::events::MAX_EVENTS_PER_APPEND, u64::MAX)
     }
+}
+
+/// The longest key of a shared document, in bytes.
+pub const MAX_DOCUMENT_KEY_BYTES: usize = 200;
+
+/// The largest shared document, in bytes of JSON.
+pub const MAX_DOCUMENT_BYTES: usize = 256 * 1024;
+
+/// A shared document as stored: its key, value and version.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[non_exhaustive]
+pub struct Document {
+    /// Its key.
+    pub key: String,
+    /// Its value.
+    pub value: serde_json::Value,
+    /// Its version: 1 after the first write, plus one per write.
+    pub version: u64,
+}
+
+impl Document {
+    /// A document from its parts.
+    pub fn new(key: impl Into<String>, value: serde_json::Value, version: u64) -> Self {
+        Document {
+            key: key.into(),
+            value,
+            version,
+        }
+    }
+}
+
+/// Checks a shared document before a store writes it: a key of 1 to
+/// [`MAX_DOCUMENT_KEY_BYTES`] bytes without control characters, and a
+/// value that is a JSON object of at most [`MAX_DOCUMENT_BYTES`] that
+/// loads back ([`check_update`]'s rules). Refused with
+/// [`StoreError::InvalidInput`] (or [`StoreError::TooLarge`]).
+///
+/// ```
+/// use serde_json::json;
+/// use steadfast_core::store::check_document;
+/// assert!(check_document("limit:openai", &json!({"size": 8})).is_ok());
+/// assert!(check_document("", &json!({})).is_err());
+/// assert!(check_document("a\u{7}", &json!({})).is_err());
+/// assert!(check_document("k", &json!([1])).is_err());
+/// ```
+pub fn check_document(key: &str, value: &serde_json::Value) -> Result<(), StoreError> {
+    if key.is_empty() || key.len() > MAX_DOCUMENT_KEY_BYTES || key.chars().any(char::is_control) {
+        return Err(StoreError::InvalidInput(format!(
+            "the document key {:?} must be 1 to {MAX_DOCUMENT_KEY_BYTES} bytes without control characters; nothing was written",
+            crate::record::ids::preview(key)
+        )));
+    }
+    let serde_json::Value::Object(map) = value else {
+        return Err(StoreError::InvalidInput(format!(
+            "document {key:?}: its value must be a JSON object; nothing was written"
+        )));
+    };
+    check_update(map).map_err(|p| {
+        StoreError::InvalidInput(format!(
+            "document {key:?}: the value at `{}`: {}; nothing was written",
+            p.path, p.reason
+        ))
+    })?;
+    let size = json_size(value);
+    if size > MAX_DOCUMENT_BYTES as u64 {
+        return Err(StoreError::TooLarge {
+            run_id: key.to_string(),
+            what: "document",
+            size,
+            limit: MAX_DOCUMENT_BYTES as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Small documents shared by every process on a store, each a JSON object
+/// under a key, written by compare-and-swap on its version as runs are: a
+/// capability of a [`Store`] ([`Capabilities::documents`]) on which
+/// concurrency limits and rate buckets are built.
+///
+/// - Writes MUST be durable as a save is, and MUST check the document with
+///   [`check_document`] first, writing nothing when it fails.
+/// - Documents are apart from runs: [`Store::list`] never shows them and
+///   deleting a run never touches them.
+#[async_trait]
+pub trait Documents: Send + Sync {
+    /// The document under `key`, or `None`.
+    async fn get_document(&self, key: &str) -> Result<Option<Document>, StoreError>;
+
+    /// Writes `value` under `key` if the stored version is `expected`
+    /// (`None`: no document under `key`) and returns the new version
+    /// (`expected + 1`, or 1).
+    ///
+    /// - MUST fail with [`StoreError::Conflict`] and write nothing when the
+    ///   stored version is not `expected`.
+    async fn put_document(
+        &self,
+        key: &str,
+        value: &serde_json::Value,
+        expected: Option<u64>,
+    ) -> Result<u64, StoreError>;
+
+    /// The documents whose keys start with `prefix`, in key order.
+    async fn list_documents(&self, prefix: &str) -> Result<Vec<Document>, StoreError>;
+
+    /// Deletes the document under `key` if its version is `expected`;
+    /// `false` when there is none or another version is stored.
+    async fn delete_document(&self, key: &str, expected: u64) -> Result<bool, StoreError>;
 }
 
 /// Large values stored once, by reference ([`blob`]): a capability of a
@@ -775,6 +893,15 @@ pub fn history_of<S: Store + ?Sized>(store: &S) -> Result<&dyn History, StoreErr
         .capabilities()
         .history
         .ok_or_else(|| StoreError::Unsupported("this store keeps no per-step history".into()))
+}
+
+/// The store's shared documents, or [`StoreError::Unsupported`].
+pub fn documents_of<S: Store + ?Sized>(store: &S) -> Result<&dyn Documents, StoreError> {
+    store.capabilities().documents.ok_or_else(|| {
+        StoreError::Unsupported(
+            "this store keeps no shared documents (concurrency and rate limits need them)".into(),
+        )
+    })
 }
 
 /// Due runs found by listing the unfinished runs and loading each: what a
