@@ -371,6 +371,11 @@ pub fn show(
             out!("waiting   at gate {} since {since}{t}", clean(step));
         }
         Some(Wait::Timer { step, until }) => out!("sleeping  at {} until {until}", clean(step)),
+        Some(Wait::Limit { step, key, until }) => out!(
+            "waiting   at {} for a slot of limit {} (looks again at {until})",
+            clean(step),
+            clean(key)
+        ),
         Some(Wait::Signal {
             step,
             signal,

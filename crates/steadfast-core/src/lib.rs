@@ -66,6 +66,10 @@ pub use record::ids::{
     check_step_name, idempotency_key, validate_run_id, MAX_RUN_ID_BYTES, MAX_STEP_NAME_BYTES,
 };
 pub use record::keys::{CHILD_KEY, INPUT_KEY, PARENT_KEY, RESERVED_KEYS, RESULT_KEY, START_KEY};
+pub use record::limit::{
+    check_limit_key, LimitDoc, LimitSpec, Rate, Slot, LIMIT_PREFIX, LIMIT_RECHECK, MAX_LIMIT_SIZE,
+    SLOT_LEASE,
+};
 pub use record::outcome::{Event, Outcome, Suspension};
 pub use record::signal::{Signal, SIGNALS_KEY, SIGNAL_STEP};
 pub use record::spend::{

@@ -423,6 +423,12 @@ pub(crate) fn run(
                 Some(Wait::Timer { step, until }) => {
                     div.box { "Sleeping at " (step) " until " (until.to_string()) }
                 }
+                Some(Wait::Limit { step, key, until }) => {
+                    div.box.slot {
+                        strong { "Waiting for a slot of limit " (key) } " before step " (step)
+                        "; it looks again at " (until.to_string())
+                    }
+                }
                 Some(Wait::Signal { step, signal, since, timeout_at, arrived, .. }) => {
                     div.box {
                         strong { "Waiting at " (step) " for signal " (signal) } " since " (since.to_string())

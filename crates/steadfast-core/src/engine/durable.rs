@@ -22,7 +22,7 @@ use crate::engine::session::{Session, Timer};
 use crate::engine::spend::SpendLine;
 use crate::engine::workflow::{RetryPolicy, Step};
 use crate::engine::{store_error, Runner};
-use crate::record::checkpoint::{Checkpoint, OnTimeout, RunStatus, StepFailure, StepRecord};
+use crate::record::checkpoint::{Checkpoint, OnTimeout, RunStatus, StepFailure, StepRecord, Wait};
 use crate::record::clock::Timestamp;
 use crate::record::error::{Error, StepError, StepErrorKind};
 use crate::record::ids::validate_run_id;
@@ -40,10 +40,11 @@ const RESERVED: &str = "__";
 use crate::record::keys::RESULT_KEY;
 
 /// How a durable step is tried: its retry policy and timeout.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct StepOptions {
     retry: Option<RetryPolicy>,
     timeout: Option<Duration>,
+    limit: Option<crate::record::limit::LimitSpec>,
 }
 
 impl StepOptions {
@@ -61,6 +62,12 @@ impl StepOptions {
     /// step runs).
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);
+        self
+    }
+    /// Holds a slot of a shared limit while each attempt runs (see
+    /// [`Step::limit`]).
+    pub fn limit(mut self, limit: crate::record::limit::LimitSpec) -> Self {
+        self.limit = Some(limit);
         self
     }
 
@@ -86,6 +93,8 @@ struct Attempts<'a> {
     /// A parallel branch, with the index it reports: tried once, its failure
     /// recorded by its group.
     branch: Option<usize>,
+    /// The shared limit each attempt holds a slot of.
+    limit: Option<&'a crate::record::limit::LimitSpec>,
 }
 
 /// The update a durable step's output makes: the output under the step's name.
@@ -98,6 +107,7 @@ fn output_update<T: Serialize + DeserializeOwned>(
         source: e.to_string().into(),
         terminal: true,
         kind: StepErrorKind::InvalidValue(String::new()),
+        retry_after: None,
     })?;
     let mut update = Update::new();
     update.insert(name.to_string(), json);
@@ -443,6 +453,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             timeout: step.timeout_after(),
             lend_state: true,
             branch: None,
+            limit: step.limit_spec(),
         };
         self.attempts(
             how,
@@ -707,6 +718,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             timeout: options.timeout,
             lend_state: false,
             branch: None,
+            limit: options.limit.as_ref(),
         };
         self.attempts(
             how,
@@ -766,9 +778,20 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             }
         }
         loop {
+            // A slot of the step's shared limit first: none free, the run
+            // waits for one (durably, unless this runner waits in-process).
+            let held = match how.limit {
+                None => None,
+                Some(spec) => Some(self.slot(spec, name, how.branch.is_some()).await?),
+            };
             let (run_id, index, attempt, lent) = {
                 let mut s = self.shared.session.lock().await;
                 let s = &mut *s;
+                if held.is_some() && matches!(s.cp.wait, Some(Wait::Limit { .. })) {
+                    // It has its slot: no longer waiting for one.
+                    s.cp.wait = None;
+                    s.cp.status = RunStatus::Running;
+                }
                 s.renew_if_due(runner).await.map_err(Branch::Engine)?;
                 let index = how.branch.unwrap_or(s.cp.next);
                 let attempt = match how.branch {
@@ -832,15 +855,26 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 }
             };
             // Spend reports are saved as they come, and those left when the
-            // attempt returns before its end is recorded.
+            // attempt returns before its end is recorded; a slot of a limit
+            // is renewed as the step runs.
+            let renew_slot = held
+                .as_ref()
+                .map_or(Duration::from_secs(86_400), |h| h.renew_every());
             let stepped = async {
                 tokio::pin!(pumped);
+                let mut tick =
+                    tokio::time::interval_at(tokio::time::Instant::now() + renew_slot, renew_slot);
                 let out = loop {
                     tokio::select! {
                         biased;
                         r = &mut pumped => break r,
                         Some(report) = reports.recv() => {
                             crate::engine::budget::serve(runner, &self.shared.session, &line, report).await;
+                        }
+                        _ = tick.tick(), if held.is_some() => {
+                            if let Some(h) = &held {
+                                crate::engine::limit::renew(runner, h).await;
+                            }
                         }
                     }
                 };
@@ -851,6 +885,22 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 out
             };
             let result = self.with_renewals(stepped).instrument(span.clone()).await;
+            // The slot goes back as soon as the step returns: its checkpoint
+            // needs none. A provider's "retry after" holds the key for
+            // everyone first.
+            if let Some(h) = held {
+                if let (Some(spec), Ok(Err(e))) = (how.limit, &result) {
+                    if let Some(after) = e.retry_after_hint() {
+                        crate::engine::limit::pause(
+                            runner,
+                            spec,
+                            runner.now().saturating_add(after),
+                        )
+                        .await;
+                    }
+                }
+                crate::engine::limit::release(runner, h).await;
+            }
             span.record("duration_ms", timer.elapsed().as_millis() as u64);
             if result.is_err() {
                 // Cut off: cancelled, or fenced out by another owner.
@@ -932,7 +982,11 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 self.record_attempt(s, name, index, attempt, &err, exhausted, finished)
                     .await
                     .map_err(Branch::Engine)?;
-                (!exhausted).then(|| how.policy.delay_before(s.used + 1, true))
+                (!exhausted).then(|| {
+                    let backoff = how.policy.delay_before(s.used + 1, true);
+                    err.retry_after_hint()
+                        .map_or(backoff, |after| backoff.max(after))
+                })
             };
             span.record(
                 "outcome",
@@ -961,6 +1015,52 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                         .map_err(Branch::Engine)?;
                 }
             }
+        }
+    }
+
+    /// A slot of `spec` for step `name`: taken at once, or after waiting.
+    /// A runner that waits for timers (and a parallel branch, or a step
+    /// beside others) waits here, renewing its lease; otherwise the run is
+    /// saved sleeping until the time to look again and stops
+    /// ([`Error::Suspended`]), holding no process.
+    async fn slot(
+        &self,
+        spec: &crate::record::limit::LimitSpec,
+        name: &str,
+        branch: bool,
+    ) -> Result<crate::engine::limit::Held, Branch> {
+        use crate::engine::limit::{take, Take};
+        let runner = self.runner();
+        let run_id = self.shared.session.lock().await.cp.run_id.clone();
+        loop {
+            let at = match take(runner, spec, &run_id, name)
+                .await
+                .map_err(Branch::Engine)?
+            {
+                Take::Held(h) => return Ok(h),
+                Take::Wait(at) => at,
+            };
+            let alone = self
+                .shared
+                .running
+                .load(std::sync::atomic::Ordering::SeqCst)
+                <= 1;
+            if runner.wait_for_timers || branch || !alone {
+                let left = Duration::from_millis(
+                    at.unix_millis().saturating_sub(runner.now().unix_millis()),
+                )
+                .max(Duration::from_millis(1));
+                self.with_renewals(crate::engine::limit::until_free(left))
+                    .await
+                    .map_err(Branch::Engine)?;
+                continue;
+            }
+            let mut s = self.shared.session.lock().await;
+            let stop = s
+                .wait_for_slot(runner, name, &spec.key, at)
+                .await
+                .map_err(Branch::Engine)?;
+            return Err(Branch::Engine(self.stop(stop)));
         }
     }
 
@@ -1149,6 +1249,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     timeout: None,
                     lend_state: false,
                     branch: Some(index),
+                    limit: None,
                 };
                 let mut once = Some(fut);
                 let out = self

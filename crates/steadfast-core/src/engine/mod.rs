@@ -8,6 +8,7 @@ pub mod decide;
 pub mod durable;
 pub(crate) mod emit;
 pub mod family;
+pub(crate) mod limit;
 pub mod metrics;
 pub mod process;
 pub mod run;

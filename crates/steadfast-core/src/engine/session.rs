@@ -593,6 +593,39 @@ impl Session {
         self.save_request(r, None, true).await
     }
 
+    /// Before step `name`, no slot of limit `key` is free: the run sleeps
+    /// until `until` (saved, the lease released) and then looks again.
+    pub(crate) async fn wait_for_slot<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+        name: &str,
+        key: &str,
+        until: Timestamp,
+    ) -> Result<Suspension, Error> {
+        self.cp.wait = Some(Wait::Limit {
+            step: name.to_string(),
+            key: key.to_string(),
+            until,
+        });
+        self.cp.status = RunStatus::Sleeping;
+        self.cp.lease = None;
+        self.cp.updated_at = r.clock.now();
+        if self.expected.is_none() {
+            // A new run without a record yet: saved whole.
+            self.save(r, None).await
+        } else {
+            self.save_head(r).await
+        }
+        .map_err(|e| {
+            store_error(
+                &self.cp.run_id,
+                &format!("save of the wait for a slot before {name}"),
+                e,
+            )
+        })?;
+        Ok(Suspension::Sleeping { until })
+    }
+
     /// After a save landed: a run it ended marks its parent due.
     async fn saved<S: Store + ?Sized>(&mut self, r: &Runner<'_, S>) {
         let was = std::mem::replace(&mut self.saved_status, self.cp.status);

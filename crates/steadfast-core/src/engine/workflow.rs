@@ -194,6 +194,7 @@ pub struct Step {
     kind: StepKind,
     retry: RetryPolicy,
     timeout: Option<Duration>,
+    limit: Option<crate::record::limit::LimitSpec>,
 }
 
 /// What a step does.
@@ -229,6 +230,7 @@ impl Step {
             kind: StepKind::Run(Arc::new(move |ctx, state| Box::pin(f(ctx, state)))),
             retry: RetryPolicy::default(),
             timeout: None,
+            limit: None,
         }
     }
 
@@ -252,6 +254,7 @@ impl Step {
             },
             retry: RetryPolicy::none(),
             timeout: None,
+            limit: None,
         }
     }
 
@@ -267,6 +270,7 @@ impl Step {
             kind: StepKind::Sleep(duration),
             retry: RetryPolicy::none(),
             timeout: None,
+            limit: None,
         }
     }
 
@@ -290,6 +294,7 @@ impl Step {
             },
             retry: RetryPolicy::none(),
             timeout: None,
+            limit: None,
         }
     }
 
@@ -318,6 +323,7 @@ impl Step {
             },
             retry: RetryPolicy::none(),
             timeout: None,
+            limit: None,
         }
     }
 
@@ -400,6 +406,30 @@ impl Step {
     pub fn timeout(mut self, d: Duration) -> Self {
         self.timeout = Some(d);
         self
+    }
+
+    /// Holds a slot of a shared limit while each attempt runs: at most
+    /// its size of steps holding `limit`'s key run at once across every
+    /// process on the store, and with a rate set on the store
+    /// (`steadfast limits set KEY --rate 500/min`), at most that many start
+    /// per period. A step that finds no slot free waits durably (the run
+    /// sleeps and looks again) instead of running. Only steps that run a
+    /// function take a slot.
+    ///
+    /// ```
+    /// use steadfast_core::{update, LimitSpec, Step, Workflow};
+    /// let ask = Step::new("ask", |_, _| async { update(serde_json::json!({})) })
+    ///     .limit(LimitSpec::parse("openai:8").unwrap());
+    /// assert_eq!(ask.limit_spec().unwrap().size, Some(8));
+    /// ```
+    pub fn limit(mut self, limit: crate::record::limit::LimitSpec) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+
+    /// The shared limit the step holds while it runs, if any.
+    pub fn limit_spec(&self) -> Option<&crate::record::limit::LimitSpec> {
+        self.limit.as_ref()
     }
 
     /// The step's name.

@@ -248,10 +248,12 @@ pub fn diagnose(
         },
         RunStatus::Pending => late(cp.updated_at).map(|waited| Stuck::PendingNoWorker { waited }),
         RunStatus::Sleeping => match &cp.wait {
-            Some(Wait::Timer { step, until }) => late(*until).map(|ago| Stuck::SleepingPastTime {
-                step: step.clone(),
-                ago,
-            }),
+            Some(Wait::Timer { step, until }) | Some(Wait::Limit { step, until, .. }) => {
+                late(*until).map(|ago| Stuck::SleepingPastTime {
+                    step: step.clone(),
+                    ago,
+                })
+            }
             _ => None,
         },
         RunStatus::Waiting => match &cp.wait {

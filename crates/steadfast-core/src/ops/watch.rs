@@ -548,7 +548,10 @@ impl<'s> Watch<'s> {
                     runs: runs.clone(),
                 })
             }
-            (RunStatus::Sleeping, Some(Wait::Timer { step, until })) => Some(WatchItem::Sleeping {
+            (
+                RunStatus::Sleeping,
+                Some(Wait::Timer { step, until }) | Some(Wait::Limit { step, until, .. }),
+            ) => Some(WatchItem::Sleeping {
                 step: step.clone(),
                 until: *until,
             }),

@@ -536,6 +536,17 @@ pub enum Wait {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         recheck_at: Option<Timestamp>,
     },
+    /// Before a step, for a slot of a shared limit
+    /// ([`LimitSpec`](crate::LimitSpec)): the run sleeps until `until`,
+    /// then looks again.
+    Limit {
+        /// The step that waits for a slot.
+        step: String,
+        /// The limit's key.
+        key: String,
+        /// When it looks again.
+        until: Timestamp,
+    },
     /// At child runs ([`DurableCtx::children`](crate::DurableCtx::children)),
     /// for their outcomes.
     Children {
@@ -561,6 +572,7 @@ impl Wait {
         match self {
             Wait::Gate { step, .. }
             | Wait::Timer { step, .. }
+            | Wait::Limit { step, .. }
             | Wait::Signal { step, .. }
             | Wait::Children { step, .. } => step,
         }
@@ -817,7 +829,7 @@ impl Checkpoint {
             // not rewritten by every save.
             RunStatus::Running => Some(self.lease.as_ref().map_or(self.created_at, |l| l.until)),
             RunStatus::Sleeping => match &self.wait {
-                Some(Wait::Timer { until, .. }) => Some(*until),
+                Some(Wait::Timer { until, .. }) | Some(Wait::Limit { until, .. }) => Some(*until),
                 _ => Some(self.updated_at),
             },
             RunStatus::Waiting => match &self.wait {

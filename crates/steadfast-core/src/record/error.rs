@@ -206,6 +206,7 @@ pub struct StepError {
     pub(crate) source: BoxError,
     pub(crate) terminal: bool,
     pub(crate) kind: StepErrorKind,
+    pub(crate) retry_after: Option<Duration>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -223,7 +224,33 @@ impl StepError {
             source: e.into(),
             terminal: false,
             kind: StepErrorKind::Failed,
+            retry_after: None,
         }
+    }
+
+    /// A retryable error from a provider that asked to be called again
+    /// after `after` (HTTP 429 with `Retry-After`): the next attempt waits
+    /// at least that long, and when the step holds a shared limit
+    /// ([`LimitSpec`](crate::LimitSpec)), every step of that key waits
+    /// until then too, across processes.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use steadfast_core::StepError;
+    /// let e = StepError::retry_after("rate limited", Duration::from_secs(30));
+    /// assert_eq!(e.retry_after_hint(), Some(Duration::from_secs(30)));
+    /// assert!(!e.is_terminal());
+    /// ```
+    pub fn retry_after(e: impl Into<BoxError>, after: Duration) -> Self {
+        StepError {
+            retry_after: Some(after.min(Duration::from_secs(86_400))),
+            ..Self::retryable(e)
+        }
+    }
+
+    /// How long the provider asked to wait, if it did.
+    pub fn retry_after_hint(&self) -> Option<Duration> {
+        self.retry_after
     }
 
     /// An error that fails the step at once, without further attempts.
@@ -232,6 +259,7 @@ impl StepError {
             source: e.into(),
             terminal: true,
             kind: StepErrorKind::Failed,
+            retry_after: None,
         }
     }
 
@@ -241,6 +269,7 @@ impl StepError {
             source: reason.into().into(),
             terminal: true,
             kind: StepErrorKind::InvalidValue(path.into()),
+            retry_after: None,
         }
     }
 
@@ -249,6 +278,7 @@ impl StepError {
             source: format!("timed out after {after:?}").into(),
             terminal: false,
             kind: StepErrorKind::TimedOut(after),
+            retry_after: None,
         }
     }
 

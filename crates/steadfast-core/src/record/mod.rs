@@ -9,6 +9,7 @@ pub mod events;
 pub mod family;
 pub mod ids;
 pub mod keys;
+pub mod limit;
 pub mod limits;
 pub mod outcome;
 pub mod signal;
