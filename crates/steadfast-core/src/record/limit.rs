@@ -153,7 +153,7 @@ impl Rate {
     /// `tokens` per `period`, with a bucket of `burst` (by default one
     /// period's tokens, at least 1).
     pub fn new(tokens: f64, period: Duration, burst: Option<f64>) -> Result<Self, String> {
-        if !tokens.is_finite() || !(tokens > 0.0 && tokens <= 1e9) {
+        if !(tokens.is_finite() && tokens > 0.0 && tokens <= 1e9) {
             return Err(format!(
                 "a rate's count is above 0 and at most 1e9, not {tokens}"
             ));
