@@ -51,6 +51,8 @@ pub enum Command {
     Approve(cmd::approve::ApproveArgs),
     /// Send a named message to a run: a wait for it takes it.
     Signal(cmd::signal::SignalArgs),
+    /// Set or list shared concurrency and rate limits (`limit = "KEY:N"` in a step).
+    Limits(cmd::limits::LimitsArgs),
     /// Reject the gate a run waits at, ending the run.
     Reject(cmd::reject::RejectArgs),
     /// Delete a run.

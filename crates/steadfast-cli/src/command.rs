@@ -209,11 +209,17 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
             Some(code) => format!("exited with code {code}"),
             None => "was killed by a signal".to_string(),
         };
-        return Err(StepError::retryable(format!(
-            "`{}` {how}{}",
-            spec.run,
-            tail_note(&tail)
-        )));
+        let message = format!("`{}` {how}{}", spec.run, tail_note(&tail));
+        // A failed step may say on stdout when to try again, as its
+        // provider asked: `{"retry_after": "30s"}` (or a number of seconds).
+        let after = match out.into_output() {
+            Output::Complete(bytes) => retry_after_of(&bytes),
+            Output::TooLong => None,
+        };
+        return Err(match after {
+            Some(d) => StepError::retry_after(message, d),
+            None => StepError::retryable(message),
+        });
     }
     let out = match out.into_output() {
         Output::Complete(bytes) => bytes,
@@ -226,6 +232,25 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
     };
     parse_update(&out)
         .map_err(|e| StepError::terminal(format!("`{}`: {e}{}", spec.run, tail_note(&tail))))
+}
+
+/// The `retry_after` of a failed step's output, if it printed one JSON
+/// object with it: a duration (`"30s"`) or a number of seconds, up to a
+/// day.
+fn retry_after_of(stdout: &[u8]) -> Option<std::time::Duration> {
+    let v: serde_json::Value = serde_json::from_slice(stdout).ok()?;
+    let after = match v.get("retry_after")? {
+        serde_json::Value::String(s) => humantime::parse_duration(s.trim()).ok()?,
+        serde_json::Value::Number(n) => {
+            let secs = n.as_f64()?;
+            if !(0.0..=86_400.0).contains(&secs) {
+                return None;
+            }
+            std::time::Duration::from_secs_f64(secs)
+        }
+        _ => return None,
+    };
+    (after <= std::time::Duration::from_secs(86_400)).then_some(after)
 }
 
 /// The file descriptor a command step writes its events to.

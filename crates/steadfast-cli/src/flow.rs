@@ -38,6 +38,8 @@ struct StepSpec {
     on_timeout: Option<Spanned<String>>,
     workdir: Option<Spanned<String>>,
     env: Option<BTreeMap<String, String>>,
+    /// A shared limit the step holds while it runs: `KEY` or `KEY:N`.
+    limit: Option<Spanned<String>>,
 }
 
 /// A flow file that does not parse or does not make sense.
@@ -313,8 +315,8 @@ fn parse_with_children(text: &str, path: &Path) -> Result<(Workflow, Vec<ChildFi
                 )?;
             }
             only_for(
-                spec.workdir.is_some() || spec.env.is_some(),
-                "workdir and env",
+                spec.workdir.is_some() || spec.env.is_some() || spec.limit.is_some(),
+                "workdir, env and limit",
                 "run",
             )?;
         }
@@ -347,7 +349,15 @@ fn parse_with_children(text: &str, path: &Path) -> Result<(Workflow, Vec<ChildFi
                 timeout,
                 output_limit: DEFAULT_OUTPUT_LIMIT,
             };
-            command.into_step(step_name).retry(policy)
+            let step = command.into_step(step_name).retry(policy);
+            match &spec.limit {
+                Some(l) => {
+                    step.limit(steadfast::LimitSpec::parse(l.get_ref()).map_err(|e| {
+                        at(l.span().start, format!("limit = {:?}: {e}", l.get_ref()))
+                    })?)
+                }
+                None => step,
+            }
         } else if let Some(gate) = &spec.gate {
             if !gate.get_ref() {
                 return Err(at(

@@ -66,8 +66,9 @@ pub fn main() -> i32 {
 }
 
 async fn dispatch(cli: Cli) -> Result<i32, Failure> {
-    // Only `run`, `start`, `worker` and `import` may create a store; the other commands work on runs that
-    // exist, and say so when the store itself does not.
+    // Only `run`, `start`, `worker`, `import` and `limits set` may create a
+    // store; the other commands work on runs that exist, and say so when the
+    // store itself does not.
     // The keys first: a key that cannot be read is a usage error, before
     // the store is opened (or created).
     let keys = steadfast::seal::Keyring::from_env().map_err(|e| cmd::usage(e.to_string()))?;
@@ -83,7 +84,13 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
     }
     let create = matches!(
         cli.command,
-        Command::Run(_) | Command::Start(_) | Command::Worker(_) | Command::Import(_)
+        Command::Run(_)
+            | Command::Start(_)
+            | Command::Worker(_)
+            | Command::Import(_)
+            | Command::Limits(cmd::limits::LimitsArgs {
+                what: cmd::limits::LimitsCommand::Set(_)
+            })
     );
     // The library's one opening policy: sealed with keys, sealed records
     // refused without.
@@ -114,6 +121,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Command::Approve(args) => cmd::approve::run(args, &ctx).await,
         Command::Reject(args) => cmd::reject::run(args, &ctx).await,
         Command::Signal(args) => cmd::signal::run(args, &ctx).await,
+        Command::Limits(args) => cmd::limits::run(args, &ctx).await,
         Command::Delete(args) => cmd::delete::run(args, &ctx).await,
         Command::Cancel(args) => cmd::cancel::run(args, &ctx).await,
         Command::Retry(args) => cmd::retry::run(args, &ctx).await,

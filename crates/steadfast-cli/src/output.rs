@@ -142,7 +142,7 @@ fn progress_line(event: &Event<'_>) -> Option<String> {
 }
 
 /// Prints rows as columns padded to their widest cell.
-fn table(header: &[&str], rows: &[Vec<String>]) {
+pub fn table(header: &[&str], rows: &[Vec<String>]) {
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|r| r.iter().map(|c| clean(c).into_owned()).collect())

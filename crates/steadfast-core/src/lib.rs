@@ -33,6 +33,7 @@ mod record;
 pub mod store;
 
 pub use engine::metrics;
+pub use ops::limits as limits_ops;
 pub use ops::{retention, stuck, transfer, watch, worker};
 pub use record::limits;
 pub use store::local;
@@ -67,8 +68,8 @@ pub use record::ids::{
 };
 pub use record::keys::{CHILD_KEY, INPUT_KEY, PARENT_KEY, RESERVED_KEYS, RESULT_KEY, START_KEY};
 pub use record::limit::{
-    check_limit_key, LimitDoc, LimitSpec, Rate, Slot, LIMIT_PREFIX, LIMIT_RECHECK, MAX_LIMIT_SIZE,
-    SLOT_LEASE,
+    check_limit_key, LimitDoc, LimitSpec, Rate, Reservation, Slot, Taken, LIMIT_PREFIX,
+    LIMIT_RECHECK, MAX_LIMIT_SIZE, RESERVATION_KEPT, SLOT_LEASE,
 };
 pub use record::outcome::{Event, Outcome, Suspension};
 pub use record::signal::{Signal, SIGNALS_KEY, SIGNAL_STEP};

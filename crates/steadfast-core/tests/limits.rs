@@ -89,8 +89,7 @@ async fn a_run_without_a_slot_sleeps_durably_and_takes_one_later() -> TestResult
         ),
         Some(1),
         now,
-    )?
-    .unwrap();
+    )?;
     docs.put_document("limit:model", &doc.to_value(), None)
         .await?;
 

@@ -10,6 +10,7 @@ pub mod fork;
 pub mod gc;
 pub mod history;
 pub mod import;
+pub mod limits;
 pub mod prune;
 pub mod reject;
 pub mod rekey;

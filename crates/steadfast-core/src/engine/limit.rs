@@ -10,7 +10,7 @@ use crate::engine::Runner;
 use crate::record::checkpoint::Owner;
 use crate::record::clock::Timestamp;
 use crate::record::error::{Error, StoreErrorKind};
-use crate::record::limit::{LimitDoc, LimitSpec, Slot, SLOT_LEASE};
+use crate::record::limit::{LimitDoc, LimitSpec, Slot, Taken, SLOT_LEASE};
 use crate::store::{documents_of, Documents, Store};
 
 /// How many times a write of a limit's document is tried against other
@@ -146,8 +146,9 @@ pub(crate) async fn take<S: Store + ?Sized>(
                 workflow: String::new(),
                 reason: format!("step {step:?}: limit {:?}: {reason}", spec.key),
             }),
-            Ok(Ok(())) => Ok((true, None)),
-            Ok(Err(at)) => Ok((false, Some(at))),
+            Ok(Taken::Got) => Ok((true, None)),
+            Ok(Taken::Wait(at)) => Ok((false, Some((at, false)))),
+            Ok(Taken::Reserved(at)) => Ok((true, Some((at, true)))),
         }
     })
     .await?;
@@ -159,7 +160,15 @@ pub(crate) async fn take<S: Store + ?Sized>(
             owner,
             ttl,
         })),
-        Ok(Some(at)) => Ok(Take::Wait(at)),
+        // A promised start: back exactly then.
+        Ok(Some((at, true))) => Ok(Take::Wait(at)),
+        // Waiters for a slot spread out over up to half a recheck, so that
+        // many of them do not all come back at the same instant to find one.
+        Ok(Some((at, false))) => {
+            let spread =
+                fastrand::u64(0..=crate::record::limit::LIMIT_RECHECK.as_millis() as u64 / 2);
+            Ok(Take::Wait(at.saturating_add(Duration::from_millis(spread))))
+        }
         // Many writers at once: look again soon.
         Err(e) if e.kind() == StoreErrorKind::Conflict => Ok(Take::Wait(
             r.clock.now().saturating_add(Duration::from_millis(50)),

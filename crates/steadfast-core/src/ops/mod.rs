@@ -25,6 +25,7 @@
 //! # }).unwrap();
 //! ```
 
+pub mod limits;
 pub mod retention;
 pub mod stuck;
 pub mod transfer;

@@ -172,10 +172,6 @@ impl Rate {
             burst,
         })
     }
-
-    fn per_ms_rate(&self) -> f64 {
-        self.tokens / self.per_ms as f64
-    }
 }
 
 /// One step holding a slot.
@@ -204,14 +200,34 @@ impl Slot {
     }
 }
 
-/// The token bucket's level at a time.
+/// A start a waiter was promised at a time of the rate's schedule: it
+/// comes back then and starts without being overtaken by newcomers.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
-pub struct Bucket {
-    /// Tokens left.
-    pub tokens: f64,
-    /// When they were counted.
+pub struct Reservation {
+    /// The run.
+    pub run: String,
+    /// The step.
+    pub step: String,
+    /// When its start is due.
     pub at: Timestamp,
+}
+
+/// How long a promised start is kept for a waiter that does not come back
+/// (it died): then it is given up.
+pub const RESERVATION_KEPT: Duration = Duration::from_secs(60);
+
+/// What a look for a slot found ([`LimitDoc::take`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Taken {
+    /// A slot is the step's.
+    Got,
+    /// None is free: look again at this time (nothing to write).
+    Wait(Timestamp),
+    /// The rate promised the step a start at this time (the document
+    /// changed: write it, then come back then).
+    Reserved(Timestamp),
 }
 
 /// A limit's document: its setting (size, rate), who holds its slots, its
@@ -229,9 +245,14 @@ pub struct LimitDoc {
     /// The steps holding a slot now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<Slot>,
-    /// The rate's bucket.
+    /// The rate's schedule: when the next start is due if none waits, in
+    /// milliseconds since the epoch (a start takes one period's share of
+    /// it; the burst lets it lag behind now).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bucket: Option<Bucket>,
+    pub next_start_ms: Option<f64>,
+    /// Starts promised to waiters.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserved: Vec<Reservation>,
     /// No step starts before this (a provider's "retry after").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_until: Option<Timestamp>,
@@ -265,7 +286,8 @@ impl LimitDoc {
         if rate.as_ref().map(|r| (r.tokens, r.per_ms))
             != self.rate.as_ref().map(|r| (r.tokens, r.per_ms))
         {
-            self.bucket = None;
+            self.next_start_ms = None;
+            self.reserved.clear();
         }
         self.rate = rate;
         Ok(())
@@ -277,16 +299,17 @@ impl LimitDoc {
         self.held.retain(|s| s.until > now && !gone(&s.owner));
     }
 
-    /// Takes a slot for `me` (and a token, with a rate) at `now`, for a step
-    /// that assumes `size` when the store sets none. `Err(at)`: none is
-    /// free; look again at `at`. Refused (`Err` of the outer result) when
-    /// neither the store nor the step gives a size and there is no rate.
-    pub fn take(
-        &mut self,
-        me: Slot,
-        size: Option<u32>,
-        now: Timestamp,
-    ) -> Result<Result<(), Timestamp>, String> {
+    /// Takes a slot for `me` (and a start of the rate's, with one) at
+    /// `now`, for a step that assumes `size` when the store sets none.
+    /// Refused (`Err`) when neither the store nor the step gives a size and
+    /// there is no rate.
+    ///
+    /// The rate is a schedule of starts (a generic cell rate algorithm): a
+    /// start is free when the schedule lags no more than the burst behind;
+    /// a waiter is promised the next start of the schedule
+    /// ([`Taken::Reserved`]) and takes it when it comes back, so waiters
+    /// look once each instead of all looking at every start.
+    pub fn take(&mut self, me: Slot, size: Option<u32>, now: Timestamp) -> Result<Taken, String> {
         let size = self.size.or(size);
         if size.is_none() && self.rate.is_none() {
             return Err(
@@ -300,34 +323,66 @@ impl LimitDoc {
             .retain(|s| !(s.run == me.run && s.step == me.step));
         let recheck = now.saturating_add(LIMIT_RECHECK);
         if let Some(p) = self.paused_until.filter(|p| *p > now) {
-            return Ok(Err(p.min(now.saturating_add(Duration::from_secs(3600)))));
+            return Ok(Taken::Wait(
+                p.min(now.saturating_add(Duration::from_secs(3600))),
+            ));
         }
         if let Some(n) = size {
             if self.held.len() >= n as usize {
                 let first_free = self.held.iter().map(|s| s.until).min().unwrap_or(recheck);
-                return Ok(Err(first_free.min(recheck)));
+                return Ok(Taken::Wait(first_free.min(recheck)));
             }
         }
         if let Some(rate) = &self.rate {
-            let per_ms = rate.per_ms_rate();
-            let (tokens, at) = match &self.bucket {
-                Some(b) => (b.tokens, b.at),
-                None => (rate.burst, now),
-            };
-            let elapsed = now.unix_millis().saturating_sub(at.unix_millis()) as f64;
-            let tokens = (tokens + elapsed * per_ms).min(rate.burst);
-            if tokens < 1.0 {
-                let wait_ms = ((1.0 - tokens) / per_ms).ceil().max(1.0) as u64;
-                self.bucket = Some(Bucket { tokens, at: now });
-                return Ok(Err(now.saturating_add(Duration::from_millis(wait_ms))));
+            let kept = now
+                .unix_millis()
+                .saturating_sub(RESERVATION_KEPT.as_millis() as u64);
+            self.reserved.retain(|r| r.at.unix_millis() >= kept);
+            let mine = self
+                .reserved
+                .iter()
+                .position(|r| r.run == me.run && r.step == me.step);
+            // A promise is kept for a waiter that comes back within a
+            // recheck of its time; one that comes back later has let its
+            // start go (else late starters would bunch up with those on
+            // time), and takes its place in the schedule again.
+            if let Some(i) = mine {
+                if self.reserved[i].at.saturating_add(LIMIT_RECHECK) < now {
+                    self.reserved.remove(i);
+                }
             }
-            self.bucket = Some(Bucket {
-                tokens: tokens - 1.0,
-                at: now,
-            });
+            let mine = self
+                .reserved
+                .iter()
+                .position(|r| r.run == me.run && r.step == me.step);
+            match mine {
+                Some(i) if self.reserved[i].at <= now => {
+                    self.reserved.remove(i);
+                }
+                Some(i) => return Ok(Taken::Wait(self.reserved[i].at)),
+                None => {
+                    let interval = rate.per_ms as f64 / rate.tokens;
+                    let slack = (rate.burst - 1.0) * interval;
+                    let now_ms = now.unix_millis() as f64;
+                    let next = self.next_start_ms.unwrap_or(now_ms).max(now_ms);
+                    let due = next - slack;
+                    if due > now_ms {
+                        // Not yet: promised the next start of the schedule.
+                        let at = Timestamp::from_unix_millis(due.ceil() as u64);
+                        self.next_start_ms = Some(next + interval);
+                        self.reserved.push(Reservation {
+                            run: me.run.clone(),
+                            step: me.step.clone(),
+                            at,
+                        });
+                        return Ok(Taken::Reserved(at));
+                    }
+                    self.next_start_ms = Some(next + interval);
+                }
+            }
         }
         self.held.push(me);
-        Ok(Ok(()))
+        Ok(Taken::Got)
     }
 
     /// Moves the slot of `step` of `run` held by `owner` on to `until`;
@@ -377,12 +432,15 @@ mod tests {
     fn slots_are_taken_up_to_the_size_and_freed_by_release_expiry_or_death() {
         let mut d = LimitDoc::default();
         assert!(d.take(slot("a", 1, 100), None, at(0)).is_err(), "no size");
-        assert_eq!(d.take(slot("a", 1, 100), Some(2), at(0)), Ok(Ok(())));
-        assert_eq!(d.take(slot("b", 2, 150), Some(2), at(0)), Ok(Ok(())));
-        assert_eq!(d.take(slot("c", 3, 100), Some(2), at(0)), Ok(Err(at(100))));
+        assert_eq!(d.take(slot("a", 1, 100), Some(2), at(0)), Ok(Taken::Got));
+        assert_eq!(d.take(slot("b", 2, 150), Some(2), at(0)), Ok(Taken::Got));
+        assert_eq!(
+            d.take(slot("c", 3, 100), Some(2), at(0)),
+            Ok(Taken::Wait(at(100)))
+        );
         // The store's size wins over the step's.
         d.size = Some(3);
-        assert_eq!(d.take(slot("c", 3, 100), Some(2), at(0)), Ok(Ok(())));
+        assert_eq!(d.take(slot("c", 3, 100), Some(2), at(0)), Ok(Taken::Got));
         d.size = None;
         assert!(d.release("c", "s", &Owner::new("h", 3, 1)));
         assert!(!d.release("c", "s", &Owner::new("h", 3, 1)));
@@ -392,44 +450,61 @@ mod tests {
         d.expire(at(101), |o| o.pid == 2);
         assert!(d.held.is_empty());
         // A step that takes its slot again replaces the cut-off attempt's.
-        d.take(slot("a", 1, 100), Some(1), at(0)).unwrap().unwrap();
-        d.take(slot("a", 9, 500), Some(1), at(1)).unwrap().unwrap();
+        assert_eq!(d.take(slot("a", 1, 100), Some(1), at(0)), Ok(Taken::Got));
+        assert_eq!(d.take(slot("a", 9, 500), Some(1), at(1)), Ok(Taken::Got));
         assert_eq!(d.held.len(), 1);
         assert!(d.renew("a", "s", &Owner::new("h", 9, 1), at(900)));
         assert!(!d.renew("a", "s", &Owner::new("h", 1, 1), at(900)));
     }
 
     #[test]
-    fn a_rate_admits_its_tokens_over_time_and_a_pause_holds_everyone() {
+    fn a_rate_admits_its_starts_over_time_in_order_and_a_pause_holds_everyone() {
         let mut d = LimitDoc {
             rate: Some(Rate::parse("10/s", Some(2.0)).unwrap()),
             ..LimitDoc::default()
         };
-        let mut started = 0;
-        let mut t = 0;
-        // Ten seconds of eager starters: the burst, then ten a second.
-        while t <= 10_000 {
-            let run = format!("r{started}");
-            match d.take(slot(&run, 1, t + 50), None, at(t)).unwrap() {
-                Ok(()) => {
-                    started += 1;
-                    d.release(&run, "s", &Owner::new("h", 1, 1));
-                }
-                Err(next) => {
-                    assert!(next > at(t));
-                    t = next.unix_millis() - 1_000_000;
-                    continue;
-                }
+        // Fifty eager starters at once: the burst of 2 now, the others
+        // promised a start each, 100 ms apart, in the order they came.
+        let mut promised = Vec::new();
+        for i in 0..50 {
+            match d.take(slot(&format!("r{i}"), 1, 50), None, at(0)).unwrap() {
+                Taken::Got => assert!(i < 2, "{i} started at once"),
+                Taken::Reserved(t) => promised.push((i, t)),
+                Taken::Wait(t) => panic!("{i} was told to wait until {t:?} without a promise"),
             }
+            d.held.clear();
         }
-        assert!((101..=103).contains(&started), "{started}");
-        d.pause(at(20_000));
+        assert_eq!(promised.len(), 48);
+        for (n, (_, t)) in promised.iter().enumerate() {
+            assert_eq!(*t, at(100 * (n as u64 + 1)), "start {n}");
+        }
+        // Back early: told to wait for its time; on time: it starts, and a
+        // newcomer meanwhile is promised a time after every earlier promise.
+        let (i, t) = promised[5];
         assert_eq!(
-            d.take(slot("x", 1, 0), None, at(15_000)),
-            Ok(Err(at(20_000)))
+            d.take(slot(&format!("r{i}"), 1, 50), None, at(10)),
+            Ok(Taken::Wait(t))
         );
-        d.pause(at(18_000));
-        assert_eq!(d.paused_until, Some(at(20_000)));
+        assert_eq!(
+            d.take(slot(&format!("r{i}"), 1, 50), None, t),
+            Ok(Taken::Got)
+        );
+        assert_eq!(
+            d.take(slot("late", 1, 50), None, t),
+            Ok(Taken::Reserved(at(4900)))
+        );
+        // A promise nobody comes back for is given up after a minute.
+        assert!(d.reserved.iter().any(|r| r.run == "r9"));
+        d.held.clear();
+        let _ = d.take(slot("later", 1, 50), None, at(70_000)).unwrap();
+        assert!(!d.reserved.iter().any(|r| r.run == "r9"));
+        d.pause(at(90_000));
+        assert_eq!(
+            d.take(slot("x", 1, 0), None, at(80_000)),
+            Ok(Taken::Wait(at(90_000)))
+        );
+        d.pause(at(85_000));
+        assert_eq!(d.paused_until, Some(at(90_000)));
     }
 
     #[test]
