@@ -91,6 +91,7 @@ pub struct StepSpec {
     seconds: Option<f64>,
     signal: Option<String>,
     workflow: Option<String>,
+    limit: Option<String>,
 }
 
 /// The step context a listed step function gets.
@@ -234,6 +235,9 @@ fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow
                 let what = format!("step {:?}: timeout", spec.name);
                 if let Some(t) = opt_ranged(&what, spec.timeout, limits::STEP_TIMEOUT)? {
                     step = step.timeout(t);
+                }
+                if let Some(l) = &spec.limit {
+                    step = step.limit(limit_of(&spec.name, l)?);
                 }
                 step
             }
@@ -526,14 +530,24 @@ impl PyDurableCtx {
     }
 }
 
+/// A step's `limit="KEY"` or `"KEY:N"`.
+fn limit_of(name: &str, text: &str) -> PyResult<steadfast::LimitSpec> {
+    steadfast::LimitSpec::parse(text)
+        .map_err(|e| InvalidInput::new_err(format!("step {name:?}: limit {text:?}: {e}")))
+}
+
 fn options(
     name: &str,
     retries: Option<i64>,
     backoff: Option<f64>,
     max_backoff: Option<f64>,
     timeout: Option<f64>,
+    limit: Option<&str>,
 ) -> PyResult<StepOptions> {
     let mut o = StepOptions::new();
+    if let Some(l) = limit {
+        o = o.limit(limit_of(name, l)?);
+    }
     if let Some(p) = policy(name, retries, backoff, max_backoff)? {
         o = o.retry(p);
     }
@@ -565,7 +579,7 @@ impl PyDurableCtx {
     ///
     /// `on_loop`: `func` is a coroutine function, and this is called on the
     /// event loop's thread.
-    #[pyo3(signature = (name, func, retries=None, backoff=None, max_backoff=None, timeout=None, on_loop=false))]
+    #[pyo3(signature = (name, func, retries=None, backoff=None, max_backoff=None, timeout=None, on_loop=false, limit=None))]
     #[allow(clippy::too_many_arguments)]
     fn step(
         &self,
@@ -576,9 +590,17 @@ impl PyDurableCtx {
         max_backoff: Option<f64>,
         timeout: Option<f64>,
         on_loop: bool,
+        limit: Option<String>,
     ) -> PyResult<Pending> {
         mark_free(&name)?;
-        let opts = options(&name, retries, backoff, max_backoff, timeout)?;
+        let opts = options(
+            &name,
+            retries,
+            backoff,
+            max_backoff,
+            timeout,
+            limit.as_deref(),
+        )?;
         let (ctx, caller, func) = (self.ctx.clone(), self.caller.clone(), Arc::new(func));
         let step = name.clone();
         // A step without a timeout starts on a blocking thread that calls a

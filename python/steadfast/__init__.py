@@ -318,7 +318,8 @@ class Workflow:
                 f"invalid workflow {self.name!r}: step name {name!r}: names starting with '__' are reserved"
             )
         spec: Dict[str, Any] = dict.fromkeys(
-            ("func", "retries", "backoff", "max_backoff", "timeout", "on_timeout", "seconds", "signal", "workflow")
+            ("func", "retries", "backoff", "max_backoff", "timeout", "on_timeout", "seconds", "signal", "workflow",
+             "limit")
         )
         spec.update(options, kind=kind, name=name)
         self._steps.append(spec)
@@ -332,19 +333,24 @@ class Workflow:
         backoff: Optional[float] = None,
         max_backoff: Optional[float] = None,
         timeout: Optional[float] = None,
+        limit: Optional[str] = None,
     ) -> Any:
         """Adds a step named ``name``; usable as a decorator when ``func`` is omitted.
 
         ``retries`` is the number of extra attempts after a failure (default 2),
         ``backoff`` the first delay between attempts in seconds (doubling, with
         jitter, up to ``max_backoff``), ``timeout`` the seconds an attempt may take.
+        ``limit`` (``"openai:8"``, or ``"openai"`` with a size set by
+        ``steadfast limits set``) holds a slot of that shared key while each
+        attempt runs: at most its size of such steps run at once across every
+        process on the store; one that finds none free waits for one.
         """
 
         def add(f: StepFunction) -> StepFunction:
             if not callable(f):
                 raise TypeError(f"step {name!r}: {f!r} is not callable")
             self._add("step", name, func=f, retries=retries, backoff=backoff, max_backoff=max_backoff,
-                      timeout=timeout)
+                      timeout=timeout, limit=limit)
             return f
 
         return add if func is None else add(func)
@@ -421,13 +427,14 @@ class DurableContext:
         backoff: Optional[float] = None,
         max_backoff: Optional[float] = None,
         timeout: Optional[float] = None,
+        limit: Optional[str] = None,
     ) -> JSON:
         """Runs ``fn()`` (sync or async) as step ``name`` and returns its value,
         saved before this returns; on a resume, returns the saved value without
         calling ``fn``. Options as for :meth:`Workflow.step`.
         """
         on_loop = inspect.iscoroutinefunction(fn)
-        return await _wait(self._native.step(name, fn, retries, backoff, max_backoff, timeout, on_loop))
+        return await _wait(self._native.step(name, fn, retries, backoff, max_backoff, timeout, on_loop, limit))
 
     async def parallel(self, branches: Union[Sequence[Tuple[str, Callable[[], Any]]], Dict[str, Callable[[], Any]]]) -> List[JSON]:
         """Runs several steps at once and returns their values in order.

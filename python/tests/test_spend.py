@@ -104,3 +104,45 @@ def test_bad_spend_and_budgets_are_refused(memory_store):
     for budget in [{"usd": -1}, {"usd": "1"}, {"": 1}, ["usd"], {"usd": float("inf")}]:
         with pytest.raises(steadfast.InvalidInput):
             steadfast.run("b", wf, memory_store, budget=budget)
+
+
+def test_a_shared_limit_holds_steps_of_listed_and_durable_runs(store):
+    import threading
+    import time
+
+    lock = threading.Lock()
+    now = [0]
+    most = [0]
+
+    def work(ctx, state):
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.05)
+        with lock:
+            now[0] -= 1
+        return {"done": True}
+
+    wf = steadfast.Workflow("limited")
+    wf.step("work", work, limit="tool:1")
+
+    async def both():
+        return await asyncio.gather(
+            *[steadfast.run_async(f"r{i}", wf, store, wait_for_timers=True) for i in range(4)]
+        )
+
+    outs = asyncio.run(both())
+    assert all(o.completed for o in outs), outs
+    assert most[0] == 1
+
+    @steadfast.durable("limited-d")
+    async def limited(ctx):
+        return await ctx.step("call", lambda: 7, limit="tool")
+
+    # No size anywhere: a clear error. With one set on the store, it runs.
+    with pytest.raises(steadfast.InvalidWorkflow, match="no size"):
+        limited.run("d", store)
+    with pytest.raises(steadfast.InvalidInput):
+        wf2 = steadfast.Workflow("bad")
+        wf2.step("s", work, limit="a b:1")
+        steadfast.run("x", wf2, store)

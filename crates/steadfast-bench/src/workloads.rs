@@ -106,6 +106,9 @@ pub async fn all(kind: &str, args: &Args) -> Res<()> {
             w1_w2(kind, args, 16, durable).await?;
         }
     }
+    if args.wants("limit") {
+        w2_limit(kind, args).await?;
+    }
     if args.wants("W3") {
         w3(kind, args).await?;
     }
@@ -225,6 +228,60 @@ async fn w1_w2(kind: &str, args: &Args, concurrency: usize, durable: bool) -> Re
                "steps_per_s": round(steps as f64 / wall), "us_per_step": round(wall * 1e6 / steps as f64),
                "notes": notes}),
     );
+    Ok(())
+}
+
+/// The W2 workflow with every step holding a slot of one shared key of
+/// size 16 (`bench:16`), so 16 concurrent runs never wait for a slot: the
+/// cost of taking and giving back a slot in the store's documents.
+pub fn ten_limited_steps() -> Workflow {
+    let limit = steadfast::LimitSpec::parse("bench:16").expect("a valid limit");
+    let mut b = Workflow::builder("w");
+    for i in 0..STEPS {
+        b = b.push(
+            Step::new(format!("s{i}"), move |_, _| async move {
+                update(json!({ format!("s{i}"): i }))
+            })
+            .retry(RetryPolicy::none())
+            .limit(limit.clone()),
+        );
+    }
+    b.build().expect("a valid workflow")
+}
+
+/// W2 with and without a shared limit, interleaved in each repetition on
+/// fresh stores: the cost of a limit (two more compare-and-swap writes of
+/// one shared document per step, contended by 16 runs).
+async fn w2_limit(kind: &str, args: &Args) -> Res<()> {
+    let runs = runs_for(kind, args);
+    let (mut plain, mut limited) = (Vec::new(), Vec::new());
+    let limited_wf = Arc::new(ten_limited_steps());
+    for rep in 0..args.reps() {
+        let store = open_kind(kind, &fresh_url(kind, &args.dir, &format!("lp-{rep}"))).await?;
+        plain.push(run_many(store, "run", runs, 16).await?.as_secs_f64());
+        let store = open_kind(kind, &fresh_url(kind, &args.dir, &format!("ll-{rep}"))).await?;
+        let wf = Arc::clone(&limited_wf);
+        let wall = drive("run", runs, 16, move |run_id| {
+            let (store, wf) = (Arc::clone(&store), Arc::clone(&wf));
+            async move { steadfast::run(&run_id, &wf, &*store).await.map(drop) }
+        })
+        .await?;
+        limited.push(wall.as_secs_f64());
+    }
+    let steps = runs * STEPS;
+    let (plain, limited) = (median(plain), median(limited));
+    for (workload, wall) in [("W2", plain), ("W2/limit", limited)] {
+        emit(
+            "steadfast",
+            kind,
+            workload,
+            durability(kind),
+            json!({"runs": runs, "steps": steps, "concurrency": 16, "wall_s": round3(wall),
+                   "steps_per_s": round(steps as f64 / wall), "us_per_step": round(wall * 1e6 / steps as f64),
+                   "limit_over_plain": round3(wall / plain),
+                   "notes": format!("W2 and W2 with every step holding a slot of one key of size 16, interleaved in each repetition; medians. {}", runs_note(kind, args)).trim_end().to_string()}),
+        );
+    }
     Ok(())
 }
 

@@ -1207,10 +1207,11 @@ impl CosmosStore {
     }
 }
 
-/// The partition of document `key`: `d~` and the key encoded as a run id
-/// is (an encoded run id has no `~` of its own, so no run shares it).
+/// The partition of document `key`: `~d~` and the key encoded as a run id
+/// is. No run shares it: an encoded run id's `~` is always followed by two
+/// uppercase hex digits, never by `d`.
 fn doc_partition(key: &str) -> String {
-    format!("d~{}", encode_run_id(key))
+    format!("~d~{}", encode_run_id(key))
 }
 
 /// Each document is one item, `doc`, in a partition of its own; a write

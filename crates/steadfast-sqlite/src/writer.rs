@@ -1057,7 +1057,8 @@ fn apply_document(
     path: &str,
 ) -> Result<u64, StoreError> {
     let ctx = || format!("writing document {key:?} in {path}");
-    let expected_i = expected.map(|v| i64::try_from(v).unwrap_or(i64::MAX));
+    // (A version past i64's range is never stored: it conflicts.)
+    let expected_i = expected.map(|v| i64::try_from(v).unwrap_or(i64::MAX).min(i64::MAX - 1));
     let Some(value) = value else {
         let n = conn
             .prepare_cached("DELETE FROM documents WHERE key = ?1 AND version = ?2")

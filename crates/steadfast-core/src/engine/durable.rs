@@ -756,19 +756,6 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             // The attempts counted so far belong to another step (a durable
             // function that went on after a failure): this one starts afresh.
             let mut s = self.shared.session.lock().await;
-            // A run over its budget stops before its next step; a step
-            // running beside this one (joined futures) is let finish, and
-            // the next step alone stops it.
-            if self
-                .shared
-                .running
-                .load(std::sync::atomic::Ordering::SeqCst)
-                == 1
-            {
-                if let Some(stop) = s.budget_stop(runner).await.map_err(Branch::Engine)? {
-                    return Err(Branch::Engine(self.stop(stop)));
-                }
-            }
             if s.budget_step.as_deref() != Some(name) {
                 if s.budget_step.is_some() {
                     s.used = 0;
@@ -778,8 +765,34 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             }
         }
         loop {
-            // A slot of the step's shared limit first: none free, the run
+            if how.branch.is_none() {
+                let mut s = self.shared.session.lock().await;
+                // A run over its budget stops before its next step or
+                // attempt; a step running beside this one (joined futures)
+                // is let finish, and the next step alone stops it.
+                if self
+                    .shared
+                    .running
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                    == 1
+                {
+                    if let Some(stop) = s.budget_stop(runner).await.map_err(Branch::Engine)? {
+                        return Err(Branch::Engine(self.stop(stop)));
+                    }
+                }
+            }
+            // The lease first (a run taken over or cancelled stops here),
+            // then a slot of the step's shared limit: none free, the run
             // waits for one (durably, unless this runner waits in-process).
+            // Nothing between taking the slot and the attempt's end returns
+            // early, so the slot is always given back.
+            self.shared
+                .session
+                .lock()
+                .await
+                .renew_if_due(runner)
+                .await
+                .map_err(Branch::Engine)?;
             let held = match how.limit {
                 None => None,
                 Some(spec) => Some(self.slot(spec, name, how.branch.is_some()).await?),
@@ -792,7 +805,6 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     s.cp.wait = None;
                     s.cp.status = RunStatus::Running;
                 }
-                s.renew_if_due(runner).await.map_err(Branch::Engine)?;
                 let index = how.branch.unwrap_or(s.cp.next);
                 let attempt = match how.branch {
                     Some(_) => 1,

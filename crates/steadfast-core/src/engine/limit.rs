@@ -84,6 +84,10 @@ async fn update<T>(
     key: &str,
     mut change: impl FnMut(&mut LimitDoc) -> Result<(bool, T), Error>,
 ) -> Result<Result<T, crate::StoreError>, Error> {
+    // One change of a key at a time in this process: its steps would only
+    // meet each other's writes and try again (other processes still may).
+    let turn = local_turn(key);
+    let _turn = turn.lock().await;
     let mut last = None;
     for i in 0..TRIES {
         let (mut doc, version) = match read(docs, key).await {
@@ -110,6 +114,23 @@ async fn update<T>(
         expected: None,
         found: None,
     })))
+}
+
+/// The most keys [`local_turn`] remembers before it starts over.
+const MAX_TURNS: usize = 4096;
+
+/// This process's turn at changing the document of `key`.
+fn local_turn(key: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    static TURNS: std::sync::Mutex<
+        Option<std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>,
+    > = std::sync::Mutex::new(None);
+    let mut turns = TURNS.lock().unwrap_or_else(|p| p.into_inner());
+    let map = turns.get_or_insert_with(Default::default);
+    if map.len() >= MAX_TURNS && !map.contains_key(key) {
+        // Only turns nobody waits for are dropped.
+        map.retain(|_, t| std::sync::Arc::strong_count(t) > 1);
+    }
+    std::sync::Arc::clone(map.entry(key.to_string()).or_default())
 }
 
 /// Whether the holder of a slot is surely gone (a dead process on this
@@ -169,10 +190,18 @@ pub(crate) async fn take<S: Store + ?Sized>(
                 fastrand::u64(0..=crate::record::limit::LIMIT_RECHECK.as_millis() as u64 / 2);
             Ok(Take::Wait(at.saturating_add(Duration::from_millis(spread))))
         }
-        // Many writers at once: look again soon.
-        Err(e) if e.kind() == StoreErrorKind::Conflict => Ok(Take::Wait(
-            r.clock.now().saturating_add(Duration::from_millis(50)),
-        )),
+        // Many writers at once, or a document grown to its limit (its
+        // holders' run ids are long): look again soon.
+        Err(e)
+            if matches!(
+                e.kind(),
+                StoreErrorKind::Conflict | StoreErrorKind::TooLarge
+            ) =>
+        {
+            Ok(Take::Wait(
+                r.clock.now().saturating_add(Duration::from_millis(50)),
+            ))
+        }
         Err(e) => Err(store_err(
             run,
             format!("taking a slot of limit {:?} for step {step:?}", spec.key),

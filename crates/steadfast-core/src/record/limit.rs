@@ -11,7 +11,7 @@ use crate::record::checkpoint::Owner;
 use crate::record::clock::Timestamp;
 
 /// The largest concurrency a limit may have.
-pub const MAX_LIMIT_SIZE: u32 = 100_000;
+pub const MAX_LIMIT_SIZE: u32 = 1_000;
 
 /// How often a step waiting for a slot looks again, at most: a waiting run
 /// sleeps this long (or until the slot it waits for may be free) between
@@ -153,9 +153,9 @@ impl Rate {
     /// `tokens` per `period`, with a bucket of `burst` (by default one
     /// period's tokens, at least 1).
     pub fn new(tokens: f64, period: Duration, burst: Option<f64>) -> Result<Self, String> {
-        if !(tokens.is_finite() && tokens > 0.0 && tokens <= 1e9) {
+        if !(tokens.is_finite() && (1.0..=1e9).contains(&tokens)) {
             return Err(format!(
-                "a rate's count is above 0 and at most 1e9, not {tokens}"
+                "a rate's count is from 1 to 1e9 starts per period, not {tokens} (write 1/2s for half a start a second)"
             ));
         }
         let per_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
@@ -212,6 +212,10 @@ pub struct Reservation {
     /// When its start is due.
     pub at: Timestamp,
 }
+
+/// The most starts promised at once; past them, a waiter looks again
+/// later without a promise (the document stays small).
+pub const MAX_RESERVATIONS: usize = 500;
 
 /// How long a promised start is kept for a waiter that does not come back
 /// (it died): then it is given up.
@@ -277,12 +281,14 @@ impl LimitDoc {
     }
 
     /// Sets the size (none: each step's own) and the rate (none: no rate),
-    /// keeping who holds slots.
+    /// keeping who holds slots; a pause a provider asked for is lifted.
     pub fn configure(&mut self, size: Option<u32>, rate: Option<Rate>) -> Result<(), String> {
         if let Some(n) = size {
             check_size(n)?;
         }
         self.size = size;
+        // A setting given by hand lifts a provider's pause.
+        self.paused_until = None;
         if rate.as_ref().map(|r| (r.tokens, r.per_ms))
             != self.rate.as_ref().map(|r| (r.tokens, r.per_ms))
         {
@@ -360,6 +366,9 @@ impl LimitDoc {
                     self.reserved.remove(i);
                 }
                 Some(i) => return Ok(Taken::Wait(self.reserved[i].at)),
+                None if self.reserved.len() >= MAX_RESERVATIONS => {
+                    return Ok(Taken::Wait(recheck));
+                }
                 None => {
                     let interval = rate.per_ms as f64 / rate.tokens;
                     let slack = (rate.burst - 1.0) * interval;
@@ -510,7 +519,26 @@ mod tests {
     #[test]
     fn settings_are_checked() {
         assert!(LimitSpec::parse(":3").is_err());
-        assert!(LimitSpec::parse("k:100001").is_err());
+        assert!(LimitSpec::parse("k:1001").is_err());
+        assert!(Rate::parse("0.5/s", None).is_err());
+        assert!(Rate::parse("5e-324/s", None).is_err());
+        // A setting given by hand lifts a pause; promises are bounded.
+        let mut d = LimitDoc::default();
+        d.pause(Timestamp::from_unix_millis(u64::MAX / 2));
+        d.configure(Some(2), Rate::parse("1/h", Some(1.0)).ok())
+            .unwrap();
+        assert_eq!(d.paused_until, None);
+        let t = Timestamp::from_unix_millis(1_000_000);
+        let mut promised = 0;
+        for i in 0..(MAX_RESERVATIONS + 10) {
+            let me = Slot::new(&format!("r{i}"), "s", Owner::new("h", 1, 1), t);
+            match d.take(me, None, t).unwrap() {
+                Taken::Reserved(_) => promised += 1,
+                Taken::Got => d.held.clear(),
+                Taken::Wait(_) => {}
+            }
+        }
+        assert_eq!(promised, MAX_RESERVATIONS);
         assert!(Rate::parse("1/0s", None).is_err());
         assert!(Rate::parse("NaN/s", None).is_err());
         assert!(Rate::parse("1/s", Some(0.5)).is_err());

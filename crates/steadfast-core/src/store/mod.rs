@@ -455,7 +455,7 @@ pub trait Events: Send + Sync {
 pub const MAX_DOCUMENT_KEY_BYTES: usize = 200;
 
 /// The largest shared document, in bytes of JSON.
-pub const MAX_DOCUMENT_BYTES: usize = 256 * 1024;
+pub const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
 
 /// A shared document as stored: its key, value and version.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
