@@ -129,7 +129,7 @@ fn corpus(valid: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
         ("array", b"[]".to_vec()),
         ("empty object", b"{}".to_vec()),
         ("no runs", br#"{"format":1}"#.to_vec()),
-        ("future format", br#"{"format":5,"runs":{}}"#.to_vec()),
+        ("future format", br#"{"format":6,"runs":{}}"#.to_vec()),
         (
             "history in a format-1 file",
             br#"{"format":1,"runs":{},"history":{"r":[]}}"#.to_vec(),
@@ -141,6 +141,14 @@ fn corpus(valid: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
         (
             "history of a run that is not there",
             br#"{"format":2,"runs":{},"history":{"r":[]}}"#.to_vec(),
+        ),
+        (
+            "documents in a file of format 4",
+            br#"{"format":4,"runs":{},"documents":{"limit:a":{"value":{},"version":1}}}"#.to_vec(),
+        ),
+        (
+            "a document of version 0",
+            br#"{"format":5,"runs":{},"documents":{"limit:a":{"value":{},"version":0}}}"#.to_vec(),
         ),
         (
             "future format other shape",

@@ -305,7 +305,7 @@ pub trait Store: Send + Sync {
 /// let store = MemoryStore::new();
 /// let caps = store.capabilities();
 /// assert!(caps.history.is_some() && caps.schedule.is_none());
-/// assert_eq!(caps.names(), ["history", "max_state_bytes", "events"]);
+/// assert_eq!(caps.names(), ["history", "max_state_bytes", "events", "documents"]);
 /// assert!(Capabilities::none().names().is_empty());
 /// ```
 #[derive(Clone, Default)]
