@@ -176,7 +176,7 @@ async fn values_stored_before_blobs_that_look_like_references_read_back() -> Tes
     tamper(
         &store,
         &format!(
-            "DROP TABLE {{q}}.events; DROP TABLE {{q}}.blob_refs; DROP TABLE {{q}}.blob_chunks; DROP TABLE {{q}}.blobs;
+            "DROP TABLE {{q}}.documents; DROP TABLE {{q}}.events; DROP TABLE {{q}}.blob_refs; DROP TABLE {{q}}.blob_chunks; DROP TABLE {{q}}.blobs;
              ALTER TABLE {{q}}.runs RENAME COLUMN snapshot_steps TO snapshot_completed;
              UPDATE {{q}}.meta SET value = 1 WHERE key = 'schema_version';
              UPDATE {{q}}.steps SET update_json = '{text}';
