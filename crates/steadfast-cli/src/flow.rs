@@ -315,10 +315,11 @@ fn parse_with_children(text: &str, path: &Path) -> Result<(Workflow, Vec<ChildFi
                 )?;
             }
             only_for(
-                spec.workdir.is_some() || spec.env.is_some() || spec.limit.is_some(),
-                "workdir, env and limit",
+                spec.workdir.is_some() || spec.env.is_some(),
+                "workdir and env",
                 "run",
             )?;
+            only_for(spec.limit.is_some(), "limit", "run")?;
         }
         let step = if let Some(run) = &spec.run {
             only_for(spec.on_timeout.is_some(), "on_timeout", "gate")?;
