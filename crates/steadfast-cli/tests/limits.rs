@@ -49,11 +49,11 @@ fn wait_completed(env: &Env, ids: &[String], within: Duration) {
 #[test]
 fn workers_and_runs_never_hold_more_slots_than_the_size_even_when_killed() -> TestResult {
     let env = Env::new();
-    // Each attempt logs its start and end with the pid of the process that
-    // runs it (the shell's parent).
+    // Each attempt logs its start and end with the pids of the shell's
+    // parent and grandparent (the process that runs it is one of them).
     let flow = env.flow(
         "lim.toml",
-        "name = \"lim\"\n[[step]]\nname = \"work\"\nlimit = \"tool:2\"\nretries = 3\nrun = \"echo start $(date +%s%N) $PPID $STEADFAST_RUN_ID >> log; sleep 0.25; echo end $(date +%s%N) $PPID $STEADFAST_RUN_ID >> log\"\n",
+        "name = \"lim\"\n[[step]]\nname = \"work\"\nlimit = \"tool:2\"\nretries = 3\nrun = \"p=$PPID,$(awk '{print $4}' /proc/$PPID/stat); echo start $(date +%s%N) $p $STEADFAST_RUN_ID >> log; sleep 0.25; echo end $(date +%s%N) $p $STEADFAST_RUN_ID >> log\"\n",
     );
     let f = flow.to_str().unwrap();
     let mut ids = Vec::new();
@@ -126,11 +126,15 @@ fn workers_and_runs_never_hold_more_slots_than_the_size_even_when_killed() -> Te
             _ => panic!("a bad log line: {line:?}"),
         }
     }
-    for ((pid, run), start) in open {
-        let pid: u32 = pid.parse()?;
-        let end = killed.get(&pid).copied().unwrap_or_else(|| {
-            panic!("run {run}'s attempt in {pid} never ended, yet its process was not killed")
-        });
+    for ((pids, run), start) in open {
+        // The step's parent and grandparent: whichever ran it.
+        let end = pids
+            .split(',')
+            .filter_map(|p| p.parse::<u32>().ok())
+            .find_map(|p| killed.get(&p).copied())
+            .unwrap_or_else(|| {
+                panic!("run {run}'s attempt in {pids} never ended, yet its process was not killed")
+            });
         intervals.push((start, end));
     }
     let mut edges: Vec<(u128, i32)> = intervals

@@ -1284,7 +1284,7 @@ pub async fn documents_are_compare_and_swap(ts: TestStore) -> CheckResult {
         (&"k".repeat(201)[..], json!({})),
         ("limit:bad", json!([1])),
         ("limit:bad", json!({"deep": deep(200)})),
-        ("limit:bad", json!({"big": "x".repeat(300 * 1024)})),
+        ("limit:bad", json!({"big": "x".repeat(1100 * 1024)})),
     ] {
         let r = docs.put_document(key, &value, None).await;
         ensure!(
