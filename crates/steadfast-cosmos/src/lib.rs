@@ -1344,19 +1344,14 @@ impl CosmosStore {
             .get("value")
             .and_then(Value::as_str)
             .ok_or_else(|| corrupt("no value text".into()))?;
-        let value: Value = serde_json::from_str(text).map_err(|e| corrupt(e.to_string()))?;
-        steadfast_core::store::check_document(key, &value).map_err(|e| corrupt(e.to_string()))?;
-        let version = item
-            .get("version")
-            .and_then(Value::as_u64)
-            .filter(|v| *v > 0)
-            .ok_or_else(|| corrupt("no version".into()))?;
+        let version = item.get("version").and_then(Value::as_u64).unwrap_or(0);
+        let doc = steadfast_core::store::decode_document(key, text, version, &self.shared.display)?;
         let etag = item
             .get("_etag")
             .and_then(Value::as_str)
             .ok_or_else(|| corrupt("no ETag".into()))?
             .to_string();
-        Ok((Document::new(key, value, version), etag))
+        Ok((doc, etag))
     }
 }
 

@@ -1107,21 +1107,10 @@ impl PgStore {
         crate::schema::quote(&self.shared.schema)
     }
 
-    /// A document row read back: a value that is not a JSON object a write
-    /// would take, or a version below 1, is corrupt.
+    /// A document row read back ([`decode_document`](steadfast_core::store::decode_document)).
     fn document_of(&self, key: &str, text: String, version: i64) -> Result<Document, StoreError> {
-        let corrupt = |reason: String| StoreError::Corrupt {
-            location: format!("{} documents[{key:?}]", self.shared.display),
-            reason,
-        };
-        let value: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| corrupt(e.to_string()))?;
-        steadfast_core::store::check_document(key, &value).map_err(|e| corrupt(e.to_string()))?;
-        let version = u64::try_from(version)
-            .ok()
-            .filter(|v| *v > 0)
-            .ok_or_else(|| corrupt(format!("version {version}")))?;
-        Ok(Document::new(key, value, version))
+        let version = u64::try_from(version).unwrap_or(0);
+        steadfast_core::store::decode_document(key, &text, version, &self.shared.display)
     }
 }
 

@@ -888,21 +888,10 @@ impl Documents for SqliteStore {
     }
 }
 
-/// A document row read back: a value that is not a JSON object a write
-/// would take, or a version below 1, is corrupt.
+/// A document row read back ([`decode_document`](steadfast_core::store::decode_document)).
 fn document_of(key: &str, text: &str, version: i64, path: &str) -> Result<Document, StoreError> {
-    let corrupt = |reason: String| StoreError::Corrupt {
-        location: format!("{path} documents[{key:?}]"),
-        reason,
-    };
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| corrupt(e.to_string()))?;
-    steadfast_core::store::check_document(key, &value).map_err(|e| corrupt(e.to_string()))?;
-    let version = u64::try_from(version)
-        .ok()
-        .filter(|v| *v > 0)
-        .ok_or_else(|| corrupt(format!("version {version}")))?;
-    Ok(Document::new(key, value, version))
+    let version = u64::try_from(version).unwrap_or(0);
+    steadfast_core::store::decode_document(key, text, version, path)
 }
 
 #[async_trait]

@@ -489,16 +489,7 @@ pub fn update(value: serde_json::Value) -> Result<Update, StepError> {
     }
 }
 
-pub(crate) fn json_kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
-}
+pub(crate) use crate::record::state::json_kind;
 
 /// A name and an ordered list of uniquely named steps.
 ///

@@ -200,7 +200,7 @@ pub fn amounts_of(value: &serde_json::Value) -> Result<BTreeMap<String, f64>, St
         other => {
             return Err(format!(
                 "amounts are a JSON object of names and numbers, not {}",
-                kind(other)
+                crate::record::state::json_kind(other)
             ))
         }
     };
@@ -213,9 +213,12 @@ pub fn amounts_of(value: &serde_json::Value) -> Result<BTreeMap<String, f64>, St
     let mut out = BTreeMap::new();
     for (name, v) in map {
         check_spend_name(name)?;
-        let amount = v
-            .as_f64()
-            .ok_or_else(|| format!("the amount for {name:?} is {}, not a number", kind(v)))?;
+        let amount = v.as_f64().ok_or_else(|| {
+            format!(
+                "the amount for {name:?} is {}, not a number",
+                crate::record::state::json_kind(v)
+            )
+        })?;
         check_amount(name, amount)?;
         out.insert(name.clone(), amount);
     }
@@ -256,17 +259,6 @@ pub fn parse_amounts(text: &str) -> Result<BTreeMap<String, f64>, String> {
         ));
     }
     Ok(out)
-}
-
-fn kind(v: &serde_json::Value) -> &'static str {
-    match v {
-        serde_json::Value::Null => "null",
-        serde_json::Value::Bool(_) => "a boolean",
-        serde_json::Value::Number(_) => "a number",
-        serde_json::Value::String(_) => "a string",
-        serde_json::Value::Array(_) => "an array",
-        serde_json::Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

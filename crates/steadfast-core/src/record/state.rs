@@ -155,6 +155,18 @@ fn render_path(path: &[PathPart<'_>]) -> String {
     out
 }
 
+/// What kind of JSON value `v` is, for an error: `"a string"`, `"null"`.
+pub(crate) fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

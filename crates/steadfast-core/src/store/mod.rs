@@ -524,6 +524,37 @@ pub fn check_document(key: &str, value: &serde_json::Value) -> Result<(), StoreE
     Ok(())
 }
 
+/// A document as a store reads it back from its JSON text and version
+/// (`version` as stored; one below 1 or past `u64` reads as 0): a text
+/// that is not a JSON object a write would take, or a version of 0, is
+/// [`StoreError::Corrupt`] at `location`. One rule for every store that
+/// keeps documents as text.
+///
+/// ```
+/// use steadfast_core::store::decode_document;
+/// assert_eq!(decode_document("k", r#"{"n":1}"#, 2, "here").unwrap().version, 2);
+/// assert!(decode_document("k", "[1]", 2, "here").is_err());
+/// assert!(decode_document("k", "{}", 0, "here").is_err());
+/// ```
+pub fn decode_document(
+    key: &str,
+    text: &str,
+    version: u64,
+    location: &str,
+) -> Result<Document, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        location: format!("{location} document {key:?}"),
+        reason,
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| corrupt(e.to_string()))?;
+    check_document(key, &value).map_err(|e| corrupt(e.to_string()))?;
+    if version == 0 {
+        return Err(corrupt("version 0 is never stored".into()));
+    }
+    Ok(Document::new(key, value, version))
+}
+
 /// Small documents shared by every process on a store, each a JSON object
 /// under a key, written by compare-and-swap on its version as runs are: a
 /// capability of a [`Store`] ([`Capabilities::documents`]) on which
