@@ -237,6 +237,12 @@ fn limits_are_set_listed_and_checked_and_a_retry_after_holds_the_key() -> TestRe
         &["limits", "set", "k", "--rate", "fast"],
         &["limits", "set", "k", "--rate", "0/s"],
         &["limits", "set", "k", "--burst", "3"],
+        &["limits", "set", "", "2"],
+        &["limits", "set", &"k".repeat(65), "2"],
+        &["limits", "set", "k", "99999999999"],
+        &["limits", "set", "k", "--rate", "1e10/s"],
+        &["limits", "set", "k", "--rate", "5/0s"],
+        &["limits", "set", "k", "--rate", "5/s", "--burst", "-1"],
     ] {
         let out = env.run(bad);
         assert_eq!(code(&out), 2, "{bad:?}: {}", stderr(&out));

@@ -140,7 +140,19 @@ fn bad_budgets_and_bad_spend_are_clear_errors() -> TestResult {
     let env = Env::new();
     let flow = env.flow("one.toml", &format!("name = \"one\"\n{}", spender("one")));
     let f = flow.to_str().unwrap();
-    for bad in ["usd", "usd=-1", "usd=NaN", "usd=1,usd=2", "a b=1", ""] {
+    let long_name = format!("{}=1", "n".repeat(65));
+    for bad in [
+        "usd",
+        "usd=-1",
+        "usd=NaN",
+        "usd=1e309",
+        "usd=1,usd=2",
+        "a b=1",
+        "",
+        "=",
+        ",",
+        &long_name,
+    ] {
         let out = env.run(&["run", f, "--run-id", "r", "--budget", bad]);
         assert_eq!(code(&out), 2, "{bad:?}: {}", stderr(&out));
     }
