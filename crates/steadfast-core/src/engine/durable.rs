@@ -303,6 +303,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
         let (mut cp, expected) = match loaded {
             None => (Checkpoint::new(run_id, workflow, runner.now()), None),
             Some(cp) => {
+                self.check_due(&cp)?;
                 let cp =
                     match crate::engine::family::orphaned(runner.store_ref(), &cp, &*runner.clock)
                         .await

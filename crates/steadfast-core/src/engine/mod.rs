@@ -50,6 +50,10 @@ pub struct Runner<'s, S: Store + ?Sized> {
     pub(crate) takeover: Option<TakeoverHook>,
     pub(crate) cancel_grace: Duration,
     pub(crate) budget: Option<std::collections::BTreeMap<String, f64>>,
+    /// Set by a worker, which takes only runs it found due: a run that has
+    /// ended since (another worker finished it between the look and the
+    /// load) is a missed claim, not a run this call completed.
+    pub(crate) due_only: bool,
     #[cfg(feature = "mutants")]
     pub(crate) mutant_skip_reload_after_unknown: bool,
     #[cfg(feature = "mutants")]
@@ -96,6 +100,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             takeover: None,
             cancel_grace: DEFAULT_CANCEL_GRACE,
             budget: None,
+            due_only: false,
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: false,
             #[cfg(feature = "mutants")]
@@ -115,6 +120,8 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             takeover: self.takeover.clone(),
             cancel_grace: self.cancel_grace,
             budget: self.budget.clone(),
+            // Checked once, where a worker's call loads its run.
+            due_only: false,
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: self.mutant_skip_reload_after_unknown,
             #[cfg(feature = "mutants")]
@@ -137,6 +144,21 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     }
 
     /// Checks the options that have ranges (the lease's time to live).
+    /// [`Error::ClaimLost`] when this runner takes only due runs and `cp`
+    /// has already ended as completed, failed or rejected.
+    pub(crate) fn check_due(&self, cp: &Checkpoint) -> Result<(), Error> {
+        let ended = matches!(
+            cp.status,
+            crate::RunStatus::Completed | crate::RunStatus::Failed | crate::RunStatus::Rejected
+        );
+        if self.due_only && ended {
+            return Err(Error::ClaimLost {
+                run_id: cp.run_id.clone(),
+            });
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_options(&self) -> Result<(), Error> {
         if let Some((_, ttl)) = &self.lease {
             crate::record::limits::LEASE

@@ -84,6 +84,7 @@ impl<S: Store + ?Sized> Runner<'_, S> {
                 (cp, None, false)
             }
             Some(cp) => {
+                self.check_due(&cp)?;
                 let cp = match crate::engine::family::orphaned(self.store_ref(), &cp, &*self.clock)
                     .await
                     .map_err(|e| store_error(run_id, "look at the parent", e))?

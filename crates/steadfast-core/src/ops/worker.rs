@@ -773,7 +773,8 @@ impl Worker {
         if let Some(f) = &self.configure {
             runner = f(run_id, runner);
         }
-        let runner = runner.lease(self.owner.clone(), self.lease);
+        let mut runner = runner.lease(self.owner.clone(), self.lease);
+        runner.due_only = true;
         outcome = match entry {
             Entry::Listed(wf) => runner.run(run_id, &wf).await.map(|o| verdict_of(&o)),
             Entry::Durable(f) => runner
@@ -936,5 +937,49 @@ mod tests {
         }
         assert!(rest(&book).0 <= Duration::from_secs(60));
         assert!(rest(&book).0 > Duration::from_secs(50));
+    }
+
+    /// A run that another worker finished between this worker's look and
+    /// its load is a missed claim, not one more completed run, for listed
+    /// workflows and durable functions alike; a due run is still run.
+    #[tokio::test]
+    async fn a_run_finished_elsewhere_is_missed_not_completed() {
+        let store = Arc::new(crate::MemoryStore::new());
+        let listed = crate::Workflow::builder("listed")
+            .step("a", |_, _| async {
+                crate::update(serde_json::json!({"a": 1}))
+            })
+            .build()
+            .expect("a workflow");
+        let registry = Registry::new()
+            .workflow(listed.clone())
+            .durable("durable", |_ctx: DurableCtx<'static, SharedStore>| async {
+                Ok::<_, Error>(7u32)
+            });
+        crate::run("done-listed", &listed, &*store)
+            .await
+            .expect("runs");
+        Runner::new(&*store)
+            .durable("done-durable", "durable", |_| async {
+                Ok::<_, Error>(7u32)
+            })
+            .await
+            .expect("runs");
+        let worker = Worker::new(store.clone(), registry);
+        assert!(matches!(
+            worker.run_one("done-listed", "listed").await,
+            Verdict::Missed
+        ));
+        assert!(matches!(
+            worker.run_one("done-durable", "durable").await,
+            Verdict::Missed
+        ));
+        crate::start(&*store, "listed", "due", serde_json::json!({}), false)
+            .await
+            .expect("starts");
+        assert!(matches!(
+            worker.run_one("due", "listed").await,
+            Verdict::Completed
+        ));
     }
 }
