@@ -53,6 +53,8 @@ pub enum Command {
     Signal(cmd::signal::SignalArgs),
     /// Set or list shared concurrency and rate limits (`limit = "KEY:N"` in a step).
     Limits(cmd::limits::LimitsArgs),
+    /// Add, list or remove schedules: a flow started by workers at every slot of a cron expression.
+    Schedule(cmd::schedule::ScheduleArgs),
     /// Reject the gate a run waits at, ending the run.
     Reject(cmd::reject::RejectArgs),
     /// Delete a run.

@@ -91,6 +91,9 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
             | Command::Limits(cmd::limits::LimitsArgs {
                 what: cmd::limits::LimitsCommand::Set(_)
             })
+            | Command::Schedule(cmd::schedule::ScheduleArgs {
+                what: cmd::schedule::ScheduleCommand::Add(_)
+            })
     );
     // The library's one opening policy: sealed with keys, sealed records
     // refused without.
@@ -122,6 +125,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Command::Reject(args) => cmd::reject::run(args, &ctx).await,
         Command::Signal(args) => cmd::signal::run(args, &ctx).await,
         Command::Limits(args) => cmd::limits::run(args, &ctx).await,
+        Command::Schedule(args) => cmd::schedule::run(args, &ctx).await,
         Command::Delete(args) => cmd::delete::run(args, &ctx).await,
         Command::Cancel(args) => cmd::cancel::run(args, &ctx).await,
         Command::Retry(args) => cmd::retry::run(args, &ctx).await,

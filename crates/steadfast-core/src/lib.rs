@@ -34,6 +34,7 @@ pub mod store;
 
 pub use engine::metrics;
 pub use ops::limits as limits_ops;
+pub use ops::schedules as schedule_ops;
 pub use ops::{retention, stuck, transfer, watch, worker};
 pub use record::limits;
 pub use store::local;
@@ -72,6 +73,10 @@ pub use record::limit::{
     LIMIT_RECHECK, MAX_LIMIT_SIZE, RESERVATION_KEPT, SLOT_LEASE,
 };
 pub use record::outcome::{Event, Outcome, Suspension};
+pub use record::schedule::{
+    check_schedule_name, CronSchedule, Due, DEFAULT_CATCH_UP, MAX_CATCH_UP,
+    MAX_SCHEDULE_NAME_BYTES, SCHEDULE_PREFIX,
+};
 pub use record::signal::{Signal, SIGNALS_KEY, SIGNAL_STEP};
 pub use record::spend::{
     amounts_of, check_spend_name, parse_amounts, Spend, BUDGET_GATE, MAX_SPEND_AMOUNT,

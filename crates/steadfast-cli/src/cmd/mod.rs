@@ -18,6 +18,7 @@ pub mod retry;
 pub mod rewind;
 pub mod run;
 pub mod runs;
+pub mod schedule;
 pub mod serve;
 pub mod show;
 pub mod signal;

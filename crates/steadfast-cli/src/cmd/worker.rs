@@ -157,8 +157,8 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
         .run(shutdown)
         .await?;
     output::note(format_args!(
-        "steadfast worker: stopped; {} taken, {} completed, {} waiting or sleeping, {} failed, {} held by others, {} claimed by others first, {} cancelled, {} stopped mid-run",
-        report.taken, report.completed, report.suspended, report.failed, report.lost, report.missed, report.cancelled, report.abandoned
+        "steadfast worker: stopped; {} taken, {} completed, {} waiting or sleeping, {} failed, {} held by others, {} claimed by others first, {} cancelled, {} stopped mid-run, {} started by schedules",
+        report.taken, report.completed, report.suspended, report.failed, report.lost, report.missed, report.cancelled, report.abandoned, report.scheduled
     ));
     Ok(exit::OK)
 }

@@ -27,6 +27,7 @@
 
 pub mod limits;
 pub mod retention;
+pub mod schedules;
 pub mod stuck;
 pub mod transfer;
 pub mod watch;

@@ -134,6 +134,15 @@ impl Registry {
     pub fn contains(&self, name: &str) -> bool {
         self.entries.contains_key(name)
     }
+
+    /// `None` when `name` is not registered; else the listed workflow, or
+    /// `None` inside for a durable function.
+    pub(crate) fn listed(&self, name: &str) -> Option<Option<&Workflow>> {
+        self.entries.get(name).map(|e| match e {
+            Entry::Listed(wf) => Some(&**wf),
+            Entry::Durable(_) => None,
+        })
+    }
 }
 
 /// Records run `run_id` of `workflow` as `pending`, for a worker to pick up.
@@ -370,6 +379,9 @@ fn same_start(
     Ok(())
 }
 
+/// How often a worker looks for due schedule slots, at most.
+pub const SCHEDULE_LOOK: Duration = Duration::from_secs(1);
+
 /// What a [`Worker`] did, returned when it stops.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -396,6 +408,9 @@ pub struct WorkerReport {
     /// Runs still going when the grace period ran out, stopped, and their
     /// leases released.
     pub abandoned: u64,
+    /// Runs this worker started for due slots of schedules
+    /// ([`schedule_ops`](crate::schedule_ops)).
+    pub scheduled: u64,
 }
 
 /// A worker: takes the due runs of its registry's workflows from a store,
@@ -594,10 +609,14 @@ impl Worker {
         let hold = worker.lease.min(Duration::from_secs(10));
         let mut tasks: JoinSet<(String, Verdict)> = JoinSet::new();
         let mut state = Book::default();
+        let mut next_schedules = tokio::time::Instant::now();
         tokio::pin!(shutdown);
         'taking: loop {
             worker
                 .tend_retention(&mut gc, &mut next_gc, &mut report)
+                .await;
+            worker
+                .tend_schedules(&mut next_schedules, &mut report)
                 .await;
             // Take what is due, up to the free slots, leaving out the runs
             // this worker has in hand or is leaving alone for a while.
@@ -717,6 +736,23 @@ impl Worker {
             let now = Runner::new(&*store).now();
             crate::ops::retention::collect(&*store, &policy, now, |_| {}).await
         }));
+    }
+
+    /// Starts the runs of due schedule slots, at most once per
+    /// [`SCHEDULE_LOOK`] (and so at this worker's poll when that is longer).
+    async fn tend_schedules(&self, next: &mut tokio::time::Instant, report: &mut WorkerReport) {
+        let now = tokio::time::Instant::now();
+        if now < *next || self.store.capabilities().documents.is_none() {
+            return;
+        }
+        *next = now + SCHEDULE_LOOK;
+        let at = Runner::new(&*self.store).now();
+        match crate::ops::schedules::fire(&*self.store, &self.registry, at).await {
+            Ok(fired) => report.scheduled += fired.started,
+            Err(e) => {
+                tracing::warn!(error = %crate::record::error::chain(&e), "could not look at the schedules; trying again")
+            }
+        }
     }
 
     async fn release_quietly(&self, run_id: &str) {
