@@ -329,3 +329,121 @@ fn a_worker_with_a_bad_lease_is_refused() -> TestResult {
     assert!(err.to_string().contains("lease"), "{err}");
     Ok(())
 }
+
+/// Two workers look at the same schedules every second: each slot starts
+/// one run (counted once between them), slots missed before either looked
+/// start up to the catch-up, listed workflows and durable functions alike,
+/// and a schedule of a workflow neither worker has is left alone.
+#[test]
+fn two_workers_start_each_schedule_slot_once() -> TestResult {
+    use steadfast::{schedule_ops, Clock as _, CronSchedule, ManualClock, Timestamp};
+    for (kind, store, _guard) in stores() {
+        let counts: Counts = Arc::default();
+        let calls: Counts = Arc::default();
+        let mut durable_runs = 0;
+        let rt = rt();
+        rt.block_on(async {
+            // Added ten seconds ago: ten slots missed.
+            let then = ManualClock::new(Timestamp::from(
+                std::time::SystemTime::now() - Duration::from_secs(10),
+            ));
+            for (name, workflow) in [("listed", "three"), ("fn", "double"), ("none", "other")] {
+                let s = CronSchedule::new(name, workflow, "* * * * * *", "UTC")?
+                    .catch_up(2)
+                    .input(json!({"n": 21}));
+                schedule_ops::add_schedule(&*store, s, &then).await?;
+            }
+            let up = Timestamp::from(std::time::SystemTime::now());
+            let mut workers = Vec::new();
+            let mut stops = Vec::new();
+            for host in ["worker-a", "worker-b"] {
+                let calls = Arc::clone(&calls);
+                let registry = Registry::new()
+                    .workflow(counted("three", 3, &counts))
+                    .durable("double", move |ctx| {
+                        let calls = Arc::clone(&calls);
+                        async move {
+                            *calls.lock().unwrap().entry("all".into()).or_default() += 1;
+                            let input = ctx.input().await.unwrap_or_default();
+                            Ok::<_, steadfast::Error>(input["n"].as_i64().unwrap_or(0) * 2)
+                        }
+                    });
+                let (tx, handle) = background(
+                    Worker::new(Arc::clone(&store), registry)
+                        .owner(Owner::new(host, 1, 1))
+                        .concurrency(4)
+                        .poll(Duration::from_millis(50)),
+                );
+                stops.push(tx);
+                workers.push(handle);
+            }
+            tokio::time::sleep(Duration::from_millis(2_500)).await;
+            for name in ["listed", "fn"] {
+                assert!(schedule_ops::remove_schedule(&*store, name).await?);
+            }
+            wait_until(&*store, "every scheduled run to complete", |runs| {
+                runs.iter().all(|r| r.status == RunStatus::Completed)
+            })
+            .await;
+            for stop in &stops {
+                stop.send(true)?;
+            }
+            let mut scheduled = 0;
+            for w in workers {
+                scheduled += w.await??.scheduled;
+            }
+            let runs = store.list(&ListFilter::new()).await?;
+            assert_eq!(
+                scheduled,
+                runs.len() as u64,
+                "{kind}: each start counted once"
+            );
+            for name in ["listed", "fn"] {
+                let mut slots: Vec<u64> = runs
+                    .iter()
+                    .filter_map(|r| r.run_id.strip_prefix(&format!("{name}@")))
+                    .map(|t| {
+                        serde_json::from_value::<Timestamp>(json!(t))
+                            .unwrap()
+                            .unix_millis()
+                    })
+                    .collect();
+                slots.sort_unstable();
+                assert!(slots.len() >= 3, "{kind}/{name}: {slots:?}");
+                for pair in slots.windows(2) {
+                    assert_eq!(pair[1] - pair[0], 1_000, "{kind}/{name}: {slots:?}");
+                }
+                let missed = slots.iter().filter(|s| **s <= up.unix_millis()).count();
+                assert!(
+                    (1..=3).contains(&missed),
+                    "{kind}/{name}: {missed} missed slots started: {slots:?}"
+                );
+            }
+            durable_runs = runs.iter().filter(|r| r.run_id.starts_with("fn@")).count() as u32;
+            let durable = runs.iter().find(|r| r.run_id.starts_with("fn@")).unwrap();
+            let out = store.load(&durable.run_id).await?.unwrap();
+            assert_eq!(
+                out.state.get(steadfast::RESULT_KEY),
+                Some(&json!(42)),
+                "{kind}"
+            );
+            // The schedule no worker could run was not moved on.
+            let left = schedule_ops::list_schedules(&*store).await?;
+            assert_eq!(left.len(), 1, "{kind}");
+            assert_eq!(left[0].schedule.name, "none");
+            assert_eq!(left[0].schedule.since, then.now(), "{kind}");
+            Ok::<_, Box<dyn std::error::Error>>(())
+        })?;
+        let counts = counts.lock().unwrap();
+        assert!(
+            counts.values().all(|&n| n == 1),
+            "{kind}: a step ran twice: {counts:?}"
+        );
+        assert_eq!(
+            calls.lock().unwrap().get("all").copied(),
+            Some(durable_runs),
+            "{kind}: the durable function ran once per run"
+        );
+    }
+    Ok(())
+}
