@@ -35,6 +35,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::history, m)?)?;
     m.add_function(wrap_pyfunction!(store::runs, m)?)?;
     m.add_function(wrap_pyfunction!(store::start, m)?)?;
+    m.add_function(wrap_pyfunction!(store::add_schedule, m)?)?;
+    m.add_function(wrap_pyfunction!(store::schedules, m)?)?;
+    m.add_function(wrap_pyfunction!(store::remove_schedule, m)?)?;
     m.add_function(wrap_pyfunction!(run::run_workflow, m)?)?;
     m.add_function(wrap_pyfunction!(run::run_durable, m)?)?;
     m.add_function(wrap_pyfunction!(store::backends, m)?)?;

@@ -264,3 +264,54 @@ pub fn start(
     })
     .map_err(|e| err(&e))
 }
+
+/// Adds a schedule, as `steadfast schedule add` does: workers with
+/// `workflow` start one run per slot of `cron` read in time zone `tz`.
+#[pyfunction]
+#[pyo3(signature = (store, name, workflow, cron, tz="UTC", input=None, catch_up=steadfast::DEFAULT_CATCH_UP))]
+#[allow(clippy::too_many_arguments)]
+pub fn add_schedule(
+    py: Python<'_>,
+    store: &PyStore,
+    name: &str,
+    workflow: &str,
+    cron: &str,
+    tz: &str,
+    input: Option<&Bound<'_, PyAny>>,
+    catch_up: u32,
+) -> PyResult<Py<PyAny>> {
+    let input =
+        opt_json_arg(&format!("the input of schedule {name:?}"), input)?.unwrap_or(Value::Null);
+    let schedule = steadfast::CronSchedule::new(name, workflow, cron, tz)
+        .map_err(|r| InvalidInput::new_err(format!("schedule {name:?}: {r}; nothing was written")))?
+        .input(input)
+        .catch_up(catch_up);
+    let s = Arc::clone(&store.inner);
+    let entry = block(py, async move {
+        steadfast::schedule_ops::add_schedule(&*s, schedule, &SystemClock).await
+    })
+    .map_err(|e| err(&e))?;
+    serde_to_py(py, &entry)
+}
+
+/// The store's schedules, as `steadfast schedule list --json` prints them.
+#[pyfunction]
+pub fn schedules(py: Python<'_>, store: &PyStore) -> PyResult<Py<PyAny>> {
+    let s = Arc::clone(&store.inner);
+    let all = block(py, async move {
+        steadfast::schedule_ops::list_schedules(&*s).await
+    })
+    .map_err(|e| err(&e))?;
+    serde_to_py(py, &all)
+}
+
+/// Removes schedule `name`; False when there is none.
+#[pyfunction]
+pub fn remove_schedule(py: Python<'_>, store: &PyStore, name: &str) -> PyResult<bool> {
+    let s = Arc::clone(&store.inner);
+    let name = name.to_string();
+    block(py, async move {
+        steadfast::schedule_ops::remove_schedule(&*s, &name).await
+    })
+    .map_err(|e| err(&e))
+}

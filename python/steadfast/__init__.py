@@ -813,6 +813,39 @@ def start(store: Store, workflow: Union[str, Workflow, Durable], run_id: str, in
     return _native.start(store, name, run_id, input, durable_fn, steps)
 
 
+def add_schedule(
+    store: Store,
+    name: str,
+    workflow: Union[str, Workflow, Durable],
+    cron: str,
+    *,
+    tz: str = "UTC",
+    input: JSON = None,
+    catch_up: int = 1,
+) -> Dict[str, JSON]:
+    """Adds a schedule, as ``steadfast schedule add`` does, and returns it.
+
+    A worker whose registry has ``workflow`` (``steadfast worker FLOW``, or a
+    Rust ``Worker``) starts one run per slot of ``cron`` (five fields, or six
+    with seconds first), read in the IANA time zone ``tz``; the run's id is
+    ``NAME@SLOT`` with the slot in UTC. When several slots are due at once
+    (no worker looked for a while) the latest and at most ``catch_up`` before
+    it start. :class:`InvalidInput` when a part is wrong or the name is taken.
+    """
+    name_of = workflow if isinstance(workflow, str) else workflow.name
+    return _native.add_schedule(store, name, name_of, cron, tz, input, catch_up)
+
+
+def schedules(store: Store) -> List[Dict[str, JSON]]:
+    """The store's schedules with their next slots, as ``steadfast schedule list --json``."""
+    return _native.schedules(store)
+
+
+def remove_schedule(store: Store, name: str) -> bool:
+    """Removes schedule ``name`` (the runs it started stay); False when there is none."""
+    return _native.remove_schedule(store, name)
+
+
 __all__ = [
     "DEFAULT_STORE_URL",
     "backends",
@@ -822,15 +855,18 @@ __all__ = [
     "StepContext",
     "Store",
     "Workflow",
+    "add_schedule",
     "approve",
     "signal",
     "durable",
     "history",
     "open_store",
     "reject",
+    "remove_schedule",
     "run",
     "run_async",
     "runs",
+    "schedules",
     "show",
     "start",
     "watch",
