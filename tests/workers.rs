@@ -447,3 +447,92 @@ fn two_workers_start_each_schedule_slot_once() -> TestResult {
     }
     Ok(())
 }
+
+/// One worker taking one run at a time claims the higher priority first,
+/// and within a priority shares its claims between the partitions: a
+/// tenant's three runs started after another's sixty do not wait for all
+/// sixty. (Each claim draws which partition goes first; the three are all
+/// taken within thirty claims but once in a billion.)
+#[test]
+fn workers_claim_by_priority_then_by_turns_over_partitions() -> TestResult {
+    use steadfast::{start_with, StartOptions};
+    for (kind, store, _guard) in stores() {
+        let order: Arc<Mutex<Vec<String>>> = Arc::default();
+        let rt = rt();
+        rt.block_on(async {
+            let seen = Arc::clone(&order);
+            let wf = Workflow::builder("queued")
+                .step("note", move |ctx, _| {
+                    let seen = Arc::clone(&seen);
+                    let id = ctx.run_id().to_string();
+                    async move {
+                        seen.lock().unwrap().push(id);
+                        update(json!({}))
+                    }
+                })
+                .build()?;
+            let listed = StartOptions::new().listed(&wf);
+            for i in 0..60 {
+                let opts = listed.clone().partition("big");
+                start_with(&*store, "queued", &format!("big-{i:02}"), json!({}), &opts).await?;
+            }
+            for i in 0..3 {
+                let opts = listed.clone().partition("small");
+                start_with(&*store, "queued", &format!("small-{i}"), json!({}), &opts).await?;
+            }
+            for i in 0..2 {
+                let opts = listed.clone().priority(5);
+                start_with(&*store, "queued", &format!("urgent-{i}"), json!({}), &opts).await?;
+            }
+            // Started again the same way: nothing changes; in another place
+            // of the queue: refused.
+            let again = listed.clone().priority(5);
+            assert!(!start_with(&*store, "queued", "urgent-0", json!({}), &again).await?);
+            assert!(matches!(
+                start_with(&*store, "queued", "urgent-0", json!({}), &listed).await,
+                Err(steadfast::Error::InvalidInput { .. })
+            ));
+            assert!(matches!(
+                start_with(
+                    &*store,
+                    "queued",
+                    "x",
+                    json!({}),
+                    &listed.clone().priority(1_001)
+                )
+                .await,
+                Err(steadfast::Error::InvalidInput { .. })
+            ));
+            let summaries = store.list(&ListFilter::new()).await?;
+            let urgent = summaries.iter().find(|s| s.run_id == "urgent-1").unwrap();
+            assert_eq!(urgent.queue.as_ref().map(|q| q.priority), Some(5), "{kind}");
+            let (tx, handle) = background(
+                Worker::new(Arc::clone(&store), Registry::new().workflow(wf))
+                    .concurrency(1)
+                    .poll(Duration::from_millis(20)),
+            );
+            wait_until(&*store, "every run to complete", all_completed(65)).await;
+            tx.send(true)?;
+            handle.await??;
+            Ok::<_, Box<dyn std::error::Error>>(())
+        })?;
+        let order = order.lock().unwrap();
+        assert_eq!(order.len(), 65, "{kind}: {order:?}");
+        let mut first: Vec<&str> = order[..2].iter().map(String::as_str).collect();
+        first.sort_unstable();
+        assert_eq!(first, ["urgent-0", "urgent-1"], "{kind}: {order:?}");
+        let last_small = order.iter().rposition(|s| s.starts_with("small")).unwrap();
+        assert!(
+            last_small < 2 + 30,
+            "{kind}: the small tenant waited behind the big one: {order:?}"
+        );
+        let smalls: Vec<&String> = order.iter().filter(|s| s.starts_with("small")).collect();
+        assert_eq!(smalls, ["small-0", "small-1", "small-2"], "{kind}");
+        // Within a partition, in the order they were started.
+        let bigs: Vec<&String> = order.iter().filter(|s| s.starts_with("big")).collect();
+        let mut sorted = bigs.clone();
+        sorted.sort();
+        assert_eq!(bigs, sorted, "{kind}");
+    }
+    Ok(())
+}

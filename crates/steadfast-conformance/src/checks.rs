@@ -1003,6 +1003,52 @@ pub async fn spend_records_load_back_exactly(ts: TestStore) -> CheckResult {
     Ok(())
 }
 
+/// A run's place in the queue (priority, partition) loads back after a
+/// whole save and a head-only save, and shows in its summary, which the
+/// workers' claim orders by; a place out of range is refused and leaves
+/// nothing.
+pub async fn queue_places_load_back_and_list(ts: TestStore) -> CheckResult {
+    let store = &*ts.store;
+    let mut cp = checkpoint("queued", "flow", json!({"kept": 1}));
+    cp.queue = Some(steadfast_core::Queue::new(-7, Some("tenant:42/eu"))?);
+    let v1 = save(store, &cp, None).await?;
+    let loaded = store.load("queued").await?.ok_or("the run is gone")?;
+    ensure!(loaded.queue == cp.queue, "after a save: {:?}", loaded.queue);
+    let listed = store.list(&ListFilter::new()).await?;
+    let summary = listed
+        .iter()
+        .find(|s| s.run_id == "queued")
+        .ok_or("not listed")?;
+    ensure!(summary.queue == cp.queue, "listed: {:?}", summary.queue);
+    let mut head = cp.clone();
+    head.version = v1;
+    head.state = State::new();
+    head.attempts = 1;
+    let v2 = store
+        .save(SaveRequest::new(&head, Some(v1)).head_only())
+        .await?;
+    let loaded = store.load("queued").await?.ok_or("the run is gone")?;
+    ensure!(
+        loaded.queue == cp.queue && loaded.version == v2,
+        "after a head-only save: {:?}",
+        loaded.queue
+    );
+    let mut bad = checkpoint("badly-queued", "flow", json!({}));
+    let mut q = steadfast_core::Queue::default();
+    q.priority = 5_000;
+    bad.queue = Some(q);
+    let r = save(store, &bad, None).await;
+    ensure!(
+        matches!(&r, Err(e) if e.kind() == StoreErrorKind::InvalidInput),
+        "priority 5000: expected InvalidInput, got {r:?}"
+    );
+    ensure!(
+        store.load("badly-queued").await?.is_none(),
+        "a refused save left a record"
+    );
+    Ok(())
+}
+
 fn record(index: usize, name: &str, update: Value, attempt: u32) -> StepRecord {
     let Value::Object(update) = update else {
         unreachable!("updates are objects")

@@ -52,7 +52,8 @@ pub use engine::typed::{TypedWorkflow, TypedWorkflowBuilder};
 pub use engine::workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
 pub use engine::{lease_holds, Runner, DEFAULT_CANCEL_GRACE};
 pub use ops::worker::{
-    release, start, start_listed, start_steps, Registry, RunEnd, Worker, WorkerReport,
+    release, start, start_listed, start_steps, start_with, Registry, RunEnd, StartOptions, Worker,
+    WorkerReport,
 };
 pub use record::checkpoint::{
     AuditAction, AuditEntry, Checkpoint, Decision, Lease, OnTimeout, Origin, Owner, RewoundStep,
@@ -73,6 +74,7 @@ pub use record::limit::{
     LIMIT_RECHECK, MAX_LIMIT_SIZE, RESERVATION_KEPT, SLOT_LEASE,
 };
 pub use record::outcome::{Event, Outcome, Suspension};
+pub use record::queue::{fair_order, partition_rank, Queue, MAX_PARTITION_BYTES, MAX_PRIORITY};
 pub use record::schedule::{
     check_schedule_name, CronSchedule, Due, DEFAULT_CATCH_UP, MAX_CATCH_UP,
     MAX_SCHEDULE_NAME_BYTES, SCHEDULE_PREFIX,

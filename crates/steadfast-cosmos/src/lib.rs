@@ -1929,10 +1929,9 @@ impl Schedule for CosmosStore {
                 continue;
             }
             let at = r.get("wake_at").and_then(Value::as_u64).unwrap_or(0);
-            found.push((at, self.summary(&r)?));
+            found.push((Timestamp::from_unix_millis(at), self.summary(&r)?));
         }
-        found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.run_id.cmp(&b.1.run_id)));
-        Ok(found.into_iter().take(due.limit).map(|(_, s)| s).collect())
+        Ok(steadfast_core::store::claim_order(found, due.limit))
     }
 }
 

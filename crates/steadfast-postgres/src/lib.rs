@@ -295,17 +295,39 @@ impl Sql {
                  WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
             ),
             // The server's clock decides what is due; a reservation lapses
-            // by itself after the hold.
+            // by itself after the hold. The order is core's `fair_order`:
+            // priority (highest first), then each run's turn within its
+            // priority and partition, then the due time and id. A head
+            // without a place in the queue (most) is not parsed.
             claim: text(
-                "WITH due AS (
-                    SELECT run_id FROM {s}.runs
+                "WITH placed AS (
+                    SELECT run_id, wake_at,
+                        CASE WHEN strpos(head, '\"queue\"') > 0
+                             THEN head::jsonb -> 'queue' END AS q
+                    FROM {s}.runs
                     WHERE wake_at IS NOT NULL
                       AND wake_at <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint
                       AND workflow = ANY($1) AND NOT (run_id = ANY($5))
                       AND (claimed_until IS NULL OR claimed_by = $2
-                           OR claimed_until <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint)
-                    ORDER BY wake_at LIMIT $3
-                    FOR UPDATE SKIP LOCKED)
+                           OR claimed_until <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint)),
+                 turns AS (
+                    SELECT run_id, wake_at, COALESCE((q ->> 'priority')::int, 0) AS priority,
+                        q ->> 'partition' AS partition,
+                        row_number() OVER (
+                            PARTITION BY COALESCE((q ->> 'priority')::int, 0), q ->> 'partition'
+                            ORDER BY wake_at, run_id) AS turn
+                    FROM placed),
+                 picked AS (
+                    SELECT run_id FROM turns
+                    ORDER BY priority DESC, turn,
+                        substr(sha256(convert_to($6 || ' ' || COALESCE(partition, ''), 'UTF8')), 1, 8),
+                        wake_at, run_id
+                    LIMIT $3),
+                 due AS (
+                    SELECT r.run_id FROM {s}.runs r JOIN picked p ON r.run_id = p.run_id
+                    WHERE (r.claimed_until IS NULL OR r.claimed_by = $2
+                           OR r.claimed_until <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+                    FOR UPDATE OF r SKIP LOCKED)
                  UPDATE {s}.runs r SET claimed_by = $2,
                      claimed_until = (extract(epoch FROM statement_timestamp()) * 1000)::bigint + $4
                  FROM due WHERE r.run_id = due.run_id
@@ -1430,8 +1452,14 @@ impl Schedule for PgStore {
         let skip: Vec<&str> = due.skip.to_vec();
         let limit = due.limit.min(10_000) as i64;
         let hold = due.hold.as_millis().min(i64::MAX as u128) as i64;
+        // A fresh seed per claim: the partitions' order within a round is
+        // drawn anew (core's `fair_order`).
+        let seed = fastrand::u64(..).to_string();
         let rows = client
-            .query(&stmt, &[&workflows, &due.worker, &limit, &hold, &skip])
+            .query(
+                &stmt,
+                &[&workflows, &due.worker, &limit, &hold, &skip, &seed],
+            )
             .await
             .map_err(|e| map_err(e, &ctx()))?;
         rows.iter().map(|r| self.summary(r)).collect()

@@ -337,6 +337,13 @@ impl Sealer<'_> {
             parts.push(b"spend");
             parts.push(&spend);
         }
+        // And the place in the queue (a priority raised in the store would
+        // let a run jump ahead of others).
+        let queue = json_bytes(&cp.queue);
+        if cp.queue.is_some() {
+            parts.push(b"queue");
+            parts.push(&queue);
+        }
         aad(&parts)
     }
 
@@ -757,6 +764,7 @@ impl SealedStore {
         out.audit = cp.audit.clone();
         out.origin = cp.origin.clone();
         out.spend = cp.spend.clone();
+        out.queue = cp.queue.clone();
         for (i, d) in out.decisions.iter_mut().enumerate() {
             if let Some(data) = &d.data {
                 let plain = serde_json::to_vec(data).map_err(|e| {

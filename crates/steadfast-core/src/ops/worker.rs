@@ -23,6 +23,7 @@ use crate::record::checkpoint::{Checkpoint, Origin, Owner, RunStatus};
 use crate::record::error::Error;
 use crate::record::ids::validate_run_id;
 use crate::record::outcome::Outcome;
+use crate::record::queue::Queue;
 use crate::record::state::State;
 use crate::store::{DueRequest, SaveRequest, Store};
 
@@ -190,7 +191,16 @@ pub async fn start<S: Store + ?Sized>(
     input: Value,
     durable: bool,
 ) -> Result<bool, Error> {
-    start_run(store, workflow, None, run_id, input, durable).await
+    start_run(
+        store,
+        workflow,
+        None,
+        run_id,
+        input,
+        durable,
+        &Queue::default(),
+    )
+    .await
 }
 
 /// [`start`] for a listed workflow, recording its step names with the run:
@@ -227,7 +237,16 @@ pub async fn start_listed<S: Store + ?Sized>(
     input: Value,
 ) -> Result<bool, Error> {
     let steps: Vec<&str> = workflow.step_names().collect();
-    start_run(store, workflow.name(), Some(&steps), run_id, input, false).await
+    start_run(
+        store,
+        workflow.name(),
+        Some(&steps),
+        run_id,
+        input,
+        false,
+        &Queue::default(),
+    )
+    .await
 }
 
 /// [`start_listed`] by the workflow's name and its step names, for
@@ -239,7 +258,117 @@ pub async fn start_steps<S: Store + ?Sized>(
     run_id: &str,
     input: Value,
 ) -> Result<bool, Error> {
-    start_run(store, workflow, Some(steps), run_id, input, false).await
+    start_run(
+        store,
+        workflow,
+        Some(steps),
+        run_id,
+        input,
+        false,
+        &Queue::default(),
+    )
+    .await
+}
+
+/// How [`start_with`] starts a run: as a durable function or a listed
+/// workflow with its step names, and its place in the workers' queue.
+///
+/// ```
+/// use steadfast_core::StartOptions;
+/// let opts = StartOptions::new().priority(5).partition("tenant-7");
+/// assert_eq!(opts.queue.priority, 5);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct StartOptions {
+    /// Whether the workflow is a durable function (its input kept whole).
+    pub durable: bool,
+    /// A listed workflow's step names, recorded as [`start_listed`] does.
+    pub steps: Option<Vec<String>>,
+    /// Its priority and partition ([`Queue`]).
+    pub queue: Queue,
+}
+
+impl StartOptions {
+    /// A listed workflow's run, no steps recorded, priority 0, no partition.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The run of a durable function.
+    pub fn durable(mut self) -> Self {
+        self.durable = true;
+        self
+    }
+
+    /// The run of listed workflow `workflow`, its step names recorded.
+    pub fn listed(mut self, workflow: &Workflow) -> Self {
+        self.steps = Some(workflow.step_names().map(str::to_string).collect());
+        self
+    }
+
+    /// Claimed before runs of lower priority (-1000 to 1000; default 0).
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.queue.priority = priority;
+        self
+    }
+
+    /// Taking turns with the runs of other partitions of its priority.
+    pub fn partition(mut self, key: impl Into<String>) -> Self {
+        self.queue.partition = Some(key.into());
+        self
+    }
+}
+
+/// [`start`] with [`StartOptions`]: a durable function or a listed
+/// workflow, and a priority and partition that workers claim by: higher
+/// priorities first, and within a priority the partitions in turn, so one
+/// tenant's ten thousand runs do not hold back another's ten
+/// ([`fair_order`](crate::fair_order)). A start of an existing id with
+/// another priority or partition is refused like one with another input.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use serde_json::json;
+/// use steadfast_core::{start_with, MemoryStore, StartOptions, Store};
+///
+/// let store = MemoryStore::new();
+/// let urgent = StartOptions::new().priority(10).partition("acme");
+/// assert!(start_with(&store, "ingest", "r1", json!({}), &urgent).await?);
+/// assert_eq!(store.load("r1").await?.unwrap().queue.unwrap().priority, 10);
+/// assert!(start_with(&store, "ingest", "r1", json!({}), &StartOptions::new()).await.is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub async fn start_with<S: Store + ?Sized>(
+    store: &S,
+    workflow: &str,
+    run_id: &str,
+    input: Value,
+    options: &StartOptions,
+) -> Result<bool, Error> {
+    options
+        .queue
+        .check()
+        .map_err(|reason| Error::InvalidInput {
+            what: format!("the start of run {run_id:?}"),
+            reason,
+        })?;
+    let steps: Option<Vec<&str>> = options
+        .steps
+        .as_ref()
+        .filter(|_| !options.durable)
+        .map(|names| names.iter().map(String::as_str).collect());
+    start_run(
+        store,
+        workflow,
+        steps.as_deref(),
+        run_id,
+        input,
+        options.durable,
+        &options.queue,
+    )
+    .await
 }
 
 async fn start_run<S: Store + ?Sized>(
@@ -249,6 +378,7 @@ async fn start_run<S: Store + ?Sized>(
     run_id: &str,
     input: Value,
     durable: bool,
+    queue: &Queue,
 ) -> Result<bool, Error> {
     validate_run_id(run_id)?;
     crate::record::ids::check_step_name(workflow).map_err(|reason| Error::InvalidWorkflow {
@@ -293,6 +423,7 @@ async fn start_run<S: Store + ?Sized>(
     cp.status = RunStatus::Pending;
     cp.state = state;
     cp.origin = origin.clone();
+    cp.queue = Some(queue.clone()).filter(|q| !q.is_default());
     // A run deleted between a conflict and the look at it: start again.
     for _ in 0..3 {
         match store.save(SaveRequest::new(&cp, None)).await {
@@ -304,6 +435,7 @@ async fn start_run<S: Store + ?Sized>(
                     .map_err(|e| store_error(run_id, "load of the run that exists", e))?;
                 if let Some(existing) = existing {
                     return same_start(&existing, workflow, origin.as_ref(), &given, durable)
+                        .and_then(|()| same_queue(&existing, queue))
                         .map(|()| false);
                 }
             }
@@ -375,6 +507,21 @@ fn same_start(
     }
     if recorded_input(existing, durable) != *input {
         return Err(refuse("another input".into()));
+    }
+    Ok(())
+}
+
+/// Refuses a start of `existing` in another place of the queue.
+fn same_queue(existing: &Checkpoint, queue: &Queue) -> Result<(), Error> {
+    let had = existing.queue.clone().unwrap_or_default();
+    if had != *queue {
+        return Err(Error::InvalidInput {
+            what: format!("the start of run {:?}", existing.run_id),
+            reason: format!(
+                "it exists already with priority {} and partition {:?}, not {} and {:?}; it was left as it is",
+                had.priority, had.partition, queue.priority, queue.partition
+            ),
+        });
     }
     Ok(())
 }

@@ -184,6 +184,10 @@ pub struct Checkpoint {
     /// set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spend: Option<crate::record::spend::Spend>,
+    /// Its priority and partition in the workers' queue, as it was started
+    /// ([`StartOptions`](crate::StartOptions)); none for the default place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<crate::record::queue::Queue>,
 }
 
 /// What a listed run was started with: a fingerprint of its step names
@@ -663,6 +667,7 @@ impl Checkpoint {
             audit: Vec::new(),
             origin: None,
             spend: None,
+            queue: None,
         }
     }
 
@@ -905,6 +910,11 @@ impl Checkpoint {
             spend
                 .check()
                 .map_err(|r| format!("its spend record: {r}"))?;
+        }
+        if let Some(queue) = &self.queue {
+            queue
+                .check()
+                .map_err(|r| format!("its place in the queue: {r}"))?;
         }
         Ok(())
     }

@@ -12,6 +12,7 @@ pub mod keys;
 pub mod limit;
 pub mod limits;
 pub mod outcome;
+pub mod queue;
 pub mod schedule;
 pub mod signal;
 pub mod spend;

@@ -10,6 +10,7 @@ use crate::record::checkpoint::{
     AuditEntry, Checkpoint, Decision, Lease, Origin, RunStatus, StepFailure, Wait,
 };
 use crate::record::error::StoreError;
+use crate::record::queue::Queue;
 use crate::record::spend::Spend;
 
 /// The head document, as written.
@@ -38,6 +39,8 @@ struct HeadOut<'a> {
     origin: Option<&'a Origin>,
     #[serde(skip_serializing_if = "Option::is_none")]
     spend: Option<&'a Spend>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue: Option<&'a Queue>,
 }
 
 /// The head document, as read back (absent fields take their defaults).
@@ -64,6 +67,8 @@ struct HeadIn {
     origin: Option<Origin>,
     #[serde(default)]
     spend: Option<Spend>,
+    #[serde(default)]
+    queue: Option<Queue>,
 }
 
 fn fixed_hex<S: serde::Serializer>(v: &u64, s: S) -> Result<S::Ok, S::Error> {
@@ -118,6 +123,7 @@ pub fn encode_head(cp: &Checkpoint) -> Result<String, StoreError> {
             audit: &cp.audit,
             origin: cp.origin.as_ref(),
             spend: cp.spend.as_ref(),
+            queue: cp.queue.as_ref(),
         },
         &cp.run_id,
         "head",
@@ -178,22 +184,30 @@ pub fn decode_head(text: &str, cp: &mut Checkpoint) -> Result<(), String> {
     cp.audit = head.audit;
     cp.origin = head.origin;
     cp.spend = head.spend;
+    cp.queue = head.queue;
     Ok(())
 }
 
-/// The spend record of a head document, read alone (for a run's summary).
-pub(crate) fn spend_of(text: &str) -> Result<Option<Spend>, String> {
+/// The spend record and the place in the queue of a head document, read
+/// alone (for a run's summary).
+pub(crate) fn summary_of(text: &str) -> Result<(Option<Spend>, Option<Queue>), String> {
     #[derive(serde::Deserialize)]
-    struct SpendOnly {
+    struct SummaryOnly {
         #[serde(default)]
         spend: Option<Spend>,
+        #[serde(default)]
+        queue: Option<Queue>,
     }
-    let head: SpendOnly = serde_json::from_str(text)
+    let head: SummaryOnly = serde_json::from_str(text)
         .map_err(|e| format!("{e} (line {}, column {})", e.line(), e.column()))?;
     if let Some(s) = &head.spend {
         s.check().map_err(|r| format!("its spend record: {r}"))?;
     }
-    Ok(head.spend)
+    if let Some(q) = &head.queue {
+        q.check()
+            .map_err(|r| format!("its place in the queue: {r}"))?;
+    }
+    Ok((head.spend, head.queue))
 }
 
 /// Encodes `v` as JSON text, or says which run's `what` could not be

@@ -197,6 +197,9 @@ pub struct RunSummary {
     /// What it spent and its budgets, if either.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spend: Option<crate::record::spend::Spend>,
+    /// Its priority and partition, when started with either.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<crate::record::queue::Queue>,
 }
 
 impl From<&Checkpoint> for RunSummary {
@@ -210,6 +213,7 @@ impl From<&Checkpoint> for RunSummary {
             created_at: cp.created_at,
             updated_at: cp.updated_at,
             spend: cp.spend.clone(),
+            queue: cp.queue.clone(),
         }
     }
 }
@@ -975,8 +979,30 @@ pub async fn claim_due_by_listing<S: Store + ?Sized>(
             }
         }
     }
-    found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.run_id.cmp(&b.1.run_id)));
-    Ok(found.into_iter().take(due.limit).map(|(_, s)| s).collect())
+    Ok(claim_order(found, due.limit))
+}
+
+/// The due runs a claim of at most `limit` takes, in the order
+/// [`fair_order`](crate::record::queue::fair_order) gives with a fresh
+/// seed: by priority, then by turns over partitions, then by due time. For
+/// stores that find their due runs with their due times and order them here.
+pub fn claim_order(found: Vec<(Timestamp, RunSummary)>, limit: usize) -> Vec<RunSummary> {
+    let default = crate::record::queue::Queue::default();
+    let order: Vec<String> = crate::record::queue::fair_order(
+        found
+            .iter()
+            .map(|(at, s)| (s.run_id.as_str(), *at, s.queue.as_ref().unwrap_or(&default))),
+        limit,
+        fastrand::u64(..),
+    )
+    .into_iter()
+    .map(str::to_string)
+    .collect();
+    let mut by_id: std::collections::HashMap<String, RunSummary> = found
+        .into_iter()
+        .map(|(_, s)| (s.run_id.clone(), s))
+        .collect();
+    order.iter().filter_map(|id| by_id.remove(id)).collect()
 }
 
 /// What [`Schedule::claim_due`] is asked for.
@@ -1135,6 +1161,7 @@ pub fn merge_head(cp: &Checkpoint, stored: &mut Checkpoint) -> Checkpoint {
         audit: cp.audit.clone(),
         origin: cp.origin.clone(),
         spend: cp.spend.clone(),
+        queue: cp.queue.clone(),
     }
 }
 

@@ -124,7 +124,8 @@ impl SummaryRow {
         cp.version = place.count("version", self.version)?;
         cp.updated_at = place.millis("updated_at", self.updated_at)?;
         if let Some(head) = &self.head {
-            cp.spend = crate::store::head::spend_of(head).map_err(|r| place.corrupt("head", r))?;
+            (cp.spend, cp.queue) =
+                crate::store::head::summary_of(head).map_err(|r| place.corrupt("head", r))?;
         }
         Ok(RunSummary::from(&cp))
     }
