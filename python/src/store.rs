@@ -237,7 +237,8 @@ pub fn runs(
 /// steps or another input). `steps`, a listed workflow's step names, are
 /// recorded so that a run with other steps is refused as changed code.
 #[pyfunction]
-#[pyo3(signature = (store, workflow, run_id, input=None, durable=false, steps=None))]
+#[pyo3(signature = (store, workflow, run_id, input=None, durable=false, steps=None, priority=0, partition=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     py: Python<'_>,
     store: &PyStore,
@@ -246,21 +247,25 @@ pub fn start(
     input: Option<&Bound<'_, PyAny>>,
     durable: bool,
     steps: Option<Vec<String>>,
+    priority: i32,
+    partition: Option<String>,
 ) -> PyResult<bool> {
     let input = match input {
         Some(v) => json_arg("the run's input", v)?,
         None => Value::Object(Default::default()),
     };
+    let mut options = steadfast::StartOptions::new().priority(priority);
+    if durable {
+        options = options.durable();
+    }
+    options.steps = steps;
+    if let Some(p) = partition {
+        options = options.partition(p);
+    }
     let s = Arc::clone(&store.inner);
     let (w, id) = (workflow.to_string(), run_id.to_string());
     block(py, async move {
-        match steps.filter(|_| !durable) {
-            Some(names) => {
-                let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                steadfast::start_steps(&*s, &w, &names, &id, input).await
-            }
-            None => steadfast::start(&*s, &w, &id, input, durable).await,
-        }
+        steadfast::start_with(&*s, &w, &id, input, &options).await
     })
     .map_err(|e| err(&e))
 }

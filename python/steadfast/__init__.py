@@ -798,19 +798,32 @@ def runs(
     return _native.runs(store, status, workflow, after, limit)
 
 
-def start(store: Store, workflow: Union[str, Workflow, Durable], run_id: str, input: JSON = None) -> bool:
+def start(
+    store: Store,
+    workflow: Union[str, Workflow, Durable],
+    run_id: str,
+    input: JSON = None,
+    *,
+    priority: int = 0,
+    partition: Optional[str] = None,
+) -> bool:
     """Records a new pending run for a worker or a later :func:`run`.
 
     False if it exists already as started the same way; :class:`InvalidInput`
     (and the run left as it is) if it was started with another workflow,
-    other steps or another input. A :class:`Workflow`'s step names are
-    recorded, so that a later run with other steps under the same name is
-    refused with :class:`WorkflowChanged` before any step runs.
+    other steps, another input, or another priority or partition. A
+    :class:`Workflow`'s step names are recorded, so that a later run with
+    other steps under the same name is refused with :class:`WorkflowChanged`
+    before any step runs.
+
+    Workers claim runs of higher ``priority`` first (-1000 to 1000), and
+    within a priority share their claims between ``partition`` keys (a
+    tenant, say), so one partition's backlog does not hold back another's.
     """
     durable_fn = isinstance(workflow, Durable)
     name = workflow if isinstance(workflow, str) else workflow.name
     steps = workflow.step_names if isinstance(workflow, Workflow) else None
-    return _native.start(store, name, run_id, input, durable_fn, steps)
+    return _native.start(store, name, run_id, input, durable_fn, steps, priority, partition)
 
 
 def add_schedule(

@@ -153,6 +153,8 @@ def start(
     input: Any = ...,
     durable: bool = ...,
     steps: Optional[List[str]] = ...,
+    priority: int = ...,
+    partition: Optional[str] = ...,
 ) -> bool: ...
 def run_workflow(
     event_loop: Any,

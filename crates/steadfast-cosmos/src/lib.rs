@@ -1918,7 +1918,7 @@ impl Schedule for CosmosStore {
                 ]),
             )
             .await?;
-        let mut found: Vec<(u64, RunSummary)> = Vec::new();
+        let mut found: Vec<(Timestamp, RunSummary)> = Vec::new();
         for r in rows {
             let workflow = r
                 .get("workflow")

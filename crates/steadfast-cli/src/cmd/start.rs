@@ -1,5 +1,5 @@
-//! `steadfast start FLOW --run-id ID [--input JSON]`: record a run for
-//! workers to pick up.
+//! `steadfast start FLOW --run-id ID [--input JSON] [--priority N]
+//! [--partition KEY]`: record a run for workers to pick up.
 
 use std::path::PathBuf;
 
@@ -20,6 +20,14 @@ pub struct StartArgs {
     /// The run's first state: a JSON object.
     #[arg(long)]
     pub input: Option<String>,
+    /// Workers claim runs of higher priority first (-1000 to 1000).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub priority: i32,
+    /// A partition key (a tenant, say): within a priority, workers share
+    /// their claims between partitions, so one partition's backlog does not
+    /// hold back another's runs.
+    #[arg(long)]
+    pub partition: Option<String>,
 }
 
 /// Records the run as pending; exit 0 whether it is new or already there
@@ -37,7 +45,18 @@ pub async fn run(args: StartArgs, ctx: &Ctx) -> Result<i32, Failure> {
         }
         None => serde_json::Value::Null,
     };
-    let created = steadfast::start_listed(&*ctx.store, &workflow, &args.run_id, input).await?;
+    let mut options = steadfast::StartOptions::new()
+        .listed(&workflow)
+        .priority(args.priority);
+    if let Some(p) = &args.partition {
+        options = options.partition(p.clone());
+    }
+    options
+        .queue
+        .check()
+        .map_err(|r| usage(format!("--priority/--partition: {r}")))?;
+    let created =
+        steadfast::start_with(&*ctx.store, workflow.name(), &args.run_id, input, &options).await?;
     let id = output::shell_quote(&args.run_id);
     if created {
         output::note(format_args!(

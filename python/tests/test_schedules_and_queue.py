@@ -1,6 +1,7 @@
-"""Schedules from Python: added, listed and removed on every store, bad
-ones refused with what is wrong, and a ``steadfast worker`` for the flow
-starts one run per slot of a schedule Python added.
+"""Schedules and start options from Python: schedules added, listed and
+removed on every store, bad ones refused with what is wrong, a ``steadfast
+worker`` for the flow starting one run per slot of a schedule Python added,
+and a start's priority and partition recorded and checked.
 
 The worker is ``$STEADFAST_BIN``, else the workspace's
 ``target/debug/steadfast``; without it that test is skipped, except under
@@ -99,3 +100,20 @@ def test_a_worker_starts_one_run_per_slot_of_a_schedule_python_added(tmp_path):
     logged = (tmp_path / "log").read_text().split()
     assert sorted(set(logged)) == sorted(logged), "a slot ran twice"
     assert set(done) <= set(logged)
+
+
+def test_a_start_records_its_priority_and_partition(store_url):
+    store = steadfast.open_store(store_url)
+    wf = steadfast.Workflow("queued")
+    wf.step("one", lambda ctx, state: {"one": 1})
+    assert steadfast.start(store, wf, "r1", priority=7, partition="acme") is True
+    assert steadfast.start(store, wf, "r1", priority=7, partition="acme") is False
+    with pytest.raises(steadfast.InvalidInput, match="priority 7"):
+        steadfast.start(store, wf, "r1", priority=1)
+    [run] = steadfast.runs(store)
+    assert run["queue"] == {"priority": 7, "partition": "acme"}
+    for kwargs, says in [({"priority": 1001}, "-1000 to 1000"), ({"partition": "a b"}, "use letters")]:
+        with pytest.raises(steadfast.InvalidInput, match=says):
+            steadfast.start(store, wf, "r2", **kwargs)
+    assert [r["run_id"] for r in steadfast.runs(store)] == ["r1"]
+    assert steadfast.run("r1", wf, store).completed
