@@ -161,10 +161,7 @@ impl CronSchedule {
         let mut cursor = utc(now).with_timezone(&tz);
         let mut inclusive = true;
         let mut skipped = false;
-        loop {
-            let Ok(slot) = cron.find_previous_occurrence(&cursor, inclusive) else {
-                break;
-            };
+        while let Ok(slot) = cron.find_previous_occurrence(&cursor, inclusive) {
             let at = timestamp(slot.with_timezone(&Utc));
             if at <= self.since {
                 break;
