@@ -297,36 +297,47 @@ impl Sql {
             // The server's clock decides what is due; a reservation lapses
             // by itself after the hold. The order is core's `fair_order`:
             // priority (highest first), then each run's turn within its
-            // priority and partition, then the due time and id. A head
-            // without a place in the queue (most) is not parsed.
+            // priority and partition, then the partitions' order drawn from
+            // the seed ($6), then the due time and id. A run's place is
+            // read from the end of its head's text, where `encode_head`
+            // keeps it (never parsed as JSON: no stored head can make the
+            // claim fail). Locked rows are skipped among a few more
+            // candidates than asked for, so that workers claiming at once
+            // do not wait on each other.
             claim: text(
                 "WITH placed AS (
                     SELECT run_id, wake_at,
-                        CASE WHEN strpos(head, '\"queue\"') > 0
-                             THEN head::jsonb -> 'queue' END AS q
+                        CASE WHEN strpos(head, '\"queue\":{') > 0 THEN right(head, 200) END AS tail
                     FROM {s}.runs
                     WHERE wake_at IS NOT NULL
                       AND wake_at <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint
                       AND workflow = ANY($1) AND NOT (run_id = ANY($5))
                       AND (claimed_until IS NULL OR claimed_by = $2
                            OR claimed_until <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint)),
-                 turns AS (
-                    SELECT run_id, wake_at, COALESCE((q ->> 'priority')::int, 0) AS priority,
-                        q ->> 'partition' AS partition,
-                        row_number() OVER (
-                            PARTITION BY COALESCE((q ->> 'priority')::int, 0), q ->> 'partition'
-                            ORDER BY wake_at, run_id) AS turn
+                 queued AS (
+                    SELECT run_id, wake_at,
+                        COALESCE(substring(tail from '\"queue\":\\{\"priority\":(-?[0-9]{1,4})(,[^{}]*)?\\}\\}$')::int, 0) AS priority,
+                        substring(tail from '\"queue\":\\{[^{}]*\"partition\":\"([A-Za-z0-9_./:@-]{1,64})\"\\}\\}$') AS partition
                     FROM placed),
+                 turns AS (
+                    SELECT run_id, wake_at, priority, partition,
+                        row_number() OVER (PARTITION BY priority, partition ORDER BY wake_at, run_id) AS turn
+                    FROM queued),
                  picked AS (
-                    SELECT run_id FROM turns
-                    ORDER BY priority DESC, turn,
-                        substr(sha256(convert_to($6 || ' ' || COALESCE(partition, ''), 'UTF8')), 1, 8),
-                        wake_at, run_id
-                    LIMIT $3),
+                    SELECT run_id, row_number() OVER (
+                        ORDER BY priority DESC, turn,
+                            substr(sha256(convert_to($6 || ' ' || COALESCE(partition, ''), 'UTF8')), 1, 8),
+                            wake_at, run_id) AS ord
+                    FROM turns
+                    ORDER BY ord LIMIT $3::bigint * 2 + 16),
                  due AS (
                     SELECT r.run_id FROM {s}.runs r JOIN picked p ON r.run_id = p.run_id
-                    WHERE (r.claimed_until IS NULL OR r.claimed_by = $2
+                    WHERE r.wake_at IS NOT NULL
+                      AND r.wake_at <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint
+                      AND r.workflow = ANY($1)
+                      AND (r.claimed_until IS NULL OR r.claimed_by = $2
                            OR r.claimed_until <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint)
+                    ORDER BY p.ord LIMIT $3
                     FOR UPDATE OF r SKIP LOCKED)
                  UPDATE {s}.runs r SET claimed_by = $2,
                      claimed_until = (extract(epoch FROM statement_timestamp()) * 1000)::bigint + $4

@@ -301,7 +301,10 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
             .await
             .map_err(|e| store_error(run_id, "load", e))?;
         let (mut cp, expected) = match loaded {
-            None => (Checkpoint::new(run_id, workflow, runner.now()), None),
+            None => {
+                self.check_due_absent(run_id)?;
+                (Checkpoint::new(run_id, workflow, runner.now()), None)
+            }
             Some(cp) => {
                 self.check_due(&cp)?;
                 let cp =

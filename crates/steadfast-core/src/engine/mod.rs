@@ -159,6 +159,18 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         Ok(())
     }
 
+    /// [`Error::ClaimLost`] when this runner takes only due runs and the
+    /// run it found due is gone (deleted since): a worker never starts a
+    /// run afresh.
+    pub(crate) fn check_due_absent(&self, run_id: &str) -> Result<(), Error> {
+        if self.due_only {
+            return Err(Error::ClaimLost {
+                run_id: run_id.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_options(&self) -> Result<(), Error> {
         if let Some((_, ttl)) = &self.lease {
             crate::record::limits::LEASE

@@ -79,6 +79,7 @@ impl<S: Store + ?Sized> Runner<'_, S> {
             .map_err(|e| store_error(run_id, "load", e))?;
         let (cp, expected, relabelled) = match loaded {
             None => {
+                self.check_due_absent(run_id)?;
                 let mut cp = Checkpoint::new(run_id, workflow.name(), self.now());
                 cp.origin = Some(crate::Origin::listed(workflow.step_names()));
                 (cp, None, false)

@@ -1157,6 +1157,16 @@ mod tests {
             worker.run_one("done-durable", "durable").await,
             Verdict::Missed
         ));
+        // A run deleted after the look is not run afresh.
+        assert!(matches!(
+            worker.run_one("deleted", "listed").await,
+            Verdict::Missed
+        ));
+        assert!(matches!(
+            worker.run_one("deleted", "durable").await,
+            Verdict::Missed
+        ));
+        assert!(store.load("deleted").await.expect("loads").is_none());
         crate::start(&*store, "listed", "due", serde_json::json!({}), false)
             .await
             .expect("starts");

@@ -39,6 +39,8 @@ struct HeadOut<'a> {
     origin: Option<&'a Origin>,
     #[serde(skip_serializing_if = "Option::is_none")]
     spend: Option<&'a Spend>,
+    /// Last, always: PostgreSQL's claim reads a run's place from the end of
+    /// the head's text (`head_ends_with_its_place_in_the_queue`).
     #[serde(skip_serializing_if = "Option::is_none")]
     queue: Option<&'a Queue>,
 }
@@ -293,6 +295,37 @@ pub fn to_i64(run_id: &str, what: &str, v: u64) -> Result<i64, StoreError> {
 
 #[cfg(test)]
 mod tests {
+    /// PostgreSQL's claim finds a run's priority and partition at the end
+    /// of its head's text, whatever else the head holds (a decision whose
+    /// data has a "queue" of its own, a spend record).
+    #[test]
+    fn head_ends_with_its_place_in_the_queue() {
+        use crate::record::queue::Queue;
+        let mut cp = Checkpoint::new("r", "wf", crate::record::clock::Timestamp::EPOCH);
+        cp.decisions
+            .push(crate::record::checkpoint::Decision::approve(
+                "g",
+                "ada",
+                crate::record::clock::Timestamp::EPOCH,
+                Some(serde_json::json!({"queue": {"priority": 999}})),
+            ));
+        cp.spend = Some(crate::record::spend::Spend::default());
+        cp.queue = Some(Queue::new(-12, Some("tenant:7/eu")).unwrap());
+        let text = encode_head(&cp).unwrap();
+        assert!(
+            text.ends_with(r#","queue":{"priority":-12,"partition":"tenant:7/eu"}}"#),
+            "{text}"
+        );
+        cp.queue = Some(Queue::new(5, None).unwrap());
+        assert!(encode_head(&cp)
+            .unwrap()
+            .ends_with(r#","queue":{"priority":5}}"#));
+        cp.queue = Some(Queue::new(0, Some("a")).unwrap());
+        assert!(encode_head(&cp)
+            .unwrap()
+            .ends_with(r#","queue":{"partition":"a"}}"#));
+    }
+
     use super::*;
     use crate::record::clock::Timestamp;
 
