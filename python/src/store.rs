@@ -293,7 +293,9 @@ pub fn add_schedule(
         .catch_up(catch_up);
     let s = Arc::clone(&store.inner);
     let entry = block(py, async move {
-        steadfast::schedule_ops::add_schedule(&*s, schedule, &SystemClock).await
+        // The store's clock, which workers judge slots by.
+        let clock = s.clock().unwrap_or_else(|| Arc::new(SystemClock));
+        steadfast::schedule_ops::add_schedule(&*s, schedule, &*clock).await
     })
     .map_err(|e| err(&e))?;
     serde_to_py(py, &entry)

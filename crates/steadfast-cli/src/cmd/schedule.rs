@@ -8,6 +8,7 @@ use super::{usage, Ctx, Failure};
 use crate::args::exit;
 use crate::output::{self, out};
 use crate::{command, flow};
+use steadfast::StoreExt as _;
 
 /// Arguments of `schedule`.
 #[derive(clap::Args, Debug)]
@@ -94,7 +95,10 @@ pub async fn run(args: ScheduleArgs, ctx: &Ctx) -> Result<i32, Failure> {
             let entry = steadfast::schedule_ops::add_schedule(
                 &*ctx.store,
                 schedule,
-                &steadfast::SystemClock,
+                &*ctx
+                    .store
+                    .clock()
+                    .unwrap_or_else(|| std::sync::Arc::new(steadfast::SystemClock)),
             )
             .await?;
             if a.json {

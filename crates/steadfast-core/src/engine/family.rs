@@ -26,7 +26,9 @@ pub const CHILDREN_RECHECK: std::time::Duration = std::time::Duration::from_secs
 /// Records child run `id` of `workflow` with `input`, belonging to step
 /// `link.step` of run `link.run`, as pending for a worker. Returns the
 /// record found instead when the id is taken (by this child, started
-/// before, or by another run).
+/// before, or by another run). The child takes the parent's place in the
+/// workers' queue (`queue`): a parent's priority reaches the children it
+/// waits for.
 pub(crate) async fn start_child<S: Store + ?Sized>(
     store: &S,
     id: &str,
@@ -34,9 +36,11 @@ pub(crate) async fn start_child<S: Store + ?Sized>(
     input: Value,
     link: &ParentLink,
     now: Timestamp,
+    queue: Option<&crate::record::queue::Queue>,
 ) -> Result<Option<Checkpoint>, StoreError> {
     let mut cp = Checkpoint::new(id, workflow, now);
     cp.status = RunStatus::Pending;
+    cp.queue = queue.cloned();
     cp.state.insert(INPUT_KEY.into(), input);
     cp.state.insert(PARENT_KEY.into(), link.to_value());
     for _ in 0..3 {

@@ -233,8 +233,10 @@ pub async fn fork<S: Store + ?Sized>(
     check_nameable(&original, &history, index, "fork")?;
     let now = clock.now();
     let mut cp = Checkpoint::new(new_id, &original.workflow, now);
-    // Started with what the original was started with.
+    // Started with what the original was started with, in its place in
+    // the queue.
     cp.origin = original.origin.clone();
+    cp.queue = original.queue.clone();
     // A pruned history starts at its fold row: the steps below it are
     // recorded by name only.
     let first = history.first().map_or(0, |r| r.index).min(index);

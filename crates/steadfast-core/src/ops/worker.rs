@@ -526,6 +526,8 @@ fn same_queue(existing: &Checkpoint, queue: &Queue) -> Result<(), Error> {
     Ok(())
 }
 
+type ScheduleLook = tokio::task::JoinHandle<Result<crate::ops::schedules::Fired, Error>>;
+
 /// How often a worker looks for due schedule slots, at most.
 pub const SCHEDULE_LOOK: Duration = Duration::from_secs(1);
 
@@ -757,13 +759,14 @@ impl Worker {
         let mut tasks: JoinSet<(String, Verdict)> = JoinSet::new();
         let mut state = Book::default();
         let mut next_schedules = tokio::time::Instant::now();
+        let mut schedules: Option<ScheduleLook> = None;
         tokio::pin!(shutdown);
         'taking: loop {
             worker
                 .tend_retention(&mut gc, &mut next_gc, &mut report)
                 .await;
             worker
-                .tend_schedules(&mut next_schedules, &mut report)
+                .tend_schedules(&mut schedules, &mut next_schedules, &mut report)
                 .await;
             // Take what is due, up to the free slots, leaving out the runs
             // this worker has in hand or is leaving alone for a while.
@@ -822,6 +825,14 @@ impl Worker {
             task.abort();
             if let Ok(Ok(done)) = task.await {
                 report.collected += done.deleted;
+            }
+        }
+        // A look at the schedules cut short leaves them for the next worker
+        // (their starts are safe to repeat).
+        if let Some(task) = schedules.take() {
+            task.abort();
+            if let Ok(Ok(fired)) = task.await {
+                report.scheduled += fired.started;
             }
         }
         // Shutdown: no more taking; the running calls get the grace period.
@@ -885,21 +896,34 @@ impl Worker {
         }));
     }
 
-    /// Starts the runs of due schedule slots, at most once per
-    /// [`SCHEDULE_LOOK`] (and so at this worker's poll when that is longer).
-    async fn tend_schedules(&self, next: &mut tokio::time::Instant, report: &mut WorkerReport) {
+    /// Books a look at the schedules that ended, and starts the next (in a
+    /// task of its own, beside the claims) at most once per
+    /// [`SCHEDULE_LOOK`], and so at this worker's poll when that is longer.
+    async fn tend_schedules(
+        &self,
+        task: &mut Option<ScheduleLook>,
+        next: &mut tokio::time::Instant,
+        report: &mut WorkerReport,
+    ) {
+        if let Some(done) = task.take_if(|t| t.is_finished()) {
+            match done.await {
+                Ok(Ok(fired)) => report.scheduled += fired.started,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %crate::record::error::chain(&e), "could not look at the schedules; trying again")
+                }
+                Err(e) => tracing::error!(error = %e, "the look at the schedules panicked"),
+            }
+        }
         let now = tokio::time::Instant::now();
-        if now < *next || self.store.capabilities().documents.is_none() {
+        if task.is_some() || now < *next || self.store.capabilities().documents.is_none() {
             return;
         }
         *next = now + SCHEDULE_LOOK;
-        let at = Runner::new(&*self.store).now();
-        match crate::ops::schedules::fire(&*self.store, &self.registry, at).await {
-            Ok(fired) => report.scheduled += fired.started,
-            Err(e) => {
-                tracing::warn!(error = %crate::record::error::chain(&e), "could not look at the schedules; trying again")
-            }
-        }
+        let (store, registry) = (Arc::clone(&self.store), Arc::clone(&self.registry));
+        *task = Some(tokio::spawn(async move {
+            let at = Runner::new(&*store).now();
+            crate::ops::schedules::fire(&*store, &registry, at).await
+        }));
     }
 
     async fn release_quietly(&self, run_id: &str) {

@@ -161,7 +161,16 @@ impl CronSchedule {
         let mut cursor = utc(now).with_timezone(&tz);
         let mut inclusive = true;
         let mut skipped = false;
-        while let Ok(slot) = cron.find_previous_occurrence(&cursor, inclusive) {
+        loop {
+            let slot = match cron.find_previous_occurrence(&cursor, inclusive) {
+                Ok(slot) => slot,
+                // No earlier slot at all: the search gave up (a slot far
+                // older than any `since` is no loss).
+                Err(e) if slots.is_empty() && inclusive => {
+                    return Err(format!("no slot of {:?} before {now}: {e}", self.cron))
+                }
+                Err(_) => break,
+            };
             let at = timestamp(slot.with_timezone(&Utc));
             if at <= self.since {
                 break;

@@ -326,10 +326,17 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 // start yet, none after it has started.
                 None if running.len() >= options.at_once => break,
                 None => {
-                    let started =
-                        start_child(store, &id, &spec.workflow, input, &link, runner.now())
-                            .await
-                            .map_err(|e| store_error(&parent, &op("start"), e))?;
+                    let started = start_child(
+                        store,
+                        &id,
+                        &spec.workflow,
+                        input,
+                        &link,
+                        runner.now(),
+                        s.cp.queue.as_ref(),
+                    )
+                    .await
+                    .map_err(|e| store_error(&parent, &op("start"), e))?;
                     match started {
                         None => {
                             tracing::info!(run_id = %parent, child = %id, workflow = %spec.workflow, "started a child run");
