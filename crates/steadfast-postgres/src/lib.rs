@@ -300,14 +300,16 @@ impl Sql {
             // priority and partition, then the partitions' order drawn from
             // the seed ($6), then the due time and id. A run's place is
             // read from the end of its head's text, where `encode_head`
-            // keeps it (never parsed as JSON: no stored head can make the
-            // claim fail). Locked rows are skipped among a few more
-            // candidates than asked for, so that workers claiming at once
-            // do not wait on each other.
+            // keeps it, with plain string functions (never parsed as JSON
+            // nor cast unchecked: no stored head can make the claim fail).
+            // Locked rows are skipped among a few more candidates than
+            // asked for, so that workers claiming at once do not wait on
+            // each other.
             claim: text(
                 "WITH placed AS (
                     SELECT run_id, wake_at,
-                        CASE WHEN strpos(head, '\"queue\":{') > 0 THEN right(head, 200) END AS tail
+                        CASE WHEN strpos(head, '\"queue\":{') > 0
+                             THEN split_part(right(head, 200), '\"queue\":{', 2) END AS q
                     FROM {s}.runs
                     WHERE wake_at IS NOT NULL
                       AND wake_at <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint
@@ -316,9 +318,11 @@ impl Sql {
                            OR claimed_until <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint)),
                  queued AS (
                     SELECT run_id, wake_at,
-                        COALESCE(substring(tail from '\"queue\":\\{\"priority\":(-?[0-9]{1,4})(,[^{}]*)?\\}\\}$')::int, 0) AS priority,
-                        substring(tail from '\"queue\":\\{[^{}]*\"partition\":\"([A-Za-z0-9_./:@-]{1,64})\"\\}\\}$') AS partition
-                    FROM placed),
+                        COALESCE(substring(q from '^\"priority\":(-?[0-9]{1,4})[,}]')::int, 0) AS priority,
+                        NULLIF(split_part(split_part(q, '\"partition\":\"', 2), '\"', 1), '') AS partition
+                    FROM (SELECT run_id, wake_at,
+                              CASE WHEN right(q, 2) = '}}' AND strpos(q, '{') = 0 THEN q END AS q
+                          FROM placed) p),
                  turns AS (
                     SELECT run_id, wake_at, priority, partition,
                         row_number() OVER (PARTITION BY priority, partition ORDER BY wake_at, run_id) AS turn

@@ -394,18 +394,37 @@ mod tests {
                 .catch_up(5);
             add_schedule(&store, s, &clock).await.unwrap();
         }
-        start(&store, "other", "a@2026-12-03T00:00:01Z", serde_json::json!({}), false)
-            .await
-            .unwrap();
+        start(
+            &store,
+            "other",
+            "a@2026-12-03T00:00:01Z",
+            serde_json::json!({}),
+            false,
+        )
+        .await
+        .unwrap();
         let fired = fire(&store, &registry(), at("2026-12-03T00:00:02.500Z"))
             .await
             .unwrap();
         assert_eq!(fired.started, 3, "a's second slot and both of b's");
-        for id in ["a@2026-12-03T00:00:02Z", "b@2026-12-03T00:00:01Z", "b@2026-12-03T00:00:02Z"] {
-            assert_eq!(store.load(id).await.unwrap().unwrap().workflow, "wf", "{id}");
+        for id in [
+            "a@2026-12-03T00:00:02Z",
+            "b@2026-12-03T00:00:01Z",
+            "b@2026-12-03T00:00:02Z",
+        ] {
+            assert_eq!(
+                store.load(id).await.unwrap().unwrap().workflow,
+                "wf",
+                "{id}"
+            );
         }
         for e in list_schedules(&store).await.unwrap() {
-            assert_eq!(e.schedule.since, at("2026-12-03T00:00:02Z"), "{}", e.schedule.name);
+            assert_eq!(
+                e.schedule.since,
+                at("2026-12-03T00:00:02Z"),
+                "{}",
+                e.schedule.name
+            );
         }
         // Looked at again at once: nothing more to start.
         let again = fire(&store, &registry(), at("2026-12-03T00:00:02.900Z"))
