@@ -114,7 +114,7 @@ fn removed_mark(at: Timestamp) -> serde_json::Value {
 
 /// Adds `schedule`, dealing with the slots after `clock`'s now (earlier
 /// ones never start): pass the store's clock (a worker judges slots by it;
-/// [`Store::clock`](crate::Store::clock), else the system's). Refused when
+/// [`StoreExt::clock`](crate::StoreExt::clock), else the system's). Refused when
 /// a schedule of that name exists (remove it first) or a part is wrong.
 pub async fn add_schedule<S: Store + ?Sized>(
     store: &S,
