@@ -1049,6 +1049,58 @@ pub async fn queue_places_load_back_and_list(ts: TestStore) -> CheckResult {
     Ok(())
 }
 
+/// A claim of due runs takes the higher priority first and reads each
+/// run's place right, also when a gate's decision data holds a "queue" of
+/// its own: the run of priority 5 goes before an ordinary run due earlier,
+/// and before a run whose only "queue" is in its decision data.
+pub async fn claims_follow_the_queue(ts: TestStore) -> CheckResult {
+    let store = &*ts.store;
+    let decided = |cp: &mut Checkpoint, data: Value| {
+        cp.decisions
+            .push(Decision::approve("g", "ada", t(1), Some(data)));
+    };
+    let mut plain = checkpoint("q-plain", "queued-flow", json!({}));
+    plain.status = RunStatus::Pending;
+    decided(
+        &mut plain,
+        json!({"queue": {"priority": 999, "partition": "x"}}),
+    );
+    save(store, &plain, None).await?;
+    let mut tricky = checkpoint("q-tricky", "queued-flow", json!({}));
+    tricky.status = RunStatus::Pending;
+    tricky.updated_at = t(5);
+    decided(&mut tricky, json!({"queue": {"name": "billing"}}));
+    tricky.queue = Some(steadfast_core::Queue::new(5, Some("acme"))?);
+    save(store, &tricky, None).await?;
+    let mut low = checkpoint("q-low", "queued-flow", json!({}));
+    low.status = RunStatus::Pending;
+    low.queue = Some(steadfast_core::Queue::new(-3, None)?);
+    save(store, &low, None).await?;
+    let now = steadfast_core::Timestamp::from(std::time::SystemTime::now())
+        .saturating_add(std::time::Duration::from_secs(5));
+    let workflows = ["queued-flow"];
+    let ask = steadfast_core::DueRequest::new(
+        "conformance",
+        &workflows,
+        now,
+        std::time::Duration::from_millis(1),
+        3,
+    );
+    let due = store.claim_due(&ask).await?;
+    let ids: Vec<&str> = due.iter().map(|s| s.run_id.as_str()).collect();
+    ensure!(
+        ids == ["q-tricky", "q-plain", "q-low"],
+        "claimed in the order {ids:?}"
+    );
+    let tricky_summary = due.first().ok_or("no run claimed")?;
+    ensure!(
+        tricky_summary.queue == tricky.queue,
+        "the claim's summary lost the place: {:?}",
+        tricky_summary.queue
+    );
+    Ok(())
+}
+
 fn record(index: usize, name: &str, update: Value, attempt: u32) -> StepRecord {
     let Value::Object(update) = update else {
         unreachable!("updates are objects")

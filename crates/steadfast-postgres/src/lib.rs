@@ -300,8 +300,10 @@ impl Sql {
             // priority and partition, then the partitions' order drawn from
             // the seed ($6), then the due time and id. A run's place is
             // read from the end of its head's text, where `encode_head`
-            // keeps it, with plain string functions (never parsed as JSON
-            // nor cast unchecked: no stored head can make the claim fail).
+            // keeps it (after the last `"queue":{`: a decision's data may
+            // hold a key of that name earlier), with plain string functions
+            // (never parsed as JSON nor cast unchecked: no stored head can
+            // make the claim fail).
             // Locked rows are skipped among a few more candidates than
             // asked for, so that workers claiming at once do not wait on
             // each other.
@@ -309,7 +311,7 @@ impl Sql {
                 "WITH placed AS (
                     SELECT run_id, wake_at,
                         CASE WHEN strpos(head, '\"queue\":{') > 0
-                             THEN split_part(right(head, 200), '\"queue\":{', 2) END AS q
+                             THEN reverse(split_part(reverse(right(head, 200)), '{:\"eueuq\"', 1)) END AS q
                     FROM {s}.runs
                     WHERE wake_at IS NOT NULL
                       AND wake_at <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint

@@ -28,6 +28,7 @@
 pub mod limits;
 pub mod retention;
 pub mod schedules;
+pub mod start;
 pub mod stuck;
 pub mod transfer;
 pub mod watch;

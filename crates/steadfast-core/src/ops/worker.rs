@@ -19,17 +19,15 @@ use tokio::task::JoinSet;
 use crate::engine::durable::DurableCtx;
 use crate::engine::workflow::Workflow;
 use crate::engine::{store_error, Runner};
-use crate::record::checkpoint::{Checkpoint, Origin, Owner, RunStatus};
+use crate::record::checkpoint::Owner;
 use crate::record::error::Error;
-use crate::record::ids::validate_run_id;
 use crate::record::outcome::Outcome;
-use crate::record::queue::Queue;
-use crate::record::state::State;
 use crate::store::{DueRequest, SaveRequest, Store};
 
+/// Re-exported where 0.1 had them (starting runs has its own module now).
+pub use crate::ops::start::{start, start_listed, start_steps, start_with, StartOptions};
 /// Re-exported where 0.1 had it.
 pub use crate::record::keys::START_KEY;
-use crate::record::keys::{INPUT_KEY, RESERVED_KEYS};
 use crate::store::StoreExt as _;
 
 /// The store a worker runs on: any store, shared.
@@ -146,387 +144,7 @@ impl Registry {
     }
 }
 
-/// Records run `run_id` of `workflow` as `pending`, for a worker to pick up.
-/// Returns whether it was recorded now: starting again with the same
-/// workflow and input finds it there and returns `false`, so that starting
-/// is safe to repeat.
-///
-/// A run of that id that exists with another workflow, or was started
-/// with another input, is refused with [`Error::InvalidInput`] and left
-/// as it is. `start` names the workflow only; [`start_listed`] also
-/// records the steps of a listed workflow, so that a worker or a `run`
-/// with other steps is refused before any step runs
-/// ([`Error::WorkflowChanged`]).
-///
-/// `input` is the run's first state: for a listed workflow it must be a JSON
-/// object (or null, for none); a durable function reads it back with
-/// [`DurableCtx::input`]. A listed workflow's input is also kept whole under
-/// the state key [`START_KEY`], so that [`rewind`](crate::ops::rewind) and
-/// [`fork`](crate::ops::fork) can rebuild the state before a step that
-/// overwrote one of its values; an input may not use the engine's keys
-/// (`__start`, `__input`, `__result`) itself.
-///
-/// ```
-/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use serde_json::json;
-/// use steadfast_core::{start, Error, MemoryStore, RunStatus, Store};
-///
-/// let store = MemoryStore::new();
-/// let input = json!({"url": "https://example.com"});
-/// assert!(start(&store, "ingest", "r1", input.clone(), false).await?);
-/// assert!(!start(&store, "ingest", "r1", input, false).await?);
-/// let other = start(&store, "ingest", "r1", json!({"url": "elsewhere"}), false).await;
-/// assert!(matches!(other, Err(Error::InvalidInput { .. })));
-/// assert_eq!(store.load("r1").await.unwrap().unwrap().status, RunStatus::Pending);
-/// # Ok::<(), steadfast_core::Error>(())
-/// # }).unwrap();
-/// ```
-///
-/// `durable` says whether `workflow` is a durable function (its input is
-/// kept whole) or a listed workflow (its input becomes the state).
-pub async fn start<S: Store + ?Sized>(
-    store: &S,
-    workflow: &str,
-    run_id: &str,
-    input: Value,
-    durable: bool,
-) -> Result<bool, Error> {
-    start_run(
-        store,
-        workflow,
-        None,
-        run_id,
-        input,
-        durable,
-        &Queue::default(),
-    )
-    .await
-}
-
-/// [`start`] for a listed workflow, recording its step names with the run:
-/// a worker or a `run` given the same workflow name with other steps
-/// refuses the run as changed code ([`Error::WorkflowChanged`], with the
-/// same override as for a run with completed steps), and a start of the
-/// same id with other steps is refused.
-///
-/// ```
-/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use serde_json::json;
-/// use steadfast_core::{run, start_listed, update, Error, MemoryStore, Workflow};
-///
-/// let wf = |steps: &[&str]| {
-///     let mut b = Workflow::builder("ingest");
-///     for s in steps {
-///         b = b.step(*s, |_, _| async { update(json!({})) });
-///     }
-///     b.build().unwrap()
-/// };
-/// let store = MemoryStore::new();
-/// assert!(start_listed(&store, &wf(&["fetch", "write"]), "r1", json!(null)).await?);
-/// // Other steps under the same name: refused, nothing runs.
-/// let other = run("r1", &wf(&["drop-tables"]), &store).await;
-/// assert!(matches!(other, Err(Error::WorkflowChanged { at: 0, .. })));
-/// assert!(run("r1", &wf(&["fetch", "write"]), &store).await?.completed().is_some());
-/// # Ok::<(), steadfast_core::Error>(())
-/// # }).unwrap();
-/// ```
-pub async fn start_listed<S: Store + ?Sized>(
-    store: &S,
-    workflow: &Workflow,
-    run_id: &str,
-    input: Value,
-) -> Result<bool, Error> {
-    let steps: Vec<&str> = workflow.step_names().collect();
-    start_run(
-        store,
-        workflow.name(),
-        Some(&steps),
-        run_id,
-        input,
-        false,
-        &Queue::default(),
-    )
-    .await
-}
-
-/// [`start_listed`] by the workflow's name and its step names, for
-/// bindings that hold a workflow's definition without a [`Workflow`].
-pub async fn start_steps<S: Store + ?Sized>(
-    store: &S,
-    workflow: &str,
-    steps: &[&str],
-    run_id: &str,
-    input: Value,
-) -> Result<bool, Error> {
-    start_run(
-        store,
-        workflow,
-        Some(steps),
-        run_id,
-        input,
-        false,
-        &Queue::default(),
-    )
-    .await
-}
-
-/// How [`start_with`] starts a run: as a durable function or a listed
-/// workflow with its step names, and its place in the workers' queue.
-///
-/// ```
-/// use steadfast_core::StartOptions;
-/// let opts = StartOptions::new().priority(5).partition("tenant-7");
-/// assert_eq!(opts.queue.priority, 5);
-/// ```
-#[derive(Clone, Debug, Default, PartialEq)]
-#[non_exhaustive]
-pub struct StartOptions {
-    /// Whether the workflow is a durable function (its input kept whole).
-    pub durable: bool,
-    /// A listed workflow's step names, recorded as [`start_listed`] does.
-    pub steps: Option<Vec<String>>,
-    /// Its priority and partition ([`Queue`]).
-    pub queue: Queue,
-}
-
-impl StartOptions {
-    /// A listed workflow's run, no steps recorded, priority 0, no partition.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The run of a durable function.
-    pub fn durable(mut self) -> Self {
-        self.durable = true;
-        self
-    }
-
-    /// The run of listed workflow `workflow`, its step names recorded.
-    pub fn listed(mut self, workflow: &Workflow) -> Self {
-        self.steps = Some(workflow.step_names().map(str::to_string).collect());
-        self
-    }
-
-    /// Claimed before runs of lower priority (-1000 to 1000; default 0).
-    pub fn priority(mut self, priority: i32) -> Self {
-        self.queue.priority = priority;
-        self
-    }
-
-    /// Taking turns with the runs of other partitions of its priority.
-    pub fn partition(mut self, key: impl Into<String>) -> Self {
-        self.queue.partition = Some(key.into());
-        self
-    }
-}
-
-/// [`start`] with [`StartOptions`]: a durable function or a listed
-/// workflow, and a priority and partition that workers claim by: higher
-/// priorities first, and within a priority the partitions in turn, so one
-/// tenant's ten thousand runs do not hold back another's ten
-/// ([`fair_order`](crate::fair_order)). A start of an existing id with
-/// another priority or partition is refused like one with another input.
-///
-/// ```
-/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// use serde_json::json;
-/// use steadfast_core::{start_with, MemoryStore, StartOptions, Store};
-///
-/// let store = MemoryStore::new();
-/// let urgent = StartOptions::new().priority(10).partition("acme");
-/// assert!(start_with(&store, "ingest", "r1", json!({}), &urgent).await?);
-/// assert_eq!(store.load("r1").await?.unwrap().queue.unwrap().priority, 10);
-/// assert!(start_with(&store, "ingest", "r1", json!({}), &StartOptions::new()).await.is_err());
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// # }).unwrap();
-/// ```
-pub async fn start_with<S: Store + ?Sized>(
-    store: &S,
-    workflow: &str,
-    run_id: &str,
-    input: Value,
-    options: &StartOptions,
-) -> Result<bool, Error> {
-    options
-        .queue
-        .check()
-        .map_err(|reason| Error::InvalidInput {
-            what: format!("the start of run {run_id:?}"),
-            reason,
-        })?;
-    let steps: Option<Vec<&str>> = options
-        .steps
-        .as_ref()
-        .filter(|_| !options.durable)
-        .map(|names| names.iter().map(String::as_str).collect());
-    start_run(
-        store,
-        workflow,
-        steps.as_deref(),
-        run_id,
-        input,
-        options.durable,
-        &options.queue,
-    )
-    .await
-}
-
-async fn start_run<S: Store + ?Sized>(
-    store: &S,
-    workflow: &str,
-    steps: Option<&[&str]>,
-    run_id: &str,
-    input: Value,
-    durable: bool,
-    queue: &Queue,
-) -> Result<bool, Error> {
-    validate_run_id(run_id)?;
-    crate::record::ids::check_step_name(workflow).map_err(|reason| Error::InvalidWorkflow {
-        workflow: workflow.to_string(),
-        reason,
-    })?;
-    let origin = steps.map(|names| Origin::listed(names.iter().copied()));
-    let given = input_of(&input, durable);
-    let state: State = match (durable, input) {
-        (false, Value::Object(map)) => {
-            if let Some(k) = RESERVED_KEYS.iter().find(|k| map.contains_key(**k)) {
-                return Err(Error::InvalidInput {
-                    what: format!("the input of run {run_id:?}"),
-                    reason: format!("the key {k:?} is the engine's; rename it"),
-                });
-            }
-            let mut state = map.clone();
-            if !map.is_empty() {
-                state.insert(START_KEY.into(), Value::Object(map));
-            }
-            state
-        }
-        (false, Value::Null) => State::new(),
-        (false, other) => {
-            return Err(Error::InvalidInput {
-                what: format!("the input of run {run_id:?}"),
-                reason: format!(
-                    "a listed workflow's input must be a JSON object, not {}",
-                    match other {
-                        Value::Array(_) => "an array",
-                        Value::String(_) => "a string",
-                        Value::Number(_) => "a number",
-                        _ => "a boolean",
-                    }
-                ),
-            })
-        }
-        (true, value) => State::from_iter([(INPUT_KEY.to_string(), value)]),
-    };
-    let now = Runner::new(store).now();
-    let mut cp = Checkpoint::new(run_id, workflow, now);
-    cp.status = RunStatus::Pending;
-    cp.state = state;
-    cp.origin = origin.clone();
-    cp.queue = Some(queue.clone()).filter(|q| !q.is_default());
-    // A run deleted between a conflict and the look at it: start again.
-    for _ in 0..3 {
-        match store.save(SaveRequest::new(&cp, None)).await {
-            Ok(_) => return Ok(true),
-            Err(e) if e.kind() == crate::StoreErrorKind::Conflict => {
-                let existing = store
-                    .load(run_id)
-                    .await
-                    .map_err(|e| store_error(run_id, "load of the run that exists", e))?;
-                if let Some(existing) = existing {
-                    return same_start(&existing, workflow, origin.as_ref(), &given, durable)
-                        .and_then(|()| same_queue(&existing, queue))
-                        .map(|()| false);
-                }
-            }
-            Err(e) => return Err(store_error(run_id, "start", e)),
-        }
-    }
-    Err(store_error(
-        run_id,
-        "start",
-        crate::StoreError::Conflict {
-            run_id: run_id.to_string(),
-            expected: None,
-            found: None,
-        },
-    ))
-}
-
-/// The input a run was started with, as its state keeps it: a durable
-/// function's under [`INPUT_KEY`] (none: `null`), a listed workflow's whole
-/// under [`START_KEY`] (none: it started with none, `{}`).
-fn recorded_input(cp: &Checkpoint, durable: bool) -> Value {
-    let (key, none) = if durable {
-        (INPUT_KEY, Value::Null)
-    } else {
-        (START_KEY, Value::Object(Default::default()))
-    };
-    cp.state.get(key).cloned().unwrap_or(none)
-}
-
-/// `input` as [`recorded_input`] reads it back: a listed workflow's `null`
-/// is no input, `{}`.
-fn input_of(input: &Value, durable: bool) -> Value {
-    match input {
-        Value::Null if !durable => Value::Object(Default::default()),
-        other => other.clone(),
-    }
-}
-
-/// Refuses a start of `existing` with another workflow, other steps or
-/// another input than it was started with. Steps are compared when both
-/// starts named them (a record written before runs kept an origin names
-/// none).
-fn same_start(
-    existing: &Checkpoint,
-    workflow: &str,
-    origin: Option<&Origin>,
-    input: &Value,
-    durable: bool,
-) -> Result<(), Error> {
-    let refuse = |what: String| {
-        Error::InvalidInput {
-        what: format!("the start of run {:?}", existing.run_id),
-        reason: format!("it exists already with {what}; it was left as it is (start it under another id, or delete it first)"),
-    }
-    };
-    if existing.workflow != workflow {
-        return Err(refuse(format!(
-            "workflow {:?}, not {workflow:?}",
-            existing.workflow
-        )));
-    }
-    if let (Some(had), Some(now)) = (&existing.origin, origin) {
-        if had != now {
-            return Err(refuse(format!(
-                "other steps ({} step(s), fingerprint {}; these are {} step(s), fingerprint {})",
-                had.steps, had.steps_sha256, now.steps, now.steps_sha256
-            )));
-        }
-    }
-    if recorded_input(existing, durable) != *input {
-        return Err(refuse("another input".into()));
-    }
-    Ok(())
-}
-
-/// Refuses a start of `existing` in another place of the queue.
-fn same_queue(existing: &Checkpoint, queue: &Queue) -> Result<(), Error> {
-    let had = existing.queue.clone().unwrap_or_default();
-    if had != *queue {
-        return Err(Error::InvalidInput {
-            what: format!("the start of run {:?}", existing.run_id),
-            reason: format!(
-                "it exists already with priority {} and partition {:?}, not {} and {:?}; it was left as it is",
-                had.priority, had.partition, queue.priority, queue.partition
-            ),
-        });
-    }
-    Ok(())
-}
-
-type ScheduleLook = tokio::task::JoinHandle<Result<crate::ops::schedules::Fired, Error>>;
+type ScheduleLook = Result<crate::ops::schedules::Fired, Error>;
 
 /// How often a worker looks for due schedule slots, at most.
 pub const SCHEDULE_LOOK: Duration = Duration::from_secs(1);
@@ -759,7 +377,9 @@ impl Worker {
         let mut tasks: JoinSet<(String, Verdict)> = JoinSet::new();
         let mut state = Book::default();
         let mut next_schedules = tokio::time::Instant::now();
-        let mut schedules: Option<ScheduleLook> = None;
+        // At most one look at a time; dropped with the worker's future, the
+        // set stops it.
+        let mut schedules: JoinSet<ScheduleLook> = JoinSet::new();
         tokio::pin!(shutdown);
         'taking: loop {
             worker
@@ -827,14 +447,16 @@ impl Worker {
                 report.collected += done.deleted;
             }
         }
-        // A look at the schedules cut short leaves them for the next worker
-        // (their starts are safe to repeat).
-        if let Some(task) = schedules.take() {
-            task.abort();
-            if let Ok(Ok(fired)) = task.await {
-                report.scheduled += fired.started;
-            }
+        // A look at the schedules under way may end within the grace period
+        // (so that the runs it started are counted); else it is stopped and
+        // leaves its slots to the next worker (their starts are safe to
+        // repeat).
+        if let Ok(Some(Ok(Ok(fired)))) =
+            tokio::time::timeout(worker.grace, schedules.join_next()).await
+        {
+            report.scheduled += fired.started;
         }
+        schedules.abort_all();
         // Shutdown: no more taking; the running calls get the grace period.
         let deadline = tokio::time::sleep(worker.grace);
         tokio::pin!(deadline);
@@ -901,12 +523,12 @@ impl Worker {
     /// [`SCHEDULE_LOOK`], and so at this worker's poll when that is longer.
     async fn tend_schedules(
         &self,
-        task: &mut Option<ScheduleLook>,
+        task: &mut JoinSet<ScheduleLook>,
         next: &mut tokio::time::Instant,
         report: &mut WorkerReport,
     ) {
-        if let Some(done) = task.take_if(|t| t.is_finished()) {
-            match done.await {
+        if let Some(done) = task.try_join_next() {
+            match done {
                 Ok(Ok(fired)) => report.scheduled += fired.started,
                 Ok(Err(e)) => {
                     tracing::warn!(error = %crate::record::error::chain(&e), "could not look at the schedules; trying again")
@@ -915,15 +537,15 @@ impl Worker {
             }
         }
         let now = tokio::time::Instant::now();
-        if task.is_some() || now < *next || self.store.capabilities().documents.is_none() {
+        if !task.is_empty() || now < *next || self.store.capabilities().documents.is_none() {
             return;
         }
         *next = now + SCHEDULE_LOOK;
         let (store, registry) = (Arc::clone(&self.store), Arc::clone(&self.registry));
-        *task = Some(tokio::spawn(async move {
+        task.spawn(async move {
             let at = Runner::new(&*store).now();
-            crate::ops::schedules::fire(&*store, &registry, at).await
-        }));
+            crate::ops::schedules::fire(&*store, |name| registry.listed(name), at).await
+        });
     }
 
     async fn release_quietly(&self, run_id: &str) {
