@@ -753,3 +753,29 @@ async fn a_budget_raised_or_a_spend_lowered_without_the_key_is_detected() -> Tes
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_place_in_the_queue_changed_without_the_key_is_detected() -> TestResult {
+    let raw = Arc::new(MemoryStore::new());
+    let store = SealedStore::new(raw.clone(), keys(&format!("k1:{K1}")));
+    let place = steadfast_core::StartOptions::new()
+        .priority(-5)
+        .partition("acme");
+    for change in 0..3 {
+        let id = format!("q{change}");
+        assert!(steadfast_core::start_with(&store, "w", &id, json!({}), &place).await?);
+        assert!(store.load(&id).await.is_ok());
+        let mut cp = raw.load(&id).await?.unwrap();
+        match change {
+            0 => cp.queue.as_mut().unwrap().priority = 1_000,
+            1 => cp.queue.as_mut().unwrap().partition = Some("other".into()),
+            _ => cp.queue = None,
+        }
+        // Written at the version it had, so that only the place differs
+        // from what was sealed.
+        raw.save(SaveRequest::new(&cp, Some(cp.version)).writing_version(cp.version))
+            .await?;
+        corrupt_about(store.load(&id).await.unwrap_err(), &id);
+    }
+    Ok(())
+}
