@@ -145,6 +145,7 @@ impl Registry {
 }
 
 type ScheduleLook = Result<crate::ops::schedules::Fired, Error>;
+type GcPass = Result<crate::ops::retention::GcReport, Error>;
 
 /// How often a worker looks for due schedule slots, at most.
 pub const SCHEDULE_LOOK: Duration = Duration::from_secs(1);
@@ -360,9 +361,9 @@ impl Worker {
         }
         let mut report = WorkerReport::default();
         let worker = Arc::new(self);
-        let mut gc: Option<
-            tokio::task::JoinHandle<Result<crate::ops::retention::GcReport, Error>>,
-        > = None;
+        // At most one retention pass at a time; dropped with the worker's
+        // future, the set stops it.
+        let mut gc: JoinSet<GcPass> = JoinSet::new();
         let mut next_gc = tokio::time::Instant::now();
         let names: Vec<String> = worker
             .registry
@@ -441,9 +442,9 @@ impl Worker {
                 () = std::future::ready(()), if !idle => {}
             }
         }
-        if let Some(task) = gc.take() {
-            task.abort();
-            if let Ok(Ok(done)) = task.await {
+        gc.abort_all();
+        while let Some(done) = gc.join_next().await {
+            if let Ok(Ok(done)) = done {
                 report.collected += done.deleted;
             }
         }
@@ -484,15 +485,15 @@ impl Worker {
     /// Starts the retention pass when it is due, and books one that ended.
     async fn tend_retention(
         &self,
-        gc: &mut Option<tokio::task::JoinHandle<Result<crate::ops::retention::GcReport, Error>>>,
+        gc: &mut JoinSet<GcPass>,
         next: &mut tokio::time::Instant,
         report: &mut WorkerReport,
     ) {
         let Some((policy, every)) = &self.retention else {
             return;
         };
-        if let Some(task) = gc.take_if(|t| t.is_finished()) {
-            match task.await {
+        if let Some(done) = gc.try_join_next() {
+            match done {
                 Ok(Ok(done)) => {
                     report.collected += done.deleted;
                     if done.deleted > 0 {
@@ -506,16 +507,16 @@ impl Worker {
             }
         }
         let now = tokio::time::Instant::now();
-        if gc.is_some() || now < *next {
+        if !gc.is_empty() || now < *next {
             return;
         }
         *next = now + *every;
         let store = Arc::clone(&self.store);
         let policy = policy.clone();
-        *gc = Some(tokio::spawn(async move {
+        gc.spawn(async move {
             let now = Runner::new(&*store).now();
             crate::ops::retention::collect(&*store, &policy, now, |_| {}).await
-        }));
+        });
     }
 
     /// Books a look at the schedules that ended, and starts the next (in a
