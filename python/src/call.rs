@@ -73,6 +73,12 @@ impl Drop for CancelOnDrop {
 /// A Python exception raised by a step, as a step error: terminal when it is
 /// a `steadfast.TerminalError`, retryable otherwise. The message is the
 /// exception's type and text.
+///
+/// A retryable exception with a `retry_after` attribute holding a finite
+/// number of seconds from 0 (a provider's HTTP 429 `Retry-After`) becomes
+/// [`StepError::retry_after`]: the next attempt, and every step holding the
+/// same shared limit, waits that long (at most a day). Any other value of the
+/// attribute (a bool, NaN, a negative number, a string) is ignored.
 pub fn step_error(py: Python<'_>, e: PyErr) -> StepError {
     let terminal = py
         .import("steadfast._errors")
@@ -91,10 +97,32 @@ pub fn step_error(py: Python<'_>, e: PyErr) -> StepError {
         format!("{name}: {text}")
     };
     if terminal {
-        StepError::terminal(msg)
-    } else {
-        StepError::retryable(msg)
+        return StepError::terminal(msg);
     }
+    match retry_after(py, &e) {
+        Some(after) => StepError::retry_after(msg, after),
+        None => StepError::retryable(msg),
+    }
+}
+
+/// The longest "retry after" an exception can ask for: a day, as in Rust.
+const MAX_RETRY_AFTER_SECS: f64 = 86_400.0;
+
+/// The exception's `retry_after` attribute as a duration, when it is a
+/// finite number of seconds from 0 (not a bool); capped at a day.
+fn retry_after(py: Python<'_>, e: &PyErr) -> Option<std::time::Duration> {
+    let value = e.value(py);
+    let attr = value.getattr("retry_after").ok()?;
+    if attr.is_instance_of::<pyo3::types::PyBool>() {
+        return None;
+    }
+    let secs: f64 = attr.extract().ok()?;
+    if !secs.is_finite() || secs < 0.0 {
+        return None;
+    }
+    Some(std::time::Duration::from_secs_f64(
+        secs.min(MAX_RETRY_AFTER_SECS),
+    ))
 }
 
 /// Why a call into Python gave no value.

@@ -302,7 +302,10 @@ class Workflow:
     run's state as a dict — and returns a dict of updates merged key by key
     into the state (or None for none). It may be ``def`` or ``async def``.
     Raising retries the step under its policy; raising :class:`TerminalError`
-    fails it at once.
+    fails it at once. An exception with a ``retry_after`` attribute (seconds,
+    as a provider's HTTP 429 gives) makes the next attempt wait at least that
+    long, at most a day, and pauses the step's ``limit`` key for every
+    process; a ``retry_after`` that is not a finite number from 0 is ignored.
     """
 
     def __init__(self, name: str) -> None:
@@ -431,7 +434,8 @@ class DurableContext:
     ) -> JSON:
         """Runs ``fn()`` (sync or async) as step ``name`` and returns its value,
         saved before this returns; on a resume, returns the saved value without
-        calling ``fn``. Options as for :meth:`Workflow.step`.
+        calling ``fn``. Options, and what an exception's ``retry_after``
+        does, as for :meth:`Workflow.step` and :class:`Workflow`.
         """
         on_loop = inspect.iscoroutinefunction(fn)
         return await _wait(self._native.step(name, fn, retries, backoff, max_backoff, timeout, on_loop, limit))

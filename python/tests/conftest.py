@@ -13,6 +13,7 @@ must reuse the same ``store``, never open the URL again.
 from __future__ import annotations
 
 import os
+import pathlib
 import secrets
 import urllib.parse
 
@@ -74,3 +75,18 @@ def store(store_url: str) -> steadfast.Store:
 def memory_store() -> steadfast.Store:
     """A store for tests whose subject is not the store (argument checks)."""
     return steadfast.open_store("memory:")
+
+
+@pytest.fixture
+def steadfast_cli() -> str:
+    """The ``steadfast`` command: ``$STEADFAST_BIN``, else the workspace's
+    debug build. Missing, the test is skipped, except under CI, where it fails."""
+    env = os.environ.get("STEADFAST_BIN")
+    if env:
+        return env
+    built = pathlib.Path(__file__).resolve().parents[2] / "target" / "debug" / "steadfast"
+    if built.is_file():
+        return str(built)
+    if os.environ.get("CI"):
+        pytest.fail("the steadfast command is needed: set STEADFAST_BIN or run cargo test first")
+    pytest.skip("no steadfast command (set STEADFAST_BIN or run cargo test first)")

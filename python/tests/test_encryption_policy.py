@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import subprocess
 
 import pytest
@@ -25,20 +24,8 @@ KEYS = "k1:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="
 SECRET = "the-launch-code-is-0000"
 
 
-def _cli() -> str:
-    env = os.environ.get("STEADFAST_BIN")
-    if env:
-        return env
-    built = pathlib.Path(__file__).resolve().parents[2] / "target" / "debug" / "steadfast"
-    if built.is_file():
-        return str(built)
-    if os.environ.get("CI"):
-        pytest.fail("the steadfast command is needed: set STEADFAST_BIN or run cargo test first")
-    pytest.skip("no steadfast command (set STEADFAST_BIN or run cargo test first)")
-
-
-def test_a_key_in_the_environment_seals_python_runs_and_the_cli_reads_them(tmp_path, monkeypatch):
-    cli = _cli()
+def test_a_key_in_the_environment_seals_python_runs_and_the_cli_reads_them(tmp_path, steadfast_cli, monkeypatch):
+    cli = steadfast_cli
     db = tmp_path / "runs.db"
     url = f"sqlite:{db}"
     monkeypatch.setenv("STEADFAST_ENCRYPTION_KEY", KEYS)

@@ -10,8 +10,6 @@ CI (``$CI`` set), where it fails.
 
 from __future__ import annotations
 
-import os
-import pathlib
 import signal
 import subprocess
 import time
@@ -19,18 +17,6 @@ import time
 import pytest
 
 import steadfast
-
-
-def _cli() -> str:
-    env = os.environ.get("STEADFAST_BIN")
-    if env:
-        return env
-    built = pathlib.Path(__file__).resolve().parents[2] / "target" / "debug" / "steadfast"
-    if built.is_file():
-        return str(built)
-    if os.environ.get("CI"):
-        pytest.fail("the steadfast command is needed: set STEADFAST_BIN or run cargo test first")
-    pytest.skip("no steadfast command (set STEADFAST_BIN or run cargo test first)")
 
 
 def test_schedules_are_added_listed_and_removed(store_url):
@@ -74,8 +60,8 @@ def test_bad_schedules_are_refused_and_nothing_is_written(kwargs, says):
     assert steadfast.schedules(store) == []
 
 
-def test_a_worker_starts_one_run_per_slot_of_a_schedule_python_added(tmp_path):
-    cli = _cli()
+def test_a_worker_starts_one_run_per_slot_of_a_schedule_python_added(tmp_path, steadfast_cli):
+    cli = steadfast_cli
     url = f"sqlite:{tmp_path}/runs.db"
     flow = tmp_path / "tick.toml"
     flow.write_text('name = "tick"\n[[step]]\nname = "log"\nrun = "echo $STEADFAST_RUN_ID >> log"\n')

@@ -5,6 +5,13 @@ per completed step; a run past its budget stops at its ``budget`` gate."""
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
+import math
+import subprocess
+import sys
+import textwrap
+import time
 
 import pytest
 
@@ -146,3 +153,96 @@ def test_a_shared_limit_holds_steps_of_listed_and_durable_runs(store):
         wf2 = steadfast.Workflow("bad")
         wf2.step("s", work, limit="a b:1")
         steadfast.run("x", wf2, store)
+
+
+class RateLimited(Exception):
+    """What a provider's client raises on HTTP 429: the seconds to wait."""
+
+    def __init__(self, retry_after):
+        super().__init__("rate limited")
+        self.retry_after = retry_after
+
+
+def _gap_between_attempts(store, run_id, retry_after):
+    """Seconds between a step's first attempt, which raises RateLimited with
+    ``retry_after``, and its second, which succeeds."""
+    wf = steadfast.Workflow("provider")
+    seen = []
+
+    @wf.step("call", retries=1, backoff=0.01, max_backoff=0.01)
+    def call(ctx, state):
+        seen.append(time.monotonic())
+        if len(seen) == 1:
+            raise RateLimited(retry_after)
+        return {"ok": True}
+
+    assert steadfast.run(run_id, wf, store).completed
+    assert len(seen) == 2
+    return seen[1] - seen[0]
+
+
+def test_an_exception_with_retry_after_delays_the_next_attempt(store):
+    assert _gap_between_attempts(store, "asked", 0.6) >= 0.55
+    # What is not a finite number of seconds from 0 is ignored: the policy's
+    # backoff (10 ms) decides.
+    for i, hostile in enumerate([math.nan, -1, "soon", True, None, math.inf]):
+        assert _gap_between_attempts(store, f"ignored-{i}", hostile) < 0.5, hostile
+
+    # A durable function's step too.
+    seen = []
+
+    def call():
+        seen.append(time.monotonic())
+        if len(seen) == 1:
+            raise RateLimited(0.6)
+        return 1
+
+    @steadfast.durable("provider-d")
+    async def provider(ctx):
+        return await ctx.step("call", call, retries=1, backoff=0.01, max_backoff=0.01)
+
+    assert provider.run("d", store).value == 1
+    assert seen[1] - seen[0] >= 0.55
+
+
+def test_a_huge_retry_after_pauses_the_key_for_a_day_at_most(tmp_path, steadfast_cli):
+    url = f"sqlite:{tmp_path / 'runs.db'}"
+    script = textwrap.dedent(
+        f"""
+        import steadfast
+
+        class RateLimited(Exception):
+            retry_after = 1e300
+
+        wf = steadfast.Workflow("provider")
+
+        @wf.step("call", retries=1, limit="model:1")
+        def call(ctx, state):
+            raise RateLimited("429")
+
+        steadfast.run("r", wf, steadfast.open_store({url!r}))
+        """
+    )
+    before = time.time()
+    # Started outside python/, where `import steadfast` would find the source tree.
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
+    try:
+        paused = None
+        deadline = time.monotonic() + 60
+        while paused is None and time.monotonic() < deadline:
+            assert child.poll() is None, "the run ended instead of waiting a day"
+            out = subprocess.run(
+                [steadfast_cli, "--store", url, "limits", "list", "--json"], capture_output=True, text=True
+            )
+            if out.returncode == 0:
+                limits = {e["key"]: e for e in json.loads(out.stdout)}
+                paused = limits.get("model", {}).get("paused_until")
+            time.sleep(0.1)
+        assert paused is not None, "the key was never paused"
+        # A time in RFC 3339 (`2026-12-04T15:40:00.123Z`).
+        at = datetime.datetime.fromisoformat(paused.replace("Z", "+00:00")).timestamp()
+        day = 86_400
+        assert before + day - 5 <= at <= time.time() + day + 5, paused
+    finally:
+        child.kill()
+        child.wait()

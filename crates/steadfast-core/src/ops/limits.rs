@@ -13,7 +13,7 @@
 //! # }).unwrap();
 //! ```
 
-use crate::record::error::{Error, StoreError, StoreErrorKind};
+use crate::record::error::{invalid_input, store_error, Error, StoreError, StoreErrorKind};
 use crate::record::limit::{check_limit_key, LimitDoc, Rate, LIMIT_PREFIX};
 use crate::store::{documents_of, Store};
 
@@ -30,21 +30,6 @@ pub struct LimitEntry {
     pub version: u64,
 }
 
-fn invalid(what: &str, reason: String) -> Error {
-    Error::InvalidInput {
-        what: what.to_string(),
-        reason,
-    }
-}
-
-fn store_err(op: &str, e: StoreError) -> Error {
-    Error::Store {
-        run_id: String::new(),
-        op: op.to_string(),
-        source: e,
-    }
-}
-
 /// Sets limit `key`'s size (none: each step's own) and rate (none: no
 /// rate), keeping who holds its slots. Compare-and-swap, tried again when
 /// steps take and give back slots meanwhile.
@@ -54,20 +39,21 @@ pub async fn set_limit<S: Store + ?Sized>(
     size: Option<u32>,
     rate: Option<Rate>,
 ) -> Result<LimitEntry, Error> {
-    check_limit_key(key).map_err(|r| invalid("the limit's key", r))?;
+    check_limit_key(key).map_err(|r| invalid_input("the limit's key", r))?;
     let op = format!("setting limit {key:?}");
-    let docs = documents_of(store).map_err(|e| store_err(&op, e))?;
+    let docs = documents_of(store).map_err(|e| store_error("", &op, e))?;
     let doc_key = format!("{LIMIT_PREFIX}{key}");
     for _ in 0..100 {
         let current = docs
             .get_document(&doc_key)
             .await
-            .map_err(|e| store_err(&op, e))?;
+            .map_err(|e| store_error("", &op, e))?;
         let (mut doc, version) = match &current {
             None => (LimitDoc::default(), None),
             Some(d) => (
                 LimitDoc::from_value(&d.value).map_err(|reason| {
-                    store_err(
+                    store_error(
+                        "",
                         &op,
                         StoreError::Corrupt {
                             location: format!("document {doc_key:?}"),
@@ -79,7 +65,7 @@ pub async fn set_limit<S: Store + ?Sized>(
             ),
         };
         doc.configure(size, rate.clone())
-            .map_err(|r| invalid(&format!("limit {key:?}"), r))?;
+            .map_err(|r| invalid_input(&format!("limit {key:?}"), r))?;
         match docs.put_document(&doc_key, &doc.to_value(), version).await {
             Ok(v) => {
                 return Ok(LimitEntry {
@@ -89,10 +75,11 @@ pub async fn set_limit<S: Store + ?Sized>(
                 })
             }
             Err(e) if e.kind() == StoreErrorKind::Conflict => continue,
-            Err(e) => return Err(store_err(&op, e)),
+            Err(e) => return Err(store_error("", &op, e)),
         }
     }
-    Err(store_err(
+    Err(store_error(
+        "",
         &op,
         StoreError::Conflict {
             run_id: doc_key,
@@ -106,16 +93,17 @@ pub async fn set_limit<S: Store + ?Sized>(
 /// (expired holders included until the next step of the key drops them).
 pub async fn list_limits<S: Store + ?Sized>(store: &S) -> Result<Vec<LimitEntry>, Error> {
     let op = "listing limits";
-    let docs = documents_of(store).map_err(|e| store_err(op, e))?;
+    let docs = documents_of(store).map_err(|e| store_error("", op, e))?;
     let found = docs
         .list_documents(LIMIT_PREFIX)
         .await
-        .map_err(|e| store_err(op, e))?;
+        .map_err(|e| store_error("", op, e))?;
     found
         .into_iter()
         .map(|d| {
             let doc = LimitDoc::from_value(&d.value).map_err(|reason| {
-                store_err(
+                store_error(
+                    "",
                     op,
                     StoreError::Corrupt {
                         location: format!("document {:?}", d.key),

@@ -20,7 +20,7 @@
 use crate::engine::workflow::Workflow;
 use crate::ops::start::{start, start_listed};
 use crate::record::clock::{Clock, Timestamp};
-use crate::record::error::{Error, StoreError, StoreErrorKind};
+use crate::record::error::{invalid_input, store_error, Error, StoreError, StoreErrorKind};
 use crate::record::schedule::{check_schedule_name, CronSchedule, SCHEDULE_PREFIX};
 use crate::store::{documents_of, Store};
 
@@ -58,23 +58,9 @@ pub struct Fired {
     pub skipped: u64,
 }
 
-fn invalid(what: &str, reason: String) -> Error {
-    Error::InvalidInput {
-        what: what.to_string(),
-        reason,
-    }
-}
-
-fn store_err(op: &str, e: StoreError) -> Error {
-    Error::Store {
-        run_id: String::new(),
-        op: op.to_string(),
-        source: e,
-    }
-}
-
 fn corrupt(op: &str, key: &str, reason: String) -> Error {
-    store_err(
+    store_error(
+        "",
         op,
         StoreError::Corrupt {
             location: format!("document {key:?}"),
@@ -124,32 +110,32 @@ pub async fn add_schedule<S: Store + ?Sized>(
 ) -> Result<ScheduleEntry, Error> {
     let schedule = schedule.since(clock.now());
     let what = format!("schedule {:?}", schedule.name);
-    schedule.check().map_err(|r| invalid(&what, r))?;
+    schedule.check().map_err(|r| invalid_input(&what, r))?;
     // Its input becomes each run's first state: one the store cannot keep
     // would fail every slot.
     if let Some(max) = store.capabilities().max_state_bytes {
         let size = serde_json::to_vec(&schedule.input).map_or(0, |v| v.len()) as u64;
         if size > max {
-            return Err(invalid(
+            return Err(invalid_input(
                 &what,
                 format!("its input is {size} bytes; a run's state on this store is at most {max}"),
             ));
         }
     }
     let op = format!("adding schedule {:?}", schedule.name);
-    let docs = documents_of(store).map_err(|e| store_err(&op, e))?;
+    let docs = documents_of(store).map_err(|e| store_error("", &op, e))?;
     let key = schedule.document_key();
     for _ in 0..100 {
         let expected = match docs
             .get_document(&key)
             .await
-            .map_err(|e| store_err(&op, e))?
+            .map_err(|e| store_error("", &op, e))?
         {
             None => None,
             Some(d) => match read(&d.key, &d.value).map_err(|r| corrupt(&op, &key, r))? {
                 Stored::Removed => Some(d.version),
                 Stored::Live(_) => {
-                    return Err(invalid(
+                    return Err(invalid_input(
                         &what,
                         "a schedule of that name exists; remove it first".into(),
                     ))
@@ -162,10 +148,10 @@ pub async fn add_schedule<S: Store + ?Sized>(
         {
             Ok(version) => return Ok(ScheduleEntry::new(schedule, version)),
             Err(e) if e.kind() == StoreErrorKind::Conflict => continue,
-            Err(e) => return Err(store_err(&op, e)),
+            Err(e) => return Err(store_error("", &op, e)),
         }
     }
-    Err(store_err(&op, lost_race(key)))
+    Err(store_error("", &op, lost_race(key)))
 }
 
 fn lost_race(key: String) -> StoreError {
@@ -180,11 +166,11 @@ fn lost_race(key: String) -> StoreError {
 /// an error naming its key.
 pub async fn list_schedules<S: Store + ?Sized>(store: &S) -> Result<Vec<ScheduleEntry>, Error> {
     let op = "listing schedules";
-    let docs = documents_of(store).map_err(|e| store_err(op, e))?;
+    let docs = documents_of(store).map_err(|e| store_error("", op, e))?;
     let found = docs
         .list_documents(SCHEDULE_PREFIX)
         .await
-        .map_err(|e| store_err(op, e))?;
+        .map_err(|e| store_error("", op, e))?;
     let mut out = Vec::new();
     for d in found {
         if let Stored::Live(s) = read(&d.key, &d.value).map_err(|r| corrupt(op, &d.key, r))? {
@@ -197,16 +183,16 @@ pub async fn list_schedules<S: Store + ?Sized>(store: &S) -> Result<Vec<Schedule
 /// Removes schedule `name`; `false` when there is none. Runs it started
 /// are left as they are.
 pub async fn remove_schedule<S: Store + ?Sized>(store: &S, name: &str) -> Result<bool, Error> {
-    check_schedule_name(name).map_err(|r| invalid("the schedule's name", r))?;
+    check_schedule_name(name).map_err(|r| invalid_input("the schedule's name", r))?;
     let op = format!("removing schedule {name:?}");
-    let docs = documents_of(store).map_err(|e| store_err(&op, e))?;
+    let docs = documents_of(store).map_err(|e| store_error("", &op, e))?;
     let key = format!("{SCHEDULE_PREFIX}{name}");
     let now = crate::engine::Runner::new(store).now();
     for _ in 0..100 {
         let Some(d) = docs
             .get_document(&key)
             .await
-            .map_err(|e| store_err(&op, e))?
+            .map_err(|e| store_error("", &op, e))?
         else {
             return Ok(false);
         };
@@ -220,10 +206,10 @@ pub async fn remove_schedule<S: Store + ?Sized>(store: &S, name: &str) -> Result
         {
             Ok(_) => return Ok(true),
             Err(e) if e.kind() == StoreErrorKind::Conflict => continue,
-            Err(e) => return Err(store_err(&op, e)),
+            Err(e) => return Err(store_error("", &op, e)),
         }
     }
-    Err(store_err(&op, lost_race(key)))
+    Err(store_error("", &op, lost_race(key)))
 }
 
 /// Whether a failed start may succeed if tried again soon (the store was
@@ -254,12 +240,12 @@ pub(crate) async fn fire<'r, S: Store + ?Sized>(
     now: Timestamp,
 ) -> Result<Fired, Error> {
     let op = "looking at schedules";
-    let docs = documents_of(store).map_err(|e| store_err(op, e))?;
+    let docs = documents_of(store).map_err(|e| store_error("", op, e))?;
     let mut fired = Fired::default();
     let found = docs
         .list_documents(SCHEDULE_PREFIX)
         .await
-        .map_err(|e| store_err(op, e))?;
+        .map_err(|e| store_error("", op, e))?;
     'schedules: for mut doc in found {
         // A few rounds: another worker may move the schedule meanwhile.
         for _ in 0..10 {

@@ -561,6 +561,14 @@ pub(crate) fn store_error(run_id: &str, op: &str, source: StoreError) -> Error {
     }
 }
 
+/// The error for input `what` that is refused because of `reason`.
+pub(crate) fn invalid_input(what: &str, reason: String) -> Error {
+    Error::InvalidInput {
+        what: what.to_string(),
+        reason,
+    }
+}
+
 /// The error for a call of cancelled run `cp`, from its last cancel.
 pub(crate) fn cancelled(cp: &crate::record::checkpoint::Checkpoint) -> Error {
     use crate::record::checkpoint::AuditAction;
