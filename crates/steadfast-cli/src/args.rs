@@ -43,6 +43,8 @@ pub enum Command {
     Runs(cmd::runs::RunsArgs),
     /// Show one run: status, steps, state, error, gate or timer, lease.
     Show(cmd::show::ShowArgs),
+    /// What resuming a run with a flow would do: steps skipped, changed, moved, added (exit 7 if anything changed).
+    Plan(cmd::plan::PlanArgs),
     /// The per-step records of a run, updates included.
     History(cmd::history::HistoryArgs),
     /// A run's events and steps as they happen, until it ends or stops.
@@ -105,4 +107,6 @@ pub mod exit {
     pub const REJECTED: i32 = 5;
     /// The run was cancelled (before the call, or during it).
     pub const CANCELLED: i32 = 6;
+    /// `plan`: the flow differs from what the run recorded.
+    pub const CHANGED: i32 = 7;
 }

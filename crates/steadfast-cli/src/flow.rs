@@ -42,6 +42,43 @@ struct StepSpec {
     limit: Option<Spanned<String>>,
 }
 
+/// What a command step runs as, fingerprinted with each completion (see
+/// `docs/versions.md`): its command, environment and working directory as
+/// digests (a command line may carry a token), its timeout, retries and
+/// backoff as the file writes them. The working directory is the file's
+/// text, not the resolved path, so moving a checkout changes nothing.
+fn definition_of(spec: &StepSpec, retries: u32) -> Result<steadfast::StepVersion, String> {
+    use steadfast::StepVersion;
+    let mut fields = BTreeMap::new();
+    if let Some(run) = &spec.run {
+        fields.insert(
+            "command".to_string(),
+            StepVersion::digest(run.get_ref()).into(),
+        );
+    }
+    if let Some(env) = spec.env.as_ref().filter(|e| !e.is_empty()) {
+        let digests: serde_json::Map<String, serde_json::Value> = env
+            .iter()
+            .map(|(k, v)| (k.clone(), StepVersion::digest(v).into()))
+            .collect();
+        fields.insert("env".to_string(), digests.into());
+    }
+    if let Some(w) = &spec.workdir {
+        fields.insert(
+            "workdir".to_string(),
+            StepVersion::digest(w.get_ref()).into(),
+        );
+    }
+    if let Some(t) = &spec.timeout {
+        fields.insert("timeout".to_string(), t.get_ref().clone().into());
+    }
+    fields.insert("retries".to_string(), retries.into());
+    if let Some(b) = &spec.backoff {
+        fields.insert("backoff".to_string(), b.get_ref().clone().into());
+    }
+    StepVersion::of_fields(fields)
+}
+
 /// A flow file that does not parse or does not make sense.
 #[derive(Debug)]
 pub struct FlowError(pub String);
@@ -350,7 +387,12 @@ fn parse_with_children(text: &str, path: &Path) -> Result<(Workflow, Vec<ChildFi
                 timeout,
                 output_limit: DEFAULT_OUTPUT_LIMIT,
             };
-            let step = command.into_step(step_name).retry(policy);
+            let definition = definition_of(spec, retries)
+                .map_err(|e| step_at(format!("its definition: {e}")))?;
+            let step = command
+                .into_step(step_name)
+                .retry(policy)
+                .defined_as(definition);
             match &spec.limit {
                 Some(l) => {
                     step.limit(steadfast::LimitSpec::parse(l.get_ref()).map_err(|e| {

@@ -119,6 +119,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Command::Worker(args) => cmd::worker::run(args, &ctx).await,
         Command::Runs(args) => cmd::runs::run(args, &ctx).await,
         Command::Show(args) => cmd::show::run(args, &ctx).await,
+        Command::Plan(args) => cmd::plan::run(args, &ctx).await,
         Command::History(args) => cmd::history::run(args, &ctx).await,
         Command::Watch(args) => cmd::watch::run(args, &ctx).await,
         Command::Approve(args) => cmd::approve::run(args, &ctx).await,

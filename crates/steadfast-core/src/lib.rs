@@ -83,6 +83,7 @@ pub use record::spend::{
     MAX_SPEND_NAMES, SPEND_KEY,
 };
 pub use record::state::{merge, State, Update, MAX_VALUE_DEPTH};
+pub use record::version::{FieldChange, StepVersion, STEP_KEY};
 pub use store::memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
 pub use store::{
     BlobTotals, Blobs, Capabilities, Document, Documents, DueRequest, Events, History, ListFilter,

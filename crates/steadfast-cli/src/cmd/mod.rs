@@ -11,6 +11,7 @@ pub mod gc;
 pub mod history;
 pub mod import;
 pub mod limits;
+pub mod plan;
 pub mod prune;
 pub mod reject;
 pub mod rekey;

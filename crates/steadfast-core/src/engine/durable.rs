@@ -28,6 +28,7 @@ use crate::record::error::{Error, StepError, StepErrorKind};
 use crate::record::ids::validate_run_id;
 use crate::record::outcome::{rejected, Event, Outcome};
 use crate::record::state::Update;
+use crate::record::version::{StepVersion, STEP_KEY};
 use crate::store::Store;
 
 mod child;
@@ -45,6 +46,7 @@ pub struct StepOptions {
     retry: Option<RetryPolicy>,
     timeout: Option<Duration>,
     limit: Option<crate::record::limit::LimitSpec>,
+    version: Option<String>,
 }
 
 impl StepOptions {
@@ -71,7 +73,17 @@ impl StepOptions {
         self
     }
 
+    /// Declares the version of the step's code, recorded with its value
+    /// (see [`Step::version`]); checked when the step runs.
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.version = Some(version.into());
+        self
+    }
+
     fn check(&self) -> Result<(), String> {
+        if let Some(v) = &self.version {
+            StepVersion::declared(v)?;
+        }
         if let Some(t) = self.timeout {
             crate::record::limits::STEP_TIMEOUT.check("timeout", t)?;
         }
@@ -95,6 +107,8 @@ struct Attempts<'a> {
     branch: Option<usize>,
     /// The shared limit each attempt holds a slot of.
     limit: Option<&'a crate::record::limit::LimitSpec>,
+    /// What the step runs as, recorded with its completion.
+    version: Option<StepVersion>,
 }
 
 /// The update a durable step's output makes: the output under the step's name.
@@ -458,6 +472,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             lend_state: true,
             branch: None,
             limit: step.limit_spec(),
+            version: step.definition().cloned(),
         };
         self.attempts(
             how,
@@ -479,7 +494,9 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 // The engine's own keys are not a step's to change: a step
                 // that echoes its state (a `jq` filter over stdin) gives
                 // them back, and they are dropped.
-                update.retain(|k, _| !crate::record::keys::RESERVED_KEYS.contains(&k.as_str()));
+                update.retain(|k, _| {
+                    !crate::record::keys::RESERVED_KEYS.contains(&k.as_str()) && k != STEP_KEY
+                });
                 match crate::record::state::check_update(&update) {
                     Ok(()) => Ok(((), update)),
                     Err(p) => Err(StepError::invalid_value(p.path, p.reason)),
@@ -723,6 +740,10 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             lend_state: false,
             branch: None,
             limit: options.limit.as_ref(),
+            version: options
+                .version
+                .as_deref()
+                .and_then(|v| StepVersion::declared(v).ok()),
         };
         self.attempts(
             how,
@@ -936,6 +957,9 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     let (spend_before, unsaved, whole) =
                         crate::engine::budget::charge_ending(&mut s.cp, &line);
                     crate::engine::spend::record_in(&mut update, at, name, whole);
+                    if let Some(v) = &how.version {
+                        update.insert(STEP_KEY.into(), v.to_value());
+                    }
                     let record = StepRecord::new(at, name, update, attempt, started, finished);
                     let total = s.total;
                     let saved = if how.branch.is_some() {
@@ -1266,6 +1290,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     lend_state: false,
                     branch: Some(index),
                     limit: None,
+                    version: None,
                 };
                 let mut once = Some(fut);
                 let out = self

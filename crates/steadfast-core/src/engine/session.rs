@@ -734,6 +734,7 @@ impl Undo {
         let replaced = record
             .update
             .iter()
+            .filter(|(k, _)| k.as_str() != crate::record::version::STEP_KEY)
             .map(|(k, v)| (k.clone(), cp.state.insert(k.clone(), v.clone())))
             .collect();
         let undo = Undo {

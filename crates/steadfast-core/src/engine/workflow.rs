@@ -13,6 +13,7 @@ use crate::record::checkpoint::OnTimeout;
 use crate::record::error::{Error, StepError};
 use crate::record::ids::check_step_name;
 use crate::record::state::{State, Update};
+use crate::record::version::StepVersion;
 
 /// The future a step returns once boxed.
 pub type StepFuture = Pin<Box<dyn Future<Output = Result<Update, StepError>> + Send + 'static>>;
@@ -195,6 +196,10 @@ pub struct Step {
     retry: RetryPolicy,
     timeout: Option<Duration>,
     limit: Option<crate::record::limit::LimitSpec>,
+    /// What the step runs as, recorded with each completion.
+    definition: Option<StepVersion>,
+    /// The version its author declared, checked when the workflow is built.
+    declared: Option<String>,
 }
 
 /// What a step does.
@@ -231,6 +236,8 @@ impl Step {
             retry: RetryPolicy::default(),
             timeout: None,
             limit: None,
+            definition: None,
+            declared: None,
         }
     }
 
@@ -255,6 +262,8 @@ impl Step {
             retry: RetryPolicy::none(),
             timeout: None,
             limit: None,
+            definition: None,
+            declared: None,
         }
     }
 
@@ -271,6 +280,8 @@ impl Step {
             retry: RetryPolicy::none(),
             timeout: None,
             limit: None,
+            definition: None,
+            declared: None,
         }
     }
 
@@ -295,6 +306,8 @@ impl Step {
             retry: RetryPolicy::none(),
             timeout: None,
             limit: None,
+            definition: None,
+            declared: None,
         }
     }
 
@@ -324,6 +337,8 @@ impl Step {
             retry: RetryPolicy::none(),
             timeout: None,
             limit: None,
+            definition: None,
+            declared: None,
         }
     }
 
@@ -427,6 +442,57 @@ impl Step {
         self
     }
 
+    /// Declares the version of the step's code (`"2"`, `"2026-12-03"`): 1 to
+    /// [`MAX_VERSION_BYTES`](crate::record::version::MAX_VERSION_BYTES)
+    /// bytes without control characters, checked when the workflow is
+    /// built. Each completion records it ([`STEP_KEY`](crate::STEP_KEY)),
+    /// so a [`plan`](crate::ops::plan::plan) shows a step whose code changed
+    /// since it ran. Raise it when a change matters to runs in flight.
+    ///
+    /// ```
+    /// use steadfast_core::{update, Step, Workflow};
+    /// let ask = Step::new("ask", |_, _| async { update(serde_json::json!({})) }).version("2");
+    /// let wf = Workflow::new("agent", vec![ask])?;
+    /// let def = wf.steps()[0].definition().unwrap();
+    /// assert_eq!(def.fields()["version"], "2");
+    /// # Ok::<(), steadfast_core::Error>(())
+    /// ```
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.declared = Some(version.into());
+        self
+    }
+
+    /// Sets what the step runs as, for a front end that builds steps from a
+    /// definition of its own (a flow file's command, environment, timeout,
+    /// ...); a declared [`version`](Self::version) is added to its fields.
+    pub fn defined_as(mut self, definition: StepVersion) -> Self {
+        self.definition = Some(definition);
+        self
+    }
+
+    /// What the step runs as, if known: its definition with its declared
+    /// version (once the workflow is built).
+    pub fn definition(&self) -> Option<&StepVersion> {
+        self.definition.as_ref()
+    }
+
+    /// The definition with the declared version in it.
+    fn settle_definition(&mut self) -> Result<(), String> {
+        let Some(v) = self.declared.take() else {
+            return Ok(());
+        };
+        let declared = StepVersion::declared(&v)?;
+        self.definition = Some(match self.definition.take() {
+            None => declared,
+            Some(d) => {
+                let mut fields = d.fields().clone();
+                fields.extend(declared.fields().clone());
+                StepVersion::of_fields(fields)?
+            }
+        });
+        Ok(())
+    }
+
     /// The shared limit the step holds while it runs, if any.
     pub fn limit_spec(&self) -> Option<&crate::record::limit::LimitSpec> {
         self.limit.as_ref()
@@ -523,7 +589,7 @@ impl Workflow {
 
     /// A workflow from a list of steps; fails on an empty list, an empty or
     /// duplicate step name, or a bad workflow name.
-    pub fn new(name: impl Into<String>, steps: Vec<Step>) -> Result<Self, Error> {
+    pub fn new(name: impl Into<String>, mut steps: Vec<Step>) -> Result<Self, Error> {
         let name = name.into();
         let invalid = |reason: String| Error::InvalidWorkflow {
             workflow: name.clone(),
@@ -535,6 +601,10 @@ impl Workflow {
             return Err(invalid("a workflow needs at least one step".into()));
         }
         let mut seen = HashSet::new();
+        for (i, step) in steps.iter_mut().enumerate() {
+            step.settle_definition()
+                .map_err(|r| invalid(format!("step {i} ({}): {r}", step.name)))?;
+        }
         for (i, step) in steps.iter().enumerate() {
             check_step_name(&step.name)
                 .map_err(|r| invalid(format!("step {i} has an invalid name: {r}")))?;
@@ -542,6 +612,7 @@ impl Workflow {
             // under the signals' step would read as signals.
             if crate::record::keys::RESERVED_KEYS.contains(&step.name.as_str())
                 || step.name == crate::record::signal::SIGNAL_STEP
+                || step.name == crate::record::version::STEP_KEY
             {
                 return Err(invalid(format!(
                     "step {i} is named {:?}, a name the engine keeps for itself",

@@ -26,6 +26,7 @@
 //! ```
 
 pub mod limits;
+pub mod plan;
 pub mod retention;
 pub mod schedules;
 pub mod start;
@@ -290,9 +291,7 @@ pub async fn fork<S: Store + ?Sized>(
             .map_err(what)?,
     );
     for record in history.iter().filter(|r| r.index < index) {
-        for (k, v) in &record.update {
-            cp.state.insert(k.clone(), v.clone());
-        }
+        crate::record::state::merge_ref(&mut cp.state, &record.update);
         cp.completed.push(original.completed[record.index].clone());
         cp.next += 1;
         cp.writer = fastrand::u64(1..);
@@ -479,9 +478,7 @@ pub async fn prune<S: Store + ?Sized>(
 fn state_before(cp: &Checkpoint, history: &[StepRecord], at: usize) -> State {
     let mut state = start_state(cp, history);
     for record in history.iter().filter(|r| r.index < at) {
-        for (k, v) in &record.update {
-            state.insert(k.clone(), v.clone());
-        }
+        crate::record::state::merge_ref(&mut state, &record.update);
     }
     state
 }

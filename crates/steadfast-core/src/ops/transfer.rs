@@ -1505,9 +1505,7 @@ async fn write_record<S: Store + ?Sized>(store: &S, record: &Exported) -> Result
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         for r in history {
-            for (k, v) in &r.update {
-                cp.state.insert(k.clone(), v.clone());
-            }
+            crate::record::state::merge_ref(&mut cp.state, &r.update);
             cp.completed.push(run.completed[r.index].clone());
             cp.next += 1;
             cp.writer = fastrand::u64(1..);

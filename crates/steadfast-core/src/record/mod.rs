@@ -17,3 +17,4 @@ pub mod schedule;
 pub mod signal;
 pub mod spend;
 pub mod state;
+pub mod version;

@@ -15,17 +15,30 @@ pub type Update = Map<String, Value>;
 pub const MAX_VALUE_DEPTH: usize = 100;
 
 /// Merges `update` into `state`: each top-level key of the update overwrites the same key.
+/// The step's own record ([`STEP_KEY`](crate::STEP_KEY), what the step ran
+/// as) stays in the update and never reaches the state.
 ///
 /// ```
 /// use serde_json::json;
 /// let mut state = json!({"a": 1, "b": 2}).as_object().unwrap().clone();
-/// let update = json!({"b": 3, "c": 4}).as_object().unwrap().clone();
+/// let update = json!({"b": 3, "c": 4, "__step": {}}).as_object().unwrap().clone();
 /// steadfast_core::merge(&mut state, update);
 /// assert_eq!(serde_json::Value::Object(state), json!({"a": 1, "b": 3, "c": 4}));
 /// ```
 pub fn merge(state: &mut State, update: Update) {
     for (k, v) in update {
-        state.insert(k, v);
+        if k != crate::record::version::STEP_KEY {
+            state.insert(k, v);
+        }
+    }
+}
+
+/// [`merge`] of a borrowed update.
+pub fn merge_ref(state: &mut State, update: &Update) {
+    for (k, v) in update {
+        if k != crate::record::version::STEP_KEY {
+            state.insert(k.clone(), v.clone());
+        }
     }
 }
 
