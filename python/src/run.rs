@@ -92,6 +92,7 @@ pub struct StepSpec {
     signal: Option<String>,
     workflow: Option<String>,
     limit: Option<String>,
+    version: Option<String>,
 }
 
 /// The step context a listed step function gets.
@@ -179,6 +180,12 @@ impl PyStepCtx {
     }
 }
 
+/// The workflow of a Python `Workflow`'s name and steps, for reading only
+/// (a plan): its functions are never called.
+pub fn build_unrun(py: Python<'_>, name: &str, specs: Vec<StepSpec>) -> PyResult<Workflow> {
+    build(name, specs, &Caller::new(py.None(), py.None()))
+}
+
 fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow> {
     let mut b = Workflow::builder(name);
     for spec in specs {
@@ -238,6 +245,9 @@ fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow
                 }
                 if let Some(l) = &spec.limit {
                     step = step.limit(limit_of(&spec.name, l)?);
+                }
+                if let Some(v) = &spec.version {
+                    step = step.version(v.clone());
                 }
                 step
             }
@@ -543,8 +553,12 @@ fn options(
     max_backoff: Option<f64>,
     timeout: Option<f64>,
     limit: Option<&str>,
+    version: Option<&str>,
 ) -> PyResult<StepOptions> {
     let mut o = StepOptions::new();
+    if let Some(v) = version {
+        o = o.version(v);
+    }
     if let Some(l) = limit {
         o = o.limit(limit_of(name, l)?);
     }
@@ -579,7 +593,7 @@ impl PyDurableCtx {
     ///
     /// `on_loop`: `func` is a coroutine function, and this is called on the
     /// event loop's thread.
-    #[pyo3(signature = (name, func, retries=None, backoff=None, max_backoff=None, timeout=None, on_loop=false, limit=None))]
+    #[pyo3(signature = (name, func, retries=None, backoff=None, max_backoff=None, timeout=None, on_loop=false, limit=None, version=None))]
     #[allow(clippy::too_many_arguments)]
     fn step(
         &self,
@@ -591,6 +605,7 @@ impl PyDurableCtx {
         timeout: Option<f64>,
         on_loop: bool,
         limit: Option<String>,
+        version: Option<String>,
     ) -> PyResult<Pending> {
         mark_free(&name)?;
         let opts = options(
@@ -600,6 +615,7 @@ impl PyDurableCtx {
             max_backoff,
             timeout,
             limit.as_deref(),
+            version.as_deref(),
         )?;
         let (ctx, caller, func) = (self.ctx.clone(), self.caller.clone(), Arc::new(func));
         let step = name.clone();

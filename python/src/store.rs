@@ -191,6 +191,27 @@ pub fn history(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Py<PyA
     found(py, run_id, rows)
 }
 
+/// What resuming `run_id` with the workflow of `name` and `steps` would do
+/// (`steadfast plan`), as a dict; nothing is written or run.
+#[pyfunction]
+pub fn plan(
+    py: Python<'_>,
+    store: &PyStore,
+    run_id: &str,
+    name: &str,
+    steps: Vec<crate::run::StepSpec>,
+) -> PyResult<Py<PyAny>> {
+    steadfast::validate_run_id(run_id).map_err(|e| err(&e))?;
+    let wf = crate::run::build_unrun(py, name, steps)?;
+    let s = Arc::clone(&store.inner);
+    let id = run_id.to_string();
+    let p = block(py, async move {
+        steadfast::ops::plan::plan(&*s, &id, &wf).await
+    })
+    .map_err(|e| err(&e))?;
+    serde_to_py(py, &p)
+}
+
 /// Runs in id order, filtered like `steadfast runs`.
 #[pyfunction]
 #[pyo3(signature = (store, status=None, workflow=None, after=None, limit=None))]

@@ -322,7 +322,7 @@ class Workflow:
             )
         spec: Dict[str, Any] = dict.fromkeys(
             ("func", "retries", "backoff", "max_backoff", "timeout", "on_timeout", "seconds", "signal", "workflow",
-             "limit")
+             "limit", "version")
         )
         spec.update(options, kind=kind, name=name)
         self._steps.append(spec)
@@ -337,6 +337,7 @@ class Workflow:
         max_backoff: Optional[float] = None,
         timeout: Optional[float] = None,
         limit: Optional[str] = None,
+        version: Optional[str] = None,
     ) -> Any:
         """Adds a step named ``name``; usable as a decorator when ``func`` is omitted.
 
@@ -347,13 +348,16 @@ class Workflow:
         ``steadfast limits set``) holds a slot of that shared key while each
         attempt runs: at most its size of such steps run at once across every
         process on the store; one that finds none free waits for one.
+        ``version`` (``"2"``: 1 to 100 characters) declares the version of
+        the step's code: each completion records it, and :func:`plan` shows
+        a recorded step whose version has changed since it ran.
         """
 
         def add(f: StepFunction) -> StepFunction:
             if not callable(f):
                 raise TypeError(f"step {name!r}: {f!r} is not callable")
             self._add("step", name, func=f, retries=retries, backoff=backoff, max_backoff=max_backoff,
-                      timeout=timeout, limit=limit)
+                      timeout=timeout, limit=limit, version=version)
             return f
 
         return add if func is None else add(func)
@@ -431,6 +435,7 @@ class DurableContext:
         max_backoff: Optional[float] = None,
         timeout: Optional[float] = None,
         limit: Optional[str] = None,
+        version: Optional[str] = None,
     ) -> JSON:
         """Runs ``fn()`` (sync or async) as step ``name`` and returns its value,
         saved before this returns; on a resume, returns the saved value without
@@ -438,7 +443,9 @@ class DurableContext:
         does, as for :meth:`Workflow.step` and :class:`Workflow`.
         """
         on_loop = inspect.iscoroutinefunction(fn)
-        return await _wait(self._native.step(name, fn, retries, backoff, max_backoff, timeout, on_loop, limit))
+        return await _wait(
+            self._native.step(name, fn, retries, backoff, max_backoff, timeout, on_loop, limit, version)
+        )
 
     async def parallel(self, branches: Union[Sequence[Tuple[str, Callable[[], Any]]], Dict[str, Callable[[], Any]]]) -> List[JSON]:
         """Runs several steps at once and returns their values in order.
@@ -752,6 +759,23 @@ def history(store: Store, run_id: str) -> List[Dict[str, JSON]]:
     return _native.history(store, run_id)
 
 
+def plan(store: Store, run_id: str, workflow: Workflow) -> Dict[str, JSON]:
+    """What resuming ``run_id`` with ``workflow`` would do, as ``steadfast plan
+    --json`` prints it; nothing is run or written.
+
+    ``steps`` lists each step with its ``action``: ``"skip"`` (recorded),
+    ``"changed"`` (recorded, but its definition, such as its ``version``,
+    differs: ``changes`` says how), ``"removed"``, ``"renamed"``,
+    ``"added"``, ``"moved"`` or ``"run"``. ``stops_at`` says where a resume
+    would raise :class:`WorkflowChanged`, ``accept`` what ``accept_changed``
+    would do instead, and ``clean`` is true when nothing recorded differs.
+    Raises :class:`NoSuchRun`.
+    """
+    if not isinstance(workflow, Workflow):
+        raise TypeError(f"plan: expected a Workflow, not {type(workflow).__name__}")
+    return _native.plan(store, run_id, workflow.name, workflow._steps)
+
+
 class Watch:
     """What :func:`watch` returns: an async iterator of a run's items as
     ``steadfast watch --json`` prints them, each a dict with a ``kind``:
@@ -878,6 +902,7 @@ __all__ = [
     "durable",
     "history",
     "open_store",
+    "plan",
     "reject",
     "remove_schedule",
     "run",

@@ -355,6 +355,7 @@ macro_rules! history_conformance {
             durable_functions_rewind_and_fork_by_step_name,
             a_relabelled_record_keeps_its_history_usable,
             a_half_built_fork_is_left_alone_by_retention_and_prune,
+            step_definitions_are_recorded_and_never_reach_the_state,
         );
     };
 }

@@ -1037,3 +1037,96 @@ pub async fn a_relabelled_record_keeps_its_history_usable(ts: TestStore) -> Chec
     store.load("f").await?.ok_or("the fork vanished")?;
     Ok(())
 }
+
+/// A completed step records what it ran as (its declared version, under
+/// [`STEP_KEY`](steadfast_core::STEP_KEY) in its history row), a step
+/// cannot forge it, and it never reaches the state: not as the run goes,
+/// not after a load, a fork or a rewind. A plan sees the record: clean for
+/// the same code, the changed field for a new version.
+pub async fn step_definitions_are_recorded_and_never_reach_the_state(ts: TestStore) -> CheckResult {
+    use steadfast_core::ops::plan::{plan, StepAction};
+    use steadfast_core::{StepVersion, STEP_KEY};
+    let store = &ts.store;
+    let flow = |version: &str| {
+        Workflow::new(
+            "versioned",
+            vec![
+                Step::new("a", |_, _| async {
+                    update(json!({"a": 1, STEP_KEY: "forged"}))
+                })
+                .version(version),
+                Step::gate("g"),
+                Step::new("c", |_, _| async { update(json!({"c": 2})) }).version(version),
+            ],
+        )
+    };
+    let (v1, v2) = (flow("1")?, flow("2")?);
+    let out = Runner::new(&**store).run("v", &v1).await?;
+    ensure!(
+        out == Outcome::Waiting { gate: "g".into() },
+        "expected to wait at g, got {out:?}"
+    );
+    let no_key = |cp: &Checkpoint, when: &str| -> CheckResult {
+        ensure!(
+            !cp.state.contains_key(STEP_KEY),
+            "{when}: the state holds {STEP_KEY}: {:?}",
+            cp.state
+        );
+        Ok(())
+    };
+    no_key(
+        &store.load("v").await?.ok_or("the run is gone")?,
+        "after a load",
+    )?;
+    let history = store.history("v").await?.ok_or("no history")?;
+    ensure!(
+        history[0].update.get(STEP_KEY) == Some(&StepVersion::declared("1")?.to_value()),
+        "the first step's record: {:?}",
+        history[0].update
+    );
+    let same = plan(&**store, "v", &v1).await?;
+    ensure!(same.clean, "the same code is not a clean plan: {same:?}");
+    let newer = plan(&**store, "v", &v2).await?;
+    ensure!(
+        !newer.clean
+            && newer.stops_at.is_none()
+            && newer.steps[0].action == StepAction::Changed
+            && newer.steps[0].changes[0].field == "version",
+        "a new version: {newer:?}"
+    );
+    approve(&**store, "v", "g", None, "ada", &SystemClock).await?;
+    let done = Runner::new(&**store).run("v", &v1).await?;
+    ensure!(
+        matches!(done, Outcome::Completed(_)),
+        "expected completion, got {done:?}"
+    );
+    no_key(
+        &store.load("v").await?.ok_or("the run is gone")?,
+        "at the end",
+    )?;
+    let fork = ops::fork(&**store, "v", "c", "v-fork", "ada", &SystemClock).await?;
+    no_key(&fork, "after a fork")?;
+    let forked = store
+        .history("v-fork")
+        .await?
+        .ok_or("no history of the fork")?;
+    ensure!(
+        forked[0].update.contains_key(STEP_KEY),
+        "the fork's first row lost its definition: {:?}",
+        forked[0].update
+    );
+    let back = ops::rewind(&**store, "v", "a", "ada", &SystemClock).await?;
+    no_key(&back, "after a rewind")?;
+    let again = Runner::new(&**store).run("v", &v2).await?;
+    ensure!(
+        again == Outcome::Waiting { gate: "g".into() },
+        "after the rewind: {again:?}"
+    );
+    let history = store.history("v").await?.ok_or("no history")?;
+    ensure!(
+        history[0].update.get(STEP_KEY) == Some(&StepVersion::declared("2")?.to_value()),
+        "the step run again under version 2 records it: {:?}",
+        history[0].update
+    );
+    Ok(())
+}

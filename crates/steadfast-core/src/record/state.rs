@@ -14,6 +14,12 @@ pub type Update = Map<String, Value>;
 /// state in a few levels of their own, so the limit leaves room for them.
 pub const MAX_VALUE_DEPTH: usize = 100;
 
+/// The key under which a completed step's update records what the step ran
+/// as ([`StepVersion`](crate::StepVersion): `{"fingerprint": …, "fields":
+/// {…}}`). It is the step's record only: [`merge`] never puts it in the
+/// run's state, and a step cannot set it.
+pub const STEP_KEY: &str = "__step";
+
 /// Merges `update` into `state`: each top-level key of the update overwrites the same key.
 /// The step's own record ([`STEP_KEY`](crate::STEP_KEY), what the step ran
 /// as) stays in the update and never reaches the state.
@@ -27,7 +33,7 @@ pub const MAX_VALUE_DEPTH: usize = 100;
 /// ```
 pub fn merge(state: &mut State, update: Update) {
     for (k, v) in update {
-        if k != crate::record::version::STEP_KEY {
+        if k != STEP_KEY {
             state.insert(k, v);
         }
     }
@@ -36,7 +42,7 @@ pub fn merge(state: &mut State, update: Update) {
 /// [`merge`] of a borrowed update.
 pub fn merge_ref(state: &mut State, update: &Update) {
     for (k, v) in update {
-        if k != crate::record::version::STEP_KEY {
+        if k != STEP_KEY {
             state.insert(k.clone(), v.clone());
         }
     }

@@ -14,11 +14,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 use sha2::Digest as _;
 
-/// The key under which a completed step's update records its
-/// [`StepVersion`] (`{"fingerprint": …, "fields": {…}}`). It is the step's
-/// record only: it is never merged into the run's state, and a step cannot
-/// set it.
-pub const STEP_KEY: &str = "__step";
+pub use crate::record::state::STEP_KEY;
 
 /// The longest version a step may declare, in bytes.
 pub const MAX_VERSION_BYTES: usize = 100;

@@ -1,0 +1,338 @@
+//! The resume plan: for a run waiting at a gate, each way its workflow can
+//! change (a definition edited, a step renamed, removed, inserted before or
+//! after the gate, moved, another workflow) is reported as what a resume
+//! would do, and nothing is written.
+
+use serde_json::json;
+use steadfast_core::ops::plan::{plan, ResumePlan, StepAction};
+use steadfast_core::{run, update, Error, MemoryStore, Outcome, Step, Workflow};
+
+/// A step named `name` returning `{name: 1}`, of version `v`.
+fn step(name: &str, v: &str) -> Step {
+    let key = name.to_string();
+    Step::new(name, move |_, _| {
+        let key = key.clone();
+        async move { update(json!({ key: 1 })) }
+    })
+    .version(v)
+}
+
+fn wf(name: &str, steps: Vec<Step>) -> Workflow {
+    Workflow::new(name, steps).unwrap()
+}
+
+/// fetch, summarize, gate approve, publish.
+fn v1() -> Workflow {
+    wf(
+        "review",
+        vec![
+            step("fetch", "1"),
+            step("summarize", "1"),
+            Step::gate("approve"),
+            step("publish", "1"),
+        ],
+    )
+}
+
+/// A store with run "r" of [`v1`] waiting at its gate.
+async fn waiting() -> MemoryStore {
+    let store = MemoryStore::new();
+    let out = run("r", &v1(), &store).await.unwrap();
+    assert_eq!(
+        out,
+        Outcome::Waiting {
+            gate: "approve".into()
+        }
+    );
+    store
+}
+
+fn actions(p: &ResumePlan) -> Vec<(String, StepAction)> {
+    p.steps.iter().map(|s| (s.name.clone(), s.action)).collect()
+}
+
+fn names(list: &[(&str, StepAction)]) -> Vec<(String, StepAction)> {
+    list.iter().map(|(n, a)| (n.to_string(), *a)).collect()
+}
+
+#[tokio::test]
+async fn the_same_workflow_is_a_clean_plan() {
+    let store = waiting().await;
+    let p = plan(&store, "r", &v1()).await.unwrap();
+    assert!(p.clean, "{p:?}");
+    assert_eq!(p.waiting_at.as_deref(), Some("approve"));
+    assert_eq!(
+        actions(&p),
+        names(&[
+            ("fetch", StepAction::Skip),
+            ("summarize", StepAction::Skip),
+            ("approve", StepAction::Run),
+            ("publish", StepAction::Run),
+        ])
+    );
+    assert!(p.stops_at.is_none() && p.accept.is_none() && p.notes.is_empty());
+}
+
+#[tokio::test]
+async fn an_edited_step_is_changed_with_the_field_that_changed() {
+    let store = waiting().await;
+    let edited = wf(
+        "review",
+        vec![
+            step("fetch", "1"),
+            step("summarize", "2"),
+            Step::gate("approve"),
+            step("publish", "1"),
+        ],
+    );
+    let p = plan(&store, "r", &edited).await.unwrap();
+    assert!(!p.clean && p.stops_at.is_none(), "{p:?}");
+    assert_eq!(p.steps[1].action, StepAction::Changed);
+    let change = &p.steps[1].changes[0];
+    assert_eq!(
+        (
+            change.field.as_str(),
+            change.was.clone(),
+            change.now.clone()
+        ),
+        ("version", Some(json!("1")), Some(json!("2")))
+    );
+    assert_ne!(p.steps[1].fingerprint, p.steps[1].recorded_fingerprint);
+    // A changed step after the run's place is not in the record: not changed.
+    let later = wf(
+        "review",
+        vec![
+            step("fetch", "1"),
+            step("summarize", "1"),
+            Step::gate("approve"),
+            step("publish", "9"),
+        ],
+    );
+    assert!(plan(&store, "r", &later).await.unwrap().clean);
+}
+
+#[tokio::test]
+async fn a_renamed_step_stops_the_resume_and_accepting_relabels_it() {
+    let store = waiting().await;
+    let renamed = wf(
+        "review",
+        vec![
+            step("fetch", "1"),
+            step("digest", "1"),
+            Step::gate("approve"),
+            step("publish", "1"),
+        ],
+    );
+    let p = plan(&store, "r", &renamed).await.unwrap();
+    assert!(!p.clean);
+    assert_eq!(p.steps[1].action, StepAction::Renamed);
+    assert_eq!(p.steps[1].recorded_name.as_deref(), Some("summarize"));
+    let stop = p.stops_at.as_ref().unwrap();
+    assert_eq!(
+        (stop.at, stop.recorded.as_deref(), stop.given.as_deref()),
+        (1, Some("summarize"), Some("digest"))
+    );
+    let accept = p.accept.as_ref().unwrap();
+    assert_eq!(accept.kept, 2);
+    assert_eq!(
+        accept.relabelled,
+        vec![("summarize".to_string(), "digest".to_string())]
+    );
+    assert_eq!(accept.resumes_at.as_deref(), Some("approve"));
+    // What the plan says is what a resume does.
+    let refused = run("r", &renamed, &store).await;
+    assert!(
+        matches!(refused, Err(Error::WorkflowChanged { at: 1, .. })),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_renamed_and_edited_step_is_removed_and_added() {
+    let store = waiting().await;
+    let replaced = wf(
+        "review",
+        vec![
+            step("fetch", "1"),
+            step("digest", "2"),
+            Step::gate("approve"),
+            step("publish", "1"),
+        ],
+    );
+    let p = plan(&store, "r", &replaced).await.unwrap();
+    assert_eq!(
+        actions(&p),
+        names(&[
+            ("fetch", StepAction::Skip),
+            ("summarize", StepAction::Removed),
+            ("digest", StepAction::Added),
+            ("approve", StepAction::Run),
+            ("publish", StepAction::Run),
+        ])
+    );
+    assert_eq!(p.stops_at.as_ref().unwrap().at, 1);
+}
+
+#[tokio::test]
+async fn a_step_inserted_before_the_gate_runs_next_and_one_after_it_runs_later() {
+    let store = waiting().await;
+    let before = wf(
+        "review",
+        vec![
+            step("fetch", "1"),
+            step("summarize", "1"),
+            step("lint", "1"),
+            Step::gate("approve"),
+            step("publish", "1"),
+        ],
+    );
+    let p = plan(&store, "r", &before).await.unwrap();
+    assert!(!p.clean && p.stops_at.is_none(), "{p:?}");
+    assert_eq!(p.steps[2].name, "lint");
+    assert_eq!(p.steps[2].action, StepAction::Run);
+    assert!(
+        p.notes.iter().any(|n| n.contains("waits at \"approve\"")),
+        "{:?}",
+        p.notes
+    );
+    let after = wf(
+        "review",
+        vec![
+            step("fetch", "1"),
+            step("summarize", "1"),
+            Step::gate("approve"),
+            step("notify", "1"),
+            step("publish", "1"),
+        ],
+    );
+    let p = plan(&store, "r", &after).await.unwrap();
+    assert!(p.stops_at.is_none(), "{p:?}");
+    assert_eq!(p.steps[3].action, StepAction::Run);
+    // Not the steps the run was started with: said, and not clean.
+    assert!(
+        !p.clean && p.notes[0].contains("started with 4 step(s)"),
+        "{p:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_step_inserted_at_the_start_moves_the_recorded_ones() {
+    let store = waiting().await;
+    let first = wf(
+        "review",
+        vec![
+            step("setup", "1"),
+            step("fetch", "1"),
+            step("summarize", "1"),
+            Step::gate("approve"),
+            step("publish", "1"),
+        ],
+    );
+    let p = plan(&store, "r", &first).await.unwrap();
+    assert_eq!(
+        actions(&p),
+        names(&[
+            ("setup", StepAction::Added),
+            ("fetch", StepAction::Moved),
+            ("summarize", StepAction::Moved),
+            ("approve", StepAction::Run),
+            ("publish", StepAction::Run),
+        ])
+    );
+    assert_eq!(p.steps[1].recorded_index, Some(0));
+    assert_eq!(p.stops_at.as_ref().unwrap().at, 0);
+}
+
+#[tokio::test]
+async fn a_removed_step_and_a_shorter_workflow_are_reported() {
+    let store = waiting().await;
+    let short = wf("review", vec![step("fetch", "1")]);
+    let p = plan(&store, "r", &short).await.unwrap();
+    assert_eq!(
+        actions(&p),
+        names(&[
+            ("fetch", StepAction::Skip),
+            ("summarize", StepAction::Removed),
+        ])
+    );
+    let stop = p.stops_at.as_ref().unwrap();
+    assert_eq!((stop.at, stop.given.as_deref()), (1, None));
+    let accept = p.accept.as_ref().unwrap();
+    assert_eq!(
+        (
+            accept.kept,
+            accept.dropped.clone(),
+            accept.resumes_at.clone()
+        ),
+        (1, vec!["summarize".to_string()], None)
+    );
+}
+
+#[tokio::test]
+async fn another_workflow_stops_at_once_and_an_absent_run_is_an_error() {
+    let store = waiting().await;
+    let other = wf("other", vec![step("fetch", "1")]);
+    let p = plan(&store, "r", &other).await.unwrap();
+    assert!(!p.clean && p.stops_at.as_ref().unwrap().at == 0, "{p:?}");
+    assert!(p.notes[0].contains("\"review\""), "{:?}", p.notes);
+    assert!(matches!(
+        plan(&store, "nobody", &v1()).await,
+        Err(Error::NoSuchRun { .. })
+    ));
+}
+
+#[tokio::test]
+async fn steps_recorded_without_a_definition_count_as_unchanged() {
+    let store = MemoryStore::new();
+    let plain = wf(
+        "review",
+        vec![
+            Step::new("fetch", |_, _| async { update(json!({})) }),
+            Step::gate("approve"),
+        ],
+    );
+    run("r", &plain, &store).await.unwrap();
+    let versioned = wf("review", vec![step("fetch", "7"), Step::gate("approve")]);
+    let p = plan(&store, "r", &versioned).await.unwrap();
+    assert!(p.clean, "{p:?}");
+}
+
+#[tokio::test]
+async fn bad_versions_are_refused_when_the_workflow_is_built() {
+    for bad in ["", "a\u{7}b", &"v".repeat(101)] {
+        let r = Workflow::new("w", vec![step("a", bad)]);
+        assert!(
+            matches!(r, Err(Error::InvalidWorkflow { .. })),
+            "{bad:?}: {r:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_durable_step_records_its_declared_version() {
+    use steadfast_core::{durable, StepError, StepOptions, STEP_KEY};
+    let store = MemoryStore::new();
+    let out = durable("d", &store, "agent", |ctx| async move {
+        ctx.step_with("ask", StepOptions::new().version("3"), || async {
+            Ok::<_, StepError>(5)
+        })
+        .await
+    })
+    .await
+    .unwrap();
+    assert_eq!(out, Outcome::Completed(5));
+    let history = steadfast_core::StoreExt::history(&store, "d")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(history[0].update[STEP_KEY]["fields"]["version"], "3");
+    // A bad version is refused before the step runs.
+    let bad = durable("e", &store, "agent", |ctx| async move {
+        ctx.step_with("ask", StepOptions::new().version(""), || async {
+            Ok::<_, StepError>(5)
+        })
+        .await
+    })
+    .await;
+    assert!(matches!(bad, Err(Error::InvalidWorkflow { .. })), "{bad:?}");
+}
