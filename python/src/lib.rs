@@ -34,6 +34,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::show, m)?)?;
     m.add_function(wrap_pyfunction!(store::history, m)?)?;
     m.add_function(wrap_pyfunction!(store::plan, m)?)?;
+    m.add_function(wrap_pyfunction!(store::migrate, m)?)?;
     m.add_function(wrap_pyfunction!(store::runs, m)?)?;
     m.add_function(wrap_pyfunction!(store::start, m)?)?;
     m.add_function(wrap_pyfunction!(store::add_schedule, m)?)?;

@@ -766,6 +766,18 @@ impl PyDurableCtx {
         self.awaitable(async move { ctx.now().await.map(|t| Value::from(t.unix_millis())) })
     }
 
+    /// Whether this run takes the new branch of patch `id`, recorded.
+    fn patched(&self, id: String) -> PyResult<Pending> {
+        let ctx = self.ctx.clone();
+        self.awaitable(async move { ctx.patched(&id).await.map(Value::from) })
+    }
+
+    /// Steps over a recorded patch `id`, if the record has it here.
+    fn deprecate_patch(&self, id: String) -> PyResult<Pending> {
+        let ctx = self.ctx.clone();
+        self.awaitable(async move { ctx.deprecate_patch(&id).await.map(|()| Value::Null) })
+    }
+
     /// A random 64-bit number, recorded.
     fn random(&self) -> PyResult<Pending> {
         let ctx = self.ctx.clone();

@@ -212,6 +212,31 @@ pub fn plan(
     serde_to_py(py, &p)
 }
 
+/// Moves `run_id` to the workflow of `name` and `steps` (`steadfast
+/// migrate`): the plan after the move, as a dict.
+#[pyfunction]
+#[pyo3(signature = (store, run_id, name, steps, renames, by=None))]
+pub fn migrate(
+    py: Python<'_>,
+    store: &PyStore,
+    run_id: &str,
+    name: &str,
+    steps: Vec<crate::run::StepSpec>,
+    renames: Vec<(String, String)>,
+    by: Option<String>,
+) -> PyResult<Py<PyAny>> {
+    steadfast::validate_run_id(run_id).map_err(|e| err(&e))?;
+    let wf = crate::run::build_unrun(py, name, steps)?;
+    let s = Arc::clone(&store.inner);
+    let id = run_id.to_string();
+    let by = by.unwrap_or_else(steadfast::default_decider);
+    let (_, p) = block(py, async move {
+        steadfast::ops::plan::migrate(&*s, &id, &wf, &renames, &by, &SystemClock).await
+    })
+    .map_err(|e| err(&e))?;
+    serde_to_py(py, &p)
+}
+
 /// Runs in id order, filtered like `steadfast runs`.
 #[pyfunction]
 #[pyo3(signature = (store, status=None, workflow=None, after=None, limit=None))]

@@ -508,6 +508,21 @@ class DurableContext:
         """The current time (UTC), recorded: the same on every replay."""
         return _from_millis(await _wait(self._native.now()))
 
+    async def patched(self, id: str) -> bool:
+        """Whether this run takes the new branch of patch ``id``: True for a
+        run that reaches this point under code with the patch, False for one
+        that passed it under older code. Recorded, so every replay answers
+        the same. ``id``: 1 to 100 letters, digits, ``_ . : -``.
+
+        Once no run needs the old branch, call :meth:`deprecate_patch` here
+        instead and keep only the new branch.
+        """
+        return bool(await _wait(self._native.patched(id)))
+
+    async def deprecate_patch(self, id: str) -> None:
+        """Steps over patch ``id``'s record in runs that have it here; records nothing."""
+        await _wait(self._native.deprecate_patch(id))
+
     async def random(self) -> int:
         """A random integer in ``[0, 2**64)``, recorded."""
         return await _wait(self._native.random())
@@ -776,6 +791,27 @@ def plan(store: Store, run_id: str, workflow: Workflow) -> Dict[str, JSON]:
     return _native.plan(store, run_id, workflow.name, workflow._steps)
 
 
+def migrate(
+    store: Store,
+    run_id: str,
+    workflow: Workflow,
+    renames: Optional[Dict[str, str]] = None,
+    *,
+    by: Optional[str] = None,
+) -> Dict[str, JSON]:
+    """Moves ``run_id`` to ``workflow``, a newer version of its workflow, as
+    ``steadfast migrate`` does: recorded steps are renamed as ``renames``
+    says (``{"old": "new"}``), and the move is recorded in the run's audit.
+    Refused (:class:`InvalidInput`, nothing written) unless every recorded
+    step is then in place with an unchanged definition; returns the plan
+    after the move.
+    """
+    if not isinstance(workflow, Workflow):
+        raise TypeError(f"migrate: expected a Workflow, not {type(workflow).__name__}")
+    pairs = list((renames or {}).items())
+    return _native.migrate(store, run_id, workflow.name, workflow._steps, pairs, by)
+
+
 class Watch:
     """What :func:`watch` returns: an async iterator of a run's items as
     ``steadfast watch --json`` prints them, each a dict with a ``kind``:
@@ -901,6 +937,7 @@ __all__ = [
     "signal",
     "durable",
     "history",
+    "migrate",
     "open_store",
     "plan",
     "reject",

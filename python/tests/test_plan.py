@@ -38,9 +38,12 @@ def test_a_plan_reports_each_change_and_the_resume_agrees(store):
     assert edited["steps"][1]["action"] == "changed"
     assert edited["steps"][1]["changes"] == [{"field": "version", "was": "1", "now": "2"}]
 
+    # Renamed: a declared version says nothing of what a step does, so the
+    # old name is removed and the new one added (a flow step's command would
+    # show it as renamed).
     renamed = steadfast.plan(store, "r", _flow(name="digest"))
-    assert renamed["steps"][1]["action"] == "renamed"
-    assert renamed["steps"][1]["recorded_name"] == "summarize"
+    assert [s["action"] for s in renamed["steps"][1:3]] == ["removed", "added"]
+    assert renamed["steps"][1]["name"] == "summarize"
     assert renamed["stops_at"] == {"at": 1, "recorded": "summarize", "given": "digest"}
     assert renamed["accept"]["relabelled"] == [["summarize", "digest"]]
     with pytest.raises(steadfast.WorkflowChanged):
@@ -77,3 +80,22 @@ def test_a_durable_step_records_its_version_and_bad_versions_are_refused(store):
         steadfast.plan(store, "nobody", _flow())
     with pytest.raises(TypeError):
         steadfast.plan(store, "r", agent)
+
+
+def test_migrate_with_a_rename_resumes_without_running_the_step_again(store):
+    out = steadfast.run("m", _flow(), store)
+    assert out.waiting, out
+    with pytest.raises(steadfast.InvalidInput):
+        steadfast.migrate(store, "m", _flow(name="digest"))
+    calls = []
+    v2 = _flow(name="digest")
+    v2._steps[1]["func"] = lambda ctx, state: calls.append("digest") or {"sum": 2}
+    after = steadfast.migrate(store, "m", v2, {"summarize": "digest"}, by="ada")
+    assert after["clean"], after
+    audit = steadfast.show(store, "m")["audit"][-1]
+    assert audit["by"] == "ada" and audit["action"]["kind"] == "migrate"
+    assert audit["action"]["renamed"] == [["summarize", "digest"]]
+    steadfast.approve(store, "m", "approve")
+    assert steadfast.run("m", v2, store).completed
+    assert calls == []
+    assert steadfast.show(store, "m")["state"]["sum"] == 1

@@ -45,6 +45,8 @@ pub enum Command {
     Show(cmd::show::ShowArgs),
     /// What resuming a run with a flow would do: steps skipped, changed, moved, added (exit 7 if anything changed).
     Plan(cmd::plan::PlanArgs),
+    /// Move a run to a newer version of its flow (its plan must be clean after the renames).
+    Migrate(cmd::plan::MigrateArgs),
     /// The per-step records of a run, updates included.
     History(cmd::history::HistoryArgs),
     /// A run's events and steps as they happen, until it ends or stops.

@@ -61,7 +61,18 @@ fn definition_of(spec: &StepSpec, retries: u32) -> Result<steadfast::StepVersion
             .iter()
             .map(|(k, v)| (k.clone(), StepVersion::digest(v).into()))
             .collect();
-        fields.insert("env".to_string(), digests.into());
+        let each = serde_json::Value::Object(digests);
+        // One digest per variable while they fit in a field; else one for
+        // the whole table (a plan then says the environment changed).
+        let fits = serde_json::to_string(&each)
+            .is_ok_and(|t| t.len() <= steadfast::version::MAX_FIELD_BYTES);
+        let value = if fits {
+            each
+        } else {
+            let whole: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            StepVersion::digest(&whole.join("\0")).into()
+        };
+        fields.insert("env".to_string(), value);
     }
     if let Some(w) = &spec.workdir {
         fields.insert(

@@ -120,6 +120,7 @@ async fn dispatch(cli: Cli) -> Result<i32, Failure> {
         Command::Runs(args) => cmd::runs::run(args, &ctx).await,
         Command::Show(args) => cmd::show::run(args, &ctx).await,
         Command::Plan(args) => cmd::plan::run(args, &ctx).await,
+        Command::Migrate(args) => cmd::plan::migrate(args, &ctx).await,
         Command::History(args) => cmd::history::run(args, &ctx).await,
         Command::Watch(args) => cmd::watch::run(args, &ctx).await,
         Command::Approve(args) => cmd::approve::run(args, &ctx).await,

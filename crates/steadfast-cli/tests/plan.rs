@@ -172,3 +172,76 @@ fn a_step_records_its_definition_and_the_state_never_shows_it() -> TestResult {
     );
     Ok(())
 }
+
+#[test]
+fn migrate_with_a_rename_moves_a_waiting_run_and_it_resumes_without_the_step() -> TestResult {
+    let env = Env::new();
+    let v1 = env.flow("v1.toml", V1);
+    let out = env.run(&["run", v1.to_str().unwrap(), "--run-id", "r1"]);
+    assert_eq!(code(&out), 4, "{}", stderr(&out));
+    let v2 = env.flow(
+        "v2.toml",
+        &V1.replace("name = \"summarize\"", "name = \"digest\"").replace(
+            "[[step]]\nname = \"publish\"",
+            "[[step]]\nname = \"notify\"\nrun = \"echo notify >> log\"\n[[step]]\nname = \"publish\"",
+        ),
+    );
+    let v2 = v2.to_str().unwrap();
+    // Without the rename: refused, and the run is as it was.
+    let out = env.run(&["migrate", "r1", "--flow", v2]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("\"summarize\""), "{}", stderr(&out));
+    for bad in ["summarize", "=digest", "nope=digest", "summarize=nope"] {
+        let out = env.run(&["migrate", "r1", "--flow", v2, "--rename", bad]);
+        assert_eq!(code(&out), 2, "{bad}: {}", stderr(&out));
+    }
+    let out = env.run(&[
+        "migrate",
+        "r1",
+        "--flow",
+        v2,
+        "--rename",
+        "summarize=digest",
+        "--by",
+        "ada",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(stdout(&out).contains("clean"), "{}", stdout(&out));
+    let out = env.run(&["plan", "r1", "--flow", v2]);
+    assert_eq!(code(&out), 0, "{}", stdout(&out));
+    let shown = env.show("r1");
+    let last = shown["audit"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["action"]["kind"], "migrate", "{shown}");
+    assert_eq!(last["by"], "ada");
+    let out = env.run(&["approve", "r1", "approve"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = env.run(&["run", v2, "--run-id", "r1"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(env.log(), ["fetch", "summarize", "notify", "publish"]);
+    Ok(())
+}
+
+#[test]
+fn a_flow_with_a_large_env_table_still_loads_and_fingerprints_it_whole() -> TestResult {
+    let env = Env::new();
+    let vars: Vec<String> = (0..60)
+        .map(|i| format!("VARIABLE_{i:03} = \"{i}\""))
+        .collect();
+    let flow = env.flow(
+        "big.toml",
+        &format!(
+            "name = \"big\"\n[[step]]\nname = \"s\"\nrun = \"echo {{}}\"\nenv = {{ {} }}\n",
+            vars.join(", ")
+        ),
+    );
+    let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "r"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = env.run(&["history", "r", "--json"]);
+    let history: Value = serde_json::from_slice(&out.stdout)?;
+    let recorded = &history[0]["update"]["__step"]["fields"]["env"];
+    assert!(
+        recorded.as_str().unwrap().starts_with("sha256:"),
+        "{history}"
+    );
+    Ok(())
+}

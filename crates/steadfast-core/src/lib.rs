@@ -37,12 +37,13 @@ pub use ops::limits as limits_ops;
 pub use ops::schedules as schedule_ops;
 pub use ops::{retention, stuck, transfer, watch, worker};
 pub use record::limits;
+pub use record::version;
 pub use store::local;
 
 pub use engine::ctx::{Charge, StepCtx};
 pub use engine::decide::{approve, default_decider, reject};
 pub use engine::durable::{
-    durable, ChildOptions, ChildSpec, DurableCtx, StepOptions, MAX_CHILDREN,
+    durable, ChildOptions, ChildSpec, DurableCtx, StepOptions, MAX_CHILDREN, MAX_PATCH_ID_BYTES,
 };
 pub use engine::family::{CHILDREN_RECHECK, MAX_CHILD_ATTEMPTS};
 pub use engine::process::{current_owner, holder_is_running, local_deadline};

@@ -111,18 +111,36 @@ async fn an_edited_step_is_changed_with_the_field_that_changed() {
     assert!(plan(&store, "r", &later).await.unwrap().clean);
 }
 
+/// A step defined by a command (as a flow file's are), named `name`.
+fn command_step(name: &str, command: &str) -> Step {
+    let fields = std::collections::BTreeMap::from([(
+        "command".to_string(),
+        json!(steadfast_core::StepVersion::digest(command)),
+    )]);
+    Step::new(name, |_, _| async { update(json!({})) })
+        .defined_as(steadfast_core::StepVersion::of_fields(fields).unwrap())
+}
+
 #[tokio::test]
 async fn a_renamed_step_stops_the_resume_and_accepting_relabels_it() {
-    let store = waiting().await;
-    let renamed = wf(
-        "review",
-        vec![
-            step("fetch", "1"),
-            step("digest", "1"),
-            Step::gate("approve"),
-            step("publish", "1"),
-        ],
-    );
+    let store = MemoryStore::new();
+    let flow = |second: &str| {
+        wf(
+            "review",
+            vec![
+                command_step("fetch", "curl"),
+                command_step(second, "summarize.sh"),
+                Step::gate("approve"),
+                command_step("publish", "post"),
+            ],
+        )
+    };
+    run("r", &flow("summarize"), &store).await.unwrap();
+    let renamed = flow("digest");
+    // A declared version alone is no identity: many steps share "1".
+    let versioned = wf("review", vec![step("fetch", "1"), step("digest", "1")]);
+    let p = plan(&store, "r", &versioned).await.unwrap();
+    assert_eq!(p.steps[1].action, StepAction::Removed, "{p:?}");
     let p = plan(&store, "r", &renamed).await.unwrap();
     assert!(!p.clean);
     assert_eq!(p.steps[1].action, StepAction::Renamed);
@@ -335,4 +353,142 @@ async fn a_durable_step_records_its_declared_version() {
     })
     .await;
     assert!(matches!(bad, Err(Error::InvalidWorkflow { .. })), "{bad:?}");
+}
+
+#[tokio::test]
+async fn migrate_with_a_rename_resumes_without_running_the_renamed_step_again() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use steadfast_core::ops::plan::migrate;
+    use steadfast_core::{approve, AuditAction, SystemClock};
+    let store = waiting().await;
+    let digested = Arc::new(AtomicU32::new(0));
+    let d = Arc::clone(&digested);
+    let v2 = wf(
+        "review",
+        vec![
+            step("fetch", "1"),
+            Step::new("digest", move |_, _| {
+                d.fetch_add(1, Ordering::SeqCst);
+                async { update(json!({"digest": 1})) }
+            })
+            .version("1"),
+            Step::gate("approve"),
+            step("publish", "1"),
+            step("notify", "1"),
+        ],
+    );
+    // Without the rename: refused, nothing written.
+    let before = steadfast_core::Store::load(&store, "r")
+        .await
+        .unwrap()
+        .unwrap();
+    let refused = migrate(&store, "r", &v2, &[], "ada", &SystemClock).await;
+    assert!(
+        matches!(&refused, Err(Error::InvalidInput { reason, .. }) if reason.contains("\"summarize\"")),
+        "{refused:?}"
+    );
+    let after = steadfast_core::Store::load(&store, "r")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.version, before.version);
+    // Bad renames: an unknown old name, a new name the flow lacks, twice.
+    for renames in [
+        vec![("nope", "digest")],
+        vec![("summarize", "nope")],
+        vec![("summarize", "digest"), ("summarize", "fetch")],
+    ] {
+        let renames: Vec<(String, String)> = renames
+            .into_iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        let r = migrate(&store, "r", &v2, &renames, "ada", &SystemClock).await;
+        assert!(
+            matches!(r, Err(Error::InvalidInput { .. })),
+            "{renames:?}: {r:?}"
+        );
+    }
+    let renames = [("summarize".to_string(), "digest".to_string())];
+    let (cp, p) = migrate(&store, "r", &v2, &renames, "ada", &SystemClock)
+        .await
+        .unwrap();
+    assert_eq!(cp.completed, ["fetch", "digest"]);
+    assert!(p.clean, "{p:?}");
+    match cp.audit.last().map(|e| &e.action) {
+        Some(AuditAction::Migrate {
+            steps: 5, renamed, ..
+        }) => {
+            assert_eq!(renamed, &[("summarize".to_string(), "digest".to_string())])
+        }
+        other => panic!("no migrate entry: {other:?}"),
+    }
+    approve(&store, "r", "approve", None, "ada", &SystemClock)
+        .await
+        .unwrap();
+    let out = run("r", &v2, &store).await.unwrap();
+    assert!(matches!(out, Outcome::Completed(_)), "{out:?}");
+    assert_eq!(
+        digested.load(Ordering::SeqCst),
+        0,
+        "the renamed step ran again"
+    );
+    // A completed run is not moved.
+    let done = migrate(&store, "r", &v2, &[], "ada", &SystemClock).await;
+    assert!(matches!(done, Err(Error::InvalidInput { .. })), "{done:?}");
+}
+
+#[tokio::test]
+async fn migrate_refuses_a_step_whose_definition_changed() {
+    use steadfast_core::ops::plan::migrate;
+    use steadfast_core::SystemClock;
+    let store = waiting().await;
+    let edited = wf(
+        "review",
+        vec![
+            step("fetch", "2"),
+            step("summarize", "1"),
+            Step::gate("approve"),
+            step("publish", "1"),
+        ],
+    );
+    let r = migrate(&store, "r", &edited, &[], "ada", &SystemClock).await;
+    assert!(
+        matches!(&r, Err(Error::InvalidInput { reason, .. }) if reason.contains("\"fetch\"") && reason.contains("version")),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn accepting_a_changed_workflow_makes_the_next_plan_clean() {
+    use steadfast_core::Runner;
+    let store = waiting().await;
+    let v2 = wf(
+        "review",
+        vec![
+            step("fetch", "1"),
+            step("summarize", "1"),
+            Step::gate("approve"),
+            step("publish", "1"),
+            step("notify", "1"),
+        ],
+    );
+    assert!(!plan(&store, "r", &v2).await.unwrap().clean);
+    let other = wf(
+        "review",
+        vec![
+            step("fetch", "1"),
+            step("digest", "1"),
+            Step::gate("approve"),
+            step("publish", "1"),
+            step("notify", "1"),
+        ],
+    );
+    Runner::new(&store)
+        .accept_changed_workflow(true)
+        .run("r", &other)
+        .await
+        .unwrap();
+    let p = plan(&store, "r", &other).await.unwrap();
+    assert!(p.clean, "{p:?}");
 }

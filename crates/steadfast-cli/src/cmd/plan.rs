@@ -103,7 +103,14 @@ fn describe(s: &PlannedStep, p: &ResumePlan) -> String {
             let changes: Vec<String> = s
                 .changes
                 .iter()
-                .map(|c| format!("{} {} -> {}", c.field, shown(&c.was), shown(&c.now)))
+                .map(|c| {
+                    format!(
+                        "{} {} -> {}",
+                        crate::output::clean(&c.field),
+                        shown(&c.was),
+                        shown(&c.now)
+                    )
+                })
                 .collect();
             format!("changed since it ran, skipped: {}", changes.join("; "))
         }
@@ -135,4 +142,61 @@ fn shown(v: &Option<serde_json::Value>) -> String {
         Some(serde_json::Value::String(s)) => crate::output::clean(s).to_string(),
         Some(v) => crate::output::clean(&v.to_string()).to_string(),
     }
+}
+
+/// Arguments of `migrate`.
+#[derive(clap::Args, Debug)]
+pub struct MigrateArgs {
+    /// The run's id.
+    pub id: String,
+    /// The flow file of the version to move the run to.
+    #[arg(long, value_name = "FLOW")]
+    pub flow: std::path::PathBuf,
+    /// A recorded step now known by another name (repeatable).
+    #[arg(long = "rename", value_name = "OLD=NEW", value_parser = parse_rename)]
+    pub renames: Vec<(String, String)>,
+    /// Who moves it (default: $USER).
+    #[arg(long)]
+    pub by: Option<String>,
+    /// Print the plan after the move as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_rename(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((old, new)) if !old.is_empty() && !new.is_empty() => {
+            Ok((old.to_string(), new.to_string()))
+        }
+        _ => Err(format!("{text:?}: write OLD=NEW, both step names")),
+    }
+}
+
+/// Moves the run to the flow's version when its plan is clean (after the
+/// renames); prints the plan after the move.
+pub async fn migrate(args: MigrateArgs, ctx: &Ctx) -> Result<i32, Failure> {
+    steadfast::validate_run_id(&args.id)?;
+    let workflow = flow::load(&args.flow)?;
+    let by = args.by.unwrap_or_else(steadfast::default_decider);
+    let clock = ctx.clock();
+    let (_, plan) = steadfast::ops::plan::migrate(
+        &*ctx.store,
+        &args.id,
+        &workflow,
+        &args.renames,
+        &by,
+        &*clock,
+    )
+    .await?;
+    if args.json {
+        out!("{}", serde_json::to_value(&plan).unwrap_or_default());
+    } else {
+        crate::output::note(format_args!(
+            "run {:?} moved to {} (audit: migrate, by {by})",
+            args.id,
+            args.flow.display()
+        ));
+        print(&plan, &args.flow);
+    }
+    Ok(exit::OK)
 }

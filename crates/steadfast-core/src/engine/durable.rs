@@ -111,6 +111,29 @@ struct Attempts<'a> {
     version: Option<StepVersion>,
 }
 
+/// The longest patch id, in bytes.
+pub const MAX_PATCH_ID_BYTES: usize = 100;
+
+/// The step name that records patch `id` ([`DurableCtx::patched`]), once
+/// `id` is checked.
+fn patch_marker(id: &str) -> Result<String, Error> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_PATCH_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b));
+    if !ok {
+        return Err(Error::InvalidWorkflow {
+            workflow: String::new(),
+            reason: format!(
+                "patch id {:?}: use 1 to {MAX_PATCH_ID_BYTES} letters, digits, '_', '.', ':' or '-'",
+                crate::record::ids::preview(id)
+            ),
+        });
+    }
+    Ok(format!("__patch:{id}"))
+}
+
 /// The update a durable step's output makes: the output under the step's name.
 fn output_update<T: Serialize + DeserializeOwned>(
     value: &T,
@@ -1546,6 +1569,72 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             Ok::<_, StepError>(clock_now)
         })
         .await
+    }
+
+    /// Whether this run takes the new branch of patch `id`: true for a run
+    /// that reaches this point under code that has the patch, false for a
+    /// run that already passed it under older code (its record has another
+    /// step here). The answer is recorded (a step `__patch:ID` when true),
+    /// so a replay gives the same, and asking again for `id` in the same
+    /// call gives the same answer. `id` is 1 to 100 bytes of letters, digits
+    /// and `_ . : -`.
+    ///
+    /// Once no run needs the old branch, replace the call with
+    /// [`deprecate_patch`](Self::deprecate_patch) and keep only the new
+    /// branch; once no run recorded the patch, remove that too.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// use steadfast_core::{durable, MemoryStore, Outcome, StepError};
+    /// let store = MemoryStore::new();
+    /// let out = durable("r", &store, "agent", |ctx| async move {
+    ///     let prompt = if ctx.patched("fix-123").await? { "v2" } else { "v1" };
+    ///     ctx.step("ask", move || async move { Ok::<_, StepError>(prompt.to_string()) }).await
+    /// })
+    /// .await?;
+    /// assert_eq!(out, Outcome::Completed("v2".to_string()));
+    /// # Ok::<(), steadfast_core::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn patched(&self, id: &str) -> Result<bool, Error> {
+        let marker = patch_marker(id)?;
+        let unpatched = format!("__unpatched:{id}");
+        {
+            let mut s = self.shared.session.lock().await;
+            if s.seen.contains(&marker) {
+                return Ok(true);
+            }
+            if s.seen.contains(&unpatched) {
+                return Ok(false);
+            }
+            if s.cursor < s.cp.next && s.cp.completed[s.cursor] != marker {
+                // Passed under code without the patch: the old branch.
+                s.seen.insert(unpatched);
+                return Ok(false);
+            }
+        }
+        self.run_step(marker, StepOptions::new(), || async {
+            Ok::<_, StepError>(true)
+        })
+        .await
+    }
+
+    /// Marks where patch `id` was, once no run needs its old branch: a run
+    /// that recorded the patch here steps over its record, any other run
+    /// goes on as if the call were not there. Nothing is recorded.
+    pub async fn deprecate_patch(&self, id: &str) -> Result<(), Error> {
+        let marker = patch_marker(id)?;
+        let mut s = self.shared.session.lock().await;
+        if s.cursor < s.cp.next && s.cp.completed[s.cursor] == marker {
+            s.seen.insert(marker.clone());
+            s.cursor += 1;
+            let at = s.cursor - 1;
+            self.runner().emit(Event::Skipped {
+                index: at,
+                step: &marker,
+            });
+        }
+        Ok(())
     }
 
     /// A random number, recorded: the same on every call of the run.

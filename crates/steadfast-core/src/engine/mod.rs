@@ -452,8 +452,12 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             Some(_) => {
                 tracing::warn!(run_id = %cp.run_id, "resuming a run recorded by different code, as asked");
                 cp.workflow = workflow.name().to_string();
+                // The run follows the workflow given from now on: the steps
+                // it counts as started with are that workflow's.
                 if let Some((_, now)) = started_with {
                     cp.origin = Some(now);
+                } else if cp.origin.is_some() {
+                    cp.origin = Some(crate::Origin::listed(given.iter().copied()));
                 }
                 let done = cp.next.min(given.len());
                 cp.completed = given[..done].iter().map(|s| s.to_string()).collect();

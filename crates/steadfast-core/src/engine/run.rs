@@ -226,6 +226,7 @@ fn listed_input(mut cp: Checkpoint) -> Result<Checkpoint, Box<(Checkpoint, Error
         None => return Ok(cp),
         Some(Value::Object(map)) => RESERVED_KEYS
             .iter()
+            .chain([&crate::record::state::STEP_KEY])
             .find(|k| map.contains_key(**k))
             .map(|k| refuse(format!("the key {k:?} is the engine's; rename it"))),
         Some(Value::Null) => None,

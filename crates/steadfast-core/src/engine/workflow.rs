@@ -478,6 +478,11 @@ impl Step {
 
     /// The definition with the declared version in it.
     fn settle_definition(&mut self) -> Result<(), String> {
+        if !matches!(self.kind, StepKind::Run(_))
+            && (self.declared.is_some() || self.definition.is_some())
+        {
+            return Err("a version applies only to steps that run a function; a gate, timer, wait or child is known by its name".into());
+        }
         let Some(v) = self.declared.take() else {
             return Ok(());
         };

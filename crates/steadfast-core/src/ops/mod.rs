@@ -428,6 +428,12 @@ pub async fn prune<S: Store + ?Sized>(
         }
     }
     let row = &history[fold_at - first];
+    // What the folded row's own step ran as, not an earlier step's.
+    let step_key = crate::record::state::STEP_KEY;
+    merged.remove(step_key);
+    if let Some(v) = row.update.get(step_key) {
+        merged.insert(step_key.to_string(), v.clone());
+    }
     let fold = StepRecord::new(
         fold_at,
         &row.name,

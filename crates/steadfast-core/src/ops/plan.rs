@@ -156,6 +156,7 @@ pub struct ResumePlan {
     /// True when nothing recorded is contradicted: same workflow, every
     /// recorded step in place with its definition unchanged (or unknown),
     /// and the list of steps as the run was started with (when it says).
+    /// A finished run's plan can be clean; a note says it runs nothing.
     pub clean: bool,
 }
 
@@ -223,6 +224,15 @@ pub async fn plan<S: Store + ?Sized>(
         && p.steps
             .iter()
             .all(|s| matches!(s.action, StepAction::Skip | StepAction::Run));
+    // A finished run resumes to nothing, whatever the workflow: said, but
+    // not a change.
+    if matches!(
+        cp.status,
+        RunStatus::Completed | RunStatus::Rejected | RunStatus::Cancelled
+    ) {
+        p.notes
+            .push(format!("the run is {}: a resume runs no step", cp.status));
+    }
     Ok(ResumePlan {
         run_id: cp.run_id.clone(),
         workflow: cp.workflow.clone(),
@@ -313,8 +323,14 @@ fn compare(recorded: &[Recorded], workflow: &Workflow, origin: Option<&Origin>) 
                     });
                 }
                 // The recorded step: moved, renamed or removed.
+                // The same definition under another name: only a definition
+                // that says what the step does (a flow step's command), not a
+                // declared version alone, which many steps share.
                 let same_definition = match (g.and_then(|g| g.definition()), &r.version) {
-                    (Some(now), Some(was)) => now.fingerprint() == was.fingerprint(),
+                    (Some(now), Some(was)) => {
+                        now.fingerprint() == was.fingerprint()
+                            && now.fields().contains_key("command")
+                    }
                     _ => false,
                 };
                 if let Some(&j) = given_at.get(r.name.as_str()) {
@@ -328,20 +344,20 @@ fn compare(recorded: &[Recorded], workflow: &Workflow, origin: Option<&Origin>) 
                         recorded_fingerprint: fp(r.version.as_ref()),
                         fingerprint: fp(given[j].definition()),
                     });
-                } else if let (true, Some(g)) = (same_definition, g) {
-                    if !recorded_at.contains_key(g.name()) {
-                        steps.push(PlannedStep {
-                            index: Some(i),
-                            recorded_index: Some(i),
-                            name: g.name().to_string(),
-                            recorded_name: Some(r.name.clone()),
-                            action: StepAction::Renamed,
-                            changes: Vec::new(),
-                            recorded_fingerprint: fp(r.version.as_ref()),
-                            fingerprint: fp(g.definition()),
-                        });
-                        continue;
-                    }
+                } else if let Some(g) =
+                    g.filter(|g| same_definition && !recorded_at.contains_key(g.name()))
+                {
+                    steps.push(PlannedStep {
+                        index: Some(i),
+                        recorded_index: Some(i),
+                        name: g.name().to_string(),
+                        recorded_name: Some(r.name.clone()),
+                        action: StepAction::Renamed,
+                        changes: Vec::new(),
+                        recorded_fingerprint: fp(r.version.as_ref()),
+                        fingerprint: fp(g.definition()),
+                    });
+                    continue;
                 } else {
                     steps.push(PlannedStep {
                         index: None,
@@ -442,4 +458,140 @@ fn accept_effect(recorded: &[Recorded], workflow: &Workflow) -> AcceptEffect {
         dropped: recorded[kept..].iter().map(|r| r.name.clone()).collect(),
         resumes_at: given.get(kept).map(|s| s.to_string()),
     }
+}
+
+/// The most renames one migration takes.
+pub const MAX_RENAMES: usize = 1000;
+
+/// Moves run `run_id` to `workflow`, a newer version of its workflow, on
+/// purpose: its recorded steps are renamed as `renames` says (old name,
+/// new name), the steps it was started with become `workflow`'s, and an
+/// audit entry ([`AuditAction::Migrate`](crate::AuditAction::Migrate), by
+/// `by`) records it. Refused, with nothing written, unless the plan is then
+/// clean for every recorded step: the same workflow name, every recorded
+/// step (after the renames) at its place with an unchanged definition. A
+/// completed run, a run a live process holds ([`Error::Held`]) and renames
+/// that name no recorded step or no step of `workflow` are refused too.
+/// Returns the record as saved and the plan it was checked against.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use serde_json::json;
+/// use steadfast_core::ops::plan::{migrate, plan};
+/// use steadfast_core::{run, update, MemoryStore, Outcome, Step, SystemClock, Workflow};
+///
+/// let s = |name: &str| Step::new(name, |_, _| async { update(json!({})) });
+/// let v1 = Workflow::new("agent", vec![s("plan"), Step::gate("review"), s("write")])?;
+/// let store = MemoryStore::new();
+/// run("r", &v1, &store).await?; // waits at "review"
+/// let v2 = Workflow::new("agent", vec![s("draft"), Step::gate("review"), s("write")])?;
+/// let renames = [("plan".to_string(), "draft".to_string())];
+/// let (cp, _) = migrate(&store, "r", &v2, &renames, "ada", &SystemClock).await?;
+/// assert_eq!(cp.completed, ["draft"]);
+/// assert!(plan(&store, "r", &v2).await?.clean);
+/// # Ok::<(), steadfast_core::Error>(())
+/// # }).unwrap();
+/// ```
+pub async fn migrate<S: Store + ?Sized>(
+    store: &S,
+    run_id: &str,
+    workflow: &Workflow,
+    renames: &[(String, String)],
+    by: &str,
+    clock: &dyn crate::record::clock::Clock,
+) -> Result<(crate::record::checkpoint::Checkpoint, ResumePlan), Error> {
+    super::check_operator(run_id, "migrate", by)?;
+    let refuse = |why: String| super::refused(run_id, "migrate", why);
+    if renames.len() > MAX_RENAMES {
+        return Err(refuse(format!(
+            "{} renames given, at most {MAX_RENAMES}",
+            renames.len()
+        )));
+    }
+    let mut map: HashMap<&str, &str> = HashMap::new();
+    let given: std::collections::HashSet<&str> = workflow.step_names().collect();
+    for (old, new) in renames {
+        if map.insert(old.as_str(), new.as_str()).is_some() {
+            return Err(refuse(format!("step {old:?} is renamed twice")));
+        }
+        if !given.contains(new.as_str()) {
+            return Err(refuse(format!(
+                "rename {old:?}={new:?}: the workflow has no step {new:?}"
+            )));
+        }
+    }
+    let history = match store.history(run_id).await {
+        Ok(h) => h.unwrap_or_default(),
+        Err(e) if e.kind() == StoreErrorKind::Unsupported => Vec::new(),
+        Err(e) => return Err(store_error(run_id, "reading the history", e)),
+    };
+    let cp = super::modify(store, run_id, "migrate", clock, |cp, now| {
+        super::check_not_held(cp, now)?;
+        if cp.status == RunStatus::Completed {
+            return Err(refuse("the run has completed: nothing is left to run".into()));
+        }
+        if cp.workflow != workflow.name() {
+            return Err(refuse(format!(
+                "the run records workflow {:?}, not {:?}",
+                cp.workflow,
+                workflow.name()
+            )));
+        }
+        let done = &cp.completed[..cp.next.min(cp.completed.len())];
+        for old in map.keys() {
+            if !done.iter().any(|n| n == old) {
+                return Err(refuse(format!(
+                    "rename of {old:?}: the run has no completed step of that name"
+                )));
+            }
+        }
+        let recorded: Vec<Recorded> = done
+            .iter()
+            .enumerate()
+            .map(|(i, name)| Recorded {
+                name: map.get(name.as_str()).map_or(name.clone(), |n| n.to_string()),
+                version: version_of(&history, i),
+            })
+            .collect();
+        let c = compare(&recorded, workflow, None);
+        if let Some(stop) = &c.stops_at {
+            return Err(refuse(format!(
+                "at step {} the record has {} where the workflow has {} (a plan shows the rest; rename with old=new)",
+                stop.at,
+                stop.recorded.as_deref().map_or("nothing".into(), |s| format!("{s:?}")),
+                stop.given.as_deref().map_or("nothing".into(), |s| format!("{s:?}")),
+            )));
+        }
+        if let Some(s) = c.steps.iter().find(|s| s.action == StepAction::Changed) {
+            let fields: Vec<&str> = s.changes.iter().map(|c| c.field.as_str()).collect();
+            return Err(refuse(format!(
+                "step {:?} ran under another definition ({} changed since); rewind it to run it again under this one instead",
+                s.name,
+                fields.join(", ")
+            )));
+        }
+        let renamed: Vec<(String, String)> = done
+            .iter()
+            .filter_map(|n| map.get(n.as_str()).map(|m| (n.clone(), m.to_string())))
+            .filter(|(a, b)| a != b)
+            .collect();
+        for (i, r) in recorded.iter().enumerate() {
+            cp.completed[i] = r.name.clone();
+        }
+        let origin = Origin::listed(workflow.step_names());
+        cp.push_audit(crate::record::checkpoint::AuditEntry::new(
+            crate::record::checkpoint::AuditAction::Migrate {
+                steps: origin.steps,
+                steps_sha256: origin.steps_sha256.clone(),
+                renamed,
+            },
+            by,
+            now,
+        ));
+        cp.origin = Some(origin);
+        Ok(())
+    })
+    .await?;
+    let plan = plan(store, run_id, workflow).await?;
+    Ok((cp, plan))
 }

@@ -258,7 +258,11 @@ async fn start_run<S: Store + ?Sized>(
     let given = input_of(&input, durable);
     let state: State = match (durable, input) {
         (false, Value::Object(map)) => {
-            if let Some(k) = RESERVED_KEYS.iter().find(|k| map.contains_key(**k)) {
+            if let Some(k) = RESERVED_KEYS
+                .iter()
+                .chain([&crate::record::state::STEP_KEY])
+                .find(|k| map.contains_key(**k))
+            {
                 return Err(Error::InvalidInput {
                     what: format!("the input of run {run_id:?}"),
                     reason: format!("the key {k:?} is the engine's; rename it"),

@@ -1245,7 +1245,9 @@ pub fn check_writable(
     }
     for r in history {
         for (k, v) in &r.update {
-            sizes.set(k, v);
+            if k != crate::record::state::STEP_KEY {
+                sizes.set(k, v);
+            }
         }
         if sizes.total() > limit {
             return Err(too_large(

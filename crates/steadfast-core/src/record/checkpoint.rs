@@ -342,6 +342,18 @@ pub enum AuditAction {
         /// That step's name.
         step: String,
     },
+    /// The run was moved to another version of its workflow
+    /// ([`ops::plan::migrate`](crate::ops::plan::migrate)).
+    Migrate {
+        /// The steps of the version it was moved to: how many, and their
+        /// names' fingerprint (as [`Origin`]).
+        steps: usize,
+        /// The fingerprint of those steps' names.
+        steps_sha256: String,
+        /// Recorded steps now known by another name: (old, new).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        renamed: Vec<(String, String)>,
+    },
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -392,6 +404,19 @@ impl AuditAction {
             ),
             AuditAction::Fork { from_run, at, step } => {
                 format!("forked from run {from_run:?} at step {at} ({step})")
+            }
+            AuditAction::Migrate {
+                steps,
+                steps_sha256,
+                renamed,
+            } => {
+                let mut text = format!(
+                    "migrated to a version of {steps} step(s) (fingerprint {steps_sha256})"
+                );
+                for (old, new) in renamed {
+                    text.push_str(&format!("; {old:?} is now {new:?}"));
+                }
+                text
             }
         }
     }
