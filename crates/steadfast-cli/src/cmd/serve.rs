@@ -27,6 +27,10 @@ pub struct ServeArgs {
     /// How long a run may stand still before it is labelled stuck.
     #[arg(long, default_value = "1m", value_parser = super::runs::parse_after)]
     pub stuck_after: Duration,
+    /// Flow files: a run of one of their workflows shows what resuming it
+    /// with that flow would do (its plan; `steadfast plan`).
+    #[arg(long = "flow", value_name = "FLOW")]
+    pub flows: Vec<PathBuf>,
 }
 
 /// Parses `--header-timeout`: 100 ms to 10 minutes.
@@ -89,6 +93,7 @@ pub async fn run(args: ServeArgs, ctx: &Ctx) -> Result<i32, Failure> {
         stuck_after: args.stuck_after,
         header_timeout: args.header_timeout,
     };
-    crate::serve::serve(ctx, args.addr, token, limits).await?;
+    let flows = super::runs::load_flows(&args.flows)?;
+    crate::serve::serve(ctx, args.addr, token, limits, flows).await?;
     Ok(crate::args::exit::OK)
 }

@@ -55,6 +55,9 @@ pub(crate) struct App {
     url: String,
     /// One permit per open event stream (at most [`MAX_STREAMS`]).
     streams: Arc<tokio::sync::Semaphore>,
+    /// Flows given with `--flow`: a run of one of their workflows shows
+    /// its resume plan.
+    flows: Vec<steadfast::Workflow>,
 }
 
 type Shared = State<Arc<App>>;
@@ -81,6 +84,7 @@ pub async fn serve(
     addr: SocketAddr,
     token: Option<String>,
     limits: Limits,
+    flows: Vec<steadfast::Workflow>,
 ) -> Result<(), Failure> {
     let stuck_after = limits.stuck_after;
     let listener = tokio::net::TcpListener::bind(addr)
@@ -97,6 +101,7 @@ pub async fn serve(
         stuck_after,
         url: ctx.url.clone(),
         streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
+        flows,
     });
     crate::output::note(format_args!(
         "serving {} on http://{bound}/{}",
@@ -167,6 +172,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/api/runs", get(api_runs))
         .route("/api/runs/{id}", get(api_run))
         .route("/api/runs/{id}/history", get(api_history))
+        .route("/api/runs/{id}/plan", get(api_plan))
         .route("/api/inbox", get(api_inbox))
         .route("/assets/app.css", get(css))
         .route("/assets/app.js", get(js))
@@ -485,6 +491,7 @@ async fn run_page(State(app): Shared, Path(id): Path<String>) -> Result<Response
     let cp = load(&app, &id).await?;
     let hist = history(&app, &id).await?;
     let label = stuck(&app, &cp);
+    let plan = plan_of(&app, &cp).await?;
     Ok(axum::response::Html(
         pages::run(
             &app.url,
@@ -492,6 +499,7 @@ async fn run_page(State(app): Shared, Path(id): Path<String>) -> Result<Response
             &cp,
             hist.as_deref(),
             label.as_ref(),
+            plan.as_ref(),
             app.clock.now(),
         )
         .into_string(),
@@ -909,6 +917,35 @@ async fn api_history(State(app): Shared, Path(id): Path<String>) -> Result<Json<
     Ok(Json(crate::output::history_json(&hist, &cp.audit)))
 }
 
+/// The plan of run `cp` with the flow of its workflow given to `serve`, if
+/// one was.
+async fn plan_of(
+    app: &App,
+    cp: &steadfast::Checkpoint,
+) -> Result<Option<steadfast::ops::plan::ResumePlan>, PageError> {
+    let Some(wf) = app.flows.iter().find(|w| w.name() == cp.workflow) else {
+        return Ok(None);
+    };
+    steadfast::ops::plan::plan(&*app.store, &cp.run_id, wf)
+        .await
+        .map(Some)
+        .map_err(|e| PageError::engine(format!("the plan of run {:?}", cp.run_id), &e))
+}
+
+/// What resuming the run with the flow of its workflow would do (`steadfast
+/// plan --json`); 404 when `serve` was given no flow of that workflow.
+async fn api_plan(State(app): Shared, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let cp = load(&app, &id).await?;
+    let plan = plan_of(&app, &cp).await?.ok_or_else(|| {
+        PageError::new(
+            StatusCode::NOT_FOUND,
+            format!("the plan of run {id:?}"),
+            "serve was given no flow of this run's workflow (--flow FLOW)",
+        )
+    })?;
+    Ok(Json(serde_json::to_value(&plan).unwrap_or_default()))
+}
+
 async fn api_inbox(State(app): Shared) -> Result<Json<Value>, ApiError> {
     let inbox = inbox(&app).await?;
     let list: Vec<Value> = inbox
@@ -1012,6 +1049,7 @@ mod tests {
             stuck_after: Duration::from_secs(60),
             url: "memory:".into(),
             streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
+            flows: Vec::new(),
         }
     }
 
@@ -1039,6 +1077,72 @@ mod tests {
         let err = history(&app, "gone").await.expect_err("no such run");
         assert_eq!(err.status, StatusCode::NOT_FOUND);
         assert!(matches!(history(&app, "r1").await, Ok(Some(records)) if records.len() == 1));
+    }
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+    use serde_json::json;
+    use steadfast::{update, MemoryStore, Step, Workflow};
+
+    fn flow(version: &str) -> Workflow {
+        Workflow::new(
+            "review",
+            vec![
+                Step::new("draft", |_, _| async { update(json!({"d": 1})) }).version(version),
+                Step::gate("approve"),
+            ],
+        )
+        .expect("workflow")
+    }
+
+    async fn body(r: Response) -> String {
+        let bytes = axum::body::to_bytes(r.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        String::from_utf8(bytes.to_vec()).expect("utf-8")
+    }
+
+    /// Given the flow of a run's workflow, the run page and the API show
+    /// what a resume with it would do; without one, the API says so.
+    #[tokio::test]
+    async fn the_run_page_and_the_api_show_the_plan_with_the_flow_given() {
+        let store = Arc::new(MemoryStore::new());
+        steadfast::run("r1", &flow("1"), &*store)
+            .await
+            .expect("run");
+        let bare = Arc::new(super::tests::bare_app(store.clone()));
+        let page = body(
+            run_page(State(Arc::clone(&bare)), Path("r1".into()))
+                .await
+                .unwrap_or_else(|e| panic!("{}", e.detail)),
+        )
+        .await;
+        assert!(!page.contains("Resume plan"), "no flow, no plan");
+        let err = api_plan(State(Arc::clone(&bare)), Path("r1".into()))
+            .await
+            .expect_err("no flow given");
+        assert_eq!(err.0.status, StatusCode::NOT_FOUND);
+
+        let mut app = super::tests::bare_app(store.clone());
+        app.flows = vec![flow("<b>2</b>")];
+        let app = Arc::new(app);
+        let page = body(
+            run_page(State(Arc::clone(&app)), Path("r1".into()))
+                .await
+                .unwrap_or_else(|e| panic!("{}", e.detail)),
+        )
+        .await;
+        assert!(page.contains("Resume plan with the flow given"), "{page}");
+        assert!(page.contains("plan-changed"), "{page}");
+        // The new version is shown escaped, never as markup.
+        assert!(page.contains("version: 1 → &lt;b&gt;2&lt;/b&gt;"), "{page}");
+        let Json(plan) = api_plan(State(Arc::clone(&app)), Path("r1".into()))
+            .await
+            .unwrap_or_else(|e| panic!("{}", e.0.detail));
+        assert_eq!(plan["clean"], false);
+        assert_eq!(plan["steps"][0]["action"], "changed");
     }
 }
 
