@@ -572,6 +572,68 @@ pub(crate) fn login(store: &str, problem: Option<&str>) -> Markup {
     )
 }
 
+/// What resuming the run with the flow given to `serve` would do.
+fn resume_plan(p: &steadfast::ops::plan::ResumePlan) -> Markup {
+    use steadfast::ops::plan::StepAction;
+    let word = |a: StepAction| match a {
+        StepAction::Skip => "skip",
+        StepAction::Changed => "changed",
+        StepAction::Removed => "removed",
+        StepAction::Renamed => "renamed",
+        StepAction::Added => "added",
+        StepAction::Moved => "moved",
+        StepAction::Run => "run",
+    };
+    let shown = |v: &Option<Value>| match v {
+        None => "(none)".to_string(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+    };
+    html! {
+        section.plan.box {
+            h2 { "Resume plan with the flow given" }
+            p {
+                @if p.clean { strong.clean { "Clean" } ": a resume skips what is recorded and runs the rest." }
+                @else { strong.changed { "Changed" } ": the flow differs from what the run recorded." }
+            }
+            table {
+                thead { tr { th { "#" } th { "Step" } th { "Action" } th { "Details" } } }
+                tbody {
+                    @for s in &p.steps {
+                        tr.{ "plan-" (word(s.action)) } {
+                            td { @if let Some(i) = s.index { (i) } @else { "-" } }
+                            td { (s.name) }
+                            td { (word(s.action)) }
+                            td {
+                                @if let Some(old) = &s.recorded_name { "was " (old) " " }
+                                @if let (StepAction::Moved | StepAction::Removed, Some(i)) = (s.action, s.recorded_index) { "recorded as step " (i) " " }
+                                @for c in &s.changes { (c.field) ": " (shown(&c.was)) " → " (shown(&c.now)) "; " }
+                            }
+                        }
+                    }
+                }
+            }
+            @for n in &p.notes { p.muted { (n) } }
+            @if let Some(stop) = &p.stops_at {
+                p.error {
+                    "A resume stops at step " (stop.at) " (workflow changed): the record has "
+                    (stop.recorded.as_deref().unwrap_or("nothing")) " where the flow has "
+                    (stop.given.as_deref().unwrap_or("nothing")) "."
+                }
+            }
+            @if let Some(a) = &p.accept {
+                p.muted {
+                    "With --accept-changed-workflow: " (a.kept) " recorded step(s) count"
+                    @for (was, now) in &a.relabelled { "; " (was) " counts as " (now) }
+                    @if !a.dropped.is_empty() { "; no longer counted: " (a.dropped.join(", ")) }
+                    @if let Some(r) = &a.resumes_at { "; goes on at " (r) }
+                    "."
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -672,67 +734,5 @@ mod tests {
         let page = run("store", "csrf", &child, Some(&[]), None, None, now).0;
         assert!(page.contains("href=\"/runs/p%2F1\""), "{page}");
         assert!(page.contains("(step a)"), "{page}");
-    }
-}
-
-/// What resuming the run with the flow given to `serve` would do.
-fn resume_plan(p: &steadfast::ops::plan::ResumePlan) -> Markup {
-    use steadfast::ops::plan::StepAction;
-    let word = |a: StepAction| match a {
-        StepAction::Skip => "skip",
-        StepAction::Changed => "changed",
-        StepAction::Removed => "removed",
-        StepAction::Renamed => "renamed",
-        StepAction::Added => "added",
-        StepAction::Moved => "moved",
-        StepAction::Run => "run",
-    };
-    let shown = |v: &Option<Value>| match v {
-        None => "(none)".to_string(),
-        Some(Value::String(s)) => s.clone(),
-        Some(v) => v.to_string(),
-    };
-    html! {
-        section.plan.box {
-            h2 { "Resume plan with the flow given" }
-            p {
-                @if p.clean { strong.clean { "Clean" } ": a resume skips what is recorded and runs the rest." }
-                @else { strong.changed { "Changed" } ": the flow differs from what the run recorded." }
-            }
-            table {
-                thead { tr { th { "#" } th { "Step" } th { "Action" } th { "Details" } } }
-                tbody {
-                    @for s in &p.steps {
-                        tr.{ "plan-" (word(s.action)) } {
-                            td { @if let Some(i) = s.index { (i) } @else { "-" } }
-                            td { (s.name) }
-                            td { (word(s.action)) }
-                            td {
-                                @if let Some(old) = &s.recorded_name { "was " (old) " " }
-                                @if let (StepAction::Moved | StepAction::Removed, Some(i)) = (s.action, s.recorded_index) { "recorded as step " (i) " " }
-                                @for c in &s.changes { (c.field) ": " (shown(&c.was)) " → " (shown(&c.now)) "; " }
-                            }
-                        }
-                    }
-                }
-            }
-            @for n in &p.notes { p.muted { (n) } }
-            @if let Some(stop) = &p.stops_at {
-                p.error {
-                    "A resume stops at step " (stop.at) " (workflow changed): the record has "
-                    (stop.recorded.as_deref().unwrap_or("nothing")) " where the flow has "
-                    (stop.given.as_deref().unwrap_or("nothing")) "."
-                }
-            }
-            @if let Some(a) = &p.accept {
-                p.muted {
-                    "With --accept-changed-workflow: " (a.kept) " recorded step(s) count"
-                    @for (was, now) in &a.relabelled { "; " (was) " counts as " (now) }
-                    @if !a.dropped.is_empty() { "; no longer counted: " (a.dropped.join(", ")) }
-                    @if let Some(r) = &a.resumes_at { "; goes on at " (r) }
-                    "."
-                }
-            }
-        }
     }
 }
