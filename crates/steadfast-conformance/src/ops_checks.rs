@@ -1034,7 +1034,12 @@ pub async fn a_relabelled_record_keeps_its_history_usable(ts: TestStore) -> Chec
         "the fork has {:?}",
         fork.completed
     );
-    store.load("f").await?.ok_or("the fork vanished")?;
+    let loaded = store.load("f").await?.ok_or("the fork vanished")?;
+    ensure!(
+        loaded.completed == ["a2"],
+        "the fork loads with {:?}",
+        loaded.completed
+    );
     Ok(())
 }
 

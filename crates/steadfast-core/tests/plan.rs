@@ -492,3 +492,46 @@ async fn accepting_a_changed_workflow_makes_the_next_plan_clean() {
     let p = plan(&store, "r", &other).await.unwrap();
     assert!(p.clean, "{p:?}");
 }
+
+#[tokio::test]
+async fn migrate_refuses_a_wait_the_new_flow_moved_and_a_renamed_gate() {
+    use steadfast_core::ops::plan::migrate;
+    use steadfast_core::SystemClock;
+    let store = waiting().await;
+    // The gate the run waits at is renamed: refused, decide it first.
+    let gate_renamed = wf(
+        "review",
+        vec![
+            step("fetch", "1"),
+            step("summarize", "1"),
+            Step::gate("sign-off"),
+            step("publish", "1"),
+        ],
+    );
+    let r = migrate(&store, "r", &gate_renamed, &[], "ada", &SystemClock).await;
+    assert!(
+        matches!(&r, Err(Error::InvalidInput { reason, .. }) if reason.contains("waits at \"approve\"")),
+        "{r:?}"
+    );
+    // Renaming onto a gate is refused: its value lives under its name.
+    let renames = [("summarize".to_string(), "approve".to_string())];
+    let r = migrate(&store, "r", &v1(), &renames, "ada", &SystemClock).await;
+    assert!(
+        matches!(&r, Err(Error::InvalidInput { reason, .. }) if reason.contains("only steps that run a function")),
+        "{r:?}"
+    );
+    // A durable function's run records no list of steps: refused.
+    let out = steadfast_core::durable("d", &store, "review", |ctx| async move {
+        ctx.step("fetch", || async { Ok::<_, steadfast_core::StepError>(1) })
+            .await?;
+        ctx.gate("approve").await
+    })
+    .await
+    .unwrap();
+    assert!(matches!(out, Outcome::Waiting { .. }), "{out:?}");
+    let r = migrate(&store, "d", &v1(), &[], "ada", &SystemClock).await;
+    assert!(
+        matches!(&r, Err(Error::InvalidInput { reason, .. }) if reason.contains("only listed runs")),
+        "{r:?}"
+    );
+}

@@ -198,5 +198,5 @@ pub async fn migrate(args: MigrateArgs, ctx: &Ctx) -> Result<i32, Failure> {
         ));
         print(&plan, &args.flow);
     }
-    Ok(exit::OK)
+    Ok(if plan.clean { exit::OK } else { exit::CHANGED })
 }

@@ -491,7 +491,7 @@ async fn run_page(State(app): Shared, Path(id): Path<String>) -> Result<Response
     let cp = load(&app, &id).await?;
     let hist = history(&app, &id).await?;
     let label = stuck(&app, &cp);
-    let plan = plan_of(&app, &cp).await?;
+    let plan = page_plan_of(&app, &cp).await;
     Ok(axum::response::Html(
         pages::run(
             &app.url,
@@ -930,6 +930,21 @@ async fn plan_of(
         .await
         .map(Some)
         .map_err(|e| PageError::engine(format!("the plan of run {:?}", cp.run_id), &e))
+}
+
+/// [`plan_of`] for the run page: a plan that cannot be made leaves the
+/// page without it (logged) rather than failing the page.
+async fn page_plan_of(
+    app: &App,
+    cp: &steadfast::Checkpoint,
+) -> Option<steadfast::ops::plan::ResumePlan> {
+    match plan_of(app, cp).await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(run_id = %cp.run_id, "no resume plan for the page: {} {}", e.title, e.detail);
+            None
+        }
+    }
 }
 
 /// What resuming the run with the flow of its workflow would do (`steadfast

@@ -503,6 +503,11 @@ impl Step {
         self.limit.as_ref()
     }
 
+    /// Whether the step runs a function (not a gate, timer, wait or child).
+    pub fn runs_a_function(&self) -> bool {
+        matches!(self.kind, StepKind::Run(_))
+    }
+
     /// The step's name.
     pub fn name(&self) -> &str {
         &self.name

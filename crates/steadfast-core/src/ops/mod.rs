@@ -292,9 +292,22 @@ pub async fn fork<S: Store + ?Sized>(
     );
     for record in history.iter().filter(|r| r.index < index) {
         crate::record::state::merge_ref(&mut cp.state, &record.update);
-        cp.completed.push(original.completed[record.index].clone());
+        let name = &original.completed[record.index];
+        cp.completed.push(name.clone());
         cp.next += 1;
         cp.writer = fastrand::u64(1..);
+        // The row under the name the record gives the step now: a run
+        // relabelled (an accepted change, a migration) keeps its old names
+        // in its own rows, and a store rebuilds names from rows.
+        let renamed;
+        let record = if record.name == *name {
+            record
+        } else {
+            let mut r = record.clone();
+            r.name = name.clone();
+            renamed = r;
+            &renamed
+        };
         let v = store
             .save(SaveRequest::new(&cp, expected).with_step(record))
             .await
@@ -644,7 +657,7 @@ async fn full_history<S: Store + ?Sized>(
 }
 
 /// Refuses a run that a fork, a copy or an import is still writing.
-fn check_not_building(cp: &Checkpoint, op: &str) -> Result<(), Error> {
+pub(crate) fn check_not_building(cp: &Checkpoint, op: &str) -> Result<(), Error> {
     if cp.being_built() {
         return Err(refused(
             &cp.run_id,

@@ -181,6 +181,7 @@ pub async fn plan<S: Store + ?Sized>(
         Err(e) if e.kind() == StoreErrorKind::Unsupported => Vec::new(),
         Err(e) => return Err(store_error(run_id, "reading the history", e)),
     };
+    let mut versions = versions_of(&history);
     let recorded: Vec<Recorded> = cp
         .completed
         .iter()
@@ -188,7 +189,7 @@ pub async fn plan<S: Store + ?Sized>(
         .enumerate()
         .map(|(i, name)| Recorded {
             name: name.clone(),
-            version: version_of(&history, i),
+            version: versions.remove(&i),
         })
         .collect();
     let waiting_at = cp.wait.as_ref().map(|w| w.step().to_string());
@@ -262,14 +263,16 @@ struct Compared {
     notes: Vec<String>,
 }
 
-/// The definition step `index` of `history` ran as, if it recorded one.
-fn version_of(history: &[StepRecord], index: usize) -> Option<StepVersion> {
+/// The definition each step of `history` ran as, by index, where it
+/// recorded one (the last row of an index wins).
+fn versions_of(history: &[StepRecord]) -> HashMap<usize, StepVersion> {
     history
         .iter()
-        .rev()
-        .find(|r| r.index == index)
-        .and_then(|r| r.update.get(STEP_KEY))
-        .and_then(StepVersion::from_value)
+        .filter_map(|r| {
+            let v = StepVersion::from_value(r.update.get(STEP_KEY)?)?;
+            Some((r.index, v))
+        })
+        .collect()
 }
 
 fn compare(recorded: &[Recorded], workflow: &Workflow, origin: Option<&Origin>) -> Compared {
@@ -460,8 +463,9 @@ fn accept_effect(recorded: &[Recorded], workflow: &Workflow) -> AcceptEffect {
     }
 }
 
-/// The most renames one migration takes.
-pub const MAX_RENAMES: usize = 1000;
+/// The most renames one migration takes (each is listed in the run's
+/// audit).
+pub const MAX_RENAMES: usize = 100;
 
 /// Moves run `run_id` to `workflow`, a newer version of its workflow, on
 /// purpose: its recorded steps are renamed as `renames` says (old name,
@@ -519,16 +523,53 @@ pub async fn migrate<S: Store + ?Sized>(
                 "rename {old:?}={new:?}: the workflow has no step {new:?}"
             )));
         }
+        // A gate, timer, wait or child keeps its value in the state under
+        // its name: renamed, the value would be left under the old one.
+        let runs_a_function = workflow
+            .steps()
+            .iter()
+            .find(|s| s.name() == new.as_str())
+            .is_some_and(|s| s.runs_a_function());
+        if !runs_a_function {
+            return Err(refuse(format!(
+                "rename {old:?}={new:?}: only steps that run a function are renamed; a gate, timer, wait or child keeps its value under its name"
+            )));
+        }
     }
     let history = match store.history(run_id).await {
         Ok(h) => h.unwrap_or_default(),
         Err(e) if e.kind() == StoreErrorKind::Unsupported => Vec::new(),
         Err(e) => return Err(store_error(run_id, "reading the history", e)),
     };
+    // Read before the record: steps completed since have no row in it.
+    let covered = history.iter().map(|r| r.index + 1).max().unwrap_or(0);
+    let versions = versions_of(&history);
     let cp = super::modify(store, run_id, "migrate", clock, |cp, now| {
         super::check_not_held(cp, now)?;
+        super::check_not_building(cp, "migrate")?;
         if cp.status == RunStatus::Completed {
             return Err(refuse("the run has completed: nothing is left to run".into()));
+        }
+        if cp.origin.is_none() {
+            return Err(refuse(
+                "the run records no list of steps it started with (a durable function, or a run started before 0.2): only listed runs are migrated".into(),
+            ));
+        }
+        if !history.is_empty() && covered < cp.next {
+            return Err(refuse(
+                "the run took steps while it was being checked; try again".into(),
+            ));
+        }
+        if let Some(w) = &cp.wait {
+            let here = workflow.steps().get(cp.next).map(|s| s.name());
+            if here != Some(w.step()) {
+                return Err(refuse(format!(
+                    "the run waits at {:?}, but the workflow's step {} is {}: decide or let the wait end first",
+                    w.step(),
+                    cp.next,
+                    here.map_or("missing".to_string(), |n| format!("{n:?}"))
+                )));
+            }
         }
         if cp.workflow != workflow.name() {
             return Err(refuse(format!(
@@ -550,7 +591,7 @@ pub async fn migrate<S: Store + ?Sized>(
             .enumerate()
             .map(|(i, name)| Recorded {
                 name: map.get(name.as_str()).map_or(name.clone(), |n| n.to_string()),
-                version: version_of(&history, i),
+                version: versions.get(&i).cloned(),
             })
             .collect();
         let c = compare(&recorded, workflow, None);
