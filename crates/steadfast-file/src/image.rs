@@ -18,15 +18,16 @@ use serde::{Deserialize, Deserializer, Serialize};
 use steadfast_core::store::image::{RunImage, StoredDocument};
 use steadfast_core::{Checkpoint, NewEvent, RunEvent, StepRecord, StoreError};
 
-/// The newest version of the file layout this build writes and reads: 5,
-/// which holds shared documents (concurrency limits, rate buckets). A file
+/// The newest version of the file layout this build writes and reads: 6,
+/// whose history rows may hold what a step ran as (`__step`). A file
 /// without history is written as version 1, one without references or
 /// escaped values as version 2, one without events as version 3 (whose
-/// values may refer to blobs), one without documents as version 4, which
-/// older builds read; they refuse the versions after theirs, and so never
-/// take a reference for the value it stands for, nor drop a run's events
-/// or a limit's holders.
-pub const FILE_FORMAT: u32 = 5;
+/// values may refer to blobs), one without documents as version 4, one
+/// without step definitions as version 5 (shared documents), which older
+/// builds read; they refuse the versions after theirs, and so never take a
+/// reference for the value it stands for, drop a run's events or a limit's
+/// holders, nor merge a step's definition into its run's state.
+pub const FILE_FORMAT: u32 = 6;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -91,8 +92,14 @@ impl Image {
     /// written file is itself valid JSON: a torn file can never decode.
     pub(crate) fn encode(&mut self, path: &Path) -> Result<Vec<u8>, StoreError> {
         let marked = self.with(|data| Ok(data.holds_marks())).unwrap_or(true);
-        self.format = if !self.documents.is_empty() {
+        let defined = self.history.values().any(|rows| {
+            rows.iter()
+                .any(|r| r.update.contains_key(steadfast_core::STEP_KEY))
+        });
+        self.format = if defined {
             FILE_FORMAT
+        } else if !self.documents.is_empty() {
+            5
         } else if !self.events.is_empty() {
             4
         } else if marked {

@@ -186,3 +186,33 @@ async fn events_never_crowd_checkpoints_out_of_the_file() -> TestResult {
     }
     Ok(())
 }
+
+/// A file holding a step's definition (`__step` in a history row) is
+/// written as format 6, which builds before it refuse; one without stays
+/// at the older format they read.
+#[tokio::test]
+async fn step_definitions_raise_the_file_format_and_nothing_else_does() -> TestResult {
+    use steadfast_core::{run, update, Step, Workflow};
+    let dir = tempfile::tempdir()?;
+    let format_of = |path: &std::path::Path| -> Result<u64, Box<dyn std::error::Error>> {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path)?)?;
+        Ok(v["format"].as_u64().ok_or("no format")?)
+    };
+    let step = |version: Option<&str>| {
+        let s = Step::new("a", |_, _| async { update(json!({"a": 1})) });
+        match version {
+            Some(v) => s.version(v),
+            None => s,
+        }
+    };
+    let plain = dir.path().join("plain.json");
+    let store = FileStore::open(&plain)?;
+    run("r", &Workflow::new("w", vec![step(None)])?, &store).await?;
+    assert!(format_of(&plain)? < 6, "{}", format_of(&plain)?);
+    let defined = dir.path().join("defined.json");
+    let store = FileStore::open(&defined)?;
+    run("r", &Workflow::new("w", vec![step(Some("2"))])?, &store).await?;
+    assert_eq!(format_of(&defined)?, 6);
+    assert_eq!(steadfast_file::FILE_FORMAT, 6);
+    Ok(())
+}

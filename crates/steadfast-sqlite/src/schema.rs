@@ -158,6 +158,11 @@ const MIGRATIONS: &[&str] = &[
         value   TEXT NOT NULL,
         version INTEGER NOT NULL
     ) WITHOUT ROWID;",
+    // 9: no table changes. History rows may hold what a step ran as
+    // (`__step` in their update), which a build before this schema would
+    // merge into the run's state; the number alone makes such builds
+    // refuse the store.
+    "-- step definitions in history rows",
 ];
 
 /// The first schema with blobs.
