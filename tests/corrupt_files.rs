@@ -129,7 +129,14 @@ fn corpus(valid: &[u8]) -> Vec<(&'static str, Vec<u8>)> {
         ("array", b"[]".to_vec()),
         ("empty object", b"{}".to_vec()),
         ("no runs", br#"{"format":1}"#.to_vec()),
-        ("future format", br#"{"format":6,"runs":{}}"#.to_vec()),
+        (
+            "future format",
+            format!(
+                r#"{{"format":{},"runs":{{}}}}"#,
+                steadfast::file::FILE_FORMAT + 1
+            )
+            .into_bytes(),
+        ),
         (
             "history in a format-1 file",
             br#"{"format":1,"runs":{},"history":{"r":[]}}"#.to_vec(),
