@@ -105,9 +105,6 @@ pub fn step_error(py: Python<'_>, e: PyErr) -> StepError {
     }
 }
 
-/// The longest "retry after" an exception can ask for: a day, as in Rust.
-const MAX_RETRY_AFTER_SECS: f64 = 86_400.0;
-
 /// The exception's `retry_after` attribute as a duration, when it is a
 /// finite number of seconds from 0 (not a bool); capped at a day.
 fn retry_after(py: Python<'_>, e: &PyErr) -> Option<std::time::Duration> {
@@ -120,8 +117,9 @@ fn retry_after(py: Python<'_>, e: &PyErr) -> Option<std::time::Duration> {
     if !secs.is_finite() || secs < 0.0 {
         return None;
     }
+    // Cut before the conversion, which panics on a value past its range.
     Some(std::time::Duration::from_secs_f64(
-        secs.min(MAX_RETRY_AFTER_SECS),
+        secs.min(steadfast::MAX_RETRY_AFTER.as_secs_f64()),
     ))
 }
 

@@ -201,15 +201,26 @@ pub fn plan(
     name: &str,
     steps: Vec<crate::run::StepSpec>,
 ) -> PyResult<Py<PyAny>> {
-    steadfast::validate_run_id(run_id).map_err(|e| err(&e))?;
-    let wf = crate::run::build_unrun(py, name, steps)?;
-    let s = Arc::clone(&store.inner);
-    let id = run_id.to_string();
+    let (s, id, wf) = listed_run(py, store, run_id, name, steps)?;
     let p = block(py, async move {
         steadfast::ops::plan::plan(&*s, &id, &wf).await
     })
     .map_err(|e| err(&e))?;
     serde_to_py(py, &p)
+}
+
+/// The store, the checked run id and the workflow (never run) that
+/// [`plan`] and [`migrate`] work on.
+fn listed_run(
+    py: Python<'_>,
+    store: &PyStore,
+    run_id: &str,
+    name: &str,
+    steps: Vec<crate::run::StepSpec>,
+) -> PyResult<(Arc<dyn Store>, String, steadfast::Workflow)> {
+    steadfast::validate_run_id(run_id).map_err(|e| err(&e))?;
+    let wf = crate::run::build_unrun(py, name, steps)?;
+    Ok((Arc::clone(&store.inner), run_id.to_string(), wf))
 }
 
 /// Moves `run_id` to the workflow of `name` and `steps` (`steadfast
@@ -225,10 +236,7 @@ pub fn migrate(
     renames: Vec<(String, String)>,
     by: Option<String>,
 ) -> PyResult<Py<PyAny>> {
-    steadfast::validate_run_id(run_id).map_err(|e| err(&e))?;
-    let wf = crate::run::build_unrun(py, name, steps)?;
-    let s = Arc::clone(&store.inner);
-    let id = run_id.to_string();
+    let (s, id, wf) = listed_run(py, store, run_id, name, steps)?;
     let by = by.unwrap_or_else(steadfast::default_decider);
     let (_, p) = block(py, async move {
         steadfast::ops::plan::migrate(&*s, &id, &wf, &renames, &by, &SystemClock).await

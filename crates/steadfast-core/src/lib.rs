@@ -60,7 +60,7 @@ pub use record::checkpoint::{
 };
 pub use record::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use record::error::{
-    error_chain, BoxError, Error, Removal, StepError, StoreError, StoreErrorKind,
+    error_chain, BoxError, Error, Removal, StepError, StoreError, StoreErrorKind, MAX_RETRY_AFTER,
 };
 pub use record::events::{NewEvent, RunEvent};
 pub use record::family::{child_id, child_result, children_of, ChildRef, ParentLink};

@@ -535,3 +535,30 @@ async fn migrate_refuses_a_wait_the_new_flow_moved_and_a_renamed_gate() {
         "{r:?}"
     );
 }
+
+#[tokio::test]
+async fn too_many_renames_are_refused_and_nothing_is_written() {
+    use steadfast_core::ops::plan::{migrate, MAX_RENAMES};
+    use steadfast_core::SystemClock;
+    let store = waiting().await;
+    let before = steadfast_core::Store::load(&store, "r")
+        .await
+        .unwrap()
+        .unwrap();
+    let renames: Vec<(String, String)> = (0..=MAX_RENAMES)
+        .map(|i| (format!("s{i}"), "fetch".to_string()))
+        .collect();
+    let r = migrate(&store, "r", &v1(), &renames, "ada", &SystemClock).await;
+    assert!(
+        matches!(&r, Err(Error::InvalidInput { reason, .. }) if reason.contains("at most")),
+        "{r:?}"
+    );
+    let after = steadfast_core::Store::load(&store, "r")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(after.version, before.version);
+    // An empty operator name is refused too.
+    let r = migrate(&store, "r", &v1(), &[], "", &SystemClock).await;
+    assert!(matches!(r, Err(Error::InvalidInput { .. })), "{r:?}");
+}

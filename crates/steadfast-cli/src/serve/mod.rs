@@ -491,7 +491,7 @@ async fn run_page(State(app): Shared, Path(id): Path<String>) -> Result<Response
     let cp = load(&app, &id).await?;
     let hist = history(&app, &id).await?;
     let label = stuck(&app, &cp);
-    let plan = page_plan_of(&app, &cp).await;
+    let plan = plan_of(&app, &cp, hist.as_deref());
     Ok(axum::response::Html(
         pages::run(
             &app.url,
@@ -917,41 +917,23 @@ async fn api_history(State(app): Shared, Path(id): Path<String>) -> Result<Json<
     Ok(Json(crate::output::history_json(&hist, &cp.audit)))
 }
 
-/// The plan of run `cp` with the flow of its workflow given to `serve`, if
-/// one was.
-async fn plan_of(
+/// The plan of run `cp` (with its history, if the store keeps one) with the
+/// flow of its workflow given to `serve`, if one was: nothing more is read.
+fn plan_of(
     app: &App,
     cp: &steadfast::Checkpoint,
-) -> Result<Option<steadfast::ops::plan::ResumePlan>, PageError> {
-    let Some(wf) = app.flows.iter().find(|w| w.name() == cp.workflow) else {
-        return Ok(None);
-    };
-    steadfast::ops::plan::plan(&*app.store, &cp.run_id, wf)
-        .await
-        .map(Some)
-        .map_err(|e| PageError::engine(format!("the plan of run {:?}", cp.run_id), &e))
-}
-
-/// [`plan_of`] for the run page: a plan that cannot be made leaves the
-/// page without it (logged) rather than failing the page.
-async fn page_plan_of(
-    app: &App,
-    cp: &steadfast::Checkpoint,
+    hist: Option<&[StepRecord]>,
 ) -> Option<steadfast::ops::plan::ResumePlan> {
-    match plan_of(app, cp).await {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::warn!(run_id = %cp.run_id, "no resume plan for the page: {} {}", e.title, e.detail);
-            None
-        }
-    }
+    let wf = app.flows.iter().find(|w| w.name() == cp.workflow)?;
+    Some(steadfast::ops::plan::plan_of(cp, hist.unwrap_or(&[]), wf))
 }
 
 /// What resuming the run with the flow of its workflow would do (`steadfast
 /// plan --json`); 404 when `serve` was given no flow of that workflow.
 async fn api_plan(State(app): Shared, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let cp = load(&app, &id).await?;
-    let plan = plan_of(&app, &cp).await?.ok_or_else(|| {
+    let hist = history(&app, &id).await?;
+    let plan = plan_of(&app, &cp, hist.as_deref()).ok_or_else(|| {
         PageError::new(
             StatusCode::NOT_FOUND,
             format!("the plan of run {id:?}"),

@@ -176,12 +176,30 @@ pub async fn plan<S: Store + ?Sized>(
         .ok_or_else(|| Error::NoSuchRun {
             run_id: run_id.to_string(),
         })?;
-    let history = match store.history(run_id).await {
-        Ok(h) => h.unwrap_or_default(),
-        Err(e) if e.kind() == StoreErrorKind::Unsupported => Vec::new(),
-        Err(e) => return Err(store_error(run_id, "reading the history", e)),
-    };
-    let mut versions = versions_of(&history);
+    let history = history_or_none(store, run_id).await?;
+    Ok(plan_of(&cp, &history, workflow))
+}
+
+/// The history of `run_id`, empty on a store that keeps none.
+async fn history_or_none<S: Store + ?Sized>(
+    store: &S,
+    run_id: &str,
+) -> Result<Vec<StepRecord>, Error> {
+    match store.history(run_id).await {
+        Ok(h) => Ok(h.unwrap_or_default()),
+        Err(e) if e.kind() == StoreErrorKind::Unsupported => Ok(Vec::new()),
+        Err(e) => Err(store_error(run_id, "reading the history", e)),
+    }
+}
+
+/// [`plan`] of a record and history already read (a page that shows them
+/// too): nothing is read or written.
+pub fn plan_of(
+    cp: &crate::record::checkpoint::Checkpoint,
+    history: &[StepRecord],
+    workflow: &Workflow,
+) -> ResumePlan {
+    let mut versions = versions_of(history);
     let recorded: Vec<Recorded> = cp
         .completed
         .iter()
@@ -234,7 +252,7 @@ pub async fn plan<S: Store + ?Sized>(
         p.notes
             .push(format!("the run is {}: a resume runs no step", cp.status));
     }
-    Ok(ResumePlan {
+    ResumePlan {
         run_id: cp.run_id.clone(),
         workflow: cp.workflow.clone(),
         given_workflow: workflow.name().to_string(),
@@ -246,7 +264,7 @@ pub async fn plan<S: Store + ?Sized>(
         accept: p.accept,
         notes: p.notes,
         clean,
-    })
+    }
 }
 
 /// A recorded step: its name and what it ran as, if it says.
@@ -536,11 +554,7 @@ pub async fn migrate<S: Store + ?Sized>(
             )));
         }
     }
-    let history = match store.history(run_id).await {
-        Ok(h) => h.unwrap_or_default(),
-        Err(e) if e.kind() == StoreErrorKind::Unsupported => Vec::new(),
-        Err(e) => return Err(store_error(run_id, "reading the history", e)),
-    };
+    let history = history_or_none(store, run_id).await?;
     // Read before the record: steps completed since have no row in it.
     let covered = history.iter().map(|r| r.index + 1).max().unwrap_or(0);
     let versions = versions_of(&history);

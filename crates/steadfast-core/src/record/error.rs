@@ -243,7 +243,7 @@ impl StepError {
     /// ```
     pub fn retry_after(e: impl Into<BoxError>, after: Duration) -> Self {
         StepError {
-            retry_after: Some(after.min(Duration::from_secs(86_400))),
+            retry_after: Some(after.min(MAX_RETRY_AFTER)),
             ..Self::retryable(e)
         }
     }
@@ -551,6 +551,10 @@ pub fn error_chain(e: &(dyn StdError + 'static)) -> String {
 }
 
 pub(crate) use error_chain as chain;
+
+/// The longest "retry after" a step can ask for ([`StepError::retry_after`]):
+/// a day; a longer one is cut to it.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(86_400);
 
 /// An error of store operation `op` on run `run_id`.
 pub(crate) fn store_error(run_id: &str, op: &str, source: StoreError) -> Error {
