@@ -10,8 +10,8 @@ use steadfast_conformance::runtime as rt;
 
 use serde_json::json;
 use steadfast::{
-    approve, start, update, ListFilter, Owner, Registry, RunStatus, Step, StepError, Store, Worker,
-    Workflow,
+    approve, start, start_listed, update, ListFilter, Owner, Registry, RunStatus, Step, StepError,
+    Store, Worker, Workflow,
 };
 use support::PgSchema;
 
@@ -533,6 +533,181 @@ fn workers_claim_by_priority_then_by_turns_over_partitions() -> TestResult {
         let mut sorted = bigs.clone();
         sorted.sort();
         assert_eq!(bigs, sorted, "{kind}");
+    }
+    Ok(())
+}
+
+/// One version of workflow "agent": its steps (named alike in every
+/// version) count which version ran them, per run.
+fn agent(version: &str, counts: &Counts) -> Workflow {
+    let mut b = Workflow::builder("agent").version(version);
+    for i in 0..2 {
+        let counts = Arc::clone(counts);
+        let version = version.to_string();
+        b = b.step(format!("s{i}"), move |ctx, _| {
+            let counts = Arc::clone(&counts);
+            let key = format!("{}/v{version}/{i}", ctx.run_id());
+            async move {
+                *counts.lock().unwrap().entry(key).or_default() += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                update(json!({ format!("s{i}"): i }))
+            }
+        });
+    }
+    b.build().expect("a valid workflow")
+}
+
+/// Two workers, one with version 1 of a workflow and one with version 2,
+/// share a store: every run is run by the version it was started with (a
+/// run started before versions were recorded by either), each step once.
+/// A run whose version no worker has is passed over with a stuck label,
+/// never failed, until a worker with both versions takes it.
+#[test]
+fn two_workers_with_v1_and_v2_route_every_run_to_its_version() -> TestResult {
+    for (kind, store, _guard) in stores() {
+        let counts: Counts = Arc::default();
+        let rt = rt();
+        rt.block_on(async {
+            let (v1, v2) = (agent("1", &counts), agent("2", &counts));
+            for i in 0..6 {
+                assert!(start_listed(&*store, &v1, &format!("a{i}"), json!({})).await?);
+                assert!(start_listed(&*store, &v2, &format!("b{i}"), json!({})).await?);
+            }
+            // Started by name only: no version recorded, any version runs it.
+            assert!(start(&*store, "agent", "c0", json!({}), false).await?);
+            assert_eq!(
+                store
+                    .load("a0")
+                    .await?
+                    .expect("a0")
+                    .origin
+                    .and_then(|o| o.version),
+                Some("1".to_string())
+            );
+            // Starting an existing run again under another version is
+            // refused, and changes nothing.
+            assert!(matches!(
+                start_listed(&*store, &v2, "a0", json!({})).await,
+                Err(steadfast::Error::InvalidInput { .. })
+            ));
+            let mut workers = Vec::new();
+            let mut stops = Vec::new();
+            for (host, wf) in [("old", v1.clone()), ("new", v2.clone())] {
+                let (tx, handle) = background(
+                    Worker::new(Arc::clone(&store), Registry::new().workflow(wf))
+                        .owner(Owner::new(host, 1, 1))
+                        .concurrency(4)
+                        .poll(Duration::from_millis(20)),
+                );
+                stops.push(tx);
+                workers.push(handle);
+            }
+            wait_until(&*store, "every run to complete", all_completed(13)).await;
+            for stop in &stops {
+                stop.send(true)?;
+            }
+            let mut completed = 0;
+            for w in workers {
+                let report = w.await??;
+                assert_eq!(
+                    (report.failed, report.abandoned),
+                    (0, 0),
+                    "{kind}: {report:?}"
+                );
+                completed += report.completed;
+            }
+            assert_eq!(completed, 13, "{kind}");
+            for i in 0..6 {
+                for (run, version) in [(format!("a{i}"), "1"), (format!("b{i}"), "2")] {
+                    let cp = store.load(&run).await?.expect("the run");
+                    assert!(
+                        cp.passed_over.is_none(),
+                        "{kind}: {run}: the mark is cleared"
+                    );
+                    for step in 0..2 {
+                        let key = format!("{run}/v{version}/{step}");
+                        assert_eq!(
+                            counts.lock().unwrap().get(&key),
+                            Some(&1),
+                            "{kind}: {key}: {:?}",
+                            counts.lock().unwrap()
+                        );
+                    }
+                }
+            }
+            let listed = store.list(&ListFilter::new()).await?;
+            let version_of = |id: &str| {
+                listed
+                    .iter()
+                    .find(|r| r.run_id == id)
+                    .and_then(|r| r.workflow_version.clone())
+            };
+            assert_eq!(version_of("a3").as_deref(), Some("1"), "{kind}");
+            assert_eq!(version_of("b3").as_deref(), Some("2"), "{kind}");
+            assert_eq!(version_of("c0"), None, "{kind}");
+
+            // Version 1 is retired while a run of it is still pending: the
+            // worker with version 2 passes it over and says why.
+            assert!(start_listed(&*store, &v1, "late", json!({})).await?);
+            let (tx, handle) = background(
+                Worker::new(Arc::clone(&store), Registry::new().workflow(v2.clone()))
+                    .owner(Owner::new("new", 1, 1))
+                    .poll(Duration::from_millis(20)),
+            );
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let mark = loop {
+                let cp = store.load("late").await?.expect("late");
+                if let Some(mark) = cp.passed_over.clone() {
+                    break (cp, mark);
+                }
+                assert!(Instant::now() < deadline, "{kind}: never passed over");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            tx.send(true)?;
+            let report = handle.await??;
+            assert_eq!(report.failed, 0, "{kind}: {report:?}");
+            assert!(report.passed_over >= 1, "{kind}: {report:?}");
+            let (cp, mark) = mark;
+            assert_eq!(cp.status, RunStatus::Pending, "{kind}: nothing ran");
+            assert_eq!(cp.next, 0, "{kind}");
+            assert_eq!(
+                (mark.version.as_str(), mark.available.clone()),
+                ("1", vec!["2".to_string()])
+            );
+            let stuck = steadfast::stuck::diagnose(
+                &cp,
+                steadfast::Timestamp::from_unix_millis(cp.updated_at.unix_millis()),
+                Duration::from_secs(60),
+                None,
+            )
+            .expect("a stuck label");
+            assert_eq!(stuck.label(), "version-missing", "{kind}: {stuck}");
+            assert!(stuck.to_string().contains("version \"1\""), "{stuck}");
+            assert!(!counts
+                .lock()
+                .unwrap()
+                .keys()
+                .any(|k| k.starts_with("late/")));
+
+            // A worker with both versions takes it under version 1.
+            let (tx, handle) = background(
+                Worker::new(
+                    Arc::clone(&store),
+                    Registry::new().workflow(v1.clone()).workflow(v2.clone()),
+                )
+                .owner(Owner::new("both", 1, 1))
+                .poll(Duration::from_millis(20)),
+            );
+            wait_until(&*store, "the late run to complete", all_completed(14)).await;
+            tx.send(true)?;
+            handle.await??;
+            let cp = store.load("late").await?.expect("late");
+            assert!(cp.passed_over.is_none(), "{kind}");
+            let counts = counts.lock().unwrap();
+            assert_eq!(counts.get("late/v1/0"), Some(&1), "{kind}: {counts:?}");
+            assert!(!counts.contains_key("late/v2/0"), "{kind}");
+            Ok::<_, Box<dyn std::error::Error>>(())
+        })?;
     }
     Ok(())
 }

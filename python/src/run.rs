@@ -182,12 +182,25 @@ impl PyStepCtx {
 
 /// The workflow of a Python `Workflow`'s name and steps, for reading only
 /// (a plan): its functions are never called.
-pub fn build_unrun(py: Python<'_>, name: &str, specs: Vec<StepSpec>) -> PyResult<Workflow> {
-    build(name, specs, &Caller::new(py.None(), py.None()))
+pub fn build_unrun(
+    py: Python<'_>,
+    name: &str,
+    version: Option<String>,
+    specs: Vec<StepSpec>,
+) -> PyResult<Workflow> {
+    build(name, version, specs, &Caller::new(py.None(), py.None()))
 }
 
-fn build(name: &str, specs: Vec<StepSpec>, caller: &Caller) -> PyResult<Workflow> {
+fn build(
+    name: &str,
+    version: Option<String>,
+    specs: Vec<StepSpec>,
+    caller: &Caller,
+) -> PyResult<Workflow> {
     let mut b = Workflow::builder(name);
+    if let Some(v) = version {
+        b = b.version(v);
+    }
     for spec in specs {
         let step = match spec.kind.as_str() {
             "step" => {
@@ -402,7 +415,7 @@ fn outcome_tuple(py: Python<'_>, o: Outcome<Value>) -> PyResult<Py<PyAny>> {
 
 /// Starts or resumes a listed workflow; an awaitable of the outcome tuple.
 #[pyfunction]
-#[pyo3(signature = (event_loop, invoke, run_id, name, steps, store, input=None, accept_changed=false, wait_for_timers=false, lease=None, budget=None))]
+#[pyo3(signature = (event_loop, invoke, run_id, name, steps, store, input=None, accept_changed=false, wait_for_timers=false, lease=None, budget=None, version=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn run_workflow<'py>(
     event_loop: Py<PyAny>,
@@ -416,9 +429,10 @@ pub fn run_workflow<'py>(
     wait_for_timers: bool,
     lease: Option<f64>,
     budget: Option<std::collections::BTreeMap<String, f64>>,
+    version: Option<String>,
 ) -> PyResult<Pending> {
     let caller = Caller::new(event_loop, invoke);
-    let wf = build(&name, steps, &caller)?;
+    let wf = build(&name, version, steps, &caller)?;
     let input = input_arg(input)?;
     let store = Arc::clone(&store.inner);
     let opts = RunOpts::new(accept_changed, wait_for_timers, lease, budget)?;

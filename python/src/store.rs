@@ -194,14 +194,16 @@ pub fn history(py: Python<'_>, store: &PyStore, run_id: &str) -> PyResult<Py<PyA
 /// What resuming `run_id` with the workflow of `name` and `steps` would do
 /// (`steadfast plan`), as a dict; nothing is written or run.
 #[pyfunction]
+#[pyo3(signature = (store, run_id, name, steps, version=None))]
 pub fn plan(
     py: Python<'_>,
     store: &PyStore,
     run_id: &str,
     name: &str,
     steps: Vec<crate::run::StepSpec>,
+    version: Option<String>,
 ) -> PyResult<Py<PyAny>> {
-    let (s, id, wf) = listed_run(py, store, run_id, name, steps)?;
+    let (s, id, wf) = listed_run(py, store, run_id, name, version, steps)?;
     let p = block(py, async move {
         steadfast::ops::plan::plan(&*s, &id, &wf).await
     })
@@ -216,17 +218,19 @@ fn listed_run(
     store: &PyStore,
     run_id: &str,
     name: &str,
+    version: Option<String>,
     steps: Vec<crate::run::StepSpec>,
 ) -> PyResult<(Arc<dyn Store>, String, steadfast::Workflow)> {
     steadfast::validate_run_id(run_id).map_err(|e| err(&e))?;
-    let wf = crate::run::build_unrun(py, name, steps)?;
+    let wf = crate::run::build_unrun(py, name, version, steps)?;
     Ok((Arc::clone(&store.inner), run_id.to_string(), wf))
 }
 
 /// Moves `run_id` to the workflow of `name` and `steps` (`steadfast
 /// migrate`): the plan after the move, as a dict.
 #[pyfunction]
-#[pyo3(signature = (store, run_id, name, steps, renames, by=None))]
+#[pyo3(signature = (store, run_id, name, steps, renames, by=None, version=None))]
+#[allow(clippy::too_many_arguments)]
 pub fn migrate(
     py: Python<'_>,
     store: &PyStore,
@@ -235,8 +239,9 @@ pub fn migrate(
     steps: Vec<crate::run::StepSpec>,
     renames: Vec<(String, String)>,
     by: Option<String>,
+    version: Option<String>,
 ) -> PyResult<Py<PyAny>> {
-    let (s, id, wf) = listed_run(py, store, run_id, name, steps)?;
+    let (s, id, wf) = listed_run(py, store, run_id, name, version, steps)?;
     let by = by.unwrap_or_else(steadfast::default_decider);
     let (_, p) = block(py, async move {
         steadfast::ops::plan::migrate(&*s, &id, &wf, &renames, &by, &SystemClock).await
@@ -245,9 +250,10 @@ pub fn migrate(
     serde_to_py(py, &p)
 }
 
-/// Runs in id order, filtered like `steadfast runs`.
+/// Runs in id order, filtered like `steadfast runs` (`version`: only runs
+/// started under that version of their workflow).
 #[pyfunction]
-#[pyo3(signature = (store, status=None, workflow=None, after=None, limit=None))]
+#[pyo3(signature = (store, status=None, workflow=None, after=None, limit=None, version=None))]
 pub fn runs(
     py: Python<'_>,
     store: &PyStore,
@@ -255,7 +261,12 @@ pub fn runs(
     workflow: Option<String>,
     after: Option<String>,
     limit: Option<i64>,
+    version: Option<String>,
 ) -> PyResult<Py<PyAny>> {
+    if let Some(v) = &version {
+        steadfast::version::check_version("version", v)
+            .map_err(|r| InvalidInput::new_err(format!("runs: {r}")))?;
+    }
     let limit = limit
         .map(|n| {
             usize::try_from(n)
@@ -277,11 +288,18 @@ pub fn runs(
     if let Some(a) = after {
         filter = filter.after(a);
     }
-    if let Some(n) = limit {
+    // The version is picked out here: the limit counts those.
+    if let Some(n) = limit.filter(|_| version.is_none()) {
         filter = filter.limit(n);
     }
     let s = Arc::clone(&store.inner);
-    let rows = block(py, async move { s.list(&filter).await }).map_err(|e| store_err(&e))?;
+    let mut rows = block(py, async move { s.list(&filter).await }).map_err(|e| store_err(&e))?;
+    if let Some(v) = &version {
+        rows.retain(|r| r.workflow_version.as_deref() == Some(v.as_str()));
+        if let Some(n) = limit {
+            rows.truncate(n);
+        }
+    }
     serde_to_py(py, &rows)
 }
 
@@ -291,7 +309,7 @@ pub fn runs(
 /// steps or another input). `steps`, a listed workflow's step names, are
 /// recorded so that a run with other steps is refused as changed code.
 #[pyfunction]
-#[pyo3(signature = (store, workflow, run_id, input=None, durable=false, steps=None, priority=0, partition=None))]
+#[pyo3(signature = (store, workflow, run_id, input=None, durable=false, steps=None, priority=0, partition=None, version=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn start(
     py: Python<'_>,
@@ -303,6 +321,7 @@ pub fn start(
     steps: Option<Vec<String>>,
     priority: i32,
     partition: Option<String>,
+    version: Option<String>,
 ) -> PyResult<bool> {
     let input = match input {
         Some(v) => json_arg("the run's input", v)?,
@@ -312,6 +331,7 @@ pub fn start(
     if durable {
         options = options.durable();
     }
+    options.version = version.filter(|_| steps.is_some());
     options.steps = steps;
     if let Some(p) = partition {
         options = options.partition(p);

@@ -306,10 +306,19 @@ class Workflow:
     as a provider's HTTP 429 gives) makes the next attempt wait at least that
     long, at most a day, and pauses the step's ``limit`` key for every
     process; a ``retry_after`` that is not a finite number from 0 is ignored.
+
+    ``version`` (``"2026-12-01"``: 1 to 100 characters) declares the version
+    of the workflow: a run records the version it was started with and
+    resumes only under it (another raises :class:`WorkflowChanged`), until
+    :func:`migrate` moves it; ``runs(version=...)`` lists a version's runs.
+    A workflow without a version runs any run, as before versions existed.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, version: Optional[str] = None) -> None:
+        if version is not None and not isinstance(version, str):
+            raise TypeError(f"workflow {name!r}: a version is a str, not {type(version).__name__}")
         self.name = name
+        self.version = version
         self._steps: List[Dict[str, Any]] = []
 
     def _add(self, kind: str, name: str, **options: Any) -> None:
@@ -409,7 +418,8 @@ class Workflow:
         return [s["name"] for s in self._steps]
 
     def __repr__(self) -> str:
-        return f"Workflow({self.name!r}, steps={self.step_names!r})"
+        version = "" if self.version is None else f", version={self.version!r}"
+        return f"Workflow({self.name!r}{version}, steps={self.step_names!r})"
 
 
 class DurableContext:
@@ -678,7 +688,7 @@ async def run_async(
     t = await _wait(
         _native.run_workflow(
             loop, _invoke, run_id, workflow.name, workflow._steps, store, input, accept_changed, wait_for_timers,
-            lease, _budget(budget),
+            lease, _budget(budget), workflow.version,
         )
     )
     return _outcome(t)
@@ -788,7 +798,7 @@ def plan(store: Store, run_id: str, workflow: Workflow) -> Dict[str, JSON]:
     """
     if not isinstance(workflow, Workflow):
         raise TypeError(f"plan: expected a Workflow, not {type(workflow).__name__}")
-    return _native.plan(store, run_id, workflow.name, workflow._steps)
+    return _native.plan(store, run_id, workflow.name, workflow._steps, workflow.version)
 
 
 def migrate(
@@ -809,7 +819,7 @@ def migrate(
     if not isinstance(workflow, Workflow):
         raise TypeError(f"migrate: expected a Workflow, not {type(workflow).__name__}")
     pairs = list((renames or {}).items())
-    return _native.migrate(store, run_id, workflow.name, workflow._steps, pairs, by)
+    return _native.migrate(store, run_id, workflow.name, workflow._steps, pairs, by, workflow.version)
 
 
 class Watch:
@@ -857,9 +867,12 @@ def runs(
     workflow: Optional[str] = None,
     after: Optional[str] = None,
     limit: Optional[int] = None,
+    version: Optional[str] = None,
 ) -> List[Dict[str, JSON]]:
-    """Runs in id order (as ``steadfast runs --json``), filtered by status and workflow, paged by ``after`` and ``limit``."""
-    return _native.runs(store, status, workflow, after, limit)
+    """Runs in id order (as ``steadfast runs --json``), filtered by status,
+    workflow and the ``version`` of the workflow they were started under
+    (each run's ``workflow_version``), paged by ``after`` and ``limit``."""
+    return _native.runs(store, status, workflow, after, limit, version)
 
 
 def start(
@@ -878,7 +891,8 @@ def start(
     other steps, another input, or another priority or partition. A
     :class:`Workflow`'s step names are recorded, so that a later run with
     other steps under the same name is refused with :class:`WorkflowChanged`
-    before any step runs.
+    before any step runs, and so are its ``version``: the run resumes only
+    under that version.
 
     Workers claim runs of higher ``priority`` first (-1000 to 1000), and
     within a priority share their claims between ``partition`` keys (a
@@ -887,7 +901,8 @@ def start(
     durable_fn = isinstance(workflow, Durable)
     name = workflow if isinstance(workflow, str) else workflow.name
     steps = workflow.step_names if isinstance(workflow, Workflow) else None
-    return _native.start(store, name, run_id, input, durable_fn, steps, priority, partition)
+    version = workflow.version if isinstance(workflow, Workflow) else None
+    return _native.start(store, name, run_id, input, durable_fn, steps, priority, partition, version)
 
 
 def add_schedule(

@@ -142,7 +142,9 @@ def child_id(parent: str, step: str) -> str: ...
 def reject(store: Store, run_id: str, gate: str, reason: Optional[str] = ..., by: Optional[str] = ...) -> Dict[str, Any]: ...
 def show(store: Store, run_id: str) -> Dict[str, Any]: ...
 def history(store: Store, run_id: str) -> List[Dict[str, Any]]: ...
-def plan(store: Store, run_id: str, name: str, steps: List[Dict[str, Any]]) -> Dict[str, Any]: ...
+def plan(
+    store: Store, run_id: str, name: str, steps: List[Dict[str, Any]], version: Optional[str] = ...
+) -> Dict[str, Any]: ...
 def migrate(
     store: Store,
     run_id: str,
@@ -150,6 +152,7 @@ def migrate(
     steps: List[Dict[str, Any]],
     renames: List[Tuple[str, str]],
     by: Optional[str] = ...,
+    version: Optional[str] = ...,
 ) -> Dict[str, Any]: ...
 def runs(
     store: Store,
@@ -157,6 +160,7 @@ def runs(
     workflow: Optional[str] = ...,
     after: Optional[str] = ...,
     limit: Optional[int] = ...,
+    version: Optional[str] = ...,
 ) -> List[Dict[str, Any]]: ...
 def start(
     store: Store,
@@ -167,6 +171,7 @@ def start(
     steps: Optional[List[str]] = ...,
     priority: int = ...,
     partition: Optional[str] = ...,
+    version: Optional[str] = ...,
 ) -> bool: ...
 def run_workflow(
     event_loop: Any,
@@ -180,6 +185,7 @@ def run_workflow(
     wait_for_timers: bool = ...,
     lease: Optional[float] = ...,
     budget: Optional[Dict[str, float]] = ...,
+    version: Optional[str] = ...,
 ) -> Pending: ...
 def run_durable(
     event_loop: Any,

@@ -1,6 +1,7 @@
-//! Flow files: TOML with a name and `[[step]]` tables, each a shell command, a
-//! gate, a durable timer, a wait for a signal or a child run of another flow. Everything is checked before anything runs; an
-//! error names the file, the line and what is wrong.
+//! Flow files: TOML with a name, an optional version and `[[step]]` tables,
+//! each a shell command, a gate, a durable timer, a wait for a signal or a
+//! child run of another flow. Everything is checked before anything runs;
+//! an error names the file, the line and what is wrong.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -21,6 +22,9 @@ struct FlowFile {
     step: Vec<Spanned<StepSpec>>,
     /// Budgets of the flow's runs: `[budget]` with `usd = 5`, `tokens = 200000`.
     budget: Option<Spanned<BTreeMap<String, f64>>>,
+    /// The flow's version, recorded by each run at start; without it, a
+    /// digest of the file's text.
+    version: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -498,6 +502,16 @@ fn parse_with_children(text: &str, path: &Path) -> Result<(Workflow, Vec<ChildFi
             .with_budget(budget.get_ref().clone())
             .map_err(|e| at(budget.span().start, format!("[budget]: {e}")))?;
     }
+    // A run resumes only under the version it was started with: the one
+    // declared, else the file's digest (any edit makes a new version).
+    wf = match &flow.version {
+        Some(v) => wf
+            .with_version(v.get_ref().as_str())
+            .map_err(|e| at(v.span().start, format!("version: {e}")))?,
+        None => wf
+            .with_version(steadfast::StepVersion::digest(text))
+            .map_err(|e| FlowError(format!("{}: {e}", path.display())))?,
+    };
     Ok((wf, children))
 }
 

@@ -186,6 +186,7 @@ pub fn runs(runs: &[(RunSummary, Option<Stuck>)], json: bool) {
                 r.status.to_string(),
                 r.next.to_string(),
                 r.updated_at.to_string(),
+                r.workflow_version.clone().unwrap_or_default(),
                 stuck
                     .as_ref()
                     .map_or(String::new(), |s| format!("{}: {s}", s.label())),
@@ -193,7 +194,9 @@ pub fn runs(runs: &[(RunSummary, Option<Stuck>)], json: bool) {
         })
         .collect();
     table(
-        &["RUN", "WORKFLOW", "STATUS", "DONE", "UPDATED", "STUCK"],
+        &[
+            "RUN", "WORKFLOW", "STATUS", "DONE", "UPDATED", "VERSION", "STUCK",
+        ],
         &rows,
     );
 }
@@ -234,6 +237,8 @@ pub fn show_json(cp: &Checkpoint, history: Option<&[StepRecord]>, stuck: Option<
         "parent": steadfast::ParentLink::of(&cp.state),
         "children": steadfast::children_of(cp, history),
         "spend": cp.spend,
+        "workflow_version": cp.origin.as_ref().and_then(|o| o.version.as_deref()),
+        "passed_over": cp.passed_over,
     })
 }
 
@@ -337,6 +342,9 @@ pub fn show(
     }
     out!("run       {}", clean(&cp.run_id));
     out!("workflow  {}", clean(&cp.workflow));
+    if let Some(v) = cp.origin.as_ref().and_then(|o| o.version.as_deref()) {
+        out!("version   {}", clean(v));
+    }
     out!("status    {}", cp.status);
     out!("next      step {}", cp.next);
     out!("updated   {}", cp.updated_at);

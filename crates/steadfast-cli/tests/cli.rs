@@ -458,7 +458,7 @@ fn killing_steadfast_mid_step_leaves_no_orphan() -> TestResult {
     let env = Env::new();
     let flow = env.flow(
         "orphan.toml",
-        "name = \"orphan\"\n[[step]]\nname = \"hang\"\nrun = \"sleep 60 & echo $! > bg.pid; echo $$ > sh.pid; sleep 60\"\n",
+        "name = \"orphan\"\nversion = \"1\"\n[[step]]\nname = \"hang\"\nrun = \"sleep 60 & echo $! > bg.pid; echo $$ > sh.pid; sleep 60\"\n",
     );
     let mut child = env
         .cmd(&["run", flow.to_str().unwrap(), "--run-id", "r"])
@@ -477,10 +477,11 @@ fn killing_steadfast_mid_step_leaves_no_orphan() -> TestResult {
         let pid = std::fs::read_to_string(env.path().join(f))?;
         assert!(!pid_alive(&pid), "{f} ({}) outlived steadfast", pid.trim());
     }
-    // And the run resumes at once: the dead holder's lease is taken over.
+    // And the run resumes at once: the dead holder's lease is taken over
+    // (the step's command edited under the same declared version).
     let quick = env.flow(
         "orphan.toml",
-        "name = \"orphan\"\n[[step]]\nname = \"hang\"\nrun = \"true\"\n",
+        "name = \"orphan\"\nversion = \"1\"\n[[step]]\nname = \"hang\"\nrun = \"true\"\n",
     );
     let out = env.run(&["run", quick.to_str().unwrap(), "--run-id", "r"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));

@@ -692,11 +692,11 @@ fn start_and_worker_refuse_bad_input_and_record_nothing() -> TestResult {
     let env = Env::new();
     let flow = env.flow(
         "w.toml",
-        "name = \"w\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n",
+        "name = \"w\"\nversion = \"1\"\n[[step]]\nname = \"a\"\nrun = \"echo '{}'\"\n",
     );
     let twin = env.flow(
         "twin.toml",
-        "name = \"w\"\n[[step]]\nname = \"b\"\nrun = \"echo '{}'\"\n",
+        "name = \"w\"\nversion = \"1\"\n[[step]]\nname = \"b\"\nrun = \"echo '{}'\"\n",
     );
     let f = flow.to_str().unwrap();
     let deep = format!("{}1{}", "{\"a\":".repeat(200), "}".repeat(200));
@@ -728,7 +728,10 @@ fn start_and_worker_refuse_bad_input_and_record_nothing() -> TestResult {
         (vec!["worker", f, "--poll", "0s"], "poll interval"),
         (vec!["worker", f, "--grace", "10000y"], "grace period"),
         (vec!["worker", f, "--lease", "1ms"], "lease"),
-        (vec!["worker", f, twin.to_str().unwrap()], "also named"),
+        (
+            vec!["worker", f, twin.to_str().unwrap()],
+            "need versions of their own",
+        ),
         (vec!["worker"], "FLOWS"),
     ];
     for (args, says) in cases {

@@ -293,7 +293,8 @@ fn a_run_is_bound_to_the_flow_and_input_it_was_started_with() -> TestResult {
         "{}",
         stderr(&out)
     );
-    // A worker with the other flow takes nothing it can run.
+    // A worker with the other flow (another version of "agent") runs
+    // nothing of it: it passes the run over.
     let worker = env
         .cmd(&["worker", other, "--poll", "20ms", "--grace", "1s"])
         .stdout(Stdio::null())
@@ -305,7 +306,7 @@ fn a_run_is_bound_to_the_flow_and_input_it_was_started_with() -> TestResult {
         nix::sys::signal::Signal::SIGTERM,
     )?;
     let (_, err) = finish(worker);
-    assert!(err.contains("recorded by a different workflow"), "{err}");
+    assert!(err.contains("dup  passed over"), "{err}");
     assert!(
         !env.path().join("dropped").exists(),
         "the other flow's step ran"

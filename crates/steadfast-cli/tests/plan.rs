@@ -9,6 +9,7 @@ use serde_json::Value;
 use support::{code, stderr, Env, TestResult};
 
 const V1: &str = r#"name = "review"
+version = "1"
 [[step]]
 name = "fetch"
 run = "echo '{\"doc\": 1}' && echo fetch >> log"

@@ -1049,6 +1049,94 @@ pub async fn queue_places_load_back_and_list(ts: TestStore) -> CheckResult {
     Ok(())
 }
 
+/// The version of its workflow a run was started with, and a worker's mark
+/// that it lacked that version, load back after a whole save and a
+/// head-only save; the version shows in the run's summary, which workers
+/// route by; a version or mark out of range is refused and leaves nothing.
+pub async fn workflow_versions_and_pass_over_marks_load_back(ts: TestStore) -> CheckResult {
+    let store = &*ts.store;
+    let mut cp = checkpoint("versioned", "flow", json!({"kept": 1}));
+    cp.status = RunStatus::Pending;
+    cp.origin =
+        Some(steadfast_core::Origin::listed(["a", "b"]).versioned(Some("sha256:0a1b 2c\"é")));
+    let v1 = save(store, &cp, None).await?;
+    let loaded = store.load("versioned").await?.ok_or("the run is gone")?;
+    ensure!(
+        loaded.origin == cp.origin,
+        "after a save: {:?}",
+        loaded.origin
+    );
+    let listed = store.list(&ListFilter::new()).await?;
+    let summary = listed
+        .iter()
+        .find(|s| s.run_id == "versioned")
+        .ok_or("not listed")?;
+    ensure!(
+        summary.workflow_version.as_deref() == Some("sha256:0a1b 2c\"é"),
+        "listed: {:?}",
+        summary.workflow_version
+    );
+    let mut head = cp.clone();
+    head.version = v1;
+    head.state = State::new();
+    head.passed_over = Some(steadfast_core::PassedOver::new(
+        "sha256:0a1b 2c\"é",
+        &["1", "2"],
+        "worker-7:4242",
+        t(5),
+    ));
+    let v2 = store
+        .save(SaveRequest::new(&head, Some(v1)).head_only())
+        .await?;
+    let loaded = store.load("versioned").await?.ok_or("the run is gone")?;
+    ensure!(
+        loaded.passed_over == head.passed_over
+            && loaded.origin == cp.origin
+            && loaded.version == v2
+            && loaded.state.get("kept") == Some(&json!(1)),
+        "after a head-only save: {:?} {:?}",
+        loaded.passed_over,
+        loaded.origin
+    );
+    // Cleared by the next save without it.
+    let mut cleared = loaded.clone();
+    cleared.passed_over = None;
+    let v3 = store
+        .save(SaveRequest::new(&cleared, Some(v2)).head_only())
+        .await?;
+    let loaded = store.load("versioned").await?.ok_or("the run is gone")?;
+    ensure!(
+        loaded.passed_over.is_none() && loaded.version == v3,
+        "a cleared mark stayed: {:?}",
+        loaded.passed_over
+    );
+    let mut long = checkpoint("badly-versioned", "flow", json!({}));
+    long.origin = Some(steadfast_core::Origin::listed(["a"]).versioned(Some(&"v".repeat(101))));
+    let mut control = checkpoint("badly-versioned", "flow", json!({}));
+    control.origin = Some(steadfast_core::Origin::listed(["a"]).versioned(Some("a\nb")));
+    let mut marked = checkpoint("badly-versioned", "flow", json!({}));
+    let many: Vec<String> = (0..17).map(|i| i.to_string()).collect();
+    let mut mark = steadfast_core::PassedOver::new("1", &[], "w", t(1));
+    mark.available = many;
+    marked.passed_over = Some(mark);
+    for (what, bad) in [
+        ("101 bytes", long),
+        ("a newline", control),
+        ("17 versions", marked),
+    ] {
+        let r = save(store, &bad, None).await;
+        ensure!(
+            matches!(&r, Err(e) if e.kind() == StoreErrorKind::InvalidInput),
+            "{what}: expected InvalidInput, got {r:?}"
+        );
+        ensure!(
+            store.load("badly-versioned").await?.is_none(),
+            "{what}: a refused save left a record"
+        );
+    }
+    Ok(())
+}
+
 /// A claim of due runs takes the higher priority first and reads each
 /// run's place right, also when a gate's decision data holds a "queue" of
 /// its own: the run of priority 5 goes before an ordinary run due earlier,

@@ -322,6 +322,7 @@ macro_rules! store_conformance {
             head_only_saves_keep_the_stored_state,
             spend_records_load_back_exactly,
             queue_places_load_back_and_list,
+            workflow_versions_and_pass_over_marks_load_back,
             claims_follow_the_queue,
             documents_are_compare_and_swap,
             delete_if_is_guarded_by_the_version,

@@ -53,10 +53,11 @@ pub use engine::typed::{TypedWorkflow, TypedWorkflowBuilder};
 pub use engine::workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
 pub use engine::{lease_holds, Runner, DEFAULT_CANCEL_GRACE};
 pub use ops::start::{start, start_listed, start_steps, start_with, StartOptions};
-pub use ops::worker::{release, Registry, RunEnd, Worker, WorkerReport};
+pub use ops::worker::{release, Registry, RunEnd, Worker, WorkerReport, PASSED_OVER_REST};
 pub use record::checkpoint::{
-    AuditAction, AuditEntry, Checkpoint, Decision, Lease, OnTimeout, Origin, Owner, RewoundStep,
-    RunStatus, StepFailure, StepRecord, Wait, CHECKPOINT_FORMAT, MAX_AUDIT_ENTRIES,
+    AuditAction, AuditEntry, Checkpoint, Decision, Lease, OnTimeout, Origin, Owner, PassedOver,
+    RewoundStep, RunStatus, StepFailure, StepRecord, Wait, CHECKPOINT_FORMAT, MAX_AUDIT_ENTRIES,
+    MAX_PASSED_OVER_BY_BYTES, MAX_PASSED_OVER_VERSIONS,
 };
 pub use record::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use record::error::{

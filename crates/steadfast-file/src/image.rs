@@ -19,7 +19,9 @@ use steadfast_core::store::image::{RunImage, StoredDocument};
 use steadfast_core::{Checkpoint, NewEvent, RunEvent, StepRecord, StoreError};
 
 /// The newest version of the file layout this build writes and reads: 6,
-/// whose history rows may hold what a step ran as (`__step`). A file
+/// whose history rows may hold what a step ran as (`__step`), and whose
+/// runs may carry the mark of a worker that lacked their workflow's
+/// version (`passed_over`). A file
 /// without history is written as version 1, one without references or
 /// escaped values as version 2, one without events as version 3 (whose
 /// values may refer to blobs), one without documents as version 4, one
@@ -96,7 +98,10 @@ impl Image {
             rows.iter()
                 .any(|r| r.update.contains_key(steadfast_core::STEP_KEY))
         });
-        self.format = if defined {
+        // A mark of a worker that passed a run over is a head field older
+        // builds would refuse as unknown: it takes the newest format too.
+        let passed_over = self.runs.values().any(|cp| cp.passed_over.is_some());
+        self.format = if defined || passed_over {
             FILE_FORMAT
         } else if !self.documents.is_empty() {
             5

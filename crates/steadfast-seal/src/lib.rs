@@ -765,6 +765,8 @@ impl SealedStore {
         out.origin = cp.origin.clone();
         out.spend = cp.spend.clone();
         out.queue = cp.queue.clone();
+        // Not sealed: a forged mark only changes a stuck label.
+        out.passed_over = cp.passed_over.clone();
         for (i, d) in out.decisions.iter_mut().enumerate() {
             if let Some(data) = &d.data {
                 let plain = serde_json::to_vec(data).map_err(|e| {

@@ -53,6 +53,18 @@ fn print(p: &ResumePlan, flow: &std::path::Path) {
         .max()
         .unwrap_or(0)
         .min(40);
+    if p.recorded_version.is_some() || p.given_version.is_some() {
+        let name = |v: &Option<String>| {
+            v.as_deref().map_or("none".to_string(), |v| {
+                format!("{:?}", crate::output::clean(v))
+            })
+        };
+        out!(
+            "  version: started under {}; the flow is {}",
+            name(&p.recorded_version),
+            name(&p.given_version)
+        );
+    }
     for s in &p.steps {
         let index = s.index.map_or("-".to_string(), |i| i.to_string());
         out!("  {index:>3}  {:<width$}  {}", s.name, describe(s, p));

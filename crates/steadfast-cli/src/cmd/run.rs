@@ -1,20 +1,26 @@
-//! `steadfast run FLOW --run-id ID`: start or resume a run of a flow file.
+//! `steadfast run FLOW... --run-id ID`: start or resume a run of a flow
+//! file, under the version of the flow the run was started with.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use steadfast::{current_owner, Clock, Outcome, RunStatus, Runner, SystemClock, Workflow};
+use steadfast::{
+    current_owner, Checkpoint, Clock, Outcome, RunStatus, Runner, SystemClock, Workflow,
+};
 
-use super::{Ctx, Failure};
+use super::{usage, Ctx, Failure};
 use crate::args::exit;
 use crate::{command, flow, output};
 
 /// Arguments of `run`.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// The flow file (TOML).
-    pub flow: PathBuf,
+    /// The flow file (TOML); several versions of one flow may be given,
+    /// oldest first: an existing run resumes under the version it was
+    /// started with, a new run starts under the last.
+    #[arg(required = true, value_name = "FLOW")]
+    pub flows: Vec<PathBuf>,
     /// The run's id: the same id resumes the same run.
     #[arg(long)]
     pub run_id: String,
@@ -118,7 +124,7 @@ async fn drive(
             let Ok(Some(cp)) = ctx.store.load(child).await else {
                 continue;
             };
-            let Some(wf) = family.iter().find(|w| w.name() == cp.workflow) else {
+            let Some(wf) = version_for(family, &cp) else {
                 continue;
             };
             if ended(cp.status) {
@@ -145,15 +151,71 @@ async fn drive(
     }
 }
 
+/// The flow of `cp`'s workflow in `family` that the run was started under:
+/// the newest of that name whose version it resumes under, else the
+/// newest of that name (whose run then refuses the other version).
+pub(crate) fn version_for<'a>(family: &'a [Workflow], cp: &Checkpoint) -> Option<&'a Workflow> {
+    let named = || family.iter().rev().filter(|w| w.name() == cp.workflow);
+    named()
+        .find(|w| cp.origin.as_ref().is_none_or(|o| o.runs_under(w.version())))
+        .or_else(|| named().next())
+}
+
+/// The flows given, oldest version first, and every flow they and the
+/// flows their child steps run (each file once). Two files of one name
+/// must differ in version.
+pub(crate) fn load_versions(paths: &[PathBuf]) -> Result<(Vec<Workflow>, Vec<Workflow>), Failure> {
+    let mut given = Vec::new();
+    let mut family: Vec<(PathBuf, Workflow)> = Vec::new();
+    for path in paths {
+        for (i, (file, wf)) in flow::load_family(path)?.into_iter().enumerate() {
+            if i == 0 {
+                given.push(wf.clone());
+            }
+            if family.iter().any(|(f, _)| *f == file) {
+                continue;
+            }
+            if let Some((had, _)) = family
+                .iter()
+                .find(|(_, w)| w.name() == wf.name() && w.version() == wf.version())
+            {
+                return Err(usage(format!(
+                    "{}: {} is also flow {:?} at version {:?}; two versions of a flow need versions of their own",
+                    file.display(),
+                    had.display(),
+                    wf.name(),
+                    wf.version().unwrap_or_default()
+                )));
+            }
+            family.push((file, wf));
+        }
+    }
+    Ok((given, family.into_iter().map(|(_, wf)| wf).collect()))
+}
+
 /// Runs the flow; the exit code says how the run stopped.
 pub async fn run(args: RunArgs, ctx: &Ctx) -> Result<i32, Failure> {
-    let family: Vec<Workflow> = flow::load_family(&args.flow)?
-        .into_iter()
-        .map(|(_, wf)| wf)
-        .collect();
-    let workflow = &family[0];
     let run_id = args.run_id.as_str();
     steadfast::validate_run_id(run_id)?;
+    let (given, family) = load_versions(&args.flows)?;
+    let newest = given
+        .last()
+        .ok_or_else(|| usage("no flow file was given".to_string()))?;
+    if let Some(other) = given.iter().find(|w| w.name() != newest.name()) {
+        return Err(usage(format!(
+            "the flow files given are flows {:?} and {:?}: give one flow, in one or more versions",
+            other.name(),
+            newest.name()
+        )));
+    }
+    // An existing run resumes under its version; a new one starts under
+    // the newest given.
+    let existing = ctx.store.load(run_id).await?;
+    let workflow = existing
+        .as_ref()
+        .filter(|cp| cp.workflow == newest.name())
+        .and_then(|cp| version_for(&given, cp))
+        .unwrap_or(newest);
     let outcome = drive(&args, ctx, run_id, workflow, &family, 0).await?;
     let json = args.json;
     match outcome {

@@ -30,9 +30,14 @@ pub struct RunsArgs {
     #[arg(long, default_value = "1m", value_parser = parse_after)]
     pub stuck_after: Duration,
     /// Flow files to check the records against: a run whose recorded steps
-    /// differ from its flow's is labelled workflow-changed.
+    /// or version differ from its flow's is labelled workflow-changed
+    /// (several versions of one flow may be given).
     #[arg(long = "flow", value_name = "FLOW")]
     pub flows: Vec<PathBuf>,
+    /// Only runs started under this version of their workflow (a flow's
+    /// declared `version`, or the digest `runs` shows).
+    #[arg(long = "version", value_name = "VERSION")]
+    pub version: Option<String>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
@@ -47,16 +52,20 @@ pub(crate) fn parse_after(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// The flows given with `--flow`, by name.
+/// The flows given with `--flow`; two of one name must differ in version.
 pub(crate) fn load_flows(paths: &[PathBuf]) -> Result<Vec<Workflow>, Failure> {
     let mut out: Vec<Workflow> = Vec::new();
     for p in paths {
         let wf = flow::load(p)?;
-        if out.iter().any(|w| w.name() == wf.name()) {
+        if out
+            .iter()
+            .any(|w| w.name() == wf.name() && w.version() == wf.version())
+        {
             return Err(usage(format!(
-                "{}: another flow file given is also named {:?}",
+                "{}: another flow file given is also flow {:?} at version {:?}",
                 p.display(),
-                wf.name()
+                wf.name(),
+                wf.version().unwrap_or_default()
             )));
         }
         out.push(wf);
@@ -77,10 +86,18 @@ pub async fn run(args: RunsArgs, ctx: &Ctx) -> Result<i32, Failure> {
     if let Some(w) = args.workflow {
         filter = filter.workflow(w);
     }
-    if let Some(n) = args.limit.filter(|_| !args.stuck) {
+    if let Some(v) = &args.version {
+        steadfast::version::check_version("--version", v).map_err(usage)?;
+    }
+    // Stuck runs and versions are picked out here: the limit counts those.
+    let picked_here = args.stuck || args.version.is_some();
+    if let Some(n) = args.limit.filter(|_| !picked_here) {
         filter = filter.limit(n);
     }
-    let runs = ctx.store.list(&filter).await.context("listing runs")?;
+    let mut runs = ctx.store.list(&filter).await.context("listing runs")?;
+    if let Some(v) = &args.version {
+        runs.retain(|r| r.workflow_version.as_deref() == Some(v.as_str()));
+    }
     let now = ctx.clock().now();
     let mut labelled = Vec::with_capacity(runs.len());
     let mut unreadable = false;
@@ -113,7 +130,7 @@ pub async fn run(args: RunsArgs, ctx: &Ctx) -> Result<i32, Failure> {
             continue;
         }
         labelled.push((r, stuck));
-        if args.stuck && args.limit.is_some_and(|n| labelled.len() >= n) {
+        if picked_here && args.limit.is_some_and(|n| labelled.len() >= n) {
             break;
         }
     }
@@ -138,6 +155,6 @@ pub(crate) async fn label(
     else {
         return Ok(None);
     };
-    let wf = flows.iter().find(|w| w.name() == cp.workflow);
+    let wf = super::run::version_for(flows, &cp);
     Ok(diagnose(&cp, now, after, wf))
 }

@@ -1,5 +1,6 @@
 //! `steadfast worker FLOW… [--concurrency N]`: run the due runs of these
-//! flows until SIGTERM or SIGINT.
+//! flows until SIGTERM or SIGINT; given several versions of a flow, each
+//! run under the version it was started with.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,12 +11,13 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::{usage, Ctx, Failure};
 use crate::args::exit;
-use crate::{command, flow, output};
+use crate::{command, output};
 
 /// Arguments of `worker`.
 #[derive(clap::Args, Debug)]
 pub struct WorkerArgs {
-    /// The flow files (TOML) whose runs this worker takes.
+    /// The flow files (TOML) whose runs this worker takes; several versions
+    /// of a flow may be given, oldest first (new runs take the last).
     #[arg(required = true)]
     pub flows: Vec<PathBuf>,
     /// How many runs at once (1 to 10000).
@@ -62,27 +64,13 @@ pub(crate) fn parse_grace(text: &str) -> Result<Duration, String> {
 
 /// Runs until a signal asks it to stop; exit 0 after a clean shutdown.
 pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
-    let mut registry = Registry::new();
     // Each flow with the flows its child steps run: a worker runs a
-    // flow's children too. One name, one file.
-    let mut files: std::collections::HashMap<String, PathBuf> = Default::default();
-    for path in &args.flows {
-        for (file, wf) in flow::load_family(path)? {
-            match files.get(wf.name()) {
-                Some(had) if *had == file => continue,
-                Some(had) => {
-                    return Err(usage(format!(
-                        "{}: another flow file ({}), given or reached through child steps, is also named {:?}",
-                        file.display(),
-                        had.display(),
-                        wf.name()
-                    )))
-                }
-                None => {}
-            }
-            files.insert(wf.name().to_string(), file);
-            registry = registry.workflow(wf);
-        }
+    // flow's children too. Several versions of one flow may be given,
+    // oldest first: each run goes to the version it was started with.
+    let (_, family) = super::run::load_versions(&args.flows)?;
+    let mut registry = Registry::new();
+    for wf in family {
+        registry = registry.workflow(wf);
     }
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -96,9 +84,25 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
             humantime::format_duration(args.grace)
         ));
     };
+    let names: Vec<String> = registry
+        .names()
+        .into_iter()
+        .map(|name| {
+            let versions: Vec<String> = registry
+                .versions(name)
+                .into_iter()
+                .flatten()
+                .map(|v| format!("{v:?}"))
+                .collect();
+            match versions.len() {
+                0 | 1 => name.to_string(),
+                _ => format!("{name} (versions {})", versions.join(", ")),
+            }
+        })
+        .collect();
     output::note(format_args!(
         "steadfast worker: taking runs of {} from {} ({} at a time)",
-        registry.names().join(", "),
+        names.join(", "),
         ctx.url,
         args.concurrency
     ));
@@ -152,13 +156,18 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
                 output::clean(run_id),
                 output::clean(&steadfast::error_chain(e))
             )),
+            RunEnd::PassedOver { version, .. } => output::note(format_args!(
+                "{}  passed over: it was started under version {:?} of its flow, which this worker was not given; left for a worker that has it",
+                output::clean(run_id),
+                output::clean(version)
+            )),
             _ => {}
         })
         .run(shutdown)
         .await?;
     output::note(format_args!(
-        "steadfast worker: stopped; {} taken, {} completed, {} waiting or sleeping, {} failed, {} held by others, {} claimed by others first, {} cancelled, {} stopped mid-run, {} started by schedules",
-        report.taken, report.completed, report.suspended, report.failed, report.lost, report.missed, report.cancelled, report.abandoned, report.scheduled
+        "steadfast worker: stopped; {} taken, {} completed, {} waiting or sleeping, {} failed, {} held by others, {} claimed by others first, {} cancelled, {} stopped mid-run, {} started by schedules, {} passed over (version not given)",
+        report.taken, report.completed, report.suspended, report.failed, report.lost, report.missed, report.cancelled, report.abandoned, report.scheduled, report.passed_over
     ));
     Ok(exit::OK)
 }

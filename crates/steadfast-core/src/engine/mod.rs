@@ -407,7 +407,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         // what binds it to its code.
         let started_with = cp.origin.as_ref().filter(|_| cp.next == 0).and_then(|o| {
             let now = crate::Origin::listed(given.iter().copied());
-            (*o != now).then(|| {
+            (!o.same_steps(&now)).then(|| {
                 (
                     format!(
                         "the {} step(s) it was started with (fingerprint {})",
@@ -417,12 +417,29 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                 )
             })
         });
+        // A run started under a version of its workflow resumes only under
+        // that version (one started without, under any).
+        let other_version = cp
+            .origin
+            .as_ref()
+            .filter(|o| !o.runs_under(workflow.version()))
+            .and_then(|o| o.version.clone());
         let mismatch = if cp.workflow != workflow.name() {
             Some(Error::WorkflowChanged {
                 run_id: cp.run_id.clone(),
                 at: 0,
                 stored: Some(format!("workflow {:?}", cp.workflow)),
                 given: Some(format!("workflow {:?}", workflow.name())),
+            })
+        } else if let Some(had) = &other_version {
+            Some(Error::WorkflowChanged {
+                run_id: cp.run_id.clone(),
+                at: 0,
+                stored: Some(format!("version {had} of workflow {}", cp.workflow)),
+                given: Some(match workflow.version() {
+                    Some(v) => format!("version {v}"),
+                    None => "no version".into(),
+                }),
             })
         } else if let Some((stored, now)) = &started_with {
             Some(Error::WorkflowChanged {
@@ -446,6 +463,9 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                     given: given.get(at).map(|s| s.to_string()),
                 })
         };
+        // Code of the run's version takes it: a worker's mark that it
+        // lacked that version no longer holds.
+        cp.passed_over = None;
         match mismatch {
             None => Ok(cp),
             Some(e) if !self.accept_changed_workflow => Err(e),
@@ -453,11 +473,14 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
                 tracing::warn!(run_id = %cp.run_id, "resuming a run recorded by different code, as asked");
                 cp.workflow = workflow.name().to_string();
                 // The run follows the workflow given from now on: the steps
-                // it counts as started with are that workflow's.
+                // it counts as started with, and its version, are that
+                // workflow's.
                 if let Some((_, now)) = started_with {
-                    cp.origin = Some(now);
+                    cp.origin = Some(now.versioned(workflow.version()));
                 } else if cp.origin.is_some() {
-                    cp.origin = Some(crate::Origin::listed(given.iter().copied()));
+                    cp.origin = Some(
+                        crate::Origin::listed(given.iter().copied()).versioned(workflow.version()),
+                    );
                 }
                 let done = cp.next.min(given.len());
                 cp.completed = given[..done].iter().map(|s| s.to_string()).collect();

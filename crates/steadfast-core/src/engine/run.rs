@@ -81,7 +81,9 @@ impl<S: Store + ?Sized> Runner<'_, S> {
             None => {
                 self.check_due_absent(run_id)?;
                 let mut cp = Checkpoint::new(run_id, workflow.name(), self.now());
-                cp.origin = Some(crate::Origin::listed(workflow.step_names()));
+                cp.origin = Some(
+                    crate::Origin::listed(workflow.step_names()).versioned(workflow.version()),
+                );
                 (cp, None, false)
             }
             Some(cp) => {

@@ -585,6 +585,7 @@ pub struct Workflow {
     name: String,
     steps: Vec<Step>,
     budget: BTreeMap<String, f64>,
+    version: Option<String>,
 }
 
 impl Workflow {
@@ -594,6 +595,7 @@ impl Workflow {
             name: name.into(),
             steps: Vec::new(),
             budget: BTreeMap::new(),
+            version: None,
         }
     }
 
@@ -642,7 +644,46 @@ impl Workflow {
             name,
             steps,
             budget: BTreeMap::new(),
+            version: None,
         })
+    }
+
+    /// The same workflow declared as version `version` (1 to 100 bytes, no
+    /// control characters). A run records the version of the workflow it
+    /// was started with ([`Origin::version`](crate::Origin::version)), and
+    /// resumes only under that version: a [`Registry`](crate::Registry)
+    /// holding several versions of one workflow gives each run its own and
+    /// new runs the newest, and a [`run`](crate::run) with another version
+    /// is refused as changed code ([`Error::WorkflowChanged`]). A workflow
+    /// without a version runs any run, as before versions existed, and a
+    /// run started without one (or before versions were recorded) runs
+    /// under any version.
+    ///
+    /// ```
+    /// use steadfast_core::{update, Workflow};
+    /// let wf = Workflow::builder("ingest")
+    ///     .version("2026-12-01")
+    ///     .step("fetch", |_, _| async { update(serde_json::json!({})) })
+    ///     .build()?;
+    /// assert_eq!(wf.version(), Some("2026-12-01"));
+    /// assert!(wf.clone().with_version("").is_err());
+    /// # Ok::<(), steadfast_core::Error>(())
+    /// ```
+    pub fn with_version(mut self, version: impl Into<String>) -> Result<Self, Error> {
+        let version = version.into();
+        crate::record::version::check_version("the workflow's version", &version).map_err(
+            |reason| Error::InvalidWorkflow {
+                workflow: self.name.clone(),
+                reason,
+            },
+        )?;
+        self.version = Some(version);
+        Ok(self)
+    }
+
+    /// The version it was declared as ([`with_version`](Self::with_version)).
+    pub fn version(&self) -> Option<&str> {
+        self.version.as_deref()
     }
 
     /// The same workflow with budgets for its runs (`{"tokens": 200000.0,
@@ -702,6 +743,7 @@ pub struct WorkflowBuilder {
     name: String,
     steps: Vec<Step>,
     budget: BTreeMap<String, f64>,
+    version: Option<String>,
 }
 
 impl WorkflowBuilder {
@@ -722,7 +764,18 @@ impl WorkflowBuilder {
 
     /// Checks the names and returns the workflow.
     pub fn build(self) -> Result<Workflow, Error> {
-        Workflow::new(self.name, self.steps)?.with_budget(self.budget)
+        let wf = Workflow::new(self.name, self.steps)?.with_budget(self.budget)?;
+        match self.version {
+            Some(v) => wf.with_version(v),
+            None => Ok(wf),
+        }
+    }
+
+    /// Declares the workflow's version ([`Workflow::with_version`]; checked
+    /// by [`build`](Self::build)).
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.version = Some(version.into());
+        self
     }
 
     /// A budget for the workflow's runs: at most `amount` of `what`

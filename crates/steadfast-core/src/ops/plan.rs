@@ -131,6 +131,13 @@ pub struct ResumePlan {
     pub workflow: String,
     /// The workflow given.
     pub given_workflow: String,
+    /// The version of the workflow the run was started with, if it
+    /// records one ([`Origin::version`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_version: Option<String>,
+    /// The version of the workflow given, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub given_version: Option<String>,
     /// Where the run stands.
     pub status: RunStatus,
     /// Steps the record has completed.
@@ -228,6 +235,37 @@ pub fn plan_of(
         });
         p.accept = Some(accept_effect(&recorded, workflow));
     }
+    let recorded_version = cp.origin.as_ref().and_then(|o| o.version.clone());
+    let given_version = workflow.version().map(str::to_string);
+    if cp.workflow == workflow.name()
+        && cp
+            .origin
+            .as_ref()
+            .is_some_and(|o| !o.runs_under(workflow.version()))
+    {
+        let had = recorded_version.as_deref().unwrap_or_default();
+        let given = given_version
+            .as_deref()
+            .map_or("a workflow without a version".to_string(), |v| {
+                format!("version {v:?}")
+            });
+        p.notes.insert(
+            0,
+            format!("the run was started under version {had:?} of the workflow; this is {given}: run it with that version, or migrate it"),
+        );
+        if p.stops_at.is_none() {
+            p.stops_at = Some(StopPoint {
+                at: 0,
+                recorded: Some(format!("version {had}")),
+                given: Some(
+                    given_version
+                        .as_deref()
+                        .map_or("no version".to_string(), |v| format!("version {v}")),
+                ),
+            });
+            p.accept = Some(accept_effect(&recorded, workflow));
+        }
+    }
     if let Some(w) = &waiting_at {
         let here = workflow.steps().get(cp.next).map(|s| s.name());
         if here != Some(w.as_str()) {
@@ -256,6 +294,8 @@ pub fn plan_of(
         run_id: cp.run_id.clone(),
         workflow: cp.workflow.clone(),
         given_workflow: workflow.name().to_string(),
+        recorded_version,
+        given_version,
         status: cp.status,
         next: cp.next,
         waiting_at,
@@ -439,7 +479,7 @@ fn compare(recorded: &[Recorded], workflow: &Workflow, origin: Option<&Origin>) 
     steps.sort_by_key(|s| s.index.or(s.recorded_index));
     let mut notes = Vec::new();
     let now = Origin::listed(workflow.step_names());
-    if let Some(o) = origin.filter(|o| **o != now) {
+    if let Some(o) = origin.filter(|o| !o.same_steps(&now)) {
         let text = format!(
             "the run was started with {} step(s) (fingerprint {}); the workflow has {} (fingerprint {})",
             o.steps, o.steps_sha256, now.steps, now.steps_sha256
@@ -633,12 +673,13 @@ pub async fn migrate<S: Store + ?Sized>(
         for (i, r) in recorded.iter().enumerate() {
             cp.completed[i] = r.name.clone();
         }
-        let origin = Origin::listed(workflow.step_names());
+        let origin = Origin::listed(workflow.step_names()).versioned(workflow.version());
         cp.push_audit(crate::record::checkpoint::AuditEntry::new(
             crate::record::checkpoint::AuditAction::Migrate {
                 steps: origin.steps,
                 steps_sha256: origin.steps_sha256.clone(),
                 renamed,
+                version: origin.version.clone(),
             },
             by,
             now,

@@ -105,15 +105,12 @@ pub async fn start_listed<S: Store + ?Sized>(
     run_id: &str,
     input: Value,
 ) -> Result<bool, Error> {
-    let steps: Vec<&str> = workflow.step_names().collect();
-    start_run(
+    start_with(
         store,
         workflow.name(),
-        Some(&steps),
         run_id,
         input,
-        false,
-        &Queue::default(),
+        &StartOptions::new().listed(workflow),
     )
     .await
 }
@@ -130,7 +127,7 @@ pub async fn start_steps<S: Store + ?Sized>(
     start_run(
         store,
         workflow,
-        Some(steps),
+        Some(Origin::listed(steps.iter().copied())),
         run_id,
         input,
         false,
@@ -154,6 +151,10 @@ pub struct StartOptions {
     pub durable: bool,
     /// A listed workflow's step names, recorded as [`start_listed`] does.
     pub steps: Option<Vec<String>>,
+    /// The version of the listed workflow
+    /// ([`Workflow::with_version`]), recorded with the steps: the run
+    /// resumes only under that version.
+    pub version: Option<String>,
     /// Its priority and partition ([`Queue`]).
     pub queue: Queue,
 }
@@ -170,9 +171,11 @@ impl StartOptions {
         self
     }
 
-    /// The run of listed workflow `workflow`, its step names recorded.
+    /// The run of listed workflow `workflow`, its step names and version
+    /// recorded.
     pub fn listed(mut self, workflow: &Workflow) -> Self {
         self.steps = Some(workflow.step_names().map(str::to_string).collect());
+        self.version = workflow.version().map(str::to_string);
         self
     }
 
@@ -223,15 +226,25 @@ pub async fn start_with<S: Store + ?Sized>(
             what: format!("the start of run {run_id:?}"),
             reason,
         })?;
-    let steps: Option<Vec<&str>> = options
+    if let Some(v) = &options.version {
+        crate::record::version::check_version("the workflow's version", v).map_err(|reason| {
+            Error::InvalidInput {
+                what: format!("the start of run {run_id:?}"),
+                reason,
+            }
+        })?;
+    }
+    let origin = options
         .steps
         .as_ref()
         .filter(|_| !options.durable)
-        .map(|names| names.iter().map(String::as_str).collect());
+        .map(|names| {
+            Origin::listed(names.iter().map(String::as_str)).versioned(options.version.as_deref())
+        });
     start_run(
         store,
         workflow,
-        steps.as_deref(),
+        origin,
         run_id,
         input,
         options.durable,
@@ -243,7 +256,7 @@ pub async fn start_with<S: Store + ?Sized>(
 async fn start_run<S: Store + ?Sized>(
     store: &S,
     workflow: &str,
-    steps: Option<&[&str]>,
+    origin: Option<Origin>,
     run_id: &str,
     input: Value,
     durable: bool,
@@ -254,7 +267,6 @@ async fn start_run<S: Store + ?Sized>(
         workflow: workflow.to_string(),
         reason,
     })?;
-    let origin = steps.map(|names| Origin::listed(names.iter().copied()));
     let given = input_of(&input, durable);
     let state: State = match (durable, input) {
         (false, Value::Object(map)) => {
@@ -371,10 +383,21 @@ fn same_start(
         )));
     }
     if let (Some(had), Some(now)) = (&existing.origin, origin) {
-        if had != now {
+        if !had.same_steps(now) {
             return Err(refuse(format!(
                 "other steps ({} step(s), fingerprint {}; these are {} step(s), fingerprint {})",
                 had.steps, had.steps_sha256, now.steps, now.steps_sha256
+            )));
+        }
+        if had.version != now.version {
+            let name = |v: &Option<String>| {
+                v.as_deref()
+                    .map_or("no version".to_string(), |v| format!("version {v:?}"))
+            };
+            return Err(refuse(format!(
+                "{} of its workflow, not {}",
+                name(&had.version),
+                name(&now.version)
             )));
         }
     }

@@ -85,6 +85,21 @@ pub enum Stuck {
         /// How long it has waited.
         waited: Duration,
     },
+    /// It was started under a version of its workflow that the worker
+    /// which took it last does not have, and no worker with that version
+    /// has taken it since ([`Checkpoint::passed_over`]).
+    VersionMissing {
+        /// The workflow.
+        workflow: String,
+        /// The version the run needs.
+        version: String,
+        /// The versions the worker had.
+        available: Vec<String>,
+        /// The worker, written out.
+        by: String,
+        /// When it passed the run over.
+        since: Timestamp,
+    },
 }
 
 impl Stuck {
@@ -100,6 +115,7 @@ impl Stuck {
             Stuck::WorkflowChanged { .. } => "workflow-changed",
             Stuck::SleepingPastTime { .. } => "sleeping-past-time",
             Stuck::PendingNoWorker { .. } => "pending-no-worker",
+            Stuck::VersionMissing { .. } => "version-missing",
         }
     }
 }
@@ -155,6 +171,24 @@ impl std::fmt::Display for Stuck {
                 "it has waited {} for a worker and none took it; start a worker",
                 ago(waited)
             ),
+            Stuck::VersionMissing {
+                workflow,
+                version,
+                available,
+                by,
+                since,
+            } => {
+                let had = if available.is_empty() {
+                    "no versioned one".to_string()
+                } else {
+                    let quoted: Vec<String> = available.iter().map(|v| format!("{v:?}")).collect();
+                    quoted.join(", ")
+                };
+                write!(
+                    f,
+                    "it was started under version {version:?} of workflow {workflow:?}; worker {by} has {had} and passed it over at {since}: start a worker with that version, or migrate the run to one it has"
+                )
+            }
         }
     }
 }
@@ -195,6 +229,16 @@ pub fn diagnose(
         if let Some(changed) = changed(cp, wf) {
             return Some(changed);
         }
+    }
+    // A worker took it and lacked its version: it waits for one that has.
+    if let Some(p) = &cp.passed_over {
+        return Some(Stuck::VersionMissing {
+            workflow: cp.workflow.clone(),
+            version: p.version.clone(),
+            available: p.available.clone(),
+            by: p.by.clone(),
+            since: p.at,
+        });
     }
     // A live holder (a `run --wait` sleeping through its timer) moves it on.
     let held_live = cp.lease.as_ref().is_some_and(|held| {
@@ -298,6 +342,21 @@ fn changed(cp: &Checkpoint, wf: &Workflow) -> Option<Stuck> {
             at: 0,
             stored: Some(format!("workflow {}", cp.workflow)),
             given: Some(format!("workflow {}", wf.name())),
+        });
+    }
+    if let Some(had) = cp
+        .origin
+        .as_ref()
+        .filter(|o| !o.runs_under(wf.version()))
+        .and_then(|o| o.version.as_deref())
+    {
+        return Some(Stuck::WorkflowChanged {
+            at: 0,
+            stored: Some(format!("version {had}")),
+            given: Some(
+                wf.version()
+                    .map_or("no version".to_string(), |v| format!("version {v}")),
+            ),
         });
     }
     let given: Vec<&str> = wf.step_names().collect();

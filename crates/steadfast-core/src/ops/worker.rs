@@ -43,8 +43,18 @@ type DurableEntry = Arc<
 
 #[derive(Clone)]
 enum Entry {
+    /// The versions of a listed workflow, newest last.
+    Listed(Vec<Arc<Workflow>>),
+    Durable(DurableEntry),
+}
+
+/// What a registry gives a run of a workflow it has.
+enum Pick {
     Listed(Arc<Workflow>),
     Durable(DurableEntry),
+    /// The run was started under a version the registry does not have; it
+    /// has these.
+    Missing(Vec<String>),
 }
 
 /// The workflows a worker can run, by name: listed workflows and durable
@@ -89,13 +99,51 @@ impl Registry {
         Self::default()
     }
 
-    /// Adds a listed workflow under its name (replacing one of that name).
+    /// Adds a listed workflow under its name. A workflow of the same name
+    /// and version ([`Workflow::version`], none being one) replaces the one
+    /// there; one of another version joins it, as the newest: each run
+    /// then goes to the version it was started with, and runs started
+    /// without a version, and new runs started by a worker's schedules, to
+    /// the newest. A worker passes over a run whose version it does not
+    /// have ([`WorkerReport::passed_over`]) and leaves it for one that has.
+    ///
+    /// ```
+    /// use serde_json::json;
+    /// use steadfast_core::{update, Registry, Workflow};
+    ///
+    /// let version = |v: &str| {
+    ///     Workflow::builder("ingest")
+    ///         .version(v)
+    ///         .step("fetch", |_, _| async { update(json!({})) })
+    ///         .build()
+    /// };
+    /// let registry = Registry::new().workflow(version("1")?).workflow(version("2")?);
+    /// assert_eq!(registry.versions("ingest"), [Some("1"), Some("2")]);
+    /// # Ok::<(), steadfast_core::Error>(())
+    /// ```
     pub fn workflow(mut self, workflow: Workflow) -> Self {
-        self.entries.insert(
-            workflow.name().to_string(),
-            Entry::Listed(Arc::new(workflow)),
-        );
+        let name = workflow.name().to_string();
+        let workflow = Arc::new(workflow);
+        match self.entries.get_mut(&name) {
+            Some(Entry::Listed(versions)) => {
+                versions.retain(|w| w.version() != workflow.version());
+                versions.push(workflow);
+            }
+            _ => {
+                self.entries.insert(name, Entry::Listed(vec![workflow]));
+            }
+        }
         self
+    }
+
+    /// The versions of listed workflow `name` it holds, oldest first (none
+    /// for a workflow without a version); empty when `name` is not a
+    /// listed workflow of it.
+    pub fn versions(&self, name: &str) -> Vec<Option<&str>> {
+        match self.entries.get(name) {
+            Some(Entry::Listed(versions)) => versions.iter().map(|w| w.version()).collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Adds a durable function under `name` (replacing one of that name).
@@ -136,10 +184,34 @@ impl Registry {
 
     /// `None` when `name` is not registered; else the listed workflow, or
     /// `None` inside for a durable function.
+    /// A listed workflow's newest version.
     pub(crate) fn listed(&self, name: &str) -> Option<Option<&Workflow>> {
         self.entries.get(name).map(|e| match e {
-            Entry::Listed(wf) => Some(&**wf),
+            Entry::Listed(versions) => versions.last().map(|w| &**w),
             Entry::Durable(_) => None,
+        })
+    }
+
+    /// What runs a run of `name` started under workflow version `version`
+    /// (none: any version, the newest); `None` when `name` is not here.
+    fn pick(&self, name: &str, version: Option<&str>) -> Option<Pick> {
+        Some(match self.entries.get(name)? {
+            Entry::Durable(f) => Pick::Durable(Arc::clone(f)),
+            Entry::Listed(versions) => {
+                let found = match version {
+                    None => versions.last(),
+                    Some(v) => versions.iter().rev().find(|w| w.version() == Some(v)),
+                };
+                match found {
+                    Some(w) => Pick::Listed(Arc::clone(w)),
+                    None => Pick::Missing(
+                        versions
+                            .iter()
+                            .filter_map(|w| w.version().map(str::to_string))
+                            .collect(),
+                    ),
+                }
+            }
         })
     }
 }
@@ -179,7 +251,16 @@ pub struct WorkerReport {
     /// Runs this worker started for due slots of schedules
     /// ([`schedule_ops`](crate::schedule_ops)).
     pub scheduled: u64,
+    /// Calls that found the run started under a version of its workflow
+    /// this worker does not have: the run was left for a worker that has
+    /// it, marked so ([`Checkpoint::passed_over`](crate::Checkpoint::passed_over)),
+    /// and is left alone by this worker for [`PASSED_OVER_REST`].
+    pub passed_over: u64,
 }
+
+/// How long a worker leaves alone a run it passed over (its version of the
+/// workflow missing) before it looks at it again.
+pub const PASSED_OVER_REST: Duration = Duration::from_secs(300);
 
 /// A worker: takes the due runs of its registry's workflows from a store,
 /// runs up to `concurrency` of them at once under a lease each, and stops
@@ -229,6 +310,15 @@ pub enum RunEnd {
     Missed(Error),
     /// The run was cancelled, before or during the call.
     Cancelled(Error),
+    /// The run was started under version `version` of its workflow, which
+    /// this worker does not have (it has `available`): nothing ran, and the
+    /// run waits for a worker with that version.
+    PassedOver {
+        /// The version the run needs.
+        version: String,
+        /// The versions this worker has.
+        available: Vec<String>,
+    },
 }
 
 impl std::fmt::Debug for Worker {
@@ -419,7 +509,13 @@ impl Worker {
                             let w = Arc::clone(&worker);
                             let run_id = summary.run_id.clone();
                             let handle = tasks.spawn(async move {
-                                let verdict = w.run_one(&summary.run_id, &summary.workflow).await;
+                                let verdict = w
+                                    .run_one(
+                                        &summary.run_id,
+                                        &summary.workflow,
+                                        summary.workflow_version.as_deref(),
+                                    )
+                                    .await;
                                 (summary.run_id, verdict)
                             });
                             state.running.insert(handle.id(), run_id);
@@ -571,11 +667,13 @@ impl Worker {
                     Verdict::Lost => report.lost += 1,
                     Verdict::Missed => report.missed += 1,
                     Verdict::Cancelled => report.cancelled += 1,
+                    Verdict::PassedOver => report.passed_over += 1,
                 }
                 match verdict {
                     Verdict::Failed | Verdict::Lost | Verdict::Missed => {
                         state.back_off(run_id, self.poll)
                     }
+                    Verdict::PassedOver => state.rest(run_id, PASSED_OVER_REST),
                     _ => {
                         state.resting.remove(&run_id);
                     }
@@ -594,9 +692,17 @@ impl Worker {
         }
     }
 
-    async fn run_one(&self, run_id: &str, workflow: &str) -> Verdict {
-        let Some(entry) = self.registry.entries.get(workflow).cloned() else {
+    /// Runs `run_id` of `workflow`, found due started under `version`.
+    async fn run_one(&self, run_id: &str, workflow: &str, version: Option<&str>) -> Verdict {
+        let Some(entry) = self.registry.pick(workflow, version) else {
             return Verdict::Lost;
+        };
+        let entry = match entry {
+            Pick::Missing(available) => {
+                let version = version.unwrap_or_default();
+                return self.pass_over(run_id, version, available).await;
+            }
+            entry => entry,
         };
         let outcome: Result<RunEnd, Error>;
         let mut runner = Runner::new(&self.store);
@@ -606,11 +712,12 @@ impl Worker {
         let mut runner = runner.lease(self.owner.clone(), self.lease);
         runner.due_only = true;
         outcome = match entry {
-            Entry::Listed(wf) => runner.run(run_id, &wf).await.map(|o| verdict_of(&o)),
-            Entry::Durable(f) => runner
+            Pick::Listed(wf) => runner.run(run_id, &wf).await.map(|o| verdict_of(&o)),
+            Pick::Durable(f) => runner
                 .durable(run_id, workflow, |ctx| f(ctx))
                 .await
                 .map(|o| verdict_of(&o)),
+            Pick::Missing(_) => unreachable!("handled above"),
         };
         let end = match outcome {
             Ok(v) => v,
@@ -644,6 +751,89 @@ impl Worker {
             RunEnd::Lost(_) => Verdict::Lost,
             RunEnd::Missed(_) => Verdict::Missed,
             RunEnd::Cancelled(_) => Verdict::Cancelled,
+            RunEnd::PassedOver { .. } => Verdict::PassedOver,
+        }
+    }
+
+    /// Leaves a due run started under `version`, which this worker lacks,
+    /// for a worker that has it: marks the run so
+    /// ([`Checkpoint::passed_over`]) unless it bears this worker's mark
+    /// already, which also gives up a store's reservation of it. Nothing
+    /// is written to a run that has moved on since the look: finished,
+    /// held by another, or now of a version this worker has.
+    async fn pass_over(&self, run_id: &str, version: &str, available: Vec<String>) -> Verdict {
+        let end = RunEnd::PassedOver {
+            version: version.to_string(),
+            available: available.clone(),
+        };
+        match self.mark_passed_over(run_id, version, &available).await {
+            Ok(true) => {
+                tracing::info!(run_id, version, "passed over a run started under a version of its workflow this worker does not have");
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(run_id, error = %crate::record::error::chain(&e), "could not mark a run passed over; it is left alone all the same");
+            }
+        }
+        if let Some(f) = &self.on_end {
+            f(run_id, &end);
+        }
+        Verdict::PassedOver
+    }
+
+    /// Writes the mark of [`pass_over`](Self::pass_over); whether it wrote.
+    async fn mark_passed_over(
+        &self,
+        run_id: &str,
+        version: &str,
+        available: &[String],
+    ) -> Result<bool, Error> {
+        let Some(mut cp) = self
+            .store
+            .load(run_id)
+            .await
+            .map_err(|e| store_error(run_id, "load", e))?
+        else {
+            return Ok(false);
+        };
+        let ended = matches!(
+            cp.status,
+            crate::RunStatus::Completed
+                | crate::RunStatus::Failed
+                | crate::RunStatus::Rejected
+                | crate::RunStatus::Cancelled
+        );
+        let still = cp
+            .origin
+            .as_ref()
+            .and_then(|o| o.version.as_deref())
+            .is_some_and(|v| v == version);
+        let now = Runner::new(&*self.store).now();
+        let held = cp.lease.as_ref().is_some_and(|l| {
+            crate::engine::standing(l, &self.owner, now) == crate::engine::Standing::Held
+        });
+        if ended || !still || held {
+            return Ok(false);
+        }
+        let by = self.owner.to_string();
+        let names: Vec<&str> = available.iter().map(String::as_str).collect();
+        let mark = crate::record::checkpoint::PassedOver::new(version, &names, &by, now);
+        let same = cp.passed_over.as_ref().is_some_and(|had| {
+            (&had.version, &had.available, &had.by) == (&mark.version, &mark.available, &mark.by)
+        });
+        if same {
+            return Ok(false);
+        }
+        cp.passed_over = Some(mark);
+        let expected = cp.version;
+        match self
+            .store
+            .save(SaveRequest::new(&cp, Some(expected)).head_only())
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == crate::StoreErrorKind::Conflict => Ok(false),
+            Err(e) => Err(store_error(run_id, "mark of a run passed over", e)),
         }
     }
 }
@@ -676,6 +866,12 @@ impl Book {
             .collect()
     }
 
+    /// Leaves `run_id` alone for `wait`, whatever its strikes.
+    fn rest(&mut self, run_id: String, wait: Duration) {
+        self.resting
+            .insert(run_id, (std::time::Instant::now() + wait, 0));
+    }
+
     fn back_off(&mut self, run_id: String, poll: Duration) {
         let strikes = self
             .resting
@@ -696,6 +892,7 @@ enum Verdict {
     Lost,
     Missed,
     Cancelled,
+    PassedOver,
 }
 
 fn verdict_of<T>(o: &Outcome<T>) -> RunEnd {
@@ -797,20 +994,20 @@ mod tests {
             .expect("runs");
         let worker = Worker::new(store.clone(), registry);
         assert!(matches!(
-            worker.run_one("done-listed", "listed").await,
+            worker.run_one("done-listed", "listed", None).await,
             Verdict::Missed
         ));
         assert!(matches!(
-            worker.run_one("done-durable", "durable").await,
+            worker.run_one("done-durable", "durable", None).await,
             Verdict::Missed
         ));
         // A run deleted after the look is not run afresh.
         assert!(matches!(
-            worker.run_one("deleted", "listed").await,
+            worker.run_one("deleted", "listed", None).await,
             Verdict::Missed
         ));
         assert!(matches!(
-            worker.run_one("deleted", "durable").await,
+            worker.run_one("deleted", "durable", None).await,
             Verdict::Missed
         ));
         assert!(store.load("deleted").await.expect("loads").is_none());
@@ -818,7 +1015,7 @@ mod tests {
             .await
             .expect("starts");
         assert!(matches!(
-            worker.run_one("due", "listed").await,
+            worker.run_one("due", "listed", None).await,
             Verdict::Completed
         ));
     }

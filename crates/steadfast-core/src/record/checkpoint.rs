@@ -188,6 +188,67 @@ pub struct Checkpoint {
     /// ([`StartOptions`](crate::StartOptions)); none for the default place.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<crate::record::queue::Queue>,
+    /// Left by a worker that took the run but lacks the version of its
+    /// workflow the run was started with ([`Origin::version`]): the run
+    /// waits for a worker that has it, and `runs --stuck` says so. Cleared
+    /// when code of that version takes the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed_over: Option<PassedOver>,
+}
+
+/// The longest worker name a [`PassedOver`] keeps, in bytes (a longer one
+/// is cut in its middle).
+pub const MAX_PASSED_OVER_BY_BYTES: usize = 256;
+
+/// The most versions a [`PassedOver`] lists.
+pub const MAX_PASSED_OVER_VERSIONS: usize = 16;
+
+/// A worker passed a run over: it has the run's workflow, but not the
+/// version the run was started with ([`Checkpoint::passed_over`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PassedOver {
+    /// The version the run needs.
+    pub version: String,
+    /// The versions of the workflow the worker had, newest last (at most
+    /// [`MAX_PASSED_OVER_VERSIONS`], the newest kept).
+    pub available: Vec<String>,
+    /// The worker, written out.
+    pub by: String,
+    /// When.
+    pub at: Timestamp,
+}
+
+impl PassedOver {
+    /// The mark of worker `by` lacking `version`, having `available`.
+    pub fn new(version: &str, available: &[&str], by: &str, at: Timestamp) -> Self {
+        let skip = available.len().saturating_sub(MAX_PASSED_OVER_VERSIONS);
+        PassedOver {
+            version: version.to_string(),
+            available: available[skip..].iter().map(|v| v.to_string()).collect(),
+            by: crate::record::limits::cut_middle(by.to_string(), MAX_PASSED_OVER_BY_BYTES),
+            at,
+        }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        crate::record::limits::check_version("the version it needs", &self.version)?;
+        if self.available.len() > MAX_PASSED_OVER_VERSIONS {
+            return Err(format!(
+                "it lists {} versions, more than {MAX_PASSED_OVER_VERSIONS}",
+                self.available.len()
+            ));
+        }
+        for v in &self.available {
+            crate::record::limits::check_version("a version it lists", v)?;
+        }
+        if self.by.len() > MAX_PASSED_OVER_BY_BYTES {
+            return Err(format!(
+                "its worker's name is longer than {MAX_PASSED_OVER_BY_BYTES} bytes"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What a listed run was started with: a fingerprint of its step names
@@ -210,6 +271,14 @@ pub struct Origin {
     /// A fingerprint of the step names, in order: the first 16 bytes of a
     /// SHA-256 over each name with its length, in hex.
     pub steps_sha256: String,
+    /// The version of the workflow the run was started with (a flow file's
+    /// declared `version`, else a digest of the file;
+    /// [`Workflow::with_version`](crate::Workflow::with_version)): the run
+    /// resumes only under that version. None for workflows without one and
+    /// for records written before versions were recorded: those resume
+    /// under any version. Builds before it ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 impl Origin {
@@ -231,7 +300,43 @@ impl Origin {
                 .take(16)
                 .map(|b| format!("{b:02x}"))
                 .collect(),
+            version: None,
         }
+    }
+
+    /// The same origin, recorded as version `version` of its workflow.
+    ///
+    /// ```
+    /// use steadfast_core::Origin;
+    /// let v2 = Origin::listed(["fetch"]).versioned(Some("2"));
+    /// assert_eq!(v2.version.as_deref(), Some("2"));
+    /// assert!(v2.same_steps(&Origin::listed(["fetch"])));
+    /// assert_ne!(v2, Origin::listed(["fetch"]));
+    /// ```
+    pub fn versioned(mut self, version: Option<&str>) -> Self {
+        self.version = version.map(str::to_string);
+        self
+    }
+
+    /// Whether `other` names the same steps, whatever the versions.
+    pub fn same_steps(&self, other: &Origin) -> bool {
+        self.steps == other.steps && self.steps_sha256 == other.steps_sha256
+    }
+
+    /// Whether a run of this origin resumes under workflow version
+    /// `version`: a run recorded without a version resumes under any,
+    /// one with a version only under that version.
+    ///
+    /// ```
+    /// use steadfast_core::Origin;
+    /// let old = Origin::listed(["fetch"]);
+    /// assert!(old.runs_under(Some("2")) && old.runs_under(None));
+    /// let v1 = old.versioned(Some("1"));
+    /// assert!(v1.runs_under(Some("1")));
+    /// assert!(!v1.runs_under(Some("2")) && !v1.runs_under(None));
+    /// ```
+    pub fn runs_under(&self, version: Option<&str>) -> bool {
+        self.version.is_none() || self.version.as_deref() == version
     }
 }
 
@@ -353,6 +458,10 @@ pub enum AuditAction {
         /// Recorded steps now known by another name: (old, new).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         renamed: Vec<(String, String)>,
+        /// The version of the workflow it was moved to
+        /// ([`Origin::version`]), if that workflow has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        version: Option<String>,
     },
 }
 
@@ -409,10 +518,16 @@ impl AuditAction {
                 steps,
                 steps_sha256,
                 renamed,
+                version,
             } => {
-                let mut text = format!(
-                    "migrated to a version of {steps} step(s) (fingerprint {steps_sha256})"
-                );
+                let mut text = match version {
+                    Some(v) => format!(
+                        "migrated to version {v:?} of {steps} step(s) (fingerprint {steps_sha256})"
+                    ),
+                    None => format!(
+                        "migrated to a version of {steps} step(s) (fingerprint {steps_sha256})"
+                    ),
+                };
                 for (old, new) in renamed {
                     text.push_str(&format!("; {old:?} is now {new:?}"));
                 }
@@ -693,6 +808,7 @@ impl Checkpoint {
             origin: None,
             spend: None,
             queue: None,
+            passed_over: None,
         }
     }
 
@@ -940,6 +1056,13 @@ impl Checkpoint {
             queue
                 .check()
                 .map_err(|r| format!("its place in the queue: {r}"))?;
+        }
+        if let Some(v) = self.origin.as_ref().and_then(|o| o.version.as_deref()) {
+            crate::record::limits::check_version("the version it was started with", v)?;
+        }
+        if let Some(p) = &self.passed_over {
+            p.check()
+                .map_err(|r| format!("the mark of a worker that passed it over: {r}"))?;
         }
         Ok(())
     }

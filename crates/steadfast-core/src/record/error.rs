@@ -347,7 +347,7 @@ pub enum Error {
         reason: String,
     },
     /// The stored run was made by different code than the workflow given now.
-    #[error("run {run_id:?} was recorded by a different workflow: at step {at} the record has {stored:?} where the workflow given has {given:?}; pass the override to accept changed code")]
+    #[error("run {run_id:?} was recorded by a different workflow: at step {at} the record has {} where the workflow given has {}; `steadfast plan` shows what differs, and `migrate` (or the override to accept changed code) moves the run on", shown(.stored), shown(.given))]
     WorkflowChanged {
         /// The run.
         run_id: String,
@@ -586,4 +586,10 @@ pub(crate) fn cancelled(cp: &crate::record::checkpoint::Checkpoint) -> Error {
         by,
         reason,
     }
+}
+
+/// A side of a [`Error::WorkflowChanged`], quoted, or "nothing".
+fn shown(what: &Option<String>) -> String {
+    what.as_deref()
+        .map_or("nothing".to_string(), |s| format!("{s:?}"))
 }

@@ -14,10 +14,10 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 use sha2::Digest as _;
 
+pub use crate::record::limits::check_version;
 pub use crate::record::state::STEP_KEY;
 
-/// The longest version a step may declare, in bytes.
-pub const MAX_VERSION_BYTES: usize = 100;
+pub use crate::record::limits::MAX_VERSION_BYTES;
 
 /// The most fields one definition may have.
 pub const MAX_FIELDS: usize = 32;
@@ -64,18 +64,7 @@ impl StepVersion {
     /// a text of 1 to [`MAX_VERSION_BYTES`] bytes without control
     /// characters.
     pub fn declared(version: &str) -> Result<Self, String> {
-        if version.is_empty() || version.len() > MAX_VERSION_BYTES {
-            return Err(format!(
-                "a step's version is 1 to {MAX_VERSION_BYTES} bytes, not {}",
-                version.len()
-            ));
-        }
-        if version.chars().any(char::is_control) {
-            return Err(format!(
-                "a step's version {:?} holds a control character",
-                crate::record::ids::preview(version)
-            ));
-        }
+        check_version("a step's version", version)?;
         Self::of_fields(BTreeMap::from([(
             "version".to_string(),
             Value::String(version.to_string()),

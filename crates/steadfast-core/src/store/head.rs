@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::record::checkpoint::{
-    AuditEntry, Checkpoint, Decision, Lease, Origin, RunStatus, StepFailure, Wait,
+    AuditEntry, Checkpoint, Decision, Lease, Origin, PassedOver, RunStatus, StepFailure, Wait,
 };
 use crate::record::error::StoreError;
 use crate::record::queue::Queue;
@@ -39,6 +39,8 @@ struct HeadOut<'a> {
     origin: Option<&'a Origin>,
     #[serde(skip_serializing_if = "Option::is_none")]
     spend: Option<&'a Spend>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    passed_over: Option<&'a PassedOver>,
     /// Last, always: PostgreSQL's claim reads a run's place from the end of
     /// the head's text (`head_ends_with_its_place_in_the_queue`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -69,6 +71,8 @@ struct HeadIn {
     origin: Option<Origin>,
     #[serde(default)]
     spend: Option<Spend>,
+    #[serde(default)]
+    passed_over: Option<PassedOver>,
     #[serde(default)]
     queue: Option<Queue>,
 }
@@ -125,6 +129,7 @@ pub fn encode_head(cp: &Checkpoint) -> Result<String, StoreError> {
             audit: &cp.audit,
             origin: cp.origin.as_ref(),
             spend: cp.spend.as_ref(),
+            passed_over: cp.passed_over.as_ref(),
             queue: cp.queue.as_ref(),
         },
         &cp.run_id,
@@ -187,18 +192,29 @@ pub fn decode_head(text: &str, cp: &mut Checkpoint) -> Result<(), String> {
     cp.origin = head.origin;
     cp.spend = head.spend;
     cp.queue = head.queue;
+    cp.passed_over = head.passed_over;
     Ok(())
 }
 
-/// The spend record and the place in the queue of a head document, read
-/// alone (for a run's summary).
-pub(crate) fn summary_of(text: &str) -> Result<(Option<Spend>, Option<Queue>), String> {
+/// What a run's summary takes from its head document: the spend record,
+/// the place in the queue and the origin (for the version the run was
+/// started with), read alone.
+pub(crate) struct HeadSummary {
+    pub(crate) spend: Option<Spend>,
+    pub(crate) queue: Option<Queue>,
+    pub(crate) origin: Option<Origin>,
+}
+
+/// The [`HeadSummary`] of a head document, checked.
+pub(crate) fn summary_of(text: &str) -> Result<HeadSummary, String> {
     #[derive(serde::Deserialize)]
     struct SummaryOnly {
         #[serde(default)]
         spend: Option<Spend>,
         #[serde(default)]
         queue: Option<Queue>,
+        #[serde(default)]
+        origin: Option<Origin>,
     }
     let head: SummaryOnly = serde_json::from_str(text)
         .map_err(|e| format!("{e} (line {}, column {})", e.line(), e.column()))?;
@@ -209,7 +225,14 @@ pub(crate) fn summary_of(text: &str) -> Result<(Option<Spend>, Option<Queue>), S
         q.check()
             .map_err(|r| format!("its place in the queue: {r}"))?;
     }
-    Ok((head.spend, head.queue))
+    if let Some(v) = head.origin.as_ref().and_then(|o| o.version.as_deref()) {
+        crate::record::version::check_version("the version it was started with", v)?;
+    }
+    Ok(HeadSummary {
+        spend: head.spend,
+        queue: head.queue,
+        origin: head.origin,
+    })
 }
 
 /// Encodes `v` as JSON text, or says which run's `what` could not be

@@ -200,6 +200,10 @@ pub struct RunSummary {
     /// Its priority and partition, when started with either.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queue: Option<crate::record::queue::Queue>,
+    /// The version of its workflow it was started with
+    /// ([`Origin::version`](crate::Origin::version)), if one was recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow_version: Option<String>,
 }
 
 impl From<&Checkpoint> for RunSummary {
@@ -214,6 +218,7 @@ impl From<&Checkpoint> for RunSummary {
             updated_at: cp.updated_at,
             spend: cp.spend.clone(),
             queue: cp.queue.clone(),
+            workflow_version: cp.origin.as_ref().and_then(|o| o.version.clone()),
         }
     }
 }
@@ -1162,6 +1167,7 @@ pub fn merge_head(cp: &Checkpoint, stored: &mut Checkpoint) -> Checkpoint {
         origin: cp.origin.clone(),
         spend: cp.spend.clone(),
         queue: cp.queue.clone(),
+        passed_over: cp.passed_over.clone(),
     }
 }
 

@@ -124,8 +124,9 @@ impl SummaryRow {
         cp.version = place.count("version", self.version)?;
         cp.updated_at = place.millis("updated_at", self.updated_at)?;
         if let Some(head) = &self.head {
-            (cp.spend, cp.queue) =
+            let head =
                 crate::store::head::summary_of(head).map_err(|r| place.corrupt("head", r))?;
+            (cp.spend, cp.queue, cp.origin) = (head.spend, head.queue, head.origin);
         }
         Ok(RunSummary::from(&cp))
     }
