@@ -307,7 +307,7 @@ class Workflow:
     long, at most a day, and pauses the step's ``limit`` key for every
     process; a ``retry_after`` that is not a finite number from 0 is ignored.
 
-    ``version`` (``"2026-12-01"``: 1 to 100 characters) declares the version
+    ``version`` (``"2026-12-01"``: 1 to 100 bytes) declares the version
     of the workflow: a run records the version it was started with and
     resumes only under it (another raises :class:`WorkflowChanged`), until
     :func:`migrate` moves it; ``runs(version=...)`` lists a version's runs.

@@ -508,8 +508,9 @@ fn parse_with_children(text: &str, path: &Path) -> Result<(Workflow, Vec<ChildFi
         Some(v) => wf
             .with_version(v.get_ref().as_str())
             .map_err(|e| at(v.span().start, format!("version: {e}")))?,
+        // A checkout that turns line endings into `\r\n` is the same file.
         None => wf
-            .with_version(steadfast::StepVersion::digest(text))
+            .with_version(steadfast::StepVersion::digest(&text.replace("\r\n", "\n")))
             .map_err(|e| FlowError(format!("{}: {e}", path.display())))?,
     };
     Ok((wf, children))

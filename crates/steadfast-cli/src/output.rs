@@ -341,9 +341,9 @@ pub fn show(
         return;
     }
     out!("run       {}", clean(&cp.run_id));
-    out!("workflow  {}", clean(&cp.workflow));
-    if let Some(v) = cp.origin.as_ref().and_then(|o| o.version.as_deref()) {
-        out!("version   {}", clean(v));
+    match cp.origin.as_ref().and_then(|o| o.version.as_deref()) {
+        Some(v) => out!("workflow  {} (version {})", clean(&cp.workflow), clean(v)),
+        None => out!("workflow  {}", clean(&cp.workflow)),
     }
     out!("status    {}", cp.status);
     out!("next      step {}", cp.next);

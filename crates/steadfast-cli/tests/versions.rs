@@ -113,6 +113,8 @@ fn two_worker_processes_with_v1_and_v2_route_every_run_to_its_version() -> TestR
     assert_eq!(ones, ["a0", "a1", "a2", "a3"]);
     assert_eq!(runs(&env, &["--version", "2"]).len(), 4);
     assert!(runs(&env, &["--version", "3"]).is_empty());
+    let out = env.run(&["runs", "--version", ""]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert_eq!(runs(&env, &["--version", "1", "--limit", "2"]).len(), 2);
     let table = String::from_utf8(env.run(&["runs"]).stdout)?;
     assert!(table.contains("VERSION"), "{table}");
@@ -190,6 +192,10 @@ fn an_edited_flow_without_a_version_resumes_nothing_until_migrated() -> TestResu
         recorded.as_str().is_some_and(|v| v.starts_with("sha256:")),
         "{recorded}"
     );
+    // The same file with \r\n line endings is the same version.
+    let crlf = env.flow("crlf.toml", &UNDECLARED.replace('\n', "\r\n"));
+    let out = env.run(&["plan", "r", "--flow", crlf.to_str().unwrap()]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
     let out = env.run(&["approve", "r", "approve"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
 

@@ -49,7 +49,7 @@ pub async fn run(args: ShowArgs, ctx: &Ctx) -> Result<i32, Failure> {
         }
         Err(e) => return Err(super::history::read_error(id, e)),
     };
-    let wf = flows.iter().find(|w| w.name() == cp.workflow);
+    let wf = super::run::version_for(&flows, &cp);
     let stuck = steadfast::stuck::diagnose(&cp, ctx.clock().now(), args.stuck_after, wf);
     let usage = ctx
         .store

@@ -924,7 +924,8 @@ fn plan_of(
     cp: &steadfast::Checkpoint,
     hist: Option<&[StepRecord]>,
 ) -> Option<steadfast::ops::plan::ResumePlan> {
-    let wf = app.flows.iter().find(|w| w.name() == cp.workflow)?;
+    // Of several versions given, the one the run was started under.
+    let wf = crate::cmd::run::version_for(&app.flows, cp)?;
     Some(steadfast::ops::plan::plan_of(cp, hist.unwrap_or(&[]), wf))
 }
 

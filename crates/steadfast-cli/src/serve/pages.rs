@@ -380,6 +380,9 @@ pub(crate) fn run(
             h1 { "Run " span.id { (cp.run_id) } }
             dl.facts.box {
                 dt { "Workflow" } dd { (cp.workflow) }
+                @if let Some(v) = cp.origin.as_ref().and_then(|o| o.version.as_deref()) {
+                    dt { "Workflow version" } dd { (v) }
+                }
                 dt { "Status" } dd { (badge(cp.status)) " " (stuck_label(stuck)) }
                 dt { "Steps done" } dd { (cp.next) }
                 dt { "Version" } dd { (cp.version) }

@@ -467,7 +467,17 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         // lacked that version no longer holds.
         cp.passed_over = None;
         match mismatch {
-            None => Ok(cp),
+            None => {
+                // A run started without steps or a version (by name alone,
+                // a child, a schedule's slot) is pinned to the code that
+                // first runs it, so that a deploy does not move it mid-way.
+                if cp.origin.is_none() && cp.next == 0 {
+                    cp.origin = Some(
+                        crate::Origin::listed(given.iter().copied()).versioned(workflow.version()),
+                    );
+                }
+                Ok(cp)
+            }
             Some(e) if !self.accept_changed_workflow => Err(e),
             Some(_) => {
                 tracing::warn!(run_id = %cp.run_id, "resuming a run recorded by different code, as asked");

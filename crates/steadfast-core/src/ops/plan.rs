@@ -685,6 +685,8 @@ pub async fn migrate<S: Store + ?Sized>(
             now,
         ));
         cp.origin = Some(origin);
+        // A worker's mark that it lacked the old version no longer holds.
+        cp.passed_over = None;
         Ok(())
     })
     .await?;

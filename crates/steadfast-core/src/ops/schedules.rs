@@ -18,7 +18,7 @@
 //! ```
 
 use crate::engine::workflow::Workflow;
-use crate::ops::start::{start, start_listed};
+use crate::ops::start::{start, start_with, StartOptions};
 use crate::record::clock::{Clock, Timestamp};
 use crate::record::error::{invalid_input, store_error, Error, StoreError, StoreErrorKind};
 use crate::record::schedule::{check_schedule_name, CronSchedule, SCHEDULE_PREFIX};
@@ -279,7 +279,15 @@ pub(crate) async fn fire<'r, S: Store + ?Sized>(
             for &slot in &due.slots {
                 let run_id = schedule.run_id(slot);
                 let started = match listed {
-                    Some(wf) => start_listed(store, wf, &run_id, schedule.input.clone()).await,
+                    Some(wf) => {
+                        // Its steps, but no version: workers of several
+                        // versions may fire the same slot, and the run is
+                        // pinned to the version that first runs it.
+                        let mut options = StartOptions::new().listed(wf);
+                        options.version = None;
+                        start_with(store, wf.name(), &run_id, schedule.input.clone(), &options)
+                            .await
+                    }
                     None => {
                         start(
                             store,

@@ -153,7 +153,8 @@ pub struct StartOptions {
     pub steps: Option<Vec<String>>,
     /// The version of the listed workflow
     /// ([`Workflow::with_version`]), recorded with the steps: the run
-    /// resumes only under that version.
+    /// resumes only under that version. Checked, but recorded only with
+    /// `steps` (a durable function's run records no steps nor version).
     pub version: Option<String>,
     /// Its priority and partition ([`Queue`]).
     pub queue: Queue,
@@ -389,7 +390,9 @@ fn same_start(
                 had.steps, had.steps_sha256, now.steps, now.steps_sha256
             )));
         }
-        if had.version != now.version {
+        // A run started without a version takes any (and is pinned when it
+        // first runs); one started under a version, only that version.
+        if had.version.is_some() && had.version != now.version {
             let name = |v: &Option<String>| {
                 v.as_deref()
                     .map_or("no version".to_string(), |v| format!("version {v:?}"))

@@ -230,8 +230,14 @@ pub fn diagnose(
             return Some(changed);
         }
     }
-    // A worker took it and lacked its version: it waits for one that has.
-    if let Some(p) = &cp.passed_over {
+    // A worker took it and lacked its version: it waits for one that has
+    // (a mark for another version than the run now records is old news).
+    let needs = cp.origin.as_ref().and_then(|o| o.version.as_deref());
+    if let Some(p) = cp
+        .passed_over
+        .as_ref()
+        .filter(|p| needs == Some(p.version.as_str()))
+    {
         return Some(Stuck::VersionMissing {
             workflow: cp.workflow.clone(),
             version: p.version.clone(),

@@ -99,9 +99,10 @@ impl Registry {
         Self::default()
     }
 
-    /// Adds a listed workflow under its name. A workflow of the same name
-    /// and version ([`Workflow::version`], none being one) replaces the one
-    /// there; one of another version joins it, as the newest: each run
+    /// Adds a listed workflow under its name, as the newest of its
+    /// versions. A workflow of the same name and version
+    /// ([`Workflow::version`], none being one) replaces the one there (and
+    /// so becomes the newest); one of another version joins it: each run
     /// then goes to the version it was started with, and runs started
     /// without a version, and new runs started by a worker's schedules, to
     /// the newest. A worker passes over a run whose version it does not
@@ -182,9 +183,8 @@ impl Registry {
         self.entries.contains_key(name)
     }
 
-    /// `None` when `name` is not registered; else the listed workflow, or
-    /// `None` inside for a durable function.
-    /// A listed workflow's newest version.
+    /// `None` when `name` is not registered; else the newest version of
+    /// the listed workflow, or `None` inside for a durable function.
     pub(crate) fn listed(&self, name: &str) -> Option<Option<&Workflow>> {
         self.entries.get(name).map(|e| match e {
             Entry::Listed(versions) => versions.last().map(|w| &**w),
@@ -514,6 +514,7 @@ impl Worker {
                                         &summary.run_id,
                                         &summary.workflow,
                                         summary.workflow_version.as_deref(),
+                                        summary.version,
                                     )
                                     .await;
                                 (summary.run_id, verdict)
@@ -692,15 +693,22 @@ impl Worker {
         }
     }
 
-    /// Runs `run_id` of `workflow`, found due started under `version`.
-    async fn run_one(&self, run_id: &str, workflow: &str, version: Option<&str>) -> Verdict {
+    /// Runs `run_id` of `workflow`, found due (at record version `seen`)
+    /// started under `version`.
+    async fn run_one(
+        &self,
+        run_id: &str,
+        workflow: &str,
+        version: Option<&str>,
+        seen: u64,
+    ) -> Verdict {
         let Some(entry) = self.registry.pick(workflow, version) else {
             return Verdict::Lost;
         };
         let entry = match entry {
             Pick::Missing(available) => {
                 let version = version.unwrap_or_default();
-                return self.pass_over(run_id, version, available).await;
+                return self.pass_over(run_id, version, available, seen).await;
             }
             entry => entry,
         };
@@ -757,36 +765,63 @@ impl Worker {
 
     /// Leaves a due run started under `version`, which this worker lacks,
     /// for a worker that has it: marks the run so
-    /// ([`Checkpoint::passed_over`]) unless it bears this worker's mark
-    /// already, which also gives up a store's reservation of it. Nothing
-    /// is written to a run that has moved on since the look: finished,
-    /// held by another, or now of a version this worker has.
-    async fn pass_over(&self, run_id: &str, version: &str, available: Vec<String>) -> Verdict {
-        let end = RunEnd::PassedOver {
-            version: version.to_string(),
-            available: available.clone(),
-        };
-        match self.mark_passed_over(run_id, version, &available).await {
+    /// ([`Checkpoint::passed_over`](crate::Checkpoint::passed_over)), which
+    /// also gives up a store's reservation of it. A run that changed since
+    /// the look (`seen` is the record version then: another worker ran it,
+    /// parked it at a gate, finished or migrated it) is not marked, and is
+    /// left alone only for a moment, as a claim another worker won.
+    async fn pass_over(
+        &self,
+        run_id: &str,
+        version: &str,
+        available: Vec<String>,
+        seen: u64,
+    ) -> Verdict {
+        match self
+            .mark_passed_over(run_id, version, &available, seen)
+            .await
+        {
             Ok(true) => {
                 tracing::info!(run_id, version, "passed over a run started under a version of its workflow this worker does not have");
             }
-            Ok(false) => {}
+            Ok(false) => {
+                let e = Error::ClaimLost {
+                    run_id: run_id.to_string(),
+                };
+                tracing::debug!(
+                    run_id,
+                    "a run to pass over changed since the look; left for now"
+                );
+                if let Some(f) = &self.on_end {
+                    f(run_id, &RunEnd::Missed(e));
+                }
+                return Verdict::Missed;
+            }
             Err(e) => {
                 tracing::warn!(run_id, error = %crate::record::error::chain(&e), "could not mark a run passed over; it is left alone all the same");
             }
         }
         if let Some(f) = &self.on_end {
-            f(run_id, &end);
+            f(
+                run_id,
+                &RunEnd::PassedOver {
+                    version: version.to_string(),
+                    available,
+                },
+            );
         }
         Verdict::PassedOver
     }
 
-    /// Writes the mark of [`pass_over`](Self::pass_over); whether it wrote.
+    /// Writes the mark of [`pass_over`](Self::pass_over) by compare-and-swap
+    /// on record version `seen`; false when the run changed since then, is
+    /// gone, or no longer needs `version`.
     async fn mark_passed_over(
         &self,
         run_id: &str,
         version: &str,
         available: &[String],
+        seen: u64,
     ) -> Result<bool, Error> {
         let Some(mut cp) = self
             .store
@@ -796,39 +831,25 @@ impl Worker {
         else {
             return Ok(false);
         };
-        let ended = matches!(
-            cp.status,
-            crate::RunStatus::Completed
-                | crate::RunStatus::Failed
-                | crate::RunStatus::Rejected
-                | crate::RunStatus::Cancelled
-        );
         let still = cp
             .origin
             .as_ref()
             .and_then(|o| o.version.as_deref())
             .is_some_and(|v| v == version);
-        let now = Runner::new(&*self.store).now();
-        let held = cp.lease.as_ref().is_some_and(|l| {
-            crate::engine::standing(l, &self.owner, now) == crate::engine::Standing::Held
-        });
-        if ended || !still || held {
+        if cp.version != seen || !still {
             return Ok(false);
         }
+        let now = Runner::new(&*self.store).now();
         let by = self.owner.to_string();
         let names: Vec<&str> = available.iter().map(String::as_str).collect();
-        let mark = crate::record::checkpoint::PassedOver::new(version, &names, &by, now);
-        let same = cp.passed_over.as_ref().is_some_and(|had| {
-            (&had.version, &had.available, &had.by) == (&mark.version, &mark.available, &mark.by)
-        });
-        if same {
-            return Ok(false);
-        }
-        cp.passed_over = Some(mark);
-        let expected = cp.version;
+        // Written again at each pass (its time says when the run was last
+        // passed over), so that the save also ends a store's reservation.
+        cp.passed_over = Some(crate::record::checkpoint::PassedOver::new(
+            version, &names, &by, now,
+        ));
         match self
             .store
-            .save(SaveRequest::new(&cp, Some(expected)).head_only())
+            .save(SaveRequest::new(&cp, Some(seen)).head_only())
             .await
         {
             Ok(_) => Ok(true),
@@ -966,6 +987,152 @@ mod tests {
         assert!(rest(&book).0 > Duration::from_secs(50));
     }
 
+    /// A registry keeps one workflow per name and version, newest last: a
+    /// run goes to its own version, a run without one to the newest, and a
+    /// run of a version it lacks is told which versions it has.
+    #[test]
+    fn a_registry_picks_the_version_a_run_was_started_with() {
+        let wf = |v: Option<&str>, step: &str| {
+            let mut b = crate::Workflow::builder("agent");
+            if let Some(v) = v {
+                b = b.version(v);
+            }
+            b.step(step, |_, _| async { crate::update(serde_json::json!({})) })
+                .build()
+                .expect("a workflow")
+        };
+        let steps_of = |p: Option<Pick>| match p {
+            Some(Pick::Listed(w)) => w.step_names().collect::<Vec<_>>().join(","),
+            Some(Pick::Missing(had)) => format!("missing, has {had:?}"),
+            Some(Pick::Durable(_)) => "durable".into(),
+            None => "absent".into(),
+        };
+        let r = Registry::new()
+            .workflow(wf(None, "plain"))
+            .workflow(wf(Some("1"), "one"))
+            .workflow(wf(Some("2"), "two"))
+            // The same version again replaces it, and becomes the newest.
+            .workflow(wf(Some("1"), "one-again"));
+        assert_eq!(r.versions("agent"), [None, Some("2"), Some("1")]);
+        assert_eq!(steps_of(r.pick("agent", Some("1"))), "one-again");
+        assert_eq!(steps_of(r.pick("agent", Some("2"))), "two");
+        assert_eq!(steps_of(r.pick("agent", None)), "one-again");
+        assert_eq!(
+            steps_of(r.pick("agent", Some("3"))),
+            "missing, has [\"2\", \"1\"]"
+        );
+        assert_eq!(steps_of(r.pick("other", None)), "absent");
+        assert_eq!(
+            r.listed("agent").flatten().map(|w| w.version()),
+            Some(Some("1"))
+        );
+        // Without versions, a workflow of the same name replaces the one
+        // there, as before versions existed.
+        let r = Registry::new()
+            .workflow(wf(None, "a"))
+            .workflow(wf(None, "b"));
+        assert_eq!(r.versions("agent"), [None]);
+        assert_eq!(steps_of(r.pick("agent", Some("1"))), "missing, has []");
+        assert_eq!(steps_of(r.pick("agent", None)), "b");
+        // A durable function of the name replaces the listed versions.
+        let r = r.durable("agent", |_ctx: DurableCtx<'static, SharedStore>| async {
+            Ok::<_, Error>(1u8)
+        });
+        assert!(r.versions("agent").is_empty());
+        assert_eq!(steps_of(r.pick("agent", Some("1"))), "durable");
+    }
+
+    /// A worker lacking a run's version marks it only if it has not changed
+    /// since the look; the mark gives the run its stuck label until a
+    /// migration (or a worker with the version) clears it. A run started
+    /// by name alone takes any version, and is pinned to the one that
+    /// first runs it.
+    #[tokio::test]
+    async fn a_run_is_passed_over_only_as_it_was_found() {
+        let store = Arc::new(crate::MemoryStore::new());
+        let agent = |v: &str| {
+            crate::Workflow::builder("agent")
+                .version(v)
+                .step("a", |_, _| async {
+                    crate::update(serde_json::json!({"a": 1}))
+                })
+                .build()
+                .expect("a workflow")
+        };
+        let (v1, v2) = (agent("1"), agent("2"));
+        crate::start_listed(&*store, &v1, "r", serde_json::json!({}))
+            .await
+            .expect("starts");
+        let seen = store.load("r").await.expect("loads").expect("r").version;
+        let worker = Worker::new(store.clone(), Registry::new().workflow(v2.clone()));
+        // Changed since the look: not marked, a missed claim.
+        assert!(matches!(
+            worker.run_one("r", "agent", Some("1"), seen + 1).await,
+            Verdict::Missed
+        ));
+        assert!(store
+            .load("r")
+            .await
+            .unwrap()
+            .unwrap()
+            .passed_over
+            .is_none());
+        assert!(matches!(
+            worker.run_one("r", "agent", Some("1"), seen).await,
+            Verdict::PassedOver
+        ));
+        let cp = store.load("r").await.unwrap().unwrap();
+        let mark = cp.passed_over.clone().expect("marked");
+        assert_eq!(
+            (mark.version.as_str(), mark.available.as_slice()),
+            ("1", &["2".to_string()][..])
+        );
+        let label = |cp: &crate::Checkpoint| {
+            crate::ops::stuck::diagnose(cp, cp.updated_at, Duration::from_secs(60), None)
+                .map(|s| s.label())
+        };
+        assert_eq!(label(&cp), Some("version-missing"));
+        // Migrated to version 2: the mark goes, and version 2 runs it.
+        crate::ops::plan::migrate(&*store, "r", &v2, &[], "ada", &crate::SystemClock)
+            .await
+            .expect("migrates");
+        let cp = store.load("r").await.unwrap().unwrap();
+        assert!(cp.passed_over.is_none());
+        assert_eq!(label(&cp), None);
+        assert!(matches!(
+            worker.run_one("r", "agent", Some("2"), cp.version).await,
+            Verdict::Completed
+        ));
+        // A stale mark of another version than the run records is not shown.
+        let mut stale = store.load("r").await.unwrap().unwrap();
+        stale.status = crate::RunStatus::Pending;
+        stale.passed_over = Some(crate::PassedOver::new("1", &[], "w", stale.updated_at));
+        assert_eq!(label(&stale), None);
+
+        // Started by name alone: any version runs it, and pins it.
+        crate::start(&*store, "agent", "named", serde_json::json!({}), false)
+            .await
+            .expect("starts");
+        // Starting it again with steps and a version is the same start.
+        assert!(
+            !crate::start_listed(&*store, &v1, "named", serde_json::json!({}))
+                .await
+                .expect("the same start")
+        );
+        assert!(matches!(
+            worker.run_one("named", "agent", None, 1).await,
+            Verdict::Completed
+        ));
+        let origin = store
+            .load("named")
+            .await
+            .unwrap()
+            .unwrap()
+            .origin
+            .expect("pinned");
+        assert_eq!(origin.version.as_deref(), Some("2"));
+    }
+
     /// A run that another worker finished between this worker's look and
     /// its load is a missed claim, not one more completed run, for listed
     /// workflows and durable functions alike; a due run is still run.
@@ -994,20 +1161,20 @@ mod tests {
             .expect("runs");
         let worker = Worker::new(store.clone(), registry);
         assert!(matches!(
-            worker.run_one("done-listed", "listed", None).await,
+            worker.run_one("done-listed", "listed", None, 1).await,
             Verdict::Missed
         ));
         assert!(matches!(
-            worker.run_one("done-durable", "durable", None).await,
+            worker.run_one("done-durable", "durable", None, 1).await,
             Verdict::Missed
         ));
         // A run deleted after the look is not run afresh.
         assert!(matches!(
-            worker.run_one("deleted", "listed", None).await,
+            worker.run_one("deleted", "listed", None, 1).await,
             Verdict::Missed
         ));
         assert!(matches!(
-            worker.run_one("deleted", "durable", None).await,
+            worker.run_one("deleted", "durable", None, 1).await,
             Verdict::Missed
         ));
         assert!(store.load("deleted").await.expect("loads").is_none());
@@ -1015,7 +1182,7 @@ mod tests {
             .await
             .expect("starts");
         assert!(matches!(
-            worker.run_one("due", "listed", None).await,
+            worker.run_one("due", "listed", None, 1).await,
             Verdict::Completed
         ));
     }
