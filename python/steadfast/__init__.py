@@ -784,6 +784,28 @@ def history(store: Store, run_id: str) -> List[Dict[str, JSON]]:
     return _native.history(store, run_id)
 
 
+def code_version(func: Callable[..., Any]) -> str:
+    """A step version taken from the source code of ``func``: ``sha256:``
+    and 24 hex digits of the SHA-256 of its source text (as
+    ``inspect.getsource`` reads it), so that any edit of the function makes
+    a new version and :func:`plan` shows the step as changed::
+
+        def fetch(ctx, state): ...
+        wf.step("fetch", fetch, version=steadfast.code_version(fetch))
+
+    Only the function's own text counts, not the functions it calls.
+    Raises :class:`InvalidInput` when the source cannot be read (a builtin,
+    code typed at a prompt).
+    """
+    import hashlib
+
+    try:
+        source = inspect.getsource(func)
+    except (OSError, TypeError) as e:
+        raise InvalidInput(f"code_version: the source of {func!r} cannot be read: {e}") from None
+    return "sha256:" + hashlib.sha256(source.encode("utf-8")).hexdigest()[:24]
+
+
 def plan(store: Store, run_id: str, workflow: Workflow) -> Dict[str, JSON]:
     """What resuming ``run_id`` with ``workflow`` would do, as ``steadfast plan
     --json`` prints it; nothing is run or written.
@@ -941,6 +963,7 @@ def remove_schedule(store: Store, name: str) -> bool:
 __all__ = [
     "DEFAULT_STORE_URL",
     "backends",
+    "code_version",
     "Durable",
     "DurableContext",
     "Outcome",

@@ -87,3 +87,34 @@ def test_bad_versions_are_refused(store):
         with pytest.raises(steadfast.InvalidInput):
             steadfast.start(store, _agent(bad, []), "r", {})
     assert steadfast.runs(store) == []
+
+
+def _fetch(ctx, state):
+    return {"fetched": 1}
+
+
+def _fetch_edited(ctx, state):
+    return {"fetched": 2}
+
+
+def test_a_step_version_can_come_from_its_code(store):
+    v = steadfast.code_version(_fetch)
+    assert v.startswith("sha256:") and len(v) == 31
+    assert steadfast.code_version(_fetch) == v
+    assert steadfast.code_version(_fetch_edited) != v
+    with pytest.raises(steadfast.InvalidInput):
+        steadfast.code_version(len)
+
+    def flow(func):
+        wf = steadfast.Workflow("coded")
+        wf.step("fetch", func, version=steadfast.code_version(func))
+        wf.gate("approve")
+        return wf
+
+    assert steadfast.run("r", flow(_fetch), store).waiting
+    assert steadfast.plan(store, "r", flow(_fetch))["clean"]
+    edited = steadfast.plan(store, "r", flow(_fetch_edited))
+    assert edited["steps"][0]["action"] == "changed", edited
+    assert edited["steps"][0]["changes"] == [
+        {"field": "version", "was": v, "now": steadfast.code_version(_fetch_edited)}
+    ]

@@ -447,7 +447,10 @@ impl Step {
     /// bytes without control characters, checked when the workflow is
     /// built. Each completion records it ([`STEP_KEY`](crate::STEP_KEY)),
     /// so a [`plan`](crate::ops::plan::plan) shows a step whose code changed
-    /// since it ran. Raise it when a change matters to runs in flight.
+    /// since it ran. Raise it when a change matters to runs in flight, or
+    /// take it from the code, where the step lives in a file of its own:
+    /// `.version(StepVersion::digest(include_str!("fetch.rs")))` (any edit
+    /// of the file is then a new version).
     ///
     /// ```
     /// use steadfast_core::{update, Step, Workflow};
