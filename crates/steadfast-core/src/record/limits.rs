@@ -121,6 +121,35 @@ pub(crate) fn cut_middle(text: String, max: usize) -> String {
     format!("{}{MARK}{}", &text[..head], &text[tail..])
 }
 
+/// The longest version a step or a workflow may declare, in bytes.
+pub const MAX_VERSION_BYTES: usize = 100;
+
+/// Checks a declared version (of a step or a workflow): 1 to
+/// [`MAX_VERSION_BYTES`](crate::version::MAX_VERSION_BYTES) bytes, no control characters; `what` names it in
+/// the reason.
+///
+/// ```
+/// use steadfast_core::version::check_version;
+/// assert!(check_version("the version", "2026-12-01").is_ok());
+/// assert!(check_version("the version", "").is_err());
+/// assert!(check_version("the version", "a\nb").is_err());
+/// ```
+pub fn check_version(what: &str, version: &str) -> Result<(), String> {
+    if version.is_empty() || version.len() > MAX_VERSION_BYTES {
+        return Err(format!(
+            "{what} is 1 to {MAX_VERSION_BYTES} bytes, not {}",
+            version.len()
+        ));
+    }
+    if version.chars().any(char::is_control) {
+        return Err(format!(
+            "{what} {:?} holds a control character",
+            crate::record::ids::preview(version)
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,33 +178,4 @@ mod tests {
             }
         }
     }
-}
-
-/// The longest version a step or a workflow may declare, in bytes.
-pub const MAX_VERSION_BYTES: usize = 100;
-
-/// Checks a declared version (of a step or a workflow): 1 to
-/// [`MAX_VERSION_BYTES`](crate::version::MAX_VERSION_BYTES) bytes, no control characters; `what` names it in
-/// the reason.
-///
-/// ```
-/// use steadfast_core::version::check_version;
-/// assert!(check_version("the version", "2026-12-01").is_ok());
-/// assert!(check_version("the version", "").is_err());
-/// assert!(check_version("the version", "a\nb").is_err());
-/// ```
-pub fn check_version(what: &str, version: &str) -> Result<(), String> {
-    if version.is_empty() || version.len() > MAX_VERSION_BYTES {
-        return Err(format!(
-            "{what} is 1 to {MAX_VERSION_BYTES} bytes, not {}",
-            version.len()
-        ));
-    }
-    if version.chars().any(char::is_control) {
-        return Err(format!(
-            "{what} {:?} holds a control character",
-            crate::record::ids::preview(version)
-        ));
-    }
-    Ok(())
 }
