@@ -144,7 +144,7 @@ pub fn check_version(what: &str, version: &str) -> Result<(), String> {
     if version.chars().any(char::is_control) {
         return Err(format!(
             "{what} {:?} holds a control character",
-            crate::record::ids::preview(version)
+            version.chars().take(64).collect::<String>()
         ));
     }
     Ok(())
