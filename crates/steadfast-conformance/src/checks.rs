@@ -1079,12 +1079,12 @@ pub async fn workflow_versions_and_pass_over_marks_load_back(ts: TestStore) -> C
     let mut head = cp.clone();
     head.version = v1;
     head.state = State::new();
-    head.passed_over = Some(steadfast_core::PassedOver::new(
+    head.passed_over = Some(Box::new(steadfast_core::PassedOver::new(
         "sha256:0a1b 2c\"é",
         &["1", "2"],
         "worker-7:4242",
         t(5),
-    ));
+    )));
     let v2 = store
         .save(SaveRequest::new(&head, Some(v1)).head_only())
         .await?;
@@ -1118,7 +1118,7 @@ pub async fn workflow_versions_and_pass_over_marks_load_back(ts: TestStore) -> C
     let many: Vec<String> = (0..17).map(|i| i.to_string()).collect();
     let mut mark = steadfast_core::PassedOver::new("1", &[], "w", t(1));
     mark.available = many;
-    marked.passed_over = Some(mark);
+    marked.passed_over = Some(Box::new(mark));
     for (what, bad) in [
         ("101 bytes", long),
         ("a newline", control),

@@ -844,9 +844,9 @@ impl Worker {
         let names: Vec<&str> = available.iter().map(String::as_str).collect();
         // Written again at each pass (its time says when the run was last
         // passed over), so that the save also ends a store's reservation.
-        cp.passed_over = Some(crate::record::checkpoint::PassedOver::new(
+        cp.passed_over = Some(Box::new(crate::record::checkpoint::PassedOver::new(
             version, &names, &by, now,
-        ));
+        )));
         match self
             .store
             .save(SaveRequest::new(&cp, Some(seen)).head_only())
@@ -1106,7 +1106,12 @@ mod tests {
         // A stale mark of another version than the run records is not shown.
         let mut stale = store.load("r").await.unwrap().unwrap();
         stale.status = crate::RunStatus::Pending;
-        stale.passed_over = Some(crate::PassedOver::new("1", &[], "w", stale.updated_at));
+        stale.passed_over = Some(Box::new(crate::PassedOver::new(
+            "1",
+            &[],
+            "w",
+            stale.updated_at,
+        )));
         assert_eq!(label(&stale), None);
 
         // Started by name alone: any version runs it, and pins it.

@@ -191,9 +191,10 @@ pub struct Checkpoint {
     /// Left by a worker that took the run but lacks the version of its
     /// workflow the run was started with ([`Origin::version`]): the run
     /// waits for a worker that has it, and `runs --stuck` says so. Cleared
-    /// when code of that version takes the run.
+    /// when code of that version takes the run. Boxed: the record is
+    /// moved with every step, and an inline mark made that cost more.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub passed_over: Option<PassedOver>,
+    pub passed_over: Option<Box<PassedOver>>,
 }
 
 /// The longest worker name a [`PassedOver`] keeps, in bytes (a longer one

@@ -72,7 +72,7 @@ struct HeadIn {
     #[serde(default)]
     spend: Option<Spend>,
     #[serde(default)]
-    passed_over: Option<PassedOver>,
+    passed_over: Option<Box<PassedOver>>,
     #[serde(default)]
     queue: Option<Queue>,
 }
@@ -129,7 +129,7 @@ pub fn encode_head(cp: &Checkpoint) -> Result<String, StoreError> {
             audit: &cp.audit,
             origin: cp.origin.as_ref(),
             spend: cp.spend.as_ref(),
-            passed_over: cp.passed_over.as_ref(),
+            passed_over: cp.passed_over.as_deref(),
             queue: cp.queue.as_ref(),
         },
         &cp.run_id,
