@@ -50,10 +50,12 @@ pub struct Runner<'s, S: Store + ?Sized> {
     pub(crate) takeover: Option<TakeoverHook>,
     pub(crate) cancel_grace: Duration,
     pub(crate) budget: Option<std::collections::BTreeMap<String, f64>>,
-    /// Set by a worker, which takes only runs it found due: a run that has
-    /// ended since (another worker finished it between the look and the
-    /// load) is a missed claim, not a run this call completed.
-    pub(crate) due_only: bool,
+    /// Set by a worker to the record version at which it found the run due:
+    /// it takes the run only as it found it. A run that changed since (another
+    /// worker ran, parked, finished or pinned it to a version between the
+    /// look and the load) is a missed claim, to be looked at again, never a
+    /// run this call completed or a workflow it must refuse.
+    pub(crate) found_due_at: Option<u64>,
     #[cfg(feature = "mutants")]
     pub(crate) mutant_skip_reload_after_unknown: bool,
     #[cfg(feature = "mutants")]
@@ -100,7 +102,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             takeover: None,
             cancel_grace: DEFAULT_CANCEL_GRACE,
             budget: None,
-            due_only: false,
+            found_due_at: None,
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: false,
             #[cfg(feature = "mutants")]
@@ -121,7 +123,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             cancel_grace: self.cancel_grace,
             budget: self.budget.clone(),
             // Checked once, where a worker's call loads its run.
-            due_only: false,
+            found_due_at: None,
             #[cfg(feature = "mutants")]
             mutant_skip_reload_after_unknown: self.mutant_skip_reload_after_unknown,
             #[cfg(feature = "mutants")]
@@ -143,15 +145,18 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         self.with_store(StoreRef::Shared(Arc::new((*self.store).clone())))
     }
 
-    /// Checks the options that have ranges (the lease's time to live).
-    /// [`Error::ClaimLost`] when this runner takes only due runs and `cp`
-    /// has already ended as completed, failed or rejected.
+    /// [`Error::ClaimLost`] when this runner takes only runs as it found
+    /// them due and `cp` has changed since, or has already ended as
+    /// completed, failed or rejected.
     pub(crate) fn check_due(&self, cp: &Checkpoint) -> Result<(), Error> {
+        let Some(seen) = self.found_due_at else {
+            return Ok(());
+        };
         let ended = matches!(
             cp.status,
             crate::RunStatus::Completed | crate::RunStatus::Failed | crate::RunStatus::Rejected
         );
-        if self.due_only && ended {
+        if ended || cp.version != seen {
             return Err(Error::ClaimLost {
                 run_id: cp.run_id.clone(),
             });
@@ -163,7 +168,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// run it found due is gone (deleted since): a worker never starts a
     /// run afresh.
     pub(crate) fn check_due_absent(&self, run_id: &str) -> Result<(), Error> {
-        if self.due_only {
+        if self.found_due_at.is_some() {
             return Err(Error::ClaimLost {
                 run_id: run_id.to_string(),
             });
@@ -171,6 +176,8 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
         Ok(())
     }
 
+    /// Checks the options that have ranges (the lease's time to live, the
+    /// budget).
     pub(crate) fn check_options(&self) -> Result<(), Error> {
         if let Some((_, ttl)) = &self.lease {
             crate::record::limits::LEASE

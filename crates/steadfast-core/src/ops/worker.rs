@@ -718,7 +718,7 @@ impl Worker {
             runner = f(run_id, runner);
         }
         let mut runner = runner.lease(self.owner.clone(), self.lease);
-        runner.due_only = true;
+        runner.found_due_at = Some(seen);
         outcome = match entry {
             Pick::Listed(wf) => runner.run(run_id, &wf).await.map(|o| verdict_of(&o)),
             Pick::Durable(f) => runner
@@ -1136,6 +1136,26 @@ mod tests {
             .origin
             .expect("pinned");
         assert_eq!(origin.version.as_deref(), Some("2"));
+
+        // Found due with no version, then pinned to version 1 by another
+        // worker before this one (which has only version 2) loads it: a
+        // missed claim, looked at again, never a failed run.
+        crate::start(&*store, "agent", "raced", serde_json::json!({}), false)
+            .await
+            .expect("starts");
+        let mut cp = store.load("raced").await.unwrap().unwrap();
+        let seen = cp.version;
+        cp.origin = Some(crate::Origin::listed(v1.step_names()).versioned(Some("1")));
+        store
+            .save(SaveRequest::new(&cp, Some(seen)).head_only())
+            .await
+            .expect("pinned elsewhere");
+        assert!(matches!(
+            worker.run_one("raced", "agent", None, seen).await,
+            Verdict::Missed
+        ));
+        let cp = store.load("raced").await.unwrap().unwrap();
+        assert_eq!(cp.status, crate::RunStatus::Pending);
     }
 
     /// A run that another worker finished between this worker's look and
