@@ -229,6 +229,29 @@ mod tests {
         Ok(())
     }
 
+    /// A primary and its standby in one URL: the driver tries the hosts in
+    /// order and keeps the one that takes writes (scripts/faults/pg-failover.sh
+    /// runs workers through such a URL while the primary fails over).
+    #[test]
+    fn several_hosts_and_the_writable_one_are_taken() -> Result<(), StoreError> {
+        use tokio_postgres::config::{Host, TargetSessionAttrs};
+        let p = parse(
+            "postgres://u:pw@10.0.0.1:5441,10.0.0.2:5442/db?target_session_attrs=read-write&schema=s",
+        )?;
+        assert_eq!(
+            p.config.get_hosts(),
+            [Host::Tcp("10.0.0.1".into()), Host::Tcp("10.0.0.2".into())]
+        );
+        assert_eq!(p.config.get_ports(), [5441, 5442]);
+        assert_eq!(
+            p.config.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+        assert_eq!(p.schema, "s");
+        assert!(!p.display.contains("pw"), "{}", p.display);
+        Ok(())
+    }
+
     #[test]
     fn bad_urls_say_what_is_wrong() {
         for (url, says) in [
