@@ -216,13 +216,17 @@ fn main() {
     }
     let mut violations = Vec::new();
     let mut lost = 0usize;
-    let last_ack = last_acks(&acked_before);
-    for (run, index) in &last_ack {
-        let next = on_new.get(run).map_or(0, |(_, next)| *next);
-        if next <= *index {
-            lost += 1;
+    // Each run's acknowledged steps that the new primary does not have.
+    let mut lost_runs = 0usize;
+    for (run, acked) in acked_steps(&acked_before) {
+        let next = on_new.get(&run).map_or(0, |(_, next)| *next);
+        let missing = acked.iter().filter(|i| **i >= next).count();
+        if missing > 0 {
+            lost += missing;
+            lost_runs += 1;
             violations.push(format!(
-                "run {run}: step {index} was acknowledged before the failover, the new primary has {next} steps"
+                "run {run}: {missing} acknowledged checkpoints missing (up to step {}); the new primary has {next} steps",
+                acked.last().copied().unwrap_or_default()
             ));
         }
     }
@@ -300,7 +304,7 @@ fn main() {
     println!(
         "failover: {} runs of {} steps; {} checkpoints acknowledged before the kill ({} while the standby was cut off; {} in all); \
          promotion {:.1?}; first checkpoint {:.1?} after the clients went on; all runs done {:.1?} after; \
-         {} re-executions; {} acknowledged checkpoints lost; {} steps run again after their acknowledgement; {} violations",
+         {} re-executions; {} acknowledged checkpoints lost (of {} runs); {} steps run again after their acknowledgement; {} violations",
         all_ids.len(),
         steps,
         acked_before.len(),
@@ -311,6 +315,7 @@ fn main() {
         finished,
         re_executions,
         lost,
+        lost_runs,
         restarted.len(),
         violations.len()
     );
@@ -486,12 +491,15 @@ fn output_within(cmd: &mut Command, limit: Duration) -> Option<Vec<u8>> {
     }
 }
 
-/// The highest acknowledged step of each run.
-fn last_acks(acks: &[Ack]) -> BTreeMap<String, usize> {
-    let mut out: BTreeMap<String, usize> = BTreeMap::new();
+/// The acknowledged steps of each run, in order, each once.
+fn acked_steps(acks: &[Ack]) -> BTreeMap<String, Vec<usize>> {
+    let mut out: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for a in acks {
-        let e = out.entry(a.run.clone()).or_insert(a.index);
-        *e = (*e).max(a.index);
+        out.entry(a.run.clone()).or_default().push(a.index);
+    }
+    for steps in out.values_mut() {
+        steps.sort_unstable();
+        steps.dedup();
     }
     out
 }
