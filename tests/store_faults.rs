@@ -181,3 +181,62 @@ async fn control_without_reload_the_run_conflicts_with_itself() {
         "the mutant must fail where the real run loop succeeds"
     );
 }
+
+/// A worker cut off from its store mid-step (its renewals never answered,
+/// as through a partition that drops packets) stops the step before the
+/// lease it could not renew runs out, and fails the call with an error
+/// that says so; it never reports the run done.
+#[tokio::test]
+async fn a_renewal_the_store_never_answers_stops_the_step() -> TestResult {
+    struct Stopped(Arc<Mutex<Option<std::time::Instant>>>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            *self.0.lock().unwrap() = Some(std::time::Instant::now());
+        }
+    }
+    let stopped: Arc<Mutex<Option<std::time::Instant>>> = Arc::default();
+    let began: Arc<Mutex<Option<std::time::Instant>>> = Arc::default();
+    let (s, b) = (Arc::clone(&stopped), Arc::clone(&began));
+    let wf = Workflow::builder("cut-off")
+        .step("first", |_, _| async { update(json!({"first": 1})) })
+        .step("long", move |_, _| {
+            let guard = Stopped(Arc::clone(&s));
+            *b.lock().unwrap() = Some(std::time::Instant::now());
+            async move {
+                let _guard = guard;
+                tokio::time::sleep(std::time::Duration::from_secs(600)).await;
+                update(json!({"long": 1}))
+            }
+        })
+        .build()?;
+    // Saves: the claim, the first step, then the renewals during the long
+    // one, which never answer.
+    let faulty = FaultyStore::new(MemoryStore::new(), 2, Fault::HangFromHere);
+    let lease = std::time::Duration::from_millis(600);
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        Runner::new(&faulty)
+            .lease(steadfast::Owner::new("host", 1, 1), lease)
+            .run("r", &wf),
+    )
+    .await
+    .map_err(|_| "the call waited on a renewal that never answered")?;
+    let e = out.expect_err("a call cut off from its store fails");
+    let mut said = e.to_string();
+    let mut source = std::error::Error::source(&e);
+    while let Some(cause) = source {
+        said.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    assert!(
+        said.contains("renewal of the lease") && said.contains("did not answer"),
+        "{said}"
+    );
+    let (began, stopped) = (began.lock().unwrap().unwrap(), stopped.lock().unwrap());
+    let ran = stopped.expect("the step was stopped") - began;
+    assert!(
+        ran < lease,
+        "the step ran {ran:?}, past the lease of {lease:?} it could not renew"
+    );
+    Ok(())
+}

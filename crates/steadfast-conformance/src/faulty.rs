@@ -21,6 +21,9 @@ pub enum Fault {
     /// This one save fails without taking effect but reports an outcome that is
     /// unknown; later saves behave.
     LoseButReportUnknown,
+    /// The save and every later one never answer, as through a network
+    /// partition that drops packets; loads still answer.
+    HangFromHere,
 }
 
 /// Wraps a store and applies a [`Fault`] at save number `at` (0-based).
@@ -84,6 +87,7 @@ impl<S: Store> Store for FaultyStore<S> {
             Fault::LoseButReportUnknown if n == self.at => {
                 Err(unknown(injected(StoreErrorKind::Unavailable, "save lost")))
             }
+            Fault::HangFromHere if n >= self.at => std::future::pending().await,
             _ => self.inner.save(req).await,
         }
     }

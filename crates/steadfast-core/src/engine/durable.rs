@@ -30,6 +30,7 @@ use crate::record::outcome::{rejected, Event, Outcome};
 use crate::record::state::Update;
 use crate::record::version::{StepVersion, STEP_KEY};
 use crate::store::Store;
+use crate::{StoreError, StoreErrorKind};
 
 mod child;
 pub use child::{ChildOptions, ChildSpec, MAX_CHILDREN};
@@ -182,6 +183,8 @@ impl Branch {
 
 struct Shared<'s, S: Store + ?Sized> {
     runner: Runner<'s, S>,
+    /// The run's id, readable without the session's lock.
+    run_id: String,
     session: tokio::sync::Mutex<Session>,
     counters: std::sync::Mutex<HashMap<String, u32>>,
     /// Steps of this call under way (from their first attempt to their
@@ -393,6 +396,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
         let ctx = DurableCtx {
             shared: Arc::new(Shared {
                 runner,
+                run_id: session.cp.run_id.clone(),
                 session: tokio::sync::Mutex::new(session),
                 counters: std::sync::Mutex::new(HashMap::new()),
                 running: std::sync::atomic::AtomicUsize::new(0),
@@ -603,6 +607,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         DurableCtx {
             shared: Arc::new(Shared {
                 runner,
+                run_id: session.cp.run_id.clone(),
                 session: tokio::sync::Mutex::new(session),
                 counters: std::sync::Mutex::new(HashMap::new()),
                 running: std::sync::atomic::AtomicUsize::new(0),
@@ -1172,11 +1177,36 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             tokio::select! {
                 r = &mut fut => return Ok(r),
                 _ = tokio::time::sleep(every) => {
-                    let mut guard = self.shared.session.lock().await;
-                    let s = &mut *guard;
-                    if let Err(e) = s.renew(self.runner()).await {
-                        let (run_id, created_at) = (s.cp.run_id.clone(), s.cp.created_at);
-                        drop(guard);
+                    // A renewal the store has not answered within a third of
+                    // the lease's time (a partition, a server gone without a
+                    // word) stops the step: by then the lease it extends may
+                    // be running out, and another worker may take the run.
+                    // The lease was fresh when this wait began and is
+                    // renewed a third of its time after each renewal, so the
+                    // step never runs past a lease nobody confirmed.
+                    let renewed = tokio::time::timeout(every, async {
+                        let mut guard = self.shared.session.lock().await;
+                        let s = &mut *guard;
+                        let out = s.renew(self.runner()).await;
+                        (out, s.cp.run_id.clone(), s.cp.created_at)
+                    })
+                    .await;
+                    let (out, run_id, created_at) = match renewed {
+                        Ok(done) => done,
+                        Err(_) => {
+                            return Err(store_error(
+                                &self.shared.run_id,
+                                "renewal of the lease",
+                                StoreError::backend(
+                                    StoreErrorKind::Unavailable,
+                                    format!(
+                                        "the store did not answer within {every:?}; the step was stopped so that it never runs past a lease nobody confirmed"
+                                    ),
+                                ),
+                            ));
+                        }
+                    };
+                    if let Err(e) = out {
                         let e = self.runner().explain_conflict(&run_id, created_at, e).await;
                         if matches!(e, Error::Cancelled { .. }) {
                             // Cancelled: the step may finish within the
