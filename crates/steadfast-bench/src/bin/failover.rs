@@ -33,14 +33,16 @@
 //! proves the checker can fail) the exit is 0 only when lost acknowledged
 //! checkpoints were found; otherwise 0 only when there were no violations.
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Child;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use clap::Parser;
+
+#[path = "faults/history.rs"]
+mod history;
+use history::*;
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -100,30 +102,6 @@ struct Args {
 /// connection is taken over soon after the promotion.
 const LEASE: &str = "2s";
 
-/// An acknowledgement: step `index` of `run` was saved, seen at `at`.
-#[derive(Clone, Debug)]
-struct Ack {
-    run: String,
-    index: usize,
-    at: u128,
-}
-
-/// One line of the steps' log.
-#[derive(Clone, Debug)]
-struct Exec {
-    run: String,
-    index: usize,
-    start: bool,
-    pid: u32,
-    at: u128,
-}
-
-fn nanos_now() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
-}
-
 fn main() {
     let args = Args::parse();
     let bin = args.bin.clone().unwrap_or_else(|| {
@@ -151,18 +129,20 @@ fn main() {
     }
     let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
     let mut clients: Vec<Child> = Vec::new();
-    for _ in 0..args.workers {
+    for w in 0..args.workers {
         let child = spawn_reading(
-            steadfast(&bin, dir.path(), &args.url).args([
-                "worker",
-                "flow.toml",
-                "--concurrency",
-                "4",
-                "--poll",
-                "50ms",
-                "--lease",
-                LEASE,
-            ]),
+            steadfast(&bin, dir.path(), &args.url)
+                .env(CLIENT_ENV, format!("worker-{w}"))
+                .args([
+                    "worker",
+                    "flow.toml",
+                    "--concurrency",
+                    "4",
+                    "--poll",
+                    "50ms",
+                    "--lease",
+                    LEASE,
+                ]),
             None,
             &acks,
         );
@@ -170,14 +150,9 @@ fn main() {
     }
     for id in &cli_ids {
         let child = spawn_reading(
-            steadfast(&bin, dir.path(), &args.url).args([
-                "run",
-                "flow.toml",
-                "--run-id",
-                id,
-                "--lease",
-                LEASE,
-            ]),
+            steadfast(&bin, dir.path(), &args.url)
+                .env(CLIENT_ENV, format!("run-{id}"))
+                .args(["run", "flow.toml", "--run-id", id, "--lease", LEASE]),
             Some(id.clone()),
             &acks,
         );
@@ -246,14 +221,9 @@ fn main() {
             let slot = args.workers as usize + i;
             if clients[slot].try_wait().ok().flatten().is_some() {
                 clients[slot] = spawn_reading(
-                    steadfast(&bin, dir.path(), &args.url).args([
-                        "run",
-                        "flow.toml",
-                        "--run-id",
-                        id,
-                        "--lease",
-                        LEASE,
-                    ]),
+                    steadfast(&bin, dir.path(), &args.url)
+                        .env(CLIENT_ENV, format!("run-{id}"))
+                        .args(["run", "flow.toml", "--run-id", id, "--lease", LEASE]),
                     Some(id.clone()),
                     &acks,
                 );
@@ -336,343 +306,4 @@ fn main() {
         violations.is_empty()
     };
     std::process::exit(i32::from(!ok));
-}
-
-/// A flow of `steps` steps that log their start and end.
-fn flow(steps: usize, step_ms: u64, log: &Path) -> String {
-    let mut flow = String::from("name = \"failover\"\nversion = \"1\"\n");
-    let stamp = |what: &str| {
-        format!(
-            "echo \\\"$STEADFAST_RUN_ID $STEADFAST_STEP_INDEX {what} $STEADFAST_ATTEMPT $$ $PPID $(date +%s%N)\\\" >> {}",
-            log.display()
-        )
-    };
-    for i in 0..steps {
-        flow.push_str(&format!(
-            "[[step]]\nname = \"s{i}\"\nrun = \"{}; sleep {}; {}; echo '{{\\\"s{i}\\\": {i}}}'\"\n",
-            stamp("start"),
-            step_ms as f64 / 1000.0,
-            stamp("end"),
-        ));
-    }
-    flow
-}
-
-fn steadfast(bin: &Path, dir: &Path, url: &str) -> Command {
-    let mut c = Command::new(bin);
-    c.current_dir(dir).arg("--store").arg(url);
-    c
-}
-
-fn fail(why: &str) -> ! {
-    eprintln!("failover: {why}");
-    std::process::exit(2);
-}
-
-fn shell(cmd: &str, what: &str) {
-    let ok = Command::new("sh").args(["-c", cmd]).status();
-    if !ok.is_ok_and(|s| s.success()) {
-        fail(&format!("{what} command failed: {cmd}"));
-    }
-}
-
-/// Starts `cmd` in a process group of its own and reads its standard
-/// error on a thread: each `done` line is an acknowledgement (of `run`, or
-/// of the run the line names, for a worker).
-fn spawn_reading(cmd: &mut Command, run: Option<String>, acks: &Arc<Mutex<Vec<Ack>>>) -> Child {
-    use std::os::unix::process::CommandExt;
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .expect("spawn steadfast");
-    let err = child.stderr.take().expect("piped");
-    let acks = Arc::clone(acks);
-    std::thread::spawn(move || {
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            if let Some(ack) = ack_of(&line, run.as_deref()) {
-                acks.lock().unwrap().push(ack);
-            }
-        }
-    });
-    child
-}
-
-/// `RUN  done  INDEX NAME  TOOK` (a worker) or `  done  INDEX NAME  TOOK`
-/// (a `run` process, whose run is `run`).
-fn ack_of(line: &str, run: Option<&str>) -> Option<Ack> {
-    let mut words = line.split_whitespace();
-    let first = words.next()?;
-    let (run, index) = match run {
-        Some(r) if first == "done" => (r.to_string(), words.next()?),
-        None if words.next()? == "done" => (first.to_string(), words.next()?),
-        _ => return None,
-    };
-    Some(Ack {
-        run,
-        index: index.parse().ok()?,
-        at: nanos_now(),
-    })
-}
-
-/// Sends SIGSTOP, SIGCONT or SIGTERM to every client process (through
-/// kill(1): this crate forbids `unsafe`). Not to their groups: a step that
-/// runs while its client stands still goes on and ends, as it would while
-/// its client waited for the database, so that the harness itself makes no
-/// overlap.
-fn signal_all(clients: &[Child], signal: &str) {
-    let groups: Vec<String> = clients.iter().map(|c| c.id().to_string()).collect();
-    let _ = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg("--")
-        .args(&groups)
-        .stderr(Stdio::null())
-        .status();
-}
-
-/// Each run's status and completed steps, as `runs --json` gives them
-/// (none when the store does not answer within 20 s: a server that takes
-/// no writes can hold even a read's connection set-up).
-fn read_runs(bin: &Path, dir: &Path, url: &str) -> HashMap<String, (String, usize)> {
-    let Some(stdout) = output_within(
-        steadfast(bin, dir, url).args(["runs", "--json", "--limit", "100000"]),
-        Duration::from_secs(20),
-    ) else {
-        return HashMap::new();
-    };
-    let v: serde_json::Value = serde_json::from_slice(&stdout).unwrap_or_default();
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|r| {
-                    Some((
-                        r["run_id"].as_str()?.to_string(),
-                        (
-                            r["status"].as_str().unwrap_or("").to_string(),
-                            r["next"].as_u64()? as usize,
-                        ),
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The standard output of `cmd`, or `None` when it fails or does not end
-/// within `limit` (it is killed then).
-fn output_within(cmd: &mut Command, limit: Duration) -> Option<Vec<u8>> {
-    use std::io::Read;
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .ok()?;
-    let mut out = child.stdout.take()?;
-    let reader = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        let _ = out.read_to_end(&mut buf);
-        buf
-    });
-    let deadline = Instant::now() + limit;
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                let buf = reader.join().ok()?;
-                return status.success().then_some(buf);
-            }
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
-            }
-        }
-    }
-}
-
-/// The acknowledged steps of each run, in order, each once.
-fn acked_steps(acks: &[Ack]) -> BTreeMap<String, Vec<usize>> {
-    let mut out: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for a in acks {
-        out.entry(a.run.clone()).or_default().push(a.index);
-    }
-    for steps in out.values_mut() {
-        steps.sort_unstable();
-        steps.dedup();
-    }
-    out
-}
-
-fn read_log(log: &Path) -> Vec<Exec> {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let w: Vec<&str> = line.split_whitespace().collect();
-            if w.len() != 7 {
-                return None;
-            }
-            Some(Exec {
-                run: w[0].to_string(),
-                index: w[1].parse().ok()?,
-                start: w[2] == "start",
-                pid: w[4].parse().ok()?,
-                at: w[6].parse().ok()?,
-            })
-        })
-        .collect()
-}
-
-/// Steps whose execution started after their checkpoint was acknowledged:
-/// an acknowledged checkpoint the store forgot.
-fn started_after_ack(acks: &[Ack], execs: &[Exec]) -> Vec<(String, usize)> {
-    let mut first_ack: HashMap<(&str, usize), u128> = HashMap::new();
-    for a in acks {
-        let e = first_ack.entry((a.run.as_str(), a.index)).or_insert(a.at);
-        *e = (*e).min(a.at);
-    }
-    let mut out: Vec<(String, usize)> = execs
-        .iter()
-        .filter(|e| e.start)
-        .filter(|e| {
-            first_ack
-                .get(&(e.run.as_str(), e.index))
-                .is_some_and(|acked| e.at > *acked)
-        })
-        .map(|e| (e.run.clone(), e.index))
-        .collect();
-    out.sort();
-    out.dedup();
-    out
-}
-
-/// Every run completed with its full state, and no two executions of a
-/// run's steps overlapped in time.
-fn check_final(
-    bin: &Path,
-    dir: &Path,
-    url: &str,
-    ids: &[String],
-    steps: usize,
-    execs: &[Exec],
-) -> Vec<String> {
-    let mut out = Vec::new();
-    for id in ids {
-        let shown = output_within(
-            steadfast(bin, dir, url).args(["show", id, "--json"]),
-            Duration::from_secs(20),
-        )
-        .unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_slice(&shown).unwrap_or_default();
-        if v["status"] != "completed" {
-            out.push(format!("run {id} is {}", v["status"]));
-        }
-        for i in 0..steps {
-            if v["state"][format!("s{i}")] != i {
-                out.push(format!("run {id}: state lacks s{i}"));
-            }
-        }
-    }
-    // Per run, the executions as intervals: a start and the end of the same
-    // process; an execution cut off (its process stopped for good) lasts
-    // until the next line of that run.
-    let mut by_run: HashMap<&str, Vec<&Exec>> = HashMap::new();
-    for e in execs {
-        by_run.entry(e.run.as_str()).or_default().push(e);
-    }
-    for (run, mut lines) in by_run {
-        lines.sort_by_key(|e| e.at);
-        let mut open: Option<&Exec> = None;
-        for e in lines {
-            match (open, e.start) {
-                (Some(o), true) if o.pid != e.pid => {
-                    // A start while another execution is open: overlapping
-                    // unless that one was cut off (never ended).
-                    let ended_later = execs
-                        .iter()
-                        .any(|x| !x.start && x.pid == o.pid && x.run == run && x.at > e.at);
-                    if ended_later {
-                        out.push(format!(
-                            "run {run}: step {} started in process {} while step {} ran in process {}",
-                            e.index, e.pid, o.index, o.pid
-                        ));
-                    }
-                    open = Some(e);
-                }
-                (_, true) => open = Some(e),
-                (Some(o), false) if o.pid == e.pid => open = None,
-                _ => {}
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn exec(run: &str, index: usize, start: bool, pid: u32, at: u128) -> Exec {
-        Exec {
-            run: run.into(),
-            index,
-            start,
-            pid,
-            at,
-        }
-    }
-
-    #[test]
-    fn done_lines_of_workers_and_runs_are_acknowledgements() {
-        let a = ack_of("w3  done    5 s5  21ms", None).expect("a worker's line");
-        assert_eq!((a.run.as_str(), a.index), ("w3", 5));
-        let a = ack_of("  done   12 s12  3ms", Some("c1")).expect("a run's line");
-        assert_eq!((a.run.as_str(), a.index), ("c1", 12));
-        assert!(ack_of("w3  run     5 s5", None).is_none());
-        assert!(ack_of("  run     5 s5", Some("c1")).is_none());
-        assert!(ack_of("w3  done  x s5", None).is_none());
-    }
-
-    #[test]
-    fn a_step_started_after_its_acknowledgement_is_found() {
-        let acks = [Ack {
-            run: "r".into(),
-            index: 2,
-            at: 100,
-        }];
-        let before = [exec("r", 2, true, 1, 90), exec("r", 2, false, 1, 95)];
-        assert!(started_after_ack(&acks, &before).is_empty());
-        let again = [exec("r", 2, true, 1, 90), exec("r", 2, true, 2, 150)];
-        assert_eq!(started_after_ack(&acks, &again), [("r".to_string(), 2)]);
-    }
-
-    #[test]
-    fn overlapping_executions_are_found_and_a_cut_off_one_is_not() {
-        let dir = tempfile::tempdir().unwrap();
-        let bin = dir.path().join("no-such-binary");
-        // Process 2 starts while process 1's step still runs (it ends later).
-        let overlap = [
-            exec("r", 3, true, 1, 10),
-            exec("r", 3, true, 2, 20),
-            exec("r", 3, false, 1, 30),
-            exec("r", 3, false, 2, 40),
-        ];
-        let found = check_final(&bin, dir.path(), "memory:", &[], 4, &overlap);
-        assert_eq!(found.len(), 1, "{found:?}");
-        // Process 1 never ended its step (cut off): no overlap.
-        let cut = [
-            exec("r", 3, true, 1, 10),
-            exec("r", 3, true, 2, 20),
-            exec("r", 3, false, 2, 40),
-        ];
-        assert!(check_final(&bin, dir.path(), "memory:", &[], 4, &cut).is_empty());
-        // One after the other: no overlap.
-        let serial = [
-            exec("r", 3, true, 1, 10),
-            exec("r", 3, false, 1, 15),
-            exec("r", 3, true, 2, 20),
-            exec("r", 3, false, 2, 40),
-        ];
-        assert!(check_final(&bin, dir.path(), "memory:", &[], 4, &serial).is_empty());
-    }
 }
