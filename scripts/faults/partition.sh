@@ -9,6 +9,8 @@
 # reconnected by itself.
 #
 #   scripts/faults/partition.sh [ROUNDS]      default: 1
+#   STEADFAST_BIN=PATH scripts/faults/partition.sh   another build's CLI (a
+#                                             negative control: an older one)
 #
 # Needs root (namespaces, links) and PostgreSQL's server binaries; it runs
 # them as the user postgres.
@@ -79,6 +81,6 @@ for r in $(seq 1 "$rounds"); do
     --url "postgres://postgres@127.0.0.1:$port/postgres?schema=$schema" \
     --url-a "postgres://postgres@10.77.1.1:$port/postgres?schema=$schema" --netns-a sfp-a \
     --url-b "postgres://postgres@10.77.2.1:$port/postgres?schema=$schema" --netns-b sfp-b \
-    --cut "$cut" --heal "$heal" || status=1
+    --cut "$cut" --heal "$heal" ${STEADFAST_BIN:+--bin "$STEADFAST_BIN"} || status=1
 done
 exit $status

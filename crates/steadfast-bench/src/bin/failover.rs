@@ -35,7 +35,7 @@
 
 use std::path::PathBuf;
 use std::process::Child;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -127,7 +127,7 @@ fn main() {
             fail(&format!("could not start run {id}"));
         }
     }
-    let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
+    let acks: Acks = Arc::default();
     let mut clients: Vec<Child> = Vec::new();
     for w in 0..args.workers {
         let child = spawn_reading(

@@ -13,6 +13,8 @@
 //!     --cut 'CMD' --heal 'CMD'
 //! ```
 //!
+//! Each worker also has a host name of its own (a UTS namespace), so that
+//! the two are as two machines: neither can see the other's processes.
 //! Steps last longer than the lease, so that the cut lands inside steps
 //! that must be renewed. Checked, from the steps' own log (start and end of
 //! each execution, with its process and worker) and the workers' `done`
@@ -114,13 +116,19 @@ fn main() {
         }
     }
     let lease = format!("{}ms", args.lease_ms);
-    let (acks_a, acks_b): (Arc<Mutex<Vec<Ack>>>, Arc<Mutex<Vec<Ack>>>) = Default::default();
+    let (acks_a, acks_b): (Acks, Acks) = Default::default();
     let lines_a: Arc<Mutex<Vec<String>>> = Arc::default();
-    let worker = |name: &str, netns: &str, url: &str, acks: &Arc<Mutex<Vec<Ack>>>, lines| {
+    let worker = |name: &str, netns: &str, url: &str, acks: &Acks, lines| {
+        // A host of its own, too (a UTS namespace with its own host name):
+        // a lease holder on the same host would be judged by its process,
+        // and its steps stopped by the worker that takes its runs over,
+        // which no worker can do across machines.
         spawn_keeping(
-            Command::new("ip")
+            Command::new("unshare")
                 .env(CLIENT_ENV, name)
-                .args(["netns", "exec", netns])
+                .args(["--uts", "--", "sh", "-c"])
+                .arg(r#"h=$1; n=$2; shift 2; hostname "$h" && exec ip netns exec "$n" "$@""#)
+                .args(["sh", &format!("steadfast-{netns}"), netns])
                 .arg(&bin)
                 .current_dir(dir.path())
                 .args(["--store", url, "worker", "flow.toml"])
@@ -313,4 +321,40 @@ fn taken_over(execs: &[Exec], a: &str, b: &str, at: u128) -> usize {
                     .any(|e| e.start && e.run == *run && e.worker == b && e.at > at)
         })
         .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exec(run: &str, start: bool, pid: u32, worker: &str, at: u128) -> Exec {
+        Exec {
+            run: run.into(),
+            index: 0,
+            start,
+            pid,
+            worker: worker.into(),
+            at,
+        }
+    }
+
+    #[test]
+    fn steps_under_way_at_the_cut_and_runs_taken_over_are_counted() {
+        let execs = [
+            // r1: A's step ended before the cut; A goes on after the heal.
+            exec("r1", true, 1, "A", 10),
+            exec("r1", false, 1, "A", 20),
+            exec("r1", true, 2, "A", 200),
+            // r2: A's step under way at the cut (never ended), B takes it.
+            exec("r2", true, 3, "A", 30),
+            exec("r2", true, 4, "B", 150),
+            exec("r2", false, 4, "B", 160),
+            // r3: B's all along.
+            exec("r3", true, 5, "B", 40),
+            exec("r3", true, 6, "B", 120),
+        ];
+        let cut = 100;
+        assert_eq!(in_flight_at(&execs, "A", cut), [("r2".to_string(), 0, 3)]);
+        assert_eq!(taken_over(&execs, "A", "B", cut), 1);
+    }
 }

@@ -19,6 +19,9 @@ pub(crate) struct Ack {
     pub(crate) at: u128,
 }
 
+/// The acknowledgements a client's reader thread collects.
+pub(crate) type Acks = Arc<Mutex<Vec<Ack>>>;
+
 /// One line of the steps' log.
 #[derive(Clone, Debug)]
 pub(crate) struct Exec {
@@ -82,11 +85,7 @@ pub(crate) fn shell(cmd: &str, what: &str) {
 /// Starts `cmd` in a process group of its own and reads its standard
 /// error on a thread: each `done` line is an acknowledgement (of `run`, or
 /// of the run the line names, for a worker).
-pub(crate) fn spawn_reading(
-    cmd: &mut Command,
-    run: Option<String>,
-    acks: &Arc<Mutex<Vec<Ack>>>,
-) -> Child {
+pub(crate) fn spawn_reading(cmd: &mut Command, run: Option<String>, acks: &Acks) -> Child {
     spawn_keeping(cmd, run, acks, None)
 }
 
@@ -94,7 +93,7 @@ pub(crate) fn spawn_reading(
 pub(crate) fn spawn_keeping(
     cmd: &mut Command,
     run: Option<String>,
-    acks: &Arc<Mutex<Vec<Ack>>>,
+    acks: &Acks,
     lines: Option<&Arc<Mutex<Vec<String>>>>,
 ) -> Child {
     use std::os::unix::process::CommandExt;
