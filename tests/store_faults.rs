@@ -240,3 +240,42 @@ async fn a_renewal_the_store_never_answers_stops_the_step() -> TestResult {
     );
     Ok(())
 }
+
+/// A step that reports spend (each report a save of the run's head, made
+/// while the step runs and holding the run's session) on a slow store, so
+/// that renewals come due while a report is being saved: the step goes on
+/// while the renewal waits for the session, and the run completes (the
+/// renewal used to wait for a session the paused step held, for ever).
+#[tokio::test]
+async fn a_renewal_waits_for_a_step_saving_its_spend() -> TestResult {
+    let wf = Workflow::builder("spender")
+        .step("spend", |ctx, _| async move {
+            for _ in 0..12 {
+                ctx.spend("tokens", 1.0)
+                    .map_err(steadfast::StepError::terminal)?
+                    .saved()
+                    .await
+                    .map_err(steadfast::StepError::terminal)?;
+            }
+            update(json!({"spent": 12}))
+        })
+        .build()?;
+    let slow = Fault::SlowFromHere(std::time::Duration::from_millis(60));
+    let faulty = FaultyStore::new(MemoryStore::new(), 0, slow);
+    let out = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        Runner::new(&faulty)
+            .lease(
+                steadfast::Owner::new("host", 1, 1),
+                std::time::Duration::from_millis(900),
+            )
+            .run("r", &wf),
+    )
+    .await
+    .map_err(|_| "the renewal waited for the step, and the step for the renewal")??;
+    assert_eq!(
+        out.completed().and_then(|s| s.get("spent").cloned()),
+        Some(json!(12))
+    );
+    Ok(())
+}

@@ -24,6 +24,9 @@ pub enum Fault {
     /// The save and every later one never answer, as through a network
     /// partition that drops packets; loads still answer.
     HangFromHere,
+    /// The save and every later one wait this long before they are made,
+    /// as on a slow but healthy store.
+    SlowFromHere(std::time::Duration),
 }
 
 /// Wraps a store and applies a [`Fault`] at save number `at` (0-based).
@@ -88,6 +91,10 @@ impl<S: Store> Store for FaultyStore<S> {
                 Err(unknown(injected(StoreErrorKind::Unavailable, "save lost")))
             }
             Fault::HangFromHere if n >= self.at => std::future::pending().await,
+            Fault::SlowFromHere(wait) if n >= self.at => {
+                tokio::time::sleep(wait).await;
+                self.inner.save(req).await
+            }
             _ => self.inner.save(req).await,
         }
     }

@@ -1168,55 +1168,78 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     }
 
     /// Awaits `fut`, renewing the lease every third of its time meanwhile.
+    ///
+    /// The step goes on while a renewal is under way (it may itself be
+    /// waiting for the session, to report spend). A renewal the store has
+    /// not answered within a third of the lease's time, or by a tenth of it
+    /// before the recorded lease runs out (a partition, a server gone
+    /// without a word), stops the step and fails the call: by then another
+    /// worker may take the run, and a step must not run on beside it. A step
+    /// that ends while a renewal is under way returns once the renewal is
+    /// answered.
     async fn with_renewals<R>(&self, fut: impl Future<Output = R>) -> Result<R, Error> {
         let Some(every) = self.runner().renew_every() else {
             return Ok(fut.await);
         };
+        let margin = self.runner().lease.as_ref().map_or(every, |(_, ttl)| {
+            crate::engine::session::renewal_margin(*ttl)
+        });
         tokio::pin!(fut);
+        let mut done: Option<R> = None;
         loop {
-            tokio::select! {
-                r = &mut fut => return Ok(r),
-                _ = tokio::time::sleep(every) => {
-                    // A renewal the store has not answered within a third of
-                    // the lease's time (a partition, a server gone without a
-                    // word) stops the step: by then the lease it extends may
-                    // be running out, and another worker may take the run.
-                    // The lease was fresh when this wait began and is
-                    // renewed a third of its time after each renewal, so the
-                    // step never runs past a lease nobody confirmed.
-                    let renewed = tokio::time::timeout(every, async {
-                        let mut guard = self.shared.session.lock().await;
-                        let s = &mut *guard;
-                        let out = s.renew(self.runner()).await;
-                        (out, s.cp.run_id.clone(), s.cp.created_at)
-                    })
-                    .await;
-                    let (out, run_id, created_at) = match renewed {
-                        Ok(done) => done,
-                        Err(_) => {
-                            return Err(store_error(
-                                &self.shared.run_id,
-                                "renewal of the lease",
-                                StoreError::backend(
-                                    StoreErrorKind::Unavailable,
-                                    format!(
-                                        "the store did not answer within {every:?}; the step was stopped so that it never runs past a lease nobody confirmed"
-                                    ),
-                                ),
-                            ));
-                        }
-                    };
-                    if let Err(e) = out {
-                        let e = self.runner().explain_conflict(&run_id, created_at, e).await;
-                        if matches!(e, Error::Cancelled { .. }) {
-                            // Cancelled: the step may finish within the
-                            // grace period; its result is not saved.
-                            let _ = tokio::time::timeout(self.runner().cancel_grace, &mut fut).await;
-                        }
-                        return Err(e);
-                    }
+            if done.is_none() {
+                tokio::select! {
+                    r = &mut fut => return Ok(r),
+                    _ = tokio::time::sleep(every) => {}
                 }
             }
+            let by = tokio::time::Instant::now() + every;
+            let renewal = async {
+                let mut guard = self.shared.session.lock().await;
+                let s = &mut *guard;
+                let out = s.renew_by(self.runner(), by).await;
+                (out, s.cp.created_at)
+            };
+            // The session's own wait is bounded by `by`; this bound is for
+            // the wait for the session, a little later so as never to cut a
+            // renewal short before it puts the old lease back.
+            let renewal = tokio::time::timeout_at(by + margin, renewal);
+            tokio::pin!(renewal);
+            let answered = loop {
+                tokio::select! {
+                    out = &mut renewal => break out,
+                    r = &mut fut, if done.is_none() => done = Some(r),
+                }
+            };
+            let (out, created_at) = match answered {
+                Ok((Ok(true), _)) => match done.take() {
+                    Some(r) => return Ok(r),
+                    None => continue,
+                },
+                Ok((Ok(false), _)) | Err(_) => {
+                    return Err(store_error(
+                        &self.shared.run_id,
+                        "renewal of the lease",
+                        StoreError::backend(
+                            StoreErrorKind::Unavailable,
+                            format!(
+                                "the store did not answer in time ({every:?} at most, and {margin:?} before the lease runs out); the step was stopped so that it does not run on beside a worker that takes the run over"
+                            ),
+                        ),
+                    ));
+                }
+                Ok((Err(e), created_at)) => (e, created_at),
+            };
+            let e = self
+                .runner()
+                .explain_conflict(&self.shared.run_id, created_at, out)
+                .await;
+            if matches!(e, Error::Cancelled { .. }) && done.is_none() {
+                // Cancelled: the step may finish within the grace period;
+                // its result is not saved.
+                let _ = tokio::time::timeout(self.runner().cancel_grace, &mut fut).await;
+            }
+            return Err(e);
         }
     }
 

@@ -241,6 +241,36 @@ impl Session {
         Ok(())
     }
 
+    /// [`renew`](Self::renew), given up when the store has not answered by
+    /// `by` or by a tenth of the lease's time before the recorded lease runs
+    /// out, whichever is first: then the record keeps the lease it had and
+    /// `Ok(false)` says that nothing was confirmed (the save may still land
+    /// later; its compare-and-swap fences it like any stale write).
+    pub(crate) async fn renew_by<S: Store + ?Sized>(
+        &mut self,
+        r: &Runner<'_, S>,
+        by: tokio::time::Instant,
+    ) -> Result<bool, Error> {
+        let Some((me, ttl)) = &r.lease else {
+            return Ok(true);
+        };
+        let margin = renewal_margin(*ttl);
+        let mut until = by;
+        if let Some(held) = self.cp.lease.as_ref().filter(|l| l.owner == *me) {
+            let left = Duration::from_millis(crate::engine::lease_left(held, r.clock.now(), true));
+            until = until.min(tokio::time::Instant::now() + left.saturating_sub(margin));
+        }
+        let (old, writer) = (self.cp.lease.clone(), self.cp.writer);
+        match tokio::time::timeout_at(until, self.renew(r)).await {
+            Ok(done) => done.map(|()| true),
+            Err(_) => {
+                self.cp.lease = old;
+                self.cp.writer = writer;
+                Ok(false)
+            }
+        }
+    }
+
     /// Extends the lease. A conflict here means another owner took the run:
     /// this call is fenced out.
     pub(crate) async fn renew<S: Store + ?Sized>(
@@ -775,4 +805,11 @@ impl Undo {
         cp.lease = self.lease;
         cp.updated_at = self.updated_at;
     }
+}
+
+/// How long before a lease runs out a renewal that has not been answered is
+/// given up, and the step it covers stopped: a tenth of the lease's time, at
+/// least 10 ms.
+pub(crate) fn renewal_margin(ttl: Duration) -> Duration {
+    (ttl / 10).max(Duration::from_millis(10))
 }
