@@ -26,6 +26,8 @@ chmod 755 "$base"
 chown postgres "$base"
 net_down() {
   for w in a b; do
+    # Workers a failed harness left behind.
+    ip netns pids "sfp-$w" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
     ip link del "sfp-$w-h" 2>/dev/null || true
     ip netns del "sfp-$w" 2>/dev/null || true
   done

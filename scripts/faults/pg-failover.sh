@@ -28,6 +28,8 @@ base="$(mktemp -d /tmp/steadfast-failover.XXXXXX)"
 chmod 755 "$base"
 [ "$(id -u)" = 0 ] && chown postgres "$base"
 stop_all() {
+  # Clients a failed harness left behind (stopped ones too).
+  pkill -KILL -f -- "--store postgres://postgres@127.0.0.1:$pa," 2>/dev/null || true
   for d in "$base/a" "$base/b"; do
     [ -f "$d/postmaster.pid" ] && as_pg "$pgbin/pg_ctl" -D "$d" -m immediate stop >/dev/null 2>&1 || true
   done
@@ -40,7 +42,9 @@ one_round() {
   [ "$m" = sync ] && names="standby"
   stop_all
   rm -rf "$base/a" "$base/b"
-  as_pg "$pgbin/initdb" -D "$base/a" -A trust -U postgres --no-sync >/dev/null
+  # Called as `one_round … || status=1`, where `set -e` does not hold:
+  # each step that must work says so itself.
+  as_pg "$pgbin/initdb" -D "$base/a" -A trust -U postgres --no-sync >/dev/null || return 2
   cat >> "$base/a/postgresql.conf" <<CONF
 port = $pa
 listen_addresses = '127.0.0.1'
@@ -51,13 +55,13 @@ fsync = on
 synchronous_commit = on
 synchronous_standby_names = '$names'
 CONF
-  as_pg "$pgbin/pg_ctl" -D "$base/a" -l "$base/a.log" -w start >/dev/null
+  as_pg "$pgbin/pg_ctl" -D "$base/a" -l "$base/a.log" -w start >/dev/null || return 2
   as_pg "$pgbin/pg_basebackup" -d "host=127.0.0.1 port=$pa user=postgres application_name=standby" \
-    -D "$base/b" -R -X stream >/dev/null
+    -D "$base/b" -R -X stream >/dev/null || return 2
   # Once promoted, the standby has no standby of its own: it must not wait
   # for one (as an operator, or a failover manager, would set it).
   printf "port = %s\nsynchronous_standby_names = ''\n" "$pb" >> "$base/b/postgresql.conf"
-  as_pg "$pgbin/pg_ctl" -D "$base/b" -l "$base/b.log" -w start >/dev/null
+  as_pg "$pgbin/pg_ctl" -D "$base/b" -l "$base/b.log" -w start >/dev/null || return 2
   local want=async
   [ "$m" = sync ] && want=sync
   for _ in $(seq 1 100); do

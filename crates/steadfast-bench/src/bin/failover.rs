@@ -190,6 +190,14 @@ fn main() {
         fail("could not read the runs from the promoted standby");
     }
     let mut violations = Vec::new();
+    if acked_before.is_empty() {
+        fail("no checkpoint was acknowledged before the kill: no `done` line was read (has its form changed?)");
+    }
+    if during_stall > 0 && !args.expect_loss {
+        violations.push(format!(
+            "{during_stall} checkpoints were acknowledged while the standby was cut off: it is not synchronous"
+        ));
+    }
     let mut lost = 0usize;
     // Each run's acknowledged steps that the new primary does not have.
     let mut lost_runs = 0usize;

@@ -178,16 +178,36 @@ fn main() {
         std::thread::sleep(Duration::from_millis(250));
     }
     let finished = healed.elapsed();
-    if a.try_wait().ok().flatten().is_some() {
-        violations.push("worker A exited instead of reconnecting after the heal".into());
+    // A reconnected by itself: with B stopped, a new run is A's to finish.
+    stop(&mut b);
+    let after = "after-heal";
+    let started = steadfast(&bin, dir.path(), &args.url)
+        .args(["start", "flow.toml", "--run-id", after])
+        .status();
+    if !started.is_ok_and(|s| s.success()) {
+        fail("could not start the run after the heal");
+    }
+    let by = Instant::now() + Duration::from_secs(args.finish_secs);
+    let reconnected = loop {
+        let now = read_runs(&bin, dir.path(), &args.url);
+        if now.get(after).is_some_and(|(s, _)| s == "completed") {
+            break true;
+        }
+        if Instant::now() > by || a.try_wait().ok().flatten().is_some() {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    if !reconnected {
+        violations
+            .push("worker A did not run a new run after the heal (it did not reconnect)".into());
     }
     stop(&mut a);
-    stop(&mut b);
     let execs = read_log(&log);
     let mut seen: Vec<&str> = execs.iter().map(|e| e.worker.as_str()).collect();
     seen.sort_unstable();
     seen.dedup();
-    if seen.iter().any(|w| *w != pid_a && *w != pid_b) {
+    if seen.iter().any(|w| *w != pid_a && *w != pid_b) || seen.is_empty() {
         fail(&format!(
             "the steps' log names processes {seen:?}, not only workers {pid_a} and {pid_b}"
         ));
@@ -228,27 +248,54 @@ fn main() {
         ));
     }
     // A's executions under way at the cut: each must have been stopped
-    // (no end line) or ended before its lease could run out.
+    // (no end line) or ended, and in both cases shown no sign of life (an
+    // end or a beat) after its lease could have run out.
     let lease_ns = u128::from(args.lease_ms) * 1_000_000;
     let in_flight = in_flight_at(&execs, pid_a, cut_at);
     let mut stopped = 0;
+    let mut last_sign_ms: u128 = 0;
     for (run, index, pid) in &in_flight {
-        match execs.iter().find(|e| !e.start && e.pid == *pid) {
-            None => stopped += 1,
-            Some(end) if end.at > cut_at + lease_ns => violations.push(format!(
-                "run {run}: step {index} ran on in cut-off worker A {} ms after the cut, past its lease",
-                (end.at - cut_at) / 1_000_000
-            )),
-            Some(_) => {}
+        let ended = execs
+            .iter()
+            .any(|e| !e.start && !e.beat && e.pid == *pid && e.run == *run);
+        if !ended {
+            stopped += 1;
+        }
+        if let Some(last) = last_sign(&execs, run, *pid) {
+            last_sign_ms = last_sign_ms.max(last.saturating_sub(cut_at) / 1_000_000);
+            if last > cut_at + lease_ns {
+                violations.push(format!(
+                    "run {run}: step {index} ran on in cut-off worker A {} ms after the cut, past its lease",
+                    (last - cut_at) / 1_000_000
+                ));
+            }
         }
     }
     let takeovers = taken_over(&execs, pid_a, pid_b, cut_at);
-    let re_executions =
-        execs.iter().filter(|e| e.start).count() as i64 - (ids.len() * steps) as i64;
+    // The run started after the heal is not one of the runs checked here.
+    let re_executions = execs.iter().filter(|e| e.start && e.run != after).count() as i64
+        - (ids.len() * steps) as i64;
     if re_executions > takeovers as i64 {
         violations.push(format!(
             "{re_executions} re-executions for {takeovers} runs taken over"
         ));
+        for id in &ids {
+            let runs: Vec<String> = execs
+                .iter()
+                .filter(|e| e.start && e.run == *id)
+                .map(|e| {
+                    format!(
+                        "s{}@{}:{}",
+                        e.index,
+                        e.worker,
+                        (e.at.saturating_sub(cut_at)) / 1_000_000
+                    )
+                })
+                .collect();
+            if runs.len() > steps + 1 {
+                violations.push(format!("run {id} started {runs:?} (ms after the cut)"));
+            }
+        }
     }
     let a_failed = lines_a
         .lock()
@@ -258,7 +305,7 @@ fn main() {
         .count();
     println!(
         "partition: {} runs of {} steps of {} ms, lease {} ms, A cut off for {} ms; \
-         {} steps of A under way at the cut ({} stopped by A, the rest ended first); {} runs taken over by B; \
+         {} steps of A under way at the cut ({} stopped by A, the rest ended first; the last sign of any {} ms after the cut); {} runs taken over by B; \
          {} re-executions; A said {} times that the store did not answer a renewal; \
          all runs done {:.1?} after the heal; {} violations",
         ids.len(),
@@ -268,6 +315,7 @@ fn main() {
         args.cut_ms,
         in_flight.len(),
         stopped,
+        last_sign_ms,
         takeovers,
         re_executions,
         a_failed,
@@ -297,7 +345,7 @@ fn in_flight_at(execs: &[Exec], worker: &str, at: u128) -> Vec<(String, usize, u
         .filter(|e| {
             !execs
                 .iter()
-                .any(|x| !x.start && x.pid == e.pid && x.at <= at)
+                .any(|x| !x.start && !x.beat && x.pid == e.pid && x.run == e.run && x.at <= at)
         })
         .map(|e| (e.run.clone(), e.index, e.pid))
         .collect()
@@ -332,6 +380,7 @@ mod tests {
             run: run.into(),
             index: 0,
             start,
+            beat: false,
             pid,
             worker: worker.into(),
             at,

@@ -28,6 +28,8 @@ pub(crate) struct Exec {
     pub(crate) run: String,
     pub(crate) index: usize,
     pub(crate) start: bool,
+    /// A beat of a step under way (neither its start nor its end).
+    pub(crate) beat: bool,
     pub(crate) pid: u32,
     /// The client that ran the step: its `CLIENT_ENV` (`-` without one).
     pub(crate) worker: String,
@@ -53,11 +55,26 @@ pub(crate) fn flow(steps: usize, step_ms: u64, log: &Path) -> String {
             log.display()
         )
     };
+    // A step that runs 200 ms or longer also logs a beat every 100 ms, so
+    // that one stopped from outside (no end line) shows until when it ran.
+    let (beats, rest) = if step_ms >= 200 {
+        (step_ms / 100, step_ms % 100)
+    } else {
+        (0, step_ms)
+    };
+    let beating = if beats > 0 {
+        format!(
+            "n=0; while [ $n -lt {beats} ]; do sleep 0.1; {}; n=$((n+1)); done; ",
+            stamp("beat")
+        )
+    } else {
+        String::new()
+    };
     for i in 0..steps {
         flow.push_str(&format!(
-            "[[step]]\nname = \"s{i}\"\nrun = \"{}; sleep {}; {}; echo '{{\\\"s{i}\\\": {i}}}'\"\n",
+            "[[step]]\nname = \"s{i}\"\nrun = \"{}; {beating}sleep {}; {}; echo '{{\\\"s{i}\\\": {i}}}'\"\n",
             stamp("start"),
-            step_ms as f64 / 1000.0,
+            rest as f64 / 1000.0,
             stamp("end"),
         ));
     }
@@ -236,12 +253,22 @@ pub(crate) fn read_log(log: &Path) -> Vec<Exec> {
                 run: w[0].to_string(),
                 index: w[1].parse().ok()?,
                 start: w[2] == "start",
+                beat: w[2] == "beat",
                 pid: w[4].parse().ok()?,
                 worker: w[5].to_string(),
                 at: w[6].parse().ok()?,
             })
         })
         .collect()
+}
+
+/// The last line (end or beat) of execution `pid` of `run`, if any.
+pub(crate) fn last_sign(execs: &[Exec], run: &str, pid: u32) -> Option<u128> {
+    execs
+        .iter()
+        .filter(|x| !x.start && x.pid == pid && x.run == run)
+        .map(|x| x.at)
+        .max()
 }
 
 /// Steps whose execution started after their checkpoint was acknowledged:
@@ -308,7 +335,8 @@ pub(crate) fn check_final(
             match (open, e.start) {
                 (Some(o), true) if o.pid != e.pid => {
                     // A start while another execution is open: overlapping
-                    // unless that one was cut off (never ended).
+                    // unless that one had been cut off (no end or beat of
+                    // it comes later).
                     let ended_later = execs
                         .iter()
                         .any(|x| !x.start && x.pid == o.pid && x.run == run && x.at > e.at);
@@ -321,7 +349,7 @@ pub(crate) fn check_final(
                     open = Some(e);
                 }
                 (_, true) => open = Some(e),
-                (Some(o), false) if o.pid == e.pid => open = None,
+                (Some(o), false) if o.pid == e.pid && !e.beat => open = None,
                 _ => {}
             }
         }
@@ -338,6 +366,7 @@ mod tests {
             run: run.into(),
             index,
             start,
+            beat: false,
             pid,
             worker: pid.to_string(),
             at,
@@ -388,6 +417,20 @@ mod tests {
             exec("r", 3, false, 2, 40),
         ];
         assert!(check_final(&bin, dir.path(), "memory:", &[], 4, &cut).is_empty());
+        // Process 1 never ended its step but beat after process 2 began:
+        // it ran on, stopped late.
+        let mut beat = exec("r", 3, false, 1, 30);
+        beat.beat = true;
+        let late = [
+            exec("r", 3, true, 1, 10),
+            exec("r", 3, true, 2, 20),
+            beat,
+            exec("r", 3, false, 2, 40),
+        ];
+        assert_eq!(
+            check_final(&bin, dir.path(), "memory:", &[], 4, &late).len(),
+            1
+        );
         // One after the other: no overlap.
         let serial = [
             exec("r", 3, true, 1, 10),
