@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs (npm ci, pinned by package-lock.json) and starts the Cosmos DB
 # protocol server for the tests, with a fresh self-signed certificate for
-# 127.0.0.1. Prints the environment the tests read. Fails loudly.
-# Usage: ci/cosmos/start.sh DIR [PORT]   (DIR receives cert, key, pid, log)
+# 127.0.0.1, and the fault-injecting proxy in front of it on PORT+1
+# (faultproxy.js). Prints the environment the tests read. Fails loudly.
+# Usage: ci/cosmos/start.sh DIR [PORT]
+#   (DIR receives cert, key, pid, log, proxy.pid, proxy.log)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 dir="$1"; port="${2:-8081}"
@@ -19,5 +21,11 @@ rm -f "$dir/pid"
 node "$here/launch.js" "$port" "$dir/cert.pem" "$dir/key.pem" "$dir/pid" > "$dir/log" 2>&1 &
 for _ in $(seq 1 50); do [ -s "$dir/pid" ] && break; sleep 0.1; done
 [ -s "$dir/pid" ] || { echo "the Cosmos test server did not start:" >&2; cat "$dir/log" >&2; exit 1; }
+proxy_port=$((port + 1))
+rm -f "$dir/proxy.pid"
+node "$here/faultproxy.js" "$proxy_port" "$port" "$dir/cert.pem" "$dir/key.pem" "$dir/proxy.pid" > "$dir/proxy.log" 2>&1 &
+for _ in $(seq 1 50); do [ -s "$dir/proxy.pid" ] && break; sleep 0.1; done
+[ -s "$dir/proxy.pid" ] || { echo "the Cosmos fault proxy did not start:" >&2; cat "$dir/proxy.log" >&2; exit 1; }
 echo "STEADFAST_TEST_COSMOS=cosmos://127.0.0.1:$port"
+echo "STEADFAST_TEST_COSMOS_PROXY=cosmos://127.0.0.1:$proxy_port"
 echo "STEADFAST_TEST_COSMOS_CA=$dir/cert.pem"

@@ -38,7 +38,13 @@ cleanup() {
   rm -rf "$base"
 }
 trap cleanup EXIT
-cargo build -q --release -p steadfast-cli -p steadfast-bench
+# FAULTS_PROFILE=debug uses a debug build (CI's short run, which has one).
+profile="${FAULTS_PROFILE:-release}"
+case "$profile" in
+  release) cargo build -q --release -p steadfast-cli -p steadfast-bench ;;
+  debug) cargo build -q -p steadfast-cli -p steadfast-bench ;;
+  *) echo "FAULTS_PROFILE is release or debug, not '$profile'" >&2; exit 2 ;;
+esac
 
 net_down
 i=0
@@ -79,7 +85,7 @@ sh -c "$heal"
 status=0
 for r in $(seq 1 "$rounds"); do
   schema="partition_$r"
-  target/release/partition \
+  "target/$profile/partition" \
     --url "postgres://postgres@127.0.0.1:$port/postgres?schema=$schema" \
     --url-a "postgres://postgres@10.77.1.1:$port/postgres?schema=$schema" --netns-a sfp-a \
     --url-b "postgres://postgres@10.77.2.1:$port/postgres?schema=$schema" --netns-b sfp-b \

@@ -35,7 +35,13 @@ stop_all() {
   done
 }
 trap 'stop_all; rm -rf "$base"' EXIT
-cargo build -q --release -p steadfast-cli -p steadfast-bench
+# FAULTS_PROFILE=debug uses a debug build (CI's short run, which has one).
+profile="${FAULTS_PROFILE:-release}"
+case "$profile" in
+  release) cargo build -q --release -p steadfast-cli -p steadfast-bench ;;
+  debug) cargo build -q -p steadfast-cli -p steadfast-bench ;;
+  *) echo "FAULTS_PROFILE is release or debug, not '$profile'" >&2; exit 2 ;;
+esac
 
 one_round() {
   local m="$1" names=""
@@ -74,7 +80,7 @@ CONF
   local flags=()
   [ "$m" = async ] && flags=(--expect-loss)
   echo "pg-failover: $m standby"
-  target/release/failover \
+  "target/$profile/failover" \
     --url "postgres://postgres@127.0.0.1:$pa,127.0.0.1:$pb/postgres?target_session_attrs=read-write" \
     --standby-url "postgres://postgres@127.0.0.1:$pb/postgres" \
     --stall "kill -STOP \$($sender)" \

@@ -1,7 +1,10 @@
 //! A small client of the Cosmos DB REST API (reqwest and rustls): signed
 //! requests, point operations, transactional batches within one partition,
-//! and queries paged by continuation token, with 429s retried after the
-//! delay the service asks for, within a budget.
+//! and queries paged by continuation token. Within a retry budget, 429s are
+//! retried after the delay the service asks for, requests that never left
+//! are sent again, and reads (which change nothing) are sent again after a
+//! timeout, an unavailable service or a lost answer; a write whose answer
+//! was lost is left to the caller, which finds out what happened.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -16,14 +19,26 @@ use crate::auth::{header_value, MasterKey};
 /// The REST API version spoken.
 const API_VERSION: &str = "2018-12-31";
 
-/// How long throttled requests (429) are retried in all.
-const THROTTLE_BUDGET: Duration = Duration::from_secs(30);
+/// How long a request is retried in all by default (throttled, never sent,
+/// or a read that failed on the way).
+pub(crate) const DEFAULT_RETRY_BUDGET: Duration = Duration::from_secs(30);
+
+/// The longest retry budget a store takes.
+pub(crate) const MAX_RETRY_BUDGET: Duration = Duration::from_secs(600);
+
+/// The longest wait between two tries, whatever the service advertises.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(5);
 
 /// An answer: status, headers, body.
 pub(crate) struct Answer {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Vec<u8>,
+    /// How many times the request was sent, and how long that took.
+    pub tries: u32,
+    pub spent: Duration,
+    /// The retry budget it was sent within.
+    pub budget: Duration,
 }
 
 impl Answer {
@@ -51,6 +66,8 @@ pub(crate) struct Client {
     pub db: String,
     pub coll: String,
     key: Arc<MasterKey>,
+    /// How long a request is retried in all.
+    budget: Duration,
     /// Request units the service charged, in thousandths, and requests sent.
     pub charged_milli_ru: std::sync::atomic::AtomicU64,
     pub requests: std::sync::atomic::AtomicU64,
@@ -67,6 +84,7 @@ impl Client {
         coll: String,
         key: MasterKey,
         tls: rustls::ClientConfig,
+        budget: Duration,
     ) -> Result<Self, StoreError> {
         let http = reqwest::Client::builder()
             .use_preconfigured_tls(tls)
@@ -81,6 +99,7 @@ impl Client {
             db,
             coll,
             key: Arc::new(key),
+            budget,
             charged_milli_ru: Default::default(),
             requests: Default::default(),
             sessions: Default::default(),
@@ -92,8 +111,12 @@ impl Client {
         format!("dbs/{}/colls/{}", self.db, self.coll)
     }
 
-    /// Sends a signed request; retries 429 answers after the delay the
-    /// service asks for, within a budget.
+    /// Sends a signed request. Within the retry budget, sends it again
+    /// after a 429 (waiting the delay the service asks for), after a
+    /// connection that could not be made (the request never left), and, for
+    /// a read (`GET` or a query), after a 408, a 503 or a lost answer
+    /// (waiting 50 ms, doubling to a second). A write whose answer was lost
+    /// or left open is never sent again here: the caller reads what landed.
     pub async fn send(
         &self,
         method: Method,
@@ -104,7 +127,19 @@ impl Client {
         body: Option<Vec<u8>>,
     ) -> Result<Answer, Failure> {
         let started = Instant::now();
+        let read = method == Method::GET
+            || headers
+                .iter()
+                .any(|(k, v)| *k == "x-ms-documentdb-isquery" && v == "True");
+        let mut tries = 0u32;
+        let mut backoff = Duration::from_millis(50);
         loop {
+            tries += 1;
+            // The wait before the next try, if the budget allows one.
+            let again = |wait: Duration| {
+                let wait = wait.min(MAX_RETRY_WAIT);
+                (started.elapsed() + wait < self.budget).then_some(wait)
+            };
             let date = httpdate::fmt_http_date(SystemTime::now());
             let auth = header_value(&self.key.sign(
                 method.as_str(),
@@ -144,8 +179,26 @@ impl Client {
             }
             let resp = match req.send().await {
                 Ok(r) => r,
-                Err(e) if e.is_connect() => return Err(Failure::NotSent(chain(&e))),
-                Err(e) => return Err(Failure::Lost(chain(&e))),
+                Err(e) => {
+                    let never_sent = e.is_connect();
+                    if never_sent || read {
+                        if let Some(wait) = again(backoff) {
+                            tracing::debug!(tries, error = %chain(&e), "Cosmos DB request sent again");
+                            tokio::time::sleep(wait).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(1));
+                            continue;
+                        }
+                    }
+                    let why = format!(
+                        "{} (after {tries} tries in {:.1?})",
+                        chain(&e),
+                        started.elapsed()
+                    );
+                    return Err(match never_sent {
+                        true => Failure::NotSent(why),
+                        false => Failure::Lost(why),
+                    });
+                }
             };
             let status = resp.status();
             let headers = resp.headers().clone();
@@ -168,24 +221,41 @@ impl Client {
             }
             let body = match resp.bytes().await {
                 Ok(b) => b.to_vec(),
+                Err(e) if read => {
+                    if let Some(wait) = again(backoff) {
+                        tokio::time::sleep(wait).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(1));
+                        continue;
+                    }
+                    return Err(Failure::Lost(chain(&e)));
+                }
                 Err(e) => return Err(Failure::Lost(chain(&e))),
             };
-            if status == StatusCode::TOO_MANY_REQUESTS && started.elapsed() < THROTTLE_BUDGET {
-                let wait = headers
-                    .get("x-ms-retry-after-ms")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .map_or(Duration::from_millis(100), |ms| {
-                        Duration::from_micros((ms * 1000.0) as u64)
-                    })
-                    .min(Duration::from_secs(5));
+            let wait = match status.as_u16() {
+                429 => again(retry_after(&headers)),
+                408 | 503 if read => again(backoff),
+                _ => None,
+            };
+            if let Some(wait) = wait {
+                tracing::debug!(
+                    tries,
+                    status = status.as_u16(),
+                    ?wait,
+                    "Cosmos DB request sent again"
+                );
                 tokio::time::sleep(wait).await;
+                if status != StatusCode::TOO_MANY_REQUESTS {
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
                 continue;
             }
             return Ok(Answer {
                 status,
                 headers,
                 body,
+                tries,
+                spent: started.elapsed(),
+                budget: self.budget,
             });
         }
     }
@@ -218,6 +288,19 @@ impl Client {
     }
 }
 
+/// The wait a 429 asks for (`x-ms-retry-after-ms`, milliseconds, possibly
+/// fractional); 100 ms when it names none or none that makes sense.
+fn retry_after(headers: &HeaderMap) -> Duration {
+    headers
+        .get("x-ms-retry-after-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        .map_or(Duration::from_millis(100), |ms| {
+            Duration::from_secs_f64((ms / 1000.0).min(MAX_RETRY_WAIT.as_secs_f64()))
+        })
+}
+
 /// The global log sequence number of a session token
 /// (`RANGE:VERSION#GLOBAL_LSN#…`, or `RANGE:GLOBAL_LSN` in the old form);
 /// 0 when it cannot be read.
@@ -248,6 +331,15 @@ pub(crate) fn answer_error(a: &Answer, what: &str, run_id: &str, write: bool) ->
         403 if a.header("x-ms-substatus") == Some("1014") => StoreError::backend(
             StoreErrorKind::TooLarge,
             format!("{what}: the run's partition reached the service's size limit (HTTP 403.1014)"),
+        ),
+        // Throttled past the retry budget: every advertised delay was
+        // waited out, and the service still refused.
+        429 => StoreError::backend(
+            StoreErrorKind::Unavailable,
+            format!(
+                "{what}: the service kept throttling the request (HTTP 429) through {} tries in {:.1?}, which spent the retry budget of {:?}; give the container more throughput (RU/s), run fewer workers, or raise the budget (?retry_budget= in the store URL)",
+                a.tries, a.spent, a.budget
+            ),
         ),
         401 | 403 => StoreError::backend(
             StoreErrorKind::Unavailable,
@@ -296,6 +388,9 @@ mod tests {
             status: StatusCode::from_u16(status).expect("a status"),
             headers,
             body: br#"{"message": "words"}"#.to_vec(),
+            tries: 1,
+            spent: Duration::ZERO,
+            budget: DEFAULT_RETRY_BUDGET,
         }
     }
 
@@ -325,10 +420,37 @@ mod tests {
             );
         }
         assert_eq!(kind(404, None, false), StoreErrorKind::NotFound);
+        let throttled = answer_error(&answer(429, None), "saving", "r", true);
+        assert_eq!(throttled.kind(), StoreErrorKind::Unavailable);
+        assert!(
+            throttled.to_string().contains("retry budget of 30s"),
+            "{throttled}"
+        );
         let lost = failure_error(Failure::Lost("reset".into()), "saving", "r", true);
         assert_eq!(lost.kind(), StoreErrorKind::OutcomeUnknown);
         let never = failure_error(Failure::NotSent("refused".into()), "saving", "r", true);
         assert_eq!(never.kind(), StoreErrorKind::Unavailable);
+    }
+
+    /// The advertised wait is taken as given, fractions included, and
+    /// bounded; nonsense falls back to 100 ms.
+    #[test]
+    fn the_advertised_wait_is_read_and_bounded() {
+        let wait = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                "x-ms-retry-after-ms",
+                HeaderValue::from_str(v).expect("ascii"),
+            );
+            retry_after(&h)
+        };
+        assert_eq!(wait("250"), Duration::from_millis(250));
+        assert_eq!(wait("0.5"), Duration::from_micros(500));
+        assert_eq!(wait("86400000"), MAX_RETRY_WAIT);
+        for junk in ["-3", "NaN", "inf", "soon", ""] {
+            assert_eq!(wait(junk), Duration::from_millis(100), "{junk:?}");
+        }
+        assert_eq!(retry_after(&HeaderMap::new()), Duration::from_millis(100));
     }
 
     #[test]
@@ -349,6 +471,7 @@ mod tests {
             .expect("protocols")
             .with_root_certificates(rustls::RootCertStore::empty())
             .with_no_client_auth(),
+            DEFAULT_RETRY_BUDGET,
         )
         .unwrap_or_else(|e| panic!("{e}"));
         c.remember_session("[\"a\"]", "0:-1#10");

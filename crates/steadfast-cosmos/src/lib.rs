@@ -30,6 +30,13 @@
 //!   appears in a message.
 //! - **TLS** through rustls, with the Mozilla roots, or with the certificate
 //!   of `?cafile=PATH` (a local emulator's).
+//! - **Retries.** Within a retry budget (30 s by default,
+//!   `?retry_budget=DURATION`), a throttled request (429) is sent again
+//!   after the delay the service advertises, a request that never left is
+//!   sent again, and so is a read after a 408, a 503 or a lost answer. A
+//!   write whose outcome is open (a lost answer, 408, 503) is reported as
+//!   an unknown outcome: the run loop reads the head back and compares its
+//!   version and writer, so the step is neither lost nor recorded twice.
 //!
 //! The client is a small REST client on reqwest; see `docs/cosmos.md`.
 
@@ -94,6 +101,12 @@ pub struct CosmosOptions {
     /// run as a blob (default 64 KiB; `?blob_threshold=SIZE` in a URL,
     /// which wins over this).
     pub blob_threshold: u64,
+    /// How long one request is retried in all: throttled (429, after the
+    /// delay the service asks for), never sent, or a read that met a
+    /// timeout, an unavailable service or a lost answer (default 30 s;
+    /// `?retry_budget=DURATION` in a URL, which wins over this). Past it the
+    /// call fails with an error that says so.
+    pub retry_budget: std::time::Duration,
 }
 
 impl Default for CosmosOptions {
@@ -102,6 +115,7 @@ impl Default for CosmosOptions {
             max_state_bytes: DEFAULT_MAX_STATE_BYTES,
             create: true,
             blob_threshold: steadfast_core::store::blob::DEFAULT_BLOB_THRESHOLD,
+            retry_budget: client::DEFAULT_RETRY_BUDGET,
         }
     }
 }
@@ -121,6 +135,12 @@ impl CosmosOptions {
     /// the store opens: 256 bytes to 1 GiB).
     pub fn blob_threshold(mut self, bytes: u64) -> Self {
         self.blob_threshold = bytes;
+        self
+    }
+    /// Sets how long one request is retried in all (checked when the store
+    /// opens: at most 10 minutes).
+    pub fn retry_budget(mut self, budget: std::time::Duration) -> Self {
+        self.retry_budget = budget;
         self
     }
 }
@@ -199,12 +219,13 @@ struct Parsed {
     keyfile: Option<String>,
     cafile: Option<String>,
     blob_threshold: Option<u64>,
+    retry_budget: Option<std::time::Duration>,
 }
 
 fn parse_url(url: &str) -> Result<Parsed, StoreError> {
     let bad = |why: &str| {
         StoreError::InvalidInput(format!(
-            "store URL: {why} (expected cosmos://HOST[:PORT]/DATABASE/CONTAINER[?keyfile=PATH][&cafile=PATH])"
+            "store URL: {why} (expected cosmos://HOST[:PORT]/DATABASE/CONTAINER[?keyfile=PATH][&cafile=PATH][&blob_threshold=SIZE][&retry_budget=DURATION])"
         ))
     };
     let rest = url
@@ -251,7 +272,7 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
             )));
         }
     }
-    let (mut keyfile, mut cafile, mut blob_threshold) = (None, None, None);
+    let (mut keyfile, mut cafile, mut blob_threshold, mut retry_budget) = (None, None, None, None);
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
             Some(("keyfile", v)) if !v.is_empty() => keyfile = Some(v.to_string()),
@@ -262,6 +283,14 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
                     other => other,
                 })?;
                 blob_threshold = Some(size);
+            }
+            Some(("retry_budget", v)) => {
+                let budget = humantime::parse_duration(v).map_err(|e| {
+                    bad(&format!(
+                        "retry_budget: {v:?} is not a duration like 30s or 2m ({e})"
+                    ))
+                })?;
+                retry_budget = Some(budget);
             }
             Some(("key", _)) => {
                 return Err(bad(
@@ -284,6 +313,7 @@ fn parse_url(url: &str) -> Result<Parsed, StoreError> {
         keyfile,
         cafile,
         blob_threshold,
+        retry_budget,
     })
 }
 
@@ -355,11 +385,28 @@ impl CosmosStore {
             opts.blob_threshold = t;
         }
         steadfast_core::store::blob::check_threshold(opts.blob_threshold)?;
+        if let Some(b) = p.retry_budget {
+            opts.retry_budget = b;
+        }
+        if opts.retry_budget > client::MAX_RETRY_BUDGET {
+            return Err(StoreError::InvalidInput(format!(
+                "the Cosmos DB retry budget of {:?} is longer than the {:?} a store takes",
+                opts.retry_budget,
+                client::MAX_RETRY_BUDGET
+            )));
+        }
         let key = read_key(p.keyfile.as_deref())?;
         let tls = steadfast_core::store::tls::verified(p.cafile.as_deref(), "cafile")?;
         let base = format!("https://{}:{}", p.host, p.port);
         let display = format!("cosmos://{}:{}/{}/{}", p.host, p.port, p.db, p.coll);
-        let client = Client::new(base, p.db.clone(), p.coll.clone(), key, tls)?;
+        let client = Client::new(
+            base,
+            p.db.clone(),
+            p.coll.clone(),
+            key,
+            tls,
+            opts.retry_budget,
+        )?;
         let store = CosmosStore {
             shared: Arc::new(Shared {
                 client,
@@ -2547,6 +2594,9 @@ mod tests {
             ("127.0.0.1", 8081, "db1", "runs")
         );
         assert_eq!(p.cafile.as_deref(), Some("/tmp/c.pem"));
+        assert_eq!(p.retry_budget, None);
+        let p = parse_url("cosmos://h/db/c?retry_budget=1m30s").expect("valid");
+        assert_eq!(p.retry_budget, Some(std::time::Duration::from_secs(90)));
         assert_eq!(
             parse_url("cosmos://acct.documents.azure.com/db/c")
                 .expect("valid")
@@ -2561,6 +2611,8 @@ mod tests {
             ("cosmos://h:port/db/c", "port"),
             ("cosmos://h/d b/c", "not a database"),
             ("cosmos://h/db/c?colour=red", "unknown parameter"),
+            ("cosmos://h/db/c?retry_budget=soon", "retry_budget"),
+            ("cosmos://h/db/c?retry_budget=-1s", "retry_budget"),
         ] {
             let e = parse_url(url).unwrap_err().to_string();
             assert!(e.contains(says), "{url}: {e}");

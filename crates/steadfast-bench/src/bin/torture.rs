@@ -5,6 +5,7 @@
 //! ```text
 //! cargo build --release -p steadfast-cli -p steadfast-bench
 //! target/release/torture --store sqlite --kills 2000 [--seed N] [--runs 8] [--steps 6] [--large]
+//! target/release/torture --store cosmos --faults 0.05 --kills 2000
 //! ```
 //!
 //! Stores: `file`, `sqlite` (a fresh temporary directory), `postgres`
@@ -17,6 +18,15 @@
 //! order; no step ran again once a later one had run (a checkpointed step is
 //! never re-executed); re-executions are at most the kills that hit the run.
 //! One summary line; exit 1 on any violation.
+//!
+//! `--faults RATE` (cosmos) goes through the fault-injecting proxy
+//! (`$STEADFAST_TEST_COSMOS_PROXY`, `ci/cosmos/faultproxy.js`): that share
+//! of all requests to items gets a fault (429, 503, 408, a connection
+//! dropped before or after the server applied the request, a delay, a lost
+//! session token), drawn from the seed, while processes are killed and runs
+//! finished. A write that a fault failed or left open counts like a kill of
+//! its run (it may cost one re-execution); the final records are read with
+//! the faults off.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -54,12 +64,41 @@ struct Args {
     /// The `steadfast` binary (default: beside this one).
     #[arg(long)]
     bin: Option<PathBuf>,
+    /// Cosmos only: the share (0 to 1) of requests to items that the fault
+    /// proxy faults.
+    #[arg(long)]
+    faults: Option<f64>,
+}
+
+/// The fault proxy's control endpoint, from the store URL's host.
+fn proxy_control(url: &str, path: &str, body: Option<&str>) -> Result<String, String> {
+    let ca = std::env::var("STEADFAST_TEST_COSMOS_CA").map_err(|_| "no CA".to_string())?;
+    let base = url
+        .strip_prefix("cosmos://")
+        .and_then(|r| r.split('/').next())
+        .ok_or("not a cosmos URL")?;
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sSf", "--cacert", &ca]);
+    if let Some(b) = body {
+        cmd.args(["-X", "POST", "-d", b]);
+    }
+    let out = cmd
+        .arg(format!("https://{base}/__proxy/{path}"))
+        .output()
+        .map_err(|e| format!("curl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the fault proxy at {base}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The size of each document of `--large`: over the default blob threshold.
 const DOC_BYTES: usize = 100_000;
 
-fn store_url(kind: &str, dir: &Path, seed: u64) -> Result<String, String> {
+fn store_url(kind: &str, dir: &Path, seed: u64, faults: bool) -> Result<String, String> {
     let env = |k: &str| std::env::var(k).map_err(|_| format!("{kind} needs ${k}"));
     Ok(match kind {
         "file" => format!("file:{}", dir.join("runs.json").display()),
@@ -70,7 +109,10 @@ fn store_url(kind: &str, dir: &Path, seed: u64) -> Result<String, String> {
             format!("{url}{sep}schema=torture_{seed}")
         }
         "cosmos" => {
-            let url = env("STEADFAST_TEST_COSMOS")?;
+            let url = env(match faults {
+                true => "STEADFAST_TEST_COSMOS_PROXY",
+                false => "STEADFAST_TEST_COSMOS",
+            })?;
             let ca = env("STEADFAST_TEST_COSMOS_CA")?;
             format!("{url}/torture{seed}/runs?cafile={ca}")
         }
@@ -108,9 +150,23 @@ fn main() {
     let seed = args.seed.unwrap_or_else(fastrand_seed);
     let mut rng = Rng(seed.max(1));
     let dir = tempfile::tempdir().expect("a temp dir");
-    let url = match store_url(&args.store, dir.path(), seed) {
+    if args.faults.is_some_and(|r| !(0.0..=1.0).contains(&r))
+        || (args.faults.is_some() && args.store != "cosmos")
+    {
+        eprintln!("torture: --faults takes a share from 0 to 1, on the cosmos store");
+        std::process::exit(2);
+    }
+    let url = match store_url(&args.store, dir.path(), seed, args.faults.is_some()) {
         Ok(u) => u,
         Err(e) => {
+            eprintln!("torture: {e}");
+            std::process::exit(2);
+        }
+    };
+    let database = format!("torture{seed}");
+    let set_faults = |rate: f64| {
+        let body = format!(r#"{{"db": "{database}", "rate": {rate}, "seed": "{seed}"}}"#);
+        if let Err(e) = proxy_control(&url, "random", Some(&body)) {
             eprintln!("torture: {e}");
             std::process::exit(2);
         }
@@ -144,15 +200,24 @@ fn main() {
         args.store, args.kills, runs, steps
     );
     let start_run = |id: &str| {
-        let st = spawn(
-            &bin,
-            dir.path(),
-            &url,
-            &["start", "flow.toml", "--run-id", id],
-        )
-        .wait();
-        assert!(st.is_ok_and(|s| s.success()), "start {id}");
+        // Under faults a start may fail, or land with its answer lost.
+        for _ in 0..20 {
+            let st = spawn(
+                &bin,
+                dir.path(),
+                &url,
+                &["start", "flow.toml", "--run-id", id],
+            )
+            .wait();
+            if st.is_ok_and(|s| s.success()) || !status_of(&bin, dir.path(), &url, id).is_empty() {
+                return;
+            }
+        }
+        panic!("start {id}: failed 20 times");
     };
+    if let Some(rate) = args.faults {
+        set_faults(rate);
+    }
     // The runs being worked on; a completed one is replaced by a new one, so
     // that kills keep landing in unfinished runs.
     let mut live: Vec<String> = (0..runs).map(|i| format!("r{i}")).collect();
@@ -214,29 +279,54 @@ fn main() {
     }
     // Finish everything: leases of killed holders lapse after 2 s.
     std::thread::sleep(Duration::from_millis(2_200));
+    // Held by a lease that has not lapsed yet, or a store hiccup (a fault
+    // that failed a save leaves the run under its lease): again, a few times.
+    let tries = if args.faults.is_some() { 10 } else { 2 };
     for id in &ids {
-        let ok = spawn(
-            &bin,
-            dir.path(),
-            &url,
-            &["run", "flow.toml", "--run-id", id],
-        )
-        .wait();
-        if !ok.is_ok_and(|s| s.success()) {
-            // Held by a lease that has not lapsed yet, or a store hiccup: once more.
-            std::thread::sleep(Duration::from_millis(2_200));
-            let again = spawn(
+        let mut done = false;
+        for t in 0..tries {
+            if t > 0 {
+                std::thread::sleep(Duration::from_millis(2_200));
+            }
+            let ok = spawn(
                 &bin,
                 dir.path(),
                 &url,
                 &["run", "flow.toml", "--run-id", id],
             )
             .wait();
-            if !again.is_ok_and(|s| s.success()) {
-                println!("torture: VIOLATION seed {seed}: run {id} did not complete");
-                std::process::exit(1);
+            if ok.is_ok_and(|s| s.success()) {
+                done = true;
+                break;
             }
         }
+        if !done {
+            println!("torture: VIOLATION seed {seed}: run {id} did not complete");
+            std::process::exit(1);
+        }
+    }
+    // Writes that a fault failed or left open, by run; then the judge reads
+    // the final records with the faults off.
+    let mut fault_hits: HashMap<String, u32> = HashMap::new();
+    if args.faults.is_some() {
+        set_faults(0.0);
+        let text =
+            proxy_control(&url, &format!("faults?db={database}"), None).unwrap_or_else(|e| {
+                eprintln!("torture: {e}");
+                std::process::exit(2);
+            });
+        let by_pk: HashMap<String, u32> = serde_json::from_str(&text).unwrap_or_default();
+        for (pk, n) in by_pk {
+            // The partition key is the run's encoded id, as a JSON list; the
+            // torture's ids (r0, r1, ...) encode to themselves.
+            let id: Vec<String> = serde_json::from_str(&pk).unwrap_or_default();
+            if let Some(id) = id.into_iter().next() {
+                *fault_hits.entry(id).or_default() += n;
+            }
+        }
+    }
+    for (id, n) in &fault_hits {
+        *kills_per_run.entry(id.clone()).or_default() += n;
     }
     let violations = check(
         &bin,
@@ -252,8 +342,15 @@ fn main() {
         .unwrap_or_default()
         .lines()
         .count();
+    let faulted = match args.faults {
+        Some(rate) => format!(
+            " through the fault proxy ({rate} of requests; {} writes failed or left open)",
+            fault_hits.values().sum::<u32>()
+        ),
+        None => String::new(),
+    };
     println!(
-        "torture: store {} seed {seed}: {} kills ({} of workers) in {:.0?}, {} runs completed, {} step executions for {} steps ({} re-executions), {} violations",
+        "torture: store {}{faulted} seed {seed}: {} kills ({} of workers) in {:.0?}, {} runs completed, {} step executions for {} steps ({} re-executions), {} violations",
         args.store,
         args.kills,
         worker_kills,

@@ -32,6 +32,26 @@ pub fn server() -> Option<(String, String)> {
     }
 }
 
+/// The fault-injecting proxy in front of the server (`ci/cosmos/faultproxy.js`,
+/// started by `ci/cosmos/start.sh` beside it): its `cosmos://HOST:PORT` and
+/// the certificate, or `None` outside CI when none was started. Under CI a
+/// missing proxy fails the test.
+pub fn proxy() -> Option<(String, String)> {
+    match (
+        std::env::var("STEADFAST_TEST_COSMOS_PROXY"),
+        std::env::var("STEADFAST_TEST_COSMOS_CA"),
+    ) {
+        (Ok(url), Ok(ca)) => Some((url, ca)),
+        _ if std::env::var("CI").is_ok_and(|v| !v.is_empty()) => {
+            panic!("STEADFAST_TEST_COSMOS_PROXY and STEADFAST_TEST_COSMOS_CA are not set: .ci/run starts the proxy (ci/cosmos/start.sh)")
+        }
+        _ => {
+            eprintln!("skipped: no Cosmos fault proxy (run ci/cosmos/start.sh DIR and export what it prints)");
+            None
+        }
+    }
+}
+
 /// A fresh database on the server, dropped with the guard.
 pub struct TestDb {
     pub url: String,
