@@ -13,6 +13,9 @@
 //   delay         waits DELAY_MS, then forwards
 //   no-session    forwards, but drops x-ms-session-token both ways (the
 //                 client loses its session)
+//   fake-ack      a lie, for negative controls only (never drawn unless
+//                 named): answers a write as if every operation was applied
+//                 (a batch: 200 or 201 for each), without forwarding it
 // Control (never faulted, not forwarded):
 //   POST /__proxy/rules  {"db": NAME, "kind": K, "count": N, "skip": N,
 //        "on": "writes"|"reads"|"all", "status": S, "retry_after_ms": MS,
@@ -30,7 +33,7 @@
 //        path, whether a write, fault), the last 2,000
 //   GET  /__proxy/stats  faults injected, by kind
 //   GET  /__proxy/faults?db=NAME  faults that failed or left open a write
-//        to NAME (every kind but delay and no-session), by partition key
+//        to NAME (every kind but delay, no-session and the lie), by partition key
 //        (a run's), counted for as long as the proxy runs
 // Usage: node faultproxy.js PORT UPSTREAM_PORT CERT.pem KEY.pem PIDFILE
 "use strict";
@@ -44,7 +47,9 @@ if (!port || !upstreamPort || !certFile || !keyFile || !pidFile) {
 }
 const cert = fs.readFileSync(certFile);
 const upstream = new https.Agent({ keepAlive: true, ca: cert, maxSockets: 64 });
+// The honest faults, drawn at random by default; and the lie.
 const KINDS = ["status", "status-after", "drop-before", "drop-after", "delay", "no-session"];
+const ALL_KINDS = KINDS.concat(["fake-ack"]);
 
 let rules = [];
 // Random faults by database ("" for any), each with its own seeded stream.
@@ -103,6 +108,8 @@ function faultFor(req) {
   const random = randoms.get(db) || randoms.get("");
   if (random && random.rate > 0 && isItems(req) && next(random) < random.rate) {
     const kind = random.kinds[Math.floor(next(random) * random.kinds.length)];
+    // The lie is about writes: a read is never answered with made-up items.
+    if (kind === "fake-ack" && !isWrite(req)) return null;
     const statuses = [429, 429, 503, 408];
     return {
       kind,
@@ -131,6 +138,26 @@ function answer(res, status, extra) {
   res.end(JSON.stringify({ code: "InjectedByProxy", message: `fault injected by the proxy (HTTP ${status})` }));
 }
 
+// An answer that says a write was applied, for a write that was not.
+function fakeAck(req, res, body) {
+  let ops = null;
+  try {
+    ops = JSON.parse(body.toString() || "null");
+  } catch (e) {
+    ops = null;
+  }
+  res.setHeader("content-type", "application/json");
+  if (req.headers["x-ms-cosmos-is-batch-request"] && Array.isArray(ops)) {
+    res.statusCode = 200;
+    return res.end(
+      JSON.stringify(ops.map((op) => ({ statusCode: op && op.operationType === "Create" ? 201 : 200 }))),
+    );
+  }
+  res.statusCode = req.method === "POST" ? 201 : 200;
+  const doc = ops && typeof ops === "object" && !Array.isArray(ops) ? ops : {};
+  res.end(JSON.stringify(Object.assign({}, doc, { _etag: `"fake-${Date.now()}"`, _ts: Math.floor(Date.now() / 1000) })));
+}
+
 function control(req, res, body) {
   const [path, query] = req.url.split("?");
   const json = (status, value) => {
@@ -143,7 +170,7 @@ function control(req, res, body) {
       const r = JSON.parse(body || "{}");
       if (r.clear) rules = rules.filter((x) => x.db !== (r.db || ""));
       else {
-        if (!KINDS.includes(r.kind)) return json(400, { error: `unknown kind ${r.kind}` });
+        if (!ALL_KINDS.includes(r.kind)) return json(400, { error: `unknown kind ${r.kind}` });
         if (!["writes", "reads", "all", undefined].includes(r.on)) return json(400, { error: `unknown "on" ${r.on}` });
         rules.push(Object.assign({ db: "", count: 1, skip: 0, on: "writes", status: 503, retry_after_ms: 20, delay_ms: 100 }, r));
       }
@@ -152,7 +179,7 @@ function control(req, res, body) {
     if (path === "/__proxy/random" && req.method === "POST") {
       const r = JSON.parse(body || "{}");
       const kinds = r.kinds && r.kinds.length ? r.kinds : KINDS;
-      if (kinds.some((k) => !KINDS.includes(k))) return json(400, { error: "unknown kind" });
+      if (kinds.some((k) => !ALL_KINDS.includes(k))) return json(400, { error: "unknown kind" });
       const seed = BigInt.asUintN(64, BigInt(r.seed || 1)) || 1n;
       randoms.set(r.db || "", { rate: Number(r.rate) || 0, kinds, state: seed });
       return json(200, { rate: Number(r.rate) || 0, kinds });
@@ -198,7 +225,7 @@ const server = https.createServer({ cert, key: fs.readFileSync(keyFile), keepAli
     const fault = faultFor(req);
     remember(req, fault);
     if (fault) stats[fault.kind] = (stats[fault.kind] || 0) + 1;
-    if (fault && isWrite(req) && !["delay", "no-session"].includes(fault.kind)) {
+    if (fault && isWrite(req) && !["delay", "no-session", "fake-ack"].includes(fault.kind)) {
       const db = dbOf(req.url);
       const pk = req.headers["x-ms-documentdb-partitionkey"] || "";
       if (!writeFaults.has(db)) writeFaults.set(db, {});
@@ -211,6 +238,7 @@ const server = https.createServer({ cert, key: fs.readFileSync(keyFile), keepAli
       return answer(res, fault.status, extra);
     }
     if (kind === "drop-before") return req.socket.destroy();
+    if (kind === "fake-ack" && isWrite(req)) return fakeAck(req, res, body);
     const go = () =>
       forward(req, body, kind === "no-session", (err, ur, data) => {
         if (err) return answer(res, 502);

@@ -136,8 +136,11 @@ async fn run_to_the_end(
     }
 }
 
-/// The run completed with every step recorded once, in order, and the
-/// full state; each step ran at most once more than the calls that failed.
+/// The judge of these tests: the run completed with every step recorded
+/// once, in order, and the full state; each step ran at least once, and
+/// the executions beyond one per step are at most the calls that failed
+/// (a step whose save was refused runs again; one whose save was
+/// acknowledged never does).
 async fn check_run(
     store: &CosmosStore,
     id: &str,
@@ -146,20 +149,25 @@ async fn check_run(
     failed: u32,
 ) -> TestResult {
     let cp = store.load(id).await?.ok_or("saved")?;
-    assert_eq!((cp.status, cp.next), (RunStatus::Completed, n), "{id}");
+    if (cp.status, cp.next) != (RunStatus::Completed, n) {
+        return Err(format!("{id}: {:?} at step {}", cp.status, cp.next).into());
+    }
     for i in 0..n {
-        assert_eq!(cp.state[&format!("s{i}")], json!(i), "{id}");
+        if cp.state.get(&format!("s{i}")) != Some(&json!(i)) {
+            return Err(format!("{id}: the state lacks s{i}: {:?}", cp.state).into());
+        }
     }
     let history = store.history(id).await?.ok_or("history")?;
     let names: Vec<&str> = history.iter().map(|s| s.name.as_str()).collect();
     let want: Vec<String> = (0..n).map(|i| format!("s{i}")).collect();
-    assert_eq!(names, want, "{id}: every step recorded once, in order");
+    if names != want {
+        return Err(format!("{id}: history {names:?}, not every step once in order").into());
+    }
     let c = counts.lock().unwrap()[id].clone();
     let extra: u32 = c.iter().map(|n| n.saturating_sub(1)).sum();
-    assert!(
-        c.iter().all(|n| *n >= 1) && extra <= failed,
-        "{id}: executions {c:?} with {failed} failed call(s)"
-    );
+    if !c.iter().all(|n| *n >= 1) || extra > failed {
+        return Err(format!("{id}: executions {c:?} with {failed} failed call(s)").into());
+    }
     Ok(())
 }
 
@@ -428,6 +436,39 @@ fn random_faults_lose_and_double_no_step() -> TestResult {
         let kinds: std::collections::BTreeSet<&str> =
             log.iter().filter_map(|e| e.3.as_deref()).collect();
         assert_eq!(kinds.len(), 6, "every kind of fault was met: {kinds:?}");
+        Ok(())
+    })
+}
+
+/// The negative control of the judge above: the proxy acknowledges the save
+/// of the second step without making it (a lie no honest fault tells), so
+/// an acknowledged step is lost; the check must say so.
+#[test]
+fn a_save_acknowledged_but_not_made_is_caught() -> TestResult {
+    let Some(proxy) = support::proxy() else {
+        return Ok(());
+    };
+    rt().block_on(async {
+        let p = Proxy::new(&proxy)?;
+        let db = support::TestDb::new(&proxy);
+        let store = db.store(CosmosOptions::default()).await;
+        let counts = Counts::default();
+        let wf = counted(3, &counts);
+        p.rule(&db, json!({"kind": "fake-ack", "skip": 1})).await?;
+        let failed = run_to_the_end("lied-to", &wf, &store, 4).await?;
+        let log = p.log(&db).await?;
+        assert_eq!(
+            log.iter()
+                .filter(|e| e.3.as_deref() == Some("fake-ack"))
+                .count(),
+            1,
+            "the lie was told"
+        );
+        let verdict = check_run(&store, "lied-to", 3, &counts, failed).await;
+        let why = verdict
+            .err()
+            .ok_or("the check missed an acknowledged step that was lost")?;
+        assert!(why.to_string().contains("executions"), "{why}");
         Ok(())
     })
 }

@@ -26,7 +26,8 @@
 //! session token), drawn from the seed, while processes are killed and runs
 //! finished. A write that a fault failed or left open counts like a kill of
 //! its run (it may cost one re-execution); the final records are read with
-//! the faults off.
+//! the faults off. `--lie` is the negative control: the proxy acknowledges
+//! writes without making them, and the check must find the loss.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -68,6 +69,12 @@ struct Args {
     /// proxy faults.
     #[arg(long)]
     faults: Option<f64>,
+    /// With --faults: the negative control. The proxy acknowledges that
+    /// share of writes without making them (its `fake-ack`), so
+    /// acknowledged steps are lost; the check must find violations (exit 1
+    /// if it finds none, 0 if it does).
+    #[arg(long, requires = "faults")]
+    lie: bool,
 }
 
 /// The fault proxy's control endpoint, from the store URL's host.
@@ -165,7 +172,10 @@ fn main() {
     };
     let database = format!("torture{seed}");
     let set_faults = |rate: f64| {
-        let body = format!(r#"{{"db": "{database}", "rate": {rate}, "seed": "{seed}"}}"#);
+        let kinds = if args.lie { r#"["fake-ack"]"# } else { "[]" };
+        let body = format!(
+            r#"{{"db": "{database}", "rate": {rate}, "seed": "{seed}", "kinds": {kinds}}}"#
+        );
         if let Err(e) = proxy_control(&url, "random", Some(&body)) {
             eprintln!("torture: {e}");
             std::process::exit(2);
@@ -302,7 +312,10 @@ fn main() {
         }
         if !done {
             println!("torture: VIOLATION seed {seed}: run {id} did not complete");
-            std::process::exit(1);
+            if args.lie {
+                println!("torture: negative control: the check caught the writes acknowledged and not made");
+            }
+            std::process::exit(i32::from(!args.lie));
         }
     }
     // Writes that a fault failed or left open, by run; then the judge reads
@@ -361,7 +374,10 @@ fn main() {
         total_execs.saturating_sub(ids.len() * steps),
         violations.len()
     );
-    for v in &violations {
+    for v in violations
+        .iter()
+        .take(if args.lie { 5 } else { usize::MAX })
+    {
         println!("torture: VIOLATION seed {seed}: {v}");
     }
     if args.store == "postgres" {
@@ -372,6 +388,17 @@ fn main() {
                 &format!("DROP SCHEMA IF EXISTS torture_{seed} CASCADE"),
             ])
             .status();
+    }
+    if args.lie {
+        println!(
+            "torture: negative control: the check {} the writes acknowledged and not made",
+            if violations.is_empty() {
+                "MISSED"
+            } else {
+                "caught"
+            }
+        );
+        std::process::exit(i32::from(violations.is_empty()));
     }
     std::process::exit(i32::from(!violations.is_empty()));
 }
