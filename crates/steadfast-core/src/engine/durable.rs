@@ -1174,8 +1174,10 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     /// not answered within a third of the lease's time, or by a tenth of it
     /// before the recorded lease runs out (a partition, a server gone
     /// without a word), stops the step and fails the call: by then another
-    /// worker may take the run, and a step must not run on beside it. A step
-    /// that ends while a renewal is under way returns once the renewal is
+    /// worker may take the run, and a step must not run on beside it. Only
+    /// once the step is stopped does it look (as briefly) whether another
+    /// worker has the run: then the call reports the run lost. A step that
+    /// ends while a renewal is under way returns once the renewal is
     /// answered.
     async fn with_renewals<R>(&self, fut: impl Future<Output = R>) -> Result<R, Error> {
         let Some(every) = self.runner().renew_every() else {
@@ -1184,7 +1186,9 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         let margin = self.runner().lease.as_ref().map_or(every, |(_, ttl)| {
             crate::engine::session::renewal_margin(*ttl)
         });
-        tokio::pin!(fut);
+        // Boxed, so that it can be dropped (the step stopped) before the
+        // look that follows an unanswered renewal.
+        let mut fut = Box::pin(fut);
         let mut done: Option<R> = None;
         loop {
             if done.is_none() {
@@ -1198,7 +1202,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 let mut guard = self.shared.session.lock().await;
                 let s = &mut *guard;
                 let out = s.renew_by(self.runner(), by).await;
-                (out, s.cp.created_at)
+                (out, s.cp.created_at, s.cp.version)
             };
             // The session's own wait is bounded by `by`; this bound is for
             // the wait for the session, a little later so as never to cut a
@@ -1212,23 +1216,19 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 }
             };
             let (out, created_at) = match answered {
-                Ok((Ok(true), _)) => match done.take() {
+                Ok((Ok(true), _, _)) => match done.take() {
                     Some(r) => return Ok(r),
                     None => continue,
                 },
-                Ok((Ok(false), _)) | Err(_) => {
-                    return Err(store_error(
-                        &self.shared.run_id,
-                        "renewal of the lease",
-                        StoreError::backend(
-                            StoreErrorKind::Unavailable,
-                            format!(
-                                "the store did not answer in time ({every:?} at most, and {margin:?} before the lease runs out); the step was stopped so that it does not run on beside a worker that takes the run over"
-                            ),
-                        ),
-                    ));
+                Ok((Ok(false), created_at, version)) => {
+                    drop(fut);
+                    return Err(self.unanswered(every, margin, created_at, version).await);
                 }
-                Ok((Err(e), created_at)) => (e, created_at),
+                Err(_) => {
+                    drop(fut);
+                    return Err(unanswered_renewal(&self.shared.run_id, every, margin));
+                }
+                Ok((Err(e), created_at, _)) => (e, created_at),
             };
             let e = self
                 .runner()
@@ -1240,6 +1240,39 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 let _ = tokio::time::timeout(self.runner().cancel_grace, &mut fut).await;
             }
             return Err(e);
+        }
+    }
+
+    /// The error of a renewal the store did not answer in time, the step
+    /// already stopped: a run another worker holds now (a process that stood
+    /// still past its lease, woken) is reported lost, as a conflict; else
+    /// the store did not answer. The look is bounded like the renewal.
+    async fn unanswered(
+        &self,
+        every: Duration,
+        margin: Duration,
+        created_at: Timestamp,
+        version: u64,
+    ) -> Error {
+        let r = self.runner();
+        let run_id = &self.shared.run_id;
+        let me = r.lease.as_ref().map(|(owner, _)| owner);
+        match tokio::time::timeout(every, r.store.load(run_id)).await {
+            Ok(Ok(Some(stored)))
+                if stored.version != version || stored.lease.as_ref().map(|l| &l.owner) != me =>
+            {
+                let taken = store_error(
+                    run_id,
+                    "renewal of the lease",
+                    StoreError::Conflict {
+                        run_id: run_id.clone(),
+                        expected: Some(version),
+                        found: Some(stored.version),
+                    },
+                );
+                r.explain_conflict(run_id, created_at, taken).await
+            }
+            _ => unanswered_renewal(run_id, every, margin),
         }
     }
 
@@ -1717,4 +1750,18 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         })
         .await
     }
+}
+
+/// A renewal the store did not answer in time; the step was stopped.
+fn unanswered_renewal(run_id: &str, every: Duration, margin: Duration) -> Error {
+    store_error(
+        run_id,
+        "renewal of the lease",
+        StoreError::backend(
+            StoreErrorKind::Unavailable,
+            format!(
+                "the store did not answer in time ({every:?} at most, and {margin:?} before the lease runs out); the step was stopped so that it does not run on beside a worker that takes the run over"
+            ),
+        ),
+    )
 }

@@ -243,7 +243,7 @@ impl Session {
 
     /// [`renew`](Self::renew), given up when the store has not answered by
     /// `by` or by a tenth of the lease's time before the recorded lease runs
-    /// out (when it has not already), whichever is first: then the record
+    /// out (at once when less is left), whichever is first: then the record
     /// keeps the lease it had and `Ok(false)` says that nothing was confirmed
     /// (the save may still land later; its compare-and-swap fences it like
     /// any stale write).
@@ -260,12 +260,10 @@ impl Session {
         if let Some(held) = self.cp.lease.as_ref().filter(|l| l.owner == *me) {
             let left = Duration::from_millis(crate::engine::lease_left(held, r.clock.now(), true));
             // A lease that ran out while this process stood still (paused
-            // past it) is not cut short here: the save itself says whether
-            // another worker took the run over (a conflict) or it is still
-            // this call's.
-            if left > margin {
-                until = until.min(tokio::time::Instant::now() + (left - margin));
-            }
+            // past it) gives up at once: the caller stops the step before it
+            // looks whether another worker took the run over.
+            let now = tokio::time::Instant::now();
+            until = until.min(now.checked_add(left.saturating_sub(margin)).unwrap_or(now));
         }
         let (old, writer) = (self.cp.lease.clone(), self.cp.writer);
         match tokio::time::timeout_at(until, self.renew(r)).await {
