@@ -18,12 +18,12 @@
 //                 (a batch: 200 or 201 for each), without forwarding it
 // Control (never faulted, not forwarded):
 //   POST /__proxy/rules  {"db": NAME, "kind": K, "count": N, "skip": N,
-//        "on": "writes"|"reads"|"all", "status": S, "retry_after_ms": MS,
+//        "on": "writes"|"reads"|"queries"|"all", "status": S, "retry_after_ms": MS,
 //        "delay_ms": MS}
 //        appends a rule: after SKIP matching requests to database NAME pass
 //        untouched, the next COUNT get fault K. "on" says which requests
 //        match: writes to items (the default), reads and queries of items,
-//        or every request. Rules are used in order.
+//        queries only, or every request. Rules are used in order.
 //        {"db": NAME, "clear": true} removes NAME's rules.
 //   POST /__proxy/random {"db": NAME, "rate": R, "seed": S, "kinds": [K...]}:
 //        each request to items (/docs) of database NAME (of any, without
@@ -33,7 +33,9 @@
 //        path, whether a write, fault), the last 2,000
 //   GET  /__proxy/stats  faults injected, by kind
 //   GET  /__proxy/faults?db=NAME  faults that failed or left open a write
-//        to NAME (every kind but delay, no-session and the lie), by partition key
+//        to NAME (every kind but 429s, which are sent again, delays, lost
+//        session tokens and the lie; and 502s for a server that did not
+//        answer the proxy), by partition key
 //        (a run's), counted for as long as the proxy runs
 // Usage: node faultproxy.js PORT UPSTREAM_PORT CERT.pem KEY.pem PIDFILE
 "use strict";
@@ -58,7 +60,8 @@ const stats = {};
 const logs = new Map();
 const writeFaults = new Map();
 
-// xorshift64, seeded: a torture's faults replay with its seed.
+// xorshift64, seeded: the same seed draws the same faults for the same
+// order of requests (concurrent clients may arrive in another order).
 function next(random) {
   let x = random.state;
   x ^= x << 13n;
@@ -72,11 +75,19 @@ function next(random) {
 
 function dbOf(url) {
   const m = /^\/dbs\/([^/?]+)/.exec(url);
-  return m ? decodeURIComponent(m[1]) : "";
+  try {
+    return m ? decodeURIComponent(m[1]) : "";
+  } catch (e) {
+    return m[1];
+  }
 }
 
 function isItems(req) {
   return /\/docs/.test(req.url);
+}
+
+function isQuery(req) {
+  return req.method === "POST" && isItems(req) && !!req.headers["x-ms-documentdb-isquery"];
 }
 
 function isWrite(req) {
@@ -93,7 +104,10 @@ function faultFor(req) {
   const matches = (r) =>
     r.count > 0 &&
     r.db === db &&
-    (r.on === "all" || (r.on === "reads" ? isItems(req) && !isWrite(req) : isWrite(req)));
+    (r.on === "all" ||
+      (r.on === "reads" && isItems(req) && !isWrite(req)) ||
+      (r.on === "queries" && isQuery(req)) ||
+      (r.on === "writes" && isWrite(req)));
   const i = rules.findIndex(matches);
   if (i >= 0) {
     const rule = rules[i];
@@ -119,6 +133,15 @@ function faultFor(req) {
     };
   }
   return null;
+}
+
+// A write a fault failed or left open, by database and partition key.
+function countWriteFault(req) {
+  const db = dbOf(req.url);
+  const pk = req.headers["x-ms-documentdb-partitionkey"] || "";
+  if (!writeFaults.has(db)) writeFaults.set(db, {});
+  const byPk = writeFaults.get(db);
+  byPk[pk] = (byPk[pk] || 0) + 1;
 }
 
 function remember(req, fault) {
@@ -171,8 +194,12 @@ function control(req, res, body) {
       if (r.clear) rules = rules.filter((x) => x.db !== (r.db || ""));
       else {
         if (!ALL_KINDS.includes(r.kind)) return json(400, { error: `unknown kind ${r.kind}` });
-        if (!["writes", "reads", "all", undefined].includes(r.on)) return json(400, { error: `unknown "on" ${r.on}` });
-        rules.push(Object.assign({ db: "", count: 1, skip: 0, on: "writes", status: 503, retry_after_ms: 20, delay_ms: 100 }, r));
+        if (!["writes", "reads", "queries", "all", undefined].includes(r.on)) return json(400, { error: `unknown "on" ${r.on}` });
+        const rule = Object.assign({ count: 1, skip: 0, on: "writes", status: 503, retry_after_ms: 20, delay_ms: 100 }, r);
+        rule.status = Number(rule.status);
+        if (typeof rule.db !== "string" || rule.db === "") return json(400, { error: "a rule names its database" });
+        if (!Number.isInteger(rule.status) || rule.status < 200 || rule.status > 599) return json(400, { error: "status is 200 to 599" });
+        rules.push(rule);
       }
       return json(200, { rules: rules.filter((x) => x.db === (r.db || "")) });
     }
@@ -220,42 +247,51 @@ const server = https.createServer({ cert, key: fs.readFileSync(keyFile), keepAli
   const chunks = [];
   req.on("data", (c) => chunks.push(c));
   req.on("end", () => {
-    const body = Buffer.concat(chunks);
-    if (req.url.startsWith("/__proxy/")) return control(req, res, body.toString());
-    const fault = faultFor(req);
-    remember(req, fault);
-    if (fault) stats[fault.kind] = (stats[fault.kind] || 0) + 1;
-    if (fault && isWrite(req) && !["delay", "no-session", "fake-ack"].includes(fault.kind)) {
-      const db = dbOf(req.url);
-      const pk = req.headers["x-ms-documentdb-partitionkey"] || "";
-      if (!writeFaults.has(db)) writeFaults.set(db, {});
-      const byPk = writeFaults.get(db);
-      byPk[pk] = (byPk[pk] || 0) + 1;
+    try {
+      handle(req, res, Buffer.concat(chunks));
+    } catch (e) {
+      console.error(`cosmos fault proxy: ${e.stack || e}`);
+      if (!res.headersSent) answer(res, 500);
     }
-    const kind = fault ? fault.kind : null;
-    if (kind === "status") {
-      const extra = fault.status === 429 ? { "x-ms-retry-after-ms": String(fault.retry_after_ms) } : {};
-      return answer(res, fault.status, extra);
-    }
-    if (kind === "drop-before") return req.socket.destroy();
-    if (kind === "fake-ack" && isWrite(req)) return fakeAck(req, res, body);
-    const go = () =>
-      forward(req, body, kind === "no-session", (err, ur, data) => {
-        if (err) return answer(res, 502);
-        if (kind === "drop-after") return req.socket.destroy();
-        if (kind === "status-after") return answer(res, fault.status === 429 ? 503 : fault.status);
-        res.statusCode = ur.statusCode;
-        for (const [k, v] of Object.entries(ur.headers)) {
-          if (["connection", "keep-alive", "transfer-encoding", "content-length"].includes(k)) continue;
-          if (kind === "no-session" && k === "x-ms-session-token") continue;
-          res.setHeader(k, v);
-        }
-        res.end(data);
-      });
-    if (kind === "delay") setTimeout(go, fault.delay_ms);
-    else go();
   });
 });
+
+function handle(req, res, body) {
+  if (req.url.startsWith("/__proxy/")) return control(req, res, body.toString());
+  const fault = faultFor(req);
+  remember(req, fault);
+  if (fault) stats[fault.kind] = (stats[fault.kind] || 0) + 1;
+  const throttled = fault && fault.kind === "status" && Number(fault.status) === 429;
+  if (fault && isWrite(req) && !throttled && !["delay", "no-session", "fake-ack"].includes(fault.kind)) {
+    countWriteFault(req);
+  }
+  const kind = fault ? fault.kind : null;
+  if (kind === "status") {
+    const extra = Number(fault.status) === 429 ? { "x-ms-retry-after-ms": String(fault.retry_after_ms) } : {};
+    return answer(res, fault.status, extra);
+  }
+  if (kind === "drop-before") return req.socket.destroy();
+  if (kind === "fake-ack" && isWrite(req)) return fakeAck(req, res, body);
+  const go = () =>
+    forward(req, body, kind === "no-session", (err, ur, data) => {
+      if (err) {
+        // The server's answer was lost on the way: as open as a drop.
+        if (isWrite(req)) countWriteFault(req);
+        return answer(res, 502);
+      }
+      if (kind === "drop-after") return req.socket.destroy();
+      if (kind === "status-after") return answer(res, Number(fault.status) === 429 ? 503 : fault.status);
+      res.statusCode = ur.statusCode;
+      for (const [k, v] of Object.entries(ur.headers)) {
+        if (["connection", "keep-alive", "transfer-encoding", "content-length"].includes(k)) continue;
+        if (kind === "no-session" && k === "x-ms-session-token") continue;
+        res.setHeader(k, v);
+      }
+      res.end(data);
+    });
+  if (kind === "delay") setTimeout(go, fault.delay_ms);
+  else go();
+}
 server.on("error", (err) => {
   console.error(`cosmos fault proxy: ${err.message}`);
   process.exit(1);
@@ -264,3 +300,6 @@ server.listen(Number(port), "127.0.0.1", () => {
   fs.writeFileSync(pidFile, String(process.pid));
   console.log(`cosmos fault proxy on https://127.0.0.1:${port} -> ${upstreamPort}`);
 });
+// A bug in a callback must not take the proxy (and every test through it)
+// down: say so and go on.
+process.on("uncaughtException", (e) => console.error(`cosmos fault proxy: ${e.stack || e}`));

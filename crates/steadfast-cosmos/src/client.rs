@@ -181,7 +181,10 @@ impl Client {
                 Ok(r) => r,
                 Err(e) => {
                     let never_sent = e.is_connect();
-                    if never_sent || read {
+                    // A certificate or handshake the client refused is not
+                    // a passing trouble: no try would do better.
+                    let refused_tls = tls_refused(&e);
+                    if (never_sent || read) && !refused_tls {
                         if let Some(wait) = again(backoff) {
                             tracing::debug!(tries, error = %chain(&e), "Cosmos DB request sent again");
                             tokio::time::sleep(wait).await;
@@ -232,7 +235,9 @@ impl Client {
                 Err(e) => return Err(Failure::Lost(chain(&e))),
             };
             let wait = match status.as_u16() {
-                429 => again(retry_after(&headers)),
+                // At least a millisecond: a service that asks for no wait
+                // at all is not sent a stream of requests.
+                429 => again(retry_after(&headers).max(Duration::from_millis(1))),
                 408 | 503 if read => again(backoff),
                 _ => None,
             };
@@ -288,6 +293,19 @@ impl Client {
     }
 }
 
+/// Whether the TLS layer refused the server (its certificate, the
+/// handshake): an error no retry mends.
+fn tls_refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
 /// The wait a 429 asks for (`x-ms-retry-after-ms`, milliseconds, possibly
 /// fractional); 100 ms when it names none or none that makes sense.
 fn retry_after(headers: &HeaderMap) -> Duration {
@@ -325,20 +343,27 @@ pub(crate) fn answer_error(a: &Answer, what: &str, run_id: &str, write: bool) ->
         .ok()
         .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_string))
         .unwrap_or_default();
-    let msg = format!("{what}: HTTP {} {detail}", a.status.as_u16());
+    let tried = match a.tries {
+        0 | 1 => String::new(),
+        n => format!(" (after {n} tries in {:.1?})", a.spent),
+    };
+    let msg = format!("{what}: HTTP {} {detail}{tried}", a.status.as_u16());
     match a.status.as_u16() {
         // 403 with substatus 1014: the run's logical partition is full.
         403 if a.header("x-ms-substatus") == Some("1014") => StoreError::backend(
             StoreErrorKind::TooLarge,
             format!("{what}: the run's partition reached the service's size limit (HTTP 403.1014)"),
         ),
-        // Throttled past the retry budget: every advertised delay was
-        // waited out, and the service still refused.
+        // Still throttled when the next wait the service asked for would
+        // pass the retry budget.
         429 => StoreError::backend(
             StoreErrorKind::Unavailable,
             format!(
-                "{what}: the service kept throttling the request (HTTP 429) through {} tries in {:.1?}, which spent the retry budget of {:?}; give the container more throughput (RU/s), run fewer workers, or raise the budget (?retry_budget= in the store URL)",
-                a.tries, a.spent, a.budget
+                "{what}: the service kept throttling the request (HTTP 429): {} {} in {:.1?}, and the next wait it asked for would pass the retry budget of {:?}; give the container more throughput (RU/s), run fewer workers, or raise the budget (?retry_budget= in the store URL)",
+                a.tries,
+                if a.tries == 1 { "try" } else { "tries" },
+                a.spent,
+                a.budget
             ),
         ),
         401 | 403 => StoreError::backend(

@@ -101,11 +101,13 @@ pub struct CosmosOptions {
     /// run as a blob (default 64 KiB; `?blob_threshold=SIZE` in a URL,
     /// which wins over this).
     pub blob_threshold: u64,
-    /// How long one request is retried in all: throttled (429, after the
-    /// delay the service asks for), never sent, or a read that met a
-    /// timeout, an unavailable service or a lost answer (default 30 s;
-    /// `?retry_budget=DURATION` in a URL, which wins over this). Past it the
-    /// call fails with an error that says so.
+    /// How long one request is retried for: throttled (429, after the delay
+    /// the service asks for), never sent, or a read that met a timeout, an
+    /// unavailable service or a lost answer (default 30 s;
+    /// `?retry_budget=DURATION` in a URL, which wins over this). No try
+    /// starts past it (a try itself may take up to the client's 60 s
+    /// timeout); a request still throttled then fails with an error that
+    /// names the budget, others with their last error and the tries made.
     pub retry_budget: std::time::Duration,
 }
 

@@ -277,7 +277,7 @@ fn a_spent_retry_budget_is_an_error_that_says_so() -> TestResult {
 /// Every write of a run in turn is applied by the server and then its
 /// answer is lost (the connection dropped) or replaced by a 503 or a 408:
 /// the run loop reads the head back, finds its own save, and goes on in the
-/// same call, with no step run twice.
+/// same call, with no step run twice and no write sent twice.
 #[test]
 fn ambiguous_writes_are_resolved_by_reading_the_head() -> TestResult {
     let Some(proxy) = support::proxy() else {
@@ -303,9 +303,16 @@ fn ambiguous_writes_are_resolved_by_reading_the_head() -> TestResult {
                 let id = format!("amb-{k}-{skip}");
                 let mut rule = fault.clone();
                 rule["skip"] = json!(skip);
+                let before = p.log(&db).await?.iter().filter(|e| e.4).count();
                 p.rule(&db, rule).await?;
                 let failed = run_to_the_end(&id, &wf, &store, 3).await?;
                 p.clear(&db).await?;
+                let sent = p.log(&db).await?.iter().filter(|e| e.4).count() - before;
+                assert_eq!(failed, 0, "{id}: the call went on ({fault}, write {skip})");
+                assert_eq!(
+                    sent, writes,
+                    "{id}: no write sent again ({fault}, write {skip})"
+                );
                 check_run(&store, &id, 3, &counts, failed).await?;
                 assert_eq!(
                     counts.lock().unwrap()[&id],
@@ -390,15 +397,62 @@ fn reads_are_sent_again_after_timeouts_and_lost_answers() -> TestResult {
             assert_eq!(cp.status, RunStatus::Completed, "{fault}");
             let history = fresh.history("read").await?.ok_or("history")?;
             assert_eq!(history.len(), 2, "{fault}");
+            p.clear(&db).await?;
+            // The same for queries (the list of runs is one).
+            let mut rule = fault.clone();
+            rule["on"] = json!("queries");
+            rule["count"] = json!(2);
+            p.rule(&db, rule).await?;
             let listed = fresh.list(&Default::default()).await?;
             assert!(listed.iter().any(|r| r.run_id == "read"), "{fault}");
             p.clear(&db).await?;
         }
         let log = p.log(&db).await?;
-        assert!(
-            log.iter().filter(|e| e.3.is_some()).count() >= 8,
-            "the faults were met"
+        let faulted: Vec<&Seen> = log.iter().filter(|e| e.3.is_some()).collect();
+        assert_eq!(
+            faulted.len(),
+            16,
+            "two faults of each kind on reads, two on queries"
         );
+        assert!(faulted.iter().all(|e| !e.4), "no write was faulted");
+        let queries = faulted.iter().filter(|e| e.1 == "POST").count();
+        assert!(queries >= 8, "queries were faulted: {queries}");
+        Ok(())
+    })
+}
+
+/// A connection that cannot be made (nothing listens) is tried again
+/// within the budget, then fails with the tries it made.
+#[test]
+fn a_connection_refused_is_tried_again_within_the_budget() -> TestResult {
+    let Some(proxy) = support::proxy() else {
+        return Ok(());
+    };
+    rt().block_on(async {
+        let db = support::TestDb::new(&proxy);
+        // A port nothing listens on: one taken and let go.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let host = proxy.0.trim_start_matches("cosmos://");
+        let url = db.url.replace(host, &format!("127.0.0.1:{port}"));
+        let began = Instant::now();
+        let err = CosmosStore::open_with(
+            &url,
+            CosmosOptions::default().retry_budget(Duration::from_millis(400)),
+        )
+        .await
+        .err()
+        .ok_or("nothing listens there")?;
+        let took = began.elapsed();
+        let text = err.to_string();
+        assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{text}");
+        assert!(text.contains("tries in"), "the tries are told: {text}");
+        assert!(
+            !text.contains("after 1 tries"),
+            "tried more than once: {text}"
+        );
+        assert!(took < Duration::from_secs(10), "{took:?}");
         Ok(())
     })
 }
