@@ -270,6 +270,7 @@ fn main() {
         steps,
         &execs,
     ));
+    violations.extend(check_order(&execs));
     let all_acks = acks.lock().unwrap().clone();
     let restarted = started_after_ack(&all_acks, &execs);
     for (run, index) in &restarted {

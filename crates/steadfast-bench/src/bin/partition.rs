@@ -220,6 +220,7 @@ fn main() {
         steps,
         &execs,
     ));
+    violations.extend(check_order(&execs));
     let all_acks: Vec<Ack> = acks_a
         .lock()
         .unwrap()

@@ -13,10 +13,12 @@
 //! with `$STEADFAST_TEST_COSMOS_CA` and `$STEADFAST_COSMOS_KEY`, a fresh
 //! database). The schedule (which process, when it is killed) comes from the
 //! printed seed, so `--seed` replays it (timing still varies). Every step
-//! appends `RUN STEP` to a log before it prints its update. Checked at the
+//! logs its start and end (run, step, attempt, process, time). Checked at the
 //! end, per run: it completed with the full state; its steps first ran in
 //! order; no step ran again once a later one had run (a checkpointed step is
-//! never re-executed); re-executions are at most the kills that hit the run.
+//! never re-executed); no two executions of a run's steps overlapped;
+//! re-executions are at most the kills that hit the run. The judge is the
+//! one the fault harnesses share (`faults/history.rs`).
 //! One summary line; exit 1 on any violation.
 //!
 //! `--faults RATE` (cosmos) goes through the fault-injecting proxy
@@ -35,6 +37,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+
+#[path = "faults/history.rs"]
+mod history;
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -187,23 +192,19 @@ fn main() {
             .with_file_name("steadfast")
     });
     let log = dir.path().join("log");
-    let mut flow = String::from("name = \"torture\"\n");
-    for i in 0..steps {
-        // The update: `{"sI": I}`, or with --large `{"sI": I, "docK": "KKK…"}`.
-        let update = if args.large {
+    // The steps log their start and end (the shared judge's log); the
+    // update: `{"sI": I}`, or with --large `{"sI": I, "docK": "KKK…"}`.
+    let large = args.large;
+    let flow = history::flow_named("torture", steps, args.step_ms, &log, &|i| {
+        if large {
             let k = i % 3;
             format!(
                 r#"printf '{{\"s{i}\": {i}, \"doc{k}\": \"'; head -c {DOC_BYTES} /dev/zero | tr '\\000' {k}; printf '\"}}'"#
             )
         } else {
             format!(r#"echo '{{\"s{i}\": {i}}}'"#)
-        };
-        flow.push_str(&format!(
-            "[[step]]\nname = \"s{i}\"\nrun = \"echo \\\"$STEADFAST_RUN_ID {i}\\\" >> {log}; sleep {secs}; {update}\"\n",
-            log = log.display(),
-            secs = args.step_ms as f64 / 1000.0
-        ));
-    }
+        }
+    });
     std::fs::write(dir.path().join("flow.toml"), flow).unwrap();
     println!(
         "torture: store {} seed {seed}: {} kills, {} runs at a time of {} steps",
@@ -351,10 +352,7 @@ fn main() {
         &kills_per_run,
         worker_kills,
     );
-    let total_execs: usize = std::fs::read_to_string(&log)
-        .unwrap_or_default()
-        .lines()
-        .count();
+    let total_execs: usize = history::read_log(&log).iter().filter(|e| e.start).count();
     let faulted = match args.faults {
         Some(rate) => format!(
             " through the fault proxy ({rate} of requests; {} writes failed or left open)",
@@ -413,6 +411,12 @@ fn status_of(bin: &Path, dir: &Path, url: &str, id: &str) -> String {
     v["status"].as_str().unwrap_or("").to_string()
 }
 
+/// The shared judge (faults/history.rs) over the steps' log and the final
+/// records: every run completed with its full state; no two executions of
+/// a run's steps overlapped; its steps first ran in order and none ran
+/// again once a later one had; re-executions at most the kills (and
+/// faulted writes) that could hit the run. With `--large`, each document
+/// reads back whole.
 #[allow(clippy::too_many_arguments)]
 fn check(
     bin: &Path,
@@ -424,31 +428,27 @@ fn check(
     kills: &HashMap<String, u32>,
     worker_kills: u32,
 ) -> Vec<String> {
-    let mut out = Vec::new();
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let mut per_run: HashMap<&str, Vec<usize>> = HashMap::new();
-    for line in text.lines() {
-        let mut parts = line.split_whitespace();
-        if let (Some(id), Some(i)) = (parts.next(), parts.next().and_then(|s| s.parse().ok())) {
-            per_run.entry(id).or_default().push(i);
+    let execs = history::read_log(log);
+    let mut out = history::check_final(bin, dir, url, ids, steps, &execs);
+    out.extend(history::check_order(&execs));
+    let again = history::reexecutions(&execs);
+    for id in ids {
+        let n = again.get(id).copied().unwrap_or(0) as u32;
+        let allowed = kills.get(id).copied().unwrap_or(0) + worker_kills;
+        if n > allowed {
+            out.push(format!(
+                "run {id}: {n} re-executions for {allowed} kills that could hit it"
+            ));
         }
     }
-    for id in ids {
+    for id in ids.iter().filter(|_| large) {
         let shown = Command::new(bin)
             .current_dir(dir)
             .args(["--store", url, "show", id, "--json"])
             .output()
             .expect("show");
         let v: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap_or_default();
-        if v["status"] != "completed" {
-            out.push(format!("run {id} is {}", v["status"]));
-        }
-        for i in 0..steps {
-            if v["state"][format!("s{i}")] != i {
-                out.push(format!("run {id}: state lacks s{i}: {}", v["state"]));
-            }
-        }
-        for k in (0..steps.min(3)).filter(|_| large) {
+        for k in 0..steps.min(3) {
             let doc = v["state"][format!("doc{k}")].as_str().unwrap_or_default();
             if doc.len() != DOC_BYTES || doc.bytes().any(|b| b != b'0' + k as u8) {
                 out.push(format!(
@@ -456,29 +456,6 @@ fn check(
                     doc.len()
                 ));
             }
-        }
-        let execs = per_run.get(id.as_str()).cloned().unwrap_or_default();
-        // Steps first ran in order, and none ran again after a later one.
-        let mut highest: Option<usize> = None;
-        for &i in &execs {
-            match highest {
-                None if i != 0 => out.push(format!("run {id}: step {i} ran first")),
-                Some(h) if i > h + 1 => {
-                    out.push(format!("run {id}: step {i} ran before step {}", h + 1))
-                }
-                Some(h) if i < h => {
-                    out.push(format!("run {id}: step {i} ran again after step {h}"))
-                }
-                _ => {}
-            }
-            highest = Some(highest.map_or(i, |h| h.max(i)));
-        }
-        let again = execs.len().saturating_sub(steps) as u32;
-        let allowed = kills.get(id).copied().unwrap_or(0) + worker_kills;
-        if again > allowed {
-            out.push(format!(
-                "run {id}: {again} re-executions for {allowed} kills that could hit it"
-            ));
         }
     }
     out

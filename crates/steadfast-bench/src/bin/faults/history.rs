@@ -1,6 +1,7 @@
 //! What the fault harnesses share: the flow whose steps log their start
 //! and end, the clients whose `done` lines are acknowledgements, and the
-//! checks over both (`failover` and `partition` include this file).
+//! checks over both: the one judge of `failover`, `partition` and
+//! `torture`, which include this file.
 // Each harness uses part of it.
 #![allow(dead_code)]
 
@@ -48,7 +49,22 @@ pub(crate) const CLIENT_ENV: &str = "FAULTS_CLIENT";
 
 /// A flow of `steps` steps that log their start and end.
 pub(crate) fn flow(steps: usize, step_ms: u64, log: &Path) -> String {
-    let mut flow = String::from("name = \"failover\"\nversion = \"1\"\n");
+    flow_named("failover", steps, step_ms, log, &|i| {
+        format!("echo '{{\\\"s{i}\\\": {i}}}'")
+    })
+}
+
+/// [`flow`], named `name`, step `i` printing its update with the shell
+/// command `output(i)` (written as it goes in a TOML basic string); the
+/// update must hold `"sI": I`.
+pub(crate) fn flow_named(
+    name: &str,
+    steps: usize,
+    step_ms: u64,
+    log: &Path,
+    output: &dyn Fn(usize) -> String,
+) -> String {
+    let mut flow = format!("name = \"{name}\"\nversion = \"1\"\n");
     let stamp = |what: &str| {
         format!(
             "echo \\\"$STEADFAST_RUN_ID $STEADFAST_STEP_INDEX {what} $STEADFAST_ATTEMPT $$ ${{FAULTS_CLIENT:--}} $(date +%s%N)\\\" >> {}",
@@ -72,10 +88,11 @@ pub(crate) fn flow(steps: usize, step_ms: u64, log: &Path) -> String {
     };
     for i in 0..steps {
         flow.push_str(&format!(
-            "[[step]]\nname = \"s{i}\"\nrun = \"{}; {beating}sleep {}; {}; echo '{{\\\"s{i}\\\": {i}}}'\"\n",
+            "[[step]]\nname = \"s{i}\"\nrun = \"{}; {beating}sleep {}; {}; {}\"\n",
             stamp("start"),
             rest as f64 / 1000.0,
             stamp("end"),
+            output(i),
         ));
     }
     flow
@@ -294,6 +311,52 @@ pub(crate) fn started_after_ack(acks: &[Ack], execs: &[Exec]) -> Vec<(String, us
     out
 }
 
+/// Per run, in the order they started: its steps first ran in order (step
+/// 0 first, none before the one after the highest so far), and no step
+/// started again once a later one had started (a checkpointed step ran
+/// again: an acknowledged checkpoint was lost).
+pub(crate) fn check_order(execs: &[Exec]) -> Vec<String> {
+    let mut by_run: BTreeMap<&str, Vec<&Exec>> = BTreeMap::new();
+    for e in execs.iter().filter(|e| e.start) {
+        by_run.entry(e.run.as_str()).or_default().push(e);
+    }
+    let mut out = Vec::new();
+    for (run, mut starts) in by_run {
+        starts.sort_by_key(|e| e.at);
+        let mut highest: Option<usize> = None;
+        for e in starts {
+            let i = e.index;
+            match highest {
+                None if i != 0 => out.push(format!("run {run}: step {i} ran first")),
+                Some(h) if i > h + 1 => {
+                    out.push(format!("run {run}: step {i} ran before step {}", h + 1))
+                }
+                Some(h) if i < h => {
+                    out.push(format!("run {run}: step {i} ran again after step {h}"))
+                }
+                _ => {}
+            }
+            highest = Some(highest.map_or(i, |h| h.max(i)));
+        }
+    }
+    out
+}
+
+/// Each run's re-executions: the starts of its steps beyond one per step
+/// that started.
+pub(crate) fn reexecutions(execs: &[Exec]) -> BTreeMap<String, usize> {
+    let mut starts: BTreeMap<String, (usize, std::collections::BTreeSet<usize>)> = BTreeMap::new();
+    for e in execs.iter().filter(|e| e.start) {
+        let entry = starts.entry(e.run.clone()).or_default();
+        entry.0 += 1;
+        entry.1.insert(e.index);
+    }
+    starts
+        .into_iter()
+        .map(|(run, (n, distinct))| (run, n - distinct.len()))
+        .collect()
+}
+
 /// Every run completed with its full state, and no two executions of a
 /// run's steps overlapped in time.
 pub(crate) fn check_final(
@@ -395,6 +458,35 @@ mod tests {
         assert!(started_after_ack(&acks, &before).is_empty());
         let again = [exec("r", 2, true, 1, 90), exec("r", 2, true, 2, 150)];
         assert_eq!(started_after_ack(&acks, &again), [("r".to_string(), 2)]);
+    }
+
+    #[test]
+    fn steps_out_of_order_or_run_again_after_a_later_one_are_found() {
+        let starts = |run: &str, order: &[usize]| -> Vec<Exec> {
+            order
+                .iter()
+                .enumerate()
+                .map(|(t, i)| exec(run, *i, true, t as u32, t as u128))
+                .collect()
+        };
+        // A step run again before the next one started is a re-execution,
+        // not a violation.
+        let fine = starts("a", &[0, 1, 1, 2, 3, 3]);
+        assert!(check_order(&fine).is_empty(), "{:?}", check_order(&fine));
+        assert_eq!(reexecutions(&fine)["a"], 2);
+        let again = starts("b", &[0, 1, 2, 1, 2]);
+        let found = check_order(&again);
+        assert_eq!(found, ["run b: step 1 ran again after step 2"], "{found:?}");
+        assert_eq!(check_order(&starts("c", &[1])), ["run c: step 1 ran first"]);
+        assert_eq!(
+            check_order(&starts("d", &[0, 2])),
+            ["run d: step 2 ran before step 1"]
+        );
+        // End lines do not count.
+        let mut ends = starts("e", &[0, 1]);
+        ends.push(exec("e", 0, false, 9, 9));
+        assert!(check_order(&ends).is_empty());
+        assert_eq!(reexecutions(&ends)["e"], 0);
     }
 
     #[test]
