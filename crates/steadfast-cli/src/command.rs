@@ -23,6 +23,20 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 /// How much of stderr's end goes into a step's error.
 const STDERR_TAIL: usize = 2048;
 
+/// Names, to a step's supervisor and the step, the `steadfast` process
+/// they work for (`PID:START`), so that a process taking a run over from a
+/// holder that died can find the steps it left.
+const SUPERVISED_BY_ENV: &str = "STEADFAST_SUPERVISED_BY";
+
+/// This process as a supervisor's environment names it.
+fn supervised_by() -> &'static str {
+    static ME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ME.get_or_init(|| {
+        let me = steadfast::current_owner();
+        format!("{}:{}", me.pid, me.started)
+    })
+}
+
 /// How long a step's pipes are read after its command exited, for output a
 /// process outside its group might still hold open.
 const PIPE_DRAIN: Duration = Duration::from_millis(500);
@@ -77,6 +91,7 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
         .env("STEADFAST_STEP_INDEX", ctx.index().to_string())
         .env("STEADFAST_ATTEMPT", ctx.attempt().to_string())
         .env("STEADFAST_IDEMPOTENCY_KEY", ctx.idempotency_key())
+        .env(SUPERVISED_BY_ENV, supervised_by())
         // Steps never inherit the store's secrets: the encryption keys would
         // let a step read or forge every run, the Cosmos key every item.
         .env_remove(steadfast::seal::KEY_ENV)
@@ -612,26 +627,37 @@ pub fn supervise(command: &str) -> i32 {
 
 /// Kills the step processes that `holder`, a `steadfast` process on this
 /// host whose lease on `run_id` this process has just taken over, runs for
-/// that run (it was stopped or hung past its lease, and its claim is already
-/// fenced out of the store): each of its children that is a step supervisor
-/// leads a process group of its own, and the whole group is killed when a
-/// process in it carries the run's id in its environment. Steps of the
-/// holder's other runs (a worker holds many) are left alone. Nothing is done
-/// for a holder on another host or one that is gone (its supervisors killed
-/// their groups when it died).
+/// that run: each of its step supervisors leads a process group of its own,
+/// and the whole group is killed when a process in it carries the run's id
+/// in its environment. Steps of the holder's other runs (a worker holds
+/// many) are left alone.
+///
+/// A holder still running was stopped or hung past its lease (its claim is
+/// already fenced out of the store): its supervisors are its children. A
+/// holder that died left supervisors that kill their groups when they hear
+/// of it (their parent-death signal), but not at once (the steps could
+/// still be going when this process starts the same step), and not if they
+/// died first (a group orphaned with a stopped member is hung up by the
+/// kernel). The step processes are found by the holder they name
+/// (`STEADFAST_SUPERVISED_BY`) and the run, and their groups killed here
+/// before anything runs. Nothing is done for a holder on another host.
 pub fn stop_steps_of(holder: &steadfast::Owner, run_id: &str) {
     // Without a start time, a later process with the same pid cannot be told
     // apart from the holder: kill nothing.
-    if holder.started == 0 || steadfast::holder_is_running(holder) != Some(true) {
+    if holder.started == 0 {
         return;
     }
+    let Some(alive) = steadfast::holder_is_running(holder) else {
+        return;
+    };
+    let mark = format!("{SUPERVISED_BY_ENV}={}:{}", holder.pid, holder.started);
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return;
     };
     let wanted = format!("STEADFAST_RUN_ID={run_id}");
-    // Every process: its state, parent and group, and whether it works for
-    // the run.
-    let mut procs: Vec<(i32, char, u32, i32, bool)> = Vec::new();
+    // Every process: its state, parent and group, whether it works for the
+    // run, and whether it names the holder as the one it supervises for.
+    let mut procs: Vec<(i32, char, u32, i32, bool, bool)> = Vec::new();
     for entry in entries.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -659,10 +685,26 @@ pub fn stop_steps_of(holder: &steadfast::Owner, run_id: &str) {
         let for_run = environ
             .split(|b| *b == 0)
             .any(|var| var == wanted.as_bytes());
-        procs.push((pid, state, ppid, pgrp, for_run));
+        let named = environ.split(|b| *b == 0).any(|var| var == mark.as_bytes());
+        procs.push((pid, state, ppid, pgrp, for_run, named));
     }
     let mut killed = Vec::new();
-    for &(pid, state, ppid, pgrp, _) in &procs {
+    if !alive {
+        // Every group that holds a process of the dead holder's for this run.
+        let own = nix::unistd::getpgrp().as_raw();
+        let mut groups: Vec<i32> = procs
+            .iter()
+            .filter(|p| p.4 && p.5 && p.3 > 1 && p.3 != own)
+            .map(|p| p.3)
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
+        for g in groups {
+            let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+            killed.push(g);
+        }
+    }
+    for &(pid, state, ppid, pgrp, _, _) in procs.iter().filter(|_| alive) {
         if ppid != holder.pid || pgrp != pid {
             continue;
         }
@@ -681,8 +723,12 @@ pub fn stop_steps_of(holder: &steadfast::Owner, run_id: &str) {
         }
     }
     if !killed.is_empty() {
+        let how = match alive {
+            true => "which it held past its lease",
+            false => "left behind when it died",
+        };
         crate::output::note(format_args!(
-            "  note  killed the step processes (groups {killed:?}) of {holder} for run {run_id:?}, which it held past its lease"
+            "  note  killed the step processes (groups {killed:?}) of {holder} for run {run_id:?}, {how}"
         ));
     }
 }

@@ -507,6 +507,64 @@ fn finding_12_a_stopped_holders_step_is_killed_before_the_takeover_reruns_it() -
     Ok(())
 }
 
+/// A holder SIGKILLed mid-step leaves its step to a supervisor that kills
+/// the step's group when it hears of the death, but not at once, and not
+/// at all if it dies first: here it is stopped, so that the kernel hangs up
+/// its group (orphaned with a stopped member) and the supervisor dies
+/// without a word while the step runs on. The process that takes the run
+/// over kills the step's group before it runs the step again, so the two
+/// never run at once. (The crash torture found them overlapping.)
+#[test]
+fn a_dead_holders_step_is_killed_before_the_takeover_reruns_it() -> TestResult {
+    let env = Env::new();
+    let flow = env.flow(
+        "dead.toml",
+        "name = \"dead\"\n[[step]]\nname = \"work\"\nrun = \"if [ -e first.pid ]; then echo '{\\\"by\\\": \\\"second\\\"}'; else echo $$ > first.pid; sleep 30; fi\"\n",
+    );
+    let f = flow.to_str().unwrap();
+    let mut a = env
+        .cmd(&["run", f, "--run-id", "r", "--lease", "30s"])
+        .stderr(Stdio::null())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(env.path().join("first.pid"))
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "A never started its step");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let step_pid = std::fs::read_to_string(env.path().join("first.pid"))?
+        .trim()
+        .to_string();
+    // The step's parent is its supervisor.
+    let stat = std::fs::read_to_string(format!("/proc/{step_pid}/stat"))?;
+    let supervisor = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .ok_or("the step's parent")?
+        .to_string();
+    let _guard = KillOnDrop(supervisor.clone());
+    Command::new("kill").args(["-STOP", &supervisor]).status()?;
+    a.kill()?;
+    a.wait()?;
+    let b = env.run(&["run", f, "--run-id", "r", "--lease", "30s"]);
+    assert_eq!(code(&b), 0, "B takes over: {}", stderr(&b));
+    // Killed before B's step ran; a moment for the kernel to finish it.
+    let dead_by = Instant::now() + Duration::from_secs(2);
+    while pid_alive(&step_pid) {
+        assert!(
+            Instant::now() < dead_by,
+            "A's step still runs after B ran the step again: {}",
+            stderr(&b)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(env.show("r")["state"]["by"], "second");
+    Ok(())
+}
+
 /// Kills a process (and lets it run on to die) when the test ends, however
 /// it ends.
 struct KillOnDrop(String);
