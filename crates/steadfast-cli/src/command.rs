@@ -28,6 +28,11 @@ const STDERR_TAIL: usize = 2048;
 /// holder that died can find the steps it left.
 const SUPERVISED_BY_ENV: &str = "STEADFAST_SUPERVISED_BY";
 
+/// Names, to a step, the process group its supervisor made for it: a
+/// process still in that group is the step's, one that left it (a daemon
+/// started with `setsid`) is not.
+const STEP_GROUP_ENV: &str = "STEADFAST_STEP_GROUP";
+
 /// This process as a supervisor's environment names it.
 fn supervised_by() -> &'static str {
     static ME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -91,13 +96,14 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
         .env("STEADFAST_STEP_INDEX", ctx.index().to_string())
         .env("STEADFAST_ATTEMPT", ctx.attempt().to_string())
         .env("STEADFAST_IDEMPOTENCY_KEY", ctx.idempotency_key())
-        .env(SUPERVISED_BY_ENV, supervised_by())
         // Steps never inherit the store's secrets: the encryption keys would
         // let a step read or forge every run, the Cosmos key every item.
         .env_remove(steadfast::seal::KEY_ENV)
         .env_remove(steadfast::seal::KEY_FILE_ENV)
         .env_remove("STEADFAST_COSMOS_KEY")
         .envs(&spec.env)
+        // After the flow's own variables, which cannot replace it.
+        .env(SUPERVISED_BY_ENV, supervised_by())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -604,6 +610,7 @@ pub fn supervise(command: &str) -> i32 {
         let mut child = match tokio::process::Command::new("sh")
             .arg("-c")
             .arg(command)
+            .env(STEP_GROUP_ENV, std::process::id().to_string())
             .spawn()
         {
             Ok(c) => c,
@@ -656,7 +663,8 @@ pub fn stop_steps_of(holder: &steadfast::Owner, run_id: &str) {
     };
     let wanted = format!("STEADFAST_RUN_ID={run_id}");
     // Every process: its state, parent and group, whether it works for the
-    // run, and whether it names the holder as the one it supervises for.
+    // run, and whether it is one of the dead holder's steps still in the
+    // group its supervisor made (or that supervisor).
     let mut procs: Vec<(i32, char, u32, i32, bool, bool)> = Vec::new();
     for entry in entries.flatten() {
         let Some(pid) = entry
@@ -681,16 +689,29 @@ pub fn stop_steps_of(holder: &steadfast::Owner, run_id: &str) {
         ) else {
             continue;
         };
+        // A process that started before the holder is not its step: its
+        // environment is not read (field 22 of stat, the start time).
+        let started = fields.get(19).and_then(|f| f.parse::<u64>().ok());
+        if !alive && started.is_some_and(|t| t < holder.started) {
+            continue;
+        }
         let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        let for_run = environ
-            .split(|b| *b == 0)
-            .any(|var| var == wanted.as_bytes());
-        let named = environ.split(|b| *b == 0).any(|var| var == mark.as_bytes());
+        let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+        let for_run = vars.contains(&wanted.as_bytes());
+        let in_group = format!("{STEP_GROUP_ENV}={pgrp}");
+        let own_supervisor = pgrp == pid
+            && !vars
+                .iter()
+                .any(|v| v.starts_with(STEP_GROUP_ENV.as_bytes()));
+        let named = vars.contains(&mark.as_bytes())
+            && (vars.contains(&in_group.as_bytes()) || own_supervisor);
         procs.push((pid, state, ppid, pgrp, for_run, named));
     }
     let mut killed = Vec::new();
     if !alive {
-        // Every group that holds a process of the dead holder's for this run.
+        // Every group a supervisor of the dead holder made for this run's
+        // step, with a process still in it. A process a step moved out of
+        // its group (a daemon) is left alone, as the supervisor would.
         let own = nix::unistd::getpgrp().as_raw();
         let mut groups: Vec<i32> = procs
             .iter()

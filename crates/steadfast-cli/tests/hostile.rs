@@ -511,15 +511,17 @@ fn finding_12_a_stopped_holders_step_is_killed_before_the_takeover_reruns_it() -
 /// the step's group when it hears of the death, but not at once, and not
 /// at all if it dies first: here it is stopped, so that the kernel hangs up
 /// its group (orphaned with a stopped member) and the supervisor dies
-/// without a word while the step runs on. The process that takes the run
-/// over kills the step's group before it runs the step again, so the two
-/// never run at once. (The crash torture found them overlapping.)
+/// without a word while the step, which ignores hang-ups, runs on. The
+/// process that takes the run over kills the step's group before it runs
+/// the step again, so the two never run at once. (The crash torture found
+/// them overlapping.) A daemon an earlier step started out of its group is
+/// left alone.
 #[test]
 fn a_dead_holders_step_is_killed_before_the_takeover_reruns_it() -> TestResult {
     let env = Env::new();
     let flow = env.flow(
         "dead.toml",
-        "name = \"dead\"\n[[step]]\nname = \"work\"\nrun = \"if [ -e first.pid ]; then echo '{\\\"by\\\": \\\"second\\\"}'; else echo $$ > first.pid; sleep 30; fi\"\n",
+        "name = \"dead\"\n[[step]]\nname = \"daemon\"\nrun = \"setsid sh -c 'echo $$ > daemon.pid; exec sleep 30' > /dev/null 2>&1 < /dev/null 3>&- & while [ ! -s daemon.pid ]; do sleep 0.01; done\"\n[[step]]\nname = \"work\"\nrun = \"if [ -e first.pid ]; then if [ -d /proc/$(cat first.pid) ] && ! grep -q ') Z' /proc/$(cat first.pid)/stat; then echo '{\\\"by\\\": \\\"second, beside the first\\\"}'; else echo '{\\\"by\\\": \\\"second\\\"}'; fi; else trap '' HUP; echo $$ > first.pid; sleep 30; fi\"\n",
     );
     let f = flow.to_str().unwrap();
     let mut a = env
@@ -539,7 +541,8 @@ fn a_dead_holders_step_is_killed_before_the_takeover_reruns_it() -> TestResult {
         .trim()
         .to_string();
     // The step's parent is its supervisor.
-    let stat = std::fs::read_to_string(format!("/proc/{step_pid}/stat"))?;
+    let stat = std::fs::read_to_string(format!("/proc/{step_pid}/stat"))
+        .map_err(|e| format!("the step {step_pid:?}: {e}"))?;
     let supervisor = stat
         .rsplit_once(')')
         .and_then(|(_, rest)| rest.split_whitespace().nth(1))
@@ -547,10 +550,20 @@ fn a_dead_holders_step_is_killed_before_the_takeover_reruns_it() -> TestResult {
         .to_string();
     let _guard = KillOnDrop(supervisor.clone());
     Command::new("kill").args(["-STOP", &supervisor]).status()?;
+    let stopped_by = Instant::now() + Duration::from_secs(5);
+    while !std::fs::read_to_string(format!("/proc/{supervisor}/stat"))?.contains(") T ") {
+        assert!(Instant::now() < stopped_by, "the supervisor did not stop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     a.kill()?;
     a.wait()?;
     let b = env.run(&["run", f, "--run-id", "r", "--lease", "30s"]);
     assert_eq!(code(&b), 0, "B takes over: {}", stderr(&b));
+    assert!(
+        stderr(&b).contains("left behind when it died"),
+        "{}",
+        stderr(&b)
+    );
     // Killed before B's step ran; a moment for the kernel to finish it.
     let dead_by = Instant::now() + Duration::from_secs(2);
     while pid_alive(&step_pid) {
@@ -562,6 +575,15 @@ fn a_dead_holders_step_is_killed_before_the_takeover_reruns_it() -> TestResult {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(env.show("r")["state"]["by"], "second");
+    let daemon = std::fs::read_to_string(env.path().join("daemon.pid"))
+        .map_err(|e| format!("daemon.pid: {e}"))?
+        .trim()
+        .to_string();
+    let _daemon_guard = KillOnDrop(daemon.clone());
+    assert!(
+        pid_alive(&daemon),
+        "the daemon an earlier step started lives on"
+    );
     Ok(())
 }
 

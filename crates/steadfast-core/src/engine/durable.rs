@@ -1257,20 +1257,26 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         let r = self.runner();
         let run_id = &self.shared.run_id;
         let me = r.lease.as_ref().map(|(owner, _)| owner);
-        match tokio::time::timeout(every, r.store.load(run_id)).await {
-            Ok(Ok(Some(stored)))
-                if stored.version != version || stored.lease.as_ref().map(|l| &l.owner) != me =>
-            {
-                let taken = store_error(
-                    run_id,
-                    "renewal of the lease",
-                    StoreError::Conflict {
-                        run_id: run_id.clone(),
-                        expected: Some(version),
-                        found: Some(stored.version),
-                    },
-                );
-                r.explain_conflict(run_id, created_at, taken).await
+        // Briefly: the store may be the trouble. The lease decides, not the
+        // version, which this call's own late renewal or a parallel branch's
+        // save may have moved on.
+        let look = every.min(Duration::from_secs(10));
+        match tokio::time::timeout(look, r.store.load(run_id)).await {
+            Ok(Ok(Some(stored))) if stored.lease.as_ref().map(|l| &l.owner) != me => {
+                let taken = || {
+                    store_error(
+                        run_id,
+                        "renewal of the lease",
+                        StoreError::Conflict {
+                            run_id: run_id.clone(),
+                            expected: Some(version),
+                            found: Some(stored.version),
+                        },
+                    )
+                };
+                tokio::time::timeout(look, r.explain_conflict(run_id, created_at, taken()))
+                    .await
+                    .unwrap_or_else(|_| taken())
             }
             _ => unanswered_renewal(run_id, every, margin),
         }
