@@ -20,12 +20,18 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// Field 22 of `/proc/PID/stat`: the start time in clock ticks since boot.
+/// Field 22 of `/proc/PID/stat`: the start time in clock ticks since boot;
+/// `None` for no such process, or one that has exited and waits to be
+/// reaped (a zombie: it runs nothing and holds nothing).
 fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may contain spaces.
     let after = &stat[stat.rfind(')')? + 1..];
-    after.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = after.split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// Whether the lease holder `owner` is still running, when it is on this
@@ -61,4 +67,41 @@ pub(crate) fn boot_millis() -> Option<u64> {
     let secs = u64::try_from(t.tv_sec()).ok()?;
     let nanos = u64::try_from(t.tv_nsec()).ok()?;
     Some(secs.saturating_mul(1000).saturating_add(nanos / 1_000_000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A holder that exited but is not reaped yet is gone: its lease can be
+    /// taken over at once.
+    #[test]
+    fn a_zombie_holder_is_not_alive() {
+        if !std::path::Path::new("/proc/self/stat").exists() {
+            return;
+        }
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.2")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id();
+        let started = start_time(pid).expect("a running child has a start time");
+        let owner = Owner::new(hostname(), pid, started);
+        assert!(is_alive(&owner), "running");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s.contains(") Z "))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child never exited"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!is_alive(&owner), "exited, not yet reaped");
+        assert_eq!(holder_is_running(&owner), Some(false));
+        child.wait().expect("reap");
+        assert!(!is_alive(&owner), "reaped");
+        assert!(is_alive(&current_owner()), "this process");
+    }
 }
