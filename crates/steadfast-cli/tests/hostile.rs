@@ -479,18 +479,7 @@ fn finding_12_a_stopped_holders_step_is_killed_before_the_takeover_reruns_it() -
     let a_pid = a.id().to_string();
     // A stopped process left behind would hold the test's output open.
     let _a_guard = KillOnDrop(a_pid.clone());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_to_string(env.path().join("first.pid"))
-        .unwrap_or_default()
-        .trim()
-        .is_empty()
-    {
-        assert!(Instant::now() < deadline, "A never started its step");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let step_pid = std::fs::read_to_string(env.path().join("first.pid"))?
-        .trim()
-        .to_string();
+    let step_pid = first_step_pid(&env);
     Command::new("kill").args(["-STOP", &a_pid]).status()?;
     std::thread::sleep(Duration::from_millis(1300));
     let b = env.run(&["run", f, "--run-id", "r", "--lease", "1s"]);
@@ -528,18 +517,7 @@ fn a_dead_holders_step_is_killed_before_the_takeover_reruns_it() -> TestResult {
         .cmd(&["run", f, "--run-id", "r", "--lease", "30s"])
         .stderr(Stdio::null())
         .spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_to_string(env.path().join("first.pid"))
-        .unwrap_or_default()
-        .trim()
-        .is_empty()
-    {
-        assert!(Instant::now() < deadline, "A never started its step");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let step_pid = std::fs::read_to_string(env.path().join("first.pid"))?
-        .trim()
-        .to_string();
+    let step_pid = first_step_pid(&env);
     // The step's parent is its supervisor.
     let stat = std::fs::read_to_string(format!("/proc/{step_pid}/stat"))
         .map_err(|e| format!("the step {step_pid:?}: {e}"))?;
@@ -585,6 +563,20 @@ fn a_dead_holders_step_is_killed_before_the_takeover_reruns_it() -> TestResult {
         "the daemon an earlier step started lives on"
     );
     Ok(())
+}
+
+/// The pid the first execution of the step wrote to `first.pid`, once it
+/// has (at most 10 s).
+fn first_step_pid(env: &Env) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pid = std::fs::read_to_string(env.path().join("first.pid")).unwrap_or_default();
+        if !pid.trim().is_empty() {
+            return pid.trim().to_string();
+        }
+        assert!(Instant::now() < deadline, "A never started its step");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Kills a process (and lets it run on to die) when the test ends, however

@@ -2615,6 +2615,12 @@ mod tests {
             ("cosmos://h/db/c?colour=red", "unknown parameter"),
             ("cosmos://h/db/c?retry_budget=soon", "retry_budget"),
             ("cosmos://h/db/c?retry_budget=-1s", "retry_budget"),
+            ("cosmos://h/db/c?retry_budget=", "retry_budget"),
+            (
+                "cosmos://h/db/c?retry_budget=99999999999999999999999s",
+                "retry_budget",
+            ),
+            ("cosmos://h/db/c?retry_budget=%FF", "retry_budget"),
         ] {
             let e = parse_url(url).unwrap_err().to_string();
             assert!(e.contains(says), "{url}: {e}");

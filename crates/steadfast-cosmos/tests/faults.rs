@@ -60,6 +60,11 @@ impl Proxy {
             .await
     }
 
+    /// How many writes to `db` the proxy saw.
+    async fn writes(&self, db: &support::TestDb) -> Result<usize, Box<dyn std::error::Error>> {
+        Ok(self.log(db).await?.iter().filter(|e| e.4).count())
+    }
+
     /// The requests to `db` the proxy saw: (ms, method, path, fault, write).
     async fn log(&self, db: &support::TestDb) -> Result<Vec<Seen>, Box<dyn std::error::Error>> {
         let v: Value = serde_json::from_slice(
@@ -291,7 +296,7 @@ fn ambiguous_writes_are_resolved_by_reading_the_head() -> TestResult {
         let wf = counted(3, &counts);
         // How many writes a run makes when nothing goes wrong.
         run("clean", &wf, &store).await?;
-        let writes = p.log(&db).await?.iter().filter(|e| e.4).count();
+        let writes = p.writes(&db).await?;
         assert!(writes >= 3, "three saves at least: {writes}");
         let faults = [
             json!({"kind": "drop-after"}),
@@ -303,11 +308,11 @@ fn ambiguous_writes_are_resolved_by_reading_the_head() -> TestResult {
                 let id = format!("amb-{k}-{skip}");
                 let mut rule = fault.clone();
                 rule["skip"] = json!(skip);
-                let before = p.log(&db).await?.iter().filter(|e| e.4).count();
+                let before = p.writes(&db).await?;
                 p.rule(&db, rule).await?;
                 let failed = run_to_the_end(&id, &wf, &store, 3).await?;
                 p.clear(&db).await?;
-                let sent = p.log(&db).await?.iter().filter(|e| e.4).count() - before;
+                let sent = p.writes(&db).await? - before;
                 assert_eq!(failed, 0, "{id}: the call went on ({fault}, write {skip})");
                 assert_eq!(
                     sent, writes,
@@ -344,7 +349,7 @@ fn writes_that_never_landed_are_not_taken_for_saved() -> TestResult {
         let counts = Counts::default();
         let wf = counted(3, &counts);
         run("clean", &wf, &store).await?;
-        let writes = p.log(&db).await?.iter().filter(|e| e.4).count();
+        let writes = p.writes(&db).await?;
         let faults = [
             json!({"kind": "drop-before"}),
             json!({"kind": "status", "status": 503}),
