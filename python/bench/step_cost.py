@@ -64,6 +64,12 @@ async def ten_async(ctx):
         await ctx.step(f"s{i}", value)
 
 
+@steadfast.durable("w")
+def ten_sync(ctx):
+    for i in range(STEPS):
+        ctx.step(f"s{i}", lambda i=i: i)
+
+
 def context_switches() -> int:
     """The context switches of every thread of this process so far (Linux;
     0 elsewhere): each hand-off of a step between threads costs about two,
@@ -86,6 +92,20 @@ async def python_us_per_step(url: str, runs: int, fn=ten) -> tuple:
     for r in range(runs):
         outcome = await fn.run_async(f"run-{r}", store)
         if outcome.completed is None:
+            raise SystemExit(f"run-{r} did not complete: {outcome}")
+    us = (time.perf_counter() - start) * 1e6 / (runs * STEPS)
+    return us, (context_switches() - switches) / (runs * STEPS)
+
+
+def python_sync_us_per_step(url: str, runs: int) -> tuple:
+    """Microseconds and context switches per step of the sync durable
+    function (a plain ``def``, run on this thread with its steps)."""
+    store = steadfast.open_store(url)
+    switches = context_switches()
+    start = time.perf_counter()
+    for r in range(runs):
+        outcome = ten_sync.run(f"run-{r}", store)
+        if outcome.status != "completed":
             raise SystemExit(f"run-{r} did not complete: {outcome}")
     us = (time.perf_counter() - start) * 1e6 / (runs * STEPS)
     return us, (context_switches() - switches) / (runs * STEPS)
@@ -141,9 +161,11 @@ def main() -> None:
     try:
         for store in stores:
             rust, python, python_async, thread, switches, switches_async = [], [], [], [], [], []
+            python_def, switches_def = [], []
             for rep in range(args.reps):
                 rust.append(rust_us_per_step(args.bench, store, base))
                 for kind, fn, out, sw in (
+                    ("def", ten_sync, python_def, switches_def),
                     ("sync", ten, python, switches),
                     ("async", ten_async, python_async, switches_async),
                 ):
@@ -154,11 +176,15 @@ def main() -> None:
                             if os.path.exists(path + suffix):
                                 os.remove(path + suffix)
                         url = f"sqlite:{path}"
-                    us, n = asyncio.run(python_us_per_step(url, args.runs, fn))
+                    if fn is ten_sync:
+                        us, n = python_sync_us_per_step(url, args.runs)
+                    else:
+                        us, n = asyncio.run(python_us_per_step(url, args.runs, fn))
                     out.append(us)
                     sw.append(n)
                 thread.append(asyncio.run(to_thread_us(args.runs)))
             r, p = statistics.median(rust), statistics.median(python)
+            pd = statistics.median(python_def)
             pa, th = statistics.median(python_async), statistics.median(thread)
             row = {
                 "store": store,
@@ -166,6 +192,10 @@ def main() -> None:
                 "reps": args.reps,
                 "runs": args.runs,
                 "rust_us_per_step": round(r, 1),
+                "python_def_us_per_step": round(pd, 1),
+                "python_def_minus_rust_us": round(pd - r, 1),
+                "python_def_within_20us": pd - r <= 20.0,
+                "python_def_switches_per_step": round(statistics.median(switches_def), 2),
                 "python_us_per_step": round(p, 1),
                 "python_minus_rust_us": round(p - r, 1),
                 "within_20us": p - r <= 20.0,
@@ -180,8 +210,10 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
             else:
                 print(
-                    f"{store:7} rust {r:7.1f} us/step  python {p:7.1f} us/step  "
-                    f"python - rust {p - r:6.1f} us; async steps {pa:7.1f} us/step "
+                    f"{store:7} rust {r:7.1f} us/step  python def {pd:7.1f} us/step "
+                    f"({pd - r:+.1f} us, {statistics.median(switches_def):.2f} switches); "
+                    f"async def, sync steps {p:7.1f} us/step "
+                    f"({p - r:+.1f} us); async steps {pa:7.1f} us/step "
                     f"({pa - r:+.1f} us); asyncio.to_thread {th:.1f} us; context switches per step "
                     f"{statistics.median(switches):.2f} sync, {statistics.median(switches_async):.2f} async  "
                     f"(medians of {args.reps})",

@@ -42,6 +42,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::remove_schedule, m)?)?;
     m.add_function(wrap_pyfunction!(run::run_workflow, m)?)?;
     m.add_function(wrap_pyfunction!(run::run_durable, m)?)?;
+    m.add_function(wrap_pyfunction!(run::run_durable_sync, m)?)?;
     m.add_function(wrap_pyfunction!(store::backends, m)?)?;
     m.add("DEFAULT_STORE_URL", steadfast::DEFAULT_STORE_URL)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -372,11 +372,89 @@ pub fn start_here(py: Python<'_>, abort: Abort, fut: Op) -> Pending {
     pending
 }
 
+/// Runs `fut` to its end on the calling thread, a sync durable function's,
+/// with the interpreter's lock released while it waits, and gives back a
+/// finished [`Pending`]. Each call into Python that a poll of it makes first
+/// runs on this thread ([`inline`]): the function of a step, with its
+/// checkpoint, costs no hand-off to another thread, as in a Rust durable
+/// function. For a step whose function must be given up on (a timeout) or
+/// must not hold the thread (a leased run's, whose lease is renewed while it
+/// runs), see [`block_apart`].
+pub fn block_inline(abort: Abort, fut: Op) -> Pending {
+    block_here(abort, fut, true)
+}
+
+/// Like [`block_inline`], with every call into Python made on a blocking
+/// thread of its own (this one only drives the operation): for parallel
+/// branches, and for steps that [`block_inline`] must not run here.
+pub fn block_apart(abort: Abort, fut: Op) -> Pending {
+    block_here(abort, fut, false)
+}
+
+fn block_here(abort: Abort, fut: Op, inline: bool) -> Pending {
+    let (finished, pending) = channel(abort.clone());
+    let out = Python::attach(|py| py.detach(|| drive_here(&abort, fut, inline)));
+    finished.send(out);
+    pending
+}
+
+/// Wakes the thread that drives an operation in [`drive_here`]. The flag
+/// says the wake-up is this operation's: an operation driven by a nested
+/// call on the same thread (a step inside a durable function's body) may
+/// take the thread's unpark meant for the outer one, never its flag.
+struct Wakeup {
+    woken: AtomicBool,
+    thread: std::thread::Thread,
+}
+
+impl std::task::Wake for Wakeup {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::SeqCst);
+        self.thread.unpark();
+    }
+}
+
+/// Polls `fut` on this thread until it is ready, parked in between. The
+/// runtime is entered, so timers, I/O and spawned tasks work as on its own
+/// threads (its workers drive them).
+fn drive_here(abort: &Abort, mut fut: Op, inline: bool) -> Finish {
+    let wakeup = Arc::new(Wakeup {
+        woken: AtomicBool::new(false),
+        thread: std::thread::current(),
+    });
+    let waker = std::task::Waker::from(Arc::clone(&wakeup));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let _runtime = rt().enter();
+    loop {
+        let polled = {
+            let _guard = InlineGuard;
+            if inline {
+                let here = Inline {
+                    stop: abort.clone(),
+                    on_loop: false,
+                };
+                INLINE.with(|i| *i.borrow_mut() = Some(here));
+            }
+            fut.as_mut().poll(&mut cx)
+        };
+        if let std::task::Poll::Ready(finish) = polled {
+            return finish;
+        }
+        while !wakeup.woken.swap(false, Ordering::SeqCst) {
+            std::thread::park();
+        }
+    }
+}
+
 #[pymethods]
 impl Pending {
     /// Blocks (GIL released) until the result is there and returns it, or
     /// raises what it raised. Only the first call waits.
-    fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+    pub fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let rx = self
             .rx
             .lock()

@@ -483,6 +483,9 @@ pub struct PyDurableCtx {
     raised: Arc<Mutex<Raised>>,
     /// Whether the run is leased (its lease renewed while steps run).
     leased: bool,
+    /// Whether the function is sync: every call blocks its thread until it
+    /// is done, and a step's function runs on that thread.
+    blocking: bool,
 }
 
 /// The Python exception for `e`, tagged so that it maps back to `e`.
@@ -501,7 +504,12 @@ impl PyDurableCtx {
     where
         F: std::future::Future<Output = Result<Value, Error>> + Send + 'static,
     {
-        self.awaitable_by(fut, crate::pending::spawn_as)
+        let start: crate::pending::Start = if self.blocking {
+            crate::pending::block_apart
+        } else {
+            crate::pending::spawn_as
+        };
+        self.awaitable_by(fut, start)
     }
 
     /// Like [`awaitable`](Self::awaitable), started by `start`.
@@ -643,7 +651,17 @@ impl PyDurableCtx {
         // function holds the thread that would renew it.
         // (A leased run's async step starts on a blocking thread: its start
         // may renew the lease, a write the loop should not wait for.)
+        // A sync durable function's step runs on its thread, the function's
+        // own, with its checkpoint; with a timeout or a lease, on a thread
+        // of its own while the function's thread drives the engine.
         let start: crate::pending::Start = match (timeout, on_loop, self.leased) {
+            _ if self.blocking && on_loop => {
+                return Err(InvalidInput::new_err(format!(
+                    "step {name:?}: its function is a coroutine function, and a sync durable function (a plain `def`) waits for each step on its own thread: give a sync function, or make the durable function an `async def`"
+                )))
+            }
+            (None, _, false) if self.blocking => crate::pending::block_inline,
+            _ if self.blocking => crate::pending::block_apart,
             (Some(_), _, _) | (None, false, true) => crate::pending::spawn_as,
             (None, false, false) | (None, true, true) => spawn_first_here,
             (None, true, false) => |abort, fut| Python::attach(|py| start_here(py, abort, fut)),
@@ -841,73 +859,131 @@ pub fn run_durable<'py>(
     budget: Option<std::collections::BTreeMap<String, f64>>,
 ) -> PyResult<Pending> {
     let caller = Caller::new(event_loop, invoke);
-    let outer = caller.clone();
-    let input = input_arg(input)?;
-    let store = Arc::clone(&store.inner);
     let opts = RunOpts::new(accept_changed, wait_for_timers, lease, budget)?;
+    let op = durable_op(
+        caller,
+        run_id,
+        name,
+        body,
+        store,
+        input_arg(input)?,
+        opts,
+        false,
+    );
+    Ok(spawn_first_here(crate::pending::Abort::default(), op))
+}
+
+/// Starts or resumes a sync durable function on the calling thread and
+/// returns the outcome tuple when the call ends. `body(ctx)` calls the
+/// function, on this thread; so does each step without a timeout (of a run
+/// without a lease), which is then recorded on this thread too.
+#[pyfunction]
+#[pyo3(signature = (invoke, run_id, name, body, store, input=None, accept_changed=false, wait_for_timers=false, lease=None, budget=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn run_durable_sync<'py>(
+    py: Python<'py>,
+    invoke: Py<PyAny>,
+    run_id: String,
+    name: String,
+    body: Py<PyAny>,
+    store: &PyStore,
+    input: Option<&Bound<'py, PyAny>>,
+    accept_changed: bool,
+    wait_for_timers: bool,
+    lease: Option<f64>,
+    budget: Option<std::collections::BTreeMap<String, f64>>,
+) -> PyResult<Py<PyAny>> {
+    let caller = Caller::new(py.None(), invoke);
+    let opts = RunOpts::new(accept_changed, wait_for_timers, lease, budget)?;
+    let op = durable_op(
+        caller,
+        run_id,
+        name,
+        body,
+        store,
+        input_arg(input)?,
+        opts,
+        true,
+    );
+    crate::pending::block_inline(crate::pending::Abort::default(), op).wait(py)
+}
+
+/// The operation that runs a durable function: records the run with its
+/// input when new, runs the body under the engine, and gives the outcome.
+#[allow(clippy::too_many_arguments)]
+fn durable_op(
+    caller: Caller,
+    run_id: String,
+    name: String,
+    body: Py<PyAny>,
+    store: &PyStore,
+    input: Option<Value>,
+    opts: RunOpts,
+    blocking: bool,
+) -> crate::pending::Op {
+    let outer = caller.clone();
+    let store = Arc::clone(&store.inner);
     let raised = Arc::new(Mutex::new(Raised::default()));
-    Ok(spawn_first_here(
-        crate::pending::Abort::default(),
-        Box::pin(async move {
-            if let Some(input) = input {
-                if let Err(e) = start_if_new(&store, &run_id, |s| {
-                    steadfast::start(s, &name, &run_id, input, true)
-                })
-                .await
-                {
-                    return finish_err(e);
-                }
-            }
-            let r2 = Arc::clone(&raised);
-            let body = Arc::new(body);
-            let (workflow_name, result_run) = (name.clone(), run_id.clone());
-            let leased = opts.lease.is_some();
-            let guard = LeaseGuard::new(&store, &run_id, leased);
-            let out = runner(&store, opts)
-            .durable(&run_id, &name, move |ctx| {
-                let c = PyDurableCtx {
-                    ctx,
-                    caller: caller.clone(),
-                    raised: Arc::clone(&r2),
-                    leased,
-                };
-                async move {
-                    let raised = Arc::clone(&c.raised);
-                    let res = caller
-                        .call_raw(body, move |py| Ok(vec![Py::new(py, c)?.into_any()]))
-                        .await;
-                    let (stopped, unfinished) = {
-                        let mut r = raised.lock().unwrap_or_else(|p| p.into_inner());
-                        r.closed = true;
-                        let running = std::mem::take(&mut r.running);
-                        for h in running.values() {
-                            h.abort();
-                        }
-                        (r.stopped.clone(), running.len())
-                    };
-                    if let Some(s) = stopped {
-                        return Err(Error::Suspended(s));
-                    }
-                    if unfinished > 0 {
-                        return Err(Error::InvalidWorkflow {
-                            workflow: workflow_name,
-                            reason: format!(
-                                "the function returned while {unfinished} context call(s) it made were still running; they were stopped and nothing was recorded as complete: await every ctx call"
-                            ),
-                        });
-                    }
-                    res.map_err(|e| body_error(&raised, &result_run, e))
-                }
+    Box::pin(async move {
+        if let Some(input) = input {
+            if let Err(e) = start_if_new(&store, &run_id, |s| {
+                steadfast::start(s, &name, &run_id, input, true)
             })
-            .await;
-            guard.finish(&out).await;
-            let own = raised.lock().unwrap_or_else(|p| p.into_inner()).own.take();
-            Box::new(move |py: Python<'_>| match out {
-                Ok(o) => outcome_tuple(py, o),
-                Err(e) => Err(own.unwrap_or_else(|| outer.with_cause(py, err(&e), &e))),
-            }) as Finish
-        }),
-    ))
+            .await
+            {
+                return finish_err(e);
+            }
+        }
+        let r2 = Arc::clone(&raised);
+        let body = Arc::new(body);
+        let (workflow_name, result_run) = (name.clone(), run_id.clone());
+        let leased = opts.lease.is_some();
+        let guard = LeaseGuard::new(&store, &run_id, leased);
+        let out = runner(&store, opts)
+        .durable(&run_id, &name, move |ctx| {
+            let c = PyDurableCtx {
+                ctx,
+                caller: caller.clone(),
+                raised: Arc::clone(&r2),
+                leased,
+                blocking,
+            };
+            async move {
+                let raised = Arc::clone(&c.raised);
+                let res = caller
+                    .call_raw(body, move |py| Ok(vec![Py::new(py, c)?.into_any()]))
+                    .await;
+                let (stopped, unfinished) = {
+                    let mut r = raised.lock().unwrap_or_else(|p| p.into_inner());
+                    r.closed = true;
+                    let running = std::mem::take(&mut r.running);
+                    for h in running.values() {
+                        h.abort();
+                    }
+                    (r.stopped.clone(), running.len())
+                };
+                if let Some(s) = stopped {
+                    return Err(Error::Suspended(s));
+                }
+                if unfinished > 0 {
+                    return Err(Error::InvalidWorkflow {
+                        workflow: workflow_name,
+                        reason: format!(
+                            "the function returned while {unfinished} context call(s) it made were still running; they were stopped and nothing was recorded as complete: await every ctx call"
+                        ),
+                    });
+                }
+                res.map_err(|e| body_error(&raised, &result_run, e))
+            }
+        })
+        .await;
+        guard.finish(&out).await;
+        let own = raised.lock().unwrap_or_else(|p| p.into_inner()).own.take();
+        Box::new(move |py: Python<'_>| match out {
+            Ok(o) => outcome_tuple(py, o),
+            Err(e) => Err(own.unwrap_or_else(|| outer.with_cause(py, err(&e), &e))),
+        }) as Finish
+    })
 }
 
 /// Gives this process's lease on a run up when a leased call ends without

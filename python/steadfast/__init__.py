@@ -210,7 +210,7 @@ _CURRENT_STEP: "contextvars.ContextVar[Optional[StepContext]]" = contextvars.Con
 
 
 def _invoke(
-    loop: asyncio.AbstractEventLoop, step: Optional[StepContext], fn: Callable[..., Any], *args: Any
+    loop: Optional[asyncio.AbstractEventLoop], step: Optional[StepContext], fn: Callable[..., Any], *args: Any
 ) -> Tuple[bool, Any]:
     """Calls ``fn`` with ``step`` as the current step; an awaitable it returns
     is scheduled on ``loop``, in a task that keeps ``step`` current.
@@ -221,6 +221,15 @@ def _invoke(
     token = _CURRENT_STEP.set(step)
     try:
         result = fn(*args)
+        if loop is None and inspect.isawaitable(result):
+            # A sync durable function's call: there is no loop to run it on.
+            close = getattr(result, "close", None)
+            if close is not None:
+                close()
+            raise TerminalError(
+                f"{fn!r} returned an awaitable inside a sync durable function (a plain `def`), which waits for "
+                "each call on its own thread: return a value, or make the durable function an `async def`"
+            )
         if inspect.isawaitable(result):
 
             async def wait() -> Any:
@@ -422,7 +431,46 @@ class Workflow:
         return f"Workflow({self.name!r}{version}, steps={self.step_names!r})"
 
 
-class DurableContext:
+class _Context:
+    """What both kinds of durable function's context share."""
+
+    def __init__(self, native: _NativeDurableContext) -> None:
+        self._native = native
+
+    def numbered(self, base: str) -> str:
+        """``base``, then ``base#2``, ``base#3``…: distinct names for steps in a loop."""
+        return self._native.numbered(base)
+
+    def emit(self, value: JSON) -> None:
+        """Emits ``value`` into the run's event log from inside a step's
+        function (sync or async): a model's tokens, a tool's progress.
+        ``steadfast watch`` and :func:`watch` show events as they happen.
+
+        Events are written in batches (within 100 ms, and all of them before
+        the step's checkpoint). Raises :class:`InvalidInput` for a value that
+        cannot be stored or a call outside a step's function, and
+        :class:`StoreError` when the store keeps no events.
+        """
+        step = _CURRENT_STEP.get()
+        if step is None:
+            raise InvalidInput("ctx.emit is called outside a step: call it inside the function given to ctx.step")
+        step.emit(value)
+
+    def spend(self, what: str, amount: float) -> None:
+        """Reports, from inside a step's function, that this attempt spent
+        ``amount`` of ``what`` (``"tokens"``, ``"usd"``): see
+        :meth:`StepContext.spend`. Raises :class:`InvalidInput` for a name or
+        amount out of range or a call outside a step's function.
+        """
+        step = _CURRENT_STEP.get()
+        if step is None:
+            raise InvalidInput("ctx.spend is called outside a step: call it inside the function given to ctx.step")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+            raise InvalidInput(f"ctx.spend: the amount {amount!r} is not a number")
+        step.spend(what, float(amount))
+
+
+class DurableContext(_Context):
     """What a durable function uses to make steps.
 
     Code between steps must be deterministic: the same inputs and recorded
@@ -431,9 +479,6 @@ class DurableContext:
     recorded; do every side effect inside a step. A gate or timer that stops
     the run raises :class:`Suspended` (a ``BaseException``): let it propagate.
     """
-
-    def __init__(self, native: _NativeDurableContext) -> None:
-        self._native = native
 
     async def step(
         self,
@@ -545,47 +590,110 @@ class DurableContext:
         """The run's input as recorded when it started (None without one)."""
         return await _wait(self._native.input())
 
-    def numbered(self, base: str) -> str:
-        """``base``, then ``base#2``, ``base#3``…: distinct names for steps in a loop."""
-        return self._native.numbered(base)
 
-    def emit(self, value: JSON) -> None:
-        """Emits ``value`` into the run's event log from inside a step's
-        function (sync or async): a model's tokens, a tool's progress.
-        ``steadfast watch`` and :func:`watch` show events as they happen.
+class SyncDurableContext(_Context):
+    """The context of a sync durable function (a plain ``def``, see
+    :func:`durable`): the calls of :class:`DurableContext`, each returning its
+    value once done instead of an awaitable, under the same rules.
 
-        Events are written in batches (within 100 ms, and all of them before
-        the step's checkpoint). Raises :class:`InvalidInput` for a value that
-        cannot be stored or a call outside a step's function, and
-        :class:`StoreError` when the store keeps no events.
-        """
-        step = _CURRENT_STEP.get()
-        if step is None:
-            raise InvalidInput("ctx.emit is called outside a step: call it inside the function given to ctx.step")
-        step.emit(value)
+    A step's function must be sync. It runs on the calling thread, and its
+    value is recorded there before :meth:`step` returns; one with a
+    ``timeout``, or of a run with a ``lease``, runs on a thread of its own
+    while this one waits (so that the engine can give up on it, or renew the
+    lease). :meth:`parallel` runs each branch on a thread of its own.
+    """
 
-    def spend(self, what: str, amount: float) -> None:
-        """Reports, from inside a step's function, that this attempt spent
-        ``amount`` of ``what`` (``"tokens"``, ``"usd"``): see
-        :meth:`StepContext.spend`. Raises :class:`InvalidInput` for a name or
-        amount out of range or a call outside a step's function.
-        """
-        step = _CURRENT_STEP.get()
-        if step is None:
-            raise InvalidInput("ctx.spend is called outside a step: call it inside the function given to ctx.step")
-        if isinstance(amount, bool) or not isinstance(amount, (int, float)):
-            raise InvalidInput(f"ctx.spend: the amount {amount!r} is not a number")
-        step.spend(what, float(amount))
+    def step(
+        self,
+        name: str,
+        fn: Callable[[], Any],
+        *,
+        retries: Optional[int] = None,
+        backoff: Optional[float] = None,
+        max_backoff: Optional[float] = None,
+        timeout: Optional[float] = None,
+        limit: Optional[str] = None,
+        version: Optional[str] = None,
+    ) -> JSON:
+        """Runs ``fn()`` as step ``name`` and returns its value, saved before
+        this returns; see :meth:`DurableContext.step`."""
+        on_loop = inspect.iscoroutinefunction(fn)
+        return self._native.step(name, fn, retries, backoff, max_backoff, timeout, on_loop, limit, version).wait()
+
+    def parallel(self, branches: Union[Sequence[Tuple[str, Callable[[], Any]]], Dict[str, Callable[[], Any]]]) -> List[JSON]:
+        """Runs several steps at once, each on a thread of its own; see :meth:`DurableContext.parallel`."""
+        items = list(branches.items()) if isinstance(branches, dict) else list(branches)
+        return self._native.parallel(items).wait()
+
+    def gate(self, name: str, *, timeout: Optional[float] = None, on_timeout: str = "reject") -> JSON:
+        """Waits at gate ``name``; see :meth:`DurableContext.gate`."""
+        return self._native.gate(name, timeout, on_timeout).wait()
+
+    def wait_for(self, name: str, timeout: Optional[float] = None) -> Optional[Dict[str, JSON]]:
+        """Waits for signal ``name``; see :meth:`DurableContext.wait_for`."""
+        return self._native.wait_for(name, timeout).wait()
+
+    def child(self, name: str, workflow: str, input: JSON = None, *, retries: Optional[int] = None) -> JSON:
+        """Runs ``workflow`` as a child run; see :meth:`DurableContext.child`."""
+        return self.children([(name, workflow, input)], retries=retries)[0]
+
+    def children(
+        self,
+        children: Sequence[Tuple[str, str, JSON]],
+        *,
+        at_once: Optional[int] = None,
+        retries: Optional[int] = None,
+    ) -> List[JSON]:
+        """Starts child runs and returns their results; see :meth:`DurableContext.children`."""
+        items = [(n, w, i) for (n, w, i) in children]
+        return self._native.children(items, at_once, retries).wait()
+
+    def sleep(self, name: str, seconds: float) -> None:
+        """A durable timer; see :meth:`DurableContext.sleep`."""
+        self._native.sleep(name, seconds).wait()
+
+    def now(self) -> _dt.datetime:
+        """The current time (UTC), recorded."""
+        return _from_millis(self._native.now().wait())
+
+    def patched(self, id: str) -> bool:
+        """Whether this run takes the new branch of patch ``id``; see :meth:`DurableContext.patched`."""
+        return bool(self._native.patched(id).wait())
+
+    def deprecate_patch(self, id: str) -> None:
+        """Steps over patch ``id``'s record; see :meth:`DurableContext.deprecate_patch`."""
+        self._native.deprecate_patch(id).wait()
+
+    def random(self) -> int:
+        """A random integer in ``[0, 2**64)``, recorded."""
+        return self._native.random().wait()
+
+    def uuid(self) -> str:
+        """A random UUID (version 4) as a string, recorded."""
+        return self._native.uuid().wait()
+
+    def input(self) -> JSON:
+        """The run's input as recorded when it started (None without one)."""
+        return self._native.input().wait()
 
 
 class Durable:
-    """A durable function, made by :func:`durable`."""
+    """A durable function, made by :func:`durable`: an ``async def`` (its
+    context is a :class:`DurableContext`) or a plain ``def`` (a
+    :class:`SyncDurableContext`)."""
 
-    def __init__(self, name: str, fn: Callable[..., Awaitable[Any]]) -> None:
-        if not inspect.iscoroutinefunction(fn):
-            raise TypeError(f"durable function {name!r}: {fn!r} must be an `async def`")
+    def __init__(self, name: str, fn: Callable[..., Any]) -> None:
+        if not callable(fn):
+            raise TypeError(f"durable function {name!r}: {fn!r} is not a function")
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(
+                f"durable function {name!r}: {fn!r} is a generator function; make it an `async def` or a plain `def`"
+            )
         self.name = name
         self.fn = fn
+        #: Whether the function is a plain ``def``: it runs on the thread that
+        #: calls :meth:`run`, and so do its steps.
+        self.is_sync = not inspect.iscoroutinefunction(fn)
         functools.update_wrapper(self, fn)
         params = inspect.signature(fn).parameters.values()
         self._takes_input = sum(
@@ -597,7 +705,13 @@ class Durable:
         wait_for_timers: bool = False, lease: Optional[float] = None,
         budget: Optional[Dict[str, float]] = None,
     ) -> Outcome:
-        """Starts or resumes run ``run_id``; see :func:`run_async`."""
+        """Starts or resumes run ``run_id``; see :func:`run_async`. A sync
+        function runs on a thread of its own (``asyncio.to_thread``)."""
+        if self.is_sync:
+            return await asyncio.to_thread(
+                self.run, run_id, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers,
+                lease=lease, budget=budget,
+            )
         loop = asyncio.get_running_loop()
         takes_input = self._takes_input
 
@@ -619,22 +733,61 @@ class Durable:
         )
         return _outcome(t)
 
-    def run(self, run_id: str, store: Store, input: JSON = None, **options: Any) -> Outcome:
-        """Starts or resumes run ``run_id`` and waits for it; see :func:`run`."""
-        return _sync(self.run_async(run_id, store, input, **options))
+    def run(
+        self, run_id: str, store: Store, input: JSON = None, *, accept_changed: bool = False,
+        wait_for_timers: bool = False, lease: Optional[float] = None,
+        budget: Optional[Dict[str, float]] = None,
+    ) -> Outcome:
+        """Starts or resumes run ``run_id`` and waits for it; see :func:`run`.
+
+        A sync function runs on this thread, and so does each of its steps
+        (one with a ``timeout``, or of a run with a ``lease``, on a thread of
+        its own while this one waits): a step and its checkpoint cost no
+        hand-off between threads.
+        """
+        if not self.is_sync:
+            return _sync(
+                self.run_async(
+                    run_id, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers,
+                    lease=lease, budget=budget,
+                )
+            )
+        takes_input = self._takes_input
+
+        def body(native: _NativeDurableContext) -> Any:
+            ctx = SyncDurableContext(native)
+            if takes_input:
+                return self.fn(ctx, ctx.input())
+            return self.fn(ctx)
+
+        t = _native.run_durable_sync(
+            _invoke, run_id, self.name, body, store, input, accept_changed, wait_for_timers, lease, _budget(budget)
+        )
+        return _outcome(t)
 
     def __repr__(self) -> str:
         return f"<durable function {self.name!r}>"
 
 
-def durable(name: str) -> Callable[[Callable[..., Awaitable[Any]]], Durable]:
-    """Makes an ``async def f(ctx)`` or ``async def f(ctx, input)`` a durable function named ``name``.
+def durable(name: str) -> Callable[[Callable[..., Any]], Durable]:
+    """Makes ``async def f(ctx)`` or ``async def f(ctx, input)`` a durable function named ``name``.
 
     Run it with ``f.run(run_id, store, input)`` or :func:`run`. The input is
     recorded when the run starts; a resume passes the recorded one.
+
+    A plain ``def f(ctx)`` (or ``def f(ctx, input)``) is a sync durable
+    function: its context's calls (a :class:`SyncDurableContext`) return
+    values instead of awaitables, and its steps' functions, which must be
+    sync, run on the thread that runs it, each recorded there before the step
+    returns, with no event loop and no hand-off to other threads::
+
+        @steadfast.durable("agent")
+        def agent(ctx, question):
+            plan = ctx.step("plan", lambda: call_model(question))
+            return ctx.step("answer", lambda: answer(plan))
     """
 
-    def wrap(fn: Callable[..., Awaitable[Any]]) -> Durable:
+    def wrap(fn: Callable[..., Any]) -> Durable:
         return Durable(name, fn)
 
     return wrap
@@ -707,8 +860,14 @@ def run(
 ) -> Outcome:
     """Starts or resumes a run and waits for it: :func:`run_async` on an event loop of its own.
 
-    Inside a running event loop, ``await run_async(...)`` instead.
+    Inside a running event loop, ``await run_async(...)`` instead. A sync
+    durable function runs on this thread (see :func:`durable`).
     """
+    if isinstance(workflow, Durable) and workflow.is_sync:
+        return workflow.run(
+            run_id, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers, lease=lease,
+            budget=budget,
+        )
     return _sync(
         run_async(
             run_id, workflow, store, input, accept_changed=accept_changed, wait_for_timers=wait_for_timers,
@@ -965,6 +1124,7 @@ __all__ = [
     "backends",
     "code_version",
     "Durable",
+    "SyncDurableContext",
     "DurableContext",
     "Outcome",
     "StepContext",

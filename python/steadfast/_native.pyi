@@ -200,6 +200,18 @@ def run_durable(
     lease: Optional[float] = ...,
     budget: Optional[Dict[str, float]] = ...,
 ) -> Pending: ...
+def run_durable_sync(
+    invoke: Callable[..., Any],
+    run_id: str,
+    name: str,
+    body: Callable[[DurableContext], Any],
+    store: Store,
+    input: Any = ...,
+    accept_changed: bool = ...,
+    wait_for_timers: bool = ...,
+    lease: Optional[float] = ...,
+    budget: Optional[Dict[str, float]] = ...,
+) -> Tuple[Any, ...]: ...
 def drain(seconds: float) -> bool: ...
 def add_schedule(
     store: Store,

@@ -566,20 +566,29 @@ def test_suspended_is_raised_inside_the_function(store):
     assert raised == [steadfast.Suspended]
 
 
-def test_durable_needs_an_async_function():
-    def sync(ctx):
+def test_durable_takes_a_function_but_no_generator():
+    def plain(ctx):
         return 1
 
-    with pytest.raises(TypeError, match="async def"):
-        steadfast.durable("sync")(sync)
-    with pytest.raises(TypeError):
-        steadfast.durable("lam")(lambda ctx: 1)
+    assert steadfast.durable("plain")(plain).is_sync
+    assert steadfast.durable("lam")(lambda ctx: 1).is_sync
+
+    async def coro(ctx):
+        return 1
+
+    assert not steadfast.durable("coro")(coro).is_sync
 
     async def agen(ctx):
         yield 1
 
-    with pytest.raises(TypeError):
-        steadfast.durable("agen")(agen)
+    def gen(ctx):
+        yield 1
+
+    for f in (agen, gen):
+        with pytest.raises(TypeError, match="generator function"):
+            steadfast.durable("gen")(f)
+    with pytest.raises(TypeError, match="not a function"):
+        steadfast.durable("nothing")(42)
 
 
 # --------------------------------------------------------------------------
