@@ -179,8 +179,15 @@ impl Caller {
         let guard = CancelOnDrop(Arc::clone(&slot));
         let (tx, rx) = tokio::sync::oneshot::channel::<Result<Value, CallError>>();
         let me = self.clone();
+        // In an operation's first poll on a blocking thread, or on the
+        // thread of a sync durable function, the function runs right here;
+        // otherwise on a blocking thread of its own.
+        let here = crate::pending::inline();
+        // A runtime thread in Python is counted for `drain`; a sync durable
+        // function's own thread is Python's, which the interpreter knows.
+        let counted = !here.as_ref().is_some_and(|h| h.caller);
         let work = move || {
-            let _inside = crate::pending::InPython::enter();
+            let _inside = counted.then(crate::pending::InPython::enter);
             Python::attach(|py| -> Result<Option<Value>, CallError> {
                 let raised = CallError::Raised;
                 let step = match &current {
@@ -229,11 +236,25 @@ impl Caller {
                 Ok(None)
             })
         };
-        // In an operation's first poll on a blocking thread, the function
-        // runs right here; otherwise on a blocking thread of its own.
-        let called = match crate::pending::inline() {
+        let called = match here {
             Some(here) => {
-                let got = work();
+                let got = match work() {
+                    Err(CallError::Raised(e))
+                        if here.caller
+                            && Python::attach(|py| {
+                                e.is_instance_of::<pyo3::exceptions::PyKeyboardInterrupt>(py)
+                                    || e.is_instance_of::<pyo3::exceptions::PySystemExit>(py)
+                            }) =>
+                    {
+                        // Ctrl-C or `sys.exit()` on a sync durable
+                        // function's thread: not the step's failure to
+                        // record, but the end of the call, raised to it.
+                        // The driving thread drops this operation.
+                        here.stop.interrupt(e);
+                        std::future::pending().await
+                    }
+                    got => got,
+                };
                 if here.stop.is_stopped() {
                     // Stopped while the function ran (its caller cancelled,
                     // or the durable function returned without awaiting

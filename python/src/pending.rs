@@ -201,6 +201,13 @@ pub struct Abort {
 struct AbortInner {
     cancelled: AtomicBool,
     task: Mutex<Option<tokio::task::AbortHandle>>,
+    /// The waker of a thread that drives the operation itself
+    /// ([`drive_here`]), woken to see that it was stopped.
+    driver: Mutex<Option<std::task::Waker>>,
+    /// An exception that stops the operation instead of being recorded (a
+    /// `KeyboardInterrupt` or `SystemExit` out of a function called on the
+    /// driving thread): raised by the operation's result.
+    interrupt: Mutex<Option<PyErr>>,
 }
 
 impl Abort {
@@ -211,6 +218,29 @@ impl Abort {
         if let Some(h) = task.as_ref() {
             h.abort();
         }
+        drop(task);
+        let driver = self.inner.driver.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(w) = driver.as_ref() {
+            w.wake_by_ref();
+        }
+    }
+
+    /// Stops the operation with `e`, which its result raises.
+    pub fn interrupt(&self, e: PyErr) {
+        *self
+            .inner
+            .interrupt
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(e);
+        self.abort();
+    }
+
+    fn take_interrupt(&self) -> Option<PyErr> {
+        self.inner
+            .interrupt
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// Whether the operation was stopped; for a step function that ran on a
@@ -282,6 +312,10 @@ pub struct Inline {
     /// Whether the thread is the event loop's, which must not wait for a
     /// store: whatever follows the call is then left to the runtime.
     pub on_loop: bool,
+    /// Whether the thread is the one a sync durable function runs on (see
+    /// [`block_inline`]): a Python thread, which the interpreter waits for
+    /// by itself, and the one a `KeyboardInterrupt` comes to.
+    pub caller: bool,
 }
 
 /// The leave of the operation in its first poll on this thread
@@ -307,6 +341,7 @@ fn poll_once(abort: &Abort, fut: &mut Op, on_loop: bool) -> std::task::Poll<Fini
     let here = Inline {
         stop: abort.clone(),
         on_loop,
+        caller: false,
     };
     INLINE.with(|i| *i.borrow_mut() = Some(here));
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
@@ -394,7 +429,12 @@ pub fn block_apart(abort: Abort, fut: Op) -> Pending {
 fn block_here(abort: Abort, fut: Op, inline: bool) -> Pending {
     let (finished, pending) = channel(abort.clone());
     let out = Python::attach(|py| py.detach(|| drive_here(&abort, fut, inline)));
-    finished.send(out);
+    match (out, abort.take_interrupt()) {
+        (_, Some(e)) => finished.send(Box::new(move |_py: Python<'_>| Err(e))),
+        (Some(finish), None) => finished.send(finish),
+        // Stopped: dropping `finished` reports the cancellation.
+        (None, None) => {}
+    }
     pending
 }
 
@@ -418,34 +458,55 @@ impl std::task::Wake for Wakeup {
     }
 }
 
-/// Polls `fut` on this thread until it is ready, parked in between. The
-/// runtime is entered, so timers, I/O and spawned tasks work as on its own
-/// threads (its workers drive them).
-fn drive_here(abort: &Abort, mut fut: Op, inline: bool) -> Finish {
+/// How long a driving thread parks before it looks for a signal (Ctrl-C)
+/// the interpreter has to act on.
+const SIGNAL_LOOK: Duration = Duration::from_millis(50);
+
+/// Polls `fut` on this thread until it is ready, parked in between, or
+/// until it is stopped (`None`; the future is dropped, so nothing more of it
+/// is recorded). The runtime is entered, so timers, I/O and spawned tasks
+/// work as on its own threads (its workers drive them). While parked it
+/// looks for signals every [`SIGNAL_LOOK`]: a `KeyboardInterrupt` raised by
+/// a handler stops the operation with that exception.
+fn drive_here(abort: &Abort, mut fut: Op, inline: bool) -> Option<Finish> {
     let wakeup = Arc::new(Wakeup {
         woken: AtomicBool::new(false),
         thread: std::thread::current(),
     });
     let waker = std::task::Waker::from(Arc::clone(&wakeup));
+    *abort.inner.driver.lock().unwrap_or_else(|p| p.into_inner()) = Some(waker.clone());
     let mut cx = std::task::Context::from_waker(&waker);
     let _runtime = rt().enter();
     loop {
+        if abort.is_stopped() {
+            return None;
+        }
         let polled = {
             let _guard = InlineGuard;
             if inline {
                 let here = Inline {
                     stop: abort.clone(),
                     on_loop: false,
+                    caller: true,
                 };
                 INLINE.with(|i| *i.borrow_mut() = Some(here));
             }
             fut.as_mut().poll(&mut cx)
         };
         if let std::task::Poll::Ready(finish) = polled {
-            return finish;
+            return Some(finish);
         }
         while !wakeup.woken.swap(false, Ordering::SeqCst) {
-            std::thread::park();
+            if abort.is_stopped() {
+                return None;
+            }
+            std::thread::park_timeout(SIGNAL_LOOK);
+            if !wakeup.woken.load(Ordering::SeqCst) {
+                if let Err(e) = Python::attach(|py| py.check_signals()) {
+                    abort.interrupt(e);
+                    return None;
+                }
+            }
         }
     }
 }

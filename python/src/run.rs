@@ -652,15 +652,17 @@ impl PyDurableCtx {
         // (A leased run's async step starts on a blocking thread: its start
         // may renew the lease, a write the loop should not wait for.)
         // A sync durable function's step runs on its thread, the function's
-        // own, with its checkpoint; with a timeout or a lease, on a thread
-        // of its own while the function's thread drives the engine.
+        // own, with its checkpoint; with a timeout, a lease or a shared
+        // limit (whose slot is renewed while the step runs), on a thread of
+        // its own while the function's thread drives the engine.
+        let limited = limit.is_some();
         let start: crate::pending::Start = match (timeout, on_loop, self.leased) {
             _ if self.blocking && on_loop => {
                 return Err(InvalidInput::new_err(format!(
                     "step {name:?}: its function is a coroutine function, and a sync durable function (a plain `def`) waits for each step on its own thread: give a sync function, or make the durable function an `async def`"
                 )))
             }
-            (None, _, false) if self.blocking => crate::pending::block_inline,
+            (None, _, false) if self.blocking && !limited => crate::pending::block_inline,
             _ if self.blocking => crate::pending::block_apart,
             (Some(_), _, _) | (None, false, true) => crate::pending::spawn_as,
             (None, false, false) | (None, true, true) => spawn_first_here,

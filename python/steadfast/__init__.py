@@ -47,6 +47,7 @@ import datetime as _dt
 import functools
 import inspect
 import itertools
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -600,8 +601,22 @@ class SyncDurableContext(_Context):
     value is recorded there before :meth:`step` returns; one with a
     ``timeout``, or of a run with a ``lease``, runs on a thread of its own
     while this one waits (so that the engine can give up on it, or renew the
-    lease). :meth:`parallel` runs each branch on a thread of its own.
+    lease), and so does one with a shared ``limit``. :meth:`parallel` runs
+    each branch on a thread of its own. Its calls are made from the
+    function's own thread (the order of its steps is the record's): a call
+    from another thread raises :class:`InvalidInput`.
     """
+
+    def __init__(self, native: _NativeDurableContext) -> None:
+        super().__init__(native)
+        self._thread = threading.get_ident()
+
+    def _here(self, what: str) -> None:
+        if threading.get_ident() != self._thread:
+            raise InvalidInput(
+                f"ctx.{what} is called from another thread than the sync durable function's: a run's steps "
+                "must come in one order, so make context calls from the function's own thread"
+            )
 
     def step(
         self,
@@ -617,20 +632,30 @@ class SyncDurableContext(_Context):
     ) -> JSON:
         """Runs ``fn()`` as step ``name`` and returns its value, saved before
         this returns; see :meth:`DurableContext.step`."""
+        self._here("step")
         on_loop = inspect.iscoroutinefunction(fn)
         return self._native.step(name, fn, retries, backoff, max_backoff, timeout, on_loop, limit, version).wait()
 
     def parallel(self, branches: Union[Sequence[Tuple[str, Callable[[], Any]]], Dict[str, Callable[[], Any]]]) -> List[JSON]:
         """Runs several steps at once, each on a thread of its own; see :meth:`DurableContext.parallel`."""
+        self._here("parallel")
         items = list(branches.items()) if isinstance(branches, dict) else list(branches)
+        for item in items:
+            if isinstance(item, tuple) and len(item) == 2 and inspect.iscoroutinefunction(item[1]):
+                raise InvalidInput(
+                    f"ctx.parallel: branch {item[0]!r}: its function is a coroutine function, and a sync durable "
+                    "function runs its branches on threads: give sync functions, or make it an `async def`"
+                )
         return self._native.parallel(items).wait()
 
     def gate(self, name: str, *, timeout: Optional[float] = None, on_timeout: str = "reject") -> JSON:
         """Waits at gate ``name``; see :meth:`DurableContext.gate`."""
+        self._here("gate")
         return self._native.gate(name, timeout, on_timeout).wait()
 
     def wait_for(self, name: str, timeout: Optional[float] = None) -> Optional[Dict[str, JSON]]:
         """Waits for signal ``name``; see :meth:`DurableContext.wait_for`."""
+        self._here("wait_for")
         return self._native.wait_for(name, timeout).wait()
 
     def child(self, name: str, workflow: str, input: JSON = None, *, retries: Optional[int] = None) -> JSON:
@@ -645,35 +670,43 @@ class SyncDurableContext(_Context):
         retries: Optional[int] = None,
     ) -> List[JSON]:
         """Starts child runs and returns their results; see :meth:`DurableContext.children`."""
+        self._here("children")
         items = [(n, w, i) for (n, w, i) in children]
         return self._native.children(items, at_once, retries).wait()
 
     def sleep(self, name: str, seconds: float) -> None:
         """A durable timer; see :meth:`DurableContext.sleep`."""
+        self._here("sleep")
         self._native.sleep(name, seconds).wait()
 
     def now(self) -> _dt.datetime:
         """The current time (UTC), recorded."""
+        self._here("now")
         return _from_millis(self._native.now().wait())
 
     def patched(self, id: str) -> bool:
         """Whether this run takes the new branch of patch ``id``; see :meth:`DurableContext.patched`."""
+        self._here("patched")
         return bool(self._native.patched(id).wait())
 
     def deprecate_patch(self, id: str) -> None:
         """Steps over patch ``id``'s record; see :meth:`DurableContext.deprecate_patch`."""
+        self._here("deprecate_patch")
         self._native.deprecate_patch(id).wait()
 
     def random(self) -> int:
         """A random integer in ``[0, 2**64)``, recorded."""
+        self._here("random")
         return self._native.random().wait()
 
     def uuid(self) -> str:
         """A random UUID (version 4) as a string, recorded."""
+        self._here("uuid")
         return self._native.uuid().wait()
 
     def input(self) -> JSON:
         """The run's input as recorded when it started (None without one)."""
+        self._here("input")
         return self._native.input().wait()
 
 

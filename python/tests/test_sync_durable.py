@@ -54,12 +54,14 @@ def test_a_step_runs_on_the_calling_thread_unless_it_has_a_timeout_or_a_lease(st
     def f(ctx):
         ctx.step("here", lambda: seen.setdefault("here", threading.get_ident()) and 1)
         ctx.step("timed", lambda: seen.setdefault("timed", threading.get_ident()) and 1, timeout=30)
+        ctx.step("limited", lambda: seen.setdefault("limited", threading.get_ident()) and 1, limit="model:2")
         return seen["caller"]
 
     seen["caller"] = threading.get_ident()
     assert f.run("r1", store).value == seen["caller"]
     assert seen["here"] == seen["caller"], "a step without a timeout runs on the function's thread"
     assert seen["timed"] != seen["caller"], "a step with a timeout runs on a thread the engine can give up on"
+    assert seen["limited"] != seen["caller"], "a limited step's slot is renewed while it runs elsewhere"
 
     seen.clear()
     seen["caller"] = threading.get_ident()
@@ -101,7 +103,7 @@ def test_gate_sleep_signal_and_recorded_values_replay(store):
     first = f.run("r1", store)
     assert first.sleeping
     done = f.run("r1", store, wait_for_timers=True)
-    assert done.completed is not None
+    assert done.status == "completed", done
     assert done.value["approval"] == {"ok": 1} and done.value["signal"] == [1, 2] and done.value["patched"] is True
     again = f.run("r1", store)
     assert again.value == done.value, "now, random and uuid are recorded: every replay sees the same"
@@ -191,6 +193,60 @@ def test_async_step_functions_are_refused_before_anything_runs(store):
 
     with pytest.raises(steadfast.StepFailed, match="returned an awaitable"):
         g.run("r2", store)
+
+
+def test_calls_from_another_thread_and_async_branches_are_refused(store):
+    errors = []
+
+    @steadfast.durable("threaded")
+    def f(ctx):
+        def other():
+            try:
+                ctx.step("elsewhere", lambda: 1)
+            except steadfast.InvalidInput as e:
+                errors.append(str(e))
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+
+        async def coro():
+            return 1
+
+        try:
+            ctx.parallel([("a", lambda: 1), ("b", coro)])
+        except steadfast.InvalidInput as e:
+            errors.append(str(e))
+        return ctx.step("here", lambda: 2)
+
+    assert f.run("r1", store).value == 2
+    assert len(errors) == 2
+    assert "another thread" in errors[0]
+    assert "branch 'b'" in errors[1] and "coroutine function" in errors[1]
+    assert [h["name"] for h in steadfast.history(store, "r1") if not h["name"].startswith("__")] == ["here"]
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_in_a_step_ends_the_call_and_is_not_recorded(store, exc):
+    attempts = []
+
+    def interrupted():
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise exc()
+        return "ok"
+
+    @steadfast.durable("interrupted")
+    def f(ctx):
+        ctx.step("before", lambda: 1)
+        return ctx.step("s", interrupted, retries=5, backoff=0.01)
+
+    with pytest.raises(exc):
+        f.run("r1", store)
+    assert attempts == [1], "an interrupt is not retried"
+    record = steadfast.show(store, "r1")
+    assert record["status"] != "failed" and record["completed"] == ["before"]
+    assert f.run("r1", store).value == "ok", "the run resumes at the interrupted step"
 
 
 def test_emit_and_spend_from_a_step(store):
@@ -291,3 +347,65 @@ def test_sigkill_mid_step_resumes_with_only_the_step_in_flight_run_again(tmp_pat
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [f"S{i}" for i in range(6)]
     assert [e["step"] for e in events() if e["event"] == "start"] == ["s2", "s3", "s4", "s5"]
+
+
+SLEEPER = textwrap.dedent(
+    """
+    import sys, threading, time
+    import steadfast
+
+    url, mode = sys.argv[1], sys.argv[2]
+
+    @steadfast.durable("sleeper")
+    def sleeper(ctx):
+        ctx.step("first", lambda: 1)
+        ctx.sleep("nap", 60)
+        return 2
+
+    store = steadfast.open_store(url)
+    if mode == "main":
+        print("ready", flush=True)
+        sleeper.run("r1", store, wait_for_timers=True)
+    else:
+        threading.Thread(target=lambda: sleeper.run("r2", store, wait_for_timers=True), daemon=True).start()
+        time.sleep(0.5)
+        print("leaving", flush=True)
+    """
+)
+
+
+def test_ctrl_c_stops_a_sync_durable_function_waiting_on_a_timer(tmp_path: Path):
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    url = f"sqlite:{tmp_path}/runs.db"
+    p = subprocess.Popen([sys.executable, str(script), url, "main"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 30
+
+    def at_timer():
+        try:
+            return steadfast.show(steadfast.open_store(url), "r1")["completed"] == ["first"]
+        except steadfast.NoSuchRun:
+            return False
+
+    while not at_timer():
+        assert time.monotonic() < deadline, "the run did not reach its timer"
+        time.sleep(0.05)
+    sent = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert time.monotonic() - sent < 10, "Ctrl-C waited for the 60 s timer"
+    assert p.returncode != 0 and "KeyboardInterrupt" in err, err
+
+
+def test_a_daemon_thread_in_a_sync_durable_function_does_not_hold_the_exit(tmp_path: Path):
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, str(script), f"sqlite:{tmp_path}/runs.db", "daemon"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "leaving"
+    assert time.monotonic() - started < 20, "the process waited for a daemon thread's 60 s timer"
+    assert "abandoned" not in out.stderr
