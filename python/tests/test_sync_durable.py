@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import subprocess
@@ -247,6 +248,100 @@ def test_an_interrupt_in_a_step_ends_the_call_and_is_not_recorded(store, exc):
     record = steadfast.show(store, "r1")
     assert record["status"] != "failed" and record["completed"] == ["before"]
     assert f.run("r1", store).value == "ok", "the run resumes at the interrupted step"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda ctx: ctx.step("s", lambda: 1, timeout=-1),
+        lambda ctx: ctx.step("s", lambda: 1, timeout=math.nan),
+        lambda ctx: ctx.step("s", lambda: 1, backoff=math.inf),
+        lambda ctx: ctx.step("", lambda: 1),
+        lambda ctx: ctx.step("x" * 100_000, lambda: 1),
+        lambda ctx: ctx.step("$py", lambda: 1),
+        lambda ctx: ctx.sleep("z", -5),
+        lambda ctx: ctx.sleep("z", 1e300),
+        lambda ctx: ctx.gate("g", timeout=1, on_timeout="perhaps"),
+        lambda ctx: ctx.patched("not an id!"),
+    ],
+    ids=["negative-timeout", "nan-timeout", "inf-backoff", "empty-name", "huge-name", "mark-name",
+         "negative-sleep", "far-future-sleep", "bad-on-timeout", "bad-patch-id"],
+)
+def test_bad_arguments_are_refused_and_nothing_is_recorded(store, call):
+    @steadfast.durable("bad")
+    def f(ctx):
+        ctx.step("ok", lambda: 1)
+        return call(ctx)
+
+    with pytest.raises((steadfast.InvalidInput, steadfast.InvalidWorkflow)):
+        f.run("r1", store)
+    assert steadfast.show(store, "r1")["completed"] == ["ok"]
+
+
+def test_a_callable_object_and_a_nested_run(store):
+    class Agent:
+        def __call__(self, ctx, n):
+            inner = ctx.step("inner", lambda: helper.run("inner-run", store, n).value)
+            return inner + 1
+
+    @steadfast.durable("helper")
+    def helper_fn(ctx, n):
+        return ctx.step("double", lambda: n * 2)
+
+    helper = helper_fn
+    agent = steadfast.durable("outer")(Agent())
+    assert agent.is_sync
+    assert agent.run("outer-run", store, 5).value == 11
+    assert steadfast.show(store, "inner-run")["completed"] == ["double"]
+    assert steadfast.show(store, "outer-run")["completed"] == ["inner"]
+
+    class AsyncCall:
+        async def __call__(self, ctx):
+            return 1
+
+    # Not a coroutine function to `inspect`: taken as sync, and its body's
+    # awaitable is refused with the way out.
+    with pytest.raises(steadfast.TerminalError, match="returned an awaitable"):
+        steadfast.durable("async-object")(AsyncCall()).run("r2", store)
+
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    import steadfast
+
+    url, log = sys.argv[1], sys.argv[2]
+
+    @steadfast.durable("held")
+    def f(ctx):
+        def slow():
+            with open(log, "a") as out:
+                out.write("ran\\n")
+            time.sleep(float(sys.argv[3]))
+            return 1
+        return ctx.step("slow", slow)
+
+    try:
+        print(f.run("r1", steadfast.open_store(url), lease=30).value, flush=True)
+    except steadfast.Held as e:
+        print("held", flush=True)
+    """
+)
+
+
+def test_a_second_process_on_a_leased_run_is_held_while_the_first_runs(tmp_path: Path):
+    script, url, log = tmp_path / "holder.py", f"sqlite:{tmp_path}/runs.db", tmp_path / "ran.log"
+    script.write_text(HOLDER)
+    first = subprocess.Popen([sys.executable, str(script), url, str(log), "3"], stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not log.exists():
+        assert first.poll() is None and time.monotonic() < deadline, "the first caller did not start its step"
+        time.sleep(0.02)
+    second = subprocess.run([sys.executable, str(script), url, str(log), "0"], capture_output=True, text=True, timeout=60)
+    assert second.stdout.strip() == "held", second.stderr
+    out, _ = first.communicate(timeout=60)
+    assert out.strip() == "1"
+    assert log.read_text().count("ran") == 1, "the held caller ran nothing"
 
 
 def test_emit_and_spend_from_a_step(store):
