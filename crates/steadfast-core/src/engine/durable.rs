@@ -25,7 +25,7 @@ use crate::engine::{store_error, Runner};
 use crate::record::checkpoint::{Checkpoint, OnTimeout, RunStatus, StepFailure, StepRecord, Wait};
 use crate::record::clock::Timestamp;
 use crate::record::error::{Error, StepError, StepErrorKind};
-use crate::record::ids::validate_run_id;
+use crate::record::ids::{preview, validate_run_id};
 use crate::record::outcome::{rejected, Event, Outcome};
 use crate::record::state::Update;
 use crate::record::version::{StepVersion, STEP_KEY};
@@ -117,20 +117,17 @@ pub const MAX_PATCH_ID_BYTES: usize = 100;
 
 /// The step name that records patch `id` ([`DurableCtx::patched`]), once
 /// `id` is checked.
-fn patch_marker(id: &str) -> Result<String, Error> {
+fn patch_marker(id: &str) -> Result<String, String> {
     let ok = !id.is_empty()
         && id.len() <= MAX_PATCH_ID_BYTES
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b));
     if !ok {
-        return Err(Error::InvalidWorkflow {
-            workflow: String::new(),
-            reason: format!(
-                "patch id {:?}: use 1 to {MAX_PATCH_ID_BYTES} letters, digits, '_', '.', ':' or '-'",
-                crate::record::ids::preview(id)
-            ),
-        });
+        return Err(format!(
+            "patch id {:?}: use 1 to {MAX_PATCH_ID_BYTES} letters, digits, '_', '.', ':' or '-'",
+            crate::record::ids::preview(id)
+        ));
     }
     Ok(format!("__patch:{id}"))
 }
@@ -185,6 +182,8 @@ struct Shared<'s, S: Store + ?Sized> {
     runner: Runner<'s, S>,
     /// The run's id, readable without the session's lock.
     run_id: String,
+    /// The workflow's name, for errors, readable without the session's lock.
+    workflow: String,
     session: tokio::sync::Mutex<Session>,
     counters: std::sync::Mutex<HashMap<String, u32>>,
     /// Steps of this call under way (from their first attempt to their
@@ -393,16 +392,7 @@ impl<S: Store + Clone + 'static> Runner<'_, S> {
         if let Err(e) = session.claim(&runner).await {
             return Err(runner.explain_conflict(run_id, created_at, e).await);
         }
-        let ctx = DurableCtx {
-            shared: Arc::new(Shared {
-                runner,
-                run_id: session.cp.run_id.clone(),
-                session: tokio::sync::Mutex::new(session),
-                counters: std::sync::Mutex::new(HashMap::new()),
-                running: std::sync::atomic::AtomicUsize::new(0),
-                stopped: std::sync::atomic::AtomicBool::new(false),
-            }),
-        };
+        let ctx = DurableCtx::new(runner, session);
         let result = f(ctx.clone()).await;
         let shared = &ctx.shared;
         let mut s = shared.session.lock().await;
@@ -608,6 +598,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             shared: Arc::new(Shared {
                 runner,
                 run_id: session.cp.run_id.clone(),
+                workflow: session.cp.workflow.clone(),
                 session: tokio::sync::Mutex::new(session),
                 counters: std::sync::Mutex::new(HashMap::new()),
                 running: std::sync::atomic::AtomicUsize::new(0),
@@ -686,18 +677,23 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         Ok(())
     }
 
+    /// The error for a call this durable function made wrongly.
+    pub(crate) fn invalid(&self, reason: String) -> Error {
+        Error::InvalidWorkflow {
+            workflow: self.shared.workflow.clone(),
+            reason,
+        }
+    }
+
     fn check_duration(&self, name: &str, checked: Result<Duration, String>) -> Result<(), Error> {
-        checked.map(drop).map_err(|r| Error::InvalidWorkflow {
-            workflow: String::new(),
-            reason: format!("step {name:?}: {r}"),
-        })
+        checked
+            .map(drop)
+            .map_err(|r| self.invalid(format!("step {:?}: {r}", preview(name))))
     }
 
     fn check_user_name(&self, name: &str) -> Result<(), Error> {
-        let bad = |reason: String| Error::InvalidWorkflow {
-            workflow: String::new(),
-            reason: format!("step name {name:?}: {reason}"),
-        };
+        // The name is not checked yet: quoted as far as an error may show it.
+        let bad = |reason: String| self.invalid(format!("step name {:?}: {reason}", preview(name)));
         crate::record::ids::check_step_name(name).map_err(bad)?;
         if name.starts_with(RESERVED) {
             return Err(bad(format!(
@@ -735,10 +731,9 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     {
         let name = name.into();
         self.check_user_name(&name)?;
-        options.check().map_err(|r| Error::InvalidWorkflow {
-            workflow: String::new(),
-            reason: format!("step {name:?}: {r}"),
-        })?;
+        options
+            .check()
+            .map_err(|r| self.invalid(format!("step {name:?}: {r}")))?;
         self.run_step(name, options, f).await
     }
 
@@ -1689,7 +1684,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     /// # }).unwrap();
     /// ```
     pub async fn patched(&self, id: &str) -> Result<bool, Error> {
-        let marker = patch_marker(id)?;
+        let marker = patch_marker(id).map_err(|r| self.invalid(r))?;
         let unpatched = format!("__unpatched:{id}");
         {
             let mut s = self.shared.session.lock().await;
@@ -1715,7 +1710,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
     /// that recorded the patch here steps over its record, any other run
     /// goes on as if the call were not there. Nothing is recorded.
     pub async fn deprecate_patch(&self, id: &str) -> Result<(), Error> {
-        let marker = patch_marker(id)?;
+        let marker = patch_marker(id).map_err(|r| self.invalid(r))?;
         let mut s = self.shared.session.lock().await;
         if s.cursor < s.cp.next && s.cp.completed[s.cursor] == marker {
             s.seen.insert(marker.clone());

@@ -213,10 +213,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
         options: ChildOptions,
     ) -> Result<Vec<T>, Error> {
         let specs: Vec<ChildSpec> = specs.into_iter().collect();
-        let invalid = |reason: String| Error::InvalidWorkflow {
-            workflow: String::new(),
-            reason,
-        };
+        let invalid = |reason: String| self.invalid(reason);
         if specs.len() > MAX_CHILDREN {
             return Err(invalid(format!(
                 "{} children in one call; at most {MAX_CHILDREN}",
