@@ -462,7 +462,10 @@ impl NowMs for ManualClock {
 async fn a_bad_call_names_the_function_and_quotes_a_huge_name_short() -> TestResult {
     let store = steadfast::MemoryStore::new();
     let huge = "n".repeat(100_000);
-    for (i, name) in [huge.as_str(), "", "a\u{7}b", "__x"].into_iter().enumerate() {
+    for (i, name) in [huge.as_str(), "", "a\u{7}b", "__x"]
+        .into_iter()
+        .enumerate()
+    {
         let name = name.to_string();
         let err = durable(&format!("r{i}"), &store, "agent", move |ctx| async move {
             ctx.step(name, || async { Ok::<_, StepError>(1) }).await
@@ -471,12 +474,25 @@ async fn a_bad_call_names_the_function_and_quotes_a_huge_name_short() -> TestRes
         .unwrap_err();
         let shown = err.to_string();
         assert!(matches!(err, Error::InvalidWorkflow { .. }), "{shown}");
-        assert!(shown.starts_with("invalid workflow \"agent\": step name"), "{shown}");
-        assert!(shown.len() < 400, "the error echoes the whole name: {} bytes", shown.len());
+        assert!(
+            shown.starts_with("invalid workflow \"agent\": step name"),
+            "{shown}"
+        );
+        assert!(
+            shown.len() < 400,
+            "the error echoes the whole name: {} bytes",
+            shown.len()
+        );
     }
-    let err = durable("r9", &store, "agent", |ctx| async move { ctx.patched("no way!").await })
-        .await
-        .unwrap_err();
-    assert!(err.to_string().starts_with("invalid workflow \"agent\": patch id"), "{err}");
+    let err = durable("r9", &store, "agent", |ctx| async move {
+        ctx.patched("no way!").await
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("invalid workflow \"agent\": patch id"),
+        "{err}"
+    );
     Ok(())
 }

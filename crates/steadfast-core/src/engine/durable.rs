@@ -491,7 +491,8 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             limit: step.limit_spec(),
             version: step.definition().cloned(),
         };
-        self.attempts(
+        // Boxed, as in `run_step`.
+        Box::pin(self.attempts(
             how,
             |ctx, state| {
                 let state = state.unwrap_or_default();
@@ -519,7 +520,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     Err(p) => Err(StepError::invalid_value(p.path, p.reason)),
                 }
             },
-        )
+        ))
         .await
         .map_err(Branch::into_error)
     }
@@ -768,14 +769,18 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 .as_deref()
                 .and_then(|v| StepVersion::declared(v).ok()),
         };
-        self.attempts(
+        // Boxed: the attempt loop's future is some 18 KB, and a step's
+        // future is moved a few times before it is polled (into the caller's
+        // own future, a binding's wrappers): each move copied all of it
+        // (the step future is 728 bytes boxed, 18,296 not).
+        Box::pin(self.attempts(
             how,
             |_, _| {
                 let fut = f();
                 async move { fut.await.map_err(Into::into) }
             },
             |value: T| output_update(&value, &run_id, &name).map(|u| (value, u)),
-        )
+        ))
         .await
         .map_err(Branch::into_error)
     }
@@ -908,12 +913,16 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 }
             };
             let scoped = ctx.scope(timed);
-            let pumped = async {
+            // Boxed: the attempt and its events' pump are some 7 KB, and
+            // the futures around it (spend and slot renewals, the lease's,
+            // tracing's span) each held and moved a copy of it: a step's
+            // future was 18 KB, copied whole at every move.
+            let mut pumped = Box::pin(async {
                 match (log, sink.as_deref()) {
                     (Some(log), Some(sink)) => pump(log, sink, scoped).await,
                     _ => scoped.await,
                 }
-            };
+            });
             // Spend reports are saved as they come, and those left when the
             // attempt returns before its end is recorded; a slot of a limit
             // is renewed as the step runs.
@@ -921,7 +930,6 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 .as_ref()
                 .map_or(Duration::from_secs(86_400), |h| h.renew_every());
             let stepped = async {
-                tokio::pin!(pumped);
                 let mut tick =
                     tokio::time::interval_at(tokio::time::Instant::now() + renew_slot, renew_slot);
                 let out = loop {
@@ -1403,21 +1411,22 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                     version: None,
                 };
                 let mut once = Some(fut);
-                let out = self
-                    .attempts(
-                        how,
-                        |_, _| {
-                            let fut = once.take();
-                            async move {
-                                match fut {
-                                    Some(fut) => fut.await.map_err(Into::into),
-                                    None => Err(StepError::terminal("a branch is tried once")),
-                                }
+                // Boxed, as in `run_step`: the branches are joined, and
+                // each unboxed one made the joined future that much larger.
+                let out = Box::pin(self.attempts(
+                    how,
+                    |_, _| {
+                        let fut = once.take();
+                        async move {
+                            match fut {
+                                Some(fut) => fut.await.map_err(Into::into),
+                                None => Err(StepError::terminal("a branch is tried once")),
                             }
-                        },
-                        |value: T| output_update(&value, &run_id, &name).map(|u| (value, u)),
-                    )
-                    .await;
+                        }
+                    },
+                    |value: T| output_update(&value, &run_id, &name).map(|u| (value, u)),
+                ))
+                .await;
                 out.map_err(|failure| (name, failure))
             }
         });

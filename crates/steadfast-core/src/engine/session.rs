@@ -616,7 +616,10 @@ impl Session {
         r: &Runner<'_, S>,
         step: Option<&StepRecord>,
     ) -> Result<(), StoreError> {
-        self.save_request(r, step, false).await
+        // Boxed, here and in `save_head`: a save's future holds the store's
+        // and a reload's, and every future that may save (a step's attempt
+        // loop, a renewal) held it inline and was copied whole at each move.
+        Box::pin(self.save_request(r, step, false)).await
     }
 
     /// A save of the head alone (lease, status, wait, spend): the store
@@ -625,7 +628,7 @@ impl Session {
         &mut self,
         r: &Runner<'_, S>,
     ) -> Result<(), StoreError> {
-        self.save_request(r, None, true).await
+        Box::pin(self.save_request(r, None, true)).await
     }
 
     /// Before step `name`, no slot of limit `key` is free: the run sleeps
