@@ -207,10 +207,10 @@ pub(crate) async fn free(
     Ok(u64::try_from(freed).unwrap_or(0))
 }
 
-/// Makes run `run_id`'s references those its rows (its snapshot and its
-/// history, progress rows included) hold, after a new snapshot or a rewrite,
-/// and removes the blobs no run refers to any more. (Rows past a rewind's
-/// `next` went with the snapshot's own statement.) A row that does not read (a malformed
+/// Makes run `run_id`'s references those its rows (its snapshot and the
+/// history below its `next`) hold, after a new snapshot or a rewrite, and
+/// removes the blobs no run refers to any more. Rows at or past `next` (left
+/// by a rewind, never read) go first. A row that does not read (a malformed
 /// reference, a damaged value) leaves every reference as it is, with a
 /// warning: nothing is freed on a guess, and the write goes on (a load
 /// reports the damage where it reads that row). Inside the record's
@@ -242,6 +242,15 @@ pub(crate) async fn recount(
         .map(|r| r.get(0));
     let mut texts = Vec::new();
     if let Some(text) = snapshot {
+        client
+            .execute(
+                &format!(
+                    "DELETE FROM {q}.steps s USING {q}.runs r
+                     WHERE s.run_id = $1 AND r.run_id = $1 AND s.idx >= r.next"
+                ),
+                &[&run_id],
+            )
+            .await?;
         texts.push(("snapshot".to_string(), text));
         for row in client
             .query(
@@ -293,9 +302,9 @@ pub(crate) async fn usage(
         .query_opt(
             &format!(
                 "SELECT octet_length(r.head)::bigint + octet_length(r.snapshot)
-                        + octet_length(r.snapshot_names)
+                        + octet_length(r.snapshot_steps)
                         + (SELECT coalesce(sum(octet_length(s.update_json) + octet_length(s.name)), 0)
-                           FROM {q}.steps s WHERE s.run_id = r.run_id)::bigint,
+                           FROM {q}.steps s WHERE s.run_id = r.run_id AND s.idx < r.next)::bigint,
                         (SELECT count(*) FROM {q}.blob_refs x WHERE x.run_id = r.run_id),
                         (SELECT coalesce(sum(b.bytes), 0) FROM {q}.blob_refs x
                          JOIN {q}.blobs b ON b.hash = x.hash WHERE x.run_id = r.run_id)::bigint,

@@ -49,8 +49,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
 use steadfast_core::store::blob::{refs_of, BlobHash, Resolver};
 use steadfast_core::store::check_events;
-use steadfast_core::store::plan::{conflict, expect_version, plan_save_with_blobs, Plan};
-use steadfast_core::store::progress::{self, step_only, StepOnly, Stored};
+use steadfast_core::store::plan::{conflict, expect_version, plan_save_with_blobs, Known, Plan};
 use steadfast_core::store::rows::{
     no_row_to_fold, rebuild, still_merged, to_i64, HistoryRow, Place, RecordRow, SummaryRow,
 };
@@ -68,7 +67,7 @@ use tokio::sync::{oneshot, Notify};
 use crate::error::{map_err, pool_err};
 pub use crate::schema::SCHEMA_VERSION;
 pub use crate::url::DEFAULT_SCHEMA;
-use crate::writer::{ProgressRow, SaveJob, StepRow, Writer};
+use crate::writer::{SaveJob, StepRow, Writer};
 /// The client crates, re-exported so that users of [`PgStore::connection`]
 /// name the same versions.
 pub use {deadpool_postgres, tokio_postgres};
@@ -182,8 +181,6 @@ impl std::fmt::Debug for PgStore {
 pub(crate) struct Sql {
     pub insert: String,
     pub update: String,
-    pub step: String,
-    pub lock: String,
     load: String,
     history: String,
     list: String,
@@ -203,15 +200,7 @@ impl Sql {
              SELECT run_id, $14, $15, $16, $17, $18, $19 FROM h WHERE $15::text IS NOT NULL
              ON CONFLICT (run_id, idx) DO UPDATE SET name = EXCLUDED.name, update_json = EXCLUDED.update_json,
                  attempt = EXCLUDED.attempt, started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at";
-        // A run's version: its last progress row's, or its head's.
-        let version = "SELECT COALESCE((SELECT s.version FROM {s}.steps s WHERE s.run_id = r.run_id
-                 AND s.idx >= r.next ORDER BY s.idx DESC LIMIT 1), r.version) AS v
-             FROM {s}.runs r WHERE r.run_id = $1";
-        let text = |s: &str| {
-            s.replace("{steps}", steps_upsert)
-                .replace("{version}", version)
-                .replace("{s}", q)
-        };
+        let text = |s: &str| s.replace("{steps}", steps_upsert).replace("{s}", q);
         Sql {
             // $2 (expected) and $13 (delta bytes) are unused by a fresh
             // insert but typed, so that both statements take one list. $20
@@ -219,7 +208,7 @@ impl Sql {
             insert: text(
                 "WITH h AS (
                     INSERT INTO {s}.runs (run_id, workflow, status, next, version, created_at, updated_at, head,
-                        snapshot, snapshot_names, snapshot_next, snapshot_bytes, delta_bytes, wake_at)
+                        snapshot, snapshot_steps, snapshot_next, snapshot_bytes, delta_bytes, wake_at)
                     SELECT $1, $3, $4, $5, $20, $6, $7, $8, $10, $11, $5, $12, 0, $9
                     WHERE $2::bigint IS NULL AND $13::bigint = 0
                     ON CONFLICT (run_id) DO NOTHING
@@ -227,98 +216,42 @@ impl Sql {
                  s AS ({steps})
                  SELECT next, snapshot_bytes, delta_bytes FROM h",
             ),
-            // A head write, after its transaction locked the run's row
-            // (`lock`, a statement of its own, so that this one's snapshot
-            // holds every progress row written before the lock): the
-            // version checked is where the progress rows leave the run, and
-            // they are taken into the head (its `next` when the save keeps
-            // it, their sizes into the deltas'). A new snapshot drops the
-            // rows at or after its `next` (a rewind's).
             update: text(
-                "WITH cur AS (
-                    SELECT COALESCE(p.version, r.version) AS at_version,
-                        COALESCE(p.idx + 1, r.next) AS at_next, COALESCE(p.bytes, 0) AS p_bytes
-                    FROM {s}.runs r LEFT JOIN LATERAL (
-                        SELECT max(idx) AS idx, (array_agg(version ORDER BY idx DESC))[1] AS version,
-                            sum(octet_length(update_json))::bigint AS bytes
-                        FROM {s}.steps WHERE run_id = r.run_id AND idx >= r.next) p ON true
-                    WHERE r.run_id = $1),
-                 h AS (
-                    UPDATE {s}.runs SET workflow = $3, status = $4, next = COALESCE($5, cur.at_next),
+                "WITH h AS (
+                    UPDATE {s}.runs SET workflow = $3, status = $4, next = COALESCE($5, next),
                         version = $20, created_at = $6, updated_at = $7, head = $8, wake_at = $9,
                         claimed_by = NULL, claimed_until = NULL,
                         snapshot = COALESCE($10, snapshot),
-                        snapshot_names = COALESCE($11, snapshot_names),
+                        snapshot_steps = COALESCE($11, snapshot_steps),
                         snapshot_next = CASE WHEN $10::text IS NULL THEN snapshot_next ELSE $5 END,
                         snapshot_bytes = COALESCE($12, snapshot_bytes),
-                        delta_bytes = CASE WHEN $10::text IS NULL THEN delta_bytes + cur.p_bytes + $13 ELSE 0 END
-                    FROM cur WHERE run_id = $1 AND cur.at_version = $2
+                        delta_bytes = CASE WHEN $10::text IS NULL THEN delta_bytes + $13 ELSE 0 END
+                    WHERE run_id = $1 AND version = $2
                     RETURNING run_id, next, snapshot_bytes, delta_bytes),
-                 x AS (DELETE FROM {s}.steps WHERE run_id = $1 AND $10::text IS NOT NULL AND idx >= $5
-                       AND EXISTS (SELECT 1 FROM h)),
                  s AS ({steps})
                  SELECT next, snapshot_bytes, delta_bytes FROM h",
             ),
-            // A step recorded by its row alone (a progress row), when the
-            // run is where the save expects it: at version $2 with $3 steps,
-            // by its head's own columns or by its last progress row (whose
-            // version then lies above the head's). The key-share lock keeps a
-            // head write (which locks the row first, `lock`) from starting
-            // until this commits, and makes this look again at a head that
-            // changed while it waited; the primary key, a second writer of
-            // the same step. Returns what a head write's statement returns.
-            step: text(
-                "INSERT INTO {s}.steps (run_id, idx, name, update_json, attempt, started_at, finished_at,
-                     version, saved_at, writer)
-                 SELECT $1, $3, $4, $5, $6, $7, $8, $9, $10, $11 FROM {s}.runs r
-                 WHERE r.run_id = $1
-                   AND ((r.version = $2 AND r.next = $3)
-                        OR (r.version < $2 AND r.next < $3 AND EXISTS (
-                            SELECT 1 FROM {s}.steps p WHERE p.run_id = $1 AND p.idx = $3 - 1 AND p.version = $2)))
-                 FOR KEY SHARE OF r
-                 ON CONFLICT (run_id, idx) DO NOTHING
-                 RETURNING idx + 1, $12::bigint, $13::bigint",
-            ),
-            lock: text("SELECT 1 FROM {s}.runs WHERE run_id = $1 FOR UPDATE"),
-            // The rows from the snapshot on rebuild the state; those at or
-            // after the head's `next` (progress rows) say where the run is.
             load: text(
                 "SELECT workflow, status, next, version, created_at, updated_at, head,
-                        snapshot, snapshot_names, snapshot_next, snapshot_bytes, delta_bytes,
+                        snapshot, snapshot_steps, snapshot_next, snapshot_bytes, delta_bytes,
                         ARRAY(SELECT s.idx FROM {s}.steps s WHERE s.run_id = r.run_id
-                              AND s.idx >= r.snapshot_next ORDER BY s.idx),
+                              AND s.idx >= r.snapshot_next AND s.idx < r.next ORDER BY s.idx),
                         ARRAY(SELECT s.name FROM {s}.steps s WHERE s.run_id = r.run_id
-                              AND s.idx >= r.snapshot_next ORDER BY s.idx),
+                              AND s.idx >= r.snapshot_next AND s.idx < r.next ORDER BY s.idx),
                         ARRAY(SELECT s.update_json FROM {s}.steps s WHERE s.run_id = r.run_id
-                              AND s.idx >= r.snapshot_next ORDER BY s.idx),
-                        ARRAY(SELECT s.version FROM {s}.steps s WHERE s.run_id = r.run_id
-                              AND s.idx >= r.next ORDER BY s.idx),
-                        ARRAY(SELECT s.saved_at FROM {s}.steps s WHERE s.run_id = r.run_id
-                              AND s.idx >= r.next ORDER BY s.idx),
-                        ARRAY(SELECT s.writer FROM {s}.steps s WHERE s.run_id = r.run_id
-                              AND s.idx >= r.next ORDER BY s.idx)
+                              AND s.idx >= r.snapshot_next AND s.idx < r.next ORDER BY s.idx)
                  FROM {s}.runs r WHERE r.run_id = $1",
             ),
             history: text(
                 "SELECT s.idx, s.name, s.update_json, s.attempt, s.started_at, s.finished_at
-                 FROM {s}.runs r LEFT JOIN {s}.steps s ON s.run_id = r.run_id
+                 FROM {s}.runs r LEFT JOIN {s}.steps s ON s.run_id = r.run_id AND s.idx < r.next
                  WHERE r.run_id = $1 ORDER BY s.idx",
             ),
-            // A run's last progress row, if any, says how far it is and when
-            // it was saved (a damaged one's version reads -1, which the
-            // summary reports as corrupt).
             list: text(
-                "SELECT r.run_id, r.workflow, r.status,
-                        CASE WHEN p.idx IS NULL THEN r.next ELSE p.idx + 1 END,
-                        CASE WHEN p.idx IS NULL THEN r.version ELSE COALESCE(p.version, -1) END,
-                        r.created_at, COALESCE(p.saved_at, r.updated_at), r.head
-                 FROM {s}.runs r LEFT JOIN LATERAL (
-                     SELECT idx, version, saved_at FROM {s}.steps s
-                     WHERE s.run_id = r.run_id AND s.idx >= r.next ORDER BY s.idx DESC LIMIT 1) p ON true
-                 WHERE ($1::text IS NULL OR r.status = $1) AND ($2::text IS NULL OR r.workflow = $2)
-                   AND ($3::bigint IS NULL OR COALESCE(p.saved_at, r.updated_at) < $3)
-                   AND ($4::text IS NULL OR r.run_id > $4)
-                 ORDER BY r.run_id LIMIT $5",
+                "SELECT run_id, workflow, status, next, version, created_at, updated_at, head FROM {s}.runs
+                 WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR workflow = $2)
+                   AND ($3::bigint IS NULL OR updated_at < $3) AND ($4::text IS NULL OR run_id > $4)
+                 ORDER BY run_id LIMIT $5",
             ),
             // The run's row first: once it is deleted, every writer of the
             // run has committed or waits, and `delete_rows`, a statement of
@@ -330,12 +263,9 @@ impl Sql {
             ),
             // The version the statement's snapshot saw comes back too, to
             // tell a conflict from an absent run.
-            // After `lock`, in a statement of its own: the version is where
-            // the progress rows leave the run.
             delete_if: text(
-                "WITH cur AS ({version}),
-                      d AS (DELETE FROM {s}.runs WHERE run_id = $1 AND (SELECT v FROM cur) = $2 RETURNING run_id)
-                 SELECT (SELECT count(*) FROM d), (SELECT v FROM cur)",
+                "WITH d AS (DELETE FROM {s}.runs WHERE run_id = $1 AND version = $2 RETURNING run_id)
+                 SELECT (SELECT count(*) FROM d), (SELECT version FROM {s}.runs WHERE run_id = $1)",
             ),
             // The history and references of a run just deleted; the blobs
             // they were the last to refer to go next (`blobs::free`).
@@ -414,21 +344,13 @@ impl Sql {
                       AND (r.claimed_until IS NULL OR r.claimed_by = $2
                            OR r.claimed_until <= (extract(epoch FROM statement_timestamp()) * 1000)::bigint)
                     ORDER BY p.ord LIMIT $3
-                    FOR NO KEY UPDATE OF r SKIP LOCKED),
-                 c AS (
-                    UPDATE {s}.runs r SET claimed_by = $2,
-                        claimed_until = (extract(epoch FROM statement_timestamp()) * 1000)::bigint + $4
-                    FROM due WHERE r.run_id = due.run_id
-                    RETURNING r.run_id, r.workflow, r.status, r.next, r.version, r.created_at, r.updated_at, r.head)
-                 SELECT c.run_id, c.workflow, c.status,
-                        CASE WHEN p.idx IS NULL THEN c.next ELSE p.idx + 1 END,
-                        CASE WHEN p.idx IS NULL THEN c.version ELSE COALESCE(p.version, -1) END,
-                        c.created_at, COALESCE(p.saved_at, c.updated_at), c.head
-                 FROM c LEFT JOIN LATERAL (
-                     SELECT idx, version, saved_at FROM {s}.steps s
-                     WHERE s.run_id = c.run_id AND s.idx >= c.next ORDER BY s.idx DESC LIMIT 1) p ON true",
+                    FOR UPDATE OF r SKIP LOCKED)
+                 UPDATE {s}.runs r SET claimed_by = $2,
+                     claimed_until = (extract(epoch FROM statement_timestamp()) * 1000)::bigint + $4
+                 FROM due WHERE r.run_id = due.run_id
+                 RETURNING r.run_id, r.workflow, r.status, r.next, r.version, r.created_at, r.updated_at, r.head",
             ),
-            version: text("{version}"),
+            version: text("SELECT version FROM {s}.runs WHERE run_id = $1"),
         }
     }
 }
@@ -439,7 +361,7 @@ pub(crate) struct Shared {
     pub display: String,
     pub sql: Sql,
     pub writer: Writer,
-    accts: RunCache<Stored>,
+    accts: RunCache<Known>,
     opts: PgOptions,
     clock: Arc<DbClock>,
     wake: Arc<Notify>,
@@ -797,10 +719,9 @@ impl PgStore {
         &self,
         run_id: &str,
         row: &tokio_postgres::Row,
-    ) -> Result<(Checkpoint, Stored), StoreError> {
+    ) -> Result<(Checkpoint, Known), StoreError> {
         let locate = locate(&self.shared, run_id);
-        let place = Place::new(run_id, &locate);
-        let mut record = RecordRow {
+        let record = RecordRow {
             workflow: row.get(0),
             status: row.get(1),
             next: row.get(2),
@@ -817,48 +738,9 @@ impl PgStore {
         let idxs: Vec<i64> = row.get(12);
         let names: Vec<String> = row.get(13);
         let updates: Vec<String> = row.get(14);
-        // The progress rows: those at or after the head's `next`, the last
-        // of the rows from the snapshot on.
-        let versions: Vec<Option<i64>> = row.get(15);
-        let times: Vec<Option<i64>> = row.get(16);
-        let writers: Vec<Option<String>> = row.get(17);
-        let ahead = idxs.len().saturating_sub(versions.len());
-        let rows: Vec<progress::Row> = idxs[ahead..]
-            .iter()
-            .zip(&updates[ahead..])
-            .zip(versions.into_iter().zip(times).zip(writers))
-            .map(
-                |((idx, update), ((version, saved_at), writer))| progress::Row {
-                    idx: *idx,
-                    version,
-                    saved_at,
-                    writer,
-                    bytes: i64::try_from(update.len()).unwrap_or(i64::MAX),
-                },
-            )
-            .collect();
-        let progress = progress::check(&place, record.next, record.version, &rows)?;
-        let writer = progress.as_ref().map(progress::Progress::writer_bits);
-        if let Some(p) = &progress {
-            p.apply(&mut record);
-        }
-        let status_doc = (
-            record.workflow.clone(),
-            Arc::<str>::from(record.head.as_str()),
-        );
         let deltas = idxs.into_iter().zip(names).zip(updates);
         let deltas = deltas.map(|((idx, name), text)| Ok((idx, name, text)));
-        let (mut cp, known) = rebuild(&place, record, deltas)?;
-        if let Some(writer) = writer {
-            cp.writer = writer;
-        }
-        let stored = Stored {
-            known,
-            status: cp.status.as_str(),
-            workflow: Arc::from(status_doc.0.as_str()),
-            doc: status_doc.1,
-        };
-        Ok((cp, stored))
+        rebuild(&Place::new(run_id, &locate), record, deltas)
     }
 
     /// A run's row as a checkpoint, its values put back: when its state
@@ -870,7 +752,7 @@ impl PgStore {
         client: &mut deadpool_postgres::Object,
         run_id: &str,
         row: &tokio_postgres::Row,
-    ) -> Result<Option<(Checkpoint, Stored)>, StoreError> {
+    ) -> Result<Option<(Checkpoint, Known)>, StoreError> {
         let (mut cp, known) = self.decode(run_id, row)?;
         let locate = locate(&self.shared, run_id);
         let place = Place::new(run_id, &locate);
@@ -942,15 +824,6 @@ impl PgStore {
                 tx.query_one(&stmt, &[&run_id]).await
             }
             Some(v) => {
-                // The run's row locked first, in a statement of its own: the
-                // check that follows sees every progress row written before.
-                let lock = tx
-                    .prepare_cached(&self.shared.sql.lock)
-                    .await
-                    .map_err(|e| map_err(e, &ctx()))?;
-                tx.query_opt(&lock, &[&run_id])
-                    .await
-                    .map_err(|e| map_err(e, &ctx()))?;
                 let stmt = tx
                     .prepare_cached(&self.shared.sql.delete_if)
                     .await
@@ -1032,35 +905,12 @@ impl Store for PgStore {
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         let cp = req.checkpoint;
         let run_id = &cp.run_id;
-        let stored = self.shared.accts.get(run_id);
         let (plan, blobs) = plan_save_with_blobs(
             &req,
-            stored.as_ref().map(|s| &s.known),
+            self.shared.accts.get(run_id).as_ref(),
             self.shared.opts.max_state_bytes,
             self.shared.opts.blob_threshold,
         )?;
-        let head = encode_head(cp)?;
-        // A step whose save leaves the head as stored (but for the writer
-        // number) and stores no blob is recorded by its row alone.
-        let plan = match step_only(plan, stored.as_ref(), cp, &head, req.new_version()) {
-            Ok(only) if blobs.is_empty() => Ok(only),
-            Ok(StepOnly { step, .. }) => Err(Plan::Delta { step }),
-            Err(plan) => Err(plan),
-        };
-        let (progress, plan) = match (plan, &stored) {
-            (Ok(StepOnly { step, writer }), Some(s)) => {
-                let added = to_i64(run_id, "update size", step.update.len() as u64)?;
-                let progress = ProgressRow {
-                    writer,
-                    snapshot_bytes: to_i64(run_id, "state size", s.known.snapshot_bytes)?,
-                    delta_bytes: to_i64(run_id, "update size", s.known.delta_bytes)?
-                        .saturating_add(added),
-                };
-                (Some(progress), Plan::Delta { step })
-            }
-            (Ok(StepOnly { step, .. }), None) => (None, Plan::Delta { step }),
-            (Err(plan), _) => (None, plan),
-        };
         // A new snapshot of a stored run (a rewind's included) may replace
         // the last reference to some blobs: its transaction counts again.
         let recount = matches!(plan, Plan::Snapshot { .. }) && req.expected.is_some();
@@ -1083,12 +933,12 @@ impl Store for PgStore {
         };
         let next = next.map(|n| to_i64(run_id, "next", n as u64)).transpose()?;
         let step = step.map(|s| StepRow::of(s, run_id)).transpose()?;
+        let head = encode_head(cp)?;
         let wake_at = cp.runnable_at();
         // Workers hear of runs that became runnable now without a worker
         // of their own: started, or decided at a gate.
         let notify = cp.status != RunStatus::Running && wake_at.is_some_and(|t| t <= cp.updated_at);
         let (tx, rx) = oneshot::channel();
-        let doc: Arc<str> = Arc::from(head.as_str());
         writer::submit(
             &self.shared,
             SaveJob {
@@ -1110,7 +960,6 @@ impl Store for PgStore {
                 notify,
                 blobs,
                 recount,
-                progress,
                 deadlocks: 0,
                 reply: tx,
             },
@@ -1120,14 +969,8 @@ impl Store for PgStore {
             run_id: run_id.clone(),
             source: "the committing task stopped before it answered".into(),
         })?;
-        let result = result.map(|known| Stored {
-            known,
-            status: cp.status.as_str(),
-            workflow: Arc::from(cp.workflow.as_str()),
-            doc,
-        });
         self.shared.accts.after_save(cp, &result);
-        result.map(|a| a.known.version)
+        result.map(|a| a.version)
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
@@ -1519,18 +1362,12 @@ impl History for PgStore {
                 self.shared.display
             )
         };
-        // The run's row locked first (a statement of its own, so that the
-        // next one sees every progress row written before the lock); then one
-        // statement: the version (where the progress rows leave the run) and
-        // every index checked, then the rows replaced (or none). Rows from
-        // the snapshot on are merged into the state by a load, so they are
-        // refused.
+        // One statement: the run's row locked, the version and every index
+        // checked, then the rows replaced (or none). Rows from the snapshot
+        // on are merged into the state by a load, so they are refused.
         let q = format!("\"{}\"", self.shared.schema);
         let sql = format!(
-            "WITH r AS (SELECT COALESCE((SELECT s.version FROM {q}.steps s WHERE s.run_id = x.run_id
-                             AND s.idx >= x.next ORDER BY s.idx DESC LIMIT 1), x.version) AS version,
-                         x.snapshot_next AS next
-                         FROM {q}.runs x WHERE x.run_id = $1),
+            "WITH r AS (SELECT version, snapshot_next AS next FROM {q}.runs WHERE run_id = $1 FOR UPDATE),
                   ok AS (SELECT 1 FROM r WHERE r.version = $2
                          AND NOT EXISTS (SELECT 1 FROM unnest($3::bigint[]) i WHERE i >= r.next)),
                   u AS (UPDATE {q}.steps s SET update_json = x.update_json
@@ -1543,9 +1380,6 @@ impl History for PgStore {
              SELECT (SELECT version FROM r), (SELECT next FROM r), (SELECT count(*) FROM u)"
         );
         let tx = client.transaction().await.map_err(|e| map_err(e, &ctx()))?;
-        tx.query_opt(&self.shared.sql.lock, &[&run_id])
-            .await
-            .map_err(|e| map_err(e, &ctx()))?;
         let row = tx
             .query_one(
                 &sql,

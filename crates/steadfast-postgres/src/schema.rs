@@ -117,21 +117,6 @@ const MIGRATIONS: &[&str] = &[
     // merge into the run's state; the number alone makes such builds
     // refuse the schema.
     "-- step definitions in history rows",
-    // 6: progress rows (`steadfast_core::store::progress`): a save that
-    // records one step and leaves the head as it was writes that step's
-    // history row alone, at or after the head's `next`, with the version,
-    // time and writer number of its save; the next head write takes them in.
-    // So an ordinary step costs one row, not a row and a head. History rows
-    // at or after a head's `next` were left by rewinds and never read: they
-    // would now read as progress, so they go (blob references they held stay
-    // counted until the run's next snapshot counts them again). A process of
-    // an older build still running would read and write heads without the
-    // rows ahead of them: the renamed column makes its loads and saves fail
-    // ("column does not exist") instead.
-    "ALTER TABLE {s}.steps ADD COLUMN version bigint, ADD COLUMN saved_at bigint,
-        ADD COLUMN writer text;
-    DELETE FROM {s}.steps s USING {s}.runs r WHERE s.run_id = r.run_id AND s.idx >= r.next;
-    ALTER TABLE {s}.runs RENAME COLUMN snapshot_steps TO snapshot_names;",
 ];
 
 /// The first schema with blobs.

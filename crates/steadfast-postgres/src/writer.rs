@@ -74,43 +74,10 @@ pub(crate) struct SaveJob {
     /// Whether the save replaces the run's snapshot (its references are
     /// counted again, in its transaction).
     pub recount: bool,
-    /// Set when the step's row alone records the save (a progress row).
-    pub progress: Option<ProgressRow>,
     pub reply: oneshot::Sender<Result<Known, StoreError>>,
 }
 
-/// What a progress row carries beyond its step, and what the record's
-/// sizes are once it is written.
-pub(crate) struct ProgressRow {
-    /// The save's writer number, as the head document writes it.
-    pub writer: String,
-    /// The snapshot's size, which the row leaves as it is.
-    pub snapshot_bytes: i64,
-    /// The deltas' size with the row's update.
-    pub delta_bytes: i64,
-}
-
-/// Which statement writes a save.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Write {
-    /// A new run.
-    Fresh,
-    /// A step's row alone.
-    Step,
-    /// The head (and a step's row, a snapshot), after the run's row is
-    /// locked.
-    Head,
-}
-
 impl SaveJob {
-    fn write(&self) -> Write {
-        match (&self.expected, &self.progress) {
-            (None, _) => Write::Fresh,
-            (Some(_), Some(_)) => Write::Step,
-            (Some(_), None) => Write::Head,
-        }
-    }
-
     /// Whether the save does more than its one statement: blobs to store,
     /// references to count. It never commits alone.
     fn touches_blobs(&self) -> bool {
@@ -225,23 +192,6 @@ async fn lead(shared: Arc<Shared>, guard: Lead) {
 
 fn params(job: &SaveJob) -> Vec<Box<dyn ToSql + Sync + Send + '_>> {
     let expected = job.expected.map(|v| v as i64);
-    if let (Some(p), Some(step)) = (&job.progress, &job.step) {
-        return vec![
-            Box::new(job.run_id.as_str()),
-            Box::new(expected),
-            Box::new(step.index),
-            Box::new(step.name.as_str()),
-            Box::new(step.update.as_str()),
-            Box::new(step.attempt),
-            Box::new(step.started_at),
-            Box::new(step.finished_at),
-            Box::new(job.version),
-            Box::new(job.updated_at),
-            Box::new(p.writer.as_str()),
-            Box::new(p.snapshot_bytes),
-            Box::new(p.delta_bytes),
-        ];
-    }
     let (snap, completed, snap_bytes) = match &job.snapshot {
         Some((s, c, b)) => (Some(s.as_str()), Some(c.as_str()), Some(*b)),
         None => (None, None, None),
@@ -269,25 +219,6 @@ fn params(job: &SaveJob) -> Vec<Box<dyn ToSql + Sync + Send + '_>> {
         Box::new(step.map(|s| s.finished_at)),
         Box::new(job.version),
     ]
-}
-
-/// The save statements, prepared on the committer's connection.
-struct Statements {
-    fresh: tokio_postgres::Statement,
-    update: tokio_postgres::Statement,
-    step: tokio_postgres::Statement,
-    lock: tokio_postgres::Statement,
-}
-
-impl Statements {
-    /// The statement that writes a save of this kind.
-    fn of(&self, write: Write) -> &tokio_postgres::Statement {
-        match write {
-            Write::Fresh => &self.fresh,
-            Write::Step => &self.step,
-            Write::Head => &self.update,
-        }
-    }
 }
 
 /// The result of one member's statement: the row it returned, if its
@@ -353,17 +284,12 @@ async fn commit(
         },
     };
     let client = InFlight(Some(obj));
-    let prepared = async {
-        Ok::<_, tokio_postgres::Error>(Statements {
-            fresh: client.prepare_cached(&shared.sql.insert).await?,
-            update: client.prepare_cached(&shared.sql.update).await?,
-            step: client.prepare_cached(&shared.sql.step).await?,
-            lock: client.prepare_cached(&shared.sql.lock).await?,
-        })
-    };
-    let st = match prepared.await {
-        Ok(st) => st,
-        Err(e) => {
+    let (fresh, update) = match (
+        client.prepare_cached(&shared.sql.insert).await,
+        client.prepare_cached(&shared.sql.update).await,
+    ) {
+        (Ok(f), Ok(u)) => (f, u),
+        (Err(e), _) | (_, Err(e)) => {
             fail_all(
                 batch,
                 &map_err(e, &format!("preparing a save in {}", shared.display)),
@@ -372,14 +298,18 @@ async fn commit(
         }
     };
     let notify = batch.iter().any(|j| j.notify);
-    let blob_work_to_do = batch.iter().any(SaveJob::touches_blobs);
-    if batch.len() == 1 && !notify && !blob_work_to_do && batch[0].write() != Write::Head {
+    if batch.len() == 1 && !notify && !batch.iter().any(SaveJob::touches_blobs) {
         // One save alone needs no BEGIN/COMMIT: its statement is its own
         // transaction, one round trip and one WAL flush.
         let Some(job) = batch.into_iter().next() else {
             return;
         };
-        if commit_alone(shared, &client, st.of(job.write()), job).await {
+        let stmt = if job.expected.is_none() {
+            &fresh
+        } else {
+            &update
+        };
+        if commit_alone(shared, &client, stmt, job).await {
             *conn = client.done();
         }
         return;
@@ -402,31 +332,19 @@ async fn commit(
         None
     };
     let all_params: Vec<_> = batch.iter().map(params).collect();
-    // BEGIN, every member (a head write after its run's lock) and the
-    // notification go out together (the driver pipelines requests polled
-    // together), and so does COMMIT when nothing is left to do between:
-    // one round trip. A member that fails aborts the transaction, and the
-    // COMMIT that follows it then rolls back: nothing of the batch is
-    // written.
+    // BEGIN, every member and the notification go out together (the driver
+    // pipelines requests polled together): one round trip, then COMMIT.
     let begin = client.batch_execute("BEGIN");
     let members = join_all(batch.iter().zip(&all_params).map(|(job, p)| {
         let refs: Vec<&(dyn ToSql + Sync)> =
             p.iter().map(|b| &**b as &(dyn ToSql + Sync)).collect();
+        let stmt = if job.expected.is_none() {
+            &fresh
+        } else {
+            &update
+        };
         let client: &tokio_postgres::Client = &client;
-        let st = &st;
-        let write = job.write();
-        let run_id = job.run_id.as_str();
-        async move {
-            let member = client.query_opt(st.of(write), &refs);
-            if write != Write::Head {
-                return member.await;
-            }
-            let key: [&(dyn ToSql + Sync); 1] = [&run_id];
-            let lock = client.query_opt(&st.lock, &key);
-            let (locked, member) = tokio::join!(lock, member);
-            locked?;
-            member
-        }
+        async move { client.query_opt(stmt, &refs).await }
     }));
     let ping = async {
         match &ping_stmt {
@@ -434,15 +352,7 @@ async fn commit(
             None => Ok(()),
         }
     };
-    let early_commit = async {
-        if blob_work_to_do {
-            None
-        } else {
-            Some(client.batch_execute("COMMIT").await)
-        }
-    };
-    let (began, mut results, pinged, committed): (_, Vec<Member>, _, _) =
-        tokio::join!(begin, members, ping, early_commit);
+    let (began, mut results, pinged): (_, Vec<Member>, _) = tokio::join!(begin, members, ping);
     drop(all_params);
     let mut first_error = began
         .err()
@@ -451,7 +361,7 @@ async fn commit(
             results.remove(i).err()
         })
         .or(pinged.err());
-    if first_error.is_none() && blob_work_to_do {
+    if first_error.is_none() {
         first_error = blob_work(shared, &client, &batch, &results).await.err();
     }
     if let Some(e) = first_error {
@@ -483,11 +393,7 @@ async fn commit(
         return;
     }
     let n = batch.len();
-    let committed = match committed {
-        Some(c) => c,
-        None => client.batch_execute("COMMIT").await,
-    };
-    match committed {
+    match client.batch_execute("COMMIT").await {
         Ok(()) => {
             shared.writer.queue.committed(n);
             *conn = client.done();

@@ -177,8 +177,7 @@ async fn values_stored_before_blobs_that_look_like_references_read_back() -> Tes
         &store,
         &format!(
             "DROP TABLE {{q}}.documents; DROP TABLE {{q}}.events; DROP TABLE {{q}}.blob_refs; DROP TABLE {{q}}.blob_chunks; DROP TABLE {{q}}.blobs;
-             ALTER TABLE {{q}}.runs RENAME COLUMN snapshot_names TO snapshot_completed;
-             ALTER TABLE {{q}}.steps DROP COLUMN version, DROP COLUMN saved_at, DROP COLUMN writer;
+             ALTER TABLE {{q}}.runs RENAME COLUMN snapshot_steps TO snapshot_completed;
              UPDATE {{q}}.meta SET value = 1 WHERE key = 'schema_version';
              UPDATE {{q}}.steps SET update_json = '{text}';
              UPDATE {{q}}.runs SET snapshot = '{text}';"

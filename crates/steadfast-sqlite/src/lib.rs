@@ -54,8 +54,8 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 use steadfast_core::store::blob::{resolve_object, BlobHash, Resolver};
 use steadfast_core::store::check_events;
+use steadfast_core::store::head::around_writer;
 use steadfast_core::store::plan::{plan_save_with_blobs, Plan};
-use steadfast_core::store::progress::{step_only, StepOnly};
 use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow, SummaryRow};
 use steadfast_core::store::{encode_head, Rewrite, RunCache, SaveRequest};
 use steadfast_core::{
@@ -595,7 +595,10 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
     let progress = progress::check(&place, row.next, row.version, &rows)?;
     let writer = progress.as_ref().map(progress::Progress::writer_bits);
     if let Some(p) = &progress {
-        p.apply(&mut row);
+        row.next = p.next;
+        row.version = p.version;
+        row.updated_at = p.saved_at;
+        row.delta_bytes = row.delta_bytes.saturating_add(p.bytes);
     }
     let mut st = conn
         .prepare_cached("SELECT idx, name, update_json FROM steps WHERE run_id = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx")
@@ -673,26 +676,38 @@ impl Store for SqliteStore {
         let same_labels = acct
             .as_ref()
             .is_some_and(|a| a.status == cp.status.as_str() && *a.workflow == *cp.workflow);
-        // A step whose save leaves the head as stored (but for the writer
-        // number, new with every save) is recorded by its row alone, with
-        // that number (core's rule: `step_only`).
-        let body = match step_only(plan, acct.as_ref(), cp, &doc, req.new_version()) {
-            Ok(StepOnly { step, writer }) => {
-                let known = acct.as_ref().map(|a| &a.known);
-                Body::Step {
-                    step,
-                    snapshot_bytes: known.map_or(0, |k| k.snapshot_bytes),
-                    delta_bytes: known.map_or(0, |k| k.delta_bytes),
-                    writer,
+        let body = match (plan, &acct) {
+            (Plan::Head, _) => Body::Head,
+            // The head document as stored too, but for the writer number
+            // (new with every save): the step's row alone records it, with
+            // that number (a delta plan means the stored version is the one
+            // known).
+            (Plan::Delta { step }, Some(a))
+                if same_labels && req.new_version() == a.known.version.saturating_add(1) =>
+            {
+                match (around_writer(&a.doc), around_writer(&doc)) {
+                    (Some((before, _, after)), Some((b, writer, f)))
+                        if (before, after) == (b, f) =>
+                    {
+                        Body::Step {
+                            step,
+                            snapshot_bytes: a.known.snapshot_bytes,
+                            delta_bytes: a.known.delta_bytes,
+                            writer: writer.to_string(),
+                        }
+                    }
+                    _ => Body::Delta { step, same_labels },
                 }
             }
-            Err(Plan::Head) => Body::Head,
-            Err(Plan::Delta { step }) => Body::Delta { step, same_labels },
-            Err(Plan::Snapshot {
-                state,
-                completed,
-                step,
-            }) => Body::Snapshot {
+            (Plan::Delta { step }, _) => Body::Delta { step, same_labels },
+            (
+                Plan::Snapshot {
+                    state,
+                    completed,
+                    step,
+                },
+                _,
+            ) => Body::Snapshot {
                 state,
                 completed,
                 step,

@@ -15,12 +15,18 @@ use tokio::sync::oneshot;
 
 use crate::error::{commit_outcome_unknown, map_err};
 
-// What is known of a run's record after a save or load, as of its
-// version: the toolkit's sizes, and the stored status, workflow name and
-// head document (a save that keeps the labels need not touch them or the
-// indexes over them; one that keeps the document too need not write the
-// head at all).
-pub(crate) use steadfast_core::store::progress::Stored as Acct;
+/// What is known of a run's record after a save or load, as of its
+/// version: the toolkit's sizes, and the stored status, workflow name and
+/// head document (a save that keeps the labels need not touch them or the
+/// indexes over them; one that keeps the document too need not write the
+/// head at all).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Acct {
+    pub known: Known,
+    pub status: &'static str,
+    pub workflow: std::sync::Arc<str>,
+    pub doc: std::sync::Arc<str>,
+}
 
 /// The head of a run: the columns that `list` filters and sorts on, and one
 /// JSON document with the rest (so a new checkpoint field needs no migration).

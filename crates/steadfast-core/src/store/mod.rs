@@ -13,7 +13,6 @@ pub mod local;
 pub mod memory;
 pub mod place;
 pub mod plan;
-pub mod progress;
 pub mod rows;
 #[cfg(feature = "tls")]
 pub mod tls;
