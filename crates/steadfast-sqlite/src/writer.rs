@@ -143,8 +143,15 @@ fn breaks<T>(result: &Result<T, StoreError>) -> Option<String> {
 }
 
 /// How long a leader waits, after a shared commit, for the callers it
-/// acknowledged to queue again.
-const GATHER: std::time::Duration = std::time::Duration::from_micros(100);
+/// acknowledged to queue again. Long enough for all of them to run their
+/// next step and come back on two busy cores: with 100 or 200 µs a commit
+/// often went out before the last callers were back, and the next carried
+/// only them (W2, 16 runs at a time: 35-38 µs a step); with 300 or 500 µs,
+/// 28-33; with 1 ms a little slower again, as the disk idles whenever a
+/// caller does not come back (its run ended) (`steadfast-bench --workloads
+/// W2 --stores sqlite --reps 5`, three runs of each, interleaved). The wait
+/// ends as soon as they are all back; a lone save never waits.
+const GATHER: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// How many runs [`Positions`] remembers before it starts over.
 const MAX_POSITIONS: usize = 4096;
