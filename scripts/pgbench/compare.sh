@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What one save costs PostgreSQL, statement against statement: the raw
-# upsert, an ordinary step's save as the store writes it, the step's row
-# alone, and the row alone guarded by a lock on its run (docs/durability.md,
-# "Where a step's time goes" under PostgreSQL). One client, prepared
-# statements, each script for SECONDS, ROUNDS rounds interleaved.
+# upsert, an ordinary step's save shaped as the store writes it, the step's
+# row alone, and the row alone guarded by a lock on its run
+# (docs/durability.md, "Where a step's time goes" under PostgreSQL). One
+# client, prepared statements, each script for SECONDS, ROUNDS rounds
+# interleaved. Needs psql and pgbench.
 #
 #   scripts/pgbench/compare.sh [URL] [SECONDS] [ROUNDS]
 #   default: $STEADFAST_TEST_PG or postgres://postgres@127.0.0.1:5432/test, 8, 3
@@ -12,11 +13,14 @@ cd "$(dirname "$0")"
 url="${1:-${STEADFAST_TEST_PG:-postgres://postgres@127.0.0.1:5432/test}}"
 seconds="${2:-8}"
 rounds="${3:-3}"
-psql -q "$url" -f setup.sql
+psql -X -q -v ON_ERROR_STOP=1 "$url" -f setup.sql
+trap 'psql -X -q "$url" -c "SET client_min_messages = warning" -c "DROP SCHEMA IF EXISTS steadfast_pgbench CASCADE"' EXIT
 for round in $(seq "$rounds"); do
   for s in raw step row locked; do
-    printf '%s %-7s ' "$round" "$s"
-    pgbench -n -M prepared -c 1 -T "$seconds" -f "$s.sql" "$url" 2>&1 | grep 'latency average'
+    out=$(pgbench -n -M prepared -c 1 -T "$seconds" -f "$s.sql" "$url" 2>&1) || {
+      echo "$out" >&2
+      exit 1
+    }
+    printf '%s %-7s %s\n' "$round" "$s" "$(grep 'latency average' <<<"$out")"
   done
 done
-psql -q "$url" -c 'SET client_min_messages = warning' -c 'DROP SCHEMA steadfast_pgbench CASCADE'

@@ -150,7 +150,9 @@ fn breaks<T>(result: &Result<T, StoreError>) -> Option<String> {
 /// 28-33; with 1 ms a little slower again, as the disk idles whenever a
 /// caller does not come back (its run ended) (`steadfast-bench --workloads
 /// W2 --stores sqlite --reps 5`, three runs of each, interleaved). The wait
-/// ends as soon as they are all back; a lone save never waits.
+/// ends as soon as as many jobs are queued as the commit carried, whoever
+/// queued them, and lasts the whole window when fewer come; after a commit
+/// of one job there is none.
 const GATHER: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// How many runs [`Positions`] remembers before it starts over.
