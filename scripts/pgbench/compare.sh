@@ -13,7 +13,16 @@ cd "$(dirname "$0")"
 url="${1:-${STEADFAST_TEST_PG:-postgres://postgres@127.0.0.1:5432/test}}"
 seconds="${2:-8}"
 rounds="${3:-3}"
-psql -X -q -v ON_ERROR_STOP=1 "$url" -f setup.sql
+for n in "$seconds" "$rounds"; do
+  if ! [[ "$n" =~ ^[1-9][0-9]{0,3}$ ]]; then
+    echo "compare.sh: SECONDS and ROUNDS are whole numbers from 1 to 9999, not '$n'" >&2
+    exit 2
+  fi
+done
+if ! psql -X -q -v ON_ERROR_STOP=1 "$url" -f setup.sql; then
+  echo "compare.sh: setting up in $url failed (psql said why, above); a schema steadfast_pgbench that is there already is never dropped: if a run of this script left it, drop it by hand" >&2
+  exit 1
+fi
 trap 'psql -X -q "$url" -c "SET client_min_messages = warning" -c "DROP SCHEMA IF EXISTS steadfast_pgbench CASCADE"' EXIT
 for round in $(seq "$rounds"); do
   for s in raw step row locked; do

@@ -7,7 +7,8 @@
 //! transaction (group commit), so concurrent runs share an fsync and a lone run
 //! pays no thread hand-off. After a commit shared by several saves, the leader
 //! waits up to 500 µs for as many saves to be queued again as that commit
-//! carried, so that their callers share the next commit too. Loads use their own connections.
+//! carried, so that their callers share the next commit too. Loads use their
+//! own connections.
 //!
 //! Each completed step is a row of the `steps` table (the run's history, also
 //! readable with the `sqlite3` shell). A save appends the step's update and

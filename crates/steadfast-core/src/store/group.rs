@@ -110,4 +110,40 @@ mod tests {
         assert_eq!(q.take(), vec![MAX_BATCH, MAX_BATCH + 1, MAX_BATCH + 2]);
         assert!(q.is_empty());
     }
+
+    #[test]
+    fn after_a_lone_write_there_is_no_wait() {
+        let q: Queue<u8> = Queue::default();
+        let start = Instant::now();
+        q.gather_blocking(1, Duration::from_secs(60));
+        assert!(start.elapsed() < Duration::from_secs(30));
+    }
+
+    /// The wait ends once as many writes are queued as the last commit
+    /// carried, whoever queues them; with fewer, it lasts its bound.
+    #[test]
+    fn the_wait_ends_when_as_many_are_back_and_is_bounded() {
+        let q: std::sync::Arc<Queue<u8>> = std::sync::Arc::default();
+        let pusher = {
+            let q = std::sync::Arc::clone(&q);
+            std::thread::spawn(move || {
+                for i in 0..3 {
+                    std::thread::sleep(Duration::from_millis(20));
+                    q.push(i);
+                }
+            })
+        };
+        let start = Instant::now();
+        q.gather_blocking(3, Duration::from_secs(60));
+        assert_eq!(q.len(), 3, "returned before the writes were back");
+        assert!(start.elapsed() < Duration::from_secs(30));
+        pusher.join().expect("the pusher");
+        q.take();
+        q.push(0);
+        let start = Instant::now();
+        q.gather_blocking(3, Duration::from_millis(50));
+        let waited = start.elapsed();
+        assert!(waited >= Duration::from_millis(50), "{waited:?}");
+        assert!(waited < Duration::from_secs(30), "{waited:?}");
+    }
 }
