@@ -121,9 +121,10 @@ function fromNative(e) {
   return err;
 }
 
-async function call(promise) {
+/** Calls `f` (a native call), with a rejection or throw as the Steadfast error it carries. */
+async function call(f) {
   try {
-    return await promise;
+    return await f();
   } catch (e) {
     throw fromNative(e);
   }
@@ -315,7 +316,7 @@ class DurableContext {
     str('a step name', name);
     fn(`step ${JSON.stringify(name)}: its function`, f);
     const o = options(`step ${JSON.stringify(name)}`, opts, STEP_OPTIONS);
-    const out = await call(native.ctxStep(this._h, name, JSON.stringify(o), stepCall(f, this._causes, () => name)));
+    const out = await call(() => native.ctxStep(this._h, name, JSON.stringify(o), stepCall(f, this._causes, () => name)));
     return JSON.parse(out);
   }
 
@@ -334,7 +335,7 @@ class DurableContext {
       fns.push(fn(`step ${JSON.stringify(b[0])}: its function`, b[1]));
     }
     const f = (i, info) => fns[i](info);
-    const out = await call(native.ctxParallel(this._h, names, stepCall(f, this._causes, (args) => names[args[0]])));
+    const out = await call(() => native.ctxParallel(this._h, names, stepCall(f, this._causes, (args) => names[args[0]])));
     return JSON.parse(out);
   }
 
@@ -345,35 +346,35 @@ class DurableContext {
    */
   async gate(name, opts) {
     const o = options(`gate ${JSON.stringify(str('a gate name', name))}`, opts, ['timeoutMs', 'onTimeout']);
-    return JSON.parse(await call(native.ctxGate(this._h, name, JSON.stringify(o))));
+    return JSON.parse(await call(() => native.ctxGate(this._h, name, JSON.stringify(o))));
   }
 
   /** Waits for signal `name`: the delivery, or null when `timeoutMs` passed first. */
   async waitFor(name, opts) {
     const o = options(`wait ${JSON.stringify(str('a signal name', name))}`, opts, ['timeoutMs']);
-    return JSON.parse(await call(native.ctxWaitFor(this._h, name, o.timeoutMs ?? null)));
+    return JSON.parse(await call(() => native.ctxWaitFor(this._h, name, o.timeoutMs ?? null)));
   }
 
   /** A durable timer: the run stops (holding no process) for `ms` milliseconds. */
   async sleep(name, ms) {
     str('a timer name', name);
     if (typeof ms !== 'number') throw new InvalidInput(`sleep ${JSON.stringify(name)}: ms must be a number`);
-    await call(native.ctxSleep(this._h, name, ms));
+    await call(() => native.ctxSleep(this._h, name, ms));
   }
 
   /** The time of this point of the run, recorded the first time. */
   async now() {
-    return new Date(await call(native.ctxNow(this._h)));
+    return new Date(await call(() => native.ctxNow(this._h)));
   }
 
   /** A number in [0, 1), recorded the first time. */
   async random() {
-    return call(native.ctxRandom(this._h));
+    return call(() => native.ctxRandom(this._h));
   }
 
   /** A random UUID, recorded the first time. */
   async uuid() {
-    return call(native.ctxUuid(this._h));
+    return call(() => native.ctxUuid(this._h));
   }
 
   /** `base`, then `base#2`, `base#3`... for a name used more than once in a run. */
@@ -429,7 +430,7 @@ class Durable {
     const body = async (handle) => {
       const ctx = new DurableContext(handle, causes);
       try {
-        const given = JSON.parse(await call(native.ctxInput(handle)));
+        const given = JSON.parse(await call(() => native.ctxInput(handle)));
         let v = await this.fn(ctx, given);
         if (v === undefined) v = null;
         const p = problem(v);
@@ -548,30 +549,30 @@ class Store {
   async approve(runId, gate, opts) {
     const o = options('approve', opts, ['data', 'by']);
     const data = optJson(`the data approving gate ${JSON.stringify(gate)}`, o.data);
-    return JSON.parse(await call(this._native.approve(str('the run id', runId), str('the gate', gate), data, o.by ?? null)));
+    return JSON.parse(await call(() => this._native.approve(str('the run id', runId), str('the gate', gate), data, o.by ?? null)));
   }
 
   /** Rejects gate `gate` of waiting run `runId` (`{reason, by}`): the run ends as rejected. */
   async reject(runId, gate, opts) {
     const o = options('reject', opts, ['reason', 'by']);
-    return JSON.parse(await call(this._native.reject(str('the run id', runId), str('the gate', gate), o.reason ?? null, o.by ?? null)));
+    return JSON.parse(await call(() => this._native.reject(str('the run id', runId), str('the gate', gate), o.reason ?? null, o.by ?? null)));
   }
 
   /** Sends signal `name` to run `runId` (`{data, by}`); its number in the run's event log. */
   async signal(runId, name, opts) {
     const o = options('signal', opts, ['data', 'by']);
     const data = optJson(`the data of signal ${JSON.stringify(name)}`, o.data);
-    return call(this._native.signal(str('the run id', runId), str('the signal', name), data, o.by ?? null));
+    return call(() => this._native.signal(str('the run id', runId), str('the signal', name), data, o.by ?? null));
   }
 
   /** The run's record (as `steadfast show --json` prints it); NoSuchRun when missing. */
   async show(runId) {
-    return JSON.parse(await call(this._native.show(str('the run id', runId))));
+    return JSON.parse(await call(() => this._native.show(str('the run id', runId))));
   }
 
   /** The run's step records, oldest first; NoSuchRun when missing. */
   async history(runId) {
-    return JSON.parse(await call(this._native.history(str('the run id', runId))));
+    return JSON.parse(await call(() => this._native.history(str('the run id', runId))));
   }
 
   /** Runs in id order, filtered by `{status, workflow, after, limit}`. */
@@ -580,7 +581,7 @@ class Store {
     if (f.limit !== undefined && !(Number.isSafeInteger(f.limit) && f.limit >= 0)) {
       throw new InvalidInput(`runs: limit ${f.limit}: expected a whole number, 0 or more`);
     }
-    return JSON.parse(await call(this._native.runs(JSON.stringify(f))));
+    return JSON.parse(await call(() => this._native.runs(JSON.stringify(f))));
   }
 
   /**
@@ -594,13 +595,13 @@ class Store {
       throw new InvalidInput(`start: priority ${o.priority}: expected a whole number`);
     }
     const text = optJson("the run's input", input);
-    return call(this._native.start(str('the workflow', workflow), str('the run id', runId), text, JSON.stringify(o)));
+    return call(() => this._native.start(str('the workflow', workflow), str('the run id', runId), text, JSON.stringify(o)));
   }
 }
 
 /** Opens (creating when missing) the store a URL names: `sqlite:PATH`, `file:PATH`, `postgres://...`, `cosmos://...`, `memory:`. */
 async function openStore(url = DEFAULT_STORE_URL) {
-  return new Store(await call(native.openStore(str('the store URL', url))));
+  return new Store(await call(() => native.openStore(str('the store URL', url))));
 }
 
 /** The kinds of store this build opens: `[{name, schemes, url, summary}]`. */
@@ -619,3 +620,5 @@ module.exports = {
   problem,
   TerminalError, ...CLASSES,
 };
+// For the package's own modules (langgraph.js), not part of the API.
+Object.defineProperty(module.exports, '_internal', { value: { native, fromNative } });

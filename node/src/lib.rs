@@ -14,6 +14,7 @@
 #![cfg_attr(test, allow(dead_code))]
 
 mod durable;
+mod graph;
 mod store;
 mod workflow;
 
@@ -27,7 +28,7 @@ pub const PREFIX: &str = "steadfast-error:";
 
 /// A rejection carrying `kind` and `message` (and any other fields of
 /// `extra`) for the JavaScript layer.
-fn reject(kind: &str, message: String, extra: Value) -> napi::Error {
+pub(crate) fn reject(kind: &str, message: String, extra: Value) -> napi::Error {
     let mut body = json!({ "kind": kind, "message": message });
     if let (Some(b), Value::Object(more)) = (body.as_object_mut(), extra) {
         b.extend(more);
@@ -41,7 +42,7 @@ pub(crate) fn invalid(message: impl Into<String>) -> napi::Error {
 }
 
 /// The class name for a store error's kind.
-fn store_kind(kind: StoreErrorKind) -> &'static str {
+pub(crate) fn store_kind(kind: StoreErrorKind) -> &'static str {
     match kind {
         StoreErrorKind::Conflict => "Conflict",
         StoreErrorKind::Corrupt => "Corrupt",

@@ -32,3 +32,14 @@ async function main(): Promise<void> {
   throw new TerminalError('done');
 }
 void main;
+
+import { SteadfastSaver } from '../langgraph.js';
+
+async function saver(): Promise<void> {
+  const s = await SteadfastSaver.open('sqlite:graph.db', { leaseMs: 30_000 });
+  const t = await s.getTuple({ configurable: { thread_id: 't' } });
+  if (t) console.log(t.checkpoint.id);
+  await s.release('t');
+  await s.close();
+}
+void saver;
