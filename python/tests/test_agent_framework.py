@@ -1,0 +1,194 @@
+"""steadfast.agent_framework.SteadfastCheckpointStorage: Agent Framework's
+CheckpointStorage protocol, tested from its documentation (the
+agent-framework-core package ships no tests of its own), one writer per
+workflow run, and a real workflow with a human in the loop killed in the
+middle of a superstep and resumed from the storage."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("agent_framework") if not os.environ.get("CI") else None
+
+from agent_framework import WorkflowCheckpoint  # noqa: E402
+from agent_framework.exceptions import WorkflowCheckpointException  # noqa: E402
+
+import steadfast  # noqa: E402
+from steadfast.agent_framework import SteadfastCheckpointStorage  # noqa: E402
+
+from conftest import PG_ENV, _drop_schema, _with_schema  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "maf_review.py"
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def maf_url(request: pytest.FixtureRequest, tmp_path: Path):
+    if request.param == "memory":
+        yield "memory:"
+    elif request.param == "sqlite":
+        yield f"sqlite:{tmp_path}/maf.db"
+    else:
+        base = os.environ.get(PG_ENV)
+        if not base:
+            if os.environ.get("CI"):
+                pytest.fail(f"CI is set but ${PG_ENV} is not: the PostgreSQL storage would go untested")
+            pytest.skip(f"set ${PG_ENV} to test the postgres storage")
+        schema = f"maf_{secrets.token_hex(6)}"
+        try:
+            yield _with_schema(base, schema)
+        finally:
+            _drop_schema(base, schema)
+
+
+def checkpoint(workflow: str = "wf", previous: str | None = None, **kw) -> WorkflowCheckpoint:
+    return WorkflowCheckpoint(
+        workflow_name=workflow, graph_signature_hash="sig", previous_checkpoint_id=previous, **kw
+    )
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_save_load_list_latest_delete(maf_url: str) -> None:
+    s = SteadfastCheckpointStorage(maf_url)
+
+    async def go() -> None:
+        a = checkpoint(state={"n": 1, "nested": {"x": [1, 2.5, "três", None]}}, iteration_count=1,
+                       timestamp="2026-12-01T10:00:00+00:00", metadata={"superstep": 1})
+        b = checkpoint(previous=a.checkpoint_id, state={"n": 2}, timestamp="2026-12-01T10:00:01+00:00")
+        other = checkpoint(workflow="other", timestamp="2026-12-01T11:00:00+00:00")
+        assert await s.save(a) == a.checkpoint_id
+        assert await s.save(b) == b.checkpoint_id
+        await s.save(other)
+        loaded = await s.load(a.checkpoint_id)
+        assert loaded.to_dict() == a.to_dict()
+        assert loaded is not a
+        assert [c.checkpoint_id for c in await s.list_checkpoints(workflow_name="wf")] == [a.checkpoint_id, b.checkpoint_id]
+        assert await s.list_checkpoint_ids(workflow_name="other") == [other.checkpoint_id]
+        assert await s.list_checkpoints(workflow_name="nothing") == []
+        assert (await s.get_latest(workflow_name="wf")).checkpoint_id == b.checkpoint_id
+        assert await s.get_latest(workflow_name="nothing") is None
+        with pytest.raises(WorkflowCheckpointException, match="No checkpoint found"):
+            await s.load("no-such-id")
+        assert await s.delete(b.checkpoint_id) is True
+        assert await s.delete(b.checkpoint_id) is False
+        assert await s.list_checkpoint_ids(workflow_name="wf") == [a.checkpoint_id]
+        with pytest.raises(WorkflowCheckpointException):
+            await s.load(b.checkpoint_id)
+        # Saving an ID again replaces it.
+        a.state = {"n": 10}
+        await s.save(a)
+        assert (await s.load(a.checkpoint_id)).state == {"n": 10}
+
+    run(go())
+    s.close()
+
+
+def test_checkpoints_survive_a_new_storage(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path}/maf.db"
+    first = SteadfastCheckpointStorage(url)
+    cp = checkpoint(state={"kept": True})
+    run(first.save(cp))
+    first.close()
+    del first
+    again = SteadfastCheckpointStorage(url)
+    assert run(again.load(cp.checkpoint_id)).state == {"kept": True}
+
+
+@dataclass
+class NotAllowed:
+    value: int
+
+
+def test_a_checkpoint_that_would_not_load_back_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    s = SteadfastCheckpointStorage(f"sqlite:{tmp_path}/maf.db")
+    cp = checkpoint(state={"obj": NotAllowed(1)})
+    with pytest.raises(WorkflowCheckpointException, match="deserialization blocked"):
+        run(s.save(cp))
+    assert run(s.list_checkpoints(workflow_name="wf")) == []
+    allowed = SteadfastCheckpointStorage(
+        f"sqlite:{tmp_path}/maf.db", allowed_checkpoint_types=[f"{NotAllowed.__module__}:NotAllowed"]
+    )
+    run(allowed.save(cp))
+    assert run(allowed.load(cp.checkpoint_id)).state == {"obj": NotAllowed(1)}
+    with pytest.raises(TypeError, match="not one string"):
+        SteadfastCheckpointStorage("memory:", allowed_checkpoint_types="x:y")  # type: ignore[arg-type]
+
+
+def test_stores_it_cannot_open_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(steadfast.Unsupported):
+        SteadfastCheckpointStorage(f"file:{tmp_path}/runs.json")
+    with pytest.raises(steadfast.InvalidInput):
+        SteadfastCheckpointStorage("memory:", lease_seconds=-1)
+
+
+def test_one_writer_per_workflow_run(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path}/maf.db"
+    a, b = SteadfastCheckpointStorage(url), SteadfastCheckpointStorage(url)
+    root = checkpoint(state={"step": 0})
+    run(a.save(root))
+    # B resumed from the same checkpoint while A still runs: refused.
+    fork = checkpoint(previous=root.checkpoint_id, state={"step": "b"})
+    with pytest.raises(steadfast.Held):
+        run(b.save(fork))
+    with pytest.raises(WorkflowCheckpointException):
+        run(b.load(fork.checkpoint_id))
+    # Another workflow run is B's to write.
+    run(b.save(checkpoint(state={"other run": True})))
+    # A's next checkpoint in its own run goes on.
+    run(a.save(checkpoint(previous=root.checkpoint_id, state={"step": 1})))
+    a.release(root.checkpoint_id)
+    run(b.save(fork))
+    assert run(b.load(fork.checkpoint_id)).state == {"step": "b"}
+
+
+def events(log: Path) -> list[dict]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def example(url: str, *args: str, log: Path | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, str(EXAMPLE), "--store", url, *args]
+    if log is not None:
+        cmd += ["--log", str(log)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_workflow_killed_mid_superstep_resumes_and_its_human_answers(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path}/maf.db"
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    p = example(url, "--topic", "tides", "--delay", "0.2", log=first)
+    deadline = time.monotonic() + 30
+    while not any(e["event"] == "start" and e["step"] == "polish" for e in events(first)):
+        assert p.poll() is None, f"the workflow ended before it was killed: {p.communicate()}"
+        assert time.monotonic() < deadline, "the workflow did not reach polish"
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=10)
+    assert p.returncode == -signal.SIGKILL
+    assert not any(e["event"] == "end" and e["step"] == "polish" for e in events(first)), "killed while polish ran"
+
+    p = example(url, "--resume", "--delay", "0", log=second)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 4, err
+    waiting = json.loads(out)
+    assert waiting["status"] == "waiting" and len(waiting["pending"]) == 1
+    assert [e["step"] for e in events(second) if e["event"] == "start"] == ["polish", "review"]
+
+    p = example(url, "--answer", "ship it")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert json.loads(out)["outputs"] == ["a draft about tides, polished: ship it"]
