@@ -91,6 +91,41 @@ test('a run started from Node is shown and approved by the CLI, then resumed by 
   assert.equal(after.status, 'completed');
 });
 
+test('a run the CLI started from a flow file is shown and approved from Node, and the CLI finishes it', async (t) => {
+  const bin = cli();
+  if (!bin) {
+    t.skip('the steadfast command is not built (cargo build -p steadfast-cli)');
+    return;
+  }
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'steadfast-interop-flow-'));
+  const flow = path.join(dir, 'flow.toml');
+  fs.writeFileSync(flow, [
+    'name = "cli-flow"',
+    '[[step]]', 'name = "collect"', `run = "echo '{\\"docs\\": 3}'"`,
+    '[[step]]', 'name = "review"', 'gate = true',
+    '[[step]]', 'name = "write"', `run = "echo '{\\"written\\": true}'"`,
+  ].join('\n'));
+  const url = `sqlite:${path.join(dir, 'runs.db')}`;
+  const first = spawnSync(bin, ['run', flow, '--run-id', 'c1', '--store', url], { encoding: 'utf8', timeout: 60_000 });
+  assert.equal(first.status, 4, first.stderr);
+  const store = await sf.openStore(url);
+  const shown = await store.show('c1');
+  assert.equal(shown.status, 'waiting');
+  assert.deepEqual(shown.completed, ['collect']);
+  await store.approve('c1', 'review', { data: { note: 'from Node' }, by: 'node' });
+  // A listed workflow of the same names is not the flow file: its record
+  // carries the flow's version, and Node's run is refused, not run.
+  let ran = false;
+  const imitation = new sf.Workflow('cli-flow').step('collect', () => { ran = true; }).gate('review').step('write', () => ({}));
+  await assert.rejects(imitation.run('c1', store), sf.WorkflowChanged);
+  assert.equal(ran, false);
+  run(bin, ['run', flow, '--run-id', 'c1', '--store', url]);
+  const done = await store.show('c1');
+  assert.equal(done.status, 'completed');
+  assert.equal(done.state.written, true);
+  assert.deepEqual(done.state.review, { note: 'from Node' });
+});
+
 test('a run started from Node is approved and resumed by Python; one started by Python, by Node', async (t) => {
   const py = python();
   if (!py) {
