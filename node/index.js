@@ -99,6 +99,15 @@ const CLASSES = {
   TooLarge, OutcomeUnknown, Unavailable, Unsupported, NotFound,
 };
 
+/** The number of the engine error `e` is, or null (reading it may throw: a Proxy). */
+function engineId(e) {
+  try {
+    return e !== null && typeof e === 'object' && typeof e[ENGINE_ID] === 'number' ? e[ENGINE_ID] : null;
+  } catch {
+    return null;
+  }
+}
+
 /** The Steadfast error a native rejection carries, or the rejection itself. */
 function fromNative(e) {
   if (!(e instanceof Error) || typeof e.message !== 'string' || !e.message.startsWith(PREFIX)) {
@@ -130,15 +139,19 @@ async function call(f) {
   }
 }
 
+/** What a thrown value says, as well-formed text (it crosses into Rust). */
 function describe(e) {
-  if (e instanceof Error) {
-    return e.message ? `${e.name}: ${e.message}` : e.name;
-  }
+  let text;
   try {
-    return `a thrown ${typeof e}: ${String(e)}`;
+    if (e instanceof Error) {
+      text = e.message ? `${e.name}: ${e.message}` : String(e.name);
+    } else {
+      text = `a thrown ${typeof e}: ${String(e)}`;
+    }
   } catch {
-    return `a thrown ${typeof e}`;
+    text = `a thrown ${typeof e}`;
   }
+  return text.toWellFormed();
 }
 
 // ---------------------------------------------------------------- values
@@ -162,7 +175,8 @@ function kindOf(v) {
 function problem(v, at = '$') {
   const seen = new Set();
   const walk = (v, at, depth) => {
-    if (depth > MAX_DEPTH) return { path: at, reason: `nested deeper than ${MAX_DEPTH} levels` };
+    // The engine counts from the state, which holds the value one level down.
+    if (depth >= MAX_DEPTH) return { path: at, reason: `nested ${MAX_DEPTH} levels deep or more (the engine keeps at most ${MAX_DEPTH - 1} below a value)` };
     switch (typeof v) {
       case 'string':
         return v.isWellFormed() ? null : { path: at, reason: 'the string holds a lone surrogate, which is not Unicode text' };
@@ -182,7 +196,11 @@ function problem(v, at = '$') {
     }
     if (v === null) return null;
     if (seen.has(v)) return { path: at, reason: 'the value refers to itself (a cycle)' };
+    if (Object.prototype.hasOwnProperty.call(v, 'toJSON')) {
+      return { path: at, reason: 'a value with its own toJSON would be stored as something else: pass what toJSON gives' };
+    }
     if (Array.isArray(v)) {
+      if (Object.getPrototypeOf(v) !== Array.prototype) return { path: at, reason: `${kindOf(v)} is not a plain array` };
       seen.add(v);
       for (let i = 0; i < v.length; i++) {
         if (!(i in v)) return { path: `${at}[${i}]`, reason: 'an empty slot in a sparse array is not JSON' };
@@ -208,7 +226,11 @@ function problem(v, at = '$') {
     seen.delete(v);
     return null;
   };
-  return walk(v, at, 0);
+  try {
+    return walk(v, at, 0);
+  } catch (e) {
+    return { path: at, reason: `the value could not be read: ${describe(e)}` };
+  }
 }
 
 /** `v` as JSON text, or InvalidInput naming `what` and the path of what is refused. */
@@ -222,6 +244,38 @@ function optJson(what, v) {
   return v === undefined || v === null ? null : toJson(what, v);
 }
 
+// The type of each option, wherever it is taken (a step's `limit` is a
+// string and `runs`'s a number: each is checked where it is used).
+const OPTION_KINDS = {
+  retries: 'number', backoffMs: 'number', maxBackoffMs: 'number', timeoutMs: 'number', leaseMs: 'number',
+  priority: 'number', onTimeout: 'string', version: 'string', by: 'string', reason: 'string',
+  status: 'string', workflow: 'string', after: 'string', partition: 'string',
+  acceptChanged: 'boolean', waitForTimers: 'boolean', durable: 'boolean',
+};
+
+function checkOption(what, k, v) {
+  const kind = OPTION_KINDS[k];
+  if (kind === 'number') {
+    if (typeof v !== 'number' || !Number.isFinite(v)) {
+      throw new InvalidInput(`${what}: ${k} ${typeof v === 'number' ? v : kindOf(v)}: expected a finite number`);
+    }
+  } else if (kind === 'string') {
+    str(`${what}: ${k}`, v);
+  } else if (kind === 'boolean') {
+    if (typeof v !== 'boolean') throw new InvalidInput(`${what}: ${k} must be true or false, not ${kindOf(v)}`);
+  } else if (k === 'budget') {
+    if (v === null || typeof v !== 'object' || Array.isArray(v)) throw new InvalidInput(`${what}: budget must be an object of amounts`);
+    for (const [name, amount] of Object.entries(v)) {
+      if (typeof amount !== 'number' || !Number.isFinite(amount)) {
+        throw new InvalidInput(`${what}: budget ${JSON.stringify(name)}: ${String(amount)}: expected a finite number`);
+      }
+    }
+  } else if (k === 'steps') {
+    if (!Array.isArray(v)) throw new InvalidInput(`${what}: steps must be an array of step names`);
+    v.forEach((n, i) => str(`${what}: steps[${i}]`, n));
+  }
+}
+
 function options(what, o, allowed) {
   if (o === undefined || o === null) return {};
   if (typeof o !== 'object' || Array.isArray(o)) throw new InvalidInput(`${what}: the options must be an object`);
@@ -231,12 +285,19 @@ function options(what, o, allowed) {
     }
   }
   const out = {};
-  for (const k of allowed) if (o[k] !== undefined) out[k] = o[k];
+  for (const k of allowed) {
+    if (o[k] !== undefined) {
+      checkOption(what, k, o[k]);
+      out[k] = o[k];
+    }
+  }
   return out;
 }
 
+/** `v`, a string of well-formed Unicode text, or InvalidInput naming `what`. */
 function str(what, v) {
   if (typeof v !== 'string') throw new InvalidInput(`${what} must be a string, not ${kindOf(v)}`);
+  if (!v.isWellFormed()) throw new InvalidInput(`${what} holds a lone surrogate, which is not Unicode text`);
   return v;
 }
 
@@ -268,6 +329,12 @@ class Outcome {
 }
 
 const RUN_OPTIONS = ['acceptChanged', 'waitForTimers', 'leaseMs', 'budget'];
+
+function stepOptions(name, opts) {
+  const o = options(`step ${JSON.stringify(name)}`, opts, STEP_OPTIONS);
+  if (o.limit !== undefined) str(`step ${JSON.stringify(name)}: limit`, o.limit);
+  return o;
+}
 const STEP_OPTIONS = ['retries', 'backoffMs', 'maxBackoffMs', 'timeoutMs', 'limit', 'version'];
 
 // ---------------------------------------------------------------- steps
@@ -305,6 +372,15 @@ class DurableContext {
   constructor(handle, causes) {
     Object.defineProperty(this, '_h', { value: handle });
     Object.defineProperty(this, '_causes', { value: causes });
+    // Every call's promise: when the function returns, those it left
+    // unawaited are stopped by the engine, and their rejection is handled
+    // here rather than ending the process.
+    Object.defineProperty(this, '_calls', { value: [] });
+  }
+
+  /** The function has returned: its unawaited calls reject quietly. */
+  _ended() {
+    for (const p of this._calls) p.catch(() => {});
   }
 
   /**
@@ -315,7 +391,7 @@ class DurableContext {
   async step(name, f, opts) {
     str('a step name', name);
     fn(`step ${JSON.stringify(name)}: its function`, f);
-    const o = options(`step ${JSON.stringify(name)}`, opts, STEP_OPTIONS);
+    const o = stepOptions(name, opts);
     const out = await call(() => native.ctxStep(this._h, name, JSON.stringify(o), stepCall(f, this._causes, () => name)));
     return JSON.parse(out);
   }
@@ -358,7 +434,7 @@ class DurableContext {
   /** A durable timer: the run stops (holding no process) for `ms` milliseconds. */
   async sleep(name, ms) {
     str('a timer name', name);
-    if (typeof ms !== 'number') throw new InvalidInput(`sleep ${JSON.stringify(name)}: ms must be a number`);
+    if (typeof ms !== 'number') throw new InvalidInput(`sleep ${JSON.stringify(name)}: ms must be a number, not ${kindOf(ms)}`);
     await call(() => native.ctxSleep(this._h, name, ms));
   }
 
@@ -385,6 +461,20 @@ class DurableContext {
       throw fromNative(e);
     }
   }
+}
+
+// Each context call's promise is kept (see DurableContext._ended).
+for (const m of ['step', 'parallel', 'gate', 'waitFor', 'sleep', 'now', 'random', 'uuid']) {
+  const impl = DurableContext.prototype[m];
+  Object.defineProperty(DurableContext.prototype, m, {
+    value: function tracked(...args) {
+      const p = impl.apply(this, args);
+      this._calls.push(p);
+      return p;
+    },
+    writable: true,
+    configurable: true,
+  });
 }
 
 function runOptions(o) {
@@ -431,14 +521,18 @@ class Durable {
       const ctx = new DurableContext(handle, causes);
       try {
         const given = JSON.parse(await call(() => native.ctxInput(handle)));
-        let v = await this.fn(ctx, given);
+        let v;
+        try {
+          v = await this.fn(ctx, given);
+        } finally {
+          ctx._ended();
+        }
         if (v === undefined) v = null;
         const p = problem(v);
         return JSON.stringify(p ? { invalid: p } : { ok: v });
       } catch (e) {
-        if (e !== null && typeof e === 'object' && typeof e[ENGINE_ID] === 'number') {
-          return JSON.stringify({ engine: e[ENGINE_ID] });
-        }
+        const id = engineId(e);
+        if (id !== null) return JSON.stringify({ engine: id });
         own.set = true;
         own.error = e;
         return JSON.stringify({ own: describe(e) });
@@ -480,7 +574,7 @@ class Workflow {
   step(name, f, opts) {
     str('a step name', name);
     fn(`step ${JSON.stringify(name)}: its function`, f);
-    const o = options(`step ${JSON.stringify(name)}`, opts, STEP_OPTIONS);
+    const o = stepOptions(name, opts);
     return this._add({ kind: 'step', name, ...o }, f);
   }
 
@@ -493,6 +587,7 @@ class Workflow {
   /** A durable timer of `ms` milliseconds. */
   sleep(name, ms) {
     str('a timer name', name);
+    if (typeof ms !== 'number' || !Number.isFinite(ms)) throw new InvalidInput(`sleep ${JSON.stringify(name)}: ms ${String(ms)}: expected a finite number of milliseconds`);
     return this._add({ kind: 'sleep', name, ms });
   }
 
@@ -591,6 +686,9 @@ class Store {
    */
   async start(workflow, runId, input, opts) {
     const o = options('start', opts, ['durable', 'steps', 'priority', 'partition', 'version']);
+    if (o.version !== undefined && o.steps === undefined) {
+      throw new InvalidInput('start: version is the version of a listed workflow, and needs its steps');
+    }
     if (o.priority !== undefined && !Number.isInteger(o.priority)) {
       throw new InvalidInput(`start: priority ${o.priority}: expected a whole number`);
     }

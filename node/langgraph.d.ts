@@ -2,6 +2,7 @@
 import type { RunnableConfig } from '@langchain/core/runnables';
 import {
   BaseCheckpointSaver,
+  type ChannelVersions,
   type Checkpoint,
   type CheckpointListOptions,
   type CheckpointMetadata,
@@ -27,7 +28,7 @@ export class SteadfastSaver extends BaseCheckpointSaver {
   private constructor();
   getTuple(config: RunnableConfig): Promise<CheckpointTuple | undefined>;
   list(config: RunnableConfig, options?: CheckpointListOptions): AsyncGenerator<CheckpointTuple>;
-  put(config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata): Promise<RunnableConfig>;
+  put(config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata, newVersions: ChannelVersions): Promise<RunnableConfig>;
   putWrites(config: RunnableConfig, writes: PendingWrite[], taskId: string, taskPath?: string): Promise<void>;
   deleteThread(threadId: string): Promise<void>;
   /** Gives up this saver's lease on a thread, so another saver may write it. */

@@ -28,13 +28,31 @@ async function call(f) {
   }
 }
 
+/** `v` as text for the store: well-formed (a lone surrogate would turn into U+FFFD, and two ids into one). */
+function text(what, v) {
+  const s = String(v);
+  if (!s.isWellFormed()) throw new steadfast.InvalidInput(`${what} holds a lone surrogate, which is not Unicode text`);
+  return s;
+}
+
+const opt = (what, v) => (v == null ? null : text(what, v));
+
 function threadOf(config, what) {
   const c = config && config.configurable;
   if (!c) throw new steadfast.InvalidInput(`${what}: the config has no "configurable"`);
   if (c.thread_id === undefined || c.thread_id === null || c.thread_id === '') {
     throw new steadfast.InvalidInput(`${what}: the config's "configurable" has no thread_id`);
   }
-  return [String(c.thread_id), c.checkpoint_ns == null ? '' : String(c.checkpoint_ns)];
+  return [text(`${what}: thread_id`, c.thread_id), c.checkpoint_ns == null ? '' : text(`${what}: checkpoint_ns`, c.checkpoint_ns)];
+}
+
+/** Metadata as JSON text: strings made well-formed, as LangGraph's Python savers drop lone surrogates. */
+function metadataJson(meta) {
+  try {
+    return JSON.stringify(meta, (_k, v) => (typeof v === 'string' ? v.toWellFormed() : v));
+  } catch (e) {
+    throw new steadfast.InvalidInput(`put: the metadata is not JSON: ${e && e.message}`);
+  }
 }
 
 /** LangGraph.js checkpoints in a Steadfast store, with one writer per thread. */
@@ -67,7 +85,6 @@ class SteadfastSaver extends BaseCheckpointSaver {
       throw new steadfast.InvalidInput('SteadfastSaver: open one with SteadfastSaver.open(url)');
     }
     Object.defineProperty(this, '_store', { value: store });
-    Object.defineProperty(this, '_leased', { value: new Set() });
     // The channel versions the last checkpoint this saver put in each
     // thread's namespace stored a value for: while the saver holds the
     // thread's lease no one else writes it, so the next put (whose parent
@@ -81,7 +98,7 @@ class SteadfastSaver extends BaseCheckpointSaver {
     if (!c || c.thread_id === undefined || c.thread_id === null) return undefined;
     const [thread, ns] = threadOf(config, 'getTuple');
     const id = config.configurable.checkpoint_id;
-    const row = await call(() => this._store.get(thread, ns, id == null ? null : String(id)));
+    const row = await call(() => this._store.get(thread, ns, opt('getTuple: checkpoint_id', id)));
     return row ? this._tuple(row) : undefined;
   }
 
@@ -99,10 +116,10 @@ class SteadfastSaver extends BaseCheckpointSaver {
       throw new steadfast.InvalidInput(`list: limit ${limit}: expected a whole number`);
     }
     const rows = await call(() => this._store.list(
-      c.thread_id == null ? null : String(c.thread_id),
-      c.checkpoint_ns == null ? null : String(c.checkpoint_ns),
-      c.checkpoint_id == null ? null : String(c.checkpoint_id),
-      before?.configurable?.checkpoint_id == null ? null : String(before.configurable.checkpoint_id),
+      opt('list: thread_id', c.thread_id),
+      opt('list: checkpoint_ns', c.checkpoint_ns),
+      opt('list: checkpoint_id', c.checkpoint_id),
+      opt('list: before', before?.configurable?.checkpoint_id),
       limit ?? null,
       Object.keys(kept).length > 0 ? JSON.stringify(kept) : null,
     ));
@@ -126,8 +143,20 @@ class SteadfastSaver extends BaseCheckpointSaver {
     const fresh = newVersions ?? {};
     const known = await this._storedIn(thread, ns, parent);
     const values = {};
+    const unknown = new Map();
     for (const [ch, value] of Object.entries(checkpoint.channel_values ?? {})) {
-      if (ch in fresh || (ch in versions && known.get(ch) === String(versions[ch]))) values[ch] = value;
+      if (ch in fresh || (ch in versions && known.get(ch) === String(versions[ch]))) {
+        values[ch] = value;
+      } else if (ch in versions) {
+        unknown.set(ch, String(versions[ch]));
+      }
+    }
+    if (unknown.size > 0) {
+      // Not new and not in the parent (a copy of a checkpoint that forks
+      // from its parent, say): kept when any checkpoint of the thread's
+      // namespace stored it at that version.
+      const found = await this._storedSomewhere(thread, ns, unknown);
+      for (const ch of found) values[ch] = checkpoint.channel_values[ch];
     }
     const small = {};
     const large = [];
@@ -146,17 +175,31 @@ class SteadfastSaver extends BaseCheckpointSaver {
     await call(() => this._store.put({
       threadId: thread,
       ns,
-      checkpointId: String(checkpoint.id),
-      parentId: parent == null ? undefined : String(parent),
+      checkpointId: text('put: checkpoint id', checkpoint.id),
+      parentId: parent == null ? undefined : text('put: checkpoint_id', parent),
       type,
       blob,
-      metadata: JSON.stringify(meta),
-      runId: runId == null ? undefined : String(runId),
+      metadata: metadataJson(meta),
+      runId: runId == null ? undefined : text('put: metadata run_id', runId),
     }, large));
-    this._leased.add(thread);
     const stored = new Map(Object.keys(values).filter((ch) => ch in versions).map((ch) => [ch, String(versions[ch])]));
     this._stored.set(`${thread}\u0000${ns}`, { id: String(checkpoint.id), stored });
     return { configurable: { thread_id: thread, checkpoint_ns: ns, checkpoint_id: checkpoint.id } };
+  }
+
+  /** Which of the channels `wanted` (channel to version) some checkpoint of the namespace stored a value for at that version. */
+  async _storedSomewhere(thread, ns, wanted) {
+    const found = new Set();
+    const rows = await call(() => this._store.list(thread, ns, null, null, null, null));
+    for (const row of rows) {
+      const cp = (await this._tuple(row)).checkpoint;
+      const versions = cp.channel_versions ?? {};
+      for (const [ch, v] of wanted) {
+        if (!found.has(ch) && ch in (cp.channel_values ?? {}) && ch in versions && String(versions[ch]) === v) found.add(ch);
+      }
+      if (found.size === wanted.size) break;
+    }
+    return found;
   }
 
   /** The channel versions checkpoint `id` of a thread's namespace stored values for. */
@@ -185,28 +228,24 @@ class SteadfastSaver extends BaseCheckpointSaver {
       const [type, blob] = await this.serde.dumpsTyped(value);
       return { idx: WRITES_IDX_MAP[channel] ?? idx, channel, type, blob };
     }));
-    await call(() => this._store.putWrites(thread, ns, String(id), String(taskId), taskPath ?? '', rows));
-    this._leased.add(thread);
+    await call(() => this._store.putWrites(thread, ns, text('putWrites: checkpoint_id', id), text('putWrites: task id', taskId), text('putWrites: task path', taskPath ?? ''), rows));
   }
 
   /** Deletes every checkpoint and write of a thread, in all namespaces. */
   async deleteThread(threadId) {
-    const thread = String(threadId);
+    const thread = text('deleteThread: thread id', threadId);
     await call(() => this._store.deleteThread(thread));
-    this._leased.delete(thread);
   }
 
   /** Gives up this saver's lease on a thread, so another saver may write it. */
   async release(threadId) {
-    const thread = String(threadId);
+    const thread = text('release: thread id', threadId);
     await call(() => this._store.release(thread));
-    this._leased.delete(thread);
   }
 
   /** Releases every thread this saver holds; it stays usable. */
   async close() {
     await call(() => this._store.close());
-    this._leased.clear();
   }
 
   async _tuple(row) {

@@ -82,6 +82,8 @@ impl RunOpts {
 
 /// What the context of one running durable function keeps.
 struct Live {
+    /// The durable function's name, for errors.
+    workflow: String,
     ctx: DurableCtx<'static, Arc<dyn Store>>,
     state: Mutex<Raised>,
 }
@@ -112,8 +114,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn live(handle: u32) -> napi::Result<Arc<Live>> {
     lock(&LIVE).get(&handle).cloned().ok_or_else(|| {
         engine_err(
-            &Error::InvalidWorkflow {
-                workflow: String::new(),
+            &Error::InvalidInput {
+                what: "a context call".into(),
                 reason: "the durable function has returned: its context takes no more calls".into(),
             },
             None,
@@ -143,7 +145,7 @@ impl Live {
             if r.closed {
                 drop(r);
                 return Err(self.raise(Error::InvalidWorkflow {
-                    workflow: String::new(),
+                    workflow: self.workflow.clone(),
                     reason: "the durable function has returned: its context takes no more calls"
                         .into(),
                 }));
@@ -151,6 +153,15 @@ impl Live {
             if let Some(s) = r.stopped.clone() {
                 drop(r);
                 return Err(self.raise(Error::Suspended(s)));
+            }
+            if !r.running.is_empty() {
+                // Two calls at once would be recorded in the order they
+                // end, which a resume cannot reproduce.
+                drop(r);
+                return Err(self.raise(Error::InvalidWorkflow {
+                    workflow: self.workflow.clone(),
+                    reason: "another context call of this run is still running: await each call before making the next (a step's function makes none), and run steps at once with ctx.parallel".into(),
+                }));
             }
             r.next += 1;
             let id = r.next;
@@ -171,7 +182,7 @@ impl Live {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.raise(e)),
             Err(_) => Err(self.raise(Error::InvalidWorkflow {
-                workflow: String::new(),
+                workflow: self.workflow.clone(),
                 reason: "the durable function returned before this call finished: it was stopped and nothing of it was recorded as complete; await every ctx call".into(),
             })),
         }
@@ -517,6 +528,7 @@ pub async fn run(
         .runner(&store)?
         .durable(&run_id, &name, move |ctx| async move {
             let live = Arc::new(Live {
+                workflow: wf.clone(),
                 ctx,
                 state: Mutex::default(),
             });

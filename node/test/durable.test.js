@@ -135,12 +135,14 @@ test('a suspension caught by the function still stops the run', async () => {
   assert.equal(out.status, 'waiting');
 });
 
-test('a function that returns before its context calls end is refused', async () => {
+test('a function that returns before its context calls end is refused, and the process goes on', async () => {
   const store = await sf.openStore('memory:');
   let release;
   const hold = new Promise((r) => { release = r; });
   const f = sf.durable('hasty', async (ctx) => {
-    ctx.step('slow', () => hold).catch(() => {});
+    // Left unawaited and without a handler: its rejection must not end
+    // the process (node:test fails the run on an unhandled rejection).
+    ctx.step('slow', () => hold);
     await new Promise((r) => setTimeout(r, 20));
     return 1;
   });
@@ -179,7 +181,19 @@ test('values that cannot be stored are refused with the path of the part that ca
   await assert.rejects(f.run('bad-input', store, cyclic), /at \$\.a\.b: the value refers to itself/);
   let deep = 0;
   for (let i = 0; i < 150; i++) deep = [deep];
-  await assert.rejects(f.run('bad-input', store, deep), /nested deeper than 100 levels/);
+  await assert.rejects(f.run('bad-input', store, deep), /nested 100 levels deep or more/);
+  let ok = 0;
+  for (let i = 0; i < 99; i++) ok = [ok];
+  await f.run('deep-enough', store, ok);
+  assert.equal((await store.show('deep-enough')).status, 'completed', 'the engine keeps 99 levels below a value');
+  let hundred = 0;
+  for (let i = 0; i < 100; i++) hundred = [hundred];
+  await assert.rejects(f.run('bad-input', store, hundred), /at \$(\[0\]){100}: nested 100 levels/);
+  await assert.rejects(f.run('bad-input', store, { d: { toJSON: () => 'x' } }), /at \$\.d: a value with its own toJSON/);
+  class List extends Array {}
+  await assert.rejects(f.run('bad-input', store, { l: List.from([1]) }), /at \$\.l: a List is not a plain array/);
+  const trap = { get boom() { throw new Error('getter'); } };
+  await assert.rejects(f.run('bad-input', store, trap), /could not be read: Error: getter/);
   await assert.rejects(store.show('bad-input'), sf.NoSuchRun, 'nothing was written');
 
   // A step's value and the function's return value are checked too.
@@ -208,6 +222,20 @@ test('arguments out of range are refused with what and where', async () => {
   await assert.rejects(sf.durable('x', async () => 1).run('a\u0000b', store), sf.InvalidRunId);
   await assert.rejects(sf.durable('x', async () => 1).run('ok', {}), /the store must be one openStore\(\) gave/);
   await assert.rejects(sf.durable('x', async () => 1).run('ok', store, undefined, { leaseMs: 1e300 }), sf.InvalidInput);
+  // Numbers that JSON would turn into null are refused, not dropped.
+  await assert.rejects(run((ctx) => ctx.step('x', () => 1, { timeoutMs: NaN })), /timeoutMs NaN: expected a finite number/);
+  await assert.rejects(run((ctx) => ctx.step('x', () => 1, { retries: Infinity })), /retries Infinity/);
+  await assert.rejects(run((ctx) => ctx.gate('g', { timeoutMs: NaN })), /gate "g": timeoutMs NaN/);
+  await assert.rejects(sf.durable('x', async () => 1).run('ok', store, undefined, { leaseMs: NaN }), /run: leaseMs NaN/);
+  await assert.rejects(sf.durable('x', async () => 1).run('ok', store, undefined, { acceptChanged: 'yes' }), /acceptChanged must be true or false/);
+  assert.throws(() => new sf.Workflow('w').sleep('nap', NaN), /sleep "nap": ms NaN/);
+  assert.throws(() => new sf.Workflow('w').step('s', () => ({}), { timeoutMs: Infinity }), /timeoutMs Infinity/);
+  await assert.rejects(store.approve('x', 'g', { by: 5 }), /approve: by must be a string/);
+  await assert.rejects(store.start('w', 'x', {}, { version: 'v1' }), /needs its steps/);
+  // Text that is not Unicode would become another id.
+  await assert.rejects(sf.durable('x', async () => 1).run('r\ud800', store), /lone surrogate/);
+  await assert.rejects(store.approve('x', '\udc00'), /the gate holds a lone surrogate/);
+  await assert.rejects(run((ctx) => ctx.step('a\ud800', () => 1)), /lone surrogate/);
   await assert.rejects(store.show('missing'), sf.NoSuchRun);
   await assert.rejects(store.runs({ status: 'sideways' }), /status "sideways"/);
   await assert.rejects(store.runs({ limit: -1 }), /limit -1/);
@@ -235,4 +263,50 @@ test('a listed workflow runs its steps on a state, stopping at its gate', async 
   const started = await store.start('listed', 'l3', { n: 1 }, { steps: wf.stepNames });
   assert.equal(started, true);
   assert.equal((await store.runs({ workflow: 'listed', status: 'pending' })).map((r) => r.run_id).join(), 'l3');
+});
+
+test('context calls made at once are refused, so that a resume can replay them', async () => {
+  const store = await sf.openStore('memory:');
+  const together = sf.durable('together', async (ctx) => {
+    const slow = () => new Promise((r) => setTimeout(() => r('a'), 20));
+    return Promise.all([ctx.step('a', slow), ctx.step('b', () => 'b')]);
+  });
+  await assert.rejects(together.run('t1', store), (e) => e instanceof sf.InvalidWorkflow, 'refused');
+  const nested = sf.durable('nested', async (ctx) => ctx.step('outer', () => ctx.step('inner', () => 1), { retries: 0 }));
+  const err = await nested.run('t2', store).catch((e) => e);
+  assert.ok(err instanceof sf.StepFailed, String(err));
+  assert.match(err.message, /another context call of this run is still running/);
+  // Made one after the other, the same steps run and resume.
+  const inTurn = sf.durable('together', async (ctx) => [await ctx.step('a', () => 'a'), await ctx.step('b', () => 'b'), await ctx.gate('g')]);
+  assert.equal((await inTurn.run('t3', store)).status, 'waiting');
+  await store.approve('t3', 'g', { data: 1 });
+  assert.deepEqual((await inTurn.run('t3', store)).value, ['a', 'b', 1]);
+});
+
+test('a terminal error whose message is not well-formed text still fails the step at once', async () => {
+  const store = await sf.openStore('memory:');
+  let calls = 0;
+  const f = sf.durable('cut', async (ctx) => ctx.step('x', () => {
+    calls++;
+    throw new sf.TerminalError('half an emoji: \u{1F600}'.slice(0, -1));
+  }, { retries: 4, backoffMs: 1 }));
+  const err = await f.run('c1', store).catch((e) => e);
+  assert.ok(err instanceof sf.StepFailed, String(err));
+  assert.equal(calls, 1);
+  assert.match(err.message, /TerminalError: half an emoji: \uFFFD/);
+});
+
+test('whatever the function throws comes back unchanged, a Proxy too', async () => {
+  const store = await sf.openStore('memory:');
+  const thrown = new Proxy({}, { get() { throw new Error('trap'); } });
+  const f = sf.durable('proxy', async () => { throw thrown; });
+  // Caught with try: resolving a promise with the Proxy would read its
+  // `then`, which throws.
+  let err;
+  try {
+    await f.run('p1', store);
+  } catch (e) {
+    err = e;
+  }
+  assert.ok(err === thrown);
 });

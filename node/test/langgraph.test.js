@@ -68,3 +68,27 @@ test('a second saver on a thread another live saver holds is refused with Held, 
   assert.equal(await a.getTuple({ configurable: {} }), undefined);
   await assert.rejects(a.put({ configurable: {} }, cp, {}, {}), /put: the config's "configurable" has no thread_id/);
 });
+
+test('a copy of a checkpoint (updateState as __copy__) keeps every channel value', async () => {
+  const { Annotation, StateGraph, START, END, MemorySaver } = await import('@langchain/langgraph');
+  const State = Annotation.Root({ a: Annotation(), b: Annotation() });
+  const build = (checkpointer) => new StateGraph(State)
+    .addNode('one', () => ({ a: 'A1' }))
+    .addNode('two', () => ({ b: 'B2' }))
+    .addEdge(START, 'one').addEdge('one', 'two').addEdge('two', END)
+    .compile({ checkpointer });
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'steadfast-lgjs-copy-'));
+  const saver = await SteadfastSaver.open(`sqlite:${path.join(dir, 'graph.db')}`);
+  const results = [];
+  for (const checkpointer of [new MemorySaver(), saver]) {
+    const graph = build(checkpointer);
+    const config = { configurable: { thread_id: 'copy' } };
+    await graph.invoke({}, config);
+    const before = (await graph.getState(config)).values;
+    const forked = await graph.updateState(config, null, '__copy__');
+    results.push([before, (await graph.getState(forked)).values]);
+  }
+  assert.deepEqual(results[0], [{ a: 'A1', b: 'B2' }, { a: 'A1', b: 'B2' }], 'LangGraph keeps both');
+  assert.deepEqual(results[1], results[0], 'SteadfastSaver keeps what MemorySaver keeps');
+  await saver.close();
+});
