@@ -533,6 +533,13 @@ impl PyDurableCtx {
                 }) as Finish
             }));
         }
+        if !r.running.is_empty() {
+            // Two calls at once would be recorded in the order they end,
+            // which a resume cannot reproduce.
+            return Err(crate::errors::InvalidWorkflow::new_err(
+                "another context call of this run is still running: await each call before making the next (a step's function makes none), and run steps at once with ctx.parallel",
+            ));
+        }
         r.next += 1;
         let id = r.next;
         // Counted as running before it starts, and the lock let go: an

@@ -1030,3 +1030,32 @@ async def test_a_sync_step_runs_off_the_loop_and_beside_other_runs(memory_store,
     assert sum(1 for s, _, _ in spans if s < first_end) >= 2, f"the steps ran one after another: {spans}"
     during = [x for x in ticks if spans[0][0] < x < spans[0][1]]
     assert len(during) >= 3, "the loop stood still while a step blocked"
+
+
+def test_context_calls_made_at_once_are_refused_so_a_resume_can_replay_them(memory_store):
+    """Two steps under one asyncio.gather would be recorded in the order they
+    end, and every resume would then fail as changed code: the second call is
+    refused instead, and steps at once go through ctx.parallel."""
+
+    @steadfast.durable("together")
+    async def together(ctx):
+        async def slow():
+            await asyncio.sleep(0.05)
+            return "a"
+
+        return await asyncio.gather(ctx.step("a", slow), ctx.step("b", lambda: "b"))
+
+    with pytest.raises(steadfast.InvalidWorkflow, match="still running"):
+        together.run("t1", memory_store)
+
+    @steadfast.durable("in-turn")
+    async def in_turn(ctx):
+        a = await ctx.step("a", lambda: "a")
+        b = await ctx.step("b", lambda: "b")
+        both = await ctx.parallel([("c", lambda: "c"), ("d", lambda: "d")])
+        await ctx.gate("g")
+        return [a, b, *both]
+
+    assert in_turn.run("t2", memory_store).status == "waiting"
+    steadfast.approve(memory_store, "t2", "g")
+    assert in_turn.run("t2", memory_store).value == ["a", "b", "c", "d"]
