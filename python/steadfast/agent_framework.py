@@ -11,11 +11,16 @@ protocol (``save``, ``load``, ``list_checkpoints``, ``list_checkpoint_ids``,
   without syncing it;
 - one writer per workflow run. A run's checkpoints form a chain through
   ``previous_checkpoint_id``; the storage takes a lease on the chain with
-  every save, in the same transaction. A second process saving into a chain
-  whose holder is alive gets `steadfast.Held` and nothing is written, until
-  the holder calls `release` or `close`, or its lease (``lease_seconds``)
-  runs out, or its process is gone. Without it, two processes resumed from
-  one checkpoint would fork the run and both carry on.
+  every save, in the same transaction, and when it loads a checkpoint of it
+  (which is how Agent Framework resumes a run). Another storage loading or
+  saving into a chain whose holder is alive gets `steadfast.Held` and nothing
+  is written, until the holder calls `release` or `close`, or its lease
+  (``lease_seconds``) runs out, or its process is gone. Agent Framework
+  swallows an error from ``save`` (it logs it and goes on), but not one from
+  the ``load`` of a resume: a second process resuming a held run fails there,
+  before any executor runs, with Agent Framework's
+  ``WorkflowCheckpointException`` whose ``__cause__`` is `steadfast.Held`. Without this, two processes resumed from one
+  checkpoint would fork the run and both carry on.
 
 A checkpoint is encoded as `FileCheckpointStorage` encodes it (JSON, with
 values JSON cannot hold pickled and restored only for allowed types), and is
@@ -27,10 +32,11 @@ Example::
     from steadfast.agent_framework import SteadfastCheckpointStorage
 
     storage = SteadfastCheckpointStorage("sqlite:.steadfast/maf.db")
-    workflow = WorkflowBuilder(start_executor=first, checkpoint_storage=storage).build()
+    # A name of its own: without one, every process names the workflow anew.
+    workflow = WorkflowBuilder(name="review", start_executor=first, checkpoint_storage=storage).build()
     result = await workflow.run("hello")
     # after a crash, in a new process:
-    latest = await storage.get_latest(workflow_name=workflow.name)
+    latest = await storage.get_latest(workflow_name="review")
     result = await workflow.run(checkpoint_id=latest.checkpoint_id)
 """
 
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import weakref
 from datetime import datetime
@@ -60,6 +67,21 @@ _TYPE = "maf-json"
 # A checkpoint's metadata names it as the graph store's "run" so that it can
 # be deleted alone; the prefix keeps it apart from LangGraph's run ids.
 _RUN = "agent-framework:"
+
+
+# How many checkpoints' chains a storage remembers.
+_CACHE = 4096
+
+logger = logging.getLogger(__name__)
+
+
+def _is_text(s: str) -> bool:
+    """Whether `s` is well-formed Unicode (no lone surrogates), as ids must be."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _close_quietly(store: GraphStore) -> None:
@@ -112,8 +134,9 @@ class SteadfastCheckpointStorage:
         self._store = GraphStore(url, lease_seconds, encrypt)
         self._allowed: frozenset[str] = frozenset(allowed_checkpoint_types or [])
         weakref.finalize(self, _close_quietly, self._store)
-        # The chain (workflow run) each checkpoint saved or read here is in.
-        self._chain: dict[str, str] = {}
+        # The chain (workflow run) and workflow of checkpoints saved or read
+        # here, at most _CACHE of them.
+        self._chain: dict[str, tuple[str, str | None]] = {}
         self._lock = threading.Lock()
 
     # -- the protocol -----------------------------------------------------------
@@ -132,10 +155,13 @@ class SteadfastCheckpointStorage:
         return await self._off_loop(self._save, checkpoint)
 
     async def load(self, checkpoint_id: str) -> WorkflowCheckpoint:
-        """A copy of checkpoint `checkpoint_id`.
+        """A copy of checkpoint `checkpoint_id`, its workflow run claimed for
+        this storage (Agent Framework loads a checkpoint to resume from it).
+        To look without claiming, use `list_checkpoints` or `get_latest`.
 
         Raises:
             WorkflowCheckpointException: There is no such checkpoint.
+            steadfast.Held: Another live storage holds its workflow run.
         """
         return await self._off_loop(self._load, checkpoint_id)
 
@@ -198,11 +224,11 @@ class SteadfastCheckpointStorage:
                 "allowed types; nothing was written"
             ) from ex
         previous = checkpoint.previous_checkpoint_id
-        chain = self._chain_of(str(previous)) if previous is not None else None
+        chain = self._chain_of(str(previous), checkpoint.workflow_name) if previous is not None else None
         if chain is None:
             # The first checkpoint of a run (or one whose predecessor is
             # gone) starts a chain of its own.
-            chain = self._chain_of(cid) or cid
+            chain = self._chain_of(cid, checkpoint.workflow_name) or cid
         metadata = json.dumps(
             {"workflow_name": checkpoint.workflow_name, "timestamp": checkpoint.timestamp, "run_id": _RUN + cid},
             ensure_ascii=False,
@@ -210,25 +236,40 @@ class SteadfastCheckpointStorage:
         self._store.put(
             chain, _NS, cid, None if previous is None else str(previous), _TYPE, blob, metadata, _RUN + cid
         )
-        with self._lock:
-            self._chain[cid] = chain
+        self._remember(cid, chain, checkpoint.workflow_name)
         return cid
 
     def _row(self, checkpoint_id: str) -> Any:
+        if not _is_text(checkpoint_id):
+            return None
         rows = self._store.list(None, _NS, checkpoint_id, None, 1, None)
         return rows[0] if rows else None
 
-    def _chain_of(self, checkpoint_id: str) -> str | None:
+    def _chain_of(self, checkpoint_id: str, workflow_name: str | None = None) -> str | None:
+        """The chain checkpoint `checkpoint_id` is in, when it is stored (and
+        is of workflow `workflow_name`, when one is given)."""
         with self._lock:
             known = self._chain.get(checkpoint_id)
-        if known is not None:
-            return known
+        if known is not None and (workflow_name is None or known[1] == workflow_name):
+            return known[0]
         row = self._row(checkpoint_id)
         if row is None:
             return None
-        with self._lock:
-            self._chain[checkpoint_id] = row[0]
+        try:
+            name = json.loads(row[6]).get("workflow_name")
+        except (ValueError, AttributeError):
+            name = None
+        self._remember(checkpoint_id, row[0], name)
+        if workflow_name is not None and name != workflow_name:
+            return None
         return row[0]
+
+    def _remember(self, checkpoint_id: str, chain: str, workflow_name: str | None) -> None:
+        with self._lock:
+            if len(self._chain) >= _CACHE:
+                # A cache, not a record: start it again rather than grow.
+                self._chain.clear()
+            self._chain[checkpoint_id] = (chain, workflow_name)
 
     def _decode(self, row: Any) -> WorkflowCheckpoint:
         from agent_framework._workflows._checkpoint_encoding import decode_checkpoint_value
@@ -242,19 +283,33 @@ class SteadfastCheckpointStorage:
             raise
         except Exception as ex:
             raise WorkflowCheckpointException(f"checkpoint {cid} cannot be read back: {ex}") from ex
-        with self._lock:
-            self._chain[cid] = thread_id
-        return WorkflowCheckpoint.from_dict(data)
+        checkpoint = WorkflowCheckpoint.from_dict(data)
+        self._remember(cid, thread_id, checkpoint.workflow_name)
+        return checkpoint
 
     def _load(self, checkpoint_id: str) -> WorkflowCheckpoint:
         row = self._row(str(checkpoint_id))
         if row is None:
             raise WorkflowCheckpointException(f"No checkpoint found with ID {checkpoint_id}")
-        return self._decode(row)
+        checkpoint = self._decode(row)
+        # Claim the run before anyone resumes it here: a write of no rows
+        # takes the chain's lease, or raises Held when a live storage has it.
+        self._store.put_writes(row[0], _NS, row[2], "claim", "", [])
+        return checkpoint
 
     def _list(self, workflow_name: str) -> list[WorkflowCheckpoint]:
-        rows = self._store.list(None, _NS, None, None, None, json.dumps({"workflow_name": str(workflow_name)}))
-        found = [self._decode(r) for r in rows]
+        name = str(workflow_name)
+        if not _is_text(name):
+            return []
+        rows = self._store.list(None, _NS, None, None, None, json.dumps({"workflow_name": name}, ensure_ascii=False))
+        found = []
+        for r in rows:
+            try:
+                found.append(self._decode(r))
+            except WorkflowCheckpointException as e:
+                # As Agent Framework's file storage does: one checkpoint that
+                # cannot be read here does not hide the others.
+                logger.warning("skipping checkpoint %s: %s", r[2], e)
         found.sort(key=_when)
         return found
 

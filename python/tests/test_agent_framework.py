@@ -192,3 +192,71 @@ def test_a_workflow_killed_mid_superstep_resumes_and_its_human_answers(tmp_path:
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
     assert json.loads(out)["outputs"] == ["a draft about tides, polished: ship it"]
+
+
+def _example_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("maf_review_example", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    mod.DELAY = 0
+    return mod
+
+
+def test_resuming_a_run_another_live_storage_holds_fails_with_held_before_anything_runs(tmp_path: Path) -> None:
+    """Agent Framework logs and swallows an error from save, so a refused save
+    alone would let a second resume run everything unrecorded: the load that
+    starts a resume claims the run, and its Held reaches the caller."""
+    ex = _example_module()
+    url = f"sqlite:{tmp_path}/maf.db"
+    a, b = SteadfastCheckpointStorage(url), SteadfastCheckpointStorage(url)
+
+    async def go() -> None:
+        first = await ex.build(a).run("tides")
+        assert [e.request_id for e in first.get_request_info_events()]
+        latest = await b.get_latest(workflow_name=ex.NAME)
+        answers = {rid: "from B" for rid in latest.pending_request_info_events}
+        # Agent Framework wraps what load raised: Held is the cause.
+        with pytest.raises(WorkflowCheckpointException) as refused:
+            await ex.build(b).run(checkpoint_id=latest.checkpoint_id, responses=answers)
+        assert isinstance(refused.value.__cause__, steadfast.Held)
+        assert (await b.get_latest(workflow_name=ex.NAME)).checkpoint_id == latest.checkpoint_id, "B wrote nothing"
+        a.close()
+        done = await ex.build(b).run(checkpoint_id=latest.checkpoint_id, responses=answers)
+        assert done.get_outputs() == ["a draft about tides, polished: from B"]
+
+    run(go())
+
+
+def test_a_checkpoint_this_storage_cannot_read_does_not_hide_the_others(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path}/maf.db"
+    allowed = SteadfastCheckpointStorage(url, allowed_checkpoint_types=[f"{NotAllowed.__module__}:NotAllowed"])
+    odd = checkpoint(state={"obj": NotAllowed(2)}, timestamp="2026-12-01T10:00:00+00:00")
+    plain = checkpoint(state={"n": 1}, timestamp="2026-12-01T10:00:01+00:00")
+    run(allowed.save(odd))
+    run(allowed.save(plain))
+    strict = SteadfastCheckpointStorage(url)
+    assert run(strict.list_checkpoint_ids(workflow_name="wf")) == [plain.checkpoint_id]
+    assert run(strict.get_latest(workflow_name="wf")).checkpoint_id == plain.checkpoint_id
+    with pytest.raises(WorkflowCheckpointException):
+        run(strict.load(odd.checkpoint_id))
+
+
+def test_a_checkpoint_of_another_workflow_starts_a_run_of_its_own(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path}/maf.db"
+    a, b = SteadfastCheckpointStorage(url), SteadfastCheckpointStorage(url)
+    root = checkpoint(workflow="one")
+    run(a.save(root))
+    other = checkpoint(workflow="two", previous=root.checkpoint_id)
+    run(b.save(other))  # not Held: it does not join workflow one's run
+    run(a.save(checkpoint(workflow="one", previous=root.checkpoint_id)))
+
+
+def test_ids_and_names_that_are_not_text_are_simply_absent() -> None:
+    s = SteadfastCheckpointStorage("memory:")
+    with pytest.raises(WorkflowCheckpointException):
+        run(s.load("q\udc80"))
+    assert run(s.delete("q\udc80")) is False
+    assert run(s.list_checkpoints(workflow_name="zz\udc80")) == []
