@@ -265,16 +265,18 @@ enum StepReply {
     Invalid { path: String, reason: String },
 }
 
-/// The step's information for its function, as JSON text.
+/// A step's information for its function, as JSON text.
+pub fn info_of(c: &steadfast::StepCtx) -> String {
+    json!({
+        "runId": c.run_id(), "step": c.step(), "index": c.index(),
+        "attempt": c.attempt(), "idempotencyKey": c.idempotency_key(),
+    })
+    .to_string()
+}
+
+/// The information of the step being run, as JSON text.
 fn step_info() -> String {
-    match steadfast::StepCtx::current() {
-        Some(c) => json!({
-            "runId": c.run_id(), "step": c.step(), "index": c.index(),
-            "attempt": c.attempt(), "idempotencyKey": c.idempotency_key(),
-        })
-        .to_string(),
-        None => "null".into(),
-    }
+    steadfast::StepCtx::current().map_or_else(|| "null".into(), |c| info_of(&c))
 }
 
 /// Calls a step's function through `f` and reads its reply: a value, a
@@ -516,13 +518,13 @@ pub async fn run(
     body: JsCall<u32>,
 ) -> napi::Result<String> {
     if let Some(input) = input {
-        start_if_new(&store, &run_id, |s| {
+        steadfast::start_if_new(&*store, &run_id, |s| {
             steadfast::start(s, &name, &run_id, input, true)
         })
         .await
         .map_err(|e| engine_err(&e, None))?;
     }
-    let guard = LeaseGuard::new(&store, &run_id, opts.leased());
+    let guard = steadfast::LeaseGuard::new(&store, &run_id, opts.leased());
     let (wf, rid) = (name.clone(), run_id.clone());
     let out = opts
         .runner(&store)?
@@ -607,71 +609,4 @@ pub fn outcome_text(o: Outcome<Value>) -> napi::Result<String> {
         }
     };
     text(&v)
-}
-
-/// Records a run with its input when it is not there yet; a run that is
-/// there is resumed with the input it was started with.
-pub async fn start_if_new<'a, F, Fut>(
-    store: &'a Arc<dyn Store>,
-    run_id: &str,
-    start: F,
-) -> Result<(), Error>
-where
-    F: FnOnce(&'a dyn Store) -> Fut,
-    Fut: Future<Output = Result<bool, Error>>,
-{
-    let there = store.load(run_id).await.map_err(|e| Error::Store {
-        run_id: run_id.to_string(),
-        op: "load".into(),
-        source: e,
-    })?;
-    if there.is_none() {
-        start(&**store).await?;
-    }
-    Ok(())
-}
-
-/// Gives this process's lease on a run up when a leased call ends with an
-/// error not caused by another holder, so that another process need not wait
-/// for it to lapse.
-pub struct LeaseGuard {
-    store: Arc<dyn Store>,
-    run_id: String,
-    armed: bool,
-}
-
-impl LeaseGuard {
-    /// A guard of `run_id`'s lease when `leased`.
-    pub fn new(store: &Arc<dyn Store>, run_id: &str, leased: bool) -> Self {
-        LeaseGuard {
-            store: Arc::clone(store),
-            run_id: run_id.to_string(),
-            armed: leased,
-        }
-    }
-
-    /// The call ended with `out`.
-    pub async fn finish<T>(mut self, out: &Result<T, Error>) {
-        let armed = std::mem::take(&mut self.armed);
-        if let Err(e) = out {
-            if armed && !e.is_held_elsewhere() {
-                let _ = steadfast::release(&*self.store, &self.run_id, &steadfast::current_owner())
-                    .await;
-            }
-        }
-    }
-}
-
-impl Drop for LeaseGuard {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let (store, run_id) = (Arc::clone(&self.store), std::mem::take(&mut self.run_id));
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let _ = steadfast::release(&*store, &run_id, &steadfast::current_owner()).await;
-            });
-        }
-    }
 }

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use steadfast::{limits, OnTimeout, Step, StepError, Store, Workflow};
 
-use crate::durable::{call_step, limit_of, outcome_text, start_if_new, LeaseGuard, RunOpts};
+use crate::durable::{call_step, info_of, limit_of, outcome_text, RunOpts};
 use crate::store::JsCall;
 use crate::{engine_err, invalid, millis};
 
@@ -56,11 +56,7 @@ fn build(spec: Spec, call: &Arc<StepCall>) -> napi::Result<Workflow> {
                 let mut step = Step::new(name.clone(), move |ctx, state| {
                     let call = Arc::clone(&call);
                     async move {
-                        let info = serde_json::json!({
-                            "runId": ctx.run_id(), "step": ctx.step(), "index": ctx.index(),
-                            "attempt": ctx.attempt(), "idempotencyKey": ctx.idempotency_key(),
-                        })
-                        .to_string();
+                        let info = info_of(&ctx);
                         let state = serde_json::to_string(&*state)
                             .map_err(|e| StepError::retryable(e.to_string()))?;
                         match call_step(&call, (i, state, info).into()).await? {
@@ -150,13 +146,13 @@ pub async fn run(
         serde_json::from_str(spec).map_err(|e| invalid(format!("the workflow: {e}")))?;
     let wf = build(spec, &Arc::new(call))?;
     if let Some(input) = input {
-        start_if_new(&store, &run_id, |s| {
+        steadfast::start_if_new(&*store, &run_id, |s| {
             steadfast::start_listed(s, &wf, &run_id, input)
         })
         .await
         .map_err(|e| engine_err(&e, None))?;
     }
-    let guard = LeaseGuard::new(&store, &run_id, opts.leased());
+    let guard = steadfast::LeaseGuard::new(&store, &run_id, opts.leased());
     let out = opts.runner(&store)?.run(&run_id, &wf).await;
     guard.finish(&out).await;
     match out {

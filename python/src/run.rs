@@ -438,7 +438,7 @@ pub fn run_workflow<'py>(
     let opts = RunOpts::new(accept_changed, wait_for_timers, lease, budget)?;
     Ok(spawn(async move {
         if let Some(input) = input {
-            if let Err(e) = start_if_new(&store, &run_id, |s| {
+            if let Err(e) = steadfast::start_if_new(&*store, &run_id, |s| {
                 steadfast::start_listed(s, &wf, &run_id, input)
             })
             .await
@@ -446,7 +446,7 @@ pub fn run_workflow<'py>(
                 return finish_err(e);
             }
         }
-        let guard = LeaseGuard::new(&store, &run_id, opts.lease.is_some());
+        let guard = steadfast::LeaseGuard::new(&store, &run_id, opts.lease.is_some());
         let out = runner(&store, opts).run(&run_id, &wf).await;
         guard.finish(&out).await;
         Box::new(move |py: Python<'_>| match out {
@@ -935,7 +935,7 @@ fn durable_op(
     let raised = Arc::new(Mutex::new(Raised::default()));
     Box::pin(async move {
         if let Some(input) = input {
-            if let Err(e) = start_if_new(&store, &run_id, |s| {
+            if let Err(e) = steadfast::start_if_new(&*store, &run_id, |s| {
                 steadfast::start(s, &name, &run_id, input, true)
             })
             .await
@@ -947,7 +947,7 @@ fn durable_op(
         let body = Arc::new(body);
         let (workflow_name, result_run) = (name.clone(), run_id.clone());
         let leased = opts.lease.is_some();
-        let guard = LeaseGuard::new(&store, &run_id, leased);
+        let guard = steadfast::LeaseGuard::new(&store, &run_id, leased);
         let out = runner(&store, opts)
         .durable(&run_id, &name, move |ctx| {
             let c = PyDurableCtx {
@@ -995,54 +995,6 @@ fn durable_op(
     })
 }
 
-/// Gives this process's lease on a run up when a leased call ends without
-/// the engine having done so: after an error (as a worker does), or when the
-/// call is dropped unfinished (its Python caller was cancelled). Another
-/// process then need not wait for the lease to lapse. A run held elsewhere
-/// is left alone (the release compares the owner); a release that fails is
-/// no loss (the lease lapses by itself).
-struct LeaseGuard {
-    store: Arc<dyn Store>,
-    run_id: String,
-    armed: bool,
-}
-
-impl LeaseGuard {
-    fn new(store: &Arc<dyn Store>, run_id: &str, leased: bool) -> Self {
-        LeaseGuard {
-            store: Arc::clone(store),
-            run_id: run_id.to_string(),
-            armed: leased,
-        }
-    }
-
-    /// The call ended with `out`: an error not caused by another holder
-    /// gives the lease up now.
-    async fn finish<T>(mut self, out: &Result<T, Error>) {
-        let armed = std::mem::take(&mut self.armed);
-        if let Err(e) = out {
-            if armed && !e.is_held_elsewhere() {
-                let _ = steadfast::release(&*self.store, &self.run_id, &steadfast::current_owner())
-                    .await;
-            }
-        }
-    }
-}
-
-impl Drop for LeaseGuard {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let (store, run_id) = (Arc::clone(&self.store), std::mem::take(&mut self.run_id));
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let _ = steadfast::release(&*store, &run_id, &steadfast::current_owner()).await;
-            });
-        }
-    }
-}
-
 fn finish_err(e: Error) -> Finish {
     Box::new(move |_py: Python<'_>| Err(err(&e)))
 }
@@ -1084,31 +1036,4 @@ fn body_error(raised: &Arc<Mutex<Raised>>, run_id: &str, e: CallError) -> Error 
         },
         CallError::Thread(why) => own(why),
     }
-}
-
-/// Records a run with its input when it is not there yet; a run that is
-/// there is resumed with the input it was started with (the input a later
-/// `run` passes is not used, and is not compared: `start` is the call that
-/// refuses another input).
-async fn start_if_new<'a, F, Fut>(
-    store: &'a Arc<dyn steadfast::Store>,
-    run_id: &str,
-    start: F,
-) -> Result<(), steadfast::Error>
-where
-    F: FnOnce(&'a dyn steadfast::Store) -> Fut,
-    Fut: std::future::Future<Output = Result<bool, steadfast::Error>>,
-{
-    let there = store
-        .load(run_id)
-        .await
-        .map_err(|e| steadfast::Error::Store {
-            run_id: run_id.to_string(),
-            op: "load".into(),
-            source: e,
-        })?;
-    if there.is_none() {
-        start(&**store).await?;
-    }
-    Ok(())
 }

@@ -52,8 +52,10 @@ pub use engine::signal::{signal, SIGNAL_RECHECK};
 pub use engine::typed::{TypedWorkflow, TypedWorkflowBuilder};
 pub use engine::workflow::{update, RetryPolicy, Step, StepFuture, Workflow, WorkflowBuilder};
 pub use engine::{lease_holds, Runner, DEFAULT_CANCEL_GRACE};
-pub use ops::start::{start, start_listed, start_steps, start_with, StartOptions};
-pub use ops::worker::{release, Registry, RunEnd, Worker, WorkerReport, PASSED_OVER_REST};
+pub use ops::start::{start, start_if_new, start_listed, start_steps, start_with, StartOptions};
+pub use ops::worker::{
+    release, LeaseGuard, Registry, RunEnd, Worker, WorkerReport, PASSED_OVER_REST,
+};
 pub use record::checkpoint::{
     AuditAction, AuditEntry, Checkpoint, Decision, Lease, OnTimeout, Origin, Owner, PassedOver,
     RewoundStep, RunStatus, StepFailure, StepRecord, Wait, CHECKPOINT_FORMAT, MAX_AUDIT_ENTRIES,

@@ -15,6 +15,32 @@ use crate::record::queue::Queue;
 use crate::record::state::State;
 use crate::store::{SaveRequest, Store};
 
+/// Records a new run with `start` when `run_id` is not in the store yet, as
+/// the language bindings do before they run a workflow with an input; a run
+/// that is there is left as it is (it resumes with the input it was started
+/// with, and the input given now is neither used nor compared: [`start`] is
+/// the call that refuses another input). Returns whether `start` was called.
+pub async fn start_if_new<'a, S, F, Fut>(
+    store: &'a S,
+    run_id: &str,
+    start: F,
+) -> Result<bool, Error>
+where
+    S: Store + ?Sized,
+    F: FnOnce(&'a S) -> Fut,
+    Fut: std::future::Future<Output = Result<bool, Error>>,
+{
+    let there = store
+        .load(run_id)
+        .await
+        .map_err(|e| store_error(run_id, "load", e))?;
+    if there.is_some() {
+        return Ok(false);
+    }
+    start(store).await?;
+    Ok(true)
+}
+
 /// Records run `run_id` of `workflow` as `pending`, for a worker to pick up.
 /// Returns whether it was recorded now: starting again with the same
 /// workflow and input finds it there and returns `false`, so that starting

@@ -923,6 +923,57 @@ fn verdict_of<T>(o: &Outcome<T>) -> RunEnd {
     }
 }
 
+/// Gives this process's lease on a run up when a leased call ends without
+/// the engine having done so: after an error not caused by another holder
+/// (as a worker does), or when the call is dropped unfinished (its caller in
+/// another language gave up on it). Another process then need not wait for
+/// the lease to lapse. A run held elsewhere is left alone ([`release`]
+/// compares the owner); a release that fails is no loss (the lease lapses by
+/// itself). The language bindings wrap each leased run in one.
+pub struct LeaseGuard {
+    store: Arc<dyn Store>,
+    run_id: String,
+    armed: bool,
+}
+
+impl LeaseGuard {
+    /// A guard of `run_id`'s lease, doing nothing unless `leased`.
+    pub fn new(store: &Arc<dyn Store>, run_id: &str, leased: bool) -> Self {
+        LeaseGuard {
+            store: Arc::clone(store),
+            run_id: run_id.to_string(),
+            armed: leased,
+        }
+    }
+
+    /// The call ended with `out`: an error not caused by another holder
+    /// gives the lease up now.
+    pub async fn finish<T>(mut self, out: &Result<T, Error>) {
+        let armed = std::mem::take(&mut self.armed);
+        if let Err(e) = out {
+            if armed && !e.is_held_elsewhere() {
+                let owner = crate::engine::process::current_owner();
+                let _ = release(&*self.store, &self.run_id, &owner).await;
+            }
+        }
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (store, run_id) = (Arc::clone(&self.store), std::mem::take(&mut self.run_id));
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let owner = crate::engine::process::current_owner();
+                let _ = release(&*store, &run_id, &owner).await;
+            });
+        }
+    }
+}
+
 /// Gives up `owner`'s lease on `run_id`, if it still holds it: a head-only
 /// compare-and-swap save, so a run someone else took meanwhile is left alone.
 /// Returns whether a lease was released.
