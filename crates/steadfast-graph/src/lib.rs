@@ -25,6 +25,7 @@ use steadfast::postgres::{tokio_postgres, PgStore};
 use steadfast::{Clock, Lease, Owner, StoreError, Timestamp};
 
 mod blobs;
+pub mod chains;
 mod error;
 use blobs::{Blob, ChannelBlob};
 use error::store_err;

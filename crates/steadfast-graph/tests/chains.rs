@@ -1,0 +1,317 @@
+//! Checkpoint chains on every store's shared documents: checkpoints
+//! round-trip (large ones in several parts), a chain has one writer at a
+//! time, a writer whose lease lapsed cannot fork the chain, and a
+//! checkpoint exists only once its chain lists it.
+//!
+//! SQLite, the file store and memory always; PostgreSQL at
+//! `$STEADFAST_TEST_PG` (a schema of its own per test) and the Cosmos
+//! protocol server at `$STEADFAST_TEST_COSMOS` (a database of its own per
+//! test); without them those cases are skipped with a message, except under
+//! CI (`$CI` set), where they fail.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::time::Duration;
+
+use serde_json::json;
+use steadfast_graph::chains::ChainStore;
+use steadfast_graph::GraphError;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const NS: &str = "test-chains";
+const LEASE: Duration = Duration::from_secs(60);
+const COSMOS_KEY: &str =
+    "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw==";
+
+fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty())
+}
+
+/// Every kind of store: its URL, and the PostgreSQL schema to drop.
+fn urls(dir: &std::path::Path) -> Vec<(String, Option<String>)> {
+    let mut out = vec![
+        (format!("sqlite:{}", dir.join("chains.db").display()), None),
+        (format!("file:{}", dir.join("chains.json").display()), None),
+        ("memory:".to_string(), None),
+    ];
+    match std::env::var("STEADFAST_TEST_PG") {
+        Ok(base) => {
+            let schema = format!("chains_{:016x}", fastrand::u64(..));
+            let sep = if base.contains('?') { '&' } else { '?' };
+            out.push((format!("{base}{sep}schema={schema}"), Some(schema)));
+        }
+        Err(_) if under_ci() => panic!("STEADFAST_TEST_PG must name a PostgreSQL server under CI"),
+        Err(_) => eprintln!("skipped: PostgreSQL (set STEADFAST_TEST_PG)"),
+    }
+    match (
+        std::env::var("STEADFAST_TEST_COSMOS"),
+        std::env::var("STEADFAST_TEST_COSMOS_CA"),
+    ) {
+        (Ok(server), Ok(ca)) => {
+            let keyfile = dir.join("cosmos-key");
+            if !keyfile.exists() {
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&keyfile)
+                    .expect("the key file");
+                f.write_all(COSMOS_KEY.as_bytes()).expect("write the key");
+            }
+            out.push((
+                format!(
+                    "{server}/c{:016x}/runs?keyfile={}&cafile={ca}",
+                    fastrand::u64(..),
+                    keyfile.display()
+                ),
+                None,
+            ));
+        }
+        _ if under_ci() => panic!("STEADFAST_TEST_COSMOS and STEADFAST_TEST_COSMOS_CA must be set under CI (ci/cosmos/start.sh)"),
+        _ => eprintln!("skipped: Cosmos (run ci/cosmos/start.sh DIR and export what it prints)"),
+    }
+    out
+}
+
+fn drop_schema(url: &str, schema: &str) {
+    let base = url
+        .split("schema=")
+        .next()
+        .unwrap_or(url)
+        .trim_end_matches(['?', '&']);
+    let rt = tokio::runtime::Runtime::new().expect("a runtime");
+    rt.block_on(async {
+        if let Ok((client, conn)) = tokio_postgres::connect(base, tokio_postgres::NoTls).await {
+            tokio::spawn(conn);
+            let _ = client
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .await;
+        }
+    });
+}
+
+/// Runs `check` on every kind of store. A `memory:` store is one per
+/// opening, so `check` gets an opener that shares one store between the
+/// storages it opens.
+fn on_every_store(
+    check: impl Fn(&dyn Fn(Duration) -> ChainStore, &str) -> TestResult,
+) -> TestResult {
+    let dir = tempfile::tempdir()?;
+    for (url, schema) in urls(dir.path()) {
+        // One memory store shared by every storage of the test; the others
+        // opened anew each time, as another process would.
+        let memory = steadfast::MemoryStore::new();
+        let open = |lease: Duration| {
+            if url == "memory:" {
+                let store: std::sync::Arc<dyn steadfast::Store> =
+                    std::sync::Arc::new(memory.clone());
+                ChainStore::with_store(store, NS, lease, false).expect("opens")
+            } else {
+                ChainStore::open(&url, NS, lease, false).expect("opens")
+            }
+        };
+        let result = check(&open, &url).map_err(|e| format!("on {url}: {e}"));
+        if let Some(schema) = &schema {
+            drop_schema(&url, schema);
+        }
+        result?;
+    }
+    Ok(())
+}
+
+fn ids(found: &[steadfast_graph::Result<steadfast_graph::chains::Stored>]) -> Vec<String> {
+    found
+        .iter()
+        .map(|r| {
+            r.as_ref()
+                .map(|s| s.id.clone())
+                .unwrap_or_else(|e| format!("error: {e}"))
+        })
+        .collect()
+}
+
+#[test]
+fn checkpoints_round_trip_in_their_chain_on_every_store() -> TestResult {
+    on_every_store(|open, _| {
+        let s = open(LEASE);
+        assert_eq!(s.put("a", "review", None, "t1", r#"{"n":1}"#)?, "a");
+        assert_eq!(s.put("b", "review", Some("a"), "t2", r#"{"n":2}"#)?, "a");
+        assert_eq!(s.put("c", "review", Some("b"), "t3", r#"{"n":3}"#)?, "a");
+        // Another run of the same workflow, and another workflow.
+        assert_eq!(s.put("x", "review", None, "t4", "{}")?, "x");
+        assert_eq!(s.put("o", "other", None, "t5", "{}")?, "o");
+        // A predecessor of another workflow does not join its chain.
+        assert_eq!(s.put("p", "third", Some("a"), "t6", "{}")?, "p");
+        let b = s.get("b")?.expect("b is stored");
+        assert_eq!((b.chain.as_str(), b.previous.as_deref()), ("a", Some("a")));
+        assert_eq!(
+            (b.timestamp.as_str(), b.body.as_str()),
+            ("t2", r#"{"n":2}"#)
+        );
+        assert!(s.get("nothing")?.is_none());
+        let mut listed = ids(&s.list("review")?);
+        listed.sort();
+        assert_eq!(listed, ["a", "b", "c", "x"]);
+        assert_eq!(ids(&s.list("other")?), ["o"]);
+        assert!(s.list("none")?.is_empty());
+        // A second storage on the same store reads them (it holds nothing).
+        let t = open(LEASE);
+        assert_eq!(t.get("c")?.expect("c").body, r#"{"n":3}"#);
+        // Saving an id again replaces its body.
+        s.put("c", "review", Some("b"), "t3", r#"{"n":33}"#)?;
+        assert_eq!(t.get("c")?.expect("c").body, r#"{"n":33}"#);
+        assert_eq!(t.list("review")?.len(), 4);
+        // Deleting.
+        assert!(s.delete("b")?);
+        assert!(!s.delete("b")?);
+        assert!(t.get("b")?.is_none());
+        assert_eq!(ids(&t.list("review")?).len(), 3);
+        Ok(())
+    })
+}
+
+#[test]
+fn a_body_larger_than_a_document_is_kept_in_parts() -> TestResult {
+    on_every_store(|open, url| {
+        let s = open(LEASE);
+        // Quotes and control characters take more room escaped than raw.
+        let unit = "\"\u{1}é😀 plain text ";
+        let n = if url.starts_with("cosmos://") {
+            40_000
+        } else {
+            120_000
+        };
+        let body = unit.repeat(n);
+        s.put("big", "review", None, "t", &body)?;
+        let back = open(LEASE).get("big")?.expect("stored");
+        assert_eq!(back.body.len(), body.len());
+        assert!(
+            back.body == body,
+            "the body changed on its way through the store"
+        );
+        let listed = s.list("review")?;
+        assert_eq!(listed.len(), 1);
+        assert!(listed[0].as_ref().map_err(|e| e.to_string())?.body == body);
+        Ok(())
+    })
+}
+
+#[test]
+fn a_second_writer_is_refused_while_the_first_holds_the_run() -> TestResult {
+    on_every_store(|open, _| {
+        let a = open(LEASE);
+        let b = open(LEASE);
+        a.put("r1", "review", None, "t1", "{}")?;
+        let held = b.put("r2", "review", Some("r1"), "t2", "{}");
+        assert!(matches!(held, Err(GraphError::Held(_))), "{held:?}");
+        assert!(b.get("r2")?.is_none(), "a refused save left a checkpoint");
+        assert!(matches!(b.claim("r1"), Err(GraphError::Held(_))));
+        assert!(matches!(b.delete("r1"), Err(GraphError::Held(_))));
+        // A new run is anyone's.
+        b.put("s1", "review", None, "t3", "{}")?;
+        // Released: the second takes it, and now the first is refused.
+        a.release("r1")?;
+        assert!(b.claim("r1")?);
+        b.put("r2", "review", Some("r1"), "t2", "{}")?;
+        let refused = a.put("r3", "review", Some("r2"), "t4", "{}");
+        assert!(matches!(refused, Err(GraphError::Held(_))), "{refused:?}");
+        b.close()?;
+        a.put("r3", "review", Some("r2"), "t4", "{}")?;
+        assert_eq!(a.get("r3")?.expect("r3").chain, "r1");
+        assert!(!a.claim("nothing")?);
+        Ok(())
+    })
+}
+
+#[test]
+fn a_writer_whose_lease_lapsed_cannot_fork_the_run() -> TestResult {
+    on_every_store(|open, _| {
+        let a = open(Duration::from_millis(200));
+        let b = open(LEASE);
+        a.put("k1", "review", None, "t1", "{}")?;
+        a.put("k2", "review", Some("k1"), "t2", "{}")?;
+        std::thread::sleep(Duration::from_millis(400));
+        // The lease ran out: another writer resumes from the latest.
+        assert!(b.claim("k2")?);
+        b.put("k3", "review", Some("k2"), "t3", "{}")?;
+        b.release("k3")?;
+        // The first comes back and would add a sibling of k3.
+        let fork = a.put("k3b", "review", Some("k2"), "t4", "{}");
+        assert!(matches!(fork, Err(GraphError::Held(_))), "{fork:?}");
+        assert!(a.get("k3b")?.is_none());
+        // Following the latest is allowed, as is a deliberate resume (a
+        // load claims the run).
+        a.put("k4", "review", Some("k3"), "t5", "{}")?;
+        Ok(())
+    })
+}
+
+#[test]
+fn parts_no_chain_lists_are_no_checkpoint() -> TestResult {
+    on_every_store(|open, url| {
+        let s = open(LEASE);
+        s.put("real", "review", None, "t1", "{}")?;
+        // What a crash between a save's parts and its chain leaves behind:
+        // a part naming a chain that does not list it.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        if url == "memory:" {
+            return Ok(()); // one store per opening: nothing to reach
+        }
+        rt.block_on(async {
+            let store = steadfast::open_store(url).await?;
+            let docs = store.capabilities().documents.expect("documents");
+            let part =
+                json!({"id": "ghost", "chain": "real", "save": "00", "index": 0, "text": "{}"});
+            let key = format!(
+                "{NS}/part/{}/00/0",
+                steadfast::store::blob::BlobHash::of(b"ghost").hex()
+            );
+            docs.put_document(&key, &part, None).await?;
+            Ok::<_, steadfast::StoreError>(())
+        })?;
+        assert!(s.get("ghost")?.is_none());
+        assert_eq!(ids(&s.list("review")?), ["real"]);
+        // Its id stays free to save.
+        s.put("ghost", "review", Some("real"), "t2", "{}")?;
+        assert_eq!(s.get("ghost")?.expect("saved").chain, "real");
+        Ok(())
+    })
+}
+
+#[test]
+fn bad_arguments_are_refused_and_write_nothing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let url = format!("sqlite:{}", dir.path().join("c.db").display());
+    let s = ChainStore::open(&url, NS, LEASE, false)?;
+    for (id, wf) in [
+        ("", "w"),
+        ("a\u{1}", "w"),
+        ("a", ""),
+        (&"x".repeat(2000)[..], "w"),
+    ] {
+        let r = s.put(id, wf, None, "t", "{}");
+        assert!(
+            matches!(r, Err(GraphError::InvalidInput(_))),
+            "{id:?}: {r:?}"
+        );
+    }
+    assert!(s.list("w")?.is_empty());
+    assert!(matches!(
+        ChainStore::open(&url, "", LEASE, false),
+        Err(GraphError::InvalidInput(_))
+    ));
+    assert!(matches!(
+        ChainStore::open(&url, NS, Duration::ZERO, false),
+        Err(GraphError::InvalidInput(_))
+    ));
+    assert!(ChainStore::open("ftp://x", NS, LEASE, false).is_err());
+    // One workflow's checkpoint id is not reused by another's run.
+    s.put("same", "one", None, "t", "{}")?;
+    let r = s.put("same", "two", None, "t", "{}");
+    assert!(matches!(r, Err(GraphError::InvalidInput(_))), "{r:?}");
+    assert_eq!(s.get("same")?.expect("kept").workflow, "one");
+    Ok(())
+}
