@@ -13,6 +13,10 @@ a new workflow run. Storages (``--only``, comma separated, default all):
                       (synchronous=FULL) before save returns
   steadfast-postgres  SteadfastCheckpointStorage("postgres://...?schema=NAME"):
                       synchronous_commit=on
+  steadfast-file      SteadfastCheckpointStorage("file:PATH"): the file store,
+                      which rewrites its one file (fsynced, renamed, directory
+                      fsynced) on every write, so its cost grows with the
+                      file: give it fewer --runs
 
 Measured per storage: wall time of the runs, checkpoints stored (counted
 afterwards), ms per checkpoint, the median run, and the storage's size after
@@ -46,7 +50,7 @@ from agent_framework import (
 
 from steadfast.agent_framework import SteadfastCheckpointStorage
 
-STORAGES = ["memory", "file", "steadfast-sqlite", "steadfast-postgres"]
+STORAGES = ["memory", "file", "steadfast-sqlite", "steadfast-postgres", "steadfast-file"]
 NAME = "maf-bench"
 
 
@@ -109,6 +113,10 @@ async def measure(name: str, runs: int, tmp: Path, pg: str | None) -> dict:
     elif name == "steadfast-sqlite":
         f = tmp / "steadfast.db"
         storage = SteadfastCheckpointStorage(f"sqlite:{f}")
+        size = lambda: size_of(f)  # noqa: E731
+    elif name == "steadfast-file":
+        f = tmp / "steadfast.json"
+        storage = SteadfastCheckpointStorage(f"file:{f}")
         size = lambda: size_of(f)  # noqa: E731
     else:
         assert pg is not None

@@ -196,3 +196,101 @@ impl GraphStore {
         py.detach(|| self.inner.close()).map_err(graph_err)
     }
 }
+
+/// Chains of checkpoints in any store's shared documents, one writer per
+/// chain (the Agent Framework storage's layer).
+#[pyclass(frozen, module = "steadfast._native")]
+pub struct ChainStore {
+    inner: steadfast_graph::chains::ChainStore,
+}
+
+/// A stored checkpoint as the Python layer takes it: `(id, chain, workflow,
+/// previous, timestamp, body)`.
+type StoredTuple = (String, String, String, Option<String>, String, String);
+
+fn stored_tuple(s: steadfast_graph::chains::Stored) -> StoredTuple {
+    (s.id, s.chain, s.workflow, s.previous, s.timestamp, s.body)
+}
+
+#[pymethods]
+impl ChainStore {
+    /// Opens (creating it when missing) the store a URL names, for the
+    /// chains of namespace `ns`; `lease_seconds` is how long a chain stays
+    /// this store's after its last save.
+    #[new]
+    #[pyo3(signature = (url, ns, lease_seconds=60.0, encrypt=false))]
+    fn new(
+        py: Python<'_>,
+        url: &str,
+        ns: &str,
+        lease_seconds: f64,
+        encrypt: bool,
+    ) -> PyResult<Self> {
+        let lease = crate::run::secs("lease_seconds", lease_seconds)?;
+        let inner = py
+            .detach(|| steadfast_graph::chains::ChainStore::open(url, ns, lease, encrypt))
+            .map_err(graph_err)?;
+        Ok(ChainStore { inner })
+    }
+
+    /// Saves checkpoint `id` of `workflow` after `previous`; its chain.
+    fn put(
+        &self,
+        py: Python<'_>,
+        id: String,
+        workflow: String,
+        previous: Option<String>,
+        timestamp: String,
+        body: String,
+    ) -> PyResult<String> {
+        py.detach(|| {
+            self.inner
+                .put(&id, &workflow, previous.as_deref(), &timestamp, &body)
+        })
+        .map_err(graph_err)
+    }
+
+    /// Checkpoint `id` as `(id, chain, workflow, previous, timestamp, body)`,
+    /// or None.
+    fn get(&self, py: Python<'_>, id: String) -> PyResult<Option<StoredTuple>> {
+        py.detach(|| self.inner.get(&id))
+            .map(|s| s.map(stored_tuple))
+            .map_err(graph_err)
+    }
+
+    /// Takes the lease on the chain of checkpoint `id`; False when there is
+    /// no such checkpoint.
+    fn claim(&self, py: Python<'_>, id: String) -> PyResult<bool> {
+        py.detach(|| self.inner.claim(&id)).map_err(graph_err)
+    }
+
+    /// Every checkpoint of `workflow`: a tuple as `get` gives, or the text
+    /// of why it cannot be read.
+    fn list(&self, py: Python<'_>, workflow: String) -> PyResult<Vec<Py<PyAny>>> {
+        let found = py
+            .detach(|| self.inner.list(&workflow))
+            .map_err(graph_err)?;
+        found
+            .into_iter()
+            .map(|r| match r {
+                Ok(s) => Ok(stored_tuple(s).into_pyobject(py)?.into_any().unbind()),
+                Err(e) => Ok(e.to_string().into_pyobject(py)?.into_any().unbind()),
+            })
+            .collect()
+    }
+
+    /// Deletes checkpoint `id`; False when there is none.
+    fn delete(&self, py: Python<'_>, id: String) -> PyResult<bool> {
+        py.detach(|| self.inner.delete(&id)).map_err(graph_err)
+    }
+
+    /// Gives up this store's lease on the chain of checkpoint `id`.
+    fn release(&self, py: Python<'_>, id: String) -> PyResult<()> {
+        py.detach(|| self.inner.release(&id)).map_err(graph_err)
+    }
+
+    /// Gives up every chain this store holds.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| self.inner.close()).map_err(graph_err)
+    }
+}

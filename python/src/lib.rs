@@ -21,6 +21,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<run::PyStepCtx>()?;
     m.add_class::<run::PyDurableCtx>()?;
     m.add_class::<graph::GraphStore>()?;
+    m.add_class::<graph::ChainStore>()?;
     m.add_class::<pending::Pending>()?;
     m.add_class::<pending::Notifier>()?;
     m.add_class::<watch::PyWatch>()?;

@@ -2,25 +2,33 @@
 
 `SteadfastCheckpointStorage` implements Agent Framework's `CheckpointStorage`
 protocol (``save``, ``load``, ``list_checkpoints``, ``list_checkpoint_ids``,
-``get_latest``, ``delete``) on ``sqlite:PATH``, ``postgres://…`` and
-``memory:``, through the same graph store as the LangGraph checkpointer:
+``get_latest``, ``delete``) on every store URL: ``sqlite:PATH``,
+``postgres://…``, ``file:PATH``, ``cosmos://…`` and ``memory:``. Checkpoints
+are kept in the store's shared documents, apart from its runs:
 
-- every save is one transaction, synced before ``save`` returns
-  (``synchronous=FULL`` on SQLite, ``synchronous_commit=on`` on PostgreSQL);
-  Agent Framework's own `FileCheckpointStorage` renames a file into place
-  without syncing it;
+- every save is durable before ``save`` returns, as a document write of the
+  store is (``synchronous=FULL`` on SQLite, ``synchronous_commit=on`` on
+  PostgreSQL, an fsynced file and directory on the file store, an
+  acknowledged write on Cosmos DB); Agent Framework's own
+  `FileCheckpointStorage` renames a file into place without syncing it;
 - one writer per workflow run. A run's checkpoints form a chain through
-  ``previous_checkpoint_id``; the storage takes a lease on the chain with
-  every save, in the same transaction, and when it loads a checkpoint of it
-  (which is how Agent Framework resumes a run). Another storage loading or
-  saving into a chain whose holder is alive gets `steadfast.Held` and nothing
-  is written, until the holder calls `release` or `close`, or its lease
-  (``lease_seconds``) runs out, or its process is gone. Agent Framework
-  swallows an error from ``save`` (it logs it and goes on), but not one from
-  the ``load`` of a resume: a second process resuming a held run fails there,
+  ``previous_checkpoint_id``, listed in one document of the store. A save
+  writes the checkpoint's body first and then that listing by
+  compare-and-swap, which is also where the storage takes or renews its
+  lease on the run; a checkpoint exists once the listing has it, so a save
+  refused or cut short by a crash leaves no checkpoint. Loading a checkpoint
+  (which is how Agent Framework resumes a run) takes the lease too. Another
+  storage loading or saving into a run whose holder is alive gets
+  `steadfast.Held` and nothing is written, until the holder calls `release`
+  or `close`, or its lease (``lease_seconds``) runs out, or its process is
+  gone; a holder whose lease ran out and was taken by another may then only
+  save a checkpoint that follows the run's latest. Agent Framework swallows
+  an error from ``save`` (it logs it and goes on), but not one from the
+  ``load`` of a resume: a second process resuming a held run fails there,
   before any executor runs, with Agent Framework's
-  ``WorkflowCheckpointException`` whose ``__cause__`` is `steadfast.Held`. Without this, two processes resumed from one
-  checkpoint would fork the run and both carry on.
+  ``WorkflowCheckpointException`` whose ``__cause__`` is `steadfast.Held`.
+  Without this, two processes resumed from one checkpoint would fork the run
+  and both carry on.
 
 A checkpoint is encoded as `FileCheckpointStorage` encodes it (JSON, with
 values JSON cannot hold pickled and restored only for allowed types), and is
@@ -45,7 +53,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import weakref
 from datetime import datetime
 from collections.abc import Callable, Sequence
@@ -54,23 +61,15 @@ from typing import Any, TypeVar
 from agent_framework import WorkflowCheckpoint
 from agent_framework.exceptions import WorkflowCheckpointException
 
-from steadfast._native import GraphStore
+from steadfast._native import ChainStore
 
 __all__ = ["SteadfastCheckpointStorage"]
 
 _T = TypeVar("_T")
 
-# Checkpoints live in a namespace of their own in the graph store's tables,
-# apart from LangGraph threads saved in the same database.
+# The documents' namespace: apart from any other use of the store's shared
+# documents (concurrency limits, rate buckets).
 _NS = "agent-framework"
-_TYPE = "maf-json"
-# A checkpoint's metadata names it as the graph store's "run" so that it can
-# be deleted alone; the prefix keeps it apart from LangGraph's run ids.
-_RUN = "agent-framework:"
-
-
-# How many checkpoints' chains a storage remembers.
-_CACHE = 4096
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +83,7 @@ def _is_text(s: str) -> bool:
     return True
 
 
-def _close_quietly(store: GraphStore) -> None:
+def _close_quietly(store: ChainStore) -> None:
     try:
         store.close()
     except Exception:
@@ -111,33 +110,31 @@ class SteadfastCheckpointStorage:
         allowed_checkpoint_types: Sequence[str] | None = None,
         encrypt: bool = False,
     ) -> None:
-        """Open (creating its tables when missing) the store `url` names.
+        """Open (creating it when missing) the store `url` names.
 
         Args:
-            url: ``sqlite:PATH``, ``postgres://…`` (with ``?schema=NAME``) or
-                ``memory:``.
+            url: Any store URL: ``sqlite:PATH``, ``postgres://…`` (with
+                ``?schema=NAME``), ``file:PATH``, ``cosmos://…`` or
+                ``memory:`` (a store of this storage's own).
             lease_seconds: How long a workflow run stays this storage's after
-                its last save.
+                its last save or load.
             allowed_checkpoint_types: Types beyond Agent Framework's safe set
                 that checkpoints may hold, as ``"module:qualname"`` (as for
                 `FileCheckpointStorage`).
             encrypt: Seal every checkpoint with the keys in
-                ``STEADFAST_KEY`` or ``STEADFAST_KEY_FILE``.
+                ``STEADFAST_ENCRYPTION_KEY`` or
+                ``STEADFAST_ENCRYPTION_KEY_FILE``, bound to its ID.
 
         Raises:
-            steadfast.Unsupported: A store URL the graph store does not open
-                (``file:`` and ``cosmos://`` are not supported here).
-            steadfast.InvalidInput: A lease out of range.
+            steadfast.Unsupported: A URL no store opens.
+            steadfast.InvalidInput: A lease out of range, or encryption
+                without keys.
         """
         if isinstance(allowed_checkpoint_types, str):
             raise TypeError("allowed_checkpoint_types is a list of 'module:qualname' strings, not one string")
-        self._store = GraphStore(url, lease_seconds, encrypt)
+        self._store = ChainStore(url, _NS, lease_seconds, encrypt)
         self._allowed: frozenset[str] = frozenset(allowed_checkpoint_types or [])
         weakref.finalize(self, _close_quietly, self._store)
-        # The chain (workflow run) and workflow of checkpoints saved or read
-        # here, at most _CACHE of them.
-        self._chain: dict[str, tuple[str, str | None]] = {}
-        self._lock = threading.Lock()
 
     # -- the protocol -----------------------------------------------------------
 
@@ -149,8 +146,8 @@ class SteadfastCheckpointStorage:
         Raises:
             WorkflowCheckpointException: The checkpoint cannot be encoded, or
                 would not load back under this storage's allowed types.
-            steadfast.Held: Another live process holds the workflow run's
-                chain of checkpoints; nothing was written.
+            steadfast.Held: Another live process holds the workflow run;
+                nothing was written.
         """
         return await self._off_loop(self._save, checkpoint)
 
@@ -190,9 +187,9 @@ class SteadfastCheckpointStorage:
 
     def release(self, checkpoint_id: str) -> None:
         """Give up this storage's lease on the workflow run `checkpoint_id` is in."""
-        chain = self._chain_of(str(checkpoint_id))
-        if chain is not None:
-            self._store.release(chain)
+        cid = str(checkpoint_id)
+        if _is_text(cid):
+            self._store.release(cid)
 
     def close(self) -> None:
         """Give up every workflow run this storage holds; it stays usable."""
@@ -212,10 +209,21 @@ class SteadfastCheckpointStorage:
         if not isinstance(checkpoint, WorkflowCheckpoint):
             raise TypeError(f"save takes a WorkflowCheckpoint, not {type(checkpoint).__name__}")
         cid = str(checkpoint.checkpoint_id)
+        previous = checkpoint.previous_checkpoint_id
+        previous = None if previous is None else str(previous)
+        texts = [cid, str(checkpoint.workflow_name), str(checkpoint.timestamp), previous or ""]
+        if not all(_is_text(t) for t in texts):
+            raise WorkflowCheckpointException(
+                f"checkpoint {cid!r}: its ID, predecessor, workflow name and timestamp must be "
+                "well-formed text (no lone surrogates); nothing was written"
+            )
         try:
             encoded = encode_checkpoint_value(checkpoint.to_dict())
             decode_checkpoint_value(encoded, allowed_types=self._allowed)
-            blob = json.dumps(encoded, ensure_ascii=False).encode("utf-8")
+            body = json.dumps(encoded, ensure_ascii=False)
+            if not _is_text(body):
+                # Lone surrogates in a value: escaped, they read back as they were.
+                body = json.dumps(encoded)
         except WorkflowCheckpointException:
             raise
         except Exception as ex:
@@ -223,101 +231,49 @@ class SteadfastCheckpointStorage:
                 f"checkpoint {cid} cannot be encoded, or would not load back under this storage's "
                 "allowed types; nothing was written"
             ) from ex
-        previous = checkpoint.previous_checkpoint_id
-        chain = self._chain_of(str(previous), checkpoint.workflow_name) if previous is not None else None
-        if chain is None:
-            # The first checkpoint of a run (or one whose predecessor is
-            # gone) starts a chain of its own.
-            chain = self._chain_of(cid, checkpoint.workflow_name) or cid
-        metadata = json.dumps(
-            {"workflow_name": checkpoint.workflow_name, "timestamp": checkpoint.timestamp, "run_id": _RUN + cid},
-            ensure_ascii=False,
-        )
-        self._store.put(
-            chain, _NS, cid, None if previous is None else str(previous), _TYPE, blob, metadata, _RUN + cid
-        )
-        self._remember(cid, chain, checkpoint.workflow_name)
+        self._store.put(cid, str(checkpoint.workflow_name), previous, str(checkpoint.timestamp), body)
         return cid
 
-    def _row(self, checkpoint_id: str) -> Any:
-        if not _is_text(checkpoint_id):
-            return None
-        rows = self._store.list(None, _NS, checkpoint_id, None, 1, None)
-        return rows[0] if rows else None
-
-    def _chain_of(self, checkpoint_id: str, workflow_name: str | None = None) -> str | None:
-        """The chain checkpoint `checkpoint_id` is in, when it is stored (and
-        is of workflow `workflow_name`, when one is given)."""
-        with self._lock:
-            known = self._chain.get(checkpoint_id)
-        if known is not None and (workflow_name is None or known[1] == workflow_name):
-            return known[0]
-        row = self._row(checkpoint_id)
-        if row is None:
-            return None
-        try:
-            name = json.loads(row[6]).get("workflow_name")
-        except (ValueError, AttributeError):
-            name = None
-        self._remember(checkpoint_id, row[0], name)
-        if workflow_name is not None and name != workflow_name:
-            return None
-        return row[0]
-
-    def _remember(self, checkpoint_id: str, chain: str, workflow_name: str | None) -> None:
-        with self._lock:
-            if len(self._chain) >= _CACHE:
-                # A cache, not a record: start it again rather than grow.
-                self._chain.clear()
-            self._chain[checkpoint_id] = (chain, workflow_name)
-
-    def _decode(self, row: Any) -> WorkflowCheckpoint:
+    def _decode(self, cid: str, body: str) -> WorkflowCheckpoint:
         from agent_framework._workflows._checkpoint_encoding import decode_checkpoint_value
 
-        thread_id, _ns, cid, _parent, type_, blob, _meta, _writes, _channels = row
-        if type_ != _TYPE:
-            raise WorkflowCheckpointException(f"checkpoint {cid} is stored as {type_!r}, not {_TYPE!r}")
         try:
-            data = decode_checkpoint_value(json.loads(blob.decode("utf-8")), allowed_types=self._allowed)
+            data = decode_checkpoint_value(json.loads(body), allowed_types=self._allowed)
         except WorkflowCheckpointException:
             raise
         except Exception as ex:
             raise WorkflowCheckpointException(f"checkpoint {cid} cannot be read back: {ex}") from ex
-        checkpoint = WorkflowCheckpoint.from_dict(data)
-        self._remember(cid, thread_id, checkpoint.workflow_name)
-        return checkpoint
+        return WorkflowCheckpoint.from_dict(data)
 
     def _load(self, checkpoint_id: str) -> WorkflowCheckpoint:
-        row = self._row(str(checkpoint_id))
-        if row is None:
+        cid = str(checkpoint_id)
+        found = self._store.get(cid) if _is_text(cid) else None
+        if found is None:
             raise WorkflowCheckpointException(f"No checkpoint found with ID {checkpoint_id}")
-        checkpoint = self._decode(row)
-        # Claim the run before anyone resumes it here: a write of no rows
-        # takes the chain's lease, or raises Held when a live storage has it.
-        self._store.put_writes(row[0], _NS, row[2], "claim", "", [])
+        checkpoint = self._decode(cid, found[5])
+        # Claim the run before anyone resumes it here, or raise Held when a
+        # live storage has it.
+        self._store.claim(cid)
         return checkpoint
 
     def _list(self, workflow_name: str) -> list[WorkflowCheckpoint]:
         name = str(workflow_name)
         if not _is_text(name):
             return []
-        rows = self._store.list(None, _NS, None, None, None, json.dumps({"workflow_name": name}, ensure_ascii=False))
         found = []
-        for r in rows:
+        for item in self._store.list(name):
+            # As Agent Framework's file storage does: one checkpoint that
+            # cannot be read here does not hide the others.
+            if isinstance(item, str):
+                logger.warning("skipping a checkpoint of workflow %s: %s", name, item)
+                continue
             try:
-                found.append(self._decode(r))
+                found.append(self._decode(item[0], item[5]))
             except WorkflowCheckpointException as e:
-                # As Agent Framework's file storage does: one checkpoint that
-                # cannot be read here does not hide the others.
-                logger.warning("skipping checkpoint %s: %s", r[2], e)
+                logger.warning("skipping checkpoint %s: %s", item[0], e)
         found.sort(key=_when)
         return found
 
     def _delete(self, checkpoint_id: str) -> bool:
         cid = str(checkpoint_id)
-        if self._row(cid) is None:
-            return False
-        self._store.delete_for_runs([_RUN + cid])
-        with self._lock:
-            self._chain.pop(cid, None)
-        return True
+        return _is_text(cid) and self._store.delete(cid)

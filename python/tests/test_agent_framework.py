@@ -7,6 +7,7 @@ middle of a superstep and resumed from the storage."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import secrets
@@ -32,23 +33,58 @@ from conftest import PG_ENV, _drop_schema, _with_schema  # noqa: E402
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "maf_review.py"
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-def maf_url(request: pytest.FixtureRequest, tmp_path: Path):
-    if request.param == "memory":
-        yield "memory:"
-    elif request.param == "sqlite":
-        yield f"sqlite:{tmp_path}/maf.db"
-    else:
-        base = os.environ.get(PG_ENV)
-        if not base:
+# The local Cosmos server's well-known account key (not a secret: it opens
+# only the test server on 127.0.0.1).
+COSMOS_KEY = "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw=="
+
+
+def _url(kind: str, tmp_path: Path):
+    """A store URL of `kind` for one test, and what to drop afterwards."""
+    if kind == "memory":
+        return "memory:", None
+    if kind == "sqlite":
+        return f"sqlite:{tmp_path}/maf.db", None
+    if kind == "file":
+        return f"file:{tmp_path}/maf.json", None
+    if kind == "cosmos":
+        server, ca = os.environ.get("STEADFAST_TEST_COSMOS"), os.environ.get("STEADFAST_TEST_COSMOS_CA")
+        if not server or not ca:
             if os.environ.get("CI"):
-                pytest.fail(f"CI is set but ${PG_ENV} is not: the PostgreSQL storage would go untested")
-            pytest.skip(f"set ${PG_ENV} to test the postgres storage")
-        schema = f"maf_{secrets.token_hex(6)}"
-        try:
-            yield _with_schema(base, schema)
-        finally:
-            _drop_schema(base, schema)
+                pytest.fail("STEADFAST_TEST_COSMOS and STEADFAST_TEST_COSMOS_CA are not set: .ci/run starts the server")
+            pytest.skip("no Cosmos test server (run ci/cosmos/start.sh DIR and export what it prints)")
+        key = tmp_path / "cosmos-key"
+        if not key.exists():
+            key.write_text(COSMOS_KEY)
+            key.chmod(0o600)
+        return f"{server}/maf{secrets.token_hex(6)}/runs?keyfile={key}&cafile={ca}", None
+    base = os.environ.get(PG_ENV)
+    if not base:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set but ${PG_ENV} is not: the PostgreSQL storage would go untested")
+        pytest.skip(f"set ${PG_ENV} to test the postgres storage")
+    schema = f"maf_{secrets.token_hex(6)}"
+    return _with_schema(base, schema), (base, schema)
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres", "file", "cosmos"])
+def maf_url(request: pytest.FixtureRequest, tmp_path: Path):
+    url, drop = _url(request.param, tmp_path)
+    try:
+        yield url
+    finally:
+        if drop is not None:
+            _drop_schema(*drop)
+
+
+@pytest.fixture(params=["sqlite", "postgres", "file", "cosmos"])
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path):
+    """A store two storages (or processes) open by URL: every kind but memory."""
+    url, drop = _url(request.param, tmp_path)
+    try:
+        yield url
+    finally:
+        if drop is not None:
+            _drop_schema(*drop)
 
 
 def checkpoint(workflow: str = "wf", previous: str | None = None, **kw) -> WorkflowCheckpoint:
@@ -127,11 +163,60 @@ def test_a_checkpoint_that_would_not_load_back_is_refused_and_nothing_is_written
         SteadfastCheckpointStorage("memory:", allowed_checkpoint_types="x:y")  # type: ignore[arg-type]
 
 
-def test_stores_it_cannot_open_are_refused(tmp_path: Path) -> None:
+def test_urls_no_store_opens_and_bad_leases_are_refused(tmp_path: Path) -> None:
     with pytest.raises(steadfast.Unsupported):
-        SteadfastCheckpointStorage(f"file:{tmp_path}/runs.json")
+        SteadfastCheckpointStorage(f"ftp://{tmp_path}/runs")
     with pytest.raises(steadfast.InvalidInput):
         SteadfastCheckpointStorage("memory:", lease_seconds=-1)
+
+
+def test_a_large_checkpoint_and_odd_text_round_trip(maf_url: str) -> None:
+    s = SteadfastCheckpointStorage(maf_url)
+    # Over a megabyte of escapes, beyond what one document holds.
+    big = '"\\\n\u0001 é 😀 ' * 120_000
+    cp = checkpoint(state={"big": big, "lone": "a\udc80b", "nan-free": 1.5})
+    run(s.save(cp))
+    assert run(s.load(cp.checkpoint_id)).state == cp.state
+    if maf_url != "memory:":
+        # Read back by another storage, from the store itself.
+        again = SteadfastCheckpointStorage(maf_url)
+        assert run(again.get_latest(workflow_name="wf")).state == cp.state
+
+
+def test_one_writer_per_workflow_run_on_every_shared_store(shared_url: str) -> None:
+    a, b = SteadfastCheckpointStorage(shared_url), SteadfastCheckpointStorage(shared_url)
+    root = checkpoint(state={"step": 0})
+    run(a.save(root))
+    fork = checkpoint(previous=root.checkpoint_id, state={"step": "b"})
+    with pytest.raises(steadfast.Held):
+        run(b.save(fork))
+    with pytest.raises(steadfast.Held):
+        run(b.load(root.checkpoint_id))
+    assert run(b.list_checkpoint_ids(workflow_name="wf")) == [root.checkpoint_id], "a refused save wrote nothing"
+    a.close()
+    run(b.save(fork))
+    assert run(a.list_checkpoints(workflow_name="wf"))[-1].state == {"step": "b"}
+    with pytest.raises(steadfast.Held):
+        run(a.load(fork.checkpoint_id))
+
+
+def test_encrypted_checkpoints_are_sealed_and_need_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"file:{tmp_path}/maf.json"
+    monkeypatch.delenv("STEADFAST_ENCRYPTION_KEY", raising=False)
+    monkeypatch.delenv("STEADFAST_ENCRYPTION_KEY_FILE", raising=False)
+    with pytest.raises(steadfast.InvalidInput, match="needs the keys"):
+        SteadfastCheckpointStorage(url, encrypt=True)
+    monkeypatch.setenv("STEADFAST_ENCRYPTION_KEY", "k1:" + base64.b64encode(bytes(range(32))).decode())
+    sealed = SteadfastCheckpointStorage(url, encrypt=True)
+    cp = checkpoint(state={"secret": "the launch code is 1234"})
+    run(sealed.save(cp))
+    assert "launch code" not in (tmp_path / "maf.json").read_text()
+    assert run(sealed.load(cp.checkpoint_id)).state == {"secret": "the launch code is 1234"}
+    sealed.close()
+    plain = SteadfastCheckpointStorage(url)
+    assert run(plain.list_checkpoints(workflow_name="wf")) == [], "unreadable here: skipped"
+    with pytest.raises(steadfast.SteadfastError, match="encrypt"):
+        run(plain.load(cp.checkpoint_id))
 
 
 def test_one_writer_per_workflow_run(tmp_path: Path) -> None:
@@ -167,8 +252,8 @@ def example(url: str, *args: str, log: Path | None = None) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_a_workflow_killed_mid_superstep_resumes_and_its_human_answers(tmp_path: Path) -> None:
-    url = f"sqlite:{tmp_path}/maf.db"
+def test_a_workflow_killed_mid_superstep_resumes_and_its_human_answers(shared_url: str, tmp_path: Path) -> None:
+    url = shared_url
     first, second = tmp_path / "first.log", tmp_path / "second.log"
     p = example(url, "--topic", "tides", "--delay", "0.2", log=first)
     deadline = time.monotonic() + 30

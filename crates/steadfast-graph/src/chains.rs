@@ -435,19 +435,23 @@ impl ChainStore {
                 ),
             });
         }
+        // The chain, and its document as read to find it (the first try of
+        // the compare-and-swap below starts from it).
         let in_workflow = |found: Option<(Chain, u64, Entry)>| {
             found
                 .filter(|(c, _, _)| c.workflow == workflow)
-                .map(|(c, _, _)| c.chain)
+                .map(|(c, v, _)| (c, v))
         };
-        let chain = match previous {
+        let mut known = match previous {
             Some(p) => in_workflow(self.locate(p)?),
             None => None,
         };
-        let chain = match chain {
-            Some(c) => c,
-            None => in_workflow(self.locate(id)?).unwrap_or_else(|| id.to_string()),
-        };
+        if known.is_none() {
+            known = in_workflow(self.locate(id)?);
+        }
+        let chain = known
+            .as_ref()
+            .map_or_else(|| id.to_string(), |(c, _)| c.chain.clone());
 
         // The parts, under a number of this save's own.
         let save = format!("{:016x}", fastrand::u64(..));
@@ -494,7 +498,10 @@ impl ChainStore {
         // or renewed in the same compare-and-swap.
         for _ in 0..RETRIES {
             let now = now_ms();
-            let read = self.read_chain(&chain)?;
+            let read = match known.take() {
+                Some(k) => Some(k),
+                None => self.read_chain(&chain)?,
+            };
             let (mut doc, version, generation) = match read {
                 None => (
                     Chain {
