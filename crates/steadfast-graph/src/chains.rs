@@ -635,12 +635,22 @@ impl ChainStore {
 
     /// Checkpoint `id`, or `None`.
     pub fn get(&self, id: &str) -> Result<Option<Stored>> {
-        let Some((chain, _, entry)) = self.locate(id)? else {
-            return Ok(None);
-        };
-        let parts = self.parts_of(id, &entry.save)?;
-        let refs: Vec<&Part> = parts.iter().collect();
-        self.stored(&chain, &entry, &refs).map(Some)
+        let mut tries = 0;
+        loop {
+            let Some((chain, _, entry)) = self.locate(id)? else {
+                return Ok(None);
+            };
+            let parts = self.parts_of(id, &entry.save)?;
+            let refs: Vec<&Part> = parts.iter().collect();
+            match self.stored(&chain, &entry, &refs) {
+                // A save of the same id may have replaced it (and removed
+                // its parts) between the two reads: read its listing again.
+                Err(_) if tries == 0 && (parts.len() as u64) < u64::from(entry.parts) => {
+                    tries += 1;
+                }
+                other => return other.map(Some),
+            }
+        }
     }
 
     /// Takes (or renews) the lease on the chain checkpoint `id` is in, as a
@@ -673,13 +683,22 @@ impl ChainStore {
     pub fn list(&self, workflow: &str) -> Result<Vec<Result<Stored>>> {
         let chains = block(self.docs().list_documents(&format!("{}/chain/", self.ns)))
             .map_err(|e| store_err(&e))?;
-        let mine: Vec<Chain> = chains
-            .into_iter()
-            .filter_map(|d| serde_json::from_value::<Chain>(d.value).ok())
-            .filter(|c| c.workflow == workflow)
-            .collect();
+        let mut out = Vec::new();
+        let mut mine: Vec<Chain> = Vec::new();
+        for d in chains {
+            match serde_json::from_value::<Chain>(d.value) {
+                Ok(c) if c.workflow == workflow => mine.push(c),
+                Ok(_) => {}
+                // Whose it is cannot be told: every listing says so, rather
+                // than leave its checkpoints out without a word.
+                Err(e) => out.push(Err(store_err(&StoreError::Corrupt {
+                    location: format!("document {:?}", d.key),
+                    reason: format!("is not a chain of checkpoints: {e}"),
+                }))),
+            }
+        }
         if mine.is_empty() {
-            return Ok(Vec::new());
+            return Ok(out);
         }
         let parts: Vec<Part> = block(self.docs().list_documents(&format!("{}/part/", self.ns)))
             .map_err(|e| store_err(&e))?
@@ -693,7 +712,6 @@ impl ChainStore {
                 .or_default()
                 .push(p);
         }
-        let mut out = Vec::new();
         for c in &mine {
             for e in &c.entries {
                 let found = by_save

@@ -315,3 +315,36 @@ fn bad_arguments_are_refused_and_write_nothing() -> TestResult {
     assert_eq!(s.get("same")?.expect("kept").workflow, "one");
     Ok(())
 }
+
+#[test]
+fn a_chain_document_that_does_not_read_is_reported_in_every_listing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let url = format!("sqlite:{}", dir.path().join("c.db").display());
+    let s = ChainStore::open(&url, NS, LEASE, false)?;
+    s.put("fine", "review", None, "t", "{}")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let store = steadfast::open_store(&url).await?;
+        let docs = store.capabilities().documents.expect("documents");
+        docs.put_document(&format!("{NS}/chain/odd"), &json!({"not": "a chain"}), None)
+            .await?;
+        Ok::<_, steadfast::StoreError>(())
+    })?;
+    for workflow in ["review", "other"] {
+        let listed = s.list(workflow)?;
+        let bad: Vec<String> = listed
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(ToString::to_string))
+            .collect();
+        assert_eq!(bad.len(), 1, "{workflow}: {bad:?}");
+        assert!(
+            bad[0].contains("is not a chain of checkpoints"),
+            "{}",
+            bad[0]
+        );
+    }
+    assert_eq!(s.get("fine")?.expect("still read").body, "{}");
+    Ok(())
+}
