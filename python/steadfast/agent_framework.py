@@ -90,13 +90,14 @@ def _close_quietly(store: ChainStore) -> None:
         pass
 
 
-def _when(cp: WorkflowCheckpoint) -> tuple[float, str, str]:
+def _when(cp: WorkflowCheckpoint) -> tuple[float, str]:
     """Order of checkpoints: by timestamp (as Agent Framework's own storages
-    judge the latest), unreadable timestamps first, then by ID."""
+    judge the latest), unreadable timestamps first; the sort is stable, so
+    equal timestamps keep their order of saving."""
     try:
-        return (datetime.fromisoformat(cp.timestamp).timestamp(), "", cp.checkpoint_id)
+        return (datetime.fromisoformat(cp.timestamp).timestamp(), "")
     except (TypeError, ValueError):
-        return (float("-inf"), str(cp.timestamp), cp.checkpoint_id)
+        return (float("-inf"), str(cp.timestamp))
 
 
 class SteadfastCheckpointStorage:
@@ -247,14 +248,12 @@ class SteadfastCheckpointStorage:
 
     def _load(self, checkpoint_id: str) -> WorkflowCheckpoint:
         cid = str(checkpoint_id)
-        found = self._store.get(cid) if _is_text(cid) else None
+        # Claim the run before reading what to resume from (no other writer
+        # can replace it after), or raise Held when a live storage has it.
+        found = self._store.get(cid) if _is_text(cid) and self._store.claim(cid) else None
         if found is None:
             raise WorkflowCheckpointException(f"No checkpoint found with ID {checkpoint_id}")
-        checkpoint = self._decode(cid, found[5])
-        # Claim the run before anyone resumes it here, or raise Held when a
-        # live storage has it.
-        self._store.claim(cid)
-        return checkpoint
+        return self._decode(cid, found[5])
 
     def _list(self, workflow_name: str) -> list[WorkflowCheckpoint]:
         name = str(workflow_name)

@@ -183,6 +183,16 @@ def test_a_large_checkpoint_and_odd_text_round_trip(maf_url: str) -> None:
         assert run(again.get_latest(workflow_name="wf")).state == cp.state
 
 
+def test_equal_timestamps_keep_their_order_of_saving(tmp_path: Path) -> None:
+    s = SteadfastCheckpointStorage(f"sqlite:{tmp_path}/maf.db")
+    when = "2026-12-01T10:00:00+00:00"
+    first = checkpoint(checkpoint_id="z-first", timestamp=when)
+    second = checkpoint(checkpoint_id="a-second", previous="z-first", timestamp=when)
+    run(s.save(first))
+    run(s.save(second))
+    assert run(s.get_latest(workflow_name="wf")).checkpoint_id == "a-second"
+
+
 def test_one_writer_per_workflow_run_on_every_shared_store(shared_url: str) -> None:
     a, b = SteadfastCheckpointStorage(shared_url), SteadfastCheckpointStorage(shared_url)
     root = checkpoint(state={"step": 0})
@@ -217,6 +227,13 @@ def test_encrypted_checkpoints_are_sealed_and_need_the_key(tmp_path: Path, monke
     assert run(plain.list_checkpoints(workflow_name="wf")) == [], "unreadable here: skipped"
     with pytest.raises(steadfast.SteadfastError, match="encrypt"):
         run(plain.load(cp.checkpoint_id))
+    # A checkpoint written in plain text is refused where seals are expected.
+    planted = checkpoint(state={"forged": True})
+    run(plain.save(planted))
+    plain.close()
+    assert run(sealed.list_checkpoint_ids(workflow_name="wf")) == [cp.checkpoint_id]
+    with pytest.raises(steadfast.SteadfastError, match="not sealed"):
+        run(sealed.load(planted.checkpoint_id))
 
 
 def test_one_writer_per_workflow_run(tmp_path: Path) -> None:
@@ -325,7 +342,8 @@ def test_a_checkpoint_this_storage_cannot_read_does_not_hide_the_others(tmp_path
     strict = SteadfastCheckpointStorage(url)
     assert run(strict.list_checkpoint_ids(workflow_name="wf")) == [plain.checkpoint_id]
     assert run(strict.get_latest(workflow_name="wf")).checkpoint_id == plain.checkpoint_id
-    with pytest.raises(WorkflowCheckpointException):
+    allowed.close()
+    with pytest.raises(WorkflowCheckpointException, match="blocked"):
         run(strict.load(odd.checkpoint_id))
 
 

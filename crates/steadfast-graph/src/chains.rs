@@ -42,6 +42,8 @@ const PART_BYTES: usize = 768 << 10;
 const RETRIES: usize = 32;
 /// How many checkpoints' chains a store remembers.
 const CACHE: usize = 4096;
+/// How many chains' lease generations a store remembers.
+const MINE: usize = 1 << 16;
 
 /// One checkpoint as stored: its id, chain, workflow, predecessor,
 /// timestamp and body.
@@ -73,6 +75,17 @@ struct Entry {
     timestamp: String,
     #[serde(default)]
     sealed: bool,
+    /// The save this one replaced, whose parts are kept until the next
+    /// replacement so that a reader who saw it listed still finds them.
+    #[serde(default)]
+    older: Option<Older>,
+}
+
+/// A replaced save of a checkpoint.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Older {
+    save: String,
+    parts: u32,
 }
 
 /// A chain's document.
@@ -108,8 +121,12 @@ pub struct ChainStore {
     me: Holder,
     lease_ms: i64,
     keys: Option<steadfast::seal::Keyring>,
-    /// The lease generation of each chain this store took last.
+    /// The lease generation of each chain this store took last, kept after
+    /// a release so that a save after another writer took the chain is
+    /// still judged stale.
     mine: Mutex<HashMap<String, i64>>,
+    /// The chains this store holds now (for `close`).
+    holding: Mutex<std::collections::HashSet<String>>,
     /// The chain of checkpoints seen here.
     seen: Mutex<HashMap<String, String>>,
 }
@@ -202,9 +219,14 @@ impl ChainStore {
         steadfast::limits::LEASE
             .check("lease_seconds", lease)
             .map_err(GraphError::InvalidInput)?;
-        if ns.is_empty() || ns.len() > 40 || !ns.chars().all(|c| c.is_ascii_graphic()) {
+        if ns.is_empty()
+            || ns.len() > 40
+            || !ns
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
             return Err(invalid(format!(
-                "the namespace {ns:?} must be 1 to 40 printable ASCII characters"
+                "the namespace {ns:?} must be 1 to 40 ASCII letters, digits, '-' or '_'"
             )));
         }
         if store.capabilities().documents.is_none() {
@@ -222,6 +244,7 @@ impl ChainStore {
             lease_ms: lease.as_millis().min(i64::MAX as u128) as i64,
             keys,
             mine: Mutex::new(HashMap::new()),
+            holding: Mutex::new(std::collections::HashSet::new()),
             seen: Mutex::new(HashMap::new()),
         })
     }
@@ -293,9 +316,9 @@ impl ChainStore {
             Ok(_) => Ok(true),
             Err(e) if e.kind() == StoreErrorKind::Conflict => Ok(false),
             Err(StoreError::TooLarge { .. }) => Err(invalid(format!(
-                "workflow run {:?} holds {} checkpoints, as many as one run's listing can hold here; delete older ones; nothing was written",
+                "workflow run {:?} has as many checkpoints ({} with this one) as one run's listing holds (a document is at most 1 MiB); delete older ones; nothing was written",
                 doc.chain,
-                doc.entries.len().saturating_sub(1)
+                doc.entries.len()
             ))),
             Err(e) => Err(store_err(&e)),
         }
@@ -335,10 +358,19 @@ impl ChainStore {
     }
 
     fn took(&self, chain: &str, generation: i64) {
-        self.mine
+        let mut mine = self.mine.lock().unwrap_or_else(|p| p.into_inner());
+        if mine.len() >= MINE && !mine.contains_key(chain) {
+            // Bounded: the oldest knowledge goes first (any entry will do).
+            if let Some(k) = mine.keys().next().cloned() {
+                mine.remove(&k);
+            }
+        }
+        mine.insert(chain.to_string(), generation);
+        drop(mine);
+        self.holding
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(chain.to_string(), generation);
+            .insert(chain.to_string());
     }
 
     fn remember(&self, id: &str, chain: &str) {
@@ -442,16 +474,42 @@ impl ChainStore {
                 .filter(|(c, _, _)| c.workflow == workflow)
                 .map(|(c, v, _)| (c, v))
         };
-        let mut known = match previous {
-            Some(p) => in_workflow(self.locate(p)?),
+        let cached = |k: &str| {
+            self.seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(k)
+                .cloned()
+        };
+        // An id saved here before stays in its run: saving it again
+        // replaces it there.
+        let mut known = match cached(id) {
+            Some(_) => in_workflow(self.locate(id)?),
             None => None,
         };
+        if let (None, Some(p)) = (&known, previous) {
+            known = in_workflow(self.locate(p)?);
+            if known.is_none() {
+                // A predecessor deleted since this store saw it: its run
+                // still decides (a stale writer must not start a new run
+                // beside it).
+                if let Some(c) = cached(p) {
+                    known = self
+                        .read_chain(&c)?
+                        .filter(|(doc, _)| doc.workflow == workflow);
+                }
+            }
+        }
         if known.is_none() {
             known = in_workflow(self.locate(id)?);
         }
         let chain = known
             .as_ref()
             .map_or_else(|| id.to_string(), |(c, _)| c.chain.clone());
+        // Refused before anything is written when it will be.
+        if let Some((doc, _)) = &known {
+            self.decide(doc, now_ms(), Some(previous))?;
+        }
 
         // The parts, under a number of this save's own.
         let save = format!("{:016x}", fastrand::u64(..));
@@ -492,6 +550,7 @@ impl ChainStore {
             previous: previous.map(str::to_string),
             timestamp: timestamp.to_string(),
             sealed,
+            older: None,
         };
 
         // Then the chain's document, which lists it: the lease is taken
@@ -535,7 +594,14 @@ impl ChainStore {
                 }
             };
             let replaced = match doc.entries.iter_mut().find(|e| e.id == id) {
-                Some(e) => Some(std::mem::replace(e, entry.clone())),
+                Some(e) => {
+                    let mut new = entry.clone();
+                    new.older = Some(Older {
+                        save: e.save.clone(),
+                        parts: e.parts,
+                    });
+                    Some(std::mem::replace(e, new))
+                }
                 None => {
                     doc.entries.push(entry.clone());
                     None
@@ -550,8 +616,12 @@ impl ChainStore {
                 Ok(true) => {
                     self.took(&chain, generation);
                     self.remember(id, &chain);
-                    if let Some(old) = replaced {
-                        self.delete_parts(id, &old.save, old.parts);
+                    // The parts of the save before the one replaced: a
+                    // reader who saw that one listed has long moved on.
+                    if let Some(Older { save: s, parts }) = replaced.and_then(|o| o.older) {
+                        if s != save {
+                            self.delete_parts(id, &s, parts);
+                        }
                     }
                     return Ok(chain);
                 }
@@ -590,14 +660,19 @@ impl ChainStore {
                 .ok_or_else(|| corrupt(format!("part {i} of {} is missing", entry.parts)))?;
             text.push_str(&p.text);
         }
-        if !entry.sealed {
-            return Ok(text);
-        }
         let Some(k) = &self.keys else {
+            if !entry.sealed {
+                return Ok(text);
+            }
             return Err(corrupt(
                 "is encrypted: open the storage with encrypt=True and the key".into(),
             ));
         };
+        if !entry.sealed {
+            return Err(corrupt(
+                "is not sealed (written without encryption, or planted)".into(),
+            ));
+        }
         use base64::Engine as _;
         let sealed = base64::engine::general_purpose::STANDARD
             .decode(text.as_bytes())
@@ -718,7 +793,14 @@ impl ChainStore {
                     .get(&(e.id.as_str(), e.save.as_str()))
                     .map(Vec::as_slice)
                     .unwrap_or(&[]);
-                out.push(self.stored(c, e, found));
+                let mut one = self.stored(c, e, found);
+                if one.is_err() && (found.len() as u64) < u64::from(e.parts) {
+                    // Replaced since the listing was read: read it alone.
+                    if let Ok(Some(again)) = self.get(&e.id) {
+                        one = Ok(again);
+                    }
+                }
+                out.push(one);
                 self.remember(&e.id, &c.chain);
             }
         }
@@ -749,6 +831,9 @@ impl ChainStore {
             };
             if done {
                 self.delete_parts(id, &entry.save, entry.parts);
+                if let Some(o) = &entry.older {
+                    self.delete_parts(id, &o.save, o.parts);
+                }
                 self.seen
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -794,7 +879,7 @@ impl ChainStore {
         self.check_process()?;
         if let Some((doc, _, _)) = self.locate(id)? {
             self.release_chain(&doc.chain)?;
-            self.mine
+            self.holding
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&doc.chain);
@@ -806,16 +891,24 @@ impl ChainStore {
     pub fn close(&self) -> Result<()> {
         self.check_process()?;
         let chains: Vec<String> = self
-            .mine
+            .holding
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .map(|(c, _)| c)
+            .iter()
+            .cloned()
             .collect();
         let mut first = None;
         for c in chains {
-            if let Err(e) = self.release_chain(&c) {
-                first.get_or_insert(e);
+            match self.release_chain(&c) {
+                Ok(()) => {
+                    self.holding
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&c);
+                }
+                Err(e) => {
+                    first.get_or_insert(e);
+                }
             }
         }
         first.map_or(Ok(()), Err)

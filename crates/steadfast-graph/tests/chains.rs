@@ -348,3 +348,58 @@ fn a_chain_document_that_does_not_read_is_reported_in_every_listing() -> TestRes
     assert_eq!(s.get("fine")?.expect("still read").body, "{}");
     Ok(())
 }
+
+#[test]
+fn a_stale_writer_is_refused_after_close_and_after_its_predecessor_is_deleted() -> TestResult {
+    on_every_store(|open, _| {
+        let short = Duration::from_millis(200);
+        // Closed, then its run taken over: a closed storage is no less
+        // fenced than one whose lease lapsed.
+        let a = open(short);
+        let b = open(LEASE);
+        a.put("h1", "review", None, "t1", "{}")?;
+        a.close()?;
+        assert!(b.claim("h1")?);
+        b.put("h2", "review", Some("h1"), "t2", "{}")?;
+        b.close()?;
+        let fork = a.put("h3", "review", Some("h1"), "t3", "{}");
+        assert!(matches!(fork, Err(GraphError::Held(_))), "{fork:?}");
+
+        // Its predecessor deleted by the new holder: no new run beside it.
+        let c = open(short);
+        let d = open(LEASE);
+        c.put("g1", "review", None, "t1", "{}")?;
+        c.put("g2", "review", Some("g1"), "t2", "{}")?;
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(d.claim("g2")?);
+        d.put("g3", "review", Some("g2"), "t3", "{}")?;
+        assert!(d.delete("g1")? && d.delete("g2")?);
+        let fork = c.put("g3b", "review", Some("g2"), "t4", "{}");
+        assert!(matches!(fork, Err(GraphError::Held(_))), "{fork:?}");
+        assert!(c.get("g3b")?.is_none());
+        Ok(())
+    })
+}
+
+#[test]
+fn saving_an_id_again_keeps_it_in_its_run() -> TestResult {
+    on_every_store(|open, _| {
+        let s = open(LEASE);
+        s.put("a1", "review", None, "t", "{}")?;
+        s.put("b1", "review", None, "t", "{}")?;
+        s.put("x", "review", Some("a1"), "t", r#""one""#)?;
+        s.put("x", "review", Some("b1"), "t", r#""two""#)?;
+        s.put("x", "review", Some("b1"), "t", r#""three""#)?;
+        let listed = s.list("review")?;
+        let xs: Vec<&str> = listed
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .filter(|c| c.id == "x")
+            .map(|c| c.body.as_str())
+            .collect();
+        assert_eq!(xs, [r#""three""#]);
+        assert!(s.delete("x")?);
+        assert!(open(LEASE).get("x")?.is_none());
+        Ok(())
+    })
+}
