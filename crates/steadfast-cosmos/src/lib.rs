@@ -1350,8 +1350,10 @@ impl Documents for CosmosStore {
             .query(
                 None,
                 prefix,
-                "SELECT * FROM c WHERE c.kind = 'document'",
-                json!([]),
+                // Filtered by the server, so that a listing of a few keys
+                // does not read every document of the container.
+                "SELECT * FROM c WHERE c.kind = 'document' AND STARTSWITH(c.key, @prefix)",
+                json!([{"name": "@prefix", "value": prefix}]),
             )
             .await?;
         let mut out = Vec::new();
