@@ -42,6 +42,9 @@ const PART_BYTES: usize = 768 << 10;
 const RETRIES: usize = 32;
 /// How many checkpoints' chains a store remembers.
 const CACHE: usize = 4096;
+/// Up to how many checkpoints a listing reads one by one (past that, every
+/// part of the namespace at once).
+const FEW: usize = 32;
 /// How many chains' lease generations a store remembers.
 const MINE: usize = 1 << 16;
 
@@ -384,6 +387,13 @@ impl ChainStore {
 
     /// The chain listing checkpoint `id`, its version and the entry.
     fn locate(&self, id: &str) -> Result<Option<(Chain, u64, Entry)>> {
+        Ok(self.locate_reading(id)?.map(|(c, v, e, _)| (c, v, e)))
+    }
+
+    /// [`Self::locate`], with the parts of the id it read on the way (when
+    /// it had to list them to find the chain), for a caller that needs the
+    /// body too.
+    fn locate_reading(&self, id: &str) -> Result<Option<(Chain, u64, Entry, Vec<Part>)>> {
         let cached = self
             .seen
             .lock()
@@ -396,8 +406,8 @@ impl ChainStore {
         };
         if let Some(chain) = cached {
             if let Some((c, v)) = self.read_chain(&chain)? {
-                if let Some(found) = find(c, v) {
-                    return Ok(Some(found));
+                if let Some((c, v, e)) = find(c, v) {
+                    return Ok(Some((c, v, e, Vec::new())));
                 }
             }
         }
@@ -405,19 +415,24 @@ impl ChainStore {
         // save that never joined one).
         let parts =
             block(self.docs().list_documents(&self.parts_prefix(id))).map_err(|e| store_err(&e))?;
-        let mut chains: Vec<String> = Vec::new();
-        for d in parts {
-            if let Ok(p) = serde_json::from_value::<Part>(d.value) {
-                if p.id == id && !chains.contains(&p.chain) {
-                    chains.push(p.chain);
-                }
+        let parts: Vec<Part> = parts
+            .into_iter()
+            .filter_map(|d| serde_json::from_value::<Part>(d.value).ok())
+            .filter(|p| p.id == id)
+            .collect();
+        let mut chains: Vec<&str> = Vec::new();
+        for p in &parts {
+            if !chains.contains(&p.chain.as_str()) {
+                chains.push(&p.chain);
             }
         }
         for chain in chains {
-            if let Some((c, v)) = self.read_chain(&chain)? {
-                if let Some(found) = find(c, v) {
-                    self.remember(id, &chain);
-                    return Ok(Some(found));
+            if let Some((c, v)) = self.read_chain(chain)? {
+                if let Some((c, v, e)) = find(c, v) {
+                    self.remember(id, chain);
+                    let save = e.save.clone();
+                    let mine = parts.into_iter().filter(|p| p.save == save).collect();
+                    return Ok(Some((c, v, e, mine)));
                 }
             }
         }
@@ -712,10 +727,14 @@ impl ChainStore {
     pub fn get(&self, id: &str) -> Result<Option<Stored>> {
         let mut tries = 0;
         loop {
-            let Some((chain, _, entry)) = self.locate(id)? else {
+            let Some((chain, _, entry, read)) = self.locate_reading(id)? else {
                 return Ok(None);
             };
-            let parts = self.parts_of(id, &entry.save)?;
+            let parts = if read.len() as u64 == u64::from(entry.parts) {
+                read
+            } else {
+                self.parts_of(id, &entry.save)?
+            };
             let refs: Vec<&Part> = parts.iter().collect();
             match self.stored(&chain, &entry, &refs) {
                 // A save of the same id may have replaced it (and removed
@@ -775,11 +794,24 @@ impl ChainStore {
         if mine.is_empty() {
             return Ok(out);
         }
-        let parts: Vec<Part> = block(self.docs().list_documents(&format!("{}/part/", self.ns)))
-            .map_err(|e| store_err(&e))?
-            .into_iter()
-            .filter_map(|d| serde_json::from_value::<Part>(d.value).ok())
-            .collect();
+        // A few checkpoints: their own parts; many: every part of the
+        // namespace in one listing.
+        let wanted: usize = mine.iter().map(|c| c.entries.len()).sum();
+        let parts: Vec<Part> = if wanted <= FEW {
+            let mut all = Vec::new();
+            for c in &mine {
+                for e in &c.entries {
+                    all.extend(self.parts_of(&e.id, &e.save)?);
+                }
+            }
+            all
+        } else {
+            block(self.docs().list_documents(&format!("{}/part/", self.ns)))
+                .map_err(|e| store_err(&e))?
+                .into_iter()
+                .filter_map(|d| serde_json::from_value::<Part>(d.value).ok())
+                .collect()
+        };
         let mut by_save: HashMap<(&str, &str), Vec<&Part>> = HashMap::new();
         for p in &parts {
             by_save

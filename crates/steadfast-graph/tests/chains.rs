@@ -403,3 +403,41 @@ fn saving_an_id_again_keeps_it_in_its_run() -> TestResult {
         Ok(())
     })
 }
+
+#[test]
+fn listings_of_few_and_of_many_checkpoints_read_every_one() -> TestResult {
+    on_every_store(|open, _| {
+        let s = open(LEASE);
+        let mut previous: Option<String> = None;
+        for i in 0..40 {
+            let id = format!("m{i:02}");
+            s.put(
+                &id,
+                "many",
+                previous.as_deref(),
+                "t",
+                &format!("{{\"i\":{i}}}"),
+            )?;
+            previous = Some(id);
+            if i == 2 {
+                s.put("f0", "few", None, "t", "{}")?;
+            }
+        }
+        let many = s.list("many")?;
+        assert_eq!(many.len(), 40);
+        for (i, r) in many.iter().enumerate() {
+            let c = r.as_ref().map_err(|e| e.to_string())?;
+            assert_eq!(
+                (c.id.as_str(), c.body.as_str()),
+                (
+                    format!("m{i:02}").as_str(),
+                    format!("{{\"i\":{i}}}").as_str()
+                )
+            );
+        }
+        assert_eq!(ids(&s.list("few")?), ["f0"]);
+        // A storage that has seen none of them reads one cold.
+        assert_eq!(open(LEASE).get("m17")?.expect("m17").body, r#"{"i":17}"#);
+        Ok(())
+    })
+}
