@@ -107,6 +107,10 @@ struct Chain {
     entries: Vec<Entry>,
 }
 
+/// A checkpoint found: its chain's document and version, its entry, and
+/// the parts of its save read on the way (possibly none).
+type Located = (Chain, u64, Entry, Vec<Part>);
+
 /// One part of a body.
 #[derive(Debug, Serialize, Deserialize)]
 struct Part {
@@ -393,7 +397,7 @@ impl ChainStore {
     /// [`Self::locate`], with the parts of the id it read on the way (when
     /// it had to list them to find the chain), for a caller that needs the
     /// body too.
-    fn locate_reading(&self, id: &str) -> Result<Option<(Chain, u64, Entry, Vec<Part>)>> {
+    fn locate_reading(&self, id: &str) -> Result<Option<Located>> {
         let cached = self
             .seen
             .lock()
