@@ -42,6 +42,9 @@ const PART_BYTES: usize = 768 << 10;
 const RETRIES: usize = 32;
 /// How many checkpoints' chains a store remembers.
 const CACHE: usize = 4096;
+/// How many checkpoints a chain's own document lists before they are moved
+/// into a segment document of their own.
+const SEGMENT: usize = 256;
 /// Up to how many checkpoints a listing reads one by one (past that, every
 /// part of the namespace at once).
 const FEW: usize = 32;
@@ -104,6 +107,22 @@ struct Chain {
     generation: i64,
     /// The checkpoint saved last.
     head: Option<String>,
+    /// The keys of the chain's sealed-off segments, oldest first: documents
+    /// that each list a full segment of its earlier checkpoints.
+    #[serde(default)]
+    segments: Vec<String>,
+    /// Segments replaced by the last rewrite of one, removed at the next, so
+    /// that a reader who saw them listed still finds them.
+    #[serde(default)]
+    retired: Vec<String>,
+    /// Its latest checkpoints (those of no segment yet), in save order.
+    entries: Vec<Entry>,
+}
+
+/// A sealed-off segment of a chain's checkpoints.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Segment {
+    chain: String,
     entries: Vec<Entry>,
 }
 
@@ -136,6 +155,9 @@ pub struct ChainStore {
     holding: Mutex<std::collections::HashSet<String>>,
     /// The chain of checkpoints seen here.
     seen: Mutex<HashMap<String, String>>,
+    /// Segments read here (they never change: a rewrite makes a new one).
+    segments: Mutex<HashMap<String, Arc<Vec<Entry>>>>,
+    segment_size: usize,
 }
 
 fn invalid(msg: String) -> GraphError {
@@ -253,6 +275,8 @@ impl ChainStore {
             mine: Mutex::new(HashMap::new()),
             holding: Mutex::new(std::collections::HashSet::new()),
             seen: Mutex::new(HashMap::new()),
+            segments: Mutex::new(HashMap::new()),
+            segment_size: SEGMENT,
         })
     }
 
@@ -261,6 +285,127 @@ impl ChainStore {
             .capabilities()
             .documents
             .expect("checked when opened")
+    }
+
+    /// The same store with segments of `n` checkpoints (for tests).
+    #[doc(hidden)]
+    pub fn segment_size(mut self, n: usize) -> Self {
+        self.segment_size = n.clamp(1, SEGMENT);
+        self
+    }
+
+    /// A segment's checkpoints, or `None` when its document is gone.
+    fn read_segment(&self, key: &str) -> Result<Option<Arc<Vec<Entry>>>> {
+        if let Some(found) = self
+            .segments
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+        {
+            return Ok(Some(Arc::clone(found)));
+        }
+        let Some(doc) = block(self.docs().get_document(key)).map_err(|e| store_err(&e))? else {
+            return Ok(None);
+        };
+        let seg: Segment = serde_json::from_value(doc.value).map_err(|e| {
+            store_err(&StoreError::Corrupt {
+                location: format!("document {key:?}"),
+                reason: format!("is not a segment of checkpoints: {e}"),
+            })
+        })?;
+        let entries = Arc::new(seg.entries);
+        let mut cache = self.segments.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= CACHE {
+            cache.clear();
+        }
+        cache.insert(key.to_string(), Arc::clone(&entries));
+        Ok(Some(entries))
+    }
+
+    /// A segment listed by `chain`'s document at `key`: Corrupt when gone
+    /// (after one new read of the document found it listed still).
+    fn listed_segment(&self, chain: &str, key: &str) -> Result<Arc<Vec<Entry>>> {
+        self.read_segment(key)?.ok_or_else(|| {
+            store_err(&StoreError::Corrupt {
+                location: format!("workflow run {chain:?}"),
+                reason: format!("its segment {key:?} is missing"),
+            })
+        })
+    }
+
+    /// Writes a new segment of `chain`; its key.
+    fn write_segment(&self, chain: &str, entries: &[Entry]) -> Result<String> {
+        let key = format!(
+            "{}/segment/{}/{:016x}",
+            self.ns,
+            hash(chain),
+            fastrand::u64(..)
+        );
+        let value = serde_json::to_value(Segment {
+            chain: chain.to_string(),
+            entries: entries.to_vec(),
+        })
+        .map_err(|e| invalid(e.to_string()))?;
+        block(self.docs().put_document(&key, &value, None)).map_err(|e| store_err(&e))?;
+        Ok(key)
+    }
+
+    fn drop_segment(&self, key: &str) {
+        if let Ok(Some(d)) = block(self.docs().get_document(key)) {
+            // Best effort: a segment nothing lists is harmless.
+            let _ = block(self.docs().delete_document(key, d.version));
+        }
+    }
+
+    /// Every checkpoint of a chain, in save order.
+    fn entries_of(&self, c: &Chain) -> Result<Vec<Entry>> {
+        let mut out = Vec::new();
+        for key in &c.segments {
+            out.extend(self.listed_segment(&c.chain, key)?.iter().cloned());
+        }
+        out.extend(c.entries.iter().cloned());
+        Ok(out)
+    }
+
+    /// Where checkpoint `id` is in a chain (`None`: its own document, else
+    /// the index of its segment), and its entry.
+    fn find_in(&self, c: &Chain, id: &str) -> Result<Option<(Option<usize>, Entry)>> {
+        if let Some(e) = c.entries.iter().find(|e| e.id == id) {
+            return Ok(Some((None, e.clone())));
+        }
+        for (i, key) in c.segments.iter().enumerate().rev() {
+            if let Some(e) = self
+                .listed_segment(&c.chain, key)?
+                .iter()
+                .find(|e| e.id == id)
+            {
+                return Ok(Some((Some(i), e.clone())));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Replaces segment `i` of `doc` by one holding `entries` (none: drops
+    /// it), retiring the old one; returns the new segment's key, to remove
+    /// if the document's write fails, and the segments retired before, to
+    /// remove once it succeeds.
+    fn rewrite_segment(
+        &self,
+        doc: &mut Chain,
+        i: usize,
+        entries: &[Entry],
+    ) -> Result<(Option<String>, Vec<String>)> {
+        let new = if entries.is_empty() {
+            None
+        } else {
+            Some(self.write_segment(&doc.chain, entries)?)
+        };
+        let old = match &new {
+            Some(k) => std::mem::replace(&mut doc.segments[i], k.clone()),
+            None => doc.segments.remove(i),
+        };
+        let before = std::mem::replace(&mut doc.retired, vec![old]);
+        Ok((new, before))
     }
 
     fn chain_key(&self, chain: &str) -> String {
@@ -404,13 +549,12 @@ impl ChainStore {
             .unwrap_or_else(|p| p.into_inner())
             .get(id)
             .cloned();
-        let find = |c: Chain, v: u64| {
-            let entry = c.entries.iter().find(|e| e.id == id).cloned();
-            entry.map(|e| (c, v, e))
+        let find = |c: Chain, v: u64| -> Result<Option<(Chain, u64, Entry)>> {
+            Ok(self.find_in(&c, id)?.map(|(_, e)| (c, v, e)))
         };
         if let Some(chain) = cached {
             if let Some((c, v)) = self.read_chain(&chain)? {
-                if let Some((c, v, e)) = find(c, v) {
+                if let Some((c, v, e)) = find(c, v)? {
                     return Ok(Some((c, v, e, Vec::new())));
                 }
             }
@@ -432,7 +576,7 @@ impl ChainStore {
         }
         for chain in chains {
             if let Some((c, v)) = self.read_chain(chain)? {
-                if let Some((c, v, e)) = find(c, v) {
+                if let Some((c, v, e)) = find(c, v)? {
                     self.remember(id, chain);
                     let save = e.save.clone();
                     let mine = parts.into_iter().filter(|p| p.save == save).collect();
@@ -590,6 +734,8 @@ impl ChainStore {
                         local_until: None,
                         generation: 0,
                         head: None,
+                        segments: Vec::new(),
+                        retired: Vec::new(),
                         entries: Vec::new(),
                     },
                     None,
@@ -612,16 +758,44 @@ impl ChainStore {
                     }
                 }
             };
-            let replaced = match doc.entries.iter_mut().find(|e| e.id == id) {
-                Some(e) => {
-                    let mut new = entry.clone();
-                    new.older = Some(Older {
-                        save: e.save.clone(),
-                        parts: e.parts,
-                    });
-                    Some(std::mem::replace(e, new))
+            let replacing = |e: &Entry| {
+                let mut new = entry.clone();
+                new.older = Some(Older {
+                    save: e.save.clone(),
+                    parts: e.parts,
+                });
+                new
+            };
+            // A segment written for this try (removed if the try fails), and
+            // segments retired before (removed once it succeeds).
+            let (mut written, mut retired) = (None, Vec::new());
+            let replaced = match self.find_in(&doc, id) {
+                Err(e) => {
+                    self.delete_parts(id, &save, count);
+                    return Err(e);
                 }
-                None => {
+                Ok(Some((None, old))) => {
+                    if let Some(e) = doc.entries.iter_mut().find(|e| e.id == id) {
+                        *e = replacing(&old);
+                    }
+                    Some(old)
+                }
+                Ok(Some((Some(i), old))) => {
+                    let mut entries = (*self.listed_segment(&chain, &doc.segments[i])?).clone();
+                    for e in entries.iter_mut().filter(|e| e.id == id) {
+                        *e = replacing(&old);
+                    }
+                    (written, retired) = self.rewrite_segment(&mut doc, i, &entries)?;
+                    Some(old)
+                }
+                Ok(None) => {
+                    if doc.entries.len() >= self.segment_size {
+                        // The document's checkpoints move to a segment.
+                        let key = self.write_segment(&chain, &doc.entries)?;
+                        doc.segments.push(key.clone());
+                        doc.entries.clear();
+                        written = Some(key);
+                    }
                     doc.entries.push(entry.clone());
                     None
                 }
@@ -635,6 +809,9 @@ impl ChainStore {
                 Ok(true) => {
                     self.took(&chain, generation);
                     self.remember(id, &chain);
+                    for key in &retired {
+                        self.drop_segment(key);
+                    }
                     // The parts of the save before the one replaced: a
                     // reader who saw that one listed has long moved on.
                     if let Some(Older { save: s, parts }) = replaced.and_then(|o| o.older) {
@@ -644,11 +821,19 @@ impl ChainStore {
                     }
                     return Ok(chain);
                 }
-                Ok(false) => continue,
+                Ok(false) => {
+                    if let Some(key) = written {
+                        self.drop_segment(&key);
+                    }
+                    continue;
+                }
                 Err(e) => {
                     if !matches!(e, GraphError::Store { .. }) {
                         // Refused before anything was written.
                         self.delete_parts(id, &save, count);
+                        if let Some(key) = written {
+                            self.drop_segment(&key);
+                        }
                     }
                     return Err(e);
                 }
@@ -800,11 +985,18 @@ impl ChainStore {
         }
         // A few checkpoints: their own parts; many: every part of the
         // namespace in one listing.
-        let wanted: usize = mine.iter().map(|c| c.entries.len()).sum();
+        let mut every: Vec<(&Chain, Vec<Entry>)> = Vec::new();
+        for c in &mine {
+            match self.entries_of(c) {
+                Ok(entries) => every.push((c, entries)),
+                Err(e) => out.push(Err(e)),
+            }
+        }
+        let wanted: usize = every.iter().map(|(_, e)| e.len()).sum();
         let parts: Vec<Part> = if wanted <= FEW {
             let mut all = Vec::new();
-            for c in &mine {
-                for e in &c.entries {
+            for (_, entries) in &every {
+                for e in entries {
                     all.extend(self.parts_of(&e.id, &e.save)?);
                 }
             }
@@ -823,8 +1015,8 @@ impl ChainStore {
                 .or_default()
                 .push(p);
         }
-        for c in &mine {
-            for e in &c.entries {
+        for (c, entries) in &every {
+            for e in entries {
                 let found = by_save
                     .get(&(e.id.as_str(), e.save.as_str()))
                     .map(Vec::as_slice)
@@ -852,11 +1044,27 @@ impl ChainStore {
                 return Ok(false);
             };
             self.decide(&doc, now_ms(), None)?;
-            doc.entries.retain(|e| e.id != id);
-            if doc.head.as_deref() == Some(id) {
-                doc.head = doc.entries.last().map(|e| e.id.clone());
+            let (mut written, mut retired) = (None, Vec::new());
+            match self.find_in(&doc, id)? {
+                Some((Some(i), _)) => {
+                    let mut entries = (*self.listed_segment(&doc.chain, &doc.segments[i])?).clone();
+                    entries.retain(|e| e.id != id);
+                    (written, retired) = self.rewrite_segment(&mut doc, i, &entries)?;
+                }
+                _ => doc.entries.retain(|e| e.id != id),
             }
-            let done = if doc.entries.is_empty() && doc.holder.is_empty() {
+            if doc.head.as_deref() == Some(id) {
+                doc.head = match (doc.entries.last(), doc.segments.last()) {
+                    (Some(e), _) => Some(e.id.clone()),
+                    (None, Some(key)) => self
+                        .listed_segment(&doc.chain, key)?
+                        .last()
+                        .map(|e| e.id.clone()),
+                    (None, None) => None,
+                };
+            }
+            let empty = doc.entries.is_empty() && doc.segments.is_empty();
+            let done = if empty && doc.holder.is_empty() {
                 block(
                     self.docs()
                         .delete_document(&self.chain_key(&doc.chain), version),
@@ -865,17 +1073,26 @@ impl ChainStore {
             } else {
                 self.write_chain(&doc, Some(version))?
             };
-            if done {
-                self.delete_parts(id, &entry.save, entry.parts);
-                if let Some(o) = &entry.older {
-                    self.delete_parts(id, &o.save, o.parts);
+            if !done {
+                if let Some(key) = written {
+                    self.drop_segment(&key);
                 }
-                self.seen
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(id);
-                return Ok(true);
+                continue;
             }
+            for key in doc.retired.iter().chain(&retired) {
+                if empty || retired.contains(key) {
+                    self.drop_segment(key);
+                }
+            }
+            self.delete_parts(id, &entry.save, entry.parts);
+            if let Some(o) = &entry.older {
+                self.delete_parts(id, &o.save, o.parts);
+            }
+            self.seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(id);
+            return Ok(true);
         }
         Err(GraphError::Store {
             kind: StoreErrorKind::Conflict,
@@ -894,13 +1111,19 @@ impl ChainStore {
             doc.holder = String::new();
             doc.until = 0;
             doc.local_until = None;
-            let done = if doc.entries.is_empty() {
+            let gone = doc.entries.is_empty() && doc.segments.is_empty();
+            let done = if gone {
                 block(self.docs().delete_document(&self.chain_key(chain), version))
                     .map_err(|e| store_err(&e))?
             } else {
                 self.write_chain(&doc, Some(version))?
             };
             if done {
+                if gone {
+                    for key in &doc.retired {
+                        self.drop_segment(key);
+                    }
+                }
                 return Ok(());
             }
         }

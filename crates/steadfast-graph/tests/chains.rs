@@ -441,3 +441,61 @@ fn listings_of_few_and_of_many_checkpoints_read_every_one() -> TestResult {
         Ok(())
     })
 }
+
+#[test]
+fn a_long_run_moves_its_checkpoints_into_segments_and_keeps_every_one() -> TestResult {
+    on_every_store(|open, url| {
+        let s = open(LEASE).segment_size(4);
+        let mut previous: Option<String> = None;
+        for i in 0..11 {
+            let id = format!("s{i:02}");
+            s.put(&id, "long", previous.as_deref(), "t", &format!("{i}"))?;
+            previous = Some(id);
+        }
+        let bodies = |st: &ChainStore| -> Result<Vec<String>, String> {
+            st.list("long")
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|r| {
+                    r.map(|c| format!("{}={}", c.id, c.body))
+                        .map_err(|e| e.to_string())
+                })
+                .collect()
+        };
+        let all: Vec<String> = (0..11).map(|i| format!("s{i:02}={i}")).collect();
+        assert_eq!(bodies(&s)?, all);
+        // Read cold by another storage: one in the first segment.
+        let cold = open(LEASE).segment_size(4);
+        assert_eq!(cold.get("s01")?.expect("s01").body, "1");
+        assert_eq!(bodies(&cold)?, all);
+        // Saved again in its segment, then deleted from another one.
+        s.put("s01", "long", Some("s00"), "t", "one")?;
+        s.put("s01", "long", Some("s00"), "t", "uno")?;
+        assert!(s.delete("s05")?);
+        let mut expect = all.clone();
+        expect[1] = "s01=uno".into();
+        expect.remove(5);
+        assert_eq!(bodies(&open(LEASE))?, expect);
+        // The head is kept: the next checkpoint follows s10.
+        s.put("s11", "long", Some("s10"), "t", "11")?;
+        // Everything deleted: no segment is left behind.
+        for i in (0..12).filter(|i| *i != 5) {
+            assert!(s.delete(&format!("s{i:02}"))?, "s{i:02}");
+        }
+        s.close()?;
+        assert!(s.list("long")?.is_empty());
+        if url != "memory:" {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let left = rt.block_on(async {
+                let store = steadfast::open_store(url).await?;
+                let docs = store.capabilities().documents.expect("documents");
+                docs.list_documents(&format!("{NS}/")).await
+            })?;
+            let keys: Vec<&str> = left.iter().map(|d| d.key.as_str()).collect();
+            assert!(keys.is_empty(), "left behind: {keys:?}");
+        }
+        Ok(())
+    })
+}
