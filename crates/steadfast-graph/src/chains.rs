@@ -7,7 +7,7 @@
 //! chain has one document (its workflow, its checkpoints in save order, its
 //! head, and who may write it until when); each checkpoint's body is kept in
 //! one or more part documents beside it (a document holds at most
-//! [`steadfast::MAX_DOCUMENT_BYTES`]), named by the checkpoint and a number
+//! [`steadfast::store::MAX_DOCUMENT_BYTES`]), named by the checkpoint and a number
 //! drawn for each save.
 //!
 //! A save writes the parts first and then the chain's document by
@@ -45,6 +45,10 @@ const CACHE: usize = 4096;
 /// How many checkpoints a chain's own document lists before they are moved
 /// into a segment document of their own.
 const SEGMENT: usize = 256;
+/// How long a replaced segment is kept for readers who saw it listed.
+const RETIRED_FOR_MS: i64 = 120_000;
+/// How many replaced segments a chain keeps at most, whatever their age.
+const RETIRED_MAX: usize = 1024;
 /// Up to how many checkpoints a listing reads one by one (past that, every
 /// part of the namespace at once).
 const FEW: usize = 32;
@@ -111,12 +115,20 @@ struct Chain {
     /// that each list a full segment of its earlier checkpoints.
     #[serde(default)]
     segments: Vec<String>,
-    /// Segments replaced by the last rewrite of one, removed at the next, so
-    /// that a reader who saw them listed still finds them.
+    /// Segments replaced by a rewrite, kept until a later rewrite after
+    /// [`RETIRED_FOR_MS`], so that a reader who saw them listed still finds
+    /// them.
     #[serde(default)]
-    retired: Vec<String>,
+    retired: Vec<Retired>,
     /// Its latest checkpoints (those of no segment yet), in save order.
     entries: Vec<Entry>,
+}
+
+/// A segment no longer listed, and from when it may be removed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Retired {
+    key: String,
+    after: i64,
 }
 
 /// A sealed-off segment of a chain's checkpoints.
@@ -129,6 +141,14 @@ struct Segment {
 /// A checkpoint found: its chain's document and version, its entry, and
 /// the parts of its save read on the way (possibly none).
 type Located = (Chain, u64, Entry, Vec<Part>);
+
+/// What a store knows of a chain it took: the lease generation, and the
+/// checkpoint it saved into it last.
+#[derive(Clone, Debug)]
+struct Mine {
+    generation: i64,
+    last: Option<String>,
+}
 
 /// One part of a body.
 #[derive(Debug, Serialize, Deserialize)]
@@ -150,7 +170,7 @@ pub struct ChainStore {
     /// The lease generation of each chain this store took last, kept after
     /// a release so that a save after another writer took the chain is
     /// still judged stale.
-    mine: Mutex<HashMap<String, i64>>,
+    mine: Mutex<HashMap<String, Mine>>,
     /// The chains this store holds now (for `close`).
     holding: Mutex<std::collections::HashSet<String>>,
     /// The chain of checkpoints seen here.
@@ -323,7 +343,8 @@ impl ChainStore {
     }
 
     /// A segment listed by `chain`'s document at `key`: Corrupt when gone
-    /// (after one new read of the document found it listed still).
+    /// (a replaced segment is kept [`RETIRED_FOR_MS`] for readers who saw
+    /// it listed).
     fn listed_segment(&self, chain: &str, key: &str) -> Result<Arc<Vec<Entry>>> {
         self.read_segment(key)?.ok_or_else(|| {
             store_err(&StoreError::Corrupt {
@@ -387,8 +408,8 @@ impl ChainStore {
 
     /// Replaces segment `i` of `doc` by one holding `entries` (none: drops
     /// it), retiring the old one; returns the new segment's key, to remove
-    /// if the document's write fails, and the segments retired before, to
-    /// remove once it succeeds.
+    /// if the document's write fails, and the retired segments whose time
+    /// is up, to remove once it succeeds.
     fn rewrite_segment(
         &self,
         doc: &mut Chain,
@@ -404,8 +425,20 @@ impl ChainStore {
             Some(k) => std::mem::replace(&mut doc.segments[i], k.clone()),
             None => doc.segments.remove(i),
         };
-        let before = std::mem::replace(&mut doc.retired, vec![old]);
-        Ok((new, before))
+        let now = now_ms();
+        let (due, mut kept): (Vec<Retired>, Vec<Retired>) = std::mem::take(&mut doc.retired)
+            .into_iter()
+            .partition(|r| r.after <= now);
+        let mut due: Vec<String> = due.into_iter().map(|r| r.key).collect();
+        kept.push(Retired {
+            key: old,
+            after: now.saturating_add(RETIRED_FOR_MS),
+        });
+        if kept.len() > RETIRED_MAX {
+            due.extend(kept.drain(..kept.len() - RETIRED_MAX).map(|r| r.key));
+        }
+        doc.retired = kept;
+        Ok((new, due))
     }
 
     fn chain_key(&self, chain: &str) -> String {
@@ -468,9 +501,10 @@ impl ChainStore {
             Ok(_) => Ok(true),
             Err(e) if e.kind() == StoreErrorKind::Conflict => Ok(false),
             Err(StoreError::TooLarge { .. }) => Err(invalid(format!(
-                "workflow run {:?} has as many checkpoints ({} with this one) as one run's listing holds (a document is at most 1 MiB); delete older ones; nothing was written",
+                "the document of workflow run {:?} would be over 1 MiB ({} checkpoints and {} segments listed); nothing was written",
                 doc.chain,
-                doc.entries.len()
+                doc.entries.len(),
+                doc.segments.len()
             ))),
             Err(e) => Err(store_err(&e)),
         }
@@ -497,7 +531,7 @@ impl ChainStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&doc.chain)
-            .copied();
+            .map(|m| m.generation);
         if let (Some(g), Some(extends)) = (mine, extends) {
             if g != doc.generation && extends != doc.head.as_deref() {
                 return Err(GraphError::Held(format!(
@@ -509,15 +543,24 @@ impl ChainStore {
         Ok(doc.generation.saturating_add(1))
     }
 
-    fn took(&self, chain: &str, generation: i64) {
+    /// Notes the lease generation taken on `chain`, and the checkpoint
+    /// saved into it (`None`: a claim, which saves nothing).
+    fn took(&self, chain: &str, generation: i64, saved: Option<&str>) {
         let mut mine = self.mine.lock().unwrap_or_else(|p| p.into_inner());
         if mine.len() >= MINE && !mine.contains_key(chain) {
-            // Bounded: the oldest knowledge goes first (any entry will do).
+            // Bounded: an arbitrary entry goes.
             if let Some(k) = mine.keys().next().cloned() {
                 mine.remove(&k);
             }
         }
-        mine.insert(chain.to_string(), generation);
+        let noted = mine.entry(chain.to_string()).or_insert(Mine {
+            generation,
+            last: None,
+        });
+        noted.generation = generation;
+        if let Some(id) = saved {
+            noted.last = Some(id.to_string());
+        }
         drop(mine);
         self.holding
             .lock()
@@ -637,34 +680,36 @@ impl ChainStore {
                 .filter(|(c, _, _)| c.workflow == workflow)
                 .map(|(c, v, _)| (c, v))
         };
-        let cached = |k: &str| {
-            self.seen
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(k)
-                .cloned()
-        };
-        // An id saved here before stays in its run: saving it again
-        // replaces it there.
-        let mut known = match cached(id) {
-            Some(_) => in_workflow(self.locate(id)?),
-            None => None,
+        // An id saved before stays in its run: saving it again replaces it
+        // there. An id of another workflow's run is not taken over.
+        let mut known = match self.locate(id)? {
+            Some((c, _, _)) if c.workflow != workflow => {
+                return Err(invalid(format!(
+                    "checkpoint id {id:?} already names a checkpoint of workflow {:?}, not {workflow:?}; nothing was written",
+                    c.workflow
+                )));
+            }
+            found => in_workflow(found),
         };
         if let (None, Some(p)) = (&known, previous) {
             known = in_workflow(self.locate(p)?);
             if known.is_none() {
-                // A predecessor deleted since this store saw it: its run
+                // A predecessor deleted since this store saved it: its run
                 // still decides (a stale writer must not start a new run
                 // beside it).
-                if let Some(c) = cached(p) {
+                let chain = self
+                    .mine
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .find(|(_, m)| m.last.as_deref() == Some(p))
+                    .map(|(c, _)| c.clone());
+                if let Some(c) = chain {
                     known = self
                         .read_chain(&c)?
                         .filter(|(doc, _)| doc.workflow == workflow);
                 }
             }
-        }
-        if known.is_none() {
-            known = in_workflow(self.locate(id)?);
         }
         let chain = known
             .as_ref()
@@ -769,45 +814,52 @@ impl ChainStore {
             // A segment written for this try (removed if the try fails), and
             // segments retired before (removed once it succeeds).
             let (mut written, mut retired) = (None, Vec::new());
-            let replaced = match self.find_in(&doc, id) {
+            let change = (|| -> Result<Option<Entry>> {
+                Ok(match self.find_in(&doc, id)? {
+                    Some((None, old)) => {
+                        if let Some(e) = doc.entries.iter_mut().find(|e| e.id == id) {
+                            *e = replacing(&old);
+                        }
+                        Some(old)
+                    }
+                    Some((Some(i), old)) => {
+                        let mut entries = (*self.listed_segment(&chain, &doc.segments[i])?).clone();
+                        for e in entries.iter_mut().filter(|e| e.id == id) {
+                            *e = replacing(&old);
+                        }
+                        (written, retired) = self.rewrite_segment(&mut doc, i, &entries)?;
+                        Some(old)
+                    }
+                    None => {
+                        if doc.entries.len() >= self.segment_size {
+                            // The document's checkpoints move to a segment.
+                            let key = self.write_segment(&chain, &doc.entries)?;
+                            doc.segments.push(key.clone());
+                            doc.entries.clear();
+                            written = Some(key);
+                        }
+                        doc.entries.push(entry.clone());
+                        None
+                    }
+                })
+            })();
+            let replaced = match change {
+                Ok(r) => r,
                 Err(e) => {
                     self.delete_parts(id, &save, count);
                     return Err(e);
                 }
-                Ok(Some((None, old))) => {
-                    if let Some(e) = doc.entries.iter_mut().find(|e| e.id == id) {
-                        *e = replacing(&old);
-                    }
-                    Some(old)
-                }
-                Ok(Some((Some(i), old))) => {
-                    let mut entries = (*self.listed_segment(&chain, &doc.segments[i])?).clone();
-                    for e in entries.iter_mut().filter(|e| e.id == id) {
-                        *e = replacing(&old);
-                    }
-                    (written, retired) = self.rewrite_segment(&mut doc, i, &entries)?;
-                    Some(old)
-                }
-                Ok(None) => {
-                    if doc.entries.len() >= self.segment_size {
-                        // The document's checkpoints move to a segment.
-                        let key = self.write_segment(&chain, &doc.entries)?;
-                        doc.segments.push(key.clone());
-                        doc.entries.clear();
-                        written = Some(key);
-                    }
-                    doc.entries.push(entry.clone());
-                    None
-                }
             };
-            doc.head = Some(id.to_string());
+            if replaced.is_none() {
+                doc.head = Some(id.to_string());
+            }
             doc.holder = self.me.text();
             doc.until = now.saturating_add(self.lease_ms);
             doc.local_until = self.local_until();
             doc.generation = generation;
             match self.write_chain(&doc, version) {
                 Ok(true) => {
-                    self.took(&chain, generation);
+                    self.took(&chain, generation, Some(id));
                     self.remember(id, &chain);
                     for key in &retired {
                         self.drop_segment(key);
@@ -951,7 +1003,7 @@ impl ChainStore {
             doc.local_until = self.local_until();
             doc.generation = generation;
             if self.write_chain(&doc, Some(version))? {
-                self.took(&doc.chain, generation);
+                self.took(&doc.chain, generation, None);
                 return Ok(true);
             }
         }
@@ -1023,9 +1075,12 @@ impl ChainStore {
                     .unwrap_or(&[]);
                 let mut one = self.stored(c, e, found);
                 if one.is_err() && (found.len() as u64) < u64::from(e.parts) {
-                    // Replaced since the listing was read: read it alone.
-                    if let Ok(Some(again)) = self.get(&e.id) {
-                        one = Ok(again);
+                    // Replaced or deleted since the listing was read: read
+                    // it alone.
+                    match self.get(&e.id) {
+                        Ok(Some(again)) => one = Ok(again),
+                        Ok(None) => continue,
+                        Err(_) => {}
                     }
                 }
                 out.push(one);
@@ -1053,25 +1108,41 @@ impl ChainStore {
                 }
                 _ => doc.entries.retain(|e| e.id != id),
             }
-            if doc.head.as_deref() == Some(id) {
-                doc.head = match (doc.entries.last(), doc.segments.last()) {
-                    (Some(e), _) => Some(e.id.clone()),
-                    (None, Some(key)) => self
-                        .listed_segment(&doc.chain, key)?
-                        .last()
-                        .map(|e| e.id.clone()),
-                    (None, None) => None,
+            let outcome = (|| -> Result<(bool, bool)> {
+                if doc.head.as_deref() == Some(id) {
+                    doc.head = match (doc.entries.last(), doc.segments.last()) {
+                        (Some(e), _) => Some(e.id.clone()),
+                        (None, Some(key)) => self
+                            .listed_segment(&doc.chain, key)?
+                            .last()
+                            .map(|e| e.id.clone()),
+                        (None, None) => None,
+                    };
+                }
+                let empty = doc.entries.is_empty() && doc.segments.is_empty();
+                let done = if empty && doc.holder.is_empty() {
+                    block(
+                        self.docs()
+                            .delete_document(&self.chain_key(&doc.chain), version),
+                    )
+                    .map_err(|e| store_err(&e))?
+                } else {
+                    self.write_chain(&doc, Some(version))?
                 };
-            }
-            let empty = doc.entries.is_empty() && doc.segments.is_empty();
-            let done = if empty && doc.holder.is_empty() {
-                block(
-                    self.docs()
-                        .delete_document(&self.chain_key(&doc.chain), version),
-                )
-                .map_err(|e| store_err(&e))?
-            } else {
-                self.write_chain(&doc, Some(version))?
+                Ok((empty, done))
+            })();
+            let (empty, done) = match outcome {
+                Ok(x) => x,
+                Err(e) => {
+                    // A refusal wrote nothing: the new segment is no one's.
+                    // After a store error the write may have landed.
+                    if !matches!(e, GraphError::Store { .. }) {
+                        if let Some(key) = &written {
+                            self.drop_segment(key);
+                        }
+                    }
+                    return Err(e);
+                }
             };
             if !done {
                 if let Some(key) = written {
@@ -1079,9 +1150,13 @@ impl ChainStore {
                 }
                 continue;
             }
-            for key in doc.retired.iter().chain(&retired) {
-                if empty || retired.contains(key) {
-                    self.drop_segment(key);
+            for key in &retired {
+                self.drop_segment(key);
+            }
+            if empty && doc.holder.is_empty() {
+                // The document is gone: nothing lists its retired segments.
+                for r in &doc.retired {
+                    self.drop_segment(&r.key);
                 }
             }
             self.delete_parts(id, &entry.save, entry.parts);
@@ -1120,8 +1195,8 @@ impl ChainStore {
             };
             if done {
                 if gone {
-                    for key in &doc.retired {
-                        self.drop_segment(key);
+                    for r in &doc.retired {
+                        self.drop_segment(&r.key);
                     }
                 }
                 return Ok(());
@@ -1136,12 +1211,30 @@ impl ChainStore {
     /// Gives up this store's lease on the chain checkpoint `id` is in.
     pub fn release(&self, id: &str) -> Result<()> {
         self.check_process()?;
-        if let Some((doc, _, _)) = self.locate(id)? {
-            self.release_chain(&doc.chain)?;
+        let chain = match self.locate(id)? {
+            Some((doc, _, _)) => Some(doc.chain),
+            // Deleted since: the run this store knew it in.
+            None => self
+                .seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(id)
+                .cloned()
+                .or_else(|| {
+                    self.mine
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .iter()
+                        .find(|(_, m)| m.last.as_deref() == Some(id))
+                        .map(|(c, _)| c.clone())
+                }),
+        };
+        if let Some(chain) = chain {
+            self.release_chain(&chain)?;
             self.holding
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .remove(&doc.chain);
+                .remove(&chain);
         }
         Ok(())
     }

@@ -499,3 +499,70 @@ fn a_long_run_moves_its_checkpoints_into_segments_and_keeps_every_one() -> TestR
         Ok(())
     })
 }
+
+#[test]
+fn an_id_saved_by_another_storage_stays_in_its_run_and_resaving_keeps_the_head() -> TestResult {
+    on_every_store(|open, _| {
+        let a = open(Duration::from_millis(200));
+        a.put("x1", "review", None, "t", "1")?;
+        a.put("x2", "review", Some("x1"), "t", "2")?;
+        a.put("x3", "review", Some("x2"), "t", "3")?;
+        a.put("y1", "review", None, "t", "y")?;
+        // Saved again by a storage that never saw it, after another run's
+        // checkpoint: it stays in its own run, listed once.
+        a.close()?;
+        let b = open(LEASE);
+        b.put("x2", "review", Some("y1"), "t", "two")?;
+        let listed = b.list("review")?;
+        let x2: Vec<String> = listed
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .filter(|c| c.id == "x2")
+            .map(|c| format!("{}:{}", c.chain, c.body))
+            .collect();
+        assert_eq!(x2, ["x1:two"]);
+        b.close()?;
+        // Saving an older id again does not move the run's latest: a writer
+        // whose lease another took and gave back may still follow x3.
+        let c = open(Duration::from_millis(200));
+        c.put("x1", "review", None, "t", "one")?;
+        std::thread::sleep(Duration::from_millis(400));
+        let d = open(LEASE);
+        assert!(d.claim("x3")?);
+        d.close()?;
+        c.put("x4", "review", Some("x3"), "t", "4")?;
+        assert_eq!(c.get("x4")?.expect("x4").chain, "x1");
+        Ok(())
+    })
+}
+
+#[test]
+fn a_replaced_segment_is_kept_for_readers_who_saw_it_listed() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let url = format!("sqlite:{}", dir.path().join("c.db").display());
+    let s = ChainStore::open(&url, NS, LEASE, false)?.segment_size(2);
+    let mut previous: Option<String> = None;
+    for i in 0..7 {
+        let id = format!("r{i}");
+        s.put(&id, "w", previous.as_deref(), "t", "{}")?;
+        previous = Some(id);
+    }
+    let segments = || -> Result<usize, Box<dyn std::error::Error>> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let docs = rt.block_on(async {
+            let store = steadfast::open_store(&url).await?;
+            let docs = store.capabilities().documents.expect("documents");
+            docs.list_documents(&format!("{NS}/segment/")).await
+        })?;
+        Ok(docs.len())
+    };
+    assert_eq!(segments()?, 3);
+    // Two rewrites of the first segment: both replaced ones are still there.
+    assert!(s.delete("r0")?);
+    s.put("r1", "w", None, "t", "again")?;
+    assert_eq!(segments()?, 5);
+    assert_eq!(s.list("w")?.len(), 6);
+    Ok(())
+}
