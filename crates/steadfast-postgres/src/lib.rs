@@ -1038,6 +1038,23 @@ impl Store for PgStore {
 const EVENT_APPEND_TRIES: usize = 64;
 
 /// Each write is one statement, committed as a save is.
+/// The least text greater than every text that starts with `prefix`, in
+/// code point order (`None`: there is none, as for an empty prefix).
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = match last as u32 + 1 {
+            0xD800 => Some('\u{E000}'),
+            n => char::from_u32(n),
+        };
+        if let Some(c) = next {
+            chars.push(c);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
 #[async_trait]
 impl Documents for PgStore {
     async fn get_document(&self, key: &str) -> Result<Option<Document>, StoreError> {
@@ -1107,16 +1124,33 @@ impl Documents for PgStore {
     async fn list_documents(&self, prefix: &str) -> Result<Vec<Document>, StoreError> {
         let ctx = || format!("listing documents in {}", self.shared.display);
         let client = self.client().await?;
-        let rows = client
-            .query(
-                &format!(
-                    "SELECT key, value, version FROM {}.documents WHERE starts_with(key, $1) ORDER BY key",
-                    self.schema_q()
-                ),
-                &[&prefix],
-            )
-            .await
-            .map_err(|e| map_err(e, &ctx()))?;
+        // A range of the key's index (collation "C": code point order), so
+        // that a listing reads only its keys, not the whole table.
+        let rows = match prefix_end(prefix) {
+            Some(end) => {
+                client
+                    .query(
+                        &format!(
+                            "SELECT key, value, version FROM {}.documents WHERE key >= $1 AND key < $2 AND starts_with(key, $1) ORDER BY key",
+                            self.schema_q()
+                        ),
+                        &[&prefix, &end],
+                    )
+                    .await
+            }
+            None => {
+                client
+                    .query(
+                        &format!(
+                            "SELECT key, value, version FROM {}.documents WHERE key >= $1 AND starts_with(key, $1) ORDER BY key",
+                            self.schema_q()
+                        ),
+                        &[&prefix],
+                    )
+                    .await
+            }
+        }
+        .map_err(|e| map_err(e, &ctx()))?;
         rows.iter()
             .map(|r| self.document_of(r.get::<_, &str>(0), r.get(1), r.get(2)))
             .collect()
@@ -1518,5 +1552,26 @@ impl PgStore {
             head: r.get(7),
         };
         row.summary(&Place::new(&run_id, &locate))
+    }
+}
+
+#[cfg(test)]
+mod prefix_end_tests {
+    use super::prefix_end;
+
+    #[test]
+    fn the_end_of_a_prefix_bounds_exactly_its_extensions() {
+        assert_eq!(prefix_end("limit:").as_deref(), Some("limit;"));
+        assert_eq!(prefix_end("a\u{D7FF}").as_deref(), Some("a\u{E000}"));
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end(""), None);
+        assert_eq!(prefix_end("\u{10FFFF}"), None);
+        let end = prefix_end("ab/").expect("an end");
+        for key in ["ab/", "ab/x", "ab/\u{10FFFF}\u{10FFFF}"] {
+            assert!(key >= "ab/" && key < end.as_str(), "{key}");
+        }
+        for key in ["ab", "ab0", "ac"] {
+            assert!(!(key >= "ab/" && key < end.as_str()), "{key}");
+        }
     }
 }
