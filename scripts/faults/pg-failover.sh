@@ -80,11 +80,13 @@ CONF
   local flags=()
   [ "$m" = async ] && flags=(--expect-loss)
   echo "pg-failover: $m standby"
+  # The postmaster must die; a backend of it may have exited on its own
+  # between the listing and the kill, which is no failure.
   "target/$profile/failover" \
     --url "postgres://postgres@127.0.0.1:$pa,127.0.0.1:$pb/postgres?target_session_attrs=read-write" \
     --standby-url "postgres://postgres@127.0.0.1:$pb/postgres" \
     --stall "kill -STOP \$($sender)" \
-    --kill-primary "kill -KILL \$(head -1 $base/a/postmaster.pid) \$(pgrep -P \$(head -1 $base/a/postmaster.pid))" \
+    --kill-primary "pm=\$(head -1 $base/a/postmaster.pid); kids=\$(pgrep -P \$pm); kill -KILL \$pm && { kill -KILL \$kids 2>/dev/null || true; }" \
     --promote "$(if [ "$(id -u)" = 0 ]; then echo "runuser -u postgres -- "; fi)$pgbin/pg_ctl -D $base/b -w promote >/dev/null" \
     "${flags[@]}"
 }
