@@ -66,25 +66,24 @@ def _url(kind: str, tmp_path: Path):
     return _with_schema(base, schema), (base, schema)
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgres", "file", "cosmos"])
-def maf_url(request: pytest.FixtureRequest, tmp_path: Path):
+def _each(request: pytest.FixtureRequest, tmp_path: Path):
     url, drop = _url(request.param, tmp_path)
     try:
         yield url
     finally:
         if drop is not None:
             _drop_schema(*drop)
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres", "file", "cosmos"])
+def maf_url(request: pytest.FixtureRequest, tmp_path: Path):
+    yield from _each(request, tmp_path)
 
 
 @pytest.fixture(params=["sqlite", "postgres", "file", "cosmos"])
 def shared_url(request: pytest.FixtureRequest, tmp_path: Path):
     """A store two storages (or processes) open by URL: every kind but memory."""
-    url, drop = _url(request.param, tmp_path)
-    try:
-        yield url
-    finally:
-        if drop is not None:
-            _drop_schema(*drop)
+    yield from _each(request, tmp_path)
 
 
 def checkpoint(workflow: str = "wf", previous: str | None = None, **kw) -> WorkflowCheckpoint:

@@ -29,6 +29,7 @@ use steadfast::{Documents, Store, StoreError, StoreErrorKind, Timestamp};
 
 use crate::error::store_err;
 use crate::{block, now_ms, GraphError, Holder, Result};
+use serde::de::DeserializeOwned;
 
 /// The largest checkpoint body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 256 << 20;
@@ -252,19 +253,7 @@ impl ChainStore {
         lease: Duration,
         encrypt: bool,
     ) -> Result<Self> {
-        let keys = if encrypt {
-            let keys = steadfast::seal::Keyring::from_env()
-                .map_err(|e| GraphError::InvalidInput(e.to_string()))?;
-            Some(keys.ok_or_else(|| {
-                invalid(format!(
-                    "encrypt=True needs the keys: set {} or {}",
-                    steadfast::seal::KEY_ENV,
-                    steadfast::seal::KEY_FILE_ENV
-                ))
-            })?)
-        } else {
-            None
-        };
+        let keys = crate::keyring(encrypt)?;
         steadfast::limits::LEASE
             .check("lease_seconds", lease)
             .map_err(GraphError::InvalidInput)?;
@@ -324,15 +313,9 @@ impl ChainStore {
         {
             return Ok(Some(Arc::clone(found)));
         }
-        let Some(doc) = block(self.docs().get_document(key)).map_err(|e| store_err(&e))? else {
+        let Some((seg, _)) = self.read_doc::<Segment>(key, "a segment of checkpoints")? else {
             return Ok(None);
         };
-        let seg: Segment = serde_json::from_value(doc.value).map_err(|e| {
-            store_err(&StoreError::Corrupt {
-                location: format!("document {key:?}"),
-                reason: format!("is not a segment of checkpoints: {e}"),
-            })
-        })?;
         let entries = Arc::new(seg.entries);
         let mut cache = self.segments.lock().unwrap_or_else(|p| p.into_inner());
         if cache.len() >= CACHE {
@@ -469,25 +452,45 @@ impl ChainStore {
         steadfast::local_deadline(ttl).and_then(|ms| i64::try_from(ms).ok())
     }
 
+    /// The document under `key` read as `what` (Corrupt when it is not)
+    /// and its version, or `None`.
+    fn read_doc<T: DeserializeOwned>(&self, key: &str, what: &str) -> Result<Option<(T, u64)>> {
+        let Some(doc) = block(self.docs().get_document(key)).map_err(|e| store_err(&e))? else {
+            return Ok(None);
+        };
+        let parsed = serde_json::from_value(doc.value).map_err(|e| {
+            store_err(&StoreError::Corrupt {
+                location: format!("document {key:?}"),
+                reason: format!("is not {what}: {e}"),
+            })
+        })?;
+        Ok(Some((parsed, doc.version)))
+    }
+
+    /// The chain this store last saved checkpoint `id` into, if it knows.
+    fn saved_in(&self, id: &str) -> Option<String> {
+        self.mine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|(_, m)| m.last.as_deref() == Some(id))
+            .map(|(c, _)| c.clone())
+    }
+
     /// A chain's document and its version, or `None`.
     fn read_chain(&self, chain: &str) -> Result<Option<(Chain, u64)>> {
         let key = self.chain_key(chain);
-        let Some(doc) = block(self.docs().get_document(&key)).map_err(|e| store_err(&e))? else {
+        let Some((parsed, version)) = self.read_doc::<Chain>(&key, "a chain of checkpoints")?
+        else {
             return Ok(None);
         };
-        let parsed: Chain = serde_json::from_value(doc.value).map_err(|e| {
-            store_err(&StoreError::Corrupt {
-                location: format!("document {key:?}"),
-                reason: format!("is not a chain of checkpoints: {e}"),
-            })
-        })?;
         if parsed.chain != chain {
             return Err(store_err(&StoreError::Corrupt {
                 location: format!("document {key:?}"),
                 reason: format!("holds chain {:?}, not {chain:?}", parsed.chain),
             }));
         }
-        Ok(Some((parsed, doc.version)))
+        Ok(Some((parsed, version)))
     }
 
     /// Writes a chain's document if its version is still `expected`;
@@ -697,14 +700,7 @@ impl ChainStore {
                 // A predecessor deleted since this store saved it: its run
                 // still decides (a stale writer must not start a new run
                 // beside it).
-                let chain = self
-                    .mine
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .iter()
-                    .find(|(_, m)| m.last.as_deref() == Some(p))
-                    .map(|(c, _)| c.clone());
-                if let Some(c) = chain {
+                if let Some(c) = self.saved_in(p) {
                     known = self
                         .read_chain(&c)?
                         .filter(|(doc, _)| doc.workflow == workflow);
@@ -1220,14 +1216,7 @@ impl ChainStore {
                 .unwrap_or_else(|p| p.into_inner())
                 .get(id)
                 .cloned()
-                .or_else(|| {
-                    self.mine
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .iter()
-                        .find(|(_, m)| m.last.as_deref() == Some(id))
-                        .map(|(c, _)| c.clone())
-                }),
+                .or_else(|| self.saved_in(id)),
         };
         if let Some(chain) = chain {
             self.release_chain(&chain)?;

@@ -288,6 +288,23 @@ fn thread_row_sqlite(
     .map_err(|e| sql_err(at, e))
 }
 
+/// The keys in the environment when `encrypt`, refused when there are
+/// none; `None` without encryption.
+fn keyring(encrypt: bool) -> Result<Option<steadfast::seal::Keyring>> {
+    if !encrypt {
+        return Ok(None);
+    }
+    let keys = steadfast::seal::Keyring::from_env()
+        .map_err(|e| GraphError::InvalidInput(e.to_string()))?;
+    keys.map(Some).ok_or_else(|| {
+        GraphError::InvalidInput(format!(
+            "encrypt=True needs the keys: set {} or {}",
+            steadfast::seal::KEY_ENV,
+            steadfast::seal::KEY_FILE_ENV
+        ))
+    })
+}
+
 fn now_ms() -> i64 {
     steadfast::SystemClock.now().unix_millis() as i64
 }
@@ -1218,19 +1235,7 @@ impl GraphStore {
     /// `lease_seconds` is how long a thread stays this saver's after its
     /// last write.
     pub fn open(url: &str, lease: Duration, encrypt: bool) -> Result<Self> {
-        let keys = if encrypt {
-            let keys = steadfast::seal::Keyring::from_env()
-                .map_err(|e| GraphError::InvalidInput(e.to_string()))?;
-            Some(keys.ok_or_else(|| {
-                GraphError::InvalidInput(format!(
-                    "encrypt=True needs the keys: set {} or {}",
-                    steadfast::seal::KEY_ENV,
-                    steadfast::seal::KEY_FILE_ENV
-                ))
-            })?)
-        } else {
-            None
-        };
+        let keys = keyring(encrypt)?;
         steadfast::limits::LEASE
             .check("lease_seconds", lease)
             .map_err(GraphError::InvalidInput)?;

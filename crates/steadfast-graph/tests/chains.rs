@@ -17,6 +17,9 @@ use serde_json::json;
 use steadfast_graph::chains::ChainStore;
 use steadfast_graph::GraphError;
 
+mod support;
+use support::drop_schema;
+
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const NS: &str = "test-chains";
@@ -72,23 +75,6 @@ fn urls(dir: &std::path::Path) -> Vec<(String, Option<String>)> {
         _ => eprintln!("skipped: Cosmos (run ci/cosmos/start.sh DIR and export what it prints)"),
     }
     out
-}
-
-fn drop_schema(url: &str, schema: &str) {
-    let base = url
-        .split("schema=")
-        .next()
-        .unwrap_or(url)
-        .trim_end_matches(['?', '&']);
-    let rt = tokio::runtime::Runtime::new().expect("a runtime");
-    rt.block_on(async {
-        if let Ok((client, conn)) = tokio_postgres::connect(base, tokio_postgres::NoTls).await {
-            tokio::spawn(conn);
-            let _ = client
-                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                .await;
-        }
-    });
 }
 
 /// Runs `check` on every kind of store. A `memory:` store is one per

@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use steadfast_graph::{GraphError, GraphStore};
 
+mod support;
+use support::drop_schema;
+
 const LEASE: Duration = Duration::from_secs(60);
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -57,24 +60,6 @@ fn on_every_store(check: impl Fn(&str, Option<&str>) -> TestResult) -> TestResul
         result?;
     }
     Ok(())
-}
-
-/// Drops a test schema (and the graph tables in it).
-fn drop_schema(url: &str, schema: &str) {
-    let base = url
-        .split("schema=")
-        .next()
-        .unwrap_or(url)
-        .trim_end_matches(['?', '&']);
-    let rt = tokio::runtime::Runtime::new().expect("a runtime");
-    rt.block_on(async {
-        if let Ok((client, conn)) = tokio_postgres::connect(base, tokio_postgres::NoTls).await {
-            tokio::spawn(conn);
-            let _ = client
-                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                .await;
-        }
-    });
 }
 
 /// Saves checkpoint `id` of thread `t` (namespace ""), a child of `parent`,
