@@ -182,6 +182,25 @@ def test_a_large_checkpoint_and_odd_text_round_trip(maf_url: str) -> None:
         assert run(again.get_latest(workflow_name="wf")).state == cp.state
 
 
+def test_hostile_checkpoints_are_refused_with_nothing_written(tmp_path: Path) -> None:
+    s = SteadfastCheckpointStorage(f"file:{tmp_path}/maf.json")
+    deep: dict = {}
+    cur = deep
+    for _ in range(5000):
+        cur["x"] = {}
+        cur = cur["x"]
+    for bad in [
+        checkpoint(state={"deep": deep}),
+        checkpoint(workflow=""),
+        checkpoint(timestamp="t" * 2000),
+        checkpoint(workflow="w\udc80"),
+    ]:
+        with pytest.raises((WorkflowCheckpointException, steadfast.InvalidInput)):
+            run(s.save(bad))
+    assert run(s.list_checkpoints(workflow_name="wf")) == []
+    assert run(s.list_checkpoints(workflow_name="")) == []
+
+
 def test_equal_timestamps_keep_their_order_of_saving(tmp_path: Path) -> None:
     s = SteadfastCheckpointStorage(f"sqlite:{tmp_path}/maf.db")
     when = "2026-12-01T10:00:00+00:00"

@@ -552,3 +552,121 @@ fn a_replaced_segment_is_kept_for_readers_who_saw_it_listed() -> TestResult {
     assert_eq!(s.list("w")?.len(), 6);
     Ok(())
 }
+
+#[test]
+fn hostile_names_are_refused_or_round_trip() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let url = format!("file:{}", dir.path().join("c.json").display());
+    let s = ChainStore::open(&url, NS, LEASE, false)?;
+    for ts in ["x".repeat(1025), "a\nb".to_string()] {
+        let r = s.put("t1", "w", None, &ts, "{}");
+        assert!(matches!(r, Err(GraphError::InvalidInput(_))), "{r:?}");
+    }
+    // Names as long as allowed, and any Unicode, are keys by their hash.
+    let long = "é".repeat(512);
+    for id in [long.as_str(), "😀/../chain/x", "a b", "\u{10FFFF}"] {
+        s.put(id, &long, None, "", "{\"ok\":1}")?;
+        let back = ChainStore::open(&url, NS, LEASE, false)?
+            .get(id)?
+            .expect("stored");
+        assert_eq!(
+            (back.id.as_str(), back.workflow.as_str()),
+            (id, long.as_str())
+        );
+    }
+    assert_eq!(s.list(&long)?.len(), 4);
+    assert!(matches!(
+        ChainStore::open(&url, "a/chain", LEASE, false),
+        Err(GraphError::InvalidInput(_))
+    ));
+    Ok(())
+}
+
+#[test]
+fn a_run_listing_a_missing_segment_is_an_error_not_a_panic() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let url = format!("sqlite:{}", dir.path().join("c.db").display());
+    let s = ChainStore::open(&url, NS, LEASE, false)?.segment_size(2);
+    for (i, prev) in [(0, None), (1, Some("g0")), (2, Some("g1"))] {
+        s.put(&format!("g{i}"), "w", prev, "t", "{}")?;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let store = steadfast::open_store(&url).await?;
+        let docs = store.capabilities().documents.expect("documents");
+        for d in docs.list_documents(&format!("{NS}/segment/")).await? {
+            assert!(docs.delete_document(&d.key, d.version).await?);
+        }
+        Ok::<_, steadfast::StoreError>(())
+    })?;
+    let fresh = ChainStore::open(&url, NS, LEASE, false)?;
+    let listed = fresh.list("w")?;
+    assert!(
+        listed
+            .iter()
+            .any(|r| r.as_ref().is_err_and(|e| e.to_string().contains("missing"))),
+        "{listed:?}"
+    );
+    assert!(fresh.get("g0").is_err(), "a checkpoint in the missing segment is an error");
+    // The newest, in the run's own document, still reads.
+    assert_eq!(fresh.get("g2")?.expect("g2").id, "g2");
+    Ok(())
+}
+
+#[test]
+fn two_storages_starting_one_run_at_once_leave_one_writer() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let url = format!("sqlite:{}", dir.path().join("c.db").display());
+    for round in 0..5 {
+        let id = format!("race{round}");
+        let barrier = std::sync::Barrier::new(2);
+        let results: Vec<_> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..2)
+                .map(|n| {
+                    let (url, id, barrier) = (&url, &id, &barrier);
+                    sc.spawn(move || {
+                        let s = ChainStore::open(url, NS, LEASE, false).expect("opens");
+                        barrier.wait();
+                        s.put(id, "w", None, "t", &format!("{n}"))
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("no panic"))
+                .collect()
+        });
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        let held = results
+            .iter()
+            .filter(|r| matches!(r, Err(GraphError::Held(_))))
+            .count();
+        assert_eq!((ok, held), (1, 1), "{results:?}");
+        let s = ChainStore::open(&url, NS, LEASE, false)?;
+        let bodies: Vec<String> = s
+            .list("w")?
+            .into_iter()
+            .filter_map(|r| r.ok())
+            .filter(|c| c.id == id)
+            .map(|c| c.body)
+            .collect();
+        assert_eq!(bodies.len(), 1, "{bodies:?}");
+    }
+    // One storage saving from many threads into one run: every save lands.
+    let s = ChainStore::open(&url, NS, LEASE, false)?;
+    s.put("root", "many", None, "t", "{}")?;
+    std::thread::scope(|sc| {
+        for t in 0..4 {
+            let s = &s;
+            sc.spawn(move || {
+                for i in 0..10 {
+                    s.put(&format!("t{t}-{i}"), "many", Some("root"), "t", "{}")
+                        .expect("saved");
+                }
+            });
+        }
+    });
+    assert_eq!(s.list("many")?.len(), 41);
+    Ok(())
+}
