@@ -19,8 +19,7 @@ use serde_json::{json, Value};
 use steadfast::{limits, DurableCtx, Error, OnTimeout, Outcome, RetryPolicy, Runner, StepError};
 use steadfast::{StepOptions, Store, Suspension};
 
-use crate::store::JsCall;
-use crate::{engine_err, invalid, millis, text};
+use crate::{engine_err, invalid, millis, text, JsCall};
 
 /// Options of a run, as JSON from the JavaScript layer.
 #[derive(Deserialize, Default)]

@@ -23,6 +23,16 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use steadfast::{error_chain, Error, StoreError, StoreErrorKind};
 
+/// A JavaScript function called from the engine with one argument, whose
+/// promise resolves to JSON text.
+pub type JsCall<A> = napi::threadsafe_function::ThreadsafeFunction<
+    A,
+    napi::bindgen_prelude::Promise<String>,
+    A,
+    napi::Status,
+    false,
+>;
+
 /// What starts the message of every error this module rejects with.
 pub const PREFIX: &str = "steadfast-error:";
 

@@ -4,18 +4,11 @@
 
 use std::sync::Arc;
 
-use napi::bindgen_prelude::Promise;
-use napi::threadsafe_function::ThreadsafeFunction;
-use napi::Status;
 use napi_derive::napi;
 use serde_json::Value;
 use steadfast::{ListFilter, RunStatus, Store, StoreExt as _, SystemClock};
 
-use crate::{engine_err, invalid, parse, store_err, text};
-
-/// A JavaScript function called from the engine with one argument, whose
-/// promise resolves to JSON text.
-pub type JsCall<A> = ThreadsafeFunction<A, Promise<String>, A, Status, false>;
+use crate::{engine_err, invalid, parse, store_err, text, JsCall};
 
 /// Opens (creating when missing) the store a URL names.
 #[napi]

@@ -10,8 +10,7 @@ use serde_json::Value;
 use steadfast::{limits, OnTimeout, Step, StepError, Store, Workflow};
 
 use crate::durable::{call_step, info_of, limit_of, outcome_text, RunOpts};
-use crate::store::JsCall;
-use crate::{engine_err, invalid, millis};
+use crate::{engine_err, invalid, millis, JsCall};
 
 /// The function that runs step `i` of a listed workflow on a state (JSON
 /// text), given the step's information (JSON text).

@@ -609,7 +609,10 @@ fn a_run_listing_a_missing_segment_is_an_error_not_a_panic() -> TestResult {
             .any(|r| r.as_ref().is_err_and(|e| e.to_string().contains("missing"))),
         "{listed:?}"
     );
-    assert!(fresh.get("g0").is_err(), "a checkpoint in the missing segment is an error");
+    assert!(
+        fresh.get("g0").is_err(),
+        "a checkpoint in the missing segment is an error"
+    );
     // The newest, in the run's own document, still reads.
     assert_eq!(fresh.get("g2")?.expect("g2").id, "g2");
     Ok(())
