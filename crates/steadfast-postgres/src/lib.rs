@@ -49,7 +49,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
 use steadfast_core::store::blob::{refs_of, BlobHash, Resolver};
 use steadfast_core::store::check_events;
-use steadfast_core::store::plan::{conflict, expect_version, plan_save_with_blobs, Known, Plan};
+use steadfast_core::store::plan::{conflict, expect_version, plan_save_with_blobs, Plan};
 use steadfast_core::store::rows::{
     no_row_to_fold, rebuild, still_merged, to_i64, HistoryRow, Place, RecordRow, SummaryRow,
 };
@@ -214,7 +214,8 @@ impl Sql {
                     ON CONFLICT (run_id) DO NOTHING
                     RETURNING run_id, next, snapshot_bytes, delta_bytes),
                  s AS ({steps})
-                 SELECT next, snapshot_bytes, delta_bytes FROM h",
+                 SELECT next, snapshot_bytes, delta_bytes,
+                        EXISTS (SELECT 1 FROM {s}.blob_refs b WHERE b.run_id = $1) FROM h",
             ),
             update: text(
                 "WITH h AS (
@@ -239,7 +240,8 @@ impl Sql {
                         ARRAY(SELECT s.name FROM {s}.steps s WHERE s.run_id = r.run_id
                               AND s.idx >= r.snapshot_next AND s.idx < r.next ORDER BY s.idx),
                         ARRAY(SELECT s.update_json FROM {s}.steps s WHERE s.run_id = r.run_id
-                              AND s.idx >= r.snapshot_next AND s.idx < r.next ORDER BY s.idx)
+                              AND s.idx >= r.snapshot_next AND s.idx < r.next ORDER BY s.idx),
+                        EXISTS (SELECT 1 FROM {s}.blob_refs b WHERE b.run_id = r.run_id)
                  FROM {s}.runs r WHERE r.run_id = $1",
             ),
             history: text(
@@ -361,7 +363,7 @@ pub(crate) struct Shared {
     pub display: String,
     pub sql: Sql,
     pub writer: Writer,
-    accts: RunCache<Known>,
+    accts: RunCache<writer::Acct>,
     opts: PgOptions,
     clock: Arc<DbClock>,
     wake: Arc<Notify>,
@@ -719,7 +721,7 @@ impl PgStore {
         &self,
         run_id: &str,
         row: &tokio_postgres::Row,
-    ) -> Result<(Checkpoint, Known), StoreError> {
+    ) -> Result<(Checkpoint, writer::Acct), StoreError> {
         let locate = locate(&self.shared, run_id);
         let record = RecordRow {
             workflow: row.get(0),
@@ -740,7 +742,9 @@ impl PgStore {
         let updates: Vec<String> = row.get(14);
         let deltas = idxs.into_iter().zip(names).zip(updates);
         let deltas = deltas.map(|((idx, name), text)| Ok((idx, name, text)));
-        rebuild(&Place::new(run_id, &locate), record, deltas)
+        let (cp, known) = rebuild(&Place::new(run_id, &locate), record, deltas)?;
+        let refs = row.get(15);
+        Ok((cp, writer::Acct { known, refs }))
     }
 
     /// A run's row as a checkpoint, its values put back: when its state
@@ -752,7 +756,7 @@ impl PgStore {
         client: &mut deadpool_postgres::Object,
         run_id: &str,
         row: &tokio_postgres::Row,
-    ) -> Result<Option<(Checkpoint, Known)>, StoreError> {
+    ) -> Result<Option<(Checkpoint, writer::Acct)>, StoreError> {
         let (mut cp, known) = self.decode(run_id, row)?;
         let locate = locate(&self.shared, run_id);
         let place = Place::new(run_id, &locate);
@@ -905,15 +909,27 @@ impl Store for PgStore {
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         let cp = req.checkpoint;
         let run_id = &cp.run_id;
+        let acct = self.shared.accts.get(run_id);
         let (plan, blobs) = plan_save_with_blobs(
             &req,
-            self.shared.accts.get(run_id).as_ref(),
+            acct.as_ref().map(|a| &a.known),
             self.shared.opts.max_state_bytes,
             self.shared.opts.blob_threshold,
         )?;
+        // Whether the stored run may refer to blobs: what the last load or
+        // save of this process saw, if the run is still at that version (no
+        // one else can have added a reference without moving the version,
+        // and this save expects it), otherwise yes.
+        let refs_before = match (&acct, req.expected) {
+            (Some(a), Some(v)) if a.known.version == v => a.refs,
+            _ => true,
+        };
         // A new snapshot of a stored run (a rewind's included) may replace
-        // the last reference to some blobs: its transaction counts again.
-        let recount = matches!(plan, Plan::Snapshot { .. }) && req.expected.is_some();
+        // the last reference to some blobs: its transaction counts again. A
+        // run that refers to none has nothing to count, and its save stays
+        // one statement.
+        let recount =
+            matches!(plan, Plan::Snapshot { .. }) && req.expected.is_some() && refs_before;
         let (next, snapshot, delta_bytes, step) = match plan {
             Plan::Head => (None, None, 0, None),
             Plan::Delta { step } => (
@@ -960,6 +976,7 @@ impl Store for PgStore {
                 notify,
                 blobs,
                 recount,
+                refs_before,
                 deadlocks: 0,
                 reply: tx,
             },
@@ -970,7 +987,7 @@ impl Store for PgStore {
             source: "the committing task stopped before it answered".into(),
         })?;
         self.shared.accts.after_save(cp, &result);
-        result.map(|a| a.version)
+        result.map(|a| a.known.version)
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {

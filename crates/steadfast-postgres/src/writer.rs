@@ -46,6 +46,17 @@ impl StepRow {
     }
 }
 
+/// What this process knows of a run's stored record after its last load or
+/// save: the toolkit's bookkeeping, and whether the record may refer to
+/// blobs (so that a new snapshot must count its references again).
+#[derive(Clone, Debug)]
+pub(crate) struct Acct {
+    pub known: Known,
+    /// False only when no reference of the run's was stored at that
+    /// version.
+    pub refs: bool,
+}
+
 /// A save, with every value of its statement.
 pub(crate) struct SaveJob {
     pub run_id: String,
@@ -74,7 +85,10 @@ pub(crate) struct SaveJob {
     /// Whether the save replaces the run's snapshot (its references are
     /// counted again, in its transaction).
     pub recount: bool,
-    pub reply: oneshot::Sender<Result<Known, StoreError>>,
+    /// Whether the run may have referred to blobs before this save (true
+    /// when not known); a fresh run's statement says it itself.
+    pub refs_before: bool,
+    pub reply: oneshot::Sender<Result<Acct, StoreError>>,
 }
 
 impl SaveJob {
@@ -474,7 +488,7 @@ async fn answer(
     shared: &Shared,
     job: &SaveJob,
     row: Option<tokio_postgres::Row>,
-) -> Result<Known, StoreError> {
+) -> Result<Acct, StoreError> {
     match row {
         Some(row) => {
             // The save committed: numbers that do not read back make its
@@ -490,10 +504,20 @@ async fn answer(
                     place.count("delta_bytes", row.get(2))?,
                 ))
             })();
-            known.map_err(|e| StoreError::OutcomeUnknown {
-                run_id: job.run_id.clone(),
-                source: Box::new(e),
-            })
+            // A fresh run's statement says whether references under its id
+            // were there already; an update keeps what was known before.
+            let before = if job.expected.is_none() {
+                row.try_get::<_, bool>(3).unwrap_or(true)
+            } else {
+                job.refs_before
+            };
+            let refs = before || !job.blobs.is_empty();
+            known
+                .map(|known| Acct { known, refs })
+                .map_err(|e| StoreError::OutcomeUnknown {
+                    run_id: job.run_id.clone(),
+                    source: Box::new(e),
+                })
         }
         None => Err(StoreError::Conflict {
             run_id: job.run_id.clone(),

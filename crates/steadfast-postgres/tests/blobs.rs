@@ -274,6 +274,70 @@ async fn a_snapshot_that_drops_a_value_frees_it() -> TestResult {
     Ok(())
 }
 
+/// A run this handle made without large values, which then takes one and
+/// drops it again in a new snapshot: the value is freed (the handle must not
+/// keep believing the run refers to no blob), and a snapshot of a run that
+/// never referred to one is saved too.
+#[tokio::test]
+async fn a_run_that_takes_up_a_value_and_drops_it_frees_it() -> TestResult {
+    let (store, _g) = fresh().await;
+    let mut cp = Checkpoint::new("r", "w", Timestamp::from_unix_millis(1));
+    cp.state.insert("small".into(), json!(1));
+    let v = store.save(SaveRequest::new(&cp, None)).await?;
+    cp.state.insert("small".into(), json!(2));
+    let v = store.save(SaveRequest::new(&cp, Some(v))).await?;
+    assert_eq!(counts(&store).await?, (0, 0, 0));
+    cp.state.insert("input".into(), json!(doc(5, 100)));
+    let v = store.save(SaveRequest::new(&cp, Some(v))).await?;
+    assert_eq!(counts(&store).await?.0, 1);
+    cp.state.remove("input");
+    let v = store.save(SaveRequest::new(&cp, Some(v))).await?;
+    assert_eq!(
+        counts(&store).await?,
+        (0, 0, 0),
+        "the dropped value is freed"
+    );
+    let loaded = store.load("r").await?.expect("saved");
+    assert_eq!(loaded.state, cp.state);
+    assert_eq!(store.load("r").await?.map(|_| v), Some(v));
+    Ok(())
+}
+
+/// A run another handle (another process) gave a large value: this handle
+/// loads it, and its snapshot without the value frees it. The same when the
+/// other handle adds the value after this one's load: this handle's save
+/// then conflicts, and after a load again, frees it.
+#[tokio::test]
+async fn a_run_loaded_from_another_handle_frees_what_its_snapshot_drops() -> TestResult {
+    let (a, guard) = fresh().await;
+    let b = PgStore::connect_with(
+        &support::url_with_schema(&guard.0),
+        PgOptions::default().blob_threshold(16 << 10),
+    )
+    .await?;
+    let mut cp = Checkpoint::new("r", "w", Timestamp::from_unix_millis(1));
+    cp.state.insert("input".into(), json!(doc(5, 100)));
+    let v1 = b.save(SaveRequest::new(&cp, None)).await?;
+    let mut got = a.load("r").await?.expect("saved by b");
+    got.state.remove("input");
+    let v = a.save(SaveRequest::new(&got, Some(v1))).await?;
+    assert_eq!(counts(&a).await?, (0, 0, 0), "freed by a's snapshot");
+    // a knows the run at v with no references; b adds one behind its back.
+    let mut theirs = b.load("r").await?.expect("saved");
+    theirs.state.insert("input".into(), json!(doc(6, 100)));
+    let w = b.save(SaveRequest::new(&theirs, Some(v))).await?;
+    let mut mine = got.clone();
+    mine.state.insert("small".into(), json!(1));
+    let err = a.save(SaveRequest::new(&mine, Some(v))).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Conflict, "{err}");
+    let mut again = a.load("r").await?.expect("saved");
+    assert_eq!(again.state["input"], json!(doc(6, 100)));
+    again.state.remove("input");
+    a.save(SaveRequest::new(&again, Some(w))).await?;
+    assert_eq!(counts(&a).await?, (0, 0, 0), "freed after the load");
+    Ok(())
+}
+
 /// Writers on two handles (two pools: as two processes would) take up and
 /// drop the same contents at once: every run left loads whole, and once
 /// every run is gone no blob is left.
