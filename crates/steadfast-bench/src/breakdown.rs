@@ -22,7 +22,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
 /// The saves of one W1 run, as the engine makes them: one per step, carrying
 /// its record; the first creates the run, the last completes it.
-fn w1_saves(run_id: &str) -> Vec<(Checkpoint, Option<StepRecord>)> {
+pub(crate) fn w1_saves(run_id: &str) -> Vec<(Checkpoint, Option<StepRecord>)> {
     let now = Timestamp::from_unix_millis(1_700_000_000_000);
     let mut cp = Checkpoint::new(run_id, "w", now);
     cp.status = RunStatus::Running;
@@ -43,7 +43,7 @@ fn w1_saves(run_id: &str) -> Vec<(Checkpoint, Option<StepRecord>)> {
 }
 
 /// Microseconds per save of `runs` W1 runs' saves on `store`.
-async fn saves(store: &SqliteStore, tag: &str, runs: usize) -> Res<f64> {
+pub(crate) async fn saves(store: &dyn Store, tag: &str, runs: usize) -> Res<f64> {
     let mut n = 0;
     let t = Instant::now();
     for r in 0..runs {
@@ -62,7 +62,7 @@ async fn saves(store: &SqliteStore, tag: &str, runs: usize) -> Res<f64> {
 
 /// Microseconds per load of a run that is not there, as the engine makes
 /// one before each run's first step.
-async fn loads(store: &SqliteStore, n: usize) -> Res<f64> {
+pub(crate) async fn loads(store: &dyn Store, n: usize) -> Res<f64> {
     let t = Instant::now();
     for i in 0..n {
         if store.load(&format!("missing-{i}")).await?.is_some() {

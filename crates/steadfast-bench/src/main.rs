@@ -157,7 +157,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         baseline::raw_sqlite(&args)?;
     }
     if args.wants("breakdown") {
-        rt.block_on(breakdown::measure(&args))?;
+        if args.stores.iter().any(|s| s == "sqlite") {
+            rt.block_on(breakdown::measure(&args))?;
+        }
+        if args.stores.iter().any(|s| s == "postgres") {
+            rt.block_on(pg::breakdown(&args))?;
+        }
     }
     if args.wants("ratios") && args.stores.iter().any(|s| s == "sqlite") {
         rt.block_on(workloads::ratios(&args))?;

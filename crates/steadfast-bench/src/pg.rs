@@ -128,6 +128,160 @@ async fn raw_upserts(client: &tokio_postgres::Client, n: usize) -> Res<f64> {
     Ok(us)
 }
 
+/// Where a W1 step's time goes on PostgreSQL (`--workloads breakdown
+/// --stores postgres`), every measure interleaved in each repetition on a
+/// fresh schema, each run as a task on a worker of the runtime (as the
+/// engine's runs are): the raw upsert, W1's saves made on the store
+/// directly (no engine), a load of a missing run (the engine makes one
+/// before each run's first step) and W1 through the engine, each with the
+/// process's CPU time per operation (all its threads: the caller, the
+/// driver's connection tasks); what the engine adds is W1 less the saves
+/// and the load. Beside them, the raw upsert awaited on the harness's own
+/// thread (each answer then wakes that thread from another), and the
+/// three measures again on a current-thread runtime of their own, where no
+/// request crosses threads.
+pub async fn breakdown(args: &Args) -> Res<()> {
+    let Some(base) = server() else {
+        eprintln!("postgres: breakdown skipped; set {ENV} to a PostgreSQL URL");
+        return Ok(());
+    };
+    let client = Arc::new(connect(&base).await?);
+    let reps = if args.quick { 1 } else { args.reps().max(15) };
+    let runs = if args.quick { 20 } else { 100 };
+    let ops = runs * STEPS;
+    let mut samples: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    for rep in 0..reps {
+        let url = fresh_url(&format!("breakdown-{rep}"));
+        let store = PgStore::connect(&url).await?;
+        let mut push = |k, v| samples.entry(k).or_default().push(v);
+        let c = Arc::clone(&client);
+        let (us, cpu) = on_worker(ops, async move { raw_upserts(&c, ops).await }).await?;
+        push("raw_upsert_us", us);
+        push("raw_upsert_cpu_us", cpu);
+        push(
+            "raw_upsert_harness_thread_us",
+            raw_upserts(&client, ops).await?,
+        );
+        let (s, tag) = (store.clone(), format!("s{rep}"));
+        let (us, cpu) = on_worker(
+            ops,
+            async move { crate::breakdown::saves(&s, &tag, runs).await },
+        )
+        .await?;
+        push("save_us", us);
+        push("save_cpu_us", cpu);
+        let s = store.clone();
+        let (us, _) =
+            on_worker(runs, async move { crate::breakdown::loads(&s, runs).await }).await?;
+        push("load_missing_us", us);
+        let cpu = cpu_us();
+        let wall = run_many(Arc::new(store.clone()), "w", runs, 1).await?;
+        push("w1_cpu_us", (cpu_us() - cpu) / ops as f64);
+        push("w1_us_per_step", wall.as_secs_f64() * 1e6 / ops as f64);
+        drop(store);
+        drop_schema(&url);
+        let (raw, save, w1) = current_thread(&base, &format!("breakdown-ct-{rep}"), runs)?;
+        push("current_thread_raw_upsert_us", raw);
+        push("current_thread_save_us", save);
+        push("current_thread_w1_us_per_step", w1);
+    }
+    let m: std::collections::BTreeMap<&str, f64> =
+        samples.into_iter().map(|(k, v)| (k, median(v))).collect();
+    let (raw, save, load, w1) = (
+        m["raw_upsert_us"],
+        m["save_us"],
+        m["load_missing_us"],
+        m["w1_us_per_step"],
+    );
+    let ratio = |x: f64| (x * 1000.0).round() / 1000.0;
+    let mut out = serde_json::Map::new();
+    for (k, v) in &m {
+        out.insert((*k).into(), json!(round(*v)));
+    }
+    out.insert("reps".into(), json!(reps));
+    out.insert("save_over_raw".into(), json!(ratio(save / raw)));
+    out.insert("w1_over_raw".into(), json!(ratio(w1 / raw)));
+    out.insert(
+        "current_thread_w1_over_raw".into(),
+        json!(ratio(
+            m["current_thread_w1_us_per_step"] / m["current_thread_raw_upsert_us"]
+        )),
+    );
+    out.insert(
+        "engine_us_per_step".into(),
+        json!(round(w1 - save - load / STEPS as f64)),
+    );
+    out.insert("notes".into(), json!(format!("medians of {reps} repetitions, each on a fresh schema: {ops} raw upserts (over 1000 keys, one transaction each), {runs} runs' W1 saves made on the store directly ({ops} saves), {runs} loads of missing runs and {runs} W1 runs through the engine, each as a task on a runtime worker; *_cpu_us = the process's CPU time (all threads) per operation; engine = W1 step - save - load / {STEPS}; raw_upsert_harness_thread_us = the raw upsert awaited on the harness's own thread; current_thread_* = raw upsert, saves and W1 on a current-thread runtime of their own")));
+    emit(
+        "steadfast",
+        "postgres",
+        "breakdown",
+        "commit per save (synchronous_commit=on, fsync=on)",
+        serde_json::Value::Object(out),
+    );
+    Ok(())
+}
+
+/// The CPU time of all the process's threads so far, in µs (Linux's
+/// per-thread run time; 0 elsewhere).
+fn cpu_us() -> f64 {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0.0;
+    };
+    dir.flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|st| st.split_whitespace().next()?.parse::<f64>().ok())
+        .sum::<f64>()
+        / 1000.0
+}
+
+/// Runs `fut` (µs per operation) as a task on a worker of the runtime;
+/// returns its figure and the process's CPU time per operation of `ops`.
+async fn on_worker<F>(ops: usize, fut: F) -> Res<(f64, f64)>
+where
+    F: std::future::Future<Output = Res<f64>> + Send + 'static,
+{
+    let cpu = cpu_us();
+    let got = tokio::spawn(async move { fut.await.map_err(|e| e.to_string()) }).await?;
+    Ok((got?, (cpu_us() - cpu) / ops as f64))
+}
+
+/// The raw upsert, W1's saves made directly and W1 through the engine (µs
+/// per operation), on a current-thread runtime of their own in a thread of
+/// their own, with a client and a store connected there.
+fn current_thread(base: &str, tag: &str, runs: usize) -> Res<(f64, f64, f64)> {
+    let url = fresh_url(tag);
+    let (base, at) = (base.to_string(), url.clone());
+    let got = std::thread::spawn(move || -> Result<(f64, f64, f64), String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async move {
+            let text = |e: Box<dyn std::error::Error>| e.to_string();
+            let client = connect(&base).await.map_err(text)?;
+            let raw = raw_upserts(&client, runs * STEPS).await.map_err(text)?;
+            let store = PgStore::connect(&at).await.map_err(|e| e.to_string())?;
+            let save = crate::breakdown::saves(&store, "s", runs)
+                .await
+                .map_err(text)?;
+            let wf = crate::workloads::ten_steps();
+            let t = Instant::now();
+            for r in 0..runs {
+                steadfast::run(&format!("w-{r}"), &wf, &store)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            let w1 = t.elapsed().as_secs_f64() * 1e6 / (runs * STEPS) as f64;
+            Ok((raw, save, w1))
+        })
+    })
+    .join()
+    .map_err(|_| "the current-thread measure panicked")?;
+    drop_schema(&url);
+    Ok(got?)
+}
+
 /// The targets of the PostgreSQL issue, measured interleaved in each
 /// repetition (raw upsert, W1, W2) so that the server's drift hits all
 /// three alike; then W2 over 1, 2 and 4 worker processes.
@@ -136,7 +290,7 @@ pub async fn measure(args: &Args) -> Res<()> {
         eprintln!("postgres: skipped; set {ENV} to a PostgreSQL URL (for example postgres://postgres@127.0.0.1:5432/test) to measure it");
         return Ok(());
     };
-    let client = connect(&base).await?;
+    let client = Arc::new(connect(&base).await?);
     let settings: Vec<String> = {
         let mut out = Vec::new();
         for name in [
@@ -157,8 +311,18 @@ pub async fn measure(args: &Args) -> Res<()> {
     let runs = if args.quick { 20 } else { 300 };
     let steps = (runs * STEPS) as f64;
     let (mut raw, mut w1, mut w2, mut s1, mut s2) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut raw_here = vec![];
     for rep in 0..reps {
-        raw.push(raw_upserts(&client, upserts).await?);
+        // On a worker of the runtime, as W1's runs are: awaited on the
+        // harness's own thread, each answer would also wake that thread
+        // from another (some 80 µs more on a 2-core VM), flattering W1.
+        let c = Arc::clone(&client);
+        raw.push(
+            on_worker(upserts, async move { raw_upserts(&c, upserts).await })
+                .await?
+                .0,
+        );
+        raw_here.push(raw_upserts(&client, upserts).await?);
         for (concurrency, samples, syncs) in [(1, &mut w1, &mut s1), (16, &mut w2, &mut s2)] {
             let url = fresh_url(&format!("ratios-{concurrency}-{rep}"));
             let store = PgStore::connect(&url).await?;
@@ -180,12 +344,13 @@ pub async fn measure(args: &Args) -> Res<()> {
         "ratios",
         durability,
         json!({"reps": reps, "raw_upsert_us": round(raw), "w1_us_per_step": round(w1),
+               "raw_upsert_harness_thread_us": round(median(raw_here)),
                "w2_us_per_step": round(w2), "w1_over_raw": (w1 / raw * 1000.0).round() / 1000.0,
                "w2_steps_per_s": round(w2_steps_per_s),
                "w1_commits_per_step": (median(s1) * 1000.0).round() / 1000.0,
                "w2_commits_per_step": (median(s2) * 1000.0).round() / 1000.0,
                "w1_within_1_1x_raw": w1 / raw <= 1.1, "w2_at_least_6900_steps_per_s": w2_steps_per_s >= 6900.0,
-               "notes": format!("raw upsert, W1 and W2 interleaved in each repetition; medians; plain TCP on both unless the URL asks for TLS; {}", settings.join(", "))}),
+               "notes": format!("raw upsert, W1 and W2 interleaved in each repetition, each on a runtime worker (raw_upsert_harness_thread_us: the raw upsert awaited on the harness's own thread, the baseline before this field); medians; plain TCP on both unless the URL asks for TLS; {}", settings.join(", "))}),
     );
     // W2 over processes: the workload's own 1000 runs.
     let runs = if args.quick { 20 } else { 1000 };
