@@ -1404,6 +1404,28 @@ impl History for PgStore {
         rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
         let (rows, new_blobs) = rewrite.rows_with_blobs(run_id, self.shared.opts.blob_threshold)?;
+        // A rewrite may add references (rows written inline before are
+        // stored as blobs now) without a save: what was known of the run is
+        // forgotten, before and after, so that its next save counts again.
+        self.shared.accts.set(run_id, None);
+        let done = self
+            .rewrite_rows(run_id, expected, &rewrite, rows, new_blobs)
+            .await;
+        self.shared.accts.set(run_id, None);
+        done
+    }
+}
+
+impl PgStore {
+    /// [`History::rewrite`]'s transaction.
+    async fn rewrite_rows(
+        &self,
+        run_id: &str,
+        expected: u64,
+        rewrite: &Rewrite<'_>,
+        rows: Vec<(i64, String)>,
+        new_blobs: Vec<steadfast_core::store::blob::Blob>,
+    ) -> Result<(), StoreError> {
         let (idx, texts): (Vec<i64>, Vec<String>) = rows.into_iter().unzip();
         let delete_below = rewrite.delete_below().map(|i| i as i64);
         let mut client = self.client().await?;
