@@ -71,10 +71,11 @@ async fn w7(host: &str, query: &str, args: &Args) -> Res<()> {
     let runs = if args.quick { 4 } else { 100 };
     let (mut per_step, mut raw, mut stored, mut peaks, mut charge) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut before = Vec::new();
     for rep in 0..args.reps() {
         let url = format!("{host}/bench{:08x}/w7r{rep}?{query}", fastrand_u32());
         let store = CosmosStore::open_with(&url, CosmosOptions::default()).await?;
-        reset_peak();
+        before.push(reset_peak() as f64);
         let before = store.request_charge().0;
         let mut took = 0.0;
         for r in 0..runs {
@@ -100,7 +101,7 @@ async fn w7(host: &str, query: &str, args: &Args) -> Res<()> {
         store.drop_database().await?;
         raw.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
     }
-    let mut figures = w7_figures(runs, &per_step, &raw, &stored, &peaks);
+    let mut figures = w7_figures(runs, &per_step, &raw, &stored, &peaks, &before);
     figures.insert("ru_per_step".into(), json!(round(median(charge))));
     figures.insert("notes".into(), json!("step i returns document i % 5 of its run (1 MiB each, incompressible); protocol overhead against the local test server, not Azure figures; raw = write 1 MiB + fsync to the local disk, median of 100; stored = the store's count of each run's record and blob items (the server does not say what it keeps); medians of the repetitions"));
     emit(

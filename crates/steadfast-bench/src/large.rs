@@ -64,17 +64,25 @@ pub(crate) fn workflow(run: usize) -> Workflow {
     b.build().expect("a valid workflow")
 }
 
-/// The process's peak resident memory (VmHWM) in bytes.
-pub(crate) fn peak_rss() -> Option<u64> {
+/// A line of the process's status (`VmHWM`, `VmRSS`), in bytes.
+fn status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
 }
 
-/// Resets the peak to what is resident now (Linux: `5` to `clear_refs`).
-pub(crate) fn reset_peak() {
+/// The process's peak resident memory (VmHWM) in bytes.
+pub(crate) fn peak_rss() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// Resets the peak to what is resident now (Linux: `5` to `clear_refs`),
+/// and returns that: memory earlier workloads of the same process left
+/// resident (the allocator keeps what it freed) counts in the peak too.
+pub(crate) fn reset_peak() -> u64 {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
+    status_bytes("VmRSS:").unwrap_or(0)
 }
 
 /// Microseconds per write of `bytes` bytes to a file plus its fsync
@@ -127,6 +135,7 @@ pub(crate) fn w7_figures(
     raw: &[f64],
     stored: &[f64],
     peaks: &[f64],
+    before: &[f64],
 ) -> serde_json::Map<String, serde_json::Value> {
     let unique = (runs * 5 * VALUE_BYTES) as f64;
     let (us, raw_us, bytes) = (
@@ -142,7 +151,8 @@ pub(crate) fn w7_figures(
         "floor_over_raw": round((raw_us + encode_us + hash_us) / raw_us * 100.0) / 100.0,
         "stored_bytes": bytes as u64, "unique_bytes": unique as u64,
         "stored_over_unique": round(bytes / unique * 100.0) / 100.0,
-        "peak_rss_bytes": median(peaks.to_vec()) as u64});
+        "peak_rss_bytes": median(peaks.to_vec()) as u64,
+        "rss_before_bytes": median(before.to_vec()) as u64});
     match figures {
         serde_json::Value::Object(m) => m,
         _ => serde_json::Map::new(),
@@ -187,10 +197,11 @@ pub async fn w7(kind: &str, args: &Args) -> Res<()> {
     let mut raw = Vec::new();
     let mut stored = Vec::new();
     let mut peaks = Vec::new();
+    let mut before = Vec::new();
     for rep in 0..args.reps() {
         let url = fresh_url(kind, &args.dir, &format!("w7-{rep}"));
         let store = open_store(&url).await?;
-        reset_peak();
+        before.push(reset_peak() as f64);
         let mut took = 0.0;
         for r in 0..runs {
             let wf = workflow(r);
@@ -205,8 +216,8 @@ pub async fn w7(kind: &str, args: &Args) -> Res<()> {
         crate::workloads::cleanup(kind, &url);
         raw.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
     }
-    let mut figures = w7_figures(runs, &per_step, &raw, &stored, &peaks);
-    figures.insert("notes".into(), json!("step i returns document i % 5 of its run (1 MiB each, incompressible); raw = write 1 MiB + fsync, median of 100 per repetition; encode and sha256 = writing one such value as JSON text and hashing it (medians of 20), the work a save of a new large value does besides the write, so floor_over_raw = (raw + encode + sha256) / raw; stored = the database's files (SQLite), the schema's relations (PostgreSQL) or the file and its blob files (file) after the runs; medians of the repetitions"));
+    let mut figures = w7_figures(runs, &per_step, &raw, &stored, &peaks, &before);
+    figures.insert("notes".into(), json!("step i returns document i % 5 of its run (1 MiB each, incompressible); raw = write 1 MiB + fsync, median of 100 per repetition; encode and sha256 = writing one such value as JSON text and hashing it (medians of 20), the work a save of a new large value does besides the write, so floor_over_raw = (raw + encode + sha256) / raw; stored = the database's files (SQLite), the schema's relations (PostgreSQL) or the file and its blob files (file) after the runs; peak_rss_bytes = the process's peak resident memory during the runs, rss_before_bytes = what was resident when they began (in a run of the whole harness, memory earlier workloads freed stays resident); medians of the repetitions"));
     emit(
         "steadfast",
         kind,
