@@ -76,7 +76,7 @@ async fn w7(host: &str, query: &str, args: &Args) -> Res<()> {
         let url = format!("{host}/bench{:08x}/w7r{rep}?{query}", fastrand_u32());
         let store = CosmosStore::open_with(&url, CosmosOptions::default()).await?;
         before.push(reset_peak() as f64);
-        let before = store.request_charge().0;
+        let charged = store.request_charge().0;
         let mut took = 0.0;
         for r in 0..runs {
             let wf = workflow(r);
@@ -84,7 +84,7 @@ async fn w7(host: &str, query: &str, args: &Args) -> Res<()> {
             steadfast::run(&format!("w7-{r}"), &wf, &store).await?;
             took += t.elapsed().as_secs_f64();
         }
-        charge.push((store.request_charge().0 - before) / (runs * STEPS) as f64);
+        charge.push((store.request_charge().0 - charged) / (runs * STEPS) as f64);
         per_step.push(took * 1e6 / (runs * STEPS) as f64);
         peaks.push(peak_rss().unwrap_or(0) as f64);
         let blobs = store
@@ -103,7 +103,7 @@ async fn w7(host: &str, query: &str, args: &Args) -> Res<()> {
     }
     let mut figures = w7_figures(runs, &per_step, &raw, &stored, &peaks, &before);
     figures.insert("ru_per_step".into(), json!(round(median(charge))));
-    figures.insert("notes".into(), json!("step i returns document i % 5 of its run (1 MiB each, incompressible); protocol overhead against the local test server, not Azure figures; raw = write 1 MiB + fsync to the local disk, median of 100; stored = the store's count of each run's record and blob items (the server does not say what it keeps); medians of the repetitions"));
+    figures.insert("notes".into(), json!("step i returns document i % 5 of its run (1 MiB each, incompressible); protocol overhead against the local test server, not Azure figures; raw = write 1 MiB + fsync to the local disk, median of 100; stored = the store's count of each run's record and blob items (the server does not say what it keeps); peak_rss_bytes = the process's peak resident memory during the runs, rss_before_bytes = what was resident when they began; medians of the repetitions"));
     emit(
         "steadfast",
         "cosmos",

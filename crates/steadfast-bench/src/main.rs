@@ -8,8 +8,8 @@
 //! cargo run --release -p steadfast-bench -- --syncs   # count fsyncs per save with strace
 //! cargo run --release -p steadfast-bench -- --workloads ratios --stores sqlite
 //!                                                      # the SQLite targets, interleaved
-//! cargo run --release -p steadfast-bench -- --workloads breakdown
-//!                                  # where a W1 checkpoint's time goes on SQLite
+//! cargo run --release -p steadfast-bench -- --workloads breakdown --stores sqlite,postgres
+//!                                  # where a W1 checkpoint's time goes
 //! STEADFAST_BENCH_PG=postgres://postgres@127.0.0.1:5432/test \
 //!   cargo run --release -p steadfast-bench -- --workloads events --stores sqlite,postgres
 //!                  # events per second with a watcher, emit-to-watch latency

@@ -1,6 +1,7 @@
 //! The PostgreSQL measurements: a raw single-row upsert per transaction on
 //! the same server, W1 and W2 interleaved with it, commits (WAL flushes) per
-//! step, and W2 spread over 1, 2 and 4 worker processes. The server
+//! step, and W2 spread over 1, 2 and 4 worker processes; and where a W1
+//! step's time goes (`--workloads breakdown --stores postgres`). The server
 //! is the one `STEADFAST_BENCH_PG` names; without it they are skipped with a
 //! printed reason.
 
@@ -133,13 +134,13 @@ async fn raw_upserts(client: &tokio_postgres::Client, n: usize) -> Res<f64> {
 /// fresh schema, each run as a task on a worker of the runtime (as the
 /// engine's runs are): the raw upsert, W1's saves made on the store
 /// directly (no engine), a load of a missing run (the engine makes one
-/// before each run's first step) and W1 through the engine, each with the
-/// process's CPU time per operation (all its threads: the caller, the
-/// driver's connection tasks); what the engine adds is W1 less the saves
-/// and the load. Beside them, the raw upsert awaited on the harness's own
-/// thread (each answer then wakes that thread from another), and the
-/// three measures again on a current-thread runtime of their own, where no
-/// request crosses threads.
+/// before each run's first step) and W1 through the engine, each but the
+/// load with the process's CPU time per operation (its threads: the
+/// caller, the driver's connection tasks); what the engine adds is W1 less
+/// the saves and the load. Beside them, the raw upsert awaited on the
+/// harness's own thread (each answer then wakes that thread from another),
+/// and the raw upsert, the saves and W1 again on a current-thread runtime
+/// of their own, where no request crosses threads.
 pub async fn breakdown(args: &Args) -> Res<()> {
     let Some(base) = server() else {
         eprintln!("postgres: breakdown skipped; set {ENV} to a PostgreSQL URL");
@@ -222,8 +223,9 @@ pub async fn breakdown(args: &Args) -> Res<()> {
     Ok(())
 }
 
-/// The CPU time of all the process's threads so far, in µs (Linux's
-/// per-thread run time; 0 elsewhere).
+/// The CPU time so far of the process's threads alive now, in µs (Linux's
+/// per-thread run time; 0 elsewhere): the runtime's threads live as long
+/// as the harness, so a difference of two readings is theirs.
 fn cpu_us() -> f64 {
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return 0.0;
@@ -315,7 +317,7 @@ pub async fn measure(args: &Args) -> Res<()> {
     for rep in 0..reps {
         // On a worker of the runtime, as W1's runs are: awaited on the
         // harness's own thread, each answer would also wake that thread
-        // from another (some 80 µs more on a 2-core VM), flattering W1.
+        // from another (some 70 µs more on a 2-core VM), flattering W1.
         let c = Arc::clone(&client);
         raw.push(
             on_worker(upserts, async move { raw_upserts(&c, upserts).await })
@@ -350,7 +352,7 @@ pub async fn measure(args: &Args) -> Res<()> {
                "w1_commits_per_step": (median(s1) * 1000.0).round() / 1000.0,
                "w2_commits_per_step": (median(s2) * 1000.0).round() / 1000.0,
                "w1_within_1_1x_raw": w1 / raw <= 1.1, "w2_at_least_6900_steps_per_s": w2_steps_per_s >= 6900.0,
-               "notes": format!("raw upsert, W1 and W2 interleaved in each repetition, each on a runtime worker (raw_upsert_harness_thread_us: the raw upsert awaited on the harness's own thread, the baseline before this field); medians; plain TCP on both unless the URL asks for TLS; {}", settings.join(", "))}),
+               "notes": format!("raw upsert, W1 and W2 interleaved in each repetition, each on a runtime worker (raw_upsert_harness_thread_us: the raw upsert awaited on the harness's own thread, the baseline earlier versions of this harness used); medians; plain TCP on both unless the URL asks for TLS; {}", settings.join(", "))}),
     );
     // W2 over processes: the workload's own 1000 runs.
     let runs = if args.quick { 20 } else { 1000 };
