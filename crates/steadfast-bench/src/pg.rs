@@ -314,6 +314,7 @@ pub async fn measure(args: &Args) -> Res<()> {
     let steps = (runs * STEPS) as f64;
     let (mut raw, mut w1, mut w2, mut s1, mut s2) = (vec![], vec![], vec![], vec![], vec![]);
     let mut raw_here = vec![];
+    let mut durable = vec![];
     for rep in 0..reps {
         // On a worker of the runtime, as W1's runs are: awaited on the
         // harness's own thread, each answer would also wake that thread
@@ -337,8 +338,15 @@ pub async fn measure(args: &Args) -> Res<()> {
             drop(store);
             drop_schema(&url);
         }
+        // W1 as a durable function: ten steps and a result save a run.
+        let url = fresh_url(&format!("ratios-durable-{rep}"));
+        let store = PgStore::connect(&url).await?;
+        let wall = crate::workloads::run_many_durable(Arc::new(store), "run", runs, 1).await?;
+        durable.push(wall.as_secs_f64() * 1e6 / steps);
+        drop_schema(&url);
     }
     let (raw, w1, w2) = (median(raw), median(w1), median(w2));
+    let durable = median(durable);
     let w2_steps_per_s = 1e6 / w2;
     emit(
         "steadfast",
@@ -347,12 +355,14 @@ pub async fn measure(args: &Args) -> Res<()> {
         durability,
         json!({"reps": reps, "raw_upsert_us": round(raw), "w1_us_per_step": round(w1),
                "raw_upsert_harness_thread_us": round(median(raw_here)),
+               "w1_durable_us_per_step": round(durable),
+               "durable_over_w1": (durable / w1 * 1000.0).round() / 1000.0,
                "w2_us_per_step": round(w2), "w1_over_raw": (w1 / raw * 1000.0).round() / 1000.0,
                "w2_steps_per_s": round(w2_steps_per_s),
                "w1_commits_per_step": (median(s1) * 1000.0).round() / 1000.0,
                "w2_commits_per_step": (median(s2) * 1000.0).round() / 1000.0,
                "w1_within_1_1x_raw": w1 / raw <= 1.1, "w2_at_least_6900_steps_per_s": w2_steps_per_s >= 6900.0,
-               "notes": format!("raw upsert, W1 and W2 interleaved in each repetition, each on a runtime worker (raw_upsert_harness_thread_us: the raw upsert awaited on the harness's own thread, the baseline earlier versions of this harness used); medians; plain TCP on both unless the URL asks for TLS; {}", settings.join(", "))}),
+               "notes": format!("raw upsert, W1, W2 and W1 as a durable function interleaved in each repetition, each on a runtime worker (raw_upsert_harness_thread_us: the raw upsert awaited on the harness's own thread, the baseline earlier versions of this harness used); medians; plain TCP on both unless the URL asks for TLS; {}", settings.join(", "))}),
     );
     // W2 over processes: the workload's own 1000 runs.
     let runs = if args.quick { 20 } else { 1000 };
