@@ -24,6 +24,11 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const NS: &str = "test-chains";
 const LEASE: Duration = Duration::from_secs(60);
+
+/// The URL of an SQLite store in `dir`.
+fn sqlite_url(dir: &tempfile::TempDir) -> String {
+    format!("sqlite:{}", dir.path().join("c.db").display())
+}
 const COSMOS_KEY: &str =
     "C2y6yDjf5/R+ob0N8A7Cgv30VRDJIWEHLM+4QDU5DE2nQ9nDuVTqobD4b8mGGyPMbIZnqyMsEcaGQy67XIw/Jw==";
 
@@ -270,7 +275,7 @@ fn parts_no_chain_lists_are_no_checkpoint() -> TestResult {
 #[test]
 fn bad_arguments_are_refused_and_write_nothing() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let url = format!("sqlite:{}", dir.path().join("c.db").display());
+    let url = sqlite_url(&dir);
     let s = ChainStore::open(&url, NS, LEASE, false)?;
     for (id, wf) in [
         ("", "w"),
@@ -305,7 +310,7 @@ fn bad_arguments_are_refused_and_write_nothing() -> TestResult {
 #[test]
 fn a_chain_document_that_does_not_read_is_reported_in_every_listing() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let url = format!("sqlite:{}", dir.path().join("c.db").display());
+    let url = sqlite_url(&dir);
     let s = ChainStore::open(&url, NS, LEASE, false)?;
     s.put("fine", "review", None, "t", "{}")?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -525,7 +530,7 @@ fn an_id_saved_by_another_storage_stays_in_its_run_and_resaving_keeps_the_head()
 #[test]
 fn a_replaced_segment_is_kept_for_readers_who_saw_it_listed() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let url = format!("sqlite:{}", dir.path().join("c.db").display());
+    let url = sqlite_url(&dir);
     let s = ChainStore::open(&url, NS, LEASE, false)?.segment_size(2);
     let mut previous: Option<String> = None;
     for i in 0..7 {
@@ -585,7 +590,7 @@ fn hostile_names_are_refused_or_round_trip() -> TestResult {
 #[test]
 fn a_run_listing_a_missing_segment_is_an_error_not_a_panic() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let url = format!("sqlite:{}", dir.path().join("c.db").display());
+    let url = sqlite_url(&dir);
     let s = ChainStore::open(&url, NS, LEASE, false)?.segment_size(2);
     for (i, prev) in [(0, None), (1, Some("g0")), (2, Some("g1"))] {
         s.put(&format!("g{i}"), "w", prev, "t", "{}")?;
@@ -621,7 +626,7 @@ fn a_run_listing_a_missing_segment_is_an_error_not_a_panic() -> TestResult {
 #[test]
 fn two_storages_starting_one_run_at_once_leave_one_writer() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let url = format!("sqlite:{}", dir.path().join("c.db").display());
+    let url = sqlite_url(&dir);
     for round in 0..5 {
         let id = format!("race{round}");
         let barrier = std::sync::Barrier::new(2);

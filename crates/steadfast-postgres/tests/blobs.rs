@@ -23,6 +23,16 @@ async fn fresh() -> (PgStore, support::DropSchema) {
     support::fresh_store(PgOptions::default().blob_threshold(16 << 10)).await
 }
 
+/// Another handle on the schema `guard` drops, with its own pool (as
+/// another process would have), at the same threshold.
+async fn second_handle(guard: &support::DropSchema) -> Result<PgStore, steadfast_core::StoreError> {
+    PgStore::connect_with(
+        &support::url_with_schema(&guard.0),
+        PgOptions::default().blob_threshold(16 << 10),
+    )
+    .await
+}
+
 /// (blobs, bytes of their chunks, references) in the store's schema.
 async fn counts(store: &PgStore) -> Result<(i64, i64, i64), Box<dyn std::error::Error>> {
     let q = store.quoted_schema();
@@ -311,11 +321,7 @@ async fn a_run_that_takes_up_a_value_and_drops_it_frees_it() -> TestResult {
 #[tokio::test]
 async fn a_run_loaded_from_another_handle_frees_what_its_snapshot_drops() -> TestResult {
     let (a, guard) = fresh().await;
-    let b = PgStore::connect_with(
-        &support::url_with_schema(&guard.0),
-        PgOptions::default().blob_threshold(16 << 10),
-    )
-    .await?;
+    let b = second_handle(&guard).await?;
     let mut cp = Checkpoint::new("r", "w", Timestamp::from_unix_millis(1));
     cp.state.insert("input".into(), json!(doc(5, 100)));
     let v1 = b.save(SaveRequest::new(&cp, None)).await?;
@@ -350,11 +356,7 @@ async fn a_run_loaded_from_another_handle_frees_what_its_snapshot_drops() -> Tes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_on_two_handles_share_and_free_the_same_values_safely() -> TestResult {
     let (a, guard) = fresh().await;
-    let b = PgStore::connect_with(
-        &support::url_with_schema(&guard.0),
-        PgOptions::default().blob_threshold(16 << 10),
-    )
-    .await?;
+    let b = second_handle(&guard).await?;
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..8usize {
         let store = if t % 2 == 0 { a.clone() } else { b.clone() };
@@ -398,11 +400,7 @@ async fn writers_on_two_handles_share_and_free_the_same_values_safely() -> TestR
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delete_racing_saves_of_the_run_leaves_nothing_behind() -> TestResult {
     let (a, guard) = fresh().await;
-    let b = PgStore::connect_with(
-        &support::url_with_schema(&guard.0),
-        PgOptions::default().blob_threshold(16 << 10),
-    )
-    .await?;
+    let b = second_handle(&guard).await?;
     for round in 0..30usize {
         let run_id = format!("r{round}");
         let mut cp = Checkpoint::new(&run_id, "w", Timestamp::from_unix_millis(1));
