@@ -350,6 +350,37 @@ async fn a_run_loaded_from_another_handle_frees_what_its_snapshot_drops() -> Tes
     Ok(())
 }
 
+/// References planted under a run id before the run exists (left by hand,
+/// or by a run of that id deleted half-way): the run's first statement sees
+/// them, so its first new snapshot counts them again and frees the blob.
+#[tokio::test]
+async fn references_planted_before_a_run_exists_are_counted_at_its_first_snapshot() -> TestResult {
+    let (store, _g) = fresh().await;
+    let mut other = Checkpoint::new("other", "w", Timestamp::from_unix_millis(1));
+    other.state.insert("input".into(), json!(doc(5, 100)));
+    store.save(SaveRequest::new(&other, None)).await?;
+    tamper(
+        &store,
+        "INSERT INTO {q}.blob_refs (run_id, hash)
+         SELECT 'planted', hash FROM {q}.blob_refs WHERE run_id = 'other'",
+    )
+    .await?;
+    assert!(store.delete("other").await?);
+    assert_eq!(counts(&store).await?.0, 1, "held by the planted reference");
+    let mut cp = Checkpoint::new("planted", "w", Timestamp::from_unix_millis(1));
+    cp.state.insert("small".into(), json!(1));
+    let v = store.save(SaveRequest::new(&cp, None)).await?;
+    cp.state.insert("small".into(), json!(2));
+    store.save(SaveRequest::new(&cp, Some(v))).await?;
+    assert_eq!(
+        counts(&store).await?,
+        (0, 0, 0),
+        "the planted reference is gone"
+    );
+    assert_eq!(store.load("planted").await?.expect("saved").state, cp.state);
+    Ok(())
+}
+
 /// Writers on two handles (two pools: as two processes would) take up and
 /// drop the same contents at once: every run left loads whole, and once
 /// every run is gone no blob is left.
