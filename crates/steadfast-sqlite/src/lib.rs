@@ -175,6 +175,9 @@ pub struct WriteStats {
     /// The longest this handle waited for the database's write lock (held
     /// by other processes or handles) before a transaction.
     pub longest_lock_wait: Duration,
+    /// Writes that joined a transaction already begun: queued while it
+    /// waited for the callers of the commit before it to come back.
+    pub joined: u64,
 }
 
 /// The SQLite store. Cheap to clone; clones share one write connection.
@@ -345,6 +348,7 @@ impl SqliteStore {
             positions: Default::default(),
             path: display.clone(),
             longest_wait_us: Default::default(),
+            joined: Default::default(),
             stall: opts.busy_timeout,
             queue_file: crate::wait::WriteQueue::of(&path),
             #[cfg(feature = "mutants")]
@@ -379,6 +383,7 @@ impl SqliteStore {
             commits,
             writes,
             longest_lock_wait: Duration::from_micros(waited),
+            joined: self.shared.writer.joined.load(Ordering::Relaxed),
         }
     }
 

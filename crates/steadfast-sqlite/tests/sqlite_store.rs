@@ -242,6 +242,89 @@ async fn a_member_that_breaks_its_batch_leaves_no_member_applied() -> TestResult
     Ok(())
 }
 
+/// Runs that save again as soon as their last save is acknowledged (as
+/// concurrent runs do, step after step) join a transaction begun for the
+/// first of them to come back. Joined or not, a member is answered only
+/// after its batch's COMMIT: what is acknowledged is stored, what is
+/// refused is not, a stale member fails alone, and a member that breaks
+/// its batch leaves nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saves_that_join_an_open_batch_are_answered_by_its_commit() -> TestResult {
+    use std::sync::Arc;
+    use steadfast_core::store::SaveRequest;
+    use steadfast_core::{Checkpoint, Timestamp};
+
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = Arc::new(SqliteStore::open(&db)?);
+    rusqlite::Connection::open(&db)?.execute_batch(
+        "CREATE TRIGGER boom BEFORE UPDATE ON runs
+           WHEN NEW.run_id = 'run-5' AND NEW.version = 13
+         BEGIN SELECT RAISE(ROLLBACK, 'refused by the test'); END;",
+    )?;
+    const SAVES: u64 = 30;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let id = format!("run-{i}");
+            let mut cp = Checkpoint::new(&id, "w", Timestamp::from_unix_millis(0));
+            let mut stored: Option<u64> = None;
+            let (mut refused, mut stale) = (0u32, 0u32);
+            while stored.unwrap_or(0) < SAVES && refused < 50 {
+                let at = stored.unwrap_or(0);
+                cp.state.insert("n".into(), json!(at + 1));
+                if i % 4 == 0 && at % 7 == 3 && stale <= at as u32 / 7 {
+                    // A save from a stale handle: a conflict, alone (or
+                    // the error of a batch run-5 broke, if it came after).
+                    stale += 1;
+                    let r = store.save(SaveRequest::new(&cp, at.checked_sub(1))).await;
+                    let kind = r.map_err(|e| e.kind());
+                    assert!(
+                        matches!(
+                            kind,
+                            Err(StoreErrorKind::Conflict | StoreErrorKind::Unavailable)
+                        ),
+                        "{id}: a stale save at {at}: {kind:?}"
+                    );
+                    let back = store.load(&id).await?.map(|c| c.version);
+                    assert_eq!(back, stored, "{id}: a stale save changed the run");
+                    continue;
+                }
+                match store.save(SaveRequest::new(&cp, stored)).await {
+                    Ok(v) => {
+                        assert_eq!(v, at + 1, "{id}");
+                        stored = Some(v);
+                        let back = store.load(&id).await?.expect("an acknowledged run");
+                        assert_eq!(back.version, v, "{id}: acknowledged, not stored");
+                        assert_eq!(back.state.get("n"), Some(&json!(v)), "{id}");
+                    }
+                    Err(e) => {
+                        assert_ne!(e.kind(), StoreErrorKind::Conflict, "{id}: {e}");
+                        refused += 1;
+                        let back = store.load(&id).await?.map(|c| c.version);
+                        assert_eq!(back, stored, "{id}: refused ({e}), yet stored");
+                    }
+                }
+            }
+            Ok::<_, StoreError>((i, stored, refused))
+        }));
+    }
+    for t in tasks {
+        let (i, stored, refused) = t.await??;
+        if i == 5 {
+            assert_eq!(stored, Some(12), "run-5 stops where the trigger refuses it");
+            assert_eq!(refused, 50);
+        } else {
+            assert_eq!(stored, Some(SAVES), "run-{i}");
+        }
+    }
+    let stats = store.write_stats();
+    assert!(stats.joined > 0, "no save joined an open batch: {stats:?}");
+    assert!(stats.commits < stats.writes, "{stats:?}");
+    Ok(())
+}
+
 fn bytes_and_mode(path: &std::path::Path) -> Result<(Vec<u8>, String), Box<dyn std::error::Error>> {
     let bytes = std::fs::read(path)?;
     let conn = rusqlite::Connection::open(path)?;

@@ -41,6 +41,14 @@ impl<J> Queue<J> {
         jobs.drain(..n).collect()
     }
 
+    /// Up to `n` of the waiting writes (and at most [`MAX_BATCH`]), oldest
+    /// first: those that join a batch already begun.
+    pub fn take_up_to(&self, n: usize) -> Vec<J> {
+        let mut jobs = self.jobs();
+        let n = jobs.len().min(n).min(MAX_BATCH);
+        jobs.drain(..n).collect()
+    }
+
     /// How many writes are waiting.
     pub fn len(&self) -> usize {
         self.jobs().len()
@@ -67,16 +75,7 @@ impl<J> Queue<J> {
     /// to queue their next writes, so that they share the next commit
     /// instead of splitting into two cohorts that alternate: at most
     /// `within`, and only until `last` writes are waiting. A lone write (a
-    /// batch of one) never waits. Blocks the thread, yielding it.
-    pub fn gather_blocking(&self, last: usize, within: Duration) {
-        let start = Instant::now();
-        while last > 1 && start.elapsed() < within && self.len() < last {
-            std::thread::yield_now();
-        }
-    }
-
-    /// [`gather_blocking`](Self::gather_blocking) for a task: yields to
-    /// the runtime instead of the thread.
+    /// batch of one) never waits. Yields to the runtime as it waits.
     pub async fn gather(&self, last: usize, within: Duration) {
         let start = Instant::now();
         while last > 1 && start.elapsed() < within && self.len() < last {
@@ -93,8 +92,8 @@ impl<J> Queue<J> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn batches_are_bounded_and_counted() {
+    #[tokio::test]
+    async fn batches_are_bounded_and_counted() {
         let q = Queue::default();
         for i in 0..MAX_BATCH + 3 {
             q.push(i);
@@ -105,24 +104,29 @@ mod tests {
         assert_eq!(q.counts(), (1, MAX_BATCH as u64));
         // Enough waiting: no wait at all, even with a long limit.
         let start = Instant::now();
-        q.gather_blocking(2, Duration::from_secs(60));
+        q.gather(2, Duration::from_secs(60)).await;
         assert!(start.elapsed() < Duration::from_secs(30));
-        assert_eq!(q.take(), vec![MAX_BATCH, MAX_BATCH + 1, MAX_BATCH + 2]);
+        assert_eq!(q.take_up_to(2), vec![MAX_BATCH, MAX_BATCH + 1]);
+        assert_eq!(q.take_up_to(5), vec![MAX_BATCH + 2]);
         assert!(q.is_empty());
+        for i in 0..MAX_BATCH + 1 {
+            q.push(i);
+        }
+        assert_eq!(q.take_up_to(usize::MAX).len(), MAX_BATCH, "bounded too");
     }
 
-    #[test]
-    fn after_a_lone_write_there_is_no_wait() {
+    #[tokio::test]
+    async fn after_a_lone_write_there_is_no_wait() {
         let q: Queue<u8> = Queue::default();
         let start = Instant::now();
-        q.gather_blocking(1, Duration::from_secs(60));
+        q.gather(1, Duration::from_secs(60)).await;
         assert!(start.elapsed() < Duration::from_secs(30));
     }
 
     /// The wait ends once as many writes are queued as the last commit
     /// carried, whoever queues them; with fewer, it lasts its bound.
-    #[test]
-    fn the_wait_ends_when_as_many_are_back_and_is_bounded() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_wait_ends_when_as_many_are_back_and_is_bounded() {
         let q: std::sync::Arc<Queue<u8>> = std::sync::Arc::default();
         let pusher = {
             let q = std::sync::Arc::clone(&q);
@@ -134,14 +138,14 @@ mod tests {
             })
         };
         let start = Instant::now();
-        q.gather_blocking(3, Duration::from_secs(60));
+        q.gather(3, Duration::from_secs(60)).await;
         assert_eq!(q.len(), 3, "returned before the writes were back");
         assert!(start.elapsed() < Duration::from_secs(30));
         pusher.join().expect("the pusher");
         q.take();
         q.push(0);
         let start = Instant::now();
-        q.gather_blocking(3, Duration::from_millis(50));
+        q.gather(3, Duration::from_millis(50)).await;
         let waited = start.elapsed();
         assert!(waited >= Duration::from_millis(50), "{waited:?}");
         assert!(waited < Duration::from_secs(30), "{waited:?}");
