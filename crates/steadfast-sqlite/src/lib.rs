@@ -175,8 +175,9 @@ pub struct WriteStats {
     /// The longest this handle waited for the database's write lock (held
     /// by other processes or handles) before a transaction.
     pub longest_lock_wait: Duration,
-    /// Writes that joined a transaction already begun: queued while it
-    /// waited for the callers of the commit before it to come back.
+    /// Saves and deletes that joined a transaction already begun (queued
+    /// while it waited for the callers of the commit before it to come
+    /// back), counted once it committed.
     pub joined: u64,
 }
 

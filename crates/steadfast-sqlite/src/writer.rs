@@ -159,8 +159,9 @@ fn breaks<T>(result: &Result<T, StoreError>) -> Option<String> {
 /// core while the other callers still run their steps on the other: W2
 /// 21.5 µs a step against 23.5 when all were applied after the wait
 /// (medians of 12 interleaved runs of `--workloads W2 --stores sqlite
-/// --reps 5` each). The transaction, and the write lock, are held for that
-/// window at most.
+/// --reps 5` each). The write lock is held meanwhile, so the wait is made
+/// only when the turn came at once, no other process holding the lock;
+/// otherwise the transaction takes those back by then and commits.
 const GATHER: std::time::Duration = std::time::Duration::from_micros(500);
 
 /// How many runs [`Positions`] remembers before it starts over.
@@ -393,7 +394,10 @@ fn begin_at_once(conn: &Connection, busy: std::time::Duration) -> bool {
 /// callers have to come back in. Until that many jobs are in or the window
 /// ends, jobs queued meanwhile join this transaction, each applied as it
 /// comes: the statements run while the other callers are still on their
-/// steps, not after them all. Nothing is answered before COMMIT returned.
+/// steps, not after them all. Those queued by the time the transaction
+/// began join even after the window; the wait for the others (which holds
+/// the write lock) is made only if the turn came at once, no other process
+/// holding the lock. Nothing is answered before COMMIT returned.
 fn commit_batch(
     conn: &mut Connection,
     batch: Vec<Job>,
@@ -463,23 +467,32 @@ fn commit_batch(
     members.apply(conn, writes, path, &mut positions);
     if let Some((until, window)) = gather {
         let until = until.min(MAX_BATCH);
-        while members.broken.is_none() && taken < until && std::time::Instant::now() < window {
+        // Those back by now join even when the window has passed (the turn
+        // may have been waited for); the wait for the others holds the
+        // write lock, so it is made only when the turn came at once: no
+        // other process was holding the lock.
+        let wait = turn.waited.is_zero();
+        loop {
+            if members.broken.is_some() || taken >= until {
+                break;
+            }
             let more = writer.queue.take_up_to(until - taken);
             if more.is_empty() {
+                if !wait || std::time::Instant::now() >= window {
+                    break;
+                }
                 std::thread::yield_now();
                 continue;
             }
             taken += more.len();
-            writer
-                .joined
-                .fetch_add(more.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            members.apply(conn, more, path, &mut positions);
+            members.join(conn, more, path, &mut positions);
         }
     }
     let Members {
         replies,
         skipped,
         broken,
+        joined,
     } = members;
     if broken.is_some() {
         // Rolled back below: what this batch set is not so.
@@ -519,6 +532,11 @@ fn commit_batch(
             false => StoreError::unavailable(message.clone()),
         }));
     }
+    if failure.is_none() {
+        writer
+            .joined
+            .fetch_add(joined as u64, std::sync::atomic::Ordering::Relaxed);
+    }
     (failure.is_none(), taken)
 }
 
@@ -532,15 +550,22 @@ struct Members {
     /// or an I/O error, and would commit each later statement on its own).
     skipped: Vec<Job>,
     broken: Option<String>,
+    /// Members applied after the transaction began (see `commit_batch`).
+    joined: usize,
 }
 
 impl Members {
     /// Applies `jobs` in order, each checking its version before it writes
     /// anything, so that a conflict leaves no trace and fails that member
     /// only; a write that fails after that would leave a member half
-    /// applied, so it breaks the batch, which is rolled back whole.
+    /// applied, so it breaks the batch, which is rolled back whole. A
+    /// settings job is answered as it comes, whatever the batch's fate.
     fn apply(&mut self, conn: &Connection, jobs: Vec<Job>, path: &str, positions: &mut Positions) {
         for job in jobs {
+            if let Job::Settings { reply } = job {
+                let _ = reply.send(crate::read_settings(conn, path));
+                continue;
+            }
             if self.broken.is_some() {
                 self.skipped.push(job);
                 continue;
@@ -550,6 +575,14 @@ impl Members {
                 self.replies.push((run_id, reply));
             }
         }
+    }
+
+    /// [`apply`](Self::apply) for jobs that join the transaction begun,
+    /// counting those applied.
+    fn join(&mut self, conn: &Connection, jobs: Vec<Job>, path: &str, positions: &mut Positions) {
+        let before = self.replies.len();
+        self.apply(conn, jobs, path, positions);
+        self.joined += self.replies.len() - before;
     }
 }
 
