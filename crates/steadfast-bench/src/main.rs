@@ -10,6 +10,8 @@
 //!                                                      # the SQLite targets, interleaved
 //! cargo run --release -p steadfast-bench -- --workloads breakdown --stores sqlite,postgres
 //!                                  # where a W1 checkpoint's time goes
+//! cargo run --release -p steadfast-bench -- --workloads procs --stores sqlite
+//!                  # W2 in one process and over two sharing the database
 //! STEADFAST_BENCH_PG=postgres://postgres@127.0.0.1:5432/test \
 //!   cargo run --release -p steadfast-bench -- --workloads events --stores sqlite,postgres
 //!                  # events per second with a watcher, emit-to-watch latency

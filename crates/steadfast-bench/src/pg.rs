@@ -370,31 +370,7 @@ pub async fn measure(args: &Args) -> Res<()> {
         let mut walls = Vec::new();
         for rep in 0..args.reps() {
             let url = fresh_url(&format!("procs-{procs}-{rep}"));
-            // Create the schema before the clock starts.
-            drop(open_store(&url).await?);
-            let t = Instant::now();
-            let mut children = Vec::new();
-            for p in 0..procs {
-                children.push(
-                    tokio::process::Command::new(std::env::current_exe()?)
-                        .args(["--child", "pg-w2", "--child-store", &url, "--dir"])
-                        .arg(&args.dir)
-                        .args(["--child-runs", &(runs / procs).to_string()])
-                        .env("STEADFAST_BENCH_CHILD_PREFIX", format!("p{p}"))
-                        .env(
-                            "STEADFAST_BENCH_CHILD_CONCURRENCY",
-                            (16 / procs).to_string(),
-                        )
-                        .spawn()?,
-                );
-            }
-            for mut c in children {
-                let status = c.wait().await?;
-                if !status.success() {
-                    return Err(format!("a W2 worker process failed: {status}").into());
-                }
-            }
-            walls.push(t.elapsed().as_secs_f64());
+            walls.push(crate::workloads::w2_in_processes(&url, args, runs, procs).await?);
             drop_schema(&url);
         }
         let wall = median(walls);

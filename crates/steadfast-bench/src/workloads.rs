@@ -109,6 +109,9 @@ pub async fn all(kind: &str, args: &Args) -> Res<()> {
     if args.wants("limit") {
         w2_limit(kind, args).await?;
     }
+    if args.wants("procs") && kind == "sqlite" {
+        w2_processes(kind, args).await?;
+    }
     if args.wants("W3") {
         w3(kind, args).await?;
     }
@@ -228,6 +231,66 @@ async fn w1_w2(kind: &str, args: &Args, concurrency: usize, durable: bool) -> Re
                "steps_per_s": round(steps as f64 / wall), "us_per_step": round(wall * 1e6 / steps as f64),
                "notes": notes}),
     );
+    Ok(())
+}
+
+/// Seconds for `runs` runs of the W1 workflow, 16 at a time, spread over
+/// `procs` worker processes on the store at `url` (created before the
+/// clock starts; the time includes starting the processes).
+pub async fn w2_in_processes(url: &str, args: &Args, runs: usize, procs: usize) -> Res<f64> {
+    drop(open_store(url).await?);
+    let t = Instant::now();
+    let mut children = Vec::new();
+    for p in 0..procs {
+        children.push(
+            tokio::process::Command::new(std::env::current_exe()?)
+                .args(["--child", "w2", "--child-store", url, "--dir"])
+                .arg(&args.dir)
+                .args(["--child-runs", &(runs / procs).to_string()])
+                .env("STEADFAST_BENCH_CHILD_PREFIX", format!("p{p}"))
+                .env(
+                    "STEADFAST_BENCH_CHILD_CONCURRENCY",
+                    (16 / procs).to_string(),
+                )
+                .spawn()?,
+        );
+    }
+    for mut c in children {
+        let status = c.wait().await?;
+        if !status.success() {
+            return Err(format!("a W2 worker process failed: {status}").into());
+        }
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// W2 in one process and over two processes (8 runs at a time in each)
+/// sharing one database, interleaved in each repetition on fresh
+/// databases: what group commit keeps when another process holds the
+/// write lock by turns.
+async fn w2_processes(kind: &str, args: &Args) -> Res<()> {
+    let runs = runs_for(kind, args);
+    let mut walls: [Vec<f64>; 2] = Default::default();
+    for rep in 0..args.reps() {
+        for (i, procs) in [1, 2].into_iter().enumerate() {
+            let url = fresh_url(kind, &args.dir, &format!("procs{procs}-{rep}"));
+            walls[i].push(w2_in_processes(&url, args, runs, procs).await?);
+        }
+    }
+    for (i, procs) in [1usize, 2].into_iter().enumerate() {
+        let wall = median(std::mem::take(&mut walls[i]));
+        let steps = (runs / procs * procs * STEPS) as f64;
+        emit(
+            "steadfast",
+            kind,
+            &format!("W2/{procs}proc"),
+            durability(kind),
+            json!({"runs": runs / procs * procs, "steps": steps, "concurrency": 16, "processes": procs,
+                   "wall_s": round3(wall), "steps_per_s": round(steps / wall),
+                   "us_per_step": round(wall * 1e6 / steps),
+                   "notes": "16 runs at a time over the processes, interleaved with the other count in each repetition on fresh databases; wall time includes starting the processes"}),
+        );
+    }
     Ok(())
 }
 
@@ -534,7 +597,7 @@ pub fn child(role: &str, args: &Args) -> Res<()> {
             Ok(())
         }
         "syncs-raw" => crate::syncs::raw_upserts(&url, args.child_runs),
-        "pg-w2" => crate::pg::child(&url, args.child_runs),
+        "w2" => crate::pg::child(&url, args.child_runs),
         other => Err(format!("unknown child role {other}").into()),
     }
 }
