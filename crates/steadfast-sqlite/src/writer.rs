@@ -562,11 +562,7 @@ impl Members {
     /// settings job is answered as it comes, whatever the batch's fate.
     fn apply(&mut self, conn: &Connection, jobs: Vec<Job>, path: &str, positions: &mut Positions) {
         for job in jobs {
-            if let Job::Settings { reply } = job {
-                let _ = reply.send(crate::read_settings(conn, path));
-                continue;
-            }
-            if self.broken.is_some() {
+            if self.broken.is_some() && !matches!(job, Job::Settings { .. }) {
                 self.skipped.push(job);
                 continue;
             }
@@ -596,12 +592,10 @@ fn apply_job(
     path: &str,
     positions: &mut Positions,
 ) -> Option<(String, Answer, Option<String>)> {
-    let mut broken = None;
-    let (run_id, reply) = match job {
+    Some(match job {
         Job::Save(save) => {
             let result = apply_save(conn, &save, path, positions);
-            broken = broken.or_else(|| breaks(&result));
-            (save.run_id, answer(save.reply, result))
+            member(save.run_id, save.reply, result)
         }
         Job::Delete {
             run_id,
@@ -610,8 +604,7 @@ fn apply_job(
         } => {
             positions.forget(&run_id);
             let result = apply_delete(conn, &run_id, expected, path);
-            broken = broken.or_else(|| breaks(&result));
-            (run_id, answer(reply, result))
+            member(run_id, reply, result)
         }
         Job::Rewrite {
             run_id,
@@ -634,10 +627,8 @@ fn apply_job(
                 Ok(_) => conn.execute_batch("RELEASE rewrite"),
                 Err(_) => conn.execute_batch("ROLLBACK TO rewrite; RELEASE rewrite"),
             };
-            if let Err(e) = closed {
-                broken.get_or_insert_with(|| e.to_string());
-            }
-            (run_id, answer(reply, result))
+            let broke = closed.err().map(|e| e.to_string());
+            (run_id, answer(reply, result), broke)
         }
         Job::Events {
             run_id,
@@ -645,8 +636,7 @@ fn apply_job(
             reply,
         } => {
             let result = apply_events(conn, &run_id, &events, path);
-            broken = broken.or_else(|| breaks(&result));
-            (run_id, answer(reply, result))
+            member(run_id, reply, result)
         }
         Job::Document {
             key,
@@ -655,15 +645,24 @@ fn apply_job(
             reply,
         } => {
             let result = apply_document(conn, &key, value.as_deref(), expected, path);
-            broken = broken.or_else(|| breaks(&result));
-            (key, answer(reply, result))
+            member(key, reply, result)
         }
         Job::Settings { reply } => {
             let _ = reply.send(crate::read_settings(conn, path));
             return None;
         }
-    };
-    Some((run_id, reply, broken))
+    })
+}
+
+/// A member applied: its key, its answer for after COMMIT, and the message
+/// of its error if that breaks the batch (see [`breaks`]).
+fn member<T: Send + 'static>(
+    key: String,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+    result: Result<T, StoreError>,
+) -> (String, Answer, Option<String>) {
+    let broke = breaks(&result);
+    (key, answer(reply, result), broke)
 }
 
 /// Runs a statement without parameters or rows, prepared once per

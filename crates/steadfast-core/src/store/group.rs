@@ -36,9 +36,7 @@ impl<J> Queue<J> {
 
     /// The next batch: up to [`MAX_BATCH`] writes, oldest first.
     pub fn take(&self) -> Vec<J> {
-        let mut jobs = self.jobs();
-        let n = jobs.len().min(MAX_BATCH);
-        jobs.drain(..n).collect()
+        self.take_up_to(MAX_BATCH)
     }
 
     /// Up to `n` of the waiting writes (and at most [`MAX_BATCH`]), oldest
