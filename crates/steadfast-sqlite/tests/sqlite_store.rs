@@ -330,6 +330,65 @@ async fn joined_saves() -> TestResult {
     Ok(())
 }
 
+/// Two handles on one database (as two processes would be), each with
+/// runs that save as fast as they are acknowledged: the handles take the
+/// write lock by turns, a committer that had to wait for its turn does not
+/// hold the lock waiting for more, and every save lands once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_handles_joining_their_own_batches_share_the_database() -> TestResult {
+    use std::sync::Arc;
+    use steadfast_core::store::SaveRequest;
+    use steadfast_core::{Checkpoint, Timestamp};
+
+    const SAVES: u64 = 25;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let handles = [
+        Arc::new(SqliteStore::open(&db)?),
+        Arc::new(SqliteStore::open(&db)?),
+    ];
+    let work = async {
+        let mut tasks = Vec::new();
+        for (h, store) in handles.iter().enumerate() {
+            for i in 0..8 {
+                let store = Arc::clone(store);
+                tasks.push(tokio::spawn(async move {
+                    let id = format!("h{h}-{i}");
+                    let mut cp = Checkpoint::new(&id, "w", Timestamp::from_unix_millis(0));
+                    let mut stored = None;
+                    for n in 1..=SAVES {
+                        cp.state.insert("n".into(), json!(n));
+                        stored = Some(store.save(SaveRequest::new(&cp, stored)).await?);
+                    }
+                    Ok::<_, StoreError>((id, stored))
+                }));
+            }
+        }
+        let mut done = Vec::new();
+        for t in tasks {
+            done.push(t.await??);
+        }
+        Ok::<_, Box<dyn std::error::Error>>(done)
+    };
+    let done = tokio::time::timeout(Duration::from_secs(120), work)
+        .await
+        .map_err(|_| "the saves did not all finish in two minutes")??;
+    for (id, stored) in done {
+        assert_eq!(stored, Some(SAVES), "{id}");
+        for store in &handles {
+            let back = store.load(&id).await?.expect("a saved run");
+            assert_eq!(
+                (back.version, back.state.get("n")),
+                (SAVES, Some(&json!(SAVES))),
+                "{id}"
+            );
+        }
+    }
+    let [a, b] = handles.map(|h| h.write_stats());
+    assert_eq!(a.writes + b.writes, 16 * SAVES, "{a:?} {b:?}");
+    Ok(())
+}
+
 fn bytes_and_mode(path: &std::path::Path) -> Result<(Vec<u8>, String), Box<dyn std::error::Error>> {
     let bytes = std::fs::read(path)?;
     let conn = rusqlite::Connection::open(path)?;
