@@ -109,8 +109,12 @@ pub async fn all(kind: &str, args: &Args) -> Res<()> {
     if args.wants("limit") {
         w2_limit(kind, args).await?;
     }
-    if args.wants("procs") && kind == "sqlite" {
-        w2_processes(kind, args).await?;
+    if args.wants("procs") {
+        if kind == "sqlite" {
+            w2_processes(kind, args).await?;
+        } else {
+            eprintln!("{kind}: procs skipped; it measures SQLite's write lock shared by processes");
+        }
     }
     if args.wants("W3") {
         w3(kind, args).await?;
