@@ -37,17 +37,19 @@
 //! let locate = |c: &str| format!("runs[\"r1\"].{c}");
 //! let place = Place::new("r1", &locate);
 //! resolve_object(&mut stored, &place, "snapshot", &mut |h: &BlobHash, _| {
-//!     Ok(blobs.iter().find(|b| b.hash == *h).map(|b: &Blob| b.text.clone().into_bytes()))
+//!     Ok(blobs.iter().find(|b| b.hash == *h).map(|b: &Blob| b.text.as_bytes().to_vec()))
 //! })?;
 //! assert_eq!(stored, state);
 //! # Ok::<(), steadfast_core::StoreError>(())
 //! ```
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use crate::store::named;
 use crate::store::place::Place;
 use crate::StoreError;
 
@@ -138,8 +140,9 @@ impl fmt::Debug for BlobHash {
 pub struct Blob {
     /// The SHA-256 of `text`.
     pub hash: BlobHash,
-    /// The value, as JSON text.
-    pub text: String,
+    /// The value, as JSON text (shared with the texts named lately, so
+    /// that a value met again is not copied).
+    pub text: Arc<String>,
 }
 
 impl fmt::Debug for Blob {
@@ -256,8 +259,47 @@ fn looks_like_mark(v: &Value) -> bool {
     matches!(v, Value::Object(m) if m.contains_key(MARK))
 }
 
-fn encode<T: serde::Serialize>(v: &T, run_id: &str, what: &str) -> Result<String, StoreError> {
-    crate::store::head::encode_json(v, run_id, what)
+/// A top-level value's JSON text, or the string it is when that needs no
+/// escaping: such a string, met lately, is named without being written out
+/// again (see [`named`]).
+enum Text<'v> {
+    Plain(&'v str),
+    Written(String),
+}
+
+impl<'v> Text<'v> {
+    fn of(value: &'v Value, run_id: &str, what: &str) -> Result<Self, StoreError> {
+        match value {
+            Value::String(s) if named::plain(s) => Ok(Text::Plain(s)),
+            other => named::json_text(other).map(Text::Written).map_err(|e| {
+                StoreError::InvalidInput(format!(
+                    "run {run_id:?}: cannot encode its {what}: {e}; nothing was written"
+                ))
+            }),
+        }
+    }
+
+    /// The length of the text, quotes included.
+    fn len(&self) -> usize {
+        match self {
+            Text::Plain(s) => s.len() + 2,
+            Text::Written(text) => text.len(),
+        }
+    }
+
+    fn name(self) -> named::Named {
+        match self {
+            Text::Plain(s) => named::name_plain_str(s),
+            Text::Written(text) => named::name_text(text),
+        }
+    }
+
+    fn push_into(self, out: &mut String) {
+        match self {
+            Text::Plain(s) => named::push_json_str(out, s),
+            Text::Written(text) => out.push_str(&text),
+        }
+    }
 }
 
 /// Writes `map` as a JSON object, each top-level value whose text is longer
@@ -278,9 +320,9 @@ pub fn encode_object(
         if i > 0 {
             out.push(',');
         }
-        out.push_str(&encode(key, run_id, what)?);
+        named::push_json_str(&mut out, key);
         out.push(':');
-        let text = encode(value, run_id, what)?;
+        let text = Text::of(value, run_id, what)?;
         let bytes = text.len() as u64;
         if bytes > threshold {
             if bytes > MAX_BLOB_BYTES {
@@ -291,21 +333,23 @@ pub fn encode_object(
                     limit: MAX_BLOB_BYTES,
                 });
             }
+            let named = text.name();
+            let hash = BlobHash(named.digest);
             // The same content twice in one save (a state and the update
-            // that set it) is hashed and kept once.
-            let hash = match blobs.iter().find(|b| b.text == text) {
-                Some(b) => b.hash,
-                None => {
-                    let hash = BlobHash::of(text.as_bytes());
-                    blobs.push(Blob { hash, text });
-                    hash
-                }
-            };
+            // that set it) is kept once.
+            if !blobs.iter().any(|b| b.hash == hash) {
+                blobs.push(Blob {
+                    hash,
+                    text: named.text,
+                });
+            }
             out.push_str(&format!("{{\"{MARK}\":\"{hash}\",\"bytes\":{bytes}}}"));
         } else if looks_like_mark(value) {
-            out.push_str(&format!("{{\"{MARK}\":\"{LITERAL}\",\"value\":{text}}}"));
+            out.push_str(&format!("{{\"{MARK}\":\"{LITERAL}\",\"value\":"));
+            text.push_into(&mut out);
+            out.push('}');
         } else {
-            out.push_str(&text);
+            text.push_into(&mut out);
         }
     }
     out.push('}');
@@ -622,7 +666,7 @@ mod tests {
             Ok(blobs
                 .iter()
                 .find(|b| b.hash == *h)
-                .map(|b| b.text.clone().into_bytes()))
+                .map(|b| b.text.as_bytes().to_vec()))
         })
         .unwrap();
         (text, blobs, back)
@@ -740,7 +784,7 @@ mod tests {
             Ok(blobs
                 .iter()
                 .find(|b| b.hash == *h)
-                .map(|b| b.text.clone().into_bytes()))
+                .map(|b| b.text.as_bytes().to_vec()))
         };
         let locate = |c: &str| c.to_string();
         let place = Place::new("r", &locate);

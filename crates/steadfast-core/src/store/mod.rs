@@ -11,6 +11,7 @@ pub mod image;
 pub mod layout;
 pub mod local;
 pub mod memory;
+pub(crate) mod named;
 pub mod place;
 pub mod plan;
 pub mod rows;
