@@ -296,7 +296,7 @@ impl<'v> Text<'v> {
 
     fn push_into(self, out: &mut String) {
         match self {
-            Text::Plain(s) => named::push_json_str(out, s),
+            Text::Plain(s) => named::push_plain_str(out, s),
             Text::Written(text) => out.push_str(&text),
         }
     }

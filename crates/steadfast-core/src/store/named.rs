@@ -7,7 +7,8 @@
 //! - A string is escaped a run at a time: a stretch with nothing to escape is
 //!   copied whole instead of byte by byte. The text is exactly what
 //!   `serde_json` writes (a property test compares the two).
-//! - The texts named lately are kept, up to [`RECENT_BYTES`] in all, so that
+//! - The texts named lately are kept, up to [`RECENT_BYTES`] of memory and
+//!   64 texts in all (a text over a quarter of that is not kept), so that
 //!   a value met again (a document an agent reads a second time, a state a
 //!   store writes again whole) is recognised by comparing its bytes with
 //!   them, and takes the name computed before instead of being hashed again.
@@ -26,10 +27,6 @@ use sha2::{Digest, Sha256};
 
 /// How many bytes of recently named texts are kept, at most.
 pub const RECENT_BYTES: usize = 16 << 20;
-
-/// A text longer than this is named but not kept (one such value would push
-/// out everything else).
-const RECENT_ONE: usize = RECENT_BYTES / 4;
 
 /// How many kept texts of the right length one lookup compares, at most (so
 /// that many values of one length with a long common prefix cannot make a
@@ -119,101 +116,149 @@ pub struct Named {
     pub text: Arc<String>,
 }
 
-/// The texts named lately, the most recent first.
-struct Recent {
+/// The texts named lately, the most recent first, within a budget of
+/// bytes (each counted by what it holds in memory) and of entries.
+pub struct Recent {
     kept: VecDeque<Named>,
     bytes: usize,
+    budget: usize,
 }
 
-static RECENT: Mutex<Recent> = Mutex::new(Recent {
-    kept: VecDeque::new(),
-    bytes: 0,
-});
-
-fn recent() -> std::sync::MutexGuard<'static, Recent> {
-    // A panic while the lock was held left a list that is still whole (no
-    // step below can leave it half-changed): go on with it.
-    RECENT.lock().unwrap_or_else(|e| e.into_inner())
+/// What one kept text counts against the budget: the memory its text holds,
+/// and its entry.
+fn weight(named: &Named) -> usize {
+    named.text.capacity() + std::mem::size_of::<Named>() + 16
 }
 
-/// A kept text of `len` bytes for which `same` holds, made the most recent.
-fn find(len: usize, same: impl Fn(&str) -> bool) -> Option<Named> {
-    let candidates: Vec<Named> = recent()
-        .kept
-        .iter()
-        .filter(|n| n.text.len() == len)
-        .take(COMPARED)
-        .cloned()
-        .collect();
-    // Compared without the lock: another save may name meanwhile.
-    let hit = candidates.into_iter().find(|n| same(&n.text))?;
-    let mut r = recent();
-    if let Some(at) = r.kept.iter().position(|n| Arc::ptr_eq(&n.text, &hit.text)) {
-        if let Some(n) = r.kept.remove(at) {
-            r.kept.push_front(n);
+impl Recent {
+    /// An empty list that keeps at most `budget` bytes.
+    pub const fn new(budget: usize) -> Self {
+        Recent {
+            kept: VecDeque::new(),
+            bytes: 0,
+            budget,
         }
     }
+
+    /// The most recent kept texts of `len` bytes, at most [`COMPARED`].
+    fn candidates(&self, len: usize) -> Vec<Named> {
+        self.kept
+            .iter()
+            .filter(|n| n.text.len() == len)
+            .take(COMPARED)
+            .cloned()
+            .collect()
+    }
+
+    /// Makes `text`, if still kept, the most recent.
+    fn touch(&mut self, text: &Arc<String>) {
+        if let Some(at) = self.kept.iter().position(|n| Arc::ptr_eq(&n.text, text)) {
+            if let Some(n) = self.kept.remove(at) {
+                self.kept.push_front(n);
+            }
+        }
+    }
+
+    /// Keeps `named` as the most recent, forgetting the oldest past the
+    /// budget; a text over a quarter of the budget is not kept.
+    fn keep(&mut self, named: &Named) {
+        if weight(named) > self.budget / 4 {
+            return;
+        }
+        // Two saves may name the same new text at once: keep it once.
+        if self.kept.iter().any(|n| n.digest == named.digest) {
+            return;
+        }
+        self.bytes += weight(named);
+        self.kept.push_front(named.clone());
+        while self.bytes > self.budget || self.kept.len() > RECENT_ENTRIES {
+            match self.kept.pop_back() {
+                Some(old) => self.bytes -= weight(&old),
+                None => break,
+            }
+        }
+    }
+}
+
+/// The most texts kept at once (so that a lookup looks at few entries,
+/// even when the values are small).
+const RECENT_ENTRIES: usize = 64;
+
+/// The texts this process named lately.
+static RECENT: Mutex<Recent> = Mutex::new(Recent::new(RECENT_BYTES));
+
+fn lock(recent: &Mutex<Recent>) -> std::sync::MutexGuard<'_, Recent> {
+    // A panic while the lock was held left a list that is still whole (no
+    // method above can leave it half-changed): go on with it.
+    recent.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A text of `len` bytes in `recent` for which `same` holds, made the most
+/// recent.
+fn find(recent: &Mutex<Recent>, len: usize, same: impl Fn(&str) -> bool) -> Option<Named> {
+    let candidates = lock(recent).candidates(len);
+    // Compared without the lock: another save may name meanwhile.
+    let hit = candidates.into_iter().find(|n| same(&n.text))?;
+    lock(recent).touch(&hit.text);
     Some(hit)
 }
 
-/// Keeps `named` as the most recent, forgetting the oldest past the budget.
-fn keep(named: &Named) {
-    if named.text.len() > RECENT_ONE {
-        return;
-    }
-    let mut r = recent();
-    // Two saves may name the same new text at once: keep it once.
-    if r.kept.iter().any(|n| n.digest == named.digest) {
-        return;
-    }
-    r.bytes += named.text.len();
-    r.kept.push_front(named.clone());
-    while r.bytes > RECENT_BYTES {
-        match r.kept.pop_back() {
-            Some(old) => r.bytes -= old.text.len(),
-            None => break,
-        }
-    }
-}
-
-/// Names `text`: the name of an equal text met lately, or its SHA-256.
-pub fn name_text(text: String) -> Named {
-    if let Some(hit) = find(text.len(), |kept| kept == text) {
-        return hit;
-    }
+/// Hashes `text` and keeps it in `recent`.
+fn hash_and_keep(recent: &Mutex<Recent>, text: String) -> Named {
     let named = Named {
         digest: Sha256::digest(text.as_bytes()).into(),
         text: Arc::new(text),
     };
-    keep(&named);
+    lock(recent).keep(&named);
     named
+}
+
+/// Names `text`, the JSON text of a value: the name of an equal text met
+/// lately, or its SHA-256.
+pub fn name_text(text: String) -> Named {
+    name_text_in(&RECENT, text)
+}
+
+fn name_text_in(recent: &Mutex<Recent>, text: String) -> Named {
+    match find(recent, text.len(), |kept| kept == text) {
+        Some(hit) => hit,
+        None => hash_and_keep(recent, text),
+    }
 }
 
 /// Names the JSON text of the string `s`, which must be [`plain`]: a text
 /// met lately is found without writing the text out.
 pub fn name_plain_str(s: &str) -> Named {
+    name_plain_str_in(&RECENT, s)
+}
+
+fn name_plain_str_in(recent: &Mutex<Recent>, s: &str) -> Named {
     debug_assert!(plain(s));
     let len = s.len() + 2;
     let same = |kept: &str| {
         let k = kept.as_bytes();
-        // A kept text of this length that starts with a quote is a string's
-        // text; with these inner bytes (no quote, no backslash) it is `"s"`.
-        k.first() == Some(&b'"') && &k[1..len - 1] == s.as_bytes()
+        // Every kept text is the JSON text of a value, so one of this
+        // length that starts and ends with a quote is a string's; with
+        // these inner bytes (no quote, no backslash) it is `"s"`.
+        k.first() == Some(&b'"') && k.last() == Some(&b'"') && &k[1..len - 1] == s.as_bytes()
     };
-    if let Some(hit) = find(len, same) {
-        return hit;
+    match find(recent, len, same) {
+        Some(hit) => hit,
+        None => {
+            let mut text = String::with_capacity(len);
+            push_plain_str(&mut text, s);
+            hash_and_keep(recent, text)
+        }
     }
-    let mut text = String::with_capacity(len);
-    push_json_str(&mut text, s);
-    name_text(text)
 }
 
-/// How many bytes of texts are kept now (for tests).
-#[cfg(test)]
-fn kept_bytes() -> usize {
-    let r = recent();
-    debug_assert_eq!(r.bytes, r.kept.iter().map(|n| n.text.len()).sum::<usize>());
-    r.bytes
+/// Appends the JSON text of `s`, which must be [`plain`]: `s` in quotes.
+pub fn push_plain_str(out: &mut String, s: &str) {
+    debug_assert!(plain(s));
+    out.reserve(s.len() + 2);
+    out.push('"');
+    out.push_str(s);
+    out.push('"');
 }
 
 #[cfg(test)]
@@ -225,12 +270,16 @@ mod tests {
         Sha256::digest(text.as_bytes()).into()
     }
 
-    /// Held by the tests that look at what is kept, which another test
-    /// naming many values at once would push out.
-    static KEPT: Mutex<()> = Mutex::new(());
+    fn local(budget: usize) -> Mutex<Recent> {
+        Mutex::new(Recent::new(budget))
+    }
 
-    fn alone() -> std::sync::MutexGuard<'static, ()> {
-        KEPT.lock().unwrap_or_else(|e| e.into_inner())
+    /// The kept texts, the most recent first, and checks the count.
+    fn kept(recent: &Mutex<Recent>) -> Vec<String> {
+        let r = lock(recent);
+        assert_eq!(r.bytes, r.kept.iter().map(weight).sum::<usize>());
+        assert!(r.bytes <= r.budget && r.kept.len() <= RECENT_ENTRIES);
+        r.kept.iter().map(|n| n.text.to_string()).collect()
     }
 
     #[test]
@@ -242,15 +291,16 @@ mod tests {
         assert_eq!(out, serde_json::to_string(&s).unwrap());
         assert!(!plain(&s));
         assert!(plain("nothing to escape, even é and 😀 and /"));
+        assert!(plain(""));
     }
 
     #[test]
     fn a_value_met_again_keeps_its_name_and_one_byte_off_gets_its_own() {
-        let _alone = alone();
+        let recent = local(RECENT_BYTES);
         let doc = "k".repeat(200_000);
-        let first = name_plain_str(&doc);
+        let first = name_plain_str_in(&recent, &doc);
         assert_eq!(first.digest, sha(&format!("\"{doc}\"")));
-        let again = name_plain_str(&doc);
+        let again = name_plain_str_in(&recent, &doc);
         assert_eq!(again.digest, first.digest);
         assert!(Arc::ptr_eq(&again.text, &first.text), "met again, shared");
 
@@ -259,31 +309,72 @@ mod tests {
             let mut other = doc.clone().into_bytes();
             other[at] = b'j';
             let other = String::from_utf8(other).unwrap();
-            let named = name_plain_str(&other);
+            let named = name_plain_str_in(&recent, &other);
             assert_eq!(named.digest, sha(&format!("\"{other}\"")), "byte {at}");
             assert_ne!(named.digest, first.digest);
         }
         // The same text given whole finds the same name.
-        assert_eq!(name_text(format!("\"{doc}\"")).digest, first.digest);
-        // A non-string text of the same length is not taken for it.
-        let array = format!("[{}]", "1".repeat(doc.len()));
-        assert_eq!(array.len(), doc.len() + 2);
-        assert_eq!(name_text(array.clone()).digest, sha(&array));
+        assert_eq!(
+            name_text_in(&recent, format!("\"{doc}\"")).digest,
+            first.digest
+        );
     }
 
     #[test]
-    fn what_is_kept_stays_within_its_budget() {
-        let _alone = alone();
-        for i in 0..40 {
-            let doc = format!("{i:04}{}", "b".repeat(1 << 20));
-            name_plain_str(&doc);
-            assert!(kept_bytes() <= RECENT_BYTES, "{}", kept_bytes());
+    fn a_kept_text_that_is_not_a_string_is_not_taken_for_one() {
+        let recent = local(RECENT_BYTES);
+        // `[1,2,3]` holds the same inner bytes as the string `1,2,3`.
+        name_text_in(&recent, "[1,2,3]".to_string());
+        let named = name_plain_str_in(&recent, "1,2,3");
+        assert_eq!(named.digest, sha("\"1,2,3\""));
+        assert_eq!(*named.text, "\"1,2,3\"");
+        // Nor is a text that starts with a quote but is not this string's.
+        name_text_in(&recent, "\"a\"".to_string());
+        assert_eq!(name_plain_str_in(&recent, "a").digest, sha("\"a\""));
+    }
+
+    #[test]
+    fn the_oldest_is_forgotten_first_and_a_text_met_again_is_the_newest() {
+        let one = weight(&Named {
+            digest: [0; 32],
+            text: Arc::new(String::with_capacity(1002)),
+        });
+        let recent = local(one * 4);
+        for c in ['a', 'b', 'c', 'd'] {
+            name_plain_str_in(&recent, &c.to_string().repeat(1000));
         }
-        // One value over a quarter of the budget is named, not kept.
-        let big = "h".repeat(RECENT_ONE + 1);
-        let named = name_plain_str(&big);
-        assert_eq!(named.digest, sha(&format!("\"{big}\"")));
-        assert!(!recent().kept.iter().any(|n| n.digest == named.digest));
+        // Met again: `a` becomes the newest, so `b` goes first.
+        name_plain_str_in(&recent, &"a".repeat(1000));
+        name_plain_str_in(&recent, &"e".repeat(1000));
+        let firsts: Vec<char> = kept(&recent)
+            .iter()
+            .map(|t| t.chars().nth(1).unwrap())
+            .collect();
+        assert_eq!(firsts, ['e', 'a', 'd', 'c']);
+        // A text over a quarter of the budget is named but not kept.
+        let big = "h".repeat(one);
+        assert_eq!(
+            name_plain_str_in(&recent, &big).digest,
+            sha(&format!("\"{big}\""))
+        );
+        assert_eq!(kept(&recent).len(), 4);
+    }
+
+    #[test]
+    fn what_is_kept_stays_within_its_budget_of_bytes_and_entries() {
+        let recent = local(4 << 20);
+        for i in 0..40 {
+            name_plain_str_in(&recent, &format!("{i:04}{}", "b".repeat(300_000)));
+            kept(&recent);
+        }
+        assert!(kept(&recent).len() < 40);
+        for i in 0..200 {
+            name_text_in(&recent, format!("[{i}]"));
+        }
+        assert_eq!(kept(&recent).len(), RECENT_ENTRIES);
+        // The process's own list, used by `encode_object`, keeps to its own.
+        name_plain_str(&"g".repeat(1 << 20));
+        kept(&RECENT);
     }
 
     proptest! {
@@ -302,7 +393,9 @@ mod tests {
         fn a_name_is_always_the_sha256_of_the_text(
             picks in proptest::collection::vec((0usize..6, 0usize..300, any::<u8>()), 1..40)
         ) {
-            // A few values of one length, met again and changed by a byte.
+            // A few values of one length, met again and changed by a byte,
+            // beside non-string texts of the same length.
+            let recent = local(1 << 20);
             let base: Vec<String> = (0..6).map(|k| format!("{k}{}", "v".repeat(299))).collect();
             for (k, at, b) in picks {
                 let mut bytes = base[k].clone().into_bytes();
@@ -311,8 +404,10 @@ mod tests {
                 }
                 let s = String::from_utf8(bytes).unwrap();
                 let text = serde_json::to_string(&s).unwrap();
-                prop_assert_eq!(name_plain_str(&s).digest, sha(&text));
-                prop_assert_eq!(name_text(text.clone()).digest, sha(&text));
+                let array = format!("[{}]", s);
+                prop_assert_eq!(name_text_in(&recent, array.clone()).digest, sha(&array));
+                prop_assert_eq!(name_plain_str_in(&recent, &s).digest, sha(&text));
+                prop_assert_eq!(name_text_in(&recent, text.clone()).digest, sha(&text));
             }
         }
     }
