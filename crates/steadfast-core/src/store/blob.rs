@@ -233,7 +233,7 @@ pub fn split_url_options<'u>(
 /// reference when that is longer than the threshold. A value over
 /// [`MAX_BLOB_BYTES`], which no store takes, counts in full.
 pub fn stored_value_size(value: &Value, threshold: u64) -> u64 {
-    let size = crate::store::json_size(value);
+    let size = named::json_len(value);
     if size > threshold && size <= MAX_BLOB_BYTES {
         reference_size(size)
     } else if looks_like_mark(value) {
@@ -249,7 +249,7 @@ pub fn stored_value_size(value: &Value, threshold: u64) -> u64 {
 pub fn stored_size(map: &Map<String, Value>, threshold: u64) -> u64 {
     let entries: u64 = map
         .iter()
-        .map(|(k, v)| crate::store::json_size(k) + 1 + stored_value_size(v, threshold))
+        .map(|(k, v)| named::json_str_len(k) + 1 + stored_value_size(v, threshold))
         .sum();
     2 + entries + (map.len() as u64).saturating_sub(1)
 }

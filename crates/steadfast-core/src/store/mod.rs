@@ -522,7 +522,7 @@ pub fn check_document(key: &str, value: &serde_json::Value) -> Result<(), StoreE
             p.path, p.reason
         ))
     })?;
-    let size = json_size(value);
+    let size = crate::store::named::json_len(value);
     if size > MAX_DOCUMENT_BYTES as u64 {
         return Err(StoreError::TooLarge {
             run_id: key.to_string(),
@@ -1200,7 +1200,7 @@ pub fn check_whole_state(run_id: &str, state: &State, limit: u64) -> Result<(), 
 
 /// The serialized size of a state, in bytes, without building the text.
 pub fn state_size(state: &crate::State) -> u64 {
-    json_size(state)
+    crate::store::named::json_object_len(state)
 }
 
 /// The size of `v` written as compact JSON, in bytes, without building the

@@ -107,6 +107,68 @@ pub fn json_text(value: &Value) -> Result<String, serde_json::Error> {
     }
 }
 
+/// How many bytes `b` takes in a JSON string (1, or its escape's length).
+fn escaped_len(b: u8) -> u64 {
+    match b {
+        b'"' | b'\\' | 0x08 | 0x09 | 0x0a | 0x0c | 0x0d => 2,
+        0..=0x1f => 6,
+        _ => 1,
+    }
+}
+
+/// The length of the JSON text of the string `s`, quotes included, without
+/// writing it.
+pub fn json_str_len(s: &str) -> u64 {
+    let extra: u64 = s
+        .as_bytes()
+        .chunks(CHUNK)
+        .filter(|c| chunk_has_escape(c))
+        .flat_map(|c| c.iter())
+        .map(|&b| escaped_len(b) - 1)
+        .sum();
+    s.len() as u64 + 2 + extra
+}
+
+/// The length of the JSON text of `value` as `serde_json::to_string` writes
+/// it, without writing it; strings are measured a run at a time.
+pub fn json_len(value: &Value) -> u64 {
+    match value {
+        Value::Null => 4,
+        Value::Bool(true) => 4,
+        Value::Bool(false) => 5,
+        Value::Number(n) => {
+            struct Count(u64);
+            impl std::io::Write for Count {
+                fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                    self.0 += buf.len() as u64;
+                    Ok(buf.len())
+                }
+                fn flush(&mut self) -> std::io::Result<()> {
+                    Ok(())
+                }
+            }
+            let mut c = Count(0);
+            // A number always writes: a counter never fails.
+            let _ = serde_json::to_writer(&mut c, n);
+            c.0
+        }
+        Value::String(s) => json_str_len(s),
+        Value::Array(items) => {
+            2 + items.iter().map(json_len).sum::<u64>() + (items.len() as u64).saturating_sub(1)
+        }
+        Value::Object(map) => json_object_len(map),
+    }
+}
+
+/// The length of the JSON text of the object `map` ([`json_len`]).
+pub fn json_object_len(map: &serde_json::Map<String, Value>) -> u64 {
+    let entries: u64 = map
+        .iter()
+        .map(|(k, v)| json_str_len(k) + 1 + json_len(v))
+        .sum();
+    2 + entries + (map.len() as u64).saturating_sub(1)
+}
+
 /// A text and its SHA-256.
 #[derive(Clone, Debug)]
 pub struct Named {
@@ -289,6 +351,7 @@ mod tests {
         let mut out = String::new();
         push_json_str(&mut out, &s);
         assert_eq!(out, serde_json::to_string(&s).unwrap());
+        assert_eq!(json_str_len(&s), out.len() as u64);
         assert!(!plain(&s));
         assert!(plain("nothing to escape, even é and 😀 and /"));
         assert!(plain(""));
@@ -377,7 +440,38 @@ mod tests {
         kept(&RECENT);
     }
 
+    fn any_text() -> impl Strategy<Value = String> {
+        proptest::string::string_regex("(.|[\\x00-\\x1f\"\\\\]){0,40}").unwrap()
+    }
+
+    /// Any JSON value: every kind, nested, strings with escapes.
+    fn any_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            any_text().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 40, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map(any_text(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
     proptest! {
+        #[test]
+        fn lengths_are_those_of_serde_json_text(value in any_value()) {
+            prop_assert_eq!(json_len(&value), serde_json::to_string(&value).unwrap().len() as u64);
+            if let Value::String(s) = &value {
+                prop_assert_eq!(json_str_len(s), json_len(&value));
+            }
+        }
+
         #[test]
         fn strings_are_written_as_serde_json_writes_them(
             s in proptest::string::string_regex("(.|[\\x00-\\x1f\"\\\\]){0,200}").unwrap()
