@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::record::checkpoint::{Checkpoint, StepRecord};
 use crate::record::error::StoreError;
 use crate::record::events::{check_events, NewEvent, RunEvent};
+use crate::record::state::Update;
 use crate::store::blob::{self, Blob, BlobHash};
 use crate::store::plan::{expect_version, head_only_of_absent};
 use crate::store::rows::no_row_to_fold;
@@ -56,12 +57,91 @@ pub struct Write {
     head_only: bool,
 }
 
+/// A copy of `cp` with `state` for its state: the caller's state is not
+/// copied. Every field is named, so a field added to [`Checkpoint`] must be
+/// added here.
+fn with_state(cp: &Checkpoint, state: Update) -> Checkpoint {
+    let Checkpoint {
+        format,
+        run_id,
+        workflow,
+        status,
+        next,
+        completed,
+        state: _,
+        version,
+        created_at,
+        updated_at,
+        attempts,
+        error,
+        writer,
+        lease,
+        wait,
+        decisions,
+        seal,
+        audit,
+        origin,
+        spend,
+        queue,
+        passed_over,
+    } = cp;
+    Checkpoint {
+        format: *format,
+        run_id: run_id.clone(),
+        workflow: workflow.clone(),
+        status: *status,
+        next: *next,
+        completed: completed.clone(),
+        state,
+        version: *version,
+        created_at: *created_at,
+        updated_at: *updated_at,
+        attempts: *attempts,
+        error: error.clone(),
+        writer: *writer,
+        lease: lease.clone(),
+        wait: wait.clone(),
+        decisions: decisions.clone(),
+        seal: seal.clone(),
+        audit: audit.clone(),
+        origin: origin.clone(),
+        spend: spend.clone(),
+        queue: queue.clone(),
+        passed_over: passed_over.clone(),
+    }
+}
+
+/// A copy of step `s` with `update` for its update (the caller's is not
+/// copied).
+fn with_update(s: &StepRecord, update: Update) -> StepRecord {
+    let StepRecord {
+        index,
+        name,
+        update: _,
+        attempt,
+        started_at,
+        finished_at,
+    } = s;
+    StepRecord {
+        index: *index,
+        name: name.clone(),
+        update,
+        attempt: *attempt,
+        started_at: *started_at,
+        finished_at: *finished_at,
+    }
+}
+
 impl Write {
     /// Checks `req` as every store must before writing (the head, a
     /// head-only save of an absent run, the state within `limit` bytes with
     /// values that load back, the step's update) and takes what it writes.
     pub fn checked(req: &SaveRequest<'_>, limit: u64) -> Result<Self, StoreError> {
-        Self::checked_as(req, |cp| check_whole_state(&cp.run_id, &cp.state, limit))
+        Self::checked_as(
+            req,
+            |cp| check_whole_state(&cp.run_id, &cp.state, limit),
+            |map, _| Ok(map.clone()),
+        )
     }
 
     /// [`checked`](Self::checked) for a store with blobs at `threshold`:
@@ -74,36 +154,33 @@ impl Write {
         limit: u64,
         threshold: u64,
     ) -> Result<(Self, Vec<Blob>), StoreError> {
-        let mut write = Self::checked_as(req, |cp| {
-            check_size(
-                &cp.run_id,
-                "state",
-                blob::stored_size(&cp.state, threshold),
-                limit,
-            )?;
-            check_state(&cp.run_id, "state", &cp.state)
-        })?;
         let mut blobs = Vec::new();
-        let run_id = write.record.run_id.clone();
-        if !write.head_only {
-            write.record.state =
-                blob::encode_map(&write.record.state, threshold, &run_id, "state", &mut blobs)?;
-        }
-        if let Some(step) = &mut write.step {
-            step.update = blob::encode_map(
-                &step.update,
-                threshold,
-                &run_id,
-                "step's update",
-                &mut blobs,
-            )?;
-        }
+        let run_id = req.checkpoint.run_id.as_str();
+        // Each map is written in its stored form straight from the caller's,
+        // never copied whole first (a state may hold many large values).
+        let write = Self::checked_as(
+            req,
+            |cp| {
+                check_size(
+                    &cp.run_id,
+                    "state",
+                    blob::stored_size(&cp.state, threshold),
+                    limit,
+                )?;
+                check_state(&cp.run_id, "state", &cp.state)
+            },
+            |map, what| blob::encode_map(map, threshold, run_id, what, &mut blobs),
+        )?;
         Ok((write, blobs))
     }
 
+    /// Checks `req` (`check_whole` checks a whole state) and takes what it
+    /// writes, each map (the state, unless head-only, and the step's update)
+    /// as `stored` writes it, given the map and what it is.
     fn checked_as(
         req: &SaveRequest<'_>,
         check_whole: impl FnOnce(&Checkpoint) -> Result<(), StoreError>,
+        mut stored: impl FnMut(&Update, &str) -> Result<Update, StoreError>,
     ) -> Result<Self, StoreError> {
         let cp = req.checkpoint;
         check_head(cp)?;
@@ -121,13 +198,17 @@ impl Write {
             if let Some(s) = req.step {
                 check_state(&cp.run_id, "step's update", &s.update)?;
             }
-            cp.clone()
+            with_state(cp, stored(&cp.state, "state")?)
         };
         record.version = req.new_version();
+        let step = match req.step {
+            Some(s) => Some(with_update(s, stored(&s.update, "step's update")?)),
+            None => None,
+        };
         Ok(Write {
             record,
             expected: req.expected,
-            step: req.step.cloned(),
+            step,
             head_only: req.head_only,
         })
     }
