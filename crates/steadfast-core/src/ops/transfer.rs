@@ -1278,13 +1278,14 @@ struct Sizes<'a> {
 
 impl<'a> Sizes<'a> {
     fn set(&mut self, key: &'a str, value: &Value) {
-        use crate::store::json_size;
-        // `"k":v`, as the entry stands in its map.
+        use crate::store::named::{json_len, json_str_len};
+        // `"k":v`, as the entry stands in its map (measured as the stores
+        // measure it).
         let value = match self.blob_threshold {
             Some(t) => crate::store::blob::stored_value_size(value, t),
-            None => json_size(value),
+            None => json_len(value),
         };
-        let size = json_size(key) + 1 + value;
+        let size = json_str_len(key) + 1 + value;
         if let Some(old) = self.entries.insert(key, size) {
             self.sum -= old;
         }

@@ -525,3 +525,64 @@ impl RunImage {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::checkpoint::{PassedOver, StepFailure};
+    use crate::record::clock::Timestamp;
+    use serde_json::{json, Map, Value};
+
+    fn t(ms: u64) -> Timestamp {
+        Timestamp::from_unix_millis(ms)
+    }
+
+    fn obj(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    /// A record and a step whose fields of one type all differ, so that a
+    /// copy that drops or swaps one shows.
+    fn record() -> (Checkpoint, StepRecord) {
+        let mut cp = Checkpoint::new("r", "w", t(1_000));
+        cp.updated_at = t(2_000);
+        cp.next = 3;
+        cp.version = 17;
+        cp.writer = 13;
+        cp.attempts = 5;
+        cp.completed = vec!["a".into(), "b".into(), "c".into()];
+        cp.error = Some(StepFailure::new(2, "c", "boom".into(), 4, false, t(2_500)));
+        cp.seal = Some("seal".into());
+        cp.passed_over = Some(Box::new(PassedOver::new("v2", &["v1"], "w1", t(2_600))));
+        cp.state = obj(json!({"doc": "d".repeat(5_000), "n": 1}));
+        let update = obj(json!({"doc": "d".repeat(5_000)}));
+        let step = StepRecord::new(2, "c", update, 4, t(3_000), t(4_000));
+        (cp, step)
+    }
+
+    #[test]
+    fn a_checked_save_takes_every_field_as_given() {
+        let (cp, step) = record();
+        let mut req = SaveRequest::new(&cp, Some(10));
+        req.step = Some(&step);
+        let mut want = cp.clone();
+        want.version = 11;
+
+        let write = Write::checked(&req, u64::MAX).unwrap();
+        assert_eq!(write.record, want);
+        assert_eq!(write.step.as_ref(), Some(&step));
+
+        // With blobs: the same, each large value in its stored form, the
+        // content once.
+        let (write, blobs) = Write::checked_with_blobs(&req, u64::MAX, 1024).unwrap();
+        assert_eq!(blobs.len(), 1);
+        let mut again = Vec::new();
+        want.state = blob::encode_map(&cp.state, 1024, "r", "state", &mut again).unwrap();
+        let mut want_step = step.clone();
+        want_step.update =
+            blob::encode_map(&step.update, 1024, "r", "step's update", &mut again).unwrap();
+        assert_ne!(want.state, cp.state, "the document is a reference");
+        assert_eq!(write.record, want);
+        assert_eq!(write.step, Some(want_step));
+    }
+}

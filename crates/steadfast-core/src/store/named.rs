@@ -479,6 +479,7 @@ mod tests {
             let mut out = String::new();
             push_json_str(&mut out, &s);
             prop_assert_eq!(&out, &serde_json::to_string(&s).unwrap());
+            prop_assert_eq!(json_str_len(&s), out.len() as u64);
             prop_assert_eq!(plain(&s), out.len() == s.len() + 2);
             prop_assert_eq!(json_text(&Value::String(s.clone())).unwrap(), out);
         }
