@@ -1206,21 +1206,7 @@ pub fn state_size(state: &crate::State) -> u64 {
 /// The size of `v` written as compact JSON, in bytes, without building the
 /// text (nor copying `v`).
 pub fn json_size<T: serde::Serialize + ?Sized>(v: &T) -> u64 {
-    struct Count(u64);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len() as u64;
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut c = Count(0);
-    // Writing into a counter fails only for a value serde_json cannot write
-    // at all, which every store refuses before sizing it.
-    let _ = serde_json::to_writer(&mut c, v);
-    c.0
+    crate::store::named::serialized_len(v)
 }
 
 /// A store URL fit for messages and logs: a password in its user part

@@ -136,28 +136,33 @@ pub fn json_len(value: &Value) -> u64 {
         Value::Null => 4,
         Value::Bool(true) => 4,
         Value::Bool(false) => 5,
-        Value::Number(n) => {
-            struct Count(u64);
-            impl std::io::Write for Count {
-                fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                    self.0 += buf.len() as u64;
-                    Ok(buf.len())
-                }
-                fn flush(&mut self) -> std::io::Result<()> {
-                    Ok(())
-                }
-            }
-            let mut c = Count(0);
-            // A number always writes: a counter never fails.
-            let _ = serde_json::to_writer(&mut c, n);
-            c.0
-        }
+        Value::Number(n) => serialized_len(n),
         Value::String(s) => json_str_len(s),
         Value::Array(items) => {
             2 + items.iter().map(json_len).sum::<u64>() + (items.len() as u64).saturating_sub(1)
         }
         Value::Object(map) => json_object_len(map),
     }
+}
+
+/// The size of `v` written by serde_json as compact JSON, in bytes, counted
+/// as it is written (the text is not kept).
+pub fn serialized_len<T: serde::Serialize + ?Sized>(v: &T) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    // Writing into a counter fails only for a value serde_json cannot write
+    // at all, which every store refuses before sizing it.
+    let _ = serde_json::to_writer(&mut c, v);
+    c.0
 }
 
 /// The length of the JSON text of the object `map` ([`json_len`]).
