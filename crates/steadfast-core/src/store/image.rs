@@ -585,4 +585,37 @@ mod tests {
         assert_eq!(write.record, want);
         assert_eq!(write.step, Some(want_step));
     }
+
+    /// A value nested `depth` arrays deep, built and taken apart without
+    /// recursion (dropping it the ordinary way would overflow the stack).
+    fn nested(depth: usize) -> Value {
+        let mut v = Value::Null;
+        for _ in 0..depth {
+            v = Value::Array(vec![v]);
+        }
+        v
+    }
+
+    fn take_apart(mut v: Value) {
+        while let Value::Array(mut items) = v {
+            v = items.pop().unwrap_or(Value::Null);
+        }
+    }
+
+    #[test]
+    fn a_state_nested_far_too_deep_is_refused_clearly_not_overflowed() {
+        let mut cp = Checkpoint::new("r", "w", t(1_000));
+        cp.state.insert("deep".into(), nested(200_000));
+        let req = SaveRequest::new(&cp, None);
+        for result in [
+            Write::checked(&req, u64::MAX).map(|_| ()),
+            Write::checked_with_blobs(&req, u64::MAX, 1024).map(|_| ()),
+        ] {
+            let err = result.unwrap_err().to_string();
+            assert!(err.contains("nesting deeper than"), "{err}");
+        }
+        if let Some(v) = cp.state.remove("deep") {
+            take_apart(v);
+        }
+    }
 }

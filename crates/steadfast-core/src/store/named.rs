@@ -132,17 +132,29 @@ pub fn json_str_len(s: &str) -> u64 {
 /// The length of the JSON text of `value` as `serde_json::to_string` writes
 /// it, without writing it; strings are measured a run at a time.
 pub fn json_len(value: &Value) -> u64 {
-    match value {
-        Value::Null => 4,
-        Value::Bool(true) => 4,
-        Value::Bool(false) => 5,
-        Value::Number(n) => serialized_len(n),
-        Value::String(s) => json_str_len(s),
-        Value::Array(items) => {
-            2 + items.iter().map(json_len).sum::<u64>() + (items.len() as u64).saturating_sub(1)
-        }
-        Value::Object(map) => json_object_len(map),
+    // With a stack of its own, not recursion: a value too deep to store is
+    // sized before the check that refuses it, and must not overflow ours.
+    let mut total = 0;
+    let mut todo = vec![value];
+    while let Some(v) = todo.pop() {
+        total += match v {
+            Value::Null => 4,
+            Value::Bool(true) => 4,
+            Value::Bool(false) => 5,
+            Value::Number(n) => serialized_len(n),
+            Value::String(s) => json_str_len(s),
+            Value::Array(items) => {
+                todo.extend(items);
+                2 + (items.len() as u64).saturating_sub(1)
+            }
+            Value::Object(map) => {
+                todo.extend(map.values());
+                2 + map.keys().map(|k| json_str_len(k) + 1).sum::<u64>()
+                    + (map.len() as u64).saturating_sub(1)
+            }
+        };
     }
+    total
 }
 
 /// The size of `v` written by serde_json as compact JSON, in bytes, counted
