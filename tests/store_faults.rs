@@ -182,12 +182,64 @@ async fn control_without_reload_the_run_conflicts_with_itself() {
     );
 }
 
+/// A store cut off from a chosen save on: that save and every later one
+/// never answer ([`Fault::HangFromHere`]) and, unless `loads_answer`, nor
+/// does a load made after the first save that hung, as through a partition
+/// that drops every packet. Records when the first such load began.
+struct CutOff {
+    faulty: FaultyStore<MemoryStore>,
+    at: usize,
+    loads_answer: bool,
+    load_hung: Mutex<Option<std::time::Instant>>,
+}
+
+#[async_trait::async_trait]
+impl Store for CutOff {
+    async fn load(
+        &self,
+        run_id: &str,
+    ) -> Result<Option<steadfast::Checkpoint>, steadfast::StoreError> {
+        if !self.loads_answer && self.faulty.saves_attempted() > self.at {
+            self.load_hung
+                .lock()
+                .unwrap()
+                .get_or_insert_with(std::time::Instant::now);
+            std::future::pending::<()>().await;
+        }
+        self.faulty.load(run_id).await
+    }
+    async fn save(
+        &self,
+        req: steadfast::store::SaveRequest<'_>,
+    ) -> Result<u64, steadfast::StoreError> {
+        self.faulty.save(req).await
+    }
+    async fn list(
+        &self,
+        filter: &steadfast::ListFilter,
+    ) -> Result<Vec<steadfast::RunSummary>, steadfast::StoreError> {
+        self.faulty.list(filter).await
+    }
+    async fn delete(&self, run_id: &str) -> Result<bool, steadfast::StoreError> {
+        self.faulty.delete(run_id).await
+    }
+    async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, steadfast::StoreError> {
+        self.faulty.delete_if(run_id, version).await
+    }
+    fn capabilities(&self) -> steadfast::Capabilities<'_> {
+        self.faulty.capabilities()
+    }
+}
+
 /// A worker cut off from its store mid-step (its renewals never answered,
 /// as through a partition that drops packets) stops the step before the
 /// lease it could not renew runs out, and fails the call with an error
-/// that says so; it never reports the run done.
-#[tokio::test]
-async fn a_renewal_the_store_never_answers_stops_the_step() -> TestResult {
+/// that says so; it never reports the run done. When the store's loads
+/// hang too, the step is stopped before the look at the store that follows
+/// (that look used to come first, and the step ran on through it, a third
+/// of the lease, past the lease: seen as two workers running one step in
+/// the partition harness).
+async fn cut_off_mid_step(loads_answer: bool) -> TestResult {
     struct Stopped(Arc<Mutex<Option<std::time::Instant>>>);
     impl Drop for Stopped {
         fn drop(&mut self) {
@@ -211,11 +263,17 @@ async fn a_renewal_the_store_never_answers_stops_the_step() -> TestResult {
         .build()?;
     // Saves: the claim, the first step, then the renewals during the long
     // one, which never answer.
-    let faulty = FaultyStore::new(MemoryStore::new(), 2, Fault::HangFromHere);
+    let at = 2;
+    let store = CutOff {
+        faulty: FaultyStore::new(MemoryStore::new(), at, Fault::HangFromHere),
+        at,
+        loads_answer,
+        load_hung: Mutex::default(),
+    };
     let lease = std::time::Duration::from_millis(600);
     let out = tokio::time::timeout(
         std::time::Duration::from_secs(60),
-        Runner::new(&faulty)
+        Runner::new(&store)
             .lease(steadfast::Owner::new("host", 1, 1), lease)
             .run("r", &wf),
     )
@@ -233,12 +291,35 @@ async fn a_renewal_the_store_never_answers_stops_the_step() -> TestResult {
         "{said}"
     );
     let (began, stopped) = (began.lock().unwrap().unwrap(), stopped.lock().unwrap());
-    let ran = stopped.expect("the step was stopped") - began;
+    let stopped = stopped.expect("the step was stopped");
+    let ran = stopped - began;
     assert!(
         ran < lease,
         "the step ran {ran:?}, past the lease of {lease:?} it could not renew"
     );
+    if !loads_answer {
+        let looked = store
+            .load_hung
+            .lock()
+            .unwrap()
+            .expect("after the renewal went unanswered, the store was looked at");
+        assert!(
+            stopped <= looked,
+            "the step was stopped {:?} after the look at the store began: it ran on while the call waited for a store that does not answer",
+            stopped - looked
+        );
+    }
     Ok(())
+}
+
+#[tokio::test]
+async fn a_renewal_the_store_never_answers_stops_the_step() -> TestResult {
+    cut_off_mid_step(true).await
+}
+
+#[tokio::test]
+async fn a_worker_cut_off_altogether_stops_the_step_before_it_looks_at_the_store() -> TestResult {
+    cut_off_mid_step(false).await
 }
 
 /// A step that reports spend (each report a save of the run's head, made

@@ -255,7 +255,20 @@ fn main() {
     let in_flight = in_flight_at(&execs, pid_a, cut_at);
     let mut stopped = 0;
     let mut last_sign_ms: u128 = 0;
+    // How long before B started a step of the run A's execution last showed
+    // a sign of life (negative: they overlapped): the slack the lease's
+    // margin left on this machine.
+    let mut least_clear_ms: Option<i128> = None;
     for (run, index, pid) in &in_flight {
+        let b_start = execs
+            .iter()
+            .filter(|e| e.start && e.run == *run && e.worker == pid_b && e.at > cut_at)
+            .map(|e| e.at)
+            .min();
+        if let (Some(b), Some(last)) = (b_start, last_sign(&execs, run, *pid)) {
+            let clear = (b as i128 - last as i128) / 1_000_000;
+            least_clear_ms = Some(least_clear_ms.map_or(clear, |l| l.min(clear)));
+        }
         let ended = execs
             .iter()
             .any(|e| !e.start && !e.beat && e.pid == *pid && e.run == *run);
@@ -306,7 +319,7 @@ fn main() {
         .count();
     println!(
         "partition: {} runs of {} steps of {} ms, lease {} ms, A cut off for {} ms; \
-         {} steps of A under way at the cut ({} stopped by A, the rest ended first; the last sign of any {} ms after the cut); {} runs taken over by B; \
+         {} steps of A under way at the cut ({} stopped by A, the rest ended first; the last sign of any {} ms after the cut, {} ms at least before B started the step); {} runs taken over by B; \
          {} re-executions; A said {} times that the store did not answer a renewal; \
          all runs done {:.1?} after the heal; {} violations",
         ids.len(),
@@ -317,6 +330,7 @@ fn main() {
         in_flight.len(),
         stopped,
         last_sign_ms,
+        least_clear_ms.map_or_else(|| "-".to_string(), |c| c.to_string()),
         takeovers,
         re_executions,
         a_failed,

@@ -917,7 +917,7 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
             // the futures around it (spend and slot renewals, the lease's,
             // tracing's span) each held and moved a copy of it: a step's
             // future was 18 KB, copied whole at every move.
-            let mut pumped = Box::pin(async {
+            let pumped = Box::pin(async {
                 match (log, sink.as_deref()) {
                     (Some(log), Some(sink)) => pump(log, sink, scoped).await,
                     _ => scoped.await,
@@ -930,6 +930,12 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 .as_ref()
                 .map_or(Duration::from_secs(86_400), |h| h.renew_every());
             let stepped = async {
+                // Owned here, not borrowed: when a renewal goes unanswered,
+                // `with_renewals` drops this future to stop the step, and
+                // the step must go with it then, before the look at the
+                // store that follows (a borrow left it running until that
+                // look ended, a third of the lease later: past the lease).
+                let mut pumped = pumped;
                 let mut tick =
                     tokio::time::interval_at(tokio::time::Instant::now() + renew_slot, renew_slot);
                 let out = loop {
