@@ -742,6 +742,106 @@ pub async fn accepted_values_load_back_equal(ts: TestStore) -> CheckResult {
     Ok(())
 }
 
+/// `depth` levels of arrays around a number, built and taken apart without
+/// recursion (serde_json's own drop of a value this deep would overflow the
+/// stack before any store saw it).
+fn far_too_deep(depth: usize) -> Value {
+    let mut v = json!(1);
+    for _ in 0..depth {
+        v = Value::Array(vec![v]);
+    }
+    v
+}
+
+fn take_apart(mut v: Value) {
+    loop {
+        v = match v {
+            Value::Array(mut items) => items.pop().unwrap_or(Value::Null),
+            Value::Object(map) => match map.into_iter().next() {
+                Some((_, inner)) => inner,
+                None => return,
+            },
+            _ => return,
+        };
+    }
+}
+
+/// A value nested far deeper than [`MAX_VALUE_DEPTH`](steadfast_core::MAX_VALUE_DEPTH)
+/// (some 32,000 levels, as deep as the test stores' state limit allows:
+/// deep enough to overflow a recursive walk on a test thread's stack) in a
+/// state, a step's update or a decision's data is
+/// refused as invalid input, with nothing written: never a stack overflow
+/// in the store's encoding, sizing or naming of the value, which would end
+/// the process.
+pub async fn values_nested_far_too_deep_are_refused_not_overflowed(ts: TestStore) -> CheckResult {
+    // `[` and `]` a level, under the state limit.
+    const DEPTH: usize = (crate::STATE_LIMIT as usize - 64) / 2;
+    let store = &*ts.store;
+    let mut other = checkpoint("other", "flow", json!({"kept": true}));
+    other.version = save(store, &other, None).await?;
+    let mut in_state = checkpoint("deep-state", "flow", json!({}));
+    in_state.state.insert("deep".into(), far_too_deep(DEPTH));
+    let mut in_decision = checkpoint("deep-decision", "flow", json!({}));
+    in_decision.decisions.push(Decision::approve(
+        "review",
+        "ada",
+        t(1),
+        Some(far_too_deep(DEPTH)),
+    ));
+    let in_update = checkpoint("deep-update", "flow", json!({}));
+    let mut update = Map::new();
+    update.insert("deep".into(), far_too_deep(DEPTH));
+    let step = StepRecord::new(0, "a", update, 1, t(1), t(2));
+    let outcomes = [
+        (
+            in_state.run_id.clone(),
+            store.save(SaveRequest::new(&in_state, None)).await,
+        ),
+        (
+            in_decision.run_id.clone(),
+            store.save(SaveRequest::new(&in_decision, None)).await,
+        ),
+        (
+            in_update.run_id.clone(),
+            store
+                .save(SaveRequest::new(&in_update, None).with_step(&step))
+                .await,
+        ),
+    ];
+    // Taken apart before anything can fail: a check that returns early
+    // would drop them whole, and overflow in the test, not the store.
+    for v in [
+        in_state.state.remove("deep"),
+        in_decision.decisions.pop().and_then(|d| d.data),
+        step.update.into_iter().next().map(|(_, v)| v),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        take_apart(v);
+    }
+    if outcomes.iter().any(|(_, r)| r.is_ok()) {
+        // The store kept a value it cannot drop without overflowing: it is
+        // never dropped, so that the failure below is reported.
+        std::mem::forget(Arc::clone(&ts.store));
+    }
+    for (run_id, r) in &outcomes {
+        ensure!(
+            matches!(r, Err(e) if e.kind() == StoreErrorKind::InvalidInput),
+            "run {run_id:?}: expected InvalidInput, got {r:?}"
+        );
+        ensure!(
+            store.load(run_id).await?.is_none(),
+            "run {run_id:?}: a refused save left a record"
+        );
+    }
+    ensure!(
+        store.load("other").await?.as_ref() == Some(&other),
+        "another run changed or stopped loading"
+    );
+    Ok(())
+}
+
 /// Every value of a record besides its state (decision data, who decided,
 /// reasons, error messages, the run id) is either refused with nothing
 /// written, or loads back equal; a refused save leaves every other run

@@ -319,6 +319,7 @@ macro_rules! store_conformance {
             oversize_state_is_refused_and_prior_record_intact,
             accepted_values_load_back_equal,
             head_values_are_refused_or_load_back_equal,
+            values_nested_far_too_deep_are_refused_not_overflowed,
             head_only_saves_keep_the_stored_state,
             spend_records_load_back_exactly,
             queue_places_load_back_and_list,

@@ -213,6 +213,12 @@ fn plan(
         }
         return Ok(Plan::Head);
     }
+    // Checked before anything writes it as text: a value nested too deep
+    // must be refused here, not overflow the stack of the writer that
+    // recurses into it (the state is checked below, before its text).
+    if let Some(step) = req.step {
+        check_state(run_id, "update", &step.update)?;
+    }
     if let (Some(step), Some(k)) = (req.step, known) {
         if Some(k.version) == req.expected && step.index == k.next && cp.next == k.next + 1 {
             let mark = blobs.as_ref().map_or(0, |(_, b)| b.len());
@@ -220,7 +226,6 @@ fn plan(
             let budget = k.snapshot_bytes.max(MIN_DELTA_BUDGET);
             let inline = k.snapshot_bytes + k.delta_bytes + row.update.len() as u64;
             if k.delta_bytes + row.update.len() as u64 <= budget {
-                check_state(run_id, "update", &step.update)?;
                 // The snapshot and the deltas bound the state's size. With
                 // blobs the record holds references: past the limit, the
                 // snapshot below (written with references) says its size.
