@@ -40,8 +40,12 @@ const TRIES: usize = 8;
 /// Writes `blobs` that are not stored yet and run `run_id`'s references to
 /// all of them, in hash order. Inside the record's transaction, after the
 /// record's own statement (a conflict writes nothing).
+///
+/// Its statements are prepared once per connection (the pool's statement
+/// cache): a save with blobs used to prepare all four again, four round
+/// trips before its first write.
 pub(crate) async fn write(
-    client: &Client,
+    client: &impl deadpool_postgres::GenericClient,
     q: &str,
     run_id: &str,
     blobs: &[Blob],
@@ -53,23 +57,23 @@ pub(crate) async fn write(
     sorted.sort_by_key(|b| b.hash);
     sorted.dedup_by(|a, b| a.hash == b.hash);
     let lock = client
-        .prepare(&format!(
+        .prepare_cached(&format!(
             "SELECT 1 FROM {q}.blobs WHERE hash = $1 FOR KEY SHARE"
         ))
         .await?;
     let insert = client
-        .prepare(&format!(
+        .prepare_cached(&format!(
             "INSERT INTO {q}.blobs (hash, bytes, chunks) VALUES ($1, $2, $3)
              ON CONFLICT (hash) DO NOTHING RETURNING 1"
         ))
         .await?;
     let chunk = client
-        .prepare(&format!(
+        .prepare_cached(&format!(
             "INSERT INTO {q}.blob_chunks (hash, n, body) VALUES ($1, $2, $3)"
         ))
         .await?;
     let refer = client
-        .prepare(&format!(
+        .prepare_cached(&format!(
             "INSERT INTO {q}.blob_refs (run_id, hash) VALUES ($1, $2) ON CONFLICT DO NOTHING"
         ))
         .await?;

@@ -1484,7 +1484,7 @@ impl PgStore {
         // to some blobs.
         let q = self.quoted_schema();
         let locate = locate(&self.shared, run_id);
-        blobs::write(tx.client(), &q, run_id, &new_blobs)
+        blobs::write(&tx, &q, run_id, &new_blobs)
             .await
             .map_err(|e| error::race_is_transient(e, &ctx()))?;
         blobs::recount(tx.client(), &q, run_id, &Place::new(run_id, &locate))

@@ -251,6 +251,12 @@ impl InFlight {
     fn done(mut self) -> Option<deadpool_postgres::Object> {
         self.0.take()
     }
+
+    /// The pooled connection, for what prepares through its statement cache.
+    fn object(&self) -> &deadpool_postgres::Object {
+        // Set from construction until `done` or drop.
+        self.0.as_ref().unwrap_or_else(|| unreachable!())
+    }
 }
 
 impl std::ops::Deref for InFlight {
@@ -376,7 +382,9 @@ async fn commit(
         })
         .or(pinged.err());
     if first_error.is_none() {
-        first_error = blob_work(shared, &client, &batch, &results).await.err();
+        first_error = blob_work(shared, client.object(), &batch, &results)
+            .await
+            .err();
     }
     if let Some(e) = first_error {
         let deadlock = e.code() == Some(&tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED);
@@ -463,7 +471,7 @@ async fn commit(
 /// wrote nothing, and stores nothing.
 async fn blob_work(
     shared: &Shared,
-    client: &tokio_postgres::Client,
+    client: &deadpool_postgres::Object,
     batch: &[SaveJob],
     results: &[Member],
 ) -> Result<(), tokio_postgres::Error> {
