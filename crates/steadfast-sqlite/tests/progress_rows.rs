@@ -662,3 +662,50 @@ async fn a_head_that_is_not_json_is_replaced_by_the_next_head_write_with_its_pro
     assert_eq!(loaded.state, cp.state);
     Ok(())
 }
+
+/// Checkpoints of the WAL run after the commits that make them due are
+/// answered, on a thread of their own (SQLite's automatic checkpoint, which
+/// ran inside COMMIT, is replaced): they still run, so the WAL stays
+/// bounded. 40 steps that each store a new 1 MiB value write 40 MiB; a WAL
+/// never checkpointed would hold all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_is_checkpointed_after_the_commits_are_answered() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open(&db)?;
+    let mut b = Workflow::builder("big");
+    for i in 0..40 {
+        b = b.push(Step::new(format!("s{i}"), move |_, _| async move {
+            // A value of its own per step: each is a new blob.
+            let value: String = std::iter::repeat_n(char::from(b'a' + (i % 26) as u8), 1 << 20)
+                .chain(i.to_string().chars())
+                .collect();
+            update(json!({ format!("s{i}"): value }))
+        }));
+    }
+    let path = db.clone();
+    let seen = Arc::new(Mutex::new(0u64));
+    let sink = Arc::clone(&seen);
+    Runner::new(&store)
+        .observer(move |e| {
+            if let Event::Started { .. } = e {
+                let size = std::fs::metadata(wal(&path)).map(|m| m.len()).unwrap_or(0);
+                let mut l = sink.lock().expect("size");
+                *l = (*l).max(size);
+            }
+        })
+        .run("r", &b.build()?)
+        .await?;
+    let largest = *seen.lock().expect("size");
+    assert!(
+        largest < 16 << 20,
+        "the WAL grew to {largest} bytes for 40 MiB of values: it was not checkpointed"
+    );
+    let loaded = store.load("r").await?.ok_or("the run")?;
+    assert_eq!(loaded.status, RunStatus::Completed);
+    assert_eq!(
+        loaded.state["s39"].as_str().map(str::len),
+        Some((1 << 20) + 2)
+    );
+    Ok(())
+}
