@@ -343,9 +343,6 @@ impl SqliteStore {
         }
         configure(&conn, opts.busy_timeout, &display)?;
         schema::migrate(&conn, &path, &display, opts.busy_timeout)?;
-        // Checkpoints run after the commits that make them due are
-        // answered, not inside COMMIT (see `Writer::checkpoint`).
-        conn.wal_hook(Some(crate::writer::note_wal_pages));
         let writer = Arc::new(Writer {
             queue: Default::default(),
             conn: Mutex::new(conn),
@@ -359,7 +356,6 @@ impl SqliteStore {
             native_busy_wait: opts.mutants.native_busy_wait,
             #[cfg(not(feature = "mutants"))]
             native_busy_wait: false,
-            checkpoint_due: Default::default(),
         });
         Ok(SqliteStore {
             shared: Arc::new(Shared {
@@ -425,21 +421,7 @@ impl SqliteStore {
                 // dropped, which the caller sees as an error.
                 let _ = tokio::task::spawn_blocking(move || writer.drive()).await;
             }
-            Err(_) => {
-                writer.drive();
-                // No runtime to hand the checkpoint to: here, after the
-                // answer.
-                if writer.checkpoint_due() {
-                    writer.checkpoint();
-                }
-                return;
-            }
-        }
-        // The job is answered: a checkpoint it made due runs on a thread of
-        // its own, not awaited, so that this caller goes on at once.
-        if writer.checkpoint_due() {
-            let writer = Arc::clone(writer);
-            drop(tokio::task::spawn_blocking(move || writer.checkpoint()));
+            Err(_) => writer.drive(),
         }
     }
 

@@ -246,32 +246,6 @@ pub(crate) struct Writer {
     pub queue_file: crate::wait::WriteQueue,
     /// A deliberate defect for the tests: no queue, SQLite's busy handler only.
     pub native_busy_wait: bool,
-    /// The WAL passed [`CHECKPOINT_PAGES`] at a commit: a checkpoint is due
-    /// (see [`Writer::checkpoint`]).
-    pub checkpoint_due: std::sync::atomic::AtomicBool,
-}
-
-/// The WAL's size, in pages, past which a commit makes a checkpoint due:
-/// SQLite's own default for its automatic checkpoint.
-const CHECKPOINT_PAGES: std::ffi::c_int = 1000;
-
-thread_local! {
-    /// The WAL's size in pages after the last commit on this thread. SQLite
-    /// calls the WAL hook inside COMMIT, on the committing thread.
-    static WAL_PAGES: std::cell::Cell<std::ffi::c_int> = const { std::cell::Cell::new(0) };
-}
-
-/// The write connection's WAL hook. It takes the place of SQLite's
-/// automatic checkpoint, which ran inside COMMIT, so that the committers
-/// waited for it (on W7, a checkpoint every four 1 MiB values): it only
-/// notes how large the WAL grew, and [`Writer::checkpoint`] runs the
-/// checkpoint once they have their answers.
-pub(crate) fn note_wal_pages(
-    _: &rusqlite::hooks::Wal,
-    pages: std::ffi::c_int,
-) -> rusqlite::Result<()> {
-    WAL_PAGES.with(|p| p.set(pages));
-    Ok(())
 }
 
 impl Writer {
@@ -383,34 +357,6 @@ impl Writer {
             return self.try_lead();
         }
         Some(conn)
-    }
-
-    /// Whether a checkpoint is due.
-    pub(crate) fn checkpoint_due(&self) -> bool {
-        self.checkpoint_due
-            .load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Runs the checkpoint that is due, if no one is committing (else the
-    /// next commit finds it still due), then commits what was queued
-    /// meanwhile. Blocking; for a thread of its own, after the commits that
-    /// made it due were answered. A passive checkpoint copies what it can
-    /// without waiting for readers or writers; the rest waits for the next.
-    /// It changes nothing a reader sees and nothing that is durable: every
-    /// commit is already synced in the WAL.
-    pub(crate) fn checkpoint(&self) {
-        let Some(conn) = self.try_lead() else {
-            return;
-        };
-        if self
-            .checkpoint_due
-            .swap(false, std::sync::atomic::Ordering::AcqRel)
-        {
-            if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                tracing::debug!(path = %self.path, error = %e, "a checkpoint of the WAL failed; the next one copies what it left");
-            }
-        }
-        self.lead(conn);
     }
 
     /// Leads if no one else is. Blocking.
@@ -590,11 +536,6 @@ fn commit_batch(
         writer
             .joined
             .fetch_add(joined as u64, std::sync::atomic::Ordering::Relaxed);
-        if WAL_PAGES.with(|p| p.replace(0)) >= CHECKPOINT_PAGES {
-            writer
-                .checkpoint_due
-                .store(true, std::sync::atomic::Ordering::Release);
-        }
     }
     (failure.is_none(), taken)
 }

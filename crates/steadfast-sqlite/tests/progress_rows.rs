@@ -663,13 +663,12 @@ async fn a_head_that_is_not_json_is_replaced_by_the_next_head_write_with_its_pro
     Ok(())
 }
 
-/// Checkpoints of the WAL run after the commits that make them due are
-/// answered, on a thread of their own (SQLite's automatic checkpoint, which
-/// ran inside COMMIT, is replaced): they still run, so the WAL stays
-/// bounded. 40 steps that each store a new 1 MiB value write 40 MiB; a WAL
-/// never checkpointed would hold all of it.
+/// The WAL is checkpointed as large values are written, so it stays
+/// bounded: 40 steps that each store a new 1 MiB value write 40 MiB, and a
+/// WAL never checkpointed would hold all of it (a guard for any change to
+/// when checkpoints run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_wal_is_checkpointed_after_the_commits_are_answered() -> TestResult {
+async fn the_wal_is_checkpointed_as_large_values_are_written() -> TestResult {
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("runs.db");
     let store = SqliteStore::open(&db)?;
