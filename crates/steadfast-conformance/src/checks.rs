@@ -769,10 +769,10 @@ fn take_apart(mut v: Value) {
 /// A value nested far deeper than [`MAX_VALUE_DEPTH`](steadfast_core::MAX_VALUE_DEPTH)
 /// (some 32,000 levels, as deep as the test stores' state limit allows:
 /// deep enough to overflow a recursive walk on a test thread's stack) in a
-/// state, a step's update or a decision's data is
-/// refused as invalid input, with nothing written: never a stack overflow
-/// in the store's encoding, sizing or naming of the value, which would end
-/// the process.
+/// state, a step's update or a decision's data is refused as invalid
+/// input, with nothing written, and a head-only save given such an update
+/// saves the head alone: never a stack overflow in the store's copying,
+/// encoding, sizing or naming of the value, which would end the process.
 pub async fn values_nested_far_too_deep_are_refused_not_overflowed(ts: TestStore) -> CheckResult {
     // `[` and `]` a level, under the state limit.
     const DEPTH: usize = (crate::STATE_LIMIT as usize - 64) / 2;
@@ -808,6 +808,15 @@ pub async fn values_nested_far_too_deep_are_refused_not_overflowed(ts: TestStore
                 .await,
         ),
     ];
+    // A head-only save records no step, in every store: one given a deep
+    // update anyway saves the head alone, without copying or writing it.
+    let head = store
+        .save(
+            SaveRequest::new(&other, Some(other.version))
+                .head_only()
+                .with_step(&step),
+        )
+        .await;
     // Taken apart before anything can fail: a check that returns early
     // would drop them whole, and overflow in the test, not the store.
     for v in [
@@ -825,6 +834,7 @@ pub async fn values_nested_far_too_deep_are_refused_not_overflowed(ts: TestStore
         // never dropped, so that the failure below is reported.
         std::mem::forget(Arc::clone(&ts.store));
     }
+    other.version = head?;
     for (run_id, r) in &outcomes {
         ensure!(
             matches!(r, Err(e) if e.kind() == StoreErrorKind::InvalidInput),
