@@ -182,15 +182,32 @@ async fn control_without_reload_the_run_conflicts_with_itself() {
     );
 }
 
-/// A store cut off from a chosen save on: that save and every later one
-/// never answer ([`Fault::HangFromHere`]) and, unless `loads_answer`, nor
-/// does a load made after the first save that hung, as through a partition
-/// that drops every packet. Records when the first such load began.
+/// A store cut off from a chosen save on. That save and every later one
+/// never answer (as through a partition that drops every packet) or, when
+/// `fenced`, are answered with a conflict and not made (as when another
+/// worker took the run over). Unless `loads_answer`, a load made after the
+/// first such save never answers either. Records when the first such load
+/// began.
 struct CutOff {
-    faulty: FaultyStore<MemoryStore>,
+    inner: MemoryStore,
     at: usize,
+    fenced: bool,
     loads_answer: bool,
+    saves: std::sync::atomic::AtomicUsize,
     load_hung: Mutex<Option<std::time::Instant>>,
+}
+
+impl CutOff {
+    fn new(at: usize, fenced: bool, loads_answer: bool) -> Self {
+        CutOff {
+            inner: MemoryStore::new(),
+            at,
+            fenced,
+            loads_answer,
+            saves: Default::default(),
+            load_hung: Mutex::default(),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -199,35 +216,46 @@ impl Store for CutOff {
         &self,
         run_id: &str,
     ) -> Result<Option<steadfast::Checkpoint>, steadfast::StoreError> {
-        if !self.loads_answer && self.faulty.saves_attempted() > self.at {
+        if !self.loads_answer && self.saves.load(std::sync::atomic::Ordering::SeqCst) > self.at {
             self.load_hung
                 .lock()
                 .unwrap()
                 .get_or_insert_with(std::time::Instant::now);
             std::future::pending::<()>().await;
         }
-        self.faulty.load(run_id).await
+        self.inner.load(run_id).await
     }
     async fn save(
         &self,
         req: steadfast::store::SaveRequest<'_>,
     ) -> Result<u64, steadfast::StoreError> {
-        self.faulty.save(req).await
+        let n = self.saves.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if n < self.at {
+            return self.inner.save(req).await;
+        }
+        if !self.fenced {
+            std::future::pending::<()>().await;
+        }
+        Err(steadfast::StoreError::Conflict {
+            run_id: req.checkpoint.run_id.clone(),
+            expected: req.expected,
+            found: req.expected.map(|v| v + 1),
+        })
     }
     async fn list(
         &self,
         filter: &steadfast::ListFilter,
     ) -> Result<Vec<steadfast::RunSummary>, steadfast::StoreError> {
-        self.faulty.list(filter).await
+        self.inner.list(filter).await
     }
     async fn delete(&self, run_id: &str) -> Result<bool, steadfast::StoreError> {
-        self.faulty.delete(run_id).await
+        self.inner.delete(run_id).await
     }
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, steadfast::StoreError> {
-        self.faulty.delete_if(run_id, version).await
+        self.inner.delete_if(run_id, version).await
     }
     fn capabilities(&self) -> steadfast::Capabilities<'_> {
-        self.faulty.capabilities()
+        self.inner.capabilities()
     }
 }
 
@@ -239,7 +267,7 @@ impl Store for CutOff {
 /// (that look used to come first, and the step ran on through it, a third
 /// of the lease, past the lease: seen as two workers running one step in
 /// the partition harness).
-async fn cut_off_mid_step(loads_answer: bool) -> TestResult {
+async fn cut_off_mid_step(fenced: bool, loads_answer: bool) -> TestResult {
     struct Stopped(Arc<Mutex<Option<std::time::Instant>>>);
     impl Drop for Stopped {
         fn drop(&mut self) {
@@ -263,22 +291,16 @@ async fn cut_off_mid_step(loads_answer: bool) -> TestResult {
         .build()?;
     // Saves: the claim, the first step, then the renewals during the long
     // one, which never answer.
-    let at = 2;
-    let store = CutOff {
-        faulty: FaultyStore::new(MemoryStore::new(), at, Fault::HangFromHere),
-        at,
-        loads_answer,
-        load_hung: Mutex::default(),
-    };
+    let store = CutOff::new(2, fenced, loads_answer);
     let lease = std::time::Duration::from_millis(600);
     let out = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
+        std::time::Duration::from_secs(20),
         Runner::new(&store)
             .lease(steadfast::Owner::new("host", 1, 1), lease)
             .run("r", &wf),
     )
     .await
-    .map_err(|_| "the call waited on a renewal that never answered")?;
+    .map_err(|_| "the call waited for ever on a store that does not answer")?;
     let e = out.expect_err("a call cut off from its store fails");
     let mut said = e.to_string();
     let mut source = std::error::Error::source(&e);
@@ -286,8 +308,9 @@ async fn cut_off_mid_step(loads_answer: bool) -> TestResult {
         said.push_str(&format!(": {cause}"));
         source = cause.source();
     }
+    let why = if fenced { "conflict" } else { "did not answer" };
     assert!(
-        said.contains("renewal of the lease") && said.contains("did not answer"),
+        said.contains("renewal of the lease") && said.contains(why),
         "{said}"
     );
     let (began, stopped) = (began.lock().unwrap().unwrap(), stopped.lock().unwrap());
@@ -297,7 +320,7 @@ async fn cut_off_mid_step(loads_answer: bool) -> TestResult {
         ran < lease,
         "the step ran {ran:?}, past the lease of {lease:?} it could not renew"
     );
-    if !loads_answer {
+    if !loads_answer && !fenced {
         let looked = store
             .load_hung
             .lock()
@@ -314,12 +337,22 @@ async fn cut_off_mid_step(loads_answer: bool) -> TestResult {
 
 #[tokio::test]
 async fn a_renewal_the_store_never_answers_stops_the_step() -> TestResult {
-    cut_off_mid_step(true).await
+    cut_off_mid_step(false, true).await
 }
 
 #[tokio::test]
 async fn a_worker_cut_off_altogether_stops_the_step_before_it_looks_at_the_store() -> TestResult {
-    cut_off_mid_step(false).await
+    cut_off_mid_step(false, false).await
+}
+
+/// A renewal answered with a conflict (another worker has the run), then a
+/// store that answers nothing more: the looks at who has the run now are
+/// bounded (a third of the lease), so the step is stopped within its lease
+/// and the call ends with the conflict (it used to wait on the first look
+/// for ever, its step running beside the new holder's).
+#[tokio::test]
+async fn a_worker_fenced_out_by_a_store_that_then_hangs_stops_the_step() -> TestResult {
+    cut_off_mid_step(true, false).await
 }
 
 /// A step that reports spend (each report a save of the run's head, made

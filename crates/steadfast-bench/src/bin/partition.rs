@@ -262,11 +262,14 @@ fn main() {
     for (run, index, pid) in &in_flight {
         let b_start = execs
             .iter()
-            .filter(|e| e.start && e.run == *run && e.worker == pid_b && e.at > cut_at)
+            .filter(|e| {
+                e.start && e.run == *run && e.index == *index && e.worker == pid_b && e.at > cut_at
+            })
             .map(|e| e.at)
             .min();
         if let (Some(b), Some(last)) = (b_start, last_sign(&execs, run, *pid)) {
-            let clear = (b as i128 - last as i128) / 1_000_000;
+            // Rounded down: an overlap of under a millisecond shows as -1.
+            let clear = (b as i128 - last as i128).div_euclid(1_000_000);
             least_clear_ms = Some(least_clear_ms.map_or(clear, |l| l.min(clear)));
         }
         let ended = execs

@@ -341,7 +341,16 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             run_id: run_id.to_string(),
             how,
         };
-        match self.store.load(run_id).await {
+        // Briefly (a third of the lease, at most 10 s): a store that
+        // answered the write but not this look leaves the error as it is.
+        let look = self
+            .renew_every()
+            .unwrap_or(std::time::Duration::MAX)
+            .min(std::time::Duration::from_secs(10));
+        let Ok(found) = tokio::time::timeout(look, self.store.load(run_id)).await else {
+            return e;
+        };
+        match found {
             Ok(None) if fenced => removed(crate::Removal::Deleted),
             Ok(Some(cp)) if fenced && cp.being_built() => removed(crate::Removal::BeingReplaced),
             Ok(Some(cp)) if cp.status == crate::RunStatus::Cancelled => {
