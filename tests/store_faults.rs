@@ -266,7 +266,9 @@ impl Store for CutOff {
 /// hang too, the step is stopped before the look at the store that follows
 /// (that look used to come first, and the step ran on through it, a third
 /// of the lease, past the lease: seen as two workers running one step in
-/// the partition harness).
+/// the partition harness). `fenced`: the renewals are answered with a
+/// conflict instead (another worker took the run), and the step must still
+/// stop within its lease.
 async fn cut_off_mid_step(fenced: bool, loads_answer: bool) -> TestResult {
     struct Stopped(Arc<Mutex<Option<std::time::Instant>>>);
     impl Drop for Stopped {
@@ -294,7 +296,7 @@ async fn cut_off_mid_step(fenced: bool, loads_answer: bool) -> TestResult {
     let store = CutOff::new(2, fenced, loads_answer);
     let lease = std::time::Duration::from_millis(600);
     let out = tokio::time::timeout(
-        std::time::Duration::from_secs(20),
+        std::time::Duration::from_secs(60),
         Runner::new(&store)
             .lease(steadfast::Owner::new("host", 1, 1), lease)
             .run("r", &wf),
@@ -320,6 +322,12 @@ async fn cut_off_mid_step(fenced: bool, loads_answer: bool) -> TestResult {
         ran < lease,
         "the step ran {ran:?}, past the lease of {lease:?} it could not renew"
     );
+    if fenced && !loads_answer {
+        assert!(
+            store.load_hung.lock().unwrap().is_some(),
+            "the call never looked who has the run now"
+        );
+    }
     if !loads_answer && !fenced {
         let looked = store
             .load_hung
@@ -346,10 +354,11 @@ async fn a_worker_cut_off_altogether_stops_the_step_before_it_looks_at_the_store
 }
 
 /// A renewal answered with a conflict (another worker has the run), then a
-/// store that answers nothing more: the looks at who has the run now are
-/// bounded (a third of the lease), so the step is stopped within its lease
-/// and the call ends with the conflict (it used to wait on the first look
-/// for ever, its step running beside the new holder's).
+/// store that answers nothing more: the step is stopped once the look at
+/// who has the run now has taken a renewal's time (a third of the lease),
+/// within its lease, and the call ends with the conflict once the looks
+/// give up (10 s each). It used to wait on the first look for ever, its
+/// step running beside the new holder's.
 #[tokio::test]
 async fn a_worker_fenced_out_by_a_store_that_then_hangs_stops_the_step() -> TestResult {
     cut_off_mid_step(true, false).await

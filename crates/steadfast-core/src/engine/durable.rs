@@ -1239,10 +1239,22 @@ impl<'s, S: Store + ?Sized> DurableCtx<'s, S> {
                 }
                 Ok((Err(e), created_at, _)) => (e, created_at),
             };
-            let e = self
+            // The store answered, and another owner may have the run now.
+            // A step still running when a renewal's time has gone by in the
+            // look at who does is stopped then, not left beside the new
+            // holder's while the look goes on (it is bounded, more
+            // generously: a cancelled run is still told from a lost one).
+            let explain = self
                 .runner()
-                .explain_conflict(&self.shared.run_id, created_at, out)
-                .await;
+                .explain_conflict(&self.shared.run_id, created_at, out);
+            tokio::pin!(explain);
+            let e = match tokio::time::timeout(every, &mut explain).await {
+                Ok(e) => e,
+                Err(_) => {
+                    drop(fut);
+                    return Err(explain.await);
+                }
+            };
             if matches!(e, Error::Cancelled { .. }) && done.is_none() {
                 // Cancelled: the step may finish within the grace period;
                 // its result is not saved.

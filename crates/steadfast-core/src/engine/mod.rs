@@ -88,6 +88,10 @@ impl<S: Store + ?Sized> std::fmt::Debug for Runner<'_, S> {
     }
 }
 
+/// How long the look that explains a conflict (deleted, replaced,
+/// cancelled?) waits for the store before the conflict is reported as it is.
+const EXPLAIN_LOOK: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// A runner on `store` with the store's clock ([`Capabilities::clock`](crate::store::Capabilities::clock): the
     /// database server's, for PostgreSQL), or else the system clock.
@@ -341,13 +345,11 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             run_id: run_id.to_string(),
             how,
         };
-        // Briefly (a third of the lease, at most 10 s): a store that
-        // answered the write but not this look leaves the error as it is.
-        let look = self
-            .renew_every()
-            .unwrap_or(std::time::Duration::MAX)
-            .min(std::time::Duration::from_secs(10));
-        let Ok(found) = tokio::time::timeout(look, self.store.load(run_id)).await else {
+        // Bounded: a store that answered the write but not this look
+        // leaves the error as it is. Generous, so that a slow store still
+        // tells a cancelled run from a lost one; a step still running meets
+        // a tighter bound (`with_renewals`).
+        let Ok(found) = tokio::time::timeout(EXPLAIN_LOOK, self.store.load(run_id)).await else {
             return e;
         };
         match found {
