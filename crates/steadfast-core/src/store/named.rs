@@ -149,8 +149,7 @@ pub fn json_len(value: &Value) -> u64 {
             }
             Value::Object(map) => {
                 todo.extend(map.values());
-                2 + map.keys().map(|k| json_str_len(k) + 1).sum::<u64>()
-                    + (map.len() as u64).saturating_sub(1)
+                object_frame_len(map)
             }
         };
     }
@@ -179,11 +178,13 @@ pub fn serialized_len<T: serde::Serialize + ?Sized>(v: &T) -> u64 {
 
 /// The length of the JSON text of the object `map` ([`json_len`]).
 pub fn json_object_len(map: &serde_json::Map<String, Value>) -> u64 {
-    let entries: u64 = map
-        .iter()
-        .map(|(k, v)| json_str_len(k) + 1 + json_len(v))
-        .sum();
-    2 + entries + (map.len() as u64).saturating_sub(1)
+    object_frame_len(map) + map.values().map(json_len).sum::<u64>()
+}
+
+/// What an object's text holds besides its values: the braces, each key
+/// with its colon, and the commas.
+fn object_frame_len(map: &serde_json::Map<String, Value>) -> u64 {
+    2 + map.keys().map(|k| json_str_len(k) + 1).sum::<u64>() + (map.len() as u64).saturating_sub(1)
 }
 
 /// A text and its SHA-256.
