@@ -234,33 +234,29 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
         // A failed step may say on stdout when to try again, as its
         // provider asked: `{"retry_after": "30s"}` (or a number of seconds).
         let after = match out.into_output() {
-            Output::Complete(bytes) => retry_after_of(&bytes),
-            Output::TooLong => None,
+            Output::Complete(Ok(update)) => retry_after_of(&update),
+            Output::Complete(Err(_)) | Output::TooLong => None,
         };
         return Err(match after {
             Some(d) => StepError::retry_after(message, d),
             None => StepError::retryable(message),
         });
     }
-    let out = match out.into_output() {
-        Output::Complete(bytes) => bytes,
-        Output::TooLong => {
-            return Err(StepError::terminal(format!(
-                "`{}` printed more than {} bytes on stdout (the limit)",
-                spec.run, limit
-            )))
-        }
-    };
-    parse_update(&out)
-        .map_err(|e| StepError::terminal(format!("`{}`: {e}{}", spec.run, tail_note(&tail))))
+    match out.into_output() {
+        Output::Complete(update) => update
+            .map_err(|e| StepError::terminal(format!("`{}`: {e}{}", spec.run, tail_note(&tail)))),
+        Output::TooLong => Err(StepError::terminal(format!(
+            "`{}` printed more than {} bytes on stdout (the limit)",
+            spec.run, limit
+        ))),
+    }
 }
 
 /// The `retry_after` of a failed step's output, if it printed one JSON
 /// object with it: a duration (`"30s"`) or a number of seconds, up to a
 /// day.
-fn retry_after_of(stdout: &[u8]) -> Option<std::time::Duration> {
-    let v: serde_json::Value = serde_json::from_slice(stdout).ok()?;
-    let after = match v.get("retry_after")? {
+fn retry_after_of(update: &Update) -> Option<std::time::Duration> {
+    let after = match update.get("retry_after")? {
         serde_json::Value::String(s) => humantime::parse_duration(s.trim()).ok()?,
         serde_json::Value::Number(n) => {
             let secs = n.as_f64()?;
@@ -358,7 +354,19 @@ fn tail_note(tail: &str) -> String {
 /// printed: an integer beyond 64 bits or a decimal with more digits than a
 /// double keeps is refused (print it as a string) rather than rounded. The run
 /// loop then checks, as for every step, that the values can be stored.
+///
+/// This is [`UpdateReader`](crate::update_reader::UpdateReader) fed the
+/// whole output at once; a running step's output is fed to one as it comes.
 pub fn parse_update(out: &[u8]) -> Result<Update, String> {
+    let mut reader = crate::update_reader::UpdateReader::new();
+    reader.feed(out);
+    reader.finish()
+}
+
+/// Reads a whole output held in memory: what the reader does for an output
+/// that is not an object, and the rule its property tests hold it to.
+#[doc(hidden)]
+pub fn parse_whole(out: &[u8]) -> Result<Update, String> {
     let text = std::str::from_utf8(out).map_err(|e| {
         format!(
             "stdout is not UTF-8 (an invalid byte at offset {})",
@@ -502,39 +510,40 @@ fn kind(v: &Value) -> &'static str {
 }
 
 enum Output {
-    Complete(Vec<u8>),
+    Complete(Result<Update, String>),
     TooLong,
 }
 
-/// A step's stdout: everything up to `limit` bytes, and whether it went past.
+/// A step's stdout, read as its update as it comes (the bytes are not kept),
+/// and whether it went past `limit` bytes.
 struct Limited {
-    kept: Vec<u8>,
+    reader: Option<crate::update_reader::UpdateReader>,
+    seen: usize,
     limit: usize,
-    over: bool,
 }
 
 impl Limited {
     fn new(limit: usize) -> Self {
         Limited {
-            kept: Vec::new(),
+            reader: Some(crate::update_reader::UpdateReader::new()),
+            seen: 0,
             limit,
-            over: false,
         }
     }
 
-    /// Reads to the end, but stops keeping bytes past the limit (and keeps
-    /// reading, so the command is not blocked on a full pipe).
+    /// Reads to the end, but drops what it read once past the limit (and
+    /// keeps reading, so the command is not blocked on a full pipe).
     async fn read_from(&mut self, r: &mut (impl AsyncRead + Unpin)) {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             match r.read(&mut buf).await {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if self.kept.len() + n > self.limit {
-                        self.over = true;
-                        self.kept = Vec::new();
-                    } else if !self.over {
-                        self.kept.extend_from_slice(&buf[..n]);
+                    self.seen = self.seen.saturating_add(n);
+                    if self.seen > self.limit {
+                        self.reader = None;
+                    } else if let Some(reader) = &mut self.reader {
+                        reader.feed(&buf[..n]);
                     }
                 }
             }
@@ -542,10 +551,9 @@ impl Limited {
     }
 
     fn into_output(self) -> Output {
-        if self.over {
-            Output::TooLong
-        } else {
-            Output::Complete(self.kept)
+        match self.reader {
+            Some(reader) if self.seen <= self.limit => Output::Complete(reader.finish()),
+            _ => Output::TooLong,
         }
     }
 }

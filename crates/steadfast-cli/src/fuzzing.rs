@@ -122,10 +122,23 @@ pub fn flow_file(data: &[u8]) {
     }
 }
 
-/// A step's stdout: what is accepted as an update must be storable and read
-/// back as the same values.
+/// A step's stdout: read as it comes, in two pieces cut where the input's
+/// first byte says, it must give what a parse of the whole output gives; what
+/// is accepted as an update must be storable and read back as the same values.
 pub fn step_stdout(data: &[u8]) {
-    let Ok(update) = parse_update(data) else {
+    let cut = data.first().map_or(0, |b| *b as usize % (data.len() + 1));
+    let mut reader = crate::update_reader::UpdateReader::new();
+    reader.feed(&data[..cut]);
+    reader.feed(&data[cut..]);
+    let read = reader.finish();
+    let whole = crate::command::parse_whole(data);
+    assert_eq!(
+        read.as_ref().ok(),
+        whole.as_ref().ok(),
+        "read in pieces: {read:?}, whole: {whole:?}"
+    );
+    assert_eq!(parse_update(data).ok(), read.as_ref().ok().cloned());
+    let Ok(update) = read else {
         return;
     };
     if check_state("r", "update", &update).is_ok() {

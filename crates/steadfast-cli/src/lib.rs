@@ -11,6 +11,7 @@ pub mod fuzzing;
 pub mod output;
 pub mod serve;
 pub mod telemetry;
+pub mod update_reader;
 
 use anyhow::Context;
 use clap::Parser;
