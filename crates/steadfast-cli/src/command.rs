@@ -401,10 +401,80 @@ pub fn parse_whole(out: &[u8]) -> Result<Update, String> {
 }
 
 /// Parses JSON text and refuses a number that would not be kept exactly.
+///
+/// Every object is read as the members it has: serde_json's own reading of
+/// a `Value` takes an object whose first member is named
+/// `$serde_json::private::RawValue` as the JSON text that member holds,
+/// which would let a value past these checks (the store then refuses that
+/// name).
 pub fn parse_json_exact(text: &str) -> Result<Value, String> {
-    let value: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let Plain(value) = serde_json::from_str(text).map_err(|e| e.to_string())?;
     check_numbers(text)?;
     Ok(value)
+}
+
+/// A JSON value read member by member, with no names taken as markers.
+struct Plain(Value);
+
+impl<'de> serde::Deserialize<'de> for Plain {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(PlainVisitor).map(Plain)
+    }
+}
+
+struct PlainVisitor;
+
+impl<'de> serde::de::Visitor<'de> for PlainVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+
+    fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+        Ok(Value::Number(n.into()))
+    }
+
+    fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
+        Ok(Value::Number(n.into()))
+    }
+
+    fn visit_f64<E>(self, f: f64) -> Result<Value, E> {
+        // As serde_json's own `Value` does.
+        Ok(serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number))
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_owned()))
+    }
+
+    fn visit_string<E>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Plain(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut members = serde_json::Map::new();
+        while let Some((k, Plain(v))) = map.next_entry::<String, Plain>()? {
+            members.insert(k, v);
+        }
+        Ok(Value::Object(members))
+    }
 }
 
 /// Checks every number literal of valid JSON `text`: each must come back

@@ -15,7 +15,7 @@ use steadfast::store::{check_head, check_state, decode_head, encode_head};
 use steadfast::{Checkpoint, MemoryStore, Step, Store, SystemClock, Workflow};
 
 use crate::args::Cli;
-use crate::command::{parse_json_exact, parse_update};
+use crate::command::parse_json_exact;
 use crate::flow;
 use steadfast::StoreExt as _;
 
@@ -126,7 +126,8 @@ pub fn flow_file(data: &[u8]) {
 /// first byte says, it must give what a parse of the whole output gives; what
 /// is accepted as an update must be storable and read back as the same values.
 pub fn step_stdout(data: &[u8]) {
-    let cut = data.first().map_or(0, |b| *b as usize % (data.len() + 1));
+    // The last byte says where: the first is nearly always `{`.
+    let cut = data.last().map_or(0, |b| *b as usize % (data.len() + 1));
     let mut reader = crate::update_reader::UpdateReader::new();
     reader.feed(&data[..cut]);
     reader.feed(&data[cut..]);
@@ -137,7 +138,6 @@ pub fn step_stdout(data: &[u8]) {
         whole.as_ref().ok(),
         "read in pieces: {read:?}, whole: {whole:?}"
     );
-    assert_eq!(parse_update(data).ok(), read.as_ref().ok().cloned());
     let Ok(update) = read else {
         return;
     };

@@ -49,8 +49,11 @@ pub struct UpdateReader {
 }
 
 enum Mode {
-    /// Whitespace before anything else.
-    Start,
+    /// Whitespace before anything else: how many lines, and the column.
+    Start {
+        lines: usize,
+        column: usize,
+    },
     /// Not an object: kept whole, read at the end.
     Whole(Vec<u8>),
     /// After `{` (`first`) or a `,`: a member's name comes next.
@@ -83,7 +86,10 @@ impl UpdateReader {
             fed: 0,
             utf8: Utf8Check::default(),
             quote: Quote::default(),
-            mode: Mode::Start,
+            mode: Mode::Start {
+                lines: 0,
+                column: 0,
+            },
             map: Map::new(),
             error: None,
         }
@@ -98,7 +104,12 @@ impl UpdateReader {
         if self.error.is_some() {
             return;
         }
-        if let Err(e) = self.take(piece, at) {
+        // Not UTF-8: that is the answer, whatever follows; nothing more is kept.
+        let taken = match self.utf8.bad {
+            Some(offset) => Err(format!("not UTF-8 at byte {offset}")),
+            None => self.take(piece, at),
+        };
+        if let Err(e) = taken {
             self.error = Some(e);
             // What was read so far is no use any more.
             self.mode = Mode::Failed;
@@ -116,7 +127,7 @@ impl UpdateReader {
             ));
         }
         let error = match self.mode {
-            Mode::Start => return Ok(Update::new()),
+            Mode::Start { .. } => return Ok(Update::new()),
             Mode::Whole(bytes) => return parse_whole(&bytes),
             Mode::End if self.error.is_none() => return Ok(self.map),
             _ => self.error.unwrap_or_else(|| {
@@ -136,16 +147,32 @@ impl UpdateReader {
             let here = at + i as u64;
             let mode = std::mem::replace(&mut self.mode, Mode::Failed);
             self.mode = match mode {
-                Mode::Start if is_space(b) => {
+                Mode::Start { lines, column } if is_space(b) => {
                     i += 1;
-                    Mode::Start
+                    if b == b'\n' {
+                        Mode::Start {
+                            lines: lines + 1,
+                            column: 0,
+                        }
+                    } else {
+                        Mode::Start {
+                            lines,
+                            column: column + 1,
+                        }
+                    }
                 }
-                Mode::Start if b == b'{' => {
+                Mode::Start { .. } if b == b'{' => {
                     i += 1;
                     Mode::Name { first: true }
                 }
-                Mode::Start => {
-                    self.mode = Mode::Whole(piece[i..].to_vec());
+                Mode::Start { lines, column } => {
+                    // Whitespace standing in for what came first, so that a
+                    // message's line and column are the output's.
+                    let mut whole = Vec::with_capacity(lines + column + piece.len() - i);
+                    whole.resize(lines, b'\n');
+                    whole.resize(lines + column, b' ');
+                    whole.extend_from_slice(&piece[i..]);
+                    self.mode = Mode::Whole(whole);
                     return Ok(());
                 }
                 Mode::Whole(mut bytes) => {
@@ -188,7 +215,7 @@ impl UpdateReader {
                         Mode::InString(name, Text::default())
                     }
                     b',' | b'}' => return Err(unexpected(b, here, "a value")),
-                    _ => Mode::InOther(name, Other::default()),
+                    _ => Mode::InOther(name, Other::starting_at(here)),
                 },
                 Mode::InString(name, mut text) => {
                     i += text.take(&piece[i..], here)?;
@@ -203,7 +230,7 @@ impl UpdateReader {
                 Mode::InOther(name, mut other) => match other.take(&piece[i..]) {
                     Some(used) => {
                         i += used;
-                        let value = other.into_value(at + i as u64)?;
+                        let value = other.into_value(&name)?;
                         self.map.insert(name, value);
                         Mode::Next
                     }
@@ -427,8 +454,8 @@ fn hex(b: u8, at: u64) -> Result<u32, String> {
 
 /// A member's value that is not a string: its text, kept until the `,` or
 /// `}` that ends it, then parsed alone.
-#[derive(Default)]
 struct Other {
+    start: u64,
     text: Vec<u8>,
     depth: usize,
     deepest: usize,
@@ -437,6 +464,17 @@ struct Other {
 }
 
 impl Other {
+    fn starting_at(start: u64) -> Self {
+        Other {
+            start,
+            text: Vec::new(),
+            depth: 0,
+            deepest: 0,
+            in_string: false,
+            escaped: false,
+        }
+    }
+
     /// Takes `s` up to the end of the value: `Some(n)` when `s[n]` is the
     /// `,` or `}` that ends it (not taken), `None` when all of `s` is part
     /// of it.
@@ -470,15 +508,20 @@ impl Other {
         None
     }
 
-    fn into_value(self, end: u64) -> Result<Value, String> {
+    /// The value, read alone; a message names the member and where its
+    /// value starts (a line and column in it count from there).
+    fn into_value(self, name: &str) -> Result<Value, String> {
+        let start = self.start;
+        let what = || format!("the value of {name:?} (from byte {start})");
         if self.deepest > MAX_MEMBER_DEPTH {
             return Err(format!(
-                "a value nested more than {MAX_MEMBER_DEPTH} levels deep, before byte {end}"
+                "{} is nested more than {MAX_MEMBER_DEPTH} levels deep",
+                what()
             ));
         }
-        let text = std::str::from_utf8(&self.text)
-            .map_err(|_| format!("a value that is not UTF-8, before byte {end}"))?;
-        parse_json_exact(text).map_err(|e| format!("{e}, in the value that ends at byte {end}"))
+        let text =
+            std::str::from_utf8(&self.text).map_err(|_| format!("{} is not UTF-8", what()))?;
+        parse_json_exact(text).map_err(|e| format!("{}: {e}", what()))
     }
 }
 
@@ -542,6 +585,8 @@ impl Utf8Check {
 struct Quote {
     head: Vec<u8>,
     chars: usize,
+    /// Continuation bytes the last character kept may still have.
+    open: usize,
     started: bool,
     /// Something other than whitespace came after the quoted characters.
     more: bool,
@@ -559,17 +604,29 @@ impl Quote {
                 }
                 self.started = true;
             }
-            let starts_char = b & 0xC0 != 0x80;
-            if self.chars == QUOTE_CHARS && starts_char {
+            if b & 0xC0 == 0x80 {
+                // A continuation byte: kept only as part of a character kept
+                // (so that bytes that are not UTF-8 cannot grow the quote).
+                if self.open > 0 {
+                    self.open -= 1;
+                    self.head.push(b);
+                }
+                continue;
+            }
+            if self.chars == QUOTE_CHARS {
                 if !b.is_ascii_whitespace() {
                     self.more = true;
                     return;
                 }
                 continue;
             }
-            if starts_char {
-                self.chars += 1;
-            }
+            self.chars += 1;
+            self.open = match b {
+                0xF0.. => 3,
+                0xE0.. => 2,
+                0xC0.. => 1,
+                _ => 0,
+            };
             self.head.push(b);
         }
     }
@@ -581,5 +638,38 @@ impl Quote {
         } else {
             head.trim_end().to_string()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes that are not UTF-8 end the reading: neither the quote nor a
+    /// string keeps growing with what follows.
+    #[test]
+    fn bytes_that_are_not_utf8_are_not_kept() {
+        let mut reader = UpdateReader::new();
+        reader.feed(b"{\"a\": \"");
+        for _ in 0..64 {
+            reader.feed(&[0x80; 4096]);
+        }
+        assert!(reader.quote.head.len() <= 4 * QUOTE_CHARS);
+        assert!(matches!(reader.mode, Mode::Failed));
+        assert_eq!(
+            reader.finish().unwrap_err(),
+            "stdout is not UTF-8 (an invalid byte at offset 7)"
+        );
+    }
+
+    #[test]
+    fn the_quote_keeps_whole_characters_and_no_more() {
+        let mut quote = Quote::default();
+        let text = "é".repeat(200);
+        quote.feed(text.as_bytes());
+        assert_eq!(quote.text(), format!("{}...", "é".repeat(QUOTE_CHARS)));
+        let mut quote = Quote::default();
+        quote.feed("  😀 x  \n ".as_bytes());
+        assert_eq!(quote.text(), "😀 x");
     }
 }

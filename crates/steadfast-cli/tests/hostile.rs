@@ -454,6 +454,20 @@ fn numbers_are_kept_exactly_or_refused_and_missing_stores_are_not_created() -> T
     let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "u"]);
     assert_eq!(code(&out), 1, "{}", stderr(&out));
     assert!(stderr(&out).contains("not UTF-8"), "{}", stderr(&out));
+    // serde_json's marker name would come back as another value, or not at
+    // all: the step fails and says where.
+    let flow = env.flow(
+        "marker.toml",
+        "name = \"marker\"\n[[step]]\nname = \"bad\"\nretries = 0\nrun = \"printf '{\\\"x\\\": {\\\"$serde_json::private::RawValue\\\": \\\"1\\\"}}'\"\n",
+    );
+    let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "m"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("x.$serde_json::private::RawValue")
+            && stderr(&out).contains("would not load back"),
+        "{}",
+        stderr(&out)
+    );
     let out = with_store(&env, "sqlite:nonexistent/deep/x.db", &["runs"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));

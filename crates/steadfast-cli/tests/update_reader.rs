@@ -165,6 +165,18 @@ fn every_cut_of_tricky_outputs_reads_the_same() {
         b"{}",
         b"{ }",
         b"{\"a\":{}}",
+        // Split four-byte characters and surrogates written as UTF-8.
+        "{\"a\": \"\u{1F600}x\"}".as_bytes(),
+        b"{\"a\": \"\xed\xa0\x80\"}",
+        b"{\"a\": \"\xf5\x80\x80\x80\"}",
+        b"{\"a\": \"\xf0\x9f\x98\"}",
+        // serde_json's marker name, first or not, at the top or inside.
+        br#"{"$serde_json::private::RawValue": "{\"a\": 1}"}"#,
+        br#"{"\u0024serde_json::private::RawValue": "[1]"}"#,
+        br#"{"$serde_json::private::RawValue": 1, "b": 2}"#,
+        br#"{"x": {"$serde_json::private::RawValue": "{\"n\": 12345678901234567890123}"}}"#,
+        // Leading lines before something that is not an object.
+        b"\n\n  [1,]",
     ];
     for output in outputs {
         for cut in 0..=output.len() {
@@ -183,11 +195,22 @@ fn every_cut_of_tricky_outputs_reads_the_same() {
 }
 
 /// serde_json's nesting limit counts the object around the members, and so
-/// does the reader's: 126 levels in a member are taken, 127 refused.
+/// does the reader's: 126 levels in a member are taken, 127 refused, arrays
+/// and objects alike.
 #[test]
 fn nesting_is_limited_as_in_a_whole_parse() {
-    for depth in [125, 126, 127, 128] {
-        let text = format!("{{\"a\": {}{}}}", "[".repeat(depth), "]".repeat(depth));
+    for (depth, objects) in [125, 126, 127, 128]
+        .into_iter()
+        .flat_map(|d| [(d, false), (d, true)])
+    {
+        let (open, close) = if objects {
+            ("{\"k\": [", "]}")
+        } else {
+            ("[", "]")
+        };
+        let levels = if objects { depth / 2 } else { depth };
+        let depth = if objects { levels * 2 } else { depth };
+        let text = format!("{{\"a\": {}{}}}", open.repeat(levels), close.repeat(levels));
         let whole = parse_whole(text.as_bytes());
         let pieces = read_in_pieces(text.as_bytes(), &[7, 50]);
         assert_eq!(whole.is_ok(), depth <= 126, "{depth}: {whole:?}");
@@ -215,6 +238,29 @@ fn refusals_say_what_and_where() {
     assert!(err.contains(&quoted), "{err}");
     let err = read_in_pieces(b"[1]", &[1]).unwrap_err();
     assert!(err.contains("got an array"), "{err}");
+    // A member's value that is not a string: named, with where it starts.
+    let err = read_in_pieces(br#"{"ok": 1, "list": [1, x]}"#, &[20]).unwrap_err();
+    assert!(
+        err.contains(r#"the value of "list" (from byte 18)"#),
+        "{err}"
+    );
+    // Before something that is not an object, the lines still count.
+    let err = read_in_pieces(b"\n\n  [1,]", &[1, 4]).unwrap_err();
+    assert!(err.contains("line 3"), "{err}");
+}
+
+/// serde_json's marker name is read as a name like any other, by the reader
+/// and by a parse of the whole output alike (the run loop then refuses it):
+/// it does not smuggle in a value the number check did not see.
+#[test]
+fn the_serde_marker_name_is_an_ordinary_name_here() {
+    let out = br#"{"x": {"$serde_json::private::RawValue": "{\"n\": 12345678901234567890123}"}}"#;
+    let read = read_in_pieces(out, &[9]).unwrap();
+    assert_eq!(read, parse_whole(out).unwrap());
+    assert_eq!(
+        read["x"]["$serde_json::private::RawValue"],
+        "{\"n\": 12345678901234567890123}"
+    );
 }
 
 /// A large string member arrives in many pieces and comes out whole.

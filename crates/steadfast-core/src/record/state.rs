@@ -97,6 +97,9 @@ impl<'a> Children<'a> {
 /// with the number of values.
 fn check_value<'a>(part: PathPart<'a>, value: &'a Value) -> Result<(), ValueProblem> {
     let mut path = vec![part];
+    if is_marker(part) {
+        return Err(marker(&path));
+    }
     let mut open: Vec<Children<'a>> = Vec::new();
     let mut next = Some(value);
     loop {
@@ -131,6 +134,9 @@ fn check_value<'a>(part: PathPart<'a>, value: &'a Value) -> Result<(), ValueProb
         match top.next() {
             Some((part, child)) => {
                 path.push(part);
+                if is_marker(part) {
+                    return Err(marker(&path));
+                }
                 next = Some(child);
             }
             None => {
@@ -138,6 +144,24 @@ fn check_value<'a>(part: PathPart<'a>, value: &'a Value) -> Result<(), ValueProb
                 path.pop();
             }
         }
+    }
+}
+
+/// The member name serde_json's reader of a `Value` takes as a marker: an
+/// object whose first member has it is read as the JSON text that member
+/// holds, so it would not load back as saved.
+const SERDE_MARKER: &str = "$serde_json::private::RawValue";
+
+fn is_marker(part: PathPart<'_>) -> bool {
+    matches!(part, PathPart::Key(k) if k == SERDE_MARKER)
+}
+
+fn marker(path: &[PathPart<'_>]) -> ValueProblem {
+    ValueProblem {
+        path: render_path(path),
+        reason: format!(
+            "a member named `{SERDE_MARKER}` would not load back (JSON readers take that name as a marker)"
+        ),
     }
 }
 
@@ -229,6 +253,25 @@ mod tests {
         assert!(check_update(&update(wide)).is_ok());
         let err = check_update(&update(json!([1, {"x": [2, nest(MAX_VALUE_DEPTH)]}]))).unwrap_err();
         assert!(err.path.starts_with("k[1].x[1]"), "{}", err.path);
+    }
+
+    /// serde_json reads an object whose first member has the marker's name
+    /// as the text that member holds: saved, it would load back as another
+    /// value, or not at all. Refused wherever it is, with its path.
+    #[test]
+    fn the_serde_marker_name_is_refused_where_it_would_not_load_back() {
+        let inner = json!({"a": [{ SERDE_MARKER: "{\"n\": 1}" }]});
+        let text = serde_json::to_string(&inner).unwrap();
+        let back: Value = serde_json::from_str(&text).unwrap();
+        assert_ne!(back, inner, "serde_json reads the marker as a marker");
+        let err = check_update(&update(inner)).unwrap_err();
+        assert_eq!(err.path, format!("k.a[0].{SERDE_MARKER}"));
+        assert!(err.reason.contains("would not load back"), "{}", err.reason);
+        let mut top = Map::new();
+        top.insert(SERDE_MARKER.into(), json!("1"));
+        assert_eq!(check_update(&top).unwrap_err().path, SERDE_MARKER);
+        // Beside other names, a little longer or shorter: taken.
+        assert!(check_update(&update(json!({"$serde_json::private::RawValu": 1, "x": 2}))).is_ok());
     }
 
     #[test]
