@@ -168,6 +168,9 @@ function kindOf(v) {
   return name ? `a ${name}` : 'an object';
 }
 
+/** A member name serde_json's reader takes as a marker, not as a name. */
+const SERDE_MARKER = '$serde_json::private::RawValue';
+
 /**
  * Why `v` cannot be stored as JSON and read back the same, with the path of
  * the part that cannot: `{path, reason}`, or null when it can.
@@ -220,6 +223,7 @@ function problem(v, at = '$') {
     seen.add(v);
     for (const k of Object.keys(v)) {
       if (!k.isWellFormed()) return { path: at, reason: 'a key holds a lone surrogate, which is not Unicode text' };
+      if (k === SERDE_MARKER) return { path: keyPath(at, k), reason: `the engine's JSON reader takes the name ${SERDE_MARKER} as a marker: it would not be stored as given` };
       const p = walk(v[k], keyPath(at, k), depth + 1);
       if (p) return p;
     }

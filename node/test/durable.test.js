@@ -171,6 +171,7 @@ test('values that cannot be stored are refused with the path of the part that ca
     [{ big: 10n }, /at \$\.big: the BigInt 10 is not JSON/],
     [{ m: new Map() }, /at \$\.m: a Map is not a plain object/],
     [{ s: 'a\ud800' }, /at \$\.s: the string holds a lone surrogate/],
+    [{ x: { '$serde_json::private::RawValue': '{"n": 1}' } }, /at \$\.x\["\$serde_json::private::RawValue"\]: the engine's JSON reader takes the name/],
     [[1, , 3], /at \$\[1\]: an empty slot/], // eslint-disable-line no-sparse-arrays
   ];
   for (const [input, re] of cases) {

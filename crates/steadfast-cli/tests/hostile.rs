@@ -468,6 +468,39 @@ fn numbers_are_kept_exactly_or_refused_and_missing_stores_are_not_created() -> T
         "{}",
         stderr(&out)
     );
+    // A state's own first key, likewise.
+    let flow = env.flow(
+        "top.toml",
+        "name = \"top\"\n[[step]]\nname = \"bad\"\nretries = 0\nrun = \"printf '{\\\"$serde_json::private::RawValue\\\": \\\"1\\\"}'\"\n",
+    );
+    let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "t"]);
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("would not load back"),
+        "{}",
+        stderr(&out)
+    );
+    // Where the name loads back as printed (a member that is not first), it
+    // is an ordinary name, on SQLite and on the file store.
+    let flow = env.flow(
+        "named.toml",
+        "name = \"named\"\n[[step]]\nname = \"ok\"\nrun = \"printf '{\\\"!\\\": 0, \\\"$serde_json::private::RawValue\\\": \\\"1\\\", \\\"z\\\": {\\\"!\\\": 1, \\\"$serde_json::private::RawValue\\\": 2}}'\"\n",
+    );
+    let printed = serde_json::json!({
+        "!": 0,
+        "$serde_json::private::RawValue": "1",
+        "z": {"!": 1, "$serde_json::private::RawValue": 2}
+    });
+    let out = env.run(&["run", flow.to_str().unwrap(), "--run-id", "n"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(env.show("n")["state"], printed);
+    let file = format!("file:{}", env.path().join("f.json").display());
+    let flow = flow.to_str().unwrap();
+    let out = with_store(&env, &file, &["run", flow, "--run-id", "n"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = with_store(&env, &file, &["show", "n", "--json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(shown["state"], printed);
     let out = with_store(&env, "sqlite:nonexistent/deep/x.db", &["runs"]);
     assert_eq!(code(&out), 2, "{}", stderr(&out));
     assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));

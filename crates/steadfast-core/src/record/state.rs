@@ -64,6 +64,11 @@ pub struct ValueProblem {
 /// way in), so the typed façade checks for those separately by reading the state
 /// back into its type.
 pub fn check_update(update: &Update) -> Result<(), ValueProblem> {
+    // Its own object too: a state is written inside the records, exports
+    // and `show --json` that readers take apart as one value.
+    if let Some(first) = update.keys().next().filter(|k| *k == SERDE_MARKER) {
+        return Err(marker(&[PathPart::Key(first)]));
+    }
     check_entries(update.iter().map(|(k, v)| (k.as_str(), v)))
 }
 
@@ -97,9 +102,6 @@ impl<'a> Children<'a> {
 /// with the number of values.
 fn check_value<'a>(part: PathPart<'a>, value: &'a Value) -> Result<(), ValueProblem> {
     let mut path = vec![part];
-    if is_marker(part) {
-        return Err(marker(&path));
-    }
     let mut open: Vec<Children<'a>> = Vec::new();
     let mut next = Some(value);
     loop {
@@ -108,6 +110,10 @@ fn check_value<'a>(part: PathPart<'a>, value: &'a Value) -> Result<(), ValueProb
                 Value::Object(map) if !map.is_empty() => {
                     if path.len() >= MAX_VALUE_DEPTH {
                         return Err(too_deep(&path));
+                    }
+                    if let Some(first) = map.keys().next().filter(|k| *k == SERDE_MARKER) {
+                        path.push(PathPart::Key(first));
+                        return Err(marker(&path));
                     }
                     open.push(Children::Object(map.iter()));
                 }
@@ -134,9 +140,6 @@ fn check_value<'a>(part: PathPart<'a>, value: &'a Value) -> Result<(), ValueProb
         match top.next() {
             Some((part, child)) => {
                 path.push(part);
-                if is_marker(part) {
-                    return Err(marker(&path));
-                }
                 next = Some(child);
             }
             None => {
@@ -148,19 +151,17 @@ fn check_value<'a>(part: PathPart<'a>, value: &'a Value) -> Result<(), ValueProb
 }
 
 /// The member name serde_json's reader of a `Value` takes as a marker: an
-/// object whose first member has it is read as the JSON text that member
-/// holds, so it would not load back as saved.
+/// object whose first member (in the order written, which is the map's)
+/// has it is read as the JSON text that member holds, so it would not load
+/// back as saved. A member that is not first is an ordinary name, so values
+/// stored with one are taken again.
 const SERDE_MARKER: &str = "$serde_json::private::RawValue";
-
-fn is_marker(part: PathPart<'_>) -> bool {
-    matches!(part, PathPart::Key(k) if k == SERDE_MARKER)
-}
 
 fn marker(path: &[PathPart<'_>]) -> ValueProblem {
     ValueProblem {
         path: render_path(path),
         reason: format!(
-            "a member named `{SERDE_MARKER}` would not load back (JSON readers take that name as a marker)"
+            "an object whose first member is named `{SERDE_MARKER}` would not load back (JSON readers take that name first as a marker)"
         ),
     }
 }
@@ -257,7 +258,9 @@ mod tests {
 
     /// serde_json reads an object whose first member has the marker's name
     /// as the text that member holds: saved, it would load back as another
-    /// value, or not at all. Refused wherever it is, with its path.
+    /// value, or not at all. Refused there, with its path, a state's own
+    /// object included; where it loads back (a member not first) it is
+    /// taken, so nothing stored that loaded back is refused when saved again.
     #[test]
     fn the_serde_marker_name_is_refused_where_it_would_not_load_back() {
         let inner = json!({"a": [{ SERDE_MARKER: "{\"n\": 1}" }]});
@@ -267,11 +270,20 @@ mod tests {
         let err = check_update(&update(inner)).unwrap_err();
         assert_eq!(err.path, format!("k.a[0].{SERDE_MARKER}"));
         assert!(err.reason.contains("would not load back"), "{}", err.reason);
+        assert!(check_update(&update(json!({ SERDE_MARKER: 1 }))).is_err());
         let mut top = Map::new();
         top.insert(SERDE_MARKER.into(), json!("1"));
         assert_eq!(check_update(&top).unwrap_err().path, SERDE_MARKER);
-        // Beside other names, a little longer or shorter: taken.
-        assert!(check_update(&update(json!({"$serde_json::private::RawValu": 1, "x": 2}))).is_ok());
+        // Where it loads back as saved, inside another value too: taken.
+        top.insert("!".into(), json!(0));
+        top.insert("z".into(), json!({"!": 1, SERDE_MARKER: 2}));
+        let text = serde_json::to_string(&json!({ "state": top })).unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(&text).unwrap(),
+            json!({ "state": top })
+        );
+        assert!(check_update(&top).is_ok());
+        assert!(check_update(&update(json!({"$serde_json::private::RawValu": 1}))).is_ok());
     }
 
     #[test]
