@@ -168,7 +168,11 @@ function kindOf(v) {
   return name ? `a ${name}` : 'an object';
 }
 
-/** A member name serde_json's reader takes as a marker, not as a name. */
+/**
+ * A member name serde_json's reader takes as a marker when it is an object's
+ * first member; refused here wherever it is, since the order of a JavaScript
+ * object's keys is not the order the engine checks.
+ */
 const SERDE_MARKER = '$serde_json::private::RawValue';
 
 /**
@@ -223,7 +227,7 @@ function problem(v, at = '$') {
     seen.add(v);
     for (const k of Object.keys(v)) {
       if (!k.isWellFormed()) return { path: at, reason: 'a key holds a lone surrogate, which is not Unicode text' };
-      if (k === SERDE_MARKER) return { path: keyPath(at, k), reason: `the engine's JSON reader takes the name ${SERDE_MARKER} as a marker: it would not be stored as given` };
+      if (k === SERDE_MARKER) return { path: keyPath(at, k), reason: `the engine's JSON reader takes the name ${SERDE_MARKER} as a marker (first in an object): it would not be stored as given` };
       const p = walk(v[k], keyPath(at, k), depth + 1);
       if (p) return p;
     }

@@ -253,8 +253,8 @@ async fn run(spec: &CommandSpec, ctx: StepCtx, state: Arc<State>) -> Result<Upda
 }
 
 /// The `retry_after` of a failed step's output, if it printed one JSON
-/// object with it: a duration (`"30s"`) or a number of seconds, up to a
-/// day.
+/// object with it that reads as an update would: a duration (`"30s"`) or a
+/// number of seconds, up to a day.
 fn retry_after_of(update: &Update) -> Option<std::time::Duration> {
     let after = match update.get("retry_after")? {
         serde_json::Value::String(s) => humantime::parse_duration(s.trim()).ok()?,
@@ -584,7 +584,8 @@ enum Output {
     TooLong,
 }
 
-/// A step's stdout, read as its update as it comes (the bytes are not kept),
+/// A step's stdout, read as its update as it comes (a string member's
+/// bytes are not kept),
 /// and whether it went past `limit` bytes.
 struct Limited {
     reader: Option<crate::update_reader::UpdateReader>,

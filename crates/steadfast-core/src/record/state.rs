@@ -58,7 +58,9 @@ pub struct ValueProblem {
 }
 
 /// Checks that every value in `update` survives a save and a load: nesting within
-/// [`MAX_VALUE_DEPTH`] and every number finite.
+/// [`MAX_VALUE_DEPTH`], every number finite, and no object (the update's own
+/// included) whose first member is named `$serde_json::private::RawValue`,
+/// which serde_json reads as a marker.
 ///
 /// `serde_json::Value` cannot hold NaN or infinities (they turn into `null` on the
 /// way in), so the typed façade checks for those separately by reading the state
@@ -161,7 +163,7 @@ fn marker(path: &[PathPart<'_>]) -> ValueProblem {
     ValueProblem {
         path: render_path(path),
         reason: format!(
-            "an object whose first member is named `{SERDE_MARKER}` would not load back (JSON readers take that name first as a marker)"
+            "an object whose first member is named `{SERDE_MARKER}` would not load back (serde_json reads an object that starts with that name as a marker)"
         ),
     }
 }
