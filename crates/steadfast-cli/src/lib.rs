@@ -8,6 +8,7 @@ pub mod command;
 pub mod flow;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod json;
 pub mod output;
 pub mod serve;
 pub mod telemetry;

@@ -17,8 +17,71 @@
 
 use serde_json::{Map, Value};
 
-use crate::command::{parse_json_exact, parse_whole};
+use crate::json::parse_json_exact;
 use steadfast::Update;
+
+/// Reads a step's stdout as its update: one JSON object, or nothing.
+///
+/// The bytes must be UTF-8, and every number must be stored exactly as
+/// printed: an integer beyond 64 bits or a decimal with more digits than a
+/// double keeps is refused (print it as a string) rather than rounded. The run
+/// loop then checks, as for every step, that the values can be stored.
+///
+/// This is an [`UpdateReader`] fed the whole output at once; a running
+/// step's output is fed to one as it comes.
+pub fn parse_update(out: &[u8]) -> Result<Update, String> {
+    let mut reader = UpdateReader::new();
+    reader.feed(out);
+    reader.finish()
+}
+
+/// Reads a whole output held in memory: what the reader does for an output
+/// that is not an object, and the rule its property tests hold it to.
+#[doc(hidden)]
+pub fn parse_whole(out: &[u8]) -> Result<Update, String> {
+    let text = std::str::from_utf8(out).map_err(|e| {
+        format!(
+            "stdout is not UTF-8 (an invalid byte at offset {})",
+            e.valid_up_to()
+        )
+    })?;
+    if text.trim().is_empty() {
+        return Ok(Update::new());
+    }
+    let quote = || {
+        let start: String = text.trim().chars().take(120).collect();
+        if text.trim().chars().count() > 120 {
+            format!("{start}...")
+        } else {
+            start
+        }
+    };
+    match parse_json_exact(text) {
+        // Whether the values can be stored is checked once, by the run loop,
+        // for every kind of step.
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(format!(
+            "stdout must be one JSON object (or nothing), got {}: {:?}",
+            kind(&other),
+            quote()
+        )),
+        Err(e) => Err(format!(
+            "stdout is not JSON that can be stored ({e}); it starts with {:?}",
+            quote()
+        )),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
 
 /// The deepest nesting a member's value may have: serde_json refuses text
 /// nested 128 levels deep, and the object around the members is one.
