@@ -202,15 +202,20 @@ fn occupied(target: &str, n: i64) -> Result<()> {
     Ok(())
 }
 
+/// Checkpoint metadata (JSON text, an object as `put` checked) as its
+/// members. Read as a map, not as a `Value`: serde_json's reader of a
+/// `Value` takes an object whose first member is named
+/// `$serde_json::private::RawValue` as the text that member holds.
+fn metadata_members(metadata: &str) -> Option<serde_json::Map<String, Value>> {
+    serde_json::from_str(metadata).ok()
+}
+
 /// The run id a copied checkpoint keeps (from its metadata, as `put` got it).
 fn run_id_of(metadata: &str) -> Option<String> {
-    match serde_json::from_str::<Value>(metadata) {
-        Ok(Value::Object(m)) => match m.get("run_id") {
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(Value::Null) | None => None,
-            Some(other) => Some(other.to_string()),
-        },
-        _ => None,
+    match metadata_members(metadata)?.get("run_id") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Null) | None => None,
+        Some(other) => Some(other.to_string()),
     }
 }
 
@@ -353,7 +358,7 @@ fn json_eq(a: &Value, b: &Value) -> bool {
 /// Whether `metadata` (JSON text) has every key of `filter` with an equal
 /// value; a null in the filter also matches a missing key.
 fn matches(filter: &serde_json::Map<String, Value>, metadata: &str) -> bool {
-    let Ok(Value::Object(meta)) = serde_json::from_str::<Value>(metadata) else {
+    let Some(meta) = metadata_members(metadata) else {
         return false;
     };
     filter.iter().all(|(k, want)| match meta.get(k) {
@@ -1861,7 +1866,7 @@ impl GraphStore {
             return self.delete_threads(thread_ids, true);
         }
         let delta = |thread: &str, metadata: &str| -> Result<()> {
-            let Ok(Value::Object(m)) = serde_json::from_str::<Value>(metadata) else {
+            let Some(m) = metadata_members(metadata) else {
                 return Ok(());
             };
             if let Some(k) = DELTA_KEYS.iter().find(|k| m.contains_key(**k)) {

@@ -176,6 +176,49 @@ fn checkpoints_and_writes_round_trip_and_one_saver_writes_a_thread() -> TestResu
     })
 }
 
+/// Metadata whose first key is serde_json's marker name is read as the
+/// object it is: a filter matches it, and a thread with delta channels is
+/// still not thinned by a prune.
+#[test]
+fn metadata_starting_with_the_serde_marker_name_is_read_as_written() -> TestResult {
+    on_every_store(|url, _| {
+        let a = GraphStore::open(url, LEASE, false)?;
+        let meta = r#"{"$serde_json::private::RawValue": "x", "counters_since_delta_snapshot": {}, "run_id": "rm", "source": "loop"}"#;
+        for (id, parent) in [("m1", None), ("m2", Some("m1"))] {
+            a.put(
+                "m".into(),
+                "".into(),
+                id.into(),
+                parent.map(String::from),
+                "json".into(),
+                b"v".to_vec(),
+                meta.into(),
+                Some("rm".into()),
+                Vec::new(),
+            )?;
+        }
+        let found = a.list(
+            Some("m".into()),
+            None,
+            None,
+            None,
+            None,
+            Some(r#"{"source": "loop"}"#.into()),
+        )?;
+        assert_eq!(found.len(), 2, "{url}: the filter matches");
+        let pruned = a.prune(vec!["m".into()], true);
+        assert!(
+            matches!(pruned, Err(GraphError::Unsupported(_))),
+            "{url}: {pruned:?}"
+        );
+        let left = a.list(Some("m".into()), None, None, None, None, None)?;
+        assert_eq!(left.len(), 2, "{url}: nothing pruned");
+        a.delete_thread("m".into())?;
+        a.close()?;
+        Ok(())
+    })
+}
+
 #[test]
 fn bad_urls_and_leases_are_refused_with_what_is_wrong() {
     for (url, says) in [
