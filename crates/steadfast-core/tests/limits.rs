@@ -174,3 +174,61 @@ async fn a_limit_without_a_size_is_a_clear_error() -> TestResult {
     assert!(e.to_string().contains("no size"), "{e}");
     Ok(())
 }
+
+/// A slot whose holder is a dead process on this host is freed at once,
+/// and the runner's hook hears of it (holder and run) before the step that
+/// takes the slot runs: the command kills the dead holder's step processes
+/// there, which would otherwise run on until their supervisors heard.
+#[tokio::test]
+async fn a_dead_holders_slot_is_reported_before_the_step_that_takes_it_runs() -> TestResult {
+    let store = MemoryStore::new();
+    let docs = steadfast_core::store::documents_of(&store)?;
+    let now = steadfast_core::Clock::now(&steadfast_core::SystemClock);
+    let mut child = std::process::Command::new("true").spawn()?;
+    let dead_pid = child.id();
+    child.wait()?;
+    let dead = steadfast_core::Owner::new(steadfast_core::current_owner().host, dead_pid, 1);
+    let mut doc = LimitDoc::default();
+    doc.take(
+        steadfast_core::Slot::new(
+            "other",
+            "call",
+            dead.clone(),
+            now.saturating_add(Duration::from_secs(600)),
+        ),
+        Some(1),
+        now,
+    )?;
+    docs.put_document("limit:model", &doc.to_value(), None)
+        .await?;
+
+    let heard: Arc<std::sync::Mutex<Vec<(u32, String)>>> = Arc::default();
+    let heard_when_run = Arc::new(AtomicUsize::new(usize::MAX));
+    let wf = Workflow::builder("holder")
+        .push(
+            Step::new("call", {
+                let (heard, when) = (Arc::clone(&heard), Arc::clone(&heard_when_run));
+                move |_, _| {
+                    when.store(heard.lock().unwrap().len(), Ordering::SeqCst);
+                    async move { update(json!({"called": true})) }
+                }
+            })
+            .limit(LimitSpec::parse("model:1")?),
+        )
+        .build()?;
+    let out = Runner::new(&store)
+        .on_slot_reclaimed({
+            let heard = Arc::clone(&heard);
+            move |owner, run| heard.lock().unwrap().push((owner.pid, run.to_string()))
+        })
+        .run("r", &wf)
+        .await?;
+    assert!(matches!(out, Outcome::Completed(_)), "{out:?}");
+    assert_eq!(
+        heard_when_run.load(Ordering::SeqCst),
+        1,
+        "the hook heard of the dead holder before the step ran"
+    );
+    assert_eq!(*heard.lock().unwrap(), [(dead_pid, "other".to_string())]);
+    Ok(())
+}

@@ -82,6 +82,7 @@ fn runner_for<'a>(args: &RunArgs, ctx: &'a Ctx, run_id: &str) -> Runner<'a, dyn 
             let run_id = run_id.to_string();
             move |old| command::stop_steps_of(&old.owner, &run_id)
         })
+        .on_slot_reclaimed(command::stop_steps_of)
         .observer(output::progress)
 }
 

@@ -129,6 +129,7 @@ pub async fn run(args: WorkerArgs, ctx: &Ctx) -> Result<i32, Failure> {
         .configure(move |run_id, r| {
             let id = run_id.to_string();
             r.on_takeover(move |old| command::stop_steps_of(&old.owner, &id))
+                .on_slot_reclaimed(command::stop_steps_of)
                 .observer(output::progress_of(run_id))
                 .cancel_grace(grace)
         })

@@ -158,8 +158,15 @@ pub(crate) async fn take<S: Store + ?Sized>(
         None => (crate::engine::process::current_owner(), SLOT_LEASE),
     };
     let key = spec.document_key();
+    let reclaimed = r.slot_reclaimed.clone();
     let took = update(docs, &key, |doc| {
         let now = r.clock.now();
+        if let Some(hook) = &reclaimed {
+            // Their steps go before their slots do.
+            for s in doc.held.iter().filter(|s| s.until > now && gone(&s.owner)) {
+                hook(&s.owner, &s.run);
+            }
+        }
         doc.expire(now, gone);
         let me = Slot::new(run, step, owner.clone(), now.saturating_add(ttl));
         match doc.take(me, spec.size, now) {

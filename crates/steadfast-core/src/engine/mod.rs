@@ -37,6 +37,7 @@ pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(10);
 
 type Observer = Arc<dyn Fn(&Event<'_>) + Send + Sync>;
 type TakeoverHook = Arc<dyn Fn(&Lease) + Send + Sync>;
+type SlotHook = Arc<dyn Fn(&Owner, &str) + Send + Sync>;
 
 /// The run loop with options: a clock, an observer, and whether to accept
 /// changed code.
@@ -48,6 +49,7 @@ pub struct Runner<'s, S: Store + ?Sized> {
     pub(crate) lease: Option<(Owner, Duration)>,
     pub(crate) wait_for_timers: bool,
     pub(crate) takeover: Option<TakeoverHook>,
+    pub(crate) slot_reclaimed: Option<SlotHook>,
     pub(crate) cancel_grace: Duration,
     pub(crate) budget: Option<std::collections::BTreeMap<String, f64>>,
     /// Set by a worker to the record version at which it found the run due:
@@ -104,6 +106,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             lease: None,
             wait_for_timers: false,
             takeover: None,
+            slot_reclaimed: None,
             cancel_grace: DEFAULT_CANCEL_GRACE,
             budget: None,
             found_due_at: None,
@@ -124,6 +127,7 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
             lease: self.lease.clone(),
             wait_for_timers: self.wait_for_timers,
             takeover: self.takeover.clone(),
+            slot_reclaimed: self.slot_reclaimed.clone(),
             cancel_grace: self.cancel_grace,
             budget: self.budget.clone(),
             // Checked once, where a worker's call loads its run.
@@ -304,6 +308,18 @@ impl<'s, S: Store + ?Sized> Runner<'s, S> {
     /// past its lease, so that they never run beside the new ones.
     pub fn on_takeover(mut self, f: impl Fn(&Lease) + Send + Sync + 'static) -> Self {
         self.takeover = Some(Arc::new(f));
+        self
+    }
+
+    /// Calls `f` with the holder and the run of each slot of a limit that
+    /// this runner frees because its holder, a process on this host, has
+    /// died, before the slot is given to anyone (the document that frees it
+    /// is not yet saved). The `steadfast` command uses it to kill the dead
+    /// holder's step processes of that run: their supervisors end them only
+    /// once they hear of the death, and until then they would run beside
+    /// the step that takes the slot.
+    pub fn on_slot_reclaimed(mut self, f: impl Fn(&Owner, &str) + Send + Sync + 'static) -> Self {
+        self.slot_reclaimed = Some(Arc::new(f));
         self
     }
 
