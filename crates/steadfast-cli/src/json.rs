@@ -124,7 +124,18 @@ fn check_number(literal: &str) -> Result<(), String> {
     let parsed: f64 = literal
         .parse()
         .map_err(|_| format!("{} is not a number", shorten(literal)))?;
-    if decimal(literal) == decimal(&format!("{parsed:e}")) {
+    // Kept exactly when the literal is a shortest decimal of the double it
+    // names: no more digits than the double keeps. Where two such decimals
+    // are equally near (1078178814758225.2 and .3 both name
+    // 1078178814758225.25), printers choose differently, and either is taken.
+    let shortest = decimal(&format!("{parsed:e}"));
+    let kept = parsed.is_finite()
+        && match (decimal(literal), shortest) {
+            (None, None) => true,
+            (Some(printed), Some(shortest)) => printed.1.len() <= shortest.1.len(),
+            _ => false,
+        };
+    if kept {
         Ok(())
     } else {
         Err(format!(

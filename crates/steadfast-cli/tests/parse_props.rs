@@ -113,6 +113,29 @@ proptest! {
     }
 }
 
+/// Where two shortest decimals name one double equally well, printers
+/// choose differently (serde_json's and Rust's differ here): both are taken,
+/// and a digit more is refused.
+#[test]
+fn either_shortest_decimal_of_a_double_is_taken() {
+    for (text, kept) in [
+        ("1078178814758225.2", true),
+        ("1078178814758225.3", true),
+        ("1078178814758225.25", false),
+        ("0.30000000000000004", true),
+        ("0.300000000000000044", false),
+        ("1e-400", false),
+        ("1e400", false),
+        ("-0.0", true),
+    ] {
+        let update = parse_update(format!("{{\"d\": {text}}}").as_bytes());
+        assert_eq!(update.is_ok(), kept, "{text}: {update:?}");
+        if let Ok(update) = update {
+            assert_eq!(update["d"].as_f64(), text.parse::<f64>().ok(), "{text}");
+        }
+    }
+}
+
 /// Exponents at the ends of a 128-bit integer are refused or taken, never a
 /// panic (the digits of a literal are compared with what a double keeps).
 #[test]
