@@ -284,3 +284,34 @@ fn a_large_string_read_in_pipe_sized_pieces_is_the_string() {
     assert_eq!(update["doc"].as_str(), Some(doc.as_str()));
     assert_eq!(update["pages"], 3);
 }
+
+/// The smallest pieces a pipe can give, one byte each (an escape, a
+/// surrogate pair and a four-byte character cut everywhere at once), an
+/// empty piece between each, and a long run of whitespace before the end.
+#[test]
+fn one_byte_pieces_read_as_the_whole_output_reads() {
+    let outputs: &[&[u8]] = &[
+        br#"{"a": "x\ud83d\ude00y\n\"q\"", "b": [1, {"c": "}"}], "d": -1.5e3, "e": null}"#,
+        "{\"é\": \"日本語 😀\"}".as_bytes(),
+        b"{\"a\": \"\xf0\x9f\x98\"}",
+        b"\n\n  [1,]",
+        b"{\"a\": 1}     \n\t\r ",
+        b"",
+    ];
+    for output in outputs {
+        let mut reader = UpdateReader::new();
+        for b in output.iter() {
+            reader.feed(&[]);
+            reader.feed(std::slice::from_ref(b));
+        }
+        let pieces = reader.finish();
+        let whole = parse_whole(output);
+        assert_eq!(
+            pieces.as_ref().ok(),
+            whole.as_ref().ok(),
+            "{:?}: {pieces:?} against {whole:?}",
+            String::from_utf8_lossy(output)
+        );
+        assert_eq!(pieces.is_err(), whole.is_err());
+    }
+}
