@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # What one save costs PostgreSQL, statement against statement: the raw
 # upsert, an ordinary step's save shaped as the store writes it, the step's
-# row alone, and the row alone guarded by a lock on its run
-# (docs/durability.md, "Where a step's time goes" under PostgreSQL). One
-# client, prepared statements, each script for SECONDS, ROUNDS rounds
-# interleaved. Needs psql and pgbench.
+# row alone, the row alone guarded by a lock on its run, and the row
+# guarded by a shared advisory lock instead (docs/durability.md, "Where a
+# step's time goes" under PostgreSQL). One client, prepared statements,
+# each script for SECONDS, ROUNDS rounds interleaved. Needs psql and
+# pgbench.
 #
 #   scripts/pgbench/compare.sh [URL] [SECONDS] [ROUNDS]
 #   default: $STEADFAST_TEST_PG or postgres://postgres@127.0.0.1:5432/test, 8, 3
@@ -25,11 +26,11 @@ if ! psql -X -q -v ON_ERROR_STOP=1 "$url" -f setup.sql; then
 fi
 trap 'psql -X -q "$url" -c "SET client_min_messages = warning" -c "DROP SCHEMA IF EXISTS steadfast_pgbench CASCADE"' EXIT
 for round in $(seq "$rounds"); do
-  for s in raw step row locked; do
+  for s in raw step row locked advisory; do
     out=$(pgbench -n -M prepared -c 1 -T "$seconds" -f "$s.sql" "$url" 2>&1) || {
       echo "$out" >&2
       exit 1
     }
-    printf '%s %-7s %s\n' "$round" "$s" "$(grep 'latency average' <<<"$out")"
+    printf '%s %-8s %s\n' "$round" "$s" "$(grep 'latency average' <<<"$out")"
   done
 done

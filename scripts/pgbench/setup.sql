@@ -26,3 +26,16 @@ SELECT 'run-' || i, 'w', 'running', 0, 1, 0, 0,
        '{}', '[]', 0, 2, 0, 0
 FROM generate_series(1, 1000) i;
 CREATE TABLE kv (k bigint PRIMARY KEY, v text NOT NULL);
+-- The step's row guarded by the run's version read after a shared
+-- advisory lock (held in memory, never written to the log) that a head
+-- write would take exclusively; a function, so that the read takes its
+-- snapshot after the lock is granted.
+CREATE FUNCTION advisory_step(p_run text, p_idx bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtext(p_run));
+    INSERT INTO steadfast_pgbench.steps (run_id, idx, name, update_json, attempt, started_at, finished_at)
+    SELECT p_run, p_idx, 's3', '{"s3":3}', 1, 5, 6 FROM steadfast_pgbench.runs r
+    WHERE r.run_id = p_run AND r.version > 0
+    ON CONFLICT (run_id, idx) DO NOTHING;
+END $$;
