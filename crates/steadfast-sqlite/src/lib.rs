@@ -40,6 +40,7 @@
 //! ```
 
 mod blobs;
+mod checkpoint;
 mod error;
 mod progress;
 mod schema;
@@ -179,6 +180,14 @@ pub struct WriteStats {
     /// while it waited for the callers of the commit before it to come
     /// back), counted once it committed.
     pub joined: u64,
+    /// Checkpoints (the log copied back into the database) that the
+    /// store's checkpoint thread ran, each asked for by a commit that found
+    /// the log past 1,000 pages.
+    pub checkpoints: u64,
+    /// Checkpoints the write connection ran itself, after answering the
+    /// callers of a commit: of the pages appended while the thread copied,
+    /// or of the whole log once it reached 4,000 pages.
+    pub checkpoints_by_writer: u64,
 }
 
 /// The SQLite store. Cheap to clone; clones share one write connection.
@@ -343,6 +352,16 @@ impl SqliteStore {
         }
         configure(&conn, opts.busy_timeout, &display)?;
         schema::migrate(&conn, &path, &display, opts.busy_timeout)?;
+        // Without its thread (none could be started), SQLite's automatic
+        // checkpoint copies the log back inside the commits, as it would.
+        let checkpointer = match checkpoint::Checkpointer::start(&path, opts.busy_timeout, &conn) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                let store: &str = &display;
+                tracing::warn!(store, error = %e, "checkpointing inside commits");
+                None
+            }
+        };
         let writer = Arc::new(Writer {
             queue: Default::default(),
             conn: Mutex::new(conn),
@@ -356,6 +375,7 @@ impl SqliteStore {
             native_busy_wait: opts.mutants.native_busy_wait,
             #[cfg(not(feature = "mutants"))]
             native_busy_wait: false,
+            checkpointer,
         });
         Ok(SqliteStore {
             shared: Arc::new(Shared {
@@ -380,11 +400,19 @@ impl SqliteStore {
     pub fn write_stats(&self) -> WriteStats {
         let (commits, writes) = self.shared.writer.queue.counts();
         let waited = self.shared.writer.longest_wait_us.load(Ordering::Relaxed);
+        let (checkpoints, checkpoints_by_writer) = self
+            .shared
+            .writer
+            .checkpointer
+            .as_ref()
+            .map_or((0, 0), |c| c.counts());
         WriteStats {
             commits,
             writes,
             longest_lock_wait: Duration::from_micros(waited),
             joined: self.shared.writer.joined.load(Ordering::Relaxed),
+            checkpoints,
+            checkpoints_by_writer,
         }
     }
 

@@ -246,6 +246,10 @@ pub(crate) struct Writer {
     pub queue_file: crate::wait::WriteQueue,
     /// A deliberate defect for the tests: no queue, SQLite's busy handler only.
     pub native_busy_wait: bool,
+    /// The thread that copies the log back into the database (see
+    /// `checkpoint`); without it, SQLite's automatic checkpoint does,
+    /// inside the COMMIT.
+    pub checkpointer: Option<crate::checkpoint::Checkpointer>,
 }
 
 impl Writer {
@@ -506,13 +510,16 @@ fn commit_batch(
                 format!("a write to {path} failed, so its batch was rolled back: {first}"),
             ))
         }
-        None => run_cached(conn, "COMMIT").err().map(|e| {
-            positions.forget_all();
-            let unknown = commit_outcome_unknown(&e);
-            let message = format!("committing to {path}: {e}");
-            let _ = conn.execute_batch("ROLLBACK");
-            (unknown, message)
-        }),
+        None => {
+            crate::checkpoint::forget_pages();
+            run_cached(conn, "COMMIT").err().map(|e| {
+                positions.forget_all();
+                let unknown = commit_outcome_unknown(&e);
+                let message = format!("committing to {path}: {e}");
+                let _ = conn.execute_batch("ROLLBACK");
+                (unknown, message)
+            })
+        }
     };
     drop(positions);
     if let Some((_, message)) = &failure {
@@ -536,6 +543,11 @@ fn commit_batch(
         writer
             .joined
             .fetch_add(joined as u64, std::sync::atomic::Ordering::Relaxed);
+        // Its callers answered, the log's length decides whether it is
+        // time to copy it back.
+        if let Some(c) = &writer.checkpointer {
+            c.after_commit(conn, path);
+        }
     }
     (failure.is_none(), taken)
 }
