@@ -128,8 +128,14 @@ impl Holder {
 }
 
 enum Backend {
-    Sqlite { conn: Mutex<Connection>, at: String },
-    Pg { store: PgStore },
+    /// The connection is boxed: it is far larger than a PostgreSQL handle.
+    Sqlite {
+        conn: Box<Mutex<Connection>>,
+        at: String,
+    },
+    Pg {
+        store: PgStore,
+    },
 }
 
 /// LangGraph checkpoints in a store; see the module docs.
@@ -582,7 +588,7 @@ fn open_sqlite(url: &str) -> Result<Backend> {
     check_format(&at, format)?;
     tx.commit().map_err(|e| sql_err(&at, e))?;
     Ok(Backend::Sqlite {
-        conn: Mutex::new(conn),
+        conn: Box::new(Mutex::new(conn)),
         at,
     })
 }

@@ -113,6 +113,8 @@ pub struct SqliteOptions {
 pub struct Mutants {
     /// Skip the writers' queue and wait with SQLite's own busy handler only.
     pub native_busy_wait: bool,
+    /// The checkpoint thread takes asks for passes and never runs one.
+    pub stalled_checkpoint_thread: bool,
 }
 
 impl Default for SqliteOptions {
@@ -181,12 +183,12 @@ pub struct WriteStats {
     /// back), counted once it committed.
     pub joined: u64,
     /// Checkpoints (the log copied back into the database) that the
-    /// store's checkpoint thread ran, each asked for by a commit that found
-    /// the log past 1,000 pages.
+    /// store's checkpoint thread ran, each asked for by a commit of large
+    /// values that found the log past 1,000 pages.
     pub checkpoints: u64,
-    /// Checkpoints the write connection ran itself, after answering the
-    /// callers of a commit: of the pages appended while the thread copied,
-    /// or of the whole log once it reached 4,000 pages.
+    /// Checkpoints the write connection ran itself, after a commit: of a
+    /// log of small commits past 1,000 pages, of the pages appended while
+    /// the thread copied, or of a log that reached 4,000 pages.
     pub checkpoints_by_writer: u64,
 }
 
@@ -352,16 +354,15 @@ impl SqliteStore {
         }
         configure(&conn, opts.busy_timeout, &display)?;
         schema::migrate(&conn, &path, &display, opts.busy_timeout)?;
-        // Without its thread (none could be started), SQLite's automatic
-        // checkpoint copies the log back inside the commits, as it would.
-        let checkpointer = match checkpoint::Checkpointer::start(&path, opts.busy_timeout, &conn) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                let store: &str = &display;
-                tracing::warn!(store, error = %e, "checkpointing inside commits");
-                None
-            }
-        };
+        let checkpointer = checkpoint::Checkpointer::new(
+            &path,
+            opts.busy_timeout,
+            &conn,
+            #[cfg(feature = "mutants")]
+            opts.mutants.stalled_checkpoint_thread,
+            #[cfg(not(feature = "mutants"))]
+            false,
+        );
         let writer = Arc::new(Writer {
             queue: Default::default(),
             conn: Mutex::new(conn),
@@ -400,12 +401,7 @@ impl SqliteStore {
     pub fn write_stats(&self) -> WriteStats {
         let (commits, writes) = self.shared.writer.queue.counts();
         let waited = self.shared.writer.longest_wait_us.load(Ordering::Relaxed);
-        let (checkpoints, checkpoints_by_writer) = self
-            .shared
-            .writer
-            .checkpointer
-            .as_ref()
-            .map_or((0, 0), |c| c.counts());
+        let (checkpoints, checkpoints_by_writer) = self.shared.writer.checkpointer.counts();
         WriteStats {
             commits,
             writes,

@@ -231,6 +231,10 @@ impl Positions {
 /// Saves waiting for a commit, and the connection that commits them.
 pub(crate) struct Writer {
     pub queue: Queue<Job>,
+    /// When the log is copied back into the database (see `checkpoint`).
+    /// Declared before `conn`, so that its thread has stopped when the
+    /// write connection closes.
+    pub checkpointer: crate::checkpoint::Checkpointer,
     pub conn: Mutex<Connection>,
     /// Where the runs this connection recorded last are; used only under
     /// `conn`'s lock.
@@ -246,10 +250,6 @@ pub(crate) struct Writer {
     pub queue_file: crate::wait::WriteQueue,
     /// A deliberate defect for the tests: no queue, SQLite's busy handler only.
     pub native_busy_wait: bool,
-    /// The thread that copies the log back into the database (see
-    /// `checkpoint`); without it, SQLite's automatic checkpoint does,
-    /// inside the COMMIT.
-    pub checkpointer: Option<crate::checkpoint::Checkpointer>,
 }
 
 impl Writer {
@@ -543,11 +543,9 @@ fn commit_batch(
         writer
             .joined
             .fetch_add(joined as u64, std::sync::atomic::Ordering::Relaxed);
-        // Its callers answered, the log's length decides whether it is
-        // time to copy it back.
-        if let Some(c) = &writer.checkpointer {
-            c.after_commit(conn, path);
-        }
+        // Every caller answered (the leader's own goes on once this
+        // returns), the log's length decides whether to copy it back.
+        writer.checkpointer.after_commit(conn, path);
     }
     (failure.is_none(), taken)
 }
