@@ -9,29 +9,27 @@
 //!
 //! The store's write connection instead notes the log's length after each
 //! commit (SQLite's WAL hook, which replaces its automatic checkpoint on
-//! that connection), and applies its own rule once the commit's callers
-//! have their answers. Past the same mark, when its commits are small (a
-//! step's row, a few pages each), it checkpoints itself, as SQLite would:
-//! the checkpoint is short, and one running beside the commits would slow
-//! their syncs (the leader of a commit, whose own save waits until it is
-//! done committing, still waits for it, as before). When its commits are
-//! large (new large values), it asks a thread of the store's own, started
-//! the first time, to checkpoint on a connection of its own. That
-//! checkpoint is PASSIVE: it never waits for a writer or a reader and never
-//! blocks one, so the callers go on to their next steps while it copies,
-//! and their commits append to the log meanwhile. The log starts over from
-//! its beginning only when a write transaction begins with every page of it
-//! copied (and no reader still reads it), which a thread copying behind a
-//! stream of commits seldom leaves it; so once the thread's pass is over,
-//! the write connection copies what was appended during it itself, after
-//! its next commit, and the transaction after that starts the log over.
-//! Should the thread fall far behind (the log at four times the mark), the
-//! write connection checkpoints itself at once. So the log stays near
-//! 4,000 pages at most, plus what is committed while a pass ends, unless a
-//! reader holds it (as with SQLite's own checkpoint). Another process's
-//! commits count in the log's length this rule sees, but not in its count
-//! of commits: they can tip a choice between the two ways, never stop
-//! both.
+//! that connection), and applies its own rule (`Rule`) once the commit's
+//! callers have their answers. Past the same mark, when its commits since
+//! it last decided were small (a step's row, a few pages each), it
+//! checkpoints itself, as SQLite would: the checkpoint is short, and one
+//! running beside the commits would slow their syncs (the leader of a
+//! commit, whose own save waits until it is done committing, still waits
+//! for it, as before). When they were large (new large values), it asks a
+//! thread of the store's own, started the first time, to checkpoint on a
+//! connection of its own. That checkpoint is PASSIVE: it never waits for a
+//! writer or a reader and never blocks one, so the callers go on to their
+//! next steps while it copies, and their commits append to the log
+//! meanwhile. The log starts over from its beginning only when a write
+//! transaction begins with every page of it copied (and no reader still
+//! reads it); when the thread's pass left pages behind, the write
+//! connection copies them itself after its next commit. At four times the
+//! mark the write connection checkpoints itself, after every commit until
+//! one runs (while the thread's pass runs, SQLite lets only one through).
+//! So the log stays near 4,000 pages, plus what is committed until a pass
+//! of the thread ends, unless a reader keeps it (as with SQLite's own
+//! checkpoint). Another process's commits count in the log's length this
+//! rule sees: they can tip a choice between the two ways, never stop both.
 //!
 //! Nothing here changes what a commit promises: a commit is durable once its
 //! log pages are synced (`synchronous=FULL`), and a checkpoint interrupted
@@ -43,7 +41,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 use steadfast_core::StoreError;
@@ -55,11 +53,16 @@ pub(crate) const ASK_AT: i32 = 1000;
 /// Pages in the log at which the write connection checkpoints itself.
 pub(crate) const SELF_AT: i32 = 4 * ASK_AT;
 
-/// Pages a commit writes on average, since the log last started over, from
-/// which its checkpoints go to the thread (a new value of 64 KiB or more in
-/// most commits); below it, the write connection checkpoints itself, as
-/// SQLite would, but after answering its callers.
-pub(crate) const HEAVY: i32 = 16;
+/// Pages a commit appended to the log on average, since the write
+/// connection last decided, from which the next checkpoint goes to the
+/// thread (a new value of 64 KiB or more in most commits); below it, the
+/// write connection checkpoints itself, as SQLite would, but after
+/// answering its callers.
+pub(crate) const HEAVY: i64 = 16;
+
+/// How long after a failed start of the thread the write connection
+/// checkpoints itself before it tries to start one again.
+const RETRY_THREAD: Duration = Duration::from_secs(60);
 
 thread_local! {
     /// The log's length in pages after the last commit this thread made
@@ -85,13 +88,116 @@ pub(crate) fn noted_pages() -> i32 {
     LOG_PAGES.with(|p| p.replace(0))
 }
 
+/// What a PASSIVE checkpoint did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Another connection was checkpointing: nothing was copied (SQLite
+    /// says so in its row, not as an error).
+    Busy,
+    /// Some pages are left in the log (appended meanwhile, or kept by a
+    /// reader).
+    Partial,
+    /// Every page of the log was copied: the next write transaction
+    /// starts it over.
+    Whole,
+}
+
 /// A checkpoint of the log on `conn`, never waiting for a writer or reader.
-/// Returns whether it ran: `false` when another connection was
-/// checkpointing (SQLite reports that in the row, not as an error).
-fn checkpoint(conn: &Connection) -> rusqlite::Result<bool> {
+fn checkpoint(conn: &Connection) -> rusqlite::Result<Outcome> {
     conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-        Ok(r.get::<_, i64>(0)? == 0)
+        let (busy, log, copied): (i64, i64, i64) = (r.get(0)?, r.get(1)?, r.get(2)?);
+        Ok(if busy != 0 {
+            Outcome::Busy
+        } else if copied >= log {
+            Outcome::Whole
+        } else {
+            Outcome::Partial
+        })
     })
+}
+
+/// What the write connection does after a commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Action {
+    Nothing,
+    /// Ask the thread for a pass.
+    Ask,
+    /// Checkpoint on the write connection.
+    Checkpoint,
+}
+
+/// The rule, apart from any I/O (so that its sequences can be tested): the
+/// write connection's view of the log and of the thread's pass.
+#[derive(Debug, Default)]
+pub(crate) struct Rule {
+    /// The log's length after the last commit that wrote to it.
+    pages: i32,
+    /// Pages appended, and commits, since the last decision (an ask or a
+    /// checkpoint), to tell large commits from small ones.
+    appended: i64,
+    commits: i64,
+    /// A pass of the thread is asked for and not over.
+    running: bool,
+    /// Pages may be left in the log after the last pass or checkpoint,
+    /// which no pass will copy: the write connection copies them after its
+    /// next commit past the mark, unless the log started over.
+    behind: bool,
+}
+
+impl Rule {
+    /// After a commit that left the log at `pages` pages (more than 0).
+    pub(crate) fn after_commit(&mut self, pages: i32) -> Action {
+        // A shorter log started over at this commit, which wrote all of it;
+        // a longer one may have too (a commit larger than the log was): then
+        // this counts less than was written, and a copy of a log already
+        // copied may follow, which finds nothing to do.
+        let appended = if pages < self.pages {
+            // Every page of the log had been copied: nothing is behind.
+            self.behind = false;
+            pages
+        } else {
+            pages - self.pages
+        };
+        self.pages = pages;
+        self.appended += i64::from(appended);
+        self.commits += 1;
+        if pages < ASK_AT || (self.running && pages < SELF_AT) {
+            return Action::Nothing;
+        }
+        let heavy = self.appended / self.commits.max(1) >= HEAVY;
+        self.appended = 0;
+        self.commits = 0;
+        if pages >= SELF_AT || self.behind || !heavy {
+            return Action::Checkpoint;
+        }
+        self.running = true;
+        Action::Ask
+    }
+
+    /// The thread could not be started: the asked-for pass is not coming.
+    pub(crate) fn not_asked(&mut self) {
+        self.running = false;
+    }
+
+    /// The thread's pass is over, with `outcome`. Whatever it copied,
+    /// commits may have appended pages meanwhile (a pass counts only the
+    /// log as it found it), and the log starts over only when a write
+    /// transaction begins with all of it copied: the write connection
+    /// copies the rest after its next commit, unless that commit finds the
+    /// log started over.
+    pub(crate) fn pass_over(&mut self, _outcome: Outcome) {
+        self.running = false;
+        self.behind = true;
+    }
+
+    /// A checkpoint on the write connection ended with `outcome`.
+    pub(crate) fn checkpointed(&mut self, outcome: Outcome) {
+        match outcome {
+            Outcome::Whole => self.behind = false,
+            // Tried again after the next commit.
+            Outcome::Busy | Outcome::Partial => self.behind = true,
+        }
+    }
 }
 
 /// What checkpoints for a store's write connection: the rule applied after
@@ -101,36 +207,33 @@ pub(crate) struct Checkpointer {
     path: PathBuf,
     busy_timeout: Duration,
     shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
-    /// The thread could not be started: the write connection checkpoints.
-    no_thread: std::sync::atomic::AtomicBool,
+    thread: Mutex<Thread>,
     /// A deliberate defect for the tests: the thread never runs a pass.
     stalled: bool,
+}
+
+#[derive(Default)]
+struct Thread {
+    handle: Option<JoinHandle<()>>,
+    /// When a start last failed.
+    failed_at: Option<Instant>,
 }
 
 struct Shared {
     state: Mutex<State>,
     wake: Condvar,
-    /// Passes the thread ran.
+    /// Checkpoints the thread ran.
     ran: AtomicU64,
     /// Checkpoints the write connection ran itself.
     by_writer: AtomicU64,
 }
 
-/// Passes are numbered: the write connection asks for pass `asked`, the
-/// thread has run every pass up to `served`, and the write connection has
-/// copied what came after each pass up to `closed` (or seen the log start
-/// over after it).
 #[derive(Default)]
 struct State {
-    asked: u64,
-    served: u64,
-    closed: u64,
+    rule: Rule,
+    /// A pass waits for the thread.
+    asked: bool,
     stop: bool,
-    /// The log's length after the last commit that wrote to it, and the
-    /// commits since it last started over (the write connection's own).
-    pages: i32,
-    commits: i32,
 }
 
 impl Checkpointer {
@@ -155,8 +258,7 @@ impl Checkpointer {
                 ran: AtomicU64::new(0),
                 by_writer: AtomicU64::new(0),
             }),
-            thread: Mutex::new(None),
-            no_thread: std::sync::atomic::AtomicBool::new(false),
+            thread: Mutex::new(Thread::default()),
             stalled,
         }
     }
@@ -169,14 +271,14 @@ impl Checkpointer {
     }
 
     /// Whether the thread runs, starting it (on a connection of its own)
-    /// if it does not yet.
+    /// if it does not yet, unless a start failed within [`RETRY_THREAD`].
     fn thread_runs(&self) -> bool {
-        if self.no_thread.load(Ordering::Relaxed) {
-            return false;
-        }
         let mut thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
-        if thread.is_some() {
+        if thread.handle.is_some() {
             return true;
+        }
+        if thread.failed_at.is_some_and(|t| t.elapsed() < RETRY_THREAD) {
+            return false;
         }
         let started = crate::connect(&self.path, self.busy_timeout).and_then(|conn| {
             let shared = Arc::clone(&self.shared);
@@ -188,78 +290,54 @@ impl Checkpointer {
         });
         match started {
             Ok(t) => {
-                *thread = Some(t);
+                thread.handle = Some(t);
                 true
             }
             Err(e) => {
-                tracing::warn!(store = %self.path.display(), error = %e, "no checkpoint thread: the write connection checkpoints");
-                self.no_thread.store(true, Ordering::Relaxed);
+                tracing::warn!(store = %self.path.display(), error = %e, "no checkpoint thread for now: the write connection checkpoints");
+                thread.failed_at = Some(Instant::now());
                 false
             }
         }
     }
 
-    /// After a commit on the write connection `conn` whose other callers
-    /// have been answered, by the log's length then: below [`ASK_AT`]
-    /// nothing; at [`SELF_AT`], or when the commits since the log started
-    /// over wrote fewer than [`HEAVY`] pages each (small saves, whose
-    /// checkpoint is short and whose commits a concurrent one would slow),
-    /// a checkpoint on `conn` at once; otherwise a pass of the thread when
-    /// none is asked for, nothing while one runs, and a checkpoint on
-    /// `conn` of what was appended meanwhile once it is over. A checkpoint
-    /// that could not run (another was running) is tried after the next
-    /// commit.
+    /// After a commit on the write connection `conn` whose callers have been
+    /// answered (but for the leader's own, which goes on once this
+    /// returns): does what `Rule::after_commit` says.
     pub(crate) fn after_commit(&self, conn: &Connection, path: &str) {
         let pages = noted_pages();
         if pages == 0 {
             // Nothing written to the log (or nothing noted): no news.
             return;
         }
-        let mut state = self.state();
-        if pages < state.pages {
-            // The log started over: every page of it was copied.
-            state.commits = 0;
-            if state.served == state.asked {
-                state.closed = state.asked;
-            }
-        }
-        state.pages = pages;
-        state.commits = state.commits.saturating_add(1);
-        if pages < ASK_AT {
-            return;
-        }
-        let heavy = pages / state.commits.max(1) >= HEAVY;
-        if pages < SELF_AT && heavy {
-            if state.served < state.asked {
-                return;
-            }
-            if state.closed == state.asked {
-                drop(state);
+        let action = self.state().rule.after_commit(pages);
+        match action {
+            Action::Nothing => return,
+            Action::Ask => {
                 if self.thread_runs() {
-                    self.state().asked += 1;
+                    self.state().asked = true;
                     self.shared.wake.notify_one();
                     return;
                 }
-                state = self.state();
+                self.state().rule.not_asked();
             }
+            Action::Checkpoint => {}
         }
-        let served = state.served;
-        drop(state);
         match checkpoint(conn) {
-            Ok(true) => {
-                let mut state = self.state();
-                state.closed = state.closed.max(served);
-                drop(state);
-                self.shared.by_writer.fetch_add(1, Ordering::Relaxed);
+            Ok(outcome) => {
+                self.state().rule.checkpointed(outcome);
+                if outcome != Outcome::Busy {
+                    self.shared.by_writer.fetch_add(1, Ordering::Relaxed);
+                }
             }
-            Ok(false) => {}
             Err(e) => {
+                self.state().rule.checkpointed(Outcome::Busy);
                 tracing::debug!(store = path, error = %e, "checkpoint of the log did not run");
             }
         }
     }
 
-    /// Passes the thread ran, and checkpoints the write connection ran.
+    /// Checkpoints the thread ran, and checkpoints the write connection ran.
     pub(crate) fn counts(&self) -> (u64, u64) {
         (
             self.shared.ran.load(Ordering::Relaxed),
@@ -271,9 +349,9 @@ impl Checkpointer {
 /// The thread: a pass each time one is asked for, until the store closes.
 fn run(conn: &Connection, shared: &Shared, path: &str, stalled: bool) {
     loop {
-        let pass = {
+        {
             let mut state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
-            while (stalled || state.served == state.asked) && !state.stop {
+            while (stalled || !state.asked) && !state.stop {
                 state = shared
                     .wake
                     .wait(state)
@@ -282,25 +360,27 @@ fn run(conn: &Connection, shared: &Shared, path: &str, stalled: bool) {
             if state.stop {
                 return;
             }
-            state.asked
-        };
+            state.asked = false;
+        }
         // A pass that could not run (another connection checkpointing) or
         // failed (a full disk) leaves the pages in the log, where they are
         // safe; the write connection copies them after the pass.
-        match checkpoint(conn) {
-            Ok(true) => {
-                shared.ran.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(false) => {}
+        let outcome = match checkpoint(conn) {
+            Ok(outcome) => outcome,
             Err(e) => {
                 tracing::debug!(store = path, error = %e, "checkpoint of the log did not run");
+                Outcome::Busy
             }
+        };
+        if outcome != Outcome::Busy {
+            shared.ran.fetch_add(1, Ordering::Relaxed);
         }
         shared
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .served = pass;
+            .rule
+            .pass_over(outcome);
     }
 }
 
@@ -308,13 +388,122 @@ impl Drop for Checkpointer {
     fn drop(&mut self) {
         self.state().stop = true;
         self.shared.wake.notify_one();
-        let thread = self
+        let handle = self
             .thread
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
+            .handle
             .take();
-        if let Some(thread) = thread {
-            let _ = thread.join();
+        if let Some(handle) = handle {
+            let _ = handle.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Commits of `each` pages from a log of `rule.pages`, until the log
+    /// reaches `until` pages or an action other than nothing comes.
+    fn commit_until(rule: &mut Rule, each: i32, until: i32) -> Action {
+        loop {
+            let action = rule.after_commit(rule.pages + each);
+            if action != Action::Nothing || rule.pages >= until {
+                return action;
+            }
+        }
+    }
+
+    #[test]
+    fn small_commits_are_checkpointed_by_the_write_connection_past_the_mark() {
+        let mut rule = Rule::default();
+        assert_eq!(commit_until(&mut rule, 2, 10_000), Action::Checkpoint);
+        assert!(rule.pages >= ASK_AT && rule.pages < ASK_AT + 2);
+        rule.checkpointed(Outcome::Whole);
+        // The log starts over: nothing until the mark again, then the same.
+        assert_eq!(rule.after_commit(2), Action::Nothing);
+        assert_eq!(commit_until(&mut rule, 2, 10_000), Action::Checkpoint);
+    }
+
+    #[test]
+    fn large_commits_ask_the_thread_and_wait_for_its_pass() {
+        let mut rule = Rule::default();
+        assert_eq!(commit_until(&mut rule, 257, 10_000), Action::Ask);
+        // While the pass runs, nothing, short of the bound.
+        assert_eq!(commit_until(&mut rule, 257, SELF_AT - 257), Action::Nothing);
+        // A pass, then the log started over at the next commit: the next
+        // cycle asks again, however many cycles came before.
+        rule.pass_over(Outcome::Whole);
+        for _ in 0..50 {
+            assert_eq!(rule.after_commit(257), Action::Nothing);
+            assert_eq!(commit_until(&mut rule, 257, 10_000), Action::Ask);
+            rule.pass_over(Outcome::Whole);
+        }
+    }
+
+    #[test]
+    fn what_a_pass_left_is_copied_by_the_write_connection_after_the_next_commit() {
+        for outcome in [Outcome::Whole, Outcome::Partial, Outcome::Busy] {
+            let mut rule = Rule::default();
+            assert_eq!(commit_until(&mut rule, 257, 10_000), Action::Ask);
+            rule.after_commit(rule.pages + 257);
+            rule.pass_over(outcome);
+            // The log did not start over: commits came during the pass.
+            assert_eq!(
+                rule.after_commit(rule.pages + 257),
+                Action::Checkpoint,
+                "{outcome:?}"
+            );
+            // Another connection was checkpointing: tried again.
+            rule.checkpointed(Outcome::Busy);
+            assert_eq!(rule.after_commit(rule.pages + 2), Action::Checkpoint);
+            rule.checkpointed(Outcome::Whole);
+            assert_eq!(rule.after_commit(257), Action::Nothing);
+            assert_eq!(commit_until(&mut rule, 257, 10_000), Action::Ask);
+        }
+    }
+
+    #[test]
+    fn the_write_connection_checkpoints_at_the_bound_even_while_a_pass_runs() {
+        let mut rule = Rule::default();
+        assert_eq!(commit_until(&mut rule, 257, 10_000), Action::Ask);
+        assert_eq!(commit_until(&mut rule, 257, 10_000), Action::Checkpoint);
+        assert!(rule.pages >= SELF_AT && rule.pages < SELF_AT + 257);
+    }
+
+    #[test]
+    fn a_commit_larger_than_the_log_it_follows_still_counts_as_large() {
+        let mut rule = Rule::default();
+        assert_eq!(rule.after_commit(900), Action::Nothing);
+        rule.checkpointed(Outcome::Whole);
+        // The log started over at a commit of 1,100 pages, counted as 200.
+        assert_eq!(rule.after_commit(1_100), Action::Ask);
+    }
+
+    #[test]
+    fn steps_that_reread_a_value_between_new_ones_are_large_on_average() {
+        // W7: five new 1 MiB values and five rereads of a few pages a run;
+        // each pass is over before the next commit, which starts the log
+        // over.
+        let mut rule = Rule::default();
+        let (mut asked, mut over) = (0, false);
+        for i in 0..200 {
+            let each = if i % 10 < 5 { 257 } else { 2 };
+            let pages = if over { each } else { rule.pages + each };
+            over = false;
+            match rule.after_commit(pages) {
+                Action::Ask => {
+                    asked += 1;
+                    rule.pass_over(Outcome::Whole);
+                    over = true;
+                }
+                Action::Checkpoint => {
+                    panic!("a checkpoint fell to the write connection at commit {i}")
+                }
+                Action::Nothing => {}
+            }
+        }
+        assert!(asked >= 10, "{asked} passes");
     }
 }
