@@ -28,9 +28,9 @@ use sha2::{Digest, Sha256};
 /// How many bytes of recently named texts are kept, at most.
 pub const RECENT_BYTES: usize = 16 << 20;
 
-/// How many kept texts of the right length one lookup compares, at most (so
-/// that many values of one length with a long common prefix cannot make a
-/// lookup cost more than hashing would).
+/// How many kept texts of the right length and [`probe`] one lookup
+/// compares, at most (so that many values of one length alike wherever the
+/// probe looks cannot make a lookup cost more than hashing would).
 const COMPARED: usize = 4;
 
 /// Whether `b` must be escaped in a JSON string (what `serde_json` escapes).
@@ -199,9 +199,47 @@ pub struct Named {
 /// The texts named lately, the most recent first, within a budget of
 /// bytes (each counted by what it holds in memory) and of entries.
 pub struct Recent {
-    kept: VecDeque<Named>,
+    kept: VecDeque<Kept>,
     bytes: usize,
     budget: usize,
+}
+
+/// A kept text with its [`probe`].
+struct Kept {
+    named: Named,
+    probe: u64,
+}
+
+/// How many bytes of a text its [`probe`] samples.
+const PROBED: usize = 32;
+
+/// How many bytes at each end of a text its [`probe`] takes besides.
+const PROBED_ENDS: usize = 16;
+
+/// A fingerprint of a text of `len` bytes (`at(i)` is its byte `i`) from
+/// its first and last [`PROBED_ENDS`] bytes and [`PROBED`] more spread
+/// evenly over it: texts of one length that differ there are told apart
+/// without comparing them whole. Only a lookup's choice of what to compare
+/// depends on it; a name is given only to bytes equal to the kept text.
+fn probe(len: usize, at: impl Fn(usize) -> u8) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut mix = |i: usize| h = (h ^ u64::from(at(i))).wrapping_mul(PRIME);
+    let ends = PROBED_ENDS.min(len);
+    (0..ends).for_each(&mut mix);
+    (len - ends..len).for_each(&mut mix);
+    let n = PROBED.min(len) as u64;
+    let last = len.saturating_sub(1) as u64;
+    for k in 0..n {
+        mix((k * last / (n - 1).max(1)) as usize);
+    }
+    h
+}
+
+/// The [`probe`] of `text`.
+fn probe_text(text: &str) -> u64 {
+    let b = text.as_bytes();
+    probe(b.len(), |i| b[i])
 }
 
 /// What one kept text counts against the budget: the memory its text holds,
@@ -220,22 +258,32 @@ impl Recent {
         }
     }
 
-    /// The most recent kept texts of `len` bytes, at most [`COMPARED`].
-    fn candidates(&self, len: usize) -> Vec<Named> {
+    /// The most recent kept texts of `len` bytes with this [`probe`], at
+    /// most [`COMPARED`].
+    fn candidates(&self, len: usize, probe: u64) -> Vec<Named> {
         self.kept
             .iter()
-            .filter(|n| n.text.len() == len)
+            .filter(|k| k.probe == probe && k.named.text.len() == len)
             .take(COMPARED)
-            .cloned()
+            .map(|k| k.named.clone())
             .collect()
+    }
+
+    /// Makes the kept entry at `at` the most recent.
+    fn bring_forward(&mut self, at: usize) {
+        if let Some(k) = self.kept.remove(at) {
+            self.kept.push_front(k);
+        }
     }
 
     /// Makes `text`, if still kept, the most recent.
     fn touch(&mut self, text: &Arc<String>) {
-        if let Some(at) = self.kept.iter().position(|n| Arc::ptr_eq(&n.text, text)) {
-            if let Some(n) = self.kept.remove(at) {
-                self.kept.push_front(n);
-            }
+        if let Some(at) = self
+            .kept
+            .iter()
+            .position(|k| Arc::ptr_eq(&k.named.text, text))
+        {
+            self.bring_forward(at);
         }
     }
 
@@ -245,15 +293,24 @@ impl Recent {
         if weight(named) > self.budget / 4 {
             return;
         }
-        // Two saves may name the same new text at once: keep it once.
-        if self.kept.iter().any(|n| n.digest == named.digest) {
+        // Two saves may name the same new text at once: keep it once, as
+        // the most recent.
+        if let Some(at) = self
+            .kept
+            .iter()
+            .position(|k| k.named.digest == named.digest)
+        {
+            self.bring_forward(at);
             return;
         }
         self.bytes += weight(named);
-        self.kept.push_front(named.clone());
+        self.kept.push_front(Kept {
+            named: named.clone(),
+            probe: probe_text(&named.text),
+        });
         while self.bytes > self.budget || self.kept.len() > RECENT_ENTRIES {
             match self.kept.pop_back() {
-                Some(old) => self.bytes -= weight(&old),
+                Some(old) => self.bytes -= weight(&old.named),
                 None => break,
             }
         }
@@ -273,10 +330,15 @@ fn lock(recent: &Mutex<Recent>) -> std::sync::MutexGuard<'_, Recent> {
     recent.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A text of `len` bytes in `recent` for which `same` holds, made the most
-/// recent.
-fn find(recent: &Mutex<Recent>, len: usize, same: impl Fn(&str) -> bool) -> Option<Named> {
-    let candidates = lock(recent).candidates(len);
+/// A text of `len` bytes with this [`probe`] in `recent` for which `same`
+/// holds, made the most recent.
+fn find(
+    recent: &Mutex<Recent>,
+    len: usize,
+    probe: u64,
+    same: impl Fn(&str) -> bool,
+) -> Option<Named> {
+    let candidates = lock(recent).candidates(len, probe);
     // Compared without the lock: another save may name meanwhile.
     let hit = candidates.into_iter().find(|n| same(&n.text))?;
     lock(recent).touch(&hit.text);
@@ -300,7 +362,7 @@ pub fn name_text(text: String) -> Named {
 }
 
 fn name_text_in(recent: &Mutex<Recent>, text: String) -> Named {
-    match find(recent, text.len(), |kept| kept == text) {
+    match find(recent, text.len(), probe_text(&text), |kept| kept == text) {
         Some(hit) => hit,
         None => hash_and_keep(recent, text),
     }
@@ -322,7 +384,16 @@ fn name_plain_str_in(recent: &Mutex<Recent>, s: &str) -> Named {
         // these inner bytes (no quote, no backslash) it is `"s"`.
         k.first() == Some(&b'"') && k.last() == Some(&b'"') && &k[1..len - 1] == s.as_bytes()
     };
-    match find(recent, len, same) {
+    // The probe of `"s"`, read from `s` without writing the text.
+    let b = s.as_bytes();
+    let sampled = probe(len, |i| {
+        if i == 0 || i == len - 1 {
+            b'"'
+        } else {
+            b[i - 1]
+        }
+    });
+    match find(recent, len, sampled, same) {
         Some(hit) => hit,
         None => {
             let mut text = String::with_capacity(len);
@@ -357,9 +428,15 @@ mod tests {
     /// The kept texts, the most recent first, and checks the count.
     fn kept(recent: &Mutex<Recent>) -> Vec<String> {
         let r = lock(recent);
-        assert_eq!(r.bytes, r.kept.iter().map(weight).sum::<usize>());
+        assert_eq!(
+            r.bytes,
+            r.kept.iter().map(|k| weight(&k.named)).sum::<usize>()
+        );
         assert!(r.bytes <= r.budget && r.kept.len() <= RECENT_ENTRIES);
-        r.kept.iter().map(|n| n.text.to_string()).collect()
+        for k in &r.kept {
+            assert_eq!(k.probe, probe_text(&k.named.text));
+        }
+        r.kept.iter().map(|k| k.named.text.to_string()).collect()
     }
 
     #[test]
@@ -399,6 +476,49 @@ mod tests {
             name_text_in(&recent, format!("\"{doc}\"")).digest,
             first.digest
         );
+    }
+
+    #[test]
+    fn more_texts_of_one_length_than_a_lookup_compares_are_each_found_again() {
+        // An agent's run rereading five documents of one size: each met
+        // again is recognised (its kept text shared), not hashed again.
+        let recent = local(RECENT_BYTES);
+        let docs: Vec<String> = (0..COMPARED + 2)
+            .map(|k| format!("{k}{}", "d".repeat(100_000)))
+            .collect();
+        let first: Vec<Named> = docs.iter().map(|d| name_plain_str_in(&recent, d)).collect();
+        for round in 0..3 {
+            for (d, named) in docs.iter().zip(&first) {
+                let again = name_plain_str_in(&recent, d);
+                assert!(
+                    Arc::ptr_eq(&again.text, &named.text),
+                    "round {round}: {}",
+                    &d[..1]
+                );
+                let text = format!("\"{d}\"");
+                assert!(Arc::ptr_eq(&name_text_in(&recent, text).text, &named.text));
+            }
+        }
+    }
+
+    #[test]
+    fn probes_of_a_string_and_of_its_text_agree() {
+        for s in ["", "a", "ab", &"xyz".repeat(40), &"q".repeat(1000)] {
+            let text = format!("\"{s}\"");
+            let len = text.len();
+            let b = s.as_bytes();
+            let sampled = probe(len, |i| {
+                if i == 0 || i == len - 1 {
+                    b'"'
+                } else {
+                    b[i - 1]
+                }
+            });
+            assert_eq!(sampled, probe_text(&text), "{s:?}");
+        }
+        // Texts that differ where it samples have different probes.
+        assert_ne!(probe_text("aaaa"), probe_text("aaab"));
+        assert_ne!(probe_text("baaa"), probe_text("aaaa"));
     }
 
     #[test]
