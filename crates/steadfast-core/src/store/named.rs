@@ -12,8 +12,8 @@
 //!   a value met again (a document an agent reads a second time, a state a
 //!   store writes again whole) is recognised by comparing its bytes with
 //!   them, and takes the name computed before instead of being hashed again.
-//!   Only bytes equal to a named text get its name: there is no shorter
-//!   fingerprint that two different values could share.
+//!   Only bytes equal to a named text get its name: a fingerprint of bytes
+//!   sampled across the texts only chooses which kept texts to compare.
 //!
 //! The kept texts are the values themselves, held in this process's memory
 //! for as long as they stay among the most recent; nothing is written
@@ -30,7 +30,9 @@ pub const RECENT_BYTES: usize = 16 << 20;
 
 /// How many kept texts of the right length and [`probe`] one lookup
 /// compares, at most (so that many values of one length alike wherever the
-/// probe looks cannot make a lookup cost more than hashing would).
+/// probe looks cannot make a lookup cost more than hashing would). More
+/// such values than this, met in turn, are hashed again: the worst case is
+/// these comparisons and one SHA-256, as with no kept texts at all.
 const COMPARED: usize = 4;
 
 /// Whether `b` must be escaped in a JSON string (what `serde_json` escapes).
@@ -230,10 +232,25 @@ fn probe(len: usize, at: impl Fn(usize) -> u8) -> u64 {
     (len - ends..len).for_each(&mut mix);
     let n = PROBED.min(len) as u64;
     let last = len.saturating_sub(1) as u64;
+    let gaps = n.saturating_sub(1).max(1);
     for k in 0..n {
-        mix((k * last / (n - 1).max(1)) as usize);
+        mix((k * last / gaps) as usize);
     }
     h
+}
+
+/// The [`probe`] of `"s"`, the text of the plain string `s`, read from `s`
+/// without writing the text.
+fn probe_plain_str(s: &str) -> u64 {
+    let b = s.as_bytes();
+    let len = b.len() + 2;
+    probe(len, |i| {
+        if i == 0 || i == len - 1 {
+            b'"'
+        } else {
+            b[i - 1]
+        }
+    })
 }
 
 /// The [`probe`] of `text`.
@@ -303,11 +320,12 @@ impl Recent {
             self.bring_forward(at);
             return;
         }
-        self.bytes += weight(named);
-        self.kept.push_front(Kept {
+        let kept = Kept {
             named: named.clone(),
             probe: probe_text(&named.text),
-        });
+        };
+        self.bytes += weight(named);
+        self.kept.push_front(kept);
         while self.bytes > self.budget || self.kept.len() > RECENT_ENTRIES {
             match self.kept.pop_back() {
                 Some(old) => self.bytes -= weight(&old.named),
@@ -384,16 +402,7 @@ fn name_plain_str_in(recent: &Mutex<Recent>, s: &str) -> Named {
         // these inner bytes (no quote, no backslash) it is `"s"`.
         k.first() == Some(&b'"') && k.last() == Some(&b'"') && &k[1..len - 1] == s.as_bytes()
     };
-    // The probe of `"s"`, read from `s` without writing the text.
-    let b = s.as_bytes();
-    let sampled = probe(len, |i| {
-        if i == 0 || i == len - 1 {
-            b'"'
-        } else {
-            b[i - 1]
-        }
-    });
-    match find(recent, len, sampled, same) {
+    match find(recent, len, probe_plain_str(s), same) {
         Some(hit) => hit,
         None => {
             let mut text = String::with_capacity(len);
@@ -502,23 +511,29 @@ mod tests {
     }
 
     #[test]
-    fn probes_of_a_string_and_of_its_text_agree() {
-        for s in ["", "a", "ab", &"xyz".repeat(40), &"q".repeat(1000)] {
-            let text = format!("\"{s}\"");
-            let len = text.len();
-            let b = s.as_bytes();
-            let sampled = probe(len, |i| {
-                if i == 0 || i == len - 1 {
-                    b'"'
-                } else {
-                    b[i - 1]
-                }
-            });
-            assert_eq!(sampled, probe_text(&text), "{s:?}");
-        }
-        // Texts that differ where it samples have different probes.
+    fn texts_that_differ_where_the_probe_looks_have_different_probes() {
         assert_ne!(probe_text("aaaa"), probe_text("aaab"));
         assert_ne!(probe_text("baaa"), probe_text("aaaa"));
+        // A byte among the spread samples of a long text.
+        let long = "m".repeat(10_000);
+        let mut mid = long.clone().into_bytes();
+        mid[15 * (10_000 - 1) / 31] = b'n';
+        let mid = String::from_utf8(mid).unwrap();
+        assert_ne!(probe_text(&long), probe_text(&mid));
+    }
+
+    #[test]
+    fn a_text_kept_again_becomes_the_most_recent_and_is_counted_once() {
+        let recent = local(RECENT_BYTES);
+        let (a, b) = ("[\"a\"]".to_string(), "[\"b\"]".to_string());
+        hash_and_keep(&recent, a.clone());
+        hash_and_keep(&recent, b.clone());
+        let bytes = lock(&recent).bytes;
+        assert_eq!(kept(&recent), [b.clone(), a.clone()]);
+        // Named again without being found (two saves naming it at once).
+        hash_and_keep(&recent, a.clone());
+        assert_eq!(kept(&recent), [a, b]);
+        assert_eq!(lock(&recent).bytes, bytes);
     }
 
     #[test]
@@ -602,6 +617,13 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn probes_of_a_string_and_of_its_text_agree(
+            s in proptest::string::string_regex("[a-z0-9é😀 ]{0,100}").unwrap()
+        ) {
+            prop_assert_eq!(probe_plain_str(&s), probe_text(&format!("\"{s}\"")));
+        }
+
         #[test]
         fn lengths_are_those_of_serde_json_text(value in any_value()) {
             prop_assert_eq!(json_len(&value), serde_json::to_string(&value).unwrap().len() as u64);
