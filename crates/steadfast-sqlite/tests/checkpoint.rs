@@ -29,6 +29,46 @@ fn run_with_value(i: usize, bytes: usize) -> Checkpoint {
     cp
 }
 
+/// The log's bound in bytes: `pages` frames of a 4 KiB page and its header.
+fn frames(pages: u64) -> u64 {
+    pages * (4096 + 24)
+}
+
+/// Saves runs `from..to`, each a new value of `bytes` bytes, and returns
+/// the longest the log was after any of them.
+async fn save_runs(
+    store: &SqliteStore,
+    db: &Path,
+    runs: std::ops::Range<usize>,
+    bytes: usize,
+) -> Result<u64, Box<dyn std::error::Error>> {
+    let mut largest_log = 0;
+    for i in runs {
+        store
+            .save(SaveRequest::new(&run_with_value(i, bytes), None))
+            .await?;
+        largest_log = largest_log.max(wal_bytes(db));
+    }
+    Ok(largest_log)
+}
+
+/// Every one of `runs` reads back whole from a handle of its own.
+async fn reads_back(db: &Path, runs: std::ops::Range<usize>, bytes: usize) -> TestResult {
+    let store = SqliteStore::open(db)?;
+    for i in runs {
+        let cp = store
+            .load(&format!("big-{i}"))
+            .await?
+            .ok_or("a run is missing")?;
+        assert_eq!(
+            cp.state["doc"],
+            run_with_value(i, bytes).state["doc"],
+            "run {i}"
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_values_are_checkpointed_by_the_thread_and_the_log_stays_bounded() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -36,24 +76,17 @@ async fn large_values_are_checkpointed_by_the_thread_and_the_log_stays_bounded()
     let store = SqliteStore::open(&db)?;
     const RUNS: usize = 48;
     const VALUE: usize = 512 << 10;
-    let mut largest_log = 0;
-    for i in 0..RUNS {
-        store
-            .save(SaveRequest::new(&run_with_value(i, VALUE), None))
-            .await?;
-        largest_log = largest_log.max(wal_bytes(&db));
-    }
+    let largest_log = save_runs(&store, &db, 0..RUNS, VALUE).await?;
     // 48 values of 512 KiB are some 6,000 pages: with no checkpoint at
     // all, the log would hold them all. The write connection checkpoints
     // itself at 4,000 pages at the latest, after the commit that reached
     // them (128 pages and a few).
-    let page = 4096 + 24;
     assert!(
-        largest_log <= (4_000 + 200) * page,
+        largest_log <= frames(4_000 + 200),
         "the log reached {largest_log} bytes"
     );
     assert!(
-        (RUNS * VALUE) as u64 > (4_000 + 200) * page,
+        (RUNS * VALUE) as u64 > frames(4_000 + 200),
         "the test writes more than the bound it checks"
     );
     // The thread was asked (the log passed 1,000 pages) and ran, and was
@@ -67,19 +100,7 @@ async fn large_values_are_checkpointed_by_the_thread_and_the_log_stays_bounded()
     assert!(stats.checkpoints >= 2, "{stats:?}");
     // Everything reads back, from a handle of its own too.
     drop(store);
-    let store = SqliteStore::open(&db)?;
-    for i in 0..RUNS {
-        let cp = store
-            .load(&format!("big-{i}"))
-            .await?
-            .ok_or("a run is missing")?;
-        assert_eq!(
-            cp.state["doc"],
-            run_with_value(i, VALUE).state["doc"],
-            "run {i}"
-        );
-    }
-    Ok(())
+    reads_back(&db, 0..RUNS, VALUE).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,11 +111,7 @@ async fn small_commits_are_checkpointed_by_the_write_connection_once_the_log_is_
     let store = SqliteStore::open(&db)?;
     // A few pages each, far below 1,000 in all: a checkpoint per commit
     // would double the syncs.
-    for i in 0..50 {
-        store
-            .save(SaveRequest::new(&run_with_value(i, 64), None))
-            .await?;
-    }
+    save_runs(&store, &db, 0..50, 64).await?;
     let stats = store.write_stats();
     assert_eq!(
         (stats.checkpoints, stats.checkpoints_by_writer),
@@ -105,18 +122,12 @@ async fn small_commits_are_checkpointed_by_the_write_connection_once_the_log_is_
     // Past 1,000 pages of small commits (a new run writes a few pages), the
     // write connection checkpoints itself, as SQLite would, and the
     // thread is not asked: a checkpoint beside such commits slows them.
-    let mut largest_log = 0;
-    for i in 50..600 {
-        store
-            .save(SaveRequest::new(&run_with_value(i, 64), None))
-            .await?;
-        largest_log = largest_log.max(wal_bytes(&db));
-    }
+    let largest_log = save_runs(&store, &db, 50..600, 64).await?;
     let stats = store.write_stats();
     assert!(stats.checkpoints_by_writer >= 1, "{stats:?}");
     assert_eq!(stats.checkpoints, 0, "{stats:?}");
     assert!(
-        largest_log <= (1_000 + 50) * (4096 + 24),
+        largest_log <= frames(1_000 + 50),
         "the log reached {largest_log} bytes"
     );
     Ok(())
@@ -131,13 +142,7 @@ async fn the_write_connection_bounds_the_log_when_the_thread_never_copies() -> T
     let store = SqliteStore::open_with(&db, opts)?;
     const RUNS: usize = 48;
     const VALUE: usize = 512 << 10;
-    let mut largest_log = 0;
-    for i in 0..RUNS {
-        store
-            .save(SaveRequest::new(&run_with_value(i, VALUE), None))
-            .await?;
-        largest_log = largest_log.max(wal_bytes(&db));
-    }
+    let largest_log = save_runs(&store, &db, 0..RUNS, VALUE).await?;
     // The thread takes the ask and never runs its pass; the write
     // connection checkpoints itself once the log holds 4,000 pages, after
     // the commit that reached them (128 pages and a few).
@@ -145,21 +150,84 @@ async fn the_write_connection_bounds_the_log_when_the_thread_never_copies() -> T
     assert_eq!(stats.checkpoints, 0, "{stats:?}");
     assert!(stats.checkpoints_by_writer >= 1, "{stats:?}");
     assert!(
-        largest_log <= (4_000 + 200) * (4096 + 24),
+        largest_log <= frames(4_000 + 200),
         "the log reached {largest_log} bytes"
     );
     drop(store);
-    let store = SqliteStore::open(&db)?;
-    for i in 0..RUNS {
-        let cp = store
-            .load(&format!("big-{i}"))
-            .await?
-            .ok_or("a run is missing")?;
-        assert_eq!(
-            cp.state["doc"],
-            run_with_value(i, VALUE).state["doc"],
-            "run {i}"
-        );
+    reads_back(&db, 0..RUNS, VALUE).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_handles_writing_large_values_at_once_share_the_log_and_keep_it_bounded() -> TestResult
+{
+    // Two handles on one file, as two processes have: each has its own
+    // write connection and checkpoint thread, and each sees the other's
+    // commits in the log's length. SQLite runs one checkpoint at a time;
+    // a handle whose checkpoint finds another running tries again later.
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    let a = SqliteStore::open(&db)?;
+    let b = SqliteStore::open(&db)?;
+    const RUNS: usize = 40;
+    const VALUE: usize = 512 << 10;
+    let (la, lb) = tokio::join!(
+        save_runs(&a, &db, 0..RUNS, VALUE),
+        save_runs(&b, &db, RUNS..2 * RUNS, VALUE)
+    );
+    let largest_log = la?.max(lb?);
+    // 80 values of 512 KiB are some 10,000 pages. Each handle holds the
+    // log to 4,000 pages after its own commits, once a running checkpoint
+    // ends; the other's commits meanwhile add at most what one pass takes.
+    assert!(
+        largest_log <= frames(8_000),
+        "the log reached {largest_log} bytes"
+    );
+    assert!(
+        (2 * RUNS * VALUE) as u64 > frames(8_000),
+        "the test writes more than the bound it checks"
+    );
+    // The log started over, so one of the handles copied it whole (the
+    // automatic checkpoint is off on both write connections).
+    let (sa, sb) = (a.write_stats(), b.write_stats());
+    let copies =
+        sa.checkpoints + sa.checkpoints_by_writer + sb.checkpoints + sb.checkpoints_by_writer;
+    assert!(copies >= 1, "{sa:?} {sb:?}");
+    drop((a, b));
+    reads_back(&db, 0..2 * RUNS, VALUE).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_log_left_by_another_connection_is_copied_after_the_first_commit() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("runs.db");
+    drop(SqliteStore::open(&db)?);
+    // Another connection, whose automatic checkpoint is off, leaves some
+    // 6,000 pages in the log and stays open, so that nothing copies them
+    // when it is done. Its table is dropped again: the store's schema is
+    // as the store left it.
+    let other = rusqlite::Connection::open(&db)?;
+    other.pragma_update(None, "wal_autocheckpoint", 0)?;
+    other.execute_batch("CREATE TABLE scratch (x BLOB)")?;
+    for _ in 0..48 {
+        other.execute("INSERT INTO scratch VALUES (randomblob(512 * 1024))", [])?;
     }
-    Ok(())
+    other.execute_batch("DROP TABLE scratch")?;
+    let log_frames = |c: &rusqlite::Connection| -> rusqlite::Result<i64> {
+        // A passive checkpoint of nothing reports the frames in the log.
+        c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))
+    };
+    assert!(wal_bytes(&db) > frames(4_000), "the log is long");
+
+    // The store's first commit finds the log past 4,000 pages, whoever
+    // wrote them, and its write connection copies it; the commit after
+    // that starts the log over.
+    let store = SqliteStore::open(&db)?;
+    save_runs(&store, &db, 0..1, 64).await?;
+    let stats = store.write_stats();
+    assert_eq!(stats.checkpoints_by_writer, 1, "{stats:?}");
+    save_runs(&store, &db, 1..2, 64).await?;
+    let frames_now = log_frames(&other)?;
+    assert!(frames_now < 50, "the log holds {frames_now} frames");
+    drop((store, other));
+    reads_back(&db, 0..2, 64).await
 }
