@@ -506,4 +506,44 @@ mod tests {
         }
         assert!(asked >= 10, "{asked} passes");
     }
+
+    #[test]
+    fn without_a_thread_the_write_connection_copies_large_commits_itself() {
+        // The thread's connection cannot be opened (its path names a
+        // directory that does not exist), so the thread never starts.
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("runs.db");
+        drop(Connection::open(&db).unwrap());
+        let writer = crate::connect(&db, Duration::from_secs(5)).unwrap();
+        writer.execute_batch("CREATE TABLE t (x BLOB)").unwrap();
+        let cp = Checkpointer::new(
+            &dir.path().join("missing").join("runs.db"),
+            Duration::from_secs(5),
+            &writer,
+            false,
+        );
+        let mut largest = 0;
+        for _ in 0..40 {
+            writer
+                .execute("INSERT INTO t VALUES (randomblob(600 * 1024))", [])
+                .unwrap();
+            largest = largest.max(LOG_PAGES.with(|p| p.get()));
+            cp.after_commit(&writer, "runs.db");
+        }
+        let thread = cp.thread.lock().unwrap();
+        assert!(thread.handle.is_none() && thread.failed_at.is_some());
+        let failed_at = thread.failed_at;
+        drop(thread);
+        // Each large cycle past 1,000 pages asked, found no thread, and
+        // the write connection copied the log: 40 commits of some 150
+        // pages started it over several times, never past the mark by
+        // more than a commit.
+        let (ran, by_writer) = cp.counts();
+        assert_eq!(ran, 0);
+        assert!(by_writer >= 4, "{by_writer} checkpoints");
+        assert!(largest < ASK_AT + 200, "the log reached {largest} pages");
+        assert!(!cp.state().rule.running, "no pass is awaited");
+        // A start is not tried again within the minute.
+        assert_eq!(cp.thread.lock().unwrap().failed_at, failed_at);
+    }
 }
