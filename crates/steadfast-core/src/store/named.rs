@@ -537,6 +537,39 @@ mod tests {
     }
 
     #[test]
+    fn names_given_by_threads_at_once_are_each_the_sha256_of_their_text() {
+        // Threads naming the same few texts of one length, and texts one
+        // byte off them, at once: whatever is kept, found or hashed, a
+        // name is always its own text's.
+        let recent = Arc::new(local(2 << 20));
+        let base: Vec<String> = (0..8)
+            .map(|k| format!("{k}{}", "t".repeat(20_000)))
+            .collect();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let (recent, base) = (Arc::clone(&recent), base.clone());
+                std::thread::spawn(move || {
+                    for i in 0..300usize {
+                        let mut bytes = base[(i * 7 + t) % base.len()].clone().into_bytes();
+                        if (i + t) % 3 == 0 {
+                            let at = (i * 131) % bytes.len();
+                            bytes[at] = b'u';
+                        }
+                        let s = String::from_utf8(bytes).unwrap();
+                        let named = name_plain_str_in(&recent, &s);
+                        assert_eq!(named.digest, sha(&format!("\"{s}\"")));
+                        assert_eq!(*named.text, format!("\"{s}\""));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        kept(&recent);
+    }
+
+    #[test]
     fn a_kept_text_that_is_not_a_string_is_not_taken_for_one() {
         let recent = local(RECENT_BYTES);
         // `[1,2,3]` holds the same inner bytes as the string `1,2,3`.
