@@ -544,15 +544,16 @@ impl<F: Fs> Inner<F> {
         let Ok(wanted) = image.with(|data| {
             Ok(data
                 .all_refs()
-                .keys()
-                .map(BlobHash::hex)
+                .into_keys()
                 .collect::<std::collections::HashSet<_>>())
         }) else {
             return;
         };
         for name in names {
-            let ours = name.starts_with(BLOB_TMP) || BlobHash::parse_hex(&name).is_some();
-            if ours && !wanted.contains(&name) {
+            // Ours: a temp, or a blob's name (its hash's hex digits).
+            let unwanted = name.starts_with(BLOB_TMP)
+                || BlobHash::parse_hex(&name).is_some_and(|h| !wanted.contains(&h));
+            if unwanted {
                 let p = self.blob_dir.join(&name);
                 if let Err(e) = self.fs.remove_file(&p) {
                     tracing::warn!(path = %p.display(), error = %e, "could not remove a blob no run refers to");

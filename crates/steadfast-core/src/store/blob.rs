@@ -92,17 +92,20 @@ impl BlobHash {
 
     /// The 64 lowercase hex digits of the hash (a name for a file).
     pub fn hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    /// A hash from its 64 lowercase hex digits.
-    pub fn parse_hex(hex: &str) -> Option<Self> {
-        Self::parse(&format!("sha256:{hex}"))
+        let mut out = String::with_capacity(64);
+        for b in self.0 {
+            out.extend(hex_pair(b));
+        }
+        out
     }
 
     /// A hash from its text form, `sha256:` and 64 lowercase hex digits.
     pub fn parse(text: &str) -> Option<Self> {
-        let hex = text.strip_prefix("sha256:")?;
+        Self::parse_hex(text.strip_prefix("sha256:")?)
+    }
+
+    /// A hash from its 64 lowercase hex digits.
+    pub fn parse_hex(hex: &str) -> Option<Self> {
         if hex.len() != 64 {
             return None;
         }
@@ -119,13 +122,26 @@ impl BlobHash {
     }
 }
 
+/// The two lowercase hex digits of `b`.
+fn hex_pair(b: u8) -> [char; 2] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    [
+        char::from(DIGITS[usize::from(b >> 4)]),
+        char::from(DIGITS[usize::from(b & 0xf)]),
+    ]
+}
+
 impl fmt::Display for BlobHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("sha256:")?;
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
+        let mut text = [0u8; 71];
+        text[..7].copy_from_slice(b"sha256:");
+        for (i, b) in self.0.into_iter().enumerate() {
+            let [hi, lo] = hex_pair(b);
+            // ASCII digits: one byte each.
+            text[7 + 2 * i] = hi as u8;
+            text[8 + 2 * i] = lo as u8;
         }
-        Ok(())
+        f.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -827,6 +843,23 @@ mod tests {
         let h = BlobHash::of(b"x");
         assert_eq!(BlobHash::parse(&h.to_string()), Some(h));
         assert_eq!(BlobHash::from_slice(h.as_bytes()), Some(h));
+    }
+
+    proptest! {
+        #[test]
+        fn a_hash_is_written_as_its_hex_digits_and_read_back(bytes in proptest::array::uniform32(any::<u8>())) {
+            let h = BlobHash::from_slice(&bytes).unwrap();
+            let want: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            prop_assert_eq!(h.hex(), want.clone());
+            prop_assert_eq!(h.to_string(), format!("sha256:{want}"));
+            prop_assert_eq!(BlobHash::parse_hex(&want), Some(h));
+            prop_assert_eq!(BlobHash::parse(&h.to_string()), Some(h));
+            prop_assert_eq!(BlobHash::parse(&want), None);
+            prop_assert_eq!(BlobHash::parse_hex(&want[1..]), None);
+            if want.bytes().any(|c| c.is_ascii_alphabetic()) {
+                prop_assert_eq!(BlobHash::parse_hex(&want.to_uppercase()), None);
+            }
+        }
     }
 
     fn value() -> impl Strategy<Value = Value> {
