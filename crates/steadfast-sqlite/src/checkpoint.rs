@@ -523,16 +523,18 @@ mod tests {
             false,
         );
         let mut largest = 0;
+        let mut first_failure = None;
         for _ in 0..40 {
             writer
                 .execute("INSERT INTO t VALUES (randomblob(600 * 1024))", [])
                 .unwrap();
             largest = largest.max(LOG_PAGES.with(|p| p.get()));
             cp.after_commit(&writer, "runs.db");
+            first_failure = first_failure.or(cp.thread.lock().unwrap().failed_at);
         }
         let thread = cp.thread.lock().unwrap();
-        assert!(thread.handle.is_none() && thread.failed_at.is_some());
-        let failed_at = thread.failed_at;
+        assert!(thread.handle.is_none() && first_failure.is_some());
+        let last_failure = thread.failed_at;
         drop(thread);
         // Each large cycle past 1,000 pages asked, found no thread, and
         // the write connection copied the log: 40 commits of some 150
@@ -543,7 +545,10 @@ mod tests {
         assert!(by_writer >= 4, "{by_writer} checkpoints");
         assert!(largest < ASK_AT + 200, "the log reached {largest} pages");
         assert!(!cp.state().rule.running, "no pass is awaited");
-        // A start is not tried again within the minute.
-        assert_eq!(cp.thread.lock().unwrap().failed_at, failed_at);
+        // Later asks within the minute did not try to start it again (on a
+        // machine so slow that the minute passed, they may have).
+        if first_failure.is_some_and(|t| t.elapsed() < RETRY_THREAD) {
+            assert_eq!(last_failure, first_failure, "a start was tried again");
+        }
     }
 }
