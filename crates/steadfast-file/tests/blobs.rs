@@ -284,3 +284,33 @@ async fn planted_links_and_directories_where_blobs_belong_are_refused() -> TestR
     assert!(err.to_string().contains("symbolic link"), "{err}");
     Ok(())
 }
+
+#[tokio::test]
+async fn files_in_the_blob_directory_that_are_not_blobs_survive_the_sweep() -> TestResult {
+    let (_dir, path, store) = fresh()?;
+    run("r0", &agent(2, 0), &store).await?;
+    let blobs = PathBuf::from(format!("{}.blobs", path.display()));
+    let stored = blob_files(&path).0;
+    // Names a blob could never have: upper case, a digit short, 64 bytes
+    // that are not hex digits (two-byte characters), a prefix, and a file
+    // of someone else's. A blob's own name no run refers to goes.
+    let hex = "ab".repeat(32);
+    let planted = [
+        hex.to_uppercase(),
+        hex[1..].to_string(),
+        "é".repeat(32),
+        format!("sha256:{hex}"),
+        "notes.txt".to_string(),
+    ];
+    for name in &planted {
+        std::fs::write(blobs.join(name), b"not a blob")?;
+    }
+    std::fs::write(blobs.join(&hex), b"\"orphan\"")?;
+    assert!(store.delete("r0").await?);
+    for name in &planted {
+        assert!(blobs.join(name).exists(), "{name} was removed");
+    }
+    assert!(!blobs.join(&hex).exists(), "an unreferenced blob stayed");
+    assert!(stored > 0);
+    Ok(())
+}
