@@ -694,13 +694,32 @@ impl<F: Fs> Store for FileStore<F> {
     }
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
-        // Checked before the lock: a value the parser would refuse must not
-        // be written, or the whole file (every run in it) would stop loading.
-        let (write, blobs) = Write::checked_with_blobs(
-            &req,
+        let (limit, threshold) = (
             self.inner.opts.max_state_bytes,
             self.inner.opts.blob_threshold,
-        )?;
+        );
+        // A save that completes the step after the stored one writes the
+        // stored state with the step's update over it, so only the update's
+        // values are written out (a state may hold many large ones). Should
+        // the stored record turn out not to be the one the step follows,
+        // nothing is written and the whole state is, below.
+        if let Some((write, blobs)) = Write::after_step_with_blobs(&req, limit, threshold)? {
+            let run_id = write.run_id().to_string();
+            let saved = self
+                .blocking(Some(&run_id.clone()), move |inner| {
+                    inner.update(&run_id, &blobs, move |image| {
+                        let saved = image.with(|data| data.try_save(write))?;
+                        Ok((saved.is_some(), saved))
+                    })
+                })
+                .await?;
+            if let Some(version) = saved {
+                return Ok(version);
+            }
+        }
+        // Checked before the lock: a value the parser would refuse must not
+        // be written, or the whole file (every run in it) would stop loading.
+        let (write, blobs) = Write::checked_with_blobs(&req, limit, threshold)?;
         let run_id = write.run_id().to_string();
         self.blocking(Some(&run_id.clone()), move |inner| {
             inner.update(&run_id, &blobs, move |image| {

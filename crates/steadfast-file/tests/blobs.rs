@@ -314,3 +314,62 @@ async fn files_in_the_blob_directory_that_are_not_blobs_survive_the_sweep() -> T
     assert!(stored > 0);
     Ok(())
 }
+
+/// A save that completes the step after the stored one is written as the
+/// stored state with the step's update over it; one whose step the stored
+/// record does not lead to (here the record skips a step) writes the
+/// state it carries, whole. Both read back as saved, large values
+/// included, and the blobs left are those the file refers to.
+#[tokio::test]
+async fn a_save_after_the_stored_step_and_one_that_skips_a_step_both_read_back() -> TestResult {
+    use steadfast_core::store::SaveRequest;
+    use steadfast_core::{Checkpoint, StepRecord, Timestamp};
+    let (_dir, path, store) = fresh()?;
+    let t = Timestamp::from_unix_millis(1_000);
+    let obj = |v: Value| v.as_object().cloned().unwrap_or_default();
+    let big = |c: &str| c.repeat(20 << 10);
+
+    let mut cp = Checkpoint::new("r", "w", t);
+    cp.state = obj(json!({"a": big("a"), "n": 0}));
+    let v1 = store.save(SaveRequest::new(&cp, None)).await?;
+
+    // Step 0, after the stored record's none: the update over the state.
+    let s0 = StepRecord::new(0, "s0", obj(json!({"b": big("b"), "n": 1})), 1, t, t);
+    cp.next = 1;
+    cp.completed = vec!["s0".into()];
+    steadfast_core::merge(&mut cp.state, s0.update.clone());
+    let v2 = store
+        .save(SaveRequest::new(&cp, Some(v1)).with_step(&s0))
+        .await?;
+    let got = store.load("r").await?.expect("stored");
+    assert_eq!((got.version, got.next, &got.state), (v2, 1, &cp.state));
+
+    // Step 2, though the stored record has one step: not the stored state
+    // with the update over it ("a" gone, "c" given), but the state given.
+    let s2 = StepRecord::new(2, "s2", obj(json!({"d": big("d")})), 1, t, t);
+    cp.next = 3;
+    cp.completed = vec!["s0".into(), "s1".into(), "s2".into()];
+    cp.state = obj(json!({"b": big("b"), "c": big("c"), "d": big("d"), "n": 3}));
+    let v3 = store
+        .save(SaveRequest::new(&cp, Some(v2)).with_step(&s2))
+        .await?;
+    let got = store.load("r").await?.expect("stored");
+    assert_eq!((got.version, got.next, &got.state), (v3, 3, &cp.state));
+    let history = store.history("r").await?.expect("a store with history");
+    let indices: Vec<_> = history.iter().map(|s| s.index).collect();
+    assert_eq!(indices, [0, 2]);
+    // "a" is no longer referred to; b, c and d are.
+    assert_eq!(blob_files(&path).0, 3);
+
+    // A stale save conflicts and writes nothing.
+    let err = store
+        .save(SaveRequest::new(&cp, Some(v2)).with_step(&s2))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, steadfast_core::StoreError::Conflict { .. }),
+        "{err}"
+    );
+    assert_eq!(store.load("r").await?.map(|c| c.version), Some(v3));
+    Ok(())
+}

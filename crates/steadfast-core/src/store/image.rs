@@ -11,12 +11,13 @@ use serde::{Deserialize, Serialize};
 use crate::record::checkpoint::{Checkpoint, StepRecord};
 use crate::record::error::StoreError;
 use crate::record::events::{check_events, NewEvent, RunEvent};
+use crate::record::state::merge_ref;
 use crate::record::state::Update;
 use crate::store::blob::{self, Blob, BlobHash};
-use crate::store::plan::{expect_version, head_only_of_absent};
+use crate::store::plan::{expect_version, follows_stored, head_only_of_absent};
 use crate::store::rows::no_row_to_fold;
 use crate::store::{
-    check_head, check_size, check_state, check_whole_state, merge_head, ListFilter,
+    check_head, check_size, check_state, check_whole_state, merge_head, state_size, ListFilter,
 };
 use crate::store::{Rewrite, RunSummary, SaveRequest};
 
@@ -55,6 +56,10 @@ pub struct Write {
     expected: Option<u64>,
     step: Option<StepRecord>,
     head_only: bool,
+    /// Set by [`Write::after_step_with_blobs`]: the record's state is the
+    /// stored record's with the step's update merged over it, within this
+    /// many bytes (the record holds no state of its own).
+    after_step: Option<u64>,
 }
 
 /// A copy of `cp` with `state` for its state: the caller's state is not
@@ -213,7 +218,52 @@ impl Write {
             expected: req.expected,
             step,
             head_only: req.head_only,
+            after_step: None,
         })
+    }
+
+    /// [`checked_with_blobs`](Self::checked_with_blobs) for a save that
+    /// completes the step after the one its record's stored version covers,
+    /// without writing out the state: only the step's update is checked and
+    /// written in stored form (its large values the blobs returned), and the
+    /// state is taken when the write is applied ([`RunImage::try_save`]):
+    /// the stored record's (which passed every check when it was written),
+    /// with the update merged over it, within `limit` bytes as stored. So a
+    /// save costs the update's values, not every value of the state.
+    /// `None` when `req` cannot be such a save (no step, a fresh run, a
+    /// head-only save, or a record whose `next` is not the step's index + 1).
+    pub fn after_step_with_blobs(
+        req: &SaveRequest<'_>,
+        limit: u64,
+        threshold: u64,
+    ) -> Result<Option<(Self, Vec<Blob>)>, StoreError> {
+        let cp = req.checkpoint;
+        let Some(step) = req.step else {
+            return Ok(None);
+        };
+        if req.head_only || req.expected.is_none() || step.index.checked_add(1) != Some(cp.next) {
+            return Ok(None);
+        }
+        check_head(cp)?;
+        check_state(&cp.run_id, "step's update", &step.update)?;
+        let mut blobs = Vec::new();
+        let update = blob::encode_map(
+            &step.update,
+            threshold,
+            &cp.run_id,
+            "step's update",
+            &mut blobs,
+        )?;
+        let mut record = with_state(cp, Update::new());
+        record.version = req.new_version();
+        let write = Write {
+            record,
+            expected: req.expected,
+            step: Some(with_update(step, update)),
+            head_only: false,
+            after_step: Some(limit),
+        };
+        Ok(Some((write, blobs)))
     }
 
     /// The run written.
@@ -257,20 +307,55 @@ impl RunImage {
     /// stored state, steps and `next`; any other save records the step's
     /// row and keeps only the rows below the record's `next`. Returns the
     /// version written.
+    ///
+    /// A write made by [`Write::after_step_with_blobs`] whose step does not
+    /// follow the stored record is refused ([`StoreError::InvalidInput`]);
+    /// [`try_save`](Self::try_save) says so instead, for the caller to
+    /// write the whole state.
     pub fn save(&mut self, write: Write) -> Result<u64, StoreError> {
+        let run_id = write.record.run_id.clone();
+        let index = write.step.as_ref().map_or(0, |s| s.index);
+        self.try_save(write)?.ok_or_else(|| {
+            StoreError::InvalidInput(format!(
+                "run {run_id:?}: the save completes step {index}, which does not follow the stored record; nothing was written"
+            ))
+        })
+    }
+
+    /// [`save`](Self::save), except that a write made by
+    /// [`Write::after_step_with_blobs`] whose step does not follow the
+    /// stored record ([`follows_stored`]) changes nothing and returns
+    /// `Ok(None)`: its state cannot be taken from the stored record, and the
+    /// caller writes the whole state instead ([`Write::checked_with_blobs`]).
+    /// A conflict on the version is a conflict either way.
+    pub fn try_save(&mut self, write: Write) -> Result<Option<u64>, StoreError> {
         let Write {
             mut record,
             expected,
             step,
             head_only,
+            after_step,
         } = write;
-        let found = self.runs.get(&record.run_id).map(|c| c.version);
+        let stored = self.runs.get(&record.run_id);
+        let found = stored.map(|c| c.version);
         if found != expected {
             return Err(StoreError::Conflict {
                 run_id: record.run_id.clone(),
                 expected,
                 found,
             });
+        }
+        if let Some(limit) = after_step {
+            let (Some(stored), Some(step)) = (stored, step.as_ref()) else {
+                return Ok(None);
+            };
+            if !follows_stored(step, record.next, stored.next) {
+                return Ok(None);
+            }
+            let mut state = stored.state.clone();
+            merge_ref(&mut state, &step.update);
+            check_size(&record.run_id, "state", state_size(&state), limit)?;
+            record.state = state;
         }
         let version = record.version;
         if head_only {
@@ -285,7 +370,7 @@ impl RunImage {
             self.record_rows(&record, step.as_ref());
         }
         self.runs.insert(record.run_id.clone(), record);
-        Ok(version)
+        Ok(Some(version))
     }
 
     /// Records the history a save leaves: the rows below the run's `next`,
@@ -587,6 +672,144 @@ mod tests {
         assert_ne!(want.state, cp.state, "the document is a reference");
         assert_eq!(write.record, want);
         assert_eq!(write.step, Some(want_step));
+    }
+
+    /// The stored record of [`record`]'s run before its step `c`: two steps
+    /// done, a large value, a small one and a look-alike of a reference,
+    /// written the whole way.
+    fn stored_before(cp: &Checkpoint) -> RunImage {
+        let mut before = cp.clone();
+        before.next = 2;
+        before.completed.truncate(2);
+        before.state = obj(json!({
+            "doc": "e".repeat(5_000),
+            "n": 1,
+            "look": {"$blob": "sha256:00", "bytes": 3},
+        }));
+        let mut image = RunImage::new();
+        let (write, _) =
+            Write::checked_with_blobs(&SaveRequest::new(&before, Some(9)), u64::MAX, 1024).unwrap();
+        // As stored at version 10, the version the step's save expects.
+        image.runs.insert("r".into(), write.record);
+        image.runs.get_mut("r").unwrap().version = 10;
+        image
+    }
+
+    /// A save after the stored step leaves what writing the whole state
+    /// leaves, and returns only the update's blobs; its step's record
+    /// (`__step`) stays out of the state, as a merge keeps it out.
+    #[test]
+    fn a_save_after_the_stored_step_leaves_what_the_whole_state_would() {
+        let (mut cp, _) = record();
+        let image = stored_before(&cp);
+        let update = obj(json!({
+            "doc": "d".repeat(5_000),
+            "more": "m".repeat(3_000),
+            "n": 2,
+            "look2": {"$blob": "x"},
+            crate::STEP_KEY: {"fingerprint": "f", "fields": {}},
+        }));
+        let step = StepRecord::new(2, "c", update, 4, t(3_000), t(4_000));
+        cp.state = obj(json!({"look": {"$blob": "sha256:00", "bytes": 3}}));
+        crate::record::state::merge_ref(&mut cp.state, &step.update);
+        let mut merged = obj(json!({"doc": "e".repeat(5_000), "n": 1}));
+        merged.extend(cp.state.clone());
+        cp.state = merged;
+        let req = SaveRequest::new(&cp, Some(10)).with_step(&step);
+
+        let (whole, _) = Write::checked_with_blobs(&req, u64::MAX, 1024).unwrap();
+        let mut want = image.clone();
+        assert_eq!(want.save(whole).unwrap(), 11);
+
+        let (after, blobs) = Write::after_step_with_blobs(&req, u64::MAX, 1024)
+            .unwrap()
+            .expect("the step follows the stored record");
+        assert!(
+            after.record.state.is_empty(),
+            "the caller's state is not written out"
+        );
+        let mut got = image.clone();
+        assert_eq!(got.try_save(after).unwrap(), Some(11));
+        assert_eq!(got, want);
+        assert!(!got.runs["r"].state.contains_key(crate::STEP_KEY));
+        let mut names: Vec<_> = blobs.iter().map(|b| b.text.len()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [3_002, 5_002],
+            "the update's two large values, not the state's"
+        );
+    }
+
+    /// A save whose step the stored record does not lead to (a step
+    /// skipped, or the record rewound) changes nothing and says so; a
+    /// stale version is a conflict; a state over the limit as stored is
+    /// refused; and a save that is no step's is not taken this way.
+    #[test]
+    fn a_save_after_a_step_is_taken_only_when_it_follows_the_stored_record() {
+        let (cp, step) = record();
+        let mut image = stored_before(&cp);
+        let req = SaveRequest::new(&cp, Some(10)).with_step(&step);
+        let write = || {
+            Write::after_step_with_blobs(&req, u64::MAX, 1024)
+                .unwrap()
+                .unwrap()
+                .0
+        };
+
+        image.runs.get_mut("r").unwrap().next = 1;
+        let before = image.clone();
+        assert_eq!(image.try_save(write()).unwrap(), None);
+        assert_eq!(image, before);
+        let err = image.save(write()).unwrap_err().to_string();
+        assert!(err.contains("does not follow the stored record"), "{err}");
+        assert_eq!(image, before);
+        image.runs.get_mut("r").unwrap().next = 2;
+
+        image.runs.get_mut("r").unwrap().version = 12;
+        let err = image.try_save(write()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::Conflict {
+                    found: Some(12),
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        image.runs.get_mut("r").unwrap().version = 10;
+
+        // The limit bounds the merged state as stored, to the byte.
+        let mut plain = image.clone();
+        assert_eq!(plain.try_save(write()).unwrap(), Some(11));
+        let merged = state_size(&plain.runs["r"].state);
+        let limited = |limit| {
+            Write::after_step_with_blobs(&req, limit, 1024)
+                .unwrap()
+                .unwrap()
+                .0
+        };
+        let before = image.clone();
+        let err = image.try_save(limited(merged - 1)).unwrap_err();
+        assert!(
+            matches!(err, StoreError::TooLarge { what: "state", size, .. } if size == merged),
+            "{err}"
+        );
+        assert_eq!(image, before);
+        assert_eq!(image.clone().try_save(limited(merged)).unwrap(), Some(11));
+
+        let fresh = SaveRequest::new(&cp, None).with_step(&step);
+        let head = SaveRequest::new(&cp, Some(10)).with_step(&step).head_only();
+        let no_step = SaveRequest::new(&cp, Some(10));
+        let mut skipping = cp.clone();
+        skipping.next = 4;
+        let skips = SaveRequest::new(&skipping, Some(10)).with_step(&step);
+        for req in [fresh, head, no_step, skips] {
+            assert!(Write::after_step_with_blobs(&req, u64::MAX, 1024)
+                .unwrap()
+                .is_none());
+        }
     }
 
     /// A value nested `depth` arrays deep, built and taken apart without

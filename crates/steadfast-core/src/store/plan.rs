@@ -220,7 +220,7 @@ fn plan(
         check_state(run_id, "update", &step.update)?;
     }
     if let (Some(step), Some(k)) = (req.step, known) {
-        if Some(k.version) == req.expected && step.index == k.next && cp.next == k.next + 1 {
+        if Some(k.version) == req.expected && follows_stored(step, cp.next, k.next) {
             let mark = blobs.as_ref().map_or(0, |(_, b)| b.len());
             let row = StepRow::encoded(step, run_id, blobs.as_mut().map(|(t, b)| (*t, &mut **b)))?;
             let budget = k.snapshot_bytes.max(MIN_DELTA_BUDGET);
@@ -263,6 +263,28 @@ fn plan(
         completed: encode_json(&cp.completed, run_id, "list of steps")?,
         step,
     })
+}
+
+/// Whether a save of a record with `next` completed steps, completing
+/// `step`, completes the step right after the stored record's last (the
+/// stored record, at the version the save expects, has `stored_next`
+/// completed steps). The record's state is then the stored state with the
+/// step's update merged over it ([`merge`](crate::merge)), so a store may
+/// write the update alone: SQLite and PostgreSQL as a delta row
+/// ([`plan_save`]), the file store by merging it into the stored state
+/// under its lock ([`Write::after_step_with_blobs`](crate::store::image::Write::after_step_with_blobs)).
+///
+/// ```
+/// use steadfast_core::store::plan::follows_stored;
+/// use steadfast_core::{StepRecord, Timestamp};
+///
+/// let step = StepRecord::new(2, "c", Default::default(), 1, Timestamp::EPOCH, Timestamp::EPOCH);
+/// assert!(follows_stored(&step, 3, 2));
+/// assert!(!follows_stored(&step, 3, 1), "the stored record lacks step 1");
+/// assert!(!follows_stored(&step, 5, 2), "the record skips steps");
+/// ```
+pub fn follows_stored(step: &StepRecord, next: usize, stored_next: usize) -> bool {
+    step.index == stored_next && stored_next.checked_add(1) == Some(next)
 }
 
 /// The refusal of a head-only save of a run that does not exist.
