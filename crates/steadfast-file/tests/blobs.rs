@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 use steadfast_conformance::fixtures::{doc, rereading_agent as agent};
 use steadfast_core::{
-    ops, run, update, Store, StoreErrorKind, StoreExt as _, SystemClock, Workflow,
+    ops, run, update, Checkpoint, Store, StoreErrorKind, StoreExt as _, SystemClock, Workflow,
 };
 use steadfast_file::{FileStore, FileStoreOptions, OsFs};
 
@@ -371,5 +371,55 @@ async fn a_save_after_the_stored_step_and_one_that_skips_a_step_both_read_back()
         "{err}"
     );
     assert_eq!(store.load("r").await?.map(|c| c.version), Some(v3));
+    Ok(())
+}
+
+/// Values a handle with a higher threshold stored in full are written as
+/// blobs at the next step's save by a handle with a lower one (that save
+/// writes the whole state, as every save did before), and the run reads
+/// back the same through either.
+#[tokio::test]
+async fn values_stored_in_full_under_a_higher_threshold_become_blobs_at_the_next_step() -> TestResult
+{
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    let with = |threshold: u64| {
+        FileStore::open_with(
+            OsFs,
+            &path,
+            FileStoreOptions::default().blob_threshold(threshold),
+        )
+    };
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async {
+            update(json!({"a": "a".repeat(20 << 10)}))
+        })
+        .step("b", |_, _| async {
+            update(json!({"b": "b".repeat(20 << 10)}))
+        })
+        .step("c", |_, _| async {
+            update(json!({"c": "c".repeat(20 << 10)}))
+        })
+        .build()?;
+    let high = with(1 << 20)?;
+    let mut cp = Checkpoint::new("r", "w", steadfast_core::Timestamp::from_unix_millis(0));
+    cp.state = json!({"big": "z".repeat(20 << 10)})
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    high.save(steadfast_core::store::SaveRequest::new(&cp, None))
+        .await?;
+    assert_eq!(blob_files(&path).0, 0, "everything in full at 1 MiB");
+
+    let low = with(16 << 10)?;
+    run("r", &wf, &low).await?;
+    let got = low.load("r").await?.expect("stored");
+    assert_eq!(got.state["big"], json!("z".repeat(20 << 10)));
+    assert_eq!(got.state["c"], json!("c".repeat(20 << 10)));
+    assert_eq!(high.load("r").await?, Some(got));
+    // big, a, b and c, each once.
+    assert_eq!(blob_files(&path).0, 4);
+    let file = std::fs::read_to_string(&path)?;
+    assert!(!file.contains(&"z".repeat(100)), "big is a blob now");
     Ok(())
 }

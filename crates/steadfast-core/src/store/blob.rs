@@ -270,8 +270,26 @@ pub fn stored_size(map: &Map<String, Value>, threshold: u64) -> u64 {
     2 + entries + (map.len() as u64).saturating_sub(1)
 }
 
-/// Whether a caller's value needs escaping: an object with a `$blob` member.
-fn looks_like_mark(v: &Value) -> bool {
+/// The size of `map`, an object in stored form (references and escaped
+/// values in place), as a record holds it; `None` when a value of it that
+/// is neither a reference nor escaped is longer than `threshold` (a value
+/// stored before the store had blobs, or under a higher threshold), so
+/// that the map is not what a save at `threshold` writes.
+pub fn stored_form_size(map: &Map<String, Value>, threshold: u64) -> Option<u64> {
+    let mut entries: u64 = 0;
+    for (k, v) in map {
+        let size = named::json_len(v);
+        if size > threshold && !looks_like_mark(v) {
+            return None;
+        }
+        entries += named::json_str_len(k) + 1 + size;
+    }
+    Some(2 + entries + (map.len() as u64).saturating_sub(1))
+}
+
+/// Whether a caller's value needs escaping, or a stored one is a reference
+/// or escaped: an object with a `$blob` member.
+pub(crate) fn looks_like_mark(v: &Value) -> bool {
     matches!(v, Value::Object(m) if m.contains_key(MARK))
 }
 

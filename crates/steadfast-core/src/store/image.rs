@@ -17,7 +17,7 @@ use crate::store::blob::{self, Blob, BlobHash};
 use crate::store::plan::{expect_version, follows_stored, head_only_of_absent};
 use crate::store::rows::no_row_to_fold;
 use crate::store::{
-    check_head, check_size, check_state, check_whole_state, merge_head, state_size, ListFilter,
+    check_head, check_size, check_state, check_whole_state, merge_head, ListFilter,
 };
 use crate::store::{Rewrite, RunSummary, SaveRequest};
 
@@ -57,9 +57,23 @@ pub struct Write {
     step: Option<StepRecord>,
     head_only: bool,
     /// Set by [`Write::after_step_with_blobs`]: the record's state is the
-    /// stored record's with the step's update merged over it, within this
-    /// many bytes (the record holds no state of its own).
-    after_step: Option<u64>,
+    /// stored record's with the step's update merged over it (the record
+    /// holds no state of its own).
+    after_step: Option<AfterStep>,
+}
+
+/// The bounds of a [`Write`] whose state is taken from the stored record.
+#[derive(Clone, Debug)]
+struct AfterStep {
+    /// The state's limit, in bytes as stored.
+    limit: u64,
+    /// The blob threshold the update was written at.
+    threshold: u64,
+    /// The caller's state, which the merge must match (checked in debug
+    /// builds, so that every test through such a store holds its callers
+    /// to [`follows_stored`]'s rule).
+    #[cfg(debug_assertions)]
+    given: Update,
 }
 
 /// A copy of `cp` with `state` for its state: the caller's state is not
@@ -224,14 +238,16 @@ impl Write {
 
     /// [`checked_with_blobs`](Self::checked_with_blobs) for a save that
     /// completes the step after the one its record's stored version covers,
-    /// without writing out the state: only the step's update is checked and
-    /// written in stored form (its large values the blobs returned), and the
-    /// state is taken when the write is applied ([`RunImage::try_save`]):
-    /// the stored record's (which passed every check when it was written),
-    /// with the update merged over it, within `limit` bytes as stored. So a
-    /// save costs the update's values, not every value of the state.
-    /// `None` when `req` cannot be such a save (no step, a fresh run, a
-    /// head-only save, or a record whose `next` is not the step's index + 1).
+    /// without writing out the state: only the step's update is checked,
+    /// written in stored form and named (its large values the blobs
+    /// returned), and the state is taken when the write is applied
+    /// ([`RunImage::try_save`]): the stored record's (which passed every
+    /// check when it was written), with the update merged over it. So a save
+    /// costs the update's values, not every value of the state. The
+    /// caller's state must be that merge, as for any store's delta
+    /// ([`follows_stored`]). `None` when `req` cannot be such a save (no
+    /// step, a fresh run, a head-only save, or a record whose `next` is not
+    /// the step's index + 1).
     pub fn after_step_with_blobs(
         req: &SaveRequest<'_>,
         limit: u64,
@@ -261,7 +277,12 @@ impl Write {
             expected: req.expected,
             step: Some(with_update(step, update)),
             head_only: false,
-            after_step: Some(limit),
+            after_step: Some(AfterStep {
+                limit,
+                threshold,
+                #[cfg(debug_assertions)]
+                given: cp.state.clone(),
+            }),
         };
         Ok(Some((write, blobs)))
     }
@@ -269,6 +290,28 @@ impl Write {
     /// The run written.
     pub fn run_id(&self) -> &str {
         &self.record.run_id
+    }
+}
+
+/// Panics unless `merged` (a stored state with a step's update merged
+/// over it) holds the keys of the caller's state `given`, in order, with
+/// the same values where the stored one is not a reference or escaped.
+#[cfg(debug_assertions)]
+fn check_merge(given: &Update, merged: &Update, run_id: &str) {
+    let keys = |m: &Update| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(
+        keys(given),
+        keys(merged),
+        "run {run_id:?}: a save after the stored step carries a state that is not the stored state with the step's update merged over it"
+    );
+    for (k, v) in merged {
+        if !blob::looks_like_mark(v) {
+            assert_eq!(
+                Some(v),
+                given.get(k),
+                "run {run_id:?}: the state's {k:?} is not the stored value with the step's update merged over it"
+            );
+        }
     }
 }
 
@@ -323,11 +366,16 @@ impl RunImage {
     }
 
     /// [`save`](Self::save), except that a write made by
-    /// [`Write::after_step_with_blobs`] whose step does not follow the
-    /// stored record ([`follows_stored`]) changes nothing and returns
-    /// `Ok(None)`: its state cannot be taken from the stored record, and the
-    /// caller writes the whole state instead ([`Write::checked_with_blobs`]).
-    /// A conflict on the version is a conflict either way.
+    /// [`Write::after_step_with_blobs`] changes nothing and returns
+    /// `Ok(None)`, for the caller to write the whole state instead
+    /// ([`Write::checked_with_blobs`]), when its state cannot be taken from
+    /// the stored record: its step does not follow the stored record
+    /// ([`follows_stored`]); the stored state holds a value over the
+    /// write's blob threshold that is not a reference (stored before the
+    /// store had blobs, or under a higher threshold), which the whole state
+    /// writes as a blob; or the merged state, as stored, is over the limit
+    /// (the whole state, measured as this save writes it, may not be). A
+    /// conflict on the version is a conflict either way.
     pub fn try_save(&mut self, write: Write) -> Result<Option<u64>, StoreError> {
         let Write {
             mut record,
@@ -345,7 +393,8 @@ impl RunImage {
                 found,
             });
         }
-        if let Some(limit) = after_step {
+        if let Some(after) = after_step {
+            let (limit, threshold) = (after.limit, after.threshold);
             let (Some(stored), Some(step)) = (stored, step.as_ref()) else {
                 return Ok(None);
             };
@@ -354,7 +403,12 @@ impl RunImage {
             }
             let mut state = stored.state.clone();
             merge_ref(&mut state, &step.update);
-            check_size(&record.run_id, "state", state_size(&state), limit)?;
+            match blob::stored_form_size(&state, threshold) {
+                Some(size) if size <= limit => {}
+                _ => return Ok(None),
+            }
+            #[cfg(debug_assertions)]
+            check_merge(&after.given, &state, &record.run_id);
             record.state = state;
         }
         let version = record.version;
@@ -674,25 +728,40 @@ mod tests {
         assert_eq!(write.step, Some(want_step));
     }
 
-    /// The stored record of [`record`]'s run before its step `c`: two steps
-    /// done, a large value, a small one and a look-alike of a reference,
-    /// written the whole way.
-    fn stored_before(cp: &Checkpoint) -> RunImage {
+    /// The state of [`record`]'s run before its step `c`: a large value the
+    /// step replaces, one it keeps, a small one and a look-alike of a
+    /// reference.
+    fn state_before() -> Update {
+        obj(json!({
+            "doc": "e".repeat(5_000),
+            "kept": "k".repeat(4_000),
+            "n": 1,
+            "look": {"$blob": "sha256:00", "bytes": 3},
+        }))
+    }
+
+    /// The stored record of [`record`]'s run before its step `c`, two steps
+    /// done, `state` written at `threshold`, at version 10.
+    fn stored_before(cp: &Checkpoint, state: Update, threshold: u64) -> RunImage {
         let mut before = cp.clone();
         before.next = 2;
         before.completed.truncate(2);
-        before.state = obj(json!({
-            "doc": "e".repeat(5_000),
-            "n": 1,
-            "look": {"$blob": "sha256:00", "bytes": 3},
-        }));
+        before.state = state;
         let mut image = RunImage::new();
         let (write, _) =
-            Write::checked_with_blobs(&SaveRequest::new(&before, Some(9)), u64::MAX, 1024).unwrap();
-        // As stored at version 10, the version the step's save expects.
+            Write::checked_with_blobs(&SaveRequest::new(&before, Some(9)), u64::MAX, threshold)
+                .unwrap();
         image.runs.insert("r".into(), write.record);
         image.runs.get_mut("r").unwrap().version = 10;
         image
+    }
+
+    /// [`record`], its state the one before with `step`'s update merged.
+    fn after(step: &StepRecord) -> Checkpoint {
+        let (mut cp, _) = record();
+        cp.state = state_before();
+        crate::record::state::merge_ref(&mut cp.state, &step.update);
+        cp
     }
 
     /// A save after the stored step leaves what writing the whole state
@@ -700,8 +769,6 @@ mod tests {
     /// (`__step`) stays out of the state, as a merge keeps it out.
     #[test]
     fn a_save_after_the_stored_step_leaves_what_the_whole_state_would() {
-        let (mut cp, _) = record();
-        let image = stored_before(&cp);
         let update = obj(json!({
             "doc": "d".repeat(5_000),
             "more": "m".repeat(3_000),
@@ -710,14 +777,16 @@ mod tests {
             crate::STEP_KEY: {"fingerprint": "f", "fields": {}},
         }));
         let step = StepRecord::new(2, "c", update, 4, t(3_000), t(4_000));
-        cp.state = obj(json!({"look": {"$blob": "sha256:00", "bytes": 3}}));
-        crate::record::state::merge_ref(&mut cp.state, &step.update);
-        let mut merged = obj(json!({"doc": "e".repeat(5_000), "n": 1}));
-        merged.extend(cp.state.clone());
-        cp.state = merged;
+        let cp = after(&step);
+        let image = stored_before(&cp, state_before(), 1024);
         let req = SaveRequest::new(&cp, Some(10)).with_step(&step);
 
-        let (whole, _) = Write::checked_with_blobs(&req, u64::MAX, 1024).unwrap();
+        let (whole, whole_blobs) = Write::checked_with_blobs(&req, u64::MAX, 1024).unwrap();
+        assert_eq!(
+            whole_blobs.len(),
+            3,
+            "the whole state names the kept value too"
+        );
         let mut want = image.clone();
         assert_eq!(want.save(whole).unwrap(), 11);
 
@@ -732,26 +801,29 @@ mod tests {
         assert_eq!(got.try_save(after).unwrap(), Some(11));
         assert_eq!(got, want);
         assert!(!got.runs["r"].state.contains_key(crate::STEP_KEY));
-        let mut names: Vec<_> = blobs.iter().map(|b| b.text.len()).collect();
-        names.sort_unstable();
+        let mut sizes: Vec<_> = blobs.iter().map(|b| b.text.len()).collect();
+        sizes.sort_unstable();
         assert_eq!(
-            names,
+            sizes,
             [3_002, 5_002],
-            "the update's two large values, not the state's"
+            "the update's two large values, not the kept one"
         );
     }
 
     /// A save whose step the stored record does not lead to (a step
-    /// skipped, or the record rewound) changes nothing and says so; a
-    /// stale version is a conflict; a state over the limit as stored is
-    /// refused; and a save that is no step's is not taken this way.
+    /// skipped, or the record rewound), whose stored state holds a value
+    /// over the threshold in full (stored under a higher one), or whose
+    /// merged state is over the limit as stored changes nothing and says
+    /// so, for the whole state to be written; a stale version is a
+    /// conflict; a save that is no step's is not taken this way.
     #[test]
     fn a_save_after_a_step_is_taken_only_when_it_follows_the_stored_record() {
-        let (cp, step) = record();
-        let mut image = stored_before(&cp);
+        let (_, step) = record();
+        let cp = after(&step);
+        let mut image = stored_before(&cp, state_before(), 1024);
         let req = SaveRequest::new(&cp, Some(10)).with_step(&step);
-        let write = || {
-            Write::after_step_with_blobs(&req, u64::MAX, 1024)
+        let write = |limit| {
+            Write::after_step_with_blobs(&req, limit, 1024)
                 .unwrap()
                 .unwrap()
                 .0
@@ -759,15 +831,15 @@ mod tests {
 
         image.runs.get_mut("r").unwrap().next = 1;
         let before = image.clone();
-        assert_eq!(image.try_save(write()).unwrap(), None);
+        assert_eq!(image.try_save(write(u64::MAX)).unwrap(), None);
         assert_eq!(image, before);
-        let err = image.save(write()).unwrap_err().to_string();
+        let err = image.save(write(u64::MAX)).unwrap_err().to_string();
         assert!(err.contains("does not follow the stored record"), "{err}");
         assert_eq!(image, before);
         image.runs.get_mut("r").unwrap().next = 2;
 
         image.runs.get_mut("r").unwrap().version = 12;
-        let err = image.try_save(write()).unwrap_err();
+        let err = image.try_save(write(u64::MAX)).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -782,22 +854,21 @@ mod tests {
 
         // The limit bounds the merged state as stored, to the byte.
         let mut plain = image.clone();
-        assert_eq!(plain.try_save(write()).unwrap(), Some(11));
-        let merged = state_size(&plain.runs["r"].state);
-        let limited = |limit| {
-            Write::after_step_with_blobs(&req, limit, 1024)
-                .unwrap()
-                .unwrap()
-                .0
-        };
+        assert_eq!(plain.try_save(write(u64::MAX)).unwrap(), Some(11));
+        let merged = crate::store::state_size(&plain.runs["r"].state);
         let before = image.clone();
-        let err = image.try_save(limited(merged - 1)).unwrap_err();
-        assert!(
-            matches!(err, StoreError::TooLarge { what: "state", size, .. } if size == merged),
-            "{err}"
-        );
+        assert_eq!(image.try_save(write(merged - 1)).unwrap(), None);
         assert_eq!(image, before);
-        assert_eq!(image.clone().try_save(limited(merged)).unwrap(), Some(11));
+        assert_eq!(image.clone().try_save(write(merged)).unwrap(), Some(11));
+
+        // Stored at a threshold of 8 KiB, "kept" is in the record in full.
+        let mut inline = stored_before(&cp, state_before(), 8 << 10);
+        assert!(!blob::holds_marks(&obj(
+            json!({"kept": inline.runs["r"].state["kept"]})
+        )));
+        let before = inline.clone();
+        assert_eq!(inline.try_save(write(u64::MAX)).unwrap(), None);
+        assert_eq!(inline, before);
 
         let fresh = SaveRequest::new(&cp, None).with_step(&step);
         let head = SaveRequest::new(&cp, Some(10)).with_step(&step).head_only();
@@ -810,6 +881,23 @@ mod tests {
                 .unwrap()
                 .is_none());
         }
+    }
+
+    /// In a debug build, a caller whose state is not the stored state with
+    /// the step's update merged over it is caught, not written.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "not the stored value with the step's update merged over it")]
+    fn a_state_that_is_not_the_merge_is_caught_in_debug_builds() {
+        let (_, step) = record();
+        let mut cp = after(&step);
+        cp.state.insert("n".into(), json!(7));
+        let mut image = stored_before(&after(&step), state_before(), 1024);
+        let req = SaveRequest::new(&cp, Some(10)).with_step(&step);
+        let (write, _) = Write::after_step_with_blobs(&req, u64::MAX, 1024)
+            .unwrap()
+            .unwrap();
+        let _ = image.try_save(write);
     }
 
     /// A value nested `depth` arrays deep, built and taken apart without
