@@ -191,9 +191,21 @@ struct Inner<F> {
     opts: FileStoreOptions,
     /// Set after an fsync (or a write the outcome of which is unknown) failed.
     poisoned: AtomicBool,
-    /// Serializes this process's writers before they contend for the file lock.
-    writers: Mutex<()>,
+    /// Serializes this process's writers before they contend for the file
+    /// lock, and holds what the last of them wrote.
+    writers: Mutex<Option<Written>>,
 }
+
+/// A file this handle wrote, and its image: a writer that finds these very
+/// bytes in the file takes the image instead of decoding them again.
+struct Written {
+    bytes: Vec<u8>,
+    image: Image,
+}
+
+/// The largest file whose image a handle keeps between its writes (8 MiB):
+/// past it, each write decodes the file, and memory holds no second copy.
+const KEEP_IMAGE_BYTES: usize = 8 << 20;
 
 impl<F: Fs> std::fmt::Debug for FileStore<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -294,7 +306,7 @@ impl<F: Fs> FileStore<F> {
                 dir,
                 opts,
                 poisoned: AtomicBool::new(false),
-                writers: Mutex::new(()),
+                writers: Mutex::new(None),
             }),
         };
         store.inner.sweep_temps()?;
@@ -336,27 +348,34 @@ impl<F: Fs> FileStore<F> {
 
 impl<F: Fs> Inner<F> {
     fn read_image(&self) -> Result<Image, StoreError> {
-        let bytes = match self.fs.read(&self.path, self.opts.max_file_bytes) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Image::empty()),
-            Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
-                return Err(StoreError::backend(
-                    steadfast_core::StoreErrorKind::TooLarge,
-                    format!(
-                        "{} is larger than the store's file limit of {} bytes; raise FileStoreOptions::max_file_bytes to read it",
-                        self.path.display(),
-                        self.opts.max_file_bytes
-                    ),
-                ))
-            }
-            Err(e) => {
-                return Err(StoreError::io(
-                    format!("reading {}", self.path.display()),
-                    e,
-                ))
-            }
-        };
-        let decoded = Image::decode(&bytes, &self.path);
+        match self.read_file()? {
+            Some(bytes) => self.decode(&bytes),
+            None => Ok(Image::empty()),
+        }
+    }
+
+    /// The store file's bytes; `None` when there is no file yet.
+    fn read_file(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.fs.read(&self.path, self.opts.max_file_bytes) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => Err(StoreError::backend(
+                steadfast_core::StoreErrorKind::TooLarge,
+                format!(
+                    "{} is larger than the store's file limit of {} bytes; raise FileStoreOptions::max_file_bytes to read it",
+                    self.path.display(),
+                    self.opts.max_file_bytes
+                ),
+            )),
+            Err(e) => Err(StoreError::io(
+                format!("reading {}", self.path.display()),
+                e,
+            )),
+        }
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<Image, StoreError> {
+        let decoded = Image::decode(bytes, &self.path);
         #[cfg(feature = "mutants")]
         if self.opts.mutants.fresh_start_on_corrupt && decoded.is_err() {
             return Ok(Image::empty());
@@ -457,9 +476,19 @@ impl<F: Fs> Inner<F> {
         change: impl FnOnce(&mut Image) -> Result<(bool, T), StoreError>,
     ) -> Result<T, StoreError> {
         self.check_poisoned()?;
-        let _w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut written = self.writers.lock().unwrap_or_else(|p| p.into_inner());
         let _lock = self.lock()?;
-        let mut image = self.read_image()?;
+        // What this handle wrote last, unless the file has changed since
+        // (another handle or process wrote it): then the file, decoded.
+        // Taken out, so that a write that fails leaves nothing kept.
+        let kept = written.take();
+        let mut image = match self.read_file()? {
+            None => Image::empty(),
+            Some(bytes) => match kept {
+                Some(k) if k.bytes == bytes => k.image,
+                _ => self.decode(&bytes)?,
+            },
+        };
         let (write, out) = change(&mut image)?;
         if !write {
             return Ok(out);
@@ -478,6 +507,21 @@ impl<F: Fs> Inner<F> {
         self.write_blobs(blobs)?;
         self.replace(run_id, &bytes)?;
         self.sweep_blobs(&mut image);
+        if bytes.len() <= KEEP_IMAGE_BYTES {
+            // The image kept must be the one the bytes decode to, or a
+            // writer would build on what no reader sees: every test of a
+            // debug build checks that it is.
+            #[cfg(debug_assertions)]
+            {
+                let decoded = self.decode(&bytes).map(|mut d| d.with(|d| Ok(d.clone())));
+                let kept = image.with(|d| Ok(d.clone()));
+                assert!(
+                    matches!((&decoded, &kept), (Ok(Ok(d)), Ok(k)) if d == k),
+                    "the image kept differs from the file written"
+                );
+            }
+            *written = Some(Written { bytes, image });
+        }
         Ok(out)
     }
 

@@ -216,3 +216,43 @@ async fn step_definitions_raise_the_file_format_and_nothing_else_does() -> TestR
     assert_eq!(steadfast_file::FILE_FORMAT, 6);
     Ok(())
 }
+
+/// A handle keeps the image of the file it wrote last and takes it when the
+/// file holds those very bytes. Two handles on one file (as two processes)
+/// writing in turn each see the other's writes: no run is lost, and a save
+/// expecting a version the other handle replaced conflicts.
+#[tokio::test]
+async fn two_handles_writing_in_turn_each_see_the_others_writes() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    let a = FileStore::open(&path)?;
+    let b = FileStore::open(&path)?;
+    let v1 = a.save(SaveRequest::new(&cp("r"), None)).await?;
+    a.save(SaveRequest::new(&cp("a1"), None)).await?;
+    b.save(SaveRequest::new(&cp("b1"), None)).await?;
+    a.save(SaveRequest::new(&cp("a2"), None)).await?;
+    let mut changed = cp("r");
+    changed.state.insert("x".into(), json!(2));
+    let v2 = b.save(SaveRequest::new(&changed, Some(v1))).await?;
+    a.save(SaveRequest::new(&cp("a3"), None)).await?;
+    let err = a
+        .save(SaveRequest::new(&cp("r"), Some(v1)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict { found: Some(v), .. } if v == v2),
+        "{err}"
+    );
+    for store in [&a, &b] {
+        let ids: Vec<_> = store
+            .list(&Default::default())
+            .await?
+            .into_iter()
+            .map(|s| s.run_id)
+            .collect();
+        assert_eq!(ids, ["a1", "a2", "a3", "b1", "r"]);
+        let r = store.load("r").await?.expect("stored");
+        assert_eq!((r.version, &r.state["x"]), (v2, &json!(2)));
+    }
+    Ok(())
+}
