@@ -201,11 +201,19 @@ struct Inner<F> {
 struct Written {
     bytes: Vec<u8>,
     image: Image,
+    /// How many writes in a row took a kept image instead of decoding.
+    taken: u32,
 }
 
 /// The largest file whose image a handle keeps between its writes (8 MiB):
 /// past it, each write decodes the file, and memory holds no second copy.
 const KEEP_IMAGE_BYTES: usize = 8 << 20;
+
+/// Every this many writes in a row, a write decodes the file even though it
+/// holds the bytes this handle wrote: a file this build wrote but could not
+/// read back would be refused as `Corrupt` within so many writes, as it is
+/// at the next write of any other handle.
+const DECODE_EVERY: u32 = 32;
 
 impl<F: Fs> std::fmt::Debug for FileStore<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -221,8 +229,10 @@ impl FileStore<OsFs> {
     ///
     /// A missing file is an empty store; it is created by the first save. A
     /// missing parent directory is created with mode 0700. Temp files left by a
-    /// crashed writer are removed. The file itself is decoded by each operation,
-    /// so a corrupt file is reported there, with its location.
+    /// crashed writer are removed. The file itself is decoded by each operation
+    /// (a write may take the image of the file this handle wrote last, when
+    /// the file still holds those bytes), so a corrupt file is reported
+    /// there, with its location.
     ///
     /// The directory and the file must belong to this user and must not be
     /// writable by group or others; a symbolic link (of this user's) is
@@ -478,14 +488,21 @@ impl<F: Fs> Inner<F> {
         self.check_poisoned()?;
         let mut written = self.writers.lock().unwrap_or_else(|p| p.into_inner());
         let _lock = self.lock()?;
+        // A writer that waited for the locks while another's sync failed.
+        self.check_poisoned()?;
         // What this handle wrote last, unless the file has changed since
         // (another handle or process wrote it): then the file, decoded.
-        // Taken out, so that a write that fails leaves nothing kept.
+        // Taken out, so that a write that fails (its change may have
+        // changed the image) leaves nothing kept.
         let kept = written.take();
+        let mut taken = 0;
         let mut image = match self.read_file()? {
             None => Image::empty(),
             Some(bytes) => match kept {
-                Some(k) if k.bytes == bytes => k.image,
+                Some(k) if k.bytes == bytes && k.taken + 1 < DECODE_EVERY => {
+                    taken = k.taken + 1;
+                    k.image
+                }
                 _ => self.decode(&bytes)?,
             },
         };
@@ -510,7 +527,8 @@ impl<F: Fs> Inner<F> {
         if bytes.len() <= KEEP_IMAGE_BYTES {
             // The image kept must be the one the bytes decode to, or a
             // writer would build on what no reader sees: every test of a
-            // debug build checks that it is.
+            // debug build checks that it is. (The format is not compared:
+            // `encode` sets it from the content, and decoding reads it.)
             #[cfg(debug_assertions)]
             {
                 let decoded = self.decode(&bytes).map(|mut d| d.with(|d| Ok(d.clone())));
@@ -520,7 +538,13 @@ impl<F: Fs> Inner<F> {
                     "the image kept differs from the file written"
                 );
             }
-            *written = Some(Written { bytes, image });
+            let mut bytes = bytes;
+            bytes.shrink_to_fit();
+            *written = Some(Written {
+                bytes,
+                image,
+                taken,
+            });
         }
         Ok(out)
     }

@@ -256,3 +256,40 @@ async fn two_handles_writing_in_turn_each_see_the_others_writes() -> TestResult 
     }
     Ok(())
 }
+
+/// A write refused after its change was made (here the file would pass its
+/// limit) leaves nothing of that change for the handle's next write: the
+/// image it kept went with the refused write.
+#[tokio::test]
+async fn a_refused_write_leaves_nothing_for_the_next_one() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    let store = FileStore::open_with(
+        OsFs,
+        &path,
+        FileStoreOptions::default().max_file_bytes(4096),
+    )?;
+    store.save(SaveRequest::new(&cp("r"), None)).await?;
+    let mut big = cp("big");
+    big.state.insert("text".into(), json!("t".repeat(5_000)));
+    let err = store.save(SaveRequest::new(&big, None)).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::TooLarge {
+                what: "store file",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    store.save(SaveRequest::new(&cp("s"), None)).await?;
+    assert_eq!(store.load("big").await?, None);
+    let file = std::fs::read_to_string(&path)?;
+    assert!(
+        !file.contains("big"),
+        "the refused run was not written later"
+    );
+    assert!(file.contains("\"s\""));
+    Ok(())
+}
