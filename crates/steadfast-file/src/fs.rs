@@ -40,6 +40,18 @@ pub trait Fs: Send + Sync + 'static {
     /// one of kind `FileTooLarge`; anything but a regular file of kind
     /// `InvalidInput`.
     fn read(&self, path: &Path, limit: u64) -> io::Result<Vec<u8>>;
+    /// Whether the regular file at `path` holds exactly `bytes`: how the
+    /// store sees that its file is still the one it wrote last. A missing
+    /// file is an error of kind `NotFound`, anything but a regular file of
+    /// kind `InvalidInput`. The default reads the whole file with
+    /// [`read`](Fs::read).
+    fn holds(&self, path: &Path, bytes: &[u8]) -> io::Result<bool> {
+        match self.read(path, bytes.len() as u64) {
+            Ok(found) => Ok(found == bytes),
+            Err(e) if e.kind() == io::ErrorKind::FileTooLarge => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
     /// Creates a new file with mode 0600 (failing if it exists), writes `data`,
     /// and, when `sync` is set, flushes it to stable storage on the same handle.
     fn write_new(&self, path: &Path, data: &[u8], sync: bool) -> Result<(), WriteError>;
@@ -101,6 +113,38 @@ impl Fs for OsFs {
             ));
         }
         Ok(bytes)
+    }
+
+    /// Compares the file with `bytes` a piece at a time, without reading
+    /// it whole into memory.
+    fn holds(&self, path: &Path, bytes: &[u8]) -> io::Result<bool> {
+        let mut file = steadfast_core::local::open_to_read(path)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ));
+        }
+        if meta.len() != bytes.len() as u64 {
+            return Ok(false);
+        }
+        let mut piece = vec![0u8; 64 << 10];
+        let mut at = 0;
+        loop {
+            let n = match file.read(&mut piece) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            if n == 0 {
+                return Ok(at == bytes.len());
+            }
+            match bytes.get(at..at + n) {
+                Some(expected) if expected == &piece[..n] => at += n,
+                _ => return Ok(false),
+            }
+        }
     }
 
     fn write_new(&self, path: &Path, data: &[u8], sync: bool) -> Result<(), WriteError> {

@@ -9,8 +9,9 @@
 //! documents; and its strict decoder.
 //! Anything it cannot account for is `Corrupt`, with a location.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::ops::Range;
 use std::path::Path;
 
 use serde::de::{self, MapAccess, Visitor};
@@ -56,6 +57,183 @@ pub(crate) struct Image {
     pub(crate) documents: BTreeMap<String, StoredDocument>,
 }
 
+/// Where the text of each run's record and history rows stands in the file
+/// [`Image::encode_with`] wrote last, kept between writes of one handle.
+#[derive(Debug, Default)]
+pub(crate) struct Fragments {
+    /// Where each run's record stands in the text last written.
+    runs: HashMap<String, Range<usize>>,
+    /// Where each run's history rows stand in it.
+    history: HashMap<String, Range<usize>>,
+    /// The length of the file last read or written, to size the next.
+    bytes: usize,
+    /// Whether to keep the text of the runs written (no use when the
+    /// handle will not keep the image they belong to).
+    keep: bool,
+}
+
+impl Fragments {
+    /// None kept yet, for a file of about `bytes` bytes; the text of the
+    /// runs written is kept only when `keep` is set.
+    pub(crate) fn new(bytes: usize, keep: bool) -> Self {
+        Fragments {
+            bytes,
+            keep,
+            ..Fragments::default()
+        }
+    }
+
+    /// The same, for the next file of about `bytes` bytes.
+    pub(crate) fn reuse(mut self, bytes: usize, keep: bool) -> Self {
+        (self.bytes, self.keep) = (bytes, keep);
+        if !keep {
+            self.runs.clear();
+            self.history.clear();
+        }
+        self
+    }
+
+    /// Drops the text of run `run_id`, which a change may touch.
+    pub(crate) fn forget(&mut self, run_id: &str) {
+        self.runs.remove(run_id);
+        self.history.remove(run_id);
+    }
+}
+
+/// Appends the pretty JSON text of `value` as it stands `depth` levels deep
+/// in the file (two spaces a level), as `serde_json`'s pretty printer writes
+/// it there.
+fn write_nested<T: Serialize + ?Sized>(
+    out: &mut Vec<u8>,
+    value: &T,
+    depth: usize,
+) -> serde_json::Result<()> {
+    let mut ser = serde_json::Serializer::with_formatter(
+        out,
+        Nested {
+            depth,
+            has_value: false,
+        },
+    );
+    value.serialize(&mut ser)
+}
+
+/// `serde_json`'s pretty layout (two spaces a level), starting at a depth.
+struct Nested {
+    depth: usize,
+    has_value: bool,
+}
+
+impl Nested {
+    fn line<W: ?Sized + std::io::Write>(&self, w: &mut W, first: bool) -> std::io::Result<()> {
+        w.write_all(if first { b"\n" } else { b",\n" })?;
+        for _ in 0..self.depth {
+            w.write_all(b"  ")?;
+        }
+        Ok(())
+    }
+
+    fn close<W: ?Sized + std::io::Write>(&mut self, w: &mut W, end: &[u8]) -> std::io::Result<()> {
+        self.depth -= 1;
+        if self.has_value {
+            w.write_all(b"\n")?;
+            for _ in 0..self.depth {
+                w.write_all(b"  ")?;
+            }
+        }
+        w.write_all(end)
+    }
+}
+
+impl serde_json::ser::Formatter for Nested {
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.depth += 1;
+        self.has_value = false;
+        w.write_all(b"[")
+    }
+
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"]")
+    }
+
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.line(w, first)
+    }
+
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, _w: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.depth += 1;
+        self.has_value = false;
+        w.write_all(b"{")
+    }
+
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.close(w, b"}")
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        self.line(w, first)
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, _w: &mut W) -> std::io::Result<()> {
+        self.has_value = true;
+        Ok(())
+    }
+}
+
+/// Writes `map`, the value of a top-level member, as pretty JSON: each
+/// member's value copied from `old` (the text last written) where `kept`
+/// says it stands there. Returns where each member now stands in `out`, for
+/// the next write (nothing unless `keep`).
+fn write_members<V: Serialize>(
+    out: &mut Vec<u8>,
+    map: &BTreeMap<String, V>,
+    mut kept: HashMap<String, Range<usize>>,
+    old: &[u8],
+    keep: bool,
+) -> serde_json::Result<HashMap<String, Range<usize>>> {
+    if map.is_empty() {
+        out.extend_from_slice(b"{}");
+        return Ok(HashMap::new());
+    }
+    let mut now = HashMap::with_capacity(if keep { map.len() } else { 0 });
+    out.extend_from_slice(b"{\n");
+    for (i, (key, value)) in map.iter().enumerate() {
+        if i > 0 {
+            out.extend_from_slice(b",\n");
+        }
+        out.extend_from_slice(b"    ");
+        serde_json::to_writer(&mut *out, key)?;
+        out.extend_from_slice(b": ");
+        let start = out.len();
+        match kept.remove(key).and_then(|r| old.get(r)) {
+            Some(text) => out.extend_from_slice(text),
+            None => write_nested(out, value, 2)?,
+        }
+        if keep {
+            now.insert(key.clone(), start..out.len());
+        }
+    }
+    out.extend_from_slice(b"\n  }");
+    Ok(now)
+}
+
 #[derive(Deserialize)]
 struct FormatOnly {
     format: Option<serde_json::Value>,
@@ -93,6 +271,75 @@ impl Image {
     /// Pretty JSON without a trailing newline, so that no strict prefix of a
     /// written file is itself valid JSON: a torn file can never decode.
     pub(crate) fn encode(&mut self, path: &Path) -> Result<Vec<u8>, StoreError> {
+        self.encode_with(path, &mut Fragments::default(), &[], Vec::new())
+    }
+
+    /// [`encode`](Self::encode) into `out` (its contents dropped, its
+    /// memory used), copying each run's record and history rows from `old`,
+    /// the text last written, where `kept` says they stand there, and
+    /// leaving in `kept` where every run now stands in the text returned.
+    /// The caller forgets what a change may have touched
+    /// ([`Fragments::forget`]); the text is the same byte for byte (debug
+    /// builds check it at every call).
+    pub(crate) fn encode_with(
+        &mut self,
+        path: &Path,
+        kept: &mut Fragments,
+        old: &[u8],
+        mut out: Vec<u8>,
+    ) -> Result<Vec<u8>, StoreError> {
+        self.format = self.format_needed();
+        let failed = |e: serde_json::Error| {
+            StoreError::backend(
+                steadfast_core::StoreErrorKind::InvalidInput,
+                format!("cannot encode the runs for {}: {e}", path.display()),
+            )
+        };
+        out.clear();
+        out.reserve(kept.bytes + kept.bytes / 8 + 256);
+        out.extend_from_slice(b"{\n  \"format\": ");
+        out.extend_from_slice(self.format.to_string().as_bytes());
+        out.extend_from_slice(b",\n  \"runs\": ");
+        kept.runs = write_members(
+            &mut out,
+            &self.runs,
+            std::mem::take(&mut kept.runs),
+            old,
+            kept.keep,
+        )
+        .map_err(failed)?;
+        if !self.history.is_empty() {
+            out.extend_from_slice(b",\n  \"history\": ");
+            kept.history = write_members(
+                &mut out,
+                &self.history,
+                std::mem::take(&mut kept.history),
+                old,
+                kept.keep,
+            )
+            .map_err(failed)?;
+        } else {
+            kept.history.clear();
+        }
+        if !self.events.is_empty() {
+            out.extend_from_slice(b",\n  \"events\": ");
+            write_nested(&mut out, &self.events, 1).map_err(failed)?;
+        }
+        if !self.documents.is_empty() {
+            out.extend_from_slice(b",\n  \"documents\": ");
+            write_nested(&mut out, &self.documents, 1).map_err(failed)?;
+        }
+        out.extend_from_slice(b"\n}");
+        kept.bytes = out.len();
+        debug_assert!(
+            serde_json::to_vec_pretty(&*self).is_ok_and(|whole| whole == out),
+            "the file's text put together from kept runs differs from the image's"
+        );
+        Ok(out)
+    }
+
+    /// The oldest format that holds everything in the image.
+    fn format_needed(&mut self) -> u32 {
         let marked = self.with(|data| Ok(data.holds_marks())).unwrap_or(true);
         let defined = self.history.values().any(|rows| {
             rows.iter()
@@ -101,7 +348,7 @@ impl Image {
         // A mark of a worker that passed a run over is a head field older
         // builds would refuse as unknown: it takes the newest format too.
         let passed_over = self.runs.values().any(|cp| cp.passed_over.is_some());
-        self.format = if defined || passed_over {
+        if defined || passed_over {
             FILE_FORMAT
         } else if !self.documents.is_empty() {
             5
@@ -113,13 +360,7 @@ impl Image {
             1
         } else {
             2
-        };
-        serde_json::to_vec_pretty(self).map_err(|e| {
-            StoreError::backend(
-                steadfast_core::StoreErrorKind::InvalidInput,
-                format!("cannot encode the runs for {}: {e}", path.display()),
-            )
-        })
+        }
     }
 
     pub(crate) fn decode(bytes: &[u8], path: &Path) -> Result<Image, StoreError> {
@@ -332,4 +573,108 @@ fn unique_history<'de, D: Deserializer<'de>>(
         }
     }
     d.deserialize_map(Unique)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use steadfast_core::{NewEvent, Timestamp};
+
+    fn record(run_id: &str, n: usize) -> Checkpoint {
+        let mut cp = Checkpoint::new(run_id, "w\n\"q\"", Timestamp::from_unix_millis(1_000));
+        cp.next = n;
+        cp.completed = (0..n).map(|i| format!("s{i}")).collect();
+        cp.state = json!({"n": n, "text": "line\nbreak \u{2028} \"quoted\"", "list": [1, {"a": []}], "empty": {}})
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        cp
+    }
+
+    fn rows(n: usize) -> Vec<StepRecord> {
+        (0..n)
+            .map(|i| {
+                let update = json!({"i": i}).as_object().cloned().unwrap_or_default();
+                let t = Timestamp::from_unix_millis(2_000 + i as u64);
+                StepRecord::new(i, &format!("s{i}"), update, 1, t, t)
+            })
+            .collect()
+    }
+
+    /// The text put together from kept runs is the whole image's pretty
+    /// JSON, byte for byte, through changes of one run at a time (each
+    /// forgotten first), deletions, and the optional sections coming and
+    /// going; and a run changed without being forgotten shows (the text
+    /// would be stale).
+    #[test]
+    fn text_from_kept_runs_is_the_whole_images_text() {
+        let path = Path::new("runs.json");
+        let mut image = Image::empty();
+        let mut kept = Fragments::new(0, true);
+        let mut last = Vec::new();
+        fn check(image: &mut Image, kept: &mut Fragments, last: &mut Vec<u8>) {
+            let text = image
+                .encode_with(Path::new("runs.json"), kept, last, b"left over".to_vec())
+                .unwrap();
+            assert_eq!(
+                String::from_utf8(text.clone()).unwrap(),
+                serde_json::to_string_pretty(&*image).unwrap()
+            );
+            *last = text;
+        }
+        check(&mut image, &mut kept, &mut last);
+        for (i, id) in ["b", "a", "é\"x", "c"].into_iter().enumerate() {
+            kept.forget(id);
+            image.runs.insert(id.to_string(), record(id, i));
+            if i > 0 {
+                image.history.insert(id.to_string(), rows(i));
+            }
+            check(&mut image, &mut kept, &mut last);
+        }
+        kept.forget("a");
+        image
+            .runs
+            .get_mut("a")
+            .unwrap()
+            .state
+            .insert("more".into(), json!(2));
+        image
+            .history
+            .get_mut("a")
+            .unwrap()
+            .extend(rows(2).split_off(1));
+        check(&mut image, &mut kept, &mut last);
+        kept.forget("b");
+        image.with(|d| Ok(d.delete("b"))).unwrap();
+        check(&mut image, &mut kept, &mut last);
+        image
+            .with(|d| {
+                d.append_events(
+                    "c",
+                    &[NewEvent::new("s0", 1, Timestamp::EPOCH, json!({"e": 1}))],
+                )
+            })
+            .unwrap();
+        image
+            .with(|d| d.put_document("limits/x", &json!({"holders": []}), None))
+            .unwrap();
+        check(&mut image, &mut kept, &mut last);
+        image.events.clear();
+        image.documents.clear();
+        image.history.clear();
+        check(&mut image, &mut kept, &mut last);
+        // Not forgotten: the kept text of "c" is stale.
+        image.runs.get_mut("c").unwrap().next = 0;
+        let text = image
+            .encode_with(path, &mut Fragments::new(0, false), &[], Vec::new())
+            .unwrap();
+        let stale = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            image.encode_with(path, &mut kept, &last, Vec::new())
+        }));
+        assert!(
+            !matches!(stale, Ok(Ok(ref t)) if *t == text),
+            "a stale kept run went unnoticed"
+        );
+    }
 }

@@ -63,8 +63,8 @@ use steadfast_core::{
 use steadfast_core::{Checkpoint, ListFilter, RunSummary, StepRecord, Store, StoreError};
 
 pub use crate::fs::{Fs, LockGuard, OsFs, WriteError};
-use crate::image::Image;
 pub use crate::image::FILE_FORMAT;
+use crate::image::{Fragments, Image};
 
 /// Default limit of the whole file: 64 MiB. Every save rewrites the whole file,
 /// so a larger one is slow to checkpoint; use the SQLite store instead.
@@ -200,7 +200,11 @@ struct Inner<F> {
 /// bytes in the file takes the image instead of decoding them again.
 struct Written {
     bytes: Vec<u8>,
+    /// Memory for the text of the next write (the one before `bytes`).
+    spare: Vec<u8>,
     image: Image,
+    /// Where each run stands in `bytes`.
+    fragments: Fragments,
     /// How many writes in a row took a kept image instead of decoding.
     taken: u32,
 }
@@ -496,21 +500,48 @@ impl<F: Fs> Inner<F> {
         // changed the image) leaves nothing kept.
         let kept = written.take();
         let mut taken = 0;
-        let mut image = match self.read_file()? {
-            None => Image::empty(),
-            Some(bytes) => match kept {
-                Some(k) if k.bytes == bytes && k.taken + 1 < DECODE_EVERY => {
-                    taken = k.taken + 1;
-                    k.image
+        let keep = |len: usize| len <= KEEP_IMAGE_BYTES;
+        let same = match &kept {
+            Some(k) if k.taken + 1 < DECODE_EVERY => match self.fs.holds(&self.path, &k.bytes) {
+                Ok(same) => same,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                Err(e) => {
+                    return Err(StoreError::io(
+                        format!("reading {}", self.path.display()),
+                        e,
+                    ))
                 }
-                _ => self.decode(&bytes)?,
+            },
+            _ => false,
+        };
+        let (mut image, mut fragments, old, spare) = match kept {
+            Some(k) if same => {
+                taken = k.taken + 1;
+                let fragments = k.fragments.reuse(k.bytes.len(), keep(k.bytes.len()));
+                (k.image, fragments, k.bytes, k.spare)
+            }
+            _ => match self.read_file()? {
+                None => (
+                    Image::empty(),
+                    Fragments::new(0, true),
+                    Vec::new(),
+                    Vec::new(),
+                ),
+                Some(bytes) => {
+                    let image = self.decode(&bytes)?;
+                    let fragments = Fragments::new(bytes.len(), keep(bytes.len()));
+                    (image, fragments, Vec::new(), bytes)
+                }
             },
         };
+        // Every change is to one run's record, history rows and events (or
+        // to one document): the text of every other run stays.
+        fragments.forget(run_id);
         let (write, out) = change(&mut image)?;
         if !write {
             return Ok(out);
         }
-        let bytes = image.encode(&self.path)?;
+        let bytes = image.encode_with(&self.path, &mut fragments, &old, spare)?;
         check_size(
             run_id,
             "store file",
@@ -524,7 +555,7 @@ impl<F: Fs> Inner<F> {
         self.write_blobs(blobs)?;
         self.replace(run_id, &bytes)?;
         self.sweep_blobs(&mut image);
-        if bytes.len() <= KEEP_IMAGE_BYTES {
+        if keep(bytes.len()) {
             // The image kept must be the one the bytes decode to, or a
             // writer would build on what no reader sees: every test of a
             // debug build checks that it is. (The format is not compared:
@@ -538,11 +569,11 @@ impl<F: Fs> Inner<F> {
                     "the image kept differs from the file written"
                 );
             }
-            let mut bytes = bytes;
-            bytes.shrink_to_fit();
             *written = Some(Written {
                 bytes,
+                spare: old,
                 image,
+                fragments,
                 taken,
             });
         }
