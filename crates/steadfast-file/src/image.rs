@@ -295,8 +295,14 @@ impl Image {
                 format!("cannot encode the runs for {}: {e}", path.display()),
             )
         };
+        // Room for the file as it was and some growth; memory far past
+        // that (a file that shrank) is given back.
+        let room = kept.bytes + kept.bytes / 8 + 256;
+        if out.capacity() > 2 * room {
+            out = Vec::new();
+        }
         out.clear();
-        out.reserve(kept.bytes + kept.bytes / 8 + 256);
+        out.reserve_exact(room);
         out.extend_from_slice(b"{\n  \"format\": ");
         out.extend_from_slice(self.format.to_string().as_bytes());
         out.extend_from_slice(b",\n  \"runs\": ");

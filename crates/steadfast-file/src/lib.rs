@@ -480,6 +480,10 @@ impl<F: Fs> Inner<F> {
 
     /// Read, change and durably replace the file under both locks. `change` sees
     /// the decoded image and returns `Ok(false)` when there is nothing to write.
+    /// It must change nothing but run `run_id`'s record, history rows and
+    /// events, or shared documents: the text of every other run is copied
+    /// from the file this handle wrote last (debug builds check the whole
+    /// text at every write).
     /// `blobs` (those the change refers to) are made durable before the file
     /// that refers to them; blobs no run refers to any more are removed once
     /// the file without them is.

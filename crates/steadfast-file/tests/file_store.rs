@@ -293,3 +293,38 @@ async fn a_refused_write_leaves_nothing_for_the_next_one() -> TestResult {
     assert!(file.contains("\"s\""));
     Ok(())
 }
+
+/// `OsFs::holds` says whether a file holds exactly some bytes, comparing a
+/// piece at a time: the same bytes, a byte changed deep inside a file of
+/// many pieces, a file longer or shorter, a missing file, a link and a
+/// directory (refused, as a read refuses them).
+#[test]
+fn os_fs_holds_exactly_the_bytes_or_says_why_not() -> TestResult {
+    use steadfast_file::Fs as _;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("f");
+    let bytes: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &bytes)?;
+    assert!(OsFs.holds(&path, &bytes)?);
+    let mut other = bytes.clone();
+    other[200_001] ^= 1;
+    assert!(!OsFs.holds(&path, &other)?);
+    assert!(!OsFs.holds(&path, &bytes[..bytes.len() - 1])?);
+    let mut longer = bytes.clone();
+    longer.push(0);
+    assert!(!OsFs.holds(&path, &longer)?);
+    assert_eq!(
+        OsFs.holds(&dir.path().join("missing"), &bytes)
+            .unwrap_err()
+            .kind(),
+        std::io::ErrorKind::NotFound
+    );
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&path, &link)?;
+    assert!(OsFs.holds(&link, &bytes).is_err(), "a link is not followed");
+    assert_eq!(
+        OsFs.holds(dir.path(), b"").unwrap_err().kind(),
+        std::io::ErrorKind::InvalidInput
+    );
+    Ok(())
+}
