@@ -328,3 +328,40 @@ fn os_fs_holds_exactly_the_bytes_or_says_why_not() -> TestResult {
     );
     Ok(())
 }
+
+/// A file that grows past the 8 MiB whose image a handle keeps, and shrinks
+/// back under it, is written whole while it is large and kept again once it
+/// is small; every write before, across and after reads back through a
+/// fresh handle.
+#[tokio::test]
+async fn a_file_growing_past_the_kept_size_and_back_reads_back_whole() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    let store = FileStore::open(&path)?;
+    let v1 = store.save(SaveRequest::new(&cp("r1"), None)).await?;
+    let mut big = cp("big");
+    for i in 0..300 {
+        big.state
+            .insert(format!("k{i}"), json!("b".repeat(30 << 10)));
+    }
+    store.save(SaveRequest::new(&big, None)).await?;
+    assert!(std::fs::metadata(&path)?.len() > 8 << 20);
+    store.save(SaveRequest::new(&cp("r2"), None)).await?;
+    assert!(store.delete("big").await?);
+    assert!(std::fs::metadata(&path)?.len() < 8 << 20);
+    store.save(SaveRequest::new(&cp("r3"), None)).await?;
+    let mut changed = cp("r1");
+    changed.state.insert("x".into(), json!(2));
+    store.save(SaveRequest::new(&changed, Some(v1))).await?;
+    let fresh = FileStore::open(&path)?;
+    let ids: Vec<_> = fresh
+        .list(&Default::default())
+        .await?
+        .into_iter()
+        .map(|s| s.run_id)
+        .collect();
+    assert_eq!(ids, ["r1", "r2", "r3"]);
+    let r1 = fresh.load("r1").await?.expect("stored");
+    assert_eq!(r1.state["x"], json!(2));
+    Ok(())
+}

@@ -932,4 +932,37 @@ mod tests {
             take_apart(v);
         }
     }
+
+    /// A step's update nested far too deep is refused by a save after the
+    /// stored step too, before anything writes it out; an empty update is
+    /// taken, and leaves the stored state as it was.
+    #[test]
+    fn a_save_after_the_stored_step_refuses_a_deep_update_and_takes_an_empty_one() {
+        let (_, step) = record();
+        let cp = after(&step);
+        let mut deep = step.clone();
+        deep.update.insert("deep".into(), nested(200_000));
+        let req = SaveRequest::new(&cp, Some(10)).with_step(&deep);
+        let err = Write::after_step_with_blobs(&req, u64::MAX, 1024)
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nesting deeper than"), "{err}");
+        if let Some(v) = deep.update.remove("deep") {
+            take_apart(v);
+        }
+
+        let empty = StepRecord::new(2, "c", Update::new(), 4, t(3_000), t(4_000));
+        let mut cp = after(&empty);
+        cp.state = state_before();
+        let image = stored_before(&cp, state_before(), 1024);
+        let req = SaveRequest::new(&cp, Some(10)).with_step(&empty);
+        let (write, blobs) = Write::after_step_with_blobs(&req, u64::MAX, 1024)
+            .unwrap()
+            .unwrap();
+        assert!(blobs.is_empty());
+        let mut got = image.clone();
+        assert_eq!(got.try_save(write).unwrap(), Some(11));
+        assert_eq!(got.runs["r"].state, image.runs["r"].state);
+    }
 }
