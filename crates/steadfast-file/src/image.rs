@@ -65,31 +65,26 @@ pub(crate) struct Fragments {
     runs: HashMap<String, Range<usize>>,
     /// Where each run's history rows stand in it.
     history: HashMap<String, Range<usize>>,
-    /// The length of the file last read or written, to size the next.
-    bytes: usize,
     /// Whether to keep the text of the runs written (no use when the
     /// handle will not keep the image they belong to).
     keep: bool,
 }
 
 impl Fragments {
-    /// None kept yet, for a file of about `bytes` bytes; the text of the
-    /// runs written is kept only when `keep` is set.
-    pub(crate) fn new(bytes: usize, keep: bool) -> Self {
+    /// None kept yet; where the runs written stand is kept only when
+    /// `keep` is set.
+    pub(crate) fn new(keep: bool) -> Self {
         Fragments {
-            bytes,
             keep,
             ..Fragments::default()
         }
     }
 
-    /// The same, for the next file of about `bytes` bytes.
-    pub(crate) fn reuse(mut self, bytes: usize, keep: bool) -> Self {
-        (self.bytes, self.keep) = (bytes, keep);
-        if !keep {
-            self.runs.clear();
-            self.history.clear();
-        }
+    /// These, kept with a file within the size kept: the next write keeps
+    /// where its runs stand (this one may have been read from a larger
+    /// file, and kept nothing).
+    pub(crate) fn keeping(mut self) -> Self {
+        self.keep = true;
         self
     }
 
@@ -295,9 +290,11 @@ impl Image {
                 format!("cannot encode the runs for {}: {e}", path.display()),
             )
         };
-        // Room for the file as it was and some growth; memory far past
-        // that (a file that shrank) is given back.
-        let room = kept.bytes + kept.bytes / 8 + 256;
+        // Room for the file as it was (the text last written, or the file
+        // read into `out`) and some growth; memory far past that (a file
+        // that shrank) is given back.
+        let was = old.len().max(out.len());
+        let room = was + was / 8 + 256;
         if out.capacity() > 2 * room {
             out = Vec::new();
         }
@@ -336,7 +333,6 @@ impl Image {
             write_nested(&mut out, &self.documents, 1).map_err(failed)?;
         }
         out.extend_from_slice(b"\n}");
-        kept.bytes = out.len();
         debug_assert!(
             serde_json::to_vec_pretty(&*self).is_ok_and(|whole| whole == out),
             "the file's text put together from kept runs differs from the image's"
@@ -617,7 +613,7 @@ mod tests {
     fn text_from_kept_runs_is_the_whole_images_text() {
         let path = Path::new("runs.json");
         let mut image = Image::empty();
-        let mut kept = Fragments::new(0, true);
+        let mut kept = Fragments::new(true);
         let mut last = Vec::new();
         fn check(image: &mut Image, kept: &mut Fragments, last: &mut Vec<u8>) {
             let text = image
@@ -673,7 +669,7 @@ mod tests {
         // Not forgotten: the kept text of "c" is stale.
         image.runs.get_mut("c").unwrap().next = 0;
         let text = image
-            .encode_with(path, &mut Fragments::new(0, false), &[], Vec::new())
+            .encode_with(path, &mut Fragments::new(false), &[], Vec::new())
             .unwrap();
         let stale = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             image.encode_with(path, &mut kept, &last, Vec::new())

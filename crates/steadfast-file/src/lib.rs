@@ -521,19 +521,14 @@ impl<F: Fs> Inner<F> {
         let (mut image, mut fragments, old, spare) = match kept {
             Some(k) if same => {
                 taken = k.taken + 1;
-                let fragments = k.fragments.reuse(k.bytes.len(), keep(k.bytes.len()));
-                (k.image, fragments, k.bytes, k.spare)
+                // Kept only for a file within the size kept.
+                (k.image, k.fragments.keeping(), k.bytes, k.spare)
             }
             _ => match self.read_file()? {
-                None => (
-                    Image::empty(),
-                    Fragments::new(0, true),
-                    Vec::new(),
-                    Vec::new(),
-                ),
+                None => (Image::empty(), Fragments::new(true), Vec::new(), Vec::new()),
                 Some(bytes) => {
                     let image = self.decode(&bytes)?;
-                    let fragments = Fragments::new(bytes.len(), keep(bytes.len()));
+                    let fragments = Fragments::new(keep(bytes.len()));
                     (image, fragments, Vec::new(), bytes)
                 }
             },
