@@ -40,7 +40,7 @@ fn noise(seed: u64, len: usize) -> String {
 }
 
 /// Document `k` of run `run`: a JSON string of [`VALUE_BYTES`] bytes.
-fn document(run: usize, k: usize) -> String {
+pub(crate) fn document(run: usize, k: usize) -> String {
     noise((run as u64) << 8 | k as u64, VALUE_BYTES - 2)
 }
 

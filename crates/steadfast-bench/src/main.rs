@@ -25,12 +25,16 @@
 //! STEADFAST_BENCH_PG=postgres://postgres@127.0.0.1:5432/test \
 //!   cargo run --release -p steadfast-bench -- --workloads gc,prune --stores sqlite,postgres
 //!                                 # retention on 100,000 runs, prune of a long run
+//! STEADFAST_BENCH_PG=postgres://postgres@127.0.0.1:5432/test \
+//!   cargo run --release -p steadfast-bench -- --workloads W7,W7-floor --stores sqlite,postgres
+//!                  # W7 beside the database alone doing W7's writes
 //! ```
 
 mod baseline;
 mod breakdown;
 mod cosmos;
 mod events;
+mod floor;
 mod large;
 mod ops;
 mod pg;
@@ -168,6 +172,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if args.wants("ratios") && args.stores.iter().any(|s| s == "sqlite") {
         rt.block_on(workloads::ratios(&args))?;
+    }
+    if args.wants("W7-floor") {
+        rt.block_on(floor::measure(&args))?;
     }
     if args.stores.iter().any(|s| s == "cosmos") {
         rt.block_on(cosmos::measure(&args))?;

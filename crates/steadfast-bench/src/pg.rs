@@ -96,7 +96,7 @@ pub async fn schema_bytes(url: &str) -> Res<u64> {
     Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
 }
 
-async fn connect(url: &str) -> Res<tokio_postgres::Client> {
+pub(crate) async fn connect(url: &str) -> Res<tokio_postgres::Client> {
     // The driver knows `sslmode=disable`, `prefer` and `require`; with no TLS
     // connector, `prefer` falls back to plain TCP and `require` fails.
     let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;

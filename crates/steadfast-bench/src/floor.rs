@@ -1,0 +1,359 @@
+//! W7's floor (`--workloads W7-floor`): what the database (or the file
+//! system) alone charges for W7's writes in the layout issue #25 fixes for
+//! each store (large values in a table of the same database, written in the
+//! transaction of the row that first refers to them; for the file store, a
+//! blob directory beside the one file), with nothing of Steadfast's on the
+//! path.
+//!
+//! The same mix as W7: 100 runs of 10 steps; steps 0 to 4 of a run each
+//! store a new 1 MiB value, named by its SHA-256, and a step row referring
+//! to it; steps 5 to 9 store a step row referring to a value stored before.
+//! Each step is one transaction. Fewer tables, rows and indexes than a
+//! store writes (no head row, no reference rows, no chunking), so the
+//! figures are lower bounds for any store with this layout. Reported as µs
+//! per step (mean, as W7's figure is: the time of all steps over their
+//! number) against a raw write of 1 MiB plus `fsync` in the same run.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::json;
+use steadfast::store::blob::BlobHash;
+
+use crate::baseline::{remove_db, round};
+use crate::large::{document, raw_write, VALUE_BYTES};
+use crate::workloads::{Res, STEPS};
+use crate::{emit, median, Args};
+
+/// How a layout's steps went: µs per step for the transactions alone and
+/// for the naming of new values (the SHA-256 every layout must compute).
+struct Took {
+    io_us: f64,
+    name_us: f64,
+}
+
+impl Took {
+    fn figures(&self, raw_us: f64) -> serde_json::Value {
+        let total = self.io_us + self.name_us;
+        json!({"us_per_step": round(total), "io_us_per_step": round(self.io_us),
+               "name_us_per_step": round(self.name_us),
+               "us_per_step_over_raw": round(total / raw_us * 100.0) / 100.0,
+               "io_over_raw": round(self.io_us / raw_us * 100.0) / 100.0})
+    }
+}
+
+/// The runs' documents, made before any timing (as W7 makes them before
+/// its runs): five per run.
+fn documents(runs: usize) -> Vec<Vec<String>> {
+    (0..runs)
+        .map(|r| (0..5).map(|k| document(r, k)).collect())
+        .collect()
+}
+
+/// W7's mix on one SQLite layout: WAL, `synchronous=FULL`, pages of `page`
+/// bytes, SQLite's automatic checkpoint on or off (off: the copy of the log
+/// back into the database is left out entirely, which no store can do for
+/// long, so the figure is the lowest any rule for checkpoints can reach).
+fn sqlite_layout(
+    path: &Path,
+    docs: &[Vec<String>],
+    page: Option<u32>,
+    autocheckpoint: bool,
+) -> Res<Took> {
+    remove_db(path);
+    let conn = rusqlite::Connection::open(path)?;
+    if let Some(page) = page {
+        conn.pragma_update(None, "page_size", page)?;
+    }
+    let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+    if mode != "wal" {
+        return Err(format!("journal_mode reads back {mode:?}, not wal").into());
+    }
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    let sync: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0))?;
+    if sync != 2 {
+        return Err("synchronous does not read back as FULL".into());
+    }
+    if !autocheckpoint {
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+    }
+    conn.execute_batch(
+        "CREATE TABLE blobs (hash BLOB PRIMARY KEY, body TEXT NOT NULL);
+         CREATE TABLE steps (run INTEGER, step INTEGER, hash BLOB NOT NULL,
+                             PRIMARY KEY (run, step));",
+    )?;
+    let (mut io, mut name) = (0.0, 0.0);
+    let mut hashes = Vec::with_capacity(5);
+    for (run, docs) in docs.iter().enumerate() {
+        hashes.clear();
+        for step in 0..STEPS {
+            let doc = &docs[step % 5];
+            if step < 5 {
+                let t = Instant::now();
+                let hash = BlobHash::of(doc.as_bytes());
+                name += t.elapsed().as_secs_f64();
+                hashes.push(hash);
+            }
+            let hash = &hashes[step % 5].as_bytes()[..];
+            let t = Instant::now();
+            let tx = conn.unchecked_transaction()?;
+            if step < 5 {
+                tx.execute(
+                    "INSERT INTO blobs (hash, body) VALUES (?1, ?2)",
+                    rusqlite::params![hash, doc],
+                )?;
+            }
+            tx.execute(
+                "INSERT INTO steps (run, step, hash) VALUES (?1, ?2, ?3)",
+                rusqlite::params![run as i64, step as i64, hash],
+            )?;
+            tx.commit()?;
+            io += t.elapsed().as_secs_f64();
+        }
+    }
+    drop(conn);
+    remove_db(path);
+    let steps = (docs.len() * STEPS) as f64;
+    Ok(Took {
+        io_us: io * 1e6 / steps,
+        name_us: name * 1e6 / steps,
+    })
+}
+
+/// The SQLite layouts, each repetition interleaved with a raw write.
+fn sqlite(args: &Args, docs: &[Vec<String>]) -> Res<()> {
+    const LAYOUTS: [(&str, Option<u32>, bool); 3] = [
+        ("wal_4k_autocheckpoint", None, true),
+        ("wal_4k_no_checkpoint", None, false),
+        ("wal_64k_no_checkpoint", Some(65536), false),
+    ];
+    let path = args.dir.join("w7-floor.db");
+    let mut raw = Vec::new();
+    let mut took: Vec<Vec<Took>> = LAYOUTS.iter().map(|_| Vec::new()).collect();
+    for _ in 0..args.reps() {
+        for (i, (_, page, auto)) in LAYOUTS.iter().enumerate() {
+            took[i].push(sqlite_layout(&path, docs, *page, *auto)?);
+            raw.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
+        }
+    }
+    let raw_us = median(raw);
+    let mut fields = serde_json::Map::new();
+    for ((name, _, _), took) in LAYOUTS.iter().zip(took) {
+        let t = Took {
+            io_us: median(took.iter().map(|t| t.io_us).collect()),
+            name_us: median(took.iter().map(|t| t.name_us).collect()),
+        };
+        fields.insert((*name).into(), t.figures(raw_us));
+    }
+    fields.insert("raw_write_fsync_us".into(), json!(round(raw_us)));
+    fields.insert("runs".into(), json!(docs.len()));
+    fields.insert("steps".into(), json!(STEPS));
+    fields.insert("notes".into(), json!(NOTES));
+    emit(
+        "sqlite-alone",
+        "sqlite",
+        "W7-floor",
+        "WAL, synchronous=FULL",
+        serde_json::Value::Object(fields),
+    );
+    Ok(())
+}
+
+/// Writes `bytes` to a new file `tmp`, `fsync`s it and renames it to `to`.
+fn put(tmp: &Path, to: &Path, bytes: &[u8]) -> Res<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(tmp, to)?;
+    Ok(())
+}
+
+/// `fsync` of a directory.
+fn sync_dir(dir: &Path) -> Res<()> {
+    std::fs::File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+/// W7's mix in the file store's layout (DESIGN.md: every run in one file,
+/// replaced whole through a temp file, `fsync` and rename, its directory
+/// synced; issue #25: each new value a file of a blob directory, synced
+/// with its directory before the file that refers to it). The file here
+/// holds one line per step stored (run, step, the value's hash: about 90
+/// bytes), less than any record of a run, so the figure is a lower bound.
+fn file_layout(dir: &Path, docs: &[Vec<String>]) -> Res<Took> {
+    let root = dir.join("w7-floor-file");
+    let _ = std::fs::remove_dir_all(&root);
+    let blobs = root.join("store.json.blobs");
+    std::fs::create_dir_all(&blobs)?;
+    sync_dir(&root)?;
+    let (file, tmp) = (root.join("store.json"), root.join(".store.json.tmp"));
+    let mut record = Vec::new();
+    let (mut io, mut name) = (0.0, 0.0);
+    let mut hashes = Vec::with_capacity(5);
+    for (run, docs) in docs.iter().enumerate() {
+        hashes.clear();
+        for step in 0..STEPS {
+            let doc = &docs[step % 5];
+            if step < 5 {
+                let t = Instant::now();
+                hashes.push(BlobHash::of(doc.as_bytes()));
+                name += t.elapsed().as_secs_f64();
+            }
+            let hash = hashes[step % 5].hex();
+            let t = Instant::now();
+            if step < 5 {
+                put(&blobs.join(".tmp"), &blobs.join(&hash), doc.as_bytes())?;
+                sync_dir(&blobs)?;
+            }
+            record.extend_from_slice(format!("{run} {step} {hash}\n").as_bytes());
+            put(&tmp, &file, &record)?;
+            sync_dir(&root)?;
+            io += t.elapsed().as_secs_f64();
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    let steps = (docs.len() * STEPS) as f64;
+    Ok(Took {
+        io_us: io * 1e6 / steps,
+        name_us: name * 1e6 / steps,
+    })
+}
+
+/// The file store's layout, each repetition followed by a raw write.
+fn file(args: &Args, docs: &[Vec<String>]) -> Res<()> {
+    let (mut raw, mut took) = (Vec::new(), Vec::new());
+    for _ in 0..args.reps() {
+        took.push(file_layout(&args.dir, docs)?);
+        raw.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
+    }
+    let raw_us = median(raw);
+    let t = Took {
+        io_us: median(took.iter().map(|t| t.io_us).collect()),
+        name_us: median(took.iter().map(|t| t.name_us).collect()),
+    };
+    let mut fields = serde_json::Map::new();
+    fields.insert("one_file_blob_dir".into(), t.figures(raw_us));
+    fields.insert("raw_write_fsync_us".into(), json!(round(raw_us)));
+    fields.insert("runs".into(), json!(docs.len()));
+    fields.insert("steps".into(), json!(STEPS));
+    fields.insert("notes".into(), json!(NOTES));
+    emit(
+        "file-alone",
+        "file",
+        "W7-floor",
+        crate::durability("file"),
+        serde_json::Value::Object(fields),
+    );
+    Ok(())
+}
+
+/// What every line says of itself.
+const NOTES: &str = "W7's mix with nothing of Steadfast's: steps 0-4 of a run each insert a new 1 MiB value (named by SHA-256) and a step row, steps 5-9 a step row referring to a stored value, one transaction a step; fewer rows and indexes than a store writes, so a lower bound for the layout; us_per_step = io + name, the mean over all steps; the file store's layout writes a file of one ~90-byte line per step stored in place of its records; raw = write 1 MiB + fsync (median of 100 after each layout's runs; for PostgreSQL also before them, on a quiet disk)";
+
+/// W7's mix on PostgreSQL: the value in a `bytea` column of its own table
+/// (TOAST as the server's defaults have it), one statement a step (so one
+/// round trip, fewer than a store makes).
+async fn postgres(args: &Args, docs: &[Vec<String>]) -> Res<()> {
+    let Some(url) = crate::pg::server() else {
+        eprintln!("W7-floor on postgres: skipped; set {}", crate::pg::ENV);
+        return Ok(());
+    };
+    let client = crate::pg::connect(&url).await?;
+    let schema = "bench_w7_floor";
+    let (mut quiet, mut after, mut took) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.reps() {
+        client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};
+                 CREATE TABLE {schema}.blobs (hash bytea PRIMARY KEY, body bytea NOT NULL);
+                 CREATE TABLE {schema}.steps (run bigint, step bigint, hash bytea NOT NULL,
+                                              PRIMARY KEY (run, step));
+                 CHECKPOINT;"
+            ))
+            .await?;
+        quiet.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
+        let first = client
+            .prepare(&format!(
+                "WITH b AS (INSERT INTO {schema}.blobs (hash, body) VALUES ($3, $4))
+                 INSERT INTO {schema}.steps (run, step, hash) VALUES ($1, $2, $3)"
+            ))
+            .await?;
+        let again = client
+            .prepare(&format!(
+                "INSERT INTO {schema}.steps (run, step, hash) VALUES ($1, $2, $3)"
+            ))
+            .await?;
+        let (mut io, mut name) = (0.0, 0.0);
+        let mut hashes = Vec::with_capacity(5);
+        for (run, docs) in docs.iter().enumerate() {
+            hashes.clear();
+            for step in 0..STEPS {
+                let doc = &docs[step % 5];
+                if step < 5 {
+                    let t = Instant::now();
+                    hashes.push(BlobHash::of(doc.as_bytes()));
+                    name += t.elapsed().as_secs_f64();
+                }
+                let hash = &hashes[step % 5].as_bytes()[..];
+                let (run, step_no) = (run as i64, step as i64);
+                let t = Instant::now();
+                if step < 5 {
+                    client
+                        .execute(&first, &[&run, &step_no, &hash, &doc.as_bytes()])
+                        .await?;
+                } else {
+                    client.execute(&again, &[&run, &step_no, &hash]).await?;
+                }
+                io += t.elapsed().as_secs_f64();
+            }
+        }
+        let steps = (docs.len() * STEPS) as f64;
+        took.push(Took {
+            io_us: io * 1e6 / steps,
+            name_us: name * 1e6 / steps,
+        });
+        after.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
+        client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await?;
+    }
+    let (quiet_us, after_us) = (median(quiet), median(after));
+    let t = Took {
+        io_us: median(took.iter().map(|t| t.io_us).collect()),
+        name_us: median(took.iter().map(|t| t.name_us).collect()),
+    };
+    let mut fields = serde_json::Map::new();
+    fields.insert("bytea_one_statement".into(), t.figures(quiet_us));
+    fields.insert("raw_write_fsync_us".into(), json!(round(quiet_us)));
+    fields.insert("raw_write_fsync_after_us".into(), json!(round(after_us)));
+    fields.insert("runs".into(), json!(docs.len()));
+    fields.insert("steps".into(), json!(STEPS));
+    fields.insert("notes".into(), json!(NOTES));
+    emit(
+        "postgres-alone",
+        "postgres",
+        "W7-floor",
+        crate::durability("postgres"),
+        serde_json::Value::Object(fields),
+    );
+    Ok(())
+}
+
+/// `--workloads W7-floor` on the stores asked for (SQLite, PostgreSQL and
+/// the file store's layout).
+pub async fn measure(args: &Args) -> Res<()> {
+    let runs = if args.quick { 4 } else { 100 };
+    let docs = documents(runs);
+    if args.stores.iter().any(|s| s == "sqlite") {
+        sqlite(args, &docs)?;
+    }
+    if args.stores.iter().any(|s| s == "file") {
+        file(args, &docs)?;
+    }
+    if args.stores.iter().any(|s| s == "postgres") {
+        postgres(args, &docs).await?;
+    }
+    Ok(())
+}
