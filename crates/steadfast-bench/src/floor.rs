@@ -1,9 +1,10 @@
 //! W7's floor (`--workloads W7-floor`): what the database (or the file
-//! system) alone charges for W7's writes in the layout issue #25 fixes for
-//! each store (large values in a table of the same database, written in the
-//! transaction of the row that first refers to them; for the file store, a
-//! blob directory beside the one file), with nothing of Steadfast's on the
-//! path.
+//! system) alone charges for W7's writes in the layout the design of large
+//! values fixes for each store (large values in a table of the same
+//! database, written in the transaction of the row that first refers to
+//! them; for the file store, a blob directory beside the one file), with
+//! nothing of Steadfast's on the path. And W1's floor on PostgreSQL
+//! (`--workloads W1-floor`): W1's writes alone, in two layouts.
 //!
 //! The same mix as W7: 100 runs of 10 steps; steps 0 to 4 of a run each
 //! store a new 1 MiB value, named by its SHA-256, and a step row referring
@@ -178,7 +179,7 @@ fn sync_dir(dir: &Path) -> Res<()> {
 
 /// W7's mix in the file store's layout (DESIGN.md: every run in one file,
 /// replaced whole through a temp file, `fsync` and rename, its directory
-/// synced; issue #25: each new value a file of a blob directory, synced
+/// synced; large values: each new value a file of a blob directory, synced
 /// with its directory before the file that refers to it). The file here
 /// holds one line per step stored (run, step, the value's hash: about 90
 /// bytes), less than any record of a run, so the figure is a lower bound.
@@ -341,9 +342,134 @@ async fn postgres(args: &Args, docs: &[Vec<String>]) -> Res<()> {
     Ok(())
 }
 
+/// W1's writes on PostgreSQL with nothing of Steadfast's on the path, in one
+/// of two layouts, µs per step: for each of `runs` runs, the look for the
+/// run that precedes its first step (a missing row), then ten steps of
+/// about 100 bytes each, each its own transaction and one statement guarded
+/// by the run's version, as a store must guard a save against a stale
+/// writer. `one_row`: each step appended to the run's row (one heap-only
+/// update a step, as the raw upsert is one); otherwise the run's head
+/// updated and the step inserted as a row of its own, in one statement
+/// (two writes a step, the store's layout).
+async fn pg_w1(client: &tokio_postgres::Client, runs: usize, one_row: bool) -> Res<f64> {
+    client
+        .batch_execute(
+            "DROP TABLE IF EXISTS steadfast_bench_f_steps, steadfast_bench_f_runs;
+             CREATE TABLE steadfast_bench_f_runs (id text PRIMARY KEY, version bigint NOT NULL,
+                                                  steps text NOT NULL);
+             CREATE TABLE steadfast_bench_f_steps (run_id text, n int, body text NOT NULL,
+                                                   PRIMARY KEY (run_id, n));",
+        )
+        .await?;
+    let load = client
+        .prepare("SELECT version, steps FROM steadfast_bench_f_runs WHERE id = $1")
+        .await?;
+    let (first, next) = if one_row {
+        (
+            "INSERT INTO steadfast_bench_f_runs (id, version, steps) VALUES ($1, 1, $3)
+             ON CONFLICT (id) DO NOTHING RETURNING $2::int",
+            "UPDATE steadfast_bench_f_runs SET version = version + 1, steps = steps || $3
+             WHERE id = $1 AND version = $2 RETURNING 1",
+        )
+    } else {
+        (
+            "WITH h AS (INSERT INTO steadfast_bench_f_runs (id, version, steps) VALUES ($1, 1, '')
+                        ON CONFLICT (id) DO NOTHING RETURNING id)
+             INSERT INTO steadfast_bench_f_steps (run_id, n, body) SELECT id, 0, $3 FROM h
+             RETURNING $2::int",
+            "WITH h AS (UPDATE steadfast_bench_f_runs SET version = version + 1
+                        WHERE id = $1 AND version = $2 RETURNING id, version)
+             INSERT INTO steadfast_bench_f_steps (run_id, n, body)
+             SELECT id, version::int - 1, $3 FROM h RETURNING 1",
+        )
+    };
+    let (first, next) = (client.prepare(first).await?, client.prepare(next).await?);
+    let t = Instant::now();
+    for r in 0..runs {
+        let id = format!("run-{r}");
+        if client.query_opt(&load, &[&id]).await?.is_some() {
+            return Err(format!("{id} is stored already").into());
+        }
+        for step in 0..STEPS {
+            let body = format!(
+                "{{\"name\":\"s{step}\",\"update\":{{\"s{step}\":{step}}},\"at\":\"{r:0>40}\"}}"
+            );
+            let stmt = if step == 0 { &first } else { &next };
+            let version = step as i64;
+            let wrote = if step == 0 {
+                client.query_opt(stmt, &[&id, &0i32, &body]).await?
+            } else {
+                client.query_opt(stmt, &[&id, &version, &body]).await?
+            };
+            if wrote.is_none() {
+                return Err(format!("{id} step {step}: the version check failed").into());
+            }
+        }
+    }
+    let us = t.elapsed().as_secs_f64() * 1e6 / (runs * STEPS) as f64;
+    client
+        .batch_execute("DROP TABLE steadfast_bench_f_steps, steadfast_bench_f_runs")
+        .await?;
+    Ok(us)
+}
+
+/// `--workloads W1-floor --stores postgres`: the raw upsert and W1's writes
+/// in both layouts (see [`pg_w1`]), interleaved in each of 15 repetitions,
+/// each on a worker of the runtime as W1's runs and the ratios' raw upsert
+/// are. What the server charges for a step, against the target of 1.1x
+/// the raw upsert, before any work of a store or the engine.
+async fn pg_w1_floor(args: &Args) -> Res<()> {
+    let Some(url) = crate::pg::server() else {
+        eprintln!("W1-floor on postgres: skipped; set {}", crate::pg::ENV);
+        return Ok(());
+    };
+    let client = std::sync::Arc::new(crate::pg::connect(&url).await?);
+    let reps = if args.quick { 1 } else { args.reps().max(15) };
+    let (upserts, runs) = if args.quick { (200, 20) } else { (3_000, 300) };
+    let (mut raw, mut one, mut two) = (vec![], vec![], vec![]);
+    for _ in 0..reps {
+        let c = std::sync::Arc::clone(&client);
+        raw.push(
+            crate::pg::on_worker(
+                upserts,
+                async move { crate::pg::raw_upserts(&c, upserts).await },
+            )
+            .await?
+            .0,
+        );
+        for (one_row, samples) in [(true, &mut one), (false, &mut two)] {
+            let c = std::sync::Arc::clone(&client);
+            samples.push(
+                crate::pg::on_worker(runs * STEPS, async move { pg_w1(&c, runs, one_row).await })
+                    .await?
+                    .0,
+            );
+        }
+    }
+    let (raw, one, two) = (median(raw), median(one), median(two));
+    let ratio = |x: f64| (x / raw * 1000.0).round() / 1000.0;
+    emit(
+        "postgres-alone",
+        "postgres",
+        "W1-floor",
+        crate::durability("postgres"),
+        json!({"reps": reps, "runs": runs, "steps": STEPS, "raw_upsert_us": round(raw),
+               "one_row_us_per_step": round(one), "one_row_over_raw": ratio(one),
+               "head_and_step_row_us_per_step": round(two), "head_and_step_row_over_raw": ratio(two),
+               "notes": "W1's writes with nothing of Steadfast's: per run a look for the missing run, then ten ~100-byte steps, each one statement guarded by the run's version (one_row: appended to the run's row; head_and_step_row: the head updated and a step row inserted); raw upsert as in the ratios; interleaved, on a runtime worker, medians"}),
+    );
+    Ok(())
+}
+
 /// `--workloads W7-floor` on the stores asked for (SQLite, PostgreSQL and
 /// the file store's layout).
 pub async fn measure(args: &Args) -> Res<()> {
+    if args.wants("W1-floor") && args.stores.iter().any(|s| s == "postgres") {
+        pg_w1_floor(args).await?;
+    }
+    if !args.wants("W7-floor") {
+        return Ok(());
+    }
     let runs = if args.quick { 4 } else { 100 };
     let docs = documents(runs);
     if args.stores.iter().any(|s| s == "sqlite") {

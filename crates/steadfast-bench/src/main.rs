@@ -173,7 +173,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if args.wants("ratios") && args.stores.iter().any(|s| s == "sqlite") {
         rt.block_on(workloads::ratios(&args))?;
     }
-    if args.wants("W7-floor") {
+    if args.wants("W7-floor") || args.wants("W1-floor") {
         rt.block_on(floor::measure(&args))?;
     }
     if args.stores.iter().any(|s| s == "cosmos") {

@@ -106,7 +106,7 @@ pub(crate) async fn connect(url: &str) -> Res<tokio_postgres::Client> {
 
 /// `n` single-row upserts over 1000 keys, each its own transaction (one
 /// commit, one WAL flush): the server's floor for a durable write.
-async fn raw_upserts(client: &tokio_postgres::Client, n: usize) -> Res<f64> {
+pub(crate) async fn raw_upserts(client: &tokio_postgres::Client, n: usize) -> Res<f64> {
     client
         .batch_execute(
             "DROP TABLE IF EXISTS steadfast_bench_kv;
@@ -246,7 +246,7 @@ fn cpu_us() -> f64 {
 
 /// Runs `fut` (µs per operation) as a task on a worker of the runtime;
 /// returns its figure and the process's CPU time per operation of `ops`.
-async fn on_worker<F>(ops: usize, fut: F) -> Res<(f64, f64)>
+pub(crate) async fn on_worker<F>(ops: usize, fut: F) -> Res<(f64, f64)>
 where
     F: std::future::Future<Output = Res<f64>> + Send + 'static,
 {
