@@ -207,6 +207,10 @@ struct Written {
     fragments: Fragments,
     /// How many writes in a row took a kept image instead of decoding.
     taken: u32,
+    /// Whether the blob directory held anything after that write (as far
+    /// as this handle saw): if not, a write that adds no blob has nothing
+    /// to sweep.
+    blobs: bool,
 }
 
 /// The largest file whose image a handle keeps between its writes (8 MiB):
@@ -486,7 +490,9 @@ impl<F: Fs> Inner<F> {
     /// text at every write).
     /// `blobs` (those the change refers to) are made durable before the file
     /// that refers to them; blobs no run refers to any more are removed once
-    /// the file without them is.
+    /// the file without them is: at once when the change dropped one of the
+    /// run's references, and leftovers of a crash or a failed write at the
+    /// next write that decodes the file (within [`DECODE_EVERY`] writes).
     fn update<T>(
         &self,
         run_id: &str,
@@ -518,24 +524,41 @@ impl<F: Fs> Inner<F> {
             },
             _ => false,
         };
-        let (mut image, mut fragments, old, spare) = match kept {
+        // `seen`: what the kept write saw of the blob directory; `None`
+        // when the file was decoded (this handle's first write, another
+        // writer's file, a write after a failed one, every 32nd write),
+        // and then the write sweeps the directory whole.
+        let (mut image, mut fragments, old, spare, seen) = match kept {
             Some(k) if same => {
                 taken = k.taken + 1;
                 // Kept only for a file within the size kept.
-                (k.image, k.fragments.keeping(), k.bytes, k.spare)
+                let fragments = k.fragments.keeping();
+                (k.image, fragments, k.bytes, k.spare, Some(k.blobs))
             }
             _ => match self.read_file()? {
-                None => (Image::empty(), Fragments::new(true), Vec::new(), Vec::new()),
+                None => (
+                    Image::empty(),
+                    Fragments::new(true),
+                    Vec::new(),
+                    Vec::new(),
+                    None,
+                ),
                 Some(bytes) => {
                     let image = self.decode(&bytes)?;
                     let fragments = Fragments::new(keep(bytes.len()));
-                    (image, fragments, Vec::new(), bytes)
+                    (image, fragments, Vec::new(), bytes, None)
                 }
             },
         };
         // Every change is to one run's record, history rows and events (or
-        // to one document): the text of every other run stays.
+        // to one document): the text of every other run stays, and so do
+        // their references. So a blob the file referred to can lose its
+        // last reference only if the change dropped one of this run's.
         fragments.forget(run_id);
+        let before = match seen {
+            Some(true) => Some(image.with(|d| Ok(d.refs_of_run(run_id)))?),
+            _ => None,
+        };
         let (write, out) = change(&mut image)?;
         if !write {
             return Ok(out);
@@ -553,7 +576,22 @@ impl<F: Fs> Inner<F> {
         }
         self.write_blobs(blobs)?;
         self.replace(run_id, &bytes)?;
-        self.sweep_blobs(&mut image);
+        let blobs_left = match (seen, before) {
+            (Some(true), Some(before)) => {
+                let after = image.with(|d| Ok(d.refs_of_run(run_id)))?;
+                let after: std::collections::HashSet<BlobHash> =
+                    after.into_iter().map(|(h, _)| h).collect();
+                if before.iter().any(|(h, _)| !after.contains(h)) {
+                    self.sweep_blobs(&mut image)
+                } else {
+                    true
+                }
+            }
+            // Nothing there at the kept write: the blobs written now are
+            // all referred to.
+            (Some(_), _) => !blobs.is_empty(),
+            (None, _) => self.sweep_blobs(&mut image),
+        };
         if keep(bytes.len()) {
             // The image kept must be the one the bytes decode to, or a
             // writer would build on what no reader sees: every test of a
@@ -574,6 +612,7 @@ impl<F: Fs> Inner<F> {
                 image,
                 fragments,
                 taken,
+                blobs: blobs_left,
             });
         }
         Ok(out)
@@ -631,13 +670,15 @@ impl<F: Fs> Inner<F> {
     /// made durable) refers to, and leftover temps. Under the lock, after the
     /// rename: a crash before a removal leaves a blob no one needs, never a
     /// reference to a missing one. A removal that fails is left for the
-    /// next write.
-    fn sweep_blobs(&self, image: &mut Image) {
-        let Ok(names) = self.fs.list_dir(&self.blob_dir) else {
-            return;
+    /// next sweep. Returns whether the directory may still hold anything
+    /// (true when it could not be listed).
+    fn sweep_blobs(&self, image: &mut Image) -> bool {
+        let names = match self.fs.list_dir(&self.blob_dir) {
+            Ok(names) => names,
+            Err(e) => return e.kind() != std::io::ErrorKind::NotFound,
         };
         if names.is_empty() {
-            return;
+            return false;
         }
         let Ok(wanted) = image.with(|data| {
             Ok(data
@@ -645,19 +686,24 @@ impl<F: Fs> Inner<F> {
                 .into_keys()
                 .collect::<std::collections::HashSet<_>>())
         }) else {
-            return;
+            return true;
         };
+        let mut left = false;
         for name in names {
             // Ours: a temp, or a blob's name (its hash's hex digits).
             let unwanted = name.starts_with(BLOB_TMP)
                 || BlobHash::parse_hex(&name).is_some_and(|h| !wanted.contains(&h));
-            if unwanted {
-                let p = self.blob_dir.join(&name);
-                if let Err(e) = self.fs.remove_file(&p) {
-                    tracing::warn!(path = %p.display(), error = %e, "could not remove a blob no run refers to");
-                }
+            if !unwanted {
+                left = true;
+                continue;
+            }
+            let p = self.blob_dir.join(&name);
+            if let Err(e) = self.fs.remove_file(&p) {
+                left = true;
+                tracing::warn!(path = %p.display(), error = %e, "could not remove a blob no run refers to");
             }
         }
+        left
     }
 
     /// The stored text of blob `hash`, read up to `expect` bytes (what its

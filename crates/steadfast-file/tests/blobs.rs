@@ -423,3 +423,64 @@ async fn values_stored_in_full_under_a_higher_threshold_become_blobs_at_the_next
     assert!(!file.contains(&"z".repeat(100)), "big is a blob now");
     Ok(())
 }
+
+/// A step that overwrites a large value with a small one leaves the blob
+/// its history row still refers to; a rewind that drops that row frees it
+/// at once, through the handle that keeps its image of the file.
+#[tokio::test]
+async fn a_value_overwritten_stays_while_a_row_holds_it_and_goes_with_the_row() -> TestResult {
+    let (_dir, path, store) = fresh()?;
+    let big = doc(7, 40);
+    let wf = {
+        let big = big.clone();
+        Workflow::builder("overwrite")
+            .push(steadfast_core::Step::new("a", move |_, _| {
+                let big = big.clone();
+                async move { update(json!({ "doc": big })) }
+            }))
+            .push(steadfast_core::Step::new("b", |_, _| async {
+                update(json!({ "doc": "small" }))
+            }))
+            .build()?
+    };
+    run("r", &wf, &store).await?;
+    assert_eq!(blob_files(&path).0, 1, "the row of step a holds the value");
+    let history = store.history("r").await?.expect("stored");
+    assert_eq!(history[0].update["doc"], json!(big));
+    assert_eq!(
+        store.load("r").await?.expect("stored").state["doc"],
+        json!("small")
+    );
+    ops::rewind(&store, "r", "a", "test", &SystemClock).await?;
+    assert_eq!(blob_files(&path), (0, 0), "no row refers to it any more");
+    Ok(())
+}
+
+/// A blob file no run refers to, left in the directory while a handle
+/// keeps its image of the file (as a writer that died between a blob and
+/// its record leaves one), is gone within 32 writes of that handle,
+/// though none of them drops a reference.
+#[tokio::test]
+async fn a_leftover_blob_goes_within_32_writes_that_drop_nothing() -> TestResult {
+    let (_dir, path, store) = fresh()?;
+    run("r0", &agent(2, 0), &store).await?;
+    let stored = blob_files(&path).0;
+    let orphan = PathBuf::from(format!("{}.blobs", path.display())).join("cd".repeat(32));
+    std::fs::write(&orphan, b"\"orphan\"")?;
+    let one = Workflow::builder("one")
+        .push(steadfast_core::Step::new("s", |_, _| async {
+            update(json!({ "n": 1 }))
+        }))
+        .build()?;
+    // Each run writes the file at least once.
+    let mut runs = 0;
+    while orphan.exists() {
+        runs += 1;
+        assert!(runs <= 32, "the leftover outlived {runs} runs");
+        run(&format!("w{runs}"), &one, &store).await?;
+    }
+    assert_eq!(blob_files(&path).0, stored, "the runs' own blobs stay");
+    let cp = store.load("r0").await?.expect("stored");
+    assert_eq!(cp.state["shared1"], json!(doc(1, 100)));
+    Ok(())
+}

@@ -454,9 +454,10 @@ impl RunImage {
     /// once, with the size each reference gives.
     pub fn refs_of_run(&self, run_id: &str) -> Vec<(BlobHash, u64)> {
         let mut out: Vec<(BlobHash, u64)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         let mut add = |found: Vec<(BlobHash, u64)>| {
             for r in found {
-                if !out.contains(&r) {
+                if seen.insert(r) {
                     out.push(r);
                 }
             }
