@@ -207,9 +207,8 @@ struct Written {
     fragments: Fragments,
     /// How many writes in a row took a kept image instead of decoding.
     taken: u32,
-    /// Whether the blob directory held anything after that write (as far
-    /// as this handle saw): if not, a write that adds no blob has nothing
-    /// to sweep.
+    /// Whether the blob directory may hold anything after that write: if
+    /// not, a write that adds no blob has nothing to sweep.
     blobs: bool,
 }
 
@@ -491,8 +490,9 @@ impl<F: Fs> Inner<F> {
     /// `blobs` (those the change refers to) are made durable before the file
     /// that refers to them; blobs no run refers to any more are removed once
     /// the file without them is: at once when the change dropped one of the
-    /// run's references, and leftovers of a crash or a failed write at the
-    /// next write that decodes the file (within [`DECODE_EVERY`] writes).
+    /// run's references or wrote a blob the file does not refer to, and
+    /// those a crash or a failed write left at the next write that decodes
+    /// the file (within [`DECODE_EVERY`] writes of a handle).
     fn update<T>(
         &self,
         run_id: &str,
@@ -576,21 +576,28 @@ impl<F: Fs> Inner<F> {
         }
         self.write_blobs(blobs)?;
         self.replace(run_id, &bytes)?;
-        let blobs_left = match (seen, before) {
-            (Some(true), Some(before)) => {
-                let after = image.with(|d| Ok(d.refs_of_run(run_id)))?;
-                let after: std::collections::HashSet<BlobHash> =
-                    after.into_iter().map(|(h, _)| h).collect();
-                if before.iter().any(|(h, _)| !after.contains(h)) {
-                    self.sweep_blobs(&mut image)
-                } else {
-                    true
-                }
+        // Sweep when the change dropped one of the run's references, or
+        // wrote a blob the file does not refer to (a step its rows did not
+        // take, a rewrite of a record that has no row): otherwise no blob
+        // lost its last reference, and none was left behind.
+        let sweep = match seen {
+            None => true,
+            Some(seen) if !seen && blobs.is_empty() => false,
+            Some(_) => {
+                let after: std::collections::HashSet<BlobHash> = image
+                    .with(|d| Ok(d.refs_of_run(run_id)))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(h, _)| h)
+                    .collect();
+                before.iter().flatten().any(|(h, _)| !after.contains(h))
+                    || blobs.iter().any(|b| !after.contains(&b.hash))
             }
-            // Nothing there at the kept write: the blobs written now are
-            // all referred to.
-            (Some(_), _) => !blobs.is_empty(),
-            (None, _) => self.sweep_blobs(&mut image),
+        };
+        let blobs_left = if sweep {
+            self.sweep_blobs(&mut image)
+        } else {
+            seen == Some(true) || !blobs.is_empty()
         };
         if keep(bytes.len()) {
             // The image kept must be the one the bytes decode to, or a
@@ -671,7 +678,7 @@ impl<F: Fs> Inner<F> {
     /// rename: a crash before a removal leaves a blob no one needs, never a
     /// reference to a missing one. A removal that fails is left for the
     /// next sweep. Returns whether the directory may still hold anything
-    /// (true when it could not be listed).
+    /// (false when it is missing, true when it could not be listed).
     fn sweep_blobs(&self, image: &mut Image) -> bool {
         let names = match self.fs.list_dir(&self.blob_dir) {
             Ok(names) => names,

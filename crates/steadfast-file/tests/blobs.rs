@@ -462,25 +462,52 @@ async fn a_value_overwritten_stays_while_a_row_holds_it_and_goes_with_the_row() 
 /// though none of them drops a reference.
 #[tokio::test]
 async fn a_leftover_blob_goes_within_32_writes_that_drop_nothing() -> TestResult {
+    use steadfast_core::store::SaveRequest;
     let (_dir, path, store) = fresh()?;
     run("r0", &agent(2, 0), &store).await?;
     let stored = blob_files(&path).0;
     let orphan = PathBuf::from(format!("{}.blobs", path.display())).join("cd".repeat(32));
     std::fs::write(&orphan, b"\"orphan\"")?;
-    let one = Workflow::builder("one")
-        .push(steadfast_core::Step::new("s", |_, _| async {
-            update(json!({ "n": 1 }))
-        }))
-        .build()?;
-    // Each run writes the file at least once.
-    let mut runs = 0;
+    // Each save below is one write, of a run with no large value.
+    let mut cp = Checkpoint::new("w", "one", steadfast_core::Timestamp::from_unix_millis(0));
+    let (mut version, mut writes) = (None, 0);
     while orphan.exists() {
-        runs += 1;
-        assert!(runs <= 32, "the leftover outlived {runs} runs");
-        run(&format!("w{runs}"), &one, &store).await?;
+        assert!(writes < 32, "the leftover outlived {writes} writes");
+        cp.state.insert("n".into(), json!(writes));
+        version = Some(store.save(SaveRequest::new(&cp, version)).await?);
+        writes += 1;
     }
     assert_eq!(blob_files(&path).0, stored, "the runs' own blobs stay");
     let cp = store.load("r0").await?.expect("stored");
     assert_eq!(cp.state["shared1"], json!(doc(1, 100)));
+    Ok(())
+}
+
+/// A save whose step the record's rows do not take (its index is not
+/// below the record's `next`) writes the step's large value, which the
+/// file then does not refer to: it is removed at once.
+#[tokio::test]
+async fn a_blob_written_for_a_step_the_rows_do_not_take_is_removed_at_once() -> TestResult {
+    use steadfast_core::store::SaveRequest;
+    use steadfast_core::{StepRecord, Timestamp};
+    let (_dir, path, store) = fresh()?;
+    run("r0", &agent(2, 0), &store).await?;
+    let stored = blob_files(&path).0;
+    let t = Timestamp::from_unix_millis(1_000);
+    let cp = Checkpoint::new("x", "w", t);
+    let update = json!({"big": doc(9, 40)})
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let step = StepRecord::new(0, "a", update, 1, t, t);
+    store
+        .save(SaveRequest::new(&cp, None).with_step(&step))
+        .await?;
+    assert_eq!(store.history("x").await?.unwrap_or_default().len(), 0);
+    assert_eq!(
+        blob_files(&path).0,
+        stored,
+        "the step's value was left behind"
+    );
     Ok(())
 }
