@@ -268,3 +268,58 @@ fn two_copies_of_one_store_at_the_same_moment_both_end_well() {
         }
     });
 }
+
+/// Large values cross stores once each: runs of an agent that rereads
+/// documents, copied SQLite → PostgreSQL → file → SQLite, read back equal
+/// (records and history rows) with as many blobs and bytes in each store
+/// as in the first; a blob missing from the source fails the copy of the
+/// run that refers to it as `Corrupt`, and the target holds none of it.
+#[test]
+fn large_values_copy_once_each_and_a_missing_blob_is_refused() {
+    use steadfast_conformance::fixtures::{doc, rereading_agent};
+    let schema = support::PgSchema::new();
+    let rt = runtime();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let at = |name: &str| format!("{}?blob_threshold=16KiB", dir.path().join(name).display());
+        let open = |url: String| async move { steadfast::open_store(&url).await.expect("open") };
+        let a = open(format!("sqlite:{}", at("a.db"))).await;
+        for r in 0..3 {
+            steadfast::run(&format!("r{r}"), &rereading_agent(4, r), &*a)
+                .await
+                .expect("a run");
+        }
+        let totals = a.blob_totals().await.expect("totals").expect("blobs");
+        // Two shared documents and one of its own for each step of each run.
+        assert_eq!(totals.blobs, 2 + 3 * 4);
+        let pg = open(format!("{}&blob_threshold=16KiB", schema.url)).await;
+        let file = open(format!("file:{}", at("runs.json"))).await;
+        let b = open(format!("sqlite:{}", at("b.db"))).await;
+        for (from, to) in [(&a, &pg), (&pg, &file), (&file, &b)] {
+            let report = copy(&**from, &**to, |_| {}).await.expect("copy");
+            assert_eq!(report.written, 3, "{report:?}");
+            same(&a, to, true).await;
+            let there = to.blob_totals().await.expect("totals").expect("blobs");
+            assert_eq!(there, totals, "each content once");
+        }
+
+        // Run r1's own document of step 2 goes missing from the file store.
+        let text = format!("\"{}\"", doc(1000 + 100 + 2, 20));
+        let hash = steadfast::store::blob::BlobHash::of(text.as_bytes()).hex();
+        let blob = dir.path().join("runs.json.blobs").join(hash);
+        std::fs::remove_file(&blob).expect("the blob is a file of its own");
+        let c = open(format!("sqlite:{}", at("c.db"))).await;
+        let err = copy(&*file, &*c, |_| {})
+            .await
+            .expect_err("a dangling reference");
+        assert!(
+            matches!(
+                err.store_error(),
+                Some(steadfast::StoreError::Corrupt { .. })
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("r1"), "{err}");
+        assert_eq!(c.load("r1").await.expect("load"), None, "r1 was written");
+    });
+}
