@@ -779,3 +779,47 @@ async fn a_place_in_the_queue_changed_without_the_key_is_detected() -> TestResul
     }
     Ok(())
 }
+
+/// Under a key, one document that two runs store is two blobs: each sealed
+/// copy has a nonce of its own, so the store cannot tell that they are
+/// equal (docs/security.md, "Large values and encryption"); both read back
+/// as the document, and the database holds no stretch of its text.
+#[tokio::test]
+async fn sealed_large_values_are_not_shared_between_runs_and_hold_no_plaintext() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.db");
+    let inner = Arc::new(steadfast_sqlite::SqliteStore::open(&path)?);
+    let store = SealedStore::new(inner.clone(), keys(&format!("k1:{K1}")));
+    // 100 KiB, over the default blob threshold of 64 KiB.
+    let document = Arc::new(steadfast_conformance::fixtures::doc(42, 100));
+    let wf = {
+        let document = Arc::clone(&document);
+        Workflow::builder("w")
+            .push(Step::new("read", move |_, _| {
+                let document = Arc::clone(&document);
+                async move { update(json!({ "doc": *document })) }
+            }))
+            .build()?
+    };
+    for r in ["a", "b"] {
+        run(r, &wf, &store).await?;
+    }
+    for r in ["a", "b"] {
+        let cp = store.load(r).await?.expect("stored");
+        assert_eq!(cp.state["doc"], json!(*document), "run {r}");
+    }
+    let totals = inner.blob_totals().await?.expect("a store with blobs");
+    assert_eq!(totals.blobs, 2, "one sealed copy a run, never shared");
+    drop(store);
+    drop(inner);
+    let needle = &document.as_bytes()[..64];
+    for suffix in ["", "-wal"] {
+        let file = format!("{}{suffix}", path.display());
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        assert!(
+            !bytes.windows(needle.len()).any(|w| w == needle),
+            "{file} holds the document's text"
+        );
+    }
+    Ok(())
+}
