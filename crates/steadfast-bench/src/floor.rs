@@ -43,6 +43,47 @@ impl Took {
     }
 }
 
+impl Took {
+    /// The medians of some repetitions.
+    fn median(took: &[Took]) -> Took {
+        Took {
+            io_us: median(took.iter().map(|t| t.io_us).collect()),
+            name_us: median(took.iter().map(|t| t.name_us).collect()),
+        }
+    }
+}
+
+/// Prints one W7-floor line: each layout's figures against `raw_us`,
+/// with `extra` fields beside them.
+fn emit_floor(
+    lib: &str,
+    store: &str,
+    durability: &str,
+    runs: usize,
+    raw_us: f64,
+    layouts: Vec<(&str, Took)>,
+    extra: &[(&str, f64)],
+) {
+    let mut fields = serde_json::Map::new();
+    for (name, took) in layouts {
+        fields.insert(name.into(), took.figures(raw_us));
+    }
+    fields.insert("raw_write_fsync_us".into(), json!(round(raw_us)));
+    for (name, value) in extra {
+        fields.insert((*name).into(), json!(round(*value)));
+    }
+    fields.insert("runs".into(), json!(runs));
+    fields.insert("steps".into(), json!(STEPS));
+    fields.insert("notes".into(), json!(NOTES));
+    emit(
+        lib,
+        store,
+        "W7-floor",
+        durability,
+        serde_json::Value::Object(fields),
+    );
+}
+
 /// The runs' documents, made before any timing (as W7 makes them before
 /// its runs): five per run.
 fn documents(runs: usize) -> Vec<Vec<String>> {
@@ -137,25 +178,19 @@ fn sqlite(args: &Args, docs: &[Vec<String>]) -> Res<()> {
             raw.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
         }
     }
-    let raw_us = median(raw);
-    let mut fields = serde_json::Map::new();
-    for ((name, _, _), took) in LAYOUTS.iter().zip(took) {
-        let t = Took {
-            io_us: median(took.iter().map(|t| t.io_us).collect()),
-            name_us: median(took.iter().map(|t| t.name_us).collect()),
-        };
-        fields.insert((*name).into(), t.figures(raw_us));
-    }
-    fields.insert("raw_write_fsync_us".into(), json!(round(raw_us)));
-    fields.insert("runs".into(), json!(docs.len()));
-    fields.insert("steps".into(), json!(STEPS));
-    fields.insert("notes".into(), json!(NOTES));
-    emit(
+    let layouts = LAYOUTS
+        .iter()
+        .zip(&took)
+        .map(|((name, _, _), took)| (*name, Took::median(took)))
+        .collect();
+    emit_floor(
         "sqlite-alone",
         "sqlite",
-        "W7-floor",
         "WAL, synchronous=FULL",
-        serde_json::Value::Object(fields),
+        docs.len(),
+        median(raw),
+        layouts,
+        &[],
     );
     Ok(())
 }
@@ -229,23 +264,14 @@ fn file(args: &Args, docs: &[Vec<String>]) -> Res<()> {
         took.push(file_layout(&args.dir, docs)?);
         raw.push(raw_write(&args.dir, VALUE_BYTES, 100)?);
     }
-    let raw_us = median(raw);
-    let t = Took {
-        io_us: median(took.iter().map(|t| t.io_us).collect()),
-        name_us: median(took.iter().map(|t| t.name_us).collect()),
-    };
-    let mut fields = serde_json::Map::new();
-    fields.insert("one_file_blob_dir".into(), t.figures(raw_us));
-    fields.insert("raw_write_fsync_us".into(), json!(round(raw_us)));
-    fields.insert("runs".into(), json!(docs.len()));
-    fields.insert("steps".into(), json!(STEPS));
-    fields.insert("notes".into(), json!(NOTES));
-    emit(
+    emit_floor(
         "file-alone",
         "file",
-        "W7-floor",
         crate::durability("file"),
-        serde_json::Value::Object(fields),
+        docs.len(),
+        median(raw),
+        vec![("one_file_blob_dir", Took::median(&took))],
+        &[],
     );
     Ok(())
 }
@@ -320,24 +346,14 @@ async fn postgres(args: &Args, docs: &[Vec<String>]) -> Res<()> {
             .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
             .await?;
     }
-    let (quiet_us, after_us) = (median(quiet), median(after));
-    let t = Took {
-        io_us: median(took.iter().map(|t| t.io_us).collect()),
-        name_us: median(took.iter().map(|t| t.name_us).collect()),
-    };
-    let mut fields = serde_json::Map::new();
-    fields.insert("bytea_one_statement".into(), t.figures(quiet_us));
-    fields.insert("raw_write_fsync_us".into(), json!(round(quiet_us)));
-    fields.insert("raw_write_fsync_after_us".into(), json!(round(after_us)));
-    fields.insert("runs".into(), json!(docs.len()));
-    fields.insert("steps".into(), json!(STEPS));
-    fields.insert("notes".into(), json!(NOTES));
-    emit(
+    emit_floor(
         "postgres-alone",
         "postgres",
-        "W7-floor",
         crate::durability("postgres"),
-        serde_json::Value::Object(fields),
+        docs.len(),
+        median(quiet),
+        vec![("bytea_one_statement", Took::median(&took))],
+        &[("raw_write_fsync_after_us", median(after))],
     );
     Ok(())
 }
