@@ -14,6 +14,7 @@ use steadfast_core::{
 
 use crate::{CheckResult, TestStore, STATE_LIMIT};
 
+pub use crate::blob_checks::*;
 pub use crate::events_checks::*;
 pub use crate::ops_checks::*;
 pub use crate::replace_checks::*;

@@ -24,3 +24,26 @@ pub fn rereading_agent(n: usize, run: usize) -> Workflow {
     }
     b.build().expect("a valid workflow")
 }
+
+/// Removes every blob file (a name of 64 hex digits) from a file store's
+/// blob directory, behind the store's back, and says how many it removed:
+/// the file store's [`TestStore::with_blob_loss`](crate::TestStore::with_blob_loss) hook.
+pub fn remove_blob_files(dir: &std::path::Path) -> Result<u64, String> {
+    let mut removed = 0;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            std::fs::remove_file(entry.path())
+                .map_err(|e| format!("{}: {e}", entry.path().display()))?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}

@@ -34,6 +34,7 @@
 //! The crate also ships [`FaultyStore`], a wrapper that fails or loses writes
 //! from the N-th save on, for crash tests at the store boundary.
 
+mod blob_checks;
 pub mod checks;
 mod events_checks;
 mod faulty;
@@ -43,6 +44,7 @@ mod replace_checks;
 
 use std::any::Any;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 pub use faulty::{Fault, FaultyStore};
@@ -208,14 +210,24 @@ impl Default for Config {
 pub struct TestStore {
     /// The store under test.
     pub store: Arc<dyn Store>,
+    /// Removes every blob the store holds, behind its back, and says how
+    /// many it removed ([`TestStore::with_blob_loss`]).
+    pub lose_blobs: Option<LoseBlobs>,
     _guard: Box<dyn Any + Send + Sync>,
 }
+
+/// What [`TestStore::with_blob_loss`] takes: a function that removes every
+/// blob a store holds (as a disk or an operator might lose them) without
+/// going through the store, and returns how many it removed.
+pub type LoseBlobs =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<u64, String>> + Send>> + Send + Sync>;
 
 impl TestStore {
     /// A store that needs nothing else kept alive.
     pub fn new(store: impl Store + 'static) -> Self {
         TestStore {
             store: Arc::new(store),
+            lose_blobs: None,
             _guard: Box::new(()),
         }
     }
@@ -224,8 +236,31 @@ impl TestStore {
     pub fn with_guard(store: impl Store + 'static, guard: impl Any + Send + Sync) -> Self {
         TestStore {
             store: Arc::new(store),
+            lose_blobs: None,
             _guard: Box::new(guard),
         }
+    }
+
+    /// Gives the checks a way to lose the store's blobs behind its back:
+    /// every store that keeps blobs ([`Capabilities::blobs`](steadfast_core::Capabilities))
+    /// must give one, so that the suite can see a reference to a missing
+    /// blob refused as damage.
+    ///
+    /// ```
+    /// use steadfast_conformance::TestStore;
+    /// use steadfast_core::MemoryStore;
+    ///
+    /// // A store without blobs has nothing to lose: a hook that finds none.
+    /// let ts = TestStore::new(MemoryStore::new()).with_blob_loss(|| async { Ok(0) });
+    /// assert!(ts.lose_blobs.is_some());
+    /// ```
+    pub fn with_blob_loss<F, Fut>(mut self, lose: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<u64, String>> + Send + 'static,
+    {
+        self.lose_blobs = Some(Arc::new(move || Box::pin(lose())));
+        self
     }
 }
 
@@ -340,6 +375,8 @@ macro_rules! store_conformance {
             concurrent_starts_of_one_id_agree,
             large_values_and_lookalikes_load_back_equal,
             shared_large_values_survive_concurrent_saves_and_deletes,
+            saves_cut_off_anywhere_leave_whole_runs,
+            a_missing_blob_is_damage_and_never_a_value,
         );
     };
 }

@@ -1,5 +1,6 @@
 //! The store conformance suite on `FileStore`.
 
+use steadfast_conformance::fixtures::remove_blob_files;
 use steadfast_conformance::{
     events_conformance, history_conformance, history_rewrite_conformance, store_conformance,
     Config, TestStore,
@@ -13,7 +14,11 @@ fn make(cfg: Config) -> TestStore {
         .max_state_bytes(cfg.state_limit)
         .blob_threshold(1024);
     let store = FileStore::open_with(OsFs, dir.path().join("runs.json"), opts).expect("open");
-    TestStore::with_guard(store, dir)
+    let blobs = dir.path().join("runs.json.blobs");
+    TestStore::with_guard(store, dir).with_blob_loss(move || {
+        let blobs = blobs.clone();
+        async move { remove_blob_files(&blobs) }
+    })
 }
 
 store_conformance!(make);

@@ -37,9 +37,23 @@ mod sqlite {
     use steadfast_sqlite::{SqliteOptions, SqliteStore};
     fn make(cfg: Config) -> TestStore {
         let dir = tempfile::tempdir().expect("a temp dir");
-        let opts = SqliteOptions::default().max_state_bytes(cfg.state_limit * 2);
-        let store = SqliteStore::open_with(dir.path().join("runs.db"), opts).expect("open");
-        TestStore::with_guard(sealed(store, &cfg), dir)
+        // A low threshold, so that sealed values are blobs underneath.
+        let opts = SqliteOptions::default()
+            .max_state_bytes(cfg.state_limit * 2)
+            .blob_threshold(1024);
+        let db = dir.path().join("runs.db");
+        let store = SqliteStore::open_with(&db, opts).expect("open");
+        TestStore::with_guard(sealed(store, &cfg), dir).with_blob_loss(move || {
+            let db = db.clone();
+            async move {
+                let conn = rusqlite::Connection::open(&db).map_err(|e| e.to_string())?;
+                conn.execute_batch("DELETE FROM blob_chunks")
+                    .map_err(|e| e.to_string())?;
+                conn.execute("DELETE FROM blobs", [])
+                    .map(|n| n as u64)
+                    .map_err(|e| e.to_string())
+            }
+        })
     }
     store_conformance!(make);
     history_conformance!(make);
@@ -52,9 +66,15 @@ mod file {
     use steadfast_file::{FileStore, FileStoreOptions, OsFs};
     fn make(cfg: Config) -> TestStore {
         let dir = tempfile::tempdir().expect("a temp dir");
-        let opts = FileStoreOptions::default().max_state_bytes(cfg.state_limit * 2);
+        let opts = FileStoreOptions::default()
+            .max_state_bytes(cfg.state_limit * 2)
+            .blob_threshold(1024);
         let store = FileStore::open_with(OsFs, dir.path().join("runs.json"), opts).expect("open");
-        TestStore::with_guard(sealed(store, &cfg), dir)
+        let blobs = dir.path().join("runs.json.blobs");
+        TestStore::with_guard(sealed(store, &cfg), dir).with_blob_loss(move || {
+            let blobs = blobs.clone();
+            async move { steadfast_conformance::fixtures::remove_blob_files(&blobs) }
+        })
     }
     store_conformance!(make);
     history_conformance!(make);

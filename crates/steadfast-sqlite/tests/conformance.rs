@@ -12,8 +12,20 @@ fn make(cfg: Config) -> TestStore {
     let opts = SqliteOptions::default()
         .max_state_bytes(cfg.state_limit)
         .blob_threshold(1024);
-    let store = SqliteStore::open_with(dir.path().join("runs.db"), opts).expect("open");
-    TestStore::with_guard(store, dir)
+    let db = dir.path().join("runs.db");
+    let store = SqliteStore::open_with(&db, opts).expect("open");
+    TestStore::with_guard(store, dir).with_blob_loss(move || lose_blobs(db.clone()))
+}
+
+/// Deletes every blob's rows behind the store's back (the references stay),
+/// and says how many blobs there were.
+async fn lose_blobs(db: std::path::PathBuf) -> Result<u64, String> {
+    let conn = rusqlite::Connection::open(&db).map_err(|e| e.to_string())?;
+    conn.execute("DELETE FROM blob_chunks", [])
+        .map_err(|e| e.to_string())?;
+    conn.execute("DELETE FROM blobs", [])
+        .map(|n| n as u64)
+        .map_err(|e| e.to_string())
 }
 
 store_conformance!(make);
