@@ -12,7 +12,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use steadfast_core::store::SaveRequest;
 use steadfast_core::StoreExt as _;
-use steadfast_core::{Checkpoint, ListFilter, StepRecord, StoreErrorKind, Timestamp};
+use steadfast_core::{
+    Checkpoint, ListFilter, StepRecord, Store, StoreError, StoreErrorKind, Timestamp,
+};
 
 use crate::{CheckResult, TestStore};
 
@@ -54,41 +56,64 @@ impl<F: Future> Future for Cut<F> {
 /// finishing.
 const MOST_CUTS: usize = 400;
 
-/// What a run holds after `steps` steps of the check's flow: each step
-/// brings a large value of its own and keeps the one the first step brought
-/// (a document read again).
-fn after(run_id: &str, steps: usize) -> (Checkpoint, Vec<StepRecord>) {
-    let t = |ms: u64| Timestamp::from_unix_millis(1_700_000_000_000 + ms);
-    let mut cp = Checkpoint::new(run_id, "cut", t(0));
-    let mut rows = Vec::new();
-    for i in 0..steps {
-        let name = format!("s{i}");
-        let update = json!({
-            format!("doc{i}"): doc(i),
-            "first": doc(0),
-            "n": i,
-        });
-        let Value::Object(update) = update else {
-            unreachable!("an object")
-        };
-        cp.state.extend(update.clone());
-        cp.completed.push(name.clone());
-        rows.push(StepRecord::new(
-            i,
-            &name,
-            update,
-            1,
-            t(i as u64 * 10),
-            t(i as u64 * 10 + 5),
-        ));
-    }
-    cp.next = steps;
-    (cp, rows)
+fn t(ms: u64) -> Timestamp {
+    Timestamp::from_unix_millis(1_700_000_000_000 + ms)
 }
 
-/// Step `i`'s large value: 8 KiB of text of its own.
-fn doc(i: usize) -> String {
-    format!("{i:>4}").repeat(2 * 1024)
+/// The size of the check's large values for a store whose threshold is
+/// `threshold`: just over it, so that they are blobs (8 KiB under a
+/// sealing store, which counts values in full and leaves the threshold to
+/// the store underneath). `None` for a threshold over 1 MiB, too large for
+/// the checks to fill.
+fn large_size(threshold: u64) -> Option<usize> {
+    match threshold {
+        u64::MAX => Some(8 << 10),
+        t if t <= 1 << 20 => Some(t as usize + 1024),
+        _ => None,
+    }
+}
+
+/// The run after `before` and one more step, `step`, brought by attempt
+/// `attempt` (from 1) of its save. The step's large value is new at every
+/// odd attempt, so that it writes a blob anew and a cut can land anywhere
+/// in the save; an even attempt saves its predecessor's value again, as a
+/// step run again after a crash may, over whatever that one's cut left
+/// half-written. The first step's value is kept (a document read again).
+fn with_step(
+    before: &Checkpoint,
+    step: usize,
+    attempt: usize,
+    size: usize,
+) -> (Checkpoint, StepRecord) {
+    let name = format!("s{step}");
+    let Value::Object(update) = json!({
+        format!("doc{step}"): doc(step, attempt.div_ceil(2), size),
+        "first": doc(0, 0, size),
+        "n": step,
+    }) else {
+        unreachable!("an object")
+    };
+    let mut cp = before.clone();
+    cp.state.extend(update.clone());
+    cp.completed.push(name.clone());
+    cp.next = step + 1;
+    let row = StepRecord::new(
+        step,
+        &name,
+        update,
+        1,
+        t(step as u64 * 10),
+        t(step as u64 * 10 + 5),
+    );
+    (cp, row)
+}
+
+/// A large value of `size` bytes, its own for each step and attempt.
+fn doc(step: usize, attempt: usize, size: usize) -> String {
+    let mut out = format!("step {step} attempt {attempt} ");
+    let fill = size.saturating_sub(out.len());
+    out.extend(std::iter::repeat_n('x', fill));
+    out
 }
 
 /// Whether `loaded` is the record of `expected` (all but its version).
@@ -98,102 +123,162 @@ fn same_record(loaded: &Checkpoint, expected: &Checkpoint) -> bool {
         && loaded.next == expected.next
 }
 
-/// Each save of a run whose steps bring large values (stored as blobs where
-/// the store has them) is cut off at its first point of waiting, then its
-/// second, and so on until one finishes. After every cut the run loads
-/// whole: as it was before the save or as the save made it, every large
-/// value equal, never an error. A cut save that lands later is seen as the
-/// conflict it causes, never as a lost or doubled step. The history ends as
-/// the steps were saved, and once the run is deleted no blob is left (a
-/// store that sweeps may need a few more writes to find a blob a cut save
-/// left behind; the check makes them).
+/// The run and its history as of one version: read again while a save
+/// cut before lands between the two reads. `None` for an absent run.
+async fn observe(
+    store: &dyn Store,
+    run_id: &str,
+    history: bool,
+) -> Result<Option<(Checkpoint, Option<Vec<StepRecord>>)>, StoreError> {
+    loop {
+        let Some(first) = store.load(run_id).await? else {
+            return Ok(None);
+        };
+        if !history {
+            return Ok(Some((first, None)));
+        }
+        let h = store.history(run_id).await?;
+        let again = store.load(run_id).await?;
+        if again.as_ref().map(|c| c.version) == Some(first.version) {
+            // No history for a run that loads compares as none at all.
+            return Ok(Some((first, Some(h.unwrap_or_default()))));
+        }
+    }
+}
+
+/// Each save of a run whose steps bring large values (blobs, where the
+/// store keeps them) is cut off where its future first returned `Pending`
+/// (waiting for a server, a thread, a lock), then where it did so a second
+/// time, and so on until one finishes; every other attempt carries a large
+/// value of its own (so that cuts reach every point of a save that writes a
+/// blob), the others the value of the attempt before (a save again of what
+/// a cut save may have left half-written). After every cut the run loads as it was before the save or as
+/// one of the cut attempts made it (one that had landed), at the version
+/// after, never an error; its history is the rows of the one it loads as.
+/// A cut save that lands later shows as the conflict it causes, never as a
+/// lost or doubled step. Once the run is deleted the store counts no blob
+/// (a store that sweeps may need a few more writes to find a blob a cut
+/// save left behind; the check makes them, with no large value of their
+/// own). A store whose save finishes in its first poll (SQLite's lone
+/// commit) is never cut: the check then only saves and deletes.
 pub async fn saves_cut_off_anywhere_leave_whole_runs(ts: TestStore) -> CheckResult {
     let store = &*ts.store;
     let run_id = "cut-1";
-    let (first, rows) = after(run_id, 1);
+    let history = store.capabilities().history.is_some();
+    let size = match store.capabilities().blobs {
+        Some(b) => large_size(b.threshold()).ok_or(
+            "the store's blob threshold is over 1 MiB: give the suite's store a lower one",
+        )?,
+        None => 8 << 10,
+    };
+    let (mut before, row) = with_step(&Checkpoint::new(run_id, "cut", t(0)), 0, 0, size);
     let mut version = store
-        .save(SaveRequest::new(&first, None).with_step(&rows[0]))
+        .save(SaveRequest::new(&before, None).with_step(&row))
         .await?;
-    let mut before = first;
+    let mut rows = vec![row];
     let mut cuts = 0usize;
     for step in 1..4 {
-        let (next, rows) = after(run_id, step + 1);
-        let row = &rows[step];
-        let mut polls = 1;
-        loop {
+        // Every attempt so far of this step's save, any of which may land.
+        let mut tried: Vec<(Checkpoint, StepRecord)> = Vec::new();
+        let landed = loop {
+            let polls = tried.len() + 1;
             ensure!(
                 polls <= MOST_CUTS,
                 "step {step}'s save did not finish within {MOST_CUTS} polls"
             );
-            let save = store.save(SaveRequest::new(&next, Some(version)).with_step(row));
+            let (next, row) = with_step(&before, step, polls, size);
+            let save = store.save(SaveRequest::new(&next, Some(version)).with_step(&row));
             let out = Cut {
                 fut: Box::pin(save),
                 polls,
             }
             .await;
-            polls += 1;
+            tried.push((next, row));
             match out {
                 Some(Ok(v)) => {
-                    version = v;
-                    break;
-                }
-                Some(Err(e)) if e.kind() == StoreErrorKind::Conflict => {
-                    // A save cut off before this one landed after all.
-                    let loaded = store
-                        .load(run_id)
-                        .await?
-                        .ok_or("the run vanished after a conflict")?;
                     ensure!(
-                        same_record(&loaded, &next) && loaded.version > version,
-                        "step {step}: a save conflicted, but the run holds neither this step's \
-                         record nor a newer version (version {} after {version}, next {})",
-                        loaded.version,
-                        loaded.next
+                        v == version + 1,
+                        "step {step}: a save expecting version {version} wrote {v}"
                     );
-                    version = loaded.version;
-                    break;
+                    break tried.len() - 1;
                 }
-                Some(Err(e)) => {
+                Some(Err(e)) if e.kind() != StoreErrorKind::Conflict => {
                     return Err(format!("step {step}: a save after {cuts} cuts failed: {e}").into())
                 }
-                None => {
-                    cuts += 1;
-                    let loaded = match store.load(run_id).await {
-                        Ok(Some(cp)) => cp,
+                // A conflict: an attempt cut before this one landed after all.
+                // A cut: this one may have landed, or not yet.
+                conflict_or_cut => {
+                    if conflict_or_cut.is_none() {
+                        cuts += 1;
+                    }
+                    let (loaded, h) = match observe(store, run_id, history).await {
+                        Ok(Some(seen)) => seen,
                         Ok(None) => {
                             return Err(format!("step {step}: a cut save lost the run").into())
                         }
-                        Err(e) => return Err(format!(
-                            "step {step}: the run does not load after a save cut at poll {}: {e}",
-                            polls - 1
-                        )
-                        .into()),
+                        Err(e) => {
+                            return Err(format!(
+                                "step {step}: the run does not read after a save cut at poll \
+                                 {polls}: {e}"
+                            )
+                            .into())
+                        }
                     };
-                    if same_record(&loaded, &next) {
-                        // It had landed before the cut came.
-                        version = loaded.version;
-                        break;
+                    let which = tried.iter().position(|(cp, _)| same_record(&loaded, cp));
+                    let now_rows: Vec<StepRecord> = match which {
+                        Some(i) => {
+                            ensure!(
+                                loaded.version == version + 1,
+                                "step {step}: a landed attempt wrote version {} after {version}",
+                                loaded.version
+                            );
+                            rows.iter().cloned().chain([tried[i].1.clone()]).collect()
+                        }
+                        None => {
+                            ensure!(
+                                conflict_or_cut.is_none(),
+                                "step {step}: a save conflicted, but the run holds none of the \
+                                 step's attempts (version {} after {version}, next {})",
+                                loaded.version,
+                                loaded.next
+                            );
+                            ensure!(
+                                same_record(&loaded, &before) && loaded.version == version,
+                                "step {step}: after a save cut at poll {polls}, the run is \
+                                 neither as it was nor as an attempt made it (version {}, \
+                                 next {})",
+                                loaded.version,
+                                loaded.next
+                            );
+                            rows.clone()
+                        }
+                    };
+                    if let Some(h) = h {
+                        ensure!(
+                            h == now_rows,
+                            "step {step}: after a save cut at poll {polls}, the history has \
+                             {} rows where the run loads with {}",
+                            h.len(),
+                            now_rows.len()
+                        );
                     }
-                    ensure!(
-                        same_record(&loaded, &before) && loaded.version == version,
-                        "step {step}: after a save cut at poll {}, the run is neither as it was \
-                         nor as the save made it (version {}, next {})",
-                        polls - 1,
-                        loaded.version,
-                        loaded.next
-                    );
+                    if let Some(i) = which {
+                        break i;
+                    }
                 }
             }
-        }
+        };
+        let (next, row) = tried.swap_remove(landed);
         before = next;
+        rows.push(row);
+        version += 1;
     }
     let loaded = store.load(run_id).await?.ok_or("the run vanished")?;
     ensure!(
-        same_record(&loaded, &before),
+        same_record(&loaded, &before) && loaded.version == version,
         "the run does not hold its four steps after {cuts} cut saves"
     );
-    if store.capabilities().history.is_some() {
-        let (_, rows) = after(run_id, 4);
+    if history {
         let h = store.history(run_id).await?.ok_or("no history")?;
         ensure!(
             h == rows,
@@ -211,13 +296,11 @@ pub async fn saves_cut_off_anywhere_leave_whole_runs(ts: TestStore) -> CheckResu
             if left.blobs == 0 {
                 break;
             }
-            // A write that refers to a large value and one that drops it:
-            // a store that sweeps unreferenced blobs gets its chance.
+            // Writes that leave no blob of their own: a store that sweeps
+            // unreferenced blobs gets its chances.
             let id = format!("cut-sweep-{round}");
-            let (cp, rows) = after(&id, 1);
-            let v = store
-                .save(SaveRequest::new(&cp, None).with_step(&rows[0]))
-                .await?;
+            let cp = Checkpoint::new(&id, "cut", t(0));
+            let v = store.save(SaveRequest::new(&cp, None)).await?;
             ensure!(store.delete_if(&id, v).await?, "{id} was not there");
             tokio::time::sleep(Duration::from_millis(50)).await;
             left = blobs.blob_totals().await?;
@@ -234,8 +317,10 @@ pub async fn saves_cut_off_anywhere_leave_whole_runs(ts: TestStore) -> CheckResu
 /// deleted, files removed, items deleted). A run that refers to one then
 /// fails to load, and its history to read, as [`Corrupt`](StoreErrorKind::Corrupt)
 /// naming the run: never `None`, never a value in its place. A run with no
-/// large value still loads, the list still shows both, and the damaged run
-/// can be deleted.
+/// large value still loads, the list still shows both, the same content
+/// saved again by another run is stored anew and loads back, and the
+/// damaged run can be deleted. The store's threshold must be at most 1 MiB
+/// (under a sealing store, the threshold underneath under 8 KiB).
 pub async fn a_missing_blob_is_damage_and_never_a_value(ts: TestStore) -> CheckResult {
     let store = &*ts.store;
     let Some(blobs) = store.capabilities().blobs else {
@@ -244,30 +329,29 @@ pub async fn a_missing_blob_is_damage_and_never_a_value(ts: TestStore) -> CheckR
     let lose = ts.lose_blobs.clone().ok_or(
         "the store keeps blobs, but its TestStore gives no way to lose them (TestStore::with_blob_loss)",
     )?;
-    // Over the threshold; a store that seals values first counts them in
-    // full (no threshold of its own), and its store underneath takes them
-    // as blobs at its threshold, set low in the suite.
-    let size = usize::try_from(blobs.threshold().min(32 << 10)).unwrap_or(32 << 10) + 4096;
+    let size = large_size(blobs.threshold())
+        .ok_or("the store's blob threshold is over 1 MiB: give the suite's store a lower one")?;
     let big = "b".repeat(size);
-    let t = Timestamp::from_unix_millis(1_700_000_000_000);
-    let mut lost = Checkpoint::new("lost-1", "flow", t);
+    let at = t(0);
+    let mut lost = Checkpoint::new("lost-1", "flow", at);
     let Value::Object(update) = json!({"doc": big, "n": 1}) else {
         unreachable!("an object")
     };
     lost.state = update.clone();
     lost.completed = vec!["read".into()];
     lost.next = 1;
-    let row = StepRecord::new(0, "read", update, 1, t, t);
+    let row = StepRecord::new(0, "read", update, 1, at, at);
     let v = store
         .save(SaveRequest::new(&lost, None).with_step(&row))
         .await?;
-    let mut kept = Checkpoint::new("kept-1", "flow", t);
+    let mut kept = Checkpoint::new("kept-1", "flow", at);
     kept.state.insert("n".into(), json!(2));
     kept.version = store.save(SaveRequest::new(&kept, None)).await?;
     let held = blobs.blob_totals().await?;
     ensure!(
         held.blobs >= 1,
-        "a value of {size} bytes made no blob: {held:?}"
+        "a value of {size} bytes made no blob: {held:?} (a store that seals values leaves the \
+         threshold to the store underneath: give that one a threshold under {size} bytes)"
     );
     let removed = lose().await?;
     ensure!(removed >= 1, "the hook lost no blob of {}", held.blobs);
@@ -281,7 +365,14 @@ pub async fn a_missing_blob_is_damage_and_never_a_value(ts: TestStore) -> CheckR
                 "a run whose blob is gone loaded as {}",
                 match cp {
                     None => "absent".to_string(),
-                    Some(cp) => format!("a record with `doc` = {:.40}", cp.state["doc"]),
+                    Some(cp) => {
+                        let doc = cp
+                            .state
+                            .get("doc")
+                            .map(Value::to_string)
+                            .unwrap_or_default();
+                        format!("a record with `doc` = {}", doc.get(..40).unwrap_or(&doc))
+                    }
                 }
             )
             .into())
@@ -319,6 +410,15 @@ pub async fn a_missing_blob_is_damage_and_never_a_value(ts: TestStore) -> CheckR
     ensure!(
         listed.iter().any(|r| r == "lost-1") && listed.iter().any(|r| r == "kept-1"),
         "the list after a blob was lost: {listed:?}"
+    );
+    // The same content saved again, by another run: stored anew, never
+    // taken for the blob that was there.
+    let mut again = Checkpoint::new("lost-2", "flow", at);
+    again.state = lost.state.clone();
+    again.version = store.save(SaveRequest::new(&again, None)).await?;
+    ensure!(
+        store.load("lost-2").await?.as_ref() == Some(&again),
+        "a value saved again after its blob was lost does not load back"
     );
     ensure!(
         store.delete_if("lost-1", v).await?,

@@ -31,6 +31,11 @@
 //! [`events_conformance!`] covers the `Events` capability (each run's event
 //! log); a store that keeps no events does not expand it.
 //!
+//! A store that keeps large values as blobs gives the suite a way to lose
+//! them behind its back ([`TestStore::with_blob_loss`]) and a blob threshold
+//! of at most 1 MiB, so that its checks of cut saves and missing blobs can
+//! reach its blobs.
+//!
 //! The crate also ships [`FaultyStore`], a wrapper that fails or loses writes
 //! from the N-th save on, for crash tests at the store boundary.
 

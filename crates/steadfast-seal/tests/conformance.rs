@@ -47,6 +47,8 @@ mod sqlite {
             let db = db.clone();
             async move {
                 let conn = rusqlite::Connection::open(&db).map_err(|e| e.to_string())?;
+                conn.busy_timeout(std::time::Duration::from_secs(10))
+                    .map_err(|e| e.to_string())?;
                 conn.execute_batch("DELETE FROM blob_chunks")
                     .map_err(|e| e.to_string())?;
                 conn.execute("DELETE FROM blobs", [])

@@ -21,6 +21,8 @@ fn make(cfg: Config) -> TestStore {
 /// and says how many blobs there were.
 async fn lose_blobs(db: std::path::PathBuf) -> Result<u64, String> {
     let conn = rusqlite::Connection::open(&db).map_err(|e| e.to_string())?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))
+        .map_err(|e| e.to_string())?;
     conn.execute("DELETE FROM blob_chunks", [])
         .map_err(|e| e.to_string())?;
     conn.execute("DELETE FROM blobs", [])
