@@ -29,11 +29,31 @@ macro_rules! ensure {
 /// Polls a future at most `polls` times, then drops it: `None` when it had
 /// not finished by then. A save dropped after its `k`th poll stops at the
 /// `k`th point where it waited (for a server's answer, a thread, a lock),
-/// as a process that dies there does; whatever it had handed on (a request
-/// already sent, a job on a writer thread) may still land.
-struct Cut<F: Future> {
+/// as a caller that gives up there does (a timeout, an aborted task);
+/// whatever it had handed on (a request already sent, a job on a writer
+/// thread) may still land.
+///
+/// ```
+/// # steadfast_conformance::runtime().block_on(async {
+/// use steadfast_conformance::Cut;
+///
+/// assert_eq!(Cut::new(async { 7 }, 1).await, Some(7));
+/// assert_eq!(Cut::new(tokio::task::yield_now(), 1).await, None);
+/// # });
+/// ```
+pub struct Cut<F: Future> {
     fut: Pin<Box<F>>,
     polls: usize,
+}
+
+impl<F: Future> Cut<F> {
+    /// `fut`, polled at most `polls` times.
+    pub fn new(fut: F, polls: usize) -> Self {
+        Cut {
+            fut: Box::pin(fut),
+            polls,
+        }
+    }
 }
 
 impl<F: Future> Future for Cut<F> {
@@ -188,11 +208,7 @@ pub async fn saves_cut_off_anywhere_leave_whole_runs(ts: TestStore) -> CheckResu
             );
             let (next, row) = with_step(&before, step, polls, size);
             let save = store.save(SaveRequest::new(&next, Some(version)).with_step(&row));
-            let out = Cut {
-                fut: Box::pin(save),
-                polls,
-            }
-            .await;
+            let out = Cut::new(save, polls).await;
             tried.push((next, row));
             match out {
                 Some(Ok(v)) => {

@@ -44,6 +44,7 @@ pub mod checks;
 mod events_checks;
 mod faulty;
 pub mod fixtures;
+pub use crate::blob_checks::Cut;
 mod ops_checks;
 mod replace_checks;
 

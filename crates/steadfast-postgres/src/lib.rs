@@ -979,6 +979,7 @@ impl Store for PgStore {
                 refs_before,
                 deadlocks: 0,
                 reply: tx,
+                ticket: 0,
             },
         )
         .await;

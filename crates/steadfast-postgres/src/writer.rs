@@ -3,6 +3,7 @@
 //! when its version check fails, so a conflicting member fails alone and the
 //! rest commit. A save is acknowledged only after COMMIT returned.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures_util::future::join_all;
@@ -89,6 +90,8 @@ pub(crate) struct SaveJob {
     /// when not known); a fresh run's statement says it itself.
     pub refs_before: bool,
     pub reply: oneshot::Sender<Result<Acct, StoreError>>,
+    /// Set by [`submit`]: which caller's save this is.
+    pub ticket: u64,
 }
 
 impl SaveJob {
@@ -117,24 +120,31 @@ pub(crate) struct Writer {
     pub lead: Arc<tokio::sync::Mutex<Option<deadpool_postgres::Object>>>,
 }
 
-/// Queues `job`; if no one is committing, commits the queue's first batch
-/// (which holds `job`) right here, without a hand-off to another task, then
-/// hands what queued meanwhile to a leader task that commits batches until
-/// the queue is empty. A caller that stops waiting mid-commit (its future
-/// dropped) loses only the batch in flight, whose callers see an unknown
-/// outcome and look; the rest of the queue is handed on.
-pub(crate) async fn submit(shared: &Arc<Shared>, job: SaveJob) {
+/// Queues `job`; if no one is committing and the queue holds `job` alone,
+/// commits it right here, without a hand-off to another task, then hands
+/// what queued meanwhile to a leader task that commits batches until the
+/// queue is empty. A batch that holds other callers' saves is always
+/// committed by a leader task, never on a caller's path: a caller that stops
+/// waiting (its future dropped mid-commit) then loses only its own save,
+/// whose outcome it no longer asks for, and never another caller's.
+pub(crate) async fn submit(shared: &Arc<Shared>, mut job: SaveJob) {
     let writer = &shared.writer;
+    let ticket = TICKETS.fetch_add(1, Ordering::Relaxed);
+    job.ticket = ticket;
     writer.queue.push(job);
     let Ok(guard) = Arc::clone(&writer.lead).try_lock_owned() else {
         // The one committing takes this job with its next batch.
         return;
     };
+    let batch = writer.queue.take();
+    if batch.len() > 1 || batch.first().is_some_and(|j| j.ticket != ticket) {
+        tokio::spawn(lead(Arc::clone(shared), guard, batch));
+        return;
+    }
     let mut turn = Turn {
         shared: Arc::clone(shared),
         guard: Some(guard),
     };
-    let batch = writer.queue.take();
     if !batch.is_empty() {
         if let Some(conn) = turn.guard.as_mut() {
             commit(shared, conn, batch).await;
@@ -142,6 +152,9 @@ pub(crate) async fn submit(shared: &Arc<Shared>, job: SaveJob) {
     }
     turn.hand_on();
 }
+
+/// Numbers each save's job, so that a caller knows its own.
+static TICKETS: AtomicU64 = AtomicU64::new(0);
 
 type Lead = tokio::sync::OwnedMutexGuard<Option<deadpool_postgres::Object>>;
 
@@ -173,7 +186,7 @@ impl Turn {
             }
         };
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(lead(Arc::clone(&self.shared), guard));
+            rt.spawn(lead(Arc::clone(&self.shared), guard, Vec::new()));
         }
     }
 }
@@ -184,14 +197,15 @@ impl Drop for Turn {
     }
 }
 
-/// Commits batches until the queue is empty.
-async fn lead(shared: Arc<Shared>, guard: Lead) {
+/// Commits `first`, then batches until the queue is empty.
+async fn lead(shared: Arc<Shared>, guard: Lead, first: Vec<SaveJob>) {
     let mut turn = Turn {
         shared: Arc::clone(&shared),
         guard: Some(guard),
     };
+    let mut first = Some(first).filter(|b| !b.is_empty());
     loop {
-        let batch = shared.writer.queue.take();
+        let batch = first.take().unwrap_or_else(|| shared.writer.queue.take());
         if batch.is_empty() {
             break;
         }

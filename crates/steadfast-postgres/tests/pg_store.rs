@@ -373,3 +373,37 @@ fn a_role_that_may_only_use_the_tables_runs_flows() -> TestResult {
         result
     })
 }
+
+/// Many saves at once, half of them given up part way by their callers:
+/// every save whose caller waits is answered with its version, never with
+/// an unknown outcome because another caller stopped waiting while its
+/// save was being committed in the same transaction.
+#[test]
+fn a_caller_that_stops_waiting_costs_no_other_caller_its_save() -> TestResult {
+    rt().block_on(async {
+        let (store, _g) = support::fresh_store(PgOptions::default()).await;
+        let store = Arc::new(store);
+        for round in 0..300 {
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..64usize {
+                let store = Arc::clone(&store);
+                tasks.spawn(async move {
+                    let cp = Checkpoint::new(format!("r{round}-{i}"), "wf", Timestamp::EPOCH);
+                    let save = store.save(SaveRequest::new(&cp, None));
+                    if i % 2 == 0 {
+                        let _ = steadfast_conformance::Cut::new(save, 1 + (i / 2) % 3).await;
+                        Ok(())
+                    } else {
+                        save.await
+                            .map(drop)
+                            .map_err(|e| format!("r{round}-{i}: {e}"))
+                    }
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done??;
+            }
+        }
+        Ok(())
+    })
+}
