@@ -90,7 +90,7 @@ pub(crate) struct SaveJob {
     /// when not known); a fresh run's statement says it itself.
     pub refs_before: bool,
     pub reply: oneshot::Sender<Result<Acct, StoreError>>,
-    /// Set by [`submit`]: which caller's save this is.
+    /// Set by [`submit`] (from 1): which caller's save this is.
     pub ticket: u64,
 }
 
@@ -138,7 +138,13 @@ pub(crate) async fn submit(shared: &Arc<Shared>, mut job: SaveJob) {
     };
     let batch = writer.queue.take();
     if batch.len() > 1 || batch.first().is_some_and(|j| j.ticket != ticket) {
-        tokio::spawn(lead(Arc::clone(shared), guard, batch));
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(lead(Arc::clone(shared), guard, batch));
+        } else {
+            // No runtime to spawn on (a save polled by another executor):
+            // committed here, as the only way it commits at all.
+            lead(Arc::clone(shared), guard, batch).await;
+        }
         return;
     }
     let mut turn = Turn {
@@ -154,7 +160,7 @@ pub(crate) async fn submit(shared: &Arc<Shared>, mut job: SaveJob) {
 }
 
 /// Numbers each save's job, so that a caller knows its own.
-static TICKETS: AtomicU64 = AtomicU64::new(0);
+static TICKETS: AtomicU64 = AtomicU64::new(1);
 
 type Lead = tokio::sync::OwnedMutexGuard<Option<deadpool_postgres::Object>>;
 

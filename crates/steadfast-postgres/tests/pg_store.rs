@@ -400,9 +400,16 @@ fn a_caller_that_stops_waiting_costs_no_other_caller_its_save() -> TestResult {
                     }
                 });
             }
-            while let Some(done) = tasks.join_next().await {
-                done??;
-            }
+            // A save left with no one to commit it would hang: a failure.
+            let all = async {
+                while let Some(done) = tasks.join_next().await {
+                    done??;
+                }
+                Ok::<(), Box<dyn std::error::Error>>(())
+            };
+            tokio::time::timeout(std::time::Duration::from_secs(30), all)
+                .await
+                .map_err(|_| format!("round {round}: saves still unanswered after 30 s"))??;
         }
         Ok(())
     })
