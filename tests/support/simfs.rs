@@ -334,6 +334,14 @@ impl Fs for SimFs {
         Ok(())
     }
 
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        let g = self.inner.lock().unwrap();
+        match g.disk.live.get(path) {
+            Some(&ino) => Ok(g.disk.inodes[ino].live.len() as u64),
+            None => Err(io::Error::from(io::ErrorKind::NotFound)),
+        }
+    }
+
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
         let g = self.inner.lock().unwrap();
         let names: Vec<String> = g

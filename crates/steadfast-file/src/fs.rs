@@ -63,6 +63,20 @@ pub trait Fs: Send + Sync + 'static {
     fn remove_file(&self, path: &Path) -> io::Result<()>;
     /// The names of the entries in a directory.
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// The size in bytes of the regular file at `path`, not following a
+    /// symbolic link (anything but a regular file is an error of kind
+    /// `InvalidInput`): how the store counts the blobs on disk. The default
+    /// asks the operating system's file system; a simulated one overrides it.
+    fn file_len(&self, path: &Path) -> io::Result<u64> {
+        let meta = fs::symlink_metadata(path)?;
+        if !meta.file_type().is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not a regular file", path.display()),
+            ));
+        }
+        Ok(meta.len())
+    }
     /// Takes an exclusive lock on `path` (created with mode 0600 if missing) that
     /// other processes respect, waiting at most `timeout` (then `TimedOut`).
     fn lock(&self, path: &Path, timeout: Duration) -> io::Result<LockGuard>;

@@ -31,6 +31,12 @@ fn open(path: &Path) -> Result<FileStore, steadfast_core::StoreError> {
 }
 
 /// The blob files beside the store file: (how many, their bytes).
+/// The store's own blob totals: (blobs, bytes).
+async fn totals(store: &FileStore) -> Result<(usize, u64), steadfast_core::StoreError> {
+    let t = store.blob_totals().await?.expect("a store with blobs");
+    Ok((t.blobs as usize, t.bytes))
+}
+
 fn blob_files(path: &Path) -> (usize, u64) {
     let dir = PathBuf::from(format!("{}.blobs", path.display()));
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -468,6 +474,10 @@ async fn a_leftover_blob_goes_within_32_writes_that_drop_nothing() -> TestResult
     let stored = blob_files(&path).0;
     let orphan = PathBuf::from(format!("{}.blobs", path.display())).join("cd".repeat(32));
     std::fs::write(&orphan, b"\"orphan\"")?;
+    // The store's totals count it while it is there (files on disk).
+    let (blobs, bytes) = totals(&store).await?;
+    assert_eq!(blobs, stored + 1, "the leftover counts while it is there");
+    assert_eq!(bytes, blob_files(&path).1);
     // Each save below is one write, of a run with no large value.
     let mut cp = Checkpoint::new("w", "one", steadfast_core::Timestamp::from_unix_millis(0));
     let (mut version, mut writes) = (None, 0);
@@ -478,6 +488,7 @@ async fn a_leftover_blob_goes_within_32_writes_that_drop_nothing() -> TestResult
         writes += 1;
     }
     assert_eq!(blob_files(&path).0, stored, "the runs' own blobs stay");
+    assert_eq!(totals(&store).await?, blob_files(&path));
     let cp = store.load("r0").await?.expect("stored");
     assert_eq!(cp.state["shared1"], json!(doc(1, 100)));
     Ok(())
