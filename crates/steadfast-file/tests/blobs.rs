@@ -277,6 +277,17 @@ async fn planted_links_and_directories_where_blobs_belong_are_refused() -> TestR
         err.to_string().contains(&victim.display().to_string()),
         "{err}"
     );
+    // Nor does a link under a blob's name count as one: the totals hold
+    // the regular files only, and say so without an error.
+    let (before, _) = totals(&store).await?;
+    let link = blobs.join("ab".repeat(32));
+    std::os::unix::fs::symlink(&path, &link)?;
+    assert_eq!(
+        totals(&store).await?.0,
+        before,
+        "a link or directory counted"
+    );
+    std::fs::remove_file(&link)?;
     std::fs::remove_dir(&victim)?;
     std::fs::write(&victim, &saved)?;
     assert!(store.load("r").await?.is_some());
