@@ -306,27 +306,40 @@ pub async fn saves_cut_off_anywhere_leave_whole_runs(ts: TestStore) -> CheckResu
         store.delete(run_id).await?,
         "the run was not there to delete"
     );
-    if let Some(blobs) = store.capabilities().blobs {
-        let mut left = blobs.blob_totals().await?;
-        for round in 0..60 {
-            if left.blobs == 0 {
-                break;
-            }
-            // Writes that leave no blob of their own: a store that sweeps
-            // unreferenced blobs gets its chances.
-            let id = format!("cut-sweep-{round}");
-            let cp = Checkpoint::new(&id, "cut", t(0));
-            let v = store.save(SaveRequest::new(&cp, None)).await?;
-            ensure!(store.delete_if(&id, v).await?, "{id} was not there");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            left = blobs.blob_totals().await?;
-        }
+    if store.capabilities().blobs.is_some() {
+        let left = blobs_left_after_sweeps(store, "cut").await?;
         ensure!(
             left.blobs == 0 && left.bytes == 0,
             "blobs left after {cuts} cut saves and the run's delete: {left:?}"
         );
     }
     Ok(())
+}
+
+/// The store's blob totals once it counts none, or after 60 writes that
+/// leave no blob of their own (runs named `{prefix}-sweep-N`, saved and
+/// deleted): a store that sweeps unreferenced blobs gets its chances.
+async fn blobs_left_after_sweeps(
+    store: &dyn Store,
+    prefix: &str,
+) -> Result<steadfast_core::BlobTotals, Box<dyn std::error::Error + Send + Sync>> {
+    let blobs = store
+        .capabilities()
+        .blobs
+        .ok_or("the store keeps no blobs")?;
+    let mut left = blobs.blob_totals().await?;
+    for round in 0..60 {
+        if left.blobs == 0 {
+            break;
+        }
+        let id = format!("{prefix}-sweep-{round}");
+        let cp = Checkpoint::new(&id, prefix, t(0));
+        let v = store.save(SaveRequest::new(&cp, None)).await?;
+        ensure!(store.delete_if(&id, v).await?, "{id} was not there");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        left = blobs.blob_totals().await?;
+    }
+    Ok(left)
 }
 
 /// Every blob of a store is lost behind its back (its `lose_blobs` hook: rows
@@ -443,6 +456,148 @@ pub async fn a_missing_blob_is_damage_and_never_a_value(ts: TestStore) -> CheckR
     ensure!(
         store.load("lost-1").await?.is_none(),
         "the damaged run is still there after its delete"
+    );
+    Ok(())
+}
+
+/// A decision's data over the store's threshold (an approval that carries a
+/// document) is a blob: approving writes one, the saves after it (the gate
+/// merging the data into the state, the steps after it) write no other of
+/// the same content (under a sealing store, one more: the state's own sealed
+/// copy), and it stays while the record refers to it: through a prune that
+/// folds the history and a rewind that drops the gate's value from the
+/// state, the decision loads with its data. Data that looks like a
+/// reference loads back as given. Once the runs are deleted the store
+/// counts no blob.
+pub async fn large_decision_data_is_a_blob_kept_while_its_record_refers_to_it(
+    ts: TestStore,
+) -> CheckResult {
+    use steadfast_core::{approve, ops, start, Outcome, Runner, SystemClock};
+    let store = &ts.store;
+    let Some(blobs) = store.capabilities().blobs else {
+        return Ok(());
+    };
+    let size = large_size(blobs.threshold())
+        .ok_or("the store's blob threshold is over 1 MiB: give the suite's store a lower one")?;
+    use steadfast_core::{update, Step, Workflow};
+    // Steps after the gate that write small values only.
+    let wf = Workflow::builder("gated")
+        .step("a", |_, _| async { update(json!({"a": 1})) })
+        .push(Step::gate("g"))
+        .step("c", |_, _| async { update(json!({"c": 1})) })
+        .step("d", |_, _| async { update(json!({"d": 1})) })
+        .build()?;
+    let run = "big-gate";
+    start(&**store, "gated", run, json!({"x": "in"}), false).await?;
+    let first = Runner::new(&**store).run(run, &wf).await?;
+    ensure!(
+        first == Outcome::Waiting { gate: "g".into() },
+        "expected to wait at g, got {first:?}"
+    );
+    let before = blobs.blob_totals().await?;
+    let data = json!({"draft": "d".repeat(size), "ok": true});
+    approve(&**store, run, "g", Some(data.clone()), "ada", &SystemClock).await?;
+    let decided = blobs.blob_totals().await?;
+    ensure!(
+        decided.blobs == before.blobs + 1,
+        "approving with data of {size} bytes left {} blobs where there were {}",
+        decided.blobs,
+        before.blobs
+    );
+    let data_of = |cp: &Checkpoint| cp.decisions.first().and_then(|d| d.data.clone());
+    let loaded = store.load(run).await?.ok_or("the run vanished")?;
+    ensure!(
+        data_of(&loaded).as_ref() == Some(&data),
+        "the decision's data loaded as {:.60}",
+        format!("{:?}", data_of(&loaded))
+    );
+    let done = Runner::new(&**store).run(run, &wf).await?;
+    ensure!(
+        matches!(done, Outcome::Completed(_)),
+        "expected completion, got {done:?}"
+    );
+    let after = blobs.blob_totals().await?;
+    // A sealing store (which leaves the threshold to the store underneath)
+    // seals the state's copy of the data apart from the decision's.
+    let copies = u64::from(blobs.threshold() == u64::MAX);
+    ensure!(
+        after.blobs == decided.blobs + copies,
+        "the three saves after the decision left {} blobs where there were {} (a decision's \
+         data stored again with every save?)",
+        after.blobs,
+        decided.blobs
+    );
+    // The second decision (after the rewind) brings other data, so that
+    // after it only the first decision refers to the first data.
+    let data2 = json!({"draft": "e".repeat(size), "ok": true});
+    let check = |cp: Option<Checkpoint>, when: &str, n: usize| -> CheckResult {
+        let cp = cp.ok_or_else(|| format!("the run vanished {when}"))?;
+        let datas: Vec<Option<&Value>> = cp.decisions.iter().map(|d| d.data.as_ref()).collect();
+        let want = [Some(&data), Some(&data2)];
+        ensure!(
+            datas[..] == want[..n],
+            "{when}, the decisions' data loaded as {:.80}",
+            format!("{datas:?}")
+        );
+        Ok(())
+    };
+    check(store.load(run).await?, "when the run completed", 1)?;
+    if store.capabilities().history.is_some() {
+        // The state no longer holds the gate's value; the decision does.
+        let cp = ops::rewind(&**store, run, "a", "ada", &SystemClock).await?;
+        ensure!(
+            !cp.state.contains_key("g"),
+            "the rewind kept the gate's value in the state"
+        );
+        check(
+            store.load(run).await?,
+            "after a rewind to the first step",
+            1,
+        )?;
+        let again = Runner::new(&**store).run(run, &wf).await?;
+        ensure!(
+            again == Outcome::Waiting { gate: "g".into() },
+            "expected to wait at g again, got {again:?}"
+        );
+        approve(&**store, run, "g", Some(data2.clone()), "ada", &SystemClock).await?;
+        let done = Runner::new(&**store).run(run, &wf).await?;
+        ensure!(
+            matches!(done, Outcome::Completed(_)),
+            "expected completion again, got {done:?}"
+        );
+        // Every row but the last two folded away.
+        ops::prune(&**store, run, 1, "ada", &SystemClock)
+            .await?
+            .ok_or("the prune found nothing to fold")?;
+        check(store.load(run).await?, "after a prune", 2)?;
+    }
+    // Data that looks like a reference, on another run.
+    let fake = json!({"$blob": format!("sha256:{}", "0".repeat(64)), "bytes": 3});
+    let other = "lookalike-gate";
+    start(&**store, "gated", other, json!({"x": "in"}), false).await?;
+    Runner::new(&**store).run(other, &wf).await?;
+    approve(
+        &**store,
+        other,
+        "g",
+        Some(fake.clone()),
+        "ada",
+        &SystemClock,
+    )
+    .await?;
+    let cp = store.load(other).await?.ok_or("the run vanished")?;
+    ensure!(
+        data_of(&cp).as_ref() == Some(&fake),
+        "data that looks like a reference loaded as {:?}",
+        data_of(&cp)
+    );
+    for id in [run, other] {
+        ensure!(store.delete(id).await?, "{id} was not there to delete");
+    }
+    let left = blobs_left_after_sweeps(&**store, "gate").await?;
+    ensure!(
+        left.blobs == 0 && left.bytes == 0,
+        "blobs left after the runs with decisions were deleted: {left:?}"
     );
     Ok(())
 }

@@ -383,6 +383,7 @@ macro_rules! store_conformance {
             shared_large_values_survive_concurrent_saves_and_deletes,
             saves_cut_off_anywhere_leave_whole_runs,
             a_missing_blob_is_damage_and_never_a_value,
+            large_decision_data_is_a_blob_kept_while_its_record_refers_to_it,
         );
     };
 }

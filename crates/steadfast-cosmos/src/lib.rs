@@ -48,14 +48,17 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use reqwest::Method;
 use serde_json::{json, Value};
-use steadfast_core::store::blob::{refs_of, Blob, BlobHash, Resolver};
+use steadfast_core::store::blob::{
+    decision_refs, refs_of, Blob, BlobHash, Resolver, STORED_DECISIONS_FORMAT,
+};
+use steadfast_core::store::head::encode_head_with_blobs;
 use steadfast_core::store::plan::{
     conflict, expect_version, head_only_of_absent, plan_save_with_blobs, Known, Plan,
 };
 use steadfast_core::store::rows::{
     no_row_to_fold, rebuild, still_merged, Fields, HistoryRow, Place, RecordRow,
 };
-use steadfast_core::store::{check_head, encode_head, DueRequest, Rewrite, RunCache, SaveRequest};
+use steadfast_core::store::{check_head, DueRequest, Rewrite, RunCache, SaveRequest};
 use steadfast_core::{
     Capabilities, Document, Documents, Events, History, NewEvent, RunEvent, Schedule, Timestamp,
 };
@@ -1052,6 +1055,15 @@ impl CosmosStore {
             &hplace,
         )
         .await?;
+        if cp.format == STORED_DECISIONS_FORMAT {
+            let mut got = std::collections::HashMap::new();
+            for (hash, bytes) in decision_refs(&cp) {
+                let text = self.fetch_blob(&key, &gen, run_id, &hash, bytes).await?;
+                got.insert(hash, text);
+            }
+            let mut fetch = |h: &BlobHash, _: u64| Ok(got.remove(h).flatten());
+            Resolver::new(&mut fetch).resolve_decisions(&mut cp, &hplace)?;
+        }
         Ok(Some((cp, self.acct_of(run_id, &head)?)))
     }
 
@@ -1111,7 +1123,11 @@ impl CosmosStore {
             // what happened.
             other => return Err(unknown(format!("the head's operation answered {other:?}"))),
         }
-        if let Some(s) = (1..count).map(status).find(|s| !matches!(s, 200 | 201)) {
+        // A delete answers 204 (no content).
+        if let Some(s) = (1..count)
+            .map(status)
+            .find(|s| !matches!(s, 200 | 201 | 204))
+        {
             // The head was written but not an item: on a service that rolls
             // batches back this cannot happen.
             return Err(unknown(format!("an item of the batch answered {s}")));
@@ -1754,7 +1770,9 @@ impl Store for CosmosStore {
         head.insert("version".into(), json!(req.new_version()));
         head.insert("created_at".into(), json!(cp.created_at.unix_millis()));
         head.insert("updated_at".into(), json!(cp.updated_at.unix_millis()));
-        let doc = encode_head(cp)?;
+        // A decision's large data is a blob, written with the state's.
+        let mut head_blobs = Vec::new();
+        let doc = encode_head_with_blobs(cp, self.shared.opts.blob_threshold, &mut head_blobs)?;
         if doc.len() > MAX_HEAD_DOC {
             return Err(StoreError::TooLarge {
                 run_id: run_id.to_string(),
@@ -1774,8 +1792,13 @@ impl Store for CosmosStore {
             .as_ref()
             .filter(|a| !a.etag.is_empty())
             .map(|a| Known::new(a.version, a.next, a.snapshot_bytes, a.delta_bytes));
-        let (plan, blobs) =
+        let (plan, mut blobs) =
             plan_save_with_blobs(&req, known.as_ref(), limit, self.shared.opts.blob_threshold)?;
+        for blob in head_blobs {
+            if !blobs.iter().any(|b| b.hash == blob.hash) {
+                blobs.push(blob);
+            }
+        }
         self.write_blobs(&key, &gen, run_id, &blobs).await?;
         match plan {
             Plan::Head => {
@@ -2314,7 +2337,7 @@ struct Fence<'a> {
 
 impl CosmosStore {
     /// Deletes the blobs of run `key`'s generation `gen` that neither the
-    /// head's snapshot nor a history row (an item below the head's `next`;
+    /// head's snapshot, its decisions nor a history row (an item below the head's `next`;
     /// those above it are not read) refers to, in batches each led by the
     /// head as last written (`etag`). A save that refers to such a blob
     /// again (it saw the manifest before it went) leads its own batch with
@@ -2349,6 +2372,11 @@ impl CosmosStore {
             .await?;
         held.extend(steadfast_core::store::blob::refs_in(
             &snapshot, &place, "state",
+        )?);
+        // A decision's data may be a blob too.
+        let doc = Fields::new(&place, head).text("head")?;
+        held.extend(steadfast_core::store::blob::head_refs_in(
+            doc, &place, "head",
         )?);
         // History rows only: a row at or above `next` is never read (the
         // head and the row that raises `next` to pass it go in one batch).

@@ -16,21 +16,25 @@ use std::path::Path;
 
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
+use steadfast_core::store::blob::STORED_DECISIONS_FORMAT;
 use steadfast_core::store::image::{RunImage, StoredDocument};
 use steadfast_core::{Checkpoint, NewEvent, RunEvent, StepRecord, StoreError};
 
-/// The newest version of the file layout this build writes and reads: 6,
-/// whose history rows may hold what a step ran as (`__step`), and whose
-/// runs may carry the mark of a worker that lacked their workflow's
-/// version (`passed_over`). A file
+/// The newest version of the file layout this build writes and reads: 7,
+/// whose runs' decisions may hold references to blobs (a record of
+/// checkpoint format 2, see `STORED_DECISIONS_FORMAT`). Version 6's
+/// history rows may hold what a step ran as (`__step`), and its runs may
+/// carry the mark of a worker that lacked their workflow's version
+/// (`passed_over`). A file
 /// without history is written as version 1, one without references or
 /// escaped values as version 2, one without events as version 3 (whose
 /// values may refer to blobs), one without documents as version 4, one
 /// without step definitions as version 5 (shared documents), which older
 /// builds read; they refuse the versions after theirs, and so never take a
 /// reference for the value it stands for, drop a run's events or a limit's
-/// holders, nor merge a step's definition into its run's state.
-pub const FILE_FORMAT: u32 = 6;
+/// holders, merge a step's definition into its run's state, nor show a
+/// decision's reference as its data.
+pub const FILE_FORMAT: u32 = 7;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -350,8 +354,14 @@ impl Image {
         // A mark of a worker that passed a run over is a head field older
         // builds would refuse as unknown: it takes the newest format too.
         let passed_over = self.runs.values().any(|cp| cp.passed_over.is_some());
-        if defined || passed_over {
+        let stored_decisions = self
+            .runs
+            .values()
+            .any(|cp| cp.format == STORED_DECISIONS_FORMAT);
+        if stored_decisions {
             FILE_FORMAT
+        } else if defined || passed_over {
+            6
         } else if !self.documents.is_empty() {
             5
         } else if !self.events.is_empty() {
@@ -412,7 +422,18 @@ impl Image {
                 ));
             }
             steadfast_core::validate_run_id(key).map_err(|e| corrupt(at(), e.to_string()))?;
-            cp.check().map_err(|reason| corrupt(at(), reason))?;
+            // A record whose decisions hold references (from format 7 on) is
+            // checked as the record it becomes once a load resolves them.
+            let checked = if cp.format == STORED_DECISIONS_FORMAT && image.format >= 7 {
+                let mut plain = Checkpoint::new(&cp.run_id, &cp.workflow, cp.created_at);
+                plain.next = cp.next;
+                plain.completed.clone_from(&cp.completed);
+                plain.version = cp.version;
+                plain.check()
+            } else {
+                cp.check()
+            };
+            checked.map_err(|reason| corrupt(at(), reason))?;
         }
         let mut image = image;
         if image.format < 3 {

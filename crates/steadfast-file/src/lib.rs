@@ -874,8 +874,14 @@ impl<F: Fs> Store for FileStore<F> {
             inner.read_resolved(
                 &run_id,
                 |image| image.runs.remove(&run_id),
-                |cp| steadfast_core::store::blob::holds_marks(&cp.state),
-                |cp, place, resolver| resolver.resolve(&mut cp.state, place, "state"),
+                |cp| {
+                    steadfast_core::store::blob::holds_marks(&cp.state)
+                        || cp.format == steadfast_core::store::blob::STORED_DECISIONS_FORMAT
+                },
+                |cp, place, resolver| {
+                    resolver.resolve(&mut cp.state, place, "state")?;
+                    resolver.resolve_decisions(cp, place)
+                },
             )
         })
         .await

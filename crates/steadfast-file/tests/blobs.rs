@@ -533,3 +533,71 @@ async fn a_blob_written_for_a_step_the_rows_do_not_take_is_removed_at_once() -> 
     );
     Ok(())
 }
+
+/// A decision whose data is over the threshold is a blob, and its run a
+/// record of checkpoint format 2 in a file of format 7, which builds before
+/// it (format 6) refuse rather than show the reference as the data; small
+/// data leaves the file at the format it had. A damaged reference in a
+/// decision is reported at the decision.
+#[tokio::test]
+async fn large_decision_data_is_a_blob_in_a_file_of_format_7() -> TestResult {
+    use steadfast_core::{approve, Outcome, Step};
+    assert_eq!(steadfast_file::FILE_FORMAT, 7);
+    let (_dir, path, store) = fresh()?;
+    let format_of = |path: &Path| -> Result<Value, Box<dyn std::error::Error>> {
+        let v: Value = serde_json::from_slice(&std::fs::read(path)?)?;
+        Ok(v["format"].clone())
+    };
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"a": 1})) })
+        .push(Step::gate("g"))
+        .build()?;
+    assert_eq!(
+        run("small", &wf, &store).await?,
+        Outcome::Waiting { gate: "g".into() }
+    );
+    approve(
+        &store,
+        "small",
+        "g",
+        Some(json!({"ok": 1})),
+        "ada",
+        &SystemClock,
+    )
+    .await?;
+    assert!(
+        format_of(&path)?.as_u64() < Some(7),
+        "{}",
+        format_of(&path)?
+    );
+    run("big", &wf, &store).await?;
+    let data = json!({"draft": "d".repeat(40 << 10)});
+    approve(&store, "big", "g", Some(data.clone()), "ada", &SystemClock).await?;
+    assert_eq!(format_of(&path)?, json!(7));
+    assert_eq!(blob_files(&path).0, 1);
+    let file: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    assert_eq!(file["runs"]["big"]["format"], json!(2));
+    let stored = &file["runs"]["big"]["decisions"][0]["data"];
+    assert!(
+        stored["$blob"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("sha256:")),
+        "{stored}"
+    );
+    let cp = store.load("big").await?.expect("stored");
+    assert_eq!((cp.format, cp.decisions[0].data.as_ref()), (1, Some(&data)));
+    run("big", &wf, &store).await?;
+    assert_eq!(
+        blob_files(&path).0,
+        1,
+        "the state's copy is the same content"
+    );
+    // A reference damaged by hand is reported where it is.
+    let mut file: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    file["runs"]["big"]["decisions"][0]["data"]["$blob"] = json!(42);
+    std::fs::write(&path, serde_json::to_vec(&file)?)?;
+    let err = open(&path)?.load("big").await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    assert!(err.to_string().contains("decisions"), "{err}");
+    Ok(())
+}

@@ -23,7 +23,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use futures_util::{pin_mut, TryStreamExt};
-use steadfast_core::store::blob::{refs_in, Blob, BlobHash};
+use steadfast_core::store::blob::{head_refs_in, refs_in, Blob, BlobHash};
 use steadfast_core::store::rows::Place;
 use steadfast_core::{BlobTotals, StoreError, Usage};
 use tokio_postgres::Client;
@@ -211,8 +211,8 @@ pub(crate) async fn free(
     Ok(u64::try_from(freed).unwrap_or(0))
 }
 
-/// Makes run `run_id`'s references those its rows (its snapshot and the
-/// history below its `next`) hold, after a new snapshot or a rewrite, and
+/// Makes run `run_id`'s references those its rows (its snapshot, its
+/// head's decisions and the history below its `next`) hold, after a new snapshot or a rewrite, and
 /// removes the blobs no run refers to any more. Rows at or past `next` (left
 /// by a rewind, never read) go first. A row that does not read (a malformed
 /// reference, a damaged value) leaves every reference as it is, with a
@@ -237,15 +237,17 @@ pub(crate) async fn recount(
     if held.is_empty() {
         return Ok(());
     }
-    let snapshot: Option<String> = client
+    let record: Option<(String, String)> = client
         .query_opt(
-            &format!("SELECT snapshot FROM {q}.runs WHERE run_id = $1"),
+            &format!("SELECT snapshot, head FROM {q}.runs WHERE run_id = $1"),
             &[&run_id],
         )
         .await?
-        .map(|r| r.get(0));
+        .map(|r| (r.get(0), r.get(1)));
     let mut texts = Vec::new();
-    if let Some(text) = snapshot {
+    let mut head = None;
+    if let Some((text, head_text)) = record {
+        head = Some(head_text);
         client
             .execute(
                 &format!(
@@ -271,8 +273,13 @@ pub(crate) async fn recount(
         }
     }
     let mut wanted = BTreeSet::new();
-    for (column, text) in &texts {
-        match refs_in(text, place, column) {
+    let heads = head.iter().map(|h| head_refs_in(h, place, "head"));
+    for refs in texts
+        .iter()
+        .map(|(column, text)| refs_in(text, place, column))
+        .chain(heads)
+    {
+        match refs {
             Ok(refs) => wanted.extend(refs),
             Err(e) => {
                 tracing::warn!(run_id, error = %e, "blob references kept: a row of the run does not read");

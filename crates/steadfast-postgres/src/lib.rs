@@ -47,13 +47,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
-use steadfast_core::store::blob::{refs_of, BlobHash, Resolver};
+use steadfast_core::store::blob::{decision_refs, refs_of, resolve_decisions, BlobHash, Resolver};
 use steadfast_core::store::check_events;
+use steadfast_core::store::head::encode_head_with_blobs;
 use steadfast_core::store::plan::{conflict, expect_version, plan_save_with_blobs, Plan};
 use steadfast_core::store::rows::{
     no_row_to_fold, rebuild, still_merged, to_i64, HistoryRow, Place, RecordRow, SummaryRow,
 };
-use steadfast_core::store::{encode_head, DueRequest, Rewrite, RunCache, SaveRequest};
+use steadfast_core::store::{DueRequest, Rewrite, RunCache, SaveRequest};
 use steadfast_core::{
     BlobTotals, Blobs, Capabilities, Document, Documents, Events, History, NewEvent, RunEvent,
     Schedule, Usage,
@@ -760,7 +761,7 @@ impl PgStore {
         let (mut cp, known) = self.decode(run_id, row)?;
         let locate = locate(&self.shared, run_id);
         let place = Place::new(run_id, &locate);
-        if refs_of(&cp.state).is_empty() {
+        if refs_of(&cp.state).is_empty() && decision_refs(&cp).is_empty() {
             // Escaped values only, if any.
             steadfast_core::store::blob::resolve_object(
                 &mut cp.state,
@@ -768,6 +769,7 @@ impl PgStore {
                 "state",
                 &mut |_, _| Ok(None),
             )?;
+            resolve_decisions(&mut cp, &place, &mut |_, _| Ok(None))?;
             return Ok(Some((cp, known)));
         }
         let ctx = || format!("loading run {run_id:?} from {}", self.shared.display);
@@ -785,10 +787,20 @@ impl PgStore {
         };
         let (mut cp, known) = self.decode(run_id, &row)?;
         let q = self.quoted_schema();
-        let mut got = blobs::fetch_all(tx.client(), &q, &refs_of(&cp.state), &ctx()).await?;
+        let mut wanted = refs_of(&cp.state);
+        for r in decision_refs(&cp) {
+            if !wanted.contains(&r) {
+                wanted.push(r);
+            }
+        }
+        let mut got = blobs::fetch_all(tx.client(), &q, &wanted, &ctx()).await?;
         tx.commit().await.map_err(|e| map_err(e, &ctx()))?;
+        // A blob is taken once: a decision's data often is the state's
+        // value under the gate's name, which the resolver keeps opened.
         let mut fetch = |h: &BlobHash, _: u64| Ok(got.remove(h).flatten());
-        Resolver::new(&mut fetch).resolve(&mut cp.state, &place, "state")?;
+        let mut resolver = Resolver::new(&mut fetch);
+        resolver.resolve(&mut cp.state, &place, "state")?;
+        resolver.resolve_decisions(&mut cp, &place)?;
         Ok(Some((cp, known)))
     }
 
@@ -910,12 +922,15 @@ impl Store for PgStore {
         let cp = req.checkpoint;
         let run_id = &cp.run_id;
         let acct = self.shared.accts.get(run_id);
-        let (plan, blobs) = plan_save_with_blobs(
+        let threshold = self.shared.opts.blob_threshold;
+        let (plan, mut blobs) = plan_save_with_blobs(
             &req,
             acct.as_ref().map(|a| &a.known),
             self.shared.opts.max_state_bytes,
-            self.shared.opts.blob_threshold,
+            threshold,
         )?;
+        // A decision's large data is a blob too, written with the record.
+        let head = encode_head_with_blobs(cp, threshold, &mut blobs)?;
         // Whether the stored run may refer to blobs: what the last load or
         // save of this process saw, if the run is still at that version (no
         // one else can have added a reference without moving the version,
@@ -949,7 +964,6 @@ impl Store for PgStore {
         };
         let next = next.map(|n| to_i64(run_id, "next", n as u64)).transpose()?;
         let step = step.map(|s| StepRow::of(s, run_id)).transpose()?;
-        let head = encode_head(cp)?;
         let wake_at = cp.runnable_at();
         // Workers hear of runs that became runnable now without a worker
         // of their own: started, or decided at a gate.

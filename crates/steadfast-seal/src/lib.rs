@@ -549,6 +549,29 @@ impl History for RefuseSealed {
 struct Known {
     version: u64,
     values: HashMap<String, (Value, Value)>,
+    /// Each decision's gate and data, in plain text and as sealed, by
+    /// place: a decision's sealed data is kept from save to save (sealed
+    /// anew, its nonce would make it new content each time, and a store
+    /// with blobs would keep each copy of large data).
+    decisions: Arc<[Option<(String, Value, Value)>]>,
+}
+
+impl Known {
+    /// What a record's decisions are, in plain text (`plain`) and sealed
+    /// (`sealed`, the same decisions as stored).
+    fn decisions_of(
+        plain: &[steadfast_core::Decision],
+        sealed: &[Option<Value>],
+    ) -> Arc<[Option<(String, Value, Value)>]> {
+        plain
+            .iter()
+            .zip(sealed)
+            .map(|(d, s)| match (&d.data, s) {
+                (Some(p), Some(s)) if is_sealed(s) => Some((d.gate.clone(), p.clone(), s.clone())),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// What [`SealedStore::rekey`] did with one run.
@@ -767,7 +790,22 @@ impl SealedStore {
         out.queue = cp.queue.clone();
         // Not sealed: a forged mark only changes a stuck label.
         out.passed_over = cp.passed_over.clone();
+        let current = self.keys.current();
         for (i, d) in out.decisions.iter_mut().enumerate() {
+            // Data unchanged since this store last saw the run keeps its
+            // sealed form (if sealed with the current key).
+            let kept = known
+                .and_then(|kn| kn.decisions.get(i)?.as_ref())
+                .filter(|(gate, plain, sealed)| {
+                    *gate == d.gate
+                        && d.data.as_ref() == Some(plain)
+                        && key_of(sealed) == Some(current)
+                })
+                .map(|(_, _, sealed)| sealed.clone());
+            if let Some(sealed) = kept {
+                d.data = Some(sealed);
+                continue;
+            }
             if let Some(data) = &d.data {
                 let plain = serde_json::to_vec(data).map_err(|e| {
                     StoreError::InvalidInput(format!("run {:?}: gate data: {e}", cp.run_id))
@@ -1162,6 +1200,8 @@ impl Store for SealedStore {
                     .map(String::from);
                 let version = cp.version;
                 let sealed_state = cp.state.clone();
+                let sealed_decisions: Vec<Option<Value>> =
+                    cp.decisions.iter().map(|d| d.data.clone()).collect();
                 let opened = self.unseal(cp)?;
                 if verify_rows {
                     match StoreExt::history(self, run_id).await {
@@ -1181,8 +1221,15 @@ impl Store for SealedStore {
                             .map(|sealed| (k.clone(), (plain.clone(), sealed.clone())))
                     })
                     .collect();
-                self.known
-                    .set(run_id, Some(Arc::new(Known { version, values })));
+                let decisions = Known::decisions_of(&opened.decisions, &sealed_decisions);
+                self.known.set(
+                    run_id,
+                    Some(Arc::new(Known {
+                        version,
+                        values,
+                        decisions,
+                    })),
+                );
                 Ok(Some(opened))
             }
             None => Ok(None),
@@ -1228,14 +1275,19 @@ impl Store for SealedStore {
             }
         };
         self.tags.set(run_id, Some((version, state_tag)));
+        let sealed_decisions: Vec<Option<Value>> =
+            cp.decisions.iter().map(|d| d.data.clone()).collect();
+        let decisions = Known::decisions_of(&req.checkpoint.decisions, &sealed_decisions);
         let now_known = if req.head_only {
             known.map(|k| Known {
                 version,
                 values: k.values.clone(),
+                decisions,
             })
         } else {
             Some(Known {
                 version,
+                decisions,
                 values: req
                     .checkpoint
                     .state

@@ -19,7 +19,7 @@
 use std::collections::BTreeSet;
 
 use rusqlite::{params, Connection, OptionalExtension};
-use steadfast_core::store::blob::{refs_in, Blob, BlobHash};
+use steadfast_core::store::blob::{head_refs_in, refs_in, Blob, BlobHash};
 use steadfast_core::store::rows::Place;
 use steadfast_core::{BlobTotals, StoreError, Usage};
 
@@ -101,8 +101,8 @@ pub(crate) fn release(conn: &Connection, run_id: &str) -> rusqlite::Result<()> {
     free_unreferenced(conn, held.iter())
 }
 
-/// Makes run `run_id`'s references those its rows (its snapshot and its
-/// history) hold, after a rewrite, and removes the blobs no run refers to
+/// Makes run `run_id`'s references those its rows (its snapshot, its
+/// head's decisions and its history) hold, after a rewrite, and removes the blobs no run refers to
 /// any more. A row that does not read (a malformed reference, a damaged
 /// value) leaves every reference as it is, with a warning: nothing is freed
 /// on a guess, and the write goes on (a load reports the damage where it
@@ -138,12 +138,17 @@ fn referred(conn: &Connection, run_id: &str, path: &str) -> Option<BTreeSet<Blob
     let read = || -> Result<BTreeSet<BlobHash>, StoreError> {
         let map = |e| map_err(e, &format!("reading run {run_id:?} in {path}"));
         let mut wanted = BTreeSet::new();
-        let snapshot: Option<String> = conn
-            .prepare_cached("SELECT snapshot FROM runs WHERE run_id = ?1")
-            .and_then(|mut st| st.query_row([run_id], |r| r.get(0)).optional())
+        let record: Option<(String, String)> = conn
+            .prepare_cached("SELECT snapshot, head FROM runs WHERE run_id = ?1")
+            .and_then(|mut st| {
+                st.query_row([run_id], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .optional()
+            })
             .map_err(map)?;
-        if let Some(text) = snapshot {
-            wanted.extend(refs_in(&text, &place, "snapshot")?);
+        if let Some((snapshot, head)) = record {
+            wanted.extend(refs_in(&snapshot, &place, "snapshot")?);
+            // A decision's data may be a blob too.
+            wanted.extend(head_refs_in(&head, &place, "head")?);
         }
         let mut st = conn
             .prepare_cached(

@@ -54,12 +54,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use steadfast_core::store::blob::{resolve_object, BlobHash, Resolver};
+use steadfast_core::store::blob::{resolve_decisions, resolve_object, BlobHash, Resolver};
 use steadfast_core::store::check_events;
 use steadfast_core::store::head::around_writer;
+use steadfast_core::store::head::encode_head_with_blobs;
 use steadfast_core::store::plan::{plan_save_with_blobs, Plan};
 use steadfast_core::store::rows::{rebuild, to_i64, HistoryRow, Place, RecordRow, SummaryRow};
-use steadfast_core::store::{encode_head, Rewrite, RunCache, SaveRequest};
+use steadfast_core::store::{Rewrite, RunCache, SaveRequest};
 use steadfast_core::{
     BlobTotals, Blobs, Capabilities, Document, Documents, Events, History, NewEvent, RunEvent,
     Usage,
@@ -649,9 +650,10 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
     let (mut cp, known) = rebuild(&place, row, deltas)?;
     drop(rows);
     drop(st);
-    resolve_object(&mut cp.state, &place, "state", &mut |h, n| {
-        fetch_blob(conn, h, n, path)
-    })?;
+    let mut fetch = |h: &BlobHash, n| fetch_blob(conn, h, n, path);
+    let mut resolver = Resolver::new(&mut fetch);
+    resolver.resolve(&mut cp.state, &place, "state")?;
+    resolver.resolve_decisions(&mut cp, &place)?;
     if let Some(writer) = writer {
         cp.writer = writer;
     }
@@ -695,13 +697,14 @@ impl Store for SqliteStore {
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         let cp = req.checkpoint;
         let acct = self.shared.accts.get(&cp.run_id);
-        let (plan, blobs) = plan_save_with_blobs(
+        let threshold = self.shared.opts.blob_threshold;
+        let (plan, mut blobs) = plan_save_with_blobs(
             &req,
             acct.as_ref().map(|a| &a.known),
             self.shared.opts.max_state_bytes,
-            self.shared.opts.blob_threshold,
+            threshold,
         )?;
-        let doc = encode_head(cp)?;
+        let doc = encode_head_with_blobs(cp, threshold, &mut blobs)?;
         // The status and workflow name as stored: the row's labels (and the
         // indexes over them) need no update.
         let same_labels = acct
@@ -1146,5 +1149,6 @@ pub fn decode_record_for_fuzzing(
     let (mut cp, _) = rebuild(&place, row, deltas)?;
     // As a load does, with no blob stored.
     resolve_object(&mut cp.state, &place, "state", &mut |_, _| Ok(None))?;
+    resolve_decisions(&mut cp, &place, &mut |_, _| Ok(None))?;
     Ok(cp)
 }

@@ -49,6 +49,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use crate::record::checkpoint::{Checkpoint, Decision, CHECKPOINT_FORMAT};
 use crate::store::named;
 use crate::store::place::Place;
 use crate::StoreError;
@@ -356,38 +357,53 @@ pub fn encode_object(
         }
         named::push_json_str(&mut out, key);
         out.push(':');
-        let text = Text::of(value, run_id, what)?;
-        let bytes = text.len() as u64;
-        if bytes > threshold {
-            if bytes > MAX_BLOB_BYTES {
-                return Err(StoreError::TooLarge {
-                    run_id: run_id.to_string(),
-                    what: "value",
-                    size: bytes,
-                    limit: MAX_BLOB_BYTES,
-                });
-            }
-            let named = text.name();
-            let hash = BlobHash(named.digest);
-            // The same content twice in one save (a state and the update
-            // that set it) is kept once.
-            if !blobs.iter().any(|b| b.hash == hash) {
-                blobs.push(Blob {
-                    hash,
-                    text: named.text,
-                });
-            }
-            out.push_str(&format!("{{\"{MARK}\":\"{hash}\",\"bytes\":{bytes}}}"));
-        } else if looks_like_mark(value) {
-            out.push_str(&format!("{{\"{MARK}\":\"{LITERAL}\",\"value\":"));
-            text.push_into(&mut out);
-            out.push('}');
-        } else {
-            text.push_into(&mut out);
-        }
+        push_stored(&mut out, value, threshold, run_id, what, blobs)?;
     }
     out.push('}');
     Ok(out)
+}
+
+/// Appends the stored form of one value: a reference (its blob pushed to
+/// `blobs`, once per content) when its text is longer than `threshold`, an
+/// escaped value when it looks like a reference, else its text.
+fn push_stored(
+    out: &mut String,
+    value: &Value,
+    threshold: u64,
+    run_id: &str,
+    what: &str,
+    blobs: &mut Vec<Blob>,
+) -> Result<(), StoreError> {
+    let text = Text::of(value, run_id, what)?;
+    let bytes = text.len() as u64;
+    if bytes > threshold {
+        if bytes > MAX_BLOB_BYTES {
+            return Err(StoreError::TooLarge {
+                run_id: run_id.to_string(),
+                what: "value",
+                size: bytes,
+                limit: MAX_BLOB_BYTES,
+            });
+        }
+        let named = text.name();
+        let hash = BlobHash(named.digest);
+        // The same content twice in one save (a state and the update
+        // that set it) is kept once.
+        if !blobs.iter().any(|b| b.hash == hash) {
+            blobs.push(Blob {
+                hash,
+                text: named.text,
+            });
+        }
+        out.push_str(&format!("{{\"{MARK}\":\"{hash}\",\"bytes\":{bytes}}}"));
+    } else if looks_like_mark(value) {
+        out.push_str(&format!("{{\"{MARK}\":\"{LITERAL}\",\"value\":"));
+        text.push_into(out);
+        out.push('}');
+    } else {
+        text.push_into(out);
+    }
+    Ok(())
 }
 
 /// `text` (a stored object written before this store had blobs) with each
@@ -444,6 +460,182 @@ pub fn encode_map(
             "run {run_id:?}: the {what} does not read back as written: {e}"
         ))
     })
+}
+
+/// The [`format`](Checkpoint::format) of a stored record whose decisions'
+/// data is in stored form: a decision's data over the threshold is a
+/// reference, one that looks like a reference is escaped (see
+/// [`encode_decisions`]). A store writes it only when some decision needs
+/// it, so a record with small decisions stays as older builds wrote it; a
+/// build that does not read references refuses such a record (its format
+/// is not the one it reads) instead of showing a reference as data. Loads
+/// put the data back and the format to [`CHECKPOINT_FORMAT`]
+/// ([`resolve_decisions`]).
+pub const STORED_DECISIONS_FORMAT: u32 = 2;
+
+/// The decisions of a record as a store with blobs keeps them, or `None`
+/// when they are kept as they are: each decision's data whose JSON text is
+/// longer than `threshold` becomes a reference (its blob pushed to `blobs`,
+/// once per content), and data that looks like a reference is escaped. A
+/// store that gets `Some` writes these decisions with the record's format
+/// set to [`STORED_DECISIONS_FORMAT`].
+///
+/// ```
+/// use serde_json::json;
+/// use steadfast_core::store::blob::encode_decisions;
+/// use steadfast_core::{Decision, Timestamp};
+///
+/// let small = Decision::approve("review", "ada", Timestamp::EPOCH, Some(json!({"ok": true})));
+/// let mut blobs = Vec::new();
+/// assert!(encode_decisions(&[small.clone()], 1024, "r", &mut blobs)?.is_none());
+/// let big = Decision::approve("draft", "ada", Timestamp::EPOCH, Some(json!("x".repeat(2000))));
+/// let stored = encode_decisions(&[small, big], 1024, "r", &mut blobs)?.unwrap();
+/// assert_eq!(blobs.len(), 1);
+/// assert!(stored[1].data.as_ref().unwrap()["$blob"].as_str().unwrap().starts_with("sha256:"));
+/// # Ok::<(), steadfast_core::StoreError>(())
+/// ```
+pub fn encode_decisions(
+    decisions: &[Decision],
+    threshold: u64,
+    run_id: &str,
+    blobs: &mut Vec<Blob>,
+) -> Result<Option<Vec<Decision>>, StoreError> {
+    let needs = |v: &Value| looks_like_mark(v) || named::json_len(v) > threshold;
+    if !decisions.iter().filter_map(|d| d.data.as_ref()).any(needs) {
+        return Ok(None);
+    }
+    let mut out = Vec::with_capacity(decisions.len());
+    for d in decisions {
+        let data = match &d.data {
+            Some(v) if needs(v) => {
+                let mut text = String::new();
+                push_stored(&mut text, v, threshold, run_id, "decision data", blobs)?;
+                Some(serde_json::from_str(&text).map_err(|e| {
+                    StoreError::InvalidInput(format!(
+                        "run {run_id:?}: the decision data at gate {:?} does not read back as written: {e}",
+                        d.gate
+                    ))
+                })?)
+            }
+            other => other.clone(),
+        };
+        out.push(Decision {
+            gate: d.gate.clone(),
+            approved: d.approved,
+            by: d.by.clone(),
+            at: d.at,
+            data,
+            reason: d.reason.clone(),
+            waited_since: d.waited_since,
+        });
+    }
+    Ok(Some(out))
+}
+
+/// The decisions' data of `cp` keyed by place, taken out of it: what
+/// [`resolve_decisions`] resolves as one stored object.
+fn take_decision_data(cp: &mut Checkpoint) -> Map<String, Value> {
+    let mut map = Map::new();
+    for (i, d) in cp.decisions.iter_mut().enumerate() {
+        if let Some(v) = d.data.take() {
+            map.insert(i.to_string(), v);
+        }
+    }
+    map
+}
+
+fn put_decision_data(cp: &mut Checkpoint, mut map: Map<String, Value>) {
+    for (i, d) in cp.decisions.iter_mut().enumerate() {
+        d.data = map.remove(&i.to_string());
+    }
+    cp.format = CHECKPOINT_FORMAT;
+}
+
+/// The column messages name decisions' data by.
+const DECISIONS_COLUMN: &str = "head.decisions";
+
+/// The well-formed references of a loaded record's decisions (empty unless
+/// its format is [`STORED_DECISIONS_FORMAT`]), each once with its size:
+/// what a store that reads asynchronously fetches beside the state's
+/// ([`refs_of`]) before it resolves them.
+pub fn decision_refs(cp: &Checkpoint) -> Vec<(BlobHash, u64)> {
+    if cp.format != STORED_DECISIONS_FORMAT {
+        return Vec::new();
+    }
+    let mut out: Vec<(BlobHash, u64)> = Vec::new();
+    for v in cp.decisions.iter().filter_map(|d| d.data.as_ref()) {
+        if let Stored::Ref(hash, bytes) = classify(v) {
+            if !out.iter().any(|(h, n)| *h == hash && *n == bytes) {
+                out.push((hash, bytes));
+            }
+        }
+    }
+    out
+}
+
+/// Puts back the decisions' data of a loaded record whose format is
+/// [`STORED_DECISIONS_FORMAT`] (references by their blobs, escaped values
+/// as given) and sets its format to [`CHECKPOINT_FORMAT`]; a record of
+/// another format is left as it is. A missing or damaged blob, or a
+/// malformed reference, is [`StoreError::Corrupt`] at the decision.
+pub fn resolve_decisions(
+    cp: &mut Checkpoint,
+    place: &Place<'_>,
+    fetch: &mut Fetch<'_>,
+) -> Result<(), StoreError> {
+    if cp.format != STORED_DECISIONS_FORMAT {
+        return Ok(());
+    }
+    let mut map = take_decision_data(cp);
+    let resolved = resolve_object(&mut map, place, DECISIONS_COLUMN, fetch);
+    put_decision_data(cp, map);
+    if resolved.is_err() {
+        cp.format = STORED_DECISIONS_FORMAT;
+    }
+    resolved
+}
+
+/// The blobs a stored head document refers to (its decisions' data, when
+/// its format is [`STORED_DECISIONS_FORMAT`]), each once: what a store
+/// counts, beside its snapshot's and its history's references, as a run's
+/// own. A head that does not read, or a malformed reference, is
+/// [`StoreError::Corrupt`] at `column`.
+pub fn head_refs_in(
+    text: &str,
+    place: &Place<'_>,
+    column: &str,
+) -> Result<Vec<BlobHash>, StoreError> {
+    #[derive(serde::Deserialize)]
+    struct DecisionData {
+        #[serde(default)]
+        data: Option<Value>,
+    }
+    #[derive(serde::Deserialize)]
+    struct HeadRefs {
+        format: u32,
+        #[serde(default)]
+        decisions: Vec<DecisionData>,
+    }
+    // Most heads hold no reference: no need to parse them.
+    if !text.contains(MARK) {
+        return Ok(Vec::new());
+    }
+    let head: HeadRefs = serde_json::from_str(text)
+        .map_err(|e| place.corrupt(column, format!("does not read: {e}")))?;
+    if head.format != STORED_DECISIONS_FORMAT {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for (i, d) in head.decisions.iter().enumerate() {
+        match d.data.as_ref().map(classify) {
+            Some(Stored::Ref(hash, _)) if !out.contains(&hash) => out.push(hash),
+            Some(Stored::Malformed(why)) => {
+                return Err(place.corrupt(&format!("{column}.decisions[{i}]"), why));
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
 }
 
 /// How a store finds a blob's stored content by its hash (`None`: not
@@ -585,6 +777,27 @@ impl<'f> Resolver<'f> {
         );
         self.opened = opened.into_inner();
         result
+    }
+}
+
+impl Resolver<'_> {
+    /// [`resolve_decisions`], with the blobs opened before kept (a
+    /// decision's data is often the state's value under the gate's name).
+    pub fn resolve_decisions(
+        &mut self,
+        cp: &mut Checkpoint,
+        place: &Place<'_>,
+    ) -> Result<(), StoreError> {
+        if cp.format != STORED_DECISIONS_FORMAT {
+            return Ok(());
+        }
+        let mut map = take_decision_data(cp);
+        let resolved = self.resolve(&mut map, place, DECISIONS_COLUMN);
+        put_decision_data(cp, map);
+        if resolved.is_err() {
+            cp.format = STORED_DECISIONS_FORMAT;
+        }
+        resolved
     }
 }
 

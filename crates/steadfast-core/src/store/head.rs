@@ -12,6 +12,7 @@ use crate::record::checkpoint::{
 use crate::record::error::StoreError;
 use crate::record::queue::Queue;
 use crate::record::spend::Spend;
+use crate::store::blob::STORED_DECISIONS_FORMAT;
 
 /// The head document, as written.
 #[derive(serde::Serialize)]
@@ -116,15 +117,61 @@ fn writer_bits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> 
 /// # Ok::<(), steadfast_core::StoreError>(())
 /// ```
 pub fn encode_head(cp: &Checkpoint) -> Result<String, StoreError> {
+    encode_head_as(cp, cp.format, &cp.decisions)
+}
+
+/// [`encode_head`] for a store with blobs: a decision's data whose text is
+/// longer than `threshold` is written as a reference, its blob pushed to
+/// `blobs` for the store to write with the head
+/// ([`encode_decisions`](crate::store::blob::encode_decisions)). Only a
+/// head that holds such data (or data that looks like a reference) is
+/// written in [`STORED_DECISIONS_FORMAT`]; any other is [`encode_head`]'s.
+///
+/// ```
+/// use serde_json::json;
+/// use steadfast_core::store::blob::{head_refs_in, STORED_DECISIONS_FORMAT};
+/// use steadfast_core::store::head::{decode_head, encode_head_with_blobs};
+/// use steadfast_core::store::rows::Place;
+/// use steadfast_core::{Checkpoint, Decision, Timestamp};
+///
+/// let mut cp = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+/// let doc = json!({"draft": "x".repeat(5000)});
+/// cp.decisions.push(Decision::approve("review", "ada", Timestamp::EPOCH, Some(doc)));
+/// let mut blobs = Vec::new();
+/// let text = encode_head_with_blobs(&cp, 1024, &mut blobs)?;
+/// assert_eq!(blobs.len(), 1);
+/// let locate = |c: &str| c.to_string();
+/// assert_eq!(head_refs_in(&text, &Place::new("r", &locate), "head")?, vec![blobs[0].hash]);
+/// let mut back = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+/// decode_head(&text, &mut back).unwrap();
+/// assert_eq!(back.format, STORED_DECISIONS_FORMAT, "a load resolves it before anyone sees it");
+/// # Ok::<(), steadfast_core::StoreError>(())
+/// ```
+pub fn encode_head_with_blobs(
+    cp: &Checkpoint,
+    threshold: u64,
+    blobs: &mut Vec<crate::store::blob::Blob>,
+) -> Result<String, StoreError> {
+    match crate::store::blob::encode_decisions(&cp.decisions, threshold, &cp.run_id, blobs)? {
+        None => encode_head(cp),
+        Some(stored) => encode_head_as(cp, STORED_DECISIONS_FORMAT, &stored),
+    }
+}
+
+fn encode_head_as(
+    cp: &Checkpoint,
+    format: u32,
+    decisions: &[Decision],
+) -> Result<String, StoreError> {
     encode_json(
         &HeadOut {
-            format: cp.format,
+            format,
             attempts: cp.attempts,
             writer: cp.writer,
             error: cp.error.as_ref(),
             lease: cp.lease.as_ref(),
             wait: cp.wait.as_ref(),
-            decisions: &cp.decisions,
+            decisions,
             seal: cp.seal.as_deref(),
             audit: &cp.audit,
             origin: cp.origin.as_ref(),

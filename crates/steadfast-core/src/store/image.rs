@@ -190,7 +190,26 @@ impl Write {
             },
             |map, what| blob::encode_map(map, threshold, run_id, what, &mut blobs),
         )?;
+        let mut write = write;
+        write.decisions_with_blobs(threshold, &mut blobs)?;
         Ok((write, blobs))
+    }
+
+    /// Puts the record's decisions in their stored form, when any needs it
+    /// ([`blob::encode_decisions`]), with the record's format saying so.
+    fn decisions_with_blobs(
+        &mut self,
+        threshold: u64,
+        blobs: &mut Vec<Blob>,
+    ) -> Result<(), StoreError> {
+        let record = &mut self.record;
+        if let Some(stored) =
+            blob::encode_decisions(&record.decisions, threshold, &record.run_id, blobs)?
+        {
+            record.decisions = stored;
+            record.format = blob::STORED_DECISIONS_FORMAT;
+        }
+        Ok(())
     }
 
     /// Checks `req` (`check_whole` checks a whole state) and takes what it
@@ -272,7 +291,7 @@ impl Write {
         )?;
         let mut record = with_state(cp, Update::new());
         record.version = req.new_version();
-        let write = Write {
+        let mut write = Write {
             record,
             expected: req.expected,
             step: Some(with_update(step, update)),
@@ -284,6 +303,7 @@ impl Write {
                 given: cp.state.clone(),
             }),
         };
+        write.decisions_with_blobs(threshold, &mut blobs)?;
         Ok(Some((write, blobs)))
     }
 
@@ -450,8 +470,9 @@ impl RunImage {
         }
     }
 
-    /// The blobs run `run_id`'s record and history rows refer to, each
-    /// once, with the size each reference gives.
+    /// The blobs run `run_id`'s record (its state and its decisions) and
+    /// history rows refer to, each once, with the size each reference
+    /// gives.
     pub fn refs_of_run(&self, run_id: &str) -> Vec<(BlobHash, u64)> {
         let mut out: Vec<(BlobHash, u64)> = Vec::new();
         let mut seen = std::collections::HashSet::new();
@@ -464,6 +485,7 @@ impl RunImage {
         };
         if let Some(cp) = self.runs.get(run_id) {
             add(blob::refs_of(&cp.state));
+            add(blob::decision_refs(cp));
         }
         for row in self.history.get(run_id).into_iter().flatten() {
             add(blob::refs_of(&row.update));
