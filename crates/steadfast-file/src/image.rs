@@ -424,14 +424,9 @@ impl Image {
             steadfast_core::validate_run_id(key).map_err(|e| corrupt(at(), e.to_string()))?;
             // A record whose decisions hold references (from format 7 on) is
             // checked as the record it becomes once a load resolves them.
-            let checked = if cp.format == STORED_DECISIONS_FORMAT && image.format >= 7 {
-                let mut plain = Checkpoint::new(&cp.run_id, &cp.workflow, cp.created_at);
-                plain.next = cp.next;
-                plain.completed.clone_from(&cp.completed);
-                plain.version = cp.version;
-                plain.check()
-            } else {
-                cp.check()
+            let checked = match image.format >= 7 {
+                true => cp.check_stored(),
+                false => cp.check(),
             };
             checked.map_err(|reason| corrupt(at(), reason))?;
         }

@@ -24,8 +24,8 @@
 //! # Large values (version 2)
 //!
 //! [`ExportWriter`] carries each large value (a top-level value of a state
-//! or of a step's update whose JSON text is over [`EXPORT_BLOB_THRESHOLD`])
-//! once per export, however many runs and steps hold it: the value's text
+//! or of a step's update, or a decision's data, whose JSON text is over
+//! [`EXPORT_BLOB_THRESHOLD`]) once per export, however many runs and steps hold it: the value's text
 //! goes out first as blob lines, in parts of at most 8 MiB,
 //!
 //! ```text
@@ -35,7 +35,10 @@
 //! and the runs that hold it follow as lines of format 2, whose record is
 //! as in version 1 but for those values: a reference
 //! `{"$blob":"sha256:…","bytes":N}` in their place (and a value of the
-//! caller's that looks like one escaped as `{"$blob":"literal","value":…}`).
+//! caller's that looks like one escaped as `{"$blob":"literal","value":…}`);
+//! a run whose decisions' data holds such a reference or escape has
+//! `"format": 2` in its record (the checkpoint's own format, which builds
+//! that do not read it refuse).
 //! A run with no large value is written as version 1, which older builds
 //! read. [`ImportReader`] reads both: it checks each blob against its hash
 //! once whole, and refuses a run line that refers to a blob the export has
@@ -384,8 +387,13 @@ fn decode_run_line(
     }
     let run = &record.run;
     crate::validate_run_id(&run.run_id).map_err(|e| bad(e.to_string()))?;
-    run.check()
-        .map_err(|e| bad(format!("run {:?}: {e}", run.run_id)))?;
+    // From version 2 on, a decision's data may be a reference (which the
+    // reader resolves); a line of version 1 holds values only.
+    let checked = match format {
+        EXPORT_FORMAT => run.check(),
+        _ => run.check_stored(),
+    };
+    checked.map_err(|e| bad(format!("run {:?}: {e}", run.run_id)))?;
     if run.version > MAX_VERSION {
         return Err(bad(format!(
             "run {:?}: version {} is over the largest a store keeps exactly ({MAX_VERSION})",
@@ -459,6 +467,19 @@ impl ExportWriter {
                 &mut blobs,
             )
             .map_err(invalid)?;
+        }
+        // A decision's large data too (the same content as the state's
+        // value under the gate's name, once approved: carried once).
+        if let Some(stored) = crate::store::blob::encode_decisions(
+            &run.decisions,
+            EXPORT_BLOB_THRESHOLD,
+            id,
+            &mut blobs,
+        )
+        .map_err(invalid)?
+        {
+            run.decisions = stored;
+            run.format = crate::store::blob::STORED_DECISIONS_FORMAT;
         }
         if blobs.is_empty() && record.events.is_empty() {
             return put(&encode_line(record)?);
@@ -787,6 +808,9 @@ impl ImportReader {
                 .resolve(&mut row.update, &place, &column)
                 .map_err(refused)?;
         }
+        resolver
+            .resolve_decisions(&mut record.run, &place)
+            .map_err(refused)?;
         Ok(Some(record))
     }
 
@@ -1803,6 +1827,52 @@ mod tests {
         // A run without large values is a line older builds read.
         assert_eq!(decode_line(&lines[3], 4).unwrap(), small);
         assert_eq!(read_all(&lines).unwrap(), records);
+    }
+
+    /// A decision's large data goes out once, with the state's value of
+    /// the same content, and comes back as it was; small data that looks
+    /// like a reference comes back as given; a line whose decision refers
+    /// to a blob the export did not carry is refused.
+    #[test]
+    fn a_decisions_large_data_goes_out_once_and_comes_back() {
+        use crate::record::checkpoint::Decision;
+        let doc = Value::String("d".repeat(100 << 10));
+        let fake = serde_json::json!({"$blob": format!("sha256:{}", "0".repeat(64)), "bytes": 3});
+        let decided = |id: &str, state: &Value| {
+            let mut r = run_with(id, state);
+            r.run.decisions = vec![
+                Decision::approve("g", "ada", crate::Timestamp::EPOCH, Some(doc.clone())),
+                Decision::approve("h", "ada", crate::Timestamp::EPOCH, Some(fake.clone())),
+            ];
+            r
+        };
+        // The decision alone holds the document; then a run whose state
+        // holds it too.
+        let records = vec![decided("a", &serde_json::json!(1)), decided("b", &doc)];
+        let lines = write_all(&records);
+        assert_eq!(lines.len(), 3, "one blob line and the runs'");
+        let total: usize = lines.iter().map(String::len).sum();
+        assert!(
+            total < 110 << 10,
+            "the value went out more than once: {total} bytes"
+        );
+        assert!(
+            lines[1].contains("\"format\":2,"),
+            "the record says its decisions hold references"
+        );
+        assert_eq!(read_all(&lines).unwrap(), records);
+        let err = read_all(&lines[1..2]).unwrap_err().to_string();
+        assert!(err.contains("decisions"), "{err}");
+        // Data under the threshold stays in a line of version 1.
+        let mut small = run_with("s", &serde_json::json!(1));
+        small.run.decisions = vec![Decision::approve(
+            "g",
+            "ada",
+            crate::Timestamp::EPOCH,
+            Some(serde_json::json!(1)),
+        )];
+        let lines = write_all(std::slice::from_ref(&small));
+        assert_eq!(decode_line(&lines[0], 1).unwrap(), small);
     }
 
     #[test]

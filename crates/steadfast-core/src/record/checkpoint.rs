@@ -8,6 +8,14 @@ use crate::record::state::{State, Update};
 /// The version of the checkpoint's JSON layout written by this build.
 pub const CHECKPOINT_FORMAT: u32 = 1;
 
+/// The [`format`](Checkpoint::format) of a record as a store with blobs
+/// keeps it when a decision's data is a reference to a blob (or looks like
+/// one, escaped): never a record a caller sees, as a load puts the data
+/// back and the format to [`CHECKPOINT_FORMAT`]. A build that does not read
+/// such records refuses one rather than show a reference as data. See
+/// [`encode_decisions`](crate::store::blob::encode_decisions).
+pub const STORED_DECISIONS_FORMAT: u32 = 2;
+
 /// Where a run stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -922,7 +930,21 @@ impl Checkpoint {
     /// Checks the record's internal consistency; stores call this on decode and
     /// report a failure as [`StoreError::Corrupt`](crate::StoreError::Corrupt).
     pub fn check(&self) -> Result<(), String> {
-        self.check_shape()?;
+        self.check_as(CHECKPOINT_FORMAT)
+    }
+
+    /// [`check`](Checkpoint::check) of a record as a store with blobs keeps
+    /// it: one of format [`STORED_DECISIONS_FORMAT`] (its decisions' data in
+    /// stored form, which a load puts back) passes too.
+    pub fn check_stored(&self) -> Result<(), String> {
+        match self.format {
+            STORED_DECISIONS_FORMAT => self.check_as(STORED_DECISIONS_FORMAT),
+            _ => self.check(),
+        }
+    }
+
+    fn check_as(&self, format: u32) -> Result<(), String> {
+        self.check_shape_as(format)?;
         if self.version == 0 {
             return Err("version 0 is never stored".into());
         }
@@ -1035,7 +1057,11 @@ impl Checkpoint {
     /// The part of [`check`](Checkpoint::check) that holds before a store
     /// sets the version: the format and `next` against the completed steps.
     pub(crate) fn check_shape(&self) -> Result<(), String> {
-        if self.format != CHECKPOINT_FORMAT {
+        self.check_shape_as(CHECKPOINT_FORMAT)
+    }
+
+    fn check_shape_as(&self, format: u32) -> Result<(), String> {
+        if self.format != format {
             return Err(format!(
                 "checkpoint format {} is not understood by this build (it reads {CHECKPOINT_FORMAT})",
                 self.format

@@ -462,16 +462,7 @@ pub fn encode_map(
     })
 }
 
-/// The [`format`](Checkpoint::format) of a stored record whose decisions'
-/// data is in stored form: a decision's data over the threshold is a
-/// reference, one that looks like a reference is escaped (see
-/// [`encode_decisions`]). A store writes it only when some decision needs
-/// it, so a record with small decisions stays as older builds wrote it; a
-/// build that does not read references refuses such a record (its format
-/// is not the one it reads) instead of showing a reference as data. Loads
-/// put the data back and the format to [`CHECKPOINT_FORMAT`]
-/// ([`resolve_decisions`]).
-pub const STORED_DECISIONS_FORMAT: u32 = 2;
+pub use crate::record::checkpoint::STORED_DECISIONS_FORMAT;
 
 /// The decisions of a record as a store with blobs keeps them, or `None`
 /// when they are kept as they are: each decision's data whose JSON text is

@@ -4,10 +4,9 @@
 //! the checked conversions of stored numbers. Every store gives the same
 //! `Corrupt` errors for the same damage, named at its own location.
 
-use crate::record::checkpoint::{Checkpoint, StepRecord, CHECKPOINT_FORMAT};
+use crate::record::checkpoint::{Checkpoint, StepRecord};
 use crate::record::error::StoreError;
 use crate::record::state::{State, Update};
-use crate::store::blob::STORED_DECISIONS_FORMAT;
 use crate::store::head::decode_head;
 pub use crate::store::head::to_i64;
 pub use crate::store::place::Place;
@@ -177,7 +176,7 @@ pub type Delta = (i64, String, String);
 /// that disagrees, text that does not decode or a record that fails its
 /// checks is [`StoreError::Corrupt`] at its place; never a partial
 /// checkpoint. A record whose decisions hold references (format
-/// [`STORED_DECISIONS_FORMAT`]) comes back in that format, for the store to
+/// [`STORED_DECISIONS_FORMAT`](crate::store::blob::STORED_DECISIONS_FORMAT)) comes back in that format, for the store to
 /// put their data back with
 /// [`resolve_decisions`](crate::store::blob::resolve_decisions) as it does
 /// the state's values.
@@ -231,16 +230,9 @@ pub fn rebuild(
     cp.state = state;
     cp.version = place.count("version", row.version)?;
     cp.updated_at = place.millis("updated_at", row.updated_at)?;
-    // A head whose decisions hold references is checked as the record it
-    // becomes once the store resolves them (`resolve_decisions`).
-    let stored_decisions = cp.format == STORED_DECISIONS_FORMAT;
-    if stored_decisions {
-        cp.format = CHECKPOINT_FORMAT;
-    }
-    cp.check().map_err(|reason| place.corrupt("head", reason))?;
-    if stored_decisions {
-        cp.format = STORED_DECISIONS_FORMAT;
-    }
+    // A head whose decisions hold references is resolved by the store.
+    cp.check_stored()
+        .map_err(|reason| place.corrupt("head", reason))?;
     let known = Known::new(
         cp.version,
         cp.next,
