@@ -1122,5 +1122,49 @@ mod tests {
                 prop_assert!(b.text.len() as u64 > threshold);
             }
         }
+
+        /// Whatever the decisions' data (look-alikes included) and wherever
+        /// the threshold, a head written with blobs reads back, once
+        /// resolved, as the record it was; the references it lists are the
+        /// blobs written; and a head that needs none is the plain head.
+        #[test]
+        fn any_decisions_round_trip_through_a_head(
+            datas in prop::collection::vec(
+                prop::option::of(prop_oneof![
+                    value(),
+                    value().prop_map(|v| json!({ "$blob": v })),
+                    "[a-z]{0,300}".prop_map(Value::from),
+                ]),
+                0..5,
+            ),
+            threshold in 0u64..200,
+        ) {
+            use crate::store::head::{decode_head, encode_head, encode_head_with_blobs};
+            use crate::Timestamp;
+            let mut cp = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+            for (i, data) in datas.into_iter().enumerate() {
+                cp.decisions.push(Decision::approve(&format!("g{i}"), "ada", Timestamp::EPOCH, data));
+            }
+            let mut blobs = Vec::new();
+            let text = encode_head_with_blobs(&cp, threshold, &mut blobs).unwrap();
+            let locate = |c: &str| c.to_string();
+            let place = Place::new("r", &locate);
+            let mut listed = head_refs_in(&text, &place, "head").unwrap();
+            listed.sort();
+            let mut written: Vec<BlobHash> = blobs.iter().map(|b| b.hash).collect();
+            written.sort();
+            prop_assert_eq!(listed, written);
+            let mut back = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+            decode_head(&text, &mut back).unwrap();
+            if back.format == CHECKPOINT_FORMAT {
+                prop_assert_eq!(&text, &encode_head(&cp).unwrap());
+            }
+            resolve_decisions(&mut back, &place, &mut |h, _| {
+                Ok(blobs.iter().find(|b| b.hash == *h).map(|b| b.text.as_bytes().to_vec()))
+            })
+            .unwrap();
+            prop_assert_eq!(back.format, CHECKPOINT_FORMAT);
+            prop_assert_eq!(back.decisions, cp.decisions);
+        }
     }
 }
