@@ -555,6 +555,26 @@ impl<F: Fs> Inner<F> {
         // their references. So a blob the file referred to can lose its
         // last reference only if the change dropped one of this run's.
         fragments.forget(run_id);
+        // A blob the run's record as stored refers to is durable already
+        // (it was before the file that refers to it): not written again,
+        // nor its directory synced. Every save of a run whose decision
+        // carries a large value carries that blob.
+        let fresh: Vec<Blob>;
+        let blobs = if blobs.is_empty() {
+            blobs
+        } else {
+            let stored: std::collections::HashSet<BlobHash> = image
+                .with(|d| Ok(d.refs_of_record(run_id)))?
+                .into_iter()
+                .map(|(h, _)| h)
+                .collect();
+            fresh = blobs
+                .iter()
+                .filter(|b| !stored.contains(&b.hash))
+                .cloned()
+                .collect();
+            &fresh[..]
+        };
         let before = match seen {
             Some(true) => Some(image.with(|d| Ok(d.refs_of_run(run_id)))?),
             _ => None,

@@ -601,3 +601,90 @@ async fn large_decision_data_is_a_blob_in_a_file_of_format_7() -> TestResult {
     assert!(err.to_string().contains("decisions"), "{err}");
     Ok(())
 }
+
+/// The operating system's file system, counting the syncs of the blob
+/// directory.
+#[derive(Clone, Default)]
+struct CountingFs {
+    blob_dir_syncs: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl steadfast_file::Fs for CountingFs {
+    fn resolve(&self, path: &Path, create: bool) -> Result<PathBuf, steadfast_core::StoreError> {
+        OsFs.resolve(path, create)
+    }
+    fn read(&self, path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+        OsFs.read(path, limit)
+    }
+    fn write_new(
+        &self,
+        path: &Path,
+        data: &[u8],
+        sync: bool,
+    ) -> Result<(), steadfast_file::WriteError> {
+        OsFs.write_new(path, data, sync)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        OsFs.rename(from, to)
+    }
+    fn sync_dir(&self, dir: &Path) -> std::io::Result<()> {
+        if dir.extension().is_some_and(|e| e == "blobs") {
+            self.blob_dir_syncs
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        OsFs.sync_dir(dir)
+    }
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        OsFs.remove_file(path)
+    }
+    fn list_dir(&self, dir: &Path) -> std::io::Result<Vec<String>> {
+        OsFs.list_dir(dir)
+    }
+    fn lock(
+        &self,
+        path: &Path,
+        timeout: std::time::Duration,
+    ) -> std::io::Result<steadfast_file::LockGuard> {
+        OsFs.lock(path, timeout)
+    }
+}
+
+/// A run whose decision carries a large value writes its blob once: the
+/// saves after it (the gate's, the steps after it) neither write it again
+/// nor sync the blob directory for it.
+#[tokio::test]
+async fn a_decisions_blob_is_written_once_not_with_every_save() -> TestResult {
+    use std::sync::atomic::Ordering;
+    use steadfast_core::{approve, Step};
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("runs.json");
+    let fs = CountingFs::default();
+    let store = FileStore::open_with(
+        fs.clone(),
+        &path,
+        FileStoreOptions::default().blob_threshold(16 << 10),
+    )?;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"a": 1})) })
+        .push(Step::gate("g"))
+        .step("c", |_, _| async { update(json!({"c": 1})) })
+        .step("d", |_, _| async { update(json!({"d": 1})) })
+        .step("e", |_, _| async { update(json!({"e": 1})) })
+        .build()?;
+    run("r", &wf, &store).await?;
+    let data = json!({"draft": "d".repeat(40 << 10)});
+    approve(&store, "r", "g", Some(data.clone()), "ada", &SystemClock).await?;
+    let after_approval = fs.blob_dir_syncs.load(Ordering::SeqCst);
+    assert!(after_approval >= 1, "the approval synced no blob directory");
+    run("r", &wf, &store).await?;
+    assert_eq!(
+        fs.blob_dir_syncs.load(Ordering::SeqCst),
+        after_approval,
+        "the saves after the approval synced the blob directory again"
+    );
+    let cp = store.load("r").await?.expect("stored");
+    assert_eq!(cp.decisions[0].data.as_ref(), Some(&data));
+    assert_eq!(cp.state["g"], data);
+    assert_eq!(blob_files(&path).0, 1);
+    Ok(())
+}

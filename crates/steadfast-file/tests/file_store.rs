@@ -188,10 +188,11 @@ async fn events_never_crowd_checkpoints_out_of_the_file() -> TestResult {
 }
 
 /// A file holding a step's definition (`__step` in a history row) is
-/// written as format 6, which builds before it refuse; one without stays
-/// at the older format they read.
+/// written as format 6, which builds before it refuse; one without (and
+/// without a decision's data as a blob, format 7) stays at the older
+/// format they read.
 #[tokio::test]
-async fn step_definitions_raise_the_file_format_and_nothing_else_does() -> TestResult {
+async fn step_definitions_raise_the_file_format_to_6() -> TestResult {
     use steadfast_core::{run, update, Step, Workflow};
     let dir = tempfile::tempdir()?;
     let format_of = |path: &std::path::Path| -> Result<u64, Box<dyn std::error::Error>> {

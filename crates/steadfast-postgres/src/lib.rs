@@ -748,8 +748,8 @@ impl PgStore {
         Ok((cp, writer::Acct { known, refs }))
     }
 
-    /// A run's row as a checkpoint, its values put back: when its state
-    /// refers to blobs, the row is read again with them in one read-only
+    /// A run's row as a checkpoint, its values put back: when its state or
+    /// a decision refers to blobs, the row is read again with them in one read-only
     /// `REPEATABLE READ` transaction, so that a rewrite or a delete
     /// committed between two reads cannot take a blob from under the load.
     async fn load_row(

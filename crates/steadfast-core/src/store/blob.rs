@@ -537,7 +537,8 @@ fn take_decision_data(cp: &mut Checkpoint) -> Map<String, Value> {
 
 fn put_decision_data(cp: &mut Checkpoint, mut map: Map<String, Value>) {
     for (i, d) in cp.decisions.iter_mut().enumerate() {
-        d.data = map.remove(&i.to_string());
+        // Data `null` is no data, as a decision made and stored inline has.
+        d.data = map.remove(&i.to_string()).filter(|v| !v.is_null());
     }
     cp.format = CHECKPOINT_FORMAT;
 }

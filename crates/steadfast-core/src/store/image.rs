@@ -262,7 +262,8 @@ impl Write {
     /// returned), and the state is taken when the write is applied
     /// ([`RunImage::try_save`]): the stored record's (which passed every
     /// check when it was written), with the update merged over it. So a save
-    /// costs the update's values, not every value of the state. The
+    /// costs the update's values (and the decisions' data, which the head
+    /// carries with every save), not every value of the state. The
     /// caller's state must be that merge, as for any store's delta
     /// ([`follows_stored`]). `None` when `req` cannot be such a save (no
     /// step, a fresh run, a head-only save, or a record whose `next` is not
@@ -470,6 +471,21 @@ impl RunImage {
         }
     }
 
+    /// The blobs run `run_id`'s record refers to (its state's and its
+    /// decisions', not its history rows'), each once.
+    pub fn refs_of_record(&self, run_id: &str) -> Vec<(BlobHash, u64)> {
+        let Some(cp) = self.runs.get(run_id) else {
+            return Vec::new();
+        };
+        let mut out = blob::refs_of(&cp.state);
+        for r in blob::decision_refs(cp) {
+            if !out.contains(&r) {
+                out.push(r);
+            }
+        }
+        out
+    }
+
     /// The blobs run `run_id`'s record (its state and its decisions) and
     /// history rows refer to, each once, with the size each reference
     /// gives.
@@ -506,8 +522,9 @@ impl RunImage {
         out
     }
 
-    /// Whether any record or history row holds a reference or an escaped
-    /// value.
+    /// Whether any record's state or history row holds a reference or an
+    /// escaped value (a record whose decisions do says so by its format,
+    /// [`STORED_DECISIONS_FORMAT`](blob::STORED_DECISIONS_FORMAT)).
     pub fn holds_marks(&self) -> bool {
         self.runs.values().any(|cp| blob::holds_marks(&cp.state))
             || self
