@@ -166,6 +166,9 @@ struct Acct {
     /// by every item of it, so that items of a deleted run never count for
     /// a run created again with the same id.
     gen: String,
+    /// The blobs the head refers to (a decision's data): stored while the
+    /// head is at this version, as a sweep counts them.
+    head_blobs: Arc<[BlobHash]>,
 }
 
 /// The fields of a head item that describe its snapshot.
@@ -713,6 +716,14 @@ impl CosmosStore {
             delta_bytes: f.count("delta_bytes")?,
             carry: head.as_object().and_then(carry_of),
             gen: f.text("gen")?.to_string(),
+            // Unknown (so written again) if the head does not read: a load
+            // reports that damage.
+            head_blobs: head
+                .get("head")
+                .and_then(Value::as_str)
+                .and_then(|doc| steadfast_core::store::blob::head_refs_in(doc, &place, "head").ok())
+                .unwrap_or_default()
+                .into(),
         })
     }
 
@@ -1794,11 +1805,14 @@ impl Store for CosmosStore {
             .map(|a| Known::new(a.version, a.next, a.snapshot_bytes, a.delta_bytes));
         let (plan, mut blobs) =
             plan_save_with_blobs(&req, known.as_ref(), limit, self.shared.opts.blob_threshold)?;
-        for blob in head_blobs {
-            if !blobs.iter().any(|b| b.hash == blob.hash) {
-                blobs.push(blob);
-            }
-        }
+        // What the stored head refers to is stored: a decision carried again
+        // costs no read of its manifest.
+        let head_hashes: Arc<[BlobHash]> = head_blobs.iter().map(|b| b.hash).collect();
+        let stored = match (&acct, req.expected) {
+            (Some(a), Some(v)) if a.version == v && !a.etag.is_empty() => &a.head_blobs[..],
+            _ => &[],
+        };
+        steadfast_core::store::blob::add_head_blobs(&mut blobs, head_blobs, stored);
         self.write_blobs(&key, &gen, run_id, &blobs).await?;
         match plan {
             Plan::Head => {
@@ -1920,6 +1934,7 @@ impl Store for CosmosStore {
             delta_bytes,
             carry,
             gen,
+            head_blobs: head_hashes,
         };
         self.shared.accts.after_save(cp, &Ok::<_, ()>(new));
         Ok(req.new_version())

@@ -523,6 +523,31 @@ pub fn encode_decisions(
     Ok(Some(out))
 }
 
+/// Adds to a save's `blobs` each of `head_blobs` (what
+/// [`encode_head_with_blobs`](crate::store::head::encode_head_with_blobs)
+/// gave) that `stored` does not name, each content once. `stored`: the
+/// blobs the run's stored head refers to, at the version the save expects
+/// (empty when not known). Such a blob is stored, and so is the run's
+/// reference to it (a store counts a head's references with the rest, and
+/// the save fails if another changed the run meanwhile), so a save that
+/// carries the decision again need not write it again.
+///
+/// ```
+/// use steadfast_core::store::blob::{add_head_blobs, Blob, BlobHash};
+///
+/// let blob = |t: &str| Blob { hash: BlobHash::of(t.as_bytes()), text: t.to_string().into() };
+/// let mut blobs = vec![blob("\"a\"")];
+/// add_head_blobs(&mut blobs, vec![blob("\"a\""), blob("\"b\""), blob("\"c\"")], &[blob("\"c\"").hash]);
+/// assert_eq!(blobs, vec![blob("\"a\""), blob("\"b\"")]);
+/// ```
+pub fn add_head_blobs(blobs: &mut Vec<Blob>, head_blobs: Vec<Blob>, stored: &[BlobHash]) {
+    for blob in head_blobs {
+        if !stored.contains(&blob.hash) && !blobs.iter().any(|b| b.hash == blob.hash) {
+            blobs.push(blob);
+        }
+    }
+}
+
 /// The decisions' data of `cp` keyed by place, taken out of it: what
 /// [`resolve_decisions`] resolves as one stored object.
 fn take_decision_data(cp: &mut Checkpoint) -> Map<String, Value> {
