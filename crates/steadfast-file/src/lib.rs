@@ -555,25 +555,16 @@ impl<F: Fs> Inner<F> {
         // their references. So a blob the file referred to can lose its
         // last reference only if the change dropped one of this run's.
         fragments.forget(run_id);
-        // A blob the run's record as stored refers to is durable already
-        // (it was before the file that refers to it): not written again,
-        // nor its directory synced. Every save of a run whose decision
-        // carries a large value carries that blob.
-        let fresh: Vec<Blob>;
-        let blobs = if blobs.is_empty() {
-            blobs
+        // The blobs the run's record as stored refers to: their names are
+        // durable (synced before the file that refers to them).
+        let durable: std::collections::HashSet<BlobHash> = if blobs.is_empty() {
+            Default::default()
         } else {
-            let stored: std::collections::HashSet<BlobHash> = image
+            image
                 .with(|d| Ok(d.refs_of_record(run_id)))?
                 .into_iter()
                 .map(|(h, _)| h)
-                .collect();
-            fresh = blobs
-                .iter()
-                .filter(|b| !stored.contains(&b.hash))
-                .cloned()
-                .collect();
-            &fresh[..]
+                .collect()
         };
         let before = match seen {
             Some(true) => Some(image.with(|d| Ok(d.refs_of_run(run_id)))?),
@@ -594,7 +585,7 @@ impl<F: Fs> Inner<F> {
         if let Some(d) = self.opts.mutants.pause_before_rename {
             std::thread::sleep(d);
         }
-        self.write_blobs(blobs)?;
+        self.write_blobs(blobs, &durable)?;
         self.replace(run_id, &bytes)?;
         // Sweep when the change dropped one of the run's references, or
         // wrote a blob the file does not refer to (a step its rows did not
@@ -648,7 +639,15 @@ impl<F: Fs> Inner<F> {
     /// Writes each of `blobs` not stored yet: a temp file, `fsync`ed, renamed
     /// to its hash, then the blob directory `fsync`ed (and, when it was just
     /// made, the store's directory). A failed `fsync` poisons the handle.
-    fn write_blobs(&self, blobs: &[Blob]) -> Result<(), StoreError> {
+    /// The directory is not synced when every blob is there and named in
+    /// `durable` (the run's stored record refers to it, so its name was
+    /// synced before that record was written): every save of a run whose
+    /// decision carries a large value carries that blob.
+    fn write_blobs(
+        &self,
+        blobs: &[Blob],
+        durable: &std::collections::HashSet<BlobHash>,
+    ) -> Result<(), StoreError> {
         if blobs.is_empty() {
             return Ok(());
         }
@@ -669,11 +668,14 @@ impl<F: Fs> Inner<F> {
             }
             Err(e) => return Err(io("listing", e)),
         };
+        let mut sync = false;
         for blob in blobs {
             let name = blob.hash.hex();
             if present.contains(&name) {
+                sync |= !durable.contains(&blob.hash);
                 continue;
             }
+            sync = true;
             let tmp = dir.join(format!(
                 "{BLOB_TMP}{}-{:016x}",
                 std::process::id(),
@@ -681,10 +683,11 @@ impl<F: Fs> Inner<F> {
             ));
             self.put_in_place(&tmp, &dir.join(&name), blob.text.as_bytes())?;
         }
-        // Also when every blob was there already: a name another writer
-        // renamed into place is not durable until someone syncs the
-        // directory (that writer may have died, or failed, before it did).
-        if !self.mutant(|m| m.no_blob_dir_fsync) {
+        // Also when every blob was there already, unless the stored record
+        // refers to each: a name another writer renamed into place is not
+        // durable until someone syncs the directory (that writer may have
+        // died, or failed, before it did).
+        if sync && !self.mutant(|m| m.no_blob_dir_fsync) {
             self.fs.sync_dir(dir).map_err(|e| {
                 self.poisoned.store(true, Ordering::SeqCst);
                 io("syncing", e)

@@ -47,9 +47,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
-use steadfast_core::store::blob::{
-    add_head_blobs, decision_refs, refs_of, resolve_decisions, BlobHash, Resolver,
-};
+use steadfast_core::store::blob::{decision_refs, refs_of, resolve_decisions, BlobHash, Resolver};
 use steadfast_core::store::check_events;
 use steadfast_core::store::head::encode_head_with_blobs;
 use steadfast_core::store::plan::{conflict, expect_version, plan_save_with_blobs, Plan};
@@ -747,15 +745,7 @@ impl PgStore {
         let deltas = deltas.map(|((idx, name), text)| Ok((idx, name, text)));
         let (cp, known) = rebuild(&Place::new(run_id, &locate), record, deltas)?;
         let refs = row.get(15);
-        let head_blobs = decision_refs(&cp).into_iter().map(|(h, _)| h).collect();
-        Ok((
-            cp,
-            writer::Acct {
-                known,
-                refs,
-                head_blobs,
-            },
-        ))
+        Ok((cp, writer::Acct { known, refs }))
     }
 
     /// A run's row as a checkpoint, its values put back: when its state or
@@ -915,8 +905,13 @@ impl Store for PgStore {
             .query_opt(&stmt, &[&run_id])
             .await
             .map_err(|e| map_err(e, &ctx()))?;
+        // A load that fails (damage, say) forgets what was known of the run:
+        // the next save plans from the stored record, not from before.
         let loaded = match row {
-            Some(row) => self.load_row(&mut client, run_id, &row).await?,
+            Some(row) => self
+                .load_row(&mut client, run_id, &row)
+                .await
+                .inspect_err(|_| self.shared.accts.set(run_id, None))?,
             None => None,
         };
         drop(client);
@@ -939,17 +934,8 @@ impl Store for PgStore {
             self.shared.opts.max_state_bytes,
             threshold,
         )?;
-        // A decision's large data is a blob too, written with the record
-        // unless the stored head refers to it already (then it is stored,
-        // with the run's reference).
-        let mut head_blobs = Vec::new();
-        let head = encode_head_with_blobs(cp, threshold, &mut head_blobs)?;
-        let head_hashes: std::sync::Arc<[BlobHash]> = head_blobs.iter().map(|b| b.hash).collect();
-        let stored_head = match (&acct, req.expected) {
-            (Some(a), Some(v)) if a.known.version == v => &a.head_blobs[..],
-            _ => &[],
-        };
-        add_head_blobs(&mut blobs, head_blobs, stored_head);
+        // A decision's large data is a blob too, written with the record.
+        let head = encode_head_with_blobs(cp, threshold, &mut blobs)?;
         // Whether the stored run may refer to blobs: what the last load or
         // save of this process saw, if the run is still at that version (no
         // one else can have added a reference without moving the version,
@@ -1010,7 +996,6 @@ impl Store for PgStore {
                 blobs,
                 recount,
                 refs_before,
-                head_blobs: head_hashes,
                 deadlocks: 0,
                 reply: tx,
                 ticket: 0,

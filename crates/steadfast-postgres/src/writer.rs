@@ -11,7 +11,7 @@ use steadfast_core::{StoreError, StoreErrorKind};
 use tokio::sync::oneshot;
 use tokio_postgres::types::ToSql;
 
-use steadfast_core::store::blob::{Blob, BlobHash};
+use steadfast_core::store::blob::Blob;
 use steadfast_core::store::group::Queue;
 use steadfast_core::store::plan::Known;
 use steadfast_core::store::rows::Place;
@@ -56,9 +56,6 @@ pub(crate) struct Acct {
     /// False only when no reference of the run's was stored at that
     /// version.
     pub refs: bool,
-    /// The blobs the stored head refers to (a decision's data): stored,
-    /// with the run's reference, while the record is at that version.
-    pub head_blobs: Arc<[BlobHash]>,
 }
 
 /// A save, with every value of its statement.
@@ -92,9 +89,6 @@ pub(crate) struct SaveJob {
     /// Whether the run may have referred to blobs before this save (true
     /// when not known); a fresh run's statement says it itself.
     pub refs_before: bool,
-    /// The blobs the head written refers to (whether this save writes them
-    /// or they were stored already).
-    pub head_blobs: Arc<[BlobHash]>,
     pub reply: oneshot::Sender<Result<Acct, StoreError>>,
     /// Set by [`submit`] (from 1): which caller's save this is.
     pub ticket: u64,
@@ -547,11 +541,7 @@ async fn answer(
             };
             let refs = before || !job.blobs.is_empty();
             known
-                .map(|known| Acct {
-                    known,
-                    refs,
-                    head_blobs: job.head_blobs.clone(),
-                })
+                .map(|known| Acct { known, refs })
                 .map_err(|e| StoreError::OutcomeUnknown {
                     run_id: job.run_id.clone(),
                     source: Box::new(e),

@@ -54,9 +54,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
-use steadfast_core::store::blob::{
-    add_head_blobs, head_refs_in, resolve_decisions, resolve_object, BlobHash, Resolver,
-};
+use steadfast_core::store::blob::{resolve_decisions, resolve_object, BlobHash, Resolver};
 use steadfast_core::store::check_events;
 use steadfast_core::store::head::around_writer;
 use steadfast_core::store::head::encode_head_with_blobs;
@@ -687,9 +685,12 @@ impl Store for SqliteStore {
             return Ok(None);
         }
         let id = run_id.to_string();
+        // A load that fails (damage, say) forgets what was known of the run:
+        // the next save plans from the stored record, not from before.
         let loaded = self
             .read(move |conn, path| load_run(conn, path, &id))
-            .await?;
+            .await
+            .inspect_err(|_| self.shared.accts.set(run_id, None))?;
         self.shared
             .accts
             .set(run_id, loaded.as_ref().map(|l| l.acct.clone()));
@@ -706,21 +707,7 @@ impl Store for SqliteStore {
             self.shared.opts.max_state_bytes,
             threshold,
         )?;
-        let mut head_blobs = Vec::new();
-        let doc = encode_head_with_blobs(cp, threshold, &mut head_blobs)?;
-        if !head_blobs.is_empty() {
-            // What the stored head refers to is stored, with the run's
-            // reference: a decision carried again is not written again.
-            let stored = match &acct {
-                Some(a) if Some(a.known.version) == req.expected => {
-                    let locate = locate(&self.shared.display, &cp.run_id);
-                    head_refs_in(&a.doc, &Place::new(&cp.run_id, &locate), "head")
-                        .unwrap_or_default()
-                }
-                _ => Vec::new(),
-            };
-            add_head_blobs(&mut blobs, head_blobs, &stored);
-        }
+        let doc = encode_head_with_blobs(cp, threshold, &mut blobs)?;
         // The status and workflow name as stored: the row's labels (and the
         // indexes over them) need no update.
         let same_labels = acct
