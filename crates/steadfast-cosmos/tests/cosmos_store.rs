@@ -755,6 +755,40 @@ async fn prune_frees_the_blobs_only_dropped_rows_held() -> TestResult {
     Ok(())
 }
 
+/// A prune that frees more blobs than one batch holds frees them all: each
+/// batch's deletes (answered 204) count as applied, and the next batch
+/// goes on.
+#[tokio::test]
+async fn a_prune_frees_blobs_across_several_batches() -> TestResult {
+    let Some((_db, store)) = with_blobs_over(1024).await else {
+        return Ok(());
+    };
+    let mut wf = Workflow::builder("w");
+    for i in 0..60 {
+        wf = wf.step(format!("s{i}"), move |_, _| async move {
+            update(json!({ "doc": format!("{i:04}{}", "x".repeat(2000)) }))
+        });
+    }
+    let wf = wf.build()?;
+    run("r", &wf, &store).await?;
+    let blobs = || async {
+        let b = store.capabilities().blobs.ok_or("no blobs")?;
+        let u = b.usage("r").await?.ok_or("no run")?;
+        Ok::<u64, Box<dyn std::error::Error>>(u.blobs)
+    };
+    assert_eq!(blobs().await?, 60, "each step's own document");
+    steadfast_core::ops::prune(&store, "r", 1, "test", &steadfast_core::SystemClock)
+        .await?
+        .ok_or("nothing pruned")?;
+    // 58 blobs of two items each: more than one batch of 99 deletes.
+    assert_eq!(
+        blobs().await?,
+        2,
+        "the fold row's and the last row's documents stay, the rest go"
+    );
+    Ok(())
+}
+
 /// Loads and history reads running (on another thread) while prunes free
 /// blobs never report a run as damaged nor miss a value: a read that finds
 /// a freed blob reads the run again from the head the prune wrote.
