@@ -301,3 +301,70 @@ async fn a_damaged_old_row_keeps_every_reference_and_saves_go_on() -> TestResult
     assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
     Ok(())
 }
+
+/// A decision's data over the threshold is a blob the head refers to (the
+/// head says checkpoint format 2); data in a head of format 1 that looks
+/// like a reference (a decision written before decisions could hold
+/// references) reads back as written, never looked up; and a head of
+/// format 2 whose reference is damaged is `Corrupt` at the decision.
+#[tokio::test]
+async fn decision_data_by_reference_and_older_look_alikes_read_back() -> TestResult {
+    use steadfast_core::{approve, Step};
+    let (_dir, db, store) = fresh()?;
+    let wf = Workflow::builder("w")
+        .step("a", |_, _| async { update(json!({"a": 1})) })
+        .push(Step::gate("g"))
+        .build()?;
+    for id in ["old", "big"] {
+        run(id, &wf, &store).await?;
+    }
+    approve(
+        &store,
+        "old",
+        "g",
+        Some(json!({"ok": 1})),
+        "ada",
+        &SystemClock,
+    )
+    .await?;
+    let data = json!({"draft": "d".repeat(40 << 10)});
+    approve(&store, "big", "g", Some(data.clone()), "ada", &SystemClock).await?;
+    let head = |id: &str| -> Result<Value, Box<dyn std::error::Error>> {
+        let text: String = Connection::open(&db)?.query_row(
+            "SELECT head FROM runs WHERE run_id = ?1",
+            [id],
+            |r| r.get(0),
+        )?;
+        Ok(serde_json::from_str(&text)?)
+    };
+    let big = head("big")?;
+    assert_eq!(big["format"], json!(2));
+    assert!(big["decisions"][0]["data"]["$blob"].is_string(), "{big}");
+    assert_eq!(counts(&db)?.0, 1);
+    // As an older build wrote it: format 1, the caller's look-alike as is.
+    let fake = json!({"$blob": format!("sha256:{}", "0".repeat(64)), "bytes": 3});
+    let mut old = head("old")?;
+    assert_eq!(old["format"], json!(1));
+    old["decisions"][0]["data"] = fake.clone();
+    let conn = Connection::open(&db)?;
+    conn.execute(
+        "UPDATE runs SET head = ?1 WHERE run_id = 'old'",
+        [serde_json::to_string(&old)?],
+    )?;
+    let store = open(&db)?;
+    let cp = store.load("old").await?.expect("stored");
+    assert_eq!(cp.decisions[0].data.as_ref(), Some(&fake));
+    let cp = store.load("big").await?.expect("stored");
+    assert_eq!((cp.format, cp.decisions[0].data.as_ref()), (1, Some(&data)));
+    // A damaged reference is reported where it is.
+    let mut big = big;
+    big["decisions"][0]["data"]["bytes"] = json!("many");
+    conn.execute(
+        "UPDATE runs SET head = ?1 WHERE run_id = 'big'",
+        [serde_json::to_string(&big)?],
+    )?;
+    let err = open(&db)?.load("big").await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Corrupt, "{err}");
+    assert!(err.to_string().contains("head.decisions"), "{err}");
+    Ok(())
+}
