@@ -424,9 +424,10 @@ impl Image {
             steadfast_core::validate_run_id(key).map_err(|e| corrupt(at(), e.to_string()))?;
             // A record whose decisions hold references (from format 7 on) is
             // checked as the record it becomes once a load resolves them.
-            let checked = match image.format >= 7 {
-                true => cp.check_stored(),
-                false => cp.check(),
+            let checked = if image.format >= 7 {
+                cp.check_stored()
+            } else {
+                cp.check()
             };
             checked.map_err(|reason| corrupt(at(), reason))?;
         }

@@ -565,7 +565,23 @@ fn put_decision_data(cp: &mut Checkpoint, mut map: Map<String, Value>) {
         // Data `null` is no data, as a decision made and stored inline has.
         d.data = map.remove(&i.to_string()).filter(|v| !v.is_null());
     }
-    cp.format = CHECKPOINT_FORMAT;
+}
+
+/// Puts back the decisions' data of a record of format
+/// [`STORED_DECISIONS_FORMAT`], resolved as one object by `resolve`, and
+/// then its format to [`CHECKPOINT_FORMAT`]; a record of another format
+/// is left as it is, and so is the format when `resolve` fails.
+fn resolve_decision_data(
+    cp: &mut Checkpoint,
+    resolve: impl FnOnce(&mut Map<String, Value>) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    if cp.format != STORED_DECISIONS_FORMAT {
+        return Ok(());
+    }
+    let mut map = take_decision_data(cp);
+    let resolved = resolve(&mut map);
+    put_decision_data(cp, map);
+    resolved.map(|()| cp.format = CHECKPOINT_FORMAT)
 }
 
 /// The column messages name decisions' data by.
@@ -600,16 +616,9 @@ pub fn resolve_decisions(
     place: &Place<'_>,
     fetch: &mut Fetch<'_>,
 ) -> Result<(), StoreError> {
-    if cp.format != STORED_DECISIONS_FORMAT {
-        return Ok(());
-    }
-    let mut map = take_decision_data(cp);
-    let resolved = resolve_object(&mut map, place, DECISIONS_COLUMN, fetch);
-    put_decision_data(cp, map);
-    if resolved.is_err() {
-        cp.format = STORED_DECISIONS_FORMAT;
-    }
-    resolved
+    resolve_decision_data(cp, |map| {
+        resolve_object(map, place, DECISIONS_COLUMN, fetch)
+    })
 }
 
 /// The blobs a stored head document refers to (its decisions' data, when
@@ -805,16 +814,7 @@ impl Resolver<'_> {
         cp: &mut Checkpoint,
         place: &Place<'_>,
     ) -> Result<(), StoreError> {
-        if cp.format != STORED_DECISIONS_FORMAT {
-            return Ok(());
-        }
-        let mut map = take_decision_data(cp);
-        let resolved = self.resolve(&mut map, place, DECISIONS_COLUMN);
-        put_decision_data(cp, map);
-        if resolved.is_err() {
-            cp.format = STORED_DECISIONS_FORMAT;
-        }
-        resolved
+        resolve_decision_data(cp, |map| self.resolve(map, place, DECISIONS_COLUMN))
     }
 }
 
