@@ -1110,6 +1110,52 @@ mod tests {
         }
     }
 
+    /// Edges of a decision's data: text exactly at the threshold stays in
+    /// the head, one byte over is a blob; an empty string, an empty object
+    /// and data nested as deep as a store takes (and large) round-trip.
+    #[test]
+    fn decision_data_at_the_edges_round_trips() {
+        use crate::store::head::{decode_head, encode_head_with_blobs};
+        use crate::Timestamp;
+        let mut deep = json!("x".repeat(300));
+        // As deep as a store takes (100 levels, the data's own included).
+        for _ in 0..99 {
+            deep = json!([deep]);
+        }
+        let at = |n: usize| json!("a".repeat(n - 2));
+        let cases = [
+            (at(256), 0),
+            (at(257), 1),
+            (json!(""), 0),
+            (json!({}), 0),
+            (deep, 1),
+        ];
+        for (data, want) in cases {
+            let mut cp = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+            cp.decisions.push(Decision::approve(
+                "g",
+                "ada",
+                Timestamp::EPOCH,
+                Some(data.clone()),
+            ));
+            crate::store::check_head(&cp).unwrap();
+            let mut blobs = Vec::new();
+            let text = encode_head_with_blobs(&cp, 256, &mut blobs).unwrap();
+            assert_eq!(blobs.len(), want, "{:.60}", data.to_string());
+            let mut back = Checkpoint::new("r", "wf", Timestamp::EPOCH);
+            decode_head(&text, &mut back).unwrap();
+            let locate = |c: &str| c.to_string();
+            resolve_decisions(&mut back, &Place::new("r", &locate), &mut |h, _| {
+                Ok(blobs
+                    .iter()
+                    .find(|b| b.hash == *h)
+                    .map(|b| b.text.as_bytes().to_vec()))
+            })
+            .unwrap();
+            assert_eq!(back.decisions, cp.decisions);
+        }
+    }
+
     fn value() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![
             Just(Value::Null),
