@@ -192,6 +192,19 @@ fn control_without_blob_directory_fsync_power_loss_loses_a_blob() {
 }
 
 #[test]
+fn control_without_blob_file_fsync_power_loss_damages_a_blob() {
+    let mut opts = FileStoreOptions::default().blob_threshold(256);
+    opts.mutants.no_blob_fsync = true;
+    let r = enumerate_crashes(3, opts);
+    // The blob's name was synced with its directory, its bytes were not.
+    assert!(
+        r.as_ref()
+            .is_err_and(|e| e.contains("where its reference says")),
+        "the crash enumeration did not notice a missing blob file fsync: {r:?}"
+    );
+}
+
+#[test]
 fn control_without_file_fsync_power_loss_corrupts_the_store() {
     let mut opts = FileStoreOptions::default();
     opts.mutants.no_file_fsync = true;

@@ -137,7 +137,6 @@ fn sqlite_layout(
     let mut append = RawAppend::new(path.parent().unwrap_or(Path::new(".")))?;
     let mut hashes = Vec::with_capacity(5);
     for (run, docs) in docs.iter().enumerate() {
-        append.append(if run == 0 { 0 } else { 5 })?;
         hashes.clear();
         for step in 0..STEPS {
             let doc = &docs[step % 5];
@@ -163,8 +162,8 @@ fn sqlite_layout(
             tx.commit()?;
             io += t.elapsed().as_secs_f64();
         }
+        append.append(5)?;
     }
-    append.append(5)?;
     drop(conn);
     remove_db(path);
     let steps = (docs.len() * STEPS) as f64;
@@ -243,7 +242,6 @@ fn file_layout(dir: &Path, docs: &[Vec<String>]) -> Res<Took> {
     let mut append = RawAppend::new(dir)?;
     let mut hashes = Vec::with_capacity(5);
     for (run, docs) in docs.iter().enumerate() {
-        append.append(if run == 0 { 0 } else { 5 })?;
         hashes.clear();
         for step in 0..STEPS {
             let doc = &docs[step % 5];
@@ -263,8 +261,8 @@ fn file_layout(dir: &Path, docs: &[Vec<String>]) -> Res<Took> {
             sync_dir(&root)?;
             io += t.elapsed().as_secs_f64();
         }
+        append.append(5)?;
     }
-    append.append(5)?;
     let _ = std::fs::remove_dir_all(&root);
     let steps = (docs.len() * STEPS) as f64;
     Ok(Took {
@@ -333,7 +331,6 @@ async fn postgres(args: &Args, docs: &[Vec<String>]) -> Res<()> {
         let mut append = RawAppend::new(&args.dir)?;
         let mut hashes = Vec::with_capacity(5);
         for (run, docs) in docs.iter().enumerate() {
-            append.append(if run == 0 { 0 } else { 5 })?;
             hashes.clear();
             for step in 0..STEPS {
                 let doc = &docs[step % 5];
@@ -354,8 +351,8 @@ async fn postgres(args: &Args, docs: &[Vec<String>]) -> Res<()> {
                 }
                 io += t.elapsed().as_secs_f64();
             }
+            append.append(5)?;
         }
-        append.append(5)?;
         let steps = (docs.len() * STEPS) as f64;
         took.push(Took {
             io_us: io * 1e6 / steps,

@@ -118,8 +118,9 @@ pub(crate) fn raw_write(dir: &Path, bytes: usize, n: usize) -> Res<f64> {
 /// Why not only [`raw_write`]: on a virtual machine whose host takes back
 /// the memory its guest frees (free page reporting, as on the VMs these
 /// figures come from), a page the guest has not used lately costs the host
-/// a fault on first touch, and a 1 MiB write into such pages took 3 to
-/// 3.5 ms where an overwrite of pages in the page cache took 0.2 ms.
+/// a fault on first touch: a `write()` of 1 MiB into such pages took 3 to
+/// 3.5 ms where one over pages the page cache held took 0.2 ms (the
+/// `fsync` apart).
 /// [`raw_write`] overwrites the same 64 MiB over and over, so it never pays
 /// that; a store keeping 500 MiB of new content must, and so must this.
 pub(crate) struct RawAppend {
@@ -157,10 +158,16 @@ impl RawAppend {
         Ok(())
     }
 
-    /// The median of the appends, in µs; the file is removed.
-    pub(crate) fn finish(self) -> f64 {
+    /// The median of the appends, in µs; the file goes when `self` does.
+    pub(crate) fn finish(mut self) -> f64 {
+        median(std::mem::take(&mut self.samples))
+    }
+}
+
+impl Drop for RawAppend {
+    /// Removes the file, also when a measure stopped on an error.
+    fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
-        median(self.samples)
     }
 }
 
@@ -193,7 +200,6 @@ pub(crate) fn encode_and_hash(n: usize) -> (f64, f64) {
 /// What every store's W7 reports, from the samples of its repetitions
 /// (µs per step, raw write + fsync µs, bytes stored, peak memory) and
 /// the floor measured now.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn w7_figures(
     runs: usize,
     per_step: &[f64],
@@ -271,9 +277,10 @@ pub async fn w7(kind: &str, args: &Args) -> Res<()> {
     for rep in 0..args.reps() {
         let url = fresh_url(kind, &args.dir, &format!("w7-{rep}"));
         let store = open_store(&url).await?;
+        // Made before the peak is reset: its buffer is not the store's.
+        let mut append = RawAppend::new(&args.dir)?;
         before.push(reset_peak() as f64);
         let mut took = 0.0;
-        let mut append = RawAppend::new(&args.dir)?;
         for r in 0..runs {
             let wf = workflow(r);
             let t = Instant::now();

@@ -160,6 +160,8 @@ pub struct Mutants {
     /// Skip the `fsync` of the blob directory before the store file that
     /// refers to new blobs is renamed into place.
     pub no_blob_dir_fsync: bool,
+    /// Skip the `fsync` of each new blob file (the store file's own stays).
+    pub no_blob_fsync: bool,
     /// Take no lock at all.
     pub no_lock: bool,
     /// Lock the data file instead of the sidecar.
@@ -681,7 +683,8 @@ impl<F: Fs> Inner<F> {
                 std::process::id(),
                 fastrand::u64(..)
             ));
-            self.put_in_place(&tmp, &dir.join(&name), blob.text.as_bytes())?;
+            let sync = !self.mutant(|m| m.no_blob_fsync);
+            self.put_in_place(&tmp, &dir.join(&name), blob.text.as_bytes(), sync)?;
         }
         // Also when every blob was there already, unless the stored record
         // refers to each: a name another writer renamed into place is not
@@ -828,8 +831,14 @@ impl<F: Fs> Inner<F> {
     /// `to` (the store file, or a blob); on a failure the temp is removed. A
     /// failed `fsync` poisons the handle: the kernel may have dropped the
     /// pages and will not say so again. The directory is not synced here.
-    fn put_in_place(&self, tmp: &Path, to: &Path, bytes: &[u8]) -> Result<(), StoreError> {
-        let sync_file = !self.mutant(|m| m.no_file_fsync);
+    fn put_in_place(
+        &self,
+        tmp: &Path,
+        to: &Path,
+        bytes: &[u8],
+        sync: bool,
+    ) -> Result<(), StoreError> {
+        let sync_file = sync && !self.mutant(|m| m.no_file_fsync);
         let written = match self.fs.write_new(tmp, bytes, sync_file) {
             Err(WriteError::Write(_)) if self.mutant(|m| m.ignore_write_errors) => Ok(()),
             other => other,
@@ -862,7 +871,7 @@ impl<F: Fs> Inner<F> {
             fastrand::u64(..)
         ));
         let sync_dir = !self.mutant(|m| m.no_dir_fsync);
-        self.put_in_place(&tmp, &self.path, bytes)?;
+        self.put_in_place(&tmp, &self.path, bytes, true)?;
         if sync_dir {
             if let Err(e) = self.fs.sync_dir(&self.dir) {
                 // The new file is visible but may not survive a power loss.
