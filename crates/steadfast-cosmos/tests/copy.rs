@@ -186,3 +186,79 @@ fn rekey_rewrites_a_long_history_in_several_batches() -> TestResult {
         Ok(())
     })
 }
+
+/// Runs whose steps return large values (each a blob over the threshold),
+/// copied into Cosmos DB, again, and back: every run and history arrives
+/// equal; in Cosmos DB each run holds each of its contents once (the two
+/// shared documents, which every step rereads, once per run, as blobs live
+/// in their run's partition), and a second copy writes nothing. With the
+/// blobs gone behind the store's back, a copy out of it fails as `Corrupt`
+/// naming a run and writes nothing of that run into the target.
+#[test]
+fn large_values_copy_into_cosmos_once_each_and_a_missing_blob_is_refused() -> TestResult {
+    use steadfast_conformance::fixtures::{doc, rereading_agent};
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    rt().block_on(async {
+        const STEPS: usize = 4;
+        let source: Arc<dyn Store> = Arc::new(MemoryStore::with_state_limit(16 << 20));
+        for r in 0..3 {
+            Runner::new(&*source)
+                .run(&format!("r{r}"), &rereading_agent(STEPS, r))
+                .await?;
+        }
+        let opts = CosmosOptions::default().blob_threshold(16 << 10);
+        let cosmos: Arc<dyn Store> = Arc::new(db.store(opts).await);
+        let there = copy(&*source, &*cosmos, |_| {}).await?;
+        assert_eq!(there.written, 3, "{there:?}");
+        let again = copy(&*source, &*cosmos, |_| {}).await?;
+        assert_eq!(again.kept, 3, "{again:?}");
+        let back: Arc<dyn Store> = Arc::new(MemoryStore::with_state_limit(16 << 20));
+        copy(&*cosmos, &*back, |_| {}).await?;
+        let text = |s: String| (s.len() + 2) as u64;
+        let blobs = cosmos.capabilities().blobs.ok_or("no blobs on Cosmos DB")?;
+        for r in 0..3 {
+            let id = format!("r{r}");
+            let want = source.load(&id).await?;
+            assert_eq!(want, cosmos.load(&id).await?, "run {id} in Cosmos DB");
+            assert_eq!(want, back.load(&id).await?, "run {id} back");
+            let h = source.history(&id).await?;
+            assert_eq!(
+                h,
+                cosmos.history(&id).await?,
+                "history of {id} in Cosmos DB"
+            );
+            assert_eq!(h, back.history(&id).await?, "history of {id} back");
+            let usage = blobs.usage(&id).await?.ok_or("no usage")?;
+            let own: u64 = (0..STEPS).map(|i| text(doc(1000 + r * 100 + i, 20))).sum();
+            let shared = text(doc(0, 100)) + text(doc(1, 100));
+            assert_eq!(
+                (usage.blobs, usage.blob_bytes),
+                (2 + STEPS as u64, shared + own),
+                "run {id}: each content once"
+            );
+        }
+
+        let lost = support::lose_blobs(server.clone(), db.name().to_string()).await?;
+        assert_eq!(lost, 3 * (2 + STEPS as u64), "blobs on the server");
+        let target: Arc<dyn Store> = Arc::new(MemoryStore::with_state_limit(16 << 20));
+        let err = copy(&*cosmos, &*target, |_| {})
+            .await
+            .expect_err("a dangling reference");
+        assert!(
+            matches!(
+                err.store_error(),
+                Some(steadfast_core::StoreError::Corrupt { .. })
+            ),
+            "{err:?}"
+        );
+        let named = (0..3)
+            .map(|r| format!("r{r}"))
+            .find(|id| err.to_string().contains(id.as_str()))
+            .ok_or_else(|| format!("the error names no run: {err}"))?;
+        assert_eq!(target.load(&named).await?, None, "{named} was written");
+        Ok(())
+    })
+}

@@ -103,3 +103,58 @@ impl Drop for TestDb {
         });
     }
 }
+
+/// Deletes every blob item (parts and manifests) of database `db` on the
+/// server behind the store's back, with plain requests (the test server
+/// checks no signature); the references stay. Says how many blobs (their
+/// manifests) there were.
+pub async fn lose_blobs(server: (String, String), db: String) -> Result<u64, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let tls = steadfast_core::store::tls::verified(Some(&server.1), "the Cosmos test server")
+        .map_err(|x| e(&x))?;
+    let http = reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .build()
+        .map_err(|x| e(&x))?;
+    let base = server.0.replacen("cosmos://", "https://", 1);
+    let docs = format!("{base}/dbs/{db}/colls/runs/docs");
+    let found: serde_json::Value = http
+        .post(&docs)
+        .header("x-ms-documentdb-isquery", "True")
+        .header("x-ms-documentdb-query-enablecrosspartition", "True")
+        .header("content-type", "application/query+json")
+        .body(
+            serde_json::json!({"query": "SELECT c.id, c.pk, c.kind FROM c \
+                WHERE c.kind = 'blob' OR c.kind = 'blob_manifest'"})
+            .to_string(),
+        )
+        .send()
+        .await
+        .map_err(|x| e(&x))?
+        .json()
+        .await
+        .map_err(|x| e(&x))?;
+    let items = found["Documents"]
+        .as_array()
+        .ok_or_else(|| format!("the query for blob items answered {found}"))?;
+    let mut manifests = 0;
+    for item in items {
+        let (Some(id), Some(pk)) = (item["id"].as_str(), item["pk"].as_str()) else {
+            return Err(format!("a blob item without its id or key: {item}"));
+        };
+        let answer = http
+            .delete(format!("{docs}/{id}"))
+            .header(
+                "x-ms-documentdb-partitionkey",
+                serde_json::json!([pk]).to_string(),
+            )
+            .send()
+            .await
+            .map_err(|x| e(&x))?;
+        if !answer.status().is_success() {
+            return Err(format!("deleting {id} answered {}", answer.status()));
+        }
+        manifests += u64::from(item["kind"] == "blob_manifest");
+    }
+    Ok(manifests)
+}
