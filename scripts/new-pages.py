@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""What a write into pages the page cache has never held costs, beside one
-over pages it holds, and how that changes after a pause.
+"""What a write of new content costs when the pages it needs were freed
+long ago, and how that changes after a pause.
 
 Each batch makes N new files (create, write 1 MiB, fsync, rename, as a blob
 is stored) and times the write() call alone; the files are removed at the
@@ -12,7 +12,7 @@ write(). Prints the median, mean, 10th and 90th percentiles of each batch
 in microseconds, one line per batch. Only Python's standard library;
 nothing of Steadfast runs.
 
-    python3 scripts/new-pages.py --dir DIR --files 500 --batches 2 --pause 30
+    python3 scripts/new-pages.py --dir DIR --files 500 --batches 3 --pause 30
 
 DIR must exist, on the disk to measure. With --pause S, sleeps S seconds
 before each batch after the first, so that the pages the previous batch
@@ -28,22 +28,30 @@ import time
 def batch(directory, files, body):
     """Times the write() of `files` new files of `body`; removes them."""
     took = []
-    names = []
-    for i in range(files):
-        tmp = os.path.join(directory, f".new-pages-{i}.tmp")
-        name = os.path.join(directory, f"new-pages-{i}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            t = time.perf_counter()
-            os.write(fd, body)
-            took.append((time.perf_counter() - t) * 1e6)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, name)
-        names.append(name)
-    for name in names:
-        os.unlink(name)
+    made = []
+    try:
+        for i in range(files):
+            tmp = os.path.join(directory, f".new-pages-{i}.tmp")
+            name = os.path.join(directory, f"new-pages-{i}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            made.append(tmp)
+            try:
+                t = time.perf_counter()
+                wrote = os.write(fd, body)
+                took.append((time.perf_counter() - t) * 1e6)
+                if wrote != len(body):
+                    raise OSError(f"{tmp}: wrote {wrote} of {len(body)} bytes")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name)
+            made[-1] = name
+    finally:
+        for path in made:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
     took.sort()
     n = len(took)
     return {

@@ -259,6 +259,12 @@ fn large_values_copy_into_cosmos_once_each_and_a_missing_blob_is_refused() -> Te
             .find(|id| err.to_string().contains(id.as_str()))
             .ok_or_else(|| format!("the error names no run: {err}"))?;
         assert_eq!(target.load(&named).await?, None, "{named} was written");
+        // Every run lost its blobs: none of them may have arrived.
+        assert_eq!(
+            ids(&*target).await,
+            Vec::<String>::new(),
+            "runs were written"
+        );
         Ok(())
     })
 }

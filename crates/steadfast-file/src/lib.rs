@@ -683,8 +683,8 @@ impl<F: Fs> Inner<F> {
                 std::process::id(),
                 fastrand::u64(..)
             ));
-            let sync = !self.mutant(|m| m.no_blob_fsync);
-            self.put_in_place(&tmp, &dir.join(&name), blob.text.as_bytes(), sync)?;
+            let sync_blob = !self.mutant(|m| m.no_blob_fsync);
+            self.put_in_place(&tmp, &dir.join(&name), blob.text.as_bytes(), sync_blob)?;
         }
         // Also when every blob was there already, unless the stored record
         // refers to each: a name another writer renamed into place is not
@@ -827,8 +827,9 @@ impl<F: Fs> Inner<F> {
         Ok(None)
     }
 
-    /// Writes `bytes` to the new file `tmp`, `fsync`s it and renames it to
-    /// `to` (the store file, or a blob); on a failure the temp is removed. A
+    /// Writes `bytes` to the new file `tmp`, `fsync`s it (when `sync`: only
+    /// a mutant passes `false`) and renames it to `to` (the store file, or
+    /// a blob); on a failure the temp is removed. A
     /// failed `fsync` poisons the handle: the kernel may have dropped the
     /// pages and will not say so again. The directory is not synced here.
     fn put_in_place(
