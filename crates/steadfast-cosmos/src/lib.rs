@@ -1814,6 +1814,14 @@ impl Store for CosmosStore {
         };
         steadfast_core::store::blob::add_head_blobs(&mut blobs, head_blobs, stored);
         self.write_blobs(&key, &gen, run_id, &blobs).await?;
+        // A new snapshot below the stored `next` (a rewind; a changed
+        // workflow accepted, or a durable function that took another path,
+        // which the engine saves the same way) leaves the rows above it
+        // unread: once it is written, the blobs no record refers to any
+        // more are freed. Rare, and it reads the run's history once more.
+        let rewound = matches!(plan, Plan::Snapshot { .. })
+            && req.expected.is_some()
+            && acct.as_ref().is_some_and(|a| cp.next < a.next);
         match plan {
             Plan::Head => {
                 // Keep the stored state, steps and snapshot as they are.
@@ -1898,6 +1906,7 @@ impl Store for CosmosStore {
         head.insert("delta_bytes".into(), json!(delta_bytes));
         let carry = carry_of(&head);
         let pk = format!("[\"{key}\"]");
+        let written = rewound.then(|| Value::Object(head.clone()));
         let head_op = match (&req.expected, &acct) {
             (None, _) => {
                 json!({ "operationType": "Create", "partitionKey": pk, "resourceBody": Value::Object(head) })
@@ -1925,6 +1934,39 @@ impl Store for CosmosStore {
             // Without the new ETag, the next save reads the head first.
             self.shared.accts.set(run_id, None);
             return Ok(req.new_version());
+        }
+        if let Some(body) = &written {
+            let hid = head_id(&key);
+            let fence = Fence {
+                hid: &hid,
+                pk: &pk,
+                body,
+                expected: req.new_version(),
+            };
+            // The save has landed whatever the sweep does: leaving blobs is
+            // safe, so a failure is only logged. A sweep that wrote (each of
+            // its batches replaces the head) leaves an ETag this process
+            // does not keep: the next save reads the head first.
+            match self
+                .sweep_blobs(&key, &gen, run_id, body, fence, etag.clone())
+                .await
+            {
+                Ok(0) => {}
+                Ok(n) => {
+                    tracing::debug!(
+                        run_id,
+                        blobs = n,
+                        "a save below the stored next freed blobs no row refers to"
+                    );
+                    self.shared.accts.set(run_id, None);
+                    return Ok(req.new_version());
+                }
+                Err(e) => {
+                    tracing::warn!(run_id, error = %e, "blobs the run no longer refers to are left until a later rewrite of its history or its deletion");
+                    self.shared.accts.set(run_id, None);
+                    return Ok(req.new_version());
+                }
+            }
         }
         let new = Acct {
             version: req.new_version(),

@@ -709,12 +709,12 @@ async fn with_blobs_over(threshold: u64) -> Option<(support::TestDb, CosmosStore
     Some((db, store))
 }
 
-/// A prune frees the blobs that only dropped rows held: those the rows it
-/// folded away referred to, and those of rows a rewind left above the
-/// run's `next` (a rewind alone keeps them, as a save writes no more than
-/// the head and its row). Running on writes them again.
+/// A rewind frees the blobs that only the rows it left above the run's
+/// `next` held, and a prune those the rows it folded away referred to;
+/// what the run still refers to stays, and running on writes the rest
+/// again.
 #[tokio::test]
-async fn prune_frees_the_blobs_only_dropped_rows_held() -> TestResult {
+async fn rewinds_and_prunes_free_the_blobs_only_dropped_rows_held() -> TestResult {
     let Some((_db, store)) = with_blobs_over(16 << 10).await else {
         return Ok(());
     };
@@ -731,13 +731,14 @@ async fn prune_frees_the_blobs_only_dropped_rows_held() -> TestResult {
     // Two shared documents and one of each step's own.
     assert_eq!(blobs(&store).await?, 2 + 6);
     steadfast_core::ops::rewind(&store, "r", "s4", "test", &steadfast_core::SystemClock).await?;
-    assert_eq!(blobs(&store).await?, 2 + 6, "a rewind alone frees nothing");
-    steadfast_core::ops::prune(&store, "r", 1, "test", &steadfast_core::SystemClock).await?;
     assert_eq!(
         blobs(&store).await?,
         2 + 4,
-        "s4's and s5's own documents went"
+        "the rewind freed s4's and s5's own documents"
     );
+    // The rewind's sweep wrote the head: the store saves on all the same.
+    steadfast_core::ops::prune(&store, "r", 1, "test", &steadfast_core::SystemClock).await?;
+    assert_eq!(blobs(&store).await?, 2 + 4, "the prune kept what is held");
     let cp = store.load("r").await?.ok_or("stored")?;
     for i in 0..4 {
         assert_eq!(
