@@ -802,17 +802,7 @@ impl CosmosStore {
             if held.is_some_and(|h| h.get("bytes").and_then(Value::as_u64) == Some(bytes)) {
                 continue;
             }
-            let text = blob.text.as_str();
-            let mut parts = Vec::new();
-            let mut start = 0;
-            while start < text.len() {
-                let mut end = (start + CHUNK).min(text.len());
-                while !text.is_char_boundary(end) {
-                    end -= 1;
-                }
-                parts.push(&text[start..end]);
-                start = end;
-            }
+            let parts = parts_of(&blob.text);
             for (n, part) in parts.iter().enumerate() {
                 let item = json!({
                     "id": blob_id(key, gen, &blob.hash, n), "pk": key, "gen": gen,
@@ -829,6 +819,19 @@ impl CosmosStore {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Deletes items of run `run_id` that no head names (a lost create's
+    /// blobs and chunks: the batch that would have named them failed whole,
+    /// and the client never sends a write again), manifests first; a
+    /// failure only leaves them, as before, and is logged.
+    async fn drop_items(&self, key: &str, run_id: &str, ids: &[String]) {
+        for id in ids {
+            if let Err(e) = self.delete_item(key, id, run_id, None).await {
+                tracing::warn!(run_id, item = %id, error = %e, "an item of a create that lost to another is left (nothing reads it)");
+                return;
+            }
+        }
     }
 
     /// Upserts one item of run `run_id` that nothing refers to yet: its
@@ -1613,13 +1616,35 @@ fn op_status(results: &[Value], i: usize) -> u64 {
 
 /// The ids of the chunk items an item's `update` was written to, if any.
 fn chunk_ids_of(key: &str, item: &serde_json::Map<String, Value>) -> Vec<String> {
+    field_chunk_ids(key, item, "update")
+}
+
+/// The ids of the chunk items an item's text `field` was written to, if any.
+fn field_chunk_ids(key: &str, item: &serde_json::Map<String, Value>, field: &str) -> Vec<String> {
     match (
-        item.get("update_chunks_tag").and_then(Value::as_str),
-        item.get("update_chunks").and_then(Value::as_u64),
+        item.get(&format!("{field}_chunks_tag"))
+            .and_then(Value::as_str),
+        item.get(&format!("{field}_chunks")).and_then(Value::as_u64),
     ) {
         (Some(tag), Some(n)) => (0..n as usize).map(|i| chunk_id(key, tag, i)).collect(),
         _ => Vec::new(),
     }
+}
+
+/// A blob's text in the parts its items hold: at most [`CHUNK`] bytes each,
+/// cut on character boundaries.
+fn parts_of(text: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    while start < text.len() {
+        let mut end = (start + CHUNK).min(text.len());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        parts.push(&text[start..end]);
+        start = end;
+    }
+    parts
 }
 
 fn step_item(key: &str, gen: &str, step: &StepRecord) -> serde_json::Map<String, Value> {
@@ -1907,6 +1932,23 @@ impl Store for CosmosStore {
         let carry = carry_of(&head);
         let pk = format!("[\"{key}\"]");
         let written = rewound.then(|| Value::Object(head.clone()));
+        // A create writes its blobs and chunks under a generation of its
+        // own before its batch: should the batch lose to another create of
+        // the run, no head will ever name that generation.
+        let fresh: Vec<String> = match req.expected {
+            Some(_) => Vec::new(),
+            None => blobs
+                .iter()
+                .flat_map(|b| {
+                    let parts = parts_of(&b.text).len();
+                    std::iter::once(manifest_id(&key, &gen, &b.hash))
+                        .chain((0..parts).map(|n| blob_id(&key, &gen, &b.hash, n)))
+                        .collect::<Vec<_>>()
+                })
+                .chain(field_chunk_ids(&key, &head, "snapshot"))
+                .chain(step_ops.iter().flat_map(|i| chunk_ids_of(&key, i)))
+                .collect(),
+        };
         let head_op = match (&req.expected, &acct) {
             (None, _) => {
                 json!({ "operationType": "Create", "partitionKey": pk, "resourceBody": Value::Object(head) })
@@ -1923,7 +1965,15 @@ impl Store for CosmosStore {
         for item in step_ops {
             ops.push(json!({ "operationType": "Upsert", "partitionKey": pk, "resourceBody": Value::Object(item) }));
         }
-        let results = self.head_batch(&key, run_id, req.expected, ops).await?;
+        let results = match self.head_batch(&key, run_id, req.expected, ops).await {
+            Ok(r) => r,
+            Err(e) => {
+                if e.kind() == StoreErrorKind::Conflict && !fresh.is_empty() {
+                    self.drop_items(&key, run_id, &fresh).await;
+                }
+                return Err(e);
+            }
+        };
         let etag = results
             .first()
             .and_then(|r| r.get("eTag"))

@@ -756,6 +756,75 @@ async fn rewinds_and_prunes_free_the_blobs_only_dropped_rows_held() -> TestResul
     Ok(())
 }
 
+/// A create that loses to another create of the same run (a handle with no
+/// account of it saves it as new) fails as a conflict and leaves nothing of
+/// its own behind: the blobs and the chunk items it wrote before its batch,
+/// under a generation no head names, are deleted again. Before, they stayed
+/// for good (nothing reads them, nothing removed them).
+#[tokio::test]
+async fn a_create_that_loses_the_race_for_a_run_leaves_no_items() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    // Blobs: values over 16 KiB.
+    let first = db
+        .store(CosmosOptions::default().blob_threshold(16 << 10))
+        .await;
+    run(
+        "r",
+        &steadfast_conformance::fixtures::rereading_agent(4, 0),
+        &first,
+    )
+    .await?;
+    let before = support::count_kinds(&server, db.name()).await?;
+    assert_eq!(before.get("blob_manifest"), Some(&6), "{before:?}");
+    let other = db
+        .store(CosmosOptions::default().blob_threshold(16 << 10))
+        .await;
+    let mut cp = Checkpoint::new("r", "agent", Timestamp::from_unix_millis(1));
+    let update: steadfast_core::Update = [
+        ("mine".to_string(), json!("m".repeat(40 << 10))),
+        ("also".to_string(), json!("a".repeat(30 << 10))),
+    ]
+    .into_iter()
+    .collect();
+    steadfast_core::merge(&mut cp.state, update.clone());
+    cp.next = 1;
+    cp.completed = vec!["s0".into()];
+    let t = Timestamp::from_unix_millis(1);
+    let step = StepRecord::new(0, "s0", update, 1, t, t);
+    let lost = other
+        .save(SaveRequest::new(&cp, None).with_step(&step))
+        .await
+        .expect_err("the run is there");
+    assert_eq!(lost.kind(), StoreErrorKind::Conflict, "{lost}");
+    let after = support::count_kinds(&server, db.name()).await?;
+    assert_eq!(after, before, "items the lost create wrote");
+
+    // Chunks: a state of 3 MB kept inline (no blobs) is written in chunks.
+    let inline = db
+        .store(CosmosOptions::default().blob_threshold(1 << 30))
+        .await;
+    let mut big = Checkpoint::new("big", "w", Timestamp::from_unix_millis(1));
+    big.state.insert("doc".into(), json!("d".repeat(3 << 20)));
+    inline.save(SaveRequest::new(&big, None)).await?;
+    let before = support::count_kinds(&server, db.name()).await?;
+    let again = db
+        .store(CosmosOptions::default().blob_threshold(1 << 30))
+        .await;
+    big.state.insert("doc".into(), json!("e".repeat(3 << 20)));
+    let lost = again
+        .save(SaveRequest::new(&big, None))
+        .await
+        .expect_err("the run is there");
+    assert_eq!(lost.kind(), StoreErrorKind::Conflict, "{lost}");
+    let after = support::count_kinds(&server, db.name()).await?;
+    assert!(before.get("chunk").is_some_and(|n| *n > 0), "{before:?}");
+    assert_eq!(after, before, "chunks the lost create wrote");
+    Ok(())
+}
+
 /// A prune that frees more blobs than one batch holds frees them all: each
 /// batch's deletes (answered 204) count as applied, and the next batch
 /// goes on.

@@ -104,6 +104,44 @@ impl Drop for TestDb {
     }
 }
 
+/// How many items of each kind (`head`, `step`, `chunk`, `blob`,
+/// `blob_manifest`, …) database `db` holds on the server, asked with a plain
+/// query behind the store's back (the test server checks no signature).
+pub async fn count_kinds(
+    server: &(String, String),
+    db: &str,
+) -> Result<std::collections::BTreeMap<String, u64>, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let tls = steadfast_core::store::tls::verified(Some(&server.1), "the Cosmos test server")
+        .map_err(|x| e(&x))?;
+    let http = reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .build()
+        .map_err(|x| e(&x))?;
+    let base = server.0.replacen("cosmos://", "https://", 1);
+    let found: serde_json::Value = http
+        .post(format!("{base}/dbs/{db}/colls/runs/docs"))
+        .header("x-ms-documentdb-isquery", "True")
+        .header("x-ms-documentdb-query-enablecrosspartition", "True")
+        .header("content-type", "application/query+json")
+        .body(serde_json::json!({"query": "SELECT c.kind FROM c"}).to_string())
+        .send()
+        .await
+        .map_err(|x| e(&x))?
+        .json()
+        .await
+        .map_err(|x| e(&x))?;
+    let items = found["Documents"]
+        .as_array()
+        .ok_or_else(|| format!("the query for items answered {found}"))?;
+    let mut kinds = std::collections::BTreeMap::new();
+    for item in items {
+        let kind = item["kind"].as_str().unwrap_or("(none)").to_string();
+        *kinds.entry(kind).or_insert(0) += 1;
+    }
+    Ok(kinds)
+}
+
 /// Deletes every blob item (parts and manifests) of database `db` on the
 /// server behind the store's back, with plain requests (the test server
 /// checks no signature); the references stay. Says how many blobs (their
