@@ -821,10 +821,11 @@ impl CosmosStore {
         Ok(())
     }
 
-    /// Deletes items of run `run_id` that no head names (a lost create's
-    /// blobs and chunks: the batch that would have named them failed whole,
-    /// and the client never sends a write again), manifests first; a
-    /// failure only leaves them, as before, and is logged.
+    /// Deletes items of run `run_id` that no head names (the blobs and
+    /// chunks of a create whose batch failed whole: the client never sends
+    /// a write again after a lost answer, so a definite failure applied
+    /// nothing), manifests first; a failure only leaves them, as before,
+    /// and is logged.
     async fn drop_items(&self, key: &str, run_id: &str, ids: &[String]) {
         for id in ids {
             if let Err(e) = self.delete_item(key, id, run_id, None).await {
@@ -1933,8 +1934,8 @@ impl Store for CosmosStore {
         let pk = format!("[\"{key}\"]");
         let written = rewound.then(|| Value::Object(head.clone()));
         // A create writes its blobs and chunks under a generation of its
-        // own before its batch: should the batch lose to another create of
-        // the run, no head will ever name that generation.
+        // own before its batch: should the batch fail (most often: another
+        // create of the run won), no head will ever name that generation.
         let fresh: Vec<String> = match req.expected {
             Some(_) => Vec::new(),
             None => blobs
@@ -1968,7 +1969,9 @@ impl Store for CosmosStore {
         let results = match self.head_batch(&key, run_id, req.expected, ops).await {
             Ok(r) => r,
             Err(e) => {
-                if e.kind() == StoreErrorKind::Conflict && !fresh.is_empty() {
+                // A definite failure applied nothing (the batch is atomic):
+                // only an unknown outcome may have landed.
+                if e.kind() != StoreErrorKind::OutcomeUnknown && !fresh.is_empty() {
                     self.drop_items(&key, run_id, &fresh).await;
                 }
                 return Err(e);

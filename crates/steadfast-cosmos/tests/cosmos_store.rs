@@ -813,15 +813,29 @@ async fn a_create_that_loses_the_race_for_a_run_leaves_no_items() -> TestResult 
     let again = db
         .store(CosmosOptions::default().blob_threshold(1 << 30))
         .await;
-    big.state.insert("doc".into(), json!("e".repeat(3 << 20)));
+    // Its step's update is chunked too.
+    let update: steadfast_core::Update = [("doc".to_string(), json!("e".repeat(3 << 20)))]
+        .into_iter()
+        .collect();
+    let mut rival = big.clone();
+    steadfast_core::merge(&mut rival.state, update.clone());
+    rival.next = 1;
+    rival.completed = vec!["s0".into()];
+    let t = Timestamp::from_unix_millis(1);
+    let step = StepRecord::new(0, "s0", update, 1, t, t);
     let lost = again
-        .save(SaveRequest::new(&big, None))
+        .save(SaveRequest::new(&rival, None).with_step(&step))
         .await
         .expect_err("the run is there");
     assert_eq!(lost.kind(), StoreErrorKind::Conflict, "{lost}");
     let after = support::count_kinds(&server, db.name()).await?;
     assert!(before.get("chunk").is_some_and(|n| *n > 0), "{before:?}");
     assert_eq!(after, before, "chunks the lost create wrote");
+    // The runs that won are whole.
+    let r = first.load("r").await?.ok_or("r vanished")?;
+    assert_eq!(r.next, 4);
+    let kept = inline.load("big").await?.ok_or("big vanished")?;
+    assert_eq!(kept.state["doc"], json!("d".repeat(3 << 20)));
     Ok(())
 }
 

@@ -106,7 +106,8 @@ impl Drop for TestDb {
 
 /// How many items of each kind (`head`, `step`, `chunk`, `blob`,
 /// `blob_manifest`, …) database `db` holds on the server, asked with a plain
-/// query behind the store's back (the test server checks no signature).
+/// query behind the store's back (the test server checks no signature, and
+/// answers a query with no page size whole, in one page).
 pub async fn count_kinds(
     server: &(String, String),
     db: &str,
