@@ -69,13 +69,22 @@ def main():
     ap.add_argument("--batches", type=int, default=2)
     ap.add_argument("--pause", type=float, default=0.0, help="seconds before each batch after the first")
     args = ap.parse_args()
-    if args.files < 10 or args.batches < 1 or args.pause < 0:
-        ap.error("--files must be at least 10, --batches at least 1, --pause not negative")
+    if not 10 <= args.files <= 100_000 or not 1 <= args.batches <= 1000:
+        ap.error("--files must be 10 to 100000 and --batches 1 to 1000")
+    if not 0 <= args.pause <= 3600:
+        ap.error("--pause must be 0 to 3600 seconds")
+    if not os.path.isdir(args.dir):
+        ap.error(f"--dir {args.dir!r} is not an existing directory")
     body = os.urandom(1 << 20)
     for b in range(args.batches):
         if b and args.pause:
             time.sleep(args.pause)
-        print({"batch": b, "files": args.files, **batch(args.dir, args.files, body)}, flush=True)
+        try:
+            took = batch(args.dir, args.files, body)
+        except OSError as e:
+            # A name of ours already there (never overwritten), a full disk.
+            raise SystemExit(f"new-pages.py: batch {b}: {e}") from None
+        print({"batch": b, "files": args.files, **took}, flush=True)
 
 
 if __name__ == "__main__":

@@ -134,10 +134,11 @@ impl RawAppend {
     /// A new, empty file under `dir`.
     pub(crate) fn new(dir: &Path) -> Res<RawAppend> {
         let path = dir.join("w7-raw-append.bin");
+        // A new file, never one planted there (a link is removed, not followed).
+        let _ = std::fs::remove_file(&path);
         let file = std::fs::OpenOptions::new()
-            .create(true)
+            .create_new(true)
             .write(true)
-            .truncate(true)
             .open(&path)?;
         Ok(RawAppend {
             file,

@@ -104,39 +104,56 @@ impl Drop for TestDb {
     }
 }
 
-/// How many items of each kind (`head`, `step`, `chunk`, `blob`,
-/// `blob_manifest`, …) database `db` holds on the server, asked with a plain
-/// query behind the store's back (the test server checks no signature, and
-/// answers a query with no page size whole, in one page).
-pub async fn count_kinds(
-    server: &(String, String),
-    db: &str,
-) -> Result<std::collections::BTreeMap<String, u64>, String> {
-    let e = |e: &dyn std::fmt::Display| e.to_string();
+/// A plain HTTP client for the test server, and the address of database
+/// `db`'s container's items: for looking and changing behind the store's
+/// back (the test server checks no signature).
+fn raw_items(server: &(String, String), db: &str) -> Result<(reqwest::Client, String), String> {
     let tls = steadfast_core::store::tls::verified(Some(&server.1), "the Cosmos test server")
-        .map_err(|x| e(&x))?;
+        .map_err(|e| e.to_string())?;
     let http = reqwest::Client::builder()
         .use_preconfigured_tls(tls)
         .build()
-        .map_err(|x| e(&x))?;
+        .map_err(|e| e.to_string())?;
     let base = server.0.replacen("cosmos://", "https://", 1);
+    Ok((http, format!("{base}/dbs/{db}/colls/runs/docs")))
+}
+
+/// The items a cross-partition `query` finds at `docs` (the test server
+/// answers a query with no page size whole, in one page).
+async fn raw_query(
+    http: &reqwest::Client,
+    docs: &str,
+    query: &str,
+) -> Result<Vec<serde_json::Value>, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
     let found: serde_json::Value = http
-        .post(format!("{base}/dbs/{db}/colls/runs/docs"))
+        .post(docs)
         .header("x-ms-documentdb-isquery", "True")
         .header("x-ms-documentdb-query-enablecrosspartition", "True")
         .header("content-type", "application/query+json")
-        .body(serde_json::json!({"query": "SELECT c.kind FROM c"}).to_string())
+        .body(serde_json::json!({ "query": query }).to_string())
         .send()
         .await
         .map_err(|x| e(&x))?
         .json()
         .await
         .map_err(|x| e(&x))?;
-    let items = found["Documents"]
-        .as_array()
-        .ok_or_else(|| format!("the query for items answered {found}"))?;
+    match found["Documents"].as_array() {
+        Some(items) => Ok(items.clone()),
+        None => Err(format!("the query {query:?} answered {found}")),
+    }
+}
+
+/// How many items of each kind (`head`, `step`, `chunk`, `blob`,
+/// `blob_manifest`, …) database `db` holds on the server, asked behind the
+/// store's back.
+pub async fn count_kinds(
+    server: &(String, String),
+    db: &str,
+) -> Result<std::collections::BTreeMap<String, u64>, String> {
+    let (http, docs) = raw_items(server, db)?;
     let mut kinds = std::collections::BTreeMap::new();
-    for item in items {
+    for item in raw_query(&http, &docs, "SELECT c.kind FROM c").await? {
         let kind = item["kind"].as_str().unwrap_or("(none)").to_string();
         *kinds.entry(kind).or_insert(0) += 1;
     }
@@ -144,40 +161,14 @@ pub async fn count_kinds(
 }
 
 /// Deletes every blob item (parts and manifests) of database `db` on the
-/// server behind the store's back, with plain requests (the test server
-/// checks no signature); the references stay. Says how many blobs (their
-/// manifests) there were.
+/// server behind the store's back; the references stay. Says how many
+/// blobs (their manifests) there were.
 pub async fn lose_blobs(server: (String, String), db: String) -> Result<u64, String> {
-    let e = |e: &dyn std::fmt::Display| e.to_string();
-    let tls = steadfast_core::store::tls::verified(Some(&server.1), "the Cosmos test server")
-        .map_err(|x| e(&x))?;
-    let http = reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .build()
-        .map_err(|x| e(&x))?;
-    let base = server.0.replacen("cosmos://", "https://", 1);
-    let docs = format!("{base}/dbs/{db}/colls/runs/docs");
-    let found: serde_json::Value = http
-        .post(&docs)
-        .header("x-ms-documentdb-isquery", "True")
-        .header("x-ms-documentdb-query-enablecrosspartition", "True")
-        .header("content-type", "application/query+json")
-        .body(
-            serde_json::json!({"query": "SELECT c.id, c.pk, c.kind FROM c \
-                WHERE c.kind = 'blob' OR c.kind = 'blob_manifest'"})
-            .to_string(),
-        )
-        .send()
-        .await
-        .map_err(|x| e(&x))?
-        .json()
-        .await
-        .map_err(|x| e(&x))?;
-    let items = found["Documents"]
-        .as_array()
-        .ok_or_else(|| format!("the query for blob items answered {found}"))?;
+    let (http, docs) = raw_items(&server, &db)?;
+    let query =
+        "SELECT c.id, c.pk, c.kind FROM c WHERE c.kind = 'blob' OR c.kind = 'blob_manifest'";
     let mut manifests = 0;
-    for item in items {
+    for item in raw_query(&http, &docs, query).await? {
         let (Some(id), Some(pk)) = (item["id"].as_str(), item["pk"].as_str()) else {
             return Err(format!("a blob item without its id or key: {item}"));
         };
@@ -189,7 +180,7 @@ pub async fn lose_blobs(server: (String, String), db: String) -> Result<u64, Str
             )
             .send()
             .await
-            .map_err(|x| e(&x))?;
+            .map_err(|e| e.to_string())?;
         if !answer.status().is_success() {
             return Err(format!("deleting {id} answered {}", answer.status()));
         }
