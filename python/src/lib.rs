@@ -2,6 +2,7 @@
 //! stores and a LangGraph checkpoint store, exposed to the pure-Python layer
 //! in `steadfast/`, which is the documented API.
 
+mod baseline;
 mod call;
 mod convert;
 mod errors;
@@ -45,6 +46,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run::run_durable, m)?)?;
     m.add_function(wrap_pyfunction!(run::run_durable_sync, m)?)?;
     m.add_function(wrap_pyfunction!(store::backends, m)?)?;
+    m.add_function(wrap_pyfunction!(baseline::ten_steps_in_rust, m)?)?;
     m.add("DEFAULT_STORE_URL", steadfast::DEFAULT_STORE_URL)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -334,9 +334,14 @@ impl Drop for InlineGuard {
     }
 }
 
-/// Polls `fut` once on this thread with a waker that does nothing, the
-/// first call into Python it makes run here ([`inline`]).
-fn poll_once(abort: &Abort, fut: &mut Op, on_loop: bool) -> std::task::Poll<Finish> {
+/// Polls `fut` once on this thread with `waker`, the first call into
+/// Python it makes run here ([`inline`]).
+fn poll_once(
+    abort: &Abort,
+    fut: &mut Op,
+    on_loop: bool,
+    waker: &std::task::Waker,
+) -> std::task::Poll<Finish> {
     let _guard = InlineGuard;
     let here = Inline {
         stop: abort.clone(),
@@ -344,7 +349,7 @@ fn poll_once(abort: &Abort, fut: &mut Op, on_loop: bool) -> std::task::Poll<Fini
         caller: false,
     };
     INLINE.with(|i| *i.borrow_mut() = Some(here));
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut cx = std::task::Context::from_waker(waker);
     fut.as_mut().poll(&mut cx)
 }
 
@@ -378,7 +383,7 @@ pub fn spawn_first_here(abort: Abort, fut: Op) -> Pending {
             return; // dropping `finished` reports the cancellation
         }
         let mut fut = fut;
-        let polled = poll_once(&abort, &mut fut, false);
+        let polled = poll_once(&abort, &mut fut, false, std::task::Waker::noop());
         finish_or_spawn(&abort, fut, finished, polled);
     }));
     pending
@@ -393,18 +398,74 @@ pub fn spawn_first_here(abort: Abort, fut: Op) -> Pending {
 /// before that call (a step of a run without a lease, whose start renews
 /// nothing); what follows the call (recording a value or a failure) is left
 /// to the runtime, so that the loop does not wait for a disk.
+///
+/// The operation becomes a runtime task only when something it waits for
+/// wakes it (most often the coroutine's end; see [`SpawnOnWake`]): while the
+/// coroutine runs, no runtime thread is woken to poll an operation that has
+/// nothing to do yet.
 pub fn start_here(py: Python<'_>, abort: Abort, fut: Op) -> Pending {
     let (finished, pending) = channel(abort.clone());
     if abort.is_stopped() {
         return pending; // `finished` dropped: reported as cancelled
     }
+    let parked = Arc::new(SpawnOnWake {
+        state: Mutex::new(Parked::Polling { woken: false }),
+    });
+    let waker = std::task::Waker::from(Arc::clone(&parked));
     let mut fut = fut;
     let polled = py.detach(|| {
         let _runtime = rt().enter();
-        poll_once(&abort, &mut fut, true)
+        poll_once(&abort, &mut fut, true, &waker)
     });
+    if polled.is_pending() {
+        // A stop wakes it too: the task it becomes is aborted at once.
+        *abort.inner.driver.lock().unwrap_or_else(|p| p.into_inner()) = Some(waker);
+        let mut state = parked.state.lock().unwrap_or_else(|p| p.into_inner());
+        if matches!(*state, Parked::Polling { woken: false }) && !abort.is_stopped() {
+            *state = Parked::Waiting(fut, finished, abort);
+            return pending;
+        }
+        // Woken during the poll, or stopped: on to the runtime now.
+        *state = Parked::Gone;
+    }
     finish_or_spawn(&abort, fut, finished, polled);
     pending
+}
+
+/// The waker of an operation polled once by [`start_here`]: the operation
+/// waits in it, polled by nobody, until something it waits for wakes it,
+/// and is then handed to a runtime task (which polls it at once, and so
+/// registers its own waker wherever this one stood).
+struct SpawnOnWake {
+    state: Mutex<Parked>,
+}
+
+/// Where an operation parked in a [`SpawnOnWake`] is.
+enum Parked {
+    /// In its first poll; `woken`: a wake-up came meanwhile.
+    Polling { woken: bool },
+    /// Waiting for its first wake-up.
+    Waiting(Op, Finished, Abort),
+    /// Handed to the runtime (later wake-ups are its task's business).
+    Gone,
+}
+
+impl std::task::Wake for SpawnOnWake {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match std::mem::replace(&mut *state, Parked::Gone) {
+            Parked::Polling { .. } => *state = Parked::Polling { woken: true },
+            Parked::Waiting(fut, finished, abort) => {
+                drop(state);
+                finish_or_spawn(&abort, fut, finished, std::task::Poll::Pending);
+            }
+            Parked::Gone => {}
+        }
+    }
 }
 
 /// Runs `fut` to its end on the calling thread, a sync durable function's,

@@ -210,13 +210,45 @@ _CURRENT_STEP: "contextvars.ContextVar[Optional[StepContext]]" = contextvars.Con
 )
 
 
+def _running_loop() -> Optional[asyncio.AbstractEventLoop]:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class _LoopTask:
+    """A task made on its loop's thread, as the engine holds a coroutine's
+    future: its end is reported by ``add_done_callback`` (on the loop), and
+    ``cancel`` may come from any thread (the engine dropping the step)."""
+
+    __slots__ = ("loop", "task")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: "asyncio.Task[Any]") -> None:
+        self.loop = loop
+        self.task = task
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        self.task.add_done_callback(fn)
+
+    def cancel(self) -> None:
+        if _running_loop() is self.loop:
+            self.task.cancel()
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.task.cancel)
+        except RuntimeError:
+            pass  # the loop is closed: its tasks run no more
+
+
 def _invoke(
     loop: Optional[asyncio.AbstractEventLoop], step: Optional[StepContext], fn: Callable[..., Any], *args: Any
 ) -> Tuple[bool, Any]:
     """Calls ``fn`` with ``step`` as the current step; an awaitable it returns
     is scheduled on ``loop``, in a task that keeps ``step`` current.
 
-    Returns ``(True, concurrent.futures.Future)`` for an awaitable and
+    Returns ``(True, future)`` for an awaitable (a ``concurrent.futures.Future``,
+    or a :class:`_LoopTask` on the loop's own thread) and
     ``(False, value)`` otherwise. Called by the engine from a worker thread.
     """
     token = _CURRENT_STEP.set(step)
@@ -236,7 +268,12 @@ def _invoke(
             async def wait() -> Any:
                 return await result
 
-            # The task copies this context, the current step included.
+            # The task copies this context, the current step included. On
+            # the loop's own thread (an async step started there) it is
+            # made right here, without a trip through the loop's wake-up
+            # pipe; from any other thread it is handed to the loop.
+            if _running_loop() is loop:
+                return True, _LoopTask(loop, loop.create_task(wait()))
             return True, asyncio.run_coroutine_threadsafe(wait(), loop)
         return False, result
     finally:

@@ -1,5 +1,5 @@
 """The benchmark scripts refuse bad arguments with a one-line reason, never
-a traceback; the LangGraph benchmark's large workload runs end to end on
+a traceback; the step-cost benchmark runs every case to its end; the LangGraph benchmark's large workload runs end to end on
 small documents and reports what it stored against the unique bytes."""
 
 from __future__ import annotations
@@ -12,12 +12,17 @@ from pathlib import Path
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-STEP_COST = BENCH / "step_cost.py"
+STEP_COST = BENCH / "test_step_cost.py"
 LANGGRAPH_BENCH = BENCH / "langgraph_bench.py"
 
 
-def step_cost(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(STEP_COST), *args], capture_output=True, text=True, timeout=60)
+def step_cost(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    # From a directory of its own: `python -m pytest` puts the working
+    # directory on sys.path, and python/ would import the source tree.
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(STEP_COST), *args],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
 
 
 def langgraph_bench(*args: str) -> subprocess.CompletedProcess:
@@ -27,27 +32,42 @@ def langgraph_bench(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "args, says",
     [
-        (["--bench", "x", "--reps", "0"], "--reps and --runs must be at least 1"),
-        (["--bench", "x", "--runs", "-5"], "--reps and --runs must be at least 1"),
-        (["--bench", "x", "--stores", "cosmos"], "unknown store 'cosmos'"),
-        (["--bench", "/nonexistent/steadfast-bench", "--reps", "1", "--runs", "1"], "cannot run it"),
-        (["--bench", "/bin/false", "--reps", "1", "--runs", "1"], "exited with 1"),
+        (["--step-runs", "0"], "--step-runs 0: it must lie in 1..=100000"),
+        (["--step-rounds", "many"], "--step-rounds 'many': not a whole number"),
+        (["--step-dir", "/nonexistent/steadfast-bench"], "--step-dir '/nonexistent/steadfast-bench': no such directory"),
     ],
 )
-def test_step_cost_refuses_bad_arguments(args, says):
-    out = step_cost(*args)
-    assert out.returncode != 0
+def test_step_cost_refuses_bad_options(tmp_path, args, says):
+    out = step_cost(tmp_path, "--benchmark-disable", *args)
+    assert out.returncode == 4, out.stdout + out.stderr
     assert says in out.stderr
     assert "Traceback" not in out.stderr
 
 
-def test_step_cost_refuses_a_dir_that_is_a_file(tmp_path):
-    plain = tmp_path / "plain"
-    plain.write_text("")
-    out = step_cost("--bench", "/bin/false", "--dir", str(plain), "--reps", "1", "--runs", "1")
-    assert out.returncode == 2
-    assert f"--dir {plain}" in out.stderr
-    assert "Traceback" not in out.stderr
+def test_step_cost_runs_every_case_to_completion(tmp_path):
+    # Each case once, untimed: the Rust yardstick and the three Python ways
+    # on memory and SQLite, and the hand-off to a thread.
+    out = step_cost(tmp_path, "--benchmark-disable", "--step-runs", "2", "--step-dir", str(tmp_path))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "9 passed" in out.stdout
+    assert list(tmp_path.glob("step-cost-*.db")), "no SQLite store was written under --step-dir"
+
+
+def test_the_rust_yardstick_completes_its_runs_and_bounds_their_number():
+    import steadfast
+    from steadfast import _native
+
+    store = steadfast.open_store("memory:")
+    assert _native._ten_steps_in_rust(store, "y", 3) > 0
+    for r in range(3):
+        shown = steadfast.show(store, f"y-{r}")
+        assert shown["status"] == "completed"
+        assert shown["completed"] == [f"s{i}" for i in range(10)]
+    with pytest.raises(steadfast.NoSuchRun):
+        steadfast.show(store, "y-3")
+    for runs in (0, 1_000_001):
+        with pytest.raises(ValueError, match=f"runs is {runs}; it must lie in 1..=1000000"):
+            _native._ten_steps_in_rust(store, "y", runs)
 
 
 @pytest.mark.parametrize(
