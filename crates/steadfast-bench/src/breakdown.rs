@@ -60,6 +60,37 @@ pub(crate) async fn saves(store: &dyn Store, tag: &str, runs: usize) -> Res<f64>
     Ok(t.elapsed().as_secs_f64() * 1e6 / n as f64)
 }
 
+/// What [`saves`] measures, with the store's commits taken apart
+/// (`steadfast_sqlite::timings`): µs per save, then each phase's µs per
+/// commit (begin, statements, COMMIT, answers, the log's look), the rest of
+/// a save outside its commit (plan, queue, hand-off, return), and saves per
+/// commit.
+async fn timed_saves(store: &SqliteStore, tag: &str, runs: usize) -> Res<Vec<(&'static str, f64)>> {
+    use steadfast::sqlite::timings;
+    timings::start();
+    let us = saves(store, tag, runs).await;
+    let p = timings::stop();
+    let us = us?;
+    if p.batches == 0 {
+        return Err("the timed saves committed nothing".into());
+    }
+    let per = |ns: u64| ns as f64 / p.batches as f64 / 1000.0;
+    let phases = [
+        ("begin", per(p.begin_ns)),
+        ("statements", per(p.statements_ns)),
+        ("commit", per(p.commit_ns)),
+        ("answer", per(p.answer_ns)),
+        ("log", per(p.log_ns)),
+    ];
+    let saves_per_commit = (runs * STEPS) as f64 / p.batches as f64;
+    let inside: f64 = phases.iter().map(|(_, v)| v).sum::<f64>() / saves_per_commit;
+    let mut out: Vec<(&'static str, f64)> = vec![("save", us)];
+    out.extend(phases);
+    out.push(("outside", us - inside));
+    out.push(("saves_per_commit", saves_per_commit));
+    Ok(out)
+}
+
 /// Microseconds per load of a run that is not there, as the engine makes
 /// one before each run's first step.
 pub(crate) async fn loads(store: &dyn Store, n: usize) -> Res<f64> {
@@ -180,6 +211,34 @@ fn raw_busy(path: &Path, n: usize, spin_us: f64) -> Res<f64> {
     Ok(us)
 }
 
+/// The field of a save's phase on the disk.
+fn disk_key(phase: &str) -> &'static str {
+    match phase {
+        "save" => "save_us",
+        "begin" => "save_begin_us",
+        "statements" => "save_statements_us",
+        "commit" => "save_commit_us",
+        "answer" => "save_answer_us",
+        "log" => "save_log_us",
+        "outside" => "save_outside_commit_us",
+        _ => "saves_per_commit",
+    }
+}
+
+/// The field of a save's phase on the RAM disk.
+fn ram_key(phase: &str) -> &'static str {
+    match phase {
+        "save" => "save_ram_us",
+        "begin" => "save_ram_begin_us",
+        "statements" => "save_ram_statements_us",
+        "commit" => "save_ram_commit_us",
+        "answer" => "save_ram_answer_us",
+        "log" => "save_ram_log_us",
+        "outside" => "save_ram_outside_commit_us",
+        _ => "saves_per_commit_ram",
+    }
+}
+
 /// The breakdown, on a worker of the runtime (a spawned task), where the
 /// engine runs and where `block_in_place` hands the worker's other tasks to
 /// another thread.
@@ -224,7 +283,9 @@ async fn measure_here(args: &Args) -> Res<()> {
             "wal_frames_per_commit",
             (after - before) / (20 * STEPS) as f64,
         );
-        push("save_us", saves(&store, "s", runs).await?);
+        for (phase, v) in timed_saves(&store, "s", runs).await? {
+            push(disk_key(phase), v);
+        }
         push("load_missing_us", loads(&store, runs).await?);
         drop(store);
         remove_db(&path);
@@ -242,7 +303,9 @@ async fn measure_here(args: &Args) -> Res<()> {
         remove_db(&path);
         if let Some(ram) = &ram {
             let (store, path) = fresh(ram, &format!("bd-ram-{rep}"))?;
-            push("save_ram_us", saves(&store, "s", runs).await?);
+            for (phase, v) in timed_saves(&store, "s", runs).await? {
+                push(ram_key(phase), v);
+            }
             drop(store);
             remove_db(&path);
             let (store, path) = fresh(ram, &format!("bd-ram-w1-{rep}"))?;
@@ -309,7 +372,7 @@ async fn measure_here(args: &Args) -> Res<()> {
     );
     fields.insert(
         "notes".into(),
-        json!("engine = W1 step - save (engine_ram: both on a RAM disk); disk = save on disk - save on a RAM disk; queue_statements_wal = save on a RAM disk - plan; raw_upsert_busy = the raw upsert with raw_upsert_busy_spin (W1's CPU beyond the upsert's) of busy CPU before each commit, and raw_upsert_busy_sync_extra what that adds beyond the spin itself; medians"),
+        json!("engine = W1 step - save (engine_ram: both on a RAM disk); disk = save on disk - save on a RAM disk; queue_statements_wal = save on a RAM disk - plan; save_{begin,statements,commit,answer,log}_us = the store's commit taken apart, per commit (the write turn and BEGIN IMMEDIATE; the statements; COMMIT, its WAL frames written and synced; the answers; the look at the WAL's length and any copy back), and save_outside_commit_us the rest of a save (plan, queue, hand-off, return), the same with _ram_ on the RAM disk; raw_upsert_busy = the raw upsert with raw_upsert_busy_spin (W1's CPU beyond the upsert's) of busy CPU before each commit, and raw_upsert_busy_sync_extra what that adds beyond the spin itself; medians"),
     );
     emit(
         "steadfast",

@@ -44,6 +44,8 @@ mod checkpoint;
 mod error;
 mod progress;
 mod schema;
+#[doc(hidden)]
+pub mod timings;
 mod wait;
 mod writer;
 

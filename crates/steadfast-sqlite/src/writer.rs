@@ -14,6 +14,7 @@ use steadfast_core::{NewEvent, StoreError};
 use tokio::sync::oneshot;
 
 use crate::error::{commit_outcome_unknown, map_err};
+use crate::timings::{Clock, Phase};
 
 /// What is known of a run's record after a save or load, as of its
 /// version: the toolkit's sizes, and the stored status, workflow name and
@@ -301,7 +302,8 @@ impl Writer {
                 if batch.is_empty() {
                     break;
                 }
-                let (committed, n) = commit_batch(&mut conn, batch, self, None, gather);
+                let clock = Clock::start();
+                let (committed, n) = commit_batch(&mut conn, batch, self, None, gather, clock);
                 if committed {
                     self.queue.committed(n);
                 }
@@ -335,6 +337,7 @@ impl Writer {
         if self.native_busy_wait || self.queue.len() != 1 {
             return Some(conn);
         }
+        let clock = Clock::start();
         let turn = match self.queue_file.try_turn() {
             Ok(Some(turn)) => turn,
             // Busy, or the file cannot be had: the blocking path waits or
@@ -348,7 +351,7 @@ impl Writer {
             return Some(conn);
         }
         let batch = self.queue.take();
-        if let (true, n) = commit_batch(&mut conn, batch, self, Some(Begun(turn)), None) {
+        if let (true, n) = commit_batch(&mut conn, batch, self, Some(Begun(turn)), None, clock) {
             self.queue.committed(n);
         }
         if self.queue.is_empty() {
@@ -402,12 +405,16 @@ fn begin_at_once(conn: &Connection, busy: std::time::Duration) -> bool {
 /// began join even after the window; the wait for the others (which holds
 /// the write lock) is made only if the turn came at once, no other process
 /// holding the lock. Nothing is answered before COMMIT returned.
+///
+/// `clock` times the phases for the benchmark's breakdown (see
+/// [`crate::timings`]); it started before the turn was taken.
 fn commit_batch(
     conn: &mut Connection,
     batch: Vec<Job>,
     writer: &Writer,
     begun: Option<Begun>,
     gather: Option<(usize, std::time::Instant)>,
+    mut clock: Clock,
 ) -> (bool, usize) {
     let path = writer.path.as_str();
     let mut taken = batch.len();
@@ -465,6 +472,7 @@ fn commit_batch(
         }
         return (false, taken);
     }
+    clock.lap(Phase::Begin);
     let mut positions = writer.positions_now();
     positions.check(conn);
     let mut members = Members::default();
@@ -512,7 +520,10 @@ fn commit_batch(
         }
         None => {
             crate::checkpoint::forget_pages();
-            run_cached(conn, "COMMIT").err().map(|e| {
+            clock.lap(Phase::Statements);
+            let committed = run_cached(conn, "COMMIT");
+            clock.lap(Phase::Commit);
+            committed.err().map(|e| {
                 positions.forget_all();
                 let unknown = commit_outcome_unknown(&e);
                 let message = format!("committing to {path}: {e}");
@@ -540,12 +551,14 @@ fn commit_batch(
         }));
     }
     if failure.is_none() {
+        clock.lap(Phase::Answer);
         writer
             .joined
             .fetch_add(joined as u64, std::sync::atomic::Ordering::Relaxed);
         // Every caller answered (the leader's own goes on once this
         // returns), the log's length decides whether to copy it back.
         writer.checkpointer.after_commit(conn, path);
+        clock.lap(Phase::Log);
     }
     (failure.is_none(), taken)
 }
