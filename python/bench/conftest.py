@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
@@ -37,22 +36,32 @@ def pytest_addoption(parser):
                     help="where SQLite's files go (default: pytest's temporary directory)")
 
 
-def pytest_terminal_summary(terminalreporter):
-    module = sys.modules.get("test_step_cost")
-    RESULTS = getattr(module, "RESULTS", None)
-    if not RESULTS:
+#: What each case measured: (store, way) -> (median µs per step, median
+#: context switches per step).
+RESULTS = pytest.StashKey[dict]()
+
+
+@pytest.fixture(scope="session")
+def step_results(request) -> dict:
+    """Where the cases leave their figures for the closing summary."""
+    return request.config.stash.setdefault(RESULTS, {})
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    found = config.stash.get(RESULTS, None)
+    if not found:
         return
     write = terminalreporter.write_line
     terminalreporter.section("µs per step, above Rust (target: at most 20), context switches per step")
     for kind in ("memory", "sqlite"):
-        rust = RESULTS.get((kind, "rust"))
+        rust = found.get((kind, "rust"))
         for way in ("rust", "def", "async-def", "async-steps"):
-            got = RESULTS.get((kind, way))
+            got = found.get((kind, way))
             if got is None:
                 continue
             us, switches = got
             above = "" if rust is None or way == "rust" else f"{us - rust[0]:+9.1f}"
             write(f"{kind:7} {way:12} {us:9.1f} {above:>9} {switches:6.2f}")
-    hand_off = RESULTS.get(("to_thread", "call"))
+    hand_off = found.get(("to_thread", "call"))
     if hand_off is not None:
         write(f"asyncio.to_thread of a trivial function: {hand_off[0]:.1f} µs a call")

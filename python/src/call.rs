@@ -14,7 +14,9 @@ use crate::convert::to_json;
 /// the package's `_invoke(loop, step, fn, *args)` helper, which calls `fn`
 /// (with `step` the current step, or None) and, when
 /// it returns an awaitable, schedules it on the loop and hands back a
-/// `concurrent.futures.Future`.
+/// future of it (a `concurrent.futures.Future`, or on the loop's own thread
+/// a task's wrapper) with `add_done_callback` and a `cancel` that any
+/// thread may call.
 #[derive(Clone)]
 pub struct Caller {
     pub event_loop: Arc<Py<PyAny>>,

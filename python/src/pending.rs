@@ -202,7 +202,8 @@ struct AbortInner {
     cancelled: AtomicBool,
     task: Mutex<Option<tokio::task::AbortHandle>>,
     /// The waker of a thread that drives the operation itself
-    /// ([`drive_here`]), woken to see that it was stopped.
+    /// ([`drive_here`]), or of an operation parked by [`start_here`], woken
+    /// to see that it was stopped.
     driver: Mutex<Option<std::task::Waker>>,
     /// An exception that stops the operation instead of being recorded (a
     /// `KeyboardInterrupt` or `SystemExit` out of a function called on the
@@ -355,7 +356,8 @@ fn poll_once(
 
 /// After [`poll_once`] (or in place of it): the result sent, or the
 /// operation handed to a runtime task, which polls it (again) at once and so
-/// registers the wakers a noop one stood in for.
+/// registers its own waker wherever the first poll's (a noop one, or a
+/// [`SpawnOnWake`]) stood.
 fn finish_or_spawn(abort: &Abort, fut: Op, finished: Finished, polled: std::task::Poll<Finish>) {
     match polled {
         std::task::Poll::Ready(finish) => finished.send(finish),

@@ -249,7 +249,8 @@ def _invoke(
 
     Returns ``(True, future)`` for an awaitable (a ``concurrent.futures.Future``,
     or a :class:`_LoopTask` on the loop's own thread) and
-    ``(False, value)`` otherwise. Called by the engine from a worker thread.
+    ``(False, value)`` otherwise. Called by the engine from a worker thread,
+    or from the loop's own thread for a coroutine function's step.
     """
     token = _CURRENT_STEP.set(step)
     try:
@@ -271,8 +272,10 @@ def _invoke(
             # The task copies this context, the current step included. On
             # the loop's own thread (an async step started there) it is
             # made right here, without a trip through the loop's wake-up
-            # pipe; from any other thread it is handed to the loop.
-            if _running_loop() is loop:
+            # pipe; from any other thread, or where the loop has a task
+            # factory of its own (which may start a task eagerly, inside
+            # this call), it is handed to the loop.
+            if _running_loop() is loop and loop.get_task_factory() is None:
                 return True, _LoopTask(loop, loop.create_task(wait()))
             return True, asyncio.run_coroutine_threadsafe(wait(), loop)
         return False, result

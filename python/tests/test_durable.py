@@ -1059,3 +1059,63 @@ def test_context_calls_made_at_once_are_refused_so_a_resume_can_replay_them(memo
     assert in_turn.run("t2", memory_store).status == "waiting"
     steadfast.approve(memory_store, "t2", "g")
     assert in_turn.run("t2", memory_store).value == ["a", "b", "c", "d"]
+
+
+def test_a_loop_task_cancels_from_its_loop_from_another_thread_and_not_once_closed():
+    """The wrapper of a step's task made on the loop's own thread: the
+    engine may drop the step (and cancel the task) from any thread."""
+    from steadfast import _LoopTask
+
+    async def forever():
+        await asyncio.sleep(3600)
+
+    async def on_the_loop():
+        loop = asyncio.get_running_loop()
+        here = _LoopTask(loop, loop.create_task(forever()))
+        seen = []
+        here.add_done_callback(lambda t: seen.append(t.cancelled()))
+        here.cancel()  # on the loop's own thread
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert here.task.cancelled() and seen == [True]
+        there = _LoopTask(loop, loop.create_task(forever()))
+        t = threading.Thread(target=there.cancel)
+        t.start()
+        t.join()
+        assert not there.task.done(), "a cancel from another thread waits for the loop"
+        for _ in range(100):
+            if there.task.done():
+                break
+            await asyncio.sleep(0.01)
+        assert there.task.cancelled()
+        return _LoopTask(loop, loop.create_task(forever()))
+
+    loop = asyncio.new_event_loop()
+    left = loop.run_until_complete(on_the_loop())
+    loop.close()
+    left.cancel()  # a closed loop runs nothing more: no error
+
+
+def test_async_steps_on_a_loop_with_a_task_factory_of_its_own_go_through_it(memory_store):
+    made = []
+
+    def factory(loop, coro, **kwargs):
+        made.append(coro)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    @steadfast.durable("factory")
+    async def twice(ctx):
+        async def one():
+            return 1
+
+        return await ctx.step("a", one) + await ctx.step("b", one)
+
+    async def main():
+        asyncio.get_running_loop().set_task_factory(factory)
+        return await twice.run_async("r1", memory_store)
+
+    assert asyncio.run(main()).value == 2
+    # The durable function's body and each step's coroutine (each in the
+    # package's wrapper), besides the loop's own tasks.
+    names = [getattr(c, "__qualname__", "") for c in made]
+    assert names.count("_invoke.<locals>.wait") == 3, names
