@@ -627,6 +627,77 @@ fn write_event_lines(
     Ok(chain.hex())
 }
 
+/// The blobs an import has read whole and checked, kept until the end in a
+/// temporary file with no name (it goes when the reader does, or the
+/// process), so that the reader holds one blob in memory at a time rather
+/// than every blob the export carried. A blob read back is checked against
+/// its hash again as it is put into its run.
+#[derive(Debug, Default)]
+struct Spilled {
+    /// Made at the first blob.
+    file: Option<std::fs::File>,
+    /// Where each blob lies in the file: its offset and length.
+    at: std::collections::HashMap<crate::store::blob::BlobHash, (u64, usize)>,
+    /// The file's length.
+    end: u64,
+    /// Blobs that could not be kept, and why: a run that refers to one
+    /// fails with that reason (not as a dangling reference).
+    lost: std::collections::HashMap<crate::store::blob::BlobHash, String>,
+}
+
+impl Spilled {
+    /// Keeps `text`, the blob named `hash` read from lines `from` to `to`
+    /// (once: a blob carried again is already kept). A blob that cannot be
+    /// written to the file is noted as lost, for the runs that refer to it.
+    fn put(&mut self, hash: crate::store::blob::BlobHash, text: &[u8], from: usize, to: usize) {
+        use std::os::unix::fs::FileExt;
+        if self.at.contains_key(&hash) {
+            return;
+        }
+        let file = match &mut self.file {
+            Some(file) => Ok(file),
+            none => tempfile::tempfile().map(|f| none.insert(f)),
+        };
+        match file.and_then(|f| f.write_all_at(text, self.end)) {
+            Ok(()) => {
+                self.lost.remove(&hash);
+                self.at.insert(hash, (self.end, text.len()));
+                self.end += text.len() as u64;
+            }
+            Err(e) => {
+                self.lost.insert(
+                    hash,
+                    format!("blob {hash} (lines {from} to {to}) could not be kept in a temporary file until its runs: {e}"),
+                );
+            }
+        }
+    }
+
+    /// The blob named `hash`, if it was kept.
+    fn get(&self, hash: &crate::store::blob::BlobHash) -> Result<Option<Vec<u8>>, StoreError> {
+        use std::os::unix::fs::FileExt;
+        if let Some(why) = self.lost.get(hash) {
+            return Err(StoreError::unavailable(why.clone()));
+        }
+        let (Some(&(at, len)), Some(file)) = (self.at.get(hash), &self.file) else {
+            return Ok(None);
+        };
+        let mut text = vec![0; len];
+        file.read_exact_at(&mut text, at).map_err(|e| {
+            StoreError::unavailable(format!(
+                "reading blob {hash} back from the import's temporary file: {e}"
+            ))
+        })?;
+        Ok(Some(text))
+    }
+
+    /// The bytes of blobs kept.
+    #[cfg(test)]
+    fn bytes(&self) -> u64 {
+        self.end
+    }
+}
+
 /// Events read for the run whose line is still to come.
 #[derive(Debug)]
 struct PendingEvents {
@@ -642,8 +713,8 @@ struct PendingEvents {
 /// [the module](self)).
 #[derive(Debug, Default)]
 pub struct ImportReader {
-    /// Blobs read whole and checked, by hash.
-    blobs: std::collections::HashMap<crate::store::blob::BlobHash, Vec<u8>>,
+    /// Blobs read whole and checked, kept in a temporary file.
+    blobs: Spilled,
     /// The blob being read: its hash, its size, its text so far, and the
     /// line it started on.
     partial: Option<(crate::store::blob::BlobHash, u64, Vec<u8>, usize)>,
@@ -724,7 +795,7 @@ impl ImportReader {
                         "blob {h} (lines {from} to {lineno}) does not match its hash: damaged"
                     )));
                 }
-                self.blobs.insert(h, text);
+                self.blobs.put(h, &text, from, lineno);
             } else {
                 self.partial = Some((h, bytes, text, from));
             }
@@ -788,7 +859,7 @@ impl ImportReader {
         let locate = |column: &str| format!("line {lineno} of the export, run {id:?}, {column}");
         let place = crate::store::rows::Place::new(&id, &locate);
         let blobs = &self.blobs;
-        let mut fetch = |h: &BlobHash, _: u64| Ok(blobs.get(h).cloned());
+        let mut fetch = |h: &BlobHash, _: u64| blobs.get(h);
         let mut resolver = Resolver::new(&mut fetch);
         let refused = |e: StoreError| {
             match e {
@@ -1873,6 +1944,53 @@ mod tests {
         )];
         let lines = write_all(std::slice::from_ref(&small));
         assert_eq!(decode_line(&lines[0], 1).unwrap(), small);
+    }
+
+    /// The reader keeps the blobs it has read in its temporary file, not
+    /// in memory, each once, and reads them back into every run that refers
+    /// to them; a blob the file could not take fails the runs that refer to
+    /// it with that reason, not as a blob the export left out.
+    #[test]
+    fn blobs_wait_for_their_runs_in_a_temporary_file() {
+        let one = Value::String("d".repeat(100 << 10));
+        let two = Value::String("e".repeat(200 << 10));
+        let records = vec![
+            run_with("a", &one),
+            run_with("b", &two),
+            run_with("c", &one),
+        ];
+        let lines = write_all(&records);
+        let mut reader = ImportReader::new();
+        let mut out = Vec::new();
+        for (i, l) in lines.iter().enumerate() {
+            out.extend(reader.line(l, i + 1).unwrap());
+        }
+        // Each document's JSON text once: its quotes and characters.
+        assert_eq!(reader.blobs.bytes(), (100 << 10) + 2 + (200 << 10) + 2);
+        assert_eq!(reader.blobs.at.len(), 2);
+        assert!(reader.blobs.file.is_some());
+        reader.finish().unwrap();
+        assert_eq!(out, records);
+
+        // Nothing read: no file made.
+        let plain = write_all(&[run_with("s", &serde_json::json!(1))]);
+        assert!(read_all(&plain).is_ok());
+        let mut reader = ImportReader::new();
+        reader.line(&plain[0], 1).unwrap();
+        assert!(reader.blobs.file.is_none());
+
+        // A blob the file could not take.
+        let lines = write_all(&[run_with("a", &one)]);
+        let mut reader = ImportReader::new();
+        let hash =
+            crate::store::blob::BlobHash::of(serde_json::to_string(&one).unwrap().as_bytes());
+        reader.blobs.lost.insert(hash, "the disk is full".into());
+        let err = reader.line(&lines[1], 2).unwrap_err().to_string();
+        assert!(err.contains("run \"a\""), "{err}");
+        let source = std::error::Error::source(&reader.line(&lines[1], 2).unwrap_err())
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(source.contains("the disk is full"), "{source}");
     }
 
     #[test]
