@@ -1,8 +1,12 @@
 //! Where a commit's time goes, for the benchmark harness's breakdown
 //! (`steadfast-bench --workloads breakdown`). Off unless [`start`] turned it
 //! on: then every commit of this process's SQLite stores adds the time of
-//! each of its phases here, until [`stop`] takes the sums. Off, a commit
-//! pays one relaxed atomic load.
+//! each of its phases here, until [`stop`] takes the sums; a commit that
+//! failed counts nowhere. Off, a commit pays one relaxed atomic load.
+//!
+//! The sums are the process's: time commits made one after another (as
+//! the harness does). A commit whose clock started before [`stop`] (or a
+//! new [`start`]) may still add to them after it.
 //!
 //! ```
 //! use steadfast_sqlite::timings;
@@ -72,8 +76,10 @@ pub fn stop() -> Phases {
     }
 }
 
-/// The clock of one commit: `None` while the timings are off.
-pub(crate) struct Clock(Option<Instant>);
+/// The clock of one commit: `None` while the timings are off. Its laps add
+/// up here and reach the sums only with the last ([`Phase::Log`]), so a
+/// commit that failed counts nowhere.
+pub(crate) struct Clock(Option<(Instant, [u64; 4])>);
 
 /// The phase a [`Clock::lap`] ends.
 #[derive(Clone, Copy)]
@@ -82,33 +88,42 @@ pub(crate) enum Phase {
     Statements,
     Commit,
     Answer,
+    /// The last: the commit took place, and its laps are added.
     Log,
 }
 
 impl Clock {
     /// A clock started now, if the timings are on.
     pub(crate) fn start() -> Clock {
-        Clock(ON.load(Ordering::Relaxed).then(Instant::now))
+        Clock(ON.load(Ordering::Relaxed).then(|| (Instant::now(), [0; 4])))
     }
 
     /// Adds the time since the last lap to `phase`, and starts the next.
     pub(crate) fn lap(&mut self, phase: Phase) {
-        let Some(since) = self.0 else {
+        let Some((since, laps)) = &mut self.0 else {
             return;
         };
         let now = Instant::now();
-        let ns = u64::try_from((now - since).as_nanos()).unwrap_or(u64::MAX);
-        let sum = match phase {
-            Phase::Begin => &BEGIN_NS,
-            Phase::Statements => &STATEMENTS_NS,
-            Phase::Commit => &COMMIT_NS,
-            Phase::Answer => &ANSWER_NS,
+        let ns = u64::try_from((now - *since).as_nanos()).unwrap_or(u64::MAX);
+        *since = now;
+        let slot = match phase {
+            Phase::Begin => 0,
+            Phase::Statements => 1,
+            Phase::Commit => 2,
+            Phase::Answer => 3,
             Phase::Log => {
+                for (sum, ns) in [&BEGIN_NS, &STATEMENTS_NS, &COMMIT_NS, &ANSWER_NS]
+                    .into_iter()
+                    .zip(*laps)
+                {
+                    sum.fetch_add(ns, Ordering::Relaxed);
+                }
+                LOG_NS.fetch_add(ns, Ordering::Relaxed);
                 BATCHES.fetch_add(1, Ordering::Relaxed);
-                &LOG_NS
+                self.0 = None;
+                return;
             }
         };
-        sum.fetch_add(ns, Ordering::Relaxed);
-        self.0 = Some(now);
+        laps[slot] = laps[slot].saturating_add(ns);
     }
 }

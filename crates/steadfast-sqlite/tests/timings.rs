@@ -42,8 +42,9 @@ async fn each_commit_counts_once_with_its_phases_and_none_while_off() -> TestRes
     let store = SqliteStore::open(dir.path().join("t.db"))?;
     let mut cp = Checkpoint::new("r", "w", Timestamp::from_unix_millis(1_700_000_000_000));
     cp.status = RunStatus::Running;
-    // Before: not counted.
+    // Never turned on: nothing counted.
     let version = save_steps(&store, &mut cp, None, 0, 2).await?;
+    assert_eq!(timings::stop(), timings::Phases::default());
     timings::start();
     let version = save_steps(&store, &mut cp, version, 2, 7).await?;
     let on = timings::stop();

@@ -71,7 +71,10 @@ pub async fn run(args: ImportArgs, ctx: &Ctx) -> Result<i32, Failure> {
             Ok(None) => continue,
             Err(e) => {
                 flush(ctx, &opts, &mut batch, &mut counts).await?;
-                return Err(usage(e.to_string()));
+                // A bad line is a usage error (exit 2); a blob the import
+                // could not keep or read back (a full disk) is a failure,
+                // with its cause.
+                return Err(e.into());
             }
         };
         // One run id twice in a batch would race with itself.

@@ -682,7 +682,13 @@ impl Spilled {
         let (Some(&(at, len)), Some(file)) = (self.at.get(hash), &self.file) else {
             return Ok(None);
         };
-        let mut text = vec![0; len];
+        let mut text = Vec::new();
+        text.try_reserve_exact(len).map_err(|e| {
+            StoreError::unavailable(format!(
+                "reading blob {hash} back from the import's temporary file: no memory for its {len} bytes: {e}"
+            ))
+        })?;
+        text.resize(len, 0);
         file.read_exact_at(&mut text, at).map_err(|e| {
             StoreError::unavailable(format!(
                 "reading blob {hash} back from the import's temporary file: {e}"
@@ -867,7 +873,11 @@ impl ImportReader {
                 what: location,
                 reason: format!("{reason} (the export does not carry it before this line); nothing of the run was written"),
             },
-            other => store_error(&id, "reading the import", other),
+            other => store_error(
+                &id,
+                &format!("line {lineno} of the export: putting its large values back"),
+                other,
+            ),
         }
         };
         resolver
@@ -1991,6 +2001,23 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(source.contains("the disk is full"), "{source}");
+
+        // A file that takes no writes: the blob is lost, and read back as
+        // the reason; carried again into a file that takes it, it is kept.
+        let text = serde_json::to_string(&one).unwrap();
+        let mut kept = Spilled {
+            file: Some(std::fs::File::open("/dev/null").unwrap()),
+            ..Spilled::default()
+        };
+        kept.put(hash, text.as_bytes(), 3, 4);
+        let err = kept.get(&hash).unwrap_err().to_string();
+        assert!(
+            err.contains("lines 3 to 4") && err.contains("could not be kept"),
+            "{err}"
+        );
+        kept.file = Some(tempfile::tempfile().unwrap());
+        kept.put(hash, text.as_bytes(), 7, 7);
+        assert_eq!(kept.get(&hash).unwrap().as_deref(), Some(text.as_bytes()));
     }
 
     #[test]
