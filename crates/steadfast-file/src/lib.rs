@@ -1165,26 +1165,7 @@ impl<F: Fs> Blobs for FileStore<F> {
         let run_id = run_id.to_string();
         self.blocking(None, move |inner| {
             let mut image = inner.read_image()?;
-            image.with(|data| {
-                let Some(cp) = data.runs.get(&run_id) else {
-                    return Ok(None);
-                };
-                let record = steadfast_core::store::json_size(cp)
-                    + data
-                        .history
-                        .get(&run_id)
-                        .map_or(0, steadfast_core::store::json_size);
-                let all = data.all_refs();
-                let (mut blobs, mut bytes, mut shared) = (0, 0, 0);
-                for (hash, n) in data.refs_of_run(&run_id) {
-                    blobs += 1;
-                    bytes += n;
-                    if all.get(&hash).is_some_and(|(_, runs)| runs.len() > 1) {
-                        shared += n;
-                    }
-                }
-                Ok(Some(Usage::new(record, blobs, bytes, shared)))
-            })
+            image.with(|data| Ok(data.usage(&run_id)))
         })
         .await
     }

@@ -509,6 +509,29 @@ impl RunImage {
         out
     }
 
+    /// What run `run_id` stores ([`Blobs::usage`](crate::store::Blobs::usage)):
+    /// its record and history rows as kept (references in place of large
+    /// values), the blobs they refer to, and the part of those other runs
+    /// refer to as well. `None` for an absent run.
+    pub fn usage(&self, run_id: &str) -> Option<crate::store::Usage> {
+        let cp = self.runs.get(run_id)?;
+        let record = crate::store::json_size(cp)
+            + self
+                .history
+                .get(run_id)
+                .map_or(0, crate::store::json_size);
+        let all = self.all_refs();
+        let (mut blobs, mut bytes, mut shared) = (0, 0, 0);
+        for (hash, n) in self.refs_of_run(run_id) {
+            blobs += 1;
+            bytes += n;
+            if all.get(&hash).is_some_and(|(_, runs)| runs.len() > 1) {
+                shared += n;
+            }
+        }
+        Some(crate::store::Usage::new(record, blobs, bytes, shared))
+    }
+
     /// Every blob a record or a history row refers to, with the runs that
     /// refer to it and its size.
     pub fn all_refs(&self) -> BTreeMap<BlobHash, (u64, Vec<&str>)> {

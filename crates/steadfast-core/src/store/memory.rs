@@ -1,5 +1,6 @@
 //! An in-process store for tests and examples.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -7,10 +8,12 @@ use async_trait::async_trait;
 use crate::record::checkpoint::{Checkpoint, StepRecord};
 use crate::record::error::StoreError;
 use crate::record::events::{NewEvent, RunEvent};
+use crate::store::blob::{self, Blob, BlobHash, Resolver};
 use crate::store::image::{RunImage, Write};
+use crate::store::rows::Place;
 use crate::store::{
-    Capabilities, Document, Documents, Events, History, ListFilter, Rewrite, RunSummary,
-    SaveRequest, Store,
+    BlobTotals, Blobs, Capabilities, Document, Documents, Events, History, ListFilter, Rewrite,
+    RunSummary, SaveRequest, Store, Usage,
 };
 
 /// The default state size limit of [`MemoryStore`]: 64 MiB.
@@ -19,6 +22,13 @@ pub const DEFAULT_MEMORY_STATE_LIMIT: u64 = 64 << 20;
 /// A store that keeps checkpoints in this process's memory. Nothing survives the
 /// process: use it for tests and examples (URL `memory:`). Clones share the
 /// same runs.
+///
+/// By default values are kept as given. [`MemoryStore::with_blobs`] (URL
+/// `memory:?blob_threshold=SIZE`) keeps values whose JSON text is longer
+/// than a threshold as blobs, as the durable stores do: each content once
+/// for the whole store, the record holding a reference, the blob freed when
+/// no record or history row refers to it any more; loads put the values
+/// back.
 ///
 /// ```
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
@@ -29,8 +39,59 @@ pub const DEFAULT_MEMORY_STATE_LIMIT: u64 = 64 << 20;
 /// ```
 #[derive(Clone, Debug)]
 pub struct MemoryStore {
-    image: Arc<Mutex<RunImage>>,
+    kept: Arc<Mutex<Kept>>,
     state_limit: u64,
+    /// Values longer than this are kept as blobs (`None`: kept as given).
+    blob_threshold: Option<u64>,
+}
+
+/// What a [`MemoryStore`] holds: its records (with references in place of
+/// large values, when it keeps blobs) and its blobs' JSON texts.
+#[derive(Debug, Default)]
+struct Kept {
+    image: RunImage,
+    blobs: BTreeMap<BlobHash, Arc<String>>,
+}
+
+impl Kept {
+    /// Keeps `blobs` (each content once).
+    fn add(&mut self, blobs: Vec<Blob>) {
+        for b in blobs {
+            self.blobs.entry(b.hash).or_insert(b.text);
+        }
+    }
+
+    /// Frees the blobs no record or history row refers to any more, if
+    /// `before` (the references of the run just changed, before the change)
+    /// holds one that run no longer refers to: only then can one have lost
+    /// its last reference.
+    fn sweep_after(&mut self, run_id: &str, before: &[(BlobHash, u64)]) {
+        if before.is_empty() {
+            return;
+        }
+        let now = self.image.refs_of_run(run_id);
+        if before.iter().all(|r| now.contains(r)) {
+            return;
+        }
+        let live = self.image.all_refs();
+        self.blobs.retain(|hash, _| live.contains_key(hash));
+    }
+
+    /// `value` with its references resolved from this store's blobs.
+    fn resolved<T>(
+        &self,
+        run_id: &str,
+        mut value: T,
+        resolve: impl FnOnce(&mut T, &Place<'_>, &mut Resolver<'_>) -> Result<(), StoreError>,
+    ) -> Result<T, StoreError> {
+        let locate = |column: &str| format!("memory store, run {run_id:?}, {column}");
+        let place = Place::new(run_id, &locate);
+        let blobs = &self.blobs;
+        let mut fetch = |h: &BlobHash, _: u64| Ok(blobs.get(h).map(|t| t.as_bytes().to_vec()));
+        let mut resolver = Resolver::new(&mut fetch);
+        resolve(&mut value, &place, &mut resolver)?;
+        Ok(value)
+    }
 }
 
 impl Default for MemoryStore {
@@ -48,56 +109,175 @@ impl MemoryStore {
     /// An empty store that refuses states larger than `bytes` when serialized.
     pub fn with_state_limit(bytes: u64) -> Self {
         MemoryStore {
-            image: Arc::new(Mutex::new(RunImage::new())),
+            kept: Arc::new(Mutex::new(Kept::default())),
             state_limit: bytes,
+            blob_threshold: None,
         }
     }
 
-    fn image(&self) -> std::sync::MutexGuard<'_, RunImage> {
+    /// An empty store (with the default state limit) that keeps values
+    /// whose JSON text is longer than `threshold` bytes as blobs, each
+    /// content once (see [the type](MemoryStore)). A threshold out of
+    /// [`MIN_BLOB_THRESHOLD`](blob::MIN_BLOB_THRESHOLD)`..=`[`MAX_BLOB_BYTES`](blob::MAX_BLOB_BYTES)
+    /// is refused.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use steadfast_core::{Checkpoint, MemoryStore, Store, StoreExt, Timestamp};
+    /// use steadfast_core::store::SaveRequest;
+    /// let store = MemoryStore::with_blobs(64 << 10).unwrap();
+    /// let mut cp = Checkpoint::new("r", "w", Timestamp::from_unix_millis(0));
+    /// cp.state.insert("doc".into(), "x".repeat(100_000).into());
+    /// store.save(SaveRequest::new(&cp, None)).await.unwrap();
+    /// assert_eq!(store.load("r").await.unwrap().unwrap().state, cp.state);
+    /// assert_eq!(store.blob_totals().await.unwrap().unwrap().blobs, 1);
+    /// # });
+    /// ```
+    pub fn with_blobs(threshold: u64) -> Result<Self, StoreError> {
+        Self::new().blob_threshold(threshold)
+    }
+
+    /// This new store, keeping values whose JSON text is longer than
+    /// `threshold` bytes as blobs ([`with_blobs`](Self::with_blobs), with
+    /// the state limit this store was made with). A store that holds runs
+    /// already (or a clone of one) is refused: its records were kept
+    /// without references.
+    pub fn blob_threshold(self, threshold: u64) -> Result<Self, StoreError> {
+        let threshold = blob::check_threshold(threshold)?;
+        if !self.kept().image.runs.is_empty() {
+            return Err(StoreError::InvalidInput(
+                "a memory store that holds runs cannot start keeping blobs: make a new one".into(),
+            ));
+        }
+        Ok(MemoryStore {
+            blob_threshold: Some(threshold),
+            ..self
+        })
+    }
+
+    /// Removes every blob the store holds, as a damaged disk would, and
+    /// returns how many; for the conformance suite's check that a missing
+    /// blob is damage, never a value.
+    #[doc(hidden)]
+    pub fn lose_blobs(&self) -> u64 {
+        let mut kept = self.kept();
+        let n = kept.blobs.len() as u64;
+        kept.blobs.clear();
+        n
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
         // A panic while holding the lock cannot leave a half-written record:
-        // the image checks everything before it changes anything.
-        self.image.lock().unwrap_or_else(|p| p.into_inner())
+        // the image checks everything before it changes anything, and blobs
+        // are added before their references can be read.
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 #[async_trait]
 impl Store for MemoryStore {
     fn capabilities(&self) -> Capabilities<'_> {
-        Capabilities::none()
+        let caps = Capabilities::none()
             .history(self)
             .max_state_bytes(self.state_limit)
             .events(self)
-            .documents(self)
+            .documents(self);
+        match self.blob_threshold {
+            Some(_) => caps.blobs(self),
+            None => caps,
+        }
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
-        Ok(self.image().runs.get(run_id).cloned())
+        let kept = self.kept();
+        let Some(cp) = kept.image.runs.get(run_id).cloned() else {
+            return Ok(None);
+        };
+        if self.blob_threshold.is_none()
+            || !(blob::holds_marks(&cp.state) || cp.format == blob::STORED_DECISIONS_FORMAT)
+        {
+            return Ok(Some(cp));
+        }
+        kept.resolved(run_id, cp, |cp, place, resolver| {
+            resolver.resolve(&mut cp.state, place, "state")?;
+            resolver.resolve_decisions(cp, place)
+        })
+        .map(Some)
     }
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
         // Nothing here is serialized, but a record that another store could
         // not read back is refused alike, so tests on memory catch it.
-        let write = Write::checked(&req, self.state_limit)?;
-        self.image().save(write)
+        let Some(threshold) = self.blob_threshold else {
+            let write = Write::checked(&req, self.state_limit)?;
+            return self.kept().image.save(write);
+        };
+        let run_id = req.checkpoint.run_id.as_str();
+        // As the file store: a step after the stored one writes only its
+        // update's values; should the stored record not be the one it
+        // follows, the whole state is written below.
+        if let Some((write, blobs)) =
+            Write::after_step_with_blobs(&req, self.state_limit, threshold)?
+        {
+            let mut kept = self.kept();
+            let before = kept.image.refs_of_run(run_id);
+            if let Some(version) = kept.image.try_save(write)? {
+                kept.add(blobs);
+                kept.sweep_after(run_id, &before);
+                return Ok(version);
+            }
+        }
+        let (write, blobs) = Write::checked_with_blobs(&req, self.state_limit, threshold)?;
+        let mut kept = self.kept();
+        let before = kept.image.refs_of_run(run_id);
+        let version = kept.image.save(write)?;
+        kept.add(blobs);
+        kept.sweep_after(run_id, &before);
+        Ok(version)
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
-        Ok(self.image().list(filter))
+        Ok(self.kept().image.list(filter))
     }
 
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
-        Ok(self.image().delete(run_id))
+        let mut kept = self.kept();
+        let before = kept.image.refs_of_run(run_id);
+        let existed = kept.image.delete(run_id);
+        kept.sweep_after(run_id, &before);
+        Ok(existed)
     }
 
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
-        self.image().delete_if(run_id, version)
+        let mut kept = self.kept();
+        let before = kept.image.refs_of_run(run_id);
+        let deleted = kept.image.delete_if(run_id, version)?;
+        kept.sweep_after(run_id, &before);
+        Ok(deleted)
+    }
+}
+
+#[async_trait]
+impl Blobs for MemoryStore {
+    async fn usage(&self, run_id: &str) -> Result<Option<Usage>, StoreError> {
+        Ok(self.kept().image.usage(run_id))
+    }
+
+    async fn blob_totals(&self) -> Result<BlobTotals, StoreError> {
+        let kept = self.kept();
+        let bytes = kept.blobs.values().map(|t| t.len() as u64).sum();
+        Ok(BlobTotals::new(kept.blobs.len() as u64, bytes))
+    }
+
+    fn threshold(&self) -> u64 {
+        self.blob_threshold.unwrap_or(blob::MAX_BLOB_BYTES)
     }
 }
 
 #[async_trait]
 impl Events for MemoryStore {
     async fn append_events(&self, run_id: &str, events: &[NewEvent]) -> Result<u64, StoreError> {
-        self.image().append_events(run_id, events)
+        self.kept().image.append_events(run_id, events)
     }
 
     async fn read_events(
@@ -106,14 +286,14 @@ impl Events for MemoryStore {
         after: u64,
         limit: usize,
     ) -> Result<Vec<RunEvent>, StoreError> {
-        Ok(self.image().read_events(run_id, after, limit))
+        Ok(self.kept().image.read_events(run_id, after, limit))
     }
 }
 
 #[async_trait]
 impl Documents for MemoryStore {
     async fn get_document(&self, key: &str) -> Result<Option<Document>, StoreError> {
-        Ok(self.image().get_document(key))
+        Ok(self.kept().image.get_document(key))
     }
 
     async fn put_document(
@@ -122,22 +302,36 @@ impl Documents for MemoryStore {
         value: &serde_json::Value,
         expected: Option<u64>,
     ) -> Result<u64, StoreError> {
-        self.image().put_document(key, value, expected)
+        self.kept().image.put_document(key, value, expected)
     }
 
     async fn list_documents(&self, prefix: &str) -> Result<Vec<Document>, StoreError> {
-        Ok(self.image().list_documents(prefix))
+        Ok(self.kept().image.list_documents(prefix))
     }
 
     async fn delete_document(&self, key: &str, expected: u64) -> Result<bool, StoreError> {
-        Ok(self.image().delete_document(key, expected))
+        Ok(self.kept().image.delete_document(key, expected))
     }
 }
 
 #[async_trait]
 impl History for MemoryStore {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        Ok(self.image().history(run_id))
+        let kept = self.kept();
+        let Some(rows) = kept.image.history(run_id) else {
+            return Ok(None);
+        };
+        if self.blob_threshold.is_none() || !rows.iter().any(|r| blob::holds_marks(&r.update)) {
+            return Ok(Some(rows));
+        }
+        kept.resolved(run_id, rows, |rows, place, resolver| {
+            for r in rows.iter_mut() {
+                let column = format!("history[{}].update", r.index);
+                resolver.resolve(&mut r.update, place, &column)?;
+            }
+            Ok(())
+        })
+        .map(Some)
     }
 
     async fn rewrite(
@@ -146,23 +340,149 @@ impl History for MemoryStore {
         expected: u64,
         rewrite: Rewrite<'_>,
     ) -> Result<(), StoreError> {
-        self.image().rewrite(run_id, expected, rewrite)
+        let Some(threshold) = self.blob_threshold else {
+            return self.kept().image.rewrite(run_id, expected, rewrite);
+        };
+        // The rows as the store keeps them: large values as references.
+        let mut blobs = Vec::new();
+        let mut records = rewrite.records().to_vec();
+        for r in &mut records {
+            r.update = blob::encode_map(&r.update, threshold, run_id, "step's update", &mut blobs)?;
+        }
+        let rewrite = match records.first() {
+            Some(first) if rewrite.is_fold() => Rewrite::fold(run_id, first)?,
+            _ => Rewrite::replace(run_id, &records)?,
+        };
+        let mut kept = self.kept();
+        let before = kept.image.refs_of_run(run_id);
+        kept.image.rewrite(run_id, expected, rewrite)?;
+        kept.add(blobs);
+        kept.sweep_after(run_id, &before);
+        Ok(())
     }
 }
 
-/// The memory store as a backend: `memory:`, with nothing after the colon.
+/// The memory store as a backend: `memory:`, or `memory:?blob_threshold=SIZE`
+/// for one that keeps large values as blobs ([`MemoryStore::with_blobs`]).
 pub const BACKEND: crate::store::backend::Backend = crate::store::backend::Backend::new(
     "memory",
     &["memory"],
-    "memory:",
+    "memory:[?blob_threshold=SIZE]",
     "in this process only, for tests and examples",
-    |_, rest, _| {
-        Box::pin(std::future::ready(if rest.is_empty() {
-            Ok(Arc::new(MemoryStore::new()) as Arc<dyn Store>)
-        } else {
-            Err(StoreError::InvalidInput(
-                "memory: takes nothing after the colon".into(),
-            ))
-        }))
-    },
+    |_, rest, _| Box::pin(std::future::ready(open(rest))),
 );
+
+/// A memory store from what follows `memory:` in its URL.
+fn open(rest: &str) -> Result<Arc<dyn Store>, StoreError> {
+    let (path, threshold) = blob::split_url_options("memory:", rest)?;
+    if !path.is_empty() {
+        return Err(StoreError::InvalidInput(
+            "memory: takes nothing after the colon but ?blob_threshold=SIZE".into(),
+        ));
+    }
+    Ok(match threshold {
+        Some(t) => Arc::new(MemoryStore::with_blobs(t)?),
+        None => Arc::new(MemoryStore::new()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Timestamp;
+
+    fn run_with(id: &str, key: &str, value: &str) -> Checkpoint {
+        let mut cp = Checkpoint::new(id, "w", Timestamp::from_unix_millis(0));
+        cp.state.insert(key.into(), value.into());
+        cp
+    }
+
+    fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+            .block_on(f)
+    }
+
+    /// One content held by two runs is kept once, counted as shared by
+    /// both, and freed with the last run that refers to it; values come
+    /// back as saved.
+    #[test]
+    fn a_content_is_kept_once_and_freed_with_its_last_reference() {
+        block(async {
+            let store = MemoryStore::with_blobs(1024).unwrap();
+            let doc = "d".repeat(10_000);
+            let (a, b) = (run_with("a", "doc", &doc), run_with("b", "doc", &doc));
+            let va = store.save(SaveRequest::new(&a, None)).await.unwrap();
+            store.save(SaveRequest::new(&b, None)).await.unwrap();
+            let totals = Blobs::blob_totals(&store).await.unwrap();
+            assert_eq!((totals.blobs, totals.bytes), (1, 10_002));
+            let usage = Blobs::usage(&store, "a").await.unwrap().unwrap();
+            assert_eq!(
+                (usage.blobs, usage.blob_bytes, usage.shared_bytes),
+                (1, 10_002, 10_002)
+            );
+            assert!(usage.record_bytes < 1_000, "{usage:?}");
+            assert_eq!(store.load("a").await.unwrap().unwrap().state, a.state);
+            // A new value in place of the document: still held by b.
+            let mut a2 = a.clone();
+            a2.state.insert("doc".into(), "small".into());
+            store.save(SaveRequest::new(&a2, Some(va))).await.unwrap();
+            assert_eq!(Blobs::blob_totals(&store).await.unwrap().blobs, 1);
+            let usage = Blobs::usage(&store, "b").await.unwrap().unwrap();
+            assert_eq!(usage.shared_bytes, 0, "b alone refers to it now");
+            assert!(store.delete("b").await.unwrap());
+            assert_eq!(Blobs::blob_totals(&store).await.unwrap().blobs, 0);
+            assert_eq!(store.load("a").await.unwrap().unwrap().state, a2.state);
+        })
+    }
+
+    /// Values that look like references are kept as given, with blobs or
+    /// without; a lost blob is damage naming the run.
+    #[test]
+    fn look_alikes_come_back_and_a_lost_blob_is_damage() {
+        block(async {
+            let fake = r#"{"$blob":"sha256:0000000000000000000000000000000000000000000000000000000000000000","bytes":3}"#;
+            for store in [MemoryStore::new(), MemoryStore::with_blobs(1024).unwrap()] {
+                let mut cp = run_with("r", "x", "y");
+                cp.state
+                    .insert("fake".into(), serde_json::from_str(fake).unwrap());
+                store.save(SaveRequest::new(&cp, None)).await.unwrap();
+                assert_eq!(store.load("r").await.unwrap().unwrap().state, cp.state);
+            }
+            let store = MemoryStore::with_blobs(1024).unwrap();
+            let cp = run_with("r", "doc", &"d".repeat(5_000));
+            store.save(SaveRequest::new(&cp, None)).await.unwrap();
+            assert_eq!(store.lose_blobs(), 1);
+            let err = store.load("r").await.unwrap_err();
+            assert_eq!(err.kind(), crate::StoreErrorKind::Corrupt, "{err}");
+            assert!(err.to_string().contains("\"r\""), "{err}");
+        })
+    }
+
+    #[test]
+    fn urls_and_thresholds_are_checked() {
+        block(async {
+            let store = open("?blob_threshold=1KiB").unwrap();
+            assert_eq!(
+                store.capabilities().blobs.map(|b| b.threshold()),
+                Some(1024)
+            );
+            assert!(open("").unwrap().capabilities().blobs.is_none());
+            for (rest, says) in [
+                ("x", "nothing after the colon"),
+                ("?colour=red", "is not known"),
+                ("?blob_threshold=12", "blob_threshold"),
+            ] {
+                let err = open(rest).err().map(|e| e.to_string()).unwrap_or_default();
+                assert!(err.contains(says), "memory:{rest}: {err}");
+            }
+            let used = MemoryStore::new();
+            used.save(SaveRequest::new(&run_with("r", "k", "v"), None))
+                .await
+                .unwrap();
+            let err = used.blob_threshold(1024).unwrap_err().to_string();
+            assert!(err.contains("holds runs"), "{err}");
+        })
+    }
+}
