@@ -516,10 +516,7 @@ impl RunImage {
     pub fn usage(&self, run_id: &str) -> Option<crate::store::Usage> {
         let cp = self.runs.get(run_id)?;
         let record = crate::store::json_size(cp)
-            + self
-                .history
-                .get(run_id)
-                .map_or(0, crate::store::json_size);
+            + self.history.get(run_id).map_or(0, crate::store::json_size);
         let all = self.all_refs();
         let (mut blobs, mut bytes, mut shared) = (0, 0, 0);
         for (hash, n) in self.refs_of_run(run_id) {
