@@ -37,7 +37,7 @@ pub const DEFAULT_STORE_URL: &str = "sqlite:.steadfast/runs.db";
 /// | `file:PATH` (also `file://PATH`) | the JSON file store: every run in one file |
 /// | `cosmos://HOST[:PORT]/DATABASE/CONTAINER` | the Azure Cosmos DB store (feature `cosmos`); the key from `$STEADFAST_COSMOS_KEY` or `?keyfile=PATH` |
 /// | `postgres://…` (also `postgresql://…`) | the PostgreSQL store: libpq's URL, plus `schema=NAME` (default `steadfast`); see [`postgres`] |
-/// | `memory:` | [`MemoryStore`]: in this process only, for tests and examples |
+/// | `memory:` (`memory:?blob_threshold=SIZE`: large values kept once, as blobs) | [`MemoryStore`]: in this process only, for tests and examples |
 ///
 /// Unknown schemes are [`StoreError::Unsupported`]; a URL without a path where one
 /// is needed is [`StoreError::InvalidInput`].

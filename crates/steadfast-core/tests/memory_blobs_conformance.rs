@@ -22,3 +22,13 @@ store_conformance!(make);
 history_conformance!(make);
 history_rewrite_conformance!(make);
 events_conformance!(make);
+
+/// The blob checks pass by doing nothing on a store without blobs: this one
+/// must have them.
+#[test]
+fn the_store_under_test_keeps_blobs() {
+    let ts = make(Config::default());
+    let blobs = ts.store.capabilities().blobs.map(|b| b.threshold());
+    assert_eq!(blobs, Some(1024));
+    assert!(ts.lose_blobs.is_some());
+}

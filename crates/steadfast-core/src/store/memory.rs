@@ -54,44 +54,59 @@ struct Kept {
 }
 
 impl Kept {
-    /// Keeps `blobs` (each content once).
-    fn add(&mut self, blobs: Vec<Blob>) {
+    /// Keeps `blobs` (each content once); returns their names.
+    fn add(&mut self, blobs: Vec<Blob>) -> Vec<BlobHash> {
+        let mut names = Vec::with_capacity(blobs.len());
         for b in blobs {
+            names.push(b.hash);
             self.blobs.entry(b.hash).or_insert(b.text);
         }
+        names
     }
 
-    /// Frees the blobs no record or history row refers to any more, if
-    /// `before` (the references of the run just changed, before the change)
-    /// holds one that run no longer refers to: only then can one have lost
-    /// its last reference.
-    fn sweep_after(&mut self, run_id: &str, before: &[(BlobHash, u64)]) {
-        if before.is_empty() {
+    /// Frees the blobs no record or history row refers to any more, after a
+    /// write that changed run `run_id` alone: `before` is what the run
+    /// referred to before it, `added` the blobs the write brought. Only a
+    /// reference the run dropped, or a blob of the write that the run does
+    /// not refer to after all (a row the write did not keep), can have left
+    /// a blob without one; otherwise nothing is looked at.
+    fn sweep_after(&mut self, run_id: &str, before: &[(BlobHash, u64)], added: &[BlobHash]) {
+        if before.is_empty() && added.is_empty() {
             return;
         }
         let now = self.image.refs_of_run(run_id);
-        if before.iter().all(|r| now.contains(r)) {
+        let dropped = before.iter().any(|r| !now.contains(r));
+        let unused = added.iter().any(|h| !now.iter().any(|(n, _)| n == h));
+        if !dropped && !unused {
             return;
         }
         let live = self.image.all_refs();
         self.blobs.retain(|hash, _| live.contains_key(hash));
     }
 
-    /// `value` with its references resolved from this store's blobs.
-    fn resolved<T>(
-        &self,
-        run_id: &str,
-        mut value: T,
-        resolve: impl FnOnce(&mut T, &Place<'_>, &mut Resolver<'_>) -> Result<(), StoreError>,
-    ) -> Result<T, StoreError> {
-        let locate = |column: &str| format!("memory store, run {run_id:?}, {column}");
-        let place = Place::new(run_id, &locate);
-        let blobs = &self.blobs;
-        let mut fetch = |h: &BlobHash, _: u64| Ok(blobs.get(h).map(|t| t.as_bytes().to_vec()));
-        let mut resolver = Resolver::new(&mut fetch);
-        resolve(&mut value, &place, &mut resolver)?;
-        Ok(value)
+    /// The texts of the blobs `refs` name, those the store holds: taken
+    /// under the lock, so that the values can be put back without it.
+    fn texts(&self, refs: Vec<(BlobHash, u64)>) -> BTreeMap<BlobHash, Arc<String>> {
+        refs.into_iter()
+            .filter_map(|(h, _)| self.blobs.get(&h).map(|t| (h, Arc::clone(t))))
+            .collect()
     }
+}
+
+/// `value` with its references put back from `texts` (what
+/// [`Kept::texts`] took for it), outside the store's lock.
+fn resolved<T>(
+    run_id: &str,
+    texts: &BTreeMap<BlobHash, Arc<String>>,
+    mut value: T,
+    resolve: impl FnOnce(&mut T, &Place<'_>, &mut Resolver<'_>) -> Result<(), StoreError>,
+) -> Result<T, StoreError> {
+    let locate = |column: &str| format!("memory store, run {run_id:?}, {column}");
+    let place = Place::new(run_id, &locate);
+    let mut fetch = |h: &BlobHash, _: u64| Ok(texts.get(h).map(|t| t.as_bytes().to_vec()));
+    let mut resolver = Resolver::new(&mut fetch);
+    resolve(&mut value, &place, &mut resolver)?;
+    Ok(value)
 }
 
 impl Default for MemoryStore {
@@ -139,14 +154,21 @@ impl MemoryStore {
 
     /// This new store, keeping values whose JSON text is longer than
     /// `threshold` bytes as blobs ([`with_blobs`](Self::with_blobs), with
-    /// the state limit this store was made with). A store that holds runs
-    /// already (or a clone of one) is refused: its records were kept
-    /// without references.
+    /// the state limit this store was made with). Refused for a store that
+    /// holds anything already (its records were kept without references)
+    /// or that has clones (they would read the same records without
+    /// blobs): call it on the store just made.
     pub fn blob_threshold(self, threshold: u64) -> Result<Self, StoreError> {
         let threshold = blob::check_threshold(threshold)?;
-        if !self.kept().image.runs.is_empty() {
+        let empty = {
+            let kept = self.kept();
+            kept.image.runs.is_empty()
+                && kept.image.events.is_empty()
+                && kept.image.documents.is_empty()
+        };
+        if !empty || Arc::strong_count(&self.kept) > 1 {
             return Err(StoreError::InvalidInput(
-                "a memory store that holds runs cannot start keeping blobs: make a new one".into(),
+                "only a memory store just made, with no clone, can start keeping blobs: make a new one".into(),
             ));
         }
         Ok(MemoryStore {
@@ -168,8 +190,9 @@ impl MemoryStore {
 
     fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
         // A panic while holding the lock cannot leave a half-written record:
-        // the image checks everything before it changes anything, and blobs
-        // are added before their references can be read.
+        // the image checks everything before it changes anything, and a
+        // write's blobs are added in the same locked section as the records
+        // that refer to them (nothing between the two can panic).
         self.kept.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -189,16 +212,20 @@ impl Store for MemoryStore {
     }
 
     async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
-        let kept = self.kept();
-        let Some(cp) = kept.image.runs.get(run_id).cloned() else {
-            return Ok(None);
+        let (cp, texts) = {
+            let kept = self.kept();
+            let Some(cp) = kept.image.runs.get(run_id).cloned() else {
+                return Ok(None);
+            };
+            if self.blob_threshold.is_none()
+                || !(blob::holds_marks(&cp.state) || cp.format == blob::STORED_DECISIONS_FORMAT)
+            {
+                return Ok(Some(cp));
+            }
+            let texts = kept.texts(kept.image.refs_of_record(run_id));
+            (cp, texts)
         };
-        if self.blob_threshold.is_none()
-            || !(blob::holds_marks(&cp.state) || cp.format == blob::STORED_DECISIONS_FORMAT)
-        {
-            return Ok(Some(cp));
-        }
-        kept.resolved(run_id, cp, |cp, place, resolver| {
+        resolved(run_id, &texts, cp, |cp, place, resolver| {
             resolver.resolve(&mut cp.state, place, "state")?;
             resolver.resolve_decisions(cp, place)
         })
@@ -222,8 +249,8 @@ impl Store for MemoryStore {
             let mut kept = self.kept();
             let before = kept.image.refs_of_run(run_id);
             if let Some(version) = kept.image.try_save(write)? {
-                kept.add(blobs);
-                kept.sweep_after(run_id, &before);
+                let added = kept.add(blobs);
+                kept.sweep_after(run_id, &before, &added);
                 return Ok(version);
             }
         }
@@ -231,8 +258,8 @@ impl Store for MemoryStore {
         let mut kept = self.kept();
         let before = kept.image.refs_of_run(run_id);
         let version = kept.image.save(write)?;
-        kept.add(blobs);
-        kept.sweep_after(run_id, &before);
+        let added = kept.add(blobs);
+        kept.sweep_after(run_id, &before, &added);
         Ok(version)
     }
 
@@ -242,17 +269,23 @@ impl Store for MemoryStore {
 
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
         let mut kept = self.kept();
+        if self.blob_threshold.is_none() {
+            return Ok(kept.image.delete(run_id));
+        }
         let before = kept.image.refs_of_run(run_id);
         let existed = kept.image.delete(run_id);
-        kept.sweep_after(run_id, &before);
+        kept.sweep_after(run_id, &before, &[]);
         Ok(existed)
     }
 
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
         let mut kept = self.kept();
+        if self.blob_threshold.is_none() {
+            return kept.image.delete_if(run_id, version);
+        }
         let before = kept.image.refs_of_run(run_id);
         let deleted = kept.image.delete_if(run_id, version)?;
-        kept.sweep_after(run_id, &before);
+        kept.sweep_after(run_id, &before, &[]);
         Ok(deleted)
     }
 }
@@ -317,14 +350,19 @@ impl Documents for MemoryStore {
 #[async_trait]
 impl History for MemoryStore {
     async fn history(&self, run_id: &str) -> Result<Option<Vec<StepRecord>>, StoreError> {
-        let kept = self.kept();
-        let Some(rows) = kept.image.history(run_id) else {
-            return Ok(None);
+        let (rows, texts) = {
+            let kept = self.kept();
+            let Some(rows) = kept.image.history(run_id) else {
+                return Ok(None);
+            };
+            if self.blob_threshold.is_none() || !rows.iter().any(|r| blob::holds_marks(&r.update)) {
+                return Ok(Some(rows));
+            }
+            let refs = rows.iter().flat_map(|r| blob::refs_of(&r.update)).collect();
+            let texts = kept.texts(refs);
+            (rows, texts)
         };
-        if self.blob_threshold.is_none() || !rows.iter().any(|r| blob::holds_marks(&r.update)) {
-            return Ok(Some(rows));
-        }
-        kept.resolved(run_id, rows, |rows, place, resolver| {
+        resolved(run_id, &texts, rows, |rows, place, resolver| {
             for r in rows.iter_mut() {
                 let column = format!("history[{}].update", r.index);
                 resolver.resolve(&mut r.update, place, &column)?;
@@ -356,8 +394,8 @@ impl History for MemoryStore {
         let mut kept = self.kept();
         let before = kept.image.refs_of_run(run_id);
         kept.image.rewrite(run_id, expected, rewrite)?;
-        kept.add(blobs);
-        kept.sweep_after(run_id, &before);
+        let added = kept.add(blobs);
+        kept.sweep_after(run_id, &before, &added);
         Ok(())
     }
 }
@@ -460,6 +498,77 @@ mod tests {
         })
     }
 
+    /// Steps whose updates are large: the step-only save, its history read
+    /// back, a rewrite and a fold, a delete_if, and a step row the save does
+    /// not keep (its index past the run's next), whose blob goes with it.
+    #[test]
+    fn steps_rewrites_and_rows_not_kept_free_what_they_leave() {
+        block(async {
+            let store = MemoryStore::with_blobs(1024).unwrap();
+            let at = Timestamp::from_unix_millis(0);
+            let mut cp = run_with("r", "k", "v");
+            let mut version = None;
+            let mut rows = Vec::new();
+            for i in 0..3usize {
+                let doc = format!("{i}").repeat(3_000);
+                let mut update = serde_json::Map::new();
+                update.insert(format!("s{i}"), doc.clone().into());
+                cp.state.insert(format!("s{i}"), doc.into());
+                cp.completed.push(format!("s{i}"));
+                cp.next = i + 1;
+                let row = StepRecord::new(i, &format!("s{i}"), update, 1, at, at);
+                version = Some(
+                    store
+                        .save(SaveRequest::new(&cp, version).with_step(&row))
+                        .await
+                        .unwrap(),
+                );
+                rows.push(row);
+            }
+            assert_eq!(Blobs::blob_totals(&store).await.unwrap().blobs, 3);
+            assert_eq!(store.load("r").await.unwrap().unwrap().state, cp.state);
+            let history = History::history(&store, "r").await.unwrap().unwrap();
+            assert_eq!(history, rows);
+            // Rows 1 and 2 replaced by one small row: their contents stay
+            // while the state holds them, and go with the run.
+            let mut small = serde_json::Map::new();
+            small.insert("s1".into(), 1.into());
+            let replaced = vec![
+                rows[0].clone(),
+                StepRecord::new(1, "s1", small, 1, at, at),
+                rows[2].clone(),
+            ];
+            let v = version.unwrap();
+            History::rewrite(&store, "r", v, Rewrite::replace("r", &replaced).unwrap())
+                .await
+                .unwrap();
+            assert_eq!(
+                History::history(&store, "r").await.unwrap().unwrap(),
+                replaced
+            );
+            let v = store.load("r").await.unwrap().unwrap().version;
+            assert!(
+                store.delete_if("r", v + 1).await.is_err(),
+                "a stale version"
+            );
+            assert_eq!(Blobs::blob_totals(&store).await.unwrap().blobs, 3);
+            assert!(store.delete_if("r", v).await.unwrap());
+            assert_eq!(Blobs::blob_totals(&store).await.unwrap().blobs, 0);
+
+            // A step row past the record's next is not kept: nor is its blob.
+            let mut update = serde_json::Map::new();
+            update.insert("late".into(), "z".repeat(3_000).into());
+            let row = StepRecord::new(5, "late", update, 1, at, at);
+            let lone = run_with("q", "k", "v");
+            store
+                .save(SaveRequest::new(&lone, None).with_step(&row))
+                .await
+                .unwrap();
+            assert_eq!(History::history(&store, "q").await.unwrap(), Some(vec![]));
+            assert_eq!(Blobs::blob_totals(&store).await.unwrap().blobs, 0);
+        })
+    }
+
     #[test]
     fn urls_and_thresholds_are_checked() {
         block(async {
@@ -482,7 +591,16 @@ mod tests {
                 .await
                 .unwrap();
             let err = used.blob_threshold(1024).unwrap_err().to_string();
-            assert!(err.contains("holds runs"), "{err}");
+            assert!(err.contains("just made"), "{err}");
+            // A clone would read the same records without blobs.
+            let fresh = MemoryStore::new();
+            let _clone = fresh.clone();
+            assert!(fresh.blob_threshold(1024).is_err());
+            // Events alone are something held already.
+            let logged = MemoryStore::new();
+            let event = NewEvent::new("s", 1, Timestamp::from_unix_millis(0), "x".into());
+            Events::append_events(&logged, "r", &[event]).await.unwrap();
+            assert!(logged.blob_threshold(1024).is_err());
         })
     }
 }
