@@ -180,7 +180,10 @@ async fn observe(
 /// (a store that sweeps may need a few more writes to find a blob a cut
 /// save left behind; the check makes them, with no large value of their
 /// own). A store whose save finishes in its first poll (SQLite's lone
-/// commit) is never cut: the check then only saves and deletes.
+/// commit on a multi-threaded runtime) is never cut: the check then only
+/// saves and deletes (the SQLite store's tests run it again on a
+/// current-thread runtime, where its saves go to a blocking thread and are
+/// cut).
 pub async fn saves_cut_off_anywhere_leave_whole_runs(ts: TestStore) -> CheckResult {
     let store = &*ts.store;
     let run_id = "cut-1";

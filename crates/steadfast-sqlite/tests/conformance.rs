@@ -34,3 +34,31 @@ store_conformance!(make);
 history_conformance!(make);
 history_rewrite_conformance!(make);
 events_conformance!(make);
+
+/// The suite's cut check on a current-thread runtime. On the suite's
+/// multi-threaded runtime a lone save commits within its first poll, so the
+/// check never cuts one; here a save goes to a blocking thread, and the
+/// check drops it after each poll in turn while its job may still commit.
+#[test]
+fn saves_cut_off_anywhere_on_a_current_thread_runtime_leave_whole_runs() {
+    use steadfast_conformance::Cut;
+    use steadfast_core::store::SaveRequest;
+    use steadfast_core::{Checkpoint, Store, Timestamp};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        // Here a save is cut at its first poll: the check below cuts.
+        let ts = make(Config::default());
+        let cp = Checkpoint::new("probe", "w", Timestamp::from_unix_millis(0));
+        let cut = Cut::new(ts.store.save(SaveRequest::new(&cp, None)), 1).await;
+        assert!(cut.is_none(), "a save finished in its first poll: {cut:?}");
+        let ts = make(Config::default());
+        if let Err(e) =
+            steadfast_conformance::checks::saves_cut_off_anywhere_leave_whole_runs(ts).await
+        {
+            panic!("saves_cut_off_anywhere_leave_whole_runs, current-thread runtime: {e}");
+        }
+    });
+}
