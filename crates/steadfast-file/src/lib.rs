@@ -907,10 +907,7 @@ impl<F: Fs> Store for FileStore<F> {
             inner.read_resolved(
                 &run_id,
                 |image| image.runs.remove(&run_id),
-                |cp| {
-                    steadfast_core::store::blob::holds_marks(&cp.state)
-                        || cp.format == steadfast_core::store::blob::STORED_DECISIONS_FORMAT
-                },
+                steadfast_core::store::blob::record_holds_marks,
                 |cp, place, resolver| {
                     resolver.resolve(&mut cp.state, place, "state")?;
                     resolver.resolve_decisions(cp, place)
@@ -1132,16 +1129,12 @@ impl<F: Fs> History for FileStore<F> {
         let fold = rewrite.is_fold();
         // The rows as the file keeps them: large values as references.
         let mut blobs = Vec::new();
-        let mut records = rewrite.records().to_vec();
-        for r in &mut records {
-            r.update = steadfast_core::store::blob::encode_map(
-                &r.update,
-                self.inner.opts.blob_threshold,
-                &run_id,
-                "step's update",
-                &mut blobs,
-            )?;
-        }
+        let records = steadfast_core::store::blob::encode_rows(
+            rewrite.records(),
+            self.inner.opts.blob_threshold,
+            &run_id,
+            &mut blobs,
+        )?;
         // The checked rewrite again, as records this thread owns.
         self.blocking(Some(&writes), move |inner| {
             inner.update(&run_id, &blobs, |image| {

@@ -49,7 +49,7 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use crate::record::checkpoint::{Checkpoint, Decision, CHECKPOINT_FORMAT};
+use crate::record::checkpoint::{Checkpoint, Decision, StepRecord, CHECKPOINT_FORMAT};
 use crate::store::named;
 use crate::store::place::Place;
 use crate::StoreError;
@@ -436,6 +436,33 @@ pub fn escape_lookalikes_in(map: &mut Map<String, Value>) -> bool {
         }
     }
     changed
+}
+
+/// Whether a stored record has anything to put back on a load: a reference
+/// or an escaped value in its state, or decisions whose data its format
+/// says are stored with references ([`STORED_DECISIONS_FORMAT`]).
+pub fn record_holds_marks(cp: &Checkpoint) -> bool {
+    holds_marks(&cp.state) || cp.format == STORED_DECISIONS_FORMAT
+}
+
+/// Step rows as a store with blobs at `threshold` keeps them: each row's
+/// update with its large values as references (their blobs added to
+/// `blobs`) and look-alikes escaped ([`encode_map`]), for a rewrite of run
+/// `run_id`'s history.
+pub fn encode_rows(
+    records: &[StepRecord],
+    threshold: u64,
+    run_id: &str,
+    blobs: &mut Vec<Blob>,
+) -> Result<Vec<StepRecord>, StoreError> {
+    records
+        .iter()
+        .map(|r| {
+            let mut row = r.clone();
+            row.update = encode_map(&r.update, threshold, run_id, "step's update", blobs)?;
+            Ok(row)
+        })
+        .collect()
 }
 
 /// Whether a stored object holds a reference or an escaped value (any

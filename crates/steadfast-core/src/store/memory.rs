@@ -217,9 +217,7 @@ impl Store for MemoryStore {
             let Some(cp) = kept.image.runs.get(run_id).cloned() else {
                 return Ok(None);
             };
-            if self.blob_threshold.is_none()
-                || !(blob::holds_marks(&cp.state) || cp.format == blob::STORED_DECISIONS_FORMAT)
-            {
+            if self.blob_threshold.is_none() || !blob::record_holds_marks(&cp) {
                 return Ok(Some(cp));
             }
             let texts = kept.texts(kept.image.refs_of_record(run_id));
@@ -383,14 +381,8 @@ impl History for MemoryStore {
         };
         // The rows as the store keeps them: large values as references.
         let mut blobs = Vec::new();
-        let mut records = rewrite.records().to_vec();
-        for r in &mut records {
-            r.update = blob::encode_map(&r.update, threshold, run_id, "step's update", &mut blobs)?;
-        }
-        let rewrite = match records.first() {
-            Some(first) if rewrite.is_fold() => Rewrite::fold(run_id, first)?,
-            _ => Rewrite::replace(run_id, &records)?,
-        };
+        let records = blob::encode_rows(rewrite.records(), threshold, run_id, &mut blobs)?;
+        let rewrite = rewrite.with_records(run_id, &records)?;
         let mut kept = self.kept();
         let before = kept.image.refs_of_run(run_id);
         kept.image.rewrite(run_id, expected, rewrite)?;
