@@ -36,6 +36,9 @@ def langgraph_bench(*args: str) -> subprocess.CompletedProcess:
         (["--step-runs", "0"], "--step-runs 0: it must lie in 1..=100000"),
         (["--step-rounds", "many"], "--step-rounds 'many': not a whole number"),
         (["--step-dir", "/nonexistent/steadfast-bench"], "--step-dir '/nonexistent/steadfast-bench': no such directory"),
+        (["--step-dir", "/dev/null"], "--step-dir '/dev/null': no such directory"),
+        (["--step-runs", "-3"], "--step-runs -3: it must lie in 1..=100000"),
+        (["--step-rounds", "1e9"], "--step-rounds '1e9': not a whole number"),
     ],
 )
 def test_step_cost_refuses_bad_options(tmp_path, args, says):
@@ -69,6 +72,12 @@ def test_the_rust_yardstick_completes_its_runs_and_bounds_their_number():
     for runs in (0, 1_000_001):
         with pytest.raises(ValueError, match=f"runs is {runs}; it must lie in 1..=1000000"):
             _native._ten_steps_in_rust(store, "y", runs)
+    with pytest.raises(OverflowError):
+        _native._ten_steps_in_rust(store, "y", -1)
+    # Run ids the library refuses: a clear error naming the run, no panic.
+    for prefix in ("bad\nid", "x" * 5000):
+        with pytest.raises(steadfast.InvalidRunId, match="invalid run id"):
+            _native._ten_steps_in_rust(store, prefix, 1)
 
 
 @pytest.mark.parametrize(

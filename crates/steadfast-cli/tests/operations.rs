@@ -494,7 +494,31 @@ run = "printf '{\"doc\": \"'; head -c 200000 /dev/zero | tr '\\0' d; printf '\"}
         2,
         "a dangling run was written"
     );
+    // Nowhere to keep the blobs (TMPDIR names no directory): a failure,
+    // exit 1, that says why, not a usage error; nothing of the run written.
+    let nowhere = Env::new();
+    let out = nowhere
+        .cmd(&["import", file_of(&other)?.as_str()])
+        .env("TMPDIR", nowhere.path().join("no-such-dir"))
+        .output()?;
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let says = stderr(&out);
+    assert!(
+        says.contains("could not be kept in a temporary file") && says.contains("run \"r1\""),
+        "{says}"
+    );
+    assert_eq!(code(&nowhere.run(&["show", "r1"])), 2, "a run was written");
     Ok(())
+}
+
+/// The export file an earlier part of a test wrote into `env`.
+fn file_of(env: &Env) -> Result<String, Box<dyn std::error::Error>> {
+    Ok(env
+        .path()
+        .join("runs.jsonl")
+        .to_str()
+        .ok_or("path")?
+        .to_string())
 }
 
 #[test]

@@ -574,6 +574,12 @@ mod tests {
                 ("x", "nothing after the colon"),
                 ("?colour=red", "is not known"),
                 ("?blob_threshold=12", "blob_threshold"),
+                ("?blob_threshold=", "blob_threshold"),
+                ("?blob_threshold=2GiB", "blob_threshold"),
+                ("?blob_threshold=99999999999999999999999", "blob_threshold"),
+                ("?blob_threshold=-1", "blob_threshold"),
+                ("?", "is not known"),
+                ("x?blob_threshold=1KiB", "nothing after the colon"),
             ] {
                 let err = open(rest).err().map(|e| e.to_string()).unwrap_or_default();
                 assert!(err.contains(says), "memory:{rest}: {err}");
