@@ -90,8 +90,8 @@ pub use record::state::{merge, State, Update, MAX_VALUE_DEPTH};
 pub use record::version::{FieldChange, StepVersion, STEP_KEY};
 pub use store::memory::{MemoryStore, DEFAULT_MEMORY_STATE_LIMIT};
 pub use store::{
-    BlobTotals, Blobs, Capabilities, Document, Documents, DueRequest, Events, History, ListFilter,
-    RunSummary, Schedule, Store, StoreExt, Usage,
+    BlobTotals, Blobs, Capabilities, Document, Documents, DueRequest, Events, History, Leftovers,
+    ListFilter, RunSummary, Schedule, Store, StoreExt, Usage,
 };
 
 /// Re-exported so that stores and tests name the same versions.

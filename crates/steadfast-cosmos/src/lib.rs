@@ -112,6 +112,10 @@ pub struct CosmosOptions {
     /// timeout); a request still throttled then fails with an error that
     /// names the budget, others with their last error and the tries made.
     pub retry_budget: std::time::Duration,
+    /// How long a create may spend writing its large values before its
+    /// batch ([`CREATE_WINDOW`]; shorter only in tests).
+    #[doc(hidden)]
+    pub create_window: std::time::Duration,
 }
 
 impl Default for CosmosOptions {
@@ -121,9 +125,27 @@ impl Default for CosmosOptions {
             create: true,
             blob_threshold: steadfast_core::store::blob::DEFAULT_BLOB_THRESHOLD,
             retry_budget: client::DEFAULT_RETRY_BUDGET,
+            create_window: CREATE_WINDOW,
         }
     }
 }
+
+/// The longest a create may take from its save's start to sending its
+/// batch: a create whose large values (blobs and chunks, written under a
+/// generation of its own before the batch) took longer sends no batch,
+/// deletes what it wrote and fails as unavailable. With the longest retry
+/// budget (10 minutes) a create's last write lands within 30 minutes of
+/// its first, which is what lets [`LEFTOVER_AGE`] tell a create in flight
+/// from one that died.
+pub const CREATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(20 * 60);
+
+/// How old (by the service's clock, each item's `_ts`) the newest item of
+/// a generation no head names must be before
+/// [`CosmosStore::collect_leftovers`] removes the generation's items: twice
+/// the 30 minutes a create in flight may take (see [`CREATE_WINDOW`]), the
+/// rest a margin for the difference between this machine's clock and the
+/// service's.
+pub const LEFTOVER_AGE: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 
 impl CosmosOptions {
     /// Sets the per-run state limit.
@@ -134,6 +156,12 @@ impl CosmosOptions {
     /// Sets whether opening may create the database and container.
     pub fn create(mut self, yes: bool) -> Self {
         self.create = yes;
+        self
+    }
+    /// Sets [`CosmosOptions::create_window`] (for tests).
+    #[doc(hidden)]
+    pub fn create_window(mut self, window: std::time::Duration) -> Self {
+        self.create_window = window;
         self
     }
     /// Sets the size above which a value is stored as a blob (checked when
@@ -1762,6 +1790,7 @@ impl Store for CosmosStore {
     }
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+        let started = std::time::Instant::now();
         let cp = req.checkpoint;
         check_head(cp)?;
         let run_id = cp.run_id.as_str();
@@ -1960,6 +1989,19 @@ impl Store for CosmosStore {
             }),
             (Some(_), None) => return Err(conflict(run_id, req.expected, None)),
         };
+        // A create that wrote items of its own generation sends its batch
+        // within its window, or never: past it, `collect_leftovers` may
+        // already take that generation for one whose create died.
+        let window = self.shared.opts.create_window;
+        if !fresh.is_empty() && started.elapsed() > window {
+            self.drop_items(&key, run_id, &fresh).await;
+            return Err(StoreError::unavailable(format!(
+                "creating run {run_id:?} in {}: writing its large values took {:.1?}, longer than the {} a create may take before its batch; nothing was saved (its items are deleted again), try again",
+                self.shared.display,
+                started.elapsed(),
+                humantime::format_duration(window)
+            )));
+        }
         // The head first: a conflicting batch then changes nothing, even on
         // a server that does not roll back the operations before a failure.
         let mut ops = vec![head_op];
@@ -2543,6 +2585,129 @@ impl CosmosStore {
     }
 }
 
+impl CosmosStore {
+    /// [`Blobs::collect_leftovers`](steadfast_core::Blobs::collect_leftovers)
+    /// with items `age` old (by each item's `_ts`) counted as settled where
+    /// the store takes [`LEFTOVER_AGE`]; a shorter age than that may take
+    /// the items of a create still in flight, so only tests use one.
+    #[doc(hidden)]
+    pub async fn collect_leftovers_older_than(
+        &self,
+        age: std::time::Duration,
+        dry_run: bool,
+    ) -> Result<steadfast_core::Leftovers, StoreError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let cutoff = now.saturating_sub(age).as_secs();
+        // The tagged items first, then the heads and logs: a generation
+        // whose head lands after this read began is either named by that
+        // head below, or too young to be taken.
+        let tagged = self
+            .query(
+                None,
+                "*",
+                "SELECT c.pk, c.gen, c.lgen, c.kind, c._ts FROM c WHERE c.kind = 'step' OR c.kind = 'chunk' OR c.kind = 'blob' OR c.kind = 'blob_manifest' OR c.kind = 'event'",
+                json!([]),
+            )
+            .await?;
+        // (partition, an event log's generation?, generation) -> newest _ts
+        let mut newest: std::collections::BTreeMap<(String, bool, String), u64> =
+            std::collections::BTreeMap::new();
+        for item in &tagged {
+            let text = |f: &str| item.get(f).and_then(Value::as_str);
+            let Some(pk) = text("pk") else { continue };
+            let of_log = text("kind") == Some("event");
+            let Some(gen) = text(if of_log { "lgen" } else { "gen" }) else {
+                continue;
+            };
+            // An item without a time counts as written just now.
+            let ts = item.get("_ts").and_then(Value::as_u64).unwrap_or(u64::MAX);
+            let at = newest
+                .entry((pk.to_string(), of_log, gen.to_string()))
+                .or_insert(0);
+            *at = (*at).max(ts);
+        }
+        drop(tagged);
+        let named = |rows: Vec<Value>, field: &str| -> std::collections::HashMap<String, String> {
+            rows.iter()
+                .filter_map(|r| {
+                    Some((
+                        r.get("pk")?.as_str()?.to_string(),
+                        r.get(field)?.as_str()?.to_string(),
+                    ))
+                })
+                .collect()
+        };
+        let heads = named(
+            self.query(
+                None,
+                "*",
+                "SELECT c.pk, c.gen FROM c WHERE c.kind = 'head'",
+                json!([]),
+            )
+            .await?,
+            "gen",
+        );
+        let logs = named(
+            self.query(
+                None,
+                "*",
+                "SELECT c.pk, c.lgen FROM c WHERE c.kind = 'evlog'",
+                json!([]),
+            )
+            .await?,
+            "lgen",
+        );
+        let mut found = steadfast_core::Leftovers::default();
+        for ((pk, of_log, gen), ts) in newest {
+            let live = if of_log {
+                logs.get(&pk)
+            } else {
+                heads.get(&pk)
+            };
+            if live == Some(&gen) || ts > cutoff {
+                continue;
+            }
+            let query = if of_log {
+                "SELECT c.id, c.kind FROM c WHERE c.pk = @pk AND c.lgen = @gen AND c.kind = 'event'"
+            } else {
+                "SELECT c.id, c.kind FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind != 'head'"
+            };
+            let label = format!("(leftovers of partition {pk})");
+            let items = self
+                .query_partition(
+                    &pk,
+                    &label,
+                    query,
+                    json!([{"name": "@pk", "value": pk}, {"name": "@gen", "value": gen}]),
+                )
+                .await?;
+            if items.is_empty() {
+                continue;
+            }
+            found.remnants += 1;
+            // Manifests first, so that no blob ever reads whole over parts
+            // already gone (nothing reads this generation; all the same).
+            let mut ids: Vec<(bool, &str)> = items
+                .iter()
+                .filter_map(|i| {
+                    let kind = i.get("kind").and_then(Value::as_str);
+                    Some((kind != Some("blob_manifest"), i.get("id")?.as_str()?))
+                })
+                .collect();
+            ids.sort();
+            for (_, id) in ids {
+                if dry_run || self.delete_item(&pk, id, &label, None).await? {
+                    found.items += 1;
+                }
+            }
+            tracing::debug!(partition = %pk, generation = %gen, of_log, "removed what a failed or cut-short write left");
+        }
+        Ok(found)
+    }
+}
+
 /// The most operations a transactional batch takes.
 const SWEEP_BATCH: usize = 100;
 
@@ -2694,6 +2859,21 @@ impl steadfast_core::Blobs for CosmosStore {
             .filter_map(|i| i.get("bytes").and_then(Value::as_u64))
             .sum();
         Ok(steadfast_core::BlobTotals::new(items.len() as u64, bytes))
+    }
+
+    /// The items of generations no head names (a delete cut short, a
+    /// create that failed or died after writing its large values), and
+    /// events of logs no log item names, whose newest item is at least
+    /// [`LEFTOVER_AGE`] old: one cross-partition query over every history,
+    /// chunk, blob and event item (a few small fields each), two over the
+    /// heads and logs, then a query and a delete an item within each
+    /// partition that has any.
+    async fn collect_leftovers(
+        &self,
+        dry_run: bool,
+    ) -> Result<steadfast_core::Leftovers, StoreError> {
+        self.collect_leftovers_older_than(LEFTOVER_AGE, dry_run)
+            .await
     }
 
     fn threshold(&self) -> u64 {

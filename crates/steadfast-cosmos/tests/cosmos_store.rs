@@ -913,3 +913,133 @@ async fn reads_racing_prunes_that_free_blobs_see_whole_runs() -> TestResult {
     );
     Ok(())
 }
+
+/// What a delete cut short after the head (and its log item) left, and a
+/// create that died after writing its large values, are removed by
+/// `collect_leftovers` once old enough, item by item, and nothing of a
+/// live run is touched: not its blobs, its history nor its events. Items
+/// younger than the age are left, and a dry run only counts.
+#[tokio::test]
+async fn leftovers_of_cut_short_deletes_and_dead_creates_are_collected() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    let store = db
+        .store(CosmosOptions::default().blob_threshold(16 << 10))
+        .await;
+    let events = |run_id: &'static str| {
+        let store = store.clone();
+        async move {
+            let ev = store.capabilities().events.ok_or("no events")?;
+            let t = Timestamp::from_unix_millis(1);
+            let batch: Vec<_> = (0..3)
+                .map(|i| steadfast_core::NewEvent::new("s0", 1, t, json!({ "i": i })))
+                .collect();
+            ev.append_events(run_id, &batch).await?;
+            Ok::<(), Box<dyn std::error::Error>>(())
+        }
+    };
+    let agent = steadfast_conformance::fixtures::rereading_agent;
+    run("live", &agent(4, 0), &store).await?;
+    events("live").await?;
+    let live = support::count_kinds(&server, db.name()).await?;
+    run("gone", &agent(4, 1), &store).await?;
+    events("gone").await?;
+    // A delete cut short: the head and the log item went, nothing else.
+    assert!(support::delete_raw(&server, db.name(), "gone", "h~gone").await?);
+    assert!(support::delete_raw(&server, db.name(), "gone", "l~gone").await?);
+    assert!(store.load("gone").await?.is_none());
+    // Items of a generation no head names, as a create that died after
+    // writing its blobs leaves them: here its head is taken away.
+    run("died", &agent(2, 2), &store).await?;
+    assert!(support::delete_raw(&server, db.name(), "died", "h~died").await?);
+    let before = support::count_kinds(&server, db.name()).await?;
+    let left = |k: &str| before.get(k).copied().unwrap_or(0) - live.get(k).copied().unwrap_or(0);
+    // gone: 4 steps, 2 shared + 4 own blobs (one part each), 3 events;
+    // died: 2 steps, 2 shared + 2 own blobs.
+    assert_eq!(
+        (left("step"), left("blob_manifest"), left("event")),
+        (6, 10, 3),
+        "{before:?}"
+    );
+    let expected_items =
+        left("step") + left("chunk") + left("blob") + left("blob_manifest") + left("event");
+
+    // Too young for the store's own age: nothing found.
+    let none = steadfast_core::Blobs::collect_leftovers(&store, false).await?;
+    assert_eq!(none, steadfast_core::Leftovers::default());
+    let dry = store
+        .collect_leftovers_older_than(Duration::ZERO, true)
+        .await?;
+    assert_eq!(dry, steadfast_core::Leftovers::new(3, expected_items));
+    assert_eq!(
+        support::count_kinds(&server, db.name()).await?,
+        before,
+        "a dry run removes nothing"
+    );
+    let done = store
+        .collect_leftovers_older_than(Duration::ZERO, false)
+        .await?;
+    assert_eq!(done, dry);
+    assert_eq!(
+        support::count_kinds(&server, db.name()).await?,
+        live,
+        "only the live run's items are left"
+    );
+    let cp = store.load("live").await?.ok_or("the live run")?;
+    assert_eq!(cp.next, 4);
+    assert_eq!(
+        cp.state["own3"],
+        json!(steadfast_conformance::fixtures::doc(1003, 20))
+    );
+    let ev = store.capabilities().events.ok_or("no events")?;
+    assert_eq!(ev.read_events("live", 0, 10).await?.len(), 3);
+    assert_eq!(store.history("live").await?.ok_or("history")?.len(), 4);
+    // Nothing more to find; and a run created again under a collected id
+    // starts clean.
+    assert_eq!(
+        store
+            .collect_leftovers_older_than(Duration::ZERO, false)
+            .await?,
+        steadfast_core::Leftovers::default()
+    );
+    run("gone", &agent(4, 1), &store).await?;
+    assert_eq!(store.load("gone").await?.ok_or("gone again")?.next, 4);
+    assert!(ev.read_events("gone", 0, 10).await?.is_empty());
+    Ok(())
+}
+
+/// A create whose large values took longer than its window sends no
+/// batch: it fails as unavailable, saying why, and deletes what it wrote;
+/// a create with no large value has nothing to wait for and lands.
+#[tokio::test]
+async fn a_create_past_its_window_saves_nothing_and_leaves_nothing() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    let store = db
+        .store(
+            CosmosOptions::default()
+                .blob_threshold(16 << 10)
+                .create_window(Duration::ZERO),
+        )
+        .await;
+    let mut cp = Checkpoint::new("late", "w", Timestamp::from_unix_millis(1));
+    cp.state.insert("doc".into(), json!("d".repeat(40 << 10)));
+    let e = store
+        .save(SaveRequest::new(&cp, None))
+        .await
+        .expect_err("past its window");
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+    assert!(e.to_string().contains("before its batch"), "{e}");
+    assert!(store.load("late").await?.is_none());
+    let kinds = support::count_kinds(&server, db.name()).await?;
+    assert!(kinds.is_empty(), "{kinds:?}");
+    let mut small = Checkpoint::new("small", "w", Timestamp::from_unix_millis(1));
+    small.state.insert("doc".into(), json!("small"));
+    store.save(SaveRequest::new(&small, None)).await?;
+    assert!(store.load("small").await?.is_some());
+    Ok(())
+}

@@ -1067,6 +1067,14 @@ impl Blobs for SealedStore {
             .blobs
             .is_none_or(|b| b.shared_across_runs())
     }
+
+    /// The store underneath's: what it leaves is sealed or not alike.
+    async fn collect_leftovers(
+        &self,
+        dry_run: bool,
+    ) -> Result<steadfast_core::Leftovers, StoreError> {
+        self.inner.collect_leftovers(dry_run).await
+    }
 }
 
 #[async_trait]

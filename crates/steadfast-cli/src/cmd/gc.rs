@@ -80,6 +80,9 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
         }
     })
     .await?;
+    // What failed or cut-short writes left that no run will ever read
+    // (stores that free everything in their own transactions have none).
+    let leftovers = ctx.raw.collect_leftovers(args.dry_run).await?;
     let count = if args.dry_run {
         report.matched
     } else {
@@ -97,7 +100,8 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
             serde_json::json!({"matched": report.matched, "deleted": report.deleted,
                                "changed": report.changed, "batches": report.batches,
                                "building": report.building, "dry_run": args.dry_run,
-                               "blob_bytes_freed": freed})
+                               "blob_bytes_freed": freed,
+                               "leftovers": {"remnants": leftovers.remnants, "items": leftovers.items}})
         );
     }
     output::note(format_args!(
@@ -111,6 +115,17 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
         output::note(format_args!(
             "gc: freed {} of large values no run refers to any more",
             output::bytes(freed)
+        ));
+    }
+    if leftovers.remnants > 0 {
+        let verb = if args.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
+        output::note(format_args!(
+            "gc: {verb} {} item(s) that {} failed or cut-short write(s) left and no run reads",
+            leftovers.items, leftovers.remnants
         ));
     }
     if report.building > 0 {

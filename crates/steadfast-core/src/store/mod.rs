@@ -622,6 +622,36 @@ pub trait Blobs: Send + Sync {
     fn shared_across_runs(&self) -> bool {
         true
     }
+
+    /// Removes what writes that failed or were cut short left behind and
+    /// no run will ever read (with `dry_run`, only counts it): on a store
+    /// that cannot free a blob in the transaction that drops its last
+    /// reference, a delete interrupted half-way or a create that failed
+    /// after writing its large values leaves items no record names.
+    /// `steadfast gc` calls it. The default, for stores whose writes free
+    /// everything in their own transaction, finds nothing.
+    async fn collect_leftovers(&self, dry_run: bool) -> Result<Leftovers, StoreError> {
+        let _ = dry_run;
+        Ok(Leftovers::default())
+    }
+}
+
+/// What [`Blobs::collect_leftovers`] removed (or, dry, found).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct Leftovers {
+    /// The failed or cut-short writes whose items were found (each counted
+    /// once, however many items it left).
+    pub remnants: u64,
+    /// Their items.
+    pub items: u64,
+}
+
+impl Leftovers {
+    /// Counts from their parts.
+    pub fn new(remnants: u64, items: u64) -> Self {
+        Leftovers { remnants, items }
+    }
 }
 
 /// What one run stores, in bytes ([`Blobs::usage`]).
@@ -921,6 +951,15 @@ pub trait StoreExt: Store {
         match self.capabilities().blobs {
             Some(b) => b.blob_totals().await.map(Some),
             None => Ok(None),
+        }
+    }
+
+    /// [`Blobs::collect_leftovers`], or nothing found for a store without
+    /// blobs.
+    async fn collect_leftovers(&self, dry_run: bool) -> Result<Leftovers, StoreError> {
+        match self.capabilities().blobs {
+            Some(b) => b.collect_leftovers(dry_run).await,
+            None => Ok(Leftovers::default()),
         }
     }
 }

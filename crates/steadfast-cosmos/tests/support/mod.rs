@@ -172,19 +172,36 @@ pub async fn lose_blobs(server: (String, String), db: String) -> Result<u64, Str
         let (Some(id), Some(pk)) = (item["id"].as_str(), item["pk"].as_str()) else {
             return Err(format!("a blob item without its id or key: {item}"));
         };
-        let answer = http
-            .delete(format!("{docs}/{id}"))
-            .header(
-                "x-ms-documentdb-partitionkey",
-                serde_json::json!([pk]).to_string(),
-            )
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        if !answer.status().is_success() {
-            return Err(format!("deleting {id} answered {}", answer.status()));
+        if !delete_raw(&server, &db, pk, id).await? {
+            return Err(format!("{id} was not there to delete"));
         }
         manifests += u64::from(item["kind"] == "blob_manifest");
     }
     Ok(manifests)
+}
+
+/// Deletes item `id` of partition `pk` of database `db` behind the store's
+/// back (as a delete or an append cut short would leave it); says whether
+/// it was there.
+pub async fn delete_raw(
+    server: &(String, String),
+    db: &str,
+    pk: &str,
+    id: &str,
+) -> Result<bool, String> {
+    let (http, docs) = raw_items(server, db)?;
+    let answer = http
+        .delete(format!("{docs}/{id}"))
+        .header(
+            "x-ms-documentdb-partitionkey",
+            serde_json::json!([pk]).to_string(),
+        )
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    match answer.status().as_u16() {
+        200..=299 => Ok(true),
+        404 => Ok(false),
+        s => Err(format!("deleting {id} answered {s}")),
+    }
 }
