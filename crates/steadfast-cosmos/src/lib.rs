@@ -112,8 +112,9 @@ pub struct CosmosOptions {
     /// timeout); a request still throttled then fails with an error that
     /// names the budget, others with their last error and the tries made.
     pub retry_budget: std::time::Duration,
-    /// How long a create may spend writing its large values before its
-    /// batch ([`CREATE_WINDOW`]; shorter only in tests).
+    /// How long a create may wait between two of its writes before its
+    /// batch ([`CREATE_WINDOW`], the longest taken; shorter only in
+    /// tests).
     #[doc(hidden)]
     pub create_window: std::time::Duration,
 }
@@ -130,21 +131,23 @@ impl Default for CosmosOptions {
     }
 }
 
-/// The longest a create may take from its save's start to sending its
-/// batch: a create whose large values (blobs and chunks, written under a
-/// generation of its own before the batch) took longer sends no batch,
-/// deletes what it wrote and fails as unavailable. With the longest retry
-/// budget (10 minutes) a create's last write lands within 30 minutes of
-/// its first, which is what lets [`LEFTOVER_AGE`] tell a create in flight
-/// from one that died.
+/// The longest a create may wait between two of its writes before its
+/// batch: each item it writes under a generation of its own (a blob's
+/// part or manifest, a chunk) starts, and its batch is sent, within this
+/// of the last such write landing (or of the save's start). Past it the
+/// create sends nothing more, deletes what it wrote and fails as
+/// unavailable. With the longest retry budget (10 minutes) and a
+/// request's timeout (1 minute), the batch lands within 31 minutes of the
+/// create's newest item, which is what lets [`LEFTOVER_AGE`] tell a create
+/// in flight from one that died.
 pub const CREATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(20 * 60);
 
 /// How old (by the service's clock, each item's `_ts`) the newest item of
 /// a generation no head names must be before
-/// [`CosmosStore::collect_leftovers`] removes the generation's items: twice
-/// the 30 minutes a create in flight may take (see [`CREATE_WINDOW`]), the
-/// rest a margin for the difference between this machine's clock and the
-/// service's.
+/// `collect_leftovers` removes the generation's items: the 31 minutes
+/// between a create's newest item and its batch (see [`CREATE_WINDOW`]),
+/// and a margin of 29 for the difference between this machine's clock and
+/// the service's.
 pub const LEFTOVER_AGE: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 
 impl CosmosOptions {
@@ -401,9 +404,20 @@ fn chunk_id(key: &str, tag: &str, n: usize) -> String {
     format!("c~{key}~{tag}~{n}")
 }
 
-/// Part `n` of a blob of run `key`'s generation `gen`.
-fn blob_id(key: &str, gen: &str, hash: &BlobHash, n: usize) -> String {
-    format!("b~{key}~{gen}~{}~{n}", hash.hex())
+/// Part `n` of a blob of run `key`'s generation `gen`, as the write
+/// tagged `tag` made it (`None`: a blob written before parts were tagged).
+/// Each write of a blob tags its parts afresh, so a write of a content a
+/// sweep is deleting never meets the parts the sweep deletes.
+fn blob_id(key: &str, gen: &str, hash: &BlobHash, tag: Option<&str>, n: usize) -> String {
+    match tag {
+        Some(tag) => format!("b~{key}~{gen}~{}~{tag}~{n}", hash.hex()),
+        None => format!("b~{key}~{gen}~{}~{n}", hash.hex()),
+    }
+}
+
+/// The tag of the parts a manifest names (`None`: untagged parts).
+fn parts_tag(manifest: &Value) -> Option<&str> {
+    manifest.get("tag").and_then(Value::as_str)
 }
 
 /// The small item that says a blob is whole: how many parts, how many
@@ -429,6 +443,13 @@ impl CosmosStore {
                 "the Cosmos DB retry budget of {:?} is longer than the {:?} a store takes",
                 opts.retry_budget,
                 client::MAX_RETRY_BUDGET
+            )));
+        }
+        // Longer would let `collect_leftovers` take a create in flight.
+        if opts.create_window > CREATE_WINDOW {
+            return Err(StoreError::InvalidInput(format!(
+                "a create window of {:?} is longer than the {:?} a store takes",
+                opts.create_window, CREATE_WINDOW
             )));
         }
         let key = read_key(p.keyfile.as_deref())?;
@@ -621,10 +642,25 @@ impl CosmosStore {
         query: &str,
         params: Value,
     ) -> Result<Vec<Value>, StoreError> {
+        let mut out = Vec::new();
+        self.query_each(key, run_id, query, params, |item| out.push(item))
+            .await?;
+        Ok(out)
+    }
+
+    /// Runs a query (within `key`'s partition, or across partitions),
+    /// handing `each` every item found, a page at a time.
+    async fn query_each(
+        &self,
+        key: Option<&str>,
+        run_id: &str,
+        query: &str,
+        params: Value,
+        mut each: impl FnMut(Value) + Send,
+    ) -> Result<(), StoreError> {
         let what = format!("querying {}", self.shared.display);
         let body = serde_json::to_vec(&json!({ "query": query, "parameters": params }))
             .unwrap_or_default();
-        let mut out = Vec::new();
         let mut continuation: Option<String> = None;
         loop {
             let mut headers = vec![
@@ -648,16 +684,16 @@ impl CosmosStore {
             if a.status.as_u16() != 200 {
                 return Err(answer_error(&a, &what, run_id, false));
             }
-            let page = a.json().map_err(|e| self.corrupt(run_id, "query", e))?;
-            if let Some(docs) = page.get("Documents").and_then(Value::as_array) {
-                out.extend(docs.iter().cloned());
+            let mut page = a.json().map_err(|e| self.corrupt(run_id, "query", e))?;
+            if let Some(Value::Array(docs)) = page.get_mut("Documents").map(Value::take) {
+                docs.into_iter().for_each(&mut each);
             }
             continuation = a
                 .header("x-ms-continuation")
                 .map(str::to_string)
                 .filter(|t| !t.is_empty());
             if continuation.is_none() {
-                return Ok(out);
+                return Ok(());
             }
         }
     }
@@ -771,6 +807,7 @@ impl CosmosStore {
         run_id: &str,
         tag: &str,
         text: &str,
+        pace: &Pace,
     ) -> Result<usize, StoreError> {
         let mut n = 0;
         let mut start = 0;
@@ -780,7 +817,7 @@ impl CosmosStore {
                 end -= 1;
             }
             let item = json!({ "id": chunk_id(key, tag, n), "pk": key, "gen": gen, "kind": "chunk", "data": &text[start..end] });
-            self.upsert_item(key, run_id, item, "a chunk").await?;
+            self.upsert_item(key, run_id, item, "a chunk", pace).await?;
             n += 1;
             start = end;
         }
@@ -811,17 +848,21 @@ impl CosmosStore {
     }
 
     /// Writes each of `blobs` that run `key`'s generation `gen` does not
-    /// hold yet: its parts, then its manifest (how many parts and bytes), so
-    /// that a blob whose manifest is there is whole; looking costs a point
-    /// read of the small manifest. Before the batch that refers to them: a
-    /// crash between leaves only items nothing refers to, which go with the
-    /// run.
+    /// hold yet: its parts, under a tag of this write's, then its manifest
+    /// (the tag, how many parts and bytes), so that a blob whose manifest is
+    /// there is whole; looking costs a point read of the small manifest.
+    /// Before the batch that refers to them: a crash between leaves only
+    /// items nothing refers to, which a rewrite's sweep, the run's deletion
+    /// or (for a create's own generation) `collect_leftovers` removes. Adds
+    /// the id of each item written to `written`, as it goes.
     async fn write_blobs(
         &self,
         key: &str,
         gen: &str,
         run_id: &str,
         blobs: &[Blob],
+        written: &mut Vec<String>,
+        pace: &Pace,
     ) -> Result<(), StoreError> {
         for blob in blobs {
             let manifest = manifest_id(key, gen, &blob.hash);
@@ -830,21 +871,25 @@ impl CosmosStore {
             if held.is_some_and(|h| h.get("bytes").and_then(Value::as_u64) == Some(bytes)) {
                 continue;
             }
+            let tag = format!("{:08x}", fastrand::u32(..));
             let parts = parts_of(&blob.text);
             for (n, part) in parts.iter().enumerate() {
+                let id = blob_id(key, gen, &blob.hash, Some(&tag), n);
                 let item = json!({
-                    "id": blob_id(key, gen, &blob.hash, n), "pk": key, "gen": gen,
+                    "id": id, "pk": key, "gen": gen,
                     "kind": "blob", "hash": blob.hash.hex(), "n": n, "data": part,
                 });
-                self.upsert_item(key, run_id, item, "a part of a large value")
+                self.upsert_item(key, run_id, item, "a part of a large value", pace)
                     .await?;
+                written.push(id);
             }
             let item = json!({
                 "id": manifest, "pk": key, "gen": gen, "kind": "blob_manifest",
-                "hash": blob.hash.hex(), "parts": parts.len(), "bytes": bytes,
+                "hash": blob.hash.hex(), "tag": tag, "parts": parts.len(), "bytes": bytes,
             });
-            self.upsert_item(key, run_id, item, "a large value's manifest")
+            self.upsert_item(key, run_id, item, "a large value's manifest", pace)
                 .await?;
+            written.push(manifest);
         }
         Ok(())
     }
@@ -863,15 +908,18 @@ impl CosmosStore {
         }
     }
 
-    /// Upserts one item of run `run_id` that nothing refers to yet: its
-    /// failure is definite.
+    /// Upserts one item of run `run_id` that nothing refers to yet (a
+    /// chunk, a blob's part or manifest, before the batch that refers to
+    /// it), in step with `pace`: its failure is definite.
     async fn upsert_item(
         &self,
         key: &str,
         run_id: &str,
         item: Value,
         what: &str,
+        pace: &Pace,
     ) -> Result<(), StoreError> {
+        pace.check(&self.shared.display, run_id)?;
         let body = serde_json::to_vec(&item).unwrap_or_default();
         let what = format!(
             "writing {what} of run {run_id:?} to {}",
@@ -895,6 +943,7 @@ impl CosmosStore {
                 _ => e,
             });
         }
+        pace.landed();
         Ok(())
     }
 
@@ -923,9 +972,10 @@ impl CosmosStore {
                 format!("blob {hash} holds {bytes} bytes where its reference says {expect}"),
             ));
         }
+        let tag = parts_tag(&head);
         let mut out = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
         for n in 0..usize::try_from(parts).unwrap_or(usize::MAX) {
-            let id = blob_id(key, gen, hash, n);
+            let id = blob_id(key, gen, hash, tag, n);
             let item = self
                 .read_item(key, &id, run_id)
                 .await?
@@ -998,6 +1048,7 @@ impl CosmosStore {
 
     /// Puts `text` into `item` under `field`, inline or (too large) in chunks
     /// written first.
+    #[allow(clippy::too_many_arguments)]
     async fn put_text(
         &self,
         key: &str,
@@ -1006,13 +1057,16 @@ impl CosmosStore {
         item: &mut serde_json::Map<String, Value>,
         field: &str,
         text: String,
+        pace: &Pace,
     ) -> Result<(), StoreError> {
         if text.len() <= INLINE_MAX {
             item.insert(field.to_string(), Value::String(text));
             return Ok(());
         }
         let tag = format!("{:016x}", fastrand::u64(..));
-        let count = self.write_chunks(key, gen, run_id, &tag, &text).await?;
+        let count = self
+            .write_chunks(key, gen, run_id, &tag, &text, pace)
+            .await?;
         item.insert(format!("{field}_chunks_tag"), json!(tag));
         item.insert(format!("{field}_chunks"), json!(count));
         Ok(())
@@ -1790,8 +1844,15 @@ impl Store for CosmosStore {
     }
 
     async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
-        let started = std::time::Instant::now();
         let cp = req.checkpoint;
+        // A create writes under a generation of its own before its batch,
+        // each write within the window of the one before (or of the
+        // save's start), and the batch within the window of the last.
+        let pace = Pace::new(
+            req.expected
+                .is_none()
+                .then_some(self.shared.opts.create_window),
+        );
         check_head(cp)?;
         let run_id = cp.run_id.as_str();
         if req.head_only && req.expected.is_none() {
@@ -1868,7 +1929,18 @@ impl Store for CosmosStore {
             _ => &[],
         };
         steadfast_core::store::blob::add_head_blobs(&mut blobs, head_blobs, stored);
-        self.write_blobs(&key, &gen, run_id, &blobs).await?;
+        let mut blob_items = Vec::new();
+        if let Err(e) = self
+            .write_blobs(&key, &gen, run_id, &blobs, &mut blob_items, &pace)
+            .await
+        {
+            // A create's own generation: what it wrote, no head will name.
+            if req.expected.is_none() {
+                blob_items.reverse();
+                self.drop_items(&key, run_id, &blob_items).await;
+            }
+            return Err(e);
+        }
         // A new snapshot below the stored `next` (a rewind; a changed
         // workflow accepted, or a durable function that took another path,
         // which the engine saves the same way) leaves the rows above it
@@ -1931,7 +2003,7 @@ impl Store for CosmosStore {
                 delta_bytes = a.delta_bytes + step.update.len() as u64;
                 if let Some(s) = req.step {
                     let mut item = step_item(&key, &gen, s);
-                    self.put_text(&key, &gen, run_id, &mut item, "update", step.update)
+                    self.put_text(&key, &gen, run_id, &mut item, "update", step.update, &pace)
                         .await?;
                     step_ops.push(item);
                 }
@@ -1946,11 +2018,11 @@ impl Store for CosmosStore {
                 delta_bytes = 0;
                 head.insert("snapshot_completed".into(), json!(completed));
                 head.insert("snapshot_next".into(), json!(cp.next));
-                self.put_text(&key, &gen, run_id, &mut head, "snapshot", state)
+                self.put_text(&key, &gen, run_id, &mut head, "snapshot", state, &pace)
                     .await?;
                 if let (Some(s), Some(row)) = (req.step, step) {
                     let mut item = step_item(&key, &gen, s);
-                    self.put_text(&key, &gen, run_id, &mut item, "update", row.update)
+                    self.put_text(&key, &gen, run_id, &mut item, "update", row.update, &pace)
                         .await?;
                     step_ops.push(item);
                 }
@@ -1967,14 +2039,12 @@ impl Store for CosmosStore {
         // create of the run won), no head will ever name that generation.
         let fresh: Vec<String> = match req.expected {
             Some(_) => Vec::new(),
-            None => blobs
+            // Manifests before their parts: a blob never reads whole over
+            // parts already gone.
+            None => blob_items
                 .iter()
-                .flat_map(|b| {
-                    let parts = parts_of(&b.text).len();
-                    std::iter::once(manifest_id(&key, &gen, &b.hash))
-                        .chain((0..parts).map(|n| blob_id(&key, &gen, &b.hash, n)))
-                        .collect::<Vec<_>>()
-                })
+                .rev()
+                .cloned()
                 .chain(field_chunk_ids(&key, &head, "snapshot"))
                 .chain(step_ops.iter().flat_map(|i| chunk_ids_of(&key, i)))
                 .collect(),
@@ -1992,15 +2062,11 @@ impl Store for CosmosStore {
         // A create that wrote items of its own generation sends its batch
         // within its window, or never: past it, `collect_leftovers` may
         // already take that generation for one whose create died.
-        let window = self.shared.opts.create_window;
-        if !fresh.is_empty() && started.elapsed() > window {
-            self.drop_items(&key, run_id, &fresh).await;
-            return Err(StoreError::unavailable(format!(
-                "creating run {run_id:?} in {}: writing its large values took {:.1?}, longer than the {} a create may take before its batch; nothing was saved (its items are deleted again), try again",
-                self.shared.display,
-                started.elapsed(),
-                humantime::format_duration(window)
-            )));
+        if !fresh.is_empty() {
+            if let Err(e) = pace.check(&self.shared.display, run_id) {
+                self.drop_items(&key, run_id, &fresh).await;
+                return Err(e);
+            }
         }
         // The head first: a conflicting batch then changes nothing, even on
         // a server that does not roll back the operations before a failure.
@@ -2279,9 +2345,12 @@ impl History for CosmosStore {
                 "step's update",
                 &mut blobs,
             )?;
-            self.write_blobs(&key, &gen, run_id, &blobs).await?;
+            // The run's own generation, named by its head: no window.
+            let pace = Pace::new(None);
+            self.write_blobs(&key, &gen, run_id, &blobs, &mut Vec::new(), &pace)
+                .await?;
             let size = text.len().min(INLINE_MAX) + 512;
-            self.put_text(&key, &gen, run_id, &mut item, "update", text)
+            self.put_text(&key, &gen, run_id, &mut item, "update", text, &pace)
                 .await?;
             if fold {
                 item.insert("folded".into(), json!(true));
@@ -2508,7 +2577,7 @@ impl CosmosStore {
             .query_partition(
                 key,
                 run_id,
-                "SELECT c.hash, c.parts FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'blob_manifest'",
+                "SELECT c.hash, c.parts, c.tag FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'blob_manifest'",
                 json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}]),
             )
             .await?;
@@ -2547,7 +2616,7 @@ impl CosmosStore {
                 &text, &place, "update",
             )?);
         }
-        let doomed: Vec<Vec<String>> = manifests
+        let doomed: Vec<Doomed> = manifests
             .iter()
             .filter_map(|m| {
                 let hash = m
@@ -2555,27 +2624,35 @@ impl CosmosStore {
                     .and_then(Value::as_str)
                     .and_then(BlobHash::parse_hex)?;
                 let parts = m.get("parts").and_then(Value::as_u64)? as usize;
-                (!held.contains(&hash)).then(|| {
-                    std::iter::once(manifest_id(key, gen, &hash))
-                        .chain((0..parts).map(|n| blob_id(key, gen, &hash, n)))
-                        .collect()
+                let tag = parts_tag(m);
+                (!held.contains(&hash)).then(|| Doomed {
+                    ids: std::iter::once(manifest_id(key, gen, &hash))
+                        .chain((0..parts).map(|n| blob_id(key, gen, &hash, tag, n)))
+                        .collect(),
+                    tagged: tag.is_some(),
                 })
             })
             .collect();
         let mut freed = 0;
-        for batch in whole_blob_batches(doomed, SWEEP_BATCH - 1) {
+        for batch in sweep_batches(doomed, SWEEP_BATCH - 1) {
             let mut ops = vec![json!({
                 "operationType": "Replace", "id": fence.hid, "partitionKey": fence.pk,
                 "ifMatch": etag, "resourceBody": fence.body
             })];
-            let blobs = batch.len();
-            ops.extend(batch.iter().flatten().map(
+            let blobs = batch.blobs.len();
+            ops.extend(batch.blobs.iter().flatten().map(
                 |id| json!({ "operationType": "Delete", "id": id, "partitionKey": fence.pk }),
             ));
             let results = self
                 .head_batch(key, run_id, Some(fence.expected), ops)
                 .await?;
             freed += blobs;
+            // The rest of a blob too large for one batch: its manifest went
+            // in the batch above, so nothing reads these parts any more,
+            // and a write of the same content tags its parts afresh.
+            if let Err(e) = self.delete_items(key, run_id, fence.pk, &batch.rest).await {
+                tracing::warn!(run_id, error = %e, "parts of a freed blob are left (nothing reads them)");
+            }
             etag = match results[0].get("eTag").and_then(Value::as_str) {
                 Some(e) => e.to_string(),
                 None => break,
@@ -2583,6 +2660,64 @@ impl CosmosStore {
         }
         Ok(freed)
     }
+
+    /// Deletes `ids` of partition `key` (`pk`, as a batch names it: items
+    /// nothing reads any more) in batches of up to [`SWEEP_BATCH`], one by
+    /// one where a batch fails. Returns how many were there to delete; the
+    /// first error stops it (what went stays gone).
+    async fn delete_items(
+        &self,
+        key: &str,
+        run_id: &str,
+        pk: &str,
+        ids: &[String],
+    ) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        for group in ids.chunks(SWEEP_BATCH) {
+            let ops = group
+                .iter()
+                .map(|id| json!({ "operationType": "Delete", "id": id, "partitionKey": pk }))
+                .collect();
+            let whole = match self.batch(key, run_id, ops).await {
+                Ok(results) => {
+                    results.len() == group.len()
+                        && results.iter().all(|r| {
+                            r.get("statusCode")
+                                .and_then(Value::as_u64)
+                                .is_some_and(|c| (200..300).contains(&c))
+                        })
+                }
+                Err(_) => false,
+            };
+            if whole {
+                deleted += group.len() as u64;
+                continue;
+            }
+            for id in group {
+                if self.delete_item(key, id, run_id, None).await? {
+                    deleted += 1;
+                }
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+/// A blob a sweep deletes: its manifest's id, then its parts'; `tagged`
+/// when its parts carry the tag of their write, so that it may be deleted
+/// over several batches.
+struct Doomed {
+    ids: Vec<String>,
+    tagged: bool,
+}
+
+/// One fenced batch of a sweep: whole blobs (each its manifest, then its
+/// parts), and `rest`, the parts of a blob too large for the batch that
+/// are deleted after it.
+#[derive(Debug, Default, PartialEq)]
+struct SweepBatch {
+    blobs: Vec<Vec<String>>,
+    rest: Vec<String>,
 }
 
 impl CosmosStore {
@@ -2602,107 +2737,101 @@ impl CosmosStore {
         let cutoff = now.saturating_sub(age).as_secs();
         // The tagged items first, then the heads and logs: a generation
         // whose head lands after this read began is either named by that
-        // head below, or too young to be taken.
-        let tagged = self
-            .query(
-                None,
-                "*",
-                "SELECT c.pk, c.gen, c.lgen, c.kind, c._ts FROM c WHERE c.kind = 'step' OR c.kind = 'chunk' OR c.kind = 'blob' OR c.kind = 'blob_manifest' OR c.kind = 'event'",
-                json!([]),
-            )
-            .await?;
+        // head below, or too young to be taken. Folded a page at a time.
         // (partition, an event log's generation?, generation) -> newest _ts
         let mut newest: std::collections::BTreeMap<(String, bool, String), u64> =
             std::collections::BTreeMap::new();
-        for item in &tagged {
-            let text = |f: &str| item.get(f).and_then(Value::as_str);
-            let Some(pk) = text("pk") else { continue };
-            let of_log = text("kind") == Some("event");
-            let Some(gen) = text(if of_log { "lgen" } else { "gen" }) else {
-                continue;
-            };
-            // An item without a time counts as written just now.
-            let ts = item.get("_ts").and_then(Value::as_u64).unwrap_or(u64::MAX);
-            let at = newest
-                .entry((pk.to_string(), of_log, gen.to_string()))
-                .or_insert(0);
-            *at = (*at).max(ts);
+        self.query_each(
+            None,
+            "*",
+            "SELECT c.pk, c.gen, c.lgen, c.kind, c._ts FROM c WHERE c.kind = 'step' OR c.kind = 'chunk' OR c.kind = 'blob' OR c.kind = 'blob_manifest' OR c.kind = 'event'",
+            json!([]),
+            |item| {
+                let text = |f: &str| item.get(f).and_then(Value::as_str);
+                let Some(pk) = text("pk") else { return };
+                let of_log = text("kind") == Some("event");
+                let Some(gen) = text(if of_log { "lgen" } else { "gen" }) else {
+                    return;
+                };
+                // An item without a time counts as written just now.
+                let ts = item.get("_ts").and_then(Value::as_u64).unwrap_or(u64::MAX);
+                let at = newest
+                    .entry((pk.to_string(), of_log, gen.to_string()))
+                    .or_insert(0);
+                *at = (*at).max(ts);
+            },
+        )
+        .await?;
+        newest.retain(|_, ts| *ts <= cutoff);
+        let mut named = std::collections::HashSet::new();
+        for (kind, field) in [("head", "gen"), ("evlog", "lgen")] {
+            let of_log = kind == "evlog";
+            self.query_each(
+                None,
+                "*",
+                &format!("SELECT c.pk, c.{field} FROM c WHERE c.kind = '{kind}'"),
+                json!([]),
+                |r| {
+                    let text = |f: &str| r.get(f).and_then(Value::as_str).map(str::to_string);
+                    // Only the candidates' names are kept, not every run's.
+                    if let (Some(pk), Some(gen)) = (text("pk"), text(field)) {
+                        let name = (pk, of_log, gen);
+                        if newest.contains_key(&name) {
+                            named.insert(name);
+                        }
+                    }
+                },
+            )
+            .await?;
         }
-        drop(tagged);
-        let named = |rows: Vec<Value>, field: &str| -> std::collections::HashMap<String, String> {
-            rows.iter()
-                .filter_map(|r| {
-                    Some((
-                        r.get("pk")?.as_str()?.to_string(),
-                        r.get(field)?.as_str()?.to_string(),
-                    ))
-                })
-                .collect()
-        };
-        let heads = named(
-            self.query(
-                None,
-                "*",
-                "SELECT c.pk, c.gen FROM c WHERE c.kind = 'head'",
-                json!([]),
-            )
-            .await?,
-            "gen",
-        );
-        let logs = named(
-            self.query(
-                None,
-                "*",
-                "SELECT c.pk, c.lgen FROM c WHERE c.kind = 'evlog'",
-                json!([]),
-            )
-            .await?,
-            "lgen",
-        );
+        newest.retain(|name, _| !named.contains(name));
         let mut found = steadfast_core::Leftovers::default();
-        for ((pk, of_log, gen), ts) in newest {
-            let live = if of_log {
-                logs.get(&pk)
-            } else {
-                heads.get(&pk)
-            };
-            if live == Some(&gen) || ts > cutoff {
-                continue;
-            }
+        for (pk, of_log, gen) in newest.into_keys() {
             let query = if of_log {
                 "SELECT c.id, c.kind FROM c WHERE c.pk = @pk AND c.lgen = @gen AND c.kind = 'event'"
             } else {
                 "SELECT c.id, c.kind FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind != 'head'"
             };
             let label = format!("(leftovers of partition {pk})");
-            let items = self
-                .query_partition(
-                    &pk,
-                    &label,
-                    query,
-                    json!([{"name": "@pk", "value": pk}, {"name": "@gen", "value": gen}]),
-                )
-                .await?;
-            if items.is_empty() {
-                continue;
-            }
-            found.remnants += 1;
+            let params = json!([{"name": "@pk", "value": pk}, {"name": "@gen", "value": gen}]);
             // Manifests first, so that no blob ever reads whole over parts
             // already gone (nothing reads this generation; all the same).
-            let mut ids: Vec<(bool, &str)> = items
-                .iter()
-                .filter_map(|i| {
-                    let kind = i.get("kind").and_then(Value::as_str);
-                    Some((kind != Some("blob_manifest"), i.get("id")?.as_str()?))
-                })
-                .collect();
-            ids.sort();
-            for (_, id) in ids {
-                if dry_run || self.delete_item(&pk, id, &label, None).await? {
-                    found.items += 1;
+            let removed = match self.query_partition(&pk, &label, query, params).await {
+                Ok(items) if items.is_empty() => continue,
+                Ok(items) => {
+                    let mut ids: Vec<(bool, String)> = items
+                        .iter()
+                        .filter_map(|i| {
+                            let kind = i.get("kind").and_then(Value::as_str);
+                            let id = i.get("id")?.as_str()?.to_string();
+                            Some((kind != Some("blob_manifest"), id))
+                        })
+                        .collect();
+                    ids.sort();
+                    let ids: Vec<String> = ids.into_iter().map(|(_, id)| id).collect();
+                    found.remnants += 1;
+                    if dry_run {
+                        found.items += ids.len() as u64;
+                        continue;
+                    }
+                    let batch_pk = format!("[\"{pk}\"]");
+                    self.delete_items(&pk, &label, &batch_pk, &ids).await
+                }
+                Err(e) => {
+                    found.remnants += 1;
+                    Err(e)
+                }
+            };
+            match removed {
+                Ok(n) => {
+                    found.items += n;
+                    tracing::debug!(partition = %pk, generation = %gen, of_log, items = n, "removed what a failed or cut-short write left");
+                }
+                Err(e) => {
+                    found.failed += 1;
+                    tracing::warn!(partition = %pk, generation = %gen, error = %e, "leftovers of a failed or cut-short write are left for the next gc");
                 }
             }
-            tracing::debug!(partition = %pk, generation = %gen, of_log, "removed what a failed or cut-short write left");
         }
         Ok(found)
     }
@@ -2711,29 +2840,90 @@ impl CosmosStore {
 /// The most operations a transactional batch takes.
 const SWEEP_BATCH: usize = 100;
 
-/// Groups blobs to delete (each its manifest's id, then its parts') into
-/// batches of at most `room` items, each blob whole in one batch: deleted
-/// all at once, a blob is never left with a manifest over missing parts
-/// (a save that writes it again meanwhile writes every part and then the
-/// manifest, after the batch or not at all). A blob of more items than
-/// `room` (over 24 MiB) is left to go with its run.
-fn whole_blob_batches(blobs: Vec<Vec<String>>, room: usize) -> Vec<Vec<Vec<String>>> {
-    let mut batches: Vec<Vec<Vec<String>>> = Vec::new();
+/// The pace of a create's writes before its batch: each write of an item
+/// under the create's own generation must start, and its batch must be
+/// sent, within `window` of the last such write landing (or of the save's
+/// start), by this process's monotonic clock and by the wall clock (which
+/// also counts a suspended machine). `None`: a save under a generation a
+/// head names, which nothing collects.
+struct Pace {
+    window: Option<std::time::Duration>,
+    last: std::sync::Mutex<(std::time::Instant, std::time::SystemTime)>,
+}
+
+impl Pace {
+    fn new(window: Option<std::time::Duration>) -> Self {
+        Pace {
+            window,
+            last: std::sync::Mutex::new((std::time::Instant::now(), std::time::SystemTime::now())),
+        }
+    }
+
+    /// Unavailable when the window has passed since the last write.
+    fn check(&self, display: &str, run_id: &str) -> Result<(), StoreError> {
+        let Some(window) = self.window else {
+            return Ok(());
+        };
+        let (at, wall) = *self.last.lock().unwrap_or_else(|e| e.into_inner());
+        // A wall clock set back reads as no time at all.
+        let gap = at.elapsed().max(wall.elapsed().unwrap_or_default());
+        if gap <= window {
+            return Ok(());
+        }
+        Err(StoreError::unavailable(format!(
+            "creating run {run_id:?} in {display}: {:.1?} passed between two of its writes before its batch, more than the {} a create may wait (so that `gc` never takes the items of a create in flight); nothing was saved (what it wrote is deleted again), try again",
+            gap,
+            humantime::format_duration(window)
+        )))
+    }
+
+    /// A write landed.
+    fn landed(&self) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
+            (std::time::Instant::now(), std::time::SystemTime::now());
+    }
+}
+
+/// Groups blobs to delete into batches of at most `room` items, each blob
+/// whole in one batch: deleted all at once, a blob is never left with a
+/// manifest over missing parts (a save that writes it again meanwhile
+/// writes every part and then the manifest, after the batch or not at
+/// all). A blob of more items than `room` (over 24 MiB) gets a batch of
+/// its own with its manifest and the parts that fit, the rest of its parts
+/// after it: once the manifest is gone nothing reads them, and a write of
+/// the same content meanwhile writes parts of another tag. An untagged one
+/// (written before parts were tagged, whose parts a new write would
+/// overwrite) is left to go with its run.
+fn sweep_batches(blobs: Vec<Doomed>, room: usize) -> Vec<SweepBatch> {
+    let mut batches: Vec<SweepBatch> = Vec::new();
+    let mut large = Vec::new();
     let mut used = 0;
-    for blob in blobs.into_iter().filter(|b| b.len() <= room) {
-        if batches.is_empty() || used + blob.len() > room {
-            batches.push(Vec::new());
+    for blob in blobs {
+        if blob.ids.len() > room {
+            if blob.tagged {
+                let mut ids = blob.ids;
+                let rest = ids.split_off(room);
+                large.push(SweepBatch {
+                    blobs: vec![ids],
+                    rest,
+                });
+            }
+            continue;
+        }
+        if batches.is_empty() || used + blob.ids.len() > room {
+            batches.push(SweepBatch::default());
             used = 0;
         }
-        used += blob.len();
-        batches.last_mut().expect("a batch").push(blob);
+        used += blob.ids.len();
+        batches.last_mut().expect("a batch").blobs.push(blob.ids);
     }
+    batches.extend(large);
     batches
 }
 
 #[cfg(test)]
 mod sweep_tests {
-    use super::{settled, whole_blob_batches, READ_AGAIN};
+    use super::{settled, sweep_batches, Doomed, SweepBatch, READ_AGAIN};
     use steadfast_core::{StoreError, StoreErrorKind};
 
     /// A read that finds the run damaged `bad` times, then whole; the
@@ -2779,36 +2969,67 @@ mod sweep_tests {
         assert!(outcome(2, false).is_err());
     }
 
-    fn blob(name: &str, parts: usize) -> Vec<String> {
-        std::iter::once(format!("{name}m"))
-            .chain((0..parts).map(|n| format!("{name}{n}")))
-            .collect()
+    fn blob(name: &str, parts: usize) -> Doomed {
+        Doomed {
+            ids: std::iter::once(format!("{name}m"))
+                .chain((0..parts).map(|n| format!("{name}{n}")))
+                .collect(),
+            tagged: true,
+        }
     }
 
     #[test]
-    fn a_blob_is_never_split_between_batches_and_one_too_large_is_left() {
+    fn blobs_that_fit_are_never_split_and_a_larger_one_leads_with_its_manifest() {
+        let untagged = |name: &str, parts: usize| Doomed {
+            tagged: false,
+            ..blob(name, parts)
+        };
         let blobs = vec![
             blob("a", 50),
             blob("b", 50),
             blob("c", 98),
             blob("d", 99),
             blob("e", 3),
+            untagged("u", 99),
+            untagged("v", 5),
+            blob("f", 250),
         ];
-        let batches = whole_blob_batches(blobs, 99);
+        let batches = sweep_batches(blobs, 99);
         let names: Vec<Vec<&str>> = batches
             .iter()
-            .map(|b| b.iter().map(|ids| ids[0].as_str()).collect())
+            .map(|b| b.blobs.iter().map(|ids| ids[0].as_str()).collect())
             .collect();
-        assert_eq!(names, [vec!["am"], vec!["bm"], vec!["cm"], vec!["em"]]);
-        for b in &batches {
-            assert!(b.iter().map(Vec::len).sum::<usize>() <= 99);
-        }
-        let small: Vec<Vec<String>> = (0..40).map(|i| blob(&format!("s{i}-"), 4)).collect();
-        let batches = whole_blob_batches(small, 99);
+        // The untagged blob too large for a batch is left; d and f are split.
         assert_eq!(
-            batches.iter().map(Vec::len).collect::<Vec<_>>(),
+            names,
+            [
+                vec!["am"],
+                vec!["bm"],
+                vec!["cm"],
+                vec!["em", "vm"],
+                vec!["dm"],
+                vec!["fm"]
+            ]
+        );
+        for b in &batches {
+            assert!(b.blobs.iter().map(Vec::len).sum::<usize>() <= 99);
+        }
+        let d = &batches[4];
+        assert_eq!(
+            (d.blobs[0].len(), d.rest.clone()),
+            (99, vec!["d98".to_string()])
+        );
+        let f = &batches[5];
+        assert_eq!(f.blobs[0].len() + f.rest.len(), 251);
+        assert_eq!(f.rest.first().map(String::as_str), Some("f98"));
+        assert!(batches[..4].iter().all(|b| b.rest.is_empty()));
+        let small: Vec<Doomed> = (0..40).map(|i| blob(&format!("s{i}-"), 4)).collect();
+        let batches = sweep_batches(small, 99);
+        assert_eq!(
+            batches.iter().map(|b| b.blobs.len()).collect::<Vec<_>>(),
             [19, 19, 2]
         );
+        assert_eq!(sweep_batches(Vec::new(), 99), Vec::<SweepBatch>::new());
     }
 }
 

@@ -978,10 +978,21 @@ async fn leftovers_of_cut_short_deletes_and_dead_creates_are_collected() -> Test
         before,
         "a dry run removes nothing"
     );
-    let done = store
+    // Two writes refused (503): the first remnant's batch of deletes and
+    // then its first delete alone. It is counted as failed; the others go.
+    inject(&server, &db, 503, 2, false).await?;
+    let first = store
         .collect_leftovers_older_than(Duration::ZERO, false)
         .await?;
-    assert_eq!(done, dry);
+    assert_eq!(faults_left(&server).await?, 0);
+    assert_eq!((first.remnants, first.failed), (3, 1), "{first:?}");
+    assert!(first.items < expected_items, "{first:?}");
+    // The next call takes what is left of it.
+    let second = store
+        .collect_leftovers_older_than(Duration::ZERO, false)
+        .await?;
+    assert_eq!((second.remnants, second.failed), (1, 0), "{second:?}");
+    assert_eq!(first.items + second.items, expected_items);
     assert_eq!(
         support::count_kinds(&server, db.name()).await?,
         live,
@@ -1033,13 +1044,107 @@ async fn a_create_past_its_window_saves_nothing_and_leaves_nothing() -> TestResu
         .await
         .expect_err("past its window");
     assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
-    assert!(e.to_string().contains("before its batch"), "{e}");
+    assert!(e.to_string().contains("a create may wait"), "{e}");
     assert!(store.load("late").await?.is_none());
     let kinds = support::count_kinds(&server, db.name()).await?;
     assert!(kinds.is_empty(), "{kinds:?}");
+    // Chunks alone (no blobs: a 3 MB state kept inline) wait the same way.
+    let inline = db
+        .store(
+            CosmosOptions::default()
+                .blob_threshold(1 << 30)
+                .create_window(Duration::ZERO),
+        )
+        .await;
+    let mut big = Checkpoint::new("chunked", "w", Timestamp::from_unix_millis(1));
+    big.state.insert("doc".into(), json!("d".repeat(3 << 20)));
+    let e = inline
+        .save(SaveRequest::new(&big, None))
+        .await
+        .expect_err("past its window");
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+    let kinds = support::count_kinds(&server, db.name()).await?;
+    assert!(kinds.is_empty(), "{kinds:?}");
+    // A window longer than the store's own is refused.
+    let long = CosmosOptions::default()
+        .create_window(steadfast_cosmos::CREATE_WINDOW + Duration::from_secs(1));
+    let refused = CosmosStore::open_with(&db.url, long)
+        .await
+        .expect_err("a window past the store's");
+    assert_eq!(refused.kind(), StoreErrorKind::InvalidInput, "{refused}");
     let mut small = Checkpoint::new("small", "w", Timestamp::from_unix_millis(1));
     small.state.insert("doc".into(), json!("small"));
     store.save(SaveRequest::new(&small, None)).await?;
     assert!(store.load("small").await?.is_some());
+    Ok(())
+}
+
+/// A blob too large for one batch (30 MiB and its quotes: 121 parts) is freed by a prune
+/// all the same, its manifest with the first batch and its other parts
+/// after; the same content written again afterwards (a rewind, then the
+/// step again) is whole, under parts of its own.
+#[tokio::test]
+async fn a_prune_frees_a_blob_larger_than_a_batch() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    let store = db.store(CosmosOptions::default()).await;
+    let big = || json!("b".repeat(30 << 20));
+    let wf = Workflow::builder("w")
+        .step(
+            "s0",
+            move |_, _| async move { update(json!({ "doc": big() })) },
+        )
+        .step("s1", |_, _| async { update(json!({ "doc": "small" })) })
+        .step("s2", |_, _| async { update(json!({ "x": 1 })) })
+        .build()?;
+    run("r", &wf, &store).await?;
+    let kinds = support::count_kinds(&server, db.name()).await?;
+    assert_eq!(kinds.get("blob_manifest"), Some(&1), "{kinds:?}");
+    assert_eq!(kinds.get("blob"), Some(&121), "{kinds:?}");
+    steadfast_core::ops::prune(&store, "r", 1, "test", &steadfast_core::SystemClock)
+        .await?
+        .ok_or("nothing pruned")?;
+    let kinds = support::count_kinds(&server, db.name()).await?;
+    assert_eq!(
+        (kinds.get("blob_manifest"), kinds.get("blob")),
+        (None, None),
+        "the folded row's document is freed whole: {kinds:?}"
+    );
+    assert_eq!(
+        store.load("r").await?.ok_or("r")?.state["doc"],
+        json!("small")
+    );
+    // Written again after it was freed: whole.
+    steadfast_core::ops::rewind(&store, "r", "s2", "test", &steadfast_core::SystemClock).await?;
+    let wf_again = Workflow::builder("w")
+        .step("s0", |_, _| async { update(json!({})) })
+        .step("s1", |_, _| async { update(json!({})) })
+        .step(
+            "s2",
+            move |_, _| async move { update(json!({ "doc": big() })) },
+        )
+        .build()?;
+    run("r", &wf_again, &store).await?;
+    // (Compared whole, not printed: 30 MiB.)
+    let cp = store.load("r").await?.ok_or("r")?;
+    assert!(
+        cp.state["doc"] == big(),
+        "the state's document read back whole"
+    );
+    let history = store.history("r").await?.ok_or("history")?;
+    let last = history.last().ok_or("no history")?;
+    assert_eq!(last.index, 2);
+    assert!(
+        last.update["doc"] == big(),
+        "step 2's update read back whole"
+    );
+    let kinds = support::count_kinds(&server, db.name()).await?;
+    assert_eq!(
+        (kinds.get("blob_manifest"), kinds.get("blob")),
+        (Some(&1), Some(&121)),
+        "{kinds:?}"
+    );
     Ok(())
 }

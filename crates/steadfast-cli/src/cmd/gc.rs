@@ -26,6 +26,10 @@ pub struct GcArgs {
     /// Count what would be deleted; delete nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Skip the look for what failed or cut-short writes left (on Cosmos
+    /// DB a query over every item of the container).
+    #[arg(long)]
+    pub no_leftovers: bool,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -82,7 +86,12 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
     .await?;
     // What failed or cut-short writes left that no run will ever read
     // (stores that free everything in their own transactions have none).
-    let leftovers = ctx.raw.collect_leftovers(args.dry_run).await?;
+    // A failure here is reported after what retention did, not instead.
+    let leftovers = if args.no_leftovers {
+        Ok(steadfast::Leftovers::default())
+    } else {
+        ctx.raw.collect_leftovers(args.dry_run).await
+    };
     let count = if args.dry_run {
         report.matched
     } else {
@@ -98,10 +107,13 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
         output::out!(
             "{}",
             serde_json::json!({"matched": report.matched, "deleted": report.deleted,
-                               "changed": report.changed, "batches": report.batches,
-                               "building": report.building, "dry_run": args.dry_run,
-                               "blob_bytes_freed": freed,
-                               "leftovers": {"remnants": leftovers.remnants, "items": leftovers.items}})
+            "changed": report.changed, "batches": report.batches,
+            "building": report.building, "dry_run": args.dry_run,
+            "blob_bytes_freed": freed,
+            "leftovers": match &leftovers {
+                Ok(l) => serde_json::json!({"remnants": l.remnants, "items": l.items, "failed": l.failed}),
+                Err(e) => serde_json::json!({"error": e.to_string()}),
+            }})
         );
     }
     output::note(format_args!(
@@ -117,16 +129,33 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
             output::bytes(freed)
         ));
     }
-    if leftovers.remnants > 0 {
-        let verb = if args.dry_run {
-            "would remove"
-        } else {
-            "removed"
-        };
-        output::note(format_args!(
-            "gc: {verb} {} item(s) that {} failed or cut-short write(s) left and no run reads",
-            leftovers.items, leftovers.remnants
-        ));
+    let mut code = exit::OK;
+    match &leftovers {
+        Ok(l) if l.remnants > 0 => {
+            let verb = if args.dry_run {
+                "would remove"
+            } else {
+                "removed"
+            };
+            output::note(format_args!(
+                "gc: {verb} {} item(s) that {} failed or cut-short write(s) left and no run reads",
+                l.items, l.remnants
+            ));
+            if l.failed > 0 {
+                output::note(format_args!(
+                    "gc: the items of {} of them could not all be removed (see the log); the next gc tries again",
+                    l.failed
+                ));
+                code = exit::FAILED;
+            }
+        }
+        Ok(_) => {}
+        Err(e) => {
+            output::note(format_args!(
+                "gc: could not look for what failed or cut-short writes left: {e}"
+            ));
+            code = exit::FAILED;
+        }
     }
     if report.building > 0 {
         output::note(format_args!(
@@ -134,5 +163,5 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
             report.building
         ));
     }
-    Ok(exit::OK)
+    Ok(code)
 }

@@ -643,14 +643,21 @@ pub struct Leftovers {
     /// The failed or cut-short writes whose items were found (each counted
     /// once, however many items it left).
     pub remnants: u64,
-    /// Their items.
+    /// Their items (removed, or on a dry run found).
     pub items: u64,
+    /// Remnants whose items could not all be removed (the reason is
+    /// logged; what went stays gone, the next call tries the rest again).
+    pub failed: u64,
 }
 
 impl Leftovers {
-    /// Counts from their parts.
+    /// Counts from their parts, none failed.
     pub fn new(remnants: u64, items: u64) -> Self {
-        Leftovers { remnants, items }
+        Leftovers {
+            remnants,
+            items,
+            failed: 0,
+        }
     }
 }
 
