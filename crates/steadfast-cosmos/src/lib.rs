@@ -136,17 +136,18 @@ impl Default for CosmosOptions {
 /// part or manifest, a chunk) starts, and its batch is sent, within this
 /// of the last such write landing (or of the save's start). Past it the
 /// create sends nothing more, deletes what it wrote and fails as
-/// unavailable. With the longest retry budget (10 minutes) and a
-/// request's timeout (1 minute), the batch lands within 31 minutes of the
+/// unavailable. A write's answer may come a request's timeout (1 minute)
+/// after the service stamped it, so with the longest retry budget (10
+/// minutes) and another timeout the batch lands within 32 minutes of the
 /// create's newest item, which is what lets [`LEFTOVER_AGE`] tell a create
 /// in flight from one that died.
 pub const CREATE_WINDOW: std::time::Duration = std::time::Duration::from_secs(20 * 60);
 
 /// How old (by the service's clock, each item's `_ts`) the newest item of
 /// a generation no head names must be before
-/// `collect_leftovers` removes the generation's items: the 31 minutes
+/// `collect_leftovers` removes the generation's items: the 32 minutes
 /// between a create's newest item and its batch (see [`CREATE_WINDOW`]),
-/// and a margin of 29 for the difference between this machine's clock and
+/// and a margin of 28 for the difference between this machine's clock and
 /// the service's.
 pub const LEFTOVER_AGE: std::time::Duration = std::time::Duration::from_secs(60 * 60);
 
@@ -853,15 +854,14 @@ impl CosmosStore {
     /// there is whole; looking costs a point read of the small manifest.
     /// Before the batch that refers to them: a crash between leaves only
     /// items nothing refers to, which a rewrite's sweep, the run's deletion
-    /// or (for a create's own generation) `collect_leftovers` removes. Adds
-    /// the id of each item written to `written`, as it goes.
+    /// or (for a create's own generation) `collect_leftovers` removes.
+    /// `pace` keeps the id of each item written.
     async fn write_blobs(
         &self,
         key: &str,
         gen: &str,
         run_id: &str,
         blobs: &[Blob],
-        written: &mut Vec<String>,
         pace: &Pace,
     ) -> Result<(), StoreError> {
         for blob in blobs {
@@ -871,7 +871,7 @@ impl CosmosStore {
             if held.is_some_and(|h| h.get("bytes").and_then(Value::as_u64) == Some(bytes)) {
                 continue;
             }
-            let tag = format!("{:08x}", fastrand::u32(..));
+            let tag = format!("{:016x}", fastrand::u64(..));
             let parts = parts_of(&blob.text);
             for (n, part) in parts.iter().enumerate() {
                 let id = blob_id(key, gen, &blob.hash, Some(&tag), n);
@@ -881,7 +881,6 @@ impl CosmosStore {
                 });
                 self.upsert_item(key, run_id, item, "a part of a large value", pace)
                     .await?;
-                written.push(id);
             }
             let item = json!({
                 "id": manifest, "pk": key, "gen": gen, "kind": "blob_manifest",
@@ -889,16 +888,16 @@ impl CosmosStore {
             });
             self.upsert_item(key, run_id, item, "a large value's manifest", pace)
                 .await?;
-            written.push(manifest);
         }
         Ok(())
     }
 
     /// Deletes items of run `run_id` that no head names (the blobs and
-    /// chunks of a create whose batch failed whole: the client never sends
-    /// a write again after a lost answer, so a definite failure applied
-    /// nothing), manifests first; a failure only leaves them, as before,
-    /// and is logged.
+    /// chunks of a create that failed for sure: its batch failed whole,
+    /// and the client never sends a write again after a lost answer, or it
+    /// never sent its batch), in the order given (manifests before their
+    /// parts); a failure only leaves them, for `collect_leftovers`, and is
+    /// logged.
     async fn drop_items(&self, key: &str, run_id: &str, ids: &[String]) {
         for id in ids {
             if let Err(e) = self.delete_item(key, id, run_id, None).await {
@@ -920,6 +919,14 @@ impl CosmosStore {
         pace: &Pace,
     ) -> Result<(), StoreError> {
         pace.check(&self.shared.display, run_id)?;
+        // Kept before it is sent: a write whose answer is lost may have
+        // landed, and a create that fails deletes it all the same.
+        pace.attempt(
+            item.get("id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+        );
         let body = serde_json::to_vec(&item).unwrap_or_default();
         let what = format!(
             "writing {what} of run {run_id:?} to {}",
@@ -1823,36 +1830,10 @@ impl CosmosStore {
     }
 }
 
-#[async_trait]
-impl Store for CosmosStore {
-    fn capabilities(&self) -> Capabilities<'_> {
-        Capabilities::none()
-            .history(self)
-            .schedule(self)
-            .events(self)
-            .documents(self)
-            .max_state_bytes(self.shared.opts.max_state_bytes)
-            .blobs(self)
-    }
-
-    async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
-        let loaded = settled(|| self.load_full(run_id), || self.head_etag(run_id)).await?;
-        self.shared
-            .accts
-            .set(run_id, loaded.as_ref().map(|l| l.1.clone()));
-        Ok(loaded.map(|l| l.0))
-    }
-
-    async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+impl CosmosStore {
+    /// [`Store::save`] once the pace of a create's writes is set.
+    async fn save_paced(&self, req: SaveRequest<'_>, pace: &Pace) -> Result<u64, StoreError> {
         let cp = req.checkpoint;
-        // A create writes under a generation of its own before its batch,
-        // each write within the window of the one before (or of the
-        // save's start), and the batch within the window of the last.
-        let pace = Pace::new(
-            req.expected
-                .is_none()
-                .then_some(self.shared.opts.create_window),
-        );
         check_head(cp)?;
         let run_id = cp.run_id.as_str();
         if req.head_only && req.expected.is_none() {
@@ -1929,18 +1910,7 @@ impl Store for CosmosStore {
             _ => &[],
         };
         steadfast_core::store::blob::add_head_blobs(&mut blobs, head_blobs, stored);
-        let mut blob_items = Vec::new();
-        if let Err(e) = self
-            .write_blobs(&key, &gen, run_id, &blobs, &mut blob_items, &pace)
-            .await
-        {
-            // A create's own generation: what it wrote, no head will name.
-            if req.expected.is_none() {
-                blob_items.reverse();
-                self.drop_items(&key, run_id, &blob_items).await;
-            }
-            return Err(e);
-        }
+        self.write_blobs(&key, &gen, run_id, &blobs, pace).await?;
         // A new snapshot below the stored `next` (a rewind; a changed
         // workflow accepted, or a durable function that took another path,
         // which the engine saves the same way) leaves the rows above it
@@ -2003,7 +1973,7 @@ impl Store for CosmosStore {
                 delta_bytes = a.delta_bytes + step.update.len() as u64;
                 if let Some(s) = req.step {
                     let mut item = step_item(&key, &gen, s);
-                    self.put_text(&key, &gen, run_id, &mut item, "update", step.update, &pace)
+                    self.put_text(&key, &gen, run_id, &mut item, "update", step.update, pace)
                         .await?;
                     step_ops.push(item);
                 }
@@ -2018,11 +1988,11 @@ impl Store for CosmosStore {
                 delta_bytes = 0;
                 head.insert("snapshot_completed".into(), json!(completed));
                 head.insert("snapshot_next".into(), json!(cp.next));
-                self.put_text(&key, &gen, run_id, &mut head, "snapshot", state, &pace)
+                self.put_text(&key, &gen, run_id, &mut head, "snapshot", state, pace)
                     .await?;
                 if let (Some(s), Some(row)) = (req.step, step) {
                     let mut item = step_item(&key, &gen, s);
-                    self.put_text(&key, &gen, run_id, &mut item, "update", row.update, &pace)
+                    self.put_text(&key, &gen, run_id, &mut item, "update", row.update, pace)
                         .await?;
                     step_ops.push(item);
                 }
@@ -2034,21 +2004,6 @@ impl Store for CosmosStore {
         let carry = carry_of(&head);
         let pk = format!("[\"{key}\"]");
         let written = rewound.then(|| Value::Object(head.clone()));
-        // A create writes its blobs and chunks under a generation of its
-        // own before its batch: should the batch fail (most often: another
-        // create of the run won), no head will ever name that generation.
-        let fresh: Vec<String> = match req.expected {
-            Some(_) => Vec::new(),
-            // Manifests before their parts: a blob never reads whole over
-            // parts already gone.
-            None => blob_items
-                .iter()
-                .rev()
-                .cloned()
-                .chain(field_chunk_ids(&key, &head, "snapshot"))
-                .chain(step_ops.iter().flat_map(|i| chunk_ids_of(&key, i)))
-                .collect(),
-        };
         let head_op = match (&req.expected, &acct) {
             (None, _) => {
                 json!({ "operationType": "Create", "partitionKey": pk, "resourceBody": Value::Object(head) })
@@ -2062,11 +2017,8 @@ impl Store for CosmosStore {
         // A create that wrote items of its own generation sends its batch
         // within its window, or never: past it, `collect_leftovers` may
         // already take that generation for one whose create died.
-        if !fresh.is_empty() {
-            if let Err(e) = pace.check(&self.shared.display, run_id) {
-                self.drop_items(&key, run_id, &fresh).await;
-                return Err(e);
-            }
+        if pace.wrote_any() {
+            pace.check(&self.shared.display, run_id)?;
         }
         // The head first: a conflicting batch then changes nothing, even on
         // a server that does not roll back the operations before a failure.
@@ -2074,17 +2026,9 @@ impl Store for CosmosStore {
         for item in step_ops {
             ops.push(json!({ "operationType": "Upsert", "partitionKey": pk, "resourceBody": Value::Object(item) }));
         }
-        let results = match self.head_batch(&key, run_id, req.expected, ops).await {
-            Ok(r) => r,
-            Err(e) => {
-                // A definite failure applied nothing (the batch is atomic):
-                // only an unknown outcome may have landed.
-                if e.kind() != StoreErrorKind::OutcomeUnknown && !fresh.is_empty() {
-                    self.drop_items(&key, run_id, &fresh).await;
-                }
-                return Err(e);
-            }
-        };
+        // A definite failure of a create's batch drops what it wrote
+        // (`save`).
+        let results = self.head_batch(&key, run_id, req.expected, ops).await?;
         let etag = results
             .first()
             .and_then(|r| r.get("eTag"))
@@ -2141,6 +2085,51 @@ impl Store for CosmosStore {
         };
         self.shared.accts.after_save(cp, &Ok::<_, ()>(new));
         Ok(req.new_version())
+    }
+}
+
+#[async_trait]
+impl Store for CosmosStore {
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::none()
+            .history(self)
+            .schedule(self)
+            .events(self)
+            .documents(self)
+            .max_state_bytes(self.shared.opts.max_state_bytes)
+            .blobs(self)
+    }
+
+    async fn load(&self, run_id: &str) -> Result<Option<Checkpoint>, StoreError> {
+        let loaded = settled(|| self.load_full(run_id), || self.head_etag(run_id)).await?;
+        self.shared
+            .accts
+            .set(run_id, loaded.as_ref().map(|l| l.1.clone()));
+        Ok(loaded.map(|l| l.0))
+    }
+
+    async fn save(&self, req: SaveRequest<'_>) -> Result<u64, StoreError> {
+        // A create writes under a generation of its own before its batch,
+        // each write within the window of the one before (or of the
+        // save's start), and the batch within the window of the last.
+        let create = req.expected.is_none();
+        let pace = Pace::new(create.then_some(self.shared.opts.create_window));
+        let run_id = req.checkpoint.run_id.as_str();
+        let saved = self.save_paced(req, &pace).await;
+        // A create that failed for sure (its batch is atomic: a definite
+        // failure applied nothing) leaves items no head will ever name:
+        // deleted again, the last written first (a manifest before its
+        // parts). Only an unknown outcome may have landed.
+        if let Err(e) = &saved {
+            if create && e.kind() != StoreErrorKind::OutcomeUnknown {
+                let written = pace.written();
+                if !written.is_empty() {
+                    self.drop_items(&encode_run_id(run_id), run_id, &written)
+                        .await;
+                }
+            }
+        }
+        saved
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
@@ -2346,11 +2335,11 @@ impl History for CosmosStore {
                 &mut blobs,
             )?;
             // The run's own generation, named by its head: no window.
-            let pace = Pace::new(None);
-            self.write_blobs(&key, &gen, run_id, &blobs, &mut Vec::new(), &pace)
-                .await?;
+            let unpaced = Pace::new(None);
+            let pace = &unpaced;
+            self.write_blobs(&key, &gen, run_id, &blobs, pace).await?;
             let size = text.len().min(INLINE_MAX) + 512;
-            self.put_text(&key, &gen, run_id, &mut item, "update", text, &pace)
+            self.put_text(&key, &gen, run_id, &mut item, "update", text, pace)
                 .await?;
             if fold {
                 item.insert("folded".into(), json!(true));
@@ -2650,8 +2639,8 @@ impl CosmosStore {
             // The rest of a blob too large for one batch: its manifest went
             // in the batch above, so nothing reads these parts any more,
             // and a write of the same content tags its parts afresh.
-            if let Err(e) = self.delete_items(key, run_id, fence.pk, &batch.rest).await {
-                tracing::warn!(run_id, error = %e, "parts of a freed blob are left (nothing reads them)");
+            if let (_, Some(e)) = self.delete_items(key, run_id, fence.pk, &batch.rest).await {
+                tracing::warn!(run_id, error = %e, "parts of a freed blob are left until the run is deleted (nothing reads them)");
             }
             etag = match results[0].get("eTag").and_then(Value::as_str) {
                 Some(e) => e.to_string(),
@@ -2663,15 +2652,15 @@ impl CosmosStore {
 
     /// Deletes `ids` of partition `key` (`pk`, as a batch names it: items
     /// nothing reads any more) in batches of up to [`SWEEP_BATCH`], one by
-    /// one where a batch fails. Returns how many were there to delete; the
-    /// first error stops it (what went stays gone).
+    /// one where a batch fails. Returns how many were there to delete, and
+    /// the error that stopped it, if one did (what went stays gone).
     async fn delete_items(
         &self,
         key: &str,
         run_id: &str,
         pk: &str,
         ids: &[String],
-    ) -> Result<u64, StoreError> {
+    ) -> (u64, Option<StoreError>) {
         let mut deleted = 0;
         for group in ids.chunks(SWEEP_BATCH) {
             let ops = group
@@ -2694,12 +2683,14 @@ impl CosmosStore {
                 continue;
             }
             for id in group {
-                if self.delete_item(key, id, run_id, None).await? {
-                    deleted += 1;
+                match self.delete_item(key, id, run_id, None).await {
+                    Ok(true) => deleted += 1,
+                    Ok(false) => {}
+                    Err(e) => return (deleted, Some(e)),
                 }
             }
         }
-        Ok(deleted)
+        (deleted, None)
     }
 }
 
@@ -2819,15 +2810,15 @@ impl CosmosStore {
                 }
                 Err(e) => {
                     found.remnants += 1;
-                    Err(e)
+                    (0, Some(e))
                 }
             };
-            match removed {
-                Ok(n) => {
-                    found.items += n;
-                    tracing::debug!(partition = %pk, generation = %gen, of_log, items = n, "removed what a failed or cut-short write left");
+            found.items += removed.0;
+            match removed.1 {
+                None => {
+                    tracing::debug!(partition = %pk, generation = %gen, of_log, items = removed.0, "removed what a failed or cut-short write left");
                 }
-                Err(e) => {
+                Some(e) => {
                     found.failed += 1;
                     tracing::warn!(partition = %pk, generation = %gen, error = %e, "leftovers of a failed or cut-short write are left for the next gc");
                 }
@@ -2848,14 +2839,26 @@ const SWEEP_BATCH: usize = 100;
 /// head names, which nothing collects.
 struct Pace {
     window: Option<std::time::Duration>,
-    last: std::sync::Mutex<(std::time::Instant, std::time::SystemTime)>,
+    last: std::sync::Mutex<Last>,
+}
+
+/// When a save's last write before its batch landed, and the ids of what
+/// it wrote or tried to write, in order.
+struct Last {
+    at: std::time::Instant,
+    wall: std::time::SystemTime,
+    written: Vec<String>,
 }
 
 impl Pace {
     fn new(window: Option<std::time::Duration>) -> Self {
         Pace {
             window,
-            last: std::sync::Mutex::new((std::time::Instant::now(), std::time::SystemTime::now())),
+            last: std::sync::Mutex::new(Last {
+                at: std::time::Instant::now(),
+                wall: std::time::SystemTime::now(),
+                written: Vec::new(),
+            }),
         }
     }
 
@@ -2864,9 +2867,13 @@ impl Pace {
         let Some(window) = self.window else {
             return Ok(());
         };
-        let (at, wall) = *self.last.lock().unwrap_or_else(|e| e.into_inner());
-        // A wall clock set back reads as no time at all.
-        let gap = at.elapsed().max(wall.elapsed().unwrap_or_default());
+        let gap = {
+            let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+            // A wall clock set back reads as no time at all.
+            last.at
+                .elapsed()
+                .max(last.wall.elapsed().unwrap_or_default())
+        };
         if gap <= window {
             return Ok(());
         }
@@ -2877,10 +2884,33 @@ impl Pace {
         )))
     }
 
-    /// A write landed.
+    /// Item `id` is being written.
+    fn attempt(&self, id: String) {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.written.push(id);
+    }
+
+    /// The write attempted last landed.
     fn landed(&self) {
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
-            (std::time::Instant::now(), std::time::SystemTime::now());
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.at = std::time::Instant::now();
+        last.wall = std::time::SystemTime::now();
+    }
+
+    /// Whether anything was written (or tried).
+    fn wrote_any(&self) -> bool {
+        !self
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .written
+            .is_empty()
+    }
+
+    /// What was written or tried, the last first.
+    fn written(&self) -> Vec<String> {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.written.iter().rev().cloned().collect()
     }
 }
 

@@ -921,13 +921,10 @@ async fn reads_racing_prunes_that_free_blobs_see_whole_runs() -> TestResult {
 /// younger than the age are left, and a dry run only counts.
 #[tokio::test]
 async fn leftovers_of_cut_short_deletes_and_dead_creates_are_collected() -> TestResult {
-    let Some(server) = support::server() else {
+    let Some((db, store)) = with_blobs_over(16 << 10).await else {
         return Ok(());
     };
-    let db = support::TestDb::new(&server);
-    let store = db
-        .store(CosmosOptions::default().blob_threshold(16 << 10))
-        .await;
+    let server = support::server().ok_or("the server")?;
     let events = |run_id: &'static str| {
         let store = store.clone();
         async move {
@@ -1146,5 +1143,32 @@ async fn a_prune_frees_a_blob_larger_than_a_batch() -> TestResult {
         (Some(&1), Some(&121)),
         "{kinds:?}"
     );
+    Ok(())
+}
+
+/// A create whose write of a blob's part landed but answered 503 (so the
+/// store cannot know it landed) fails, and deletes that part all the same:
+/// nothing of it is left for `gc`.
+#[tokio::test]
+async fn a_create_that_fails_after_a_write_landed_leaves_nothing() -> TestResult {
+    let Some((db, store)) = with_blobs_over(16 << 10).await else {
+        return Ok(());
+    };
+    let server = support::server().ok_or("the server")?;
+    let mut cp = Checkpoint::new("r", "w", Timestamp::from_unix_millis(1));
+    cp.state.insert("doc".into(), json!("d".repeat(40 << 10)));
+    inject(&server, &db, 503, 1, true).await?;
+    let e = store
+        .save(SaveRequest::new(&cp, None))
+        .await
+        .expect_err("its first write answered 503");
+    assert_eq!(faults_left(&server).await?, 0);
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
+    let kinds = support::count_kinds(&server, db.name()).await?;
+    assert!(kinds.is_empty(), "{kinds:?}");
+    // Saved again, it lands whole.
+    store.save(SaveRequest::new(&cp, None)).await?;
+    let back = store.load("r").await?.ok_or("r")?;
+    assert_eq!(back.state["doc"], cp.state["doc"]);
     Ok(())
 }

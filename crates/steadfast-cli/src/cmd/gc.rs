@@ -88,16 +88,24 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
     // (stores that free everything in their own transactions have none).
     // A failure here is reported after what retention did, not instead.
     let leftovers = if args.no_leftovers {
-        Ok(steadfast::Leftovers::default())
+        None
     } else {
-        ctx.raw.collect_leftovers(args.dry_run).await
+        Some(ctx.raw.collect_leftovers(args.dry_run).await)
     };
     let count = if args.dry_run {
         report.matched
     } else {
         report.deleted
     };
-    let freed = match (blobs_before, ctx.raw.blob_totals().await?) {
+    // Unknown, not a failure, when the totals cannot be read now: the
+    // report of what was deleted still goes out.
+    let after = ctx.raw.blob_totals().await.unwrap_or_else(|e| {
+        output::note(format_args!(
+            "gc: could not read the store's blob totals after deleting: {e}"
+        ));
+        None
+    });
+    let freed = match (blobs_before, after) {
         (Some(before), Some(after)) if !args.dry_run => {
             Some(before.bytes.saturating_sub(after.bytes))
         }
@@ -111,8 +119,9 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
             "building": report.building, "dry_run": args.dry_run,
             "blob_bytes_freed": freed,
             "leftovers": match &leftovers {
-                Ok(l) => serde_json::json!({"remnants": l.remnants, "items": l.items, "failed": l.failed}),
-                Err(e) => serde_json::json!({"error": e.to_string()}),
+                None => serde_json::Value::Null,
+                Some(Ok(l)) => serde_json::json!({"remnants": l.remnants, "items": l.items, "failed": l.failed}),
+                Some(Err(e)) => serde_json::json!({"error": e.to_string()}),
             }})
         );
     }
@@ -131,7 +140,7 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
     }
     let mut code = exit::OK;
     match &leftovers {
-        Ok(l) if l.remnants > 0 => {
+        Some(Ok(l)) if l.remnants > 0 => {
             let verb = if args.dry_run {
                 "would remove"
             } else {
@@ -149,8 +158,8 @@ pub async fn run(args: GcArgs, ctx: &Ctx) -> Result<i32, Failure> {
                 code = exit::FAILED;
             }
         }
-        Ok(_) => {}
-        Err(e) => {
+        None | Some(Ok(_)) => {}
+        Some(Err(e)) => {
             output::note(format_args!(
                 "gc: could not look for what failed or cut-short writes left: {e}"
             ));
