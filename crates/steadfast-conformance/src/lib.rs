@@ -100,20 +100,45 @@ pub fn keeps_capabilities(inner: &dyn Store, wrapped: &dyn Store) -> Result<(), 
 }
 
 /// A store that declares smaller appends than the one it wraps takes
-/// ([`Events::append_bounds`](steadfast_core::Events::append_bounds)), and
+/// ([`Events::append_bounds`](steadfast_core::Events::append_bounds)) and,
+/// when asked ([`Bounded::leaving`]), leftovers it always finds, and
 /// forwards everything else: the store below a wrapper under test, to
-/// check with [`keeps_capabilities`] that the wrapper passes its bounds on
-/// (as a Cosmos DB store's would be).
+/// check with [`keeps_capabilities`] and [`keeps_blob_duties`] that the
+/// wrapper passes its bounds and its look for leftovers on (as a Cosmos DB
+/// store's would be).
 #[derive(Debug)]
 pub struct Bounded<S> {
     inner: S,
     bounds: (usize, u64),
+    found: Option<steadfast_core::Leftovers>,
 }
 
 impl<S: Store> Bounded<S> {
     /// `inner`, declaring appends of at most `bounds` (events, bytes).
     pub fn new(inner: S, bounds: (usize, u64)) -> Self {
-        Bounded { inner, bounds }
+        Bounded {
+            inner,
+            bounds,
+            found: None,
+        }
+    }
+
+    /// The same store, whose look for leftovers
+    /// ([`Blobs::collect_leftovers`](steadfast_core::Blobs::collect_leftovers))
+    /// always finds `found` and removes nothing; `inner` must keep blobs.
+    /// The store below a wrapper under [`keeps_blob_duties`].
+    pub fn leaving(mut self, found: steadfast_core::Leftovers) -> Self {
+        self.found = Some(found);
+        self
+    }
+
+    fn blobs(&self) -> Result<&dyn steadfast_core::Blobs, steadfast_core::StoreError> {
+        self.inner.capabilities().blobs.ok_or_else(|| {
+            steadfast_core::StoreError::backend(
+                steadfast_core::StoreErrorKind::Unsupported,
+                "no blobs",
+            )
+        })
     }
 }
 
@@ -148,7 +173,38 @@ impl<S: Store> Store for Bounded<S> {
         if c.events.is_some() {
             c.events = Some(self);
         }
+        if c.blobs.is_some() && self.found.is_some() {
+            c.blobs = Some(self);
+        }
         c
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> steadfast_core::Blobs for Bounded<S> {
+    async fn usage(
+        &self,
+        id: &str,
+    ) -> Result<Option<steadfast_core::Usage>, steadfast_core::StoreError> {
+        self.blobs()?.usage(id).await
+    }
+    async fn blob_totals(&self) -> Result<steadfast_core::BlobTotals, steadfast_core::StoreError> {
+        self.blobs()?.blob_totals().await
+    }
+    fn threshold(&self) -> u64 {
+        self.blobs().map_or(u64::MAX, |b| b.threshold())
+    }
+    fn shared_across_runs(&self) -> bool {
+        self.blobs().is_ok_and(|b| b.shared_across_runs())
+    }
+    async fn collect_leftovers(
+        &self,
+        dry_run: bool,
+    ) -> Result<steadfast_core::Leftovers, steadfast_core::StoreError> {
+        match self.found {
+            Some(found) => Ok(found),
+            None => self.blobs()?.collect_leftovers(dry_run).await,
+        }
     }
 }
 
@@ -185,6 +241,44 @@ impl<S: Store> steadfast_core::Events for Bounded<S> {
         self.bounds
     }
 }
+
+/// Checks that `wrapped` passes on the duties of the [`Blobs`] capability
+/// of `inner` that a wrapper implementing it itself could forget (its
+/// defaulted methods): whether content is shared across runs, and what
+/// [`Blobs::collect_leftovers`] finds (asked dry, so nothing is removed).
+/// Make the store below a [`Bounded`] store [`leaving`](Bounded::leaving)
+/// something, so that it finds what a forgetting wrapper would not.
+///
+/// [`Blobs`]: steadfast_core::Blobs
+/// [`Blobs::collect_leftovers`]: steadfast_core::Blobs::collect_leftovers
+pub async fn keeps_blob_duties(inner: &dyn Store, wrapped: &dyn Store) -> Result<(), String> {
+    let (Some(below), Some(above)) = (inner.capabilities().blobs, wrapped.capabilities().blobs)
+    else {
+        return Ok(());
+    };
+    if below.shared_across_runs() != above.shared_across_runs() {
+        return Err(format!(
+            "the wrapper says content is shared across runs: {}, the wrapped store: {}",
+            above.shared_across_runs(),
+            below.shared_across_runs()
+        ));
+    }
+    let b = below
+        .collect_leftovers(true)
+        .await
+        .map_err(|e| e.to_string())?;
+    let a = above
+        .collect_leftovers(true)
+        .await
+        .map_err(|e| e.to_string())?;
+    if a != b {
+        return Err(format!(
+            "the wrapper's collect_leftovers found {a:?} where the wrapped store's found {b:?}: it must pass it on"
+        ));
+    }
+    Ok(())
+}
+
 use steadfast_core::Store;
 
 /// Re-exported for the macro's expansion.

@@ -100,6 +100,36 @@ mod capabilities {
         keeps_capabilities(&*inner, &refusing).unwrap();
     }
 
+    /// Under a store that keeps blobs and finds leftovers, the sealing
+    /// wrapper (which implements the blob capability itself) passes the
+    /// look for them on, and says the same of sharing.
+    #[tokio::test]
+    async fn the_blob_duties_pass_through() {
+        let found = steadfast_core::Leftovers::new(2, 5);
+        let inner: Arc<dyn steadfast_core::Store> = Arc::new(
+            steadfast_conformance::Bounded::new(
+                MemoryStore::with_blobs(1024).unwrap(),
+                (99, 800_000),
+            )
+            .leaving(found),
+        );
+        let keys = Keyring::parse(KEYS).unwrap();
+        let sealed = SealedStore::new(Arc::clone(&inner), keys);
+        steadfast_conformance::keeps_blob_duties(&*inner, &sealed)
+            .await
+            .unwrap();
+        let refusing = RefuseSealed::new(Arc::clone(&inner));
+        steadfast_conformance::keeps_blob_duties(&*inner, &refusing)
+            .await
+            .unwrap();
+        // The check can fail: a store that finds nothing is not one that
+        // finds two.
+        let plain = MemoryStore::with_blobs(1024).unwrap();
+        assert!(steadfast_conformance::keeps_blob_duties(&*inner, &plain)
+            .await
+            .is_err());
+    }
+
     #[test]
     fn on_memory_sqlite_and_file() {
         both(Arc::new(MemoryStore::new()));
