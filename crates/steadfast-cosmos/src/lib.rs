@@ -14,7 +14,8 @@
 //!   `If-Match: ETAG` (created, for a fresh run) first, then the step's
 //!   history item; a 412 or 409 is a conflict that changes nothing. Chunks
 //!   are written before the batch that refers to them: a crash between the
-//!   two leaves only chunks nothing refers to, which are never read.
+//!   two leaves only chunks nothing refers to, which are never read (and
+//!   which `steadfast gc` removes: `Blobs::collect_leftovers`).
 //! - **Large values.** A value of a state or of a step's update whose JSON
 //!   text is over the blob threshold (64 KiB by default,
 //!   `?blob_threshold=SIZE`) is a blob: items in the run's partition, named
@@ -3117,8 +3118,8 @@ impl steadfast_core::Blobs for CosmosStore {
     /// events of logs no log item names, whose newest item is at least
     /// [`LEFTOVER_AGE`] old: one cross-partition query over every history,
     /// chunk, blob and event item (a few small fields each), two over the
-    /// heads and logs, then a query and a delete an item within each
-    /// partition that has any.
+    /// heads and logs, then within each partition that has any a query
+    /// and batches of deletes (one by one where a batch fails).
     async fn collect_leftovers(
         &self,
         dry_run: bool,
