@@ -900,11 +900,8 @@ impl CosmosStore {
     /// parts); a failure only leaves them, for `collect_leftovers`, and is
     /// logged.
     async fn drop_items(&self, key: &str, run_id: &str, ids: &[String]) {
-        for id in ids {
-            if let Err(e) = self.delete_item(key, id, run_id, None).await {
-                tracing::warn!(run_id, item = %id, error = %e, "an item of a create that lost to another is left (nothing reads it)");
-                return;
-            }
+        if let (_, Some(e)) = self.delete_items(key, run_id, ids).await {
+            tracing::warn!(run_id, error = %e, "items of a create that failed are left (nothing reads them; gc removes them)");
         }
     }
 
@@ -2409,15 +2406,8 @@ impl History for CosmosStore {
                     Vec::new()
                 }
             };
-            for ids in ids.chunks(100) {
-                let ops = ids
-                    .iter()
-                    .map(|id| json!({ "operationType": "Delete", "id": id, "partitionKey": pk }))
-                    .collect();
-                if let Err(e) = self.batch(&key, run_id, ops).await {
-                    tracing::warn!(run_id, error = %e, "the history is folded; some rows below the fold are left (they are not read)");
-                    break;
-                }
+            if let (_, Some(e)) = self.delete_items(&key, run_id, &ids).await {
+                tracing::warn!(run_id, error = %e, "the history is folded; some rows below the fold are left (they are not read)");
             }
         }
         // The old chunks of replaced rows: never read again, so a failure
@@ -2640,7 +2630,7 @@ impl CosmosStore {
             // The rest of a blob too large for one batch: its manifest went
             // in the batch above, so nothing reads these parts any more,
             // and a write of the same content tags its parts afresh.
-            if let (_, Some(e)) = self.delete_items(key, run_id, fence.pk, &batch.rest).await {
+            if let (_, Some(e)) = self.delete_items(key, run_id, &batch.rest).await {
                 tracing::warn!(run_id, error = %e, "parts of a freed blob are left until the run is deleted (nothing reads them)");
             }
             etag = match results[0].get("eTag").and_then(Value::as_str) {
@@ -2651,17 +2641,17 @@ impl CosmosStore {
         Ok(freed)
     }
 
-    /// Deletes `ids` of partition `key` (`pk`, as a batch names it: items
-    /// nothing reads any more) in batches of up to [`SWEEP_BATCH`], one by
-    /// one where a batch fails. Returns how many were there to delete, and
-    /// the error that stopped it, if one did (what went stays gone).
+    /// Deletes `ids` of partition `key` (items nothing reads any more), in
+    /// order, in batches of up to [`SWEEP_BATCH`], one by one where a batch
+    /// fails. Returns how many were there to delete, and the error that
+    /// stopped it, if one did (what went stays gone).
     async fn delete_items(
         &self,
         key: &str,
         run_id: &str,
-        pk: &str,
         ids: &[String],
     ) -> (u64, Option<StoreError>) {
+        let pk = format!("[\"{key}\"]");
         let mut deleted = 0;
         for group in ids.chunks(SWEEP_BATCH) {
             let ops = group
@@ -2806,8 +2796,7 @@ impl CosmosStore {
                         found.items += ids.len() as u64;
                         continue;
                     }
-                    let batch_pk = format!("[\"{pk}\"]");
-                    self.delete_items(&pk, &label, &batch_pk, &ids).await
+                    self.delete_items(&pk, &label, &ids).await
                 }
                 Err(e) => {
                     found.remnants += 1;

@@ -1027,41 +1027,28 @@ async fn a_create_past_its_window_saves_nothing_and_leaves_nothing() -> TestResu
         return Ok(());
     };
     let db = support::TestDb::new(&server);
-    let store = db
-        .store(
-            CosmosOptions::default()
-                .blob_threshold(16 << 10)
-                .create_window(Duration::ZERO),
-        )
-        .await;
-    let mut cp = Checkpoint::new("late", "w", Timestamp::from_unix_millis(1));
-    cp.state.insert("doc".into(), json!("d".repeat(40 << 10)));
-    let e = store
-        .save(SaveRequest::new(&cp, None))
-        .await
-        .expect_err("past its window");
-    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
-    assert!(e.to_string().contains("a create may wait"), "{e}");
-    assert!(store.load("late").await?.is_none());
-    let kinds = support::count_kinds(&server, db.name()).await?;
-    assert!(kinds.is_empty(), "{kinds:?}");
-    // Chunks alone (no blobs: a 3 MB state kept inline) wait the same way.
-    let inline = db
-        .store(
-            CosmosOptions::default()
-                .blob_threshold(1 << 30)
-                .create_window(Duration::ZERO),
-        )
-        .await;
-    let mut big = Checkpoint::new("chunked", "w", Timestamp::from_unix_millis(1));
-    big.state.insert("doc".into(), json!("d".repeat(3 << 20)));
-    let e = inline
-        .save(SaveRequest::new(&big, None))
-        .await
-        .expect_err("past its window");
-    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}");
-    let kinds = support::count_kinds(&server, db.name()).await?;
-    assert!(kinds.is_empty(), "{kinds:?}");
+    // A blob (40 KiB over a threshold of 16), and chunks alone (no blobs: a
+    // 3 MB state kept inline) wait the same way.
+    for (threshold, id, size) in [(16 << 10, "late", 40 << 10), (1 << 30, "chunked", 3 << 20)] {
+        let store = db
+            .store(
+                CosmosOptions::default()
+                    .blob_threshold(threshold)
+                    .create_window(Duration::ZERO),
+            )
+            .await;
+        let mut cp = Checkpoint::new(id, "w", Timestamp::from_unix_millis(1));
+        cp.state.insert("doc".into(), json!("d".repeat(size)));
+        let e = store
+            .save(SaveRequest::new(&cp, None))
+            .await
+            .expect_err("past its window");
+        assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{id}: {e}");
+        assert!(e.to_string().contains("a create may wait"), "{id}: {e}");
+        assert!(store.load(id).await?.is_none());
+        let kinds = support::count_kinds(&server, db.name()).await?;
+        assert!(kinds.is_empty(), "{id}: {kinds:?}");
+    }
     // A window longer than the store's own is refused.
     let long = CosmosOptions::default()
         .create_window(steadfast_cosmos::CREATE_WINDOW + Duration::from_secs(1));
@@ -1069,6 +1056,14 @@ async fn a_create_past_its_window_saves_nothing_and_leaves_nothing() -> TestResu
         .await
         .expect_err("a window past the store's");
     assert_eq!(refused.kind(), StoreErrorKind::InvalidInput, "{refused}");
+    // A create with no large value writes nothing before its batch.
+    let store = db
+        .store(
+            CosmosOptions::default()
+                .blob_threshold(16 << 10)
+                .create_window(Duration::ZERO),
+        )
+        .await;
     let mut small = Checkpoint::new("small", "w", Timestamp::from_unix_millis(1));
     small.state.insert("doc".into(), json!("small"));
     store.save(SaveRequest::new(&small, None)).await?;
