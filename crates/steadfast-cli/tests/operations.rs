@@ -294,6 +294,17 @@ fn show_says_what_a_run_stores_and_gc_what_it_freed_of_large_values() -> TestRes
         serde_json::json!({"remnants": 0, "items": 0, "failed": 0})
     );
     assert!(stderr(&out).contains("freed 97.7 KiB"), "{}", stderr(&out));
+    // Skipped, the look reports nothing rather than a clean result.
+    let skipped = env.run(&[
+        "gc",
+        "--older-than",
+        "0s",
+        "--no-leftovers",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(code(&skipped), 0, "{}", stderr(&skipped));
+    assert_eq!(json_of(&skipped)["leftovers"], serde_json::Value::Null);
     Ok(())
 }
 

@@ -417,9 +417,28 @@ fn blob_id(key: &str, gen: &str, hash: &BlobHash, tag: Option<&str>, n: usize) -
     }
 }
 
-/// The tag of the parts a manifest names (`None`: untagged parts).
-fn parts_tag(manifest: &Value) -> Option<&str> {
-    manifest.get("tag").and_then(Value::as_str)
+/// Whether `parts` parts can hold a blob of `bytes` bytes as this store
+/// splits it (at most [`CHUNK`] bytes each, and at least three fewer but
+/// for the last, to end on a character): so that a damaged or planted
+/// manifest never makes a read or a sweep go through more parts than a
+/// blob has.
+fn parts_fit(parts: u64, bytes: u64) -> bool {
+    (bytes.div_ceil(CHUNK as u64)..=bytes.div_ceil(CHUNK as u64 - 3)).contains(&parts)
+}
+
+/// The tag of the parts a manifest names (`None`: untagged parts), or
+/// why it is not one this store writes (1 to 16 hex digits): a tag goes
+/// into item ids, so a damaged or planted one is never used.
+fn parts_tag(manifest: &Value) -> Result<Option<&str>, &'static str> {
+    match manifest.get("tag") {
+        None => Ok(None),
+        Some(Value::String(t))
+            if (1..=16).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_hexdigit()) =>
+        {
+            Ok(Some(t))
+        }
+        Some(_) => Err("a blob manifest whose parts' tag is not 1 to 16 hex digits"),
+    }
 }
 
 /// The small item that says a blob is whole: how many parts, how many
@@ -977,7 +996,14 @@ impl CosmosStore {
                 format!("blob {hash} holds {bytes} bytes where its reference says {expect}"),
             ));
         }
-        let tag = parts_tag(&head);
+        if !parts_fit(parts, bytes) {
+            return Err(self.corrupt(
+                run_id,
+                &manifest,
+                format!("a blob of {bytes} bytes in {parts} parts, which cannot hold it"),
+            ));
+        }
+        let tag = parts_tag(&head).map_err(|why| self.corrupt(run_id, &manifest, why))?;
         let mut out = Vec::with_capacity(usize::try_from(bytes).unwrap_or(0));
         for n in 0..usize::try_from(parts).unwrap_or(usize::MAX) {
             let id = blob_id(key, gen, hash, tag, n);
@@ -2557,7 +2583,7 @@ impl CosmosStore {
             .query_partition(
                 key,
                 run_id,
-                "SELECT c.hash, c.parts, c.tag FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'blob_manifest'",
+                "SELECT c.hash, c.parts, c.bytes, c.tag FROM c WHERE c.pk = @pk AND c.gen = @gen AND c.kind = 'blob_manifest'",
                 json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}]),
             )
             .await?;
@@ -2603,8 +2629,15 @@ impl CosmosStore {
                     .get("hash")
                     .and_then(Value::as_str)
                     .and_then(BlobHash::parse_hex)?;
-                let parts = m.get("parts").and_then(Value::as_u64)? as usize;
-                let tag = parts_tag(m);
+                // A manifest that does not read is left alone (a load of a
+                // run that refers to it reports it).
+                let parts = m.get("parts").and_then(Value::as_u64)?;
+                let bytes = m.get("bytes").and_then(Value::as_u64)?;
+                let tag = parts_tag(m).ok()?;
+                if !parts_fit(parts, bytes) {
+                    return None;
+                }
+                let parts = usize::try_from(parts).ok()?;
                 (!held.contains(&hash)).then(|| Doomed {
                     ids: std::iter::once(manifest_id(key, gen, &hash))
                         .chain((0..parts).map(|n| blob_id(key, gen, &hash, tag, n)))
@@ -2996,6 +3029,29 @@ mod sweep_tests {
                 .collect(),
             tagged: true,
         }
+    }
+
+    /// Every text split as the store splits it has a count of parts that
+    /// fits its size; counts a blob cannot have do not.
+    #[test]
+    fn the_parts_a_blob_can_have() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..200 {
+            let len = rng.usize(1..700_000);
+            let text: String = (0..len)
+                .map(|_| ['a', 'é', '€', '𝄞'][rng.usize(0..4)])
+                .collect();
+            let parts = super::parts_of(&text).len() as u64;
+            assert!(
+                super::parts_fit(parts, text.len() as u64),
+                "{parts} parts of {}",
+                text.len()
+            );
+        }
+        assert!(!super::parts_fit(0, 300));
+        assert!(!super::parts_fit(u64::MAX, 1 << 30));
+        assert!(!super::parts_fit(5, 256 * 1024));
+        assert!(super::parts_fit(1, 256 * 1024));
     }
 
     #[test]

@@ -1167,3 +1167,106 @@ async fn a_create_that_fails_after_a_write_landed_leaves_nothing() -> TestResult
     assert_eq!(back.state["doc"], cp.state["doc"]);
     Ok(())
 }
+
+/// A blob manifest damaged or planted behind the store's back (a tag that
+/// is not hex, one that would name items elsewhere, a count of parts the
+/// blob could not have) makes a load of the run that refers to it fail as
+/// corrupt, naming the manifest, without reading any part; a prune's
+/// sweep leaves such a manifest alone and ends.
+#[tokio::test]
+async fn a_damaged_blob_manifest_is_corrupt_and_never_followed() -> TestResult {
+    let Some((db, store)) = with_blobs_over(16 << 10).await else {
+        return Ok(());
+    };
+    let server = support::server().ok_or("the server")?;
+    let doc = |c: &str| json!(c.repeat(40 << 10));
+    let wf = Workflow::builder("w")
+        .step("s0", move |_, _| async move {
+            update(json!({ "doc": doc("a") }))
+        })
+        .step("s1", move |_, _| async move {
+            update(json!({ "doc": doc("b") }))
+        })
+        .step("s2", |_, _| async { update(json!({ "x": 1 })) })
+        .build()?;
+    run("r", &wf, &store).await?;
+    let manifests = support::items_of_kind(&server, db.name(), "blob_manifest").await?;
+    assert_eq!(manifests.len(), 2);
+    for (field, bad) in [
+        ("tag", json!("../../x")),
+        ("tag", json!("not hex at all")),
+        ("tag", json!(12)),
+        ("parts", json!(u64::MAX)),
+        ("parts", json!(0)),
+    ] {
+        for m in &manifests {
+            let mut m = m.clone();
+            m[field] = bad.clone();
+            support::upsert_raw(&server, db.name(), &m).await?;
+        }
+        let e = store.load("r").await.expect_err("a damaged manifest");
+        assert_eq!(e.kind(), StoreErrorKind::Corrupt, "{field} {bad}: {e}");
+        assert!(e.to_string().contains("~m"), "names the manifest: {e}");
+    }
+    for m in &manifests {
+        support::upsert_raw(&server, db.name(), m).await?;
+    }
+    assert_eq!(store.load("r").await?.ok_or("r")?.state["doc"], doc("b"));
+    // Planted manifests of contents no row refers to, in the run's
+    // generation: a prune's sweep (freeing s0's document) passes over them
+    // rather than follow a tag elsewhere or list 2^64 parts.
+    let mut planted = manifests[0].clone();
+    let id = planted["id"].as_str().ok_or("id")?.to_string();
+    let hash = planted["hash"].as_str().ok_or("hash")?.to_string();
+    for (n, (field, bad)) in [("tag", json!("../../x")), ("parts", json!(u64::MAX))]
+        .into_iter()
+        .enumerate()
+    {
+        let other = format!("{:064x}", n + 1);
+        planted["id"] = json!(id.replace(&hash, &other));
+        planted["hash"] = json!(other);
+        planted[field] = bad;
+        support::upsert_raw(&server, db.name(), &planted).await?;
+    }
+    steadfast_core::ops::prune(&store, "r", 1, "test", &steadfast_core::SystemClock)
+        .await?
+        .ok_or("nothing pruned")?;
+    let kinds = support::count_kinds(&server, db.name()).await?;
+    assert_eq!(
+        kinds.get("blob_manifest"),
+        Some(&3),
+        "s1's document and the two planted manifests stay, s0's went: {kinds:?}"
+    );
+    assert_eq!(store.load("r").await?.ok_or("r")?.state["doc"], doc("b"));
+    Ok(())
+}
+
+/// Two collectors at once (two `gc` processes) both end without error,
+/// take every leftover between them, each item once, and leave nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_collectors_at_once_take_each_leftover_once() -> TestResult {
+    let Some((db, store)) = with_blobs_over(16 << 10).await else {
+        return Ok(());
+    };
+    let server = support::server().ok_or("the server")?;
+    let agent = steadfast_conformance::fixtures::rereading_agent;
+    for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
+        run(id, &agent(6, i), &store).await?;
+        assert!(support::delete_raw(&server, db.name(), id, &format!("h~{id}")).await?);
+    }
+    let kinds = support::count_kinds(&server, db.name()).await?;
+    let items: u64 = kinds.values().sum();
+    let other = db
+        .store(CosmosOptions::default().blob_threshold(16 << 10))
+        .await;
+    let (one, two) = tokio::join!(
+        store.collect_leftovers_older_than(Duration::ZERO, false),
+        other.collect_leftovers_older_than(Duration::ZERO, false),
+    );
+    let (one, two) = (one?, two?);
+    assert_eq!((one.failed, two.failed), (0, 0), "{one:?} {two:?}");
+    assert_eq!(one.items + two.items, items, "{one:?} {two:?} of {kinds:?}");
+    let left = support::count_kinds(&server, db.name()).await?;
+    assert!(left.is_empty(), "{left:?}");
+    Ok(())
+}

@@ -205,3 +205,49 @@ pub async fn delete_raw(
         s => Err(format!("deleting {id} answered {s}")),
     }
 }
+
+/// Replaces (or creates) `item` in database `db` behind the store's back:
+/// damage, or a planted item, as the store would find it.
+pub async fn upsert_raw(
+    server: &(String, String),
+    db: &str,
+    item: &serde_json::Value,
+) -> Result<(), String> {
+    let (http, docs) = raw_items(server, db)?;
+    let pk = item["pk"].as_str().ok_or("an item without its key")?;
+    let answer = http
+        .post(&docs)
+        .header("content-type", "application/json")
+        .header("x-ms-documentdb-is-upsert", "True")
+        .header(
+            "x-ms-documentdb-partitionkey",
+            serde_json::json!([pk]).to_string(),
+        )
+        .body(item.to_string())
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !answer.status().is_success() {
+        return Err(format!(
+            "upserting {} answered {}",
+            item["id"],
+            answer.status()
+        ));
+    }
+    Ok(())
+}
+
+/// Every item of kind `kind` in database `db`, whole.
+pub async fn items_of_kind(
+    server: &(String, String),
+    db: &str,
+    kind: &str,
+) -> Result<Vec<serde_json::Value>, String> {
+    let (http, docs) = raw_items(server, db)?;
+    raw_query(
+        &http,
+        &docs,
+        &format!("SELECT * FROM c WHERE c.kind = '{kind}'"),
+    )
+    .await
+}
