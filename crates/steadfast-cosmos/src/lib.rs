@@ -938,12 +938,7 @@ impl CosmosStore {
         pace.check(&self.shared.display, run_id)?;
         // Kept before it is sent: a write whose answer is lost may have
         // landed, and a create that fails deletes it all the same.
-        pace.attempt(
-            item.get("id")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string(),
-        );
+        pace.attempt(&item);
         let body = serde_json::to_vec(&item).unwrap_or_default();
         let what = format!(
             "writing {what} of run {run_id:?} to {}",
@@ -2907,14 +2902,22 @@ impl Pace {
         )))
     }
 
-    /// Item `id` is being written.
-    fn attempt(&self, id: String) {
+    /// `item` is being written (kept only for a create, which deletes what
+    /// it wrote when it fails).
+    fn attempt(&self, item: &Value) {
+        if self.window.is_none() {
+            return;
+        }
+        let id = item.get("id").and_then(Value::as_str).unwrap_or_default();
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        last.written.push(id);
+        last.written.push(id.to_string());
     }
 
     /// The write attempted last landed.
     fn landed(&self) {
+        if self.window.is_none() {
+            return;
+        }
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         last.at = std::time::Instant::now();
         last.wall = std::time::SystemTime::now();
