@@ -55,7 +55,7 @@ pub fn ten_steps_in_rust(
         }
         Ok(start.elapsed().as_secs_f64())
     };
-    let joined = py.detach(|| rt().block_on(rt().spawn(work)));
+    let joined = crate::store::block(py, rt().spawn(work));
     match joined {
         Ok(Ok(secs)) => Ok(secs),
         Ok(Err((run_id, e))) => {

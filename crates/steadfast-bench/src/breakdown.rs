@@ -64,8 +64,13 @@ pub(crate) async fn saves(store: &dyn Store, tag: &str, runs: usize) -> Res<f64>
 /// (`steadfast_sqlite::timings`): µs per save, then each phase's µs per
 /// commit (begin, statements, COMMIT, answers, the log's look), the rest of
 /// a save outside its commit (plan, queue, hand-off, return), and saves per
-/// commit.
-async fn timed_saves(store: &SqliteStore, tag: &str, runs: usize) -> Res<Vec<(&'static str, f64)>> {
+/// commit, each named by its field in `keys` ([`DISK_KEYS`], [`RAM_KEYS`]).
+async fn timed_saves(
+    store: &SqliteStore,
+    tag: &str,
+    runs: usize,
+    keys: &[&'static str; 8],
+) -> Res<Vec<(&'static str, f64)>> {
     use steadfast::sqlite::timings;
     timings::start();
     let us = saves(store, tag, runs).await;
@@ -76,20 +81,46 @@ async fn timed_saves(store: &SqliteStore, tag: &str, runs: usize) -> Res<Vec<(&'
     }
     let per = |ns: u64| ns as f64 / p.batches as f64 / 1000.0;
     let phases = [
-        ("begin", per(p.begin_ns)),
-        ("statements", per(p.statements_ns)),
-        ("commit", per(p.commit_ns)),
-        ("answer", per(p.answer_ns)),
-        ("log", per(p.log_ns)),
+        per(p.begin_ns),
+        per(p.statements_ns),
+        per(p.commit_ns),
+        per(p.answer_ns),
+        per(p.log_ns),
     ];
     let saves_per_commit = (runs * STEPS) as f64 / p.batches as f64;
-    let inside: f64 = phases.iter().map(|(_, v)| v).sum::<f64>() / saves_per_commit;
-    let mut out: Vec<(&'static str, f64)> = vec![("save", us)];
-    out.extend(phases);
-    out.push(("outside", us - inside));
-    out.push(("saves_per_commit", saves_per_commit));
-    Ok(out)
+    let inside: f64 = phases.iter().sum::<f64>() / saves_per_commit;
+    let values = std::iter::once(us)
+        .chain(phases)
+        .chain([us - inside, saves_per_commit]);
+    Ok(keys.iter().copied().zip(values).collect())
 }
+
+/// The fields of a save's figures on the disk, in the order of
+/// [`timed_saves`]: the save, its commit's phases (the write turn and
+/// `BEGIN`, the statements, `COMMIT`, the answers, the log), the rest
+/// outside the commit, and saves per commit.
+const DISK_KEYS: [&str; 8] = [
+    "save_us",
+    "save_begin_us",
+    "save_statements_us",
+    "save_commit_us",
+    "save_answer_us",
+    "save_log_us",
+    "save_outside_commit_us",
+    "saves_per_commit",
+];
+
+/// The same on the RAM disk.
+const RAM_KEYS: [&str; 8] = [
+    "save_ram_us",
+    "save_ram_begin_us",
+    "save_ram_statements_us",
+    "save_ram_commit_us",
+    "save_ram_answer_us",
+    "save_ram_log_us",
+    "save_ram_outside_commit_us",
+    "saves_per_commit_ram",
+];
 
 /// Microseconds per load of a run that is not there, as the engine makes
 /// one before each run's first step.
@@ -211,34 +242,6 @@ fn raw_busy(path: &Path, n: usize, spin_us: f64) -> Res<f64> {
     Ok(us)
 }
 
-/// The field of a save's phase on the disk.
-fn disk_key(phase: &str) -> &'static str {
-    match phase {
-        "save" => "save_us",
-        "begin" => "save_begin_us",
-        "statements" => "save_statements_us",
-        "commit" => "save_commit_us",
-        "answer" => "save_answer_us",
-        "log" => "save_log_us",
-        "outside" => "save_outside_commit_us",
-        _ => "saves_per_commit",
-    }
-}
-
-/// The field of a save's phase on the RAM disk.
-fn ram_key(phase: &str) -> &'static str {
-    match phase {
-        "save" => "save_ram_us",
-        "begin" => "save_ram_begin_us",
-        "statements" => "save_ram_statements_us",
-        "commit" => "save_ram_commit_us",
-        "answer" => "save_ram_answer_us",
-        "log" => "save_ram_log_us",
-        "outside" => "save_ram_outside_commit_us",
-        _ => "saves_per_commit_ram",
-    }
-}
-
 /// The breakdown, on a worker of the runtime (a spawned task), where the
 /// engine runs and where `block_in_place` hands the worker's other tasks to
 /// another thread.
@@ -283,8 +286,8 @@ async fn measure_here(args: &Args) -> Res<()> {
             "wal_frames_per_commit",
             (after - before) / (20 * STEPS) as f64,
         );
-        for (phase, v) in timed_saves(&store, "s", runs).await? {
-            push(disk_key(phase), v);
+        for (key, v) in timed_saves(&store, "s", runs, &DISK_KEYS).await? {
+            push(key, v);
         }
         push("load_missing_us", loads(&store, runs).await?);
         drop(store);
@@ -303,8 +306,8 @@ async fn measure_here(args: &Args) -> Res<()> {
         remove_db(&path);
         if let Some(ram) = &ram {
             let (store, path) = fresh(ram, &format!("bd-ram-{rep}"))?;
-            for (phase, v) in timed_saves(&store, "s", runs).await? {
-                push(ram_key(phase), v);
+            for (key, v) in timed_saves(&store, "s", runs, &RAM_KEYS).await? {
+                push(key, v);
             }
             drop(store);
             remove_db(&path);

@@ -20,12 +20,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 static ON: AtomicBool = AtomicBool::new(false);
-static BATCHES: AtomicU64 = AtomicU64::new(0);
-static BEGIN_NS: AtomicU64 = AtomicU64::new(0);
-static STATEMENTS_NS: AtomicU64 = AtomicU64::new(0);
-static COMMIT_NS: AtomicU64 = AtomicU64::new(0);
-static ANSWER_NS: AtomicU64 = AtomicU64::new(0);
-static LOG_NS: AtomicU64 = AtomicU64::new(0);
+/// The sums, one a [`Phase`] (in its order), then the commits counted.
+static SUMS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+/// Where the count of commits is in [`SUMS`].
+const BATCHES: usize = 5;
 
 /// The sums of the phases of the commits made between [`start`] and
 /// [`stop`], in nanoseconds.
@@ -50,14 +48,7 @@ pub struct Phases {
 
 /// Zeroes the sums and turns the timings on.
 pub fn start() {
-    for sum in [
-        &BATCHES,
-        &BEGIN_NS,
-        &STATEMENTS_NS,
-        &COMMIT_NS,
-        &ANSWER_NS,
-        &LOG_NS,
-    ] {
+    for sum in &SUMS {
         sum.store(0, Ordering::Relaxed);
     }
     ON.store(true, Ordering::SeqCst);
@@ -66,36 +57,37 @@ pub fn start() {
 /// Turns the timings off and returns the sums since [`start`].
 pub fn stop() -> Phases {
     ON.store(false, Ordering::SeqCst);
+    let sum = |i: usize| SUMS[i].load(Ordering::Relaxed);
     Phases {
-        batches: BATCHES.load(Ordering::Relaxed),
-        begin_ns: BEGIN_NS.load(Ordering::Relaxed),
-        statements_ns: STATEMENTS_NS.load(Ordering::Relaxed),
-        commit_ns: COMMIT_NS.load(Ordering::Relaxed),
-        answer_ns: ANSWER_NS.load(Ordering::Relaxed),
-        log_ns: LOG_NS.load(Ordering::Relaxed),
+        batches: sum(BATCHES),
+        begin_ns: sum(Phase::Begin as usize),
+        statements_ns: sum(Phase::Statements as usize),
+        commit_ns: sum(Phase::Commit as usize),
+        answer_ns: sum(Phase::Answer as usize),
+        log_ns: sum(Phase::Log as usize),
     }
 }
 
 /// The clock of one commit: `None` while the timings are off. Its laps add
 /// up here and reach the sums only with the last ([`Phase::Log`]), so a
 /// commit that failed counts nowhere.
-pub(crate) struct Clock(Option<(Instant, [u64; 4])>);
+pub(crate) struct Clock(Option<(Instant, [u64; 5])>);
 
-/// The phase a [`Clock::lap`] ends.
+/// The phase a [`Clock::lap`] ends (its number: its place in [`SUMS`]).
 #[derive(Clone, Copy)]
 pub(crate) enum Phase {
-    Begin,
-    Statements,
-    Commit,
-    Answer,
+    Begin = 0,
+    Statements = 1,
+    Commit = 2,
+    Answer = 3,
     /// The last: the commit took place, and its laps are added.
-    Log,
+    Log = 4,
 }
 
 impl Clock {
     /// A clock started now, if the timings are on.
     pub(crate) fn start() -> Clock {
-        Clock(ON.load(Ordering::Relaxed).then(|| (Instant::now(), [0; 4])))
+        Clock(ON.load(Ordering::Relaxed).then(|| (Instant::now(), [0; 5])))
     }
 
     /// Adds the time since the last lap to `phase`, and starts the next.
@@ -106,24 +98,14 @@ impl Clock {
         let now = Instant::now();
         let ns = u64::try_from((now - *since).as_nanos()).unwrap_or(u64::MAX);
         *since = now;
-        let slot = match phase {
-            Phase::Begin => 0,
-            Phase::Statements => 1,
-            Phase::Commit => 2,
-            Phase::Answer => 3,
-            Phase::Log => {
-                for (sum, ns) in [&BEGIN_NS, &STATEMENTS_NS, &COMMIT_NS, &ANSWER_NS]
-                    .into_iter()
-                    .zip(*laps)
-                {
-                    sum.fetch_add(ns, Ordering::Relaxed);
-                }
-                LOG_NS.fetch_add(ns, Ordering::Relaxed);
-                BATCHES.fetch_add(1, Ordering::Relaxed);
-                self.0 = None;
-                return;
-            }
-        };
+        let slot = phase as usize;
         laps[slot] = laps[slot].saturating_add(ns);
+        if let Phase::Log = phase {
+            for (sum, ns) in SUMS.iter().zip(*laps) {
+                sum.fetch_add(ns, Ordering::Relaxed);
+            }
+            SUMS[BATCHES].fetch_add(1, Ordering::Relaxed);
+            self.0 = None;
+        }
     }
 }
