@@ -908,10 +908,7 @@ impl<F: Fs> Store for FileStore<F> {
                 &run_id,
                 |image| image.runs.remove(&run_id),
                 steadfast_core::store::blob::record_holds_marks,
-                |cp, place, resolver| {
-                    resolver.resolve(&mut cp.state, place, "state")?;
-                    resolver.resolve_decisions(cp, place)
-                },
+                |cp, place, resolver| resolver.resolve_record(cp, place),
             )
         })
         .await
@@ -1109,11 +1106,7 @@ impl<F: Fs> History for FileStore<F> {
                         .any(|r| steadfast_core::store::blob::holds_marks(&r.update))
                 },
                 |rows, place, resolver| {
-                    for r in rows.iter_mut() {
-                        let column = format!("history[{}].update", r.index);
-                        resolver.resolve(&mut r.update, place, &column)?;
-                    }
-                    Ok(())
+                    resolver.resolve_rows(rows, place, |i| format!("history[{i}].update"))
                 },
             )
         })

@@ -798,9 +798,7 @@ impl PgStore {
         // A blob is taken once: a decision's data often is the state's
         // value under the gate's name, which the resolver keeps opened.
         let mut fetch = |h: &BlobHash, _: u64| Ok(got.remove(h).flatten());
-        let mut resolver = Resolver::new(&mut fetch);
-        resolver.resolve(&mut cp.state, &place, "state")?;
-        resolver.resolve_decisions(&mut cp, &place)?;
+        Resolver::new(&mut fetch).resolve_record(&mut cp, &place)?;
         Ok(Some((cp, known)))
     }
 
@@ -1407,11 +1405,8 @@ impl History for PgStore {
         let mut got = blobs::fetch_all(tx.client(), &q, &wanted, &ctx()).await?;
         tx.commit().await.map_err(|e| map_err(e, &ctx()))?;
         let mut fetch = |h: &BlobHash, _: u64| Ok(got.remove(h).flatten());
-        let mut resolver = Resolver::new(&mut fetch);
-        for record in &mut out {
-            let column = format!("steps[{}].update_json", record.index);
-            resolver.resolve(&mut record.update, &place, &column)?;
-        }
+        Resolver::new(&mut fetch)
+            .resolve_rows(&mut out, &place, |i| format!("steps[{i}].update_json"))?;
         Ok(Some(out))
     }
     /// Applies `rewrite` in one statement guarded by the version, then

@@ -653,9 +653,7 @@ fn load_run(conn: &Connection, path: &str, run_id: &str) -> Result<Option<Loaded
     drop(rows);
     drop(st);
     let mut fetch = |h: &BlobHash, n| fetch_blob(conn, h, n, path);
-    let mut resolver = Resolver::new(&mut fetch);
-    resolver.resolve(&mut cp.state, &place, "state")?;
-    resolver.resolve_decisions(&mut cp, &place)?;
+    Resolver::new(&mut fetch).resolve_record(&mut cp, &place)?;
     if let Some(writer) = writer {
         cp.writer = writer;
     }

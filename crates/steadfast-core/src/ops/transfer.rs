@@ -881,17 +881,13 @@ impl ImportReader {
         }
         };
         resolver
-            .resolve(&mut record.run.state, &place, "state")
+            .resolve_record(&mut record.run, &place)
             .map_err(refused)?;
-        for row in record.history.iter_mut().flatten() {
-            let column = format!("history[{}].update", row.index);
+        if let Some(rows) = record.history.as_mut() {
             resolver
-                .resolve(&mut row.update, &place, &column)
+                .resolve_rows(rows, &place, |i| format!("history[{i}].update"))
                 .map_err(refused)?;
         }
-        resolver
-            .resolve_decisions(&mut record.run, &place)
-            .map_err(refused)?;
         Ok(Some(record))
     }
 

@@ -843,6 +843,32 @@ impl Resolver<'_> {
     ) -> Result<(), StoreError> {
         resolve_decision_data(cp, |map| self.resolve(map, place, DECISIONS_COLUMN))
     }
+
+    /// Puts back every value of a record: its state (column `state`), then
+    /// its gates' decisions, each blob opened once for both.
+    pub fn resolve_record(
+        &mut self,
+        cp: &mut Checkpoint,
+        place: &Place<'_>,
+    ) -> Result<(), StoreError> {
+        self.resolve(&mut cp.state, place, "state")?;
+        self.resolve_decisions(cp, place)
+    }
+
+    /// Puts back every value of history rows' updates, each blob opened
+    /// once for all of them; `column` names row `index`'s update where an
+    /// error must say where it is (`history[3].update`, say).
+    pub fn resolve_rows(
+        &mut self,
+        rows: &mut [StepRecord],
+        place: &Place<'_>,
+        column: impl Fn(usize) -> String,
+    ) -> Result<(), StoreError> {
+        for row in rows {
+            self.resolve(&mut row.update, place, &column(row.index))?;
+        }
+        Ok(())
+    }
 }
 
 /// What a lookup of a blob gave.

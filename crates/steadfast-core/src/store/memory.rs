@@ -54,6 +54,29 @@ struct Kept {
 }
 
 impl Kept {
+    /// Changes run `run_id`'s records with `change`, which gives back its
+    /// result and the blobs the change refers to; keeps those blobs and
+    /// frees what no record refers to any more ([`sweep_after`](Self::sweep_after)).
+    /// Every write of a run in a store that keeps blobs goes through here,
+    /// in one locked section. While the store holds no blob no record
+    /// refers to one, so the run's references are walked only when there
+    /// are blobs to free.
+    fn update<R>(
+        &mut self,
+        run_id: &str,
+        change: impl FnOnce(&mut RunImage) -> Result<(R, Vec<Blob>), StoreError>,
+    ) -> Result<R, StoreError> {
+        let before = if self.blobs.is_empty() {
+            Vec::new()
+        } else {
+            self.image.refs_of_run(run_id)
+        };
+        let (out, blobs) = change(&mut self.image)?;
+        let added = self.add(blobs);
+        self.sweep_after(run_id, &before, &added);
+        Ok(out)
+    }
+
     /// Keeps `blobs` (each content once); returns their names.
     fn add(&mut self, blobs: Vec<Blob>) -> Vec<BlobHash> {
         let mut names = Vec::with_capacity(blobs.len());
@@ -224,8 +247,7 @@ impl Store for MemoryStore {
             (cp, texts)
         };
         resolved(run_id, &texts, cp, |cp, place, resolver| {
-            resolver.resolve(&mut cp.state, place, "state")?;
-            resolver.resolve_decisions(cp, place)
+            resolver.resolve_record(cp, place)
         })
         .map(Some)
     }
@@ -244,21 +266,19 @@ impl Store for MemoryStore {
         if let Some((write, blobs)) =
             Write::after_step_with_blobs(&req, self.state_limit, threshold)?
         {
-            let mut kept = self.kept();
-            let before = kept.image.refs_of_run(run_id);
-            if let Some(version) = kept.image.try_save(write)? {
-                let added = kept.add(blobs);
-                kept.sweep_after(run_id, &before, &added);
+            let saved = self.kept().update(run_id, |image| {
+                Ok(match image.try_save(write)? {
+                    Some(version) => (Some(version), blobs),
+                    None => (None, Vec::new()),
+                })
+            })?;
+            if let Some(version) = saved {
                 return Ok(version);
             }
         }
         let (write, blobs) = Write::checked_with_blobs(&req, self.state_limit, threshold)?;
-        let mut kept = self.kept();
-        let before = kept.image.refs_of_run(run_id);
-        let version = kept.image.save(write)?;
-        let added = kept.add(blobs);
-        kept.sweep_after(run_id, &before, &added);
-        Ok(version)
+        self.kept()
+            .update(run_id, |image| Ok((image.save(write)?, blobs)))
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<RunSummary>, StoreError> {
@@ -266,25 +286,14 @@ impl Store for MemoryStore {
     }
 
     async fn delete(&self, run_id: &str) -> Result<bool, StoreError> {
-        let mut kept = self.kept();
-        if self.blob_threshold.is_none() {
-            return Ok(kept.image.delete(run_id));
-        }
-        let before = kept.image.refs_of_run(run_id);
-        let existed = kept.image.delete(run_id);
-        kept.sweep_after(run_id, &before, &[]);
-        Ok(existed)
+        self.kept()
+            .update(run_id, |image| Ok((image.delete(run_id), Vec::new())))
     }
 
     async fn delete_if(&self, run_id: &str, version: u64) -> Result<bool, StoreError> {
-        let mut kept = self.kept();
-        if self.blob_threshold.is_none() {
-            return kept.image.delete_if(run_id, version);
-        }
-        let before = kept.image.refs_of_run(run_id);
-        let deleted = kept.image.delete_if(run_id, version)?;
-        kept.sweep_after(run_id, &before, &[]);
-        Ok(deleted)
+        self.kept().update(run_id, |image| {
+            Ok((image.delete_if(run_id, version)?, Vec::new()))
+        })
     }
 }
 
@@ -361,11 +370,7 @@ impl History for MemoryStore {
             (rows, texts)
         };
         resolved(run_id, &texts, rows, |rows, place, resolver| {
-            for r in rows.iter_mut() {
-                let column = format!("history[{}].update", r.index);
-                resolver.resolve(&mut r.update, place, &column)?;
-            }
-            Ok(())
+            resolver.resolve_rows(rows, place, |i| format!("history[{i}].update"))
         })
         .map(Some)
     }
@@ -383,12 +388,9 @@ impl History for MemoryStore {
         let mut blobs = Vec::new();
         let records = blob::encode_rows(rewrite.records(), threshold, run_id, &mut blobs)?;
         let rewrite = rewrite.with_records(run_id, &records)?;
-        let mut kept = self.kept();
-        let before = kept.image.refs_of_run(run_id);
-        kept.image.rewrite(run_id, expected, rewrite)?;
-        let added = kept.add(blobs);
-        kept.sweep_after(run_id, &before, &added);
-        Ok(())
+        self.kept().update(run_id, |image| {
+            Ok((image.rewrite(run_id, expected, rewrite)?, blobs))
+        })
     }
 }
 
