@@ -57,10 +57,10 @@ impl Kept {
     /// Changes run `run_id`'s records with `change`, which gives back its
     /// result and the blobs the change refers to; keeps those blobs and
     /// frees what no record refers to any more ([`sweep_after`](Self::sweep_after)).
-    /// Every write of a run in a store that keeps blobs goes through here,
-    /// in one locked section. While the store holds no blob no record
-    /// refers to one, so the run's references are walked only when there
-    /// are blobs to free.
+    /// The writes of a run that may bring or drop references go through
+    /// here, in one locked section. Only a blob the store holds can be
+    /// freed: while it holds none, the run's references are not walked (a
+    /// store without blobs never holds one).
     fn update<R>(
         &mut self,
         run_id: &str,
