@@ -560,8 +560,7 @@ fn a_dead_holders_step_is_killed_before_the_takeover_reruns_it() -> TestResult {
         "name = \"dead\"\n[[step]]\nname = \"daemon\"\nrun = \"setsid sh -c 'echo $$ > daemon.pid; exec sleep 30' > /dev/null 2>&1 < /dev/null 3>&- & while [ ! -s daemon.pid ]; do sleep 0.01; done\"\n[[step]]\nname = \"work\"\nrun = \"if [ -e first.pid ]; then if [ -d /proc/$(cat first.pid) ] && ! grep -q ') Z' /proc/$(cat first.pid)/stat; then echo '{\\\"by\\\": \\\"second, beside the first\\\"}'; else echo '{\\\"by\\\": \\\"second\\\"}'; fi; else trap '' HUP; echo $$ > first.pid; sleep 30; fi\"\n",
     );
     let f = flow.to_str().unwrap();
-    let mut a = env
-        .cmd(&["run", f, "--run-id", "r", "--lease", "30s"])
+    let mut a = with_default_hangup(env.cmd(&["run", f, "--run-id", "r", "--lease", "30s"]))
         .stderr(Stdio::null())
         .spawn()?;
     let step_pid = first_step_pid(&env);
@@ -614,6 +613,27 @@ fn a_dead_holders_step_is_killed_before_the_takeover_reruns_it() -> TestResult {
 
 /// The pid the first execution of the step wrote to `first.pid`, once it
 /// has (at most 10 s).
+/// `cmd` started with SIGHUP's default action, whatever this test
+/// inherited. Under `nohup` the hang-up would be ignored down to the step's
+/// supervisor, which would then live on to kill its group itself (as it
+/// should: the step still dies) and leave the takeover nothing to kill.
+fn with_default_hangup(cmd: Command) -> Command {
+    let mut c = Command::new("env");
+    c.arg("--default-signal=HUP")
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    if let Some(dir) = cmd.get_current_dir() {
+        c.current_dir(dir);
+    }
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(v) => c.env(key, v),
+            None => c.env_remove(key),
+        };
+    }
+    c
+}
+
 fn first_step_pid(env: &Env) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
