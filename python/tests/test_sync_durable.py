@@ -446,8 +446,13 @@ def test_sigkill_mid_step_resumes_with_only_the_step_in_flight_run_again(tmp_pat
 
 SLEEPER = textwrap.dedent(
     """
-    import sys, threading, time
+    import signal, sys, threading, time
     import steadfast
+
+    # Ctrl-C raises KeyboardInterrupt as at a terminal, even where this
+    # process was started with SIGINT ignored (a job in the background of a
+    # shell without job control), which Python would keep ignoring.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     url, mode = sys.argv[1], sys.argv[2]
 
