@@ -1378,13 +1378,9 @@ impl CosmosStore {
             .await;
         match items {
             Ok(items) => {
-                for id in items
-                    .iter()
-                    .filter_map(|i| i.get("id").and_then(Value::as_str))
-                {
-                    if let Err(e) = self.delete_item(key, id, run_id, None).await {
-                        tracing::warn!(run_id, item = %id, error = %e, "the run's events are deleted; an item of them could not be removed");
-                    }
+                let ids = ids_of(&items);
+                if let (_, Some(e)) = self.delete_items(key, run_id, &ids).await {
+                    tracing::warn!(run_id, error = %e, "the run's events are deleted; some of their items are left until gc collects them (nothing reads them)");
                 }
             }
             Err(e) => {
@@ -1830,20 +1826,15 @@ impl CosmosStore {
                 json!([{"name": "@pk", "value": key}, {"name": "@gen", "value": gen}]),
             )
             .await;
-        let ids: Vec<String> = match rest {
-            Ok(items) => items
-                .iter()
-                .filter_map(|i| i.get("id").and_then(Value::as_str).map(str::to_string))
-                .collect(),
+        let ids = match rest {
+            Ok(items) => ids_of(&items),
             Err(e) => {
                 tracing::warn!(run_id, error = %e, "the run is deleted; its history could not be listed for removal");
                 Vec::new()
             }
         };
-        for id in ids {
-            if let Err(e) = self.delete_item(&key, &id, run_id, None).await {
-                tracing::warn!(run_id, item = %id, error = %e, "the run is deleted; an item of it could not be removed");
-            }
+        if let (_, Some(e)) = self.delete_items(&key, run_id, &ids).await {
+            tracing::warn!(run_id, error = %e, "the run is deleted; some of its items are left until gc collects them (nothing reads them)");
         }
         Ok(true)
     }
@@ -2711,6 +2702,14 @@ impl CosmosStore {
         }
         (deleted, None)
     }
+}
+
+/// The ids of items a query listed (`SELECT c.id …`).
+fn ids_of(items: &[Value]) -> Vec<String> {
+    items
+        .iter()
+        .filter_map(|i| i.get("id").and_then(Value::as_str).map(str::to_string))
+        .collect()
 }
 
 /// A blob a sweep deletes: its manifest's id, then its parts'; `tagged`

@@ -1270,3 +1270,44 @@ async fn two_collectors_at_once_take_each_leftover_once() -> TestResult {
     assert!(left.is_empty(), "{left:?}");
     Ok(())
 }
+
+/// A run's delete takes its other items in batches: a run of 150 steps and
+/// 40 events goes in a few requests, not one an item, and leaves nothing.
+#[tokio::test]
+async fn a_deleted_runs_items_go_in_batches() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    let store = db.store(CosmosOptions::default()).await;
+    let empty = support::count_kinds(&server, db.name()).await?;
+    let mut flow = Workflow::builder("long");
+    for i in 0..150 {
+        flow = flow.step(format!("s{i}"), move |_, _| async move {
+            update(json!({ "i": i }))
+        });
+    }
+    run("long", &flow.build()?, &store).await?;
+    let events = store.capabilities().events.ok_or("no events")?;
+    let t = Timestamp::from_unix_millis(1);
+    for round in 0..4 {
+        let batch: Vec<_> = (0..10)
+            .map(|i| steadfast_core::NewEvent::new("s0", 1, t, json!({ "i": round * 10 + i })))
+            .collect();
+        events.append_events("long", &batch).await?;
+    }
+    let kinds = support::count_kinds(&server, db.name()).await?;
+    assert_eq!(
+        (kinds.get("step"), kinds.get("event")),
+        (Some(&150), Some(&40)),
+        "{kinds:?}"
+    );
+    let before = store.request_charge().1;
+    assert!(store.delete("long").await?);
+    let used = store.request_charge().1 - before;
+    assert!(used <= 20, "the delete took {used} requests");
+    let left = support::count_kinds(&server, db.name()).await?;
+    assert_eq!(left, empty, "left after the delete");
+    assert!(store.load("long").await?.is_none());
+    Ok(())
+}
