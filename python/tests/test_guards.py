@@ -14,6 +14,8 @@ import pytest
 import steadfast
 from steadfast._native import GraphStore
 
+from conftest import _drop_schema, _with_schema
+
 
 def put(g: GraphStore, thread: str, cid: str, parent: str | None) -> None:
     g.put(thread, "", cid, parent, "json", b"{}", "{}", None)
@@ -23,7 +25,9 @@ def chain(g: GraphStore, thread: str):
     return [(row[2], row[3]) for row in g.list(thread, "")]
 
 
-def graph_url(tmp_path, kind: str) -> str:
+def graph_url(request: pytest.FixtureRequest, tmp_path, kind: str) -> str:
+    """A graph store's URL: a file, or a PostgreSQL schema of the test's own,
+    dropped when the test ends."""
     if kind == "sqlite":
         return f"sqlite:{tmp_path}/graph.db"
     base = os.environ.get("STEADFAST_TEST_PG")
@@ -31,12 +35,14 @@ def graph_url(tmp_path, kind: str) -> str:
         if os.environ.get("CI"):
             pytest.fail("STEADFAST_TEST_PG is not set under CI")
         pytest.skip("STEADFAST_TEST_PG is not set")
-    return f"{base}{'&' if '?' in base else '?'}schema=guard_{os.getpid()}_{time.monotonic_ns()}"
+    schema = f"guard_{os.getpid()}_{time.monotonic_ns()}"
+    request.addfinalizer(lambda: _drop_schema(base, schema))
+    return _with_schema(base, schema)
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
-def test_a_saver_whose_lease_lapsed_cannot_fork_a_thread_another_moved_on(tmp_path, kind: str) -> None:
-    url = graph_url(tmp_path, kind)
+def test_a_saver_whose_lease_lapsed_cannot_fork_a_thread_another_moved_on(request, tmp_path, kind: str) -> None:
+    url = graph_url(request, tmp_path, kind)
     a = GraphStore(url, 0.2)
     b = GraphStore(url, 0.2)
     put(a, "t", "01", None)
@@ -193,12 +199,12 @@ def test_gate_on_timeout_is_checked_without_a_timeout_and_runs_limit_is_checked(
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
-def test_one_saver_writing_a_thread_from_many_threads_is_never_refused(tmp_path, kind: str) -> None:
+def test_one_saver_writing_a_thread_from_many_threads_is_never_refused(request, tmp_path, kind: str) -> None:
     # LangGraph's default ("async") durability writes checkpoints and writes
     # from background threads, so one saver's writes to a thread overlap.
     from concurrent.futures import ThreadPoolExecutor
 
-    g = GraphStore(graph_url(tmp_path, kind))
+    g = GraphStore(graph_url(request, tmp_path, kind))
     put(g, "t", "00", None)
 
     def write(i: int) -> None:
