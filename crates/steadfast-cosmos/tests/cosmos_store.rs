@@ -1281,21 +1281,7 @@ async fn a_deleted_runs_items_go_in_batches() -> TestResult {
     let db = support::TestDb::new(&server);
     let store = db.store(CosmosOptions::default()).await;
     let empty = support::count_kinds(&server, db.name()).await?;
-    let mut flow = Workflow::builder("long");
-    for i in 0..150 {
-        flow = flow.step(format!("s{i}"), move |_, _| async move {
-            update(json!({ "i": i }))
-        });
-    }
-    run("long", &flow.build()?, &store).await?;
-    let events = store.capabilities().events.ok_or("no events")?;
-    let t = Timestamp::from_unix_millis(1);
-    for round in 0..4 {
-        let batch: Vec<_> = (0..10)
-            .map(|i| steadfast_core::NewEvent::new("s0", 1, t, json!({ "i": round * 10 + i })))
-            .collect();
-        events.append_events("long", &batch).await?;
-    }
+    long_run_with_events(&store, "long").await?;
     let kinds = support::count_kinds(&server, db.name()).await?;
     assert_eq!(
         (kinds.get("step"), kinds.get("event")),
@@ -1309,5 +1295,50 @@ async fn a_deleted_runs_items_go_in_batches() -> TestResult {
     let left = support::count_kinds(&server, db.name()).await?;
     assert_eq!(left, empty, "left after the delete");
     assert!(store.load("long").await?.is_none());
+    Ok(())
+}
+
+/// Run `run_id` of 150 steps on `store`, with 40 events in its log.
+async fn long_run_with_events(store: &CosmosStore, run_id: &str) -> TestResult {
+    let mut flow = Workflow::builder("long");
+    for i in 0..150 {
+        flow = flow.step(format!("s{i}"), move |_, _| async move {
+            update(json!({ "i": i }))
+        });
+    }
+    run(run_id, &flow.build()?, store).await?;
+    let events = store.capabilities().events.ok_or("no events")?;
+    let t = Timestamp::from_unix_millis(1);
+    for round in 0..4 {
+        let batch: Vec<_> = (0..10)
+            .map(|i| steadfast_core::NewEvent::new("s0", 1, t, json!({ "i": round * 10 + i })))
+            .collect();
+        events.append_events(run_id, &batch).await?;
+    }
+    Ok(())
+}
+
+/// Two processes deleting one run at the same moment: their batches meet
+/// items the other already took (a batch then fails whole and goes one at
+/// a time), yet exactly one of them deleted the run, neither fails, and
+/// nothing of it is left.
+#[tokio::test]
+async fn two_deletes_of_one_run_at_once_take_it_once() -> TestResult {
+    let Some(server) = support::server() else {
+        return Ok(());
+    };
+    let db = support::TestDb::new(&server);
+    let store = db.store(CosmosOptions::default()).await;
+    let other = db.store(CosmosOptions::default()).await;
+    let empty = support::count_kinds(&server, db.name()).await?;
+    for round in 0..3 {
+        long_run_with_events(&store, "long").await?;
+        let (a, b) = tokio::join!(store.delete("long"), other.delete("long"));
+        let mut deleted = [a?, b?];
+        deleted.sort();
+        assert_eq!(deleted, [false, true], "round {round}");
+        let left = support::count_kinds(&server, db.name()).await?;
+        assert_eq!(left, empty, "left after round {round}");
+    }
     Ok(())
 }
